@@ -6,10 +6,12 @@ $Cxx.namespace("capstan::wire");
 using Common = import "common.capnp";
 
 interface Worker extends(Common.Node) {
-  # Runs a registered closure with `args`. `perWorker` lists the per-worker
-  # datasets whose iterators the closure reads (by dataset id).
+  # Runs a registered closure with `args`. `attempt` is 1 for a closure's
+  # first run and grows each time it is re-queued after a worker failure;
+  # `numWorkers` is the number of workers registered when it was dispatched.
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
-                 placementVersion :Int64) -> (result :Common.Element);
+                 placementVersion :Int64, attempt :UInt32, numWorkers :UInt32)
+      -> (result :Common.Element);
   # Builds this worker's iterator of a per-worker dataset: `definition` is
   # the serialized pipeline already specialised for this worker.
   createDataset @1 (datasetId :Int64, definition :Data) -> ();

@@ -14,12 +14,6 @@ namespace {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
-// True when the exception carries a Capstan status from the peer (an error
-// the peer reported), false when the link itself failed.
-bool reported_by_peer(const kj::Exception& e) {
-  return std::string_view(e.getDescription().cStr()).find("[capstan:") != std::string_view::npos;
-}
-
 Result<placement::Partitioner> partitioner_from_wire(wire::Partitioner::Reader in) {
   std::string kind = text(in.getKind());
   placement::Partitioner p;
@@ -187,7 +181,7 @@ kj::Promise<void> CoordinatorService::lane(int64_t worker_id) {
           },
           [this, worker_id, id](kj::Exception&& e) -> kj::Promise<void> {
             Status status = rpc::from_exception(e);
-            if (!reported_by_peer(e)) {
+            if (rpc::is_transport_failure(e)) {
               // The link to the worker broke: the worker is gone.
               drop_worker(worker_id, status);
               return kj::READY_NOW;

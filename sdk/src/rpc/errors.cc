@@ -1,5 +1,6 @@
 #include "rpc/errors.h"
 
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -17,7 +18,23 @@ kj::Exception::Type exception_type(StatusCode code) {
   }
 }
 
+// The status a peer put into an exception's description, if it did.
+std::optional<Status> reported_status(std::string_view text) {
+  size_t at = text.find(kMarker);
+  if (at == std::string_view::npos) return std::nullopt;
+  size_t close = text.find("] ", at);
+  if (close == std::string_view::npos) return std::nullopt;
+  auto name = text.substr(at + kMarker.size(), close - at - kMarker.size());
+  auto code = status_code_from_name(name);
+  if (!code) return std::nullopt;
+  return Status(*code, std::string(text.substr(close + 2)));
+}
+
 }  // namespace
+
+bool is_transport_failure(const kj::Exception& exception) {
+  return !reported_status(exception.getDescription().cStr()).has_value();
+}
 
 kj::Exception to_exception(const Status& status) {
   std::string text(kMarker);
@@ -32,16 +49,7 @@ void throw_status(const Status& status) { kj::throwFatalException(to_exception(s
 
 Status from_exception(const kj::Exception& exception) {
   std::string_view text(exception.getDescription().cStr());
-  size_t at = text.find(kMarker);
-  if (at != std::string_view::npos) {
-    size_t close = text.find("] ", at);
-    if (close != std::string_view::npos) {
-      auto name = text.substr(at + kMarker.size(), close - at - kMarker.size());
-      if (auto code = status_code_from_name(name)) {
-        return Status(*code, std::string(text.substr(close + 2)));
-      }
-    }
-  }
+  if (auto reported = reported_status(text)) return *reported;
   // Not one of ours: a transport failure or a Cap'n Proto error.
   std::string message(text);
   switch (exception.getType()) {

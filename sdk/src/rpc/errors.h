@@ -19,6 +19,11 @@ kj::Exception to_exception(const Status& status);
 // Maps any exception (ours, Cap'n Proto's, a broken connection) to a Status.
 Status from_exception(const kj::Exception& exception);
 
+// True when `exception` does not carry a status the peer reported: the link
+// broke, the peer is gone, or Cap'n Proto itself failed the call. A caller
+// that gets false knows the peer is alive and answered with an error.
+bool is_transport_failure(const kj::Exception& exception);
+
 // Throws when `status` is not OK.
 inline void check(const Status& status) {
   if (!status.ok()) throw_status(status);

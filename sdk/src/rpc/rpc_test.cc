@@ -148,6 +148,19 @@ TEST_CASE("foreign exceptions map to a status by their type", "[rpc]") {
   CHECK(from_exception(remote) == Status::NotFound("no such variable 'w'"));
 }
 
+TEST_CASE("a status the peer reported is not a transport failure", "[rpc]") {
+  kj::Exception remote(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                       kj::str("remote exception: [capstan:UNAVAILABLE] ps:1 is unreachable"));
+  CHECK_FALSE(is_transport_failure(remote));
+  CHECK_FALSE(is_transport_failure(to_exception(Status::Unavailable("x"))));
+  kj::Exception reset(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
+                      kj::str("Connection reset by peer"));
+  CHECK(is_transport_failure(reset));
+  kj::Exception capnp_error(kj::Exception::Type::FAILED, __FILE__, __LINE__,
+                            kj::str("message did not contain a valid pointer"));
+  CHECK(is_transport_failure(capnp_error));
+}
+
 TEST_CASE("parse_host_port accepts host:port and rejects the rest", "[rpc]") {
   std::string host;
   uint16_t port = 0;
