@@ -2,7 +2,7 @@
 //
 // save: the coordinator reads every shard (values, optimizer slots, steps)
 // from the parameter servers and writes one safetensors file per PS task
-// plus a manifest (sdk/src/checkpoint), atomically.
+// plus a manifest (lib/checkpoint), atomically.
 // restore: for each shard of the variables as they are placed *now*, the
 // rows it covers are read from the checkpoint, whatever partitioning or
 // number of PS tasks it was saved with, and written to the shard (value,

@@ -25,6 +25,19 @@ done
 # The public headers must not drag Cap'n Proto or KJ into user code.
 if grep -rlE '#include <(capnp|kj)/' "$tmp/prefix/include"; then fail "public headers include capnp/kj"; fi
 
+# libcapstan.so exports the public API and nothing else (no capnp, kj,
+# protobuf, standard-library or internal capstan::wire/rpc/data symbols).
+lib=$(ls "$tmp"/prefix/lib*/libcapstan.so.* 2>/dev/null | head -1)
+[[ -n $lib ]] || fail "installed tree lacks libcapstan.so"
+exported=$(nm -DC --defined-only "$lib" | cut -d' ' -f3-)
+count=$(wc -l <<< "$exported")
+(( count > 50 )) || fail "libcapstan.so exports only $count symbols: the public API is missing"
+strays=$(grep -vE '^((typeinfo|typeinfo name|vtable|VTT|guard variable) for )?capstan::' <<< "$exported" || true)
+[[ -z $strays ]] || fail "libcapstan.so exports symbols outside namespace capstan: $(head -5 <<< "$strays")"
+internal=$(grep -E 'capstan::(wire|rpc|journal|checkpoint|placement|tfexample)::' <<< "$exported" || true)
+[[ -z $internal ]] || fail "libcapstan.so exports internal symbols: $(head -5 <<< "$internal")"
+echo "libcapstan.so exports $count symbols, all in the public API"
+
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
 cmake -S "$repo/examples/sdk_consumer" -B "$tmp/consumer" "${generator[@]}" \

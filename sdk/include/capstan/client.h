@@ -17,6 +17,8 @@
 #ifndef CAPSTAN_CLIENT_H_
 #define CAPSTAN_CLIENT_H_
 
+#include "capstan/export.h"
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -25,7 +27,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
-namespace capstan {
+namespace capstan CAPSTAN_API {
 
 struct ClientOptions {
   std::string token;               // the cluster token; "" for an open cluster
@@ -70,7 +72,7 @@ class NodeClient {
   Result<uint64_t> discard(const Element& element);
 
  private:
-  struct Impl;
+  struct CAPSTAN_HIDDEN Impl;
   explicit NodeClient(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -18,13 +18,15 @@
 #ifndef CAPSTAN_CLOSURE_H_
 #define CAPSTAN_CLOSURE_H_
 
+#include "capstan/export.h"
+
 #include <functional>
 #include <string>
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
-namespace capstan {
+namespace capstan CAPSTAN_API {
 
 namespace data {
 class Iterator;

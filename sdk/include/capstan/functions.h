@@ -20,6 +20,8 @@
 #ifndef CAPSTAN_FUNCTIONS_H_
 #define CAPSTAN_FUNCTIONS_H_
 
+#include "capstan/export.h"
+
 #include <functional>
 #include <map>
 #include <memory>
@@ -30,7 +32,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
-namespace capstan {
+namespace capstan CAPSTAN_API {
 
 namespace data {
 class Dataset;
@@ -92,8 +94,8 @@ class FunctionRegistry {
 }  // namespace capstan
 
 // Defines a module's entry point; see FunctionRegistry.
-#define CAPSTAN_MODULE(registry_name)                                                   \
-  extern "C" void capstan_module_register(::capstan::FunctionRegistry& registry_name); \
-  extern "C" void capstan_module_register(::capstan::FunctionRegistry& registry_name)
+#define CAPSTAN_MODULE(registry_name)                                                  \
+  extern "C" CAPSTAN_API void capstan_module_register(::capstan::FunctionRegistry& registry_name); \
+  extern "C" CAPSTAN_API void capstan_module_register(::capstan::FunctionRegistry& registry_name)
 
 #endif  // CAPSTAN_FUNCTIONS_H_

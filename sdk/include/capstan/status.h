@@ -14,6 +14,8 @@
 #ifndef CAPSTAN_STATUS_H_
 #define CAPSTAN_STATUS_H_
 
+#include "capstan/export.h"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -23,7 +25,7 @@
 #include <utility>
 #include <variant>
 
-namespace capstan {
+namespace capstan CAPSTAN_API {
 
 enum class StatusCode : int32_t {
   kOk = 0,

@@ -16,6 +16,8 @@
 #ifndef CAPSTAN_TENSOR_H_
 #define CAPSTAN_TENSOR_H_
 
+#include "capstan/export.h"
+
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -28,7 +30,7 @@
 
 #include "capstan/status.h"
 
-namespace capstan {
+namespace capstan CAPSTAN_API {
 
 enum class DType : uint8_t {
   kInvalid = 0,

@@ -19,6 +19,8 @@
 #ifndef CAPSTAN_TRAINING_H_
 #define CAPSTAN_TRAINING_H_
 
+#include "capstan/export.h"
+
 #include <chrono>
 #include <cstdint>
 #include <memory>
@@ -30,7 +32,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
-namespace capstan {
+namespace capstan CAPSTAN_API {
 
 namespace data {
 class Dataset;
@@ -176,7 +178,7 @@ class ClusterCoordinator {
   int num_workers();
 
  private:
-  struct Impl;
+  struct CAPSTAN_HIDDEN Impl;
   explicit ClusterCoordinator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };

@@ -20,6 +20,8 @@
 #ifndef CAPSTAN_DATA_DATASET_H_
 #define CAPSTAN_DATA_DATASET_H_
 
+#include "capstan/export.h"
+
 #include <cstdint>
 #include <memory>
 #include <optional>
@@ -31,7 +33,8 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
-namespace capstan::data {
+namespace capstan CAPSTAN_API {
+namespace data {
 
 // Let the runtime pick (tf.data.AUTOTUNE).
 inline constexpr int64_t kAutotune = -1;
@@ -59,7 +62,7 @@ class Fn {
   static Fn tfrecord_dataset(Compression compression = Compression::kNone);
   static Fn text_line_dataset(Compression compression = Compression::kNone);
 
-  struct Impl;
+  struct CAPSTAN_HIDDEN Impl;
   const std::shared_ptr<const Impl>& impl() const { return impl_; }
 
  private:
@@ -180,7 +183,7 @@ class Dataset {
   // A readable one-line summary: "range(0, 10, 1).map(f).batch(2)".
   std::string debug_string() const;
 
-  struct Impl;
+  struct CAPSTAN_HIDDEN Impl;
   explicit Dataset(std::shared_ptr<const Impl> impl) : impl_(std::move(impl)) {}
   const std::shared_ptr<const Impl>& impl() const { return impl_; }
 
@@ -188,6 +191,7 @@ class Dataset {
   std::shared_ptr<const Impl> impl_;
 };
 
-}  // namespace capstan::data
+}  // namespace data
+}  // namespace capstan
 
 #endif  // CAPSTAN_DATA_DATASET_H_

@@ -3,6 +3,8 @@
 #ifndef CAPSTAN_DATA_PARSING_H_
 #define CAPSTAN_DATA_PARSING_H_
 
+#include "capstan/export.h"
+
 #include <map>
 #include <optional>
 #include <string>
@@ -11,7 +13,8 @@
 
 #include "capstan/tensor.h"
 
-namespace capstan::data {
+namespace capstan CAPSTAN_API {
+namespace data {
 
 // tf.io.decode_csv: one output column per record default.
 struct CsvSpec {
@@ -45,6 +48,7 @@ struct VarLenFeature {
 // Feature key -> how to parse it; outputs come in key order.
 using FeatureSpec = std::map<std::string, std::variant<FixedLenFeature, VarLenFeature>>;
 
-}  // namespace capstan::data
+}  // namespace data
+}  // namespace capstan
 
 #endif  // CAPSTAN_DATA_PARSING_H_

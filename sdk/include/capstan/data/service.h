@@ -36,6 +36,8 @@
 #ifndef CAPSTAN_DATA_SERVICE_H_
 #define CAPSTAN_DATA_SERVICE_H_
 
+#include "capstan/export.h"
+
 #include <cstdint>
 #include <string>
 
@@ -43,7 +45,8 @@
 #include "capstan/data/dataset.h"
 #include "capstan/status.h"
 
-namespace capstan::data::service {
+namespace capstan CAPSTAN_API {
+namespace data::service {
 
 // The values match schemas/data_dispatcher.capnp's ProcessingMode.
 enum class ProcessingMode { kOff, kDynamic, kFile, kData, kFileOrData, kHint };
@@ -79,6 +82,7 @@ Dataset from_dataset_id(const std::string& dispatcher_address, const std::string
 Result<Dataset> distribute(const Dataset& dataset, const std::string& dispatcher_address,
                            const ReadOptions& options = {});
 
-}  // namespace capstan::data::service
+}  // namespace data::service
+}  // namespace capstan
 
 #endif  // CAPSTAN_DATA_SERVICE_H_

@@ -28,8 +28,8 @@ std::filesystem::path shared_testdata() {
   if (const char* dir = std::getenv("CAPSTAN_SHARED_TESTDATA"); dir != nullptr && *dir != '\0') {
     return dir;
   }
-  // This file is <repo>/sdk/src/data/ops/; the data is <repo>/../shared/testdata.
-  return std::filesystem::path(__FILE__).parent_path() / "../../../../../shared/testdata";
+  // This file is <repo>/lib/data/ops/; the data is <repo>/../shared/testdata.
+  return std::filesystem::path(__FILE__).parent_path() / "../../../../shared/testdata";
 }
 
 // The bytes of `name` under the shared testdata directory; fails the test

@@ -26,7 +26,7 @@ std::string testdata_dir() {
   const char* from_env = std::getenv("CAPSTAN_SHARED_TESTDATA");
   fs::path dir = from_env != nullptr && *from_env != '\0'
                      ? fs::path(from_env)
-                     : (fs::path(__FILE__).parent_path() / "../../../../../shared/testdata")
+                     : (fs::path(__FILE__).parent_path() / "../../../../shared/testdata")
                            .lexically_normal();
   if (!fs::is_directory(dir)) {
     FAIL("shared test data directory '" << dir.string()

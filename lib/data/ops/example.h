@@ -3,7 +3,7 @@
 //
 // Glossary:
 //   Example   a serialized tf.train.Example: a map from feature name to a
-//             list of bytes, floats or int64s (sdk/src/data/proto/example.proto)
+//             list of bytes, floats or int64s (lib/data/proto/example.proto)
 //   FixedLen  a feature with a fixed number of values, parsed to a dense tensor
 //   VarLen    a feature with any number of values, parsed to TF's SparseTensor,
 //             here three components: indices, values, dense_shape
