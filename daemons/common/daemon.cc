@@ -7,14 +7,15 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <fstream>
 #include <mutex>
+#include <sstream>
 #include <thread>
 
 #include "capstan/client.h"
 #include "cuda_info.h"
 #include "daemons/common/http_server.h"
 #include "daemons/common/logging.h"
+#include "io/durable_file.h"
 #include "rpc/connection.h"
 #include "wire_names.h"
 
@@ -175,18 +176,13 @@ class PeerWatcher {
   kj::Vector<kj::Promise<void>> tasks_;
 };
 
-// Writes the file atomically so a reader never sees half of it.
-bool write_port_file(const std::string& path, const std::string& address, uint16_t rpc_port,
-                     uint16_t http_port) {
-  std::string tmp = path + ".tmp";
-  {
-    std::ofstream out(tmp, std::ios::trunc);
-    if (!out) return false;
-    out << "rpc_port: " << rpc_port << "\nhttp_port: " << http_port << "\naddress: " << address
-        << "\npid: " << ::getpid() << "\n";
-    if (!out.flush()) return false;
-  }
-  return std::rename(tmp.c_str(), path.c_str()) == 0;
+// Writes the file durably and atomically so a reader never sees half of it.
+Status write_port_file(const std::string& path, const std::string& address, uint16_t rpc_port,
+                       uint16_t http_port) {
+  std::ostringstream out;
+  out << "rpc_port: " << rpc_port << "\nhttp_port: " << http_port << "\naddress: " << address
+      << "\npid: " << ::getpid() << "\n";
+  return io::write_file_durably(path, out.str());
 }
 
 int config_error(const std::string& program, const std::string& message) {
@@ -483,11 +479,13 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   log->info("{} {} listening: rpc={}:{} http={}:{} (token {}; {} worker threads)", spec.program,
             capstan::version(), host, *bound, host, http_started.port,
             token ? "required" : "not required", pool_threads);
-  if (!config.get_string("port_file").empty() &&
-      !write_port_file(config.get_string("port_file"), advertised, *bound, http_started.port)) {
-    log->error("cannot write port file '{}'", config.get_string("port_file"));
-    server.stop(std::chrono::milliseconds(0));
-    return 2;
+  if (!config.get_string("port_file").empty()) {
+    Status written = write_port_file(config.get_string("port_file"), advertised, *bound, http_started.port);
+    if (!written.ok()) {
+      log->error("cannot write port file '{}': {}", config.get_string("port_file"), written.to_string());
+      server.stop(std::chrono::milliseconds(0));
+      return 2;
+    }
   }
 
   // --- Peers --------------------------------------------------------------

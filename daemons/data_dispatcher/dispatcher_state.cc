@@ -1,10 +1,16 @@
 #include "daemons/data_dispatcher/dispatcher_state.h"
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include <algorithm>
 #include <charconv>
+#include <cstring>
 #include <limits>
 #include <type_traits>
 #include <utility>
+
+#include "capstan_schemas/dispatcher_journal.capnp.h"
 
 namespace capstan::data_service {
 
@@ -18,271 +24,143 @@ struct Overloaded : Fs... {
 template <class... Fs>
 Overloaded(Fs...) -> Overloaded<Fs...>;
 
-// Type bytes of the journal encoding. Never reuse or renumber one: a new
-// layout of an update gets a new byte and decode keeps the old reader.
-enum TypeByte : uint8_t {
-  kRegisterDatasetV1 = 1,
-  kRegisterWorkerV1 = 2,
-  kCreateJobV1 = 3,
-  kAcquireJobClientV1 = 4,
-  kReleaseJobClientV1 = 5,
-  kCreateTaskV1 = 6,
-  kCreatePendingTaskV1 = 7,
-  kClientHeartbeatV1 = 8,
-  kFinishTaskV1 = 9,
-  kRemoveTaskV1 = 10,
-  kProduceSplitV1 = 11,
-  kGarbageCollectJobV1 = 12,
-};
+namespace jw = wire::journal;
+using JournalUpdate = jw::DispatcherUpdate;
 
-// ---- encoding -------------------------------------------------------------
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
-class Writer {
- public:
-  void u8(uint8_t v) { out_.push_back(static_cast<char>(v)); }
-  void u32(uint32_t v) {
-    for (int i = 0; i < 4; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void u64(uint64_t v) {
-    for (int i = 0; i < 8; ++i) u8(static_cast<uint8_t>(v >> (8 * i)));
-  }
-  void i64(int64_t v) { u64(static_cast<uint64_t>(v)); }
-  void boolean(bool v) { u8(v ? 1 : 0); }
-  void str(std::string_view s) {
-    u32(static_cast<uint32_t>(s.size()));
-    out_.append(s.data(), s.size());
-  }
-  std::string take() { return std::move(out_); }
+// ---- encoding: one writer per update kind ------------------------------------
 
- private:
-  std::string out_;
-};
+void write(JournalUpdate::Builder b, const RegisterDataset& u) {
+  auto o = b.initRegisterDataset();
+  o.setDatasetId(u.dataset_id);
+  o.setFingerprint(u.fingerprint);
+}
+void write(JournalUpdate::Builder b, const RegisterWorker& u) {
+  auto o = b.initRegisterWorker();
+  o.setAddress(u.address);
+  o.setTransferAddress(u.transfer_address);
+  auto tags = o.initTags(static_cast<unsigned>(u.tags.size()));
+  for (unsigned i = 0; i < u.tags.size(); ++i) tags.set(i, u.tags[i]);
+}
+void write(JournalUpdate::Builder b, const CreateJob& u) {
+  auto o = b.initCreateJob();
+  o.setJobId(u.job_id);
+  o.setDatasetId(u.dataset_id);
+  o.setJobName(u.job_name);
+  o.setProcessingMode(static_cast<uint8_t>(u.processing_mode));
+  o.setNumConsumers(u.num_consumers);
+  o.setNumSplitProviders(u.num_split_providers);
+  o.setTargetWorkers(static_cast<uint8_t>(u.target_workers));
+  o.setCrossTrainerCache(u.cross_trainer_cache);
+}
+void write(JournalUpdate::Builder b, const AcquireJobClient& u) {
+  auto o = b.initAcquireJobClient();
+  o.setJobClientId(u.job_client_id);
+  o.setJobId(u.job_id);
+}
+void write(JournalUpdate::Builder b, const ReleaseJobClient& u) {
+  auto o = b.initReleaseJobClient();
+  o.setJobClientId(u.job_client_id);
+  o.setReleaseTimeMicros(u.release_time_micros);
+}
+void write(JournalUpdate::Builder b, const CreateTask& u) {
+  auto o = b.initCreateTask();
+  o.setTaskId(u.task_id);
+  o.setJobId(u.job_id);
+  o.setWorkerAddress(u.worker_address);
+}
+void write(JournalUpdate::Builder b, const CreatePendingTask& u) {
+  auto o = b.initCreatePendingTask();
+  o.setTaskId(u.task_id);
+  o.setJobId(u.job_id);
+  o.setWorkerAddress(u.worker_address);
+  o.setStartingRound(u.starting_round);
+}
+void write(JournalUpdate::Builder b, const ClientHeartbeat& u) {
+  auto o = b.initClientHeartbeat();
+  o.setJobClientId(u.job_client_id);
+  o.setTaskAccepted(u.task_accepted);
+  if (u.task_rejected_new_target_round) o.setTaskRejectedNewTargetRound(*u.task_rejected_new_target_round);
+  else o.setNoRejection();
+}
+void write(JournalUpdate::Builder b, const FinishTask& u) { b.initFinishTask().setTaskId(u.task_id); }
+void write(JournalUpdate::Builder b, const RemoveTask& u) { b.initRemoveTask().setTaskId(u.task_id); }
+void write(JournalUpdate::Builder b, const ProduceSplit& u) {
+  auto o = b.initProduceSplit();
+  o.setJobId(u.job_id);
+  o.setRepetition(u.repetition);
+  o.setSplitProviderIndex(u.split_provider_index);
+  o.setFinished(u.finished);
+}
+void write(JournalUpdate::Builder b, const GarbageCollectJob& u) { b.initGarbageCollectJob().setJobId(u.job_id); }
 
-class Reader {
- public:
-  explicit Reader(std::string_view in) : in_(in) {}
+// ---- decoding ---------------------------------------------------------------
 
-  bool u8(uint8_t& v) {
-    if (in_.size() - pos_ < 1) return false;
-    v = static_cast<uint8_t>(in_[pos_++]);
-    return true;
-  }
-  bool u32(uint32_t& v) {
-    if (in_.size() - pos_ < 4) return false;
-    v = 0;
-    for (int i = 0; i < 4; ++i) {
-      v |= static_cast<uint32_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+Result<Update> read(JournalUpdate::Reader r) {
+  switch (r.which()) {
+    case JournalUpdate::REGISTER_DATASET: {
+      auto i = r.getRegisterDataset();
+      return Update(RegisterDataset{text(i.getDatasetId()), i.getFingerprint()});
     }
-    pos_ += 4;
-    return true;
-  }
-  bool u64(uint64_t& v) {
-    if (in_.size() - pos_ < 8) return false;
-    v = 0;
-    for (int i = 0; i < 8; ++i) {
-      v |= static_cast<uint64_t>(static_cast<uint8_t>(in_[pos_ + i])) << (8 * i);
+    case JournalUpdate::REGISTER_WORKER: {
+      auto i = r.getRegisterWorker();
+      RegisterWorker u{text(i.getAddress()), text(i.getTransferAddress()), {}};
+      for (auto tag : i.getTags()) u.tags.push_back(text(tag));
+      return Update(std::move(u));
     }
-    pos_ += 8;
-    return true;
-  }
-  bool i64(int64_t& v) {
-    uint64_t u = 0;
-    if (!u64(u)) return false;
-    v = static_cast<int64_t>(u);
-    return true;
-  }
-  // Fails on a byte other than 0 or 1 (bad_value_ says which).
-  bool boolean(bool& v) {
-    uint8_t b = 0;
-    if (!u8(b)) return false;
-    if (b > 1) return bad("bool", b);
-    v = b == 1;
-    return true;
-  }
-  template <typename E>
-  bool enumeration(E& v, uint8_t max, const char* what) {
-    uint8_t b = 0;
-    if (!u8(b)) return false;
-    if (b > max) return bad(what, b);
-    v = static_cast<E>(b);
-    return true;
-  }
-  bool str(std::string& s) {
-    uint32_t n = 0;
-    if (!u32(n)) return false;
-    if (in_.size() - pos_ < n) return false;
-    s.assign(in_.data() + pos_, n);
-    pos_ += n;
-    return true;
-  }
-  bool count(uint32_t& n) {
-    if (!u32(n)) return false;
-    // Every item takes at least 4 bytes: reject absurd counts before
-    // reserving anything.
-    return (in_.size() - pos_) / 4 >= n;
-  }
-
-  bool at_end() const { return pos_ == in_.size(); }
-  size_t pos() const { return pos_; }
-  size_t size() const { return in_.size(); }
-  const std::string& bad_value() const { return bad_value_; }
-
- private:
-  bool bad(const char* what, uint8_t b) {
-    bad_value_ = std::string("invalid ") + what + " byte " + std::to_string(b) +
-                 " at offset " + std::to_string(pos_ - 1);
-    return false;
-  }
-
-  std::string_view in_;
-  size_t pos_ = 0;
-  std::string bad_value_;
-};
-
-void encode_fields(Writer& w, const RegisterDataset& u) {
-  w.str(u.dataset_id);
-  w.u64(u.fingerprint);
-}
-void encode_fields(Writer& w, const RegisterWorker& u) {
-  w.str(u.address);
-  w.str(u.transfer_address);
-  w.u32(static_cast<uint32_t>(u.tags.size()));
-  for (const auto& t : u.tags) w.str(t);
-}
-void encode_fields(Writer& w, const CreateJob& u) {
-  w.i64(u.job_id);
-  w.str(u.dataset_id);
-  w.str(u.job_name);
-  w.u8(static_cast<uint8_t>(u.processing_mode));
-  w.i64(u.num_consumers);
-  w.i64(u.num_split_providers);
-  w.u8(static_cast<uint8_t>(u.target_workers));
-  w.boolean(u.cross_trainer_cache);
-}
-void encode_fields(Writer& w, const AcquireJobClient& u) {
-  w.i64(u.job_client_id);
-  w.i64(u.job_id);
-}
-void encode_fields(Writer& w, const ReleaseJobClient& u) {
-  w.i64(u.job_client_id);
-  w.i64(u.release_time_micros);
-}
-void encode_fields(Writer& w, const CreateTask& u) {
-  w.i64(u.task_id);
-  w.i64(u.job_id);
-  w.str(u.worker_address);
-}
-void encode_fields(Writer& w, const CreatePendingTask& u) {
-  w.i64(u.task_id);
-  w.i64(u.job_id);
-  w.str(u.worker_address);
-  w.i64(u.starting_round);
-}
-void encode_fields(Writer& w, const ClientHeartbeat& u) {
-  w.i64(u.job_client_id);
-  w.boolean(u.task_accepted);
-  w.boolean(u.task_rejected_new_target_round.has_value());
-  if (u.task_rejected_new_target_round) w.i64(*u.task_rejected_new_target_round);
-}
-void encode_fields(Writer& w, const FinishTask& u) { w.i64(u.task_id); }
-void encode_fields(Writer& w, const RemoveTask& u) { w.i64(u.task_id); }
-void encode_fields(Writer& w, const ProduceSplit& u) {
-  w.i64(u.job_id);
-  w.i64(u.repetition);
-  w.i64(u.split_provider_index);
-  w.boolean(u.finished);
-}
-void encode_fields(Writer& w, const GarbageCollectJob& u) { w.i64(u.job_id); }
-
-bool decode_fields(Reader& r, RegisterDataset& u) {
-  return r.str(u.dataset_id) && r.u64(u.fingerprint);
-}
-bool decode_fields(Reader& r, RegisterWorker& u) {
-  uint32_t n = 0;
-  if (!r.str(u.address) || !r.str(u.transfer_address) || !r.count(n)) return false;
-  u.tags.resize(n);
-  for (auto& t : u.tags) {
-    if (!r.str(t)) return false;
-  }
-  return true;
-}
-bool decode_fields(Reader& r, CreateJob& u) {
-  return r.i64(u.job_id) && r.str(u.dataset_id) && r.str(u.job_name) &&
-         r.enumeration(u.processing_mode, kMaxProcessingMode, "processing mode") &&
-         r.i64(u.num_consumers) && r.i64(u.num_split_providers) &&
-         r.enumeration(u.target_workers, kMaxTargetWorkers, "target workers") &&
-         r.boolean(u.cross_trainer_cache);
-}
-bool decode_fields(Reader& r, AcquireJobClient& u) {
-  return r.i64(u.job_client_id) && r.i64(u.job_id);
-}
-bool decode_fields(Reader& r, ReleaseJobClient& u) {
-  return r.i64(u.job_client_id) && r.i64(u.release_time_micros);
-}
-bool decode_fields(Reader& r, CreateTask& u) {
-  return r.i64(u.task_id) && r.i64(u.job_id) && r.str(u.worker_address);
-}
-bool decode_fields(Reader& r, CreatePendingTask& u) {
-  return r.i64(u.task_id) && r.i64(u.job_id) && r.str(u.worker_address) &&
-         r.i64(u.starting_round);
-}
-bool decode_fields(Reader& r, ClientHeartbeat& u) {
-  bool has_rejected = false;
-  if (!r.i64(u.job_client_id) || !r.boolean(u.task_accepted) ||
-      !r.boolean(has_rejected)) {
-    return false;
-  }
-  if (has_rejected) {
-    int64_t round = 0;
-    if (!r.i64(round)) return false;
-    u.task_rejected_new_target_round = round;
-  }
-  return true;
-}
-bool decode_fields(Reader& r, FinishTask& u) { return r.i64(u.task_id); }
-bool decode_fields(Reader& r, RemoveTask& u) { return r.i64(u.task_id); }
-bool decode_fields(Reader& r, ProduceSplit& u) {
-  return r.i64(u.job_id) && r.i64(u.repetition) && r.i64(u.split_provider_index) &&
-         r.boolean(u.finished);
-}
-bool decode_fields(Reader& r, GarbageCollectJob& u) { return r.i64(u.job_id); }
-
-template <typename T>
-constexpr uint8_t type_byte_of() {
-  if constexpr (std::is_same_v<T, RegisterDataset>) return kRegisterDatasetV1;
-  else if constexpr (std::is_same_v<T, RegisterWorker>) return kRegisterWorkerV1;
-  else if constexpr (std::is_same_v<T, CreateJob>) return kCreateJobV1;
-  else if constexpr (std::is_same_v<T, AcquireJobClient>) return kAcquireJobClientV1;
-  else if constexpr (std::is_same_v<T, ReleaseJobClient>) return kReleaseJobClientV1;
-  else if constexpr (std::is_same_v<T, CreateTask>) return kCreateTaskV1;
-  else if constexpr (std::is_same_v<T, CreatePendingTask>) return kCreatePendingTaskV1;
-  else if constexpr (std::is_same_v<T, ClientHeartbeat>) return kClientHeartbeatV1;
-  else if constexpr (std::is_same_v<T, FinishTask>) return kFinishTaskV1;
-  else if constexpr (std::is_same_v<T, RemoveTask>) return kRemoveTaskV1;
-  else if constexpr (std::is_same_v<T, ProduceSplit>) return kProduceSplitV1;
-  else {
-    static_assert(std::is_same_v<T, GarbageCollectJob>);
-    return kGarbageCollectJobV1;
-  }
-}
-
-template <typename T>
-Result<Update> decode_as(Reader& r, std::string_view name) {
-  T u;
-  if (!decode_fields(r, u)) {
-    if (!r.bad_value().empty()) {
-      return Status::InvalidArgument("cannot decode " + std::string(name) +
-                                     " update: " + r.bad_value());
+    case JournalUpdate::CREATE_JOB: {
+      auto i = r.getCreateJob();
+      if (i.getProcessingMode() > kMaxProcessingMode) {
+        return Status::InvalidArgument("cannot decode CreateJob update: processing mode " +
+                                       std::to_string(i.getProcessingMode()) + " out of range");
+      }
+      if (i.getTargetWorkers() > kMaxTargetWorkers) {
+        return Status::InvalidArgument("cannot decode CreateJob update: target workers " +
+                                       std::to_string(i.getTargetWorkers()) + " out of range");
+      }
+      CreateJob u;
+      u.job_id = i.getJobId();
+      u.dataset_id = text(i.getDatasetId());
+      u.job_name = text(i.getJobName());
+      u.processing_mode = static_cast<ProcessingMode>(i.getProcessingMode());
+      u.num_consumers = i.getNumConsumers();
+      u.num_split_providers = i.getNumSplitProviders();
+      u.target_workers = static_cast<TargetWorkers>(i.getTargetWorkers());
+      u.cross_trainer_cache = i.getCrossTrainerCache();
+      return Update(std::move(u));
     }
-    return Status::InvalidArgument("truncated " + std::string(name) + " update (" +
-                                   std::to_string(r.size()) + " bytes)");
+    case JournalUpdate::ACQUIRE_JOB_CLIENT: {
+      auto i = r.getAcquireJobClient();
+      return Update(AcquireJobClient{i.getJobClientId(), i.getJobId()});
+    }
+    case JournalUpdate::RELEASE_JOB_CLIENT: {
+      auto i = r.getReleaseJobClient();
+      return Update(ReleaseJobClient{i.getJobClientId(), i.getReleaseTimeMicros()});
+    }
+    case JournalUpdate::CREATE_TASK: {
+      auto i = r.getCreateTask();
+      return Update(CreateTask{i.getTaskId(), i.getJobId(), text(i.getWorkerAddress())});
+    }
+    case JournalUpdate::CREATE_PENDING_TASK: {
+      auto i = r.getCreatePendingTask();
+      return Update(CreatePendingTask{i.getTaskId(), i.getJobId(), text(i.getWorkerAddress()), i.getStartingRound()});
+    }
+    case JournalUpdate::CLIENT_HEARTBEAT: {
+      auto i = r.getClientHeartbeat();
+      ClientHeartbeat u{i.getJobClientId(), i.getTaskAccepted(), std::nullopt};
+      if (i.isTaskRejectedNewTargetRound()) u.task_rejected_new_target_round = i.getTaskRejectedNewTargetRound();
+      return Update(std::move(u));
+    }
+    case JournalUpdate::FINISH_TASK: return Update(FinishTask{r.getFinishTask().getTaskId()});
+    case JournalUpdate::REMOVE_TASK: return Update(RemoveTask{r.getRemoveTask().getTaskId()});
+    case JournalUpdate::PRODUCE_SPLIT: {
+      auto i = r.getProduceSplit();
+      return Update(ProduceSplit{i.getJobId(), i.getRepetition(), i.getSplitProviderIndex(), i.getFinished()});
+    }
+    case JournalUpdate::GARBAGE_COLLECT_JOB: return Update(GarbageCollectJob{r.getGarbageCollectJob().getJobId()});
   }
-  if (!r.at_end()) {
-    return Status::InvalidArgument(std::to_string(r.size() - r.pos()) +
-                                   " trailing bytes after " + std::string(name) +
-                                   " update");
-  }
-  return Update(std::move(u));
+  return Status::InvalidArgument("unknown update kind " + std::to_string(static_cast<unsigned>(r.which())));
 }
 
 std::string id_list(const std::vector<int64_t>& ids) {
@@ -337,35 +215,32 @@ std::string_view update_name(const Update& update) {
 }
 
 std::string encode(const Update& update) {
-  Writer w;
-  std::visit(
-      [&w](const auto& u) {
-        w.u8(type_byte_of<std::decay_t<decltype(u)>>());
-        encode_fields(w, u);
-      },
-      update);
-  return w.take();
+  capnp::MallocMessageBuilder message;
+  auto root = message.initRoot<JournalUpdate>();
+  std::visit([&root](const auto& u) { write(root, u); }, update);
+  kj::Array<capnp::word> words = capnp::messageToFlatArray(message);
+  auto bytes = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
 }
 
 Result<Update> decode(std::string_view bytes) {
-  Reader r(bytes);
-  uint8_t type = 0;
-  if (!r.u8(type)) return Status::InvalidArgument("empty update record");
-  switch (type) {
-    case kRegisterDatasetV1: return decode_as<RegisterDataset>(r, "RegisterDataset");
-    case kRegisterWorkerV1: return decode_as<RegisterWorker>(r, "RegisterWorker");
-    case kCreateJobV1: return decode_as<CreateJob>(r, "CreateJob");
-    case kAcquireJobClientV1: return decode_as<AcquireJobClient>(r, "AcquireJobClient");
-    case kReleaseJobClientV1: return decode_as<ReleaseJobClient>(r, "ReleaseJobClient");
-    case kCreateTaskV1: return decode_as<CreateTask>(r, "CreateTask");
-    case kCreatePendingTaskV1: return decode_as<CreatePendingTask>(r, "CreatePendingTask");
-    case kClientHeartbeatV1: return decode_as<ClientHeartbeat>(r, "ClientHeartbeat");
-    case kFinishTaskV1: return decode_as<FinishTask>(r, "FinishTask");
-    case kRemoveTaskV1: return decode_as<RemoveTask>(r, "RemoveTask");
-    case kProduceSplitV1: return decode_as<ProduceSplit>(r, "ProduceSplit");
-    case kGarbageCollectJobV1: return decode_as<GarbageCollectJob>(r, "GarbageCollectJob");
-    default:
-      return Status::InvalidArgument("unknown update type byte " + std::to_string(type));
+  if (bytes.empty()) return Status::InvalidArgument("empty update record");
+  if (bytes.size() % sizeof(capnp::word) != 0) {
+    return Status::InvalidArgument("update record of " + std::to_string(bytes.size()) +
+                                   " bytes is not a whole number of words");
+  }
+  // Copied: the record's bytes need not be word-aligned.
+  auto words = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
+  std::memcpy(words.begin(), bytes.data(), bytes.size());
+  try {
+    capnp::FlatArrayMessageReader reader(words);
+    if (reader.getEnd() != words.end()) {
+      return Status::InvalidArgument(std::to_string((words.end() - reader.getEnd()) * sizeof(capnp::word)) +
+                                     " trailing bytes after the update");
+    }
+    return read(reader.getRoot<JournalUpdate>());
+  } catch (const kj::Exception& e) {
+    return Status::InvalidArgument(std::string("malformed update record: ") + e.getDescription().cStr());
   }
 }
 

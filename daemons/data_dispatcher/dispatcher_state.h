@@ -9,7 +9,7 @@
 // (including the `next_available_*_id()` counters).
 //
 // Division of work (as in TF's DataServiceDispatcherImpl / DispatcherState):
-// the service layer handles RPCs, reads this state, decides which updates to
+// Dispatcher (dispatcher.h) serves requests, reads this state, decides which updates to
 // make (fingerprint lookup, "get or create" of named jobs, matching job
 // parameters, GC policy, split providers themselves) and serializes access;
 // DispatcherState validates and applies updates and answers queries.
@@ -167,20 +167,16 @@ using Update =
 // "RegisterDataset", "CreateJob", ... (for logs).
 std::string_view update_name(const Update& update);
 
-// Compact binary encoding for the journal: one leading type byte, then the
-// fields in declaration order, little-endian: integers as 8 bytes, bools and
-// enums as 1 byte, strings as a 4-byte length and the bytes, lists as a
-// 4-byte count and the items, optionals as a presence byte and the value.
-// The type byte is the version: a changed layout gets a new type byte, and
-// decode keeps reading the old ones.
+// The journal record of an update: one flat Cap'n Proto message, a
+// DispatcherUpdate (schemas/dispatcher_journal.capnp).
 std::string encode(const Update& update);
-// InvalidArgument for empty, truncated, unknown-type, out-of-range (bool,
-// enum) or over-long input.
+// InvalidArgument for empty, truncated, malformed, unknown-kind,
+// out-of-range (enum) or over-long input.
 Result<Update> decode(std::string_view bytes);
 
 // ---------------------------------------------------------------------------
 
-// DispatcherState is not thread-safe; DispatcherService serializes access.
+// DispatcherState is not thread-safe; Dispatcher serializes access.
 // Pointers returned by queries stay valid until the next apply().
 class DispatcherState {
  public:

@@ -15,13 +15,14 @@
 #include <system_error>
 
 #include "data/io/crc32c.h"
+#include "io/durable_file.h"
 #include "data/tensor_util.h"
 
 namespace capstan::checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
-using internal::errno_status;
+using io::errno_to_status;
 
 constexpr std::string_view kCheckpointPrefix = "ckpt-";
 constexpr std::string_view kTmpSuffix = ".tmp";
@@ -65,7 +66,7 @@ bool is_plain_file_name(const std::string& name) {
 }
 
 Status filesystem_status(const std::error_code& error, const std::string& context) {
-  return errno_status(error.value(), context);
+  return errno_to_status(error.value(), context);
 }
 
 struct SizeAndCrc {
@@ -75,14 +76,14 @@ struct SizeAndCrc {
 
 Result<SizeAndCrc> checksum_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open '" + path + "'");
+  if (fd < 0) return errno_to_status(errno, "cannot open '" + path + "'");
   std::vector<char> buf(size_t{1} << 20);
   SizeAndCrc out;
   while (true) {
     ssize_t n = ::read(fd, buf.data(), buf.size());
     if (n < 0) {
       if (errno == EINTR) continue;
-      Status status = errno_status(errno, "cannot read '" + path + "'");
+      Status status = errno_to_status(errno, "cannot read '" + path + "'");
       ::close(fd);
       return status;
     }
@@ -96,23 +97,23 @@ Result<SizeAndCrc> checksum_file(const std::string& path) {
 
 Status fsync_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open '" + path + "'");
+  if (fd < 0) return errno_to_status(errno, "cannot open '" + path + "'");
   Status status;
-  if (::fsync(fd) != 0) status = errno_status(errno, "cannot fsync '" + path + "'");
+  if (::fsync(fd) != 0) status = errno_to_status(errno, "cannot fsync '" + path + "'");
   ::close(fd);
   return status;
 }
 
 Result<std::string> read_small_file(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open '" + path + "'");
+  if (fd < 0) return errno_to_status(errno, "cannot open '" + path + "'");
   std::string out;
   char buf[65536];
   while (true) {
     ssize_t n = ::read(fd, buf, sizeof(buf));
     if (n < 0) {
       if (errno == EINTR) continue;
-      Status status = errno_status(errno, "cannot read '" + path + "'");
+      Status status = errno_to_status(errno, "cannot read '" + path + "'");
       ::close(fd);
       return status;
     }
@@ -200,7 +201,7 @@ Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::begin(const std::str
   fs::remove_all(writer->tmp_path_, error);
   if (error) return filesystem_status(error, "cannot remove '" + writer->tmp_path_ + "'");
   if (::mkdir(writer->tmp_path_.c_str(), 0755) != 0) {
-    return errno_status(errno, "cannot create '" + writer->tmp_path_ + "'");
+    return errno_to_status(errno, "cannot create '" + writer->tmp_path_ + "'");
   }
   return writer;
 }
@@ -277,7 +278,7 @@ Status CheckpointWriter::commit(Manifest manifest) {
   done_ = true;
   for (const auto& name : names) CAPSTAN_RETURN_IF_ERROR(fsync_file(join(tmp_path_, name)));
   const std::string json = to_json(manifest);
-  CAPSTAN_RETURN_IF_ERROR(internal::write_file_durably(join(tmp_path_, kManifestFileName), {json}));
+  CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(join(tmp_path_, kManifestFileName), json));
   if (::renameat2(AT_FDCWD, tmp_path_.c_str(), AT_FDCWD, final_path_.c_str(), RENAME_NOREPLACE) !=
       0) {
     int rename_error = errno;
@@ -296,9 +297,9 @@ Status CheckpointWriter::commit(Manifest manifest) {
     if (rename_error == EEXIST || rename_error == ENOTEMPTY) {
       return Status::AlreadyExists(context + ": it already exists");
     }
-    if (rename_error != 0) return errno_status(rename_error, context + ": rename failed");
+    if (rename_error != 0) return errno_to_status(rename_error, context + ": rename failed");
   }
-  CAPSTAN_RETURN_IF_ERROR(internal::sync_directory(dir_));
+  CAPSTAN_RETURN_IF_ERROR(io::fsync_dir(dir_));
   return apply_retention();
 }
 
@@ -319,7 +320,7 @@ Status CheckpointWriter::apply_retention() {
   // The index first: a crash before the deletions leaves extra checkpoints
   // (deleted by the next commit), never an index naming deleted ones.
   const std::string json = to_json(index);
-  CAPSTAN_RETURN_IF_ERROR(internal::write_file_durably(join(dir_, kIndexFileName), {json}));
+  CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(join(dir_, kIndexFileName), json));
   std::error_code error;
   for (size_t i = 0; i < drop; ++i) {
     fs::remove_all(all[i], error);
@@ -334,7 +335,7 @@ Status CheckpointWriter::apply_retention() {
     fs::remove_all(path, error);
     if (error) return filesystem_status(error, "cannot delete '" + path + "'");
   }
-  return internal::sync_directory(dir_);
+  return io::fsync_dir(dir_);
 }
 
 Result<std::vector<std::string>> list_checkpoints(const std::string& dir) {
@@ -383,7 +384,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
   struct stat st;
   if (::stat(reader->path_.c_str(), &st) != 0) {
     if (errno == ENOENT) return Status::NotFound("no checkpoint at '" + reader->path_ + "'");
-    return errno_status(errno, "cannot open checkpoint '" + reader->path_ + "'");
+    return errno_to_status(errno, "cannot open checkpoint '" + reader->path_ + "'");
   }
   if (!S_ISDIR(st.st_mode)) {
     return Status::FailedPrecondition("checkpoint '" + reader->path_ + "' is not a directory");
@@ -410,7 +411,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
     const std::string path = join(reader->path_, entry.name);
     if (::stat(path.c_str(), &st) != 0) {
       if (errno == ENOENT) return reader->damaged("file " + entry.name + " is missing");
-      return errno_status(errno, "cannot open '" + path + "'");
+      return errno_to_status(errno, "cannot open '" + path + "'");
     }
     if (!S_ISREG(st.st_mode))
       return reader->damaged("file " + entry.name + " is not a regular file");

@@ -14,6 +14,8 @@
 #include <limits>
 #include <set>
 
+#include "io/durable_file.h"
+
 namespace capstan::checkpoint {
 
 static_assert(std::endian::native == std::endian::little,
@@ -314,26 +316,6 @@ bool is_json_string(const YAML::Node& node) { return node.IsScalar() && node.Tag
 // A header value that is a JSON number, true, false (plain scalars).
 bool is_json_plain(const YAML::Node& node) { return node.IsScalar() && node.Tag() == "?"; }
 
-std::string parent_directory(const std::string& path) {
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-Status write_all(int fd, std::string_view data, const std::string& path) {
-  constexpr size_t kMaxWrite = size_t{1} << 30;
-  while (!data.empty()) {
-    ssize_t n = ::write(fd, data.data(), std::min(data.size(), kMaxWrite));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      return internal::errno_status(errno, "cannot write '" + path + "'");
-    }
-    data.remove_prefix(static_cast<size_t>(n));
-  }
-  return Status::Ok();
-}
-
 }  // namespace
 
 std::optional<std::string_view> safetensors_dtype_name(DType dtype) {
@@ -416,18 +398,18 @@ Status write_safetensors(const std::string& path,
   const std::string length = le64(header.size());
   pieces[0] = length;
   pieces[1] = header;
-  return internal::write_file_durably(path, pieces);
+  return io::write_file_durably(path, pieces);
 }
 
 // ---------------------------------------------------------------- reading
 
 Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path) {
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return internal::errno_status(errno, "cannot open safetensors file '" + path + "'");
+  if (fd < 0) return io::errno_to_status(errno, "cannot open safetensors file '" + path + "'");
   std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(path, fd));
 
   struct stat st;
-  if (::fstat(fd, &st) != 0) return internal::errno_status(errno, "cannot stat '" + path + "'");
+  if (::fstat(fd, &st) != 0) return io::errno_to_status(errno, "cannot stat '" + path + "'");
   if (!S_ISREG(st.st_mode)) {
     return Status::FailedPrecondition("safetensors file '" + path + "' is not a regular file");
   }
@@ -657,7 +639,7 @@ Status SafetensorsReader::pread_data(uint64_t offset, void* out, size_t n,
     ssize_t got = ::pread(fd_, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      return internal::errno_status(errno, "cannot read '" + path_ + "'");
+      return io::errno_to_status(errno, "cannot read '" + path_ + "'");
     }
     if (got == 0) {
       return corrupt((tensor.empty() ? std::string("the file") : "tensor " + in_quotes(tensor)) +
@@ -781,62 +763,6 @@ Result<Tensor> SafetensorsReader::read_string_elements(const std::string& name,
 // ---------------------------------------------------------------- internal
 
 namespace internal {
-
-Status errno_status(int error_number, std::string_view context) {
-  std::string message = std::string(context) + ": " + std::strerror(error_number);
-  switch (error_number) {
-    case ENOENT:
-      return Status::NotFound(std::move(message));
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return Status::PermissionDenied(std::move(message));
-    case EEXIST:
-    case ENOTEMPTY:
-      return Status::AlreadyExists(std::move(message));
-    case ENOSPC:
-    case EDQUOT:
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM:
-      return Status::ResourceExhausted(std::move(message));
-    case EISDIR:
-    case ENOTDIR:
-      return Status::FailedPrecondition(std::move(message));
-    default:
-      return Status::DataLoss(std::move(message));
-  }
-}
-
-Status write_file_durably(const std::string& path, const std::vector<std::string_view>& pieces) {
-  const std::string tmp = path + ".tmp";
-  int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_status(errno, "cannot create '" + tmp + "'");
-  Status status;
-  for (std::string_view piece : pieces) {
-    status = write_all(fd, piece, tmp);
-    if (!status.ok()) break;
-  }
-  if (status.ok() && ::fsync(fd) != 0) status = errno_status(errno, "cannot fsync '" + tmp + "'");
-  if (::close(fd) != 0 && status.ok()) status = errno_status(errno, "cannot close '" + tmp + "'");
-  if (status.ok() && ::rename(tmp.c_str(), path.c_str()) != 0) {
-    status = errno_status(errno, "cannot rename '" + tmp + "' to '" + path + "'");
-  }
-  if (!status.ok()) {
-    ::unlink(tmp.c_str());
-    return status;
-  }
-  return sync_directory(parent_directory(path));
-}
-
-Status sync_directory(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open directory '" + dir + "'");
-  Status status;
-  if (::fsync(fd) != 0) status = errno_status(errno, "cannot fsync directory '" + dir + "'");
-  ::close(fd);
-  return status;
-}
 
 std::string json_quote(std::string_view s) {
   static constexpr char kHex[] = "0123456789abcdef";

@@ -78,7 +78,7 @@ std::optional<std::string_view> safetensors_dtype_name(DType dtype);
 // is fsynced too). Tensor names must be unique, non-empty, valid UTF-8 and
 // not "__metadata__"; metadata must be valid UTF-8 and avoid the reserved
 // prefixes. Those mistakes are InvalidArgument; I/O errors carry the code of
-// the failed call (see internal::errno_status).
+// the failed call (see io::errno_to_status).
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata);
@@ -156,21 +156,6 @@ class SafetensorsReader {
 // Helpers shared by the checkpoint formats (safetensors, manifest, index)
 // and the checkpoint writer; not an API.
 namespace internal {
-
-// A Status for the failed system call that set `error_number`, "<context>:
-// <strerror>", with the code the caller should act on: NotFound (ENOENT),
-// PermissionDenied, AlreadyExists (EEXIST, ENOTEMPTY), ResourceExhausted
-// (ENOSPC, EDQUOT, EMFILE, ENFILE, ENOMEM), FailedPrecondition (EISDIR,
-// ENOTDIR), DataLoss otherwise (EIO and the like).
-Status errno_status(int error_number, std::string_view context);
-
-// Writes the concatenation of `pieces` to "<path>.tmp", fsyncs it, renames it
-// to `path` and fsyncs the parent directory. The temporary file is removed on
-// failure.
-Status write_file_durably(const std::string& path, const std::vector<std::string_view>& pieces);
-
-// fsync() on a directory, so that renames and creations in it are durable.
-Status sync_directory(const std::string& dir);
 
 // `s` as a JSON string literal: quotes, backslashes and control characters
 // escaped (also DEL, U+0085, U+2028 and U+2029, which YAML parsers would

@@ -17,6 +17,7 @@
 #include "data/io/tfrecord.h"
 #include "data/ops.h"
 #include "data/tensor_util.h"
+#include "io/durable_file.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data::engine {
@@ -713,10 +714,10 @@ class FileCacheIterator final : public IteratorBase {
       Status closed = writer_->close();
       writer_ = nullptr;
       if (!closed.ok()) return closed.with_context("cache file " + filename_);
-      if (std::rename(temp_.c_str(), filename_.c_str()) != 0) {
-        return Status::Internal("cannot rename cache file " + temp_ + " to " + filename_);
-      }
-      return Status::Ok();
+      // Durable before it takes its name: a file under `filename_` is complete.
+      Status committed = capstan::io::commit_file_durably(temp_, filename_);
+      if (!committed.ok()) std::remove(temp_.c_str());
+      return committed.with_context("cache file " + filename_);
     }
     return writer_->write(rpc::element_to_bytes(*out));
   }

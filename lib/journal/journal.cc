@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "data/io/crc32c.h"
+#include "io/durable_file.h"
 #include "journal/journal_format.h"
 
 namespace capstan::journal {
@@ -22,34 +23,6 @@ using data::io::crc32c;
 using data::io::crc32c_extend;
 using data::io::crc32c_mask;
 using data::io::crc32c_unmask;
-
-// "context: strerror", with a code chosen by what the caller can do about it.
-Status errno_status(int error_number, const std::string& context) {
-  std::string message = context + ": " + std::strerror(error_number);
-  switch (error_number) {
-    case ENOENT:
-      return Status::NotFound(std::move(message));
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return Status::PermissionDenied(std::move(message));
-    case ENOSPC:
-    case EDQUOT:
-    case EFBIG:
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM:
-      return Status::ResourceExhausted(std::move(message));
-    case ENOTDIR:
-    case EISDIR:
-    case EEXIST:
-      return Status::FailedPrecondition(std::move(message));
-    case EIO:
-      return Status::DataLoss(std::move(message));
-    default:
-      return Status::Internal(std::move(message));
-  }
-}
 
 std::string join_path(const std::string& dir, std::string_view name) {
   std::string path = dir;
@@ -90,7 +63,7 @@ Status pread_exact(int fd, const std::string& path, char* buf, size_t n, uint64_
     ssize_t got = ::pread(fd, buf, n, static_cast<off_t>(offset));
     if (got < 0) {
       if (errno == EINTR) continue;
-      return errno_status(errno, "error reading " + path + " at offset " + std::to_string(offset));
+      return io::errno_to_status(errno, "error reading " + path + " at offset " + std::to_string(offset));
     }
     if (got == 0) {
       return Status::Internal(path + " shrank while being read (end of file at offset " +
@@ -108,7 +81,7 @@ Status write_all(int fd, const std::string& path, const char* buf, size_t n, uin
     ssize_t put = ::pwrite(fd, buf, n, static_cast<off_t>(offset));
     if (put < 0) {
       if (errno == EINTR) continue;
-      return errno_status(errno, "error writing " + path + " at offset " + std::to_string(offset));
+      return io::errno_to_status(errno, "error writing " + path + " at offset " + std::to_string(offset));
     }
     buf += put;
     n -= static_cast<size_t>(put);
@@ -120,14 +93,14 @@ Status write_all(int fd, const std::string& path, const char* buf, size_t n, uin
 Status fsync_fd(int fd, const std::string& path) {
   while (::fsync(fd) != 0) {
     if (errno == EINTR) continue;
-    return errno_status(errno, "error syncing " + path);
+    return io::errno_to_status(errno, "error syncing " + path);
   }
   return Status::Ok();
 }
 
 Result<uint64_t> file_size(int fd, const std::string& path) {
   struct stat st;
-  if (::fstat(fd, &st) != 0) return errno_status(errno, "cannot stat " + path);
+  if (::fstat(fd, &st) != 0) return io::errno_to_status(errno, "cannot stat " + path);
   if (!S_ISREG(st.st_mode)) return Status::FailedPrecondition(path + " is not a regular file");
   return static_cast<uint64_t>(st.st_size);
 }
@@ -150,7 +123,7 @@ Result<std::vector<uint64_t>> list_segments(const std::string& dir) {
   DIR* d = ::opendir(dir.c_str());
   if (d == nullptr) {
     if (errno == ENOENT) return std::vector<uint64_t>{};
-    return errno_status(errno, "cannot list journal directory " + dir);
+    return io::errno_to_status(errno, "cannot list journal directory " + dir);
   }
   std::vector<uint64_t> numbers;
   errno = 0;
@@ -175,7 +148,7 @@ Result<std::vector<uint64_t>> list_segments(const std::string& dir) {
   }
   int read_error = errno;
   ::closedir(d);
-  if (read_error != 0) return errno_status(read_error, "cannot list journal directory " + dir);
+  if (read_error != 0) return io::errno_to_status(read_error, "cannot list journal directory " + dir);
 
   std::sort(numbers.begin(), numbers.end());
   uint64_t expected = kFirstSegmentNumber;
@@ -246,7 +219,7 @@ std::string parent_of(std::string path) {
 
 Status fsync_dir(const std::string& dir) {
   int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open directory " + dir);
+  if (fd < 0) return io::errno_to_status(errno, "cannot open directory " + dir);
   Status status = fsync_fd(fd, dir);
   ::close(fd);
   return status;
@@ -258,13 +231,13 @@ Status make_dirs(const std::string& dir, bool sync) {
     int error = errno;
     if (error == ENOENT) {
       std::string parent = parent_of(dir);
-      if (parent == dir) return errno_status(error, "cannot create directory " + dir);
+      if (parent == dir) return io::errno_to_status(error, "cannot create directory " + dir);
       CAPSTAN_RETURN_IF_ERROR(make_dirs(parent, sync));
       return make_dirs(dir, sync);
     }
-    if (error != EEXIST) return errno_status(error, "cannot create directory " + dir);
+    if (error != EEXIST) return io::errno_to_status(error, "cannot create directory " + dir);
     struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) return errno_status(errno, "cannot stat " + dir);
+    if (::stat(dir.c_str(), &st) != 0) return io::errno_to_status(errno, "cannot stat " + dir);
     if (!S_ISDIR(st.st_mode)) return Status::FailedPrecondition(dir + " exists and is not a directory");
     return Status::Ok();
   }
@@ -288,14 +261,14 @@ Result<std::unique_ptr<JournalWriter>> JournalWriter::open(const std::string& di
   if (dir.empty()) return Status::InvalidArgument("journal directory must not be empty");
   CAPSTAN_RETURN_IF_ERROR(make_dirs(dir, sync));
   int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return errno_status(errno, "cannot open journal directory " + dir);
+  if (dir_fd < 0) return io::errno_to_status(errno, "cannot open journal directory " + dir);
   if (::flock(dir_fd, LOCK_EX | LOCK_NB) != 0) {
     int error = errno;
     ::close(dir_fd);
     if (error == EWOULDBLOCK) {
       return Status::FailedPrecondition("journal " + dir + " is already open in another JournalWriter");
     }
-    return errno_status(error, "cannot lock journal directory " + dir);
+    return io::errno_to_status(error, "cannot lock journal directory " + dir);
   }
   // From here the writer owns dir_fd.
   std::unique_ptr<JournalWriter> writer(new JournalWriter(dir, sync, max_segment_bytes, dir_fd));
@@ -310,7 +283,7 @@ Result<std::unique_ptr<JournalWriter>> JournalWriter::open(const std::string& di
   const uint64_t number = segments.back();
   const std::string path = join_path(dir, segment_file_name(number));
   int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open journal segment " + path);
+  if (fd < 0) return io::errno_to_status(errno, "cannot open journal segment " + path);
   writer->segment_fd_ = fd;  // Closed by the writer from here on.
   writer->segment_number_ = number;
   writer->segment_path_ = path;
@@ -322,7 +295,7 @@ Result<std::unique_ptr<JournalWriter>> JournalWriter::open(const std::string& di
     if (outcome == Outcome::kEnd) break;
     if (outcome == Outcome::kTornTail) {
       if (::ftruncate(fd, static_cast<off_t>(offset)) != 0) {
-        return errno_status(errno, "cannot truncate the torn tail of " + path + " at offset " +
+        return io::errno_to_status(errno, "cannot truncate the torn tail of " + path + " at offset " +
                                        std::to_string(offset));
       }
       if (sync) CAPSTAN_RETURN_IF_ERROR(fsync_fd(fd, path));
@@ -338,11 +311,11 @@ Status JournalWriter::start_segment(uint64_t number) {
   if (segment_fd_ >= 0) {
     int fd = segment_fd_;
     segment_fd_ = -1;
-    if (::close(fd) != 0) return errno_status(errno, "error closing " + segment_path_);
+    if (::close(fd) != 0) return io::errno_to_status(errno, "error closing " + segment_path_);
   }
   std::string path = join_path(dir_, segment_file_name(number));
   int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return errno_status(errno, "cannot create journal segment " + path);
+  if (fd < 0) return io::errno_to_status(errno, "cannot create journal segment " + path);
   segment_fd_ = fd;
   segment_number_ = number;
   segment_path_ = std::move(path);
@@ -407,7 +380,7 @@ Status JournalReader::open_next_segment() {
   std::string path = join_path(dir_, segment_file_name(segments_[next_segment_]));
   ++next_segment_;
   int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_status(errno, "cannot open journal segment " + path);
+  if (fd < 0) return io::errno_to_status(errno, "cannot open journal segment " + path);
   segment_fd_ = fd;
   segment_path_ = std::move(path);
   offset_ = 0;

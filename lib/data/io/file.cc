@@ -12,6 +12,8 @@
 #include <cstring>
 #include <utility>
 
+#include "io/durable_file.h"
+
 namespace capstan::data::io {
 namespace {
 
@@ -439,43 +441,7 @@ std::string_view compression_name(Compression compression) {
 }
 
 Status status_from_errno(int error_number, std::string_view context) {
-  std::string message(context);
-  message += ": ";
-  message += std::strerror(error_number);
-  switch (error_number) {
-    case ENOENT:
-    case ENOTDIR:
-    case ENXIO:
-    case ENODEV:
-      return Status::NotFound(std::move(message));
-    case EACCES:
-    case EPERM:
-    case EROFS:
-      return Status::PermissionDenied(std::move(message));
-    case EIO:
-      return Status::DataLoss(std::move(message));
-    case ENOSPC:
-    case EDQUOT:
-    case EMFILE:
-    case ENFILE:
-    case ENOMEM:
-    case EFBIG:
-      return Status::ResourceExhausted(std::move(message));
-    case EISDIR:
-    case ELOOP:
-    case ETXTBSY:
-    case EBUSY:
-      return Status::FailedPrecondition(std::move(message));
-    case EINVAL:
-    case ENAMETOOLONG:
-      return Status::InvalidArgument(std::move(message));
-    case EAGAIN:
-    case EINTR:
-    case ESTALE:
-      return Status::Unavailable(std::move(message));
-    default:
-      return Status::Unknown(std::move(message));
-  }
+  return capstan::io::errno_to_status(error_number, context);
 }
 
 InputStream::~InputStream() = default;

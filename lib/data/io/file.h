@@ -38,8 +38,8 @@ std::optional<Compression> compression_from_name(std::string_view name);
 // "NONE" or "GZIP".
 std::string_view compression_name(Compression compression);
 
-// A Status for the failed system call that set `error_number`, with the code
-// chosen as above and the message "<context>: <strerror>".
+// A Status for the failed system call that set `error_number`: the project's
+// one table, capstan::io::errno_to_status (io/durable_file.h).
 Status status_from_errno(int error_number, std::string_view context);
 
 class InputStream {

@@ -1,0 +1,404 @@
+#include "daemons/data_dispatcher/dispatcher.h"
+
+#include <filesystem>
+#include <fstream>
+#include <set>
+#include <sstream>
+
+#include "data/sharding.h"
+#include "io/durable_file.h"
+
+namespace capstan::data_service {
+namespace {
+
+// FNV-1a: a stable fingerprint of a definition's bytes (the same across runs).
+uint64_t fingerprint(const std::string& bytes) {
+  uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : bytes) {
+    h ^= c;
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+data::ShardingPolicy sharding_for(ProcessingMode m) {
+  switch (m) {
+    case ProcessingMode::kFile: return data::ShardingPolicy::kFile;
+    case ProcessingMode::kData: return data::ShardingPolicy::kData;
+    case ProcessingMode::kFileOrData: return data::ShardingPolicy::kFileOrData;
+    case ProcessingMode::kHint: return data::ShardingPolicy::kHint;
+    default: return data::ShardingPolicy::kOff;
+  }
+}
+
+bool is_static(ProcessingMode m) {
+  return m == ProcessingMode::kFile || m == ProcessingMode::kData || m == ProcessingMode::kFileOrData ||
+         m == ProcessingMode::kHint;
+}
+
+std::string mode_name(ProcessingMode m) { return std::string(processing_mode_name(m)); }
+
+}  // namespace
+
+int64_t SystemDispatcherClock::wall_micros() {
+  return std::chrono::duration_cast<std::chrono::microseconds>(std::chrono::system_clock::now().time_since_epoch())
+      .count();
+}
+
+Dispatcher::Dispatcher(DispatcherConfig config, std::shared_ptr<spdlog::logger> log, DispatcherClock& clock)
+    : config_(std::move(config)), log_(std::move(log)), clock_(clock) {}
+
+Result<std::unique_ptr<Dispatcher>> Dispatcher::open(DispatcherConfig config, std::shared_ptr<spdlog::logger> log,
+                                                     DispatcherClock& clock) {
+  std::unique_ptr<Dispatcher> dispatcher(new Dispatcher(std::move(config), std::move(log), clock));
+  if (!dispatcher->config_.work_dir.empty()) CAPSTAN_RETURN_IF_ERROR(dispatcher->replay());
+  return dispatcher;
+}
+
+Status Dispatcher::replay() {
+  const std::string& work_dir = config_.work_dir;
+  std::error_code ec;
+  std::filesystem::create_directories(work_dir + "/datasets", ec);
+  if (ec) return Status::FailedPrecondition("work_dir '" + work_dir + "': " + ec.message());
+  auto records = journal::read_all(work_dir + "/journal");
+  if (!records.ok()) return records.status().with_context("replaying the journal");
+  int64_t applied = 0;
+  for (const auto& record : *records) {
+    auto update = decode(record);
+    if (!update.ok()) {
+      return Status::DataLoss("journal record " + std::to_string(applied) + ": " + update.status().message());
+    }
+    // An update the state refused when it was first applied is refused
+    // again, identically: that keeps the replay faithful.
+    (void)state_.apply(*update);
+    ++applied;
+  }
+  for (const auto* dataset : state_.list_datasets()) {
+    std::ifstream in(work_dir + "/datasets/" + dataset->dataset_id, std::ios::binary);
+    if (!in) {
+      return Status::DataLoss("the definition of dataset " + dataset->dataset_id + " is missing from " + work_dir +
+                              "/datasets");
+    }
+    std::stringstream bytes;
+    bytes << in.rdbuf();
+    definitions_[dataset->dataset_id] = bytes.str();
+  }
+  auto writer = journal::JournalWriter::open(work_dir + "/journal");
+  if (!writer.ok()) return writer.status().with_context("opening the journal");
+  journal_ = std::move(*writer);
+  if (log_) log_->info("fault-tolerant mode: replayed {} journal record(s) from {}", applied, work_dir);
+  // Workers and clients get their grace period from now.
+  for (const auto* worker : state_.list_workers()) worker_seen_[worker->address] = clock_.steady_now();
+  for (int64_t client : state_.list_active_job_client_ids()) client_seen_[client] = clock_.steady_now();
+  return Status::Ok();
+}
+
+Status Dispatcher::apply(const Update& update) {
+  if (journal_) CAPSTAN_RETURN_IF_ERROR(journal_->append(encode(update)));
+  return state_.apply(update);
+}
+
+Result<data::Dataset> Dispatcher::dataset(const std::string& dataset_id) const {
+  auto it = definitions_.find(dataset_id);
+  if (it == definitions_.end()) return Status::NotFound("no dataset with id '" + dataset_id + "'");
+  return data::Dataset::deserialize(it->second);
+}
+
+// ---- Datasets ---------------------------------------------------------------------
+
+Result<std::string> Dispatcher::register_dataset(const std::string& definition) {
+  auto parsed = data::Dataset::deserialize(definition);
+  if (!parsed.ok()) return parsed.status().with_context("registerDataset");
+  uint64_t fp = fingerprint(definition);
+  if (auto existing = state_.dataset_for_fingerprint(fp); existing.ok()) return (*existing)->dataset_id;
+  std::string id = state_.next_available_dataset_id();
+  if (!config_.work_dir.empty()) {
+    // The definition is durable before the journal names it.
+    CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(config_.work_dir + "/datasets/" + id, definition));
+  }
+  CAPSTAN_RETURN_IF_ERROR(apply(RegisterDataset{id, fp}));
+  definitions_[id] = definition;
+  if (log_) log_->info("registered dataset {} ({})", id, parsed->debug_string());
+  return id;
+}
+
+Result<std::string> Dispatcher::dataset_definition(const std::string& dataset_id) const {
+  auto it = definitions_.find(dataset_id);
+  if (it == definitions_.end()) return Status::NotFound("no dataset with id '" + dataset_id + "'");
+  return it->second;
+}
+
+// ---- Jobs and clients --------------------------------------------------------------
+
+Result<JobClient> Dispatcher::get_or_create_job(const GetOrCreateJobRequest& request) {
+  const std::string& dataset_id = request.dataset_id;
+  const std::string& job_name = request.job_name;
+  const ProcessingMode mode = request.processing_mode;
+  const int64_t num_consumers = request.num_consumers;
+  const bool cache = request.cross_trainer_cache;
+  CAPSTAN_ASSIGN_OR_RETURN(data::Dataset ds, dataset(dataset_id));
+  if (num_consumers < 0) {
+    return Status::InvalidArgument("num_consumers must not be negative, got " + std::to_string(num_consumers));
+  }
+  if (num_consumers > 0 && ds.cardinality() != data::kInfiniteCardinality) {
+    return Status::FailedPrecondition(
+        "coordinated reads (num_consumers " + std::to_string(num_consumers) + ") need an infinite dataset; dataset " +
+        dataset_id + " has cardinality " +
+        (ds.cardinality() == data::kUnknownCardinality ? std::string("unknown") : std::to_string(ds.cardinality())));
+  }
+  if (cache && job_name.empty()) return Status::InvalidArgument("the cross-trainer cache needs a named job");
+  if (mode == ProcessingMode::kDynamic) {
+    auto provider = ds.make_split_provider();
+    if (!provider.ok()) return provider.status().with_context("DYNAMIC sharding");
+  }
+  std::optional<int64_t> job_id;
+  if (!job_name.empty()) {
+    auto existing = state_.job_for_name(job_name);
+    if (existing.ok() && !(*existing)->garbage_collected) {
+      const DispatcherState::Job* job = *existing;
+      if (job->dataset_id != dataset_id || job->processing_mode != mode || job->num_consumers != num_consumers ||
+          job->cross_trainer_cache != cache) {
+        return Status::InvalidArgument("job '" + job_name + "' exists with other parameters (dataset " +
+                                       job->dataset_id + ", mode " + mode_name(job->processing_mode) +
+                                       ", num_consumers " + std::to_string(job->num_consumers) +
+                                       "); asked for dataset " + dataset_id + ", mode " + mode_name(mode) +
+                                       ", num_consumers " + std::to_string(num_consumers));
+      }
+      job_id = job->job_id;
+    }
+  }
+  if (!job_id) {
+    if (is_static(mode)) {
+      // Static sharding needs every worker that will read: check it fits now.
+      auto workers = state_.list_workers();
+      if (workers.empty()) {
+        return Status::FailedPrecondition(mode_name(mode) + " sharding needs registered data workers; none yet");
+      }
+      CAPSTAN_RETURN_IF_ERROR(data::apply_sharding(ds, sharding_for(mode), static_cast<int64_t>(workers.size()), 0)
+                                  .status()
+                                  .with_context(mode_name(mode) + " sharding"));
+    }
+    CreateJob create;
+    create.job_id = state_.next_available_job_id();
+    create.dataset_id = dataset_id;
+    create.job_name = job_name;
+    create.processing_mode = mode;
+    create.num_consumers = num_consumers;
+    create.num_split_providers = mode == ProcessingMode::kDynamic ? 1 : 0;
+    create.cross_trainer_cache = cache;
+    CAPSTAN_RETURN_IF_ERROR(apply(create));
+    CAPSTAN_RETURN_IF_ERROR(create_tasks(create.job_id));
+    job_id = create.job_id;
+    if (log_) {
+      log_->info("created job {} ({}) over dataset {}, mode {}", create.job_id,
+                 job_name.empty() ? "anonymous" : "'" + job_name + "'", dataset_id, mode_name(mode));
+    }
+  }
+  int64_t client_id = state_.next_available_job_client_id();
+  CAPSTAN_RETURN_IF_ERROR(apply(AcquireJobClient{client_id, *job_id}));
+  client_seen_[client_id] = clock_.steady_now();
+  return JobClient{*job_id, client_id};
+}
+
+Status Dispatcher::create_tasks(int64_t job_id) {
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_from_id(job_id));
+  if (job->finished || job->garbage_collected) return Status::Ok();
+  CAPSTAN_ASSIGN_OR_RETURN(auto existing, state_.tasks_for_job(job_id));
+  // Statically sharded jobs are split over the workers present at creation.
+  if (is_static(job->processing_mode) && !existing.empty()) return Status::Ok();
+  std::set<std::string> covered;
+  for (const auto* task : existing) covered.insert(task->worker_address);
+  std::vector<std::string> addresses;
+  for (const auto* worker : state_.list_workers()) addresses.push_back(worker->address);
+  for (const std::string& address : addresses) {
+    if (covered.count(address) != 0) continue;
+    auto seen = worker_seen_.find(address);
+    if (seen == worker_seen_.end() || clock_.steady_now() - seen->second > config_.worker_timeout) continue;
+    CAPSTAN_RETURN_IF_ERROR(apply(CreateTask{state_.next_available_task_id(), job_id, address}));
+  }
+  return Status::Ok();
+}
+
+Status Dispatcher::release_job_client(int64_t job_client_id) {
+  CAPSTAN_RETURN_IF_ERROR(apply(ReleaseJobClient{job_client_id, clock_.wall_micros()}));
+  client_seen_.erase(job_client_id);
+  return Status::Ok();
+}
+
+Result<ClientHeartbeatResponse> Dispatcher::client_heartbeat(int64_t job_client_id) {
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_for_job_client_id(job_client_id));
+  client_seen_[job_client_id] = clock_.steady_now();
+  CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_job(job->job_id));
+  ClientHeartbeatResponse response;
+  for (const auto* task : tasks) {
+    response.tasks.push_back(TaskInfo{task->task_id, task->job_id, task->worker_address, job->dataset_id});
+  }
+  response.job_finished = job->finished;
+  return response;
+}
+
+// ---- Workers and tasks ----------------------------------------------------------------
+
+Result<TaskDef> Dispatcher::task_def(const DispatcherState::Task& task) const {
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_from_id(task.job_id));
+  CAPSTAN_ASSIGN_OR_RETURN(data::Dataset ds, dataset(job->dataset_id));
+  CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_job(task.job_id));
+  int64_t num_workers = static_cast<int64_t>(tasks.size());
+  int64_t index = 0;
+  for (size_t i = 0; i < tasks.size(); ++i) {
+    if (tasks[i]->task_id == task.task_id) index = static_cast<int64_t>(i);
+  }
+  if (is_static(job->processing_mode)) {
+    CAPSTAN_ASSIGN_OR_RETURN(ds, data::apply_sharding(ds, sharding_for(job->processing_mode), num_workers, index));
+  }
+  TaskDef def;
+  def.task_id = task.task_id;
+  def.job_id = task.job_id;
+  def.dataset_id = job->dataset_id;
+  def.definition = ds.serialize();
+  def.processing_mode = job->processing_mode;
+  def.num_consumers = job->num_consumers;
+  def.num_workers = num_workers;
+  def.worker_index = index;
+  def.cross_trainer_cache = job->cross_trainer_cache;
+  def.cross_trainer_cache_bytes = kCrossTrainerCacheBytes;
+  return def;
+}
+
+Result<WorkerHeartbeatResponse> Dispatcher::worker_heartbeat(const std::string& address,
+                                                             const std::vector<int64_t>& current_tasks) {
+  if (address.empty()) return Status::InvalidArgument("workerHeartbeat: empty worker address");
+  bool known = state_.worker_from_address(address).ok();
+  if (!known) {
+    CAPSTAN_RETURN_IF_ERROR(apply(RegisterWorker{address, address, {}}));
+    if (log_) log_->info("data worker {} registered", address);
+  }
+  worker_seen_[address] = clock_.steady_now();
+  if (!known) {
+    // A new worker joins the jobs that can take it (OFF and DYNAMIC).
+    std::vector<int64_t> joinable;
+    for (const auto* job : state_.list_jobs()) {
+      if (!job->finished && !job->garbage_collected && !is_static(job->processing_mode)) {
+        joinable.push_back(job->job_id);
+      }
+    }
+    for (int64_t job_id : joinable) CAPSTAN_RETURN_IF_ERROR(create_tasks(job_id));
+  }
+  std::set<int64_t> current(current_tasks.begin(), current_tasks.end());
+  CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_worker(address));
+  WorkerHeartbeatResponse response;
+  std::set<int64_t> live;
+  for (const auto* task : tasks) {
+    if (task->finished) continue;
+    live.insert(task->task_id);
+    if (current.count(task->task_id) == 0) {
+      CAPSTAN_ASSIGN_OR_RETURN(TaskDef def, task_def(*task));
+      response.new_tasks.push_back(std::move(def));
+    }
+  }
+  for (int64_t id : current) {
+    if (live.count(id) == 0) response.tasks_to_delete.push_back(id);
+  }
+  return response;
+}
+
+Status Dispatcher::finish_task(int64_t task_id) {
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Task* task, state_.task_from_id(task_id));
+  if (task->finished) return Status::Ok();
+  return apply(FinishTask{task_id});
+}
+
+Result<SplitResponse> Dispatcher::get_split(int64_t job_id, int64_t repetition, int64_t index) {
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_from_id(job_id));
+  if (!job->is_dynamic()) return Status::FailedPrecondition("job " + std::to_string(job_id) + " is not DYNAMIC");
+  CAPSTAN_ASSIGN_OR_RETURN(DispatcherState::SplitState progress, state_.split_state(job_id, index));
+  SplitResponse response;
+  if (repetition < progress.repetition) {  // a finished repetition
+    response.end_of_splits = true;
+    return response;
+  }
+  Splits& splits = splits_[{job_id, index}];
+  if (!splits.provider || splits.repetition != repetition) {
+    CAPSTAN_ASSIGN_OR_RETURN(data::Dataset ds, dataset(job->dataset_id));
+    CAPSTAN_ASSIGN_OR_RETURN(splits.provider, ds.make_split_provider());
+    splits.repetition = repetition;
+    // After a restart, skip what was handed out before (at most once).
+    int64_t skip = repetition == progress.repetition ? progress.splits_produced : 0;
+    for (int64_t i = 0; i < skip; ++i) CAPSTAN_RETURN_IF_ERROR(splits.provider->get_next().status());
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> split, splits.provider->get_next());
+  if (!split.has_value()) {
+    CAPSTAN_RETURN_IF_ERROR(apply(ProduceSplit{job_id, repetition, index, true}));
+    response.end_of_splits = true;
+    return response;
+  }
+  // Journaled before it leaves: a restarted dispatcher never hands it out again.
+  CAPSTAN_RETURN_IF_ERROR(apply(ProduceSplit{job_id, repetition, index, false}));
+  response.split = std::move(split);
+  return response;
+}
+
+// ---- Listing ------------------------------------------------------------------------------
+
+std::vector<DatasetInfo> Dispatcher::list_datasets() const {
+  std::vector<DatasetInfo> out;
+  for (const auto* dataset : state_.list_datasets()) {
+    auto it = definitions_.find(dataset->dataset_id);
+    out.push_back(DatasetInfo{dataset->dataset_id, dataset->fingerprint,
+                              it == definitions_.end() ? 0 : static_cast<uint64_t>(it->second.size())});
+  }
+  return out;
+}
+
+std::vector<JobInfo> Dispatcher::list_jobs() const {
+  std::vector<JobInfo> out;
+  for (const auto* job : state_.list_jobs()) {
+    out.push_back(JobInfo{job->job_id, job->job_name, job->dataset_id, job->processing_mode, job->num_clients(),
+                          static_cast<int64_t>(job->task_ids.size()), job->finished || job->garbage_collected});
+  }
+  return out;
+}
+
+std::vector<WorkerInfo> Dispatcher::list_workers() {
+  std::vector<WorkerInfo> out;
+  for (const auto* worker : state_.list_workers()) {
+    WorkerInfo info;
+    info.address = worker->address;
+    auto tasks = state_.tasks_for_worker(worker->address);
+    info.num_tasks = tasks.ok() ? static_cast<int64_t>(tasks->size()) : 0;
+    auto seen = worker_seen_.find(worker->address);
+    if (seen != worker_seen_.end()) {
+      info.last_heartbeat_seconds_ago = std::chrono::duration<double>(clock_.steady_now() - seen->second).count();
+    }
+    out.push_back(std::move(info));
+  }
+  return out;
+}
+
+// ---- Garbage collection ----------------------------------------------------------------
+
+void Dispatcher::collect() {
+  auto now = clock_.steady_now();
+  // Clients that stopped sending heartbeats have left.
+  for (auto it = client_seen_.begin(); it != client_seen_.end();) {
+    if (now - it->second > config_.client_timeout) {
+      Status released = apply(ReleaseJobClient{it->first, clock_.wall_micros()});
+      if (log_) {
+        if (!released.ok()) log_->debug("releasing client {}: {}", it->first, released.to_string());
+        else log_->info("job client {} timed out", it->first);
+      }
+      it = client_seen_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+  for (int64_t job_id : state_.jobs_to_collect(clock_.wall_micros(), config_.job_gc_timeout.count() * 1000)) {
+    Status collected = apply(GarbageCollectJob{job_id});
+    if (collected.ok()) {
+      splits_.erase({job_id, 0});
+      if (log_) log_->info("garbage-collected job {}", job_id);
+    }
+  }
+}
+
+}  // namespace capstan::data_service

@@ -1,0 +1,237 @@
+// The tf.data service dispatcher's logic, apart from its transport (TF's
+// DataServiceDispatcherImpl; service.cc is the GrpcDispatcherImpl-like shell
+// that decodes Cap'n Proto requests, calls this class and encodes replies).
+//
+// Glossary:
+//   dataset   a registered pipeline definition; the same bytes get the same
+//             id (by fingerprint).
+//   job       one reading of a dataset: anonymous (its creator only) or
+//             named (shared by every consumer asking for that name).
+//   task      a job's share on one data worker; consumers read tasks.
+//   client    one consumer of a job (job client id), kept alive by its
+//             heartbeats.
+//   split     for DYNAMIC jobs, a piece of the source (range chunk, file)
+//             handed to whichever worker asks next.
+//
+// Example:
+//   CAPSTAN_ASSIGN_OR_RETURN(auto d, Dispatcher::open(config, log, clock));
+//   CAPSTAN_ASSIGN_OR_RETURN(std::string id, d->register_dataset(bytes));
+//   CAPSTAN_ASSIGN_OR_RETURN(JobClient c, d->get_or_create_job({id, "train"}));
+//   d->worker_heartbeat("10.0.0.7:5000", {});  // -> the job's task for it
+//
+// Every state change goes through DispatcherState::apply. In fault-tolerant
+// mode (work_dir set) it is first appended (and fsync'd) to the journal in
+// work_dir/journal, and replayed by open(); dataset definitions live in
+// work_dir/datasets, each durable before the journal record naming it. So
+// every method returns only after its state change is durable. A damaged
+// journal makes open() fail with kDataLoss.
+//
+// Dispatcher is not thread-safe and blocks on disk I/O: DispatcherService
+// calls it from one pool thread only, never from the RPC loop.
+#ifndef CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_H_
+#define CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_H_
+
+#include <spdlog/logger.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "capstan/data/dataset.h"
+#include "capstan/status.h"
+#include "daemons/data_dispatcher/dispatcher_state.h"
+#include "journal/journal.h"
+
+namespace capstan::data_service {
+
+// Built once at start from the daemon's configuration.
+struct DispatcherConfig {
+  std::string work_dir;  // empty: state in memory only
+  std::chrono::milliseconds job_gc_check_interval{1000};
+  std::chrono::milliseconds job_gc_timeout{60000};  // negative: never collect
+  std::chrono::milliseconds client_timeout{10000};
+  std::chrono::milliseconds worker_timeout{10000};
+};
+
+// Time as the dispatcher sees it; tests inject a fake.
+class DispatcherClock {
+ public:
+  virtual ~DispatcherClock() = default;
+  // For heartbeat timeouts (monotonic).
+  virtual std::chrono::steady_clock::time_point steady_now() = 0;
+  // For journaled times (job release), which must survive a restart.
+  virtual int64_t wall_micros() = 0;
+};
+
+// The real clocks. Thread-safe.
+class SystemDispatcherClock final : public DispatcherClock {
+ public:
+  std::chrono::steady_clock::time_point steady_now() override { return std::chrono::steady_clock::now(); }
+  int64_t wall_micros() override;
+};
+
+struct GetOrCreateJobRequest {
+  std::string dataset_id;
+  std::string job_name;  // empty: anonymous
+  ProcessingMode processing_mode = ProcessingMode::kOff;
+  int64_t num_consumers = 0;  // > 0: coordinated reads
+  bool cross_trainer_cache = false;
+};
+
+struct JobClient {
+  int64_t job_id = 0;
+  int64_t job_client_id = 0;
+};
+
+// A task as a consumer sees it.
+struct TaskInfo {
+  int64_t task_id = 0;
+  int64_t job_id = 0;
+  std::string worker_address;
+  std::string dataset_id;
+};
+
+struct ClientHeartbeatResponse {
+  std::vector<TaskInfo> tasks;  // active tasks of the client's job
+  bool job_finished = false;
+};
+
+// What a data worker needs to run a task: the definition already sharded
+// for its worker index (static sharding).
+struct TaskDef {
+  int64_t task_id = 0;
+  int64_t job_id = 0;
+  std::string dataset_id;
+  std::string definition;
+  ProcessingMode processing_mode = ProcessingMode::kOff;
+  int64_t num_consumers = 0;
+  int64_t num_workers = 0;
+  int64_t worker_index = 0;
+  bool cross_trainer_cache = false;
+  int64_t cross_trainer_cache_bytes = 0;
+};
+
+struct WorkerHeartbeatResponse {
+  std::vector<TaskDef> new_tasks;         // tasks the worker does not run yet
+  std::vector<int64_t> tasks_to_delete;   // tasks it runs that are gone
+};
+
+struct SplitResponse {
+  std::optional<Element> split;  // absent at the end of the splits
+  bool end_of_splits = false;
+};
+
+struct DatasetInfo {
+  std::string dataset_id;
+  uint64_t fingerprint = 0;
+  uint64_t bytes = 0;
+};
+
+struct JobInfo {
+  int64_t job_id = 0;
+  std::string job_name;
+  std::string dataset_id;
+  ProcessingMode processing_mode = ProcessingMode::kOff;
+  int64_t num_clients = 0;
+  int64_t num_tasks = 0;
+  bool finished = false;
+};
+
+struct WorkerInfo {
+  std::string address;
+  int64_t num_tasks = 0;
+  double last_heartbeat_seconds_ago = -1.0;  // -1: none since the start
+};
+
+class Dispatcher {
+ public:
+  // Bytes of the cross-trainer cache each task gets.
+  static constexpr int64_t kCrossTrainerCacheBytes = int64_t{256} << 20;
+
+  // Starts a dispatcher; in fault-tolerant mode replays the journal first.
+  // `log` may be null. `clock` must outlive the dispatcher.
+  // kDataLoss: damaged journal or a missing dataset definition;
+  // kFailedPrecondition: work_dir unusable or its journal open elsewhere.
+  static Result<std::unique_ptr<Dispatcher>> open(DispatcherConfig config, std::shared_ptr<spdlog::logger> log,
+                                                  DispatcherClock& clock);
+
+  Dispatcher(const Dispatcher&) = delete;
+  Dispatcher& operator=(const Dispatcher&) = delete;
+
+  // ---- Datasets. The same definition bytes get the same id.
+  // InvalidArgument: not a valid serialized dataset.
+  Result<std::string> register_dataset(const std::string& definition);
+  // NotFound: unknown id.
+  Result<std::string> dataset_definition(const std::string& dataset_id) const;
+
+  // ---- Jobs and clients.
+  // Gets the live job named `job_name` (creating it if none) or creates an
+  // anonymous one, and a new client of it. InvalidArgument: a live job of
+  // that name has other parameters, negative num_consumers, or a
+  // cross-trainer cache without a name; FailedPrecondition: coordinated
+  // reads on a finite dataset, static sharding without (enough) workers or
+  // files; NotFound: unknown dataset.
+  Result<JobClient> get_or_create_job(const GetOrCreateJobRequest& request);
+  Status release_job_client(int64_t job_client_id);
+  // NotFound: unknown (or released) client.
+  Result<ClientHeartbeatResponse> client_heartbeat(int64_t job_client_id);
+
+  // ---- Workers and tasks.
+  // Registers an unknown worker (it joins the running OFF and DYNAMIC jobs),
+  // and tells it which tasks to start and which to drop.
+  Result<WorkerHeartbeatResponse> worker_heartbeat(const std::string& worker_address,
+                                                   const std::vector<int64_t>& current_tasks);
+  Status finish_task(int64_t task_id);
+  // DYNAMIC jobs: the next split of `repetition`; journaled before it is
+  // returned, so a restarted dispatcher never hands it out again.
+  Result<SplitResponse> get_split(int64_t job_id, int64_t repetition, int64_t split_provider_index);
+
+  // ---- Listing (capstanctl data ...).
+  std::vector<DatasetInfo> list_datasets() const;
+  std::vector<JobInfo> list_jobs() const;
+  std::vector<WorkerInfo> list_workers();
+
+  // Releases clients whose heartbeats stopped and garbage-collects jobs
+  // their consumers left (run every job_gc_check_interval).
+  void collect();
+
+  const DispatcherConfig& config() const { return config_; }
+  const DispatcherState& state() const { return state_; }
+
+ private:
+  using SteadyTime = std::chrono::steady_clock::time_point;
+  struct Splits {
+    int64_t repetition = -1;
+    std::unique_ptr<data::SplitProvider> provider;
+  };
+
+  Dispatcher(DispatcherConfig config, std::shared_ptr<spdlog::logger> log, DispatcherClock& clock);
+
+  Status replay();
+  // Journals (in fault-tolerant mode) and applies one update.
+  Status apply(const Update& update);
+  Result<data::Dataset> dataset(const std::string& dataset_id) const;
+  // Creates the tasks `job_id` lacks on the live workers.
+  Status create_tasks(int64_t job_id);
+  Result<TaskDef> task_def(const DispatcherState::Task& task) const;
+
+  const DispatcherConfig config_;
+  const std::shared_ptr<spdlog::logger> log_;  // may be null
+  DispatcherClock& clock_;
+
+  DispatcherState state_;
+  std::unique_ptr<journal::JournalWriter> journal_;  // null: in memory only
+  std::map<std::string, std::string> definitions_;   // dataset id -> serialized definition
+  std::map<std::string, SteadyTime> worker_seen_;
+  std::map<int64_t, SteadyTime> client_seen_;
+  std::map<std::pair<int64_t, int64_t>, Splits> splits_;  // (job, provider index) -> provider
+};
+
+}  // namespace capstan::data_service
+
+#endif  // CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_H_

@@ -1,0 +1,337 @@
+#include "daemons/data_dispatcher/dispatcher.h"
+
+#include <catch2/catch.hpp>
+#include <cstdlib>
+#include <filesystem>
+#include <string>
+#include <vector>
+
+namespace capstan::data_service {
+namespace {
+
+namespace fs = std::filesystem;
+using std::chrono::milliseconds;
+
+class FakeClock final : public DispatcherClock {
+ public:
+  std::chrono::steady_clock::time_point steady_now() override { return steady_; }
+  int64_t wall_micros() override { return wall_micros_; }
+  void advance(milliseconds d) {
+    steady_ += d;
+    wall_micros_ += d.count() * 1000;
+  }
+
+ private:
+  std::chrono::steady_clock::time_point steady_{};
+  int64_t wall_micros_ = 1'000'000'000;
+};
+
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "dispatcher_test.XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+DispatcherConfig test_config(std::string work_dir = "") {
+  DispatcherConfig config;
+  config.work_dir = std::move(work_dir);
+  config.client_timeout = milliseconds(1000);
+  config.worker_timeout = milliseconds(1000);
+  config.job_gc_timeout = milliseconds(5000);
+  return config;
+}
+
+std::unique_ptr<Dispatcher> open(FakeClock& clock, std::string work_dir = "") {
+  auto d = Dispatcher::open(test_config(std::move(work_dir)), nullptr, clock);
+  REQUIRE(d.ok());
+  return std::move(*d);
+}
+
+std::string register_range(Dispatcher& d, int64_t n) {
+  auto id = d.register_dataset(data::Dataset::range(n).serialize());
+  REQUIRE(id.ok());
+  return *id;
+}
+
+void add_worker(Dispatcher& d, const std::string& address) {
+  REQUIRE(d.worker_heartbeat(address, {}).ok());
+}
+
+GetOrCreateJobRequest job(std::string dataset_id, std::string name = "",
+                          ProcessingMode mode = ProcessingMode::kOff, int64_t num_consumers = 0) {
+  GetOrCreateJobRequest r;
+  r.dataset_id = std::move(dataset_id);
+  r.job_name = std::move(name);
+  r.processing_mode = mode;
+  r.num_consumers = num_consumers;
+  return r;
+}
+
+TEST_CASE("the same definition gets the same dataset id; a bad one is refused") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string a = register_range(*d, 10);
+  CHECK(register_range(*d, 10) == a);
+  CHECK(register_range(*d, 11) != a);
+  CHECK(d->dataset_definition(a).value() == data::Dataset::range(10).serialize());
+  CHECK(d->dataset_definition("nope").status().code() == StatusCode::kNotFound);
+  CHECK_FALSE(d->register_dataset("not a dataset").ok());
+}
+
+TEST_CASE("a named job is shared by consumers asking with the same parameters") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  auto first = d->get_or_create_job(job(ds, "train"));
+  auto second = d->get_or_create_job(job(ds, "train"));
+  REQUIRE(first.ok());
+  REQUIRE(second.ok());
+  CHECK(first->job_id == second->job_id);
+  CHECK(first->job_client_id != second->job_client_id);
+  auto anonymous1 = d->get_or_create_job(job(ds));
+  auto anonymous2 = d->get_or_create_job(job(ds));
+  CHECK(anonymous1->job_id != anonymous2->job_id);
+}
+
+TEST_CASE("a named job asked for with other parameters is InvalidArgument") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  std::string other = register_range(*d, 20);
+  REQUIRE(d->get_or_create_job(job(ds, "train")).ok());
+  auto different_dataset = d->get_or_create_job(job(other, "train"));
+  CHECK(different_dataset.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(different_dataset.status().message(), Catch::Contains("other parameters"));
+  CHECK(d->get_or_create_job(job(ds, "train", ProcessingMode::kDynamic)).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("get_or_create_job checks its request") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  CHECK(d->get_or_create_job(job("missing")).status().code() == StatusCode::kNotFound);
+  CHECK(d->get_or_create_job(job(ds, "", ProcessingMode::kOff, -1)).status().code() ==
+        StatusCode::kInvalidArgument);
+  GetOrCreateJobRequest cached = job(ds);
+  cached.cross_trainer_cache = true;
+  CHECK(d->get_or_create_job(cached).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("coordinated reads need an infinite dataset") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string finite = register_range(*d, 10);
+  auto refused = d->get_or_create_job(job(finite, "rr", ProcessingMode::kOff, 2));
+  CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(refused.status().message(), Catch::Contains("infinite"));
+  auto infinite = d->register_dataset(data::Dataset::range(10).repeat().serialize());
+  REQUIRE(infinite.ok());
+  CHECK(d->get_or_create_job(job(*infinite, "rr", ProcessingMode::kOff, 2)).ok());
+}
+
+TEST_CASE("static sharding needs workers, and FILE sharding at least one file per worker") {
+  FakeClock clock;
+  auto d = open(clock);
+  auto files = d->register_dataset(data::Dataset::tfrecord_dataset({"/nonexistent/a", "/nonexistent/b"}).serialize());
+  REQUIRE(files.ok());
+  CHECK(d->get_or_create_job(job(*files, "", ProcessingMode::kFile)).status().code() ==
+        StatusCode::kFailedPrecondition);
+  add_worker(*d, "w1:1");
+  add_worker(*d, "w2:1");
+  add_worker(*d, "w3:1");
+  auto refused = d->get_or_create_job(job(*files, "", ProcessingMode::kFile));
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("fewer than the 3 workers"));
+  CHECK(d->state().list_jobs().empty());  // nothing was created
+  // DATA sharding splits by element: any worker count will do.
+  std::string range = register_range(*d, 10);
+  CHECK(d->get_or_create_job(job(range, "", ProcessingMode::kData)).ok());
+}
+
+TEST_CASE("tasks go to the workers present and to workers that join OFF and DYNAMIC jobs") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  add_worker(*d, "w1:1");
+  auto off = d->get_or_create_job(job(ds, "off"));
+  auto sharded = d->get_or_create_job(job(ds, "data", ProcessingMode::kData));
+  REQUIRE(off.ok());
+  REQUIRE(sharded.ok());
+  CHECK(d->state().tasks_for_job(off->job_id)->size() == 1);
+
+  // The first worker learns of both tasks once; it keeps them afterwards.
+  auto w1 = d->worker_heartbeat("w1:1", {});
+  REQUIRE(w1.ok());
+  REQUIRE(w1->new_tasks.size() == 2);
+  CHECK(w1->new_tasks[1].processing_mode == ProcessingMode::kData);
+  CHECK(w1->new_tasks[1].num_workers == 1);
+  std::vector<int64_t> running{w1->new_tasks[0].task_id, w1->new_tasks[1].task_id, 999};
+  auto again = d->worker_heartbeat("w1:1", running);
+  CHECK(again->new_tasks.empty());
+  CHECK(again->tasks_to_delete == std::vector<int64_t>{999});
+
+  // A new worker joins the OFF job, not the statically sharded one.
+  auto w2 = d->worker_heartbeat("w2:1", {});
+  REQUIRE(w2.ok());
+  REQUIRE(w2->new_tasks.size() == 1);
+  CHECK(w2->new_tasks[0].job_id == off->job_id);
+  CHECK(d->state().tasks_for_job(sharded->job_id)->size() == 1);
+
+  auto hb = d->client_heartbeat(off->job_client_id);
+  REQUIRE(hb.ok());
+  CHECK(hb->tasks.size() == 2);
+  CHECK_FALSE(hb->job_finished);
+  CHECK(d->worker_heartbeat("", {}).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a worker without heartbeats gets no task in a new job") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  add_worker(*d, "old:1");
+  clock.advance(milliseconds(1500));  // past worker_timeout
+  add_worker(*d, "new:1");
+  auto j = d->get_or_create_job(job(ds));
+  REQUIRE(j.ok());
+  auto tasks = d->state().tasks_for_job(j->job_id);
+  REQUIRE(tasks->size() == 1);
+  CHECK((*tasks)[0]->worker_address == "new:1");
+}
+
+TEST_CASE("finished tasks finish the job") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  add_worker(*d, "w:1");
+  auto j = d->get_or_create_job(job(ds));
+  int64_t task = d->state().tasks_for_job(j->job_id).value()[0]->task_id;
+  REQUIRE(d->finish_task(task).ok());
+  REQUIRE(d->finish_task(task).ok());  // twice is fine
+  CHECK(d->client_heartbeat(j->job_client_id)->job_finished);
+  CHECK(d->finish_task(12345).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("silent clients are released and their job collected after job_gc_timeout") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  auto j = d->get_or_create_job(job(ds, "train"));
+  REQUIRE(j.ok());
+  clock.advance(milliseconds(800));
+  REQUIRE(d->client_heartbeat(j->job_client_id).ok());
+  clock.advance(milliseconds(800));  // 1600 since creation, 800 since the heartbeat
+  d->collect();
+  CHECK(d->state().num_job_clients(j->job_id).value() == 1);
+  clock.advance(milliseconds(300));  // 1100 since the heartbeat
+  d->collect();
+  CHECK(d->state().num_job_clients(j->job_id).value() == 0);
+  CHECK(d->client_heartbeat(j->job_client_id).status().code() == StatusCode::kNotFound);
+
+  clock.advance(milliseconds(4000));
+  d->collect();
+  CHECK_FALSE(d->state().job_from_id(j->job_id).value()->garbage_collected);
+  clock.advance(milliseconds(1500));
+  d->collect();
+  CHECK(d->state().job_from_id(j->job_id).value()->garbage_collected);
+  // The name is free again: a new job.
+  auto fresh = d->get_or_create_job(job(ds, "train"));
+  REQUIRE(fresh.ok());
+  CHECK(fresh->job_id != j->job_id);
+}
+
+TEST_CASE("a released client's job is collected; a job with clients is not") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  auto released = d->get_or_create_job(job(ds));
+  auto kept = d->get_or_create_job(job(ds));
+  REQUIRE(d->release_job_client(released->job_client_id).ok());
+  for (int i = 0; i < 12; ++i) {
+    clock.advance(milliseconds(500));
+    REQUIRE(d->client_heartbeat(kept->job_client_id).ok());
+    d->collect();
+  }
+  CHECK(d->state().job_from_id(released->job_id).value()->garbage_collected);
+  CHECK_FALSE(d->state().job_from_id(kept->job_id).value()->garbage_collected);
+}
+
+TEST_CASE("DYNAMIC jobs hand out each split once, then the end") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 3);
+  auto j = d->get_or_create_job(job(ds, "", ProcessingMode::kDynamic));
+  REQUIRE(j.ok());
+  int splits = 0;
+  for (;;) {
+    auto s = d->get_split(j->job_id, 0, 0);
+    REQUIRE(s.ok());
+    if (s->end_of_splits) break;
+    CHECK(s->split.has_value());
+    ++splits;
+  }
+  CHECK(splits == 3);
+  CHECK(d->get_split(j->job_id, 0, 0)->end_of_splits);  // a finished repetition
+  auto off = d->get_or_create_job(job(ds));
+  CHECK(d->get_split(off->job_id, 0, 0).status().code() == StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("replaying the journal rebuilds the same state, definitions and split progress") {
+  TempDir dir;
+  FakeClock clock;
+  std::string before;
+  std::string ds;
+  int64_t dynamic_job = 0;
+  {
+    auto d = open(clock, dir.path());
+    ds = register_range(*d, 5);
+    CHECK(fs::exists(dir.path() + "/datasets/" + ds));
+    add_worker(*d, "w1:1");
+    auto named = d->get_or_create_job(job(ds, "train"));
+    auto dynamic = d->get_or_create_job(job(ds, "", ProcessingMode::kDynamic));
+    REQUIRE(named.ok());
+    REQUIRE(dynamic.ok());
+    dynamic_job = dynamic->job_id;
+    REQUIRE(d->get_split(dynamic_job, 0, 0)->split.has_value());
+    REQUIRE(d->get_split(dynamic_job, 0, 0)->split.has_value());
+    add_worker(*d, "w2:1");
+    REQUIRE(d->release_job_client(named->job_client_id).ok());
+    REQUIRE(d->finish_task(d->state().tasks_for_job(named->job_id).value()[0]->task_id).ok());
+    before = d->state().debug_string();
+  }
+  auto d = open(clock, dir.path());
+  CHECK(d->state().debug_string() == before);
+  CHECK(d->dataset_definition(ds).value() == data::Dataset::range(5).serialize());
+  // Two of five splits were handed out before the restart: three remain.
+  int remaining = 0;
+  while (!d->get_split(dynamic_job, 0, 0).value().end_of_splits) ++remaining;
+  CHECK(remaining == 3);
+  CHECK(register_range(*d, 5) == ds);
+}
+
+TEST_CASE("a missing dataset definition stops the replay with DataLoss") {
+  TempDir dir;
+  FakeClock clock;
+  std::string ds;
+  {
+    auto d = open(clock, dir.path());
+    ds = register_range(*d, 5);
+  }
+  fs::remove(dir.path() + "/datasets/" + ds);
+  auto d = Dispatcher::open(test_config(dir.path()), nullptr, clock);
+  CHECK(d.status().code() == StatusCode::kDataLoss);
+}
+
+}  // namespace
+}  // namespace capstan::data_service

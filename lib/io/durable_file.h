@@ -1,0 +1,62 @@
+// Durable file writes and the one errno -> Status table.
+//
+// A durable write survives a machine crash whole or not at all: the bytes go
+// to "<path>.tmp", which is fsynced, renamed over <path>, and then the
+// directory holding <path> is fsynced so the rename itself is on disk. A
+// reader therefore sees the old file, the new one, or none, never half of
+// one. Every module that must not lose or tear a file (checkpoints, the
+// dispatcher's dataset definitions, the file cache, port files) uses these
+// helpers instead of its own copy.
+//
+// errno_to_status() is the single mapping from a failed system call to a
+// Status; the code says what the caller can do (Abseil's status.h):
+//
+//   ENOENT ENOTDIR ENXIO ENODEV                 NotFound
+//   EACCES EPERM EROFS                          PermissionDenied
+//   ENOSPC EDQUOT EFBIG EMFILE ENFILE ENOMEM    ResourceExhausted
+//   EEXIST ENOTEMPTY                            AlreadyExists
+//   EIO                                         DataLoss (the device lost data;
+//                                               retrying does not bring it back)
+//   EISDIR ELOOP ETXTBSY EBUSY                  FailedPrecondition
+//   EINVAL ENAMETOOLONG                         InvalidArgument
+//   EAGAIN EINTR ESTALE                         Unavailable (retry)
+//   anything else                               Unknown
+//
+// The message is "<context>: <strerror>"; the context names the path.
+//
+// Thread-safety: free functions with no shared state; safe from any thread.
+#ifndef CAPSTAN_SDK_SRC_IO_DURABLE_FILE_H_
+#define CAPSTAN_SDK_SRC_IO_DURABLE_FILE_H_
+
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "capstan/status.h"
+
+namespace capstan::io {
+
+// A Status for the failed call that set `error_number` (see the table above).
+Status errno_to_status(int error_number, std::string_view context);
+
+// Writes `bytes` to `path` durably (tmp, fsync, rename, fsync the directory).
+// On failure the tmp file is removed and `path` is unchanged.
+Status write_file_durably(const std::string& path, std::string_view bytes);
+// The same for a file assembled from several pieces, written in order.
+Status write_file_durably(const std::string& path, const std::vector<std::string_view>& pieces);
+
+// Makes a complete file written elsewhere (e.g. by a streaming writer) take
+// the name `path` durably: fsyncs `tmp_path`, renames it to `path` and fsyncs
+// the directory. On failure `tmp_path` is left for the caller to remove.
+Status commit_file_durably(const std::string& tmp_path, const std::string& path);
+
+// fsyncs the directory `dir`, making the creation, removal or renaming of
+// its entries durable.
+Status fsync_dir(const std::string& dir);
+
+// The directory holding `path` ("." for a bare file name).
+std::string parent_dir(const std::string& path);
+
+}  // namespace capstan::io
+
+#endif  // CAPSTAN_SDK_SRC_IO_DURABLE_FILE_H_
