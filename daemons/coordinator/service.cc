@@ -167,6 +167,8 @@ kj::Promise<void> CoordinatorService::lane(int64_t worker_id) {
   request.setClosureId(closure->id);
   request.setFunction(closure->function);
   request.setPlacementVersion(placement_version_);
+  request.setAttempt(static_cast<uint32_t>(closure->attempts));
+  request.setNumWorkers(static_cast<uint32_t>(workers_.size()));
   rpc::write_element(request.initArgs(), *args, ctx_.codec);
   int64_t id = closure->id;
   return request.send()

@@ -204,12 +204,17 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   }
   int64_t version = params.getPlacementVersion();
   int64_t closure_id = params.getClosureId();
+  // A coordinator older than these fields sends 0.
+  int attempt = std::max<int>(1, static_cast<int>(params.getAttempt()));
+  int num_workers = std::max<int>(1, static_cast<int>(params.getNumWorkers()));
   return rpc::read_element(params.getArgs())
-      .then([this, fn, version, closure_id](Element&& args) {
+      .then([this, fn, version, closure_id, attempt, num_workers](Element&& args) {
         auto router = router_;
-        return rpc::run_on_pool(ctx_.pool, [this, fn, version, router, args = std::move(args)]() -> Result<Element> {
+        return rpc::run_on_pool(ctx_.pool, [this, fn, version, router, attempt, num_workers,
+                                            args = std::move(args)]() -> Result<Element> {
           CAPSTAN_RETURN_IF_ERROR(router->refresh_if_older(version));
-          Context context(*this, 1);
+          Context context(*this, attempt);
+          context.set_num_workers(num_workers);
           return (*fn)(context, args);
         });
       })

@@ -2,6 +2,7 @@
 // cycle, partitioned variables, closure errors, per-worker datasets, and
 // failures (a worker killed mid-training, a worker joining late, a
 // parameter server killed).
+#include <algorithm>
 #include <signal.h>
 
 #include <catch2/catch.hpp>
@@ -163,6 +164,37 @@ TEST_CASE("killing one of two workers mid-training: every closure's result arriv
   CHECK(counter(*t.client) >= 30.0f);
   CHECK(t.client->num_workers() == 1);
   CHECK_THAT(t.coordinator->log(), Catch::Contains("lost"));
+}
+
+TEST_CASE("a closure sees the number of workers and its attempt; a re-run after a worker dies is attempt 2",
+          "[training][fault]") {
+  Training t(1, 2);
+  REQUIRE(t.client->create_variable({"started", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  Element args{{Tensor::scalar<int64_t>(1500)}, {}};
+  RemoteValue first = t.client->schedule("context_after_sleep", args).value();
+  RemoteValue second = t.client->schedule("context_after_sleep", args).value();
+  // One closure per worker (TF's default): both are running once "started" is 2.
+  REQUIRE(wait_until([&t]() { return t.client->read_variable("started").value().flat<float>()[0] >= 2.0f; }, 20s));
+  t.workers[1]->kill_now();
+  REQUIRE(t.client->join().ok());
+  std::vector<int64_t> attempts;
+  for (const RemoteValue& value : {first, second}) {
+    Element result = t.client->fetch(value).value();
+    attempts.push_back(result.components[0].flat<int64_t>()[0]);
+    CHECK(result.components[2].flat<int64_t>()[0] == 0);  // both finished on the survivor
+    int64_t num_workers = result.components[1].flat<int64_t>()[0];
+    CHECK((num_workers == 1 || num_workers == 2));
+  }
+  std::sort(attempts.begin(), attempts.end());
+  CHECK(attempts == std::vector<int64_t>{1, 2});
+}
+
+TEST_CASE("a closure sees how many workers the cluster has", "[training]") {
+  Training t(1, 2);
+  REQUIRE(t.client->create_variable({"started", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  Element result = t.client->fetch(t.client->schedule("context_after_sleep", Element{{Tensor::scalar<int64_t>(0)}, {}}).value()).value();
+  CHECK(result.components[0].flat<int64_t>()[0] == 1);
+  CHECK(result.components[1].flat<int64_t>()[0] == 2);
 }
 
 TEST_CASE("a worker started mid-training receives closures", "[training][fault]") {

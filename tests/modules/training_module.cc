@@ -53,4 +53,13 @@ CAPSTAN_MODULE(registry) {
   registry.register_closure("noop", [](ClosureContext&, const Element&) -> Result<Element> {
     return Element{};
   });
+  // Adds 1 to "started", sleeps args[0] milliseconds, then returns
+  // [attempt, num_workers, worker_index] as int64 scalars.
+  registry.register_closure("context_after_sleep", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("started", Tensor::scalar<float>(1.0f)));
+    std::this_thread::sleep_for(std::chrono::milliseconds(args.components.at(0).flat<int64_t>()[0]));
+    return Element{{Tensor::scalar<int64_t>(ctx.attempt()), Tensor::scalar<int64_t>(ctx.num_workers()),
+                    Tensor::scalar<int64_t>(ctx.worker_index())},
+                   {}};
+  });
 }

@@ -37,6 +37,8 @@ class ClosureContext {
   virtual ~ClosureContext() = default;
 
   virtual int worker_index() const = 0;
+  // The number of workers registered with the coordinator when this closure
+  // was dispatched.
   virtual int num_workers() const = 0;
   // Retries of a closure after a worker failure run it again: `attempt` is
   // 1 for the first run.
