@@ -23,7 +23,9 @@ packages=(
   protobuf-compiler
   curl                   # health checks in scripts and tests
   procps                 # pgrep, ps
-  python3
+  python3                # scripts/check-thread-safety.sh reads compile_commands.json
+  clang                  # scripts/check-thread-safety.sh: -Wthread-safety
+  ccache                 # rebuilds reuse objects (used when present)
 )
 
 missing=()

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# Builds Capstan and runs every test: the one command CI and developers run.
+# Builds Capstan, runs clang's thread-safety check
+# (scripts/check-thread-safety.sh), then every test: the one command CI and
+# developers run.
 #
 # Usage: scripts/test.sh [extra ctest arguments...]   e.g. -L unit, -R cluster
 #   CAPSTAN_BUILD_DIR  build directory (default: build)
@@ -11,6 +13,9 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 bash scripts/build.sh
+# Clang's thread-safety analysis over every source file (annotations on
+# mutex-held fields; see lib/sync/mutex.h).
+bash scripts/check-thread-safety.sh "${CAPSTAN_BUILD_DIR:-build}"
 
 build_dir=${CAPSTAN_BUILD_DIR:-build}
 test_jobs=${CAPSTAN_TEST_JOBS:-2}

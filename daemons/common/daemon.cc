@@ -7,7 +7,6 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
-#include <mutex>
 #include <sstream>
 #include <thread>
 
@@ -18,6 +17,7 @@
 #include "io/durable_file.h"
 #include "rpc/connection.h"
 #include "wire_names.h"
+#include "sync/mutex.h"
 
 namespace capstan::daemon {
 namespace {
@@ -75,20 +75,20 @@ class Readiness {
     identity_.set_ready(peers_.empty());
   }
   void set_up(size_t i, bool up) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     up_[i] = up;
     bool all = true;
     for (bool u : up_) all = all && u;
     identity_.set_ready(all && !stopping_);
   }
   void set_stopping() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
     identity_.set_ready(false);
   }
   // "" when ready, else what is missing.
   std::string missing() const {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (stopping_) return "shutting down";
     std::string out;
     for (size_t i = 0; i < peers_.size(); ++i) {
@@ -102,9 +102,9 @@ class Readiness {
 
  private:
   const std::vector<Peer> peers_;
-  mutable std::mutex mutex_;
-  std::vector<bool> up_;  // guarded by mutex_
-  bool stopping_ = false;  // guarded by mutex_
+  mutable Mutex mutex_;
+  std::vector<bool> up_ GUARDED_BY(mutex_);
+  bool stopping_ GUARDED_BY(mutex_) = false;
   NodeIdentity& identity_;
 };
 

@@ -1,4 +1,5 @@
 #include "daemons/common/metrics.h"
+#include "sync/mutex.h"
 
 #include <algorithm>
 #include <cassert>
@@ -146,7 +147,7 @@ Counter* MetricsRegistry::counter(std::string_view name, std::string_view help,
                                   MetricLabels labels) {
   check_metric_name(name);
   labels = canonical_labels(name, std::move(labels));
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::unique_ptr<Counter>& series =
       family(name, help, Kind::kCounter).counters[std::move(labels)];
   if (!series) series = std::make_unique<Counter>();
@@ -157,7 +158,7 @@ Gauge* MetricsRegistry::gauge(std::string_view name, std::string_view help,
                               MetricLabels labels) {
   check_metric_name(name);
   labels = canonical_labels(name, std::move(labels));
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   std::unique_ptr<Gauge>& series =
       family(name, help, Kind::kGauge).gauges[std::move(labels)];
   if (!series) series = std::make_unique<Gauge>();
@@ -172,7 +173,7 @@ void MetricsRegistry::callback_gauge(std::string_view name,
     throw std::invalid_argument("callback gauge '" + std::string(name) +
                                 "' has no function");
   }
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   if (by_name_.count(std::string(name)) != 0) {
     throw std::logic_error("metric '" + std::string(name) +
                            "' is already registered");
@@ -196,7 +197,7 @@ std::string MetricsRegistry::render() const {
   };
   std::vector<FamilySnapshot> snapshot;
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     snapshot.reserve(families_.size());
     for (const std::unique_ptr<Family>& f : families_) {
       FamilySnapshot& s = snapshot.emplace_back();

@@ -26,12 +26,12 @@
 #include <atomic>
 #include <functional>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <string_view>
 #include <unordered_map>
 #include <utility>
 #include <vector>
+#include "sync/mutex.h"
 
 namespace capstan::daemon {
 
@@ -106,13 +106,13 @@ class MetricsRegistry {
 
   // Finds or creates the family "name" of "kind"; throws on a type conflict.
   Family& family(std::string_view name, std::string_view help, Kind kind)
-      /* EXCLUSIVE_LOCKS_REQUIRED(mutex_) */;
+      EXCLUSIVE_LOCKS_REQUIRED(mutex_);
 
-  mutable std::mutex mutex_;
+  mutable Mutex mutex_;
   // Families in registration order; never removed, so Counter/Gauge pointers
   // stay valid.
-  std::vector<std::unique_ptr<Family>> families_ /* GUARDED_BY(mutex_) */;
-  std::unordered_map<std::string, Family*> by_name_ /* GUARDED_BY(mutex_) */;
+  std::vector<std::unique_ptr<Family>> families_ GUARDED_BY(mutex_);
+  std::unordered_map<std::string, Family*> by_name_ GUARDED_BY(mutex_);
 };
 
 }  // namespace capstan::daemon

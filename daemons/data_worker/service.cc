@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <atomic>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <optional>
@@ -15,6 +14,7 @@
 #include "rpc/errors.h"
 #include "rpc/pool.h"
 #include "rpc/tensor_codec.h"
+#include "sync/mutex.h"
 
 namespace capstan::data_service {
 namespace {
@@ -58,8 +58,10 @@ const char* mode_name(wire::ProcessingMode mode) {
 struct SplitCall {
   explicit SplitCall(int64_t job) : job_id(job) {}
   const int64_t job_id;
-  bool done = false;  // guarded by SplitBridge::mutex_
-  Result<std::optional<Element>> result{Status::Unavailable("getSplit was not answered")};  // guarded likewise
+  // Both guarded by SplitBridge::mutex_ (an annotation cannot name another
+  // object's mutex).
+  bool done = false;
+  Result<std::optional<Element>> result{Status::Unavailable("getSplit was not answered")};
 };
 
 // Carries getSplit calls from pipeline threads to the loop and the answers
@@ -77,14 +79,16 @@ class SplitBridge {
   Result<std::optional<Element>> call(int64_t job_id, const std::atomic<bool>& cancelled,
                                       std::chrono::milliseconds timeout) {
     auto call = std::make_shared<SplitCall>(job_id);
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (closed_) return Status::Cancelled("the data worker is shutting down");
     queue_.push_back(call);
     if (wake_.get() != nullptr) {
       wake_->fulfill();
       wake_ = nullptr;
     }
-    cv_.wait_for(lock, timeout, [&]() { return call->done || closed_ || cancelled.load(); });
+    auto deadline = std::chrono::steady_clock::now() + timeout;
+    while (!call->done && !closed_ && !cancelled.load() && cv_.wait_until(mutex_, deadline)) {
+    }
     if (call->done) return std::move(call->result);
     if (closed_) return Status::Cancelled("the data worker is shutting down");
     if (cancelled.load()) return Status::Cancelled("the task is being removed");
@@ -93,22 +97,24 @@ class SplitBridge {
 
   // Pipeline side: waits `delay`; false when cancelled or closed first.
   bool sleep(std::chrono::milliseconds delay, const std::atomic<bool>& cancelled) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    cv_.wait_for(lock, delay, [&]() { return closed_ || cancelled.load(); });
+    MutexLock lock(mutex_);
+    auto deadline = std::chrono::steady_clock::now() + delay;
+    while (!closed_ && !cancelled.load() && cv_.wait_until(mutex_, deadline)) {
+    }
     return !closed_ && !cancelled.load();
   }
 
   // Wakes every waiter, so that one whose `cancelled` flag was just set
   // returns.
   void wake_waiters() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     cv_.notify_all();
   }
 
   // Loop side: resolves with the calls posted since the last take() once
   // there is at least one; never resolves after close().
   kj::Promise<std::vector<std::shared_ptr<SplitCall>>> take() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (closed_) return kj::NEVER_DONE;
     if (!queue_.empty()) {
       std::vector<std::shared_ptr<SplitCall>> calls(queue_.begin(), queue_.end());
@@ -121,7 +127,7 @@ class SplitBridge {
   }
 
   void answer(const std::shared_ptr<SplitCall>& call, Result<std::optional<Element>> result) {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     call->done = true;
     call->result = std::move(result);
     cv_.notify_all();
@@ -129,19 +135,19 @@ class SplitBridge {
 
   // Fails every waiting and later call with Cancelled.
   void close() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     closed_ = true;
     queue_.clear();
     cv_.notify_all();
   }
 
  private:
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool closed_ = false;                              // guarded by mutex_
-  std::deque<std::shared_ptr<SplitCall>> queue_;     // guarded by mutex_
+  Mutex mutex_;
+  CondVar cv_;
+  bool closed_ GUARDED_BY(mutex_) = false;
+  std::deque<std::shared_ptr<SplitCall>> queue_ GUARDED_BY(mutex_);
   // Set while take() waits for a call; fulfilled by the next call().
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> wake_;  // guarded by mutex_
+  kj::Own<kj::CrossThreadPromiseFulfiller<void>> wake_ GUARDED_BY(mutex_);
 };
 
 namespace {

@@ -1,4 +1,5 @@
 #include "daemons/data_worker/task_runner.h"
+#include "sync/mutex.h"
 
 namespace capstan::data_service {
 
@@ -11,34 +12,34 @@ TaskRunner::TaskRunner(std::unique_ptr<data::Iterator> iterator, Options options
 
 TaskRunner::~TaskRunner() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   cv_.notify_all();
   if (producer_.joinable()) producer_.join();
   // Wait for a request thread still pulling from the pipeline.
-  std::unique_lock<std::mutex> lock(mutex_);
-  cv_.wait(lock, [this]() { return !pulling_; });
+  MutexLock lock(mutex_);
+  while (pulling_) cv_.wait(mutex_);
 }
 
 int64_t TaskRunner::produced() const {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return produced_;
 }
 
 void TaskRunner::produce() {
-  std::unique_lock<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   while (true) {
-    cv_.wait(lock, [this]() {
-      return stopping_ || (static_cast<int64_t>(buffer_.size()) < options_.buffer_elements &&
-                           buffer_bytes_ < options_.buffer_bytes);
-    });
+    while (!stopping_ && (static_cast<int64_t>(buffer_.size()) >= options_.buffer_elements ||
+                          buffer_bytes_ >= options_.buffer_bytes)) {
+      cv_.wait(mutex_);
+    }
     if (stopping_) return;
     pulling_ = true;
-    lock.unlock();
+    mutex_.unlock();
     Item item;
     auto next = iterator_->get_next();
-    lock.lock();
+    mutex_.lock();
     pulling_ = false;
     if (!next.ok()) {
       item.status = next.status();
@@ -56,14 +57,14 @@ void TaskRunner::produce() {
   }
 }
 
-Result<bool> TaskRunner::pull_locked(std::unique_lock<std::mutex>& lock, Element* out) {
-  cv_.wait(lock, [this]() { return !pulling_ || stopping_; });
+Result<bool> TaskRunner::pull_locked(Element* out) {
+  while (pulling_ && !stopping_) cv_.wait(mutex_);
   if (stopping_) return Status::Cancelled("the task is being removed");
   if (end_) return false;
   pulling_ = true;
-  lock.unlock();
+  mutex_.unlock();
   auto next = iterator_->get_next();
-  lock.lock();
+  mutex_.lock();
   pulling_ = false;
   cv_.notify_all();
   if (!next.ok()) return next.status();
@@ -80,15 +81,16 @@ Result<TaskRunner::Reply> TaskRunner::get(const Request& request) {
   if (request.max_elements <= 0) {
     return Status::InvalidArgument("max_elements must be positive, got " + std::to_string(request.max_elements));
   }
-  std::unique_lock<std::mutex> lock(mutex_);
-  if (options_.num_consumers > 0) return get_round(request, lock);
-  if (options_.cross_trainer_cache) return get_cached(request, lock);
-  return get_first_come(request, lock);
+  MutexLock lock(mutex_);
+  if (options_.num_consumers > 0) return get_round(request);
+  if (options_.cross_trainer_cache) return get_cached(request);
+  return get_first_come(request);
 }
 
-Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request,
-                                                     std::unique_lock<std::mutex>& lock) {
-  cv_.wait_for(lock, request.wait, [this]() { return !buffer_.empty() || end_ || stopping_; });
+Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
+  auto deadline = std::chrono::steady_clock::now() + request.wait;
+  while (buffer_.empty() && !end_ && !stopping_ && cv_.wait_until(mutex_, deadline)) {
+  }
   Reply reply;
   int64_t bytes = 0;
   while (!buffer_.empty() && static_cast<int>(reply.elements.size()) < request.max_elements) {
@@ -112,7 +114,7 @@ Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request,
   return reply;
 }
 
-Result<TaskRunner::Reply> TaskRunner::get_round(const Request& request, std::unique_lock<std::mutex>& lock) {
+Result<TaskRunner::Reply> TaskRunner::get_round(const Request& request) {
   if (request.consumer_index < 0 || request.consumer_index >= options_.num_consumers) {
     return Status::InvalidArgument("consumer_index " + std::to_string(request.consumer_index) + " is not in [0, " +
                                    std::to_string(options_.num_consumers) + ")");
@@ -126,7 +128,7 @@ Result<TaskRunner::Reply> TaskRunner::get_round(const Request& request, std::uni
     round.taken.assign(static_cast<size_t>(options_.num_consumers), false);
     for (int64_t c = 0; c < options_.num_consumers; ++c) {
       Element e;
-      CAPSTAN_ASSIGN_OR_RETURN(bool more, pull_locked(lock, &e));
+      CAPSTAN_ASSIGN_OR_RETURN(bool more, pull_locked(&e));
       if (!more) {
         Reply reply;
         reply.end_of_sequence = true;
@@ -151,7 +153,7 @@ Result<TaskRunner::Reply> TaskRunner::get_round(const Request& request, std::uni
   return reply;
 }
 
-Result<TaskRunner::Reply> TaskRunner::get_cached(const Request& request, std::unique_lock<std::mutex>& lock) {
+Result<TaskRunner::Reply> TaskRunner::get_cached(const Request& request) {
   if (request.trainer_id.empty()) {
     return Status::InvalidArgument("the cross-trainer cache needs a trainer_id");
   }
@@ -165,7 +167,7 @@ Result<TaskRunner::Reply> TaskRunner::get_cached(const Request& request, std::un
     if (position >= window_end) {
       // This trainer is the furthest ahead: produce the next element.
       Element e;
-      auto more = pull_locked(lock, &e);
+      auto more = pull_locked(&e);
       if (!more.ok()) {
         if (!reply.elements.empty()) break;
         return more.status();

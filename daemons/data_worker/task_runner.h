@@ -19,16 +19,15 @@
 #define CAPSTAN_DAEMONS_DATA_WORKER_TASK_RUNNER_H_
 
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "capstan/data/dataset.h"
+#include "sync/mutex.h"
 
 namespace capstan::data_service {
 
@@ -67,41 +66,41 @@ class TaskRunner {
   int64_t produced() const;
 
  private:
-  Result<Reply> get_first_come(const Request& request, std::unique_lock<std::mutex>& lock);
-  Result<Reply> get_round(const Request& request, std::unique_lock<std::mutex>& lock);
-  Result<Reply> get_cached(const Request& request, std::unique_lock<std::mutex>& lock);
+  Result<Reply> get_first_come(const Request& request) REQUIRES(mutex_);
+  Result<Reply> get_round(const Request& request) REQUIRES(mutex_);
+  Result<Reply> get_cached(const Request& request) REQUIRES(mutex_);
   // Pulls one element from the pipeline on the calling thread (with the lock
   // released around the pull); false at the end.
-  Result<bool> pull_locked(std::unique_lock<std::mutex>& lock, Element* out);
+  Result<bool> pull_locked(Element* out) REQUIRES(mutex_);
   void produce();  // the first-come producer thread
 
   const Options options_;
   std::unique_ptr<data::Iterator> iterator_;  // used by one thread at a time (pulling_)
-  mutable std::mutex mutex_;
-  std::condition_variable cv_;
-  bool pulling_ = false;          // guarded by mutex_: someone is in iterator_->get_next
-  bool end_ = false;              // guarded by mutex_
-  bool stopping_ = false;         // guarded by mutex_
-  int64_t produced_ = 0;          // guarded by mutex_
+  mutable Mutex mutex_;
+  CondVar cv_;
+  bool pulling_ GUARDED_BY(mutex_) = false;  // someone is in iterator_->get_next
+  bool end_ GUARDED_BY(mutex_) = false;
+  bool stopping_ GUARDED_BY(mutex_) = false;
+  int64_t produced_ GUARDED_BY(mutex_) = 0;
   // First come: buffered results (an element or an error).
   struct Item {
     Status status;
     Element element;
   };
-  std::deque<Item> buffer_;       // guarded by mutex_
-  int64_t buffer_bytes_ = 0;      // guarded by mutex_
+  std::deque<Item> buffer_ GUARDED_BY(mutex_);
+  int64_t buffer_bytes_ GUARDED_BY(mutex_) = 0;
   // Coordinated reads: round -> its elements; consumers that took theirs.
   struct Round {
     std::vector<Element> elements;
     std::vector<bool> taken;
     int64_t remaining = 0;
   };
-  std::map<int64_t, Round> rounds_;  // guarded by mutex_
+  std::map<int64_t, Round> rounds_ GUARDED_BY(mutex_);
   // Cross-trainer cache: the window [window_start_, window_start_ + size).
-  std::deque<std::pair<Element, int64_t>> window_;  // guarded by mutex_; element, bytes
-  int64_t window_start_ = 0;                        // guarded by mutex_
-  int64_t window_bytes_ = 0;                        // guarded by mutex_
-  std::map<std::string, int64_t> trainer_positions_;  // guarded by mutex_
+  std::deque<std::pair<Element, int64_t>> window_ GUARDED_BY(mutex_);  // element, bytes
+  int64_t window_start_ GUARDED_BY(mutex_) = 0;
+  int64_t window_bytes_ GUARDED_BY(mutex_) = 0;
+  std::map<std::string, int64_t> trainer_positions_ GUARDED_BY(mutex_);
   std::thread producer_;
 };
 

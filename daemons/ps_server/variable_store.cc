@@ -1,4 +1,5 @@
 #include "daemons/ps_server/variable_store.h"
+#include "sync/mutex.h"
 
 #include <algorithm>
 #include <cstring>
@@ -107,7 +108,7 @@ Status check_trainable(const char* op, const std::string& name, DType dtype,
 }  // namespace
 
 Result<std::shared_ptr<VariableStore::Shard>> VariableStore::find(const std::string& name) const {
-  std::shared_lock lock(map_mu_);
+  ReaderMutexLock lock(map_mu_);
   auto it = shards_.find(name);
   if (it == shards_.end()) {
     return Status::NotFound("no variable " + quoted(name) + " on this parameter server");
@@ -138,7 +139,7 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
                                  optimizer_debug_string(optimizer));
   };
   {
-    std::shared_lock lock(map_mu_);
+    ReaderMutexLock lock(map_mu_);
     auto it = shards_.find(name);
     if (it != shards_.end()) return same_or_conflict(*it->second);
   }
@@ -164,10 +165,13 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
   }
   size_t bytes = value.byte_size() * (1 + slots.size());
   auto shard = std::make_shared<Shard>(initial.dtype(), initial.shape(), optimizer, bytes);
-  shard->value = std::move(value);
-  shard->slot = std::move(slots);
+  {
+    MutexLock init(shard->mu);  // not shared yet: uncontended, but it keeps the analysis exact
+    shard->value = std::move(value);
+    shard->slot = std::move(slots);
+  }
 
-  std::unique_lock lock(map_mu_);
+  WriterMutexLock lock(map_mu_);
   auto [it, inserted] = shards_.try_emplace(name, shard);
   if (!inserted) return same_or_conflict(*it->second);  // created meanwhile
   return Status::Ok();
@@ -175,7 +179,7 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
 
 Status VariableStore::remove(const std::string& name) {
   std::shared_ptr<Shard> dropped;  // freed after the map lock is released
-  std::unique_lock lock(map_mu_);
+  WriterMutexLock lock(map_mu_);
   auto it = shards_.find(name);
   if (it == shards_.end()) {
     return Status::NotFound("no variable " + quoted(name) + " on this parameter server");
@@ -188,7 +192,7 @@ Status VariableStore::remove(const std::string& name) {
 Result<Tensor> VariableStore::read(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, Tensor::uninitialized(shard->dtype, shard->shape));
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   if (copy.byte_size() > 0) {
     std::memcpy(copy.mutable_data(), shard->value.data(), copy.byte_size());
   }
@@ -210,7 +214,7 @@ Result<Tensor> VariableStore::gather(const std::string& name, const Tensor& ids)
   const size_t row_bytes = static_cast<size_t>(row_elements(shard->shape)) *
                            dtype_size(shard->dtype);
   if (row_bytes == 0) return out;
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   for (size_t j = 0; j < id_list.size(); ++j) {
     std::memcpy(out.mutable_data() + j * row_bytes,
                 shard->value.data() + static_cast<size_t>(id_list[j]) * row_bytes, row_bytes);
@@ -227,7 +231,7 @@ Status VariableStore::assign(const std::string& name, const Tensor& value) {
   CAPSTAN_RETURN_IF_ERROR(value.validate().with_context("assign " + quoted(name)));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor fresh, copy_of(value));
   Tensor old;  // freed outside the shard lock
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   old = std::exchange(shard->value, std::move(fresh));
   return Status::Ok();
 }
@@ -243,7 +247,7 @@ Status VariableStore::assign_add(const std::string& name, const Tensor& delta) {
                                    " is bool; assign_add needs a numeric variable");
   }
   CAPSTAN_RETURN_IF_ERROR(delta.validate().with_context("assign_add " + quoted(name)));
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   Tensor& value = shard->value;
   switch (shard->dtype) {
     case DType::kFloat16: add_into<Float16>(value, delta); break;
@@ -272,7 +276,7 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
                                    describe(shard->dtype, shard->shape));
   }
   CAPSTAN_RETURN_IF_ERROR(gradient.validate().with_context("apply_dense " + quoted(name)));
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   int64_t t = step > 0 ? step : shard->step + 1;
   if (shard->dtype == DType::kFloat32) {
     auto slots = slot_spans<float>(shard->slot);
@@ -313,7 +317,7 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
                            checked_ids("apply_sparse", name, ids, shard->shape[0]));
   const int64_t row_size = row_elements(shard->shape);
 
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   int64_t t = step > 0 ? step : shard->step + 1;
   if (row_size > 0) {  // rows of no elements: nothing to move, but the step counts
     if (shard->dtype == DType::kFloat32) {
@@ -334,12 +338,12 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
 
 Result<VariableStore::Info> VariableStore::info(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   return Info{shard->dtype, shard->shape, shard->optimizer, shard->step, shard->bytes};
 }
 
 std::vector<std::string> VariableStore::names() const {
-  std::shared_lock lock(map_mu_);
+  ReaderMutexLock lock(map_mu_);
   std::vector<std::string> out;
   out.reserve(shards_.size());
   for (const auto& [name, shard] : shards_) out.push_back(name);
@@ -350,7 +354,7 @@ Result<std::map<std::string, Tensor>> VariableStore::slots(const std::string& na
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   std::vector<std::string> slot_list = slot_names(shard->optimizer.kind);
   std::map<std::string, Tensor> out;
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   for (size_t i = 0; i < shard->slot.size(); ++i) {
     CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, copy_of(shard->slot[i]));
     out.emplace(slot_list[i], std::move(copy));
@@ -381,7 +385,7 @@ Status VariableStore::set_slot(const std::string& name, const std::string& slot,
   CAPSTAN_RETURN_IF_ERROR(value.validate().with_context("set_slot " + quoted(name)));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor fresh, copy_of(value));
   Tensor old;  // freed outside the shard lock
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   old = std::exchange(shard->slot[static_cast<size_t>(it - slot_list.begin())], std::move(fresh));
   return Status::Ok();
 }
@@ -392,13 +396,13 @@ Status VariableStore::set_step(const std::string& name, int64_t step) {
     return Status::InvalidArgument("set_step: step " + std::to_string(step) + " for " +
                                    quoted(name) + " must be >= 0");
   }
-  std::lock_guard lock(shard->mu);
+  MutexLock lock(shard->mu);
   shard->step = step;
   return Status::Ok();
 }
 
 size_t VariableStore::total_bytes() const {
-  std::shared_lock lock(map_mu_);
+  ReaderMutexLock lock(map_mu_);
   size_t total = 0;
   for (const auto& [name, shard] : shards_) total += shard->bytes;
   return total;

@@ -44,14 +44,13 @@
 #include <cstdint>
 #include <map>
 #include <memory>
-#include <mutex>
-#include <shared_mutex>
 #include <string>
 #include <vector>
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "daemons/ps_server/optimizer.h"
+#include "sync/mutex.h"
 
 namespace capstan::ps {
 
@@ -129,17 +128,17 @@ class VariableStore {
     const OptimizerConfig optimizer;
     const size_t bytes;  // value + slots
 
-    mutable std::mutex mu;
-    Tensor value;              // guarded by mu; never shared outside the store
-    std::vector<Tensor> slot;  // guarded by mu; slot_names() order, empty if none
-    int64_t step = 0;          // guarded by mu
+    mutable Mutex mu;
+    Tensor value GUARDED_BY(mu);  // never shared outside the store
+    std::vector<Tensor> slot GUARDED_BY(mu);  // slot_names() order, empty if none
+    int64_t step GUARDED_BY(mu) = 0;
   };
 
-  // The shard, or NotFound. LOCKS_EXCLUDED(map_mu_).
-  Result<std::shared_ptr<Shard>> find(const std::string& name) const;
+  // The shard, or NotFound.
+  Result<std::shared_ptr<Shard>> find(const std::string& name) const LOCKS_EXCLUDED(map_mu_);
 
-  mutable std::shared_mutex map_mu_;
-  std::map<std::string, std::shared_ptr<Shard>> shards_;  // guarded by map_mu_
+  mutable SharedMutex map_mu_;
+  std::map<std::string, std::shared_ptr<Shard>> shards_ GUARDED_BY(map_mu_);
 };
 
 }  // namespace capstan::ps

@@ -4,6 +4,7 @@
 #include "rpc/errors.h"
 #include "rpc/pool.h"
 #include "rpc/tensor_codec.h"
+#include "sync/mutex.h"
 
 namespace capstan::worker_server {
 namespace {
@@ -20,13 +21,13 @@ class LockedIterator final : public data::Iterator {
  public:
   explicit LockedIterator(std::unique_ptr<data::Iterator> inner) : inner_(std::move(inner)) {}
   Result<std::optional<Element>> get_next() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     return inner_->get_next();
   }
 
  private:
-  std::mutex mutex_;
-  std::unique_ptr<data::Iterator> inner_;
+  Mutex mutex_;
+  std::unique_ptr<data::Iterator> inner_ GUARDED_BY(mutex_);
 };
 
 // The context one closure run sees.
@@ -61,7 +62,7 @@ class WorkerService::Context final : public ClosureContext {
       return Status::InvalidArgument("iterator(): the argument is not a per-worker dataset (use PerWorkerDataset::arg())");
     }
     int64_t id = arg.flat<int64_t>()[0];
-    std::lock_guard<std::mutex> lock(service_.mutex_);
+    MutexLock lock(service_.mutex_);
     auto it = service_.iterators_.find(id);
     if (it == service_.iterators_.end()) {
       return Status::FailedPrecondition("per-worker dataset " + std::to_string(id) +
@@ -133,7 +134,7 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
         // The coordinator went away (or refused): register again when it is
         // back, with fresh per-worker iterators.
         {
-          std::lock_guard<std::mutex> lock(mutex_);
+          MutexLock lock(mutex_);
           iterators_.clear();
         }
         return register_with_coordinator();
@@ -170,7 +171,7 @@ kj::Promise<void> WorkerService::createDataset(CreateDatasetContext context) {
          })
       .then([this, id](Result<std::shared_ptr<data::Iterator>> iterator) {
         rpc::check(iterator.status().with_context("per-worker dataset " + std::to_string(id)));
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         iterators_[id] = *iterator;
       });
 }
@@ -190,7 +191,7 @@ kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunc
          })
       .then([this, id, name](Result<std::shared_ptr<data::Iterator>> iterator) {
         rpc::check(iterator.status().with_context("dataset function '" + name + "'"));
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         iterators_[id] = *iterator;
       });
 }

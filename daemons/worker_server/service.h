@@ -15,7 +15,6 @@
 
 #include <map>
 #include <memory>
-#include <mutex>
 #include <string>
 
 #include "capstan/data/dataset.h"
@@ -24,6 +23,7 @@
 #include "capstan_schemas/worker.capnp.h"
 #include "daemons/common/node_service.h"
 #include "training/variable_router.h"
+#include "sync/mutex.h"
 
 namespace capstan::worker_server {
 
@@ -48,8 +48,8 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
 
   kj::Own<rpc::Connection> coordinator_;
   std::shared_ptr<VariableRouter> router_;
-  std::mutex mutex_;
-  std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_;  // guarded by mutex_
+  Mutex mutex_;
+  std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_ GUARDED_BY(mutex_);
   int64_t worker_id_ = 0;
   kj::TaskSet tasks_;
 };

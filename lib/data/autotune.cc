@@ -1,4 +1,5 @@
 #include "data/autotune.h"
+#include "sync/mutex.h"
 
 #include <unistd.h>
 
@@ -44,7 +45,7 @@ Autotuner::Autotuner(bool enabled, int cpu_budget, int64_t ram_budget)
 
 Autotuner::~Autotuner() {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     stopping_ = true;
   }
   cv_.notify_all();
@@ -54,15 +55,19 @@ Autotuner::~Autotuner() {
 std::shared_ptr<Knob> Autotuner::add(Knob::Kind kind, int64_t initial, int64_t min, int64_t max) {
   auto knob = std::make_shared<Knob>(kind, initial, min, max);
   if (!enabled_) return knob;
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   knobs_.push_back(knob);
   if (!thread_.joinable()) thread_ = std::thread([this]() { run(); });
   return knob;
 }
 
 void Autotuner::run() {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!cv_.wait_for(lock, kPeriod, [this]() { return stopping_; })) {
+  MutexLock lock(mutex_);
+  while (true) {
+    auto deadline = std::chrono::steady_clock::now() + kPeriod;
+    while (!stopping_ && cv_.wait_until(mutex_, deadline)) {
+    }
+    if (stopping_) return;
     knobs_.erase(std::remove_if(knobs_.begin(), knobs_.end(),
                                 [](const std::weak_ptr<Knob>& k) { return k.expired(); }),
                  knobs_.end());

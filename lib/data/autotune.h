@@ -17,13 +17,13 @@
 
 #include <atomic>
 #include <chrono>
-#include <condition_variable>
 #include <cstdint>
 #include <memory>
 #include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
+#include "sync/mutex.h"
 
 namespace capstan::data {
 
@@ -72,10 +72,10 @@ class Autotuner {
   const bool enabled_;
   const int cpu_budget_;
   const int64_t ram_budget_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  bool stopping_ = false;                   // guarded by mutex_
-  std::vector<std::weak_ptr<Knob>> knobs_;  // guarded by mutex_
+  Mutex mutex_;
+  CondVar cv_;
+  bool stopping_ GUARDED_BY(mutex_) = false;
+  std::vector<std::weak_ptr<Knob>> knobs_ GUARDED_BY(mutex_);
   std::thread thread_;                      // started with the first knob
 };
 

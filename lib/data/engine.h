@@ -16,11 +16,9 @@
 #define CAPSTAN_SDK_SRC_DATA_ENGINE_H_
 
 #include <atomic>
-#include <condition_variable>
 #include <functional>
 #include <map>
 #include <memory>
-#include <mutex>
 #include <thread>
 #include <vector>
 
@@ -28,6 +26,7 @@
 #include "capstan_schemas/dataset.capnp.h"
 #include "data/autotune.h"
 #include "data/definition.h"
+#include "sync/mutex.h"
 
 namespace capstan::data::engine {
 
@@ -61,7 +60,7 @@ class Pipeline {
   template <typename T>
   std::shared_ptr<T> state(const void* key) {
     if (!definition_->contains(key)) return std::make_shared<T>();
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto& slot = states_[key];
     if (!slot) slot = std::make_shared<T>();
     return std::static_pointer_cast<T>(slot);
@@ -74,8 +73,8 @@ class Pipeline {
   const bool deterministic_;
   const int cpu_budget_;
   Autotuner autotuner_;
-  std::mutex mutex_;
-  std::map<const void*, std::shared_ptr<void>> states_;  // guarded by mutex_
+  Mutex mutex_;
+  std::map<const void*, std::shared_ptr<void>> states_ GUARDED_BY(mutex_);
 };
 
 // Creates the iterator of `op` (and, recursively, of its inputs). The

@@ -19,6 +19,7 @@
 #include "data/tensor_util.h"
 #include "io/durable_file.h"
 #include "rpc/tensor_codec.h"
+#include "sync/mutex.h"
 
 namespace capstan::data::engine {
 namespace {
@@ -633,16 +634,16 @@ class ConcatenateIterator final : public IteratorBase {
 // In-memory cache: the first complete pass fills it; later passes (e.g. the
 // epochs of a repeat) read from it. A pass abandoned midway caches nothing.
 struct MemoryCache {
-  std::mutex mutex;
-  bool complete = false;
-  std::shared_ptr<const std::vector<Element>> elements;
+  Mutex mutex;
+  bool complete GUARDED_BY(mutex) = false;
+  std::shared_ptr<const std::vector<Element>> elements GUARDED_BY(mutex);
 };
 
 class MemoryCacheIterator final : public IteratorBase {
  public:
   MemoryCacheIterator(IteratorPtr input, std::shared_ptr<MemoryCache> cache)
       : input_(std::move(input)), cache_(std::move(cache)) {
-    std::lock_guard<std::mutex> lock(cache_->mutex);
+    MutexLock lock(cache_->mutex);
     if (cache_->complete) {
       cached_ = cache_->elements;
       input_ = nullptr;
@@ -656,7 +657,7 @@ class MemoryCacheIterator final : public IteratorBase {
     }
     CAPSTAN_RETURN_IF_ERROR(input_->get_next(out, end));
     if (*end) {
-      std::lock_guard<std::mutex> lock(cache_->mutex);
+      MutexLock lock(cache_->mutex);
       if (!cache_->complete) {
         cache_->elements = std::make_shared<const std::vector<Element>>(std::move(filling_));
         cache_->complete = true;

@@ -2,7 +2,6 @@
 // batch), prefetch, and interleave. Each stops and joins its threads when
 // destroyed; buffers are bounded (by fixed sizes or autotuned knobs).
 #include <chrono>
-#include <condition_variable>
 #include <deque>
 #include <mutex>
 #include <thread>
@@ -10,6 +9,7 @@
 #include "data/definition.h"
 #include "data/ops.h"
 #include "data/tensor_util.h"
+#include "sync/mutex.h"
 
 namespace capstan::data::engine {
 namespace {
@@ -50,7 +50,7 @@ class ParallelMapIterator final : public IteratorBase {
 
   ~ParallelMapIterator() override {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       cancelled_ = true;
     }
     work_cv_.notify_all();
@@ -59,7 +59,7 @@ class ParallelMapIterator final : public IteratorBase {
   }
 
   Status get_next(Element* out, bool* end) override {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (threads_.empty()) start_threads();
     while (true) {
       std::shared_ptr<Slot> ready;
@@ -86,14 +86,16 @@ class ParallelMapIterator final : public IteratorBase {
         return Status::Ok();
       }
       auto started = Clock::now();
-      result_cv_.wait(lock);
+      result_cv_.wait(mutex_);
       knob_->record_wait(Clock::now() - started);
     }
   }
 
  private:
+  // Both fields are guarded by the iterator's mutex_ (a nested struct cannot
+  // name it in an annotation).
   struct Slot {
-    bool done = false;  // guarded by mutex_
+    bool done = false;
     Item item;
   };
 
@@ -103,7 +105,7 @@ class ParallelMapIterator final : public IteratorBase {
 
   // Room for another unit: in flight + finished stay within twice the
   // current parallelism, and at most `parallelism` run at once.
-  bool has_room() const {
+  bool has_room() const REQUIRES(mutex_) {
     int64_t parallelism = knob_->value();
     return running_ < parallelism && static_cast<int64_t>(slots_.size()) < 2 * parallelism;
   }
@@ -114,10 +116,10 @@ class ParallelMapIterator final : public IteratorBase {
       std::vector<Element> inputs;
       Status input_status;
       {
-        std::unique_lock<std::mutex> input_lock(input_mutex_);
+        MutexLock input_lock(input_mutex_);
         {
-          std::unique_lock<std::mutex> lock(mutex_);
-          work_cv_.wait(lock, [this]() { return cancelled_ || input_end_ || has_room(); });
+          MutexLock lock(mutex_);
+          while (!cancelled_ && !input_end_ && !has_room()) work_cv_.wait(mutex_);
           if (cancelled_ || input_end_) return;
           ++running_;
         }
@@ -130,7 +132,7 @@ class ParallelMapIterator final : public IteratorBase {
           if (!input_status.ok()) break;
           if (!end) inputs.push_back(std::move(e));
         }
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         if (end) input_end_ = true;
         bool short_batch = batch_size_ > 0 && static_cast<int64_t>(inputs.size()) < batch_size_;
         if (input_status.ok() && (inputs.empty() || (short_batch && drop_remainder_))) {
@@ -147,7 +149,7 @@ class ParallelMapIterator final : public IteratorBase {
       item.status = input_status;
       if (item.status.ok()) item = run(std::move(inputs));
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         slot->item = std::move(item);
         slot->done = true;
         --running_;
@@ -181,7 +183,7 @@ class ParallelMapIterator final : public IteratorBase {
     return item;
   }
 
-  IteratorPtr input_;  // used under input_mutex_
+  IteratorPtr input_ GUARDED_BY(input_mutex_);
   const MapFunction fn_;
   const bool deterministic_;
   const int64_t batch_size_;  // 0: no batching
@@ -190,14 +192,14 @@ class ParallelMapIterator final : public IteratorBase {
   int max_threads_ = 1;
   std::vector<std::thread> threads_;
 
-  std::mutex input_mutex_;  // acquired before mutex_
-  std::mutex mutex_;
-  std::condition_variable work_cv_;
-  std::condition_variable result_cv_;
-  std::deque<std::shared_ptr<Slot>> slots_;  // guarded by mutex_, input order
-  int64_t running_ = 0;                      // guarded by mutex_
-  bool input_end_ = false;                   // guarded by mutex_
-  bool cancelled_ = false;                   // guarded by mutex_
+  Mutex input_mutex_ ACQUIRED_BEFORE(mutex_);
+  Mutex mutex_;
+  CondVar work_cv_;
+  CondVar result_cv_;
+  std::deque<std::shared_ptr<Slot>> slots_ GUARDED_BY(mutex_);  // input order
+  int64_t running_ GUARDED_BY(mutex_) = 0;
+  bool input_end_ GUARDED_BY(mutex_) = false;
+  bool cancelled_ GUARDED_BY(mutex_) = false;
 };
 
 // ---- Prefetch ---------------------------------------------------------------------
@@ -211,7 +213,7 @@ class Prefetcher {
   }
   ~Prefetcher() {
     {
-      std::lock_guard<std::mutex> lock(mutex_);
+      MutexLock lock(mutex_);
       cancelled_ = true;
     }
     cv_.notify_all();
@@ -220,10 +222,10 @@ class Prefetcher {
 
   // Blocks until an item is ready.
   Item take() {
-    std::unique_lock<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (queue_.empty()) {
       auto started = Clock::now();
-      cv_.wait(lock, [this]() { return !queue_.empty(); });
+      while (queue_.empty()) cv_.wait(mutex_);
       capacity_->record_wait(Clock::now() - started);
     }
     Item item = std::move(queue_.front());
@@ -233,7 +235,7 @@ class Prefetcher {
   }
   // Whether take() would return at once.
   bool ready() {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     return !queue_.empty();
   }
 
@@ -241,10 +243,8 @@ class Prefetcher {
   void run() {
     while (true) {
       {
-        std::unique_lock<std::mutex> lock(mutex_);
-        cv_.wait(lock, [this]() {
-          return cancelled_ || static_cast<int64_t>(queue_.size()) < capacity_->value();
-        });
+        MutexLock lock(mutex_);
+        while (!cancelled_ && static_cast<int64_t>(queue_.size()) >= capacity_->value()) cv_.wait(mutex_);
         if (cancelled_) return;
       }
       Item item;
@@ -252,7 +252,7 @@ class Prefetcher {
       if (item.status.ok() && !item.end) note_size(item.element.byte_size());
       bool end = item.status.ok() && item.end;
       {
-        std::lock_guard<std::mutex> lock(mutex_);
+        MutexLock lock(mutex_);
         queue_.push_back(std::move(item));
       }
       cv_.notify_all();
@@ -273,10 +273,10 @@ class Prefetcher {
   const int64_t ram_budget_;
   double average_bytes_ = 0;  // prefetch thread only
   std::thread thread_;
-  std::mutex mutex_;
-  std::condition_variable cv_;
-  std::deque<Item> queue_;  // guarded by mutex_
-  bool cancelled_ = false;  // guarded by mutex_
+  Mutex mutex_;
+  CondVar cv_;
+  std::deque<Item> queue_ GUARDED_BY(mutex_);
+  bool cancelled_ GUARDED_BY(mutex_) = false;
 };
 
 class PrefetchIterator final : public IteratorBase {

@@ -4,10 +4,8 @@
 #include <kj/async.h>
 
 #include <algorithm>
-#include <condition_variable>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <optional>
 #include <random>
 #include <thread>
@@ -22,6 +20,7 @@
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
 #include "rpc/tensor_codec.h"
+#include "sync/mutex.h"
 
 namespace capstan::data::service {
 namespace {
@@ -187,10 +186,10 @@ class ServiceReader final : public engine::IteratorBase {
   kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> wake_;  // cuts the heartbeat wait short
   bool heartbeat_in_flight_ = false;
 
-  std::mutex mutex_;
-  std::map<int64_t, TaskState> tasks_;  // guarded by mutex_
-  bool job_finished_ = false;           // guarded by mutex_
-  Status fatal_;                        // guarded by mutex_
+  Mutex mutex_;
+  std::map<int64_t, TaskState> tasks_ GUARDED_BY(mutex_);
+  bool job_finished_ GUARDED_BY(mutex_) = false;
+  Status fatal_ GUARDED_BY(mutex_);
 };
 
 ServiceReader::~ServiceReader() noexcept {
@@ -281,12 +280,12 @@ Status ServiceReader::start() {
 }
 
 Status ServiceReader::fatal() {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   return fatal_;
 }
 
 bool ServiceReader::snapshot(std::vector<TaskRef>* tasks, bool ignore_job_finished) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   tasks->clear();
   bool all_done = true;
   for (const auto& [id, state] : tasks_) {
@@ -297,7 +296,7 @@ bool ServiceReader::snapshot(std::vector<TaskRef>* tasks, bool ignore_job_finish
 }
 
 void ServiceReader::note_result(int64_t task_id, bool failed) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = tasks_.find(task_id);
   if (it == tasks_.end()) return;
   TaskState& state = it->second;
@@ -316,7 +315,7 @@ void ServiceReader::note_result(int64_t task_id, bool failed) {
 }
 
 void ServiceReader::mark_done(int64_t task_id) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = tasks_.find(task_id);
   if (it != tasks_.end()) it->second.done = true;
 }
@@ -513,7 +512,7 @@ kj::Promise<void> ServiceReader::heartbeat() {
               // A dispatcher that is restarting comes back; anything else
               // (an unknown job client, a refused token) will not.
               if (transient(status.code())) return;
-              std::lock_guard<std::mutex> lock(mutex_);
+              MutexLock lock(mutex_);
               if (fatal_.ok()) fatal_ = status.with_context("clientHeartbeat to " + config_.address);
             });
 }
@@ -533,7 +532,7 @@ kj::Promise<void> ServiceReader::heartbeat_loop() {
 
 void ServiceReader::apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, bool job_finished) {
   auto now = Clock::now();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   for (auto& [id, state] : tasks_) state.listed = false;
   for (auto info : tasks) {
     auto [it, added] = tasks_.try_emplace(info.getTaskId());

@@ -1,10 +1,10 @@
 // Split providers: how DYNAMIC sharding divides a pipeline's source.
-#include <mutex>
 #include <set>
 
 #include "data/definition.h"
 #include "data/engine.h"
 #include "data/io/file.h"
+#include "sync/mutex.h"
 
 namespace capstan::data::engine {
 namespace {
@@ -16,7 +16,7 @@ class RangeSplitProvider final : public SplitProvider {
  public:
   RangeSplitProvider(int64_t num_elements, int64_t chunk) : n_(num_elements), chunk_(chunk) {}
   Result<std::optional<Element>> get_next() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (next_ >= n_) return std::optional<Element>();
     int64_t begin = next_;
     int64_t end = next_ + std::min(chunk_, n_ - next_);
@@ -25,7 +25,7 @@ class RangeSplitProvider final : public SplitProvider {
     return std::optional<Element>(Element{{std::move(t)}, {}});
   }
   void reset() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     next_ = 0;
   }
   int64_t num_splits() const override { return (n_ + chunk_ - 1) / chunk_; }
@@ -33,8 +33,8 @@ class RangeSplitProvider final : public SplitProvider {
  private:
   const int64_t n_;
   const int64_t chunk_;
-  std::mutex mutex_;
-  int64_t next_ = 0;  // guarded by mutex_
+  Mutex mutex_;
+  int64_t next_ GUARDED_BY(mutex_) = 0;
 };
 
 // Splits of file sources: one file name each.
@@ -42,21 +42,21 @@ class FileSplitProvider final : public SplitProvider {
  public:
   explicit FileSplitProvider(std::vector<std::string> files) : files_(std::move(files)) {}
   Result<std::optional<Element>> get_next() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (next_ >= files_.size()) return std::optional<Element>();
     CAPSTAN_ASSIGN_OR_RETURN(Tensor t, Tensor::from_strings({files_[next_++]}, {}));
     return std::optional<Element>(Element{{std::move(t)}, {}});
   }
   void reset() override {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     next_ = 0;
   }
   int64_t num_splits() const override { return static_cast<int64_t>(files_.size()); }
 
  private:
   const std::vector<std::string> files_;
-  std::mutex mutex_;
-  size_t next_ = 0;  // guarded by mutex_
+  Mutex mutex_;
+  size_t next_ GUARDED_BY(mutex_) = 0;
 };
 
 void collect_sources(Op::Reader op, std::vector<Op::Reader>* sources) {

@@ -6,8 +6,8 @@ namespace capstan::rpc {
 
 LoopThread::LoopThread(std::string name) : name_(std::move(name)) {
   thread_ = std::thread([this]() { main(); });
-  std::unique_lock<std::mutex> lock(mutex_);
-  ready_cv_.wait(lock, [this]() { return ready_; });
+  MutexLock lock(mutex_);
+  while (!ready_) ready_cv_.wait(mutex_);
 }
 
 LoopThread::~LoopThread() { stop(); }
@@ -17,7 +17,7 @@ void LoopThread::main() {
   auto io = kj::setupAsyncIo();
   auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     io_ = &io;
     executor_ = kj::getCurrentThreadExecutor().addRef();
     stop_fulfiller_ = kj::mv(paf.fulfiller);

@@ -12,10 +12,9 @@
 #include <kj/async-io.h>
 #include <kj/async.h>
 
-#include <condition_variable>
-#include <mutex>
 #include <string>
 #include <thread>
+#include "sync/mutex.h"
 
 namespace capstan::rpc {
 
@@ -51,9 +50,9 @@ class LoopThread {
   const std::string name_;
   std::thread thread_;
 
-  std::mutex mutex_;
-  std::condition_variable ready_cv_;
-  bool ready_ = false;  // guarded by mutex_
+  Mutex mutex_;
+  CondVar ready_cv_;
+  bool ready_ GUARDED_BY(mutex_) = false;
 
   // Set by the loop thread before ready_; constant afterwards.
   kj::AsyncIoContext* io_ = nullptr;

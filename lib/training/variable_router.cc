@@ -5,6 +5,7 @@
 
 #include "data/tensor_util.h"
 #include "rpc/errors.h"
+#include "sync/mutex.h"
 
 namespace capstan {
 namespace {
@@ -95,7 +96,7 @@ Status VariableRouter::refresh() {
   auto fetched = on_loop<std::pair<int64_t, std::vector<VariableLocation>>>(
       "fetching variable placements", [this]() { return fetch_(); });
   if (!fetched.ok()) return fetched.status();
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   version_ = fetched->first;
   variables_.clear();
   for (auto& v : fetched->second) variables_[v.name] = std::move(v);
@@ -104,25 +105,25 @@ Status VariableRouter::refresh() {
 
 Status VariableRouter::refresh_if_older(int64_t version) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     if (version_ >= version) return Status::Ok();
   }
   return refresh();
 }
 
 void VariableRouter::remember(VariableLocation location) {
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   variables_[location.name] = std::move(location);
 }
 
 Result<VariableLocation> VariableRouter::locate(const std::string& variable) {
   {
-    std::lock_guard<std::mutex> lock(mutex_);
+    MutexLock lock(mutex_);
     auto it = variables_.find(variable);
     if (it != variables_.end()) return it->second;
   }
   CAPSTAN_RETURN_IF_ERROR(refresh());
-  std::lock_guard<std::mutex> lock(mutex_);
+  MutexLock lock(mutex_);
   auto it = variables_.find(variable);
   if (it == variables_.end()) return Status::NotFound("variable '" + variable + "' does not exist");
   return it->second;

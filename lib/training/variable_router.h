@@ -25,6 +25,7 @@
 #include "rpc/connection.h"
 #include "rpc/loop_thread.h"
 #include "rpc/tensor_codec.h"
+#include "sync/mutex.h"
 
 namespace capstan {
 
@@ -85,9 +86,9 @@ class VariableRouter {
   const std::chrono::milliseconds call_timeout_;
   const PlacementFetcher fetch_;
 
-  std::mutex mutex_;
-  int64_t version_ = -1;                              // guarded by mutex_
-  std::map<std::string, VariableLocation> variables_;  // guarded by mutex_
+  Mutex mutex_;
+  int64_t version_ GUARDED_BY(mutex_) = -1;
+  std::map<std::string, VariableLocation> variables_ GUARDED_BY(mutex_);
   std::map<std::string, kj::Own<rpc::Connection>> connections_;  // loop thread only
 };
 

@@ -1,4 +1,5 @@
 #include "capstan/tensor.h"
+#include "sync/mutex.h"
 
 #include <array>
 #include <bit>
@@ -6,7 +7,6 @@
 #include <cstring>
 #include <limits>
 #include <map>
-#include <mutex>
 #include <new>
 #include <sstream>
 
@@ -47,8 +47,8 @@ class BufferCache {
  public:
   // A cached buffer of at least `*size` bytes (at most 1/8 more), or null.
   // Sets `*size` to the buffer's real size.
-  void* take(size_t* size) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void* take(size_t* size) LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(mutex_);
     auto it = free_.lower_bound(*size);
     if (it == free_.end() || it->first > *size + *size / 8) return nullptr;
     void* p = it->second;
@@ -57,24 +57,25 @@ class BufferCache {
     free_.erase(it);
     return p;
   }
-  void give(void* p, size_t size) {
-    std::unique_lock<std::mutex> lock(mutex_);
-    while (!free_.empty() && cached_ + size > limit_) {
-      auto victim = free_.begin();  // the smallest: cheapest to recreate
-      cached_ -= victim->first;
-      std::free(victim->second);
-      free_.erase(victim);
+  void give(void* p, size_t size) LOCKS_EXCLUDED(mutex_) {
+    {
+      MutexLock lock(mutex_);
+      while (!free_.empty() && cached_ + size > limit_) {
+        auto victim = free_.begin();  // the smallest: cheapest to recreate
+        cached_ -= victim->first;
+        std::free(victim->second);
+        free_.erase(victim);
+      }
+      if (cached_ + size <= limit_) {
+        free_.emplace(size, p);
+        cached_ += size;
+        return;
+      }
     }
-    if (cached_ + size > limit_) {
-      lock.unlock();
-      std::free(p);
-      return;
-    }
-    free_.emplace(size, p);
-    cached_ += size;
+    std::free(p);
   }
-  void set_limit(size_t bytes) {
-    std::lock_guard<std::mutex> lock(mutex_);
+  void set_limit(size_t bytes) LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(mutex_);
     limit_ = bytes;
     while (!free_.empty() && cached_ > limit_) {
       auto victim = free_.begin();
@@ -85,10 +86,10 @@ class BufferCache {
   }
 
  private:
-  std::mutex mutex_;
-  std::multimap<size_t, void*> free_;  // guarded by mutex_; size -> buffer
-  size_t cached_ = 0;                  // guarded by mutex_
-  size_t limit_ = size_t{1} << 30;     // guarded by mutex_
+  Mutex mutex_;
+  std::multimap<size_t, void*> free_ GUARDED_BY(mutex_);  // size -> buffer
+  size_t cached_ GUARDED_BY(mutex_) = 0;
+  size_t limit_ GUARDED_BY(mutex_) = size_t{1} << 30;
 };
 
 BufferCache& buffer_cache() {

@@ -8,6 +8,7 @@
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/sync_channel.h"
 #include "training/variable_router.h"
+#include "sync/mutex.h"
 
 namespace capstan {
 namespace {
@@ -227,8 +228,8 @@ struct ClusterCoordinator::Impl {
   TaskErrors task_errors;
   kj::Own<kj::TaskSet> tasks;
   // Closure names the workers have, to refuse unknown ones at schedule().
-  std::mutex names_mutex;
-  std::set<std::string> closure_names;  // guarded by names_mutex
+  Mutex names_mutex;
+  std::set<std::string> closure_names GUARDED_BY(names_mutex);
   std::unique_ptr<VariableRouter> router;
 };
 
@@ -285,7 +286,7 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
   // Unknown names fail here, at once (the coordinator checks again).
   bool known;
   {
-    std::lock_guard<std::mutex> lock(impl->names_mutex);
+    MutexLock lock(impl->names_mutex);
     known = impl->closure_names.count(function) > 0;
   }
   if (!known) {
@@ -297,7 +298,7 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
       });
     });
     if (!names.ok()) return names.status();
-    std::lock_guard<std::mutex> lock(impl->names_mutex);
+    MutexLock lock(impl->names_mutex);
     impl->closure_names.insert(names->begin(), names->end());
     // With no worker registered yet, any name may still arrive with one.
     if (!names->empty() && impl->closure_names.count(function) == 0) {

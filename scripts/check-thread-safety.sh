@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# Compiles every Capstan source file with clang's thread-safety analysis
+# (-Wthread-safety, as errors), syntax only, with the flags CMake uses for it.
+# Mutex-held fields are annotated (GUARDED_BY, see lib/sync/mutex.h); this is
+# what checks the annotations. scripts/test.sh runs it after the build.
+#
+# Usage: scripts/check-thread-safety.sh [BUILD_DIR]   (default: build)
+#   CAPSTAN_JOBS  parallel clang processes (default: 2)
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+repo=$PWD
+build_dir=${1:-${CAPSTAN_BUILD_DIR:-build}}
+jobs=${CAPSTAN_JOBS:-2}
+clang=${CAPSTAN_CLANG:-clang++}
+
+if ! command -v "$clang" > /dev/null; then
+  echo "check-thread-safety.sh: $clang not found; scripts/setup.sh installs clang" >&2
+  exit 1
+fi
+db=$build_dir/compile_commands.json
+if [[ ! -f $db ]]; then
+  echo "check-thread-safety.sh: $db not found; run scripts/build.sh first" >&2
+  exit 1
+fi
+
+commands=$(mktemp)
+out=$(mktemp -d)
+trap 'rm -rf "$commands" "$out"' EXIT
+
+# One clang command per Capstan source file (generated code and files under
+# the build directory are not ours). GCC's warning flags are dropped; only the
+# thread-safety warnings are turned on, as errors.
+python3 - "$db" "$repo" "$clang" "$out" > "$commands" <<'PY'
+import json, os, shlex, sys
+db, repo, clang, out = sys.argv[1:]
+repo = os.path.realpath(repo)
+seen = set()
+for i, entry in enumerate(json.load(open(db))):
+    src = os.path.realpath(os.path.join(entry["directory"], entry["file"]))
+    if not src.startswith(repo + "/") or "/build" in src[len(repo):] or src.endswith((".pb.cc", ".capnp.c++")):
+        continue
+    if src in seen:
+        continue
+    seen.add(src)
+    args = shlex.split(entry["command"]) if "command" in entry else entry["arguments"]
+    kept, skip = [clang], False
+    for a in args[1:]:
+        if skip:
+            skip = False
+            continue
+        if a in ("-o", "-MF", "-MT", "-MQ"):
+            skip = True
+            continue
+        if a in ("-c", "-MD", "-MMD") or a.startswith("-W") or a == "-w" or a.startswith("-fsanitize"):
+            continue
+        kept.append(a)
+    kept += ["-fsyntax-only", "-Wno-unknown-warning-option", "-Wthread-safety", "-Werror=thread-safety"]
+    log = os.path.join(out, "%04d.log" % i)
+    print("cd %s && %s > %s 2>&1 || { echo FAILED: %s >> %s; }" % (
+        shlex.quote(entry["directory"]), " ".join(shlex.quote(a) for a in kept),
+        shlex.quote(log), shlex.quote(os.path.relpath(src, repo)), shlex.quote(log)))
+PY
+
+total=$(wc -l < "$commands")
+started=$SECONDS
+tr '\n' '\0' < "$commands" | xargs -0 -P "$jobs" -I{} bash -c '{}'
+failed=$(cat "$out"/*.log 2>/dev/null | grep -c '^FAILED: ' || true)
+if (( failed > 0 )); then
+  cat "$out"/*.log | grep -E 'error:|^FAILED: ' | sort -u
+  echo "check-thread-safety.sh: $failed of $total files fail clang's -Wthread-safety" >&2
+  exit 1
+fi
+echo "check-thread-safety.sh: $total files pass clang's -Wthread-safety ($(( SECONDS - started ))s)"
