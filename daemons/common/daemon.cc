@@ -35,17 +35,42 @@ class RpcMetrics final : public rpc::RpcObserver {
         refused_(registry.counter("capstan_rpc_logins_refused_total",
                                   "Logins refused for a wrong cluster token.")) {}
 
-  void on_call(const std::string& method) override {
-    registry_.counter("capstan_rpc_calls_total", "RPC calls received, by method.",
-                      {{"method", method}})
-        ->inc();
+  // The counters of one method, found in the registry once.
+  class MethodMetrics final : public MethodStats {
+   public:
+    MethodMetrics(RpcMetrics& owner, std::string method)
+        : owner_(owner),
+          method_(std::move(method)),
+          calls_(owner.registry_.counter("capstan_rpc_calls_total", "RPC calls received, by method.",
+                                         {{"method", method_}})) {}
+    void on_call() override { calls_->inc(); }
+    void on_error(const Status& status) override {
+      Counter*& errors = errors_[status.code()];  // one lookup per method and code
+      if (errors == nullptr) {
+        errors = owner_.registry_.counter("capstan_rpc_errors_total",
+                                          "RPC calls that failed, by method and status code.",
+                                          {{"method", method_}, {"code", std::string(status_code_name(status.code()))}});
+      }
+      errors->inc();
+      owner_.log_->debug("{} failed: {}", method_, status.to_string());
+    }
+
+   private:
+    RpcMetrics& owner_;
+    const std::string method_;
+    Counter* const calls_;
+    std::map<StatusCode, Counter*> errors_;  // loop thread only
+  };
+
+  std::unique_ptr<MethodStats> method_stats(const std::string& method) override {
+    return std::make_unique<MethodMetrics>(*this, method);
   }
-  void on_error(const std::string& method, const Status& status) override {
+  void on_error(const std::string& what, const Status& status) override {
     registry_
         .counter("capstan_rpc_errors_total", "RPC calls that failed, by method and status code.",
-                 {{"method", method}, {"code", std::string(status_code_name(status.code()))}})
+                 {{"method", what}, {"code", std::string(status_code_name(status.code()))}})
         ->inc();
-    log_->debug("{} failed: {}", method, status.to_string());
+    log_->debug("{} failed: {}", what, status.to_string());
   }
   void on_bytes_received(size_t bytes) override { received_->inc(static_cast<double>(bytes)); }
   void on_bytes_sent(size_t bytes) override { sent_->inc(static_cast<double>(bytes)); }
@@ -449,18 +474,22 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   server_options.name = job + "-rpc";
   rpc::RpcServer server(server_options, &rpc_metrics);
   context.loop = &server.loop();
+  rpc::RpcServer::StartFailure failure;
   auto bound = server.start([&spec, &context](rpc::CallTracker& tracker) {
     return spec.make_service(context, tracker);
-  });
+  }, &failure);
   if (!bound.ok()) {
     http.stop();
     const std::string message = bound.status().message();
-    if (message.rfind("starting the service: ", 0) == 0) {
-      log->critical("{}", message);
-      return config_error(spec.program, message);
+    switch (failure) {
+      case rpc::RpcServer::StartFailure::kService:
+        log->critical("{}", message);
+        return config_error(spec.program, message);
+      case rpc::RpcServer::StartFailure::kAddressInUse:
+        return config_error(spec.program, "port: " + message);
+      default:
+        return config_error(spec.program, "host: " + message);
     }
-    bool in_use = message.find("in use") != std::string::npos;
-    return config_error(spec.program, (in_use ? "port: " : "host: ") + message);
   }
   // The address peers should use: this task's entry in the cluster spec, or
   // else the bind address (the host name when bound to all interfaces).
@@ -509,9 +538,8 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
             signal_number == SIGTERM ? "SIGTERM" : "SIGINT", grace_ms);
   readiness.set_stopping();
   server.loop().run_sync([&]() { watcher = nullptr; });
-  server.stop(std::chrono::milliseconds(grace_ms));
+  server.stop(std::chrono::milliseconds(grace_ms), &pool);
   http.stop();
-  pool.join();
   log->info("stopped after {:.2f} s",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
   log->flush();

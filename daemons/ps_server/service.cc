@@ -157,21 +157,26 @@ kj::Promise<void> PsService::applySparse(ApplySparseContext context) {
 }
 
 kj::Promise<void> PsService::listShards(ListShardsContext context) {
-  std::vector<std::string> names = store_->names();
-  auto shards = context.getResults().initShards(static_cast<unsigned>(names.size()));
-  for (unsigned i = 0; i < names.size(); ++i) {
-    auto info = store_->info(names[i]);
-    if (!info.ok()) continue;  // removed meanwhile
-    auto out = shards[i];
-    out.setName(names[i]);
-    out.setDtype(rpc::to_wire(info->dtype));
-    auto shape = out.initShape(static_cast<unsigned>(info->shape.size()));
-    for (unsigned d = 0; d < info->shape.size(); ++d) shape.set(d, info->shape[d]);
-    optimizer_to_wire(info->optimizer, out.initOptimizer());
-    out.setStep(info->step);
-    out.setBytes(info->bytes);
-  }
-  return kj::READY_NOW;
+  // Reading a shard's info waits for its update in progress: not on the loop.
+  auto store = store_;
+  return rpc::run_on_pool(ctx_.pool, [store]() -> Result<std::vector<std::pair<std::string, ps::VariableStore::Info>>> {
+           return store->list();
+         })
+      .then([context](Result<std::vector<std::pair<std::string, ps::VariableStore::Info>>> listed) mutable {
+        check(listed.status());
+        auto shards = context.getResults().initShards(static_cast<unsigned>(listed->size()));
+        for (unsigned i = 0; i < listed->size(); ++i) {
+          const auto& [name, info] = (*listed)[i];
+          auto out = shards[i];
+          out.setName(name);
+          out.setDtype(rpc::to_wire(info.dtype));
+          auto shape = out.initShape(static_cast<unsigned>(info.shape.size()));
+          for (unsigned d = 0; d < info.shape.size(); ++d) shape.set(d, info.shape[d]);
+          optimizer_to_wire(info.optimizer, out.initOptimizer());
+          out.setStep(info.step);
+          out.setBytes(info.bytes);
+        }
+      });
 }
 
 kj::Promise<void> PsService::readSlots(ReadSlotsContext context) {

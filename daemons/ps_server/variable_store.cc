@@ -350,6 +350,15 @@ std::vector<std::string> VariableStore::names() const {
   return out;  // std::map keeps them sorted
 }
 
+std::vector<std::pair<std::string, VariableStore::Info>> VariableStore::list() const {
+  std::vector<std::pair<std::string, Info>> out;
+  for (const std::string& name : names()) {
+    auto info_or = info(name);
+    if (info_or.ok()) out.emplace_back(name, std::move(*info_or));  // else removed meanwhile
+  }
+  return out;
+}
+
 Result<std::map<std::string, Tensor>> VariableStore::slots(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   std::vector<std::string> slot_list = slot_names(shard->optimizer.kind);

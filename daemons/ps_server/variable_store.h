@@ -107,6 +107,9 @@ class VariableStore {
   Result<Info> info(const std::string& name) const;
   // Shard names, sorted.
   std::vector<std::string> names() const;
+  // Every shard's name and info, sorted by name. Waits for each shard's
+  // update in progress: call it off the RPC loop.
+  std::vector<std::pair<std::string, Info>> list() const;
   // Copies of the slots by name (empty for sgd, none and non-float shards).
   Result<std::map<std::string, Tensor>> slots(const std::string& name) const;
   // Restores one slot (from a checkpoint): `value` has the shard's dtype and

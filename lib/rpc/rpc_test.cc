@@ -1,6 +1,7 @@
 // Tests of the RPC plumbing: status <-> exception mapping, the tensor codec,
 // the server (gate, instrumentation, draining) and clients (reconnect,
 // backoff, deadlines), all in one process over loopback.
+#include <boost/asio/thread_pool.hpp>
 #include <catch2/catch.hpp>
 
 #include <capnp/message.h>
@@ -60,13 +61,27 @@ class TestService : public wire::Node::Server {
 
 class RecordingObserver : public RpcObserver {
  public:
-  void on_call(const std::string& method) override {
+  class Recorder final : public MethodStats {
+   public:
+    Recorder(RecordingObserver& owner, std::string method) : owner_(owner), method_(std::move(method)) {}
+    void on_call() override {
+      std::lock_guard<std::mutex> lock(owner_.mutex);
+      owner_.calls.push_back(method_);
+    }
+    void on_error(const Status& status) override {
+      std::lock_guard<std::mutex> lock(owner_.mutex);
+      owner_.errors.push_back(method_ + " " + std::string(status_code_name(status.code())));
+    }
+
+   private:
+    RecordingObserver& owner_;
+    const std::string method_;
+  };
+
+  std::unique_ptr<MethodStats> method_stats(const std::string& method) override {
     std::lock_guard<std::mutex> lock(mutex);
-    calls.push_back(method);
-  }
-  void on_error(const std::string& method, const Status& status) override {
-    std::lock_guard<std::mutex> lock(mutex);
-    errors.push_back(method + " " + std::string(status_code_name(status.code())));
+    resolved.push_back(method);
+    return std::make_unique<Recorder>(*this, method);
   }
   void on_login_refused(const std::string& peer) override { ++refused; }
   void on_bytes_received(size_t n) override { received += n; }
@@ -74,6 +89,7 @@ class RecordingObserver : public RpcObserver {
   std::mutex mutex;
   std::vector<std::string> calls;
   std::vector<std::string> errors;
+  std::vector<std::string> resolved;  // method_stats() calls
   std::atomic<int> refused{0};
   std::atomic<size_t> received{0};
 };
@@ -331,6 +347,71 @@ TEST_CASE("calls are counted per method, errors by code", "[rpc][metrics]") {
   std::lock_guard<std::mutex> lock(server.observer.mutex);
   CHECK(std::count(server.observer.calls.begin(), server.observer.calls.end(), "Node.info") == 2);
   CHECK(std::count(server.observer.calls.begin(), server.observer.calls.end(), "Gate.login") == 1);
+}
+
+TEST_CASE("a method's statistics are resolved once, not per call", "[rpc][metrics]") {
+  TestServer server;
+  auto client = NodeClient::connect(server.address(), fast_options());
+  REQUIRE(client.ok());
+  for (int i = 0; i < 20; ++i) REQUIRE((*client)->info().ok());
+  std::lock_guard<std::mutex> lock(server.observer.mutex);
+  CHECK(std::count(server.observer.calls.begin(), server.observer.calls.end(), "Node.info") == 20);
+  CHECK(std::count(server.observer.resolved.begin(), server.observer.resolved.end(), "Node.info") == 1);
+}
+
+// A Node service whose info() runs pool work that writes into the service
+// for 400 ms; what it sees is recorded in a probe that outlives it.
+struct PoolProbe {
+  std::atomic<bool> started{false};
+  std::atomic<bool> running{false};
+  std::atomic<bool> destroyed_while_running{false};
+};
+
+class PoolService : public wire::Node::Server {
+ public:
+  PoolService(boost::asio::thread_pool& pool, PoolProbe& probe) : pool_(pool), probe_(probe) {}
+  ~PoolService() {
+    if (probe_.running.load()) probe_.destroyed_while_running = true;
+  }
+
+ protected:
+  kj::Promise<void> info(InfoContext context) override {
+    probe_.running = true;
+    probe_.started = true;
+    return run_on_pool(pool_, [this]() {
+             std::this_thread::sleep_for(400ms);
+             ++calls_served_;  // touches the service
+             probe_.running = false;
+           })
+        .then([context]() mutable { context.getResults().initInfo().setRole(wire::Role::PS); });
+  }
+
+ private:
+  boost::asio::thread_pool& pool_;
+  PoolProbe& probe_;
+  std::atomic<int> calls_served_{0};
+};
+
+TEST_CASE("stopping the server waits for pool work that outlives the grace period before destroying the service",
+          "[rpc][drain]") {
+  boost::asio::thread_pool pool(2);
+  PoolProbe probe;
+  RpcServer server({}, nullptr);
+  auto port = server.start([&pool, &probe](CallTracker& tracker) -> capnp::Capability::Client {
+    return kj::heap<Instrumented<PoolService>>(tracker, pool, probe);
+  });
+  REQUIRE(port.ok());
+  std::thread caller([&port]() {
+    auto client = NodeClient::connect("127.0.0.1:" + std::to_string(*port), fast_options());
+    if (client.ok()) (void)(*client)->info();  // cut off by the stop: either outcome is fine
+  });
+  auto deadline = std::chrono::steady_clock::now() + 10s;
+  while (!probe.started.load() && std::chrono::steady_clock::now() < deadline) std::this_thread::sleep_for(5ms);
+  REQUIRE(probe.started.load());
+  server.stop(20ms, &pool);  // the grace period ends long before the pool work
+  CHECK_FALSE(probe.destroyed_while_running.load());
+  CHECK_FALSE(probe.running.load());
+  caller.join();
 }
 
 TEST_CASE("a client keeps retrying until the daemon comes up", "[rpc][reconnect]") {

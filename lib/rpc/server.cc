@@ -75,31 +75,37 @@ class GateImpl : public wire::Gate::Server {
 void CallTracker::add_interface(capnp::InterfaceSchema schema) {
   for (auto method : schema.getMethods()) {
     auto key = std::make_pair(schema.getProto().getId(), method.getOrdinal());
-    if (names_.count(key) != 0) break;  // already registered
+    if (methods_.count(key) != 0) break;  // already registered
     std::string name(schema.getShortDisplayName().cStr());
     name += ".";
     name += method.getProto().getName().cStr();
-    names_.emplace(key, std::move(name));
+    add(key, std::move(name));
   }
   for (auto super : schema.getSuperclasses()) add_interface(super);
 }
 
-const std::string& CallTracker::method_name(uint64_t interface_id, uint16_t method_id) {
+const CallTracker::Method& CallTracker::add(std::pair<uint64_t, uint16_t> key, std::string name) {
+  Method method;
+  if (observer_ != nullptr) method.stats = observer_->method_stats(name);
+  method.name = std::move(name);
+  return methods_.emplace(key, std::move(method)).first->second;
+}
+
+const CallTracker::Method& CallTracker::method(uint64_t interface_id, uint16_t method_id) {
   auto key = std::make_pair(interface_id, method_id);
-  auto it = names_.find(key);
-  if (it != names_.end()) return it->second;
-  return names_.emplace(key, "unknown." + std::to_string(interface_id) + "." +
-                                 std::to_string(method_id)).first->second;
+  auto it = methods_.find(key);
+  if (it != methods_.end()) return it->second;
+  return add(key, "unknown." + std::to_string(interface_id) + "." + std::to_string(method_id));
 }
 
-void CallTracker::begin(const std::string& method) {
+void CallTracker::begin(const Method& method) {
   ++in_flight_;
-  if (observer_ != nullptr) observer_->on_call(method);
+  if (method.stats != nullptr) method.stats->on_call();
 }
 
-void CallTracker::end(const std::string& method, const kj::Exception* error) {
+void CallTracker::end(const Method& method, const kj::Exception* error) {
   --in_flight_;
-  if (error != nullptr && observer_ != nullptr) observer_->on_error(method, from_exception(*error));
+  if (error != nullptr && method.stats != nullptr) method.stats->on_error(from_exception(*error));
   if (in_flight_ == 0) {
     for (auto& waiter : drain_waiters_) waiter->fulfill();
     drain_waiters_.clear();
@@ -188,7 +194,10 @@ RpcServer::RpcServer(RpcServerOptions options, RpcObserver* observer)
 
 RpcServer::~RpcServer() { stop(std::chrono::milliseconds(0)); }
 
-Result<uint16_t> RpcServer::start(ServiceFactory factory) {
+Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure) {
+  StartFailure ignored;
+  if (failure == nullptr) failure = &ignored;
+  *failure = StartFailure::kNone;
   std::string where = options_.host + ":" + std::to_string(options_.port);
   try {
     Status service_error;
@@ -218,21 +227,25 @@ Result<uint16_t> RpcServer::start(ServiceFactory factory) {
     });
     if (!service_error.ok()) {
       loop_.run_sync([this]() { impl_ = nullptr; });
+      *failure = StartFailure::kService;
       return Status(service_error.code(), "starting the service: " + service_error.message());
     }
     return port;
   } catch (const kj::Exception& e) {
+    // KJ reports the OS error of listen() only as text ("bind(...): Address
+    // already in use"); this is the one place that reads it.
     std::string reason(e.getDescription().cStr());
-    if (reason.find("EADDRINUSE") != std::string::npos ||
-        reason.find("in use") != std::string::npos) {
+    *failure = StartFailure::kAddress;
+    if (reason.find("EADDRINUSE") != std::string::npos || reason.find("in use") != std::string::npos) {
       reason = "address already in use";
+      *failure = StartFailure::kAddressInUse;
     }
     loop_.run_sync([this]() { impl_ = nullptr; });
     return Status::Unavailable(where + ": " + reason);
   }
 }
 
-void RpcServer::stop(std::chrono::milliseconds grace) {
+void RpcServer::stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool) {
   if (impl_.get() == nullptr) return;
   try {
     loop_.run_sync([this, grace]() -> kj::Promise<void> {
@@ -242,13 +255,21 @@ void RpcServer::stop(std::chrono::milliseconds grace) {
       // A finished call's reply is queued after its promise resolves, so
       // wait for the replies to be written as well.
       auto drained = impl_->tracker.drained().then([this]() { return impl_->flush_writes(); });
-      return loop_.timer()
-          .afterDelay(grace.count() * kj::MILLISECONDS)
-          .exclusiveJoin(kj::mv(drained))
-          .then([this]() { impl_ = nullptr; });
+      return loop_.timer().afterDelay(grace.count() * kj::MILLISECONDS).exclusiveJoin(kj::mv(drained));
     });
   } catch (const kj::Exception&) {
     // The loop already ended; nothing left to drain.
+  }
+  // Pool work still running (a closure longer than the grace period) holds
+  // references into the service: it finishes before the service goes. The
+  // loop keeps running meanwhile, so that work can still reach it.
+  if (pool != nullptr) {
+    pool->stop();
+    pool->join();
+  }
+  try {
+    loop_.run_sync([this]() { impl_ = nullptr; });
+  } catch (const kj::Exception&) {
   }
   loop_.stop();
 }

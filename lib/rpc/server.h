@@ -37,6 +37,8 @@
 #include <utility>
 
 #include "capstan/status.h"
+#include <boost/asio/thread_pool.hpp>
+
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
 
@@ -46,9 +48,21 @@ namespace capstan::rpc {
 // must not block.
 class RpcObserver {
  public:
+  // One method's statistics. Made once per method, when a service that has
+  // it is registered (or when an unknown method is first called), so a call
+  // updates its counters without looking anything up. Loop thread only.
+  class MethodStats {
+   public:
+    virtual ~MethodStats() = default;
+    virtual void on_call() {}
+    virtual void on_error(const Status& status) {}
+  };
+
   virtual ~RpcObserver() = default;
-  virtual void on_call(const std::string& method) {}
-  virtual void on_error(const std::string& method, const Status& status) {}
+  // Null: the method is not observed.
+  virtual std::unique_ptr<MethodStats> method_stats(const std::string& method) { return nullptr; }
+  // A failure that belongs to no method (the accept loop, a connection).
+  virtual void on_error(const std::string& what, const Status& status) {}
   virtual void on_bytes_received(size_t bytes) {}
   virtual void on_bytes_sent(size_t bytes) {}
   virtual void on_connection(const std::string& peer, bool opened) {}
@@ -61,19 +75,27 @@ class CallTracker {
  public:
   explicit CallTracker(RpcObserver* observer) : observer_(observer) {}
 
-  // Registers the method names of interface `Schema` and its superclasses.
-  void add_interface(capnp::InterfaceSchema schema);
-  const std::string& method_name(uint64_t interface_id, uint16_t method_id);
+  struct Method {
+    std::string name;  // "Interface.method"
+    std::unique_ptr<RpcObserver::MethodStats> stats;  // may be null
+  };
 
-  void begin(const std::string& method);
-  void end(const std::string& method, const kj::Exception* error);
+  // Registers the methods of interface `Schema` and its superclasses.
+  void add_interface(capnp::InterfaceSchema schema);
+  // The method; stays valid as long as the tracker.
+  const Method& method(uint64_t interface_id, uint16_t method_id);
+
+  void begin(const Method& method);
+  void end(const Method& method, const kj::Exception* error);
   int in_flight() const { return in_flight_; }
   // Resolves when no call is in flight.
   kj::Promise<void> drained();
 
  private:
   RpcObserver* const observer_;  // may be null
-  std::map<std::pair<uint64_t, uint16_t>, std::string> names_;
+  const Method& add(std::pair<uint64_t, uint16_t> key, std::string name);
+
+  std::map<std::pair<uint64_t, uint16_t>, Method> methods_;  // nodes never move
   int in_flight_ = 0;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> drain_waiters_;
 };
@@ -92,16 +114,16 @@ class Instrumented final : public ServiceImpl {
   capnp::Capability::Server::DispatchCallResult dispatchCall(
       uint64_t interface_id, uint16_t method_id,
       capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) override {
-    const std::string& method = tracker_.method_name(interface_id, method_id);
+    const CallTracker::Method& method = tracker_.method(interface_id, method_id);
     tracker_.begin(method);
     try {
       auto result = ServiceImpl::dispatchCall(interface_id, method_id, context);
       CallTracker* tracker = &tracker_;
-      const std::string* name = &method;
+      const CallTracker::Method* called = &method;
       result.promise = result.promise.then(
-          [tracker, name]() { tracker->end(*name, nullptr); },
-          [tracker, name](kj::Exception&& e) {
-            tracker->end(*name, &e);
+          [tracker, called]() { tracker->end(*called, nullptr); },
+          [tracker, called](kj::Exception&& e) {
+            tracker->end(*called, &e);
             kj::throwFatalException(kj::mv(e));
           });
       return result;
@@ -132,13 +154,27 @@ class RpcServer {
   RpcServer(RpcServerOptions options, RpcObserver* observer);
   ~RpcServer();  // stop(0)
 
+  // Why start() failed, for a caller that reacts differently to each.
+  enum class StartFailure {
+    kNone,
+    kService,       // the factory failed (e.g. a damaged journal)
+    kAddressInUse,  // host:port is taken
+    kAddress,       // host:port cannot be listened on for another reason
+  };
+
   // Creates the service on the loop thread and starts listening. Returns the
-  // bound port, or an error naming host:port (e.g. address in use).
-  Result<uint16_t> start(ServiceFactory factory);
+  // bound port, or an error naming host:port (e.g. address in use); sets
+  // `*failure` (when given) to the kind of failure.
+  Result<uint16_t> start(ServiceFactory factory, StartFailure* failure = nullptr);
 
   // Stops accepting connections, waits up to `grace` for calls in flight to
   // finish, then disconnects everyone and destroys the service. Idempotent.
-  void stop(std::chrono::milliseconds grace);
+  //
+  // `pool`: the thread pool the service posts work to (run_on_pool). Work
+  // already running there is waited for, however long it takes, before the
+  // service it references is destroyed; work still queued is dropped.
+  // Pass null when the service posts to no pool that outlives it.
+  void stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool = nullptr);
 
   LoopThread& loop() { return loop_; }
 
