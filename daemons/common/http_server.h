@@ -1,10 +1,12 @@
 // A small HTTP/1.1 server for each daemon's /healthz, /readyz and /metrics,
 // and a blocking client for tests and tools.
 //
-// The server runs its own thread (one io_context, one thread), so it answers
-// while the daemon's RPC loop is busy. It serves GET and HEAD on exact paths
-// (the query string is ignored), keeps HTTP/1.1 connections alive unless the
-// client sends "Connection: close", and always sends Content-Length.
+// Built on Boost.Beast. The server runs its own thread (one io_context, one
+// thread), so it answers while the daemon's RPC loop is busy. It serves GET
+// and HEAD on exact paths (the query string is ignored), keeps HTTP/1.1
+// connections alive unless the client sends "Connection: close", and always
+// sends Content-Length. At most 128 connections stay open: a new one beyond
+// that closes the oldest, so idle clients cannot lock out a health check.
 //
 // Replies it makes by itself:
 //   400  malformed request line or headers, or headers over 8 KiB (closes)

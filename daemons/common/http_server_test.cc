@@ -317,6 +317,22 @@ TEST_CASE("HttpServer answers while another connection stays open idle",
   CHECK(http_get("127.0.0.1", t.port, "/healthz", kTimeout).status == 200);
 }
 
+TEST_CASE("HttpServer keeps answering when many idle connections are held open", "[http]") {
+  TestServer t;
+  // More idle, half-sent requests than the server keeps (128): the oldest
+  // are closed to admit new ones, so a health check still gets through.
+  std::vector<std::unique_ptr<RawClient>> idle;
+  for (int i = 0; i < 300; ++i) {
+    idle.push_back(std::make_unique<RawClient>(t.port));
+    idle.back()->send("GET /hea");
+  }
+  HttpGetResult result = http_get("127.0.0.1", t.port, "/healthz", kTimeout);
+  CHECK(result.status == 200);
+  CHECK(result.body == "ok\n");
+  // The first of them was closed by the server.
+  CHECK(idle.front()->read_until_closed().empty());
+}
+
 TEST_CASE("HttpServer start reports a port already in use", "[http]") {
   TestServer t;
   HttpServer second;
