@@ -17,6 +17,7 @@ packages=(
   libboost-program-options-dev
   libspdlog-dev          # pulls in libfmt-dev
   libyaml-cpp-dev
+  nlohmann-json3-dev     # JSON: safetensors headers, checkpoint manifests
   catch2
   zlib1g-dev
   libprotobuf-dev

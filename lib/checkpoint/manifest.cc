@@ -1,7 +1,5 @@
 #include "checkpoint/manifest.h"
 
-#include <yaml-cpp/yaml.h>
-
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
@@ -9,13 +7,13 @@
 #include <set>
 #include <utility>
 
+#include "checkpoint/json.h"
 #include "checkpoint/safetensors.h"
 
 namespace capstan::checkpoint {
 namespace {
 
 using internal::is_valid_utf8;
-using internal::json_quote;
 
 std::string in_quotes(std::string_view s) { return "'" + std::string(s) + "'"; }
 
@@ -144,6 +142,8 @@ std::optional<Problem> find_problem(const Manifest& m) {
 std::string json_double(double value) {
   if (std::isnan(value)) return "\"NaN\"";
   if (std::isinf(value)) return value > 0 ? "\"Infinity\"" : "\"-Infinity\"";
+  // "-0" would read back as the integer 0: keep the sign with a fraction.
+  if (value == 0 && std::signbit(value)) return "-0.0";
   char buf[64];
   auto [end, error] = std::to_chars(buf, buf + sizeof(buf), value);
   (void)error;  // 64 bytes hold any double
@@ -180,57 +180,49 @@ class Fields {
     return Status::DataLoss(what_ + ": " + field + ": " + why);
   }
 
-  // Checks that `node` is an object whose keys are all in `known`, each once.
-  Status object(const YAML::Node& node, const std::string& field,
+  // Checks that `node` is an object whose keys are all in `known` (each
+  // appears once: parse_json refuses duplicates).
+  Status object(const Json& node, const std::string& field,
                 std::initializer_list<std::string_view> known) const {
-    if (!node.IsMap()) return error(field, "expected an object");
-    std::set<std::string> seen;
-    for (const auto& item : node) {
-      const std::string key = item.first.Scalar();
+    if (!node.is_object()) return error(field, "expected an object");
+    for (const auto& [key, value] : node.items()) {
       bool is_known = false;
       for (std::string_view k : known) is_known = is_known || k == key;
-      const std::string where = field.empty() ? key : field + "." + key;
-      if (!is_known) return error(where, "unknown field");
-      if (!seen.insert(key).second) return error(where, "appears twice");
+      if (!is_known) return error(join(field, key), "unknown field");
     }
     return Status::Ok();
   }
 
   // The member `key` of an object, which must be there.
-  Result<YAML::Node> member(const YAML::Node& node, const std::string& field,
-                            const std::string& key) const {
-    const YAML::Node& n = node;
-    YAML::Node value = n[key];
-    if (!value) return error(join(field, key), "missing");
-    return value;
+  Result<const Json*> member(const Json& node, const std::string& field, const std::string& key) const {
+    auto it = node.find(key);
+    if (it == node.end()) return error(join(field, key), "missing");
+    return &*it;
   }
 
-  Result<std::string> string(const YAML::Node& node, const std::string& field) const {
-    if (!node.IsScalar() || node.Tag() != "!") return error(field, "expected a string");
-    return node.Scalar();
+  Result<std::string> string(const Json* node, const std::string& field) const {
+    if (!node->is_string()) return error(field, "expected a string");
+    return node->get<std::string>();
   }
 
-  Result<int64_t> int64(const YAML::Node& node, const std::string& field) const {
-    int64_t value;
-    if (!is_plain(node) || !internal::parse_json_int64(node.Scalar(), &value)) {
+  Result<int64_t> int64(const Json* node, const std::string& field) const {
+    if (!node->is_number_integer() || (node->is_number_unsigned() && node->get<uint64_t>() > INT64_MAX)) {
       return error(field, "expected an integer");
     }
-    return value;
+    return node->get<int64_t>();
   }
 
-  Result<uint64_t> uint64(const YAML::Node& node, const std::string& field) const {
-    uint64_t value;
-    if (!is_plain(node) || !internal::parse_json_uint64(node.Scalar(), &value)) {
-      return error(field, "expected a non-negative integer");
-    }
-    return value;
+  Result<uint64_t> uint64(const Json* node, const std::string& field) const {
+    if (!node->is_number_unsigned()) return error(field, "expected a non-negative integer");
+    return node->get<uint64_t>();
   }
 
-  Result<double> number(const YAML::Node& node, const std::string& field) const {
-    double value;
-    if (is_plain(node) && internal::parse_json_double(node.Scalar(), &value)) return value;
-    if (node.IsScalar() && node.Tag() == "!") {
-      const std::string& s = node.Scalar();
+  // A number; the strings "NaN", "Infinity" and "-Infinity" for the values
+  // JSON cannot write.
+  Result<double> number(const Json* node, const std::string& field) const {
+    if (node->is_number()) return node->get<double>();
+    if (node->is_string()) {
+      const std::string& s = node->get_ref<const std::string&>();
       if (s == "NaN") return std::nan("");
       if (s == "Infinity") return HUGE_VAL;
       if (s == "-Infinity") return -HUGE_VAL;
@@ -238,36 +230,33 @@ class Fields {
     return error(field, "expected a number");
   }
 
-  Result<bool> boolean(const YAML::Node& node, const std::string& field) const {
-    if (is_plain(node) && node.Scalar() == "true") return true;
-    if (is_plain(node) && node.Scalar() == "false") return false;
-    return error(field, "expected true or false");
+  Result<bool> boolean(const Json* node, const std::string& field) const {
+    if (!node->is_boolean()) return error(field, "expected true or false");
+    return node->get<bool>();
   }
 
-  Result<std::vector<int64_t>> int_list(const YAML::Node& node, const std::string& field) const {
-    if (!node.IsSequence()) return error(field, "expected a list of integers");
+  Result<std::vector<int64_t>> int_list(const Json* node, const std::string& field) const {
+    if (!node->is_array()) return error(field, "expected a list of integers");
     std::vector<int64_t> out;
-    for (size_t i = 0; i < node.size(); ++i) {
-      CAPSTAN_ASSIGN_OR_RETURN(int64_t v, int64(node[i], field + "[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < node->size(); ++i) {
+      CAPSTAN_ASSIGN_OR_RETURN(int64_t v, int64(&(*node)[i], field + "[" + std::to_string(i) + "]"));
       out.push_back(v);
     }
     return out;
   }
 
-  Result<std::vector<std::string>> string_list(const YAML::Node& node,
-                                               const std::string& field) const {
-    if (!node.IsSequence()) return error(field, "expected a list of strings");
+  Result<std::vector<std::string>> string_list(const Json* node, const std::string& field) const {
+    if (!node->is_array()) return error(field, "expected a list of strings");
     std::vector<std::string> out;
-    for (size_t i = 0; i < node.size(); ++i) {
-      CAPSTAN_ASSIGN_OR_RETURN(std::string v,
-                               string(node[i], field + "[" + std::to_string(i) + "]"));
+    for (size_t i = 0; i < node->size(); ++i) {
+      CAPSTAN_ASSIGN_OR_RETURN(std::string v, string(&(*node)[i], field + "[" + std::to_string(i) + "]"));
       out.push_back(std::move(v));
     }
     return out;
   }
 
-  Result<YAML::Node> list(const YAML::Node& node, const std::string& field) const {
-    if (!node.IsSequence()) return error(field, "expected a list");
+  Result<const Json*> list(const Json* node, const std::string& field) const {
+    if (!node->is_array()) return error(field, "expected a list");
     return node;
   }
 
@@ -276,23 +265,22 @@ class Fields {
   }
 
  private:
-  static bool is_plain(const YAML::Node& node) { return node.IsScalar() && node.Tag() == "?"; }
-
   std::string what_;
 };
 
-// Syntax-checks and loads `json` (yaml-cpp parses the JSON subset of YAML).
-Result<YAML::Node> load_json(const std::string& json, const Fields& fields) {
-  Status syntax = internal::check_json_syntax(json);
-  if (!syntax.ok()) return fields.error("(document)", "not valid JSON: " + syntax.message());
-  try {
-    return YAML::Load(json);
-  } catch (const YAML::Exception& e) {
-    return fields.error("(document)", std::string("not valid JSON: ") + e.what());
+// Parses `json` strictly (a duplicate key is an error naming its field).
+Result<Json> load_json(const std::string& json, const Fields& fields) {
+  JsonDuplicateKey duplicate;
+  auto parsed = parse_json(json, &duplicate);
+  if (parsed.ok()) return parsed;
+  if (!duplicate.key.empty()) {
+    duplicate.path.push_back(duplicate.key);
+    return fields.error(json_field(duplicate.path), "appears twice");
   }
+  return fields.error("(document)", "not valid JSON: " + parsed.status().message());
 }
 
-Result<ManifestVariable> parse_variable(const YAML::Node& node, const std::string& at,
+Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
                                         const Fields& f) {
   CAPSTAN_RETURN_IF_ERROR(f.object(node, at,
                                    {"name", "dtype", "shape", "partitioning", "shards", "optimizer",
@@ -314,9 +302,9 @@ Result<ManifestVariable> parse_variable(const YAML::Node& node, const std::strin
 
   CAPSTAN_ASSIGN_OR_RETURN(auto shards_node, f.member(node, at, "shards"));
   CAPSTAN_ASSIGN_OR_RETURN(auto shards, f.list(shards_node, at + ".shards"));
-  for (size_t s = 0; s < shards.size(); ++s) {
+  for (size_t s = 0; s < shards->size(); ++s) {
     const std::string sat = at + ".shards[" + std::to_string(s) + "]";
-    const YAML::Node shard_node = shards[s];
+    const Json& shard_node = (*shards)[s];
     CAPSTAN_RETURN_IF_ERROR(f.object(shard_node, sat, {"name", "file", "first_row", "rows"}));
     ManifestShard shard;
     CAPSTAN_ASSIGN_OR_RETURN(auto shard_name_node, f.member(shard_node, sat, "name"));
@@ -332,20 +320,17 @@ Result<ManifestVariable> parse_variable(const YAML::Node& node, const std::strin
 
   const std::string oat = at + ".optimizer";
   CAPSTAN_ASSIGN_OR_RETURN(auto optimizer, f.member(node, at, "optimizer"));
-  CAPSTAN_RETURN_IF_ERROR(f.object(optimizer, oat, {"kind", "hyperparameters", "nesterov"}));
-  CAPSTAN_ASSIGN_OR_RETURN(auto kind, f.member(optimizer, oat, "kind"));
+  CAPSTAN_RETURN_IF_ERROR(f.object(*optimizer, oat, {"kind", "hyperparameters", "nesterov"}));
+  CAPSTAN_ASSIGN_OR_RETURN(auto kind, f.member(*optimizer, oat, "kind"));
   CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.kind, f.string(kind, oat + ".kind"));
-  CAPSTAN_ASSIGN_OR_RETURN(auto hyper, f.member(optimizer, oat, "hyperparameters"));
-  if (!hyper.IsMap()) return f.error(oat + ".hyperparameters", "expected an object");
-  for (const auto& item : hyper) {
-    const std::string key = item.first.Scalar();
+  CAPSTAN_ASSIGN_OR_RETURN(auto hyper, f.member(*optimizer, oat, "hyperparameters"));
+  if (!hyper->is_object()) return f.error(oat + ".hyperparameters", "expected an object");
+  for (const auto& [key, item] : hyper->items()) {
     const std::string field = oat + ".hyperparameters." + key;
-    CAPSTAN_ASSIGN_OR_RETURN(double value, f.number(item.second, field));
-    if (!var.optimizer.hyperparameters.emplace(key, value).second) {
-      return f.error(field, "appears twice");
-    }
+    CAPSTAN_ASSIGN_OR_RETURN(double value, f.number(&item, field));
+    var.optimizer.hyperparameters.emplace(key, value);
   }
-  CAPSTAN_ASSIGN_OR_RETURN(auto nesterov, f.member(optimizer, oat, "nesterov"));
+  CAPSTAN_ASSIGN_OR_RETURN(auto nesterov, f.member(*optimizer, oat, "nesterov"));
   CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.nesterov, f.boolean(nesterov, oat + ".nesterov"));
 
   CAPSTAN_ASSIGN_OR_RETURN(auto slots, f.member(node, at, "slots"));
@@ -430,10 +415,10 @@ std::string to_json(const Manifest& m) {
 
 Result<Manifest> parse_manifest(const std::string& json, const std::string& source_name) {
   Fields f("bad manifest '" + source_name + "'");
-  CAPSTAN_ASSIGN_OR_RETURN(YAML::Node root, load_json(json, f));
+  CAPSTAN_ASSIGN_OR_RETURN(Json root, load_json(json, f));
   Manifest m;
   // The version first: a newer format may differ in anything else.
-  if (!root.IsMap()) return f.error("(document)", "expected an object");
+  if (!root.is_object()) return f.error("(document)", "expected an object");
   CAPSTAN_ASSIGN_OR_RETURN(auto version, f.member(root, "", "format_version"));
   CAPSTAN_ASSIGN_OR_RETURN(m.format_version, f.int64(version, "format_version"));
   if (m.format_version != kManifestFormatVersion) {
@@ -447,17 +432,17 @@ Result<Manifest> parse_manifest(const std::string& json, const std::string& sour
 
   CAPSTAN_ASSIGN_OR_RETURN(auto variables_node, f.member(root, "", "variables"));
   CAPSTAN_ASSIGN_OR_RETURN(auto variables, f.list(variables_node, "variables"));
-  for (size_t v = 0; v < variables.size(); ++v) {
+  for (size_t v = 0; v < variables->size(); ++v) {
     CAPSTAN_ASSIGN_OR_RETURN(
-        auto var, parse_variable(variables[v], "variables[" + std::to_string(v) + "]", f));
+        auto var, parse_variable((*variables)[v], "variables[" + std::to_string(v) + "]", f));
     m.variables.push_back(std::move(var));
   }
 
   CAPSTAN_ASSIGN_OR_RETURN(auto files_node, f.member(root, "", "files"));
   CAPSTAN_ASSIGN_OR_RETURN(auto files, f.list(files_node, "files"));
-  for (size_t i = 0; i < files.size(); ++i) {
+  for (size_t i = 0; i < files->size(); ++i) {
     const std::string at = "files[" + std::to_string(i) + "]";
-    const YAML::Node node = files[i];
+    const Json& node = (*files)[i];
     CAPSTAN_RETURN_IF_ERROR(f.object(node, at, {"name", "size", "crc32c"}));
     ManifestFile file;
     CAPSTAN_ASSIGN_OR_RETURN(auto name, f.member(node, at, "name"));
@@ -483,7 +468,7 @@ std::string to_json(const CheckpointIndex& index) {
 Result<CheckpointIndex> parse_checkpoint_index(const std::string& json,
                                                const std::string& source_name) {
   Fields f("bad checkpoint index '" + source_name + "'");
-  CAPSTAN_ASSIGN_OR_RETURN(YAML::Node root, load_json(json, f));
+  CAPSTAN_ASSIGN_OR_RETURN(Json root, load_json(json, f));
   CAPSTAN_RETURN_IF_ERROR(f.object(root, "", {"latest", "kept"}));
   CheckpointIndex index;
   CAPSTAN_ASSIGN_OR_RETURN(auto latest, f.member(root, "", "latest"));

@@ -173,7 +173,7 @@ TEST_CASE("manifest parse: text that is not JSON") {
   const std::string good = to_json(sample_manifest());
   require_parse_error("", "not valid JSON");
   require_parse_error(good.substr(0, good.size() / 2), "not valid JSON");
-  require_parse_error(good + "{}", "unexpected text after the JSON value");
+  require_parse_error(good + "{}", "expected end of input");
   require_parse_error(replace(good, "\"step\":", "step:"), "not valid JSON");
   require_parse_error("[1, 2]", "expected an object");
 }

@@ -3,7 +3,6 @@
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
-#include <yaml-cpp/yaml.h>
 
 #include <algorithm>
 #include <bit>
@@ -14,6 +13,7 @@
 #include <limits>
 #include <set>
 
+#include "checkpoint/json.h"
 #include "io/durable_file.h"
 
 namespace capstan::checkpoint {
@@ -124,186 +124,6 @@ size_t utf8_sequence_length(std::string_view s, size_t i) {
   return length;
 }
 
-// Recursive-descent recognizer for RFC 8259 JSON.
-class JsonChecker {
- public:
-  explicit JsonChecker(std::string_view text) : text_(text) {}
-
-  // Whether the whole text is one JSON number.
-  bool is_number() { return !at_end() && number() && at_end(); }
-
-  Status check() {
-    skip_whitespace();
-    if (value(0)) {
-      skip_whitespace();
-      if (pos_ == text_.size()) return Status::Ok();
-      fail("unexpected text after the JSON value");
-    }
-    return Status::InvalidArgument(std::string(why_) + " at byte " + std::to_string(at_));
-  }
-
- private:
-  // Deeper nesting than any Capstan file has is damage, not data; the limit
-  // also keeps the recursion (here and in yaml-cpp) off the end of the stack.
-  static constexpr int kMaxDepth = 64;
-
-  bool fail(const char* why) {
-    if (why_ == nullptr) {
-      why_ = why;
-      at_ = pos_;
-    }
-    return false;
-  }
-  bool at_end() const { return pos_ >= text_.size(); }
-  char peek() const { return text_[pos_]; }
-  void skip_whitespace() {
-    while (!at_end() && (peek() == ' ' || peek() == '\t' || peek() == '\n' || peek() == '\r')) {
-      ++pos_;
-    }
-  }
-
-  bool value(int depth) {
-    if (depth > kMaxDepth) return fail("JSON nested too deeply");
-    if (at_end()) return fail("unexpected end of JSON");
-    switch (peek()) {
-      case '{':
-        return object(depth + 1);
-      case '[':
-        return array(depth + 1);
-      case '"':
-        return string();
-      case 't':
-        return literal("true");
-      case 'f':
-        return literal("false");
-      case 'n':
-        return literal("null");
-      default:
-        return number();
-    }
-  }
-
-  bool object(int depth) {
-    ++pos_;  // {
-    skip_whitespace();
-    if (!at_end() && peek() == '}') {
-      ++pos_;
-      return true;
-    }
-    while (true) {
-      skip_whitespace();
-      if (at_end() || peek() != '"') return fail("expected a string key");
-      if (!string()) return false;
-      skip_whitespace();
-      if (at_end() || peek() != ':') return fail("expected ':'");
-      ++pos_;
-      skip_whitespace();
-      if (!value(depth)) return false;
-      skip_whitespace();
-      if (at_end()) return fail("unexpected end of JSON");
-      if (peek() == '}') {
-        ++pos_;
-        return true;
-      }
-      if (peek() != ',') return fail("expected ',' or '}'");
-      ++pos_;
-    }
-  }
-
-  bool array(int depth) {
-    ++pos_;  // [
-    skip_whitespace();
-    if (!at_end() && peek() == ']') {
-      ++pos_;
-      return true;
-    }
-    while (true) {
-      skip_whitespace();
-      if (!value(depth)) return false;
-      skip_whitespace();
-      if (at_end()) return fail("unexpected end of JSON");
-      if (peek() == ']') {
-        ++pos_;
-        return true;
-      }
-      if (peek() != ',') return fail("expected ',' or ']'");
-      ++pos_;
-    }
-  }
-
-  bool string() {
-    ++pos_;  // "
-    while (true) {
-      if (at_end()) return fail("unterminated string");
-      unsigned char c = static_cast<unsigned char>(peek());
-      if (c == '"') {
-        ++pos_;
-        return true;
-      }
-      if (c < 0x20) return fail("control character in a string");
-      if (c == '\\') {
-        ++pos_;
-        if (at_end()) return fail("unterminated string");
-        char e = peek();
-        if (e == 'u') {
-          for (int k = 1; k <= 4; ++k) {
-            if (pos_ + k >= text_.size() ||
-                !std::isxdigit(static_cast<unsigned char>(text_[pos_ + k]))) {
-              return fail("bad \\u escape");
-            }
-          }
-          pos_ += 5;
-        } else if (std::strchr("\"\\/bfnrt", e) != nullptr && e != '\0') {
-          ++pos_;
-        } else {
-          return fail("bad escape in a string");
-        }
-        continue;
-      }
-      size_t length = utf8_sequence_length(text_, pos_);
-      if (length == 0) return fail("invalid UTF-8");
-      pos_ += length;
-    }
-  }
-
-  bool literal(std::string_view word) {
-    if (text_.substr(pos_, word.size()) != word) return fail("unexpected character");
-    pos_ += word.size();
-    return true;
-  }
-
-  bool digits() {
-    size_t start = pos_;
-    while (!at_end() && peek() >= '0' && peek() <= '9') ++pos_;
-    return pos_ > start;
-  }
-
-  bool number() {
-    if (!at_end() && peek() == '-') ++pos_;
-    if (at_end() || peek() < '0' || peek() > '9') return fail("unexpected character");
-    if (peek() == '0') {
-      ++pos_;
-    } else {
-      digits();
-    }
-    if (!at_end() && peek() == '.') {
-      ++pos_;
-      if (!digits()) return fail("bad number");
-    }
-    if (!at_end() && (peek() == 'e' || peek() == 'E')) {
-      ++pos_;
-      if (!at_end() && (peek() == '+' || peek() == '-')) ++pos_;
-      if (!digits()) return fail("bad number");
-    }
-    return true;
-  }
-
-  std::string_view text_;
-  size_t pos_ = 0;
-  const char* why_ = nullptr;
-  size_t at_ = 0;
-};
-
 bool is_json_integer(std::string_view text) {
   if (!text.empty() && text.front() == '-') text.remove_prefix(1);
   if (text.empty()) return false;
@@ -311,10 +131,6 @@ bool is_json_integer(std::string_view text) {
   return std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
 }
 
-// A header value that is a JSON string (yaml-cpp tags quoted scalars "!").
-bool is_json_string(const YAML::Node& node) { return node.IsScalar() && node.Tag() == "!"; }
-// A header value that is a JSON number, true, false (plain scalars).
-bool is_json_plain(const YAML::Node& node) { return node.IsScalar() && node.Tag() == "?"; }
 
 }  // namespace
 
@@ -368,7 +184,7 @@ Status write_safetensors(const std::string& path,
       dtype = *safetensors_dtype_name(tensor.dtype());
     }
     if (header.size() > 1) header += ",";
-    header += internal::json_quote(name) + ":{\"dtype\":\"" + std::string(dtype) + "\",\"shape\":[";
+    header += json_quote(name) + ":{\"dtype\":\"" + std::string(dtype) + "\",\"shape\":[";
     for (size_t i = 0; i < shape.size(); ++i) {
       if (i > 0) header += ",";
       header += std::to_string(shape[i]);
@@ -385,7 +201,7 @@ Status write_safetensors(const std::string& path,
     for (const auto& [key, value] : all_metadata) {
       if (!first) header += ",";
       first = false;
-      header += internal::json_quote(key) + ":" + internal::json_quote(value);
+      header += json_quote(key) + ":" + json_quote(value);
     }
     header += "}";
   }
@@ -474,71 +290,57 @@ Status SafetensorsReader::parse_header(std::string_view header) {
   if (header.empty() || header.front() != '{') {
     return corrupt("the header does not start with '{'");
   }
-  Status syntax = internal::check_json_syntax(header);
-  if (!syntax.ok()) return corrupt("the header is not valid JSON: " + syntax.message());
-  YAML::Node root;
-  try {
-    root = YAML::Load(std::string(header));
-  } catch (const YAML::Exception& e) {
-    return corrupt(std::string("the header is not valid JSON: ") + e.what());
+  JsonDuplicateKey duplicate;
+  auto parsed = parse_json(header, &duplicate);
+  if (!parsed.ok()) {
+    if (duplicate.key.empty()) return corrupt("the header is not valid JSON: " + parsed.status().message());
+    if (duplicate.path.empty()) {
+      if (duplicate.key == kSafetensorsMetadataKey) return corrupt("the header has two __metadata__ objects");
+      return corrupt("the header names tensor " + in_quotes(duplicate.key) + " twice");
+    }
+    if (duplicate.path.front() == kSafetensorsMetadataKey) {
+      return corrupt("__metadata__ has " + in_quotes(duplicate.key) + " twice");
+    }
+    return corrupt("tensor " + in_quotes(duplicate.path.front()) + ": its entry has " + in_quotes(duplicate.key) +
+                   " twice");
   }
-  if (!root.IsMap()) return corrupt("the header is not a JSON object");
+  const Json& root = *parsed;
+  if (!root.is_object()) return corrupt("the header is not a JSON object");
 
   std::map<std::string, std::string> raw_metadata;
-  bool have_metadata = false;
-  for (const auto& item : root) {
-    const std::string key = item.first.Scalar();
-    const YAML::Node& value = item.second;
+  for (const auto& [key, value] : root.items()) {
     if (key == kSafetensorsMetadataKey) {
-      if (have_metadata) return corrupt("the header has two __metadata__ objects");
-      have_metadata = true;
-      if (!value.IsMap()) return corrupt("__metadata__ is not a JSON object");
-      for (const auto& entry : value) {
-        const std::string meta_key = entry.first.Scalar();
-        if (!is_json_string(entry.second)) {
-          return corrupt("__metadata__ " + in_quotes(meta_key) + " is not a string");
-        }
-        if (!raw_metadata.emplace(meta_key, entry.second.Scalar()).second) {
-          return corrupt("__metadata__ has " + in_quotes(meta_key) + " twice");
-        }
+      if (!value.is_object()) return corrupt("__metadata__ is not a JSON object");
+      for (const auto& [meta_key, meta_value] : value.items()) {
+        if (!meta_value.is_string()) return corrupt("__metadata__ " + in_quotes(meta_key) + " is not a string");
+        raw_metadata.emplace(meta_key, meta_value.get<std::string>());
       }
       continue;
     }
-    if (tensors_.count(key) != 0)
-      return corrupt("the header names tensor " + in_quotes(key) + " twice");
-    auto bad = [this, &key](const std::string& why) {
-      return corrupt("tensor " + in_quotes(key) + ": " + why);
-    };
-    if (!value.IsMap()) return bad("its entry is not a JSON object");
-    std::set<std::string> fields;
-    for (const auto& field : value) {
-      if (!fields.insert(field.first.Scalar()).second) {
-        return bad("its entry has " + in_quotes(field.first.Scalar()) + " twice");
-      }
-    }
+    auto bad = [this, &key](const std::string& why) { return corrupt("tensor " + in_quotes(key) + ": " + why); };
+    if (!value.is_object()) return bad("its entry is not a JSON object");
     SafetensorsTensorInfo info;
-    const YAML::Node dtype = value["dtype"];
-    if (!dtype || !is_json_string(dtype)) return bad("no \"dtype\" string");
-    const DTypeEntry* entry = find_dtype(dtype.Scalar());
-    if (entry == nullptr) return bad("unknown dtype " + in_quotes(dtype.Scalar()));
+    auto dtype = value.find("dtype");
+    if (dtype == value.end() || !dtype->is_string()) return bad("no \"dtype\" string");
+    const DTypeEntry* entry = find_dtype(dtype->get<std::string>());
+    if (entry == nullptr) return bad("unknown dtype " + in_quotes(dtype->get<std::string>()));
     info.safetensors_dtype = std::string(entry->name);
     info.dtype = entry->dtype;
-    const YAML::Node shape = value["shape"];
-    if (!shape || !shape.IsSequence()) return bad("no \"shape\" list");
-    for (const auto& dim : shape) {
-      int64_t d;
-      if (!is_json_plain(dim) || !internal::parse_json_int64(dim.Scalar(), &d) || d < 0) {
+    auto shape = value.find("shape");
+    if (shape == value.end() || !shape->is_array()) return bad("no \"shape\" list");
+    for (const Json& dim : *shape) {
+      if (!dim.is_number_integer() || (dim.is_number_unsigned() ? dim.get<uint64_t>() > INT64_MAX : dim.get<int64_t>() < 0)) {
         return bad("shape has a dimension that is not a non-negative integer");
       }
-      info.shape.push_back(d);
+      info.shape.push_back(dim.get<int64_t>());
     }
-    const YAML::Node offsets = value["data_offsets"];
-    if (!offsets || !offsets.IsSequence() || offsets.size() != 2 || !is_json_plain(offsets[0]) ||
-        !is_json_plain(offsets[1]) ||
-        !internal::parse_json_uint64(offsets[0].Scalar(), &info.begin) ||
-        !internal::parse_json_uint64(offsets[1].Scalar(), &info.end)) {
+    auto offsets = value.find("data_offsets");
+    if (offsets == value.end() || !offsets->is_array() || offsets->size() != 2 || !(*offsets)[0].is_number_unsigned() ||
+        !(*offsets)[1].is_number_unsigned()) {
       return bad("\"data_offsets\" is not a list of two non-negative integers");
     }
+    info.begin = (*offsets)[0].get<uint64_t>();
+    info.end = (*offsets)[1].get<uint64_t>();
     if (info.begin > info.end) {
       return bad("data_offsets " + range_string(info.begin, info.end) + " end before they begin");
     }
@@ -764,38 +566,6 @@ Result<Tensor> SafetensorsReader::read_string_elements(const std::string& name,
 
 namespace internal {
 
-std::string json_quote(std::string_view s) {
-  static constexpr char kHex[] = "0123456789abcdef";
-  auto unicode_escape = [](std::string* out, unsigned code) {
-    *out += "\\u";
-    for (int shift = 12; shift >= 0; shift -= 4) *out += kHex[(code >> shift) & 0xF];
-  };
-  std::string out = "\"";
-  for (size_t i = 0; i < s.size(); ++i) {
-    unsigned char c = static_cast<unsigned char>(s[i]);
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += static_cast<char>(c);
-    } else if (c == '\n') {
-      out += "\\n";  // the one control character worth reading in a header
-    } else if (c < 0x20 || c == 0x7F) {
-      unicode_escape(&out, c);
-    } else if (c == 0xC2 && i + 1 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x85) {
-      unicode_escape(&out, 0x85);  // NEL
-      i += 1;
-    } else if (c == 0xE2 && i + 2 < s.size() && static_cast<unsigned char>(s[i + 1]) == 0x80 &&
-               (static_cast<unsigned char>(s[i + 2]) == 0xA8 ||
-                static_cast<unsigned char>(s[i + 2]) == 0xA9)) {
-      unicode_escape(&out, static_cast<unsigned char>(s[i + 2]) == 0xA8 ? 0x2028 : 0x2029);
-      i += 2;
-    } else {
-      out += static_cast<char>(c);
-    }
-  }
-  out += "\"";
-  return out;
-}
-
 bool is_valid_utf8(std::string_view s) {
   for (size_t i = 0; i < s.size();) {
     size_t length = utf8_sequence_length(s, i);
@@ -805,8 +575,6 @@ bool is_valid_utf8(std::string_view s) {
   return true;
 }
 
-Status check_json_syntax(std::string_view text) { return JsonChecker(text).check(); }
-
 bool parse_json_int64(std::string_view text, int64_t* out) {
   if (!is_json_integer(text)) return false;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *out);
@@ -815,12 +583,6 @@ bool parse_json_int64(std::string_view text, int64_t* out) {
 
 bool parse_json_uint64(std::string_view text, uint64_t* out) {
   if (!is_json_integer(text) || text.front() == '-') return false;
-  auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *out);
-  return error == std::errc() && end == text.data() + text.size();
-}
-
-bool parse_json_double(std::string_view text, double* out) {
-  if (!JsonChecker(text).is_number()) return false;
   auto [end, error] = std::from_chars(text.data(), text.data() + text.size(), *out);
   return error == std::errc() && end == text.data() + text.size();
 }

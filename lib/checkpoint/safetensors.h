@@ -157,25 +157,12 @@ class SafetensorsReader {
 // and the checkpoint writer; not an API.
 namespace internal {
 
-// `s` as a JSON string literal: quotes, backslashes and control characters
-// escaped (also DEL, U+0085, U+2028 and U+2029, which YAML parsers would
-// otherwise fold), other UTF-8 as is.
-std::string json_quote(std::string_view s);
-
 bool is_valid_utf8(std::string_view s);
-
-// Checks that `text` is exactly one JSON value (RFC 8259), optionally
-// surrounded by whitespace, with valid UTF-8 strings. yaml-cpp, which parses
-// the checked text, would otherwise accept YAML that is not JSON and ignore
-// anything after the first value. The error (InvalidArgument) gives the byte
-// offset.
-Status check_json_syntax(std::string_view text);
 
 // Parse the text of a JSON number. False unless all of `text` is a number of
 // the target type (no fraction or exponent for the integers) in range.
 bool parse_json_int64(std::string_view text, int64_t* out);
 bool parse_json_uint64(std::string_view text, uint64_t* out);
-bool parse_json_double(std::string_view text, double* out);
 
 }  // namespace internal
 
