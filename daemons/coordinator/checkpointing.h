@@ -35,7 +35,7 @@ struct VariableState {
   std::string name;
   DType dtype = DType::kInvalid;
   Shape shape;
-  checkpoint::OptimizerConfig optimizer;
+  Optimizer optimizer;
   std::vector<ShardState> shards;
 };
 

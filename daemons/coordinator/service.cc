@@ -5,6 +5,7 @@
 #include "capstan/data/dataset.h"
 #include "data/tensor_util.h"
 #include "rpc/errors.h"
+#include "rpc/optimizer_codec.h"
 #include "rpc/pool.h"
 #include "rpc/tensor_codec.h"
 #include "wire_names.h"
@@ -265,52 +266,6 @@ kj::Promise<void> CoordinatorService::createPerWorkerDatasetFromFunction(
 
 // ---- Checkpoints -------------------------------------------------------------------
 
-namespace {
-
-checkpoint::OptimizerConfig optimizer_for_manifest(wire::OptimizerConfig::Reader in) {
-  checkpoint::OptimizerConfig out;
-  out.kind = text(in.getKind());
-  if (out.kind == "none") out.kind = "";
-  out.nesterov = in.getNesterov();
-  out.hyperparameters = {{"learning_rate", in.getLearningRate()},
-                         {"momentum", in.getMomentum()},
-                         {"initial_accumulator_value", in.getInitialAccumulatorValue()},
-                         {"epsilon", in.getEpsilon()},
-                         {"beta_1", in.getBeta1()},
-                         {"beta_2", in.getBeta2()},
-                         {"learning_rate_power", in.getLearningRatePower()},
-                         {"l1", in.getL1()},
-                         {"l2", in.getL2()},
-                         {"l2_shrinkage", in.getL2Shrinkage()},
-                         {"beta", in.getBeta()}};
-  return out;
-}
-
-std::shared_ptr<capnp::MallocMessageBuilder> optimizer_from_manifest(const checkpoint::OptimizerConfig& in) {
-  auto message = std::make_shared<capnp::MallocMessageBuilder>();
-  auto out = message->initRoot<wire::OptimizerConfig>();
-  out.setKind(in.kind.empty() ? "none" : in.kind);
-  auto get = [&in](const char* key) {
-    auto it = in.hyperparameters.find(key);
-    return it == in.hyperparameters.end() ? 0.0 : it->second;
-  };
-  out.setLearningRate(get("learning_rate"));
-  out.setMomentum(get("momentum"));
-  out.setNesterov(in.nesterov);
-  out.setInitialAccumulatorValue(get("initial_accumulator_value"));
-  out.setEpsilon(get("epsilon"));
-  out.setBeta1(get("beta_1"));
-  out.setBeta2(get("beta_2"));
-  out.setLearningRatePower(get("learning_rate_power"));
-  out.setL1(get("l1"));
-  out.setL2(get("l2"));
-  out.setL2Shrinkage(get("l2_shrinkage"));
-  out.setBeta(get("beta"));
-  return message;
-}
-
-}  // namespace
-
 kj::Promise<std::vector<VariableState>> CoordinatorService::snapshot() {
   rpc::check(ps_status());
   auto deadline = ctx_.loop->timer().now() + 60 * kj::SECONDS;
@@ -321,7 +276,7 @@ kj::Promise<std::vector<VariableState>> CoordinatorService::snapshot() {
     state.name = name;
     state.dtype = variable.dtype;
     state.shape = variable.shape;
-    state.optimizer = optimizer_for_manifest(variable.optimizer->getRoot<wire::OptimizerConfig>());
+    state.optimizer = variable.optimizer;
     for (const auto& shard : variable.shards) {
       ShardState s;
       s.name = shard.name;
@@ -449,7 +404,7 @@ kj::Promise<void> CoordinatorService::restoreCheckpoint(RestoreCheckpointContext
           variable.name = saved.name;
           variable.dtype = saved.dtype;
           variable.shape = saved.shape;
-          variable.optimizer = optimizer_from_manifest(saved.optimizer);
+          variable.optimizer = saved.optimizer;
           for (const auto& p : *placed) variable.shards.push_back({p.name, p.ps_task, p.first_row, p.rows});
           creates.add(create_shards(std::move(variable), std::move(*zeros)));
         }
@@ -551,9 +506,10 @@ kj::Promise<void> CoordinatorService::createVariable(CreateVariableContext conte
   rpc::check(ps_status());
   auto partitioner = partitioner_from_wire(spec.getPartitioner());
   rpc::check(partitioner.status().with_context("createVariable '" + name + "'"));
-  // Keep the optimizer as it came; the parameter servers check it.
-  auto optimizer = std::make_shared<capnp::MallocMessageBuilder>();
-  optimizer->setRoot(spec.getOptimizer());
+  // The parameter servers check the values; an unknown kind is refused here.
+  auto decoded = rpc::optimizer_from_wire(spec.getOptimizer());
+  rpc::check(decoded.status().with_context("createVariable '" + name + "'"));
+  Optimizer optimizer = *decoded;
   return rpc::read_tensor(spec.getInitial())
       .then([this, name, partitioner = *partitioner, optimizer,
              context](Tensor&& initial) mutable -> kj::Promise<void> {
@@ -602,7 +558,7 @@ kj::Promise<void> CoordinatorService::create_shards(Variable variable, Tensor in
           auto request = client.createShardRequest();
           request.setName(name);
           rpc::write_tensor(request.initInitial(), part, ctx_.codec);
-          request.setOptimizer(optimizer->getRoot<wire::OptimizerConfig>());
+          rpc::optimizer_to_wire(optimizer, request.initOptimizer());
           return request.send().ignoreResult();
         }));
   }

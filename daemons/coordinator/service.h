@@ -79,7 +79,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
     DType dtype = DType::kInvalid;
     Shape shape;
     std::vector<Shard> shards;
-    std::shared_ptr<capnp::MallocMessageBuilder> optimizer;  // root: wire::OptimizerConfig
+    Optimizer optimizer;
   };
 
   void taskFailed(kj::Exception&& exception) override;

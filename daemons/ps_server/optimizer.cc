@@ -7,19 +7,12 @@
 #include <unordered_map>
 #include <utility>
 
+#include "rpc/optimizer_codec.h"
+
 namespace capstan::ps {
 namespace {
 
-using Kind = OptimizerConfig::Kind;
-
-struct KindName {
-  Kind kind;
-  const char* name;
-};
-constexpr KindName kKindNames[] = {
-    {Kind::kNone, "none"},       {Kind::kSgd, "sgd"},   {Kind::kMomentum, "momentum"},
-    {Kind::kAdagrad, "adagrad"}, {Kind::kAdam, "adam"}, {Kind::kFtrl, "ftrl"},
-};
+using Kind = Optimizer::Kind;
 
 // The shortest text that reads back as `value` ("0.01", "1e-07", "nan").
 std::string format_double(double value) {
@@ -30,17 +23,17 @@ std::string format_double(double value) {
 }
 
 // Each check is written so that NaN fails it.
-Status check_positive(const OptimizerConfig& c, const char* field, double value) {
+Status check_positive(const Optimizer& c, const char* field, double value) {
   if (value > 0 && std::isfinite(value)) return Status::Ok();
   return Status::InvalidArgument("optimizer " + optimizer_name(c.kind) + ": " + field +
                                  " must be > 0, got " + format_double(value));
 }
-Status check_non_negative(const OptimizerConfig& c, const char* field, double value) {
+Status check_non_negative(const Optimizer& c, const char* field, double value) {
   if (value >= 0 && std::isfinite(value)) return Status::Ok();
   return Status::InvalidArgument("optimizer " + optimizer_name(c.kind) + ": " + field +
                                  " must be >= 0, got " + format_double(value));
 }
-Status check_unit_interval(const OptimizerConfig& c, const char* field, double value) {
+Status check_unit_interval(const Optimizer& c, const char* field, double value) {
   if (value >= 0 && value < 1) return Status::Ok();
   return Status::InvalidArgument("optimizer " + optimizer_name(c.kind) + ": " + field +
                                  " must be in [0, 1), got " + format_double(value));
@@ -62,7 +55,7 @@ struct Coefficients {
   double l2_shrinkage;
 };
 
-Coefficients coefficients_for(const OptimizerConfig& c, int64_t step) {
+Coefficients coefficients_for(const Optimizer& c, int64_t step) {
   Coefficients k{c.kind,   c.learning_rate,       c.momentum, c.nesterov, c.epsilon,
                  c.beta_1, c.beta_2, c.learning_rate_power, c.l1,       c.l2,
                  c.l2_shrinkage};
@@ -149,21 +142,8 @@ T* slot_data(std::span<const std::span<T>> slots, size_t i) {
 
 }  // namespace
 
-std::string optimizer_name(Kind kind) {
-  for (const auto& entry : kKindNames) {
-    if (entry.kind == kind) return entry.name;
-  }
-  return "unknown(" + std::to_string(static_cast<int>(kind)) + ")";
-}
 
-std::optional<Kind> optimizer_from_name(std::string_view name) {
-  for (const auto& entry : kKindNames) {
-    if (name == entry.name) return entry.kind;
-  }
-  return std::nullopt;
-}
-
-Status validate(const OptimizerConfig& c) {
+Status validate(const Optimizer& c) {
   switch (c.kind) {
     case Kind::kNone:
       return Status::Ok();
@@ -199,43 +179,17 @@ Status validate(const OptimizerConfig& c) {
                                  std::to_string(static_cast<int>(c.kind)));
 }
 
-std::string optimizer_debug_string(const OptimizerConfig& c) {
+std::string optimizer_debug_string(const Optimizer& c) {
   std::string out = optimizer_name(c.kind);
-  auto field = [&out](const char* name, double value) {
-    out += out.back() == '(' ? "" : ", ";
-    out += name;
-    out += "=";
-    out += format_double(value);
-  };
   if (c.kind == Kind::kNone) return out;
   out += "(";
-  field("learning_rate", c.learning_rate);
-  switch (c.kind) {
-    case Kind::kNone:
-    case Kind::kSgd:
-      break;
-    case Kind::kMomentum:
-      field("momentum", c.momentum);
-      out += c.nesterov ? ", nesterov=true" : ", nesterov=false";
-      break;
-    case Kind::kAdagrad:
-      field("initial_accumulator_value", c.initial_accumulator_value);
-      field("epsilon", c.epsilon);
-      break;
-    case Kind::kAdam:
-      field("beta_1", c.beta_1);
-      field("beta_2", c.beta_2);
-      field("epsilon", c.epsilon);
-      break;
-    case Kind::kFtrl:
-      field("learning_rate_power", c.learning_rate_power);
-      field("initial_accumulator_value", c.initial_accumulator_value);
-      field("l1", c.l1);
-      field("l2", c.l2);
-      field("l2_shrinkage", c.l2_shrinkage);
-      field("beta", c.beta);
-      break;
+  bool first = true;
+  for (const auto& field : rpc::optimizer_fields(c.kind)) {
+    out += first ? "" : ", ";
+    first = false;
+    out += std::string(field.name) + "=" + format_double(c.*field.value);
   }
+  if (c.kind == Kind::kMomentum) out += c.nesterov ? ", nesterov=true" : ", nesterov=false";
   out += ")";
   return out;
 }
@@ -257,7 +211,7 @@ std::vector<std::string> slot_names(Kind kind) {
   return {};
 }
 
-double slot_initial_value(const OptimizerConfig& config, size_t index) {
+double slot_initial_value(const Optimizer& config, size_t index) {
   std::vector<std::string> names = slot_names(config.kind);
   if (index < names.size() && names[index] == "accumulator") {
     return config.initial_accumulator_value;
@@ -266,7 +220,7 @@ double slot_initial_value(const OptimizerConfig& config, size_t index) {
 }
 
 template <typename T>
-void apply_dense_update(const OptimizerConfig& config, int64_t step, std::span<T> var,
+void apply_dense_update(const Optimizer& config, int64_t step, std::span<T> var,
                         std::span<const std::span<T>> slots, std::span<const T> gradient) {
   assert(config.kind != Kind::kNone && step >= 1);
   assert(gradient.size() == var.size());
@@ -278,7 +232,7 @@ void apply_dense_update(const OptimizerConfig& config, int64_t step, std::span<T
 }
 
 template <typename T>
-void apply_sparse_update(const OptimizerConfig& config, int64_t step, int64_t row_size,
+void apply_sparse_update(const Optimizer& config, int64_t step, int64_t row_size,
                          std::span<T> var, std::span<const std::span<T>> slots,
                          std::span<const int64_t> ids, std::span<const T> rows) {
   assert(config.kind != Kind::kNone && step >= 1 && row_size >= 1);
@@ -339,16 +293,16 @@ void apply_sparse_update(const OptimizerConfig& config, int64_t step, int64_t ro
   }
 }
 
-template void apply_dense_update<float>(const OptimizerConfig&, int64_t, std::span<float>,
+template void apply_dense_update<float>(const Optimizer&, int64_t, std::span<float>,
                                         std::span<const std::span<float>>,
                                         std::span<const float>);
-template void apply_dense_update<double>(const OptimizerConfig&, int64_t, std::span<double>,
+template void apply_dense_update<double>(const Optimizer&, int64_t, std::span<double>,
                                          std::span<const std::span<double>>,
                                          std::span<const double>);
-template void apply_sparse_update<float>(const OptimizerConfig&, int64_t, int64_t,
+template void apply_sparse_update<float>(const Optimizer&, int64_t, int64_t,
                                          std::span<float>, std::span<const std::span<float>>,
                                          std::span<const int64_t>, std::span<const float>);
-template void apply_sparse_update<double>(const OptimizerConfig&, int64_t, int64_t,
+template void apply_sparse_update<double>(const Optimizer&, int64_t, int64_t,
                                           std::span<double>, std::span<const std::span<double>>,
                                           std::span<const int64_t>, std::span<const double>);
 

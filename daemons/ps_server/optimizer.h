@@ -44,37 +44,9 @@
 #include <vector>
 
 #include "capstan/status.h"
+#include "capstan/training.h"
 
 namespace capstan::ps {
-
-struct OptimizerConfig {
-  enum class Kind { kNone, kSgd, kMomentum, kAdagrad, kAdam, kFtrl };  // kNone: assign-only variable
-  Kind kind = Kind::kSgd;
-  double learning_rate = 0.01;
-  // Momentum (Keras SGD with momentum).
-  double momentum = 0.0;
-  bool nesterov = false;
-  // Adagrad; FTRL's accumulator starts at initial_accumulator_value too.
-  double initial_accumulator_value = 0.1;
-  double epsilon = 1e-7;  // Adagrad and Adam
-  // Adam.
-  double beta_1 = 0.9;
-  double beta_2 = 0.999;
-  // FTRL (Keras names without "_regularization_strength").
-  double learning_rate_power = -0.5;
-  double l1 = 0;
-  double l2 = 0;
-  double l2_shrinkage = 0;
-  double beta = 0;
-
-  // Field by field (a re-created variable must ask for the same optimizer).
-  bool operator==(const OptimizerConfig&) const = default;
-};
-
-// "sgd", "momentum", "adagrad", "adam", "ftrl", "none".
-std::string optimizer_name(OptimizerConfig::Kind kind);
-// Inverse of optimizer_name(); nullopt for an unknown name.
-std::optional<OptimizerConfig::Kind> optimizer_from_name(std::string_view name);
 
 // Checks the fields the kind uses (others are ignored): learning_rate > 0
 // (all but none); momentum in [0, 1); epsilon > 0 (adagrad, adam);
@@ -82,26 +54,26 @@ std::optional<OptimizerConfig::Kind> optimizer_from_name(std::string_view name);
 // learning_rate_power <= 0, l1, l2, l2_shrinkage, beta >= 0 (ftrl). NaN and
 // infinities are rejected. InvalidArgument naming the field and the value:
 // "optimizer adam: beta_1 must be in [0, 1), got 1.5".
-Status validate(const OptimizerConfig& config);
+Status validate(const Optimizer& config);
 
 // "adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-07)": the
 // fields the kind uses, for messages and logs.
-std::string optimizer_debug_string(const OptimizerConfig& config);
+std::string optimizer_debug_string(const Optimizer& config);
 
 // The slots the kind keeps, in a fixed order (Keras' names): none, sgd: {};
 // momentum: {"momentum"}; adagrad: {"accumulator"}; adam: {"m", "v"};
 // ftrl: {"accumulator", "linear"}.
-std::vector<std::string> slot_names(OptimizerConfig::Kind kind);
+std::vector<std::string> slot_names(Optimizer::Kind kind);
 // The value every element of slot `index` (in slot_names() order) starts at:
 // initial_accumulator_value for "accumulator", 0 otherwise.
-double slot_initial_value(const OptimizerConfig& config, size_t index);
+double slot_initial_value(const Optimizer& config, size_t index);
 
 // Updates `var` in place by `gradient` (same number of elements), and the
 // slots, which are given in slot_names() order, each with var's size.
 // T is float or double. Preconditions (the caller checks them; they are
 // asserted here): validate(config) is OK, kind is not kNone, step >= 1.
 template <typename T>
-void apply_dense_update(const OptimizerConfig& config, int64_t step, std::span<T> var,
+void apply_dense_update(const Optimizer& config, int64_t step, std::span<T> var,
                         std::span<const std::span<T>> slots, std::span<const T> gradient);
 
 // Updates the rows of `var` (viewed as [var.size() / row_size, row_size])
@@ -122,22 +94,22 @@ void apply_dense_update(const OptimizerConfig& config, int64_t step, std::span<T
 // momentum left from earlier steps keep moving. This keeps sparse Adam equal
 // to dense Adam with a gradient that is zero outside the named rows.
 template <typename T>
-void apply_sparse_update(const OptimizerConfig& config, int64_t step, int64_t row_size,
+void apply_sparse_update(const Optimizer& config, int64_t step, int64_t row_size,
                          std::span<T> var, std::span<const std::span<T>> slots,
                          std::span<const int64_t> ids, std::span<const T> rows);
 
-extern template void apply_dense_update<float>(const OptimizerConfig&, int64_t, std::span<float>,
+extern template void apply_dense_update<float>(const Optimizer&, int64_t, std::span<float>,
                                                std::span<const std::span<float>>,
                                                std::span<const float>);
-extern template void apply_dense_update<double>(const OptimizerConfig&, int64_t,
+extern template void apply_dense_update<double>(const Optimizer&, int64_t,
                                                 std::span<double>,
                                                 std::span<const std::span<double>>,
                                                 std::span<const double>);
-extern template void apply_sparse_update<float>(const OptimizerConfig&, int64_t, int64_t,
+extern template void apply_sparse_update<float>(const Optimizer&, int64_t, int64_t,
                                                 std::span<float>,
                                                 std::span<const std::span<float>>,
                                                 std::span<const int64_t>, std::span<const float>);
-extern template void apply_sparse_update<double>(const OptimizerConfig&, int64_t, int64_t,
+extern template void apply_sparse_update<double>(const Optimizer&, int64_t, int64_t,
                                                  std::span<double>,
                                                  std::span<const std::span<double>>,
                                                  std::span<const int64_t>,

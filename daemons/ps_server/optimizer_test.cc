@@ -10,7 +10,7 @@
 namespace capstan::ps {
 namespace {
 
-using Kind = OptimizerConfig::Kind;
+using Kind = Optimizer::Kind;
 
 // A variable and its slots, as plain vectors, for driving the update rules.
 template <typename T>
@@ -18,7 +18,7 @@ struct State {
   std::vector<T> var;
   std::vector<std::vector<T>> slots;
 
-  State(const OptimizerConfig& config, std::vector<T> initial) : var(std::move(initial)) {
+  State(const Optimizer& config, std::vector<T> initial) : var(std::move(initial)) {
     for (size_t i = 0; i < slot_names(config.kind).size(); ++i) {
       slots.emplace_back(var.size(), static_cast<T>(slot_initial_value(config, i)));
     }
@@ -28,19 +28,19 @@ struct State {
     for (auto& slot : slots) out.emplace_back(slot);
     return out;
   }
-  void dense(const OptimizerConfig& config, int64_t step, const std::vector<T>& gradient) {
+  void dense(const Optimizer& config, int64_t step, const std::vector<T>& gradient) {
     auto s = spans();
     apply_dense_update<T>(config, step, var, s, gradient);
   }
-  void sparse(const OptimizerConfig& config, int64_t step, int64_t row_size,
+  void sparse(const Optimizer& config, int64_t step, int64_t row_size,
               const std::vector<int64_t>& ids, const std::vector<T>& rows) {
     auto s = spans();
     apply_sparse_update<T>(config, step, row_size, var, s, ids, rows);
   }
 };
 
-OptimizerConfig config_of(Kind kind, double learning_rate) {
-  OptimizerConfig c;
+Optimizer config_of(Kind kind, double learning_rate) {
+  Optimizer c;
   c.kind = kind;
   c.learning_rate = learning_rate;
   return c;
@@ -49,15 +49,15 @@ OptimizerConfig config_of(Kind kind, double learning_rate) {
 TEST_CASE("optimizer names round-trip and unknown names are rejected") {
   for (Kind kind : {Kind::kNone, Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam,
                     Kind::kFtrl}) {
-    auto back = optimizer_from_name(optimizer_name(kind));
+    auto back = optimizer_kind_from_name(optimizer_name(kind));
     REQUIRE(back.has_value());
     CHECK(*back == kind);
   }
   CHECK(optimizer_name(Kind::kAdagrad) == "adagrad");
   CHECK(optimizer_name(Kind::kNone) == "none");
-  CHECK_FALSE(optimizer_from_name("rmsprop").has_value());
-  CHECK_FALSE(optimizer_from_name("SGD").has_value());
-  CHECK_FALSE(optimizer_from_name("").has_value());
+  CHECK_FALSE(optimizer_kind_from_name("rmsprop").has_value());
+  CHECK_FALSE(optimizer_kind_from_name("SGD").has_value());
+  CHECK_FALSE(optimizer_kind_from_name("").has_value());
 }
 
 TEST_CASE("each optimizer keeps its Keras slots in a fixed order") {
@@ -70,7 +70,7 @@ TEST_CASE("each optimizer keeps its Keras slots in a fixed order") {
 }
 
 TEST_CASE("accumulators start at initial_accumulator_value, other slots at zero") {
-  OptimizerConfig c = config_of(Kind::kFtrl, 0.1);
+  Optimizer c = config_of(Kind::kFtrl, 0.1);
   c.initial_accumulator_value = 0.25;
   CHECK(slot_initial_value(c, 0) == 0.25);  // accumulator
   CHECK(slot_initial_value(c, 1) == 0.0);   // linear
@@ -86,11 +86,11 @@ TEST_CASE("accumulators start at initial_accumulator_value, other slots at zero"
 TEST_CASE("validate accepts the defaults of every optimizer") {
   for (Kind kind : {Kind::kNone, Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam,
                     Kind::kFtrl}) {
-    OptimizerConfig c;
+    Optimizer c;
     c.kind = kind;
     CHECK(validate(c).ok());
   }
-  OptimizerConfig edge = config_of(Kind::kFtrl, 1);
+  Optimizer edge = config_of(Kind::kFtrl, 1);
   edge.learning_rate_power = 0;  // a fixed learning rate
   edge.initial_accumulator_value = 0;
   CHECK(validate(edge).ok());
@@ -99,45 +99,45 @@ TEST_CASE("validate accepts the defaults of every optimizer") {
 TEST_CASE("validate names the offending field and value") {
   struct Case {
     Kind kind;
-    void (*mutate)(OptimizerConfig&);
+    void (*mutate)(Optimizer&);
     std::string message;
   };
   const std::vector<Case> cases = {
-      {Kind::kSgd, [](OptimizerConfig& c) { c.learning_rate = 0; },
+      {Kind::kSgd, [](Optimizer& c) { c.learning_rate = 0; },
        "optimizer sgd: learning_rate must be > 0, got 0"},
-      {Kind::kAdam, [](OptimizerConfig& c) { c.learning_rate = -0.5; },
+      {Kind::kAdam, [](Optimizer& c) { c.learning_rate = -0.5; },
        "optimizer adam: learning_rate must be > 0, got -0.5"},
-      {Kind::kMomentum, [](OptimizerConfig& c) { c.momentum = 1; },
+      {Kind::kMomentum, [](Optimizer& c) { c.momentum = 1; },
        "optimizer momentum: momentum must be in [0, 1), got 1"},
-      {Kind::kMomentum, [](OptimizerConfig& c) { c.momentum = -0.1; },
+      {Kind::kMomentum, [](Optimizer& c) { c.momentum = -0.1; },
        "optimizer momentum: momentum must be in [0, 1), got -0.1"},
-      {Kind::kAdagrad, [](OptimizerConfig& c) { c.initial_accumulator_value = -1; },
+      {Kind::kAdagrad, [](Optimizer& c) { c.initial_accumulator_value = -1; },
        "optimizer adagrad: initial_accumulator_value must be >= 0, got -1"},
-      {Kind::kAdagrad, [](OptimizerConfig& c) { c.epsilon = 0; },
+      {Kind::kAdagrad, [](Optimizer& c) { c.epsilon = 0; },
        "optimizer adagrad: epsilon must be > 0, got 0"},
-      {Kind::kAdam, [](OptimizerConfig& c) { c.beta_1 = 1.5; },
+      {Kind::kAdam, [](Optimizer& c) { c.beta_1 = 1.5; },
        "optimizer adam: beta_1 must be in [0, 1), got 1.5"},
-      {Kind::kAdam, [](OptimizerConfig& c) { c.beta_2 = 1; },
+      {Kind::kAdam, [](Optimizer& c) { c.beta_2 = 1; },
        "optimizer adam: beta_2 must be in [0, 1), got 1"},
-      {Kind::kAdam, [](OptimizerConfig& c) { c.epsilon = -1e-8; },
+      {Kind::kAdam, [](Optimizer& c) { c.epsilon = -1e-8; },
        "optimizer adam: epsilon must be > 0, got -1e-08"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.learning_rate = 0; },
+      {Kind::kFtrl, [](Optimizer& c) { c.learning_rate = 0; },
        "optimizer ftrl: learning_rate must be > 0, got 0"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.learning_rate_power = 0.5; },
+      {Kind::kFtrl, [](Optimizer& c) { c.learning_rate_power = 0.5; },
        "optimizer ftrl: learning_rate_power must be <= 0, got 0.5"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.initial_accumulator_value = -0.1; },
+      {Kind::kFtrl, [](Optimizer& c) { c.initial_accumulator_value = -0.1; },
        "optimizer ftrl: initial_accumulator_value must be >= 0, got -0.1"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.l1 = -1; },
+      {Kind::kFtrl, [](Optimizer& c) { c.l1 = -1; },
        "optimizer ftrl: l1 must be >= 0, got -1"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.l2 = -2; },
+      {Kind::kFtrl, [](Optimizer& c) { c.l2 = -2; },
        "optimizer ftrl: l2 must be >= 0, got -2"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.l2_shrinkage = -3; },
+      {Kind::kFtrl, [](Optimizer& c) { c.l2_shrinkage = -3; },
        "optimizer ftrl: l2_shrinkage must be >= 0, got -3"},
-      {Kind::kFtrl, [](OptimizerConfig& c) { c.beta = -4; },
+      {Kind::kFtrl, [](Optimizer& c) { c.beta = -4; },
        "optimizer ftrl: beta must be >= 0, got -4"},
   };
   for (const Case& test : cases) {
-    OptimizerConfig c;
+    Optimizer c;
     c.kind = test.kind;
     test.mutate(c);
     Status s = validate(c);
@@ -149,7 +149,7 @@ TEST_CASE("validate names the offending field and value") {
 TEST_CASE("validate rejects NaN and infinite hyperparameters") {
   const double nan = std::numeric_limits<double>::quiet_NaN();
   const double inf = std::numeric_limits<double>::infinity();
-  OptimizerConfig c = config_of(Kind::kSgd, nan);
+  Optimizer c = config_of(Kind::kSgd, nan);
   CHECK(validate(c).message() == "optimizer sgd: learning_rate must be > 0, got nan");
   c.learning_rate = inf;
   CHECK(validate(c).message() == "optimizer sgd: learning_rate must be > 0, got inf");
@@ -165,7 +165,7 @@ TEST_CASE("validate rejects NaN and infinite hyperparameters") {
 }
 
 TEST_CASE("validate rejects an unknown kind") {
-  OptimizerConfig c;
+  Optimizer c;
   c.kind = static_cast<Kind>(42);
   Status s = validate(c);
   CHECK(s.code() == StatusCode::kInvalidArgument);
@@ -174,23 +174,23 @@ TEST_CASE("validate rejects an unknown kind") {
 }
 
 TEST_CASE("validate ignores the fields a kind does not use") {
-  OptimizerConfig c = config_of(Kind::kSgd, 0.1);
+  Optimizer c = config_of(Kind::kSgd, 0.1);
   c.beta_1 = 7;
   c.l1 = -1;
   c.momentum = 3;
   CHECK(validate(c).ok());
-  OptimizerConfig none;
+  Optimizer none;
   none.kind = Kind::kNone;
   none.learning_rate = -1;
   CHECK(validate(none).ok());
 }
 
 TEST_CASE("optimizer_debug_string shows the fields the kind uses") {
-  OptimizerConfig c = config_of(Kind::kAdam, 0.001);
+  Optimizer c = config_of(Kind::kAdam, 0.001);
   CHECK(optimizer_debug_string(c) ==
         "adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-07)");
   CHECK(optimizer_debug_string(config_of(Kind::kSgd, 0.5)) == "sgd(learning_rate=0.5)");
-  OptimizerConfig m = config_of(Kind::kMomentum, 0.1);
+  Optimizer m = config_of(Kind::kMomentum, 0.1);
   m.momentum = 0.9;
   m.nesterov = true;
   CHECK(optimizer_debug_string(m) == "momentum(learning_rate=0.1, momentum=0.9, nesterov=true)");
@@ -203,7 +203,7 @@ TEST_CASE("optimizer_debug_string shows the fields the kind uses") {
 }
 
 TEST_CASE("sgd subtracts lr times the gradient") {
-  OptimizerConfig c = config_of(Kind::kSgd, 0.1);
+  Optimizer c = config_of(Kind::kSgd, 0.1);
   State<double> s(c, {1.0, -2.0});
   s.dense(c, 1, {0.5, -1.0});
   CHECK(s.var[0] == Approx(1.0 - 0.1 * 0.5));
@@ -214,7 +214,7 @@ TEST_CASE("sgd subtracts lr times the gradient") {
 }
 
 TEST_CASE("momentum keeps a velocity (Keras SGD with momentum)") {
-  OptimizerConfig c = config_of(Kind::kMomentum, 0.1);
+  Optimizer c = config_of(Kind::kMomentum, 0.1);
   c.momentum = 0.9;
   State<double> s(c, {1.0, 2.0});
   s.dense(c, 1, {0.5, -1.0});
@@ -233,9 +233,9 @@ TEST_CASE("momentum keeps a velocity (Keras SGD with momentum)") {
 }
 
 TEST_CASE("nesterov momentum looks ahead, unlike plain momentum") {
-  OptimizerConfig plain = config_of(Kind::kMomentum, 0.1);
+  Optimizer plain = config_of(Kind::kMomentum, 0.1);
   plain.momentum = 0.9;
-  OptimizerConfig nesterov = plain;
+  Optimizer nesterov = plain;
   nesterov.nesterov = true;
   State<double> p(plain, {1.0});
   State<double> n(nesterov, {1.0});
@@ -255,7 +255,7 @@ TEST_CASE("nesterov momentum looks ahead, unlike plain momentum") {
 }
 
 TEST_CASE("adagrad divides by the root of the accumulated squares") {
-  OptimizerConfig c = config_of(Kind::kAdagrad, 0.05);  // initial accumulator 0.1
+  Optimizer c = config_of(Kind::kAdagrad, 0.05);  // initial accumulator 0.1
   State<double> s(c, {1.0});
   s.dense(c, 1, {0.5});
   CHECK(s.slots[0][0] == Approx(0.35));
@@ -267,7 +267,7 @@ TEST_CASE("adagrad divides by the root of the accumulated squares") {
 }
 
 TEST_CASE("adam corrects the bias from the step at t=1 and t=2") {
-  OptimizerConfig c = config_of(Kind::kAdam, 0.1);  // beta_1 0.9, beta_2 0.999, eps 1e-7
+  Optimizer c = config_of(Kind::kAdam, 0.1);  // beta_1 0.9, beta_2 0.999, eps 1e-7
   State<double> s(c, {1.0});
   s.dense(c, 1, {0.5});
   double m1 = 0.1 * 0.5;          // 0.05
@@ -288,7 +288,7 @@ TEST_CASE("adam corrects the bias from the step at t=1 and t=2") {
 }
 
 TEST_CASE("adam takes its bias correction from the step it is given") {
-  OptimizerConfig c = config_of(Kind::kAdam, 0.1);
+  Optimizer c = config_of(Kind::kAdam, 0.1);
   State<double> s(c, {1.0});
   s.dense(c, 10, {0.5});
   double lr10 = 0.1 * std::sqrt(1 - std::pow(0.999, 10)) / (1 - std::pow(0.9, 10));
@@ -296,7 +296,7 @@ TEST_CASE("adam takes its bias correction from the step it is given") {
 }
 
 TEST_CASE("ftrl without regularization follows ApplyFtrl") {
-  OptimizerConfig c = config_of(Kind::kFtrl, 0.1);  // lr_power -0.5, initial accumulator 0.1
+  Optimizer c = config_of(Kind::kFtrl, 0.1);  // lr_power -0.5, initial accumulator 0.1
   State<double> s(c, {1.0});
   s.dense(c, 1, {0.5});
   double lin1 = 0.5 - (std::sqrt(0.35) - std::sqrt(0.1)) / 0.1 * 1.0;
@@ -312,7 +312,7 @@ TEST_CASE("ftrl without regularization follows ApplyFtrl") {
 }
 
 TEST_CASE("ftrl applies l1 and l2") {
-  OptimizerConfig c = config_of(Kind::kFtrl, 0.1);
+  Optimizer c = config_of(Kind::kFtrl, 0.1);
   c.l1 = 0.05;
   c.l2 = 0.2;
   State<double> s(c, {1.0, -1.0});
@@ -330,7 +330,7 @@ TEST_CASE("ftrl applies l1 and l2") {
 }
 
 TEST_CASE("ftrl sets a weight to zero when |linear| <= l1") {
-  OptimizerConfig c = config_of(Kind::kFtrl, 0.1);
+  Optimizer c = config_of(Kind::kFtrl, 0.1);
   c.l1 = 10;
   State<double> s(c, {1.0, 3.0});
   s.dense(c, 1, {0.5, -0.1});
@@ -343,7 +343,7 @@ TEST_CASE("ftrl sets a weight to zero when |linear| <= l1") {
 }
 
 TEST_CASE("ftrl folds l2_shrinkage into the linear term and beta into l2") {
-  OptimizerConfig c = config_of(Kind::kFtrl, 0.1);
+  Optimizer c = config_of(Kind::kFtrl, 0.1);
   c.l2 = 0.2;
   c.l2_shrinkage = 0.3;
   c.beta = 0.04;  // l2' = 0.2 + 0.04 / (2 * 0.1) = 0.4
@@ -361,7 +361,7 @@ TEST_CASE("ftrl folds l2_shrinkage into the linear term and beta into l2") {
 }
 
 TEST_CASE("ftrl with another learning_rate_power uses powers of the accumulator") {
-  OptimizerConfig c = config_of(Kind::kFtrl, 0.1);
+  Optimizer c = config_of(Kind::kFtrl, 0.1);
   c.learning_rate_power = -0.25;
   State<double> s(c, {1.0});
   s.dense(c, 1, {0.5});
@@ -370,7 +370,7 @@ TEST_CASE("ftrl with another learning_rate_power uses powers of the accumulator"
 }
 
 TEST_CASE("float32 variables are updated with double math") {
-  OptimizerConfig c = config_of(Kind::kAdagrad, 0.05);
+  Optimizer c = config_of(Kind::kAdagrad, 0.05);
   State<float> s(c, {1.0f});
   s.dense(c, 1, {0.5f});
   CHECK(s.slots[0][0] == Approx(0.35f));
@@ -378,7 +378,7 @@ TEST_CASE("float32 variables are updated with double math") {
 }
 
 TEST_CASE("sparse updates sum repeated ids and leave other rows alone") {
-  OptimizerConfig c = config_of(Kind::kAdagrad, 0.05);
+  Optimizer c = config_of(Kind::kAdagrad, 0.05);
   State<double> s(c, {1, 1, 2, 2, 3, 3});  // 3 rows of 2
   s.sparse(c, 1, 2, {2, 0, 2}, {0.1, 0.2, 0.5, 0.5, 0.2, 0.3});
   // Row 2: one update with the summed gradient (0.3, 0.5).
@@ -396,7 +396,7 @@ TEST_CASE("sparse updates sum repeated ids and leave other rows alone") {
 
 TEST_CASE("sparse updates equal dense ones on the touched rows for every optimizer") {
   for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kFtrl}) {
-    OptimizerConfig c = config_of(kind, 0.1);
+    Optimizer c = config_of(kind, 0.1);
     c.momentum = 0.5;
     c.l1 = 0.01;
     State<double> sparse(c, {1, 2, 3});
@@ -417,7 +417,7 @@ TEST_CASE("sparse updates equal dense ones on the touched rows for every optimiz
 }
 
 TEST_CASE("sparse adam decays m and v of every row and moves every row") {
-  OptimizerConfig c = config_of(Kind::kAdam, 0.1);
+  Optimizer c = config_of(Kind::kAdam, 0.1);
   State<double> sparse(c, {1, 2, 3});
   State<double> dense(c, {1, 2, 3});
   sparse.sparse(c, 1, 1, {0, 1}, {0.5, 0.5});

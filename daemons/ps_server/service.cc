@@ -1,13 +1,12 @@
 #include "daemons/ps_server/service.h"
 
 #include "rpc/errors.h"
+#include "rpc/optimizer_codec.h"
 #include "rpc/pool.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::ps_server {
 namespace {
-
-using Kind = ps::OptimizerConfig::Kind;
 
 void check(const Status& status) { rpc::check(status); }
 
@@ -15,55 +14,16 @@ std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size())
 
 }  // namespace
 
-ps::OptimizerConfig optimizer_from_wire(wire::OptimizerConfig::Reader in, Status* error) {
-  ps::OptimizerConfig out;
-  auto kind = ps::optimizer_from_name(text(in.getKind()));
-  if (!kind) {
-    *error = Status::InvalidArgument("unknown optimizer '" + text(in.getKind()) + "'");
-    return out;
-  }
-  out.kind = *kind;
-  out.learning_rate = in.getLearningRate();
-  out.momentum = in.getMomentum();
-  out.nesterov = in.getNesterov();
-  out.initial_accumulator_value = in.getInitialAccumulatorValue();
-  out.epsilon = in.getEpsilon();
-  out.beta_1 = in.getBeta1();
-  out.beta_2 = in.getBeta2();
-  out.learning_rate_power = in.getLearningRatePower();
-  out.l1 = in.getL1();
-  out.l2 = in.getL2();
-  out.l2_shrinkage = in.getL2Shrinkage();
-  out.beta = in.getBeta();
-  *error = out.kind == Kind::kNone ? Status::Ok() : ps::validate(out);
-  return out;
-}
-
-void optimizer_to_wire(const ps::OptimizerConfig& in, wire::OptimizerConfig::Builder out) {
-  out.setKind(ps::optimizer_name(in.kind));
-  out.setLearningRate(in.learning_rate);
-  out.setMomentum(in.momentum);
-  out.setNesterov(in.nesterov);
-  out.setInitialAccumulatorValue(in.initial_accumulator_value);
-  out.setEpsilon(in.epsilon);
-  out.setBeta1(in.beta_1);
-  out.setBeta2(in.beta_2);
-  out.setLearningRatePower(in.learning_rate_power);
-  out.setL1(in.l1);
-  out.setL2(in.l2);
-  out.setL2Shrinkage(in.l2_shrinkage);
-  out.setBeta(in.beta);
-}
-
 PsService::PsService(daemon::DaemonContext& ctx)
     : NodeService(ctx), store_(std::make_shared<ps::VariableStore>()) {}
 
 kj::Promise<void> PsService::createShard(CreateShardContext context) {
   auto params = context.getParams();
   std::string name = text(params.getName());
-  Status error;
-  ps::OptimizerConfig optimizer = optimizer_from_wire(params.getOptimizer(), &error);
-  check(error.with_context("createShard '" + name + "'"));
+  auto decoded = rpc::optimizer_from_wire(params.getOptimizer());
+  check(decoded.status().with_context("createShard '" + name + "'"));
+  Optimizer optimizer = *decoded;
+  if (optimizer.kind != Optimizer::Kind::kNone) check(ps::validate(optimizer).with_context("createShard '" + name + "'"));
   return rpc::read_tensor(params.getInitial())
       .then([this, name, optimizer](Tensor&& initial) {
         auto store = store_;
@@ -172,7 +132,7 @@ kj::Promise<void> PsService::listShards(ListShardsContext context) {
           out.setDtype(rpc::to_wire(info.dtype));
           auto shape = out.initShape(static_cast<unsigned>(info.shape.size()));
           for (unsigned d = 0; d < info.shape.size(); ++d) shape.set(d, info.shape[d]);
-          optimizer_to_wire(info.optimizer, out.initOptimizer());
+          rpc::optimizer_to_wire(info.optimizer, out.initOptimizer());
           out.setStep(info.step);
           out.setBytes(info.bytes);
         }

@@ -10,9 +10,6 @@
 
 namespace capstan::ps_server {
 
-ps::OptimizerConfig optimizer_from_wire(wire::OptimizerConfig::Reader in, Status* error);
-void optimizer_to_wire(const ps::OptimizerConfig& in, wire::OptimizerConfig::Builder out);
-
 // Not thread-safe itself: lives on the RPC loop thread; the store is
 // thread-safe and used from the pool.
 class PsService : public daemon::NodeService<wire::ParameterServer::Server> {

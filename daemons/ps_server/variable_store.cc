@@ -10,7 +10,7 @@
 namespace capstan::ps {
 namespace {
 
-using Kind = OptimizerConfig::Kind;
+using Kind = Optimizer::Kind;
 
 // "float32[4]": how messages show a dtype and shape.
 std::string describe(DType dtype, const Shape& shape) {
@@ -92,7 +92,7 @@ void fill(Tensor& t, double value) {
 
 // Why apply_* cannot run on a shard, or OK.
 Status check_trainable(const char* op, const std::string& name, DType dtype,
-                       const OptimizerConfig& optimizer) {
+                       const Optimizer& optimizer) {
   if (!takes_updates(dtype)) {
     return Status::InvalidArgument(std::string(op) + ": " + quoted(name) + " is " +
                                    std::string(dtype_name(dtype)) +
@@ -117,7 +117,7 @@ Result<std::shared_ptr<VariableStore::Shard>> VariableStore::find(const std::str
 }
 
 Status VariableStore::create(const std::string& name, const Tensor& initial,
-                             const OptimizerConfig& optimizer) {
+                             const Optimizer& optimizer) {
   if (!initial.valid() || initial.dtype() == DType::kString) {
     return Status::InvalidArgument("create: " + quoted(name) + " cannot hold a " +
                                    std::string(dtype_name(initial.dtype())) + " tensor");

@@ -67,7 +67,7 @@ class VariableStore {
   // re-creates its variables); with a different one -> AlreadyExists naming
   // both. InvalidArgument: an invalid optimizer config, a string or invalid
   // tensor.
-  Status create(const std::string& name, const Tensor& initial, const OptimizerConfig& optimizer);
+  Status create(const std::string& name, const Tensor& initial, const Optimizer& optimizer);
   // Drops the shard and its slots. An update already running on it finishes
   // on the dropped copy.
   Status remove(const std::string& name);
@@ -100,7 +100,7 @@ class VariableStore {
   struct Info {
     DType dtype;
     Shape shape;
-    OptimizerConfig optimizer;
+    Optimizer optimizer;
     int64_t step;
     size_t bytes;  // value + slots
   };
@@ -122,13 +122,13 @@ class VariableStore {
 
  private:
   struct Shard {
-    Shard(DType dtype, Shape shape, OptimizerConfig optimizer, size_t bytes)
+    Shard(DType dtype, Shape shape, Optimizer optimizer, size_t bytes)
         : dtype(dtype), shape(std::move(shape)), optimizer(optimizer), bytes(bytes) {}
 
     // Constant after construction.
     const DType dtype;
     const Shape shape;
-    const OptimizerConfig optimizer;
+    const Optimizer optimizer;
     const size_t bytes;  // value + slots
 
     mutable Mutex mu;

@@ -10,7 +10,7 @@
 namespace capstan::ps {
 namespace {
 
-using Kind = OptimizerConfig::Kind;
+using Kind = Optimizer::Kind;
 
 template <typename T>
 Tensor make(const std::vector<T>& values, Shape shape) {
@@ -29,8 +29,8 @@ std::vector<T> values(const Tensor& t) {
   return {flat.begin(), flat.end()};
 }
 
-OptimizerConfig optimizer(Kind kind, double learning_rate = 0.1) {
-  OptimizerConfig c;
+Optimizer optimizer(Kind kind, double learning_rate = 0.1) {
+  Optimizer c;
   c.kind = kind;
   c.learning_rate = learning_rate;
   return c;
@@ -73,7 +73,7 @@ TEST_CASE("the store copies values in and out, never aliasing a caller's buffer"
 
 TEST_CASE("re-creating a shard the same way is OK and keeps its value") {
   VariableStore store;
-  OptimizerConfig adam = optimizer(Kind::kAdam);
+  Optimizer adam = optimizer(Kind::kAdam);
   REQUIRE(store.create("w", f32({1, 2}), adam).ok());
   REQUIRE(store.apply_dense("w", f32({0.5, 0.5})).ok());
   std::vector<float> trained = read_f32(store, "w");
@@ -108,7 +108,7 @@ TEST_CASE("re-creating a shard differently is AlreadyExists naming both") {
 
 TEST_CASE("create rejects an invalid optimizer, string and invalid tensors") {
   VariableStore store;
-  OptimizerConfig bad = optimizer(Kind::kAdam);
+  Optimizer bad = optimizer(Kind::kAdam);
   bad.beta_1 = 1;
   Status s = store.create("w", f32({1}), bad);
   CHECK(s.code() == StatusCode::kInvalidArgument);
@@ -351,7 +351,7 @@ TEST_CASE("the step counter advances by one, or to the step given") {
 
 TEST_CASE("adam through the store uses the counter or the explicit step") {
   VariableStore store;
-  OptimizerConfig adam = optimizer(Kind::kAdam);
+  Optimizer adam = optimizer(Kind::kAdam);
   REQUIRE(store.create("a", make<double>({1}, {1}), adam).ok());
   REQUIRE(store.create("b", make<double>({1}, {1}), adam).ok());
   REQUIRE(store.apply_dense("a", make<double>({0.5}, {1})).ok());  // t = 1
@@ -387,7 +387,7 @@ TEST_CASE("sparse momentum, adagrad and ftrl leave untouched rows and their slot
   for (Kind kind : {Kind::kMomentum, Kind::kAdagrad, Kind::kFtrl}) {
     INFO(optimizer_name(kind));
     VariableStore store;
-    OptimizerConfig c = optimizer(kind);
+    Optimizer c = optimizer(kind);
     c.momentum = 0.9;
     REQUIRE(store.create("emb", f32({1, 2, 3}, {3, 1}), c).ok());
     auto before = *store.slots("emb");
@@ -464,7 +464,7 @@ TEST_CASE("apply_sparse rejects bad ids and rows and changes nothing") {
 
 TEST_CASE("info reports dtype, shape, optimizer, step and bytes; total_bytes sums them") {
   VariableStore store;
-  OptimizerConfig adam = optimizer(Kind::kAdam, 0.001);
+  Optimizer adam = optimizer(Kind::kAdam, 0.001);
   REQUIRE(store.create("w", *Tensor::zeros(DType::kFloat32, {2, 3}), adam).ok());
   REQUIRE(store.create("b", make<double>({0, 0}, {2}), optimizer(Kind::kSgd)).ok());
   auto info = store.info("w");
@@ -482,7 +482,7 @@ TEST_CASE("info reports dtype, shape, optimizer, step and bytes; total_bytes sum
 
 TEST_CASE("slots and set_slot round-trip") {
   VariableStore store;
-  OptimizerConfig ftrl = optimizer(Kind::kFtrl);
+  Optimizer ftrl = optimizer(Kind::kFtrl);
   ftrl.initial_accumulator_value = 0.5;
   REQUIRE(store.create("w", f32({1, 2}), ftrl).ok());
   auto initial = store.slots("w");

@@ -17,6 +17,7 @@
 #include "data/io/crc32c.h"
 #include "io/durable_file.h"
 #include "data/tensor_util.h"
+#include "rpc/optimizer_codec.h"
 
 namespace capstan::checkpoint {
 namespace {
@@ -571,12 +572,12 @@ std::string describe(const CheckpointReader& reader) {
       out += "    " + shard.name + "  rows [" + std::to_string(shard.first_row) + ", " +
              std::to_string(shard.first_row + shard.rows) + ")  in " + shard.file + "\n";
     }
-    if (var.optimizer.kind.empty()) {
+    if (var.optimizer.kind == Optimizer::Kind::kNone) {
       out += "    optimizer: none\n";
     } else {
-      out += "    optimizer: " + var.optimizer.kind;
-      for (const auto& [key, value] : var.optimizer.hyperparameters) {
-        out += " " + key + "=" + format_double(value);
+      out += "    optimizer: " + optimizer_name(var.optimizer.kind);
+      for (const auto& field : rpc::optimizer_fields(var.optimizer.kind)) {
+        out += " " + std::string(field.name) + "=" + format_double(var.optimizer.*field.value);
       }
       if (var.optimizer.nesterov) out += " nesterov";
       out += "  step " + std::to_string(var.optimizer_step) + "\n";

@@ -52,7 +52,7 @@ Status save(const std::string& dir, int64_t step, int max_to_keep,
     mv.dtype = v.value.dtype();
     mv.shape = v.value.shape();
     mv.partitioning = v.partitioning;
-    mv.optimizer = {"adagrad", {{"learning_rate", 0.5}}, false};
+    mv.optimizer = Optimizer::adagrad(0.5);
     mv.optimizer_step = step;
     for (const auto& [slot, tensor] : v.slots) mv.slots.push_back(slot);
     int64_t first_row = 0;
@@ -629,11 +629,11 @@ TEST_CASE("checkpoint: describe shows step, files and variables") {
                                "    w/part_2  rows [6, 9)  in ps-0.safetensors\n"
                                "    w/part_3  rows [9, 11)  in ps-1.safetensors\n"
                                "    w/part_4  rows [11, 13)  in ps-0.safetensors\n"
-                               "    optimizer: adagrad learning_rate=0.5  step 5\n"
+                               "    optimizer: adagrad learning_rate=0.5 initial_accumulator_value=0.1 epsilon=1e-07  step 5\n"
                                "    slots: accumulator\n"
                                "  global_step  int64 []  partitioning [1]\n"
                                "    global_step  rows [0, 1)  in ps-0.safetensors\n"
-                               "    optimizer: adagrad learning_rate=0.5  step 5\n"
+                               "    optimizer: adagrad learning_rate=0.5 initial_accumulator_value=0.1 epsilon=1e-07  step 5\n"
                                "    slots: none\n";
   CHECK(describe(*reader) == expected);
 }

@@ -1,5 +1,6 @@
 #include "checkpoint/manifest.h"
 
+#include <algorithm>
 #include <charconv>
 #include <cmath>
 #include <initializer_list>
@@ -9,6 +10,7 @@
 
 #include "checkpoint/json.h"
 #include "checkpoint/safetensors.h"
+#include "rpc/optimizer_codec.h"
 
 namespace capstan::checkpoint {
 namespace {
@@ -126,11 +128,6 @@ std::optional<Problem> find_problem(const Manifest& m) {
                                               " of " + in_quotes(shard.file) + " is used twice"};
         }
       }
-    }
-    if (!is_valid_utf8(var.optimizer.kind))
-      return Problem{at + ".optimizer.kind", "is not valid UTF-8"};
-    for (const auto& [key, value] : var.optimizer.hyperparameters) {
-      if (auto p = check_name(key, at + ".optimizer.hyperparameters")) return p;
     }
     if (var.optimizer_step < 0) return Problem{at + ".optimizer_step", "is negative"};
   }
@@ -322,13 +319,18 @@ Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
   CAPSTAN_ASSIGN_OR_RETURN(auto optimizer, f.member(node, at, "optimizer"));
   CAPSTAN_RETURN_IF_ERROR(f.object(*optimizer, oat, {"kind", "hyperparameters", "nesterov"}));
   CAPSTAN_ASSIGN_OR_RETURN(auto kind, f.member(*optimizer, oat, "kind"));
-  CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.kind, f.string(kind, oat + ".kind"));
+  CAPSTAN_ASSIGN_OR_RETURN(std::string kind_name, f.string(kind, oat + ".kind"));
+  auto parsed_kind = kind_name.empty() ? Optimizer::Kind::kNone : optimizer_kind_from_name(kind_name);
+  if (!parsed_kind) return f.error(oat + ".kind", "unknown optimizer " + in_quotes(kind_name));
+  var.optimizer.kind = *parsed_kind;
   CAPSTAN_ASSIGN_OR_RETURN(auto hyper, f.member(*optimizer, oat, "hyperparameters"));
   if (!hyper->is_object()) return f.error(oat + ".hyperparameters", "expected an object");
+  const auto fields = rpc::optimizer_fields();
   for (const auto& [key, item] : hyper->items()) {
     const std::string field = oat + ".hyperparameters." + key;
-    CAPSTAN_ASSIGN_OR_RETURN(double value, f.number(&item, field));
-    var.optimizer.hyperparameters.emplace(key, value);
+    auto known = std::find_if(fields.begin(), fields.end(), [&key](const auto& f) { return f.name == key; });
+    if (known == fields.end()) return f.error(field, "unknown hyperparameter");
+    CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.*known->value, f.number(&item, field));
   }
   CAPSTAN_ASSIGN_OR_RETURN(auto nesterov, f.member(*optimizer, oat, "nesterov"));
   CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.nesterov, f.boolean(nesterov, oat + ".nesterov"));
@@ -387,13 +389,14 @@ std::string to_json(const Manifest& m) {
              ", \"rows\": " + std::to_string(shard.rows) + "}";
     }
     out += var.shards.empty() ? "],\n" : "\n      ],\n";
-    out += "      \"optimizer\": {\"kind\": " + json_quote(var.optimizer.kind) +
+    const bool none = var.optimizer.kind == Optimizer::Kind::kNone;
+    out += "      \"optimizer\": {\"kind\": " + json_quote(none ? "" : optimizer_name(var.optimizer.kind)) +
            ", \"hyperparameters\": {";
     bool first = true;
-    for (const auto& [key, value] : var.optimizer.hyperparameters) {
+    for (const auto& field : rpc::optimizer_fields(var.optimizer.kind)) {
       out += first ? "" : ", ";
       first = false;
-      out += json_quote(key) + ": " + json_double(value);
+      out += json_quote(field.name) + ": " + json_double(var.optimizer.*field.value);
     }
     out += std::string("}, \"nesterov\": ") + (var.optimizer.nesterov ? "true" : "false") + "},\n";
     out += "      \"slots\": " + json_string_list(var.slots) + ",\n";

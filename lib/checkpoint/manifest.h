@@ -18,8 +18,9 @@
 //           ...
 //         ],
 //         "optimizer": {"kind": "adagrad",
-//                       "hyperparameters": {"initial_accumulator_value": 0.1,
-//                                           "learning_rate": 0.05},
+//                       "hyperparameters": {"learning_rate": 0.05,
+//                                           "initial_accumulator_value": 0.1,
+//                                           "epsilon": 1e-07},
 //                       "nesterov": false},
 //         "slots": ["accumulator"],
 //         "optimizer_step": 1200
@@ -67,6 +68,7 @@
 #include <vector>
 
 #include "capstan/status.h"
+#include "capstan/training.h"
 #include "capstan/tensor.h"
 
 namespace capstan::checkpoint {
@@ -88,20 +90,15 @@ struct ManifestShard {
   bool operator==(const ManifestShard&) const = default;
 };
 
-struct OptimizerConfig {
-  std::string kind;  // "sgd", "adagrad", "adam", ...; "" when there is none
-  std::map<std::string, double> hyperparameters;  // "learning_rate", ...
-  bool nesterov = false;
-  bool operator==(const OptimizerConfig&) const = default;
-};
-
 struct ManifestVariable {
   std::string name;
   DType dtype = DType::kInvalid;
   Shape shape;
   std::vector<int64_t> partitioning;
   std::vector<ManifestShard> shards;  // one per partition, in row order
-  OptimizerConfig optimizer;
+  // Written as {"kind": "adagrad" ("" for none), "hyperparameters": {the
+  // ones the kind uses, by Keras' names}, "nesterov": false}.
+  Optimizer optimizer;
   std::vector<std::string> slots;
   int64_t optimizer_step = 0;  // the optimizer's iteration count
   bool operator==(const ManifestVariable&) const = default;

@@ -28,8 +28,7 @@ Manifest sample_manifest() {
                         first_row, w.partitioning[i]});
     first_row += w.partitioning[i];
   }
-  w.optimizer.kind = "adagrad";
-  w.optimizer.hyperparameters = {{"learning_rate", 0.1}, {"initial_accumulator_value", 1e-07}};
+  w.optimizer = Optimizer::adagrad(0.1, 1e-07, 1e-07);
   w.slots = {"accumulator"};
   w.optimizer_step = 1200;
   m.variables.push_back(w);
@@ -39,9 +38,7 @@ Manifest sample_manifest() {
   step.dtype = DType::kInt64;
   step.partitioning = {1};
   step.shards = {{"global_step", "ps-0.safetensors", 0, 1}};
-  step.optimizer.kind = "sgd";
-  step.optimizer.hyperparameters = {{"learning_rate", 0.01}, {"momentum", 0.9}};
-  step.optimizer.nesterov = true;
+  step.optimizer = Optimizer::momentum_sgd(0.01, 0.9, /*nesterov=*/true);
   m.variables.push_back(step);
 
   m.files = {{"ps-0.safetensors", 4096, 0xDEADBEEF}, {"ps-1.safetensors", 0, 0}};
@@ -97,7 +94,7 @@ TEST_CASE("manifest: the JSON layout is the documented one") {
   v.shape = {2};
   v.partitioning = {2};
   v.shards = {{"b/part_0", "ps-0.safetensors", 0, 2}};
-  v.optimizer = {"adam", {{"beta_1", 0.9}, {"learning_rate", 0.001}}, false};
+  v.optimizer = Optimizer::adam(0.001, 0.9, 0.999, 1e-07);
   v.slots = {"m", "v"};
   v.optimizer_step = 7;
   m.variables = {v};
@@ -116,8 +113,8 @@ TEST_CASE("manifest: the JSON layout is the documented one") {
         "        {\"name\": \"b/part_0\", \"file\": \"ps-0.safetensors\", \"first_row\": 0, "
         "\"rows\": 2}\n"
         "      ],\n"
-        "      \"optimizer\": {\"kind\": \"adam\", \"hyperparameters\": {\"beta_1\": 0.9, "
-        "\"learning_rate\": 0.001}, \"nesterov\": false},\n"
+        "      \"optimizer\": {\"kind\": \"adam\", \"hyperparameters\": {\"learning_rate\": 0.001, "
+        "\"beta_1\": 0.9, \"beta_2\": 0.999, \"epsilon\": 1e-07}, \"nesterov\": false},\n"
         "      \"slots\": [\"m\", \"v\"],\n"
         "      \"optimizer_step\": 7\n"
         "    }\n"
@@ -130,24 +127,35 @@ TEST_CASE("manifest: the JSON layout is the documented one") {
 
 TEST_CASE("manifest: hyperparameters keep every bit, infinities and NaN included") {
   Manifest m = sample_manifest();
-  auto& hp = m.variables[0].optimizer.hyperparameters;
-  hp = {{"third", 1.0 / 3.0},    {"tiny", 5e-324},  {"huge", 1.7976931348623157e308},
-        {"negative_zero", -0.0}, {"inf", HUGE_VAL}, {"minus_inf", -HUGE_VAL},
-        {"nan", std::nan("")}};
+  Optimizer& o = m.variables[0].optimizer;
+  o = Optimizer::ftrl(1.0 / 3.0);
+  o.learning_rate_power = -0.0;
+  o.initial_accumulator_value = 5e-324;
+  o.l1 = 1.7976931348623157e308;
+  o.l2 = HUGE_VAL;
+  o.l2_shrinkage = -HUGE_VAL;
+  o.beta = std::nan("");
   const std::string json = to_json(m);
-  CHECK(json.find("\"inf\": \"Infinity\"") != std::string::npos);
-  CHECK(json.find("\"nan\": \"NaN\"") != std::string::npos);
-  const auto parsed = parse_ok(json).variables[0].optimizer.hyperparameters;
-  REQUIRE(parsed.size() == hp.size());
-  for (const auto& [key, value] : hp) {
-    INFO(key);
-    if (std::isnan(value)) {
-      CHECK(std::isnan(parsed.at(key)));
-    } else {
-      CHECK(parsed.at(key) == value);
-      CHECK(std::signbit(parsed.at(key)) == std::signbit(value));
-    }
-  }
+  CHECK(json.find("\"l2\": \"Infinity\"") != std::string::npos);
+  CHECK(json.find("\"beta\": \"NaN\"") != std::string::npos);
+  const Optimizer parsed = parse_ok(json).variables[0].optimizer;
+  CHECK(parsed.kind == Optimizer::Kind::kFtrl);
+  CHECK(parsed.learning_rate == 1.0 / 3.0);
+  CHECK(parsed.learning_rate_power == 0.0);
+  CHECK(std::signbit(parsed.learning_rate_power));
+  CHECK(parsed.initial_accumulator_value == 5e-324);
+  CHECK(parsed.l1 == 1.7976931348623157e308);
+  CHECK(parsed.l2 == HUGE_VAL);
+  CHECK(parsed.l2_shrinkage == -HUGE_VAL);
+  CHECK(std::isnan(parsed.beta));
+}
+
+TEST_CASE("manifest: an unknown optimizer or hyperparameter is refused") {
+  const std::string good = to_json(sample_manifest());
+  require_parse_error(replace(good, "\"kind\": \"adagrad\"", "\"kind\": \"rmsprop\""),
+                      "variables[0].optimizer.kind: unknown optimizer 'rmsprop'");
+  require_parse_error(replace(good, "\"learning_rate\": 0.1", "\"learning_rate\": 0.1, \"rho\": 0.9"),
+                      "variables[0].optimizer.hyperparameters.rho: unknown hyperparameter");
 }
 
 TEST_CASE("manifest: names that need escaping round-trip") {
@@ -238,8 +246,8 @@ TEST_CASE("manifest parse: mistyped fields are named") {
   require_parse_error(replace(good, "\"learning_rate\": 0.1", "\"learning_rate\": \"fast\""),
                       "variables[0].optimizer.hyperparameters.learning_rate: expected a number");
   require_parse_error(replace(good,
-                              "\"hyperparameters\": {\"initial_accumulator_value\": 1e-07, "
-                              "\"learning_rate\": 0.1}",
+                              "\"hyperparameters\": {\"learning_rate\": 0.1, "
+                              "\"initial_accumulator_value\": 1e-07, \"epsilon\": 1e-07}",
                               "\"hyperparameters\": 0.1"),
                       "variables[0].optimizer.hyperparameters: expected an object");
   require_parse_error(replace(good, "\"nesterov\": false", "\"nesterov\": 0"),

@@ -20,6 +20,7 @@
 #include "capstan/client.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
+#include "rpc/optimizer_codec.h"
 #include "rpc/pool.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
@@ -162,6 +163,26 @@ TEST_CASE("foreign exceptions map to a status by their type", "[rpc]") {
   kj::Exception remote(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                        kj::str("remote exception: [capstan:NOT_FOUND] no such variable 'w'"));
   CHECK(from_exception(remote) == Status::NotFound("no such variable 'w'"));
+}
+
+TEST_CASE("an optimizer survives the wire field by field; an unknown kind is refused", "[rpc]") {
+  for (const Optimizer& o : {Optimizer::none(), Optimizer::sgd(0.5), Optimizer::momentum_sgd(0.1, 0.9, true),
+                             Optimizer::adagrad(0.05, 0.2, 1e-6), Optimizer::adam(1e-3, 0.8, 0.99, 1e-8),
+                             Optimizer::ftrl(0.1, 0.01, 0.02, -0.25, 0.3)}) {
+    capnp::MallocMessageBuilder message;
+    auto wire = message.initRoot<wire::OptimizerConfig>();
+    optimizer_to_wire(o, wire);
+    auto back = optimizer_from_wire(wire.asReader());
+    REQUIRE(back.ok());
+    CHECK(*back == o);
+  }
+  capnp::MallocMessageBuilder message;
+  auto wire = message.initRoot<wire::OptimizerConfig>();
+  optimizer_to_wire(Optimizer::sgd(0.1), wire);
+  wire.setKind("rmsprop");
+  auto refused = optimizer_from_wire(wire.asReader());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("rmsprop"));
 }
 
 TEST_CASE("a status the peer reported is not a transport failure", "[rpc]") {

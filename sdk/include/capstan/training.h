@@ -26,6 +26,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "capstan/client.h"
@@ -40,8 +41,13 @@ class Iterator;
 }  // namespace data
 
 // An optimizer applied on the parameter servers (Keras semantics).
+// The one description of an optimizer, everywhere in Capstan: the program
+// creates variables with it, the parameter servers apply it, checkpoints
+// record it. Only the fields its kind uses matter.
 struct Optimizer {
-  std::string kind = "sgd";  // "none", "sgd", "momentum", "adagrad", "adam", "ftrl"
+  // kNone: an assign-only variable (no gradients applied).
+  enum class Kind { kNone, kSgd, kMomentum, kAdagrad, kAdam, kFtrl };
+  Kind kind = Kind::kSgd;
   double learning_rate = 0.01;
   double momentum = 0.0;
   bool nesterov = false;
@@ -51,6 +57,9 @@ struct Optimizer {
   double beta_2 = 0.999;
   double learning_rate_power = -0.5;
   double l1 = 0, l2 = 0, l2_shrinkage = 0, beta = 0;
+
+  // Field by field (a re-created variable must ask for the same optimizer).
+  bool operator==(const Optimizer&) const = default;
 
   static Optimizer none();
   static Optimizer sgd(double learning_rate);
@@ -63,6 +72,11 @@ struct Optimizer {
                         double learning_rate_power = -0.5,
                         double initial_accumulator_value = 0.1);
 };
+
+// Keras' identifiers: "none", "sgd", "momentum", "adagrad", "adam", "ftrl".
+std::string optimizer_name(Optimizer::Kind kind);
+// Inverse of optimizer_name(); nullopt for an unknown name.
+std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name);
 
 // tf.distribute.experimental.partitioners.
 struct Partitioner {

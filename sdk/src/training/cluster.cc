@@ -7,28 +7,13 @@
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/sync_channel.h"
+#include "rpc/optimizer_codec.h"
 #include "training/variable_router.h"
 #include "sync/mutex.h"
 
 namespace capstan {
 namespace {
 
-
-void optimizer_to_wire(const Optimizer& in, wire::OptimizerConfig::Builder out) {
-  out.setKind(in.kind);
-  out.setLearningRate(in.learning_rate);
-  out.setMomentum(in.momentum);
-  out.setNesterov(in.nesterov);
-  out.setInitialAccumulatorValue(in.initial_accumulator_value);
-  out.setEpsilon(in.epsilon);
-  out.setBeta1(in.beta_1);
-  out.setBeta2(in.beta_2);
-  out.setLearningRatePower(in.learning_rate_power);
-  out.setL1(in.l1);
-  out.setL2(in.l2);
-  out.setL2Shrinkage(in.l2_shrinkage);
-  out.setBeta(in.beta);
-}
 
 VariableInfo info_from(const VariableLocation& v) {
   VariableInfo info;
@@ -62,20 +47,41 @@ Result<Tensor> filled(DType dtype, Shape shape, const std::function<double()>& n
 
 // ---- Optimizers, partitioners, initializers ---------------------------------------
 
+namespace {
+constexpr std::pair<Optimizer::Kind, const char*> kOptimizerNames[] = {
+    {Optimizer::Kind::kNone, "none"},       {Optimizer::Kind::kSgd, "sgd"},   {Optimizer::Kind::kMomentum, "momentum"},
+    {Optimizer::Kind::kAdagrad, "adagrad"}, {Optimizer::Kind::kAdam, "adam"}, {Optimizer::Kind::kFtrl, "ftrl"},
+};
+}  // namespace
+
+std::string optimizer_name(Optimizer::Kind kind) {
+  for (const auto& [k, name] : kOptimizerNames) {
+    if (k == kind) return name;
+  }
+  return "unknown(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
+std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name) {
+  for (const auto& [k, n] : kOptimizerNames) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
 Optimizer Optimizer::none() {
   Optimizer o;
-  o.kind = "none";
+  o.kind = Optimizer::Kind::kNone;
   return o;
 }
 Optimizer Optimizer::sgd(double learning_rate) {
   Optimizer o;
-  o.kind = "sgd";
+  o.kind = Optimizer::Kind::kSgd;
   o.learning_rate = learning_rate;
   return o;
 }
 Optimizer Optimizer::momentum_sgd(double learning_rate, double momentum, bool nesterov) {
   Optimizer o;
-  o.kind = "momentum";
+  o.kind = Optimizer::Kind::kMomentum;
   o.learning_rate = learning_rate;
   o.momentum = momentum;
   o.nesterov = nesterov;
@@ -83,7 +89,7 @@ Optimizer Optimizer::momentum_sgd(double learning_rate, double momentum, bool ne
 }
 Optimizer Optimizer::adagrad(double learning_rate, double initial_accumulator_value, double epsilon) {
   Optimizer o;
-  o.kind = "adagrad";
+  o.kind = Optimizer::Kind::kAdagrad;
   o.learning_rate = learning_rate;
   o.initial_accumulator_value = initial_accumulator_value;
   o.epsilon = epsilon;
@@ -91,7 +97,7 @@ Optimizer Optimizer::adagrad(double learning_rate, double initial_accumulator_va
 }
 Optimizer Optimizer::adam(double learning_rate, double beta_1, double beta_2, double epsilon) {
   Optimizer o;
-  o.kind = "adam";
+  o.kind = Optimizer::Kind::kAdam;
   o.learning_rate = learning_rate;
   o.beta_1 = beta_1;
   o.beta_2 = beta_2;
@@ -101,7 +107,7 @@ Optimizer Optimizer::adam(double learning_rate, double beta_1, double beta_2, do
 Optimizer Optimizer::ftrl(double learning_rate, double l1, double l2, double learning_rate_power,
                           double initial_accumulator_value) {
   Optimizer o;
-  o.kind = "ftrl";
+  o.kind = Optimizer::Kind::kFtrl;
   o.learning_rate = learning_rate;
   o.l1 = l1;
   o.l2 = l2;
@@ -254,7 +260,7 @@ Result<VariableInfo> ClusterCoordinator::create_variable(const VariableSpec& spe
     auto out = request.initSpec();
     out.setName(spec.name);
     rpc::write_tensor(out.initInitial(), spec.initial, impl->channel.codec());
-    optimizer_to_wire(spec.optimizer, out.initOptimizer());
+    rpc::optimizer_to_wire(spec.optimizer, out.initOptimizer());
     auto p = out.initPartitioner();
     p.setKind(spec.partitioner.kind);
     p.setNumShards(spec.partitioner.num_shards);
