@@ -326,7 +326,9 @@ Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
   CAPSTAN_ASSIGN_OR_RETURN(auto hyper, f.member(*optimizer, oat, "hyperparameters"));
   if (!hyper->is_object()) return f.error(oat + ".hyperparameters", "expected an object");
   const auto fields = rpc::optimizer_fields();
-  for (const auto& [key, item] : hyper->items()) {
+  for (const auto& entry : hyper->items()) {
+    const std::string& key = entry.key();
+    const Json& item = entry.value();
     const std::string field = oat + ".hyperparameters." + key;
     auto known = std::find_if(fields.begin(), fields.end(), [&key](const auto& f) { return f.name == key; });
     if (known == fields.end()) return f.error(field, "unknown hyperparameter");

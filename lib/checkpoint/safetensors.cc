@@ -308,7 +308,9 @@ Status SafetensorsReader::parse_header(std::string_view header) {
   if (!root.is_object()) return corrupt("the header is not a JSON object");
 
   std::map<std::string, std::string> raw_metadata;
-  for (const auto& [key, value] : root.items()) {
+  for (const auto& item : root.items()) {
+    const std::string& key = item.key();
+    const Json& value = item.value();
     if (key == kSafetensorsMetadataKey) {
       if (!value.is_object()) return corrupt("__metadata__ is not a JSON object");
       for (const auto& [meta_key, meta_value] : value.items()) {
