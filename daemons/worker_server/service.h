@@ -1,15 +1,11 @@
-// The worker-server service: runs the closures the coordinator sends
-// through the capability the worker handed it at registration.
+// The worker-server service: the Cap'n Proto shell of the Worker core
+// (worker.h). It registers with the coordinator (handing over a capability
+// to itself) and registers again when dropped; runClosure and the per-worker
+// dataset calls are decoded here and run by the core on the daemon's pool.
+// Variable calls go to the parameter servers through a VariableRouter, whose
+// placements come from the coordinator.
 //
-// A closure runs on the daemon's thread pool with a ClosureContext whose
-// variable calls go to the parameter servers (through the RPC loop); the
-// variable placement comes from the coordinator and is refreshed when a
-// closure arrives with a newer placement version or names an unknown
-// variable. Per-worker datasets are built when the coordinator sends their
-// definitions, and rebuilt when the worker registers again.
-//
-// Lives on the RPC loop thread; the state closures share (placements,
-// iterators, connections) is guarded by mutex_ or touched only on the loop.
+// Lives on the RPC loop thread; the core and the router are thread-safe.
 #ifndef CAPSTAN_DAEMONS_WORKER_SERVER_SERVICE_H_
 #define CAPSTAN_DAEMONS_WORKER_SERVER_SERVICE_H_
 
@@ -22,8 +18,8 @@
 #include "capstan_schemas/ps.capnp.h"
 #include "capstan_schemas/worker.capnp.h"
 #include "daemons/common/node_service.h"
+#include "daemons/worker_server/worker.h"
 #include "training/variable_router.h"
-#include "sync/mutex.h"
 
 namespace capstan::worker_server {
 
@@ -39,7 +35,6 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   kj::Promise<void> createDatasetFromFunction(CreateDatasetFromFunctionContext context) override;
 
  private:
-  class Context;
   void taskFailed(kj::Exception&& exception) override;
   kj::Promise<void> register_with_coordinator();
   // Resolves when this worker must register again: the link broke, or the
@@ -48,8 +43,7 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
 
   kj::Own<rpc::Connection> coordinator_;
   std::shared_ptr<VariableRouter> router_;
-  Mutex mutex_;
-  std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_ GUARDED_BY(mutex_);
+  std::shared_ptr<Worker> worker_;  // shared with pool work in flight
   int64_t worker_id_ = 0;
   kj::TaskSet tasks_;
 };

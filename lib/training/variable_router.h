@@ -46,7 +46,25 @@ struct VariableLocation {
 
 VariableLocation location_from_wire(wire::VariablePlacement::Reader in);
 
-class VariableRouter {
+// What a closure does to variables, wherever they live. VariableRouter
+// reaches the parameter servers; tests use an in-memory fake.
+// Implementations are thread-safe.
+class VariableAccess {
+ public:
+  virtual ~VariableAccess() = default;
+  // Refreshes what is known of variable placements when it is older than
+  // `version` (the coordinator's placement version).
+  virtual Status refresh_if_older(int64_t version) = 0;
+  virtual Result<Tensor> read(const std::string& variable) = 0;
+  virtual Result<Tensor> gather(const std::string& variable, const Tensor& ids) = 0;
+  virtual Status assign(const std::string& variable, const Tensor& value) = 0;
+  virtual Status assign_add(const std::string& variable, const Tensor& delta) = 0;
+  virtual Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) = 0;
+  virtual Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
+                              int64_t step = 0) = 0;
+};
+
+class VariableRouter final : public VariableAccess {
  public:
   // Fetches the current placements; runs on the loop thread.
   using PlacementFetcher = std::function<kj::Promise<std::pair<int64_t, std::vector<VariableLocation>>>()>;
@@ -56,18 +74,18 @@ class VariableRouter {
   ~VariableRouter();
 
   // Refreshes the placements when ours are older than `version`.
-  Status refresh_if_older(int64_t version);
+  Status refresh_if_older(int64_t version) override;
   // Remembers a placement learnt otherwise (e.g. createVariable's reply).
   void remember(VariableLocation location);
   Result<VariableLocation> locate(const std::string& variable);
 
-  Result<Tensor> read(const std::string& variable);
-  Result<Tensor> gather(const std::string& variable, const Tensor& ids);
-  Status assign(const std::string& variable, const Tensor& value);
-  Status assign_add(const std::string& variable, const Tensor& delta);
-  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0);
+  Result<Tensor> read(const std::string& variable) override;
+  Result<Tensor> gather(const std::string& variable, const Tensor& ids) override;
+  Status assign(const std::string& variable, const Tensor& value) override;
+  Status assign_add(const std::string& variable, const Tensor& delta) override;
+  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) override;
   Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
-                      int64_t step = 0);
+                      int64_t step = 0) override;
 
  private:
   enum class Update { kAssign, kAssignAdd, kApplyDense };

@@ -1,0 +1,133 @@
+#include "daemons/worker_server/worker.h"
+
+#include <algorithm>
+
+#include "capstan/closure.h"
+
+namespace capstan::worker_server {
+namespace {
+
+// Serializes get_next of a per-worker iterator: closures running at once on
+// one worker (closures_per_worker > 1) share it.
+class LockedIterator final : public data::Iterator {
+ public:
+  explicit LockedIterator(std::unique_ptr<data::Iterator> inner) : inner_(std::move(inner)) {}
+  Result<std::optional<Element>> get_next() override {
+    MutexLock lock(mutex_);
+    return inner_->get_next();
+  }
+
+ private:
+  Mutex mutex_;
+  std::unique_ptr<data::Iterator> inner_ GUARDED_BY(mutex_);
+};
+
+}  // namespace
+
+// The context one closure run sees. Iterators it hands out stay alive while
+// the closure runs (the shared_ptr is held here), even if the coordinator
+// replaces them meanwhile.
+class Worker::Context final : public ClosureContext {
+ public:
+  Context(Worker& worker, const RunClosureRequest& request) : worker_(worker), request_(request) {}
+
+  int worker_index() const override { return std::max(0, worker_.task_index_); }
+  int num_workers() const override { return request_.num_workers; }
+  int attempt() const override { return request_.attempt; }
+
+  Result<Tensor> read(const std::string& variable) override { return worker_.variables_.read(variable); }
+  Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {
+    return worker_.variables_.gather(variable, ids);
+  }
+  Status assign(const std::string& variable, const Tensor& value) override {
+    return worker_.variables_.assign(variable, value);
+  }
+  Status assign_add(const std::string& variable, const Tensor& delta) override {
+    return worker_.variables_.assign_add(variable, delta);
+  }
+  Status apply_gradients(const std::string& variable, const Tensor& gradient) override {
+    return worker_.variables_.apply_dense(variable, gradient);
+  }
+  Status apply_sparse_gradients(const std::string& variable, const Tensor& ids, const Tensor& rows) override {
+    return worker_.variables_.apply_sparse(variable, ids, rows);
+  }
+  Result<data::Iterator*> iterator(const Tensor& arg) override {
+    if (arg.dtype() != DType::kInt64 || arg.num_elements() != 1) {
+      return Status::InvalidArgument(
+          "iterator(): the argument is not a per-worker dataset (use PerWorkerDataset::arg())");
+    }
+    int64_t id = arg.flat<int64_t>()[0];
+    MutexLock lock(worker_.mutex_);
+    auto it = worker_.iterators_.find(id);
+    if (it == worker_.iterators_.end()) {
+      return Status::FailedPrecondition("per-worker dataset " + std::to_string(id) +
+                                        " has no iterator on this worker");
+    }
+    held_.push_back(it->second);
+    return it->second.get();
+  }
+
+ private:
+  Worker& worker_;
+  const RunClosureRequest& request_;
+  std::vector<std::shared_ptr<data::Iterator>> held_;
+};
+
+Worker::Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index)
+    : functions_(functions), variables_(variables), task_index_(task_index) {}
+
+Worker::~Worker() = default;
+
+std::vector<std::string> Worker::function_names() const {
+  auto names = functions_.closure_names();
+  for (const auto& entry : functions_.names()) {
+    if (entry.rfind("dataset:", 0) == 0) names.push_back(entry);
+  }
+  return names;
+}
+
+Status Worker::check_closure(const std::string& function) const {
+  if (functions_.find_closure(function) == nullptr) {
+    return Status::NotFound("this worker has no closure named '" + function + "'");
+  }
+  return Status::Ok();
+}
+
+Result<Element> Worker::run_closure(const RunClosureRequest& request) {
+  const ClosureFunction* fn = functions_.find_closure(request.function);
+  if (fn == nullptr) return check_closure(request.function);
+  CAPSTAN_RETURN_IF_ERROR(variables_.refresh_if_older(request.placement_version));
+  Context context(*this, request);
+  auto result = (*fn)(context, request.args);
+  if (!result.ok()) return result.status().with_context(request.function);
+  return result;
+}
+
+Status Worker::install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator) {
+  if (!iterator.ok()) return iterator.status();
+  auto locked = std::make_shared<LockedIterator>(std::move(*iterator));
+  MutexLock lock(mutex_);
+  iterators_[id] = std::move(locked);
+  return Status::Ok();
+}
+
+Status Worker::create_dataset(int64_t id, const std::string& definition) {
+  auto dataset = data::Dataset::deserialize(definition);
+  if (!dataset.ok()) return dataset.status().with_context("per-worker dataset " + std::to_string(id));
+  return install(id, dataset->make_iterator(&functions_)).with_context("per-worker dataset " + std::to_string(id));
+}
+
+Status Worker::create_dataset_from_function(int64_t id, const std::string& function, InputContext input) {
+  const DatasetFunction* fn = functions_.find_dataset_function(function);
+  if (fn == nullptr) return Status::NotFound("this worker has no dataset function named '" + function + "'");
+  auto dataset = (*fn)(input);
+  if (!dataset.ok()) return dataset.status().with_context("dataset function '" + function + "'");
+  return install(id, dataset->make_iterator(&functions_)).with_context("dataset function '" + function + "'");
+}
+
+void Worker::clear_datasets() {
+  MutexLock lock(mutex_);
+  iterators_.clear();
+}
+
+}  // namespace capstan::worker_server

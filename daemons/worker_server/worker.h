@@ -1,0 +1,86 @@
+// The worker-server's core: runs closures and owns per-worker iterators,
+// knowing nothing of the transport.
+//
+// Glossary:
+//   closure          a function of the loaded modules, run with a
+//                    ClosureContext (TF: a tf.function scheduled by the
+//                    ClusterCoordinator onto this worker)
+//   per-worker       an iterator this worker builds for a per-worker dataset
+//   iterator         the coordinator names by id; a closure reaches it with
+//                    ctx.iterator(PerWorkerDataset::arg())
+//
+// Example (what the Cap'n Proto service does):
+//   Worker worker(functions, variables, /*task_index=*/0);
+//   worker.create_dataset(1, Dataset::range(10).serialize());
+//   auto result = worker.run_closure({"train_step", args, /*placement_version=*/3,
+//                                     /*attempt=*/1, /*num_workers=*/2});
+//
+// Thread-safety: thread-safe. run_closure() runs the closure on the calling
+// thread; several may run at once and share an iterator (its get_next is
+// serialized). create_dataset*() build the iterator on the calling thread.
+#ifndef CAPSTAN_DAEMONS_WORKER_SERVER_WORKER_H_
+#define CAPSTAN_DAEMONS_WORKER_SERVER_WORKER_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capstan/data/dataset.h"
+#include "capstan/functions.h"
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "sync/mutex.h"
+#include "training/variable_router.h"
+
+namespace capstan::worker_server {
+
+struct RunClosureRequest {
+  std::string function;
+  Element args;
+  int64_t placement_version = 0;  // refresh placements older than this first
+  int attempt = 1;                 // 1 for a closure's first run
+  int num_workers = 1;             // registered workers at dispatch
+};
+
+class Worker {
+ public:
+  // `functions` and `variables` must outlive the Worker.
+  Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index);
+  ~Worker();
+
+  // The names this worker reports when it registers: its closures and, as
+  // "dataset:<name>", its per-worker dataset functions.
+  std::vector<std::string> function_names() const;
+
+  // NotFound naming the closure when no module registered it.
+  Status check_closure(const std::string& function) const;
+  // Runs the closure; its error comes back with the closure's name.
+  Result<Element> run_closure(const RunClosureRequest& request);
+
+  // Builds the iterator of per-worker dataset `id` from a serialized
+  // definition (SHARD_HINT already resolved), replacing an earlier one.
+  Status create_dataset(int64_t id, const std::string& definition);
+  // The same from a dataset function of the modules, called with TF's
+  // InputContext. NotFound for an unknown function.
+  Status create_dataset_from_function(int64_t id, const std::string& function, InputContext input);
+  // Forgets every iterator (the worker registers again and gets them anew).
+  void clear_datasets();
+
+ private:
+  class Context;
+  Status install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator);
+  Result<data::Iterator*> iterator(const Tensor& arg);
+
+  const FunctionRegistry& functions_;
+  VariableAccess& variables_;
+  const int task_index_;
+
+  Mutex mutex_;
+  std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_ GUARDED_BY(mutex_);
+};
+
+}  // namespace capstan::worker_server
+
+#endif  // CAPSTAN_DAEMONS_WORKER_SERVER_WORKER_H_

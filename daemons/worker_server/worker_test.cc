@@ -1,0 +1,204 @@
+// The worker core with an in-memory stand-in for the parameter servers.
+#include "daemons/worker_server/worker.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <atomic>
+#include <set>
+#include <thread>
+
+#include "capstan/closure.h"
+
+namespace capstan::worker_server {
+namespace {
+
+// Variables held in memory; records what the worker asked of it.
+class FakeVariables final : public VariableAccess {
+ public:
+  Status refresh_if_older(int64_t version) override {
+    MutexLock lock(mutex_);
+    refreshed_to = std::max(refreshed_to, version);
+    return Status::Ok();
+  }
+  Result<Tensor> read(const std::string& variable) override {
+    MutexLock lock(mutex_);
+    auto it = values.find(variable);
+    if (it == values.end()) return Status::NotFound("variable '" + variable + "' does not exist");
+    return it->second;
+  }
+  Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {
+    MutexLock lock(mutex_);
+    calls.push_back("gather " + variable);
+    return ids;
+  }
+  Status assign(const std::string& variable, const Tensor& value) override {
+    MutexLock lock(mutex_);
+    values[variable] = value;
+    calls.push_back("assign " + variable);
+    return Status::Ok();
+  }
+  Status assign_add(const std::string& variable, const Tensor& delta) override {
+    MutexLock lock(mutex_);
+    calls.push_back("assign_add " + variable);
+    return Status::Ok();
+  }
+  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t) override {
+    MutexLock lock(mutex_);
+    calls.push_back("apply_dense " + variable);
+    return Status::Ok();
+  }
+  Status apply_sparse(const std::string& variable, const Tensor&, const Tensor&, int64_t) override {
+    MutexLock lock(mutex_);
+    calls.push_back("apply_sparse " + variable);
+    return Status::Ok();
+  }
+
+  Mutex mutex_;
+  int64_t refreshed_to GUARDED_BY(mutex_) = -1;
+  std::map<std::string, Tensor> values GUARDED_BY(mutex_);
+  std::vector<std::string> calls GUARDED_BY(mutex_);
+};
+
+int64_t scalar(const Element& e, size_t i) { return e.components.at(i).flat<int64_t>()[0]; }
+
+Element dataset_arg(int64_t id) { return Element{{Tensor::scalar<int64_t>(id)}, {}}; }
+
+struct Fixture {
+  Fixture() {
+    functions.register_closure("context", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+      return Element{{Tensor::scalar<int64_t>(ctx.attempt()), Tensor::scalar<int64_t>(ctx.num_workers()),
+                      Tensor::scalar<int64_t>(ctx.worker_index())},
+                     {}};
+    });
+    functions.register_closure("step", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor w, ctx.read("w"));
+      CAPSTAN_RETURN_IF_ERROR(ctx.apply_gradients("w", w));
+      CAPSTAN_RETURN_IF_ERROR(ctx.apply_sparse_gradients("table", Tensor::scalar<int64_t>(1), w));
+      CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("count", Tensor::scalar<float>(1)));
+      return Element{{w}, {}};
+    });
+    functions.register_closure("next", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+      CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * it, ctx.iterator(args.components.at(0)));
+      CAPSTAN_ASSIGN_OR_RETURN(auto next, it->get_next());
+      return Element{{next ? next->components.at(0) : Tensor::scalar<int64_t>(-1)}, {}};
+    });
+    functions.register_closure("fail", [](ClosureContext&, const Element&) -> Result<Element> {
+      return Status::InvalidArgument("bad batch");
+    });
+    functions.register_dataset_function("shard_of_10", [](const InputContext& input) {
+      return data::Dataset::range(10).shard(input.num_input_pipelines, input.input_pipeline_id);
+    });
+  }
+  Result<Element> run(const std::string& function, Element args = {}, int attempt = 1, int num_workers = 1,
+                      int64_t version = 0) {
+    return worker.run_closure({function, std::move(args), version, attempt, num_workers});
+  }
+
+  FunctionRegistry functions;
+  FakeVariables variables;
+  Worker worker{functions, variables, /*task_index=*/3};
+};
+
+TEST_CASE("worker: a closure sees its attempt, the number of workers and this worker's index", "[worker]") {
+  Fixture f;
+  auto result = f.run("context", {}, /*attempt=*/2, /*num_workers=*/5);
+  REQUIRE(result.ok());
+  CHECK(scalar(*result, 0) == 2);
+  CHECK(scalar(*result, 1) == 5);
+  CHECK(scalar(*result, 2) == 3);
+}
+
+TEST_CASE("worker: variable calls go to the variables; placements are refreshed to the closure's version",
+          "[worker]") {
+  Fixture f;
+  {
+    MutexLock lock(f.variables.mutex_);
+    f.variables.values["w"] = Tensor::scalar<float>(2.5f);
+  }
+  auto result = f.run("step", {}, 1, 1, /*version=*/7);
+  REQUIRE(result.ok());
+  CHECK(result->components[0].flat<float>()[0] == 2.5f);
+  MutexLock lock(f.variables.mutex_);
+  CHECK(f.variables.refreshed_to == 7);
+  CHECK(f.variables.calls == std::vector<std::string>{"apply_dense w", "apply_sparse table", "assign_add count"});
+}
+
+TEST_CASE("worker: an unknown closure is NotFound naming it; a closure's error names the closure", "[worker]") {
+  Fixture f;
+  CHECK(f.worker.check_closure("nope").code() == StatusCode::kNotFound);
+  auto missing = f.run("nope");
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("'nope'"));
+  auto failed = f.run("fail");
+  CHECK(failed.status().code() == StatusCode::kInvalidArgument);
+  CHECK(failed.status().message() == "fail: bad batch");
+  // A variable that does not exist fails the closure, not the worker.
+  auto no_variable = f.run("step");
+  CHECK(no_variable.status().code() == StatusCode::kNotFound);
+  CHECK(f.run("context").ok());
+}
+
+TEST_CASE("worker: the names it registers are its closures and dataset functions", "[worker]") {
+  Fixture f;
+  auto names = f.worker.function_names();
+  CHECK(std::count(names.begin(), names.end(), "step") == 1);
+  CHECK(std::count(names.begin(), names.end(), "dataset:shard_of_10") == 1);
+}
+
+TEST_CASE("worker: per-worker iterators are created, replaced and forgotten", "[worker]") {
+  Fixture f;
+  REQUIRE(f.worker.create_dataset(1, data::Dataset::range(3).serialize()).ok());
+  CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 0);
+  CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 1);
+  // The coordinator sends it again (e.g. after this worker re-registered): a fresh iterator.
+  REQUIRE(f.worker.create_dataset(1, data::Dataset::range(100, 103).serialize()).ok());
+  CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 100);
+
+  auto unknown = f.run("next", dataset_arg(9));
+  CHECK(unknown.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(unknown.status().message(), Catch::Contains("per-worker dataset 9"));
+  auto not_an_arg = f.run("next", Element{{Tensor::scalar<float>(1)}, {}});
+  CHECK(not_an_arg.status().code() == StatusCode::kInvalidArgument);
+
+  f.worker.clear_datasets();
+  CHECK(f.run("next", dataset_arg(1)).status().code() == StatusCode::kFailedPrecondition);
+
+  auto bad = f.worker.create_dataset(2, "not a definition");
+  CHECK_FALSE(bad.ok());
+  CHECK_THAT(bad.message(), Catch::Contains("per-worker dataset 2"));
+}
+
+TEST_CASE("worker: a dataset function gets TF's input context", "[worker]") {
+  Fixture f;
+  REQUIRE(f.worker.create_dataset_from_function(4, "shard_of_10", InputContext{3, 1}).ok());
+  std::vector<int64_t> seen;
+  for (int i = 0; i < 4; ++i) seen.push_back(scalar(f.run("next", dataset_arg(4)).value(), 0));
+  CHECK(seen == std::vector<int64_t>{1, 4, 7, -1});
+  CHECK(f.worker.create_dataset_from_function(5, "missing", InputContext{}).code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("worker: closures running at once share an iterator; each element is read once", "[worker]") {
+  Fixture f;
+  REQUIRE(f.worker.create_dataset(1, data::Dataset::range(400).serialize()).ok());
+  Mutex mutex;
+  std::multiset<int64_t> seen;
+  std::vector<std::thread> threads;
+  for (int t = 0; t < 4; ++t) {
+    threads.emplace_back([&f, &mutex, &seen]() {
+      for (int i = 0; i < 100; ++i) {
+        int64_t v = scalar(f.run("next", dataset_arg(1)).value(), 0);
+        MutexLock lock(mutex);
+        seen.insert(v);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  CHECK(seen.size() == 400);
+  CHECK(std::set<int64_t>(seen.begin(), seen.end()).size() == 400);
+  CHECK(*seen.begin() == 0);
+  CHECK(*seen.rbegin() == 399);
+}
+
+}  // namespace
+}  // namespace capstan::worker_server
