@@ -31,22 +31,9 @@ int main(int argc, char** argv) {
        "0"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
-    std::vector<std::string> addresses = config.has("ps") ? config.get_list("ps")
-                                                           : std::vector<std::string>{};
-    if (addresses.empty()) addresses = config.cluster().addresses("ps");
+    CAPSTAN_ASSIGN_OR_RETURN(auto settings, capstan::coordinator::CoordinatorConfig::from(config));
     std::vector<Peer> peers;
-    for (const auto& address : addresses) peers.push_back({wire::Role::PS, address});
-    for (const char* key : {"worker_ping_interval_ms", "worker_ping_timeout_ms"}) {
-      if (config.get_int(key) <= 0) {
-        return capstan::Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
-                                                " must be positive");
-      }
-    }
-    if (config.get_int("closures_per_worker") < 1) {
-      return capstan::Status::InvalidArgument("closures_per_worker: " +
-                                              std::to_string(config.get_int("closures_per_worker")) +
-                                              " must be at least 1");
-    }
+    for (const auto& address : settings.ps) peers.push_back({wire::Role::PS, address});
     return peers;
   };
   spec.make_service = capstan::daemon::service_factory<capstan::coordinator::CoordinatorService>();

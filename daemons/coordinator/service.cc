@@ -33,14 +33,36 @@ kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 36
 
 }  // namespace
 
+Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) {
+  CoordinatorConfig out;
+  out.ps = config.has("ps") ? config.get_list("ps") : std::vector<std::string>{};
+  if (out.ps.empty()) out.ps = config.cluster().addresses("ps");
+  for (const char* key : {"worker_ping_interval_ms", "worker_ping_timeout_ms"}) {
+    if (config.get_int(key) <= 0) {
+      return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
+                                     " must be positive");
+    }
+  }
+  if (config.get_int("closures_per_worker") < 1) {
+    return Status::InvalidArgument("closures_per_worker: " + std::to_string(config.get_int("closures_per_worker")) +
+                                   " must be at least 1");
+  }
+  out.closures_per_worker = static_cast<int>(config.get_int("closures_per_worker"));
+  out.worker_ping_interval = std::chrono::milliseconds(config.get_int("worker_ping_interval_ms"));
+  out.worker_ping_timeout = std::chrono::milliseconds(config.get_int("worker_ping_timeout_ms"));
+  out.expected_workers = config.get_int("num_workers") > 0
+                             ? static_cast<int>(config.get_int("num_workers"))
+                             : static_cast<int>(config.cluster().addresses("worker").size());
+  return out;
+}
+
 CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
     : NodeService(ctx),
-      closures_per_worker_(static_cast<int>(ctx.config.get_int("closures_per_worker"))),
-      worker_ping_interval_(ctx.config.get_int("worker_ping_interval_ms")),
-      worker_ping_timeout_(ctx.config.get_int("worker_ping_timeout_ms")),
-      expected_workers_(ctx.config.get_int("num_workers") > 0
-                            ? static_cast<int>(ctx.config.get_int("num_workers"))
-                            : static_cast<int>(ctx.config.cluster().addresses("worker").size())),
+      config_(CoordinatorConfig::from(ctx.config).value()),  // checked by main() before
+      closures_per_worker_(config_.closures_per_worker),
+      worker_ping_interval_(config_.worker_ping_interval),
+      worker_ping_timeout_(config_.worker_ping_timeout),
+      expected_workers_(config_.expected_workers),
       placer_([&ctx]() {
         int n = 0;
         for (const auto& peer : ctx.peers) n += peer.role == wire::Role::PS ? 1 : 0;

@@ -16,6 +16,7 @@
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_SERVICE_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_SERVICE_H_
 
+#include <chrono>
 #include <map>
 #include <memory>
 #include <set>
@@ -30,6 +31,19 @@
 #include "placement/placement.h"
 
 namespace capstan::coordinator {
+
+// The coordinator's settings, read and checked once at start.
+struct CoordinatorConfig {
+  std::vector<std::string> ps;  // addresses, ps task order
+  int closures_per_worker = 1;
+  std::chrono::milliseconds worker_ping_interval{2000};
+  std::chrono::milliseconds worker_ping_timeout{5000};
+  // Workers per-worker datasets are sharded for (0: the workers registered).
+  int expected_workers = 0;
+
+  // InvalidArgument naming the key and the value.
+  static Result<CoordinatorConfig> from(const daemon::Config& config);
+};
 
 class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>,
                            private kj::TaskSet::ErrorHandler {
@@ -111,6 +125,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> write_shards(std::vector<VariableState> states);
   kj::Promise<std::string> wait_for_value(int64_t id);
 
+  const CoordinatorConfig config_;
   const int closures_per_worker_;
   const std::chrono::milliseconds worker_ping_interval_;
   const std::chrono::milliseconds worker_ping_timeout_;

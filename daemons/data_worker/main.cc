@@ -27,12 +27,7 @@ int main(int argc, char** argv) {
        "Elements each task prefetches ahead of its consumers, in MiB (first-come tasks).", "64"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
-    for (const char* key : {"heartbeat_interval_ms", "element_buffer_mib"}) {
-      if (config.get_int(key) <= 0) {
-        return capstan::Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
-                                                " must be positive");
-      }
-    }
+    CAPSTAN_RETURN_IF_ERROR(capstan::data_service::DataWorkerConfig::from(config).status());
     CAPSTAN_ASSIGN_OR_RETURN(std::string address,
                              peer_address(config, "dispatcher", "data_dispatcher"));
     return std::vector<Peer>{{wire::Role::DATA_DISPATCHER, address}};

@@ -275,10 +275,24 @@ void destroy_on_pool(boost::asio::thread_pool& pool, std::shared_ptr<WorkerTask>
 
 }  // namespace
 
+Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
+  for (const char* key : {"heartbeat_interval_ms", "element_buffer_mib"}) {
+    if (config.get_int(key) <= 0) {
+      return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
+                                     " must be positive");
+    }
+  }
+  DataWorkerConfig out;
+  out.heartbeat_interval = std::chrono::milliseconds(config.get_int("heartbeat_interval_ms"));
+  out.element_buffer_bytes = config.get_int("element_buffer_mib") << 20;
+  return out;
+}
+
 DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
     : NodeService(ctx),
-      heartbeat_interval_(ctx.config.get_int("heartbeat_interval_ms")),
-      element_buffer_bytes_(ctx.config.get_int("element_buffer_mib") << 20),
+      config_(DataWorkerConfig::from(ctx.config).value()),  // checked by main() before
+      heartbeat_interval_(config_.heartbeat_interval),
+      element_buffer_bytes_(config_.element_buffer_bytes),
       elements_served_(ctx.metrics.counter("capstan_data_worker_elements_served_total",
                                            "Elements sent to consumers by getElements.")),
       bytes_served_(ctx.metrics.counter("capstan_data_worker_bytes_served_total",

@@ -48,10 +48,19 @@ class SplitBridge;
 struct SplitCall;
 struct WorkerTask;
 
+// The data worker's settings, read and checked once at start.
+struct DataWorkerConfig {
+  std::chrono::milliseconds heartbeat_interval{200};
+  int64_t element_buffer_bytes = int64_t{64} << 20;
+
+  // InvalidArgument naming the key and the value.
+  static Result<DataWorkerConfig> from(const daemon::Config& config);
+};
+
 class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
                           private kj::TaskSet::ErrorHandler {
  public:
-  // Reads heartbeat_interval_ms and element_buffer_mib from ctx.config.
+  // Reads its settings once (DataWorkerConfig::from(ctx.config)).
   explicit DataWorkerService(daemon::DaemonContext& ctx);
   // Fails pending getSplit calls and destroys every task's runner (joining
   // its threads) before the service goes.
@@ -75,6 +84,7 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   void update_task_gauge();
 
   // Constant after construction.
+  const DataWorkerConfig config_;
   const std::chrono::milliseconds heartbeat_interval_;
   const int64_t element_buffer_bytes_;
   daemon::Counter* elements_served_;
