@@ -303,7 +303,7 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
                                           "Splits of DYNAMIC tasks received from the dispatcher.")),
       tasks_gauge_(ctx.metrics.gauge("capstan_data_worker_tasks", "Tasks on this worker (building included).")),
       splits_(std::make_shared<SplitBridge>()),
-      heartbeat_delay_(heartbeat_interval_),
+      heartbeats_(heartbeat_interval_, kMaxHeartbeatBackoff),
       background_(*this) {
   std::string address;
   for (const auto& peer : ctx.peers) {
@@ -318,10 +318,11 @@ DataWorkerService::~DataWorkerService() {
   // Pipeline threads waiting for a split return Cancelled now, so joining
   // them here, on the loop, cannot wait for the loop.
   splits_->close();
-  for (auto& entry : tasks_) {
-    if (entry.second->splits) entry.second->splits->cancel();
+  auto tasks = tasks_.take_all();
+  for (auto& task : tasks) {
+    if (task->splits) task->splits->cancel();
   }
-  tasks_.clear();  // an in-flight getElements may still hold a task; it drops it on the pool
+  tasks.clear();  // an in-flight getElements may still hold a task; it drops it on the pool
   tasks_gauge_->set(0);
 }
 
@@ -329,18 +330,7 @@ void DataWorkerService::taskFailed(kj::Exception&& exception) {
   ctx_.log->error("data worker task failed: {}", rpc::from_exception(exception).to_string());
 }
 
-std::vector<int64_t> DataWorkerService::current_task_ids() const {
-  std::vector<int64_t> ids;
-  for (const auto& entry : tasks_) ids.push_back(entry.first);
-  for (int64_t id : building_) {
-    if (deleted_while_building_.count(id) == 0) ids.push_back(id);
-  }
-  return ids;
-}
-
-void DataWorkerService::update_task_gauge() {
-  tasks_gauge_->set(static_cast<double>(tasks_.size() + building_.size() - deleted_while_building_.size()));
-}
+void DataWorkerService::update_task_gauge() { tasks_gauge_->set(static_cast<double>(tasks_.size())); }
 
 // ---- Heartbeats --------------------------------------------------------------
 
@@ -362,29 +352,25 @@ kj::Promise<void> DataWorkerService::heartbeat_loop() {
   return heartbeat_once()
       .then(
           [this]() {
+            bool was_down = heartbeats_.succeeded();
             if (!heartbeat_ok_once_) {
               ctx_.log->info("heartbeating to the dispatcher at {} as {} every {} ms", dispatcher_->address(), address_,
                              heartbeat_interval_.count());
               heartbeat_ok_once_ = true;
-            } else if (dispatcher_down_) {
+            } else if (was_down) {
               ctx_.log->info("the dispatcher at {} answers heartbeats again", dispatcher_->address());
             }
-            dispatcher_down_ = false;
-            heartbeat_delay_ = heartbeat_interval_;
             // finishTask calls that failed while the dispatcher was away.
-            std::vector<int64_t> unacknowledged(finish_unacknowledged_.begin(), finish_unacknowledged_.end());
-            for (int64_t id : unacknowledged) report_finished(id);
+            for (int64_t id : tasks_.finishes_to_retry()) report_finished(id);
           },
           [this](kj::Exception&& e) {
             heartbeat_failures_->inc();
-            if (!dispatcher_down_) {
+            if (heartbeats_.failed()) {
               ctx_.log->warn("heartbeat to the dispatcher at {} failed ({}); tasks keep serving, retrying with backoff",
                              dispatcher_->address(), rpc::from_exception(e).to_string());
-              dispatcher_down_ = true;
             }
-            heartbeat_delay_ = std::min(heartbeat_delay_ * 2, std::max(kMaxHeartbeatBackoff, heartbeat_interval_));
           })
-      .then([this]() { return ctx_.loop->timer().afterDelay(to_kj(heartbeat_delay_)); })
+      .then([this]() { return ctx_.loop->timer().afterDelay(to_kj(heartbeats_.delay())); })
       .then([this]() { return heartbeat_loop(); });
 }
 
@@ -394,7 +380,7 @@ kj::Promise<void> DataWorkerService::heartbeat_once() {
       .then([this](wire::DataDispatcher::Client dispatcher) {
         auto request = dispatcher.workerHeartbeatRequest();
         request.setWorkerAddress(address_);
-        std::vector<int64_t> ids = current_task_ids();
+        std::vector<int64_t> ids = tasks_.current_ids();
         auto list = request.initCurrentTasks(static_cast<unsigned>(ids.size()));
         for (unsigned i = 0; i < ids.size(); ++i) list.set(i, ids[i]);
         return rpc::with_deadline(
@@ -415,8 +401,7 @@ kj::Promise<void> DataWorkerService::heartbeat_once() {
 }
 
 void DataWorkerService::report_finished(int64_t task_id) {
-  finish_unacknowledged_.insert(task_id);
-  if (!finish_in_flight_.insert(task_id).second) return;
+  if (!tasks_.start_finish(task_id)) return;  // one call in flight at a time
   kj::Timer& timer = ctx_.loop->timer();
   background_.add(
       dispatcher_->service<wire::DataDispatcher>(timer.now() + to_kj(kConnectTimeout))
@@ -431,18 +416,17 @@ void DataWorkerService::report_finished(int64_t task_id) {
           })
           .then(
               [this, task_id](capnp::Response<wire::DataDispatcher::FinishTaskResults>&&) {
-                finish_in_flight_.erase(task_id);
-                finish_unacknowledged_.erase(task_id);
+                tasks_.finish_done(task_id);
               },
               [this, task_id](kj::Exception&& e) {
-                finish_in_flight_.erase(task_id);
                 Status status = rpc::from_exception(e);
                 if (retryable(status)) {
+                  tasks_.finish_failed(task_id);
                   ctx_.log->debug("finishTask for task {} failed ({}); retrying after the next heartbeat", task_id,
                                   status.to_string());
                   return;
                 }
-                finish_unacknowledged_.erase(task_id);
+                tasks_.finish_done(task_id);
                 ctx_.log->warn("the dispatcher refused finishTask for task {}: {}", task_id, status.to_string());
               }));
 }
@@ -451,11 +435,7 @@ void DataWorkerService::report_finished(int64_t task_id) {
 
 void DataWorkerService::start_task(wire::TaskDef::Reader def) {
   int64_t id = def.getTaskId();
-  if (tasks_.count(id) > 0) return;
-  if (building_.count(id) > 0) {
-    deleted_while_building_.erase(id);  // assigned again after a deletion
-    return;
-  }
+  if (!tasks_.assign(id)) return;  // serving or building already
   TaskSpec spec;
   spec.task_id = id;
   spec.job_id = def.getJobId();
@@ -469,7 +449,6 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
                  spec.dataset_id, mode_name(spec.mode),
                  spec.num_consumers > 0 ? ", " + std::to_string(spec.num_consumers) + " coordinated consumers" : "",
                  spec.cross_trainer_cache ? ", cross-trainer cache" : "");
-  building_.insert(id);
   const FunctionRegistry* functions = ctx_.functions;
   std::shared_ptr<SplitBridge> bridge = splits_;
   int64_t buffer_bytes = element_buffer_bytes_;
@@ -480,39 +459,29 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
                        })
           .then(
               [this, id](std::shared_ptr<WorkerTask> task) {
-                building_.erase(id);
-                if (deleted_while_building_.erase(id) > 0) {
-                  destroy_on_pool(ctx_.pool, std::move(task));
+                Status error = task->error;
+                if (auto dropped = tasks_.built(id, std::move(task))) {
+                  destroy_on_pool(ctx_.pool, std::move(dropped));  // deleted while building
+                } else if (error.ok()) {
+                  ctx_.log->info("task {}: serving", id);
                 } else {
-                  if (task->error.ok()) {
-                    ctx_.log->info("task {}: serving", id);
-                  } else {
-                    ctx_.log->error("{}; its consumers get this error", task->error.to_string());
-                  }
-                  tasks_[id] = std::move(task);
+                  ctx_.log->error("{}; its consumers get this error", error.to_string());
                 }
                 update_task_gauge();
               },
               [this, id](kj::Exception&& e) {
                 // Not built: the dispatcher assigns it again in a heartbeat reply.
-                building_.erase(id);
-                deleted_while_building_.erase(id);
+                tasks_.build_failed(id);
                 update_task_gauge();
                 ctx_.log->error("task {}: building failed: {}", id, rpc::from_exception(e).to_string());
               }));
 }
 
 void DataWorkerService::delete_task(int64_t task_id) {
-  finish_unacknowledged_.erase(task_id);
-  if (building_.count(task_id) > 0) {
-    deleted_while_building_.insert(task_id);
-    return;
+  if (auto task = tasks_.remove(task_id)) {
+    ctx_.log->info("task {}: deleted by the dispatcher", task_id);
+    destroy_on_pool(ctx_.pool, std::move(task));
   }
-  auto it = tasks_.find(task_id);
-  if (it == tasks_.end()) return;
-  ctx_.log->info("task {}: deleted by the dispatcher", task_id);
-  destroy_on_pool(ctx_.pool, std::move(it->second));
-  tasks_.erase(it);
 }
 
 // ---- Splits ------------------------------------------------------------------
@@ -557,18 +526,19 @@ kj::Promise<void> DataWorkerService::fetch_split(std::shared_ptr<SplitCall> call
 kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   auto request = context.getParams().getRequest();
   int64_t task_id = request.getTaskId();
-  auto it = tasks_.find(task_id);
-  if (it == tasks_.end()) {
-    if (building_.count(task_id) > 0 && deleted_while_building_.count(task_id) == 0) {
+  std::shared_ptr<WorkerTask> task;
+  switch (tasks_.lookup(task_id, &task)) {
+    case TaskTable<WorkerTask>::State::kServing:
+      break;
+    case TaskTable<WorkerTask>::State::kBuilding:
       return kj::READY_NOW;  // no elements yet: the consumer asks again
-    }
-    if (finished_.count(task_id) > 0) {  // finished, then deleted
+    case TaskTable<WorkerTask>::State::kFinishedAndDeleted:
       context.getResults().setEndOfSequence(true);
       return kj::READY_NOW;
-    }
-    // A consumer can hear of a task before this worker's next heartbeat
-    // does; the code tells it so.
-    rpc::throw_status(Status::NotFound("no task " + std::to_string(task_id) + " on this worker"));
+    case TaskTable<WorkerTask>::State::kUnknown:
+      // A consumer can hear of a task before this worker's next heartbeat
+      // does; the code tells it so.
+      rpc::throw_status(Status::NotFound("no task " + std::to_string(task_id) + " on this worker"));
   }
   if (request.getMaxElements() <= 0) {
     rpc::throw_status(
@@ -578,7 +548,6 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
     rpc::throw_status(
         Status::InvalidArgument("maxBytes must not be negative, got " + std::to_string(request.getMaxBytes())));
   }
-  std::shared_ptr<WorkerTask> task = it->second;
   if (!task->error.ok()) rpc::throw_status(task->error);
 
   TaskRunner::Request get;
@@ -601,7 +570,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         results.setEndOfSequence(reply->end_of_sequence);
         elements_served_->inc(static_cast<double>(reply->elements.size()));
         bytes_served_->inc(bytes);
-        if (reply->end_of_sequence && finished_.insert(task_id).second) {
+        if (reply->end_of_sequence && tasks_.mark_finished(task_id)) {
           ctx_.log->info("task {}: end of sequence; telling the dispatcher", task_id);
           report_finished(task_id);
         }

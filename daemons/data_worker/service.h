@@ -41,6 +41,7 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "capstan_schemas/data_worker.capnp.h"
 #include "daemons/common/node_service.h"
+#include "daemons/data_worker/task_table.h"
 
 namespace capstan::data_service {
 
@@ -80,7 +81,6 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   // Answers the getSplit calls pipelines post to the SplitBridge.
   kj::Promise<void> serve_splits();
   kj::Promise<void> fetch_split(std::shared_ptr<SplitCall> call);
-  std::vector<int64_t> current_task_ids() const;
   void update_task_gauge();
 
   // Constant after construction.
@@ -97,16 +97,10 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   // Loop thread only.
   kj::Own<rpc::Connection> dispatcher_;
   std::string address_;  // what consumers dial; read once the daemon is ready
-  bool dispatcher_down_ = false;
   bool heartbeat_ok_once_ = false;
   bool waiting_logged_ = false;
-  std::chrono::milliseconds heartbeat_delay_;
-  std::map<int64_t, std::shared_ptr<WorkerTask>> tasks_;  // built tasks
-  std::set<int64_t> building_;                 // on the pool now
-  std::set<int64_t> deleted_while_building_;   // dropped when their build ends
-  std::set<int64_t> finished_;                 // reached end of sequence (kept after deletion)
-  std::set<int64_t> finish_unacknowledged_;    // finishTask not yet accepted
-  std::set<int64_t> finish_in_flight_;
+  HeartbeatBackoff heartbeats_;
+  TaskTable<WorkerTask> tasks_;
 
   // Last, so its promises (which use everything above) go first.
   kj::TaskSet background_;
