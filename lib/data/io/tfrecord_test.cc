@@ -5,6 +5,8 @@
 #include <string>
 #include <vector>
 
+#include "capstan/data/dataset.h"
+#include "capstan/data/tfrecord.h"
 #include "data/io/crc32c.h"
 #include "data/io/record_format.h"
 #include "data/test_util.h"
@@ -365,5 +367,43 @@ TEST_CASE("TFRecordReader reads from any InputStream it is given") {
   CHECK(count == 2);
 }
 
+std::vector<std::string> read_back(const std::string& path, data::Compression compression) {
+  auto it = Dataset::tfrecord_dataset({path}, compression).make_iterator();
+  REQUIRE(it.ok());
+  std::vector<std::string> out;
+  while (true) {
+    auto next = (*it)->get_next();
+    REQUIRE(next.ok());
+    if (!next->has_value()) return out;
+    out.push_back(std::string((**next).components.at(0).string_at(0)));
+  }
+}
+
+TEST_CASE("public TFRecordWriter: what it writes, plain or GZIP, tfrecord_dataset reads back", "[tfrecord]") {
+  testing::TempDir dir;
+  std::vector<std::string> records = {"", "a", std::string(100000, 'x'), std::string("\0\1\2", 3)};
+  for (data::Compression compression : {data::Compression::kNone, data::Compression::kGzip}) {
+    const std::string path = dir.file(compression == data::Compression::kGzip ? "r.tfrecord.gz" : "r.tfrecord");
+    auto writer = data::TFRecordWriter::open(path, compression);
+    REQUIRE(writer.ok());
+    for (const auto& record : records) REQUIRE((*writer)->write(record).ok());
+    REQUIRE((*writer)->close().ok());
+    CHECK(read_back(path, compression) == records);
+  }
+}
+
+TEST_CASE("public TFRecordWriter: writing after close fails; a missing directory is NotFound naming the path",
+          "[tfrecord]") {
+  testing::TempDir dir;
+  auto writer = data::TFRecordWriter::open(dir.file("w.tfrecord"));
+  REQUIRE(writer.ok());
+  REQUIRE((*writer)->close().ok());
+  CHECK((*writer)->write("late").code() == StatusCode::kFailedPrecondition);
+  auto missing = data::TFRecordWriter::open(dir.file("no/such/dir/w.tfrecord"));
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("no/such/dir"));
+}
+
 }  // namespace
 }  // namespace capstan::data::io
+
