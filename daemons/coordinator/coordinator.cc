@@ -1,0 +1,517 @@
+#include "daemons/coordinator/coordinator.h"
+
+#include <algorithm>
+#include <utility>
+
+#include "capstan/data/dataset.h"
+#include "data/tensor_util.h"
+#include "rpc/errors.h"
+#include "rpc/pool.h"
+
+namespace capstan::coordinator {
+namespace {
+
+// The first error among `statuses`, or OK.
+kj::Promise<Status> first_error(kj::Array<kj::Promise<Status>> statuses) {
+  return kj::joinPromises(kj::mv(statuses)).then([](kj::Array<Status> results) {
+    for (auto& status : results) {
+      if (!status.ok()) return status;
+    }
+    return Status::Ok();
+  });
+}
+
+bool finished(ClosureQueue::State state) {
+  return state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed ||
+         state == ClosureQueue::State::kCancelled;
+}
+
+}  // namespace
+
+Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_servers, kj::Timer& timer,
+                         boost::asio::thread_pool& pool, std::shared_ptr<spdlog::logger> log)
+    : config_(std::move(config)),
+      ps_(parameter_servers),
+      timer_(timer),
+      pool_(pool),
+      log_(std::move(log)),
+      ps_up_(static_cast<size_t>(parameter_servers.size()), false),
+      placer_(std::max(parameter_servers.size(), 1)),
+      tasks_(*this) {
+  for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
+}
+
+Coordinator::~Coordinator() = default;
+
+void Coordinator::taskFailed(kj::Exception&& exception) {
+  log_->error("coordinator task failed: {}", rpc::from_exception(exception).to_string());
+}
+
+void Coordinator::notify() {
+  auto waiters = kj::mv(waiters_);
+  waiters_ = kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>();
+  for (auto& w : waiters) w->fulfill();
+}
+
+kj::Promise<void> Coordinator::changed() {
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  waiters_.add(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+Status Coordinator::ps_status() const {
+  for (size_t i = 0; i < ps_up_.size(); ++i) {
+    if (!ps_up_[i]) {
+      return Status::Unavailable("parameter server ps:" + std::to_string(i) + " at " +
+                                 ps_.address(static_cast<int>(i)) + " is unreachable");
+    }
+  }
+  return Status::Ok();
+}
+
+kj::Promise<void> Coordinator::watch_ps(int task) {
+  return ps_.reachable(task)
+      .then([this, task]() {
+        ps_up_[static_cast<size_t>(task)] = true;
+        notify();
+        return ps_.unreachable(task);
+      })
+      .then([this, task]() {
+        ps_up_[static_cast<size_t>(task)] = false;
+        log_->warn("parameter server ps:{} at {} is unreachable", task, ps_.address(task));
+        notify();
+        return watch_ps(task);
+      });
+}
+
+// ---- Workers ---------------------------------------------------------------------
+
+kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::string> functions,
+                                                  std::unique_ptr<WorkerPeer> peer) {
+  Worker worker;
+  worker.id = next_worker_id_++;
+  worker.task_index = task_index;
+  worker.peer = std::move(peer);
+  worker.functions = std::move(functions);
+  std::string names;
+  for (const auto& f : worker.functions) names += (names.empty() ? "" : ", ") + f;
+  int64_t id = worker.id;
+  workers_.emplace(id, std::move(worker));
+  log_->info("worker {} (task {}) joined; closures: {}", id, task_index, names.empty() ? "none" : names);
+  // Its per-worker iterators first, then closures.
+  return send_datasets(id).then([this, id]() {
+    for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
+    tasks_.add(watch_worker(id));
+    notify();
+    return id;
+  });
+}
+
+bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.count(worker_id) != 0; }
+
+std::set<std::string> Coordinator::closure_names() const {
+  std::set<std::string> all;
+  for (const auto& [id, worker] : workers_) all.insert(worker.functions.begin(), worker.functions.end());
+  return all;
+}
+
+bool Coordinator::any_worker_has(const std::string& name) const {
+  for (const auto& [id, worker] : workers_) {
+    if (worker.functions.count(name) != 0) return true;
+  }
+  return false;
+}
+
+// Pings a worker every interval; one that does not answer in time (hung, or
+// cut off without the link breaking) is dropped.
+kj::Promise<void> Coordinator::watch_worker(int64_t worker_id) {
+  return timer_.afterDelay(config_.worker_ping_interval.count() * kj::MILLISECONDS)
+      .then([this, worker_id]() -> kj::Promise<void> {
+        auto it = workers_.find(worker_id);
+        if (it == workers_.end()) return kj::READY_NOW;
+        auto timeout = config_.worker_ping_timeout;
+        auto late = timer_.afterDelay(timeout.count() * kj::MILLISECONDS).then([timeout]() {
+          return Status::DeadlineExceeded("ping did not finish within " + std::to_string(timeout.count()) +
+                                          " ms");
+        });
+        auto ping = it->second.peer->ping().catch_([](kj::Exception&& e) { return rpc::from_exception(e); });
+        return ping.exclusiveJoin(kj::mv(late)).then([this, worker_id](Status status) -> kj::Promise<void> {
+          if (!status.ok()) {
+            drop_worker(worker_id, status.with_context("no answer to a ping"));
+            return kj::READY_NOW;
+          }
+          return watch_worker(worker_id);
+        });
+      });
+}
+
+void Coordinator::drop_worker(int64_t worker_id, const Status& why) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return;
+  auto requeued = queue_.worker_failed(worker_id);
+  log_->warn("worker {} (task {}) lost ({}); {} running closure(s) re-queued", worker_id, it->second.task_index,
+             why.message(), requeued.size());
+  workers_.erase(it);
+  notify();
+}
+
+kj::Promise<void> Coordinator::lane(int64_t worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return kj::READY_NOW;
+  if (!ps_status().ok()) return changed().then([this, worker_id]() { return lane(worker_id); });
+  auto closure = queue_.next(worker_id);
+  if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
+  ClosureRun run;
+  run.closure_id = closure->id;
+  run.function = closure->function;
+  run.args = closure->args;
+  run.placement_version = placement_version_;
+  run.attempt = static_cast<uint32_t>(closure->attempts);
+  run.num_workers = static_cast<uint32_t>(workers_.size());
+  int64_t id = closure->id;
+  return it->second.peer->run_closure(std::move(run))
+      .catch_([](kj::Exception&& e) {
+        ClosureOutcome lost;
+        lost.result = rpc::from_exception(e);
+        lost.worker_lost = true;
+        return lost;
+      })
+      .then([this, worker_id, id](ClosureOutcome outcome) -> kj::Promise<void> {
+        if (outcome.worker_lost) {
+          drop_worker(worker_id, outcome.result.status());
+          return kj::READY_NOW;
+        }
+        queue_.complete(id, worker_id, std::move(outcome.result));
+        notify();
+        return lane(worker_id);
+      });
+}
+
+// ---- Per-worker datasets ----------------------------------------------------------
+
+int Coordinator::num_workers_for_datasets() const {
+  return std::max<int>(config_.expected_workers, static_cast<int>(workers_.size()));
+}
+
+kj::Promise<void> Coordinator::send_dataset(Worker& worker, int64_t id, const PerWorkerDataset& dataset) {
+  int n = std::max(num_workers_for_datasets(), worker.task_index + 1);
+  int64_t worker_id = worker.id;
+  kj::Promise<Status> sent = nullptr;
+  if (!dataset.function.empty()) {
+    sent = worker.peer->create_dataset_from_function(id, dataset.function, n, worker.task_index);
+  } else {
+    auto parsed = data::Dataset::deserialize(dataset.definition);  // checked when it was created
+    if (!parsed.ok()) {
+      sent = parsed.status();
+    } else {
+      sent = worker.peer->create_dataset(id, parsed->resolve_shard_hint(n, worker.task_index).serialize());
+    }
+  }
+  return sent.catch_([](kj::Exception&& e) { return rpc::from_exception(e); })
+      .then([this, worker_id, id](Status status) {
+        if (!status.ok()) {
+          log_->warn("worker {} could not build per-worker dataset {}: {}", worker_id, id, status.to_string());
+        }
+      });
+}
+
+kj::Promise<void> Coordinator::send_datasets(int64_t worker_id) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) return kj::READY_NOW;
+  auto sends = kj::heapArrayBuilder<kj::Promise<void>>(datasets_.size());
+  for (const auto& [id, dataset] : datasets_) sends.add(send_dataset(it->second, id, dataset));
+  return kj::joinPromises(sends.finish());
+}
+
+kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) {
+  int64_t id = next_dataset_id_++;
+  const PerWorkerDataset& added = datasets_[id] = std::move(dataset);
+  // Existing workers build theirs now; later ones when they register.
+  auto sends = kj::heapArrayBuilder<kj::Promise<void>>(workers_.size());
+  for (auto& [worker_id, worker] : workers_) sends.add(send_dataset(worker, id, added));
+  return kj::joinPromises(sends.finish()).then([id]() { return Result<int64_t>(id); });
+}
+
+kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition) {
+  Status valid = data::Dataset::deserialize(definition).status();
+  if (!valid.ok()) return Result<int64_t>(valid.with_context("createPerWorkerDataset"));
+  PerWorkerDataset dataset;
+  dataset.definition = std::move(definition);
+  return add_dataset(std::move(dataset));
+}
+
+kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function) {
+  if (!workers_.empty() && !any_worker_has("dataset:" + function)) {
+    return Result<int64_t>(Status::NotFound("create_per_worker_dataset: no worker has a dataset function named '" +
+                                            function + "'"));
+  }
+  PerWorkerDataset dataset;
+  dataset.function = std::move(function);
+  return add_dataset(std::move(dataset));
+}
+
+// ---- Variables ---------------------------------------------------------------------
+
+VariableLocation Coordinator::location(const Variable& variable) const {
+  VariableLocation out;
+  out.name = variable.name;
+  out.dtype = variable.dtype;
+  out.shape = variable.shape;
+  for (const auto& s : variable.shards) {
+    out.shards.push_back({s.name, s.ps_task, ps_.address(s.ps_task), s.first_row, s.rows});
+  }
+  return out;
+}
+
+Result<Coordinator::Variable> Coordinator::place(const std::string& name, DType dtype, const Shape& shape,
+                                                 const placement::Partitioner& partitioner) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto placed, placer_.place(name, shape, dtype, partitioner));
+  Variable variable;
+  variable.name = name;
+  variable.dtype = dtype;
+  variable.shape = shape;
+  for (const auto& p : placed) variable.shards.push_back({p.name, p.ps_task, p.first_row, p.rows});
+  return variable;
+}
+
+kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableRequest request) {
+  using Placed = Result<VariableLocation>;
+  const std::string name = request.name;
+  if (name.empty()) return Placed(Status::InvalidArgument("createVariable: empty name"));
+  if (ps_.size() == 0) {
+    return Placed(Status::FailedPrecondition(
+        "createVariable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
+  }
+  Status up = ps_status();
+  if (!up.ok()) return Placed(up);
+  const Tensor& initial = request.initial;
+  auto existing = variables_.find(name);
+  if (existing != variables_.end()) {
+    // A reconnecting program creates its variables again: hand back the
+    // ones that exist (their values stay on the parameter servers).
+    const Variable& v = existing->second;
+    if (v.dtype != initial.dtype() || v.shape != initial.shape()) {
+      return Placed(Status::AlreadyExists("variable '" + name + "' exists as " + std::string(dtype_name(v.dtype)) +
+                                          shape_string(v.shape) + ", not " +
+                                          std::string(dtype_name(initial.dtype())) + shape_string(initial.shape())));
+    }
+    return Placed(location(v));
+  }
+  auto variable = place(name, initial.dtype(), initial.shape(), request.partitioner);
+  if (!variable.ok()) return Placed(variable.status().with_context("createVariable '" + name + "'"));
+  variable->optimizer = std::move(request.optimizer);
+  return create_shards(std::move(*variable), std::move(request.initial)).then([this, name](Status status) -> Placed {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return location(variables_.at(name));
+  });
+}
+
+kj::Promise<Status> Coordinator::create_shards(Variable variable, Tensor initial) {
+  auto creates = kj::heapArrayBuilder<kj::Promise<Status>>(variable.shards.size());
+  for (const auto& shard : variable.shards) {
+    Tensor part = initial;
+    if (initial.rank() > 0 && variable.shards.size() > 1) {
+      auto slice = data::slice_rows(initial, shard.first_row, shard.first_row + shard.rows);
+      if (!slice.ok()) return slice.status();
+      part = *slice;
+    }
+    creates.add(ps_.create_shard(shard.ps_task, shard.name, std::move(part), variable.optimizer));
+  }
+  return first_error(creates.finish()).then([this, variable = std::move(variable)](Status status) mutable {
+    if (!status.ok()) return status;
+    ++placement_version_;
+    log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
+               shape_string(variable.shape), variable.shards.size());
+    std::string name = variable.name;
+    variables_[name] = std::move(variable);
+    return Status::Ok();
+  });
+}
+
+Placements Coordinator::placements() const {
+  Placements out;
+  out.version = placement_version_;
+  for (const auto& [name, variable] : variables_) out.variables.push_back(location(variable));
+  return out;
+}
+
+// ---- Closures ----------------------------------------------------------------------
+
+Result<int64_t> Coordinator::schedule(const std::string& function, std::string args) {
+  if (queue_.has_error()) return queue_.take_error();
+  CAPSTAN_RETURN_IF_ERROR(ps_status());
+  if (!workers_.empty() && !any_worker_has(function)) {
+    // The name list is only built for the error message, off the hot path.
+    std::string names;
+    for (const auto& n : closure_names()) names += (names.empty() ? "" : ", ") + n;
+    return Status::NotFound("schedule: no worker has a closure named '" + function +
+                            "' (workers have: " + (names.empty() ? "none" : names) + ")");
+  }
+  auto id = queue_.schedule(function, std::move(args));
+  if (id.ok()) notify();
+  return id;
+}
+
+kj::Promise<Status> Coordinator::join() {
+  if (queue_.has_error()) return queue_.take_error();
+  Status up = ps_status();
+  if (!up.ok()) return up;
+  if (queue_.idle()) return Status::Ok();
+  return changed().then([this]() { return join(); });
+}
+
+Result<bool> Coordinator::done() {
+  if (queue_.has_error()) return queue_.take_error();
+  CAPSTAN_RETURN_IF_ERROR(ps_status());
+  return queue_.idle();
+}
+
+kj::Promise<Result<std::string>> Coordinator::fetch(int64_t closure_id) { return wait_for_value(closure_id); }
+
+kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
+  auto state = queue_.state(id);
+  if (!state.ok()) return Result<std::string>(state.status());
+  if (finished(*state)) return queue_.value(id);
+  Status up = ps_status();
+  if (!up.ok()) return Result<std::string>(up);
+  return changed().then([this, id]() { return wait_for_value(id); });
+}
+
+void Coordinator::release(int64_t closure_id) { queue_.release(closure_id); }
+
+// ---- Checkpoints -------------------------------------------------------------------
+
+std::vector<VariableState> Coordinator::layout() const {
+  std::vector<VariableState> states;
+  for (const auto& [name, variable] : variables_) {
+    VariableState state;
+    state.name = name;
+    state.dtype = variable.dtype;
+    state.shape = variable.shape;
+    state.optimizer = variable.optimizer;
+    for (const auto& shard : variable.shards) {
+      ShardState s;
+      s.name = shard.name;
+      s.ps_task = shard.ps_task;
+      s.first_row = shard.first_row;
+      s.rows = shard.rows;
+      state.shards.push_back(std::move(s));
+    }
+    states.push_back(std::move(state));
+  }
+  return states;
+}
+
+kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
+  using States = Result<std::vector<VariableState>>;
+  Status up = ps_status();
+  if (!up.ok()) return States(up);
+  auto states = std::make_shared<std::vector<VariableState>>(layout());
+  auto reads = kj::Vector<kj::Promise<Status>>();
+  for (size_t v = 0; v < states->size(); ++v) {
+    for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
+      const ShardState& shard = (*states)[v].shards[k];
+      reads.add(ps_.read_shard(shard.ps_task, shard.name).then([states, v, k](Result<ShardContents> contents) {
+        CAPSTAN_RETURN_IF_ERROR(contents.status());
+        ShardState& s = (*states)[v].shards[k];
+        s.value = std::move(contents->value);
+        s.slots = std::move(contents->slots);
+        s.step = contents->step;
+        return Status::Ok();
+      }));
+    }
+  }
+  return first_error(reads.releaseAsArray()).then([states](Status status) -> States {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*states);
+  });
+}
+
+kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string directory, int64_t step,
+                                                              int max_to_keep) {
+  using Path = Result<std::string>;
+  if (directory.empty()) return Path(Status::InvalidArgument("saveCheckpoint: empty directory"));
+  return snapshot()
+      .then([this, directory, step, max_to_keep](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
+        if (!states.ok()) return Path(states.status());
+        return rpc::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states)]() {
+          return write_checkpoint(directory, step, max_to_keep, states);
+        });
+      })
+      .then([this](Path path) -> Path {
+        CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
+        log_->info("saved checkpoint {}", *path);
+        return path;
+      });
+}
+
+kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states) {
+  auto writes = kj::Vector<kj::Promise<Status>>();
+  for (auto& v : states) {
+    for (auto& s : v.shards) {
+      ShardContents contents;
+      contents.value = std::move(s.value);
+      contents.slots = std::move(s.slots);
+      contents.step = s.step;
+      writes.add(ps_.write_shard(s.ps_task, s.name, std::move(contents)));
+    }
+  }
+  return first_error(writes.releaseAsArray());
+}
+
+kj::Promise<Result<int64_t>> Coordinator::restore_checkpoint(std::string path) {
+  using Reader = std::shared_ptr<checkpoint::CheckpointReader>;
+  using Restored = Result<std::pair<int64_t, std::vector<VariableState>>>;
+  using Step = Result<int64_t>;
+  Status up = ps_status();
+  if (!up.ok()) return Step(up);
+  return rpc::run_on_pool(pool_, [path]() -> Result<Reader> {
+           CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(path));
+           CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
+           return Reader(std::move(reader));
+         })
+      .then([this](Result<Reader> reader) -> kj::Promise<Result<Reader>> {
+        if (!reader.ok()) return Result<Reader>(reader.status());
+        // Variables the program has not created (again) get the
+        // checkpoint's number of shards on the current parameter servers.
+        auto creates = kj::Vector<kj::Promise<Status>>();
+        for (const auto& saved : (*reader)->manifest().variables) {
+          if (variables_.count(saved.name) != 0) continue;
+          auto zeros = Tensor::zeros(saved.dtype, saved.shape);
+          if (!zeros.ok()) return Result<Reader>(zeros.status());
+          placement::Partitioner partitioner =
+              saved.shape.empty() ? placement::Partitioner::none()
+                                  : placement::Partitioner::fixed_shards(static_cast<int64_t>(saved.shards.size()));
+          auto variable = place(saved.name, saved.dtype, saved.shape, partitioner);
+          if (!variable.ok()) return Result<Reader>(variable.status());
+          variable->optimizer = saved.optimizer;
+          creates.add(create_shards(std::move(*variable), std::move(*zeros)));
+        }
+        return first_error(creates.releaseAsArray()).then([reader = *reader](Status status) -> Result<Reader> {
+          CAPSTAN_RETURN_IF_ERROR(status);
+          return reader;
+        });
+      })
+      .then([this](Result<Reader> reader) -> kj::Promise<Restored> {
+        if (!reader.ok()) return Restored(reader.status());
+        return rpc::run_on_pool(pool_, [reader = *reader, states = layout()]() mutable -> Restored {
+          CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states));
+          return std::make_pair(reader->manifest().step, std::move(states));
+        });
+      })
+      .then([this](Restored restored) -> kj::Promise<Step> {
+        if (!restored.ok()) return Step(restored.status());
+        int64_t step = restored->first;
+        return write_shards(std::move(restored->second)).then([step](Status status) -> Step {
+          CAPSTAN_RETURN_IF_ERROR(status);
+          return step;
+        });
+      })
+      .then([this, path](Step step) -> Step {
+        CAPSTAN_RETURN_IF_ERROR(step.status().with_context("restoreCheckpoint"));
+        log_->info("restored checkpoint {} (step {})", path, *step);
+        return step;
+      });
+}
+
+}  // namespace capstan::coordinator

@@ -1,0 +1,291 @@
+// The coordinator (TensorFlow's ClusterCoordinator, as a daemon), apart from
+// its transport. CoordinatorService (service.h) adapts it to Cap'n Proto;
+// remote_peers.h reaches the other daemons for it.
+//
+// Glossary:
+//   worker     a worker-server that registered; the coordinator runs
+//              closures through its WorkerPeer.
+//   lane       one closure in flight on a worker; each worker gets
+//              `closures_per_worker` lanes that take closures from the queue.
+//   attempt    1 for a closure's first run, +1 each time it runs again
+//              because the run before was lost (its worker failed).
+//   placement  where each shard of each variable lives (ps task, rows); its
+//              version goes up with every variable created.
+//
+// A worker whose link breaks, or that stops answering pings, is dropped: its
+// running closures go back to the queue (ClosureQueue::worker_failed). A
+// parameter server that is unreachable makes join/fetch/schedule fail with
+// Unavailable naming it until it is back; dispatch pauses meanwhile.
+//
+// Example (a test's view):
+//   Coordinator c(config, parameter_servers, timer, pool, log);
+//   c.register_worker(0, {"train_step"}, std::make_unique<MyWorker>()).wait(ws);
+//   int64_t id = c.schedule("train_step", args_bytes).value();
+//   c.join().wait(ws);                      // OK once the worker answered
+//   c.fetch(id).wait(ws);                   // the value's bytes
+//
+// Not thread-safe: every method runs on the thread of the KJ event loop that
+// `timer` and the peers belong to.
+#ifndef CAPSTAN_DAEMONS_COORDINATOR_COORDINATOR_H_
+#define CAPSTAN_DAEMONS_COORDINATOR_COORDINATOR_H_
+
+#include <boost/asio/thread_pool.hpp>
+#include <kj/async.h>
+#include <kj/timer.h>
+#include <kj/vector.h>
+#include <spdlog/logger.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "capstan/training.h"
+#include "daemons/coordinator/checkpointing.h"
+#include "daemons/coordinator/closure_queue.h"
+#include "placement/placement.h"
+
+namespace capstan::daemon {
+class Config;
+}
+
+namespace capstan::coordinator {
+
+// The coordinator's settings, read and checked once at start.
+struct CoordinatorConfig {
+  std::vector<std::string> ps;  // addresses, ps task order
+  int closures_per_worker = 1;
+  std::chrono::milliseconds worker_ping_interval{2000};
+  std::chrono::milliseconds worker_ping_timeout{5000};
+  // Workers per-worker datasets are sharded for; the number registered when
+  // that is larger (0: always the number registered).
+  int expected_workers = 0;
+
+  // InvalidArgument naming the key and the value. Defined with the service
+  // (service.cc), which links the daemon's configuration.
+  static Result<CoordinatorConfig> from(const daemon::Config& config);
+};
+
+// ---- The other daemons, as the coordinator sees them -------------------------------
+
+// One dispatch of a closure to a worker.
+struct ClosureRun {
+  int64_t closure_id = 0;
+  std::string function;
+  std::string args;  // serialized Element, as the program sent it
+  int64_t placement_version = 0;
+  uint32_t attempt = 1;
+  uint32_t num_workers = 0;  // workers registered at dispatch
+};
+
+struct ClosureOutcome {
+  // The closure's value (a serialized Element) or its error.
+  Result<std::string> result = std::string();
+  // The link to the worker broke: the worker is gone; `result` says why.
+  bool worker_lost = false;
+};
+
+// A registered worker. A run_closure promise that rejects counts as a lost
+// worker; a ping or dataset promise that rejects, as that call's error.
+class WorkerPeer {
+ public:
+  virtual ~WorkerPeer() = default;
+  virtual kj::Promise<ClosureOutcome> run_closure(ClosureRun run) = 0;
+  // OK when the worker answered.
+  virtual kj::Promise<Status> ping() = 0;
+  // Per-worker datasets: a definition (SHARD_HINT already resolved for this
+  // worker), or a dataset function with the worker's input context.
+  virtual kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) = 0;
+  virtual kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function,
+                                                           int num_workers, int worker_index) = 0;
+};
+
+// What a parameter server holds for one shard.
+struct ShardContents {
+  Tensor value;
+  std::map<std::string, Tensor> slots;
+  int64_t step = 0;
+};
+
+// The parameter server tasks, numbered 0..size()-1. Must outlive the
+// Coordinator.
+class ParameterServers {
+ public:
+  virtual ~ParameterServers() = default;
+  virtual int size() const = 0;
+  virtual std::string address(int task) const = 0;
+  // Resolves once `task` can be reached (at once when it can now).
+  virtual kj::Promise<void> reachable(int task) = 0;
+  // Resolves when the link to `task`, reachable now, breaks.
+  virtual kj::Promise<void> unreachable(int task) = 0;
+  virtual kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
+                                           const Optimizer& optimizer) = 0;
+  virtual kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) = 0;
+  // Sets value, optimizer slots and step.
+  virtual kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) = 0;
+};
+
+// ---- Requests and replies -----------------------------------------------------------
+
+struct VariableRequest {
+  std::string name;
+  Tensor initial;  // the whole initial value
+  Optimizer optimizer;  // as the program sent it; the parameter servers check it
+  placement::Partitioner partitioner;
+};
+
+struct ShardLocation {
+  std::string name;  // "w/part_0"
+  int ps_task = 0;
+  std::string ps_address;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+
+struct VariableLocation {
+  std::string name;
+  DType dtype = DType::kInvalid;
+  Shape shape;
+  std::vector<ShardLocation> shards;
+};
+
+struct Placements {
+  int64_t version = 0;
+  std::vector<VariableLocation> variables;  // by name
+};
+
+class Coordinator : private kj::TaskSet::ErrorHandler {
+ public:
+  // `parameter_servers` and `pool` (checkpoint I/O) must outlive this.
+  Coordinator(CoordinatorConfig config, ParameterServers& parameter_servers, kj::Timer& timer,
+              boost::asio::thread_pool& pool, std::shared_ptr<spdlog::logger> log);
+  ~Coordinator();
+
+  Coordinator(const Coordinator&) = delete;
+  Coordinator& operator=(const Coordinator&) = delete;
+
+  // ---- Workers
+  // A worker joins with the functions its modules have (closures, and
+  // dataset functions as "dataset:<fn>"). Resolves to its id once it has
+  // been sent every per-worker dataset; then its lanes start.
+  kj::Promise<int64_t> register_worker(int task_index, std::set<std::string> functions,
+                                       std::unique_ptr<WorkerPeer> peer);
+  // Whether `worker_id` is still counted (a dropped worker registers again).
+  bool worker_alive(int64_t worker_id) const;
+  int num_workers() const { return static_cast<int>(workers_.size()); }
+  // Every function the registered workers have (union).
+  std::set<std::string> closure_names() const;
+
+  // ---- Variables
+  // Creates the variable's shards on the parameter servers. A variable that
+  // exists with the same dtype and shape is handed back as it is (a
+  // reconnecting program); AlreadyExists when they differ.
+  kj::Promise<Result<VariableLocation>> create_variable(VariableRequest request);
+  Placements placements() const;
+
+  // ---- Closures (TF semantics; see closure_queue.h)
+  // `args` is a serialized Element, passed to the worker as it is.
+  Result<int64_t> schedule(const std::string& function, std::string args);
+  // OK once nothing is queued or running; the pending error, or
+  // Unavailable while a parameter server is unreachable.
+  kj::Promise<Status> join();
+  Result<bool> done();
+  // The value's bytes once the closure finished, or its error.
+  kj::Promise<Result<std::string>> fetch(int64_t closure_id);
+  void release(int64_t closure_id);
+
+  // ---- Per-worker datasets. Resolves to the dataset's id once every
+  // worker registered now has been sent it (a worker that fails to build it
+  // is logged); each worker that registers later gets it too.
+  kj::Promise<Result<int64_t>> create_per_worker_dataset(std::string definition);
+  kj::Promise<Result<int64_t>> create_per_worker_dataset_from_function(std::string function);
+
+  // ---- Checkpoints (see checkpointing.h)
+  kj::Promise<Result<std::string>> save_checkpoint(std::string directory, int64_t step, int max_to_keep);
+  kj::Promise<Result<int64_t>> restore_checkpoint(std::string path);
+
+ private:
+  struct Worker {
+    int64_t id = 0;
+    int task_index = 0;
+    std::unique_ptr<WorkerPeer> peer;
+    std::set<std::string> functions;
+  };
+  struct Shard {
+    std::string name;
+    int ps_task = 0;
+    int64_t first_row = 0;
+    int64_t rows = 0;
+  };
+  struct Variable {
+    std::string name;
+    DType dtype = DType::kInvalid;
+    Shape shape;
+    std::vector<Shard> shards;
+    Optimizer optimizer;
+  };
+  // A per-worker dataset: a definition (SHARD_HINT resolved per worker) or
+  // the name of a dataset function in the workers' modules.
+  struct PerWorkerDataset {
+    std::string definition;
+    std::string function;
+  };
+
+  void taskFailed(kj::Exception&& exception) override;
+
+  // Wakes everything waiting for a change (join, fetch, idle lanes).
+  void notify();
+  kj::Promise<void> changed();
+  // Unavailable naming the first unreachable parameter server, or OK.
+  Status ps_status() const;
+  kj::Promise<void> watch_ps(int task);
+
+  bool any_worker_has(const std::string& name) const;
+  kj::Promise<void> lane(int64_t worker_id);
+  kj::Promise<void> watch_worker(int64_t worker_id);
+  void drop_worker(int64_t worker_id, const Status& why);
+  int num_workers_for_datasets() const;
+  kj::Promise<void> send_dataset(Worker& worker, int64_t id, const PerWorkerDataset& dataset);
+  kj::Promise<void> send_datasets(int64_t worker_id);
+  kj::Promise<Result<int64_t>> add_dataset(PerWorkerDataset dataset);
+
+  VariableLocation location(const Variable& variable) const;
+  Result<Variable> place(const std::string& name, DType dtype, const Shape& shape,
+                         const placement::Partitioner& partitioner);
+  // Creates the shards of a new variable on the parameter servers, then
+  // records it (bumping the placement version).
+  kj::Promise<Status> create_shards(Variable variable, Tensor initial);
+  // The variables as placed now, without values.
+  std::vector<VariableState> layout() const;
+  // Values, slots and steps of every shard, read from the parameter servers.
+  kj::Promise<Result<std::vector<VariableState>>> snapshot();
+  kj::Promise<Status> write_shards(std::vector<VariableState> states);
+  kj::Promise<Result<std::string>> wait_for_value(int64_t id);
+
+  const CoordinatorConfig config_;
+  ParameterServers& ps_;
+  kj::Timer& timer_;
+  boost::asio::thread_pool& pool_;
+  const std::shared_ptr<spdlog::logger> log_;
+
+  ClosureQueue queue_;
+  std::map<int64_t, Worker> workers_;
+  int64_t next_worker_id_ = 1;
+  std::vector<bool> ps_up_;  // by task
+  placement::Placer placer_;
+  std::map<std::string, Variable> variables_;
+  int64_t placement_version_ = 0;
+  std::map<int64_t, PerWorkerDataset> datasets_;
+  int64_t next_dataset_id_ = 1;
+  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiters_;
+  kj::TaskSet tasks_;  // last: its promises use everything above
+};
+
+}  // namespace capstan::coordinator
+
+#endif  // CAPSTAN_DAEMONS_COORDINATOR_COORDINATOR_H_

@@ -1,0 +1,627 @@
+#include "daemons/coordinator/coordinator.h"
+
+#include <kj/async-io.h>
+#include <kj/debug.h>
+#include <spdlog/sinks/null_sink.h>
+
+#include <catch2/catch.hpp>
+#include <filesystem>
+#include <tuple>
+
+#include "capstan/data/dataset.h"
+#include "data/test_util.h"
+
+namespace capstan::coordinator {
+namespace {
+
+namespace fs = std::filesystem;
+
+// What the coordinator did to one fake worker. Owned by the test, so it
+// outlives the WorkerPeer the coordinator drops.
+struct WorkerRecord {
+  struct Run {
+    ClosureRun run;
+    kj::Own<kj::PromiseFulfiller<ClosureOutcome>> reply;
+  };
+  std::vector<Run> runs;  // in dispatch order
+  bool answer_pings = true;
+  int pings = 0;
+  std::vector<std::pair<int64_t, std::string>> datasets;                      // id, definition
+  std::vector<std::tuple<int64_t, std::string, int, int>> function_datasets;  // id, fn, workers, index
+
+  // Answers the closure dispatched `index`-th.
+  void reply(size_t index, Result<std::string> result, bool worker_lost = false) {
+    REQUIRE(index < runs.size());
+    runs[index].reply->fulfill(ClosureOutcome{std::move(result), worker_lost});
+  }
+  size_t open_runs() {
+    size_t n = 0;
+    for (auto& r : runs) n += r.reply->isWaiting() ? 1 : 0;
+    return n;
+  }
+};
+
+class FakeWorker : public WorkerPeer {
+ public:
+  explicit FakeWorker(WorkerRecord& record) : record_(record) {}
+
+  kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override {
+    auto paf = kj::newPromiseAndFulfiller<ClosureOutcome>();
+    record_.runs.push_back({std::move(run), kj::mv(paf.fulfiller)});
+    return kj::mv(paf.promise);
+  }
+  kj::Promise<Status> ping() override {
+    ++record_.pings;
+    if (!record_.answer_pings) return kj::NEVER_DONE;
+    return Status::Ok();
+  }
+  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override {
+    record_.datasets.emplace_back(dataset_id, std::move(definition));
+    return Status::Ok();
+  }
+  kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,
+                                                   int worker_index) override {
+    record_.function_datasets.emplace_back(dataset_id, std::move(function), num_workers, worker_index);
+    return Status::Ok();
+  }
+
+ private:
+  WorkerRecord& record_;
+};
+
+class FakeParameterServers : public ParameterServers {
+ public:
+  struct Task {
+    std::string address;
+    bool up = true;
+    std::map<std::string, ShardContents> shards;
+    std::map<std::string, Optimizer> optimizers;
+    std::vector<std::string> reads;   // shard names, in order
+    std::vector<std::string> writes;  // shard names, in order
+    kj::Own<kj::PromiseFulfiller<void>> on_up;
+    kj::Own<kj::PromiseFulfiller<void>> on_down;
+  };
+
+  explicit FakeParameterServers(int n) {
+    for (int i = 0; i < n; ++i) {
+      Task task;
+      task.address = "ps" + std::to_string(i) + ":7000";
+      tasks.push_back(std::move(task));
+    }
+  }
+
+  void go_down(int task) {
+    Task& t = tasks[static_cast<size_t>(task)];
+    t.up = false;
+    if (t.on_down) t.on_down->fulfill();
+  }
+  void come_up(int task) {
+    Task& t = tasks[static_cast<size_t>(task)];
+    t.up = true;
+    if (t.on_up) t.on_up->fulfill();
+  }
+
+  int size() const override { return static_cast<int>(tasks.size()); }
+  std::string address(int task) const override { return tasks[static_cast<size_t>(task)].address; }
+  kj::Promise<void> reachable(int task) override {
+    if (tasks[static_cast<size_t>(task)].up) return kj::READY_NOW;
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    tasks[static_cast<size_t>(task)].on_up = kj::mv(paf.fulfiller);
+    return kj::mv(paf.promise);
+  }
+  kj::Promise<void> unreachable(int task) override {
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    tasks[static_cast<size_t>(task)].on_down = kj::mv(paf.fulfiller);
+    return kj::mv(paf.promise);
+  }
+  kj::Promise<Status> create_shard(int task, std::string name, Tensor initial, const Optimizer& optimizer) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Status::Unavailable(t.address + " is down");
+    t.shards[name].value = std::move(initial);
+    t.optimizers[name] = optimizer;
+    return Status::Ok();
+  }
+  kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    t.reads.push_back(name);
+    auto it = t.shards.find(name);
+    if (it == t.shards.end()) return Result<ShardContents>(Status::NotFound("no shard " + name));
+    return Result<ShardContents>(it->second);
+  }
+  kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    t.writes.push_back(name);
+    t.shards[name] = std::move(contents);
+    return Status::Ok();
+  }
+
+  std::vector<Task> tasks;
+};
+
+// An event loop, a manual clock and a coordinator over fakes.
+struct Harness {
+  explicit Harness(CoordinatorConfig config = {}, int num_ps = 1)
+      : io(kj::setupAsyncIo()),
+        timer(kj::origin<kj::TimePoint>()),
+        pool(1),
+        ps(num_ps),
+        coordinator(std::make_unique<Coordinator>(
+            config, ps, timer, pool,
+            std::make_shared<spdlog::logger>("coordinator_test", std::make_shared<spdlog::sinks::null_sink_mt>()))) {
+    settle();
+  }
+  ~Harness() {
+    coordinator.reset();
+    pool.join();
+  }
+
+  void settle() { io.waitScope.poll(); }
+
+  // Moves the clock forward in steps, running what becomes ready.
+  void advance(std::chrono::milliseconds total) {
+    const auto step = std::chrono::milliseconds(100);
+    for (auto t = std::chrono::milliseconds(0); t < total; t += step) {
+      timer.advanceTo(timer.now() + step.count() * kj::MILLISECONDS);
+      settle();
+    }
+  }
+
+  int64_t add_worker(WorkerRecord& record, std::set<std::string> functions = {"train_step"}, int task_index = 0) {
+    return coordinator->register_worker(task_index, std::move(functions), std::make_unique<FakeWorker>(record))
+        .wait(io.waitScope);
+  }
+
+  kj::AsyncIoContext io;
+  kj::TimerImpl timer;
+  boost::asio::thread_pool pool;
+  FakeParameterServers ps;
+  std::unique_ptr<Coordinator> coordinator;
+};
+
+Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
+
+std::vector<float> values_of(const Tensor& t) {
+  auto flat = t.flat<float>();
+  return {flat.begin(), flat.end()};
+}
+
+VariableRequest variable(std::string name, Tensor initial,
+                         placement::Partitioner partitioner = placement::Partitioner::none()) {
+  VariableRequest request;
+  request.name = std::move(name);
+  request.initial = std::move(initial);
+  request.optimizer = Optimizer::sgd(0.5);
+  request.partitioner = partitioner;
+  return request;
+}
+
+}  // namespace
+
+// ---- Membership ----------------------------------------------------------------------
+
+TEST_CASE("registered workers get distinct ids, are counted and their functions listed", "[coordinator]") {
+  WorkerRecord a, b;
+  Harness h;
+  int64_t id_a = h.add_worker(a, {"train_step"});
+  int64_t id_b = h.add_worker(b, {"eval_step", "dataset:make"}, 1);
+  CHECK(id_a != id_b);
+  CHECK(h.coordinator->num_workers() == 2);
+  CHECK(h.coordinator->worker_alive(id_a));
+  CHECK(h.coordinator->worker_alive(id_b));
+  CHECK_FALSE(h.coordinator->worker_alive(id_b + 100));
+  CHECK(h.coordinator->closure_names() == std::set<std::string>{"dataset:make", "eval_step", "train_step"});
+}
+
+TEST_CASE("schedule fails with NotFound naming the closure when no worker has it", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a, {"train_step"});
+  auto id = h.coordinator->schedule("no_such_step", "args");
+  REQUIRE_FALSE(id.ok());
+  CHECK(id.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(id.status().message(), Catch::Contains("no_such_step") && Catch::Contains("train_step"));
+  CHECK(h.coordinator->schedule("train_step", "args").ok());
+}
+
+TEST_CASE("closures are accepted before any worker registers and run once one does", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  int64_t id = h.coordinator->schedule("train_step", "args").value();
+  h.add_worker(a);
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  CHECK(a.runs[0].run.closure_id == id);
+  CHECK(a.runs[0].run.args == "args");
+}
+
+TEST_CASE("a dropped worker that registers again is counted again under a new id", "[coordinator]") {
+  WorkerRecord first, again;
+  Harness h;
+  int64_t old_id = h.add_worker(first);
+  h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  REQUIRE(first.runs.size() == 1);
+  first.reply(0, Status::Unavailable("connection reset"), /*worker_lost=*/true);
+  h.settle();
+  CHECK_FALSE(h.coordinator->worker_alive(old_id));
+  CHECK(h.coordinator->num_workers() == 0);
+
+  int64_t new_id = h.add_worker(again);
+  CHECK(new_id != old_id);
+  CHECK(h.coordinator->worker_alive(new_id));
+  CHECK(h.coordinator->num_workers() == 1);
+}
+
+// ---- Lanes and dispatch ---------------------------------------------------------------
+
+TEST_CASE("each worker runs closures_per_worker closures at once", "[coordinator]") {
+  CoordinatorConfig config;
+  config.closures_per_worker = 2;
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  for (int i = 0; i < 5; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
+  h.settle();
+  CHECK(a.runs.size() == 2);
+  CHECK(a.open_runs() == 2);
+
+  a.reply(0, std::string("r0"));
+  h.settle();
+  CHECK(a.runs.size() == 3);
+  CHECK(a.open_runs() == 2);
+  CHECK(a.runs[2].run.args == "2");
+}
+
+TEST_CASE("a dispatched closure carries attempt 1, the worker count and the placement version", "[coordinator]") {
+  WorkerRecord a, b;
+  Harness h;
+  h.add_worker(a);
+  h.add_worker(b);
+  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  REQUIRE(a.runs.size() + b.runs.size() == 1);
+  const ClosureRun& run = a.runs.empty() ? b.runs[0].run : a.runs[0].run;
+  CHECK(run.function == "train_step");
+  CHECK(run.attempt == 1);
+  CHECK(run.num_workers == 2);
+  CHECK(run.placement_version == 1);
+}
+
+TEST_CASE("a closure's value is fetched once its worker answers, and join waits for it", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  int64_t id = h.coordinator->schedule("train_step", "x").value();
+  auto join = h.coordinator->join();
+  auto fetch = h.coordinator->fetch(id);
+  h.settle();
+  CHECK_FALSE(join.poll(h.io.waitScope));
+  CHECK(h.coordinator->done().value() == false);
+  a.reply(0, std::string("loss"));
+  CHECK(join.wait(h.io.waitScope).ok());
+  CHECK(fetch.wait(h.io.waitScope).value() == "loss");
+  CHECK(h.coordinator->done().value() == true);
+  CHECK(h.coordinator->fetch(id + 100).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("an error a worker reports fails the closure, keeps the worker and is raised by join once",
+          "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  int64_t worker = h.add_worker(a);
+  int64_t id = h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  a.reply(0, Status::InvalidArgument("bad input"));
+  h.settle();
+  CHECK(h.coordinator->worker_alive(worker));
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a worker whose link breaks is dropped and its closures run again elsewhere as attempt 2",
+          "[coordinator]") {
+  WorkerRecord a, b;
+  Harness h;
+  int64_t id_a = h.add_worker(a);
+  int64_t closure = h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  CHECK(a.runs[0].run.attempt == 1);
+  int64_t id_b = h.add_worker(b);
+  h.settle();
+  CHECK(b.runs.empty());
+
+  a.reply(0, Status::Unavailable("connection reset"), /*worker_lost=*/true);
+  h.settle();
+  CHECK_FALSE(h.coordinator->worker_alive(id_a));
+  CHECK(h.coordinator->worker_alive(id_b));
+  REQUIRE(b.runs.size() == 1);
+  CHECK(b.runs[0].run.closure_id == closure);
+  CHECK(b.runs[0].run.attempt == 2);
+  CHECK(b.runs[0].run.num_workers == 1);
+  CHECK(a.runs.size() == 1);  // nothing more went to the dropped worker
+
+  b.reply(0, std::string("done"));
+  CHECK(h.coordinator->fetch(closure).wait(h.io.waitScope).value() == "done");
+}
+
+TEST_CASE("a worker whose run promise breaks counts as lost", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  int64_t id_a = h.add_worker(a);
+  h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  a.runs[0].reply->reject(KJ_EXCEPTION(DISCONNECTED, "peer gone"));
+  h.settle();
+  CHECK_FALSE(h.coordinator->worker_alive(id_a));
+  CHECK(h.coordinator->done().value() == false);  // the closure is queued again
+}
+
+TEST_CASE("a worker that stops answering pings is dropped and its closures run elsewhere", "[coordinator]") {
+  CoordinatorConfig config;
+  config.worker_ping_interval = std::chrono::milliseconds(1000);
+  config.worker_ping_timeout = std::chrono::milliseconds(3000);
+  WorkerRecord hung, healthy;
+  Harness h(config);
+  int64_t id_hung = h.add_worker(hung);
+  int64_t closure = h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  REQUIRE(hung.runs.size() == 1);
+  int64_t id_healthy = h.add_worker(healthy);
+
+  // Both answer for a while: nobody is dropped.
+  h.advance(std::chrono::milliseconds(5000));
+  CHECK(hung.pings >= 4);
+  CHECK(h.coordinator->worker_alive(id_hung));
+
+  hung.answer_pings = false;
+  h.advance(std::chrono::milliseconds(2000));
+  CHECK(h.coordinator->worker_alive(id_hung));  // its ping is late, not yet timed out
+  h.advance(std::chrono::milliseconds(3000));
+  CHECK_FALSE(h.coordinator->worker_alive(id_hung));
+  CHECK(h.coordinator->worker_alive(id_healthy));
+  REQUIRE(healthy.runs.size() == 1);
+  CHECK(healthy.runs[0].run.closure_id == closure);
+  CHECK(healthy.runs[0].run.attempt == 2);
+}
+
+// ---- Variables and placement -----------------------------------------------------------
+
+TEST_CASE("creating a variable places its shards on the parameter servers and bumps the placement version",
+          "[coordinator]") {
+  Harness h({}, /*num_ps=*/2);
+  CHECK(h.coordinator->placements().version == 0);
+  auto w = h.coordinator
+               ->create_variable(variable("w", floats({1, 2, 3, 4, 5, 6}, {3, 2}),
+                                          placement::Partitioner::fixed_shards(2)))
+               .wait(h.io.waitScope)
+               .value();
+  REQUIRE(w.shards.size() == 2);
+  CHECK(w.shards[0].name == "w/part_0");
+  CHECK(w.shards[0].ps_task == 0);
+  CHECK(w.shards[0].ps_address == "ps0:7000");
+  CHECK(w.shards[0].rows == 2);
+  CHECK(w.shards[1].ps_task == 1);
+  CHECK(w.shards[1].first_row == 2);
+  CHECK(w.shards[1].rows == 1);
+  CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2, 3, 4});
+  CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{5, 6});
+  CHECK(h.ps.tasks[1].optimizers.at("w/part_1").kind == Optimizer::Kind::kSgd);  // as the program sent it
+  CHECK(h.ps.tasks[1].optimizers.at("w/part_1").learning_rate == 0.5);
+  CHECK(h.coordinator->placements().version == 1);
+
+  // Round-robin continues across variables.
+  auto b = h.coordinator->create_variable(variable("b", floats({0}, {1}))).wait(h.io.waitScope).value();
+  REQUIRE(b.shards.size() == 1);
+  CHECK(b.shards[0].ps_task == 0);
+  auto all = h.coordinator->placements();
+  CHECK(all.version == 2);
+  REQUIRE(all.variables.size() == 2);
+  CHECK(all.variables[0].name == "b");
+  CHECK(all.variables[1].name == "w");
+}
+
+TEST_CASE("creating an existing variable hands it back; another dtype or shape is AlreadyExists",
+          "[coordinator]") {
+  Harness h;
+  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  auto again = h.coordinator->create_variable(variable("w", floats({9, 9}, {2}))).wait(h.io.waitScope);
+  REQUIRE(again.ok());
+  CHECK(again->shards.size() == 1);
+  CHECK(h.coordinator->placements().version == 1);
+  CHECK(values_of(h.ps.tasks[0].shards.at("w").value) == std::vector<float>{1, 2});
+
+  auto other = h.coordinator->create_variable(variable("w", floats({1, 2, 3}, {3}))).wait(h.io.waitScope);
+  CHECK(other.status().code() == StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("creating a variable with an empty name is InvalidArgument", "[coordinator]") {
+  Harness h;
+  CHECK(h.coordinator->create_variable(variable("", floats({1}, {1}))).wait(h.io.waitScope).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("creating a variable without parameter servers is FailedPrecondition", "[coordinator]") {
+  Harness h({}, /*num_ps=*/0);
+  CHECK(h.coordinator->create_variable(variable("w", floats({1}, {1}))).wait(h.io.waitScope).status().code() ==
+        StatusCode::kFailedPrecondition);
+}
+
+TEST_CASE("an unreachable parameter server makes calls fail with Unavailable naming it until it is back",
+          "[coordinator]") {
+  WorkerRecord a;
+  Harness h({}, /*num_ps=*/2);
+  h.add_worker(a);
+  h.ps.go_down(1);
+  h.settle();
+
+  auto created = h.coordinator->create_variable(variable("w", floats({1}, {1}))).wait(h.io.waitScope);
+  CHECK(created.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(created.status().message(), Catch::Contains("ps:1") && Catch::Contains("ps1:7000"));
+  CHECK(h.coordinator->schedule("train_step", "x").status().code() == StatusCode::kUnavailable);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kUnavailable);
+  CHECK(h.coordinator->done().status().code() == StatusCode::kUnavailable);
+
+  h.ps.come_up(1);
+  h.settle();
+  CHECK(h.coordinator->create_variable(variable("w", floats({1}, {1}))).wait(h.io.waitScope).ok());
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+}
+
+TEST_CASE("dispatch pauses while a parameter server is unreachable", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  h.coordinator->schedule("train_step", "1").value();
+  h.coordinator->schedule("train_step", "2").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  h.ps.go_down(0);
+  h.settle();
+  a.reply(0, std::string("v"));
+  h.settle();
+  CHECK(a.runs.size() == 1);  // the second waits for the parameter server
+  h.ps.come_up(0);
+  h.settle();
+  REQUIRE(a.runs.size() == 2);
+  CHECK(a.runs[1].run.args == "2");
+}
+
+// ---- Checkpoints -------------------------------------------------------------------------
+
+TEST_CASE("save_checkpoint reads every shard from the parameter server that holds it", "[coordinator]") {
+  data::testing::TempDir dir;
+  Harness h({}, /*num_ps=*/2);
+  h.coordinator
+      ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
+      .wait(h.io.waitScope)
+      .value();
+  h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
+  h.ps.tasks[1].shards.at("w/part_1").step = 5;
+
+  std::string path = h.coordinator->save_checkpoint(dir.path(), 5, 3).wait(h.io.waitScope).value();
+  CHECK(h.ps.tasks[0].reads == std::vector<std::string>{"w/part_0"});
+  CHECK(h.ps.tasks[1].reads == std::vector<std::string>{"w/part_1"});
+  CHECK(fs::exists(fs::path(path) / "ps-0.safetensors"));
+  CHECK(fs::exists(fs::path(path) / "ps-1.safetensors"));
+}
+
+TEST_CASE("save_checkpoint fails when a shard cannot be read or the directory is empty", "[coordinator]") {
+  data::testing::TempDir dir;
+  Harness h({}, /*num_ps=*/2);
+  h.coordinator
+      ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
+      .wait(h.io.waitScope)
+      .value();
+  h.ps.tasks[1].shards.erase("w/part_1");
+  auto saved = h.coordinator->save_checkpoint(dir.path(), 1, 3).wait(h.io.waitScope);
+  CHECK(saved.status().code() == StatusCode::kNotFound);
+  CHECK(h.coordinator->save_checkpoint("", 1, 3).wait(h.io.waitScope).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("restore_checkpoint writes each shard to the parameter server that holds it", "[coordinator]") {
+  data::testing::TempDir dir;
+  Harness h({}, /*num_ps=*/2);
+  h.coordinator
+      ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
+      .wait(h.io.waitScope)
+      .value();
+  h.ps.tasks[0].shards.at("w/part_0").slots["accumulator"] = floats({5, 6}, {2});
+  h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
+  h.ps.tasks[1].shards.at("w/part_1").step = 5;
+  std::string path = h.coordinator->save_checkpoint(dir.path(), 5, 3).wait(h.io.waitScope).value();
+
+  // Training moves on; the restore brings back the saved state.
+  h.ps.tasks[0].shards.at("w/part_0") = ShardContents{floats({0, 0}, {2}), {}, 0};
+  h.ps.tasks[1].shards.at("w/part_1") = ShardContents{floats({0, 0}, {2}), {}, 0};
+  CHECK(h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).value() == 5);
+  CHECK(h.ps.tasks[0].writes == std::vector<std::string>{"w/part_0"});
+  CHECK(h.ps.tasks[1].writes == std::vector<std::string>{"w/part_1"});
+  CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
+  CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").slots.at("accumulator")) == std::vector<float>{5, 6});
+  const ShardContents& restored = h.ps.tasks[1].shards.at("w/part_1");
+  CHECK(values_of(restored.value) == std::vector<float>{3, 4});
+  CHECK(values_of(restored.slots.at("accumulator")) == std::vector<float>{7, 8});
+  CHECK(restored.step == 5);
+}
+
+TEST_CASE("restore_checkpoint creates variables the program has not created, with their optimizer",
+          "[coordinator]") {
+  data::testing::TempDir dir;
+  {
+    Harness before({}, /*num_ps=*/2);
+    before.coordinator
+        ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
+        .wait(before.io.waitScope)
+        .value();
+    before.coordinator->save_checkpoint(dir.path(), 3, 3).wait(before.io.waitScope).value();
+  }
+  Harness h({}, /*num_ps=*/2);
+  CHECK(h.coordinator->restore_checkpoint(dir.path()).wait(h.io.waitScope).value() == 3);
+  auto all = h.coordinator->placements();
+  CHECK(all.version == 1);
+  REQUIRE(all.variables.size() == 1);
+  CHECK(all.variables[0].shards.size() == 2);
+  CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
+  CHECK(h.ps.tasks[0].optimizers.at("w/part_0").kind == Optimizer::Kind::kSgd);
+  CHECK(h.ps.tasks[0].optimizers.at("w/part_0").learning_rate == 0.5);
+}
+
+TEST_CASE("restore_checkpoint fails with Unavailable while a parameter server is unreachable", "[coordinator]") {
+  Harness h({}, /*num_ps=*/2);
+  h.ps.go_down(0);
+  h.settle();
+  auto restored = h.coordinator->restore_checkpoint("/nonexistent").wait(h.io.waitScope);
+  CHECK(restored.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(restored.status().message(), Catch::Contains("ps:0"));
+}
+
+// ---- Per-worker datasets -------------------------------------------------------------------
+
+TEST_CASE("a per-worker dataset goes to the workers registered now and to those registering later",
+          "[coordinator]") {
+  CoordinatorConfig config;
+  config.expected_workers = 2;
+  WorkerRecord a, b;
+  Harness h(config);
+  h.add_worker(a, {"train_step"}, /*task_index=*/0);
+  std::string definition = data::Dataset::range(8).serialize();
+  int64_t id = h.coordinator->create_per_worker_dataset(definition).wait(h.io.waitScope).value();
+  REQUIRE(a.datasets.size() == 1);
+  CHECK(a.datasets[0].first == id);
+
+  h.add_worker(b, {"train_step"}, /*task_index=*/1);
+  REQUIRE(b.datasets.size() == 1);  // sent before its registration finished
+  CHECK(b.datasets[0].first == id);
+  CHECK(a.datasets.size() == 1);
+}
+
+TEST_CASE("a per-worker dataset with a bad definition is InvalidArgument", "[coordinator]") {
+  Harness h;
+  auto id = h.coordinator->create_per_worker_dataset("not a dataset").wait(h.io.waitScope);
+  CHECK(id.status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a per-worker dataset function is called with each worker's input context", "[coordinator]") {
+  CoordinatorConfig config;
+  config.expected_workers = 3;
+  WorkerRecord a, b;
+  Harness h(config);
+  h.add_worker(a, {"dataset:make"}, /*task_index=*/0);
+  auto missing = h.coordinator->create_per_worker_dataset_from_function("other").wait(h.io.waitScope);
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("other"));
+
+  int64_t id = h.coordinator->create_per_worker_dataset_from_function("make").wait(h.io.waitScope).value();
+  REQUIRE(a.function_datasets.size() == 1);
+  CHECK(a.function_datasets[0] == std::make_tuple(id, std::string("make"), 3, 0));
+  h.add_worker(b, {"dataset:make"}, /*task_index=*/2);
+  REQUIRE(b.function_datasets.size() == 1);
+  CHECK(b.function_datasets[0] == std::make_tuple(id, std::string("make"), 3, 2));
+}
+
+}  // namespace capstan::coordinator

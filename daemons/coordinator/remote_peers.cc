@@ -1,0 +1,169 @@
+#include "daemons/coordinator/remote_peers.h"
+
+#include <memory>
+
+#include "rpc/errors.h"
+#include "rpc/optimizer_codec.h"
+
+namespace capstan::coordinator {
+namespace {
+
+std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 3600 * kj::SECONDS; }
+
+kj::Promise<Status> status_of(kj::Promise<void> call) {
+  return call.then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); });
+}
+
+}  // namespace
+
+// ---- RemoteWorker ------------------------------------------------------------------
+
+RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec)
+    : client_(kj::mv(client)), codec_(std::move(codec)) {}
+
+RemoteWorker::~RemoteWorker() noexcept = default;
+
+kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
+  auto args = rpc::element_from_bytes(run.args);
+  if (!args.ok()) return ClosureOutcome{args.status(), false};
+  auto request = client_.runClosureRequest();
+  request.setClosureId(run.closure_id);
+  request.setFunction(run.function);
+  request.setPlacementVersion(run.placement_version);
+  request.setAttempt(run.attempt);
+  request.setNumWorkers(run.num_workers);
+  rpc::write_element(request.initArgs(), *args, codec_);
+  return request.send()
+      .then([](capnp::Response<wire::Worker::RunClosureResults>&& response) {
+        return rpc::read_element(response.getResult()).attach(kj::mv(response));
+      })
+      .then([](Element&& result) { return ClosureOutcome{rpc::element_to_bytes(result), false}; },
+            [](kj::Exception&& e) {
+              // A broken link means the worker is gone; an error it reported
+              // is the closure's.
+              return ClosureOutcome{rpc::from_exception(e), rpc::is_transport_failure(e)};
+            });
+}
+
+kj::Promise<Status> RemoteWorker::ping() { return status_of(client_.infoRequest().send().ignoreResult()); }
+
+kj::Promise<Status> RemoteWorker::create_dataset(int64_t dataset_id, std::string definition) {
+  auto request = client_.createDatasetRequest();
+  request.setDatasetId(dataset_id);
+  request.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
+  return status_of(request.send().ignoreResult());
+}
+
+kj::Promise<Status> RemoteWorker::create_dataset_from_function(int64_t dataset_id, std::string function,
+                                                               int num_workers, int worker_index) {
+  auto request = client_.createDatasetFromFunctionRequest();
+  request.setDatasetId(dataset_id);
+  request.setFunction(function);
+  request.setNumWorkers(num_workers);
+  request.setWorkerIndex(worker_index);
+  return status_of(request.send().ignoreResult());
+}
+
+// ---- RemoteParameterServers ---------------------------------------------------------
+
+RemoteParameterServers::RemoteParameterServers(kj::AsyncIoProvider& io, kj::Timer& timer,
+                                               const std::vector<std::string>& addresses,
+                                               const rpc::ConnectOptions& options, rpc::CodecOptions codec)
+    : timer_(timer), codec_(std::move(codec)) {
+  for (const auto& address : addresses) connections_.push_back(kj::heap<rpc::Connection>(io, timer, address, options));
+}
+
+RemoteParameterServers::~RemoteParameterServers() = default;
+
+std::string RemoteParameterServers::address(int task) const {
+  return connections_[static_cast<size_t>(task)]->address();
+}
+
+kj::Promise<void> RemoteParameterServers::reachable(int task) {
+  return connections_[static_cast<size_t>(task)]->node(far_future(timer_)).ignoreResult();
+}
+
+kj::Promise<void> RemoteParameterServers::unreachable(int task) {
+  return connections_[static_cast<size_t>(task)]->on_disconnect();
+}
+
+kj::Promise<wire::ParameterServer::Client> RemoteParameterServers::service(int task, kj::Duration timeout) {
+  return connections_[static_cast<size_t>(task)]->service<wire::ParameterServer>(timer_.now() + timeout);
+}
+
+kj::Promise<Status> RemoteParameterServers::create_shard(int task, std::string name, Tensor initial,
+                                                         const Optimizer& optimizer) {
+  return status_of(
+      service(task, 10 * kj::SECONDS).then([this, name, initial, optimizer](wire::ParameterServer::Client client) {
+        auto request = client.createShardRequest();
+        request.setName(name);
+        rpc::write_tensor(request.initInitial(), initial, codec_);
+        rpc::optimizer_to_wire(optimizer, request.initOptimizer());
+        return request.send().ignoreResult();
+      }));
+}
+
+// Value, slots and step: three calls sent at once.
+kj::Promise<Result<ShardContents>> RemoteParameterServers::read_shard(int task, std::string name) {
+  auto contents = std::make_shared<ShardContents>();
+  auto read = service(task, 60 * kj::SECONDS).then([contents, name](wire::ParameterServer::Client client) {
+    auto read = client.readRequest();
+    read.setName(name);
+    auto slots = client.readSlotsRequest();
+    slots.setName(name);
+    auto value = read.send().then([](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
+      return rpc::read_tensor(r.getValue()).attach(kj::mv(r));
+    });
+    auto list = client.listShardsRequest().send();
+    return value.then([contents, name, slots = slots.send(), list = kj::mv(list)](Tensor&& t) mutable {
+      contents->value = std::move(t);
+      return slots.then([contents, name, list = kj::mv(list)](
+                            capnp::Response<wire::ParameterServer::ReadSlotsResults>&& r) mutable {
+        auto reads = kj::heapArrayBuilder<kj::Promise<void>>(r.getSlots().size());
+        for (auto slot : r.getSlots()) {
+          std::string slot_name = text(slot.getName());
+          reads.add(rpc::read_tensor(slot.getTensor()).then([contents, slot_name](Tensor&& t) {
+            contents->slots[slot_name] = std::move(t);
+          }));
+        }
+        return kj::joinPromises(reads.finish()).attach(kj::mv(r)).then([contents, name, list = kj::mv(list)]() mutable {
+          return list.then([contents, name](capnp::Response<wire::ParameterServer::ListShardsResults>&& r) {
+            for (auto info : r.getShards()) {
+              if (text(info.getName()) == name) contents->step = info.getStep();
+            }
+          });
+        });
+      });
+    });
+  });
+  return status_of(kj::mv(read)).then([contents](Status status) -> Result<ShardContents> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*contents);
+  });
+}
+
+kj::Promise<Status> RemoteParameterServers::write_shard(int task, std::string name, ShardContents contents) {
+  return status_of(service(task, 60 * kj::SECONDS)
+                       .then([this, name, contents = std::move(contents)](wire::ParameterServer::Client client) {
+                         auto assign = client.assignRequest();
+                         assign.setName(name);
+                         rpc::write_tensor(assign.initValue(), contents.value, codec_);
+                         auto set = client.setSlotsRequest();
+                         set.setName(name);
+                         set.setStep(contents.step);
+                         auto slots = set.initSlots(static_cast<unsigned>(contents.slots.size()));
+                         unsigned i = 0;
+                         for (const auto& [slot, tensor] : contents.slots) {
+                           slots[i].setName(slot);
+                           rpc::write_tensor(slots[i].initTensor(), tensor, codec_);
+                           ++i;
+                         }
+                         return assign.send().ignoreResult().then([set = kj::mv(set)]() mutable {
+                           return set.send().ignoreResult();
+                         });
+                       }));
+}
+
+}  // namespace capstan::coordinator

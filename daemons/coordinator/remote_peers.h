@@ -1,0 +1,64 @@
+// The coordinator's peers over Cap'n Proto: the WorkerPeer and
+// ParameterServers of coordinator.h, wrapping the generated clients.
+// Exceptions from a call become Status values here; a worker call that fails
+// because the link broke (rpc::is_transport_failure) reports a lost worker.
+//
+// Not thread-safe: they live on the RPC loop thread, with the Coordinator.
+#ifndef CAPSTAN_DAEMONS_COORDINATOR_REMOTE_PEERS_H_
+#define CAPSTAN_DAEMONS_COORDINATOR_REMOTE_PEERS_H_
+
+#include <string>
+#include <vector>
+
+#include "capstan_schemas/ps.capnp.h"
+#include "capstan_schemas/worker.capnp.h"
+#include "daemons/coordinator/coordinator.h"
+#include "rpc/connection.h"
+#include "rpc/tensor_codec.h"
+
+namespace capstan::coordinator {
+
+class RemoteWorker : public WorkerPeer {
+ public:
+  RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec);
+  ~RemoteWorker() noexcept override;
+
+  kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override;
+  kj::Promise<Status> ping() override;
+  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override;
+  kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,
+                                                   int worker_index) override;
+
+ private:
+  wire::Worker::Client client_;
+  const rpc::CodecOptions codec_;
+};
+
+// One connection per parameter server, reconnecting on demand.
+class RemoteParameterServers : public ParameterServers {
+ public:
+  RemoteParameterServers(kj::AsyncIoProvider& io, kj::Timer& timer, const std::vector<std::string>& addresses,
+                         const rpc::ConnectOptions& options, rpc::CodecOptions codec);
+  ~RemoteParameterServers();
+
+  int size() const override { return static_cast<int>(connections_.size()); }
+  std::string address(int task) const override;
+  kj::Promise<void> reachable(int task) override;
+  kj::Promise<void> unreachable(int task) override;
+  kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
+                                   const Optimizer& optimizer) override;
+  kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override;
+  kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override;
+
+ private:
+  // The service of `task`, connecting until `timeout` from now.
+  kj::Promise<wire::ParameterServer::Client> service(int task, kj::Duration timeout);
+
+  kj::Timer& timer_;
+  const rpc::CodecOptions codec_;
+  std::vector<kj::Own<rpc::Connection>> connections_;  // by task
+};
+
+}  // namespace capstan::coordinator
+
+#endif  // CAPSTAN_DAEMONS_COORDINATOR_REMOTE_PEERS_H_
