@@ -5,7 +5,7 @@
 #include <cstring>
 #include <sstream>
 
-#include "data/service_reader.h"
+#include "data/op_kernel.h"
 #include "rpc/errors.h"
 #include "rpc/tensor_codec.h"
 
@@ -49,72 +49,39 @@ std::shared_ptr<Fn::Impl> new_fn(Fn::Impl::Kind kind) {
   return impl;
 }
 
-int64_t saturating_mul(int64_t a, int64_t b) {
-  if (a == 0 || b == 0) return 0;
-  if (a > INT64_MAX / b) return INT64_MAX;
-  return a * b;
-}
-
-void describe(Op::Reader op, std::ostringstream& out);
-
-void describe_fn(wire::Fn::Reader fn, std::ostringstream& out) {
-  switch (fn.which()) {
-    case wire::Fn::NAMED: out << fn.getNamed().cStr(); break;
-    case wire::Fn::DECODE_CSV: out << "decode_csv"; break;
-    case wire::Fn::PARSE_EXAMPLE: out << "parse_example"; break;
-    case wire::Fn::CAST: out << "cast"; break;
-    case wire::Fn::TFRECORD_DATASET: out << "tfrecord_dataset"; break;
-    case wire::Fn::TEXT_LINE_DATASET: out << "text_line_dataset"; break;
-  }
-}
-
-void describe(Op::Reader op, std::ostringstream& out) {
-  switch (op.which()) {
-    case Op::RANGE: {
-      auto r = op.getRange();
-      out << "range(" << r.getStart() << ", " << r.getStop() << ", " << r.getStep() << ")";
-      return;
+void describe(Op::Reader op, std::ostream& out) {
+  const engine::OpKernel* kernel = engine::find_op_kernel(op.which());
+  if (kernel == nullptr) {
+    if (op.hasInput()) {
+      describe(op.getInput(), out);
+      out << ".";
     }
-    case Op::FROM_TENSORS: out << "from_tensors(...)"; return;
-    case Op::FROM_TENSOR_SLICES: out << "from_tensor_slices(...)"; return;
-    case Op::LIST_FILES: out << "list_files(" << op.getListFiles().getPatterns().size() << " patterns)"; return;
-    case Op::TEXT_LINE: out << "text_line_dataset(" << op.getTextLine().getFiles().size() << " files)"; return;
-    case Op::TF_RECORD: out << "tfrecord_dataset(" << op.getTfRecord().getFiles().size() << " files)"; return;
-    case Op::FIXED_LENGTH:
-      out << "fixed_length_record_dataset(" << op.getFixedLength().getFiles().size() << " files)";
-      return;
-    case Op::DATA_SERVICE: out << service::describe_data_service(op); return;
-    case Op::ZIP:
-    case Op::CONCATENATE: {
-      out << op_name(op.which()) << "(";
+    out << "unknown_op_" << static_cast<unsigned>(op.which()) << "(...)";
+    return;
+  }
+  auto args = [&]() {
+    if (kernel->describe_args != nullptr) kernel->describe_args(op, out);
+  };
+  switch (kernel->inputs) {
+    case engine::OpKernel::Inputs::kNone:
+      out << kernel->name << "(";
+      args();
+      break;
+    case engine::OpKernel::Inputs::kOne:
+      if (op.hasInput()) describe(op.getInput(), out);
+      out << "." << kernel->name << "(";
+      args();
+      break;
+    case engine::OpKernel::Inputs::kMany: {
+      out << kernel->name << "(";
       bool first = true;
       for (auto input : op.getInputs()) {
         if (!first) out << ", ";
         first = false;
         describe(input, out);
       }
-      out << ")";
-      return;
+      break;
     }
-    default: break;
-  }
-  describe(op.getInput(), out);
-  out << "." << op_name(op.which()) << "(";
-  switch (op.which()) {
-    case Op::MAP: describe_fn(op.getMap().getFn(), out); break;
-    case Op::FILTER: describe_fn(op.getFilter().getFn(), out); break;
-    case Op::INTERLEAVE: describe_fn(op.getInterleave().getFn(), out); break;
-    case Op::BATCH: out << op.getBatch().getBatchSize(); break;
-    case Op::PADDED_BATCH: out << op.getPaddedBatch().getBatchSize(); break;
-    case Op::SHUFFLE: out << op.getShuffle().getBufferSize(); break;
-    case Op::REPEAT: out << op.getRepeat().getCount(); break;
-    case Op::SHARD: out << op.getShard().getNumShards() << ", " << op.getShard().getIndex(); break;
-    case Op::PREFETCH: out << op.getPrefetch().getBufferSize(); break;
-    case Op::TAKE: out << op.getTake().getCount(); break;
-    case Op::SKIP: out << op.getSkip().getCount(); break;
-    case Op::CACHE: out << op.getCache().getFilename().cStr(); break;
-    case Op::REBATCH: out << op.getRebatch().getBatchSize(); break;
-    default: break;
   }
   out << ")";
 }
@@ -158,32 +125,20 @@ const void* op_key(wire::Op::Reader op) {
 }
 
 const char* op_name(wire::Op::Which which) {
-  switch (which) {
-    case Op::RANGE: return "range";
-    case Op::FROM_TENSORS: return "from_tensors";
-    case Op::FROM_TENSOR_SLICES: return "from_tensor_slices";
-    case Op::LIST_FILES: return "list_files";
-    case Op::TEXT_LINE: return "text_line_dataset";
-    case Op::TF_RECORD: return "tfrecord_dataset";
-    case Op::FIXED_LENGTH: return "fixed_length_record_dataset";
-    case Op::MAP: return "map";
-    case Op::FILTER: return "filter";
-    case Op::BATCH: return "batch";
-    case Op::PADDED_BATCH: return "padded_batch";
-    case Op::SHUFFLE: return "shuffle";
-    case Op::REPEAT: return "repeat";
-    case Op::SHARD: return "shard";
-    case Op::INTERLEAVE: return "interleave";
-    case Op::PREFETCH: return "prefetch";
-    case Op::TAKE: return "take";
-    case Op::SKIP: return "skip";
-    case Op::ZIP: return "zip";
-    case Op::CONCATENATE: return "concatenate";
-    case Op::CACHE: return "cache";
-    case Op::REBATCH: return "rebatch";
-    case Op::DATA_SERVICE: return "data_service";
+  const engine::OpKernel* kernel = engine::find_op_kernel(which);
+  return kernel != nullptr ? kernel->name : "unknown op";
+}
+
+std::string fn_name(wire::Fn::Reader fn) {
+  switch (fn.which()) {
+    case wire::Fn::NAMED: return fn.getNamed().cStr();
+    case wire::Fn::DECODE_CSV: return "decode_csv";
+    case wire::Fn::PARSE_EXAMPLE: return "parse_example";
+    case wire::Fn::CAST: return "cast";
+    case wire::Fn::TFRECORD_DATASET: return "tfrecord_dataset";
+    case wire::Fn::TEXT_LINE_DATASET: return "text_line_dataset";
   }
-  return "unknown";
+  return "unknown function";
 }
 
 wire::Compression to_wire(Compression compression) {
@@ -481,101 +436,10 @@ Dataset Dataset::resolve_shard_hint(int64_t num_shards, int64_t index) const {
 // ---- Cardinality ------------------------------------------------------------------------
 
 int64_t cardinality_of(wire::Op::Reader op) {
-  constexpr int64_t kInf = kInfiniteCardinality;
-  constexpr int64_t kUnk = kUnknownCardinality;
-  auto input = [&op]() { return cardinality_of(op.getInput()); };
-  switch (op.which()) {
-    case Op::RANGE: {
-      auto r = op.getRange();
-      if (r.getStep() == 0) return kUnk;
-      __int128 span = static_cast<__int128>(r.getStop()) - r.getStart();
-      __int128 step = r.getStep();
-      if ((span > 0) != (step > 0) || span == 0) return 0;
-      __int128 n = (span + step + (step > 0 ? -1 : 1)) / step;
-      return static_cast<int64_t>(n);
-    }
-    case Op::FROM_TENSORS: return 1;
-    case Op::FROM_TENSOR_SLICES: {
-      auto components = op.getFromTensorSlices().getComponents();
-      if (components.size() == 0 || components[0].getShape().size() == 0) return kUnk;
-      return components[0].getShape()[0];
-    }
-    case Op::LIST_FILES:
-    case Op::TEXT_LINE:
-    case Op::TF_RECORD:
-    case Op::FIXED_LENGTH:
-    case Op::FILTER:
-    case Op::INTERLEAVE:
-    case Op::DATA_SERVICE:  // decided by the service's workers and processing mode
-      return kUnk;
-    case Op::MAP:
-    case Op::SHUFFLE:
-    case Op::PREFETCH:
-    case Op::CACHE:
-      return input();
-    case Op::BATCH:
-    case Op::PADDED_BATCH: {
-      int64_t n = input();
-      int64_t b = op.isBatch() ? op.getBatch().getBatchSize() : op.getPaddedBatch().getBatchSize();
-      bool drop = op.isBatch() ? op.getBatch().getDropRemainder() : op.getPaddedBatch().getDropRemainder();
-      if (n < 0 || b <= 0) return n < 0 ? n : kUnk;
-      return drop ? n / b : (n + b - 1) / b;
-    }
-    case Op::REBATCH: return kUnk;
-    case Op::REPEAT: {
-      int64_t n = input();
-      int64_t count = op.getRepeat().getCount();
-      if (count == 0 || n == 0) return 0;
-      if (count < 0) return n == kUnk ? kUnk : kInf;
-      if (n < 0) return n;
-      return saturating_mul(n, count);
-    }
-    case Op::SHARD: {
-      int64_t n = input();
-      auto s = op.getShard();
-      if (n < 0 || s.getNumShards() <= 0 || s.getIndex() < 0) return n < 0 ? n : kUnk;
-      return n / s.getNumShards() + (s.getIndex() < n % s.getNumShards() ? 1 : 0);
-    }
-    case Op::TAKE: {
-      int64_t n = input();
-      int64_t count = op.getTake().getCount();
-      if (count < 0) return n;
-      if (n == kInf) return count;
-      if (n == kUnk) return kUnk;
-      return std::min(n, count);
-    }
-    case Op::SKIP: {
-      int64_t n = input();
-      int64_t count = op.getSkip().getCount();
-      if (n == kInf) return kInf;
-      if (n == kUnk) return kUnk;
-      if (count < 0) return 0;
-      return std::max<int64_t>(0, n - count);
-    }
-    case Op::ZIP: {
-      int64_t result = kInf;
-      bool unknown = false;
-      for (auto in : op.getInputs()) {
-        int64_t n = cardinality_of(in);
-        if (n == kUnk) unknown = true;
-        else if (n != kInf) result = result == kInf ? n : std::min(result, n);
-      }
-      if (op.getInputs().size() == 0) return 0;
-      if (unknown) return result == kInf ? kUnk : (result == 0 ? 0 : kUnk);
-      return result;
-    }
-    case Op::CONCATENATE: {
-      int64_t total = 0;
-      for (auto in : op.getInputs()) {
-        int64_t n = cardinality_of(in);
-        if (n == kInf) return kInf;
-        if (n == kUnk) return kUnk;
-        total += n;
-      }
-      return total;
-    }
-  }
-  return kUnk;
+  const engine::OpKernel* kernel = engine::find_op_kernel(op.which());
+  if (kernel == nullptr || kernel->cardinality == nullptr) return kUnknownCardinality;
+  if (kernel->inputs == engine::OpKernel::Inputs::kOne && !op.hasInput()) return kUnknownCardinality;
+  return kernel->cardinality(op);
 }
 
 int64_t Dataset::cardinality() const { return cardinality_of(impl_->root()); }

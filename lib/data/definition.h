@@ -51,8 +51,11 @@ capnp::ReaderOptions definition_reader_options();
 // state (shuffle epochs, caches) across re-created iterators.
 const void* op_key(wire::Op::Reader op);
 
-// "range", "map", ... for messages.
+// "range", "map", ... for messages ("unknown op" for a kind this build does
+// not know).
 const char* op_name(wire::Op::Which which);
+// "decode_csv", a registered function's name, ... for messages.
+std::string fn_name(wire::Fn::Reader fn);
 
 int64_t cardinality_of(wire::Op::Reader op);
 

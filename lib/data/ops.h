@@ -31,8 +31,11 @@ IteratorPtr make_fixed_length(std::vector<std::string> files, int64_t record_byt
 // Sources that read only the splits a provider hands out.
 IteratorPtr make_split_range(int64_t start, int64_t step, SplitProvider* splits);
 IteratorPtr make_split_files(SplitProvider* splits);  // list_files: the names themselves
-// Record readers over the files named by the splits; `kind` is the op.
-IteratorPtr make_split_records(wire::Op::Reader op, SplitProvider* splits);
+// Record readers over the files named by the splits.
+IteratorPtr make_split_text_line(SplitProvider* splits, Compression compression);
+IteratorPtr make_split_tfrecord(SplitProvider* splits, Compression compression);
+IteratorPtr make_split_fixed_length(SplitProvider* splits, int64_t record_bytes, int64_t header_bytes,
+                                    int64_t footer_bytes, Compression compression);
 
 // Element-wise and structural transformations.
 IteratorPtr make_map(IteratorPtr input, MapFunction fn);

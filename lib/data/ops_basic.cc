@@ -822,18 +822,17 @@ IteratorPtr make_split_files(SplitProvider* splits) {
   return std::make_unique<FileNameIterator>(files_of(splits));
 }
 
-IteratorPtr make_split_records(wire::Op::Reader op, SplitProvider* splits) {
-  switch (op.which()) {
-    case wire::Op::TEXT_LINE:
-      return text_line_iterator(files_of(splits), from_wire(op.getTextLine().getCompression()));
-    case wire::Op::TF_RECORD:
-      return tfrecord_iterator(files_of(splits), from_wire(op.getTfRecord().getCompression()));
-    default: {
-      auto f = op.getFixedLength();
-      return fixed_length_iterator(files_of(splits), f.getRecordBytes(), f.getHeaderBytes(),
-                                   f.getFooterBytes(), from_wire(f.getCompression()));
-    }
-  }
+IteratorPtr make_split_text_line(SplitProvider* splits, Compression compression) {
+  return text_line_iterator(files_of(splits), compression);
+}
+
+IteratorPtr make_split_tfrecord(SplitProvider* splits, Compression compression) {
+  return tfrecord_iterator(files_of(splits), compression);
+}
+
+IteratorPtr make_split_fixed_length(SplitProvider* splits, int64_t record_bytes, int64_t header_bytes,
+                                    int64_t footer_bytes, Compression compression) {
+  return fixed_length_iterator(files_of(splits), record_bytes, header_bytes, footer_bytes, compression);
 }
 
 IteratorPtr make_map(IteratorPtr input, MapFunction fn) {

@@ -620,16 +620,16 @@ std::unique_ptr<engine::IteratorBase> make_service_reader(ReaderConfig config) {
   return std::make_unique<ServiceReader>(std::move(config));
 }
 
-std::string describe_data_service(wire::Op::Reader op) {
+std::string describe_data_service_args(wire::Op::Reader op) {
   ReaderConfig c = config_from_op(op);
-  std::string out = "data_service(" + c.address + ", " + c.dataset_id + ", " +
+  std::string out = c.address + ", " + c.dataset_id + ", " +
                     mode_name(c.processing_mode);
   if (!c.job_name.empty()) out += ", job=" + c.job_name;
   if (c.num_consumers > 0) {
     out += ", consumer " + std::to_string(c.consumer_index) + " of " + std::to_string(c.num_consumers);
   }
   if (c.cross_trainer_cache) out += ", trainer=" + c.trainer_id;
-  return out + ")";
+  return out;
 }
 
 // ---- Public API -----------------------------------------------------------------

@@ -76,9 +76,9 @@ ReaderConfig config_from_op(wire::Op::Reader op);
 // Checks a data_service op's arguments (InvalidArgument naming the bad one).
 Status validate_data_service(wire::Op::Reader op);
 
-// "data_service(host:port, <dataset id>, <mode>[, job=...][, consumer i of n])"
-// for Dataset::debug_string (never shows the token).
-std::string describe_data_service(wire::Op::Reader op);
+// "host:port, <dataset id>, <mode>[, job=...][, consumer i of n]", the
+// arguments Dataset::debug_string shows (never the token).
+std::string describe_data_service_args(wire::Op::Reader op);
 
 // The reader; contacts nothing until the first get_next().
 std::unique_ptr<engine::IteratorBase> make_service_reader(ReaderConfig config);

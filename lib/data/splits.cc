@@ -1,9 +1,7 @@
 // Split providers: how DYNAMIC sharding divides a pipeline's source.
-#include <set>
-
 #include "data/definition.h"
 #include "data/engine.h"
-#include "data/io/file.h"
+#include "data/op_kernel.h"
 #include "sync/mutex.h"
 
 namespace capstan::data::engine {
@@ -65,13 +63,15 @@ void collect_sources(Op::Reader op, std::vector<Op::Reader>* sources) {
   if (!op.hasInput() && op.getInputs().size() == 0) sources->push_back(op);
 }
 
-std::vector<std::string> texts(capnp::List<capnp::Text>::Reader list) {
-  std::vector<std::string> out;
-  for (auto t : list) out.emplace_back(t.cStr(), t.size());
-  return out;
+}  // namespace
+
+std::unique_ptr<SplitProvider> make_range_split_provider(int64_t num_elements, int64_t chunk) {
+  return std::make_unique<RangeSplitProvider>(num_elements, chunk);
 }
 
-}  // namespace
+std::unique_ptr<SplitProvider> make_file_split_provider(std::vector<std::string> files) {
+  return std::make_unique<FileSplitProvider>(std::move(files));
+}
 
 Result<std::unique_ptr<SplitProvider>> make_split_provider(Op::Reader root, int64_t range_chunk) {
   std::vector<Op::Reader> sources;
@@ -83,34 +83,20 @@ Result<std::unique_ptr<SplitProvider>> make_split_provider(Op::Reader root, int6
                                       std::to_string(sources.size()) + " (" + names + ")");
   }
   Op::Reader source = sources[0];
-  switch (source.which()) {
-    case Op::RANGE: {
-      int64_t n = cardinality_of(source);
-      return std::unique_ptr<SplitProvider>(std::make_unique<RangeSplitProvider>(std::max<int64_t>(n, 0), range_chunk));
-    }
-    case Op::LIST_FILES: {
-      std::set<std::string> matched;
-      for (const auto& pattern : texts(source.getListFiles().getPatterns())) {
-        CAPSTAN_ASSIGN_OR_RETURN(auto files, io::match_files(pattern));
-        if (files.empty()) return Status::InvalidArgument("list_files: no files matched pattern: " + pattern);
-        matched.insert(files.begin(), files.end());
-      }
-      return std::unique_ptr<SplitProvider>(
-          std::make_unique<FileSplitProvider>(std::vector<std::string>(matched.begin(), matched.end())));
-    }
-    case Op::TEXT_LINE:
-      return std::unique_ptr<SplitProvider>(std::make_unique<FileSplitProvider>(texts(source.getTextLine().getFiles())));
-    case Op::TF_RECORD:
-      return std::unique_ptr<SplitProvider>(std::make_unique<FileSplitProvider>(texts(source.getTfRecord().getFiles())));
-    case Op::FIXED_LENGTH:
-      return std::unique_ptr<SplitProvider>(
-          std::make_unique<FileSplitProvider>(texts(source.getFixedLength().getFiles())));
-    default:
-      return Status::FailedPrecondition(std::string(op_name(source.which())) +
-                                        " cannot be split for dynamic sharding (splittable sources: range, "
-                                        "list_files, text_line_dataset, tfrecord_dataset, "
-                                        "fixed_length_record_dataset)");
+  const OpKernel* kernel = find_op_kernel(source.which());
+  if (kernel != nullptr && kernel->file_source != nullptr) {
+    CAPSTAN_ASSIGN_OR_RETURN(auto files, kernel->file_source->files(source));
+    return make_file_split_provider(std::move(files));
   }
+  if (kernel != nullptr && kernel->split_provider != nullptr) return kernel->split_provider(source, range_chunk);
+  std::string splittable;
+  for (const OpKernel* k : op_kernels()) {
+    if (k->file_source == nullptr && k->split_provider == nullptr) continue;
+    splittable += std::string(splittable.empty() ? "" : ", ") + k->name;
+  }
+  return Status::FailedPrecondition(std::string(op_name(source.which())) +
+                                    " cannot be split for dynamic sharding (splittable sources: " + splittable +
+                                    ")");
 }
 
 }  // namespace capstan::data::engine

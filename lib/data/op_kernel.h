@@ -1,0 +1,101 @@
+// One registration per dataset op (tf.data's DatasetOpKernel and its
+// REGISTER_KERNEL_BUILDER): everything the library knows about an op kind —
+// its name, how it prints, its cardinality, its argument checks, how it
+// builds an iterator, and (sources) how DYNAMIC and FILE sharding divide it —
+// sits in one OpKernel. The engine, debug strings, cardinality, split
+// providers and static sharding walk the definition and ask the kernel; none
+// of them switches on the op kind.
+//
+// Adding an op: a field in schemas/dataset.capnp's Op union, a Dataset
+// method that writes it, and one OpKernel in kernels_sources.cc or
+// kernels_transforms.cc (op_kernel_test.cc fails while a schema op has none).
+#ifndef CAPSTAN_LIB_DATA_OP_KERNEL_H_
+#define CAPSTAN_LIB_DATA_OP_KERNEL_H_
+
+#include <memory>
+#include <ostream>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "capstan/data/dataset.h"
+#include "capstan_schemas/dataset.capnp.h"
+#include "data/engine.h"
+
+namespace capstan::data::engine {
+
+using IteratorPtr = std::unique_ptr<IteratorBase>;
+
+struct OpKernel {
+  // Where an op's inputs are in the message.
+  enum class Inputs {
+    kNone,  // a source
+    kOne,   // op.input
+    kMany,  // op.inputs (zip, concatenate)
+  };
+
+  // Sources reading a list of files: FILE sharding gives each worker a share
+  // of them, DYNAMIC sharding hands them out one file per split.
+  struct FileSource {
+    // The files the op reads, in order (list_files: its patterns' matches,
+    // sorted; a pattern that matches nothing is InvalidArgument).
+    Result<std::vector<std::string>> (*files)(wire::Op::Reader op);
+    // Rewrites `op` so it reads only the files k with k % num_workers == index.
+    void (*keep_share)(wire::Op::Builder op, int64_t num_workers, int64_t index);
+    // An iterator over the records of the files named by `splits`.
+    IteratorPtr (*read_splits)(wire::Op::Reader op, SplitProvider* splits);
+  };
+
+  wire::Op::Which which;
+  // As tf.data names it, and as messages and debug strings show it.
+  const char* name;
+  Inputs inputs;
+  // The arguments shown between the parentheses of debug strings ("32" in
+  // "range(0, 100, 1).batch(32)"); null: none. Inputs of kMany ops are
+  // printed by the caller.
+  void (*describe_args)(wire::Op::Reader op, std::ostream& out) = nullptr;
+  // Number of elements, kInfiniteCardinality or kUnknownCardinality; may ask
+  // cardinality_of() of its inputs. Null: unknown.
+  int64_t (*cardinality)(wire::Op::Reader op) = nullptr;
+  // The op's own arguments and functions (its inputs are checked before).
+  // Null: nothing to check.
+  Status (*validate)(wire::Op::Reader op, const FunctionRegistry* functions) = nullptr;
+  // The op's iterator (arguments validated), building its inputs through
+  // make_iterator().
+  Result<IteratorPtr> (*make)(wire::Op::Reader op, Pipeline& pipeline) = nullptr;
+  // Sources DYNAMIC sharding can split other than file sources: the splits,
+  // and the iterator reading them. Null: not splittable (unless FileSource).
+  Result<std::unique_ptr<SplitProvider>> (*split_provider)(wire::Op::Reader op,
+                                                           int64_t range_chunk) = nullptr;
+  IteratorPtr (*read_splits)(wire::Op::Reader op, SplitProvider* splits) = nullptr;
+  const FileSource* file_source = nullptr;
+};
+
+// The kernel of `which`; null for a kind this build does not know (a newer
+// client's definition, or a damaged one).
+const OpKernel* find_op_kernel(wire::Op::Which which);
+// Every registered kernel, in schema order.
+std::span<const OpKernel* const> op_kernels();
+
+// The kernels, one list per file (the registry collects them).
+std::span<const OpKernel> source_kernels();
+std::span<const OpKernel> transform_kernels();
+
+// ---- Helpers for kernels -----------------------------------------------------------
+
+// InvalidArgument "<op>: <message>".
+Status invalid_op(wire::Op::Reader op, const std::string& message);
+std::vector<std::string> texts(capnp::List<capnp::Text>::Reader list);
+// Common argument checks, InvalidArgument naming the argument and value.
+Status check_positive(wire::Op::Reader op, int64_t value, const char* name);
+Status check_count(wire::Op::Reader op, int64_t value, const char* name);     // >= -1
+Status check_parallel(wire::Op::Reader op, int64_t value, const char* name);  // >= 0 or AUTOTUNE
+
+// Split providers (splits.cc): [begin, end) chunks of a range's element
+// indices, and one file name per split.
+std::unique_ptr<SplitProvider> make_range_split_provider(int64_t num_elements, int64_t chunk);
+std::unique_ptr<SplitProvider> make_file_split_provider(std::vector<std::string> files);
+
+}  // namespace capstan::data::engine
+
+#endif  // CAPSTAN_LIB_DATA_OP_KERNEL_H_
