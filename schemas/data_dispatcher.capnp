@@ -42,6 +42,7 @@ struct TaskDef {
   workerIndex @7 :Int64;
   crossTrainerCache @8 :Bool;
   crossTrainerCacheBytes @9 :Int64;
+  numSplitProviders @10 :Int64;  # DYNAMIC: one per source of the pipeline
 }
 
 struct DatasetSummary {

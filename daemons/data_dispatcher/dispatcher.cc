@@ -147,9 +147,11 @@ Result<JobClient> Dispatcher::get_or_create_job(const GetOrCreateJobRequest& req
         (ds.cardinality() == data::kUnknownCardinality ? std::string("unknown") : std::to_string(ds.cardinality())));
   }
   if (cache && job_name.empty()) return Status::InvalidArgument("the cross-trainer cache needs a named job");
+  int64_t num_split_providers = 0;
   if (mode == ProcessingMode::kDynamic) {
-    auto provider = ds.make_split_provider();
-    if (!provider.ok()) return provider.status().with_context("DYNAMIC sharding");
+    auto providers = ds.make_split_providers();
+    if (!providers.ok()) return providers.status().with_context("DYNAMIC sharding");
+    num_split_providers = static_cast<int64_t>(providers->size());
   }
   std::optional<int64_t> job_id;
   if (!job_name.empty()) {
@@ -184,7 +186,7 @@ Result<JobClient> Dispatcher::get_or_create_job(const GetOrCreateJobRequest& req
     create.job_name = job_name;
     create.processing_mode = mode;
     create.num_consumers = num_consumers;
-    create.num_split_providers = mode == ProcessingMode::kDynamic ? 1 : 0;
+    create.num_split_providers = num_split_providers;
     create.cross_trainer_cache = cache;
     CAPSTAN_RETURN_IF_ERROR(apply(create));
     CAPSTAN_RETURN_IF_ERROR(create_tasks(create.job_id));
@@ -262,6 +264,7 @@ Result<TaskDef> Dispatcher::task_def(const DispatcherState::Task& task) const {
   def.worker_index = index;
   def.cross_trainer_cache = job->cross_trainer_cache;
   def.cross_trainer_cache_bytes = kCrossTrainerCacheBytes;
+  def.num_split_providers = job->num_split_providers;
   return def;
 }
 
@@ -320,7 +323,13 @@ Result<SplitResponse> Dispatcher::get_split(int64_t job_id, int64_t repetition, 
   Splits& splits = splits_[{job_id, index}];
   if (!splits.provider || splits.repetition != repetition) {
     CAPSTAN_ASSIGN_OR_RETURN(data::Dataset ds, dataset(job->dataset_id));
-    CAPSTAN_ASSIGN_OR_RETURN(splits.provider, ds.make_split_provider());
+    CAPSTAN_ASSIGN_OR_RETURN(auto providers, ds.make_split_providers());
+    if (static_cast<size_t>(index) >= providers.size()) {
+      return Status::Internal("dataset " + job->dataset_id + " has " + std::to_string(providers.size()) +
+                              " split providers, job " + std::to_string(job_id) + " expects " +
+                              std::to_string(job->num_split_providers));
+    }
+    splits.provider = std::move(providers[static_cast<size_t>(index)]);
     splits.repetition = repetition;
     // After a restart, skip what was handed out before (at most once).
     int64_t skip = repetition == progress.repetition ? progress.splits_produced : 0;

@@ -114,6 +114,7 @@ struct TaskDef {
   int64_t worker_index = 0;
   bool cross_trainer_cache = false;
   int64_t cross_trainer_cache_bytes = 0;
+  int64_t num_split_providers = 0;  // DYNAMIC: one per source
 };
 
 struct WorkerHeartbeatResponse {

@@ -49,6 +49,7 @@ void write_task_def(const TaskDef& def, wire::TaskDef::Builder out) {
   out.setWorkerIndex(def.worker_index);
   out.setCrossTrainerCache(def.cross_trainer_cache);
   out.setCrossTrainerCacheBytes(def.cross_trainer_cache_bytes);
+  out.setNumSplitProviders(def.num_split_providers);
 }
 
 // The value of an OK result; an error becomes the call's exception.

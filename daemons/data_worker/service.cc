@@ -56,8 +56,9 @@ const char* mode_name(wire::ProcessingMode mode) {
 
 // One getSplit call a pipeline thread is waiting for.
 struct SplitCall {
-  explicit SplitCall(int64_t job) : job_id(job) {}
+  SplitCall(int64_t job, int64_t index) : job_id(job), split_provider_index(index) {}
   const int64_t job_id;
+  const int64_t split_provider_index;
   // Both guarded by SplitBridge::mutex_ (an annotation cannot name another
   // object's mutex).
   bool done = false;
@@ -76,9 +77,9 @@ class SplitBridge {
   // Pipeline side: posts a call and waits up to `timeout` for its answer.
   // Cancelled when `cancelled` becomes true (see wake_waiters) or the bridge
   // closes; DeadlineExceeded when the loop did not answer in time.
-  Result<std::optional<Element>> call(int64_t job_id, const std::atomic<bool>& cancelled,
-                                      std::chrono::milliseconds timeout) {
-    auto call = std::make_shared<SplitCall>(job_id);
+  Result<std::optional<Element>> call(int64_t job_id, int64_t split_provider_index,
+                                      const std::atomic<bool>& cancelled, std::chrono::milliseconds timeout) {
+    auto call = std::make_shared<SplitCall>(job_id, split_provider_index);
     MutexLock lock(mutex_);
     if (closed_) return Status::Cancelled("the data worker is shutting down");
     queue_.push_back(call);
@@ -152,12 +153,13 @@ class SplitBridge {
 
 namespace {
 
-// The splits of a DYNAMIC task's source, from the dispatcher's getSplit
-// (repetition 0, split provider 0). Thread-safe.
+// The splits of one source of a DYNAMIC task's pipeline, from the
+// dispatcher's getSplit (repetition 0, the source's split provider index;
+// the dispatcher's providers repeat them for repeat()). Thread-safe.
 class RemoteSplitProvider final : public data::SplitProvider {
  public:
-  RemoteSplitProvider(std::shared_ptr<SplitBridge> bridge, int64_t job_id)
-      : bridge_(std::move(bridge)), job_id_(job_id) {}
+  RemoteSplitProvider(std::shared_ptr<SplitBridge> bridge, int64_t job_id, int64_t index)
+      : bridge_(std::move(bridge)), job_id_(job_id), index_(index) {}
 
   // Retries while the dispatcher is unreachable, for up to kSplitRetryWindow,
   // so that a dispatcher restart does not end the task.
@@ -166,7 +168,7 @@ class RemoteSplitProvider final : public data::SplitProvider {
     std::chrono::milliseconds backoff{100};
     while (true) {
       // A little longer than the loop's own deadline, which answers first.
-      auto result = bridge_->call(job_id_, cancelled_, kSplitAttemptTimeout + std::chrono::seconds(5));
+      auto result = bridge_->call(job_id_, index_, cancelled_, kSplitAttemptTimeout + std::chrono::seconds(5));
       if (result.ok()) return result;
       Status status = result.status();
       if (!retryable(status) || std::chrono::steady_clock::now() + backoff >= give_up) {
@@ -190,6 +192,7 @@ class RemoteSplitProvider final : public data::SplitProvider {
  private:
   const std::shared_ptr<SplitBridge> bridge_;
   const int64_t job_id_;
+  const int64_t index_;
   std::atomic<bool> cancelled_{false};
 };
 
@@ -203,7 +206,12 @@ struct TaskSpec {
   int64_t num_consumers = 0;
   bool cross_trainer_cache = false;
   int64_t cross_trainer_cache_bytes = 0;
+  int64_t num_split_providers = 0;
 };
+
+// More sources than any real pipeline has: a bound on what a TaskDef can
+// make this worker allocate.
+constexpr int64_t kMaxSplitProviders = 1024;
 
 }  // namespace
 
@@ -213,11 +221,16 @@ struct WorkerTask {
   int64_t task_id = 0;
   int64_t job_id = 0;
   Status error;  // why the pipeline could not be built; consumers get it
-  std::unique_ptr<RemoteSplitProvider> splits;  // DYNAMIC only; outlives runner
+  std::vector<std::unique_ptr<RemoteSplitProvider>> splits;  // DYNAMIC only; outlive runner
   std::unique_ptr<TaskRunner> runner;           // null when error is set
 
+  // Makes the pipeline's waiting and later split requests return Cancelled.
+  void cancel_splits() {
+    for (auto& s : splits) s->cancel();
+  }
+
   ~WorkerTask() {
-    if (splits) splits->cancel();
+    cancel_splits();
     runner.reset();  // before `splits`, which its pipeline uses
   }
 };
@@ -242,8 +255,16 @@ std::shared_ptr<WorkerTask> build_task(const TaskSpec& spec, const FunctionRegis
     CAPSTAN_ASSIGN_OR_RETURN(data::Dataset dataset, data::Dataset::deserialize(spec.definition));
     std::unique_ptr<data::Iterator> iterator;
     if (spec.mode == wire::ProcessingMode::DYNAMIC) {
-      task->splits = std::make_unique<RemoteSplitProvider>(bridge, spec.job_id);
-      CAPSTAN_ASSIGN_OR_RETURN(iterator, dataset.make_iterator(functions, task->splits.get()));
+      if (spec.num_split_providers < 1 || spec.num_split_providers > kMaxSplitProviders) {
+        return Status::InvalidArgument("numSplitProviders " + std::to_string(spec.num_split_providers) +
+                                       " is not in [1, " + std::to_string(kMaxSplitProviders) + "]");
+      }
+      std::vector<data::SplitProvider*> providers;
+      for (int64_t k = 0; k < spec.num_split_providers; ++k) {
+        task->splits.push_back(std::make_unique<RemoteSplitProvider>(bridge, spec.job_id, k));
+        providers.push_back(task->splits.back().get());
+      }
+      CAPSTAN_ASSIGN_OR_RETURN(iterator, dataset.make_iterator(functions, std::move(providers)));
     } else {
       CAPSTAN_ASSIGN_OR_RETURN(iterator, dataset.make_iterator(functions));
     }
@@ -269,7 +290,7 @@ std::shared_ptr<WorkerTask> build_task(const TaskSpec& spec, const FunctionRegis
 // Drops the loop's reference on the pool: the last reference joins the
 // task's threads (an in-flight getElements may hold the last one).
 void destroy_on_pool(boost::asio::thread_pool& pool, std::shared_ptr<WorkerTask> task) {
-  if (task->splits) task->splits->cancel();
+  task->cancel_splits();
   boost::asio::post(pool, [task = std::move(task)]() mutable { task.reset(); });
 }
 
@@ -320,7 +341,7 @@ DataWorkerService::~DataWorkerService() {
   splits_->close();
   auto tasks = tasks_.take_all();
   for (auto& task : tasks) {
-    if (task->splits) task->splits->cancel();
+    task->cancel_splits();
   }
   tasks.clear();  // an in-flight getElements may still hold a task; it drops it on the pool
   tasks_gauge_->set(0);
@@ -445,6 +466,7 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
   spec.num_consumers = def.getNumConsumers();
   spec.cross_trainer_cache = def.getCrossTrainerCache();
   spec.cross_trainer_cache_bytes = def.getCrossTrainerCacheBytes();
+  spec.num_split_providers = def.getNumSplitProviders();
   ctx_.log->info("task {}: job {}, dataset {}, {} mode{}{}; building its pipeline", id, spec.job_id,
                  spec.dataset_id, mode_name(spec.mode),
                  spec.num_consumers > 0 ? ", " + std::to_string(spec.num_consumers) + " coordinated consumers" : "",
@@ -496,12 +518,13 @@ kj::Promise<void> DataWorkerService::serve_splits() {
 kj::Promise<void> DataWorkerService::fetch_split(std::shared_ptr<SplitCall> call) {
   kj::Timer& timer = ctx_.loop->timer();
   int64_t job_id = call->job_id;
+  int64_t index = call->split_provider_index;
   auto fetched = dispatcher_->service<wire::DataDispatcher>(timer.now() + to_kj(kConnectTimeout))
-                     .then([job_id](wire::DataDispatcher::Client dispatcher) {
+                     .then([job_id, index](wire::DataDispatcher::Client dispatcher) {
                        auto request = dispatcher.getSplitRequest();
                        request.setJobId(job_id);
                        request.setRepetition(0);
-                       request.setSplitProviderIndex(0);
+                       request.setSplitProviderIndex(index);
                        return request.send();
                      })
                      .then([](capnp::Response<wire::DataDispatcher::GetSplitResults>&& response)

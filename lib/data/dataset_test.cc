@@ -654,14 +654,129 @@ TEST_CASE("file sources split by file", "[data][splits]") {
   CHECK(direct.make_split_provider().value()->num_splits() == 2);
 }
 
-TEST_CASE("pipelines without exactly one splittable source cannot be split", "[data][splits]") {
+TEST_CASE("pipelines with an unsplittable source cannot be split", "[data][splits]") {
   auto two = Dataset::zip({Dataset::range(3), Dataset::range(4)}).make_split_provider();
   CHECK(two.status().code() == StatusCode::kFailedPrecondition);
-  CHECK_THAT(two.status().message(), Catch::Contains("range, range"));
+  CHECK_THAT(two.status().message(), Catch::Contains("range, range") && Catch::Contains("make_split_providers"));
   auto tensors = Dataset::from_tensors(ints_element({1}, {1})).make_split_provider();
   CHECK(tensors.status().code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(tensors.status().message(), Catch::Contains("from_tensors cannot be split"));
+  auto mixed = Dataset::zip({Dataset::range(3), Dataset::from_tensors(ints_element({1}, {1}))}).make_split_providers();
+  CHECK(mixed.status().code() == StatusCode::kFailedPrecondition);
   CHECK(Dataset::range(3).make_split_provider(0).status().code() == StatusCode::kInvalidArgument);
+}
+
+// Every element (component 0, and component 1 when there is one) that
+// `readers` iterators sharing `ds`'s split providers produce, reading in
+// turn; at most `limit` elements in all.
+struct SplitRead {
+  std::multiset<int64_t> first, second;
+  std::vector<int> per_reader;
+};
+SplitRead read_with_splits(const Dataset& ds, int readers, int64_t limit = INT64_MAX) {
+  auto providers = ds.make_split_providers();
+  REQUIRE(providers.ok());
+  std::vector<SplitProvider*> raw;
+  for (auto& p : *providers) raw.push_back(p.get());
+  std::vector<std::unique_ptr<Iterator>> its;
+  for (int r = 0; r < readers; ++r) {
+    auto it = ds.make_iterator(nullptr, raw);
+    REQUIRE(it.ok());
+    its.push_back(std::move(*it));
+  }
+  SplitRead out;
+  out.per_reader.assign(static_cast<size_t>(readers), 0);
+  std::vector<bool> done(static_cast<size_t>(readers), false);
+  int64_t total = 0;
+  for (int open = readers; open > 0 && total < limit;) {
+    for (size_t r = 0; r < its.size() && total < limit; ++r) {
+      if (done[r]) continue;
+      auto next = its[r]->get_next();
+      REQUIRE(next.ok());
+      if (!next->has_value()) {
+        done[r] = true;
+        --open;
+        continue;
+      }
+      out.first.insert((*next)->components.at(0).flat<int64_t>()[0]);
+      if ((*next)->components.size() > 1) out.second.insert((*next)->components[1].flat<int64_t>()[0]);
+      ++out.per_reader[r];
+      ++total;
+    }
+  }
+  return out;
+}
+
+std::multiset<int64_t> each_times(int64_t begin, int64_t end, int times) {
+  std::multiset<int64_t> out;
+  for (int t = 0; t < times; ++t) {
+    for (int64_t i = begin; i < end; ++i) out.insert(i);
+  }
+  return out;
+}
+
+TEST_CASE("DYNAMIC splits with repeat: every element of every repetition once", "[data][splits]") {
+  // TF resets the split provider per repetition: range(20).repeat(5) is 100
+  // elements however many readers share the splits.
+  auto ds = Dataset::range(20).repeat(5);
+  CHECK(ds.make_split_provider().value()->num_splits() == 100);
+  auto one = read_with_splits(ds, 1);
+  CHECK(one.first == each_times(0, 20, 5));
+  auto three = read_with_splits(ds, 3);
+  CHECK(three.first == each_times(0, 20, 5));
+  for (int n : three.per_reader) CHECK(n > 0);
+
+  auto small = Dataset::range(3).repeat(2);
+  CHECK(small.cardinality() == 6);
+  auto provider = small.make_split_provider();
+  REQUIRE(provider.ok());
+  auto it = small.make_iterator(nullptr, provider->get());
+  REQUIRE(it.ok());
+  std::vector<int64_t> got;
+  while (auto next = (*it)->get_next().value()) got.push_back(as_int(*next));
+  CHECK(got == std::vector<int64_t>{0, 1, 2, 0, 1, 2});
+
+  // repeat(0) and an empty input end at once, even repeated forever.
+  CHECK(read_with_splits(Dataset::range(5).repeat(0), 2).first.empty());
+  CHECK(read_with_splits(Dataset::range(0).repeat(), 2).first.empty());
+}
+
+TEST_CASE("DYNAMIC splits with an infinite repeat keep coming", "[data][splits]") {
+  auto ds = Dataset::range(1).repeat();
+  auto read = read_with_splits(ds, 5, 500);
+  CHECK(read.first == each_times(0, 1, 500));
+  for (int n : read.per_reader) CHECK(n == 100);
+}
+
+TEST_CASE("DYNAMIC splits of zip and concatenate: one provider per source", "[data][splits]") {
+  auto zipped = Dataset::zip({Dataset::range(10), Dataset::range(100, 110)});
+  auto providers = zipped.make_split_providers();
+  REQUIRE(providers.ok());
+  CHECK(providers->size() == 2);
+  // One reader pairs the sources in order, as without splits.
+  auto one = read_with_splits(zipped, 1);
+  CHECK(one.first == each_times(0, 10, 1));
+  CHECK(one.second == each_times(100, 110, 1));
+  // Several readers: every element of each input once.
+  auto three = read_with_splits(zipped, 3);
+  CHECK(three.first == each_times(0, 10, 1));
+  CHECK(three.second == each_times(100, 110, 1));
+
+  auto concatenated = Dataset::range(100).concatenate(Dataset::range(100, 200));
+  CHECK(concatenated.make_split_providers().value().size() == 2);
+  auto two = read_with_splits(concatenated, 2);
+  CHECK(two.first == each_times(0, 200, 1));
+  CHECK(two.per_reader[0] > 0);
+  CHECK(two.per_reader[1] > 0);
+  // Repeated, through the concatenation.
+  CHECK(read_with_splits(concatenated.repeat(3), 2).first == each_times(0, 200, 3));
+
+  // One provider per source, or InvalidArgument.
+  auto single = Dataset::range(3).make_split_provider();
+  REQUIRE(single.ok());
+  auto wrong = zipped.make_iterator(nullptr, single->get());
+  CHECK(wrong.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(wrong.status().message(), Catch::Contains("2 source(s) but 1 split provider(s)"));
 }
 
 }  // namespace capstan::data

@@ -62,10 +62,9 @@ Status check_first_component_string(const Element& e, const char* what) {
 // ---- Pipeline -------------------------------------------------------------------
 
 Pipeline::Pipeline(std::shared_ptr<const Dataset::Impl> definition,
-                   const FunctionRegistry* functions, SplitProvider* splits)
+                   const FunctionRegistry* functions, std::vector<SplitProvider*> splits)
     : definition_(std::move(definition)),
       functions_(functions),
-      splits_(splits),
       deterministic_(definition_->def().getOptions().getDeterministic()),
       cpu_budget_([this]() {
         int budget = definition_->def().getOptions().getAutotuneCpuBudget();
@@ -74,13 +73,22 @@ Pipeline::Pipeline(std::shared_ptr<const Dataset::Impl> definition,
       autotuner_(definition_->def().getOptions().getAutotune(), cpu_budget_, [this]() {
         int64_t budget = definition_->def().getOptions().getAutotuneRamBudget();
         return budget > 0 ? budget : physical_memory() / 2;
-      }()) {}
+      }()) {
+  if (splits.empty()) return;
+  auto sources = split_sources(definition_->root());
+  for (size_t i = 0; i < sources.size() && i < splits.size(); ++i) splits_[op_key(sources[i])] = splits[i];
+}
 
 Pipeline::~Pipeline() = default;
 
 SplitProvider* Pipeline::splits_for(Op::Reader op) const {
-  if (splits_ == nullptr || !definition_->contains(op_key(op))) return nullptr;
-  return splits_;
+  if (splits_.empty() || !definition_->contains(op_key(op))) return nullptr;
+  auto it = splits_.find(op_key(op));
+  return it == splits_.end() ? nullptr : it->second;
+}
+
+bool Pipeline::runs_on_splits(Op::Reader op) const {
+  return !splits_.empty() && definition_->contains(op_key(op));
 }
 
 // ---- Functions ------------------------------------------------------------------
@@ -239,29 +247,60 @@ std::unique_ptr<Iterator> wrap_root(std::unique_ptr<Pipeline> pipeline,
 namespace capstan::data {
 
 Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry* functions) const {
-  return make_iterator(functions, nullptr);
+  return make_iterator(functions, std::vector<SplitProvider*>{});
 }
 
-Result<std::unique_ptr<SplitProvider>> Dataset::make_split_provider(int64_t range_chunk) const {
+Result<std::vector<std::unique_ptr<SplitProvider>>> Dataset::make_split_providers(int64_t range_chunk) const {
   if (range_chunk <= 0) {
     return Status::InvalidArgument("range_chunk must be positive, got " + std::to_string(range_chunk));
   }
   try {
-    // Functions are not needed to split the source: only argument errors count.
+    // Functions are not needed to split the sources: only argument errors count.
     Status valid = engine::validate(impl_->root(), nullptr);
     if (!valid.ok() && valid.code() != StatusCode::kNotFound) return valid;
-    return engine::make_split_provider(impl_->root(), range_chunk);
+    return engine::make_split_providers(impl_->root(), range_chunk);
   } catch (const kj::Exception& e) {
     return Status::InvalidArgument(std::string("malformed dataset definition: ") +
                                    e.getDescription().cStr());
   }
 }
 
+Result<std::unique_ptr<SplitProvider>> Dataset::make_split_provider(int64_t range_chunk) const {
+  CAPSTAN_ASSIGN_OR_RETURN(auto providers, make_split_providers(range_chunk));
+  if (providers.size() != 1) {
+    std::string names;
+    for (auto source : engine::split_sources(impl_->root())) {
+      names += std::string(names.empty() ? "" : ", ") + op_name(source.which());
+    }
+    return Status::FailedPrecondition("the pipeline has " + std::to_string(providers.size()) + " sources (" + names +
+                                      "), one split provider each: use make_split_providers()");
+  }
+  return std::move(providers[0]);
+}
+
 Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry* functions,
                                                          SplitProvider* splits) const {
+  if (splits == nullptr) return make_iterator(functions, std::vector<SplitProvider*>{});
+  return make_iterator(functions, std::vector<SplitProvider*>{splits});
+}
+
+Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry* functions,
+                                                         std::vector<SplitProvider*> splits) const {
   try {
     CAPSTAN_RETURN_IF_ERROR(engine::validate(impl_->root(), functions));
-    auto pipeline = std::make_unique<engine::Pipeline>(impl_, functions, splits);
+    if (!splits.empty()) {
+      size_t sources = engine::split_sources(impl_->root()).size();
+      if (splits.size() != sources) {
+        return Status::InvalidArgument("the pipeline has " + std::to_string(sources) + " source(s) but " +
+                                       std::to_string(splits.size()) +
+                                       " split provider(s) were given; pass one per source "
+                                       "(make_split_providers())");
+      }
+      for (SplitProvider* provider : splits) {
+        if (provider == nullptr) return Status::InvalidArgument("a split provider is null");
+      }
+    }
+    auto pipeline = std::make_unique<engine::Pipeline>(impl_, functions, std::move(splits));
     CAPSTAN_ASSIGN_OR_RETURN(auto root, engine::make_iterator(impl_->root(), *pipeline));
     return engine::wrap_root(std::move(pipeline), std::move(root));
   } catch (const kj::Exception& e) {

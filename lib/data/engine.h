@@ -41,9 +41,10 @@ class IteratorBase {
 // Shared by every iterator of one pipeline. Thread-safe.
 class Pipeline {
  public:
-  // `splits` (may be null) feeds the root definition's source.
+  // `splits` (empty, or one per source of the root definition, in the order
+  // of split_sources()) feed the root definition's sources.
   Pipeline(std::shared_ptr<const Dataset::Impl> definition, const FunctionRegistry* functions,
-           SplitProvider* splits = nullptr);
+           std::vector<SplitProvider*> splits = {});
   ~Pipeline();
 
   const FunctionRegistry* functions() const { return functions_; }
@@ -53,6 +54,9 @@ class Pipeline {
   // The split provider for `op`'s source, when `op` belongs to the root
   // definition and the pipeline runs on splits; else null.
   SplitProvider* splits_for(wire::Op::Reader op) const;
+  // True when `op` belongs to the root definition and the pipeline runs on
+  // splits (repeat then takes its repetitions from the split providers).
+  bool runs_on_splits(wire::Op::Reader op) const;
 
   // State of the op with `key` that lives as long as the pipeline; created by
   // `make` on first use. Ops outside the root definition (datasets made by an
@@ -69,7 +73,7 @@ class Pipeline {
  private:
   const std::shared_ptr<const Dataset::Impl> definition_;
   const FunctionRegistry* const functions_;
-  SplitProvider* const splits_;
+  std::map<const void*, SplitProvider*> splits_;  // source op key -> its provider
   const bool deterministic_;
   const int cpu_budget_;
   Autotuner autotuner_;
@@ -81,8 +85,14 @@ class Pipeline {
 // definition `op` lives in must outlive the iterator.
 Result<std::unique_ptr<IteratorBase>> make_iterator(wire::Op::Reader op, Pipeline& pipeline);
 
-// The split provider of the one splittable source under `op`.
-Result<std::unique_ptr<SplitProvider>> make_split_provider(wire::Op::Reader op, int64_t range_chunk);
+// The sources under `op` (ops without inputs), depth first: the order of
+// split providers.
+std::vector<wire::Op::Reader> split_sources(wire::Op::Reader op);
+// One split provider per source under `op`, as its transformations hand them
+// out (repeat repeats them). FailedPrecondition naming the source when one
+// cannot be split.
+Result<std::vector<std::unique_ptr<SplitProvider>>> make_split_providers(wire::Op::Reader op,
+                                                                        int64_t range_chunk);
 
 // Checks every op's arguments and functions before anything runs.
 Status validate(wire::Op::Reader op, const FunctionRegistry* functions);

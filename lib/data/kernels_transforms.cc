@@ -216,7 +216,14 @@ constexpr OpKernel kRepeat{
       return check_count(op, op.getRepeat().getCount(), "count");
     },
     .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
+      // On splits the repetitions come from the split providers (wrap_splits):
+      // the input is read once, across all of them.
+      if (pipeline.runs_on_splits(op)) return make_input(op, pipeline);
       return make_repeat(factory(op.getInput(), pipeline), op.getRepeat().getCount());
+    },
+    .wrap_splits = [](Op::Reader op, std::vector<std::unique_ptr<SplitProvider>> input) {
+      for (auto& provider : input) provider = make_repeat_split_provider(std::move(provider), op.getRepeat().getCount());
+      return input;
     },
 };
 

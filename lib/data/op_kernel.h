@@ -69,6 +69,11 @@ struct OpKernel {
                                                            int64_t range_chunk) = nullptr;
   IteratorPtr (*read_splits)(wire::Op::Reader op, SplitProvider* splits) = nullptr;
   const FileSource* file_source = nullptr;
+  // Transformations that change how their input's splits are handed out
+  // (repeat: every repetition's splits, as TF's RepeatSplitProvider). Null:
+  // the input's providers pass through unchanged.
+  std::vector<std::unique_ptr<SplitProvider>> (*wrap_splits)(
+      wire::Op::Reader op, std::vector<std::unique_ptr<SplitProvider>> input) = nullptr;
 };
 
 // The kernel of `which`; null for a kind this build does not know (a newer
@@ -95,6 +100,9 @@ Status check_parallel(wire::Op::Reader op, int64_t value, const char* name);  //
 // indices, and one file name per split.
 std::unique_ptr<SplitProvider> make_range_split_provider(int64_t num_elements, int64_t chunk);
 std::unique_ptr<SplitProvider> make_file_split_provider(std::vector<std::string> files);
+// `input`'s splits `count` times (-1: forever), resetting it between
+// repetitions; ends at once when a repetition has no splits.
+std::unique_ptr<SplitProvider> make_repeat_split_provider(std::unique_ptr<SplitProvider> input, int64_t count);
 
 }  // namespace capstan::data::engine
 

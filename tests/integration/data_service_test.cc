@@ -4,6 +4,7 @@
 #include <signal.h>
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -105,6 +106,69 @@ TEST_CASE("DYNAMIC over two workers: every element exactly once", "[data-service
   std::multiset<int64_t> seen(got.begin(), got.end());
   CHECK(got.size() == 100);
   for (int64_t v = 0; v < 100; ++v) CHECK(seen.count(v) == 1);
+}
+
+TEST_CASE("DYNAMIC with repeat over three workers: every element of every repetition exactly once",
+          "[data-service][splits]") {
+  DataService s(3);
+  service::ReadOptions options;
+  options.processing_mode = service::ProcessingMode::kDynamic;
+  // TF resets the split provider per repetition: 5 x 20 elements, not 20.
+  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(20).repeat(5)), options));
+  std::multiset<int64_t> seen(got.begin(), got.end());
+  CHECK(got.size() == 100);
+  for (int64_t v = 0; v < 20; ++v) CHECK(seen.count(v) == 5);
+  auto small = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(3).repeat(2)), options));
+  std::sort(small.begin(), small.end());
+  CHECK(small == std::vector<int64_t>{0, 0, 1, 1, 2, 2});
+}
+
+TEST_CASE("DYNAMIC with zip and concatenate: one split provider per source", "[data-service][splits]") {
+  DataService s(2);
+  service::ReadOptions options;
+  options.processing_mode = service::ProcessingMode::kDynamic;
+  auto concatenated = Dataset::range(100).concatenate(Dataset::range(100, 200));
+  auto got = read_all(service::from_dataset_id(s.address(), registered(s, concatenated), options));
+  std::sort(got.begin(), got.end());
+  std::vector<int64_t> expected(200);
+  for (int64_t v = 0; v < 200; ++v) expected[static_cast<size_t>(v)] = v;
+  CHECK(got == expected);
+
+  auto zipped = Dataset::zip({Dataset::range(10), Dataset::range(100, 110)});
+  auto it = service::from_dataset_id(s.address(), registered(s, zipped), options).make_iterator();
+  REQUIRE(it.ok());
+  std::multiset<int64_t> left, right;
+  while (auto next = (*it)->get_next().value()) {
+    REQUIRE(next->components.size() == 2);
+    left.insert(next->components[0].flat<int64_t>()[0]);
+    right.insert(next->components[1].flat<int64_t>()[0]);
+  }
+  CHECK(left.size() == 10);
+  CHECK(right.size() == 10);
+  for (int64_t v = 0; v < 10; ++v) {
+    CHECK(left.count(v) == 1);
+    CHECK(right.count(100 + v) == 1);
+  }
+}
+
+TEST_CASE("DYNAMIC with an infinite repeat keeps serving after workers are stopped", "[data-service][splits]") {
+  DataService s(3, {"--worker-timeout-ms", "1000"});
+  service::ReadOptions options;
+  options.processing_mode = service::ProcessingMode::kDynamic;
+  auto it = service::from_dataset_id(s.address(), registered(s, Dataset::range(1).repeat()), options).make_iterator();
+  REQUIRE(it.ok());
+  auto read = [&](int n) {
+    for (int i = 0; i < n; ++i) {
+      auto next = (*it)->get_next();
+      REQUIRE(next.ok());
+      REQUIRE(next->has_value());
+      CHECK((*next)->components.at(0).flat<int64_t>()[0] == 0);
+    }
+  };
+  read(50);
+  CHECK(s.workers[1]->stop(SIGTERM, 10s).has_value());
+  CHECK(s.workers[2]->stop(SIGTERM, 10s).has_value());
+  read(500);  // from the remaining worker
 }
 
 TEST_CASE("two consumers of one named job split the elements between them", "[data-service]") {

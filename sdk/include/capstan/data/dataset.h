@@ -166,13 +166,23 @@ class Dataset {
   // NotFound naming the op.
   Result<std::unique_ptr<Iterator>> make_iterator(const FunctionRegistry* functions = nullptr) const;
 
-  // A provider of the splits of this pipeline's one splittable source
-  // (range: chunks of `range_chunk` elements; list_files and the file
-  // sources: one file per split). FailedPrecondition, naming the sources,
-  // when the pipeline has any source that cannot be split or more than one.
+  // Dynamic sharding (the data service's DYNAMIC mode), as TF's split
+  // providers: one provider per source of the pipeline, in depth-first order
+  // (zip and concatenate have one per input source). Range sources split
+  // into chunks of `range_chunk` elements, list_files and the file sources
+  // into one file per split. A repeat() hands out its input's splits once
+  // per repetition (forever for repeat()), so iterators sharing the
+  // providers together see every element of every repetition once.
+  // FailedPrecondition naming the source when one cannot be split.
+  Result<std::vector<std::unique_ptr<SplitProvider>>> make_split_providers(int64_t range_chunk = 1) const;
+  // The same for a pipeline with exactly one source (FailedPrecondition
+  // otherwise).
   Result<std::unique_ptr<SplitProvider>> make_split_provider(int64_t range_chunk = 1) const;
-  // Iterates with the source reading only the splits `splits` hands out.
-  // `splits` must outlive the iterator.
+  // Iterates with the sources reading only the splits the providers hand
+  // out: one provider per source, as make_split_providers() orders them
+  // (InvalidArgument otherwise). The providers must outlive the iterator.
+  Result<std::unique_ptr<Iterator>> make_iterator(const FunctionRegistry* functions,
+                                                  std::vector<SplitProvider*> splits) const;
   Result<std::unique_ptr<Iterator>> make_iterator(const FunctionRegistry* functions,
                                                   SplitProvider* splits) const;
 
