@@ -19,4 +19,9 @@ interface Worker extends(Common.Node) {
   # called with the input context (numWorkers, workerIndex).
   createDatasetFromFunction @2 (datasetId :Int64, function :Text, numWorkers :Int32,
                                 workerIndex :Int32) -> ();
+  # Cancels a closure this worker runs (or is about to run): its context's
+  # cancelled() turns true and its result is abandoned (the runClosure call
+  # answers Cancelled). Unknown ids are remembered briefly (the cancel may
+  # overtake the run) and otherwise ignored.
+  cancelClosure @3 (closureId :Int64) -> ();
 }

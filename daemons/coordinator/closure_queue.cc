@@ -51,7 +51,7 @@ bool ClosureQueue::complete(int64_t id, int64_t worker, Result<std::string> resu
   record.error = error;
   if (error_.ok()) {
     error_ = error;
-    cancel_queued();
+    cancel_pending();
   }
   return true;
 }
@@ -72,15 +72,30 @@ std::vector<int64_t> ClosureQueue::worker_failed(int64_t worker) {
   return requeued;
 }
 
-void ClosureQueue::cancel_queued() {
+Status ClosureQueue::cancelled_status(int64_t id, const Record& record) const {
+  return Status::Cancelled("closure " + std::to_string(id) + " (" + record.closure.function +
+                           ") was cancelled because another closure failed: " + error_.to_string());
+}
+
+void ClosureQueue::cancel_pending() {
   for (int64_t id : queue_) {
     Record& record = records_.at(id);
     record.state = State::kCancelled;
-    record.error = Status::Cancelled("closure " + std::to_string(id) + " (" + record.closure.function +
-                                     ") was cancelled because an earlier closure failed: " +
-                                     error_.to_string());
+    record.error = cancelled_status(id, record);
   }
   queue_.clear();
+  for (int64_t id : running_) {
+    Record& record = records_.at(id);
+    cancelled_runs_.emplace_back(id, record.worker);
+    record.state = State::kCancelled;
+    record.error = cancelled_status(id, record);
+    record.worker = -1;
+  }
+  running_.clear();
+}
+
+std::vector<std::pair<int64_t, int64_t>> ClosureQueue::take_cancelled_runs() {
+  return std::exchange(cancelled_runs_, {});
 }
 
 Status ClosureQueue::take_error() {

@@ -8,8 +8,11 @@
 //   pending error
 //             the first non-retryable error a closure raised. It is raised
 //             once by the next schedule()/join()/done() (take_error()), then
-//             cleared. When it is recorded, every queued closure is cancelled
-//             (its fetch says Cancelled); closures already running finish.
+//             cleared. When it is recorded, every queued and every running
+//             closure is cancelled (its fetch says Cancelled, as TF's
+//             RemoteValue raises CancelledError); running ones are listed by
+//             take_cancelled_runs() so their workers can be told to stop, and
+//             their late results are dropped.
 //
 // At-least-once execution: when a worker fails, its running closures go back
 // to the front of the queue and run elsewhere; a result that arrives for a
@@ -32,6 +35,7 @@
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capstan/status.h"
@@ -67,6 +71,10 @@ class ClosureQueue {
   // queue (each once). Returns their ids.
   std::vector<int64_t> worker_failed(int64_t worker);
 
+  // Runs cancelled since the last call, as (closure id, worker): the
+  // coordinator asks those workers to stop them.
+  std::vector<std::pair<int64_t, int64_t>> take_cancelled_runs();
+
   // The pending error, cleared by this call (OK when there is none).
   Status take_error();
   bool has_error() const { return !error_.ok(); }
@@ -93,13 +101,15 @@ class ClosureQueue {
     std::string value;    // kDone
   };
 
-  void cancel_queued();
+  void cancel_pending();
+  Status cancelled_status(int64_t id, const Record& record) const;
 
   int64_t next_id_ = 1;
   std::map<int64_t, Record> records_;
   std::deque<int64_t> queue_;   // ids, front first
   std::set<int64_t> running_;   // ids
   Status error_;                // the pending error
+  std::vector<std::pair<int64_t, int64_t>> cancelled_runs_;  // (id, worker)
 };
 
 }  // namespace capstan::coordinator

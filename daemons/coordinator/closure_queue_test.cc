@@ -50,6 +50,32 @@ TEST_CASE("the first error is raised once by the next schedule, then cleared", "
   CHECK(q.schedule("f", "").ok());
 }
 
+TEST_CASE("a failure cancels the closures running elsewhere; their late results are dropped", "[closures]") {
+  ClosureQueue q;
+  int64_t slow = q.schedule("long", "").value();
+  int64_t failing = q.schedule("f", "").value();
+  int64_t queued = q.schedule("f", "").value();
+  REQUIRE(q.next(1)->id == slow);
+  REQUIRE(q.next(2)->id == failing);
+  CHECK(q.take_cancelled_runs().empty());
+  CHECK(q.complete(failing, 2, Status::InvalidArgument("bad input")));
+  // TF: the running closure is cancelled too, and its fetch raises Cancelled.
+  CHECK(q.state(slow).value() == State::kCancelled);
+  CHECK(q.value(slow).status().code() == StatusCode::kCancelled);
+  CHECK(q.state(queued).value() == State::kCancelled);
+  CHECK(q.idle());
+  auto runs = q.take_cancelled_runs();
+  REQUIRE(runs.size() == 1);
+  CHECK(runs[0] == std::pair<int64_t, int64_t>{slow, 1});
+  CHECK(q.take_cancelled_runs().empty());
+  // The cancelled run's value arrives late: dropped.
+  CHECK_FALSE(q.complete(slow, 1, std::string("late")));
+  CHECK(q.value(slow).status().code() == StatusCode::kCancelled);
+  // A worker failing now re-queues nothing.
+  CHECK(q.worker_failed(1).empty());
+  CHECK(q.take_error().code() == StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("take_error returns the error once, as join and done raise it", "[closures]") {
   ClosureQueue q;
   int64_t a = q.schedule("f", "").value();

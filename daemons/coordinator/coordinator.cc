@@ -155,6 +155,17 @@ void Coordinator::drop_worker(int64_t worker_id, const Status& why) {
   notify();
 }
 
+void Coordinator::cancel_runs() {
+  for (auto [closure_id, worker_id] : queue_.take_cancelled_runs()) {
+    auto it = workers_.find(worker_id);
+    if (it == workers_.end()) continue;
+    int64_t id = closure_id;
+    tasks_.add(it->second.peer->cancel_closure(id).then([this, id](Status status) {
+      if (!status.ok()) log_->debug("cancelling closure {}: {}", id, status.to_string());
+    }));
+  }
+}
+
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) return kj::READY_NOW;
@@ -182,6 +193,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
           return kj::READY_NOW;
         }
         queue_.complete(id, worker_id, std::move(outcome.result));
+        cancel_runs();
         notify();
         return lane(worker_id);
       });

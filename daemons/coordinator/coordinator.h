@@ -96,6 +96,9 @@ class WorkerPeer {
  public:
   virtual ~WorkerPeer() = default;
   virtual kj::Promise<ClosureOutcome> run_closure(ClosureRun run) = 0;
+  // Asks the worker to cancel a run of closure `closure_id` (its context's
+  // cancelled() turns true; the run answers Cancelled). Best effort.
+  virtual kj::Promise<Status> cancel_closure(int64_t closure_id) = 0;
   // OK when the worker answered.
   virtual kj::Promise<Status> ping() = 0;
   // Per-worker datasets: a definition (SHARD_HINT already resolved for this
@@ -247,6 +250,8 @@ class Coordinator : private kj::TaskSet::ErrorHandler {
 
   bool any_worker_has(const std::string& name) const;
   kj::Promise<void> lane(int64_t worker_id);
+  // Tells the workers of runs the queue cancelled to stop them.
+  void cancel_runs();
   kj::Promise<void> watch_worker(int64_t worker_id);
   void drop_worker(int64_t worker_id, const Status& why);
   int num_workers_for_datasets() const;

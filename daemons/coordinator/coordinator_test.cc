@@ -26,6 +26,7 @@ struct WorkerRecord {
   std::vector<Run> runs;  // in dispatch order
   bool answer_pings = true;
   int pings = 0;
+  std::vector<int64_t> cancels;  // closure ids, in order
   std::vector<std::pair<int64_t, std::string>> datasets;                      // id, definition
   std::vector<std::tuple<int64_t, std::string, int, int>> function_datasets;  // id, fn, workers, index
 
@@ -49,6 +50,10 @@ class FakeWorker : public WorkerPeer {
     auto paf = kj::newPromiseAndFulfiller<ClosureOutcome>();
     record_.runs.push_back({std::move(run), kj::mv(paf.fulfiller)});
     return kj::mv(paf.promise);
+  }
+  kj::Promise<Status> cancel_closure(int64_t closure_id) override {
+    record_.cancels.push_back(closure_id);
+    return Status::Ok();
   }
   kj::Promise<Status> ping() override {
     ++record_.pings;
@@ -318,6 +323,38 @@ TEST_CASE("an error a worker reports fails the closure, keeps the worker and is 
   CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
   CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
   CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a failing closure cancels the closures running on other workers and tells those workers",
+          "[coordinator]") {
+  WorkerRecord a, b;
+  Harness h;
+  h.add_worker(a);
+  h.add_worker(b);
+  int64_t slow = h.coordinator->schedule("train_step", "slow").value();
+  int64_t failing = h.coordinator->schedule("train_step", "fails").value();
+  h.settle();
+  REQUIRE(a.runs.size() + b.runs.size() == 2);
+  WorkerRecord& slow_worker = a.runs.size() == 1 && a.runs[0].run.closure_id == slow ? a : b;
+  WorkerRecord& failing_worker = &slow_worker == &a ? b : a;
+  REQUIRE(failing_worker.runs.at(0).run.closure_id == failing);
+  failing_worker.reply(0, Status::InvalidArgument("bad input"));
+  h.settle();
+  CHECK(slow_worker.cancels == std::vector<int64_t>{slow});
+  CHECK(failing_worker.cancels.empty());
+  // join raises the failure without waiting for the cancelled run.
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
+  CHECK(h.coordinator->fetch(slow).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  // The cancelled run answers late: dropped, and its lane takes new work.
+  slow_worker.reply(0, std::string("late value"));
+  h.settle();
+  CHECK(h.coordinator->fetch(slow).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  int64_t next = h.coordinator->schedule("train_step", "next").value();
+  h.settle();
+  CHECK(a.runs.size() + b.runs.size() == 3);
+  (a.runs.size() == 2 ? a : b).reply(1, std::string("ok"));
+  h.settle();
+  CHECK(h.coordinator->fetch(next).wait(h.io.waitScope).value() == "ok");
 }
 
 TEST_CASE("a worker whose link breaks is dropped and its closures run again elsewhere as attempt 2",

@@ -47,6 +47,12 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
             });
 }
 
+kj::Promise<Status> RemoteWorker::cancel_closure(int64_t closure_id) {
+  auto request = client_.cancelClosureRequest();
+  request.setClosureId(closure_id);
+  return status_of(request.send().ignoreResult());
+}
+
 kj::Promise<Status> RemoteWorker::ping() { return status_of(client_.infoRequest().send().ignoreResult()); }
 
 kj::Promise<Status> RemoteWorker::create_dataset(int64_t dataset_id, std::string definition) {

@@ -24,6 +24,7 @@ class RemoteWorker : public WorkerPeer {
   ~RemoteWorker() noexcept override;
 
   kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override;
+  kj::Promise<Status> cancel_closure(int64_t closure_id) override;
   kj::Promise<Status> ping() override;
   kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override;
   kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,

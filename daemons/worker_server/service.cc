@@ -113,6 +113,7 @@ kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunc
 kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   auto params = context.getParams();
   RunClosureRequest request;
+  request.closure_id = params.getClosureId();
   request.function = text(params.getFunction());
   rpc::check(worker_->check_closure(request.function));  // before reading the arguments
   request.placement_version = params.getPlacementVersion();
@@ -129,6 +130,11 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
         rpc::check(result.status());
         rpc::write_element(context.getResults().initResult(), *result, ctx_.codec);
       });
+}
+
+kj::Promise<void> WorkerService::cancelClosure(CancelClosureContext context) {
+  worker_->cancel_closure(context.getParams().getClosureId());  // sets a flag: no waiting
+  return kj::READY_NOW;
 }
 
 }  // namespace capstan::worker_server

@@ -29,11 +29,13 @@ class LockedIterator final : public data::Iterator {
 // replaces them meanwhile.
 class Worker::Context final : public ClosureContext {
  public:
-  Context(Worker& worker, const RunClosureRequest& request) : worker_(worker), request_(request) {}
+  Context(Worker& worker, const RunClosureRequest& request, std::shared_ptr<std::atomic<bool>> cancelled)
+      : worker_(worker), request_(request), cancelled_(std::move(cancelled)) {}
 
   int worker_index() const override { return std::max(0, worker_.task_index_); }
   int num_workers() const override { return request_.num_workers; }
   int attempt() const override { return request_.attempt; }
+  bool cancelled() const override { return cancelled_->load(std::memory_order_relaxed); }
 
   Result<Tensor> read(const std::string& variable) override { return worker_.variables_.read(variable); }
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {
@@ -70,6 +72,7 @@ class Worker::Context final : public ClosureContext {
  private:
   Worker& worker_;
   const RunClosureRequest& request_;
+  const std::shared_ptr<std::atomic<bool>> cancelled_;
   std::vector<std::shared_ptr<data::Iterator>> held_;
 };
 
@@ -97,10 +100,40 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
   const ClosureFunction* fn = functions_.find_closure(request.function);
   if (fn == nullptr) return check_closure(request.function);
   CAPSTAN_RETURN_IF_ERROR(variables_.refresh_if_older(request.placement_version));
-  Context context(*this, request);
-  auto result = (*fn)(context, request.args);
+  auto cancelled = std::make_shared<std::atomic<bool>>(false);
+  const int64_t id = request.closure_id;
+  if (id != 0) {
+    MutexLock lock(mutex_);
+    auto early = std::find(early_cancels_.begin(), early_cancels_.end(), id);
+    if (early != early_cancels_.end()) {
+      early_cancels_.erase(early);
+      cancelled->store(true);
+    }
+    running_[id] = cancelled;
+  }
+  Context context(*this, request, cancelled);
+  Result<Element> result = cancelled->load() ? Result<Element>(Status::Cancelled("")) : (*fn)(context, request.args);
+  if (id != 0) {
+    MutexLock lock(mutex_);
+    running_.erase(id);
+  }
+  if (cancelled->load()) {
+    return Status::Cancelled("closure " + std::to_string(id) + " (" + request.function +
+                             ") was cancelled by the coordinator; its result is abandoned");
+  }
   if (!result.ok()) return result.status().with_context(request.function);
   return result;
+}
+
+void Worker::cancel_closure(int64_t closure_id) {
+  MutexLock lock(mutex_);
+  auto it = running_.find(closure_id);
+  if (it != running_.end()) {
+    it->second->store(true);
+    return;
+  }
+  early_cancels_.push_back(closure_id);
+  if (early_cancels_.size() > kRememberedCancels) early_cancels_.pop_front();
 }
 
 Status Worker::install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator) {

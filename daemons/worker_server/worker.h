@@ -21,7 +21,9 @@
 #ifndef CAPSTAN_DAEMONS_WORKER_SERVER_WORKER_H_
 #define CAPSTAN_DAEMONS_WORKER_SERVER_WORKER_H_
 
+#include <atomic>
 #include <cstdint>
+#include <deque>
 #include <map>
 #include <memory>
 #include <string>
@@ -42,6 +44,7 @@ struct RunClosureRequest {
   int64_t placement_version = 0;  // refresh placements older than this first
   int attempt = 1;                 // 1 for a closure's first run
   int num_workers = 1;             // registered workers at dispatch
+  int64_t closure_id = 0;          // the coordinator's id; 0: cannot be cancelled
 };
 
 class Worker {
@@ -57,7 +60,12 @@ class Worker {
   // NotFound naming the closure when no module registered it.
   Status check_closure(const std::string& function) const;
   // Runs the closure; its error comes back with the closure's name.
+  // Cancelled when cancel_closure() named it before it returned.
   Result<Element> run_closure(const RunClosureRequest& request);
+  // Cancels closure `closure_id`, running or about to run (the cancel may
+  // arrive first: the last kRememberedCancels such ids are kept).
+  void cancel_closure(int64_t closure_id);
+  static constexpr size_t kRememberedCancels = 4096;
 
   // Builds the iterator of per-worker dataset `id` from a serialized
   // definition (SHARD_HINT already resolved), replacing an earlier one.
@@ -79,6 +87,10 @@ class Worker {
 
   Mutex mutex_;
   std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_ GUARDED_BY(mutex_);
+  // Running closures' cancel flags, by closure id.
+  std::map<int64_t, std::shared_ptr<std::atomic<bool>>> running_ GUARDED_BY(mutex_);
+  // Cancels that arrived before their run, oldest first.
+  std::deque<int64_t> early_cancels_ GUARDED_BY(mutex_);
 };
 
 }  // namespace capstan::worker_server

@@ -86,6 +86,18 @@ struct Fixture {
     functions.register_closure("fail", [](ClosureContext&, const Element&) -> Result<Element> {
       return Status::InvalidArgument("bad batch");
     });
+    // Counts steps until cancelled (at most 10 s), then returns the count.
+    functions.register_closure("until_cancelled", [this](ClosureContext& ctx, const Element&) -> Result<Element> {
+      started.store(true);
+      int64_t steps = 0;
+      auto give_up = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+      while (!ctx.cancelled() && std::chrono::steady_clock::now() < give_up) {
+        ++steps;
+        std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      }
+      saw_cancel.store(ctx.cancelled());
+      return Element{{Tensor::scalar<int64_t>(steps)}, {}};
+    });
     functions.register_dataset_function("shard_of_10", [](const InputContext& input) {
       return data::Dataset::range(10).shard(input.num_input_pipelines, input.input_pipeline_id);
     });
@@ -95,6 +107,8 @@ struct Fixture {
     return worker.run_closure({function, std::move(args), version, attempt, num_workers});
   }
 
+  std::atomic<bool> started{false};
+  std::atomic<bool> saw_cancel{false};
   FunctionRegistry functions;
   FakeVariables variables;
   Worker worker{functions, variables, /*task_index=*/3};
@@ -201,4 +215,30 @@ TEST_CASE("worker: closures running at once share an iterator; each element is r
 }
 
 }  // namespace
+TEST_CASE("worker: a cancelled closure sees cancelled() and its result is abandoned", "[worker]") {
+  Fixture f;
+  RunClosureRequest request;
+  request.function = "until_cancelled";
+  request.closure_id = 41;
+  Result<Element> result = Status::Unknown("not run");
+  std::thread runner([&]() { result = f.worker.run_closure(request); });
+  while (!f.started.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  f.worker.cancel_closure(41);
+  runner.join();
+  CHECK(f.saw_cancel.load());
+  CHECK(result.status().code() == StatusCode::kCancelled);
+  CHECK_THAT(result.status().message(), Catch::Contains("closure 41") && Catch::Contains("abandoned"));
+
+  // A cancel that overtakes its run: the closure does not run at all.
+  f.started.store(false);
+  f.worker.cancel_closure(42);
+  request.closure_id = 42;
+  CHECK(f.worker.run_closure(request).status().code() == StatusCode::kCancelled);
+  CHECK_FALSE(f.started.load());
+  // Other ids are not affected.
+  request.function = "context";
+  request.closure_id = 43;
+  CHECK(f.worker.run_closure(request).ok());
+}
+
 }  // namespace capstan::worker_server

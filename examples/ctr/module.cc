@@ -132,6 +132,8 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
     auto d = static_cast<float>(ctr::sigmoid(logit) - label);
     for (int64_t k = 0; k < kPerExample; ++k) gradient[static_cast<size_t>(slots[k])] += d;
   }
+  // A cancelled step (another closure failed) does not push its update.
+  if (ctx.cancelled()) return Status::Cancelled("train_step cancelled before its update");
   CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, ids_tensor(lookup.unique_ids));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor rows,
                            Tensor::from_vector<float>(gradient, {static_cast<int64_t>(gradient.size()), 1}));
@@ -155,6 +157,8 @@ Result<Element> eval(ClosureContext& ctx, const Element& args) {
   examples.reserve(static_cast<size_t>(count));
   ids.reserve(static_cast<size_t>(count * ctr::kFields));
   for (int64_t i = 0; i < count; ++i) {
+    // Up to 2^20 examples: a long closure checks for cancellation as it goes.
+    if (i % 4096 == 0 && ctx.cancelled()) return Status::Cancelled("eval cancelled");
     examples.push_back(ctr::make_example(first + i));
     ids.insert(ids.end(), examples.back().ids.begin(), examples.back().ids.end());
   }

@@ -32,9 +32,16 @@ CAPSTAN_MODULE(registry) {
   registry.register_closure("fail", [](ClosureContext&, const Element&) -> Result<Element> {
     return Status::InvalidArgument("this closure always fails");
   });
-  // Sleeps args[0] milliseconds, then returns args[1] (a unique tag).
+  // Sleeps args[0] milliseconds, then adds 1 to "counter" and returns args[1]
+  // (a unique tag). Cancellable: a cancelled run stops sleeping and returns
+  // without touching the counter.
   registry.register_closure("sleep_then_tag", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
-    std::this_thread::sleep_for(std::chrono::milliseconds(args.components.at(0).flat<int64_t>()[0]));
+    auto until = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(args.components.at(0).flat<int64_t>()[0]);
+    while (std::chrono::steady_clock::now() < until) {
+      if (ctx.cancelled()) return Status::Cancelled("stopped early");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
     CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("counter", Tensor::scalar<float>(1.0f)));
     return Element{{args.components.at(1)}, {}};
   });

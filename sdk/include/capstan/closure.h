@@ -44,6 +44,13 @@ class ClosureContext {
   // 1 for the first run.
   virtual int attempt() const = 0;
 
+  // Cooperative cancellation (TF cancels running closures once another one
+  // failed): true once the coordinator cancelled this run. A long closure
+  // checks it between steps and returns early (any value or error: the
+  // result of a cancelled run is abandoned and its fetch() raises
+  // Cancelled). Side effects made before returning stay.
+  virtual bool cancelled() const { return false; }
+
   // The whole variable, gathered from its shards.
   virtual Result<Tensor> read(const std::string& variable) = 0;
   // Rows `ids` (int32/int64, any shape) of a variable: an embedding lookup.
