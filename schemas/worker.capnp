@@ -9,8 +9,11 @@ interface Worker extends(Common.Node) {
   # Runs a registered closure with `args`. `attempt` is 1 for a closure's
   # first run and grows each time it is re-queued after a worker failure;
   # `numWorkers` is the number of workers registered when it was dispatched.
+  # `deadlineUnixMs` (0: none) is when the coordinator gives up on the run
+  # (its closure_timeout_ms).
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
-                 placementVersion :Int64, attempt :UInt32, numWorkers :UInt32)
+                 placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
+                 deadlineUnixMs :Int64)
       -> (result :Common.Element);
   # Builds this worker's iterator of a per-worker dataset: `definition` is
   # the serialized pipeline already specialised for this worker.

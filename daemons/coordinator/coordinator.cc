@@ -179,14 +179,35 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   run.placement_version = placement_version_;
   run.attempt = static_cast<uint32_t>(closure->attempts);
   run.num_workers = static_cast<uint32_t>(workers_.size());
+  if (config_.closure_timeout.count() > 0) {
+    auto deadline = std::chrono::system_clock::now() + config_.closure_timeout;
+    run.deadline_unix_ms =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count();
+  }
   int64_t id = closure->id;
-  return it->second.peer->run_closure(std::move(run))
-      .catch_([](kj::Exception&& e) {
-        ClosureOutcome lost;
-        lost.result = rpc::from_exception(e);
-        lost.worker_lost = true;
-        return lost;
-      })
+  std::string function = closure->function;
+  auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
+    ClosureOutcome lost;
+    lost.result = rpc::from_exception(e);
+    lost.worker_lost = true;
+    return lost;
+  });
+  if (config_.closure_timeout.count() > 0) {
+    auto timeout = config_.closure_timeout;
+    outcome = outcome.exclusiveJoin(
+        timer_.afterDelay(timeout.count() * kj::MILLISECONDS).then([this, worker_id, id, function, timeout]() {
+          // The worker is told to stop; the lane moves on meanwhile.
+          auto found = workers_.find(worker_id);
+          if (found != workers_.end()) {
+            tasks_.add(found->second.peer->cancel_closure(id).then([](Status) {}));
+          }
+          return ClosureOutcome{Status::DeadlineExceeded("closure " + std::to_string(id) + " (" + function +
+                                                         ") did not finish within closure_timeout_ms " +
+                                                         std::to_string(timeout.count())),
+                                false};
+        }));
+  }
+  return kj::mv(outcome)
       .then([this, worker_id, id](ClosureOutcome outcome) -> kj::Promise<void> {
         if (outcome.worker_lost) {
           drop_worker(worker_id, outcome.result.status());

@@ -65,6 +65,10 @@ struct CoordinatorConfig {
   // Workers per-worker datasets are sharded for; the number registered when
   // that is larger (0: always the number registered).
   int expected_workers = 0;
+  // A run that takes longer fails with DeadlineExceeded (and, as any
+  // closure error, cancels the others); the closure sees the deadline in its
+  // context. 0: no deadline.
+  std::chrono::milliseconds closure_timeout{0};
 
   // InvalidArgument naming the key and the value. Defined with the service
   // (service.cc), which links the daemon's configuration.
@@ -81,6 +85,7 @@ struct ClosureRun {
   int64_t placement_version = 0;
   uint32_t attempt = 1;
   uint32_t num_workers = 0;  // workers registered at dispatch
+  int64_t deadline_unix_ms = 0;  // 0: none
 };
 
 struct ClosureOutcome {

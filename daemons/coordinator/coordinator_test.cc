@@ -357,6 +357,39 @@ TEST_CASE("a failing closure cancels the closures running on other workers and t
   CHECK(h.coordinator->fetch(next).wait(h.io.waitScope).value() == "ok");
 }
 
+TEST_CASE("a run past closure_timeout fails with DeadlineExceeded, is cancelled and cancels the rest",
+          "[coordinator]") {
+  CoordinatorConfig config;
+  config.closure_timeout = std::chrono::milliseconds(300);
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  int64_t stuck = h.coordinator->schedule("train_step", "stuck").value();
+  int64_t queued = h.coordinator->schedule("train_step", "queued").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  CHECK(a.runs[0].run.deadline_unix_ms > 0);
+  h.advance(std::chrono::milliseconds(200));
+  CHECK(a.cancels.empty());
+  h.advance(std::chrono::milliseconds(200));
+  CHECK(a.cancels == std::vector<int64_t>{stuck});
+  auto failed = h.coordinator->fetch(stuck).wait(h.io.waitScope);
+  CHECK(failed.status().code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(failed.status().message(), Catch::Contains("closure_timeout_ms 300"));
+  CHECK(h.coordinator->fetch(queued).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kDeadlineExceeded);
+}
+
+TEST_CASE("without closure_timeout a run has no deadline", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  CHECK(a.runs[0].run.deadline_unix_ms == 0);
+}
+
 TEST_CASE("a worker whose link breaks is dropped and its closures run again elsewhere as attempt 2",
           "[coordinator]") {
   WorkerRecord a, b;

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
       {"worker_ping_interval_ms", OptionType::kInt, "How often each worker is pinged.", "2000"},
       {"worker_ping_timeout_ms", OptionType::kInt,
        "A worker that does not answer a ping this fast is dropped (its closures re-queued).", "5000"},
+      {"closure_timeout_ms", OptionType::kInt,
+       "A closure run taking longer fails with DeadlineExceeded, which cancels the other closures as any "
+       "closure error does; closures see the deadline (ClosureContext::deadline). 0: none.",
+       "0"},
       {"num_workers", OptionType::kInt,
        "Workers the per-worker datasets are sharded for (default: the cluster spec's worker job, "
        "else the workers registered).",

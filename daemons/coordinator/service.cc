@@ -59,6 +59,11 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
                                    " must be at least 1");
   }
   out.closures_per_worker = static_cast<int>(config.get_int("closures_per_worker"));
+  if (config.get_int("closure_timeout_ms") < 0) {
+    return Status::InvalidArgument("closure_timeout_ms: " + std::to_string(config.get_int("closure_timeout_ms")) +
+                                   " must be 0 (no deadline) or positive");
+  }
+  out.closure_timeout = std::chrono::milliseconds(config.get_int("closure_timeout_ms"));
   out.worker_ping_interval = std::chrono::milliseconds(config.get_int("worker_ping_interval_ms"));
   out.worker_ping_timeout = std::chrono::milliseconds(config.get_int("worker_ping_timeout_ms"));
   out.expected_workers = config.get_int("num_workers") > 0

@@ -114,6 +114,10 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   auto params = context.getParams();
   RunClosureRequest request;
   request.closure_id = params.getClosureId();
+  // Beyond year 2250 is no deadline (and would overflow the clock).
+  if (params.getDeadlineUnixMs() > 0 && params.getDeadlineUnixMs() < int64_t{9'000'000'000'000}) {
+    request.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(params.getDeadlineUnixMs()));
+  }
   request.function = text(params.getFunction());
   rpc::check(worker_->check_closure(request.function));  // before reading the arguments
   request.placement_version = params.getPlacementVersion();

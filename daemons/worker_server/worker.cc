@@ -35,7 +35,10 @@ class Worker::Context final : public ClosureContext {
   int worker_index() const override { return std::max(0, worker_.task_index_); }
   int num_workers() const override { return request_.num_workers; }
   int attempt() const override { return request_.attempt; }
-  bool cancelled() const override { return cancelled_->load(std::memory_order_relaxed); }
+  bool cancelled() const override {
+    return cancelled_->load(std::memory_order_relaxed) || std::chrono::system_clock::now() >= request_.deadline;
+  }
+  std::chrono::system_clock::time_point deadline() const override { return request_.deadline; }
 
   Result<Tensor> read(const std::string& variable) override { return worker_.variables_.read(variable); }
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {

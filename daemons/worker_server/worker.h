@@ -22,6 +22,7 @@
 #define CAPSTAN_DAEMONS_WORKER_SERVER_WORKER_H_
 
 #include <atomic>
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -45,6 +46,8 @@ struct RunClosureRequest {
   int attempt = 1;                 // 1 for a closure's first run
   int num_workers = 1;             // registered workers at dispatch
   int64_t closure_id = 0;          // the coordinator's id; 0: cannot be cancelled
+  // When the coordinator gives up on the run; max(): never.
+  std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
 };
 
 class Worker {

@@ -241,4 +241,22 @@ TEST_CASE("worker: a cancelled closure sees cancelled() and its result is abando
   CHECK(f.worker.run_closure(request).ok());
 }
 
+TEST_CASE("worker: a closure sees its deadline; past it, cancelled() is true", "[worker]") {
+  Fixture f;
+  f.functions.register_closure("deadline", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.deadline().time_since_epoch()).count();
+    return Element{{Tensor::scalar<int64_t>(ms), Tensor::scalar<int64_t>(ctx.cancelled() ? 1 : 0)}, {}};
+  });
+  RunClosureRequest request;
+  request.function = "deadline";
+  auto none = f.worker.run_closure(request);
+  REQUIRE(none.ok());
+  CHECK(scalar(*none, 1) == 0);
+  request.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(1000));  // 1970: past
+  auto past = f.worker.run_closure(request);
+  REQUIRE(past.ok());
+  CHECK(scalar(*past, 0) == 1000);
+  CHECK(scalar(*past, 1) == 1);
+}
+
 }  // namespace capstan::worker_server

@@ -140,6 +140,20 @@ TEST_CASE("the first closure error is raised by join, queued and running closure
   CHECK(counter(*t.client) == 1.0f);  // the last add_one only
 }
 
+TEST_CASE("a closure past closure_timeout_ms fails with DeadlineExceeded and stops early", "[training]") {
+  Training t(1, 1, {"--closure-timeout-ms", "500"});
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  auto slow = t.client->schedule("sleep_then_tag", sleep_args(20000, 1)).value();
+  Status joined = t.client->join();
+  CHECK(joined.code() == StatusCode::kDeadlineExceeded);
+  CHECK_THAT(joined.message(), Catch::Contains("closure_timeout_ms 500"));
+  CHECK(t.client->fetch(slow).status().code() == StatusCode::kDeadlineExceeded);
+  // Cleared: the next closure runs; the timed-out run left the counter alone.
+  REQUIRE(t.client->schedule("add_one").ok());
+  CHECK(t.client->join().ok());
+  CHECK(counter(*t.client) == 1.0f);
+}
+
 TEST_CASE("scheduling a closure no worker has fails at schedule", "[training]") {
   Training t(1, 1);
   auto missing = t.client->schedule("no_such_closure");

@@ -20,6 +20,7 @@
 
 #include "capstan/export.h"
 
+#include <chrono>
 #include <functional>
 #include <string>
 
@@ -50,6 +51,12 @@ class ClosureContext {
   // result of a cancelled run is abandoned and its fetch() raises
   // Cancelled). Side effects made before returning stay.
   virtual bool cancelled() const { return false; }
+  // When the coordinator gives up on this run (its closure_timeout_ms; the
+  // run then fails with DeadlineExceeded); time_point::max() when there is
+  // no deadline. cancelled() turns true once it has passed.
+  virtual std::chrono::system_clock::time_point deadline() const {
+    return std::chrono::system_clock::time_point::max();
+  }
 
   // The whole variable, gathered from its shards.
   virtual Result<Tensor> read(const std::string& variable) = 0;
