@@ -170,5 +170,19 @@ struct Op {
       maxElementsPerRequest @60 :Int32;
       token @61 :Text;
     }
+    # A dataset Dataset::save wrote: its shard files and spec, read when
+    # load() was called.
+    load :group {
+      path @62 :Text;
+      shards @63 :List(Text);
+      compression @64 :Compression;
+      numElements @65 :Int64;
+    }
+    # The input's elements, kept under path/<fingerprint> after the first
+    # complete iteration.
+    snapshot :group {
+      path @66 :Text;
+      compression @67 :Compression;
+    }
   }
 }

@@ -779,4 +779,111 @@ TEST_CASE("DYNAMIC splits of zip and concatenate: one provider per source", "[da
   CHECK_THAT(wrong.status().message(), Catch::Contains("2 source(s) but 1 split provider(s)"));
 }
 
+// ---- save / load / snapshot (tf.data.Dataset.save, load, snapshot) -------------------
+
+std::vector<std::vector<int64_t>> batches_of(const Dataset& ds) {
+  auto it = ds.make_iterator();
+  REQUIRE(it.ok());
+  std::vector<std::vector<int64_t>> out;
+  while (auto next = (*it)->get_next().value()) {
+    auto flat = next->components.at(0).flat<int64_t>();
+    out.emplace_back(flat.begin(), flat.end());
+  }
+  return out;
+}
+
+TEST_CASE("save then load gives back the elements in order, in shards, compressed or not", "[data][save]") {
+  TempDir dir;
+  auto ds = Dataset::range(100).batch(7);
+  for (auto compression : {Compression::kNone, Compression::kGzip}) {
+    std::string path = dir.file(compression == Compression::kGzip ? "gzip" : "plain");
+    SaveOptions options;
+    options.compression = compression;
+    options.num_shards = 3;
+    REQUIRE(ds.save(path, options).ok());
+    CHECK(fs::exists(path + "/dataset_spec.json"));
+    CHECK(fs::exists(path + "/shard_00002.tfrecord"));
+    auto loaded = Dataset::load(path);
+    REQUIRE(loaded.ok());
+    CHECK(loaded->cardinality() == 15);
+    CHECK(batches_of(*loaded) == batches_of(ds));
+    CHECK(loaded->debug_string() == "load(" + path + ")");
+    // A loaded dataset is a dataset like any other.
+    CHECK(batches_of(loaded->take(2)) == batches_of(ds.take(2)));
+  }
+}
+
+TEST_CASE("save refuses an existing path; load names what is missing or damaged", "[data][save]") {
+  TempDir dir;
+  REQUIRE(Dataset::range(3).save(dir.file("a")).ok());
+  Status again = Dataset::range(3).save(dir.file("a"));
+  CHECK(again.code() == StatusCode::kAlreadyExists);
+  CHECK(Dataset::load(dir.file("none")).status().code() == StatusCode::kNotFound);
+  {
+    std::ofstream spec(dir.file("a") + "/dataset_spec.json", std::ios::trunc);
+    spec << "{\"format\": \"capstan-saved-dataset-1\", \"num_elements\": 3}";
+  }
+  auto damaged = Dataset::load(dir.file("a"));
+  CHECK(damaged.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(damaged.status().message(), Catch::Contains("compression"));
+}
+
+TEST_CASE("a save that fails leaves nothing behind", "[data][save]") {
+  TempDir dir;
+  Functions f;
+  SaveOptions options;
+  options.functions = &f.registry;
+  Status failed = Dataset::range(10).map(Fn::named("fail_on_3")).save(dir.file("out"), options);
+  CHECK(failed.code() == StatusCode::kInvalidArgument);
+  CHECK(fs::is_empty(dir.path()));
+  CHECK(Dataset::load(dir.file("out")).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("a loaded dataset splits by shard for dynamic sharding", "[data][save][splits]") {
+  TempDir dir;
+  SaveOptions options;
+  options.num_shards = 4;
+  REQUIRE(Dataset::range(40).save(dir.file("s"), options).ok());
+  auto loaded = Dataset::load(dir.file("s"));
+  REQUIRE(loaded.ok());
+  CHECK(loaded->make_split_provider().value()->num_splits() == 4);
+  auto read = read_with_splits(*loaded, 2);
+  CHECK(read.first == each_times(0, 40, 1));
+  CHECK(read.per_reader[0] > 0);
+  CHECK(read.per_reader[1] > 0);
+}
+
+TEST_CASE("snapshot: the first complete iteration writes, later ones read", "[data][save]") {
+  TempDir dir;
+  Functions f;
+  auto ds = Dataset::range(5).map(Fn::named("count_calls")).snapshot(dir.file("snap"));
+  CHECK(ds.cardinality() == 5);
+  // An iteration that stops early leaves no snapshot.
+  {
+    auto it = ds.make_iterator(&f.registry);
+    REQUIRE(it.ok());
+    REQUIRE((*it)->get_next().ok());
+  }
+  CHECK(f.calls == 1);
+  CHECK(ints(ds, &f.registry) == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(f.calls == 6);
+  // Later iterations, here or in another pipeline object, read the snapshot.
+  CHECK(ints(ds, &f.registry) == std::vector<int64_t>{0, 1, 2, 3, 4});
+  auto again = Dataset::deserialize(ds.serialize());
+  REQUIRE(again.ok());
+  CHECK(ints(*again, &f.registry) == std::vector<int64_t>{0, 1, 2, 3, 4});
+  CHECK(f.calls == 6);
+  // A different pipeline gets its own snapshot.
+  auto other = Dataset::range(3).map(Fn::named("count_calls")).snapshot(dir.file("snap"));
+  CHECK(ints(other, &f.registry) == std::vector<int64_t>{0, 1, 2});
+  CHECK(f.calls == 9);
+  int snapshots = 0;
+  for (const auto& entry : fs::directory_iterator(dir.file("snap"))) {
+    CHECK(fs::exists(entry.path() / "dataset_spec.json"));
+    ++snapshots;
+  }
+  CHECK(snapshots == 2);
+  CHECK(ds.debug_string() == "range(0, 5, 1).map(count_calls).snapshot(" + dir.file("snap") + ")");
+}
+
 }  // namespace capstan::data

@@ -6,6 +6,7 @@
 #include <sstream>
 
 #include "data/op_kernel.h"
+#include "data/saved_dataset.h"
 #include "rpc/errors.h"
 #include "rpc/tensor_codec.h"
 
@@ -405,6 +406,25 @@ Dataset Dataset::concatenate(const Dataset& other) const {
 
 Dataset Dataset::cache(std::string filename) const {
   return derive(*this, [&](Op::Builder op) { op.initCache().setFilename(filename); });
+}
+
+Dataset Dataset::snapshot(std::string path, Compression compression) const {
+  return derive(*this, [&](Op::Builder op) {
+    auto s = op.initSnapshot();
+    s.setPath(path);
+    s.setCompression(data::to_wire(compression));
+  });
+}
+
+Result<Dataset> Dataset::load(const std::string& path) {
+  CAPSTAN_ASSIGN_OR_RETURN(engine::SavedSpec spec, engine::read_saved_spec(path));
+  return build(nullptr, [&](Op::Builder op) {
+    auto l = op.initLoad();
+    l.setPath(path);
+    set_texts(l.initShards(static_cast<unsigned>(spec.shards.size())), spec.shards);
+    l.setCompression(data::to_wire(spec.compression));
+    l.setNumElements(spec.num_elements);
+  });
 }
 
 Dataset Dataset::rebatch(int64_t batch_size, bool drop_remainder) const {

@@ -5,6 +5,7 @@
 #include "data/definition.h"
 #include "data/op_kernel.h"
 #include "data/ops.h"
+#include "data/saved_dataset.h"
 #include "data/tensor_util.h"
 #include "rpc/tensor_codec.h"
 
@@ -363,6 +364,26 @@ constexpr OpKernel kCache{
     },
 };
 
+constexpr OpKernel kSnapshot{
+    .which = Op::SNAPSHOT,
+    .name = "snapshot",
+    .inputs = Inputs::kOne,
+    .describe_args = [](Op::Reader op, std::ostream& out) { out << op.getSnapshot().getPath().cStr(); },
+    .cardinality = input_cardinality,
+    .validate = [](Op::Reader op, const FunctionRegistry*) -> Status {
+      if (op.getSnapshot().getPath().size() == 0) return invalid_op(op, "the path is empty");
+      return Status::Ok();
+    },
+    .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
+      char name[24];
+      std::snprintf(name, sizeof(name), "%016llx",
+                    static_cast<unsigned long long>(op_fingerprint(op.getInput())));
+      std::string dir = std::string(op.getSnapshot().getPath().cStr()) + "/" + name;
+      return make_snapshot(factory(op.getInput(), pipeline), std::move(dir),
+                           from_wire(op.getSnapshot().getCompression()));
+    },
+};
+
 // ---- Several inputs -----------------------------------------------------------------
 
 constexpr OpKernel kZip{
@@ -422,7 +443,7 @@ constexpr OpKernel kConcatenate{
 
 constexpr OpKernel kTransformKernels[] = {kMap,     kFilter, kBatch, kPaddedBatch, kRebatch,
                                           kShuffle, kRepeat, kShard, kTake,        kSkip,
-                                          kInterleave, kPrefetch, kCache, kZip,    kConcatenate};
+                                          kInterleave, kPrefetch, kCache, kSnapshot, kZip, kConcatenate};
 
 }  // namespace
 

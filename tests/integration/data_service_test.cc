@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 #include <algorithm>
+#include <filesystem>
 #include <map>
 #include <set>
 
@@ -149,6 +150,27 @@ TEST_CASE("DYNAMIC with zip and concatenate: one split provider per source", "[d
     CHECK(left.count(v) == 1);
     CHECK(right.count(100 + v) == 1);
   }
+}
+
+TEST_CASE("a saved dataset served with DYNAMIC sharding: each shard once, every element once",
+          "[data-service][splits]") {
+  DataService s(2);
+  char dir_template[] = "/tmp/capstan-save-XXXXXX";
+  REQUIRE(::mkdtemp(dir_template) != nullptr);
+  std::string path = std::string(dir_template) + "/saved";
+  data::SaveOptions save;
+  save.num_shards = 5;
+  REQUIRE(Dataset::range(50).save(path, save).ok());
+  auto loaded = Dataset::load(path);
+  REQUIRE(loaded.ok());
+  service::ReadOptions options;
+  options.processing_mode = service::ProcessingMode::kDynamic;
+  auto got = read_all(service::from_dataset_id(s.address(), registered(s, *loaded), options));
+  std::sort(got.begin(), got.end());
+  std::vector<int64_t> expected(50);
+  for (int64_t v = 0; v < 50; ++v) expected[static_cast<size_t>(v)] = v;
+  CHECK(got == expected);
+  std::filesystem::remove_all(dir_template);
 }
 
 TEST_CASE("DYNAMIC with an infinite repeat keeps serving after workers are stopped", "[data-service][splits]") {

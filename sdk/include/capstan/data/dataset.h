@@ -46,6 +46,17 @@ inline constexpr int64_t kUnknownCardinality = -2;
 
 enum class Compression { kNone, kGzip };
 
+// Dataset::save (tf.data.Dataset.save).
+struct SaveOptions {
+  Compression compression = Compression::kNone;
+  // Files the elements are spread over (element i in shard i % num_shards);
+  // load() reads them back in the saved order, and the data service's FILE
+  // and DYNAMIC modes divide a loaded dataset by shard.
+  int64_t num_shards = 1;
+  // Resolves the pipeline's named functions (may be null).
+  const FunctionRegistry* functions = nullptr;
+};
+
 // A function applied by map, filter or interleave: a named function from a
 // FunctionRegistry (module), or a built-in.
 class Fn {
@@ -123,6 +134,10 @@ class Dataset {
   static Dataset fixed_length_record_dataset(std::vector<std::string> files, int64_t record_bytes,
                                              int64_t header_bytes = 0, int64_t footer_bytes = 0,
                                              Compression compression = Compression::kNone);
+  // A dataset save() wrote (tf.data.Dataset.load): its elements in the saved
+  // order. NotFound when `path` holds no finished save, DataLoss when its
+  // spec is damaged.
+  static Result<Dataset> load(const std::string& path);
   static Dataset zip(const std::vector<Dataset>& datasets);
 
   // ---- Transformations ----
@@ -151,6 +166,12 @@ class Dataset {
   // In memory when `filename` is empty, else in that file (reused by later
   // runs once complete).
   Dataset cache(std::string filename = "") const;
+  // tf.data's snapshot: the first iteration runs the pipeline above and
+  // writes its elements under `path` (in a directory named by the
+  // fingerprint of that pipeline); once one iteration has finished, every
+  // later one (in any process) reads them from there instead. An iteration
+  // that stops early leaves nothing; a changed pipeline gets a new snapshot.
+  Dataset snapshot(std::string path, Compression compression = Compression::kNone) const;
   // Re-slices batches of the input into batches of `batch_size`.
   Dataset rebatch(int64_t batch_size, bool drop_remainder = false) const;
   Dataset with_options(Options options) const;
@@ -185,6 +206,11 @@ class Dataset {
                                                   std::vector<SplitProvider*> splits) const;
   Result<std::unique_ptr<Iterator>> make_iterator(const FunctionRegistry* functions,
                                                   SplitProvider* splits) const;
+
+  // Runs the pipeline and writes its elements to the directory `path`
+  // (tf.data.Dataset.save; read back with load()). The directory appears
+  // complete or not at all; AlreadyExists when `path` exists.
+  Status save(const std::string& path, const SaveOptions& options = {}) const;
 
   // The Cap'n Proto encoding of the definition, and back (definitions from
   // elsewhere are checked: a malformed one is InvalidArgument).
