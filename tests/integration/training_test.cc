@@ -122,7 +122,9 @@ TEST_CASE("the first closure error is raised by join, queued and running closure
   Training t(1, 2);  // the slow closure and the failing one run at once
   REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
   auto slow = t.client->schedule("sleep_then_tag", sleep_args(5000, 1)).value();
-  auto failing = t.client->schedule("fail").value();
+  // The failure comes after the add_ones are queued behind it (a schedule
+  // after it would raise it instead, as TF's does).
+  auto failing = t.client->schedule("fail", Element{{Tensor::scalar<int64_t>(1500)}, {}}).value();
   std::vector<RemoteValue> pending;
   for (int i = 0; i < 5; ++i) pending.push_back(t.client->schedule("add_one").value());
   Status joined = t.client->join();

@@ -29,7 +29,11 @@ CAPSTAN_MODULE(registry) {
     CAPSTAN_RETURN_IF_ERROR(ctx.apply_sparse_gradients("emb", args.components.at(1), args.components.at(0)));
     return Element{};
   });
-  registry.register_closure("fail", [](ClosureContext&, const Element&) -> Result<Element> {
+  // Fails, after sleeping args[0] milliseconds when given.
+  registry.register_closure("fail", [](ClosureContext&, const Element& args) -> Result<Element> {
+    if (!args.components.empty()) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(args.components[0].flat<int64_t>()[0]));
+    }
     return Status::InvalidArgument("this closure always fails");
   });
   // Sleeps args[0] milliseconds, then adds 1 to "counter" and returns args[1]
