@@ -17,7 +17,12 @@ struct GetElementsRequest {
 
 interface DataWorker extends(Common.Node) {
   # Elements of a task, in order. endOfSequence when the task has no more;
-  # an empty list without it means "none ready yet, ask again".
+  # an empty list without it means "none ready yet, ask again". An error of
+  # the task's pipeline (an element's, or RESOURCE_EXHAUSTED over the task's
+  # memory budget) comes back as pipelineError, after the elements before
+  # it, so that a consumer tells it apart from a failed call: a call's
+  # UNAVAILABLE or RESOURCE_EXHAUSTED (the worker is away or busy) is worth
+  # retrying, the pipeline's is the consumer's to raise.
   getElements @0 (request :GetElementsRequest)
-      -> (elements :List(Common.Element), endOfSequence :Bool);
+      -> (elements :List(Common.Element), endOfSequence :Bool, pipelineError :Common.ErrorDetail);
 }

@@ -18,6 +18,7 @@ struct Options {
   autotuneRamBudget @1 :Int64;   # bytes; 0 = half the machine's RAM
   autotuneCpuBudget @2 :Int32;   # threads; 0 = one per core
   deterministic @3 :Bool = true;
+  memoryBudget @4 :Int64;        # bytes the buffering ops may hold; 0 = half the machine's RAM
 }
 
 enum Compression {

@@ -25,6 +25,11 @@ int main(int argc, char** argv) {
        "200"},
       {"element_buffer_mib", OptionType::kInt,
        "Elements each task prefetches ahead of its consumers, in MiB (first-come tasks).", "64"},
+      {"task_memory_mib", OptionType::kInt,
+       "Memory each task's pipeline may hold in its buffers (shuffle, prefetch, batches, caches), in MiB; a "
+       "task that needs more fails with RESOURCE_EXHAUSTED naming the op, and the worker keeps serving. A job's "
+       "Options::memory_budget may set less.",
+       "1024"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
     CAPSTAN_RETURN_IF_ERROR(capstan::data_service::DataWorkerConfig::from(config).status());

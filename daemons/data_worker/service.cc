@@ -207,6 +207,7 @@ struct TaskSpec {
   bool cross_trainer_cache = false;
   int64_t cross_trainer_cache_bytes = 0;
   int64_t num_split_providers = 0;
+  int64_t memory_budget = 0;  // the worker's task_memory_mib, in bytes
 };
 
 // More sources than any real pipeline has: a bound on what a TaskDef can
@@ -253,6 +254,12 @@ std::shared_ptr<WorkerTask> build_task(const TaskSpec& spec, const FunctionRegis
                                      " is negative");
     }
     CAPSTAN_ASSIGN_OR_RETURN(data::Dataset dataset, data::Dataset::deserialize(spec.definition));
+    // The job's own budget, within this worker's.
+    data::Options job_options = dataset.options();
+    if (job_options.memory_budget <= 0 || job_options.memory_budget > spec.memory_budget) {
+      job_options.memory_budget = spec.memory_budget;
+      dataset = dataset.with_options(job_options);
+    }
     std::unique_ptr<data::Iterator> iterator;
     if (spec.mode == wire::ProcessingMode::DYNAMIC) {
       if (spec.num_split_providers < 1 || spec.num_split_providers > kMaxSplitProviders) {
@@ -297,7 +304,7 @@ void destroy_on_pool(boost::asio::thread_pool& pool, std::shared_ptr<WorkerTask>
 }  // namespace
 
 Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
-  for (const char* key : {"heartbeat_interval_ms", "element_buffer_mib"}) {
+  for (const char* key : {"heartbeat_interval_ms", "element_buffer_mib", "task_memory_mib"}) {
     if (config.get_int(key) <= 0) {
       return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
                                      " must be positive");
@@ -306,6 +313,11 @@ Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
   DataWorkerConfig out;
   out.heartbeat_interval = std::chrono::milliseconds(config.get_int("heartbeat_interval_ms"));
   out.element_buffer_bytes = config.get_int("element_buffer_mib") << 20;
+  if (config.get_int("task_memory_mib") > (int64_t{1} << 40)) {
+    return Status::InvalidArgument("task_memory_mib: " + std::to_string(config.get_int("task_memory_mib")) +
+                                   " is more than 2^40 MiB");
+  }
+  out.task_memory_bytes = config.get_int("task_memory_mib") << 20;
   return out;
 }
 
@@ -474,6 +486,7 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
   const FunctionRegistry* functions = ctx_.functions;
   std::shared_ptr<SplitBridge> bridge = splits_;
   int64_t buffer_bytes = element_buffer_bytes_;
+  spec.memory_budget = config_.task_memory_bytes;
   background_.add(
       rpc::run_on_pool(ctx_.pool,
                        [spec = std::move(spec), functions, bridge, buffer_bytes]() {
@@ -546,6 +559,16 @@ kj::Promise<void> DataWorkerService::fetch_split(std::shared_ptr<SplitCall> call
 
 // ---- getElements -------------------------------------------------------------
 
+namespace {
+
+void set_pipeline_error(wire::DataWorker::GetElementsResults::Builder results, const Status& error) {
+  auto detail = results.initPipelineError();
+  detail.setCode(static_cast<wire::StatusCode>(error.code()));
+  detail.setMessage(error.message());
+}
+
+}  // namespace
+
 kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   auto request = context.getParams().getRequest();
   int64_t task_id = request.getTaskId();
@@ -571,7 +594,11 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
     rpc::throw_status(
         Status::InvalidArgument("maxBytes must not be negative, got " + std::to_string(request.getMaxBytes())));
   }
-  if (!task->error.ok()) rpc::throw_status(task->error);
+  if (!task->error.ok()) {
+    // The task's pipeline could not be built: the consumer's error to raise.
+    set_pipeline_error(context.getResults(), task->error);
+    return kj::READY_NOW;
+  }
 
   TaskRunner::Request get;
   get.consumer_index = request.getConsumerIndex();
@@ -591,6 +618,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
           bytes += static_cast<double>(reply->elements[i].byte_size());
         }
         results.setEndOfSequence(reply->end_of_sequence);
+        if (!reply->pipeline_error.ok()) set_pipeline_error(results, reply->pipeline_error);
         elements_served_->inc(static_cast<double>(reply->elements.size()));
         bytes_served_->inc(bytes);
         if (reply->end_of_sequence && tasks_.mark_finished(task_id)) {

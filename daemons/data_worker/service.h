@@ -53,6 +53,9 @@ struct WorkerTask;
 struct DataWorkerConfig {
   std::chrono::milliseconds heartbeat_interval{200};
   int64_t element_buffer_bytes = int64_t{64} << 20;
+  // The memory budget of each task's pipeline (a job's own
+  // Options::memory_budget may be lower).
+  int64_t task_memory_bytes = int64_t{1024} << 20;
 
   // InvalidArgument naming the key and the value.
   static Result<DataWorkerConfig> from(const daemon::Config& config);

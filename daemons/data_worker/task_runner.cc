@@ -97,10 +97,10 @@ Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
     Item& front = buffer_.front();
     if (!front.status.ok()) {
       if (!reply.elements.empty()) break;  // deliver the elements before the error
-      Status error = front.status;
+      reply.pipeline_error = front.status;
       buffer_.pop_front();
       cv_.notify_all();
-      return error;
+      return reply;
     }
     int64_t size = static_cast<int64_t>(front.element.byte_size());
     if (!reply.elements.empty() && bytes + size > request.max_bytes) break;
@@ -128,7 +128,14 @@ Result<TaskRunner::Reply> TaskRunner::get_round(const Request& request) {
     round.taken.assign(static_cast<size_t>(options_.num_consumers), false);
     for (int64_t c = 0; c < options_.num_consumers; ++c) {
       Element e;
-      CAPSTAN_ASSIGN_OR_RETURN(bool more, pull_locked(&e));
+      auto pulled = pull_locked(&e);
+      if (!pulled.ok()) {
+        if (stopping_) return pulled.status();
+        Reply reply;
+        reply.pipeline_error = pulled.status();
+        return reply;
+      }
+      bool more = *pulled;
       if (!more) {
         Reply reply;
         reply.end_of_sequence = true;
@@ -169,8 +176,9 @@ Result<TaskRunner::Reply> TaskRunner::get_cached(const Request& request) {
       Element e;
       auto more = pull_locked(&e);
       if (!more.ok()) {
-        if (!reply.elements.empty()) break;
-        return more.status();
+        if (stopping_) return more.status();
+        if (reply.elements.empty()) reply.pipeline_error = more.status();
+        break;
       }
       if (!*more) {
         reply.end_of_sequence = reply.elements.empty();

@@ -52,6 +52,9 @@ class TaskRunner {
   struct Reply {
     std::vector<Element> elements;
     bool end_of_sequence = false;
+    // The pipeline's error, after `elements` (get() itself fails only for
+    // a bad request or a task being removed).
+    Status pipeline_error;
   };
 
   TaskRunner(std::unique_ptr<data::Iterator> iterator, Options options);

@@ -886,4 +886,60 @@ TEST_CASE("snapshot: the first complete iteration writes, later ones read", "[da
   CHECK(ds.debug_string() == "range(0, 5, 1).map(count_calls).snapshot(" + dir.file("snap") + ")");
 }
 
+// ---- Memory budget: hostile sizes fail their pipeline, not the process ----------------
+
+// The first error of `ds` (component 0 ignored), reading at most `limit`
+// elements; OK when none came.
+Status first_error(const Dataset& ds, int64_t limit = 10'000'000) {
+  auto it = ds.make_iterator();
+  if (!it.ok()) return it.status();
+  for (int64_t i = 0; i < limit; ++i) {
+    auto next = (*it)->get_next();
+    if (!next.ok()) return next.status();
+    if (!next->has_value()) return Status::Ok();
+  }
+  return Status::Ok();
+}
+
+Dataset with_budget(const Dataset& ds, int64_t bytes) {
+  Options options;
+  options.memory_budget = bytes;
+  return ds.with_options(options);
+}
+
+TEST_CASE("buffers past the memory budget fail with ResourceExhausted naming the op", "[data][memory]") {
+  const int64_t huge = int64_t{1} << 40;
+  auto endless = Dataset::range(0, int64_t{1} << 62);
+  for (auto [ds, op] : std::vector<std::pair<Dataset, std::string>>{
+           {endless.shuffle(huge), "shuffle"},
+           {endless.batch(huge), "batch"},
+           {endless.padded_batch(huge, std::vector<Shape>{}), "padded_batch"},
+           {endless.prefetch(huge), "prefetch"},
+           {Dataset::range(1'000'000).cache().repeat(2), "cache"}}) {
+    INFO(op);
+    Status error = first_error(with_budget(ds, 1 << 20));
+    CHECK(error.code() == StatusCode::kResourceExhausted);
+    CHECK_THAT(error.message(), Catch::StartsWith(op + ":") && Catch::Contains("memory budget of 1 MiB"));
+  }
+  // The same pipelines fit once they are small enough.
+  CHECK(first_error(with_budget(Dataset::range(1000).shuffle(1000).batch(10).prefetch(4), 1 << 20)).ok());
+  // The error stays: a shuffle over budget does not start again.
+  auto it = with_budget(endless.shuffle(huge), 1 << 20).make_iterator();
+  REQUIRE(it.ok());
+  CHECK((*it)->get_next().status().code() == StatusCode::kResourceExhausted);
+  CHECK((*it)->get_next().status().code() == StatusCode::kResourceExhausted);
+}
+
+TEST_CASE("sizes that become threads or slots are bounded at validation", "[data][memory]") {
+  Functions f;
+  auto map = Dataset::range(10).map(Fn::named("times_two"), int64_t{1} << 40).make_iterator(&f.registry);
+  CHECK(map.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(map.status().message(), Catch::Contains("num_parallel_calls must be in [0, 1024]"));
+  auto interleave = Dataset::range(10)
+                        .interleave(Fn::named("range_of_x"), int64_t{1} << 31, int64_t{1} << 40)
+                        .make_iterator(&f.registry);
+  CHECK(interleave.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(interleave.status().message(), Catch::Contains("cycle_length must be at most 1024"));
+}
+
 }  // namespace capstan::data

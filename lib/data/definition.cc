@@ -443,7 +443,19 @@ Dataset Dataset::with_options(Options options) const {
   o.setAutotuneRamBudget(options.autotune_ram_budget);
   o.setAutotuneCpuBudget(options.autotune_cpu_budget);
   o.setDeterministic(options.deterministic);
+  o.setMemoryBudget(options.memory_budget);
   return Dataset(std::make_shared<const Impl>(message));
+}
+
+Options Dataset::options() const {
+  auto o = impl_->def().getOptions();
+  Options out;
+  out.autotune = o.getAutotune();
+  out.autotune_ram_budget = o.getAutotuneRamBudget();
+  out.autotune_cpu_budget = o.getAutotuneCpuBudget();
+  out.deterministic = o.getDeterministic();
+  out.memory_budget = o.getMemoryBudget();
+  return out;
 }
 
 Dataset Dataset::resolve_shard_hint(int64_t num_shards, int64_t index) const {

@@ -73,6 +73,10 @@ Pipeline::Pipeline(std::shared_ptr<const Dataset::Impl> definition,
       autotuner_(definition_->def().getOptions().getAutotune(), cpu_budget_, [this]() {
         int64_t budget = definition_->def().getOptions().getAutotuneRamBudget();
         return budget > 0 ? budget : physical_memory() / 2;
+      }()),
+      memory_([this]() {
+        int64_t budget = definition_->def().getOptions().getMemoryBudget();
+        return budget > 0 ? budget : physical_memory() / 2;
       }()) {
   if (splits.empty()) return;
   auto sources = split_sources(definition_->root());
@@ -80,6 +84,17 @@ Pipeline::Pipeline(std::shared_ptr<const Dataset::Impl> definition,
 }
 
 Pipeline::~Pipeline() = default;
+
+Status MemoryBudget::charge(int64_t bytes, std::string_view op) {
+  int64_t before = used_.fetch_add(bytes, std::memory_order_relaxed);
+  if (limit_ <= 0 || before + bytes <= limit_) return Status::Ok();
+  used_.fetch_sub(bytes, std::memory_order_relaxed);
+  auto mib = [](int64_t b) { return std::to_string(b / (1 << 20)) + " MiB"; };
+  return Status::ResourceExhausted(std::string(op) + ": holding " + std::to_string(bytes) +
+                                   " more bytes would pass the pipeline's memory budget of " + mib(limit_) + " (" +
+                                   mib(before) + " held by its buffers); use a smaller buffer or batch, or raise "
+                                   "Options::memory_budget (a data worker's task_memory_mib)");
+}
 
 SplitProvider* Pipeline::splits_for(Op::Reader op) const {
   if (splits_.empty() || !definition_->contains(op_key(op))) return nullptr;

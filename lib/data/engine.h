@@ -18,6 +18,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <string_view>
 #include <memory>
 #include <thread>
 #include <vector>
@@ -38,6 +39,68 @@ class IteratorBase {
   virtual Status get_next(Element* out, bool* end_of_sequence) = 0;
 };
 
+// The bytes the buffering ops of one pipeline hold at once (shuffle and
+// prefetch buffers, batches being built, memory caches), against a limit
+// (Options::memory_budget; a data worker's task_memory_mib): the op whose
+// buffer would pass it fails with ResourceExhausted naming itself and the
+// sizes, and drops what it holds, instead of the process running out of
+// memory. Thread-safe.
+class MemoryBudget {
+ public:
+  explicit MemoryBudget(int64_t limit_bytes) : limit_(limit_bytes) {}
+  // Counts `bytes` more held by `op`; ResourceExhausted, counting nothing,
+  // when that would pass the limit.
+  Status charge(int64_t bytes, std::string_view op);
+  void release(int64_t bytes) { used_.fetch_sub(bytes, std::memory_order_relaxed); }
+  int64_t limit() const { return limit_; }
+  int64_t used() const { return used_.load(std::memory_order_relaxed); }
+
+ private:
+  const int64_t limit_;
+  std::atomic<int64_t> used_{0};
+};
+
+// The memory an element takes, as the budget counts it: its tensors' bytes
+// plus the allocations around them (the element, each tensor's buffer and
+// shape), so that a buffer of many small elements is not undercounted.
+inline int64_t footprint(const Element& element) {
+  return static_cast<int64_t>(element.byte_size()) + 64 +
+         128 * static_cast<int64_t>(element.components.size());
+}
+
+// What one op holds against its pipeline's budget; released as it goes.
+// Used by one thread at a time (its op's, or under the op's mutex).
+class HeldBytes {
+ public:
+  HeldBytes(MemoryBudget& budget, const char* op) : budget_(budget), op_(op) {}
+  HeldBytes(const HeldBytes&) = delete;
+  HeldBytes& operator=(const HeldBytes&) = delete;
+  ~HeldBytes() { clear(); }
+  Status add(int64_t bytes) {
+    CAPSTAN_RETURN_IF_ERROR(budget_.charge(bytes, op_));
+    held_ += bytes;
+    return Status::Ok();
+  }
+  void remove(int64_t bytes) {
+    budget_.release(bytes);
+    held_ -= bytes;
+  }
+  void clear() {
+    budget_.release(held_);
+    held_ = 0;
+  }
+
+ private:
+  MemoryBudget& budget_;
+  const char* const op_;
+  int64_t held_ = 0;
+};
+
+// Upper bounds on the sizes in a definition that become threads or
+// up-front allocations (validate() refuses larger ones).
+inline constexpr int64_t kMaxParallelCalls = 1024;
+inline constexpr int64_t kMaxCycleLength = 1024;
+
 // Shared by every iterator of one pipeline. Thread-safe.
 class Pipeline {
  public:
@@ -51,6 +114,7 @@ class Pipeline {
   bool deterministic_default() const { return deterministic_; }
   int cpu_budget() const { return cpu_budget_; }
   Autotuner& autotuner() { return autotuner_; }
+  MemoryBudget& memory() { return memory_; }
   // The split provider for `op`'s source, when `op` belongs to the root
   // definition and the pipeline runs on splits; else null.
   SplitProvider* splits_for(wire::Op::Reader op) const;
@@ -77,6 +141,7 @@ class Pipeline {
   const bool deterministic_;
   const int cpu_budget_;
   Autotuner autotuner_;
+  MemoryBudget memory_;
   Mutex mutex_;
   std::map<const void*, std::shared_ptr<void>> states_ GUARDED_BY(mutex_);
 };

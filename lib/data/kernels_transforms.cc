@@ -113,7 +113,7 @@ constexpr OpKernel kBatch{
                                   pipeline);
       }
       CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr in, make_input(op, pipeline));
-      return make_batch(std::move(in), b.getBatchSize(), b.getDropRemainder());
+      return make_batch(std::move(in), b.getBatchSize(), b.getDropRemainder(), pipeline.memory());
     },
 };
 
@@ -161,7 +161,7 @@ constexpr OpKernel kPaddedBatch{
       }
       CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr in, make_input(op, pipeline));
       return make_padded_batch(std::move(in), p.getBatchSize(), std::move(shapes), std::move(values),
-                               p.getDropRemainder());
+                               p.getDropRemainder(), pipeline.memory());
     },
 };
 
@@ -317,6 +317,11 @@ constexpr OpKernel kInterleave{
       auto i = op.getInterleave();
       if (i.getCycleLength() != kAutotune) {
         CAPSTAN_RETURN_IF_ERROR(check_positive(op, i.getCycleLength(), "cycle_length"));
+        // Each open dataset of the cycle has a slot (and a thread when parallel).
+        if (i.getCycleLength() > kMaxCycleLength) {
+          return invalid_op(op, "cycle_length must be at most " + std::to_string(kMaxCycleLength) + ", got " +
+                                    std::to_string(i.getCycleLength()));
+        }
       }
       CAPSTAN_RETURN_IF_ERROR(check_positive(op, i.getBlockLength(), "block_length"));
       CAPSTAN_RETURN_IF_ERROR(check_parallel(op, i.getNumParallelCalls(), "num_parallel_calls"));
@@ -339,7 +344,10 @@ constexpr OpKernel kPrefetch{
     .describe_args = [](Op::Reader op, std::ostream& out) { out << op.getPrefetch().getBufferSize(); },
     .cardinality = input_cardinality,
     .validate = [](Op::Reader op, const FunctionRegistry*) -> Status {
-      return check_parallel(op, op.getPrefetch().getBufferSize(), "buffer_size");
+      // A count of elements, not threads: any size, held to the memory budget.
+      int64_t size = op.getPrefetch().getBufferSize();
+      if (size >= 0 || size == kAutotune) return Status::Ok();
+      return invalid_op(op, "buffer_size must be >= 0 or AUTOTUNE, got " + std::to_string(size));
     },
     .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
       CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr in, make_input(op, pipeline));

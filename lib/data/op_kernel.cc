@@ -74,8 +74,9 @@ Status check_count(wire::Op::Reader op, int64_t value, const char* name) {
 }
 
 Status check_parallel(wire::Op::Reader op, int64_t value, const char* name) {
-  if (value >= 0 || value == kAutotune) return Status::Ok();
-  return invalid_op(op, std::string(name) + " must be >= 0 or AUTOTUNE, got " + std::to_string(value));
+  if (value == kAutotune || (value >= 0 && value <= kMaxParallelCalls)) return Status::Ok();
+  return invalid_op(op, std::string(name) + " must be in [0, " + std::to_string(kMaxParallelCalls) +
+                            "] or AUTOTUNE, got " + std::to_string(value));
 }
 
 }  // namespace capstan::data::engine

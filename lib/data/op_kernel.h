@@ -94,7 +94,8 @@ std::vector<std::string> texts(capnp::List<capnp::Text>::Reader list);
 // Common argument checks, InvalidArgument naming the argument and value.
 Status check_positive(wire::Op::Reader op, int64_t value, const char* name);
 Status check_count(wire::Op::Reader op, int64_t value, const char* name);     // >= -1
-Status check_parallel(wire::Op::Reader op, int64_t value, const char* name);  // >= 0 or AUTOTUNE
+// In [0, kMaxParallelCalls] or AUTOTUNE (each call may become a thread).
+Status check_parallel(wire::Op::Reader op, int64_t value, const char* name);
 
 // Split providers (splits.cc): [begin, end) chunks of a range's element
 // indices, and one file name per split.

@@ -40,9 +40,9 @@ IteratorPtr make_split_fixed_length(SplitProvider* splits, int64_t record_bytes,
 // Element-wise and structural transformations.
 IteratorPtr make_map(IteratorPtr input, MapFunction fn);
 IteratorPtr make_filter(IteratorPtr input, FilterFunction fn);
-IteratorPtr make_batch(IteratorPtr input, int64_t batch_size, bool drop_remainder);
+IteratorPtr make_batch(IteratorPtr input, int64_t batch_size, bool drop_remainder, MemoryBudget& memory);
 IteratorPtr make_padded_batch(IteratorPtr input, int64_t batch_size, std::vector<Shape> shapes,
-                              std::vector<Tensor> padding_values, bool drop_remainder);
+                              std::vector<Tensor> padding_values, bool drop_remainder, MemoryBudget& memory);
 IteratorPtr make_rebatch(IteratorPtr input, int64_t batch_size, bool drop_remainder);
 IteratorPtr make_shuffle(IteratorPtr input, int64_t buffer_size, std::optional<uint64_t> seed,
                          bool reshuffle_each_iteration, Pipeline& pipeline, const void* key);

@@ -258,14 +258,22 @@ class FilterIterator final : public IteratorBase {
   const FilterFunction fn_;
 };
 
-// Collects up to n elements of the input; sets *end when none came.
-Status collect(IteratorBase& input, int64_t n, std::vector<Element>* batch, bool* end) {
+// Collects up to n elements of the input, counting them in `held`; sets
+// *end when none came. Over the memory budget, drops them and fails.
+Status collect(IteratorBase& input, int64_t n, std::vector<Element>* batch, bool* end, HeldBytes& held) {
   batch->clear();
+  held.clear();
   bool input_end = false;
   while (static_cast<int64_t>(batch->size()) < n) {
     Element e;
     CAPSTAN_RETURN_IF_ERROR(input.get_next(&e, &input_end));
     if (input_end) break;
+    Status charged = held.add(footprint(e));
+    if (!charged.ok()) {
+      batch->clear();
+      held.clear();
+      return charged;
+    }
     batch->push_back(std::move(e));
   }
   *end = batch->empty();
@@ -274,11 +282,13 @@ Status collect(IteratorBase& input, int64_t n, std::vector<Element>* batch, bool
 
 class BatchIterator final : public IteratorBase {
  public:
-  BatchIterator(IteratorPtr input, int64_t batch_size, bool drop_remainder)
-      : input_(std::move(input)), batch_size_(batch_size), drop_remainder_(drop_remainder) {}
+  BatchIterator(IteratorPtr input, int64_t batch_size, bool drop_remainder, MemoryBudget& memory)
+      : input_(std::move(input)), batch_size_(batch_size), drop_remainder_(drop_remainder), held_(memory, "batch") {}
   Status get_next(Element* out, bool* end) override {
     std::vector<Element> batch;
-    CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end));
+    // The batch stays counted until the next call (its stacked copy is about
+    // as large).
+    CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end, held_));
     if (*end) return Status::Ok();
     if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {
       *end = true;
@@ -292,21 +302,23 @@ class BatchIterator final : public IteratorBase {
   IteratorPtr input_;
   const int64_t batch_size_;
   const bool drop_remainder_;
+  HeldBytes held_;
 };
 
 class PaddedBatchIterator final : public IteratorBase {
  public:
   PaddedBatchIterator(IteratorPtr input, int64_t batch_size, std::vector<Shape> shapes,
-                      std::vector<Tensor> padding_values, bool drop_remainder)
+                      std::vector<Tensor> padding_values, bool drop_remainder, MemoryBudget& memory)
       : input_(std::move(input)),
         batch_size_(batch_size),
         shapes_(std::move(shapes)),
         padding_values_(std::move(padding_values)),
-        drop_remainder_(drop_remainder) {}
+        drop_remainder_(drop_remainder),
+        held_(memory, "padded_batch") {}
 
   Status get_next(Element* out, bool* end) override {
     std::vector<Element> batch;
-    CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end));
+    CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end, held_));
     if (*end) return Status::Ok();
     if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {
       *end = true;
@@ -349,6 +361,7 @@ class PaddedBatchIterator final : public IteratorBase {
   const std::vector<Shape> shapes_;
   const std::vector<Tensor> padding_values_;
   const bool drop_remainder_;
+  HeldBytes held_;
 };
 
 // Re-slices input batches (dim 0) into batches of batch_size rows.
@@ -431,14 +444,24 @@ struct EpochCounter {
 // the next input element in its place.
 class ShuffleIterator final : public IteratorBase {
  public:
-  ShuffleIterator(IteratorPtr input, int64_t buffer_size, uint64_t seed)
-      : input_(std::move(input)), buffer_size_(buffer_size), rng_(seed) {}
+  ShuffleIterator(IteratorPtr input, int64_t buffer_size, uint64_t seed, MemoryBudget& memory)
+      : input_(std::move(input)), buffer_size_(buffer_size), rng_(seed), held_(memory, "shuffle") {}
 
   Status get_next(Element* out, bool* end) override {
+    if (!failed_.ok()) return failed_;  // over the memory budget: the buffer is gone
     while (!input_end_ && static_cast<int64_t>(buffer_.size()) < buffer_size_) {
       Element e;
       CAPSTAN_RETURN_IF_ERROR(input_->get_next(&e, &input_end_));
-      if (!input_end_) buffer_.push_back(std::move(e));
+      if (input_end_) break;
+      Status charged = held_.add(footprint(e));
+      if (!charged.ok()) {
+        buffer_.clear();
+        buffer_.shrink_to_fit();
+        held_.clear();
+        failed_ = charged;
+        return failed_;
+      }
+      buffer_.push_back(std::move(e));
     }
     if (buffer_.empty()) {
       *end = true;
@@ -446,6 +469,7 @@ class ShuffleIterator final : public IteratorBase {
     }
     size_t index = std::uniform_int_distribution<size_t>(0, buffer_.size() - 1)(rng_);
     *out = std::move(buffer_[index]);
+    held_.remove(footprint(*out));
     *end = false;
     Element next;
     bool next_end = input_end_;
@@ -459,6 +483,14 @@ class ShuffleIterator final : public IteratorBase {
       input_end_ = next_end;
     }
     if (!next_end) {
+      Status charged = held_.add(footprint(next));
+      if (!charged.ok()) {
+        buffer_.clear();
+        buffer_.shrink_to_fit();
+        held_.clear();
+        failed_ = charged;
+        return Status::Ok();  // *out is good; the next call reports the error
+      }
       buffer_[index] = std::move(next);
     } else {
       buffer_[index] = std::move(buffer_.back());
@@ -473,6 +505,8 @@ class ShuffleIterator final : public IteratorBase {
   std::mt19937_64 rng_;
   std::vector<Element> buffer_;
   bool input_end_ = false;
+  HeldBytes held_;
+  Status failed_;
 };
 
 class RepeatIterator final : public IteratorBase {
@@ -641,8 +675,8 @@ struct MemoryCache {
 
 class MemoryCacheIterator final : public IteratorBase {
  public:
-  MemoryCacheIterator(IteratorPtr input, std::shared_ptr<MemoryCache> cache)
-      : input_(std::move(input)), cache_(std::move(cache)) {
+  MemoryCacheIterator(IteratorPtr input, std::shared_ptr<MemoryCache> cache, MemoryBudget& memory)
+      : input_(std::move(input)), cache_(std::move(cache)), held_(memory, "cache") {
     MutexLock lock(cache_->mutex);
     if (cache_->complete) {
       cached_ = cache_->elements;
@@ -664,6 +698,15 @@ class MemoryCacheIterator final : public IteratorBase {
       }
       return Status::Ok();
     }
+    if (!failed_.ok()) return failed_;
+    Status charged = held_.add(footprint(*out));
+    if (!charged.ok()) {
+      filling_.clear();
+      filling_.shrink_to_fit();
+      held_.clear();
+      failed_ = charged;
+      return failed_;
+    }
     filling_.push_back(*out);
     return Status::Ok();
   }
@@ -674,6 +717,9 @@ class MemoryCacheIterator final : public IteratorBase {
   std::shared_ptr<const std::vector<Element>> cached_;
   size_t next_ = 0;
   std::vector<Element> filling_;
+  // The elements this iterator caches, counted while it holds them.
+  HeldBytes held_;
+  Status failed_;
 };
 
 // File cache: a TFRecord file of serialized elements. The first complete
@@ -843,14 +889,14 @@ IteratorPtr make_filter(IteratorPtr input, FilterFunction fn) {
   return std::make_unique<FilterIterator>(std::move(input), std::move(fn));
 }
 
-IteratorPtr make_batch(IteratorPtr input, int64_t batch_size, bool drop_remainder) {
-  return std::make_unique<BatchIterator>(std::move(input), batch_size, drop_remainder);
+IteratorPtr make_batch(IteratorPtr input, int64_t batch_size, bool drop_remainder, MemoryBudget& memory) {
+  return std::make_unique<BatchIterator>(std::move(input), batch_size, drop_remainder, memory);
 }
 
 IteratorPtr make_padded_batch(IteratorPtr input, int64_t batch_size, std::vector<Shape> shapes,
-                              std::vector<Tensor> padding_values, bool drop_remainder) {
+                              std::vector<Tensor> padding_values, bool drop_remainder, MemoryBudget& memory) {
   return std::make_unique<PaddedBatchIterator>(std::move(input), batch_size, std::move(shapes),
-                                               std::move(padding_values), drop_remainder);
+                                               std::move(padding_values), drop_remainder, memory);
 }
 
 IteratorPtr make_rebatch(IteratorPtr input, int64_t batch_size, bool drop_remainder) {
@@ -861,7 +907,7 @@ IteratorPtr make_shuffle(IteratorPtr input, int64_t buffer_size, std::optional<u
                          bool reshuffle_each_iteration, Pipeline& pipeline, const void* key) {
   auto epochs = pipeline.state<EpochCounter>(key);
   uint64_t epoch = reshuffle_each_iteration ? epochs->next++ : 0;
-  return std::make_unique<ShuffleIterator>(std::move(input), buffer_size, epoch_seed(seed, epoch));
+  return std::make_unique<ShuffleIterator>(std::move(input), buffer_size, epoch_seed(seed, epoch), pipeline.memory());
 }
 
 IteratorPtr make_repeat(IteratorFactory input, int64_t count) {
@@ -889,7 +935,7 @@ IteratorPtr make_concatenate(std::vector<IteratorFactory> inputs) {
 }
 
 IteratorPtr make_memory_cache(IteratorPtr input, Pipeline& pipeline, const void* key) {
-  return std::make_unique<MemoryCacheIterator>(std::move(input), pipeline.state<MemoryCache>(key));
+  return std::make_unique<MemoryCacheIterator>(std::move(input), pipeline.state<MemoryCache>(key), pipeline.memory());
 }
 
 IteratorPtr make_file_cache(IteratorFactory input, std::string filename) {

@@ -21,6 +21,9 @@ struct Item {
   Status status;
   Element element;
   bool end = false;
+  // An error that ends the producer (over the memory budget): like the end
+  // marker it stays for later calls.
+  bool terminal = false;
 };
 
 // ---- Parallel map (optionally fused with batch) -------------------------------------
@@ -207,8 +210,8 @@ class ParallelMapIterator final : public IteratorBase {
 // Pulls from its input on a background thread into a bounded queue.
 class Prefetcher {
  public:
-  Prefetcher(IteratorPtr input, std::shared_ptr<Knob> capacity, int64_t ram_budget)
-      : input_(std::move(input)), capacity_(std::move(capacity)), ram_budget_(ram_budget) {
+  Prefetcher(IteratorPtr input, std::shared_ptr<Knob> capacity, int64_t ram_budget, MemoryBudget& memory)
+      : input_(std::move(input)), capacity_(std::move(capacity)), ram_budget_(ram_budget), memory_(memory) {
     thread_ = std::thread([this]() { run(); });
   }
   ~Prefetcher() {
@@ -218,6 +221,10 @@ class Prefetcher {
     }
     cv_.notify_all();
     thread_.join();
+    MutexLock lock(mutex_);
+    for (auto& item : queue_) {
+      if (item.status.ok() && !item.end) memory_.release(footprint(item.element));
+    }
   }
 
   // Blocks until an item is ready.
@@ -228,8 +235,10 @@ class Prefetcher {
       while (queue_.empty()) cv_.wait(mutex_);
       capacity_->record_wait(Clock::now() - started);
     }
+    if (queue_.front().end || queue_.front().terminal) return queue_.front();  // stays for later calls
     Item item = std::move(queue_.front());
-    if (!item.end) queue_.pop_front();  // the end marker stays for later calls
+    queue_.pop_front();
+    if (item.status.ok()) memory_.release(footprint(item.element));
     cv_.notify_all();
     return item;
   }
@@ -249,8 +258,20 @@ class Prefetcher {
       }
       Item item;
       item.status = input_->get_next(&item.element, &item.end);
-      if (item.status.ok() && !item.end) note_size(item.element.byte_size());
-      bool end = item.status.ok() && item.end;
+      if (item.status.ok() && !item.end) {
+        note_size(item.element.byte_size());
+        Status charged = memory_.charge(footprint(item.element), "prefetch");
+        if (!charged.ok()) {
+          item = Item{charged, Element(), false, true};
+          // Drop what is buffered: the consumer sees the error next.
+          MutexLock lock(mutex_);
+          for (auto& queued : queue_) {
+            if (queued.status.ok() && !queued.end) memory_.release(footprint(queued.element));
+          }
+          queue_.clear();
+        }
+      }
+      bool end = (item.status.ok() && item.end) || item.terminal;
       {
         MutexLock lock(mutex_);
         queue_.push_back(std::move(item));
@@ -271,6 +292,7 @@ class Prefetcher {
   IteratorPtr input_;  // prefetch thread only
   std::shared_ptr<Knob> capacity_;
   const int64_t ram_budget_;
+  MemoryBudget& memory_;
   double average_bytes_ = 0;  // prefetch thread only
   std::thread thread_;
   Mutex mutex_;
@@ -290,7 +312,7 @@ class PrefetchIterator final : public IteratorBase {
       knob = std::make_shared<Knob>(Knob::Kind::kBufferSize, buffer_size, buffer_size, buffer_size);
       ram = 0;  // a fixed size is the user's call
     }
-    prefetcher_ = std::make_unique<Prefetcher>(std::move(input), std::move(knob), ram);
+    prefetcher_ = std::make_unique<Prefetcher>(std::move(input), std::move(knob), ram, pipeline.memory());
   }
   Status get_next(Element* out, bool* end) override {
     Item item = prefetcher_->take();
@@ -379,7 +401,7 @@ class InterleaveIterator final : public IteratorBase {
     CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr it, make_iterator(slot->definition->root(), pipeline_));
     if (parallel_) {
       auto knob = std::make_shared<Knob>(Knob::Kind::kBufferSize, 2 * block_length_, 1, 2 * block_length_);
-      slot->prefetcher = std::make_unique<Prefetcher>(std::move(it), std::move(knob), 0);
+      slot->prefetcher = std::make_unique<Prefetcher>(std::move(it), std::move(knob), 0, pipeline_.memory());
     } else {
       slot->iterator = std::move(it);
     }

@@ -50,6 +50,17 @@ bool transient(StatusCode code) {
          code == StatusCode::kResourceExhausted;
 }
 
+// A task pipeline's error as the worker reported it (an unknown code from a
+// newer or hostile worker is UNKNOWN).
+Status pipeline_status(wire::ErrorDetail::Reader detail) {
+  auto code = static_cast<int32_t>(detail.getCode());
+  std::string message(detail.getMessage().cStr());
+  if (code <= 0 || code > static_cast<int32_t>(StatusCode::kUnauthenticated)) {
+    return Status::Unknown("a data worker reported a pipeline error with code " + std::to_string(code) + ": " + message);
+  }
+  return Status(static_cast<StatusCode>(code), message);
+}
+
 // From a worker, NotFound means it has not heard of the task yet (or lost it
 // in a restart and will get it back from the dispatcher).
 bool worker_transient(StatusCode code) { return transient(code) || code == StatusCode::kNotFound; }
@@ -126,6 +137,7 @@ class ServiceReader final : public engine::IteratorBase {
   struct Batch {
     std::vector<Element> elements;
     bool end_of_sequence = false;
+    Status pipeline_error;  // the task's pipeline failed (after `elements`)
   };
   // What the consumer thread knows of a task at the start of a pass.
   struct TaskRef {
@@ -360,6 +372,10 @@ Status ServiceReader::next_first_come(Element* out, bool* end_of_sequence) {
       }
       note_result(task.id, /*failed=*/false);
       if (batch->end_of_sequence) mark_done(task.id);
+      if (!batch->pipeline_error.ok() && batch->elements.empty()) {
+        last_task_id_ = task.id;
+        return batch->pipeline_error;
+      }
       if (!batch->elements.empty()) {
         last_task_id_ = task.id;
         idle_backoff_ = 0ms;
@@ -416,6 +432,7 @@ Status ServiceReader::next_round(Element* out, bool* end_of_sequence) {
     }
     note_result(task.id, /*failed=*/false);
     round_in_doubt_ = false;
+    if (!batch->pipeline_error.ok()) return batch->pipeline_error;
     if (!batch->elements.empty()) {
       ++round_;
       idle_backoff_ = 0ms;
@@ -456,13 +473,16 @@ Result<ServiceReader::Batch> ServiceReader::fetch(const TaskRef& task, int64_t c
               })
               .then([](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
                 bool end = response.getEndOfSequence();
+                Status pipeline_error;
+                if (response.hasPipelineError()) pipeline_error = pipeline_status(response.getPipelineError());
                 auto elements = response.getElements();
                 auto reads = kj::heapArrayBuilder<kj::Promise<Element>>(elements.size());
                 for (auto element : elements) reads.add(rpc::read_element(element));
                 return kj::joinPromises(reads.finish())
-                    .then([end](kj::Array<Element>&& received) {
+                    .then([end, pipeline_error](kj::Array<Element>&& received) {
                       Batch batch;
                       batch.end_of_sequence = end;
+                      batch.pipeline_error = pipeline_error;
                       for (auto& element : received) batch.elements.push_back(std::move(element));
                       return batch;
                     })

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <filesystem>
+#include <fstream>
 #include <map>
 #include <set>
 
@@ -27,13 +28,17 @@ using data::Dataset;
 namespace service = data::service;
 
 struct DataService {
-  explicit DataService(int workers, std::vector<std::string> dispatcher_flags = {}) {
+  explicit DataService(int workers, std::vector<std::string> dispatcher_flags = {},
+                       std::vector<std::string> worker_flags_in = {})
+      : worker_flags(std::move(worker_flags_in)) {
     dispatcher = &cluster.start("data-dispatcher", dispatcher_flags);
     for (int i = 0; i < workers; ++i) add_worker();
   }
   Daemon& add_worker() {
-    workers.push_back(&cluster.start("data-worker", {"--dispatcher", dispatcher->address(), "--task-index",
-                                                     std::to_string(workers.size())}));
+    std::vector<std::string> flags = {"--dispatcher", dispatcher->address(), "--task-index",
+                                      std::to_string(workers.size())};
+    flags.insert(flags.end(), worker_flags.begin(), worker_flags.end());
+    workers.push_back(&cluster.start("data-worker", flags));
     // Registered with the dispatcher: its heartbeat went through.
     Daemon* w = workers.back();
     REQUIRE(wait_until([this, w]() {
@@ -44,6 +49,7 @@ struct DataService {
   }
   std::string address() const { return dispatcher->address(); }
 
+  const std::vector<std::string> worker_flags;
   TestCluster cluster;
   Daemon* dispatcher = nullptr;
   std::vector<Daemon*> workers;
@@ -418,6 +424,50 @@ TEST_CASE("bad requests get error replies and the daemons keep serving", "[data-
         std::vector<int64_t>{0, 1, 2});
   auto listing = s.cluster.run("capstanctl", {"data", "jobs", s.address()});
   CHECK(listing.exit_code == 0);
+}
+
+// RSS of a process in MiB (Linux /proc).
+int64_t rss_mib(pid_t pid) {
+  std::ifstream status("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(status, line)) {
+    if (line.rfind("VmRSS:", 0) == 0) return std::stoll(line.substr(6)) / 1024;
+  }
+  return -1;
+}
+
+TEST_CASE("hostile dataset sizes fail their job, not the data worker", "[data-service][bad-input]") {
+  DataService s(1, {}, {"--task-memory-mib", "64"});
+  const int64_t huge = int64_t{1} << 40;
+  auto endless = Dataset::range(0, int64_t{1} << 62);
+  for (auto [ds, op] : std::vector<std::pair<Dataset, std::string>>{
+           {endless.shuffle(huge), "shuffle"}, {endless.prefetch(huge), "prefetch"}, {endless.batch(huge), "batch"}}) {
+    INFO(op);
+    auto it = service::from_dataset_id(s.address(), registered(s, ds)).make_iterator();
+    REQUIRE(it.ok());
+    Status error;
+    for (int i = 0; i < 2'000'000 && error.ok(); ++i) {
+      auto next = (*it)->get_next();
+      if (!next.ok()) error = next.status();
+      else REQUIRE(next->has_value());
+    }
+    CHECK(error.code() == StatusCode::kResourceExhausted);
+    CHECK_THAT(error.message(), Catch::Contains(op + ":") && Catch::Contains("memory budget of 64 MiB"));
+  }
+  // Sizes that would become threads or slots are refused outright.
+  auto interleave = Dataset::range(10).interleave(data::Fn::tfrecord_dataset(), int64_t{1} << 31, huge);
+  auto refused = service::from_dataset_id(s.address(), registered(s, interleave)).make_iterator();
+  Status refusal = refused.ok() ? (*refused)->get_next().status() : refused.status();
+  CHECK(refusal.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refusal.message(), Catch::Contains("cycle_length"));
+  // The worker is alive, small, and serves the next job.
+  CHECK(s.workers[0]->running());
+  int64_t rss = rss_mib(s.workers[0]->pid());
+  INFO("data worker RSS " << rss << " MiB");
+  CHECK(rss > 0);
+  CHECK(rss < 512);
+  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(10))));
+  CHECK(got == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
 TEST_CASE("capstanctl data lists datasets, jobs and workers", "[data-service]") {

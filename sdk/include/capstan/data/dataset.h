@@ -91,6 +91,11 @@ struct Options {
   // Keep element order where parallelism could change it (per-op
   // `deterministic` arguments override this).
   bool deterministic = true;
+  // Bytes the pipeline's buffers (shuffle, prefetch, batches being built,
+  // memory caches) may hold at once; the op that would pass it fails with
+  // ResourceExhausted. 0 means half the machine's RAM. A data worker caps it
+  // with its task_memory_mib.
+  int64_t memory_budget = 0;
 };
 
 class Iterator {
@@ -175,6 +180,7 @@ class Dataset {
   // Re-slices batches of the input into batches of `batch_size`.
   Dataset rebatch(int64_t batch_size, bool drop_remainder = false) const;
   Dataset with_options(Options options) const;
+  Options options() const;
 
   // Finite count, kInfiniteCardinality or kUnknownCardinality.
   int64_t cardinality() const;
