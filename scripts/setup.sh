@@ -18,6 +18,7 @@ packages=(
   libspdlog-dev          # pulls in libfmt-dev
   libyaml-cpp-dev
   nlohmann-json3-dev     # JSON: safetensors headers, checkpoint manifests
+  libeigen3-dev          # model math in the examples (census Wide & Deep)
   catch2
   zlib1g-dev
   libprotobuf-dev

@@ -1,0 +1,372 @@
+// TensorFlow's wide-and-deep census example on a Capstan cluster: predict
+// whether a person earns more than $50K a year from the UCI Adult (Census
+// Income) data, with a linear model over sparse and crossed columns (wide)
+// and an MLP over embeddings and numeric columns (deep); features.h and
+// model.h say exactly what it computes.
+//
+//   scripts/local-cluster.sh up --ps 2 --workers 2 --data-workers 2 --module build/lib/libcensus_module.so
+//   . .run/cluster/cluster.env
+//   build/bin/census --coordinator $COORDINATOR --dispatcher $DISPATCHER
+//
+// Training is parameter-server (asynchronous) training: the wide table and
+// the embeddings are partitioned across the parameter servers and updated
+// with sparse gradients (Adagrad and Adam), the MLP is one dense variable
+// (Adam), and every worker runs steps on its own batches. With --dispatcher
+// the data workers read and parse adult.data (TextLine GZIP -> decode_csv ->
+// census_features -> shuffle -> batch) and the training workers read the
+// batches from the data service; without it each worker runs the pipeline
+// itself on its shard. After each epoch the model is evaluated on all of
+// adult.test, read through the same pipeline by `census_evaluate` closures:
+// accuracy, ROC AUC and log-loss. The program exits 1 when the final
+// accuracy or AUC is below its target.
+//
+// Options:
+//   --coordinator HOST:PORT  the coordinator (default 127.0.0.1:7000)
+//   --dispatcher HOST:PORT   feed the workers through the tf.data service
+//   --data-dir DIR           holds adult.data.gz and adult.test.gz (default:
+//                            examples/census/data under the current directory)
+//   --mode ps|sync|hybrid    ps (default); sync and hybrid need synchronous
+//                            training, which Capstan does not have yet
+//   --epochs N               passes over adult.data (default 5)
+//   --batch-size N           examples per step (default 128)
+//   --seed N                 fixes the initial weights and the shuffle order;
+//                            with one worker (and one data worker, or none)
+//                            two runs give identical metrics
+//   --wide-learning-rate X   Adagrad's, for the wide table (default 0.05)
+//   --deep-learning-rate X   Adam's, for the embeddings and the MLP (default 0.0005)
+//   --min-workers N          wait until that many workers have registered (default 1)
+//   --eval-shards N          evaluation closures per evaluation (default 8)
+//   --target-accuracy X      exit 1 below this test accuracy (default 0.85)
+//   --target-auc X           exit 1 below this test AUC (default 0.90)
+//   --log-every N            without a terminal, print progress every N steps (default 100)
+//   --checkpoint-dir DIR     after training, save a checkpoint there
+// CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE give the cluster token.
+#include <capstan/data/dataset.h>
+#include <capstan/data/service.h>
+#include <capstan/training.h>
+#include <unistd.h>
+
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <deque>
+#include <filesystem>
+#include <iostream>
+#include <optional>
+#include <random>
+#include <string>
+#include <vector>
+
+#include "census/features.h"
+#include "census/model.h"
+#include "census/pipeline.h"
+#include "common/example_util.h"
+
+namespace {
+
+using capstan::DType;
+using capstan::Element;
+using capstan::Status;
+using capstan::Tensor;
+namespace data = capstan::data;
+using Clock = std::chrono::steady_clock;
+
+// The rows of adult.data and adult.test (TF's example has the same
+// constants: an epoch is this many examples).
+constexpr int64_t kTrainingExamples = 32561;
+constexpr int64_t kTestExamples = 16281;
+// Steps scheduled ahead of the one being fetched.
+constexpr size_t kInFlight = 32;
+
+struct Flags {
+  std::string coordinator = "127.0.0.1:7000";
+  std::string dispatcher;
+  std::string data_dir = "examples/census/data";
+  std::string mode = "ps";
+  int64_t epochs = 5;
+  int64_t batch_size = 128;
+  std::optional<uint64_t> seed;
+  double wide_learning_rate = 0.05;
+  double deep_learning_rate = 0.0005;
+  int min_workers = 1;
+  int64_t eval_shards = 8;
+  double target_accuracy = 0.85;
+  double target_auc = 0.90;
+  int64_t log_every = 100;
+  std::string checkpoint_dir;
+};
+
+[[noreturn]] void usage(const char* program, const std::string& error) {
+  if (!error.empty()) std::cerr << program << ": " << error << "\n";
+  std::cerr << "usage: " << program
+            << " [--coordinator HOST:PORT] [--dispatcher HOST:PORT] [--data-dir DIR] [--mode ps|sync|hybrid]"
+               " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
+               " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
+               " [--checkpoint-dir DIR]\n";
+  std::exit(2);
+}
+
+Flags parse_flags(int argc, char** argv) {
+  Flags flags;
+  for (int i = 1; i < argc; ++i) {
+    std::string name = argv[i];
+    if (name == "-h" || name == "--help") usage(argv[0], "");
+    if (i + 1 >= argc) usage(argv[0], "option " + name + " needs a value");
+    std::string value = argv[++i];
+    auto integer = [&](int64_t min) -> int64_t {
+      char* end = nullptr;
+      long long n = std::strtoll(value.c_str(), &end, 10);
+      if (value.empty() || *end != '\0' || n < min) {
+        usage(argv[0], name + " needs an integer >= " + std::to_string(min) + ", got '" + value + "'");
+      }
+      return n;
+    };
+    auto real = [&]() -> double {
+      char* end = nullptr;
+      double x = std::strtod(value.c_str(), &end);
+      if (value.empty() || *end != '\0' || !(x >= 0)) usage(argv[0], name + " needs a number >= 0, got '" + value + "'");
+      return x;
+    };
+    if (name == "--coordinator") flags.coordinator = value;
+    else if (name == "--dispatcher") flags.dispatcher = value;
+    else if (name == "--data-dir") flags.data_dir = value;
+    else if (name == "--mode") flags.mode = value;
+    else if (name == "--epochs") flags.epochs = integer(1);
+    else if (name == "--batch-size") flags.batch_size = integer(1);
+    else if (name == "--seed") flags.seed = static_cast<uint64_t>(integer(0));
+    else if (name == "--wide-learning-rate") flags.wide_learning_rate = real();
+    else if (name == "--deep-learning-rate") flags.deep_learning_rate = real();
+    else if (name == "--min-workers") flags.min_workers = static_cast<int>(integer(1));
+    else if (name == "--eval-shards") flags.eval_shards = integer(1);
+    else if (name == "--target-accuracy") flags.target_accuracy = real();
+    else if (name == "--target-auc") flags.target_auc = real();
+    else if (name == "--log-every") flags.log_every = integer(1);
+    else if (name == "--checkpoint-dir") flags.checkpoint_dir = value;
+    else usage(argv[0], "unknown option '" + name + "'");
+  }
+  if (flags.mode != "ps" && flags.mode != "sync" && flags.mode != "hybrid") {
+    usage(argv[0], "--mode must be ps, sync or hybrid, got '" + flags.mode + "'");
+  }
+  return flags;
+}
+
+int fail(const std::string& what, const Status& status) {
+  std::fprintf(stderr, "\ncensus: %s: %s\n", what.c_str(), status.to_string().c_str());
+  return 1;
+}
+
+// Keras-fit-like progress: rewritten in place on a terminal, else one line
+// every `log_every` steps and at the end of each epoch.
+class Progress {
+ public:
+  Progress(int64_t epochs, int64_t steps_per_epoch, int64_t log_every)
+      : epochs_(epochs), steps_(steps_per_epoch), log_every_(log_every), tty_(isatty(STDOUT_FILENO) == 1) {}
+
+  void start_epoch(int64_t epoch) {
+    epoch_ = epoch;
+    loss_sum_ = 0;
+    correct_ = examples_ = steps_done_ = 0;
+    started_ = Clock::now();
+  }
+  void step_done(double loss, int64_t correct, int64_t examples) {
+    ++steps_done_;
+    loss_sum_ += loss;
+    correct_ += correct;
+    examples_ += examples;
+    auto now = Clock::now();
+    bool show = tty_ ? (now - last_shown_ > std::chrono::milliseconds(200) || steps_done_ == steps_)
+                     : (steps_done_ % log_every_ == 0 || steps_done_ == steps_);
+    if (!show) return;
+    std::printf("%sepoch %lld/%lld  step %4lld/%lld  %7.0f examples/s  loss %.4f  accuracy %.4f%s", tty_ ? "\r" : "",
+                static_cast<long long>(epoch_), static_cast<long long>(epochs_),
+                static_cast<long long>(steps_done_), static_cast<long long>(steps_),
+                static_cast<double>(examples_) / seconds(), loss_sum_ / static_cast<double>(steps_done_),
+                static_cast<double>(correct_) / static_cast<double>(examples_), tty_ ? "   " : "\n");
+    std::fflush(stdout);
+    last_shown_ = now;
+  }
+  void end_epoch() {
+    if (tty_) std::printf("\n");
+  }
+  double seconds() const { return std::max(1e-9, std::chrono::duration<double>(Clock::now() - started_).count()); }
+  int64_t examples() const { return examples_; }
+
+ private:
+  const int64_t epochs_, steps_, log_every_;
+  const bool tty_;
+  int64_t epoch_ = 0, steps_done_ = 0, correct_ = 0, examples_ = 0;
+  double loss_sum_ = 0;
+  Clock::time_point started_{}, last_shown_{};
+};
+
+struct Metrics {
+  int64_t count = 0;
+  double accuracy = 0, auc = 0, log_loss = 0;
+};
+
+// The whole test file, in `shards` closures that any worker may run.
+capstan::Result<Metrics> evaluate(capstan::ClusterCoordinator& cluster, const std::string& path, int64_t shards) {
+  std::vector<capstan::RemoteValue> values;
+  for (int64_t i = 0; i < shards; ++i) {
+    Element args{{*Tensor::from_strings({path}, {}), Tensor::scalar<int64_t>(shards), Tensor::scalar<int64_t>(i)}, {}};
+    CAPSTAN_ASSIGN_OR_RETURN(capstan::RemoteValue value, cluster.schedule("census_evaluate", args));
+    values.push_back(value);
+  }
+  std::vector<float> probabilities, labels;
+  for (const auto& value : values) {
+    CAPSTAN_ASSIGN_OR_RETURN(Element shard, cluster.fetch(value));
+    auto p = shard.components.at(0).flat<float>();
+    auto y = shard.components.at(1).flat<float>();
+    probabilities.insert(probabilities.end(), p.begin(), p.end());
+    labels.insert(labels.end(), y.begin(), y.end());
+  }
+  Metrics m;
+  m.count = static_cast<int64_t>(labels.size());
+  if (m.count == 0) return Status::DataLoss("census_evaluate read no examples from " + path);
+  double correct = 0, loss = 0;
+  for (size_t i = 0; i < labels.size(); ++i) {
+    correct += (probabilities[i] > 0.5f) == (labels[i] > 0.5f) ? 1 : 0;
+    double p = std::clamp(static_cast<double>(probabilities[i]), 1e-7, 1 - 1e-7);
+    loss -= labels[i] > 0.5f ? std::log(p) : std::log(1 - p);
+  }
+  m.accuracy = correct / static_cast<double>(m.count);
+  m.log_loss = loss / static_cast<double>(m.count);
+  m.auc = census::roc_auc(probabilities, labels);
+  return m;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  Flags flags = parse_flags(argc, argv);
+  if (flags.mode != "ps") {
+    std::fprintf(stderr,
+                 "census: --mode %s needs synchronous training (mirrored variables, all-reduce), which Capstan "
+                 "does not have yet; use --mode ps\n",
+                 flags.mode.c_str());
+    return 2;
+  }
+  // Workers and data workers open the files: an absolute path.
+  std::error_code error;
+  const std::filesystem::path dir = std::filesystem::absolute(flags.data_dir, error);
+  const std::string train_path = (dir / "adult.data.gz").string(), test_path = (dir / "adult.test.gz").string();
+  for (const auto& path : {train_path, test_path}) {
+    if (!std::filesystem::is_regular_file(path)) {
+      std::fprintf(stderr, "census: %s is not a file; --data-dir must hold adult.data.gz and adult.test.gz\n",
+                   path.c_str());
+      return 2;
+    }
+  }
+
+  capstan::ClientOptions options;
+  options.client_name = "census";
+  auto connected = capstan::examples::connect_cluster(flags.coordinator, flags.min_workers, options, fail);
+  if (connected == nullptr) return 1;
+  capstan::ClusterCoordinator& cluster = *connected;
+
+  // The variables live on the parameter servers beyond this program: a
+  // second run against the same cluster finds them, so they are assigned
+  // their initial values (their optimizer slots stay; use a fresh cluster
+  // for comparable runs).
+  const uint64_t seed = flags.seed.value_or(std::random_device{}());
+  std::vector<capstan::VariableSpec> variables;
+  variables.push_back({"census_wide", *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1}),
+                       capstan::Optimizer::adagrad(flags.wide_learning_rate), capstan::Partitioner::fixed_shards(2)});
+  variables.push_back({"census_embeddings",
+                       *Tensor::from_vector<float>(census::initial_embeddings(seed),
+                                                   {census::embedding_rows(), census::kEmbeddingDim}),
+                       capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::fixed_shards(2)});
+  variables.push_back({"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
+                       capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::none()});
+  for (const auto& spec : variables) {
+    auto info = cluster.create_variable(spec);
+    if (!info.ok()) return fail("creating " + spec.name, info.status());
+    Status reset = cluster.assign_variable(spec.name, spec.initial);
+    if (!reset.ok()) return fail("initializing " + spec.name, reset);
+  }
+
+  auto pipeline = census::training_batches(train_path, flags.batch_size, flags.seed);
+  if (!flags.dispatcher.empty()) {
+    auto id = data::service::register_dataset(flags.dispatcher, pipeline, options);
+    if (!id.ok()) return fail("registering the input pipeline with " + flags.dispatcher, id.status());
+    data::service::ReadOptions read;
+    read.processing_mode = data::service::ProcessingMode::kHint;
+    // One job per run: every training worker reads its batches from it.
+    read.job_name = "census-train-" + std::to_string(getpid()) + "-" +
+                    std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+    read.client = options;
+    pipeline = data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
+    std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n",
+                flags.dispatcher.c_str(), id->c_str(), read.job_name.c_str());
+  }
+  auto dataset = cluster.create_per_worker_dataset(pipeline);
+  if (!dataset.ok()) return fail("creating the per-worker dataset", dataset.status());
+
+  const int64_t steps_per_epoch = (kTrainingExamples + flags.batch_size - 1) / flags.batch_size;
+  std::printf("census: Wide & Deep (wide: %lld ids; deep: %d embedded columns x %d + %d numeric -> 100-75-50-25), "
+              "%s mode, %d worker(s), %lld epochs of %lld steps of %lld examples\n",
+              static_cast<long long>(census::wide_rows()), census::kDeepFields, census::kEmbeddingDim,
+              census::kNumeric, flags.mode.c_str(), cluster.num_workers(), static_cast<long long>(flags.epochs),
+              static_cast<long long>(steps_per_epoch), static_cast<long long>(flags.batch_size));
+  std::fflush(stdout);
+
+  Progress progress(flags.epochs, steps_per_epoch, flags.log_every);
+  Element step_args{{dataset->arg()}, {}};
+  Metrics metrics;
+  double train_seconds = 0;
+  int64_t trained = 0;
+  for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
+    progress.start_epoch(epoch);
+    std::deque<capstan::RemoteValue> in_flight;
+    int64_t scheduled = 0, completed = 0;
+    while (completed < steps_per_epoch) {
+      while (scheduled < steps_per_epoch && in_flight.size() < kInFlight) {
+        auto value = cluster.schedule("census_train_step", step_args);
+        if (!value.ok()) return fail("scheduling a step of epoch " + std::to_string(epoch), value.status());
+        in_flight.push_back(*value);
+        ++scheduled;
+      }
+      auto result = cluster.fetch(in_flight.front());
+      in_flight.pop_front();
+      if (!result.ok()) return fail("a step of epoch " + std::to_string(epoch), result.status());
+      ++completed;
+      progress.step_done(result->components.at(0).flat<float>()[0], result->components.at(1).flat<int64_t>()[0],
+                         result->components.at(2).flat<int64_t>()[0]);
+    }
+    Status joined = cluster.join();
+    progress.end_epoch();
+    if (!joined.ok()) return fail("training", joined);
+    train_seconds += progress.seconds();
+    trained += progress.examples();
+    auto evaluated = evaluate(cluster, test_path, flags.eval_shards);
+    if (!evaluated.ok()) return fail("evaluating on " + test_path, evaluated.status());
+    metrics = *evaluated;
+    std::printf("epoch %lld/%lld  test: accuracy %.4f  AUC %.4f  log-loss %.4f  (%lld examples)\n",
+                static_cast<long long>(epoch), static_cast<long long>(flags.epochs), metrics.accuracy, metrics.auc,
+                metrics.log_loss, static_cast<long long>(metrics.count));
+    std::fflush(stdout);
+  }
+
+  const bool accuracy_ok = metrics.accuracy >= flags.target_accuracy;
+  const bool auc_ok = metrics.auc >= flags.target_auc;
+  std::printf("census: trained %lld examples in %.1f s (%.0f examples/s)\n", static_cast<long long>(trained),
+              train_seconds, static_cast<double>(trained) / std::max(train_seconds, 1e-9));
+  std::printf("census: adult.test (%lld examples; majority class: 76.4%%):\n", static_cast<long long>(metrics.count));
+  std::printf("  accuracy  %.2f%%   (target: at least %.1f%%) %s\n", 100 * metrics.accuracy,
+              100 * flags.target_accuracy, accuracy_ok ? "PASS" : "FAIL");
+  std::printf("  AUC       %.4f   (target: at least %.2f) %s\n", metrics.auc, flags.target_auc,
+              auc_ok ? "PASS" : "FAIL");
+  std::printf("  log-loss  %.4f\n", metrics.log_loss);
+  if (metrics.count != kTestExamples) {
+    std::printf("census: warning: the test file gave %lld examples, not %lld\n", static_cast<long long>(metrics.count),
+                static_cast<long long>(kTestExamples));
+  }
+  if (!flags.checkpoint_dir.empty()) {
+    capstan::CheckpointManager manager(cluster, flags.checkpoint_dir, /*max_to_keep=*/3);
+    auto saved = manager.save(flags.epochs * steps_per_epoch);
+    if (!saved.ok()) return fail("saving a checkpoint", saved.status());
+    std::printf("census: saved checkpoint %s (inspect: capstanctl checkpoint inspect %s)\n", saved->c_str(),
+                saved->c_str());
+  }
+  return accuracy_ok && auc_ok ? 0 : 1;
+}

@@ -1,0 +1,220 @@
+// The census Wide & Deep example's functions, loaded by every worker and
+// data worker:
+//
+//   worker-server      --coordinator ADDR --module libcensus_module.so
+//   data-worker        --dispatcher ADDR  --module libcensus_module.so
+//
+//   filter  "census_is_record"   a CSV line with 15 fields (drops adult.test's
+//                                "|1x3 Cross validator" line and blank lines)
+//   map     "census_features"    decoded row (15 scalars) -> (wide_ids
+//                                int64[15], numeric float32[5], label float32)
+//   closure "census_train_step"  one step on this worker's next batch: gathers
+//                                the rows it uses, runs the model forward and
+//                                backward (model.h) and sends the gradients
+//                                to the parameter servers
+//   closure "census_evaluate"    (path, num_shards, index): the model's
+//                                probabilities and the labels of one shard of
+//                                a CSV file, read through the same pipeline
+//
+// Variables (created by the program, on the parameter servers):
+//   census_wide        float32[wide_rows(), 1]                 sparse updates
+//   census_embeddings  float32[embedding_rows(), kEmbeddingDim] sparse updates
+//   census_dnn         float32[dnn_parameters()]               dense updates
+#include <capstan/closure.h>
+#include <capstan/data/dataset.h>
+#include <capstan/functions.h>
+
+#include <string>
+#include <vector>
+
+#include "features.h"
+#include "model.h"
+#include "pipeline.h"
+
+namespace {
+
+using capstan::ClosureContext;
+using capstan::DType;
+using capstan::Element;
+using capstan::Result;
+using capstan::Status;
+using capstan::Tensor;
+
+constexpr const char* kWide = "census_wide";
+constexpr const char* kEmbeddings = "census_embeddings";
+constexpr const char* kDnn = "census_dnn";
+
+// The registry this module was loaded into: the evaluation closure builds a
+// pipeline that uses the module's own named functions.
+const capstan::FunctionRegistry* loaded_into = nullptr;
+
+Result<Element> features(Element row) {
+  if (row.size() != census::kNumColumns) {
+    return Status::InvalidArgument("census_features takes the " + std::to_string(census::kNumColumns) +
+                                   " decoded CSV columns, got " + std::to_string(row.size()));
+  }
+  auto integer = [&](int column) { return row.components[static_cast<size_t>(column)].flat<int64_t>()[0]; };
+  auto text = [&](int column) { return std::string(row.components[static_cast<size_t>(column)].string_at(0)); };
+  for (int column = 0; column < census::kNumColumns; ++column) {
+    const Tensor& t = row.components[static_cast<size_t>(column)];
+    if (t.num_elements() != 1) {
+      return Status::InvalidArgument("census_features: column " + std::to_string(column) +
+                                     " must be a scalar, got " + t.debug_string(0));
+    }
+  }
+  census::Row r;
+  r.age = integer(census::kAge);
+  r.workclass = text(census::kWorkclass);
+  r.education = text(census::kEducation);
+  r.education_num = integer(census::kEducationNum);
+  r.marital_status = text(census::kMaritalStatus);
+  r.occupation = text(census::kOccupation);
+  r.relationship = text(census::kRelationship);
+  r.race = text(census::kRace);
+  r.gender = text(census::kGender);
+  r.capital_gain = integer(census::kCapitalGain);
+  r.capital_loss = integer(census::kCapitalLoss);
+  r.hours_per_week = integer(census::kHoursPerWeek);
+  r.native_country = text(census::kNativeCountry);
+  r.income_bracket = text(census::kIncomeBracket);
+  census::Features f = census::transform(r);
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, Tensor::from_vector<int64_t>({f.wide_ids.begin(), f.wide_ids.end()},
+                                                                     {census::kNumWideFields}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor numeric,
+                           Tensor::from_vector<float>({f.numeric.begin(), f.numeric.end()}, {census::kNumeric}));
+  return Element{{ids, numeric, Tensor::scalar<float>(f.label)}, {"wide_ids", "numeric", "label"}};
+}
+
+// Checks a batch from the pipeline: (wide_ids int64[n, 15], numeric
+// float32[n, 5], label float32[n]); returns n.
+Result<int64_t> check_batch(const Element& batch) {
+  if (batch.size() != 3) return Status::InvalidArgument("a census batch is (wide_ids, numeric, label)");
+  const Tensor& ids = batch.components[0];
+  const Tensor& numeric = batch.components[1];
+  const Tensor& labels = batch.components[2];
+  if (ids.dtype() != DType::kInt64 || ids.rank() != 2 || ids.shape()[1] != census::kNumWideFields ||
+      ids.shape()[0] == 0) {
+    return Status::InvalidArgument("wide_ids must be int64[n, " + std::to_string(census::kNumWideFields) +
+                                   "], got " + ids.debug_string(0));
+  }
+  const int64_t n = ids.shape()[0];
+  if (numeric.dtype() != DType::kFloat32 || numeric.num_elements() != n * census::kNumeric) {
+    return Status::InvalidArgument("numeric must be float32[" + std::to_string(n) + ", " +
+                                   std::to_string(census::kNumeric) + "], got " + numeric.debug_string(0));
+  }
+  if (labels.dtype() != DType::kFloat32 || labels.num_elements() != n) {
+    return Status::InvalidArgument("label must be float32[" + std::to_string(n) + "], got " + labels.debug_string(0));
+  }
+  for (int64_t id : ids.flat<int64_t>()) {
+    if (id < 0 || id >= census::bias_id()) {
+      return Status::InvalidArgument("wide id " + std::to_string(id) + " is outside [0, " +
+                                     std::to_string(census::bias_id()) + ")");
+    }
+  }
+  return n;
+}
+
+// The rows a batch uses and what the model computed with them.
+struct Step {
+  Tensor wide_ids;  // the batch's wide ids, then the bias id
+  Tensor deep_ids;  // the ids of the embedded columns
+  census::Output output;
+};
+
+Result<Step> run_model(ClosureContext& ctx, const Element& batch, int64_t n, bool gradients) {
+  auto all = batch.components[0].flat<int64_t>();
+  std::vector<int64_t> wide(all.begin(), all.end());
+  wide.push_back(census::bias_id());
+  std::vector<int64_t> deep;
+  deep.reserve(static_cast<size_t>(n * census::kDeepFields));
+  for (int64_t i = 0; i < n; ++i) {
+    for (int f = 0; f < census::kDeepFields; ++f) deep.push_back(all[static_cast<size_t>(i * census::kNumWideFields + f)]);
+  }
+  Step step;
+  CAPSTAN_ASSIGN_OR_RETURN(step.wide_ids, Tensor::from_vector<int64_t>(wide, {static_cast<int64_t>(wide.size())}));
+  CAPSTAN_ASSIGN_OR_RETURN(step.deep_ids, Tensor::from_vector<int64_t>(deep, {static_cast<int64_t>(deep.size())}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor wide_rows, ctx.gather(kWide, step.wide_ids));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor embeddings, ctx.gather(kEmbeddings, step.deep_ids));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor dnn, ctx.read(kDnn));
+  if (wide_rows.dtype() != DType::kFloat32 || wide_rows.num_elements() != step.wide_ids.num_elements() ||
+      embeddings.dtype() != DType::kFloat32 ||
+      embeddings.num_elements() != step.deep_ids.num_elements() * census::kEmbeddingDim ||
+      dnn.dtype() != DType::kFloat32 || dnn.num_elements() != census::dnn_parameters()) {
+    return Status::FailedPrecondition("the census variables do not have the model's shapes (" +
+                                      wide_rows.debug_string(0) + ", " + embeddings.debug_string(0) + ", " +
+                                      dnn.debug_string(0) + "): create them with the census program");
+  }
+  census::Inputs in{n, all.data(), batch.components[1].flat<float>().data(), batch.components[2].flat<float>().data()};
+  census::Parameters p{wide_rows.flat<float>().data(), embeddings.flat<float>().data(), dnn.flat<float>().data()};
+  step.output = census::run(in, p, gradients);
+  return step;
+}
+
+Result<Element> train_step(ClosureContext& ctx, const Element& args) {
+  if (args.size() != 1) return Status::InvalidArgument("census_train_step takes one argument: the per-worker dataset");
+  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
+  if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
+  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
+  CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, *batch, n, /*gradients=*/true));
+  // A cancelled step (another closure failed) does not push its update.
+  if (ctx.cancelled()) return Status::Cancelled("census_train_step cancelled before its update");
+  const census::Output& out = step.output;
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor wide_gradient,
+                           Tensor::from_vector<float>(out.wide_gradient, {step.wide_ids.num_elements(), 1}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor embedding_gradient,
+                           Tensor::from_vector<float>(out.embedding_gradient,
+                                                      {step.deep_ids.num_elements(), census::kEmbeddingDim}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor dnn_gradient, Tensor::from_vector<float>(out.dnn_gradient, {census::dnn_parameters()}));
+  CAPSTAN_RETURN_IF_ERROR(ctx.apply_sparse_gradients(kWide, step.wide_ids, wide_gradient));
+  CAPSTAN_RETURN_IF_ERROR(ctx.apply_sparse_gradients(kEmbeddings, step.deep_ids, embedding_gradient));
+  CAPSTAN_RETURN_IF_ERROR(ctx.apply_gradients(kDnn, dnn_gradient));
+  return Element{{Tensor::scalar<float>(static_cast<float>(out.loss_sum / static_cast<double>(n))),
+                  Tensor::scalar<int64_t>(out.correct), Tensor::scalar<int64_t>(n)},
+                 {"loss", "correct", "examples"}};
+}
+
+Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
+  if (args.size() != 3 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1 ||
+      args.components[1].dtype() != DType::kInt64 || args.components[2].dtype() != DType::kInt64) {
+    return Status::InvalidArgument("census_evaluate takes (path string, num_shards int64, index int64)");
+  }
+  const std::string path(args.components[0].string_at(0));
+  const int64_t shards = args.components[1].flat<int64_t>()[0], index = args.components[2].flat<int64_t>()[0];
+  if (shards < 1 || index < 0 || index >= shards) {
+    return Status::InvalidArgument("census_evaluate: shard " + std::to_string(index) + " of " +
+                                   std::to_string(shards) + " does not exist");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, census::examples(path, shards, index).batch(1024).make_iterator(loaded_into));
+  std::vector<float> probabilities, labels;
+  while (true) {
+    if (ctx.cancelled()) return Status::Cancelled("census_evaluate cancelled");
+    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
+    if (!batch) break;
+    CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
+    CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, *batch, n, /*gradients=*/false));
+    probabilities.insert(probabilities.end(), step.output.probabilities.begin(), step.output.probabilities.end());
+    auto l = batch->components[2].flat<float>();
+    labels.insert(labels.end(), l.begin(), l.end());
+  }
+  const auto count = static_cast<int64_t>(labels.size());
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor p, Tensor::from_vector<float>(probabilities, {count}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor y, Tensor::from_vector<float>(labels, {count}));
+  return Element{{p, y}, {"probabilities", "labels"}};
+}
+
+}  // namespace
+
+CAPSTAN_MODULE(registry) {
+  loaded_into = &registry;
+  registry.register_filter("census_is_record", [](const Element& line) -> Result<bool> {
+    if (line.size() != 1 || line.components[0].dtype() != DType::kString || line.components[0].num_elements() != 1) {
+      return Status::InvalidArgument("census_is_record takes one string scalar (a line)");
+    }
+    std::string_view text = line.components[0].string_at(0);
+    return std::count(text.begin(), text.end(), ',') == census::kNumColumns - 1;
+  });
+  registry.register_map("census_features", features);
+  registry.register_closure("census_train_step", train_step);
+  registry.register_closure("census_evaluate", evaluate);
+}

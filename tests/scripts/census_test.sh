@@ -1,0 +1,78 @@
+#!/usr/bin/env bash
+# Trains the census example (examples/census) for one epoch in
+# parameter-server mode on a local cluster (2 PS, 2 workers, the data service
+# with 2 data workers parsing adult.data), and checks that its accuracy on
+# adult.test beats the majority class (76.4%): the program exits non-zero
+# below --target-accuracy, and the test reads its report.
+#
+# Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM
+#   (run by CTest as examples_census_ps_beats_majority_class)
+set -euo pipefail
+
+if [[ $# -ne 4 ]]; then
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM" >&2
+  exit 2
+fi
+repo_root=$(cd "$1" && pwd)
+bin_dir=$(cd "$2" && pwd)
+module=$3
+program=$4
+script=$repo_root/scripts/local-cluster.sh
+
+unset CAPSTAN_RUN_DIR CAPSTAN_BIN_DIR TF_CONFIG
+
+run_dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-census-test.XXXXXX")
+# shellcheck disable=SC2317  # run by the EXIT trap
+cleanup() {
+  local status=$?
+  bash "$script" down --run-dir "$run_dir" --bin-dir "$bin_dir" >/dev/null 2>&1 || true
+  rm -rf "$run_dir"
+  exit "$status"
+}
+trap cleanup EXIT
+
+result() {
+  if [[ $1 == pass ]]; then
+    echo "PASS: $2"
+    echo "census_test: 1 passed, 0 failed"
+    exit 0
+  fi
+  echo "FAIL: $2"
+  local log
+  for log in "$run_dir"/logs/*.log; do
+    [[ -e "$log" ]] || continue
+    echo "--- $log (last lines)"
+    tail -n 15 "$log"
+  done
+  echo "census_test: 0 passed, 1 failed"
+  exit 1
+}
+
+if ! bash "$script" up --run-dir "$run_dir" --bin-dir "$bin_dir" --ps 2 --workers 2 --data-workers 2 \
+  --module "$module"; then
+  result fail "local-cluster.sh up --module $module failed"
+fi
+# shellcheck disable=SC1091  # written by local-cluster.sh
+. "$run_dir/cluster.env"
+
+output_file=$run_dir/census.out
+rc=0
+timeout 240 "$program" --coordinator "$COORDINATOR" --dispatcher "$DISPATCHER" --min-workers 2 \
+  --data-dir "$repo_root/examples/census/data" --epochs 1 --seed 1 \
+  --target-accuracy 0.764 --target-auc 0.5 --checkpoint-dir "$run_dir/checkpoints" >"$output_file" 2>&1 || rc=$?
+cat "$output_file"
+if [[ $rc -ne 0 ]]; then
+  result fail "census exited with status $rc"
+fi
+accuracy=$(sed -n 's/^  accuracy  \([0-9.]*\)%.*/\1/p' "$output_file")
+examples=$(sed -n 's/^census: adult.test (\([0-9]*\) examples.*/\1/p' "$output_file")
+if [[ -z $accuracy || $examples != 16281 ]]; then
+  result fail "no accuracy over adult.test's 16281 examples in the report (accuracy '$accuracy', examples '$examples')"
+fi
+if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
+  result fail "no checkpoint under $run_dir/checkpoints"
+fi
+if awk -v a="$accuracy" 'BEGIN { exit !(a > 76.4) }'; then
+  result pass "one epoch reaches ${accuracy}% on adult.test (majority class: 76.4%)"
+fi
+result fail "accuracy ${accuracy}% does not beat the majority class (76.4%)"
