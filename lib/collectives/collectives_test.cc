@@ -1,0 +1,312 @@
+// Collectives among ranks that are threads of this process, over loopback
+// TCP: every operation against a reference computed here, for 2, 3 and 5
+// ranks, every dtype and reduction; mismatched calls; a stuck rank.
+#include <catch2/catch.hpp>
+
+#include <cmath>
+#include <functional>
+#include <thread>
+
+#include "capstan/collectives.h"
+#include "collectives/reduce.h"
+
+namespace capstan {
+namespace {
+
+using Group = std::vector<std::unique_ptr<Communicator>>;
+
+Group make_group(int n, CollectiveOptions options = {}, int64_t generation = 1) {
+  std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < n; ++i) {
+    endpoints.push_back(CollectiveEndpoint::listen().value());
+    addresses.push_back(endpoints.back()->address());
+  }
+  std::vector<std::optional<Result<std::unique_ptr<Communicator>>>> made(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int i = 0; i < n; ++i) {
+    threads.emplace_back([&, i]() {
+      made[static_cast<size_t>(i)].emplace(Communicator::create(std::move(endpoints[static_cast<size_t>(i)]), addresses, i,
+                                                          generation, options));
+    });
+  }
+  for (auto& t : threads) t.join();
+  Group group;
+  for (auto& m : made) {
+    REQUIRE(m->ok());
+    group.push_back(std::move(**m));
+  }
+  return group;
+}
+
+// Runs fn(rank) on every rank at once; returns what each returned.
+template <typename T>
+std::vector<T> on_all(int n, const std::function<T(int)>& fn) {
+  std::vector<std::optional<T>> out(static_cast<size_t>(n));
+  std::vector<std::thread> threads;
+  for (int r = 0; r < n; ++r) threads.emplace_back([&, r]() { out[static_cast<size_t>(r)] = fn(r); });
+  for (auto& t : threads) t.join();
+  std::vector<T> results;
+  for (auto& o : out) results.push_back(std::move(*o));
+  return results;
+}
+
+// Rank r's value at i: small integers, so sums and products are exact.
+double value(int r, int64_t i) { return 1 + ((r * 7 + i * 3) % 4); }
+
+Tensor make_tensor(DType dtype, int64_t n, int r) {
+  Tensor t = Tensor::zeros(dtype, {n}).value();
+  for (int64_t i = 0; i < n; ++i) {
+    double v = value(r, i);
+    switch (dtype) {
+      case DType::kFloat32: t.mutable_flat<float>()[static_cast<size_t>(i)] = static_cast<float>(v); break;
+      case DType::kFloat64: t.mutable_flat<double>()[static_cast<size_t>(i)] = v; break;
+      case DType::kInt32: t.mutable_flat<int32_t>()[static_cast<size_t>(i)] = static_cast<int32_t>(v); break;
+      case DType::kInt64: t.mutable_flat<int64_t>()[static_cast<size_t>(i)] = static_cast<int64_t>(v); break;
+      case DType::kFloat16: t.mutable_flat<Float16>()[static_cast<size_t>(i)] = Float16::from_float(static_cast<float>(v)); break;
+      case DType::kBFloat16: t.mutable_flat<BFloat16>()[static_cast<size_t>(i)] = BFloat16::from_float(static_cast<float>(v)); break;
+      default: FAIL("unexpected dtype");
+    }
+  }
+  return t;
+}
+
+double get(const Tensor& t, int64_t i) {
+  switch (t.dtype()) {
+    case DType::kFloat32: return t.flat<float>()[static_cast<size_t>(i)];
+    case DType::kFloat64: return t.flat<double>()[static_cast<size_t>(i)];
+    case DType::kInt32: return t.flat<int32_t>()[static_cast<size_t>(i)];
+    case DType::kInt64: return static_cast<double>(t.flat<int64_t>()[static_cast<size_t>(i)]);
+    case DType::kFloat16: return t.flat<Float16>()[static_cast<size_t>(i)].to_float();
+    case DType::kBFloat16: return t.flat<BFloat16>()[static_cast<size_t>(i)].to_float();
+    default: return NAN;
+  }
+}
+
+double reference(ReduceOp op, DType dtype, int n, int64_t i) {
+  double acc = value(0, i);
+  for (int r = 1; r < n; ++r) {
+    double v = value(r, i);
+    switch (op) {
+      case ReduceOp::kSum:
+      case ReduceOp::kMean: acc += v; break;
+      case ReduceOp::kProd: acc *= v; break;
+      case ReduceOp::kMin: acc = std::min(acc, v); break;
+      case ReduceOp::kMax: acc = std::max(acc, v); break;
+    }
+  }
+  if (op == ReduceOp::kMean) {
+    acc /= n;
+    if (dtype == DType::kInt32 || dtype == DType::kInt64) acc = std::trunc(acc);
+  }
+  return acc;
+}
+
+const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat64, DType::kInt32,
+                                    DType::kInt64,   DType::kFloat16, DType::kBFloat16};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd};
+
+TEST_CASE("all_reduce matches the reference for 2, 3 and 5 ranks, every dtype, reduction and size",
+          "[collectives]") {
+  for (int n : {2, 3, 5}) {
+    Group group = make_group(n);
+    // 0, 1, 7, and 1 MiB + 3 elements of float32 (the ring).
+    for (int64_t size : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{(1 << 20) / 4 + 3}}) {
+      for (DType dtype : kDtypes) {
+        for (ReduceOp op : kOps) {
+          INFO(n << " ranks, " << size << " x " << dtype_name(dtype) << ", "
+                 << collectives::reduce_op_name(op));
+          auto results = on_all<Result<Tensor>>(n, [&](int r) {
+            return group[static_cast<size_t>(r)]->all_reduce(make_tensor(dtype, size, r), op);
+          });
+          for (auto& result : results) REQUIRE(result.ok());
+          const Tensor& first = *results[0];
+          REQUIRE(first.dtype() == dtype);
+          REQUIRE(first.shape() == Shape{size});
+          // Bit-identical on every rank.
+          for (int r = 1; r < n; ++r) CHECK(results[static_cast<size_t>(r)]->equals(first));
+          int64_t wrong = 0;
+          for (int64_t i = 0; i < size; ++i) {
+            double want = reference(op, dtype, n, i);
+            double got = get(first, i);
+            bool half = dtype == DType::kFloat16 || dtype == DType::kBFloat16;
+            if (half ? std::abs(got - want) > 0.01 * std::abs(want) + 1e-6 : std::abs(got - want) > 1e-6 * std::abs(want)) {
+              ++wrong;
+            }
+          }
+          CHECK(wrong == 0);
+        }
+      }
+    }
+  }
+}
+
+TEST_CASE("a 64 MiB all_reduce over the ring", "[collectives]") {
+  Group group = make_group(3);
+  const int64_t n = (64 << 20) / 4;
+  auto results = on_all<Result<Tensor>>(3, [&](int r) {
+    return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, n, r), ReduceOp::kSum);
+  });
+  for (auto& result : results) REQUIRE(result.ok());
+  int64_t wrong = 0;
+  for (int64_t i = 0; i < n; ++i) wrong += get(*results[2], i) == reference(ReduceOp::kSum, DType::kFloat32, 3, i) ? 0 : 1;
+  CHECK(wrong == 0);
+  CHECK(results[0]->equals(*results[1]));
+}
+
+TEST_CASE("broadcast from every root; all_gather of differing row counts; reduce_scatter; barrier",
+          "[collectives]") {
+  const int n = 3;
+  Group group = make_group(n);
+  for (int root = 0; root < n; ++root) {
+    auto results = on_all<Result<Tensor>>(n, [&](int r) {
+      return group[static_cast<size_t>(r)]->broadcast(make_tensor(DType::kInt64, 5, r), root);
+    });
+    for (auto& result : results) {
+      REQUIRE(result.ok());
+      CHECK(result->equals(make_tensor(DType::kInt64, 5, root)));
+    }
+  }
+  // Rank r contributes r rows of 2 (rank 0 none).
+  auto gathered = on_all<Result<Tensor>>(n, [&](int r) {
+    std::vector<float> rows;
+    for (int i = 0; i < r * 2; ++i) rows.push_back(static_cast<float>(r * 100 + i));
+    return group[static_cast<size_t>(r)]->all_gather(Tensor::from_vector<float>(rows, {r, 2}).value());
+  });
+  for (auto& result : gathered) {
+    REQUIRE(result.ok());
+    CHECK(result->shape() == Shape{3, 2});
+    auto v = result->flat<float>();
+    CHECK(std::vector<float>(v.begin(), v.end()) == std::vector<float>{100, 101, 200, 201, 202, 203});
+  }
+  // 7 rows of 2 over 3 ranks: rows [0, 2), [2, 4), [4, 7).
+  auto scattered = on_all<Result<Tensor>>(n, [&](int r) {
+    std::vector<int32_t> values;
+    for (int i = 0; i < 14; ++i) values.push_back(i + r);
+    return group[static_cast<size_t>(r)]->reduce_scatter(Tensor::from_vector<int32_t>(values, {7, 2}).value(),
+                                                         ReduceOp::kSum);
+  });
+  const std::vector<int64_t> first_row = {0, 2, 4, 7};
+  for (int r = 0; r < n; ++r) {
+    const auto& result = scattered[static_cast<size_t>(r)];
+    REQUIRE(result.ok());
+    int64_t rows = first_row[static_cast<size_t>(r) + 1] - first_row[static_cast<size_t>(r)];
+    CHECK(result->shape() == Shape{rows, 2});
+    for (int64_t k = 0; k < rows * 2; ++k) {
+      int64_t i = first_row[static_cast<size_t>(r)] * 2 + k;
+      CHECK(result->flat<int32_t>()[static_cast<size_t>(k)] == 3 * i + (0 + 1 + 2));
+    }
+  }
+  auto barriers = on_all<Status>(n, [&](int r) { return group[static_cast<size_t>(r)]->barrier(); });
+  for (const Status& s : barriers) CHECK(s.ok());
+}
+
+TEST_CASE("the asynchronous and fused forms", "[collectives]") {
+  CollectiveOptions options;
+  options.first_bucket_bytes = 64;  // several buckets for a few small tensors
+  options.fusion_bucket_bytes = 256;
+  const int n = 2;
+  Group group = make_group(n, options);
+  auto results = on_all<Result<std::vector<Tensor>>>(n, [&](int r) -> Result<std::vector<Tensor>> {
+    Communicator& c = *group[static_cast<size_t>(r)];
+    // Two asynchronous reductions in flight, then a fused one of mixed dtypes.
+    auto a = c.all_reduce_async(make_tensor(DType::kFloat32, 10, r), ReduceOp::kSum);
+    auto b = c.all_reduce_async(make_tensor(DType::kInt64, 3, r), ReduceOp::kMax);
+    std::vector<Tensor> many;
+    for (int k = 0; k < 12; ++k) many.push_back(make_tensor(k % 3 == 0 ? DType::kFloat16 : DType::kFloat32, 5 + k, r));
+    auto fused = c.all_reduce(many, ReduceOp::kSum);
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor ra, a.get());
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor rb, b.get());
+    CAPSTAN_RETURN_IF_ERROR(fused.status());
+    std::vector<Tensor> out = {ra, rb};
+    out.insert(out.end(), fused->begin(), fused->end());
+    return out;
+  });
+  for (auto& result : results) REQUIRE(result.ok());
+  const auto& got = *results[1];
+  REQUIRE(got.size() == 14);
+  for (int64_t i = 0; i < 10; ++i) CHECK(get(got[0], i) == reference(ReduceOp::kSum, DType::kFloat32, n, i));
+  for (int64_t i = 0; i < 3; ++i) CHECK(get(got[1], i) == reference(ReduceOp::kMax, DType::kInt64, n, i));
+  for (int k = 0; k < 12; ++k) {
+    INFO("fused tensor " << k);
+    CHECK(got[static_cast<size_t>(k) + 2].dtype() == (k % 3 == 0 ? DType::kFloat16 : DType::kFloat32));
+    for (int64_t i = 0; i < 5 + k; ++i) {
+      CHECK(get(got[static_cast<size_t>(k) + 2], i) == reference(ReduceOp::kSum, DType::kFloat32, n, i));
+    }
+  }
+}
+
+TEST_CASE("mismatched calls fail with InvalidArgument naming both sides, and abort the group", "[collectives]") {
+  const int n = 2;
+  Group group = make_group(n);
+  auto results = on_all<Result<Tensor>>(n, [&](int r) {
+    return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, r == 0 ? 8 : 16, r), ReduceOp::kSum);
+  });
+  for (int r = 0; r < n; ++r) {
+    INFO("rank " << r);
+    const auto& result = results[static_cast<size_t>(r)];
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(result.status().message(), Catch::Contains("float32 x 8") && Catch::Contains("float32 x 16"));
+    CHECK(group[static_cast<size_t>(r)]->aborted());
+  }
+  auto again = group[0]->barrier();
+  CHECK(again.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(again.message(), Catch::Contains("form a new group"));
+}
+
+TEST_CASE("a rank that stops calling: the others fail with Unavailable naming it, within the deadline",
+          "[collectives]") {
+  CollectiveOptions options;
+  options.timeout = std::chrono::milliseconds(800);
+  const int n = 3;
+  Group group = make_group(n, options);
+  auto started = std::chrono::steady_clock::now();
+  auto results = on_all<Status>(2, [&](int r) {
+    // Large enough for the ring: rank 2 never joins in.
+    return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, 1 << 20, r), ReduceOp::kSum).status();
+  });
+  auto took = std::chrono::steady_clock::now() - started;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[static_cast<size_t>(r)].to_string());
+    CHECK(results[static_cast<size_t>(r)].code() == StatusCode::kUnavailable);
+    CHECK_THAT(results[static_cast<size_t>(r)].message(), Catch::Contains("rank(s) 2 "));
+  }
+  // The deadline plus the grace for the notices, not a hang.
+  CHECK(took < std::chrono::seconds(5));
+}
+
+TEST_CASE("forming a group waits for every rank, then names the missing ones", "[collectives]") {
+  CollectiveOptions options;
+  options.timeout = std::chrono::milliseconds(500);
+  std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 3; ++i) {
+    endpoints.push_back(CollectiveEndpoint::listen().value());
+    addresses.push_back(endpoints.back()->address());
+  }
+  auto results = on_all<Status>(2, [&](int r) {
+    return Communicator::create(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, 1, options).status();
+  });
+  for (const Status& s : results) {
+    CHECK(s.code() == StatusCode::kUnavailable);
+    CHECK_THAT(s.message(), Catch::Contains("rank(s) 2 did not connect"));
+  }
+  auto bad = Communicator::create(CollectiveEndpoint::listen().value(), {"127.0.0.1:1"}, 3);
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK(CollectiveEndpoint::listen("not-an-ip").status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("strings cannot be reduced; a single rank is its own group", "[collectives]") {
+  Group one = make_group(1);
+  auto s = one[0]->all_reduce(Tensor::from_strings({"a"}, {1}).value(), ReduceOp::kSum);
+  CHECK(s.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.status().message(), Catch::Contains("cannot reduce string"));
+  auto mean = one[0]->all_reduce(make_tensor(DType::kFloat32, 4, 0), ReduceOp::kMean);
+  REQUIRE(mean.ok());
+  CHECK(mean->equals(make_tensor(DType::kFloat32, 4, 0)));
+  CHECK(one[0]->barrier().ok());
+}
+
+}  // namespace
+}  // namespace capstan

@@ -1,0 +1,113 @@
+#include "collectives/reduce.h"
+
+#include <algorithm>
+#include <string>
+
+namespace capstan::collectives {
+namespace {
+
+template <typename T>
+void reduce_typed(ReduceOp op, T* acc, const T* in, int64_t count) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      for (int64_t i = 0; i < count; ++i) acc[i] += in[i];
+      return;
+    case ReduceOp::kProd:
+      for (int64_t i = 0; i < count; ++i) acc[i] *= in[i];
+      return;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < count; ++i) acc[i] = std::min(acc[i], in[i]);
+      return;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < count; ++i) acc[i] = std::max(acc[i], in[i]);
+      return;
+  }
+}
+
+template <typename T>
+void divide_typed(T* data, int64_t count, int ranks) {
+  for (int64_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(ranks));
+}
+
+template <typename Half>
+Result<Tensor> widen_typed(const Tensor& tensor) {
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kFloat32, tensor.shape()));
+  auto in = tensor.flat<Half>();
+  auto wide = out.mutable_flat<float>();
+  for (size_t i = 0; i < in.size(); ++i) wide[i] = in[i].to_float();
+  return out;
+}
+
+template <typename Half>
+Result<Tensor> narrow_typed(const Tensor& wide) {
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DTypeOf<Half>::value, wide.shape()));
+  auto in = wide.flat<float>();
+  auto half = out.mutable_flat<Half>();
+  for (size_t i = 0; i < in.size(); ++i) half[i] = Half::from_float(in[i]);
+  return out;
+}
+
+}  // namespace
+
+bool reduces_natively(DType dtype) {
+  return dtype == DType::kFloat32 || dtype == DType::kFloat64 || dtype == DType::kInt32 || dtype == DType::kInt64;
+}
+
+bool reduces_widened(DType dtype) { return dtype == DType::kFloat16 || dtype == DType::kBFloat16; }
+
+Status check_reducible(DType dtype, std::string_view operation) {
+  if (reduces_natively(dtype) || reduces_widened(dtype)) return Status::Ok();
+  return Status::InvalidArgument(std::string(operation) + ": cannot reduce " + std::string(dtype_name(dtype)) +
+                                 " tensors; use float32, float64, int32, int64, float16 or bfloat16");
+}
+
+void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return reduce_typed(op, reinterpret_cast<float*>(acc), reinterpret_cast<const float*>(in), count);
+    case DType::kFloat64:
+      return reduce_typed(op, reinterpret_cast<double*>(acc), reinterpret_cast<const double*>(in), count);
+    case DType::kInt32:
+      return reduce_typed(op, reinterpret_cast<int32_t*>(acc), reinterpret_cast<const int32_t*>(in), count);
+    case DType::kInt64:
+      return reduce_typed(op, reinterpret_cast<int64_t*>(acc), reinterpret_cast<const int64_t*>(in), count);
+    default:
+      return;  // callers check_reducible() first
+  }
+}
+
+void finish_mean(DType dtype, std::byte* data, int64_t count, int ranks) {
+  switch (dtype) {
+    case DType::kFloat32: return divide_typed(reinterpret_cast<float*>(data), count, ranks);
+    case DType::kFloat64: return divide_typed(reinterpret_cast<double*>(data), count, ranks);
+    case DType::kInt32: return divide_typed(reinterpret_cast<int32_t*>(data), count, ranks);
+    case DType::kInt64: return divide_typed(reinterpret_cast<int64_t*>(data), count, ranks);
+    default: return;
+  }
+}
+
+Result<Tensor> widen(const Tensor& tensor) {
+  if (tensor.dtype() == DType::kFloat16) return widen_typed<Float16>(tensor);
+  if (tensor.dtype() == DType::kBFloat16) return widen_typed<BFloat16>(tensor);
+  return Status::InvalidArgument("widen: " + std::string(dtype_name(tensor.dtype())) + " is not float16/bfloat16");
+}
+
+Result<Tensor> narrow(const Tensor& wide, DType dtype) {
+  if (dtype == DType::kFloat16) return narrow_typed<Float16>(wide);
+  if (dtype == DType::kBFloat16) return narrow_typed<BFloat16>(wide);
+  return Status::InvalidArgument("narrow: " + std::string(dtype_name(dtype)) + " is not float16/bfloat16");
+}
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::kSum: return "SUM";
+    case ReduceOp::kMean: return "MEAN";
+    case ReduceOp::kMin: return "MIN";
+    case ReduceOp::kMax: return "MAX";
+    case ReduceOp::kProd: return "PROD";
+  }
+  return "?";
+}
+
+}  // namespace capstan::collectives

@@ -1,0 +1,138 @@
+// Collective operations among the ranks of a group (TF's CollectiveOps,
+// NCCL's and Gloo's communicators): all-reduce, broadcast, all-gather,
+// reduce-scatter and barrier over tensors, between processes on one host or
+// many.
+//
+//   auto endpoint = capstan::CollectiveEndpoint::listen("10.0.0.5").value();
+//   ... share endpoint->address() with the other ranks (rendezvous) ...
+//   auto group = capstan::Communicator::create(std::move(endpoint), addresses, rank).value();
+//   capstan::Tensor sum = group->all_reduce(gradient, capstan::ReduceOp::kSum).value();
+//
+// Every rank must call the same operations, in the same order, with
+// matching dtypes and shapes. What does not match fails with
+// InvalidArgument naming both sides, on every rank that sees it. Every
+// operation has a deadline (CollectiveOptions::timeout): when a peer dies,
+// closes its connection or stops sending (alive but stuck), the operation
+// fails with Unavailable naming the rank(s) it was waiting for, instead of
+// hanging. Any failure aborts the group: later calls fail with
+// FailedPrecondition, and the survivors form a new group (a new
+// Communicator, with the next generation number).
+//
+// Algorithms (chosen by size; see docs/design.md for the crossover measured):
+// tensors up to CollectiveOptions::direct_max_bytes go straight from every
+// rank to every other (one round trip: lowest latency); larger all-reduces
+// use a ring (reduce-scatter then all-gather, 2(n-1)/n of the data through
+// each link, reduction overlapped with the transfer segment by segment).
+// Every rank gets bit-identical results: each part of the result is reduced
+// once, by one rank, in a fixed order.
+//
+// Dtypes: float32, float64, int32, int64, and float16/bfloat16 (reduced in
+// float32, rounded back once). Thread-safety: a Communicator may be called
+// from any thread; operations run one at a time, in the order they were
+// called, on the communicator's own thread (the *_async forms return at
+// once).
+#ifndef CAPSTAN_COLLECTIVES_H_
+#define CAPSTAN_COLLECTIVES_H_
+
+#include "capstan/export.h"
+
+#include <chrono>
+#include <cstdint>
+#include <future>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+
+namespace capstan CAPSTAN_API {
+
+enum class ReduceOp { kSum, kMean, kMin, kMax, kProd };
+
+struct CollectiveOptions {
+  // Each operation, and forming the group, fails with Unavailable after this.
+  std::chrono::milliseconds timeout{60000};
+  // Tensors up to this many bytes go directly from every rank to every
+  // other; larger all-reduces take the ring.
+  int64_t direct_max_bytes = 256 << 10;
+  // The ring moves and reduces its chunks in segments of this many bytes.
+  int64_t segment_bytes = 1 << 20;
+  // The fused all-reduce packs tensors into buckets of at most this many
+  // bytes (Horovod's tensor fusion), the first at most first_bucket_bytes
+  // (PyTorch DDP's), so that the first exchange starts early.
+  int64_t fusion_bucket_bytes = 25 << 20;
+  int64_t first_bucket_bytes = 1 << 20;
+};
+
+// Where this rank listens for its peers. Its address (host:port) is what the
+// rendezvous hands to the other ranks. `host` is the interface used for data:
+// name the one the other hosts reach (a wrong interface is a classic trap).
+class CollectiveEndpoint {
+ public:
+  // Port 0 picks a free port.
+  static Result<std::unique_ptr<CollectiveEndpoint>> listen(const std::string& host = "127.0.0.1", int port = 0);
+  ~CollectiveEndpoint();
+  const std::string& address() const;
+
+  struct CAPSTAN_HIDDEN Impl;
+  explicit CollectiveEndpoint(std::unique_ptr<Impl> impl);
+  Impl& impl() { return *impl_; }
+
+ private:
+  std::unique_ptr<Impl> impl_;
+};
+
+class Communicator {
+ public:
+  // Forms the group of addresses.size() ranks: rank `rank` is this process,
+  // listening on `endpoint` (whose address is addresses[rank]); connects to
+  // every other rank. All ranks must pass the same addresses and
+  // generation. Unavailable, naming the missing ranks, when the group is not
+  // complete within options.timeout.
+  static Result<std::unique_ptr<Communicator>> create(std::unique_ptr<CollectiveEndpoint> endpoint,
+                                                      std::vector<std::string> addresses, int rank,
+                                                      int64_t generation = 1, CollectiveOptions options = {});
+  ~Communicator();
+  Communicator(const Communicator&) = delete;
+  Communicator& operator=(const Communicator&) = delete;
+
+  int rank() const;
+  int size() const;
+  int64_t generation() const;
+  // True once an operation failed: the group is unusable.
+  bool aborted() const;
+
+  // Every rank's tensor (same dtype and shape) reduced element-wise; every
+  // rank gets the result.
+  Result<Tensor> all_reduce(const Tensor& tensor, ReduceOp op);
+  // Many tensors reduced in few exchanges (buckets; see CollectiveOptions).
+  Result<std::vector<Tensor>> all_reduce(const std::vector<Tensor>& tensors, ReduceOp op);
+  // `root`'s tensor on every rank; the others pass a tensor of the same
+  // dtype and shape (its values are ignored).
+  Result<Tensor> broadcast(const Tensor& tensor, int root);
+  // The ranks' tensors concatenated along dimension 0, in rank order; their
+  // first dimensions may differ, the others must match. Scalars count as one
+  // row.
+  Result<Tensor> all_gather(const Tensor& tensor);
+  // all_reduce, then rank r keeps rows [r*d/n...] of dimension 0 (the first
+  // d % n ranks one row more).
+  Result<Tensor> reduce_scatter(const Tensor& tensor, ReduceOp op);
+  // Returns once every rank has called it.
+  Status barrier();
+
+  // The same, returning at once; the future is ready when the operation is.
+  // Operations still run in call order.
+  std::future<Result<Tensor>> all_reduce_async(Tensor tensor, ReduceOp op);
+  std::future<Result<std::vector<Tensor>>> all_reduce_async(std::vector<Tensor> tensors, ReduceOp op);
+
+  struct CAPSTAN_HIDDEN Impl;
+
+ private:
+  explicit Communicator(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace capstan
+
+#endif  // CAPSTAN_COLLECTIVES_H_
