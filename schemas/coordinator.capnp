@@ -69,4 +69,12 @@ interface Coordinator extends(Common.Node) {
   # Whether the coordinator still counts this worker (it drops workers that
   # stop answering pings; a worker that wakes up registers again).
   workerAlive @14 (workerId :Int64) -> (alive :Bool);
+  # Collective groups (capstan/collectives.h): joins the next group `name`
+  # of `size` ranks as `rank` (-1: the lowest free one), reachable at
+  # `address` (its CollectiveEndpoint). Returns when all `size` have joined,
+  # with every member's address by rank and the group's generation (one
+  # more each time a group of that name forms); UNAVAILABLE naming the
+  # missing ranks after timeoutMs.
+  joinGroup @15 (name :Text, size :Int32, rank :Int32, address :Text, timeoutMs :Int64)
+      -> (generation :Int64, rank :Int32, addresses :List(Text));
 }

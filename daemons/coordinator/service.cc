@@ -76,7 +76,8 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
     : NodeService(ctx),
       config_(CoordinatorConfig::from(ctx.config).value()),  // checked by main() before
       parameter_servers_(ctx.loop->io(), ctx.loop->timer(), config_.ps, ctx.peer_options, ctx.codec),
-      core_(config_, parameter_servers_, ctx.loop->timer(), ctx.pool, ctx.log) {}
+      core_(config_, parameter_servers_, ctx.loop->timer(), ctx.pool, ctx.log),
+      rendezvous_(ctx.loop->timer()) {}
 
 CoordinatorService::~CoordinatorService() = default;
 
@@ -212,6 +213,21 @@ kj::Promise<void> CoordinatorService::restoreCheckpoint(RestoreCheckpointContext
       .then([context](Result<int64_t> step) mutable {
         rpc::check(step.status());
         context.getResults().setStep(*step);
+      });
+}
+
+kj::Promise<void> CoordinatorService::joinGroup(JoinGroupContext context) {
+  auto params = context.getParams();
+  return rendezvous_
+      .join(text(params.getName()), params.getSize(), params.getRank(), text(params.getAddress()),
+            std::chrono::milliseconds(params.getTimeoutMs()))
+      .then([context](Result<GroupMembership> group) mutable {
+        rpc::check(group.status());
+        auto results = context.getResults();
+        results.setGeneration(group->generation);
+        results.setRank(group->rank);
+        auto addresses = results.initAddresses(static_cast<unsigned>(group->addresses.size()));
+        for (unsigned i = 0; i < group->addresses.size(); ++i) addresses.set(i, group->addresses[i]);
       });
 }
 

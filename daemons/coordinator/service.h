@@ -11,6 +11,7 @@
 #include "daemons/common/node_service.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/coordinator/remote_peers.h"
+#include "daemons/coordinator/rendezvous.h"
 
 namespace capstan::coordinator {
 
@@ -36,11 +37,13 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
       CreatePerWorkerDatasetFromFunctionContext context) override;
   kj::Promise<void> saveCheckpoint(SaveCheckpointContext context) override;
   kj::Promise<void> restoreCheckpoint(RestoreCheckpointContext context) override;
+  kj::Promise<void> joinGroup(JoinGroupContext context) override;
 
  private:
   const CoordinatorConfig config_;
   RemoteParameterServers parameter_servers_;
   Coordinator core_;  // after parameter_servers_, which it uses
+  GroupRendezvous rendezvous_;
 };
 
 }  // namespace capstan::coordinator

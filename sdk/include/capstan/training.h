@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "capstan/client.h"
+#include "capstan/collectives.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
@@ -190,6 +191,19 @@ class ClusterCoordinator {
   Result<Tensor> read_variable(const std::string& name);
   Status assign_variable(const std::string& name, const Tensor& value);
   int num_workers();
+
+  // Collective groups with the coordinator as the rendezvous (TF's
+  // MultiWorkerMirroredStrategy collectives; torchrun's store): listens on
+  // `host` (the interface the other ranks reach; port picked), joins the
+  // next group `name` of `size` ranks as `rank` (-1: the lowest free one),
+  // waits until all `size` have joined (Unavailable naming the missing
+  // ranks after options.timeout), then connects to them. Joining the same
+  // name again after a failure forms the next generation. Any process that
+  // can reach the coordinator may join: workers' closures and users' own
+  // training binaries (multi-client mode) alike.
+  Result<std::unique_ptr<Communicator>> join_group(const std::string& name, int size, int rank = -1,
+                                                   const std::string& host = "127.0.0.1",
+                                                   CollectiveOptions options = {});
 
  private:
   struct CAPSTAN_HIDDEN Impl;

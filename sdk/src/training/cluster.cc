@@ -459,4 +459,44 @@ int ClusterCoordinator::num_workers() {
   return n.ok() ? *n : 0;
 }
 
+Result<std::unique_ptr<Communicator>> ClusterCoordinator::join_group(const std::string& name, int size, int rank,
+                                                                     const std::string& host,
+                                                                     CollectiveOptions options) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<CollectiveEndpoint> endpoint, CollectiveEndpoint::listen(host));
+  struct Joined {
+    int64_t generation = 0;
+    int rank = 0;
+    std::vector<std::string> addresses;
+  };
+  const std::string address = endpoint->address();
+  // The coordinator holds the call until the group forms or its timeout
+  // passes, so the call itself has no client-side deadline.
+  auto joined = impl_->call<Joined>(
+      "joining collective group '" + name + "'",
+      [&](wire::Coordinator::Client c) {
+        auto request = c.joinGroupRequest();
+        request.setName(name);
+        request.setSize(size);
+        request.setRank(rank);
+        request.setAddress(address);
+        request.setTimeoutMs(options.timeout.count());
+        return request.send().then([](capnp::Response<wire::Coordinator::JoinGroupResults>&& r) {
+          Joined out;
+          out.generation = r.getGeneration();
+          out.rank = r.getRank();
+          for (auto a : r.getAddresses()) out.addresses.emplace_back(a.cStr());
+          return out;
+        });
+      },
+      /*bounded=*/false);
+  if (!joined.ok()) return joined.status();
+  if (joined->rank < 0 || joined->rank >= static_cast<int>(joined->addresses.size()) ||
+      joined->addresses[static_cast<size_t>(joined->rank)] != address) {
+    return Status::Internal("the coordinator's group '" + name + "' does not list this process (" + address +
+                            ") as rank " + std::to_string(joined->rank));
+  }
+  return Communicator::create(std::move(endpoint), std::move(joined->addresses), joined->rank, joined->generation,
+                              options);
+}
+
 }  // namespace capstan

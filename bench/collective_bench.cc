@@ -1,0 +1,134 @@
+// Collective throughput and latency between processes on this machine, as
+// nccl-tests reports them: for each size, the median time of an all-reduce,
+// its algorithm bandwidth (bytes / time) and bus bandwidth (algbw x
+// 2(n-1)/n, what each link carried).
+//
+//   build/bin/collective_bench [--ranks 2,4] [--max-bytes 268435456] [--op all_reduce|broadcast|all_gather]
+//
+// Ranks are forked processes on loopback TCP; rank 0 times each operation
+// between barriers and prints one line per size (4 B to --max-bytes, powers
+// of 4).
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <sstream>
+#include <string>
+#include <vector>
+
+#include "capstan/collectives.h"
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+using capstan::Communicator;
+using capstan::Tensor;
+
+std::vector<int> parse_list(const std::string& text) {
+  std::vector<int> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(std::atoi(item.c_str()));
+  return out;
+}
+
+int iterations_for(int64_t bytes) {
+  if (bytes <= (64 << 10)) return 300;
+  if (bytes <= (4 << 20)) return 40;
+  if (bytes <= (64 << 20)) return 8;
+  return 4;
+}
+
+capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) {
+  if (op == "broadcast") return c.broadcast(t, 0).status();
+  if (op == "all_gather") return c.all_gather(t).status();
+  return c.all_reduce(t, capstan::ReduceOp::kSum).status();
+}
+
+int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
+              int rank, int64_t max_bytes, const std::string& op) {
+  capstan::CollectiveOptions options;
+  options.timeout = std::chrono::seconds(120);
+  auto group = Communicator::create(std::move(endpoint), addresses, rank, 1, options);
+  if (!group.ok()) {
+    std::fprintf(stderr, "rank %d: %s\n", rank, group.status().to_string().c_str());
+    return 1;
+  }
+  const int n = static_cast<int>(addresses.size());
+  for (int64_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
+    int64_t rows = bytes / 4;
+    if (op == "all_gather") rows = std::max<int64_t>(1, rows / n);  // the output is `bytes`
+    Tensor t = Tensor::zeros(capstan::DType::kFloat32, {rows}).value();
+    std::vector<double> seconds;
+    const int iterations = iterations_for(bytes);
+    for (int i = 0; i < iterations + 2; ++i) {
+      if (!(*group)->barrier().ok()) return 1;
+      auto start = Clock::now();
+      auto status = run_op(**group, op, t);
+      if (!status.ok()) {
+        std::fprintf(stderr, "rank %d: %s\n", rank, status.to_string().c_str());
+        return 1;
+      }
+      if (i >= 2) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    if (rank == 0) {
+      std::sort(seconds.begin(), seconds.end());
+      double p50 = seconds[seconds.size() / 2];
+      double algbw = static_cast<double>(bytes) / p50 / 1e9;
+      double factor = op == "all_reduce" ? 2.0 * (n - 1) / n : op == "all_gather" ? (n - 1.0) / n : 1.0;
+      std::printf("%-10s %5d %12lld %12.1f %10.3f %10.3f\n", op.c_str(), n, static_cast<long long>(bytes), p50 * 1e6,
+                  algbw, algbw * factor);
+      std::fflush(stdout);
+    }
+  }
+  return 0;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  std::vector<int> rank_counts = {2, 4};
+  int64_t max_bytes = int64_t{256} << 20;
+  std::string op = "all_reduce";
+  for (int i = 1; i + 1 < argc; i += 2) {
+    std::string name = argv[i], value = argv[i + 1];
+    if (name == "--ranks") rank_counts = parse_list(value);
+    else if (name == "--max-bytes") max_bytes = std::atoll(value.c_str());
+    else if (name == "--op") op = value;
+    else {
+      std::fprintf(stderr, "usage: %s [--ranks 2,4] [--max-bytes N] [--op all_reduce|broadcast|all_gather]\n", argv[0]);
+      return 2;
+    }
+  }
+  std::printf("# transport: TCP on loopback; ranks are processes; times are medians\n");
+  std::printf("%-10s %5s %12s %12s %10s %10s\n", "op", "ranks", "bytes", "p50_us", "algbw_GB/s", "busbw_GB/s");
+  for (int n : rank_counts) {
+    std::vector<std::unique_ptr<capstan::CollectiveEndpoint>> endpoints;
+    std::vector<std::string> addresses;
+    for (int r = 0; r < n; ++r) {
+      endpoints.push_back(capstan::CollectiveEndpoint::listen().value());
+      addresses.push_back(endpoints.back()->address());
+    }
+    std::vector<pid_t> children;
+    for (int r = 0; r < n; ++r) {
+      pid_t pid = fork();
+      if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, max_bytes, op));
+      children.push_back(pid);
+    }
+    endpoints.clear();
+    int failed = 0;
+    for (pid_t pid : children) {
+      int status = 0;
+      waitpid(pid, &status, 0);
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+    }
+    if (failed > 0) {
+      std::fprintf(stderr, "collective_bench: %d rank(s) failed with %d ranks\n", failed, n);
+      return 1;
+    }
+  }
+  return 0;
+}

@@ -1,0 +1,91 @@
+#include "daemons/coordinator/rendezvous.h"
+
+namespace capstan::coordinator {
+
+void GroupRendezvous::drop_abandoned(Forming& forming) {
+  for (auto it = forming.members.begin(); it != forming.members.end();) {
+    // A caller that went away (its RPC was cancelled) no longer waits.
+    it = it->second.fulfiller->isWaiting() ? std::next(it) : forming.members.erase(it);
+  }
+}
+
+kj::Promise<Result<GroupMembership>> GroupRendezvous::join(const std::string& name, int size, int rank,
+                                                           const std::string& address,
+                                                           std::chrono::milliseconds timeout) {
+  using R = Result<GroupMembership>;
+  if (name.empty() || name.size() > kMaxText) {
+    return R(Status::InvalidArgument("group name must have 1 to " + std::to_string(kMaxText) + " characters"));
+  }
+  if (size < 1 || size > kMaxGroupSize) {
+    return R(Status::InvalidArgument("group '" + name + "': size " + std::to_string(size) + " is not in [1, " +
+                                     std::to_string(kMaxGroupSize) + "]"));
+  }
+  if (rank < -1 || rank >= size) {
+    return R(Status::InvalidArgument("group '" + name + "': rank " + std::to_string(rank) + " is not in [0, " +
+                                     std::to_string(size) + ") (or -1 for any)"));
+  }
+  if (address.empty() || address.size() > kMaxText) {
+    return R(Status::InvalidArgument("group '" + name + "': the member's address must have 1 to " +
+                                     std::to_string(kMaxText) + " characters"));
+  }
+  if (timeout.count() <= 0 || timeout > std::chrono::hours(24)) {
+    return R(Status::InvalidArgument("group '" + name + "': timeout " + std::to_string(timeout.count()) +
+                                     " ms is not in (0, 24 h]"));
+  }
+  Forming& forming = forming_[name];
+  drop_abandoned(forming);
+  if (forming.members.empty()) forming.size = size;
+  if (forming.size != size) {
+    return R(Status::InvalidArgument("group '" + name + "' is forming with " + std::to_string(forming.size) +
+                                     " ranks; this member asked for " + std::to_string(size)));
+  }
+  if (rank == -1) {
+    rank = 0;
+    while (forming.members.count(rank) > 0) ++rank;
+  } else if (forming.members.count(rank) > 0) {
+    return R(Status::AlreadyExists("group '" + name + "': rank " + std::to_string(rank) + " was already joined from " +
+                                   forming.members[rank].address));
+  }
+  auto paf = kj::newPromiseAndFulfiller<R>();
+  forming.members[rank] = Member{address, kj::mv(paf.fulfiller)};
+
+  if (static_cast<int>(forming.members.size()) == size) {
+    GroupMembership group;
+    group.generation = ++generations_[name];
+    for (const auto& [r, member] : forming.members) group.addresses.push_back(member.address);
+    for (auto& [r, member] : forming.members) {
+      GroupMembership mine = group;
+      mine.rank = r;
+      member.fulfiller->fulfill(R(std::move(mine)));
+    }
+    forming_.erase(name);
+    return kj::mv(paf.promise);
+  }
+
+  auto expired = timer_.afterDelay(timeout.count() * kj::MILLISECONDS).then([this, name, rank, size, timeout]() -> R {
+    std::string missing;
+    auto it = forming_.find(name);
+    if (it != forming_.end()) {
+      it->second.members.erase(rank);
+      for (int r = 0; r < size; ++r) {
+        if (r != rank && it->second.members.count(r) == 0) missing += (missing.empty() ? "" : ", ") + std::to_string(r);
+      }
+      if (it->second.members.empty()) forming_.erase(it);
+    }
+    return Status::Unavailable("group '" + name + "' of " + std::to_string(size) + " ranks did not form within " +
+                               std::to_string(timeout.count()) + " ms: rank(s) " + missing + " never joined");
+  });
+  return paf.promise.exclusiveJoin(kj::mv(expired));
+}
+
+int64_t GroupRendezvous::generation(const std::string& name) const {
+  auto it = generations_.find(name);
+  return it == generations_.end() ? 0 : it->second;
+}
+
+int GroupRendezvous::waiting(const std::string& name) const {
+  auto it = forming_.find(name);
+  return it == forming_.end() ? 0 : static_cast<int>(it->second.members.size());
+}
+
+}  // namespace capstan::coordinator
