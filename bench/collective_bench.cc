@@ -3,7 +3,8 @@
 // its algorithm bandwidth (bytes / time) and bus bandwidth (algbw x
 // 2(n-1)/n, what each link carried).
 //
-//   build/bin/collective_bench [--ranks 2,4] [--max-bytes 268435456] [--op all_reduce|broadcast|all_gather]
+//   build/bin/collective_bench [--ranks 2,4] [--min-bytes 4] [--max-bytes 268435456]
+//                              [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]
 //
 // Ranks are forked processes on loopback TCP; rank 0 times each operation
 // between barriers and prints one line per size (4 B to --max-bytes, powers
@@ -49,16 +50,17 @@ capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) 
 }
 
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
-              int rank, int64_t max_bytes, const std::string& op) {
+              int rank, int64_t min_bytes, int64_t max_bytes, const std::string& op, int64_t direct_max) {
   capstan::CollectiveOptions options;
   options.timeout = std::chrono::seconds(120);
+  if (direct_max >= 0) options.direct_max_bytes = direct_max;
   auto group = Communicator::create(std::move(endpoint), addresses, rank, 1, options);
   if (!group.ok()) {
     std::fprintf(stderr, "rank %d: %s\n", rank, group.status().to_string().c_str());
     return 1;
   }
   const int n = static_cast<int>(addresses.size());
-  for (int64_t bytes = 4; bytes <= max_bytes; bytes *= 4) {
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     int64_t rows = bytes / 4;
     if (op == "all_gather") rows = std::max<int64_t>(1, rows / n);  // the output is `bytes`
     Tensor t = Tensor::zeros(capstan::DType::kFloat32, {rows}).value();
@@ -91,15 +93,18 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
 
 int main(int argc, char** argv) {
   std::vector<int> rank_counts = {2, 4};
-  int64_t max_bytes = int64_t{256} << 20;
+  int64_t min_bytes = 4, max_bytes = int64_t{256} << 20;
   std::string op = "all_reduce";
+  int64_t direct_max = -1;  // CollectiveOptions' default
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string name = argv[i], value = argv[i + 1];
     if (name == "--ranks") rank_counts = parse_list(value);
     else if (name == "--max-bytes") max_bytes = std::atoll(value.c_str());
+    else if (name == "--min-bytes") min_bytes = std::max<int64_t>(4, std::atoll(value.c_str()));
     else if (name == "--op") op = value;
+    else if (name == "--direct-max-bytes") direct_max = std::atoll(value.c_str());
     else {
-      std::fprintf(stderr, "usage: %s [--ranks 2,4] [--max-bytes N] [--op all_reduce|broadcast|all_gather]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]\n", argv[0]);
       return 2;
     }
   }
@@ -115,7 +120,7 @@ int main(int argc, char** argv) {
     std::vector<pid_t> children;
     for (int r = 0; r < n; ++r) {
       pid_t pid = fork();
-      if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, max_bytes, op));
+      if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, min_bytes, max_bytes, op, direct_max));
       children.push_back(pid);
     }
     endpoints.clear();
@@ -123,7 +128,10 @@ int main(int argc, char** argv) {
     for (pid_t pid : children) {
       int status = 0;
       waitpid(pid, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
+      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+        ++failed;
+        if (WIFSIGNALED(status)) std::fprintf(stderr, "collective_bench: a rank died of signal %d\n", WTERMSIG(status));
+      }
     }
     if (failed > 0) {
       std::fprintf(stderr, "collective_bench: %d rank(s) failed with %d ranks\n", failed, n);

@@ -301,12 +301,22 @@ struct Communicator::Impl {
 
   Clock::time_point op_deadline() const { return Clock::now() + options.timeout; }
 
+  // A receive buffer for `peer`'s data, kept across operations (fresh pages
+  // cost more than the copy into them: page faults dominate otherwise).
+  std::byte* scratch_for(int peer, size_t bytes) {
+    auto& buffer = scratch[static_cast<size_t>(peer)];
+    if (buffer.size() < bytes) buffer.resize(bytes);
+    return buffer.data();
+  }
+
   // ---- operations (on the executor thread) ----
 
   Result<Tensor> all_reduce(const Tensor& tensor, ReduceOp op);
-  Status all_reduce_in_place(Tensor& tensor, ReduceOp op, int64_t elements_tag);
+  // Reduces `input` (count elements) into `output` (the same size; may be
+  // the same buffer).
+  Status all_reduce_buffers(const std::byte* input, std::byte* output, DType dtype, ReduceOp op, int64_t count);
   Status direct_all_reduce(std::byte* buffer, DType dtype, ReduceOp op, int64_t count);
-  Status ring_all_reduce(std::byte* buffer, DType dtype, ReduceOp op, int64_t count);
+  Status ring_all_reduce(const std::byte* input, std::byte* buffer, DType dtype, ReduceOp op, int64_t count);
   Result<std::vector<Tensor>> all_reduce_fused(const std::vector<Tensor>& tensors, ReduceOp op);
   Result<Tensor> broadcast(const Tensor& tensor, int root);
   Result<Tensor> all_gather(const Tensor& tensor);
@@ -326,6 +336,7 @@ struct Communicator::Impl {
   int64_t sequence = 0;
   Status abort_reason;
   std::vector<std::optional<Notice>> notices_in;  // the notice each peer sent, once read
+  std::vector<std::vector<std::byte>> scratch = std::vector<std::vector<std::byte>>(static_cast<size_t>(size));
   std::set<int> peers_closed;  // control connections that closed (the process is gone)
   bool reading_notices = false;
 
@@ -482,8 +493,6 @@ Status Communicator::Impl::connect_mesh() {
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     data[static_cast<size_t>(peer)]->set_option(tcp::no_delay(true), ignored);
-    data[static_cast<size_t>(peer)]->set_option(asio::socket_base::send_buffer_size(4 << 20), ignored);
-    data[static_cast<size_t>(peer)]->set_option(asio::socket_base::receive_buffer_size(4 << 20), ignored);
     control[static_cast<size_t>(peer)]->set_option(tcp::no_delay(true), ignored);
   }
   return Status::Ok();
@@ -516,8 +525,10 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
   std::set<int> suspects;
   auto peer_failed = [&](int peer, const boost::system::error_code& ec, const char* doing) {
     if (!failure.ok()) return;
-    failure = Status::Unavailable("rank " + std::to_string(peer) + " (" + addresses[static_cast<size_t>(peer)] +
-                                  ") failed while " + doing + ": " + ec.message());
+    const bool closed = ec == asio::error::eof || ec == asio::error::connection_reset || ec == asio::error::broken_pipe;
+    failure = Status::Unavailable("rank " + std::to_string(peer) + " (" + addresses[static_cast<size_t>(peer)] + ") " +
+                                  (closed ? std::string("closed its connection (the process exited or was killed)")
+                                          : "failed while " + std::string(doing) + ": " + ec.message()));
     suspects.insert(peer);
   };
   std::vector<bool> sent(sends.size(), false);
@@ -583,11 +594,10 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
         failure = Status::Unavailable(
             "rank " + std::to_string(peer) + " gave up: " +
             std::string(notice->message.data(), strnlen(notice->message.data(), notice->message.size())));
-      } else if (peers_closed.count(peer) > 0) {
-        failure = Status::Unavailable("rank " + std::to_string(peer) + " (" + addresses[static_cast<size_t>(peer)] +
-                                      ") closed its connections: the process exited or was killed");
-        suspects.insert(peer);
       }
+      // A control connection that closed is not a failure by itself: a rank
+      // that finished its last operation may exit while its final data is
+      // still on the way. A dead rank's data connection fails too.
     }
   }
   if (pending == 0 && failure.ok()) return Status::Ok();
@@ -675,42 +685,36 @@ Status Communicator::Impl::fail(const Status& first, std::set<int> suspects) {
 Status Communicator::Impl::direct_all_reduce(std::byte* buffer, DType dtype, ReduceOp op, int64_t count) {
   const size_t bytes = static_cast<size_t>(count) * dtype_size(dtype);
   Header h = header(Kind::kAllReduce, dtype, op, count, 0, bytes);
-  std::vector<std::vector<std::byte>> received(static_cast<size_t>(size));
   std::vector<Send> sends;
   std::vector<Recv> recvs;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
     sends.push_back({peer, h, buffer, bytes});
-    received[static_cast<size_t>(peer)].resize(bytes);
-    recvs.push_back({peer, h, received[static_cast<size_t>(peer)].data(), bytes, nullptr});
+    recvs.push_back({peer, h, scratch_for(peer, bytes), bytes, nullptr});
   }
   CAPSTAN_RETURN_IF_ERROR(exchange(sends, recvs, op_deadline()));
-  // Reduced in rank order on every rank: bit-identical results.
-  std::vector<std::byte> mine(buffer, buffer + bytes);
-  std::byte* acc = nullptr;
-  std::vector<std::byte> result;
-  for (int r = 0; r < size; ++r) {
-    const std::byte* in = r == rank ? mine.data() : received[static_cast<size_t>(r)].data();
-    if (acc == nullptr) {
-      result.assign(in, in + bytes);
-      acc = result.data();
-    } else {
-      collectives::reduce_into(dtype, op, acc, in, count);
-    }
+  // Reduced in rank order on every rank (rank 0's values, then rank 1's,
+  // ...): bit-identical results.
+  std::byte* acc = rank == 0 ? buffer : scratch_for(0, bytes);
+  for (int r = 1; r < size; ++r) {
+    collectives::reduce_into(dtype, op, acc, r == rank ? buffer : scratch_for(r, bytes), count);
   }
   if (op == ReduceOp::kMean) collectives::finish_mean(dtype, acc, count, size);
-  if (bytes > 0) std::memcpy(buffer, acc, bytes);
+  if (acc != buffer && bytes > 0) std::memcpy(buffer, acc, bytes);
   return Status::Ok();
 }
 
 // Reduce-scatter then all-gather around the ring (rank r sends to r+1 and
 // receives from r-1); chunk c is reduced by one rank, so all agree bit for bit.
-Status Communicator::Impl::ring_all_reduce(std::byte* buffer, DType dtype, ReduceOp op, int64_t count) {
+// `input` is read once, by the reduce-scatter (each chunk this rank reduces
+// is its own input's op the incoming partial sum), so it is never copied.
+Status Communicator::Impl::ring_all_reduce(const std::byte* input, std::byte* buffer, DType dtype, ReduceOp op,
+                                           int64_t count) {
   const int64_t element = element_bytes(dtype);
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   auto chunk_begin = [&](int c) { return count * c / size; };
   auto chunk_count = [&](int c) { return chunk_begin(c + 1) - chunk_begin(c); };
-  std::vector<std::byte> incoming(static_cast<size_t>((count / size + 1) * element));
+  std::byte* incoming = scratch_for(left, static_cast<size_t>((count / size + 1) * element));
   const auto deadline = op_deadline();
   Header h = header(Kind::kAllReduce, dtype, op, count, 0, 0);
   for (int step = 0; step < size - 1; ++step) {
@@ -720,12 +724,14 @@ Status Communicator::Impl::ring_all_reduce(std::byte* buffer, DType dtype, Reduc
     hs.payload_bytes = chunk_count(send_chunk) * element;
     hr.payload_bytes = chunk_count(recv_chunk) * element;
     std::byte* target = buffer + chunk_begin(recv_chunk) * element;
-    std::vector<Send> sends = {{right, hs, buffer + chunk_begin(send_chunk) * element,
-                                static_cast<size_t>(hs.payload_bytes)}};
-    std::vector<Recv> recvs = {{left, hr, incoming.data(), static_cast<size_t>(hr.payload_bytes),
+    const std::byte* own = input + chunk_begin(recv_chunk) * element;
+    // Step 0 sends this rank's own chunk; later steps the partial sums.
+    const std::byte* outgoing = (step == 0 ? input : buffer) + chunk_begin(send_chunk) * element;
+    std::vector<Send> sends = {{right, hs, outgoing, static_cast<size_t>(hs.payload_bytes)}};
+    std::vector<Recv> recvs = {{left, hr, incoming, static_cast<size_t>(hr.payload_bytes),
                                 [&](size_t offset, size_t length) {
-                                  collectives::reduce_into(dtype, op, target + offset, incoming.data() + offset,
-                                                           static_cast<int64_t>(length) / element);
+                                  collectives::reduce_to(dtype, op, target + offset, own + offset, incoming + offset,
+                                                         static_cast<int64_t>(length) / element);
                                 }}};
     CAPSTAN_RETURN_IF_ERROR(exchange(sends, recvs, deadline));
   }
@@ -746,32 +752,32 @@ Status Communicator::Impl::ring_all_reduce(std::byte* buffer, DType dtype, Reduc
   return Status::Ok();
 }
 
-Status Communicator::Impl::all_reduce_in_place(Tensor& tensor, ReduceOp op, int64_t) {
+Status Communicator::Impl::all_reduce_buffers(const std::byte* input, std::byte* output, DType dtype, ReduceOp op,
+                                               int64_t count) {
   CAPSTAN_RETURN_IF_ERROR(check_usable());
   ++sequence;
+  const int64_t bytes = count * element_bytes(dtype);
+  if (size > 1 && bytes > options.direct_max_bytes && count >= size) {
+    return ring_all_reduce(input, output, dtype, op, count);
+  }
+  if (output != input && bytes > 0) std::memcpy(output, input, static_cast<size_t>(bytes));
   if (size == 1) {
-    if (op == ReduceOp::kMean) collectives::finish_mean(tensor.dtype(), tensor.mutable_data(), tensor.num_elements(), 1);
+    if (op == ReduceOp::kMean) collectives::finish_mean(dtype, output, count, 1);
     return Status::Ok();
   }
-  const int64_t bytes = static_cast<int64_t>(tensor.byte_size());
-  if (bytes <= options.direct_max_bytes || tensor.num_elements() < size) {
-    return direct_all_reduce(tensor.mutable_data(), tensor.dtype(), op, tensor.num_elements());
-  }
-  return ring_all_reduce(tensor.mutable_data(), tensor.dtype(), op, tensor.num_elements());
+  return direct_all_reduce(output, dtype, op, count);
 }
 
 Result<Tensor> Communicator::Impl::all_reduce(const Tensor& tensor, ReduceOp op) {
   CAPSTAN_RETURN_IF_ERROR(collectives::check_reducible(tensor.dtype(), "all_reduce"));
-  Tensor work;
   if (collectives::reduces_widened(tensor.dtype())) {
-    CAPSTAN_ASSIGN_OR_RETURN(work, collectives::widen(tensor));
-  } else {
-    CAPSTAN_ASSIGN_OR_RETURN(work, Tensor::uninitialized(tensor.dtype(), tensor.shape()));
-    if (tensor.byte_size() > 0) std::memcpy(work.mutable_data(), tensor.data(), tensor.byte_size());
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor work, collectives::widen(tensor));
+    CAPSTAN_RETURN_IF_ERROR(all_reduce_buffers(work.data(), work.mutable_data(), DType::kFloat32, op, work.num_elements()));
+    return collectives::narrow(work, tensor.dtype());
   }
-  CAPSTAN_RETURN_IF_ERROR(all_reduce_in_place(work, op, tensor.num_elements()));
-  if (collectives::reduces_widened(tensor.dtype())) return collectives::narrow(work, tensor.dtype());
-  return work;
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(tensor.dtype(), tensor.shape()));
+  CAPSTAN_RETURN_IF_ERROR(all_reduce_buffers(tensor.data(), out.mutable_data(), tensor.dtype(), op, tensor.num_elements()));
+  return out;
 }
 
 // Tensors of one dtype are packed into buckets, each reduced as one tensor.

@@ -26,6 +26,25 @@ void reduce_typed(ReduceOp op, T* acc, const T* in, int64_t count) {
 }
 
 template <typename T>
+void reduce_to_typed(ReduceOp op, T* out, const T* a, const T* b, int64_t count) {
+  switch (op) {
+    case ReduceOp::kSum:
+    case ReduceOp::kMean:
+      for (int64_t i = 0; i < count; ++i) out[i] = a[i] + b[i];
+      return;
+    case ReduceOp::kProd:
+      for (int64_t i = 0; i < count; ++i) out[i] = a[i] * b[i];
+      return;
+    case ReduceOp::kMin:
+      for (int64_t i = 0; i < count; ++i) out[i] = std::min(a[i], b[i]);
+      return;
+    case ReduceOp::kMax:
+      for (int64_t i = 0; i < count; ++i) out[i] = std::max(a[i], b[i]);
+      return;
+  }
+}
+
+template <typename T>
 void divide_typed(T* data, int64_t count, int ranks) {
   for (int64_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(ranks));
 }
@@ -74,6 +93,25 @@ void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, 
       return reduce_typed(op, reinterpret_cast<int64_t*>(acc), reinterpret_cast<const int64_t*>(in), count);
     default:
       return;  // callers check_reducible() first
+  }
+}
+
+void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count) {
+  switch (dtype) {
+    case DType::kFloat32:
+      return reduce_to_typed(op, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(a),
+                             reinterpret_cast<const float*>(b), count);
+    case DType::kFloat64:
+      return reduce_to_typed(op, reinterpret_cast<double*>(out), reinterpret_cast<const double*>(a),
+                             reinterpret_cast<const double*>(b), count);
+    case DType::kInt32:
+      return reduce_to_typed(op, reinterpret_cast<int32_t*>(out), reinterpret_cast<const int32_t*>(a),
+                             reinterpret_cast<const int32_t*>(b), count);
+    case DType::kInt64:
+      return reduce_to_typed(op, reinterpret_cast<int64_t*>(out), reinterpret_cast<const int64_t*>(a),
+                             reinterpret_cast<const int64_t*>(b), count);
+    default:
+      return;
   }
 }
 

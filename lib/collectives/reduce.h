@@ -25,6 +25,8 @@ Status check_reducible(DType dtype, std::string_view operation);
 // acc[i] = acc[i] (op) in[i] for `count` elements of `dtype` (one of the
 // natively reduced ones). kMean accumulates as kSum (see finish_mean).
 void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count);
+// out[i] = a[i] (op) b[i]; `out` may be `a`.
+void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count);
 // kMean's last step: divides `count` elements by `ranks` (integers round
 // toward zero).
 void finish_mean(DType dtype, std::byte* data, int64_t count, int ranks);

@@ -55,7 +55,7 @@ struct CollectiveOptions {
   std::chrono::milliseconds timeout{60000};
   // Tensors up to this many bytes go directly from every rank to every
   // other; larger all-reduces take the ring.
-  int64_t direct_max_bytes = 256 << 10;
+  int64_t direct_max_bytes = 128 << 10;
   // The ring moves and reduces its chunks in segments of this many bytes.
   int64_t segment_bytes = 1 << 20;
   // The fused all-reduce packs tensors into buckets of at most this many
