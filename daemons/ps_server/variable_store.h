@@ -49,7 +49,7 @@
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
-#include "daemons/ps_server/optimizer.h"
+#include "training/optimizer.h"
 #include "sync/mutex.h"
 
 namespace capstan::ps {

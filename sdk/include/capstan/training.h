@@ -190,6 +190,12 @@ class ClusterCoordinator {
   // Reads a whole variable (from its shards, in parallel).
   Result<Tensor> read_variable(const std::string& name);
   Status assign_variable(const std::string& name, const Tensor& value);
+  // What a closure's context offers, from the program itself: the hybrid
+  // layout (sparse tables on the parameter servers, updated asynchronously,
+  // beside mirrored dense layers) and multi-client programs use them.
+  Result<Tensor> gather(const std::string& name, const Tensor& ids);
+  Status apply_gradients(const std::string& name, const Tensor& gradient);
+  Status apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows);
   int num_workers();
 
   // Collective groups with the coordinator as the rendezvous (TF's

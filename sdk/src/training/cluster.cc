@@ -450,6 +450,18 @@ Status ClusterCoordinator::assign_variable(const std::string& name, const Tensor
   return impl_->router->assign(name, value);
 }
 
+Result<Tensor> ClusterCoordinator::gather(const std::string& name, const Tensor& ids) {
+  return impl_->router->gather(name, ids);
+}
+
+Status ClusterCoordinator::apply_gradients(const std::string& name, const Tensor& gradient) {
+  return impl_->router->apply_dense(name, gradient);
+}
+
+Status ClusterCoordinator::apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows) {
+  return impl_->router->apply_sparse(name, ids, rows);
+}
+
 int ClusterCoordinator::num_workers() {
   auto n = impl_->call<int>("num_workers", [](wire::Coordinator::Client c) {
     return c.numWorkersRequest().send().then([](capnp::Response<wire::Coordinator::NumWorkersResults>&& r) {

@@ -1,5 +1,7 @@
-// Optimizers of the parameter server: their configuration, the slots each
-// keeps, and the in-place update rules for dense and sparse gradients.
+// The optimizers, one implementation for the parameter servers (variables
+// updated where they live) and for mirrored variables (every replica applies
+// the all-reduced gradient): their configuration, the slots each keeps, and
+// the in-place update rules for dense and sparse gradients.
 //
 // The rules are those of TensorFlow 2's Keras optimizers for dense gradients
 // (tf.keras.optimizers.SGD / Adagrad / Adam / Ftrl, which call the
@@ -33,8 +35,8 @@
 //
 // Thread-safety: the functions are stateless; the caller serializes updates
 // to one variable (VariableStore holds the shard's mutex).
-#ifndef CAPSTAN_DAEMONS_PS_SERVER_OPTIMIZER_H_
-#define CAPSTAN_DAEMONS_PS_SERVER_OPTIMIZER_H_
+#ifndef CAPSTAN_LIB_TRAINING_OPTIMIZER_H_
+#define CAPSTAN_LIB_TRAINING_OPTIMIZER_H_
 
 #include <cstdint>
 #include <optional>
@@ -117,4 +119,4 @@ extern template void apply_sparse_update<double>(const Optimizer&, int64_t, int6
 
 }  // namespace capstan::ps
 
-#endif  // CAPSTAN_DAEMONS_PS_SERVER_OPTIMIZER_H_
+#endif  // CAPSTAN_LIB_TRAINING_OPTIMIZER_H_

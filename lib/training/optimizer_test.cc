@@ -1,4 +1,4 @@
-#include "daemons/ps_server/optimizer.h"
+#include "training/optimizer.h"
 
 #include <catch2/catch.hpp>
 #include <cmath>

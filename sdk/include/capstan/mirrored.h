@@ -1,0 +1,87 @@
+// Mirrored variables (TF's MirroredVariable under MultiWorkerMirroredStrategy):
+// every rank of a collective group holds a copy of each variable. They start
+// identical (rank 0's initial values are broadcast), and each step
+// apply_gradients() all-reduces the ranks' gradients (MEAN, fused into few
+// exchanges) and every replica applies the same update with the same
+// optimizer code the parameter servers run, so the replicas stay
+// bit-identical. checksum()/verify_replicas() check that they are.
+//
+//   auto group = cluster->join_group("dense", 2, rank).value();
+//   auto vars = capstan::MirroredVariables::create(*group, {{"w", w0, capstan::Optimizer::adam(1e-3)}}).value();
+//   for (...) {
+//     ... gradient of this rank's mean loss on its batch ...
+//     CAPSTAN_RETURN_IF_ERROR(vars->apply_gradients({grad_w}));   // the global batch's mean gradient
+//   }
+//
+// After a rank is lost, the survivors form a new group (join_group under the
+// same name: the next generation) and call set_group(): a rank that kept the
+// variables (source) broadcasts them, with the optimizer slots and the step,
+// to every member, including one that just (re)joined with nothing.
+//
+// Thread-safety: one thread at a time (a training loop).
+#ifndef CAPSTAN_MIRRORED_H_
+#define CAPSTAN_MIRRORED_H_
+
+#include "capstan/export.h"
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "capstan/collectives.h"
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "capstan/training.h"
+
+namespace capstan CAPSTAN_API {
+
+struct MirroredVariableSpec {
+  std::string name;
+  Tensor initial;  // float32 or float64; rank 0's is what every replica starts from
+  Optimizer optimizer;
+};
+
+class MirroredVariables {
+ public:
+  // Collective: every rank of `group` calls it with the same names, dtypes,
+  // shapes and optimizers (InvalidArgument otherwise).
+  static Result<std::unique_ptr<MirroredVariables>> create(Communicator& group,
+                                                           std::vector<MirroredVariableSpec> specs);
+  ~MirroredVariables();
+
+  // The variables' names, in creation order.
+  std::vector<std::string> names() const;
+  // The current value; updated in place by apply_gradients() (copy it to
+  // keep a snapshot). NotFound for an unknown name.
+  Result<Tensor> value(const std::string& name) const;
+  // Updates applied so far.
+  int64_t step() const;
+
+  // Collective: one dense gradient per variable, in creation order, of this
+  // rank's mean loss. They are averaged over the ranks, then every replica
+  // applies its variable's optimizer.
+  Status apply_gradients(const std::vector<Tensor>& gradients);
+
+  // A digest of every value, slot and the step: equal on every rank when the
+  // replicas are identical.
+  uint64_t checksum() const;
+  // Collective: OK when every rank's checksum is this rank's; DataLoss
+  // listing the ranks that differ.
+  Status verify_replicas();
+
+  // Collective on the new group: from now on use `group`, and take every
+  // value, slot and the step from its rank `source` (a rank that still holds
+  // the variables). Every member must have created the same variables.
+  Status set_group(Communicator& group, int source);
+
+  struct CAPSTAN_HIDDEN Impl;
+
+ private:
+  explicit MirroredVariables(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+}  // namespace capstan
+
+#endif  // CAPSTAN_MIRRORED_H_

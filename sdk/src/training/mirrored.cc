@@ -1,0 +1,217 @@
+#include "capstan/mirrored.h"
+
+#include <cstring>
+#include <map>
+#include <span>
+
+#include "training/optimizer.h"
+
+namespace capstan {
+namespace {
+
+uint64_t fnv1a(uint64_t h, const void* data, size_t size) {
+  const auto* bytes = static_cast<const unsigned char*>(data);
+  for (size_t i = 0; i < size; ++i) {
+    h ^= bytes[i];
+    h *= 1099511628211ull;
+  }
+  return h;
+}
+
+Result<Tensor> copy_of(const Tensor& t) {
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(t.dtype(), t.shape()));
+  if (t.byte_size() > 0) std::memcpy(out.mutable_data(), t.data(), t.byte_size());
+  return out;
+}
+
+Result<Tensor> filled(DType dtype, const Shape& shape, double value) {
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(dtype, shape));
+  if (dtype == DType::kFloat32) {
+    for (float& x : out.mutable_flat<float>()) x = static_cast<float>(value);
+  } else {
+    for (double& x : out.mutable_flat<double>()) x = value;
+  }
+  return out;
+}
+
+template <typename T>
+void apply(const Optimizer& optimizer, int64_t step, Tensor& value, std::vector<Tensor>& slots, const Tensor& gradient) {
+  std::vector<std::span<T>> slot_spans;
+  for (Tensor& s : slots) slot_spans.push_back(s.mutable_flat<T>());
+  ps::apply_dense_update<T>(optimizer, step, value.mutable_flat<T>(),
+                            std::span<const std::span<T>>(slot_spans.data(), slot_spans.size()), gradient.flat<T>());
+}
+
+}  // namespace
+
+struct MirroredVariables::Impl {
+  struct Variable {
+    std::string name;
+    Optimizer optimizer;
+    Tensor value;
+    std::vector<Tensor> slots;  // ps::slot_names() order
+  };
+  Communicator* group = nullptr;
+  std::vector<Variable> variables;
+  std::map<std::string, size_t> by_name;
+  int64_t step = 0;
+
+  // Names, dtypes, shapes and optimizer kinds: must agree across ranks.
+  uint64_t layout_digest() const {
+    uint64_t h = 14695981039346656037ull;
+    for (const auto& v : variables) {
+      h = fnv1a(h, v.name.data(), v.name.size() + 1);
+      auto dtype = static_cast<uint8_t>(v.value.dtype());
+      h = fnv1a(h, &dtype, 1);
+      h = fnv1a(h, v.value.shape().data(), v.value.shape().size() * sizeof(int64_t));
+      auto kind = static_cast<int>(v.optimizer.kind);
+      h = fnv1a(h, &kind, sizeof(kind));
+    }
+    return h;
+  }
+
+  // Every rank's `digest`; the ranks whose value differs from this rank's.
+  Result<std::vector<int>> differing(uint64_t digest) {
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor all, group->all_gather(*Tensor::from_vector<int64_t>({static_cast<int64_t>(digest)}, {1})));
+    std::vector<int> out;
+    auto values = all.flat<int64_t>();
+    for (size_t r = 0; r < values.size(); ++r) {
+      if (static_cast<uint64_t>(values[r]) != digest) out.push_back(static_cast<int>(r));
+    }
+    return out;
+  }
+
+  Status broadcast_all(int source) {
+    for (auto& v : variables) {
+      CAPSTAN_ASSIGN_OR_RETURN(v.value, group->broadcast(v.value, source));
+      for (Tensor& s : v.slots) {
+        CAPSTAN_ASSIGN_OR_RETURN(s, group->broadcast(s, source));
+      }
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor s, group->broadcast(Tensor::scalar<int64_t>(step), source));
+    step = s.flat<int64_t>()[0];
+    return Status::Ok();
+  }
+};
+
+MirroredVariables::MirroredVariables(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+MirroredVariables::~MirroredVariables() = default;
+
+Result<std::unique_ptr<MirroredVariables>> MirroredVariables::create(Communicator& group,
+                                                                     std::vector<MirroredVariableSpec> specs) {
+  auto impl = std::make_unique<Impl>();
+  impl->group = &group;
+  for (auto& spec : specs) {
+    if (spec.name.empty()) return Status::InvalidArgument("a mirrored variable needs a name");
+    if (impl->by_name.count(spec.name) > 0) {
+      return Status::InvalidArgument("mirrored variable '" + spec.name + "' is listed twice");
+    }
+    if (spec.initial.dtype() != DType::kFloat32 && spec.initial.dtype() != DType::kFloat64) {
+      return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " +
+                                     std::string(dtype_name(spec.initial.dtype())) +
+                                     "; mirrored variables are float32 or float64");
+    }
+    CAPSTAN_RETURN_IF_ERROR(ps::validate(spec.optimizer));
+    Impl::Variable v;
+    v.name = spec.name;
+    v.optimizer = spec.optimizer;
+    CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(spec.initial));
+    auto slot_names = ps::slot_names(spec.optimizer.kind);
+    for (size_t i = 0; i < slot_names.size(); ++i) {
+      auto slot = filled(v.value.dtype(), v.value.shape(), ps::slot_initial_value(spec.optimizer, i));
+      if (!slot.ok()) return slot.status();
+      v.slots.push_back(std::move(*slot));
+    }
+    impl->by_name[v.name] = impl->variables.size();
+    impl->variables.push_back(std::move(v));
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<int> differ, impl->differing(impl->layout_digest()));
+  if (!differ.empty()) {
+    std::string ranks;
+    for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+    return Status::InvalidArgument("mirrored variables differ between ranks: rank(s) " + ranks +
+                                   " created other names, dtypes, shapes or optimizers than rank " +
+                                   std::to_string(group.rank()));
+  }
+  // Rank 0's initial values everywhere.
+  for (auto& v : impl->variables) {
+    CAPSTAN_ASSIGN_OR_RETURN(v.value, group.broadcast(v.value, 0));
+  }
+  return std::unique_ptr<MirroredVariables>(new MirroredVariables(std::move(impl)));
+}
+
+std::vector<std::string> MirroredVariables::names() const {
+  std::vector<std::string> out;
+  for (const auto& v : impl_->variables) out.push_back(v.name);
+  return out;
+}
+
+Result<Tensor> MirroredVariables::value(const std::string& name) const {
+  auto it = impl_->by_name.find(name);
+  if (it == impl_->by_name.end()) return Status::NotFound("no mirrored variable '" + name + "'");
+  return impl_->variables[it->second].value;
+}
+
+int64_t MirroredVariables::step() const { return impl_->step; }
+
+Status MirroredVariables::apply_gradients(const std::vector<Tensor>& gradients) {
+  auto& variables = impl_->variables;
+  if (gradients.size() != variables.size()) {
+    return Status::InvalidArgument("apply_gradients: " + std::to_string(gradients.size()) + " gradients for " +
+                                   std::to_string(variables.size()) + " mirrored variables (one each, in order)");
+  }
+  for (size_t i = 0; i < gradients.size(); ++i) {
+    const Tensor& g = gradients[i];
+    const Tensor& v = variables[i].value;
+    if (g.dtype() != v.dtype() || g.shape() != v.shape()) {
+      return Status::InvalidArgument("apply_gradients: the gradient of '" + variables[i].name + "' is " +
+                                     std::string(dtype_name(g.dtype())) + shape_string(g.shape()) + ", the variable " +
+                                     std::string(dtype_name(v.dtype())) + shape_string(v.shape()));
+    }
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> mean, impl_->group->all_reduce(gradients, ReduceOp::kMean));
+  const int64_t step = ++impl_->step;
+  for (size_t i = 0; i < variables.size(); ++i) {
+    auto& v = variables[i];
+    if (v.optimizer.kind == Optimizer::Kind::kNone) continue;
+    if (v.value.dtype() == DType::kFloat32) {
+      apply<float>(v.optimizer, step, v.value, v.slots, mean[i]);
+    } else {
+      apply<double>(v.optimizer, step, v.value, v.slots, mean[i]);
+    }
+  }
+  return Status::Ok();
+}
+
+uint64_t MirroredVariables::checksum() const {
+  uint64_t h = 14695981039346656037ull;
+  for (const auto& v : impl_->variables) {
+    h = fnv1a(h, v.value.data(), v.value.byte_size());
+    for (const Tensor& s : v.slots) h = fnv1a(h, s.data(), s.byte_size());
+  }
+  return fnv1a(h, &impl_->step, sizeof(impl_->step));
+}
+
+Status MirroredVariables::verify_replicas() {
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<int> differ, impl_->differing(checksum()));
+  if (differ.empty()) return Status::Ok();
+  std::string ranks;
+  for (int r : differ) ranks += (ranks.empty() ? "" : ", ") + std::to_string(r);
+  return Status::DataLoss("mirrored variables diverged: rank(s) " + ranks + " hold other values than rank " +
+                          std::to_string(impl_->group->rank()) + " after step " + std::to_string(impl_->step));
+}
+
+Status MirroredVariables::set_group(Communicator& group, int source) {
+  if (source < 0 || source >= group.size()) {
+    return Status::InvalidArgument("set_group: source rank " + std::to_string(source) + " is not in [0, " +
+                                   std::to_string(group.size()) + ")");
+  }
+  impl_->group = &group;
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<int> differ, impl_->differing(impl_->layout_digest()));
+  if (!differ.empty()) {
+    return Status::InvalidArgument("set_group: the new group's members created other mirrored variables");
+  }
+  return impl_->broadcast_all(source);
+}
+
+}  // namespace capstan
