@@ -19,9 +19,14 @@
 #      the metrics against their targets and a checkpoint;
 #   4. stops the cluster, whatever happened, and says where the logs are.
 #
+# --mode sync trains the same model synchronously instead: 2 replica
+# processes (started by the census program, torchrun-style) form a
+# collective group through the coordinator, hold every variable mirrored and
+# all-reduce the gradients each step; --mode hybrid keeps the wide table and
+# the embeddings on the parameter servers and mirrors the MLP.
+#
 # The exit status is the census program's: 0 when the test accuracy is at
-# least 85.0% and the AUC at least 0.90 (--mode sync and hybrid exit 2: they
-# need synchronous training, not built yet).
+# least 85.0% and the AUC at least 0.90.
 #
 # Environment: CAPSTAN_BUILD_DIR (default build), CAPSTAN_JOBS (build
 # parallelism, default 2), CAPSTAN_DEMO_RUN_DIR (default .run/demo).

@@ -28,6 +28,7 @@
 #include <vector>
 
 #include "features.h"
+#include "functions.h"
 #include "model.h"
 #include "pipeline.h"
 
@@ -47,43 +48,6 @@ constexpr const char* kDnn = "census_dnn";
 // The registry this module was loaded into: the evaluation closure builds a
 // pipeline that uses the module's own named functions.
 const capstan::FunctionRegistry* loaded_into = nullptr;
-
-Result<Element> features(Element row) {
-  if (row.size() != census::kNumColumns) {
-    return Status::InvalidArgument("census_features takes the " + std::to_string(census::kNumColumns) +
-                                   " decoded CSV columns, got " + std::to_string(row.size()));
-  }
-  auto integer = [&](int column) { return row.components[static_cast<size_t>(column)].flat<int64_t>()[0]; };
-  auto text = [&](int column) { return std::string(row.components[static_cast<size_t>(column)].string_at(0)); };
-  for (int column = 0; column < census::kNumColumns; ++column) {
-    const Tensor& t = row.components[static_cast<size_t>(column)];
-    if (t.num_elements() != 1) {
-      return Status::InvalidArgument("census_features: column " + std::to_string(column) +
-                                     " must be a scalar, got " + t.debug_string(0));
-    }
-  }
-  census::Row r;
-  r.age = integer(census::kAge);
-  r.workclass = text(census::kWorkclass);
-  r.education = text(census::kEducation);
-  r.education_num = integer(census::kEducationNum);
-  r.marital_status = text(census::kMaritalStatus);
-  r.occupation = text(census::kOccupation);
-  r.relationship = text(census::kRelationship);
-  r.race = text(census::kRace);
-  r.gender = text(census::kGender);
-  r.capital_gain = integer(census::kCapitalGain);
-  r.capital_loss = integer(census::kCapitalLoss);
-  r.hours_per_week = integer(census::kHoursPerWeek);
-  r.native_country = text(census::kNativeCountry);
-  r.income_bracket = text(census::kIncomeBracket);
-  census::Features f = census::transform(r);
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, Tensor::from_vector<int64_t>({f.wide_ids.begin(), f.wide_ids.end()},
-                                                                     {census::kNumWideFields}));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor numeric,
-                           Tensor::from_vector<float>({f.numeric.begin(), f.numeric.end()}, {census::kNumeric}));
-  return Element{{ids, numeric, Tensor::scalar<float>(f.label)}, {"wide_ids", "numeric", "label"}};
-}
 
 // Checks a batch from the pipeline: (wide_ids int64[n, 15], numeric
 // float32[n, 5], label float32[n]); returns n.
@@ -207,14 +171,7 @@ Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
 
 CAPSTAN_MODULE(registry) {
   loaded_into = &registry;
-  registry.register_filter("census_is_record", [](const Element& line) -> Result<bool> {
-    if (line.size() != 1 || line.components[0].dtype() != DType::kString || line.components[0].num_elements() != 1) {
-      return Status::InvalidArgument("census_is_record takes one string scalar (a line)");
-    }
-    std::string_view text = line.components[0].string_at(0);
-    return std::count(text.begin(), text.end(), ',') == census::kNumColumns - 1;
-  });
-  registry.register_map("census_features", features);
+  census::register_pipeline_functions(registry);
   registry.register_closure("census_train_step", train_step);
   registry.register_closure("census_evaluate", evaluate);
 }

@@ -1,22 +1,26 @@
 #!/usr/bin/env bash
-# Trains the census example (examples/census) for one epoch in
-# parameter-server mode on a local cluster (2 PS, 2 workers, the data service
-# with 2 data workers parsing adult.data), and checks that its accuracy on
-# adult.test beats the majority class (76.4%): the program exits non-zero
-# below --target-accuracy, and the test reads its report.
+# Trains the census example (examples/census) for one epoch in MODE on a
+# local cluster (2 PS, 2 workers, the data service with 2 data workers), and
+# checks that its accuracy on adult.test beats the majority class (76.4%):
+# the program exits non-zero below --target-accuracy, and the test reads its
+# report. MODE is ps (the data workers parse adult.data), sync (2 replica
+# processes, every variable mirrored and all-reduced) or hybrid (tables on
+# the parameter servers, the MLP mirrored); "deterministic" runs sync mode
+# with one replica and --seed twice and checks that the metrics are equal.
 #
-# Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM
-#   (run by CTest as examples_census_ps_beats_majority_class)
+# Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE
+#   (run by CTest as examples_census_*)
 set -euo pipefail
 
-if [[ $# -ne 4 ]]; then
-  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM" >&2
+if [[ $# -ne 5 ]]; then
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|deterministic" >&2
   exit 2
 fi
 repo_root=$(cd "$1" && pwd)
 bin_dir=$(cd "$2" && pwd)
 module=$3
 program=$4
+mode=$5
 script=$repo_root/scripts/local-cluster.sh
 
 unset CAPSTAN_RUN_DIR CAPSTAN_BIN_DIR TF_CONFIG
@@ -55,24 +59,53 @@ fi
 # shellcheck disable=SC1091  # written by local-cluster.sh
 . "$run_dir/cluster.env"
 
+run_census() {  # OUTPUT_FILE ARGS...
+  local out=$1
+  shift
+  local rc=0
+  timeout 240 "$program" --coordinator "$COORDINATOR" --data-dir "$repo_root/examples/census/data" --epochs 1 \
+    --target-accuracy 0.764 --target-auc 0.5 "$@" >"$out" 2>&1 || rc=$?
+  cat "$out"
+  if [[ $rc -ne 0 ]]; then
+    result fail "census $* exited with status $rc"
+  fi
+}
+
 output_file=$run_dir/census.out
-rc=0
-timeout 240 "$program" --coordinator "$COORDINATOR" --dispatcher "$DISPATCHER" --min-workers 2 \
-  --data-dir "$repo_root/examples/census/data" --epochs 1 --seed 1 \
-  --target-accuracy 0.764 --target-auc 0.5 --checkpoint-dir "$run_dir/checkpoints" >"$output_file" 2>&1 || rc=$?
-cat "$output_file"
-if [[ $rc -ne 0 ]]; then
-  result fail "census exited with status $rc"
-fi
+case "$mode" in
+  ps)
+    run_census "$output_file" --mode ps --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
+      --checkpoint-dir "$run_dir/checkpoints"
+    if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
+      result fail "no checkpoint under $run_dir/checkpoints"
+    fi
+    ;;
+  sync | hybrid)
+    run_census "$output_file" --mode "$mode" --replicas 2 --seed 1
+    if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
+      result fail "the report does not say that the replicas are identical"
+    fi
+    ;;
+  deterministic)
+    run_census "$run_dir/first.out" --mode sync --replicas 1 --seed 7
+    run_census "$run_dir/second.out" --mode sync --replicas 1 --seed 7
+    first=$(grep -E '^(  accuracy|  AUC|  log-loss|epoch .* test:)' "$run_dir/first.out")
+    second=$(grep -E '^(  accuracy|  AUC|  log-loss|epoch .* test:)' "$run_dir/second.out")
+    if [[ -z $first || $first != "$second" ]]; then
+      result fail "two runs with --seed 7 gave different metrics: '$first' vs '$second'"
+    fi
+    result pass "two runs with --seed 7 gave the same metrics: $(echo "$first" | tr '\n' ' ')"
+    ;;
+  *)
+    result fail "unknown mode '$mode'"
+    ;;
+esac
 accuracy=$(sed -n 's/^  accuracy  \([0-9.]*\)%.*/\1/p' "$output_file")
 examples=$(sed -n 's/^census: adult.test (\([0-9]*\) examples.*/\1/p' "$output_file")
 if [[ -z $accuracy || $examples != 16281 ]]; then
   result fail "no accuracy over adult.test's 16281 examples in the report (accuracy '$accuracy', examples '$examples')"
 fi
-if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
-  result fail "no checkpoint under $run_dir/checkpoints"
-fi
 if awk -v a="$accuracy" 'BEGIN { exit !(a > 76.4) }'; then
-  result pass "one epoch reaches ${accuracy}% on adult.test (majority class: 76.4%)"
+  result pass "$mode: one epoch reaches ${accuracy}% on adult.test (majority class: 76.4%)"
 fi
-result fail "accuracy ${accuracy}% does not beat the majority class (76.4%)"
+result fail "$mode: accuracy ${accuracy}% does not beat the majority class (76.4%)"
