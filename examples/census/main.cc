@@ -266,6 +266,13 @@ Metrics metrics_of(const std::vector<float>& probabilities, const std::vector<fl
   return m;
 }
 
+void print_epoch_metrics(int64_t epoch, int64_t epochs, const Metrics& metrics) {
+  std::printf("epoch %lld/%lld  test: accuracy %.4f  AUC %.4f  log-loss %.4f  (%lld examples)\n",
+              static_cast<long long>(epoch), static_cast<long long>(epochs), metrics.accuracy, metrics.auc,
+              metrics.log_loss, static_cast<long long>(metrics.count));
+  std::fflush(stdout);
+}
+
 // Prints the final metrics against the targets; true when both are met.
 bool report(const Flags& flags, const Metrics& metrics, int64_t trained, double train_seconds) {
   const bool accuracy_ok = metrics.accuracy >= flags.target_accuracy;
@@ -467,10 +474,7 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
       auto evaluated = replica_evaluate(test_path, functions, **vars, cluster, hybrid);
       if (!evaluated.ok()) return failed("evaluating on " + test_path, evaluated.status());
       metrics = *evaluated;
-      std::printf("epoch %lld/%lld  test: accuracy %.4f  AUC %.4f  log-loss %.4f  (%lld examples)\n",
-                  static_cast<long long>(epoch), static_cast<long long>(flags.epochs), metrics.accuracy, metrics.auc,
-                  metrics.log_loss, static_cast<long long>(metrics.count));
-      std::fflush(stdout);
+      print_epoch_metrics(epoch, flags.epochs, metrics);
     }
   }
   Status same = (*vars)->verify_replicas();
@@ -630,10 +634,7 @@ int main(int argc, char** argv) {
     auto evaluated = evaluate(cluster, test_path, flags.eval_shards);
     if (!evaluated.ok()) return fail("evaluating on " + test_path, evaluated.status());
     metrics = *evaluated;
-    std::printf("epoch %lld/%lld  test: accuracy %.4f  AUC %.4f  log-loss %.4f  (%lld examples)\n",
-                static_cast<long long>(epoch), static_cast<long long>(flags.epochs), metrics.accuracy, metrics.auc,
-                metrics.log_loss, static_cast<long long>(metrics.count));
-    std::fflush(stdout);
+    print_epoch_metrics(epoch, flags.epochs, metrics);
   }
 
   const bool met = report(flags, metrics, trained, train_seconds);

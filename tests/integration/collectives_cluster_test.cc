@@ -9,6 +9,7 @@
 
 #include "capstan/collectives.h"
 #include "capstan/training.h"
+#include "lib/collectives/test_group.h"
 #include "tests/harness/process.h"
 
 namespace capstan::testing {
@@ -26,24 +27,13 @@ struct Coordinated {
   Daemon* coordinator = nullptr;
 };
 
-template <typename T>
-std::vector<T> on_threads(int n, const std::function<T(int)>& fn) {
-  std::vector<std::optional<T>> out(static_cast<size_t>(n));
-  std::vector<std::thread> threads;
-  for (int i = 0; i < n; ++i) threads.emplace_back([&, i]() { out[static_cast<size_t>(i)].emplace(fn(i)); });
-  for (auto& t : threads) t.join();
-  std::vector<T> results;
-  for (auto& o : out) results.push_back(std::move(*o));
-  return results;
-}
-
 TEST_CASE("ranks join a group through the coordinator and all-reduce", "[collectives][cluster]") {
   Coordinated c;
   std::vector<std::unique_ptr<ClusterCoordinator>> clients;
   for (int i = 0; i < 3; ++i) clients.push_back(c.client());
   CollectiveOptions options;
   options.timeout = 20s;
-  auto groups = on_threads<Result<std::unique_ptr<Communicator>>>(3, [&](int i) {
+  auto groups = on_all<Result<std::unique_ptr<Communicator>>>(3, [&](int i) {
     return clients[static_cast<size_t>(i)]->join_group("dense", 3, -1, "127.0.0.1", options);
   });
   std::set<int> ranks;
@@ -54,7 +44,7 @@ TEST_CASE("ranks join a group through the coordinator and all-reduce", "[collect
     CHECK((*g)->generation() == 1);
   }
   CHECK(ranks == std::set<int>{0, 1, 2});
-  auto sums = on_threads<Result<Tensor>>(3, [&](int i) {
+  auto sums = on_all<Result<Tensor>>(3, [&](int i) {
     Communicator& g = *groups[static_cast<size_t>(i)].value();
     return g.all_reduce(Tensor::from_vector<float>({1.0f * static_cast<float>(g.rank()), 1.0f}, {2}).value(),
                         ReduceOp::kSum);
@@ -73,13 +63,13 @@ TEST_CASE("a rank is lost: the survivors get Unavailable naming it and re-form t
   for (int i = 0; i < 3; ++i) clients.push_back(c.client());
   CollectiveOptions options;
   options.timeout = 3s;
-  auto groups = on_threads<Result<std::unique_ptr<Communicator>>>(3, [&](int i) {
+  auto groups = on_all<Result<std::unique_ptr<Communicator>>>(3, [&](int i) {
     return clients[static_cast<size_t>(i)]->join_group("mirrored", 3, i, "127.0.0.1", options);
   });
   for (auto& g : groups) REQUIRE(g.ok());
   // Rank 2 goes away (its process would die the same way: its sockets close).
   groups[2] = Status::Cancelled("gone");
-  auto failed = on_threads<Status>(2, [&](int i) {
+  auto failed = on_all<Status>(2, [&](int i) {
     return groups[static_cast<size_t>(i)].value()->all_reduce(Tensor::scalar<float>(1.0f), ReduceOp::kSum).status();
   });
   for (const Status& s : failed) {
@@ -87,10 +77,10 @@ TEST_CASE("a rank is lost: the survivors get Unavailable naming it and re-form t
     CHECK_THAT(s.message(), Catch::Contains("rank(s) 2 "));
   }
   // The survivors form the group again, without restarting anything.
-  auto again = on_threads<Result<std::unique_ptr<Communicator>>>(2, [&](int i) {
+  auto again = on_all<Result<std::unique_ptr<Communicator>>>(2, [&](int i) {
     return clients[static_cast<size_t>(i)]->join_group("mirrored", 2, i, "127.0.0.1", options);
   });
-  auto sums = on_threads<Result<Tensor>>(2, [&](int i) -> Result<Tensor> {
+  auto sums = on_all<Result<Tensor>>(2, [&](int i) -> Result<Tensor> {
     CAPSTAN_RETURN_IF_ERROR(again[static_cast<size_t>(i)].status());
     CHECK(again[static_cast<size_t>(i)].value()->generation() == 2);
     return again[static_cast<size_t>(i)].value()->all_reduce(Tensor::scalar<float>(2.0f), ReduceOp::kSum);
