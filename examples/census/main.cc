@@ -52,7 +52,8 @@
 //   --target-accuracy X      exit 1 below this test accuracy (default 0.85)
 //   --target-auc X           exit 1 below this test AUC (default 0.90)
 //   --log-every N            without a terminal, print progress every N steps (default 100)
-//   --checkpoint-dir DIR     after training, save a checkpoint there
+//   --checkpoint-dir DIR     after training, save a checkpoint there (every
+//                            mode; the parameter servers' format)
 // CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE give the cluster token.
 #include <capstan/data/dataset.h>
 #include <capstan/data/service.h>
@@ -427,15 +428,31 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   auto vars = capstan::MirroredVariables::create(**group, specs);
   if (!vars.ok()) return failed("creating the mirrored variables", vars.status());
 
-  // Each replica runs the pipeline on its shard of adult.data.
   capstan::FunctionRegistry functions;
   census::register_pipeline_functions(functions);
   const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.replicas);
-  auto iterator = census::examples(train_path, flags.replicas, flags.rank)
-                      .shuffle(10000, seed + static_cast<uint64_t>(flags.rank))
-                      .repeat()
-                      .batch(local_batch, /*drop_remainder=*/true)
-                      .make_iterator(&functions);
+  // Each replica runs the pipeline on its shard of adult.data, or, with
+  // --dispatcher, reads its batches from one data-service job that the data
+  // workers feed (whichever replica asks next gets the next batch).
+  data::Dataset pipeline = census::examples(train_path, flags.replicas, flags.rank)
+                               .shuffle(10000, seed + static_cast<uint64_t>(flags.rank))
+                               .repeat()
+                               .batch(local_batch, /*drop_remainder=*/true);
+  if (!flags.dispatcher.empty()) {
+    auto id = data::service::register_dataset(flags.dispatcher, census::training_batches(train_path, local_batch, flags.seed),
+                                              options);
+    if (!id.ok()) return failed("registering the input pipeline with " + flags.dispatcher, id.status());
+    data::service::ReadOptions read;
+    read.processing_mode = data::service::ProcessingMode::kHint;
+    read.job_name = flags.group;  // one job for the replicas of this run
+    read.client = options;
+    pipeline = data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
+    if (chief) {
+      std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n", flags.dispatcher.c_str(),
+                  id->c_str(), read.job_name.c_str());
+    }
+  }
+  auto iterator = pipeline.make_iterator(&functions);
   if (!iterator.ok()) return failed("starting the input pipeline", iterator.status());
   const int64_t global_batch = local_batch * flags.replicas;
   const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
@@ -479,10 +496,16 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   }
   Status same = (*vars)->verify_replicas();
   if (!same.ok()) return failed("checking the replicas", same);
-  if (!chief) return 0;
+  std::string saved;
   if (!flags.checkpoint_dir.empty()) {
-    std::printf("census: no checkpoint saved: --checkpoint-dir is for --mode ps (mirrored variables are not "
-                "checkpointed yet)\n");
+    // The parameter servers' format: restorable into --mode ps, and back.
+    auto path = (*vars)->save_checkpoint(cluster, flags.checkpoint_dir, (*vars)->step(), /*max_to_keep=*/3);
+    if (!path.ok()) return failed("saving a checkpoint", path.status());
+    saved = *path;
+  }
+  if (!chief) return 0;
+  if (!saved.empty()) {
+    std::printf("census: saved checkpoint %s (inspect: capstanctl checkpoint inspect %s)\n", saved.c_str(), saved.c_str());
   }
   std::printf("census: the %d replicas' mirrored variables are identical after %lld steps (checksum %016llx)\n",
               flags.replicas, static_cast<long long>((*vars)->step()),

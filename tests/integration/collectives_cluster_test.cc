@@ -8,8 +8,10 @@
 #include <thread>
 
 #include "capstan/collectives.h"
+#include "capstan/mirrored.h"
 #include "capstan/training.h"
 #include "lib/collectives/test_group.h"
+#include "lib/data/test_util.h"
 #include "tests/harness/process.h"
 
 namespace capstan::testing {
@@ -101,6 +103,42 @@ TEST_CASE("a group that never completes fails naming the missing ranks", "[colle
   CHECK_THAT(lonely.status().message(), Catch::Contains("rank(s) 1 never joined"));
   auto bad = client->join_group("bad", 0, 0, "127.0.0.1", options);
   CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a parameter-server checkpoint restores into mirrored training, and back", "[collectives][cluster][checkpoint]") {
+  Coordinated c;
+  auto ps_client = c.client();
+  data::testing::TempDir dir;
+  // Parameter-server training wrote "w" and saved it.
+  Tensor trained = Tensor::from_vector<float>({1.5f, -2.0f, 0.25f, 8.0f}, {2, 2}).value();
+  REQUIRE(ps_client->create_variable({"w", trained, Optimizer::adam(0.1)}).ok());
+  REQUIRE(ps_client->assign_variable("w", trained).ok());
+  REQUIRE(ps_client->save_checkpoint(dir.file("ps"), 10).ok());
+
+  std::vector<std::unique_ptr<ClusterCoordinator>> clients;
+  for (int i = 0; i < 2; ++i) clients.push_back(c.client());
+  auto restored = on_all<Result<std::pair<Tensor, int64_t>>>(2, [&](int r) -> Result<std::pair<Tensor, int64_t>> {
+    ClusterCoordinator& client = *clients[static_cast<size_t>(r)];
+    CAPSTAN_ASSIGN_OR_RETURN(auto group, client.join_group("ckpt", 2, r));
+    CAPSTAN_ASSIGN_OR_RETURN(auto vars, MirroredVariables::create(
+                                            *group, {{"w", Tensor::zeros(DType::kFloat32, {2, 2}).value(), Optimizer::sgd(0.5)}}));
+    CAPSTAN_ASSIGN_OR_RETURN(int64_t step, vars->restore_checkpoint(client, dir.file("ps")));
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor w, vars->value("w"));
+    Tensor before = Tensor::from_vector<float>(std::vector<float>(w.flat<float>().begin(), w.flat<float>().end()), {2, 2}).value();
+    // One synchronous step (gradient 1 everywhere, SGD 0.5), then save.
+    CAPSTAN_RETURN_IF_ERROR(vars->apply_gradients({Tensor::from_vector<float>({1, 1, 1, 1}, {2, 2}).value()}));
+    CAPSTAN_RETURN_IF_ERROR(vars->save_checkpoint(client, dir.file("mirrored"), vars->step()).status());
+    return std::make_pair(before, step);
+  });
+  for (auto& r : restored) {
+    REQUIRE(r.ok());
+    CHECK(r->first.equals(trained));
+    CHECK(r->second == 10);
+  }
+  // Back on the parameter servers: the mirrored model's values.
+  REQUIRE(ps_client->restore_checkpoint(dir.file("mirrored")).value() == 11);
+  auto w = ps_client->read_variable("w").value();
+  CHECK(w.equals(Tensor::from_vector<float>({1.0f, -2.5f, -0.25f, 7.5f}, {2, 2}).value()));
 }
 
 }  // namespace

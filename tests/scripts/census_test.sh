@@ -81,7 +81,13 @@ case "$mode" in
     fi
     ;;
   sync | hybrid)
-    run_census "$output_file" --mode "$mode" --replicas 2 --seed 1
+    # sync runs the pipeline in each replica; hybrid reads from the data service.
+    extra=()
+    if [[ $mode == hybrid ]]; then extra=(--dispatcher "$DISPATCHER"); fi
+    run_census "$output_file" --mode "$mode" --replicas 2 --seed 1 --checkpoint-dir "$run_dir/checkpoints" "${extra[@]}"
+    if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
+      result fail "no checkpoint under $run_dir/checkpoints"
+    fi
     if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
       result fail "the report does not say that the replicas are identical"
     fi

@@ -75,6 +75,22 @@ class MirroredVariables {
   // the variables). Every member must have created the same variables.
   Status set_group(Communicator& group, int source);
 
+  // Checkpoints in the parameter servers' format (safetensors + manifest,
+  // capstanctl-readable), written through the parameter servers of
+  // `cluster`: rank 0 puts the values into parameter-server variables of the
+  // same names (created with the same optimizers when missing) and has the
+  // coordinator save a checkpoint. restore_checkpoint() restores one into
+  // those variables and broadcasts rank 0's reading. A model trained on
+  // parameter servers therefore restores into mirrored training, and back.
+  // The mirrored optimizer slots are not carried (they start afresh after a
+  // restore); the checkpoint also holds the cluster's other variables.
+  // Collective; save returns the checkpoint's path on rank 0 and "" on the
+  // others.
+  Result<std::string> save_checkpoint(ClusterCoordinator& cluster, const std::string& directory, int64_t step,
+                                      int max_to_keep = 5);
+  // Returns the checkpoint's step, which becomes step().
+  Result<int64_t> restore_checkpoint(ClusterCoordinator& cluster, const std::string& path);
+
   struct CAPSTAN_HIDDEN Impl;
 
  private:

@@ -214,4 +214,70 @@ Status MirroredVariables::set_group(Communicator& group, int source) {
   return impl_->broadcast_all(source);
 }
 
+namespace {
+
+// Rank 0's outcome on every rank: rank 0 broadcasts its status code, and the
+// others fail with a status naming rank 0 when it failed.
+Status agree(Communicator& group, const Status& at_zero) {
+  const int32_t code = group.rank() == 0 ? static_cast<int32_t>(at_zero.code()) : 0;
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor shared, group.broadcast(Tensor::scalar<int32_t>(code), 0));
+  if (group.rank() == 0) return at_zero;
+  const auto zero_code = static_cast<StatusCode>(shared.flat<int32_t>()[0]);
+  if (zero_code == StatusCode::kOk) return Status::Ok();
+  return Status(zero_code, "rank 0 failed (its error says why)");
+}
+
+}  // namespace
+
+Result<std::string> MirroredVariables::save_checkpoint(ClusterCoordinator& cluster, const std::string& directory,
+                                                       int64_t step, int max_to_keep) {
+  Communicator& group = *impl_->group;
+  std::string path;
+  Status status;
+  if (group.rank() == 0) {
+    status = [&]() -> Status {
+      for (const auto& v : impl_->variables) {
+        CAPSTAN_RETURN_IF_ERROR(cluster.create_variable({v.name, v.value, v.optimizer}).status());
+        CAPSTAN_RETURN_IF_ERROR(cluster.assign_variable(v.name, v.value));
+      }
+      CAPSTAN_ASSIGN_OR_RETURN(path, cluster.save_checkpoint(directory, step, max_to_keep));
+      return Status::Ok();
+    }();
+  }
+  CAPSTAN_RETURN_IF_ERROR(agree(group, status));
+  return path;
+}
+
+Result<int64_t> MirroredVariables::restore_checkpoint(ClusterCoordinator& cluster, const std::string& path) {
+  Communicator& group = *impl_->group;
+  int64_t step = 0;
+  Status status;
+  if (group.rank() == 0) {
+    status = [&]() -> Status {
+      CAPSTAN_ASSIGN_OR_RETURN(step, cluster.restore_checkpoint(path));
+      for (auto& v : impl_->variables) {
+        CAPSTAN_ASSIGN_OR_RETURN(Tensor value, cluster.read_variable(v.name));
+        if (value.dtype() != v.value.dtype() || value.shape() != v.value.shape()) {
+          return Status::InvalidArgument("checkpoint " + path + " holds '" + v.name + "' as " +
+                                         std::string(dtype_name(value.dtype())) + shape_string(value.shape()) +
+                                         ", the mirrored variable is " + std::string(dtype_name(v.value.dtype())) +
+                                         shape_string(v.value.shape()));
+        }
+        CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(value));
+      }
+      return Status::Ok();
+    }();
+  }
+  CAPSTAN_RETURN_IF_ERROR(agree(*impl_->group, status));
+  for (auto& v : impl_->variables) {
+    CAPSTAN_ASSIGN_OR_RETURN(v.value, group.broadcast(v.value, 0));
+    for (size_t i = 0; i < v.slots.size(); ++i) {
+      CAPSTAN_ASSIGN_OR_RETURN(v.slots[i], filled(v.value.dtype(), v.value.shape(), ps::slot_initial_value(v.optimizer, i)));
+    }
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor shared_step, group.broadcast(Tensor::scalar<int64_t>(step), 0));
+  impl_->step = shared_step.flat<int64_t>()[0];
+  return impl_->step;
+}
+
 }  // namespace capstan
