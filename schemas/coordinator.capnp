@@ -58,7 +58,9 @@ interface Coordinator extends(Common.Node) {
   # `definition` with SHARD_HINT resolved to (numWorkers, workerIndex).
   createPerWorkerDataset @8 (definition :Data) -> (datasetId :Int64);
   saveCheckpoint @9 (directory :Text, step :Int64, maxToKeep :Int32) -> (path :Text);
-  restoreCheckpoint @10 (path :Text) -> (step :Int64);
+  # TF's default restores the variables the checkpoint has and leaves the
+  # others (listed in notInCheckpoint); strict refuses them (NOT_FOUND).
+  restoreCheckpoint @10 (path :Text, strict :Bool) -> (step :Int64, notInCheckpoint :List(Text));
   numWorkers @11 () -> (count :Int32);
   # The closures the registered workers have (union), for clients that
   # check names before pipelining schedule calls.

@@ -47,10 +47,26 @@ Result<std::string> resolve_checkpoint(const std::string& path) {
   return checkpoint::latest_checkpoint(path);
 }
 
-Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables) {
+Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables, bool strict,
+                 std::vector<std::string>* not_in_checkpoint) {
+  not_in_checkpoint->clear();
+  std::vector<VariableState> present;
+  for (auto& v : *variables) {
+    if (reader.manifest().find_variable(v.name) == nullptr) {
+      not_in_checkpoint->push_back(v.name);
+    } else {
+      present.push_back(std::move(v));
+    }
+  }
+  *variables = std::move(present);
+  if (strict && !not_in_checkpoint->empty()) {
+    std::string names;
+    for (const auto& n : *not_in_checkpoint) names += (names.empty() ? "'" : ", '") + n + "'";
+    return Status::NotFound("the checkpoint has no variable " + names +
+                            " (strict restore; the default restores the variables it has and leaves these as they are)");
+  }
   for (auto& v : *variables) {
     const auto* saved = reader.manifest().find_variable(v.name);
-    if (saved == nullptr) return Status::NotFound("checkpoint has no variable '" + v.name + "'");
     if (saved->dtype != v.dtype || saved->shape != v.shape) {
       return Status::InvalidArgument("variable '" + v.name + "' is " + std::string(dtype_name(v.dtype)) +
                                      shape_string(v.shape) + " but the checkpoint has " +

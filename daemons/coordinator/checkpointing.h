@@ -47,10 +47,13 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
 Result<std::string> resolve_checkpoint(const std::string& path);
 
 // Fills value, slots and step of every shard in `variables` (whose layout
-// is the current placement) from the checkpoint at `path`. NotFound naming
-// the variable when the checkpoint lacks one; InvalidArgument when dtype or
-// shape differ.
-Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables);
+// is the current placement) from the checkpoint at `path`. A variable the
+// checkpoint lacks (created since it was saved) is, as in TF, left out of
+// `variables` (so it keeps its value) and named in `not_in_checkpoint`;
+// with `strict`, NotFound naming every such variable instead.
+// InvalidArgument when dtype or shape differ.
+Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables, bool strict,
+                 std::vector<std::string>* not_in_checkpoint);
 
 }  // namespace capstan::coordinator
 

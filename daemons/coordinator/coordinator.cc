@@ -1,6 +1,7 @@
 #include "daemons/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <optional>
 #include <utility>
 
 #include "capstan/data/dataset.h"
@@ -179,10 +180,11 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   run.placement_version = placement_version_;
   run.attempt = static_cast<uint32_t>(closure->attempts);
   run.num_workers = static_cast<uint32_t>(workers_.size());
+  std::optional<std::chrono::system_clock::time_point> deadline;
   if (config_.closure_timeout.count() > 0) {
-    auto deadline = std::chrono::system_clock::now() + config_.closure_timeout;
+    deadline = std::chrono::system_clock::now() + config_.closure_timeout;
     run.deadline_unix_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline.time_since_epoch()).count();
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
   }
   int64_t id = closure->id;
   std::string function = closure->function;
@@ -194,18 +196,29 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   });
   if (config_.closure_timeout.count() > 0) {
     auto timeout = config_.closure_timeout;
-    outcome = outcome.exclusiveJoin(
-        timer_.afterDelay(timeout.count() * kj::MILLISECONDS).then([this, worker_id, id, function, timeout]() {
-          // The worker is told to stop; the lane moves on meanwhile.
-          auto found = workers_.find(worker_id);
-          if (found != workers_.end()) {
-            tasks_.add(found->second.peer->cancel_closure(id).then([](Status) {}));
-          }
-          return ClosureOutcome{Status::DeadlineExceeded("closure " + std::to_string(id) + " (" + function +
-                                                         ") did not finish within closure_timeout_ms " +
-                                                         std::to_string(timeout.count())),
-                                false};
-        }));
+    auto timed_out = [id, function, timeout]() {
+      return Status::DeadlineExceeded("closure " + std::to_string(id) + " (" + function +
+                                      ") did not finish within closure_timeout_ms " + std::to_string(timeout.count()));
+    };
+    outcome = outcome
+                  .then([deadline, timed_out](ClosureOutcome finished) {
+                    // The worker saw the deadline pass (its context's
+                    // cancelled()) before this loop's timer fired: the run
+                    // timed out all the same.
+                    if (!finished.worker_lost && std::chrono::system_clock::now() >= *deadline) {
+                      finished.result = timed_out();
+                    }
+                    return finished;
+                  })
+                  .exclusiveJoin(timer_.afterDelay(timeout.count() * kj::MILLISECONDS)
+                                     .then([this, worker_id, id, timed_out]() {
+                                       // The worker is told to stop; the lane moves on meanwhile.
+                                       auto found = workers_.find(worker_id);
+                                       if (found != workers_.end()) {
+                                         tasks_.add(found->second.peer->cancel_closure(id).then([](Status) {}));
+                                       }
+                                       return ClosureOutcome{timed_out(), false};
+                                     }));
   }
   return kj::mv(outcome)
       .then([this, worker_id, id](ClosureOutcome outcome) -> kj::Promise<void> {
@@ -492,10 +505,15 @@ kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states)
   return first_error(writes.releaseAsArray());
 }
 
-kj::Promise<Result<int64_t>> Coordinator::restore_checkpoint(std::string path) {
+kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::string path, bool strict) {
   using Reader = std::shared_ptr<checkpoint::CheckpointReader>;
-  using Restored = Result<std::pair<int64_t, std::vector<VariableState>>>;
-  using Step = Result<int64_t>;
+  struct Read {
+    int64_t step;
+    std::vector<VariableState> states;
+    std::vector<std::string> missing;
+  };
+  using Restored = Result<Read>;
+  using Step = Result<Coordinator::Restored>;
   Status up = ps_status();
   if (!up.ok()) return Step(up);
   return rpc::run_on_pool(pool_, [path]() -> Result<Reader> {
@@ -525,25 +543,29 @@ kj::Promise<Result<int64_t>> Coordinator::restore_checkpoint(std::string path) {
           return reader;
         });
       })
-      .then([this](Result<Reader> reader) -> kj::Promise<Restored> {
+      .then([this, strict](Result<Reader> reader) -> kj::Promise<Restored> {
         if (!reader.ok()) return Restored(reader.status());
-        return rpc::run_on_pool(pool_, [reader = *reader, states = layout()]() mutable -> Restored {
-          CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states));
-          return std::make_pair(reader->manifest().step, std::move(states));
+        return rpc::run_on_pool(pool_, [reader = *reader, states = layout(), strict]() mutable -> Restored {
+          std::vector<std::string> missing;
+          CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));
+          return Read{reader->manifest().step, std::move(states), std::move(missing)};
         });
       })
       .then([this](Restored restored) -> kj::Promise<Step> {
         if (!restored.ok()) return Step(restored.status());
-        int64_t step = restored->first;
-        return write_shards(std::move(restored->second)).then([step](Status status) -> Step {
+        Coordinator::Restored out{restored->step, std::move(restored->missing)};
+        return write_shards(std::move(restored->states)).then([out = std::move(out)](Status status) mutable -> Step {
           CAPSTAN_RETURN_IF_ERROR(status);
-          return step;
+          return std::move(out);
         });
       })
-      .then([this, path](Step step) -> Step {
-        CAPSTAN_RETURN_IF_ERROR(step.status().with_context("restoreCheckpoint"));
-        log_->info("restored checkpoint {} (step {})", path, *step);
-        return step;
+      .then([this, path](Step restored) -> Step {
+        CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
+        std::string missing;
+        for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
+        log_->info("restored checkpoint {} (step {}){}", path, restored->step,
+                   missing.empty() ? "" : "; not in it, left as they were: " + missing);
+        return restored;
       });
 }
 

@@ -215,7 +215,13 @@ class Coordinator : private kj::TaskSet::ErrorHandler {
 
   // ---- Checkpoints (see checkpointing.h)
   kj::Promise<Result<std::string>> save_checkpoint(std::string directory, int64_t step, int max_to_keep);
-  kj::Promise<Result<int64_t>> restore_checkpoint(std::string path);
+  // TF's default: the variables the checkpoint has are restored, the others
+  // (created since) keep their values and are listed; `strict` refuses them.
+  struct Restored {
+    int64_t step = 0;
+    std::vector<std::string> not_in_checkpoint;
+  };
+  kj::Promise<Result<Restored>> restore_checkpoint(std::string path, bool strict = false);
 
  private:
   struct Worker {

@@ -608,7 +608,7 @@ TEST_CASE("restore_checkpoint writes each shard to the parameter server that hol
   // Training moves on; the restore brings back the saved state.
   h.ps.tasks[0].shards.at("w/part_0") = ShardContents{floats({0, 0}, {2}), {}, 0};
   h.ps.tasks[1].shards.at("w/part_1") = ShardContents{floats({0, 0}, {2}), {}, 0};
-  CHECK(h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).value() == 5);
+  CHECK(h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).value().step == 5);
   CHECK(h.ps.tasks[0].writes == std::vector<std::string>{"w/part_0"});
   CHECK(h.ps.tasks[1].writes == std::vector<std::string>{"w/part_1"});
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
@@ -617,6 +617,33 @@ TEST_CASE("restore_checkpoint writes each shard to the parameter server that hol
   CHECK(values_of(restored.value) == std::vector<float>{3, 4});
   CHECK(values_of(restored.slots.at("accumulator")) == std::vector<float>{7, 8});
   CHECK(restored.step == 5);
+}
+
+TEST_CASE("restoring a checkpoint older than a variable restores the rest and lists it; strict refuses",
+          "[coordinator]") {
+  data::testing::TempDir dir;
+  Harness h({}, /*num_ps=*/1);
+  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}), placement::Partitioner::none()))
+      .wait(h.io.waitScope)
+      .value();
+  std::string path = h.coordinator->save_checkpoint(dir.path(), 4, 3).wait(h.io.waitScope).value();
+  // Created after the checkpoint; training moves on.
+  h.coordinator->create_variable(variable("later", floats({9, 9}, {2}), placement::Partitioner::none()))
+      .wait(h.io.waitScope)
+      .value();
+  h.ps.tasks[0].shards.at("w") = ShardContents{floats({0, 0}, {2}), {}, 0};
+
+  auto strict = h.coordinator->restore_checkpoint(path, /*strict=*/true).wait(h.io.waitScope);
+  CHECK(strict.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(strict.status().message(), Catch::Contains("'later'"));
+  CHECK(values_of(h.ps.tasks[0].shards.at("w").value) == std::vector<float>{0, 0});  // nothing restored
+
+  auto lenient = h.coordinator->restore_checkpoint(path).wait(h.io.waitScope);
+  REQUIRE(lenient.ok());
+  CHECK(lenient->step == 4);
+  CHECK(lenient->not_in_checkpoint == std::vector<std::string>{"later"});
+  CHECK(values_of(h.ps.tasks[0].shards.at("w").value) == std::vector<float>{1, 2});
+  CHECK(values_of(h.ps.tasks[0].shards.at("later").value) == std::vector<float>{9, 9});
 }
 
 TEST_CASE("restore_checkpoint creates variables the program has not created, with their optimizer",
@@ -631,7 +658,7 @@ TEST_CASE("restore_checkpoint creates variables the program has not created, wit
     before.coordinator->save_checkpoint(dir.path(), 3, 3).wait(before.io.waitScope).value();
   }
   Harness h({}, /*num_ps=*/2);
-  CHECK(h.coordinator->restore_checkpoint(dir.path()).wait(h.io.waitScope).value() == 3);
+  CHECK(h.coordinator->restore_checkpoint(dir.path()).wait(h.io.waitScope).value().step == 3);
   auto all = h.coordinator->placements();
   CHECK(all.version == 1);
   REQUIRE(all.variables.size() == 1);

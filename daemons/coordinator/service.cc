@@ -209,10 +209,14 @@ kj::Promise<void> CoordinatorService::saveCheckpoint(SaveCheckpointContext conte
 }
 
 kj::Promise<void> CoordinatorService::restoreCheckpoint(RestoreCheckpointContext context) {
-  return core_.restore_checkpoint(text(context.getParams().getPath()))
-      .then([context](Result<int64_t> step) mutable {
-        rpc::check(step.status());
-        context.getResults().setStep(*step);
+  auto params = context.getParams();
+  return core_.restore_checkpoint(text(params.getPath()), params.getStrict())
+      .then([context](Result<Coordinator::Restored> restored) mutable {
+        rpc::check(restored.status());
+        auto results = context.getResults();
+        results.setStep(restored->step);
+        auto names = results.initNotInCheckpoint(static_cast<unsigned>(restored->not_in_checkpoint.size()));
+        for (unsigned i = 0; i < restored->not_in_checkpoint.size(); ++i) names.set(i, restored->not_in_checkpoint[i]);
       });
 }
 

@@ -278,7 +278,7 @@ Status CheckpointWriter::commit(Manifest manifest) {
 
   done_ = true;
   for (const auto& name : names) CAPSTAN_RETURN_IF_ERROR(fsync_file(join(tmp_path_, name)));
-  const std::string json = to_json(manifest);
+  const std::string json = to_json_with_checksum(manifest);
   CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(join(tmp_path_, kManifestFileName), json));
   if (::renameat2(AT_FDCWD, tmp_path_.c_str(), AT_FDCWD, final_path_.c_str(), RENAME_NOREPLACE) !=
       0) {

@@ -9,6 +9,7 @@
 #include <utility>
 
 #include "checkpoint/json.h"
+#include "data/io/crc32c.h"
 #include "checkpoint/safetensors.h"
 #include "rpc/optimizer_codec.h"
 
@@ -418,6 +419,12 @@ std::string to_json(const Manifest& m) {
   return out;
 }
 
+std::string to_json_with_checksum(const Manifest& manifest) {
+  const std::string body = to_json(manifest);  // "{\n  \"format_version\": ..."
+  const uint32_t crc = data::io::crc32c(body.data(), body.size());
+  return "{\n  \"manifest_crc32c\": " + std::to_string(crc) + "," + body.substr(1);
+}
+
 Result<Manifest> parse_manifest(const std::string& json, const std::string& source_name) {
   Fields f("bad manifest '" + source_name + "'");
   CAPSTAN_ASSIGN_OR_RETURN(Json root, load_json(json, f));
@@ -431,7 +438,7 @@ Result<Manifest> parse_manifest(const std::string& json, const std::string& sour
         "manifest '" + source_name + "' has format_version " + std::to_string(m.format_version) +
         "; this version of Capstan reads format " + std::to_string(kManifestFormatVersion));
   }
-  CAPSTAN_RETURN_IF_ERROR(f.object(root, "", {"format_version", "step", "variables", "files"}));
+  CAPSTAN_RETURN_IF_ERROR(f.object(root, "", {"manifest_crc32c", "format_version", "step", "variables", "files"}));
   CAPSTAN_ASSIGN_OR_RETURN(auto step, f.member(root, "", "step"));
   CAPSTAN_ASSIGN_OR_RETURN(m.step, f.int64(step, "step"));
 
@@ -462,6 +469,17 @@ Result<Manifest> parse_manifest(const std::string& json, const std::string& sour
   }
 
   if (auto p = find_problem(m)) return f.error(p->field, p->why);
+  if (root.contains("manifest_crc32c")) {
+    CAPSTAN_ASSIGN_OR_RETURN(auto stored_node, f.member(root, "", "manifest_crc32c"));
+    CAPSTAN_ASSIGN_OR_RETURN(uint64_t stored, f.uint64(stored_node, "manifest_crc32c"));
+    const std::string canonical = to_json(m);
+    const uint32_t computed = data::io::crc32c(canonical.data(), canonical.size());
+    if (stored != computed) {
+      return Status::DataLoss("manifest '" + source_name + "' fails its checksum (manifest_crc32c " +
+                              std::to_string(stored) + ", computed " + std::to_string(computed) +
+                              "): the file was changed or damaged; restore another checkpoint");
+    }
+  }
   return m;
 }
 

@@ -2,9 +2,10 @@
 // "manifest.json" inside each checkpoint, which says what the safetensors
 // files hold, and the "checkpoint" index beside them.
 //
-// A manifest (format version 1), as to_json() writes it:
+// A manifest (format version 1), as to_json_with_checksum() writes it:
 //
 //   {
+//     "manifest_crc32c": 1983451223,
 //     "format_version": 1,
 //     "step": 1200,
 //     "variables": [
@@ -47,6 +48,11 @@
 //                 shard.
 //   files         every data file of the checkpoint with its size and
 //                 CRC32C, which readers verify.
+//   manifest_crc32c  the CRC32C of the manifest itself: of to_json() of what
+//                 the file holds (the canonical text, without this field).
+//                 A changed byte in a value is DataLoss naming the file, not
+//                 a confusing "no such variable". Optional on reading, for
+//                 manifests written before it existed.
 //
 // Dtypes use TensorFlow's names ("float32"). Doubles are written as the
 // shortest text that reads back exactly; NaN and infinities, which JSON
@@ -129,14 +135,18 @@ struct Manifest {
 // InvalidArgument naming the field ("variables[0].shards[2].first_row: ...").
 Status validate_manifest(const Manifest& manifest);
 
-// The manifest as JSON text (the layout above). Strings must be valid UTF-8
+// The manifest as JSON text (the layout above, without manifest_crc32c):
+// the canonical form the checksum covers. Strings must be valid UTF-8
 // (validate_manifest checks it).
 std::string to_json(const Manifest& manifest);
+// The same with "manifest_crc32c" first: what a checkpoint's manifest.json
+// holds.
+std::string to_json_with_checksum(const Manifest& manifest);
 
 // Parses and validates a manifest. Errors name `source_name` (the file) and
 // the field: InvalidArgument for a format_version this code does not know,
 // DataLoss for anything else (malformed JSON, missing or mistyped fields,
-// what validate_manifest rejects).
+// what validate_manifest rejects, a manifest_crc32c that does not match).
 Result<Manifest> parse_manifest(const std::string& json, const std::string& source_name);
 
 // The "checkpoint" index file.

@@ -78,6 +78,34 @@ TEST_CASE("manifest: to_json and parse_manifest round-trip") {
   CHECK(parse_ok(to_json(m)) == m);
 }
 
+TEST_CASE("manifest: the checksum covers every value; a changed byte is DataLoss naming the file") {
+  const Manifest m = sample_manifest();
+  const std::string text = to_json_with_checksum(m);
+  REQUIRE(text.rfind("{\n  \"manifest_crc32c\": ", 0) == 0);
+  auto parsed = parse_manifest(text, "ckpt-7/manifest.json");
+  REQUIRE(parsed.ok());
+  CHECK(to_json(*parsed) == to_json(m));
+  // A byte of a variable's name, a digit more in the step and in the
+  // optimizer's step: each still a valid manifest, only the checksum tells.
+  for (const std::string& from : {std::string("\"name\": \"w\""), std::string("\"step\": "),
+                                  std::string("\"optimizer_step\": ")}) {
+    std::string damaged = text;
+    auto at = damaged.find(from);
+    REQUIRE(at != std::string::npos);
+    if (from.back() == '"') {
+      damaged[at + from.size() - 2] = 'x';
+    } else {
+      damaged.insert(at + from.size(), "1");
+    }
+    INFO(from);
+    auto result = parse_manifest(damaged, "ckpt-7/manifest.json");
+    CHECK(result.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(result.status().message(), Catch::Contains("ckpt-7/manifest.json") && Catch::Contains("checksum"));
+  }
+  // Manifests written before the checksum existed still read.
+  CHECK(parse_manifest(to_json(m), "old/manifest.json").ok());
+}
+
 TEST_CASE("manifest: an empty manifest round-trips") {
   Manifest m;
   CHECK(to_json(m) ==

@@ -392,6 +392,50 @@ TEST_CASE("a checkpoint with a damaged or missing file is refused, naming the fi
   CHECK_THAT(inspect.output, Catch::Contains("ps-0.safetensors"));
 }
 
+TEST_CASE("a changed byte in a checkpoint's manifest is DataLoss naming it, not a missing variable",
+          "[training][checkpoint]") {
+  Training t(1, 1);
+  REQUIRE(t.client->create_variable({"emb", *random_normal_initializer(DType::kFloat32, {8, 2}, 0, 1, 3),
+                                     Optimizer::sgd(0.1)}).ok());
+  auto path = t.client->save_checkpoint(t.cluster.dir() + "/ckpts", 1, 5);
+  REQUIRE(path.ok());
+  std::string manifest;
+  {
+    std::ifstream in(*path + "/manifest.json");
+    manifest.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+  }
+  auto at = manifest.find("\"name\": \"emb\"");
+  REQUIRE(at != std::string::npos);
+  manifest[at + 10] = 'f';  // "emb" -> "fmb"
+  std::ofstream(*path + "/manifest.json", std::ios::trunc) << manifest;
+  auto restored = t.client->restore_checkpoint(*path);
+  CHECK(restored.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(restored.status().message(), Catch::Contains("manifest.json") && Catch::Contains("checksum"));
+}
+
+TEST_CASE("restoring a checkpoint older than a variable: TF's default restores the rest, strict refuses",
+          "[training][checkpoint]") {
+  Training t(1, 1);
+  Tensor saved = Tensor::from_vector<float>({1, 2}, {2}).value();
+  REQUIRE(t.client->create_variable({"w", saved, Optimizer::sgd(0.1)}).ok());
+  auto path = t.client->save_checkpoint(t.cluster.dir() + "/ckpts", 7, 5);
+  REQUIRE(path.ok());
+  Tensor later = Tensor::from_vector<float>({5, 5}, {2}).value();
+  REQUIRE(t.client->create_variable({"later", later, Optimizer::sgd(0.1)}).ok());
+  REQUIRE(t.client->assign_variable("w", Tensor::from_vector<float>({0, 0}, {2}).value()).ok());
+
+  auto strict = t.client->restore_checkpoint(*path, /*strict=*/true);
+  CHECK(strict.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(strict.status().message(), Catch::Contains("'later'"));
+  auto lenient = t.client->restore_checkpoint(*path, /*strict=*/false);
+  REQUIRE(lenient.ok());
+  CHECK(lenient->step == 7);
+  CHECK(lenient->not_in_checkpoint == std::vector<std::string>{"later"});
+  CHECK(t.client->read_variable("w").value().equals(saved));
+  CHECK(t.client->read_variable("later").value().equals(later));
+  CHECK(t.client->restore_checkpoint(*path).value() == 7);
+}
+
 }  // namespace capstan::testing
 
 namespace capstan::testing {

@@ -185,7 +185,16 @@ class ClusterCoordinator {
   // and the partitioning may differ from when it was saved. Variables not
   // created yet are created. Returns the checkpoint's step. A checkpoint
   // with a missing or damaged file is refused (DataLoss naming the file).
+  // Variables created since the checkpoint was saved keep their values (TF's
+  // default; restore_checkpoint(path, true) lists them, or refuses them).
   Result<int64_t> restore_checkpoint(const std::string& path);
+  struct RestoreResult {
+    int64_t step = 0;
+    std::vector<std::string> not_in_checkpoint;  // left as they were
+  };
+  // `strict`: NotFound naming the variables the checkpoint lacks, nothing
+  // restored.
+  Result<RestoreResult> restore_checkpoint(const std::string& path, bool strict);
 
   // Reads a whole variable (from its shards, in parallel).
   Result<Tensor> read_variable(const std::string& name);

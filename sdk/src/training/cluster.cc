@@ -424,11 +424,20 @@ Result<std::string> ClusterCoordinator::save_checkpoint(const std::string& direc
 }
 
 Result<int64_t> ClusterCoordinator::restore_checkpoint(const std::string& path) {
-  return impl_->call<int64_t>("restore_checkpoint", [&](wire::Coordinator::Client c) {
+  CAPSTAN_ASSIGN_OR_RETURN(RestoreResult restored, restore_checkpoint(path, /*strict=*/false));
+  return restored.step;
+}
+
+Result<ClusterCoordinator::RestoreResult> ClusterCoordinator::restore_checkpoint(const std::string& path, bool strict) {
+  return impl_->call<RestoreResult>("restore_checkpoint", [&](wire::Coordinator::Client c) {
     auto request = c.restoreCheckpointRequest();
     request.setPath(path);
+    request.setStrict(strict);
     return request.send().then([](capnp::Response<wire::Coordinator::RestoreCheckpointResults>&& r) {
-      return r.getStep();
+      RestoreResult out;
+      out.step = r.getStep();
+      for (auto name : r.getNotInCheckpoint()) out.not_in_checkpoint.emplace_back(name.cStr());
+      return out;
     });
   }, /*bounded=*/false);
 }
