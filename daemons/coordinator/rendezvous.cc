@@ -32,6 +32,16 @@ kj::Promise<Result<GroupMembership>> GroupRendezvous::join(const std::string& na
     return R(Status::InvalidArgument("group '" + name + "': timeout " + std::to_string(timeout.count()) +
                                      " ms is not in (0, 24 h]"));
   }
+  if (forming_.count(name) == 0 && forming_.size() >= kMaxFormingGroups) {
+    for (auto it = forming_.begin(); it != forming_.end();) {
+      drop_abandoned(it->second);
+      it = it->second.members.empty() ? forming_.erase(it) : std::next(it);
+    }
+    if (forming_.size() >= kMaxFormingGroups) {
+      return R(Status::ResourceExhausted("group '" + name + "': " + std::to_string(kMaxFormingGroups) +
+                                         " other groups are forming; wait for them to form or time out"));
+    }
+  }
   Forming& forming = forming_[name];
   drop_abandoned(forming);
   if (forming.members.empty()) forming.size = size;

@@ -38,6 +38,8 @@ class GroupRendezvous {
  public:
   static constexpr int kMaxGroupSize = 4096;
   static constexpr size_t kMaxText = 512;
+  // Groups forming at once (a bound on what callers can make it hold).
+  static constexpr size_t kMaxFormingGroups = 1024;
 
   explicit GroupRendezvous(kj::Timer& timer) : timer_(timer) {}
 
@@ -47,7 +49,8 @@ class GroupRendezvous {
   // passes first (this member then leaves the forming group); at once with
   // InvalidArgument for bad arguments or a size that differs from the
   // forming group's, AlreadyExists for a rank taken by a member still
-  // waiting.
+  // waiting, ResourceExhausted when kMaxFormingGroups other groups are
+  // forming.
   kj::Promise<Result<GroupMembership>> join(const std::string& name, int size, int rank, const std::string& address,
                                             std::chrono::milliseconds timeout);
 

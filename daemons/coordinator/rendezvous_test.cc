@@ -83,6 +83,22 @@ TEST_CASE("bad joins are refused at once", "[coordinator][rendezvous]") {
   CHECK_THAT(taken.status().message(), Catch::Contains("a:1"));
 }
 
+TEST_CASE("the number of groups forming at once is bounded", "[coordinator][rendezvous]") {
+  Harness h;
+  std::vector<kj::Promise<Result<GroupMembership>>> waiting;
+  for (size_t i = 0; i < GroupRendezvous::kMaxFormingGroups; ++i) {
+    waiting.push_back(h.rendezvous.join("g" + std::to_string(i), 2, 0, "a:1", 10s));
+  }
+  auto refused = h.rendezvous.join("one-more", 2, 0, "a:1", 10s).wait(h.io.waitScope);
+  CHECK(refused.status().code() == StatusCode::kResourceExhausted);
+  // A forming group still takes members; once groups time out, new ones may form.
+  CHECK_FALSE(h.rendezvous.join("g0", 2, 1, "b:1", 10s).wait(h.io.waitScope).status().code() ==
+              StatusCode::kResourceExhausted);
+  h.advance(11s);
+  auto later = h.rendezvous.join("one-more", 1, 0, "a:1", 10s).wait(h.io.waitScope);
+  CHECK(later.ok());
+}
+
 TEST_CASE("a member whose caller went away frees its rank", "[coordinator][rendezvous]") {
   Harness h;
   {
