@@ -12,6 +12,7 @@
 #include <thread>
 
 #include "capstan/collectives.h"
+#include "capstan/mirrored.h"
 
 namespace capstan {
 namespace {
@@ -116,6 +117,120 @@ TEST_CASE("SIGSTOP of one of 3 ranks (alive but stuck): the others get Unavailab
   std::this_thread::sleep_for(700ms);
   kill(ranks[2].pid, SIGSTOP);
   check_survivors_name(ranks, 2, timeout);
+  reap(ranks);
+}
+
+// Endpoints (listening before any rank forks) and addresses of a group.
+struct Generation {
+  explicit Generation(int n) {
+    for (int i = 0; i < n; ++i) {
+      endpoints.push_back(CollectiveEndpoint::listen().value());
+      addresses.push_back(endpoints.back()->address());
+    }
+  }
+  Result<std::unique_ptr<Communicator>> join(int rank, int64_t generation) {
+    CollectiveOptions options;
+    options.timeout = 5000ms;
+    return Communicator::create(std::move(endpoints[static_cast<size_t>(rank)]), addresses, rank, generation, options);
+  }
+  std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
+  std::vector<std::string> addresses;
+};
+
+std::vector<MirroredVariableSpec> specs() {
+  return {{"w", Tensor::zeros(DType::kFloat32, {64}).value(), Optimizer::adam(0.01)}};
+}
+
+// One synchronous step with a gradient that depends on the rank and step.
+Status step(MirroredVariables& vars, int rank) {
+  std::vector<float> g(64);
+  for (size_t i = 0; i < g.size(); ++i) g[i] = static_cast<float>((vars.step() % 7) + rank) * 0.01f * static_cast<float>(i % 5);
+  return vars.apply_gradients({Tensor::from_vector<float>(g, {64}).value()});
+}
+
+Status train(MirroredVariables& vars, int rank, int steps) {
+  for (int s = 0; s < steps; ++s) CAPSTAN_RETURN_IF_ERROR(step(vars, rank));
+  return Status::Ok();
+}
+
+// Writes "step checksum" (or the error) to `fd` and exits.
+[[noreturn]] void finish(int fd, const Result<std::unique_ptr<MirroredVariables>>& vars, const Status& status,
+                         const std::string& seen) {
+  std::string line = !status.ok() ? "ERROR " + status.to_string()
+                                  : std::to_string((*vars)->step()) + " " + std::to_string((*vars)->checksum());
+  line += " | " + seen + "\n";
+  ssize_t ignored = write(fd, line.data(), line.size());
+  (void)ignored;
+  _exit(0);
+}
+
+TEST_CASE("mirrored training goes on after kill -9 of a rank, and the returning rank gets the variables",
+          "[collectives][mirrored][fault]") {
+  Generation first(3), survivors(2), rejoined(3);
+  std::vector<Rank> ranks;
+  for (int r = 0; r < 3; ++r) {
+    int fds[2];
+    REQUIRE(pipe(fds) == 0);
+    pid_t pid = fork();
+    REQUIRE(pid >= 0);
+    if (pid == 0) {
+      close(fds[0]);
+      auto group = first.join(r, 1);
+      if (!group.ok()) finish(fds[1], Status::Internal(""), group.status(), "");
+      auto vars = MirroredVariables::create(**group, specs());
+      if (!vars.ok()) finish(fds[1], vars, vars.status(), "");
+      // Train until rank 2 is killed under us.
+      Status lost;
+      for (int s = 0; s < 200000 && lost.ok(); ++s) lost = step(**vars, r);
+      // The survivors go on as a group of two (generation 2)...
+      auto two = survivors.join(r, 2);
+      if (!two.ok()) finish(fds[1], vars, two.status(), lost.to_string());
+      Status status = (*vars)->set_group(**two, 0);
+      if (status.ok()) status = train(**vars, r, 5);
+      // ... and take the returning rank in (generation 3).
+      auto three = status.ok() ? rejoined.join(r, 3) : Result<std::unique_ptr<Communicator>>(status);
+      if (!three.ok()) finish(fds[1], vars, three.status(), lost.to_string());
+      status = (*vars)->set_group(**three, 0);
+      if (status.ok()) status = train(**vars, r, 5);
+      if (status.ok()) status = (*vars)->verify_replicas();
+      finish(fds[1], vars, status, lost.to_string());
+    }
+    close(fds[1]);
+    ranks.push_back({pid, fds[0]});
+  }
+  std::this_thread::sleep_for(800ms);
+  kill(ranks[2].pid, SIGKILL);
+  waitpid(ranks[2].pid, nullptr, 0);
+  // Rank 2 comes back: a new process with nothing but the specs.
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    auto group = rejoined.join(2, 3);
+    if (!group.ok()) finish(fds[1], Status::Internal(""), group.status(), "");
+    auto vars = MirroredVariables::join(**group, specs(), 0);
+    Status status = vars.status();
+    if (status.ok()) status = train(**vars, 2, 5);
+    if (status.ok()) status = (*vars)->verify_replicas();
+    finish(fds[1], vars, status, "");
+  }
+  close(fds[1]);
+  close(ranks[2].report);
+  ranks[2] = {pid, fds[0]};
+
+  std::vector<std::string> reports;
+  for (const Rank& r : ranks) reports.push_back(read_report(r, 30000ms));
+  for (int r = 0; r < 3; ++r) INFO("rank " << r << ": " << reports[static_cast<size_t>(r)]);
+  for (const auto& report : reports) REQUIRE_THAT(report, !Catch::StartsWith("ERROR") && Catch::Contains(" | "));
+  // Same step counter and checksum on all three, after 10 steps past the loss.
+  auto head = [](const std::string& report) { return report.substr(0, report.find(" | ")); };
+  CHECK(head(reports[0]) == head(reports[1]));
+  CHECK(head(reports[0]) == head(reports[2]));
+  CHECK(std::stoll(head(reports[0])) >= 10);
+  // The survivors saw rank 2 named.
+  for (int r = 0; r < 2; ++r) CHECK_THAT(reports[static_cast<size_t>(r)], Catch::Contains("rank(s) 2 "));
   reap(ranks);
 }
 

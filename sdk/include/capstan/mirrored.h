@@ -16,7 +16,7 @@
 // After a rank is lost, the survivors form a new group (join_group under the
 // same name: the next generation) and call set_group(): a rank that kept the
 // variables (source) broadcasts them, with the optimizer slots and the step,
-// to every member, including one that just (re)joined with nothing.
+// to every member; a rank that (re)joins with nothing calls join() instead.
 //
 // Thread-safety: one thread at a time (a training loop).
 #ifndef CAPSTAN_MIRRORED_H_
@@ -48,6 +48,12 @@ class MirroredVariables {
   // shapes and optimizers (InvalidArgument otherwise).
   static Result<std::unique_ptr<MirroredVariables>> create(Communicator& group,
                                                            std::vector<MirroredVariableSpec> specs);
+  // A rank that (re)joins a group the others moved to with set_group():
+  // the variables of `specs` (values ignored), then every value, slot and
+  // the step from rank `source`. The others call set_group(group, source) at
+  // the same time.
+  static Result<std::unique_ptr<MirroredVariables>> join(Communicator& group, std::vector<MirroredVariableSpec> specs,
+                                                         int source);
   ~MirroredVariables();
 
   // The variables' names, in creation order.

@@ -97,34 +97,24 @@ struct MirroredVariables::Impl {
 MirroredVariables::MirroredVariables(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 MirroredVariables::~MirroredVariables() = default;
 
+namespace {
+
+Result<std::unique_ptr<MirroredVariables::Impl>> local_variables(Communicator& group,
+                                                                 std::vector<MirroredVariableSpec> specs);
+
+}  // namespace
+
+Result<std::unique_ptr<MirroredVariables>> MirroredVariables::join(Communicator& group,
+                                                                   std::vector<MirroredVariableSpec> specs, int source) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto impl, local_variables(group, std::move(specs)));
+  std::unique_ptr<MirroredVariables> vars(new MirroredVariables(std::move(impl)));
+  CAPSTAN_RETURN_IF_ERROR(vars->set_group(group, source));
+  return vars;
+}
+
 Result<std::unique_ptr<MirroredVariables>> MirroredVariables::create(Communicator& group,
                                                                      std::vector<MirroredVariableSpec> specs) {
-  auto impl = std::make_unique<Impl>();
-  impl->group = &group;
-  for (auto& spec : specs) {
-    if (spec.name.empty()) return Status::InvalidArgument("a mirrored variable needs a name");
-    if (impl->by_name.count(spec.name) > 0) {
-      return Status::InvalidArgument("mirrored variable '" + spec.name + "' is listed twice");
-    }
-    if (spec.initial.dtype() != DType::kFloat32 && spec.initial.dtype() != DType::kFloat64) {
-      return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " +
-                                     std::string(dtype_name(spec.initial.dtype())) +
-                                     "; mirrored variables are float32 or float64");
-    }
-    CAPSTAN_RETURN_IF_ERROR(ps::validate(spec.optimizer));
-    Impl::Variable v;
-    v.name = spec.name;
-    v.optimizer = spec.optimizer;
-    CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(spec.initial));
-    auto slot_names = ps::slot_names(spec.optimizer.kind);
-    for (size_t i = 0; i < slot_names.size(); ++i) {
-      auto slot = filled(v.value.dtype(), v.value.shape(), ps::slot_initial_value(spec.optimizer, i));
-      if (!slot.ok()) return slot.status();
-      v.slots.push_back(std::move(*slot));
-    }
-    impl->by_name[v.name] = impl->variables.size();
-    impl->variables.push_back(std::move(v));
-  }
+  CAPSTAN_ASSIGN_OR_RETURN(auto impl, local_variables(group, std::move(specs)));
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<int> differ, impl->differing(impl->layout_digest()));
   if (!differ.empty()) {
     std::string ranks;
@@ -139,6 +129,42 @@ Result<std::unique_ptr<MirroredVariables>> MirroredVariables::create(Communicato
   }
   return std::unique_ptr<MirroredVariables>(new MirroredVariables(std::move(impl)));
 }
+
+namespace {
+
+// The variables of `specs`, checked, with fresh slots; nothing collective.
+Result<std::unique_ptr<MirroredVariables::Impl>> local_variables(Communicator& group,
+                                                                 std::vector<MirroredVariableSpec> specs) {
+  auto impl = std::make_unique<MirroredVariables::Impl>();
+  impl->group = &group;
+  for (auto& spec : specs) {
+    if (spec.name.empty()) return Status::InvalidArgument("a mirrored variable needs a name");
+    if (impl->by_name.count(spec.name) > 0) {
+      return Status::InvalidArgument("mirrored variable '" + spec.name + "' is listed twice");
+    }
+    if (spec.initial.dtype() != DType::kFloat32 && spec.initial.dtype() != DType::kFloat64) {
+      return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " +
+                                     std::string(dtype_name(spec.initial.dtype())) +
+                                     "; mirrored variables are float32 or float64");
+    }
+    CAPSTAN_RETURN_IF_ERROR(ps::validate(spec.optimizer));
+    MirroredVariables::Impl::Variable v;
+    v.name = spec.name;
+    v.optimizer = spec.optimizer;
+    CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(spec.initial));
+    auto slot_names = ps::slot_names(spec.optimizer.kind);
+    for (size_t i = 0; i < slot_names.size(); ++i) {
+      auto slot = filled(v.value.dtype(), v.value.shape(), ps::slot_initial_value(spec.optimizer, i));
+      if (!slot.ok()) return slot.status();
+      v.slots.push_back(std::move(*slot));
+    }
+    impl->by_name[v.name] = impl->variables.size();
+    impl->variables.push_back(std::move(v));
+  }
+  return impl;
+}
+
+}  // namespace
 
 std::vector<std::string> MirroredVariables::names() const {
   std::vector<std::string> out;
