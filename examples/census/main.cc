@@ -464,6 +464,9 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
                        : "every variable mirrored",
                 static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),
                 static_cast<long long>(global_batch), static_cast<long long>(local_batch));
+    std::string addresses;
+    for (const auto& a : (*group)->addresses()) addresses += (addresses.empty() ? "" : ", ") + a;
+    std::printf("census: collective data addresses by rank: %s\n", addresses.c_str());
     std::fflush(stdout);
   }
   Progress progress(flags.epochs, steps_per_epoch, flags.log_every);

@@ -996,6 +996,7 @@ Result<std::unique_ptr<Communicator>> Communicator::create(std::unique_ptr<Colle
 int Communicator::rank() const { return impl_->rank; }
 int Communicator::size() const { return impl_->size; }
 int64_t Communicator::generation() const { return impl_->generation; }
+const std::vector<std::string>& Communicator::addresses() const { return impl_->addresses; }
 bool Communicator::aborted() const { return impl_->aborted; }
 
 std::future<Result<Tensor>> Communicator::all_reduce_async(Tensor tensor, ReduceOp op) {

@@ -44,6 +44,8 @@ TEST_CASE("ranks join a group through the coordinator and all-reduce", "[collect
     ranks.insert((*g)->rank());
     CHECK((*g)->size() == 3);
     CHECK((*g)->generation() == 1);
+    CHECK((*g)->addresses().size() == 3);
+    CHECK_THAT((*g)->addresses()[static_cast<size_t>((*g)->rank())], Catch::StartsWith("127.0.0.1:"));
   }
   CHECK(ranks == std::set<int>{0, 1, 2});
   auto sums = on_all<Result<Tensor>>(3, [&](int i) {

@@ -100,6 +100,9 @@ class Communicator {
   int rank() const;
   int size() const;
   int64_t generation() const;
+  // Every rank's data address (host:port), by rank: what to log to check
+  // that the ranks reach each other on the intended interface.
+  const std::vector<std::string>& addresses() const;
   // True once an operation failed: the group is unusable.
   bool aborted() const;
 
