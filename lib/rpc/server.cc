@@ -140,30 +140,42 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
   }
 
   kj::Promise<void> accept_loop() {
-    return listener->accept().then([this](kj::Own<kj::AsyncIoStream>&& raw) {
-      std::string peer = peer_name(*raw);
-      RpcObserver* obs = observer;
-      auto stream = kj::heap<CountingStream>(
-          kj::mv(raw),
-          [obs](size_t n) {
-            if (obs != nullptr) obs->on_bytes_received(n);
-          },
-          [obs](size_t n) {
-            if (obs != nullptr) obs->on_bytes_sent(n);
-          });
-      capnp::ReaderOptions reader_options;
-      reader_options.traversalLimitInWords = options.max_message_bytes / sizeof(capnp::word);
-      reader_options.nestingLimit = 64;
-      capnp::Capability::Client gate =
-          kj::heap<Instrumented<GateImpl>>(tracker, options.token, service, peer, observer);
-      auto it = connections.emplace(connections.end(), kj::mv(stream), reader_options, kj::mv(gate));
-      if (observer != nullptr) observer->on_connection(peer, true);
-      tasks.add(it->network.onDisconnect().then([this, it, peer]() {
-        if (observer != nullptr) observer->on_connection(peer, false);
-        connections.erase(it);
-      }));
-      return accept_loop();
-    });
+    // evalNow: KJ may fail the accept synchronously (EMFILE right away).
+    return kj::evalNow([this]() { return listener->accept(); })
+        .then([this](kj::Own<kj::AsyncIoStream>&& raw) { add_connection(kj::mv(raw)); })
+        .then([this]() { return accept_loop(); },
+              [this](kj::Exception&& e) -> kj::Promise<void> {
+                // Out of file descriptors (EMFILE) or another failure to
+                // take a connection: the loop must not end, or the port
+                // stays dead after the flood that caused it is gone. Try
+                // again shortly; waiting connections stay in the backlog.
+                if (observer != nullptr) observer->on_error("accept", from_exception(e));
+                return timer.afterDelay(50 * kj::MILLISECONDS).then([this]() { return accept_loop(); });
+              });
+  }
+
+  void add_connection(kj::Own<kj::AsyncIoStream> raw) {
+    std::string peer = peer_name(*raw);
+    RpcObserver* obs = observer;
+    auto stream = kj::heap<CountingStream>(
+        kj::mv(raw),
+        [obs](size_t n) {
+          if (obs != nullptr) obs->on_bytes_received(n);
+        },
+        [obs](size_t n) {
+          if (obs != nullptr) obs->on_bytes_sent(n);
+        });
+    capnp::ReaderOptions reader_options;
+    reader_options.traversalLimitInWords = options.max_message_bytes / sizeof(capnp::word);
+    reader_options.nestingLimit = 64;
+    capnp::Capability::Client gate =
+        kj::heap<Instrumented<GateImpl>>(tracker, options.token, service, peer, observer);
+    auto it = connections.emplace(connections.end(), kj::mv(stream), reader_options, kj::mv(gate));
+    if (observer != nullptr) observer->on_connection(peer, true);
+    tasks.add(it->network.onDisconnect().then([this, it, peer]() {
+      if (observer != nullptr) observer->on_connection(peer, false);
+      connections.erase(it);
+    }));
   }
 
   // Resolves once no connection has outgoing messages queued.
