@@ -8,6 +8,7 @@
 #include <catch2/catch.hpp>
 #include <chrono>
 #include <cstring>
+#include <functional>
 #include <string>
 #include <thread>
 
@@ -24,38 +25,57 @@ struct Rank {
   int report = -1;  // read end: the child's one-line outcome
 };
 
-// Forks `n` ranks that form a group and all-reduce 64 MiB until one fails;
-// each writes "CODE message" of the failure to its pipe and exits.
-std::vector<Rank> start_ranks(int n, std::chrono::milliseconds timeout) {
+// Forks a process that runs `child` and writes what it returns, one line,
+// to the pipe the parent reads (Rank::report), then exits.
+Rank fork_rank(const std::function<std::string()>& child) {
+  int fds[2];
+  REQUIRE(pipe(fds) == 0);
+  pid_t pid = fork();
+  REQUIRE(pid >= 0);
+  if (pid == 0) {
+    close(fds[0]);
+    std::string line = child() + "\n";
+    ssize_t ignored = write(fds[1], line.data(), line.size());
+    (void)ignored;
+    _exit(0);
+  }
+  close(fds[1]);
+  return {pid, fds[0]};
+}
+
+// Endpoints (listening before any rank forks) and addresses of a group.
+struct Generation {
+  explicit Generation(int n) {
+    for (int i = 0; i < n; ++i) {
+      endpoints.push_back(CollectiveEndpoint::listen().value());
+      addresses.push_back(endpoints.back()->address());
+    }
+  }
+  Result<std::unique_ptr<Communicator>> join(int rank, int64_t generation,
+                                             std::chrono::milliseconds timeout = 5000ms) {
+    CollectiveOptions options;
+    options.timeout = timeout;
+    return Communicator::create(std::move(endpoints[static_cast<size_t>(rank)]), addresses, rank, generation, options);
+  }
   std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
   std::vector<std::string> addresses;
-  for (int i = 0; i < n; ++i) {
-    endpoints.push_back(CollectiveEndpoint::listen().value());
-    addresses.push_back(endpoints.back()->address());
-  }
+};
+
+// Forks `n` ranks that form a group and all-reduce 64 MiB until one fails;
+// each reports "CODE message" of the failure.
+std::vector<Rank> start_ranks(int n, std::chrono::milliseconds timeout) {
+  Generation group_of(n);
   std::vector<Rank> ranks;
   for (int r = 0; r < n; ++r) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      close(fds[0]);
-      CollectiveOptions options;
-      options.timeout = timeout;
-      auto group = Communicator::create(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, 1, options);
+    ranks.push_back(fork_rank([&, r]() {
+      auto group = group_of.join(r, 1, timeout);
       Status status = group.status();
       if (group.ok()) {
         Tensor t = Tensor::zeros(DType::kFloat32, {(64 << 20) / 4}).value();
         while (status.ok()) status = (*group)->all_reduce(t, ReduceOp::kSum).status();
       }
-      std::string line = std::to_string(static_cast<int>(status.code())) + " " + status.message() + "\n";
-      ssize_t ignored = write(fds[1], line.data(), line.size());
-      (void)ignored;
-      _exit(0);
-    }
-    close(fds[1]);
-    ranks.push_back({pid, fds[0]});
+      return std::to_string(static_cast<int>(status.code())) + " " + status.message();
+    }));
   }
   return ranks;
 }
@@ -120,23 +140,6 @@ TEST_CASE("SIGSTOP of one of 3 ranks (alive but stuck): the others get Unavailab
   reap(ranks);
 }
 
-// Endpoints (listening before any rank forks) and addresses of a group.
-struct Generation {
-  explicit Generation(int n) {
-    for (int i = 0; i < n; ++i) {
-      endpoints.push_back(CollectiveEndpoint::listen().value());
-      addresses.push_back(endpoints.back()->address());
-    }
-  }
-  Result<std::unique_ptr<Communicator>> join(int rank, int64_t generation) {
-    CollectiveOptions options;
-    options.timeout = 5000ms;
-    return Communicator::create(std::move(endpoints[static_cast<size_t>(rank)]), addresses, rank, generation, options);
-  }
-  std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
-  std::vector<std::string> addresses;
-};
-
 std::vector<MirroredVariableSpec> specs() {
   return {{"w", Tensor::zeros(DType::kFloat32, {64}).value(), Optimizer::adam(0.01)}};
 }
@@ -153,15 +156,11 @@ Status train(MirroredVariables& vars, int rank, int steps) {
   return Status::Ok();
 }
 
-// Writes "step checksum" (or the error) to `fd` and exits.
-[[noreturn]] void finish(int fd, const Result<std::unique_ptr<MirroredVariables>>& vars, const Status& status,
-                         const std::string& seen) {
+// "step checksum | what the rank saw", or "ERROR ..." when `status` failed.
+std::string outcome(const MirroredVariables* vars, const Status& status, const std::string& seen) {
   std::string line = !status.ok() ? "ERROR " + status.to_string()
-                                  : std::to_string((*vars)->step()) + " " + std::to_string((*vars)->checksum());
-  line += " | " + seen + "\n";
-  ssize_t ignored = write(fd, line.data(), line.size());
-  (void)ignored;
-  _exit(0);
+                                  : std::to_string(vars->step()) + " " + std::to_string(vars->checksum());
+  return line + " | " + seen;
 }
 
 TEST_CASE("mirrored training goes on after kill -9 of a rank, and the returning rank gets the variables",
@@ -169,56 +168,42 @@ TEST_CASE("mirrored training goes on after kill -9 of a rank, and the returning 
   Generation first(3), survivors(2), rejoined(3);
   std::vector<Rank> ranks;
   for (int r = 0; r < 3; ++r) {
-    int fds[2];
-    REQUIRE(pipe(fds) == 0);
-    pid_t pid = fork();
-    REQUIRE(pid >= 0);
-    if (pid == 0) {
-      close(fds[0]);
+    ranks.push_back(fork_rank([&, r]() {
       auto group = first.join(r, 1);
-      if (!group.ok()) finish(fds[1], Status::Internal(""), group.status(), "");
+      if (!group.ok()) return outcome(nullptr, group.status(), "");
       auto vars = MirroredVariables::create(**group, specs());
-      if (!vars.ok()) finish(fds[1], vars, vars.status(), "");
+      if (!vars.ok()) return outcome(nullptr, vars.status(), "");
       // Train until rank 2 is killed under us.
       Status lost;
       for (int s = 0; s < 200000 && lost.ok(); ++s) lost = step(**vars, r);
       // The survivors go on as a group of two (generation 2)...
       auto two = survivors.join(r, 2);
-      if (!two.ok()) finish(fds[1], vars, two.status(), lost.to_string());
-      Status status = (*vars)->set_group(**two, 0);
+      Status status = two.status();
+      if (status.ok()) status = (*vars)->set_group(**two, 0);
       if (status.ok()) status = train(**vars, r, 5);
       // ... and take the returning rank in (generation 3).
       auto three = status.ok() ? rejoined.join(r, 3) : Result<std::unique_ptr<Communicator>>(status);
-      if (!three.ok()) finish(fds[1], vars, three.status(), lost.to_string());
-      status = (*vars)->set_group(**three, 0);
+      status = three.status();
+      if (status.ok()) status = (*vars)->set_group(**three, 0);
       if (status.ok()) status = train(**vars, r, 5);
       if (status.ok()) status = (*vars)->verify_replicas();
-      finish(fds[1], vars, status, lost.to_string());
-    }
-    close(fds[1]);
-    ranks.push_back({pid, fds[0]});
+      return outcome(vars->get(), status, lost.to_string());
+    }));
   }
   std::this_thread::sleep_for(800ms);
   kill(ranks[2].pid, SIGKILL);
   waitpid(ranks[2].pid, nullptr, 0);
+  close(ranks[2].report);
   // Rank 2 comes back: a new process with nothing but the specs.
-  int fds[2];
-  REQUIRE(pipe(fds) == 0);
-  pid_t pid = fork();
-  REQUIRE(pid >= 0);
-  if (pid == 0) {
-    close(fds[0]);
+  ranks[2] = fork_rank([&]() {
     auto group = rejoined.join(2, 3);
-    if (!group.ok()) finish(fds[1], Status::Internal(""), group.status(), "");
+    if (!group.ok()) return outcome(nullptr, group.status(), "");
     auto vars = MirroredVariables::join(**group, specs(), 0);
     Status status = vars.status();
     if (status.ok()) status = train(**vars, 2, 5);
     if (status.ok()) status = (*vars)->verify_replicas();
-    finish(fds[1], vars, status, "");
-  }
-  close(fds[1]);
-  close(ranks[2].report);
-  ranks[2] = {pid, fds[0]};
+    return outcome(vars.ok() ? vars->get() : nullptr, status, "");
+  });
 
   std::vector<std::string> reports;
   for (const Rank& r : ranks) reports.push_back(read_report(r, 30000ms));

@@ -7,25 +7,6 @@ namespace capstan::collectives {
 namespace {
 
 template <typename T>
-void reduce_typed(ReduceOp op, T* acc, const T* in, int64_t count) {
-  switch (op) {
-    case ReduceOp::kSum:
-    case ReduceOp::kMean:
-      for (int64_t i = 0; i < count; ++i) acc[i] += in[i];
-      return;
-    case ReduceOp::kProd:
-      for (int64_t i = 0; i < count; ++i) acc[i] *= in[i];
-      return;
-    case ReduceOp::kMin:
-      for (int64_t i = 0; i < count; ++i) acc[i] = std::min(acc[i], in[i]);
-      return;
-    case ReduceOp::kMax:
-      for (int64_t i = 0; i < count; ++i) acc[i] = std::max(acc[i], in[i]);
-      return;
-  }
-}
-
-template <typename T>
 void reduce_to_typed(ReduceOp op, T* out, const T* a, const T* b, int64_t count) {
   switch (op) {
     case ReduceOp::kSum:
@@ -81,21 +62,6 @@ Status check_reducible(DType dtype, std::string_view operation) {
                                  " tensors; use float32, float64, int32, int64, float16 or bfloat16");
 }
 
-void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count) {
-  switch (dtype) {
-    case DType::kFloat32:
-      return reduce_typed(op, reinterpret_cast<float*>(acc), reinterpret_cast<const float*>(in), count);
-    case DType::kFloat64:
-      return reduce_typed(op, reinterpret_cast<double*>(acc), reinterpret_cast<const double*>(in), count);
-    case DType::kInt32:
-      return reduce_typed(op, reinterpret_cast<int32_t*>(acc), reinterpret_cast<const int32_t*>(in), count);
-    case DType::kInt64:
-      return reduce_typed(op, reinterpret_cast<int64_t*>(acc), reinterpret_cast<const int64_t*>(in), count);
-    default:
-      return;  // callers check_reducible() first
-  }
-}
-
 void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count) {
   switch (dtype) {
     case DType::kFloat32:
@@ -113,6 +79,10 @@ void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, con
     default:
       return;
   }
+}
+
+void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count) {
+  reduce_to(dtype, op, acc, acc, in, count);
 }
 
 void finish_mean(DType dtype, std::byte* data, int64_t count, int ranks) {
