@@ -8,8 +8,13 @@
 //
 // Ranks are forked processes on loopback TCP; rank 0 times each operation
 // between barriers and prints one line per size (4 B to --max-bytes, powers
-// of 4).
+// of 4). With 2 ranks it first prints the machine's limit for the same
+// traffic (plain sockets, no Capstan), measured in the same run.
 #include <sys/wait.h>
+#include <arpa/inet.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
+#include <sys/socket.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -18,6 +23,7 @@
 #include <cstdlib>
 #include <sstream>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capstan/collectives.h"
@@ -89,6 +95,84 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
   return 0;
 }
 
+// The machine's limit for the same traffic, without Capstan: two processes
+// over one loopback TCP connection (plain sockets), each sending `bytes`
+// while receiving `bytes` from the other: what each rank of a 2-rank
+// all-reduce moves (the ring sends half the tensor twice). Prints one line
+// per size from the parent; returns false when the pair could not run.
+void send_all(int fd, const char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::send(fd, data, size, 0);
+    if (n <= 0) _exit(3);
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+void recv_all(int fd, char* data, size_t size) {
+  while (size > 0) {
+    ssize_t n = ::recv(fd, data, size, 0);
+    if (n <= 0) _exit(3);
+    data += n;
+    size -= static_cast<size_t>(n);
+  }
+}
+
+// One timed exchange per iteration; rank 0's medians go to `report`.
+void exchange_side(int fd, int64_t min_bytes, int64_t max_bytes, FILE* report) {
+  int one = 1;
+  ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    std::vector<char> out(static_cast<size_t>(bytes), 1), in(static_cast<size_t>(bytes));
+    std::vector<double> seconds;
+    for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
+      char token = 0;
+      send_all(fd, &token, 1);  // both ready
+      recv_all(fd, &token, 1);
+      auto start = Clock::now();
+      std::thread sender([&]() { send_all(fd, out.data(), out.size()); });
+      recv_all(fd, in.data(), in.size());
+      sender.join();
+      if (i >= 2) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    if (report != nullptr) {
+      double p50 = seconds[seconds.size() / 2];
+      std::fprintf(report, "%-12s %5d %12lld %12.1f %10.3f\n", "tcp_exchange", 2, static_cast<long long>(bytes),
+                   p50 * 1e6, static_cast<double>(bytes) / p50 / 1e9);
+      std::fflush(report);
+    }
+  }
+}
+
+bool tcp_baseline(int64_t min_bytes, int64_t max_bytes) {
+  int listener = ::socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(at);
+  if (::bind(listener, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0 || ::listen(listener, 1) != 0 ||
+      ::getsockname(listener, reinterpret_cast<sockaddr*>(&at), &length) != 0) {
+    return false;
+  }
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+    if (::connect(fd, reinterpret_cast<sockaddr*>(&at), sizeof(at)) != 0) _exit(2);
+    exchange_side(fd, min_bytes, max_bytes, nullptr);
+    _exit(0);
+  }
+  int fd = ::accept(listener, nullptr, nullptr);
+  ::close(listener);
+  if (fd < 0) return false;
+  exchange_side(fd, min_bytes, max_bytes, stdout);
+  ::close(fd);
+  int status = 0;
+  waitpid(pid, &status, 0);
+  return WIFEXITED(status) && WEXITSTATUS(status) == 0;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -106,6 +190,14 @@ int main(int argc, char** argv) {
     else {
       std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]\n", argv[0]);
       return 2;
+    }
+  }
+  if (op == "all_reduce" && std::find(rank_counts.begin(), rank_counts.end(), 2) != rank_counts.end()) {
+    std::printf("# the machine's limit: plain sockets, 2 processes each sending and receiving BYTES at once\n");
+    std::printf("%-12s %5s %12s %12s %10s\n", "baseline", "procs", "bytes", "p50_us", "GB/s");
+    if (!tcp_baseline(min_bytes, std::min<int64_t>(max_bytes, int64_t{64} << 20))) {
+      std::fprintf(stderr, "collective_bench: the plain-socket baseline failed\n");
+      return 1;
     }
   }
   std::printf("# transport: TCP on loopback; ranks are processes; times are medians\n");
