@@ -81,8 +81,14 @@ interface DataDispatcher extends(Common.Node) {
   workerHeartbeat @5 (workerAddress :Text, currentTasks :List(Int64))
       -> (newTasks :List(TaskDef), tasksToDelete :List(Int64));
   finishTask @6 (workerAddress :Text, taskId :Int64) -> ();
-  # DYNAMIC sharding: the next split of a job's repetition.
-  getSplit @7 (jobId :Int64, repetition :Int64, splitProviderIndex :Int64)
+  # DYNAMIC sharding: split number `sequence` (0, 1, 2, ...) of task
+  # `taskId` from one split provider of the job. Splits are leased: the
+  # first request for a sequence number leases the job's next split to the
+  # task (journaled before the reply), and asking again for the same number
+  # (a retry after a lost reply, or the task's pipeline rebuilt after its
+  # worker restarted) gets the same split. A task's leases end when it
+  # finishes. Asking for a number past the next one is InvalidArgument.
+  getSplit @7 (jobId :Int64, repetition :Int64, splitProviderIndex :Int64, taskId :Int64, sequence :Int64)
       -> (split :Common.Element, endOfSplits :Bool);
   listDatasets @8 () -> (datasets :List(DatasetSummary));
   listJobs @9 () -> (jobs :List(JobSummary));

@@ -13,6 +13,14 @@ struct GetElementsRequest {
   maxElements @4 :Int32;     # replies carry up to this many (batching small elements)
   maxBytes @5 :Int64;
   trainerId @6 :Text;        # cross-trainer cache
+  # First-come reads: 1, 2, 3, ... per (task, jobClientId); 0 turns
+  # acknowledgement off. A request with the number of the previous one is a
+  # retry (that reply was lost) and gets the same reply again; the next
+  # number acknowledges it. `received` is how many elements of this task the
+  # consumer has received: a worker that restarted skips them when it
+  # rebuilds the task's pipeline.
+  requestSequence @7 :Int64;
+  received @8 :Int64;
 }
 
 interface DataWorker extends(Common.Node) {

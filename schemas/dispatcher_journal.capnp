@@ -83,6 +83,9 @@ struct DispatcherUpdate {
     repetition @1 :Int64;
     splitProviderIndex @2 :Int64;
     finished @3 :Bool;
+    # The task the split is leased to (finished = false); -1 in journals
+    # written before leases, whose splits belong to no task.
+    taskId @4 :Int64 = -1;
   }
   struct GarbageCollectJob {
     jobId @0 :Int64;

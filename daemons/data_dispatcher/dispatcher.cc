@@ -308,41 +308,91 @@ Result<WorkerHeartbeatResponse> Dispatcher::worker_heartbeat(const std::string& 
 Status Dispatcher::finish_task(int64_t task_id) {
   CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Task* task, state_.task_from_id(task_id));
   if (task->finished) return Status::Ok();
-  return apply(FinishTask{task_id});
+  int64_t job_id = task->job_id;
+  CAPSTAN_RETURN_IF_ERROR(apply(FinishTask{task_id}));
+  std::erase_if(replays_, [job_id, task_id](const auto& entry) {
+    return std::get<0>(entry.first) == job_id && std::get<2>(entry.first) == task_id;
+  });
+  return Status::Ok();
 }
 
-Result<SplitResponse> Dispatcher::get_split(int64_t job_id, int64_t repetition, int64_t index) {
+Result<std::optional<Element>> Dispatcher::split_at(const DispatcherState::Job& job, int64_t index,
+                                                    int64_t repetition, int64_t split_index, Splits& cursor) {
+  if (!cursor.provider || cursor.repetition != repetition || cursor.position > split_index) {
+    CAPSTAN_ASSIGN_OR_RETURN(data::Dataset ds, dataset(job.dataset_id));
+    CAPSTAN_ASSIGN_OR_RETURN(auto providers, ds.make_split_providers());
+    if (static_cast<size_t>(index) >= providers.size()) {
+      return Status::Internal("dataset " + job.dataset_id + " has " + std::to_string(providers.size()) +
+                              " split providers, job " + std::to_string(job.job_id) + " expects " +
+                              std::to_string(job.num_split_providers));
+    }
+    cursor.provider = std::move(providers[static_cast<size_t>(index)]);
+    cursor.repetition = repetition;
+    cursor.position = 0;
+  }
+  for (; cursor.position < split_index; ++cursor.position) {
+    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> skipped, cursor.provider->get_next());
+    if (!skipped.has_value()) {
+      return Status::DataLoss("split " + std::to_string(split_index) + " of provider " + std::to_string(index) +
+                              " of job " + std::to_string(job.job_id) + " was handed out, but dataset " +
+                              job.dataset_id + " now has only " + std::to_string(cursor.position) +
+                              " splits: its source changed");
+    }
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> split, cursor.provider->get_next());
+  if (split.has_value()) ++cursor.position;
+  return split;
+}
+
+Result<SplitResponse> Dispatcher::get_split(int64_t job_id, int64_t repetition, int64_t index, int64_t task_id,
+                                            int64_t sequence) {
   CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_from_id(job_id));
   if (!job->is_dynamic()) return Status::FailedPrecondition("job " + std::to_string(job_id) + " is not DYNAMIC");
   CAPSTAN_ASSIGN_OR_RETURN(DispatcherState::SplitState progress, state_.split_state(job_id, index));
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Task* task, state_.task_from_id(task_id));
+  if (task->job_id != job_id) {
+    return Status::InvalidArgument("task " + std::to_string(task_id) + " belongs to job " +
+                                   std::to_string(task->job_id) + ", not to job " + std::to_string(job_id));
+  }
+  if (task->finished) return Status::FailedPrecondition("task " + std::to_string(task_id) + " is finished");
+  CAPSTAN_ASSIGN_OR_RETURN(const std::vector<DispatcherState::Lease>* leases, state_.leases(job_id, index, task_id));
+  const auto leased = static_cast<int64_t>(leases->size());
+  if (sequence < 0 || sequence > leased) {
+    return Status::InvalidArgument("task " + std::to_string(task_id) + " asked for split number " +
+                                   std::to_string(sequence) + " of provider " + std::to_string(index) +
+                                   ", but holds " + std::to_string(leased) + ": the next one is number " +
+                                   std::to_string(leased));
+  }
   SplitResponse response;
+  if (sequence < leased) {
+    // Asked again (a lost reply, or the task rebuilt after its worker
+    // restarted): the same split.
+    DispatcherState::Lease lease = (*leases)[static_cast<size_t>(sequence)];
+    auto key = std::make_tuple(job_id, index, task_id);
+    CAPSTAN_ASSIGN_OR_RETURN(response.split, split_at(*job, index, lease.repetition, lease.split_index, replays_[key]));
+    if (sequence + 1 == leased) replays_.erase(key);  // caught up
+    if (!response.split.has_value()) {
+      return Status::DataLoss("split " + std::to_string(lease.split_index) + " of provider " +
+                              std::to_string(index) + " of job " + std::to_string(job_id) +
+                              " was handed out, but its dataset no longer has it: its source changed");
+    }
+    return response;
+  }
   if (repetition < progress.repetition) {  // a finished repetition
     response.end_of_splits = true;
     return response;
   }
-  Splits& splits = splits_[{job_id, index}];
-  if (!splits.provider || splits.repetition != repetition) {
-    CAPSTAN_ASSIGN_OR_RETURN(data::Dataset ds, dataset(job->dataset_id));
-    CAPSTAN_ASSIGN_OR_RETURN(auto providers, ds.make_split_providers());
-    if (static_cast<size_t>(index) >= providers.size()) {
-      return Status::Internal("dataset " + job->dataset_id + " has " + std::to_string(providers.size()) +
-                              " split providers, job " + std::to_string(job_id) + " expects " +
-                              std::to_string(job->num_split_providers));
-    }
-    splits.provider = std::move(providers[static_cast<size_t>(index)]);
-    splits.repetition = repetition;
-    // After a restart, skip what was handed out before (at most once).
-    int64_t skip = repetition == progress.repetition ? progress.splits_produced : 0;
-    for (int64_t i = 0; i < skip; ++i) CAPSTAN_RETURN_IF_ERROR(splits.provider->get_next().status());
-  }
-  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> split, splits.provider->get_next());
+  int64_t next = repetition == progress.repetition ? progress.splits_produced : 0;
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> split,
+                           split_at(*job, index, repetition, next, splits_[{job_id, index}]));
   if (!split.has_value()) {
     CAPSTAN_RETURN_IF_ERROR(apply(ProduceSplit{job_id, repetition, index, true}));
     response.end_of_splits = true;
     return response;
   }
-  // Journaled before it leaves: a restarted dispatcher never hands it out again.
-  CAPSTAN_RETURN_IF_ERROR(apply(ProduceSplit{job_id, repetition, index, false}));
+  // Journaled before it leaves: a restarted dispatcher gives this task the
+  // same split for the same number, and nobody else gets it.
+  CAPSTAN_RETURN_IF_ERROR(apply(ProduceSplit{job_id, repetition, index, false, task_id}));
   response.split = std::move(split);
   return response;
 }
@@ -404,7 +454,8 @@ void Dispatcher::collect() {
   for (int64_t job_id : state_.jobs_to_collect(clock_.wall_micros(), config_.job_gc_timeout.count() * 1000)) {
     Status collected = apply(GarbageCollectJob{job_id});
     if (collected.ok()) {
-      splits_.erase({job_id, 0});
+      std::erase_if(splits_, [job_id](const auto& entry) { return entry.first.first == job_id; });
+      std::erase_if(replays_, [job_id](const auto& entry) { return std::get<0>(entry.first) == job_id; });
       if (log_) log_->info("garbage-collected job {}", job_id);
     }
   }

@@ -39,6 +39,7 @@
 #include <memory>
 #include <optional>
 #include <string>
+#include <tuple>
 #include <utility>
 #include <vector>
 
@@ -188,9 +189,15 @@ class Dispatcher {
   Result<WorkerHeartbeatResponse> worker_heartbeat(const std::string& worker_address,
                                                    const std::vector<int64_t>& current_tasks);
   Status finish_task(int64_t task_id);
-  // DYNAMIC jobs: the next split of `repetition`; journaled before it is
-  // returned, so a restarted dispatcher never hands it out again.
-  Result<SplitResponse> get_split(int64_t job_id, int64_t repetition, int64_t split_provider_index);
+  // DYNAMIC jobs: split number `sequence` of task `task_id` from one
+  // provider. The first request for a number leases the job's next split of
+  // `repetition` to the task, journaled before it is returned; asking for
+  // the same number again, before or after a restart of the dispatcher, gets
+  // the same split, and no other task ever gets it. NotFound: unknown job or
+  // task; InvalidArgument: the task is another job's, or `sequence` skips
+  // ahead; DataLoss: the dataset no longer has a leased split.
+  Result<SplitResponse> get_split(int64_t job_id, int64_t repetition, int64_t split_provider_index,
+                                  int64_t task_id, int64_t sequence);
 
   // ---- Listing (capstanctl data ...).
   std::vector<DatasetInfo> list_datasets() const;
@@ -206,8 +213,10 @@ class Dispatcher {
 
  private:
   using SteadyTime = std::chrono::steady_clock::time_point;
+  // A split provider of one job, at split `position` of `repetition`.
   struct Splits {
     int64_t repetition = -1;
+    int64_t position = 0;
     std::unique_ptr<data::SplitProvider> provider;
   };
 
@@ -220,6 +229,10 @@ class Dispatcher {
   // Creates the tasks `job_id` lacks on the live workers.
   Status create_tasks(int64_t job_id);
   Result<TaskDef> task_def(const DispatcherState::Task& task) const;
+  // Split `split_index` of `repetition` from provider `index`, moving
+  // `cursor` forward (or starting it over when it is past that split).
+  Result<std::optional<Element>> split_at(const DispatcherState::Job& job, int64_t index, int64_t repetition,
+                                          int64_t split_index, Splits& cursor);
 
   const DispatcherConfig config_;
   const std::shared_ptr<spdlog::logger> log_;  // may be null
@@ -230,7 +243,10 @@ class Dispatcher {
   std::map<std::string, std::string> definitions_;   // dataset id -> serialized definition
   std::map<std::string, SteadyTime> worker_seen_;
   std::map<int64_t, SteadyTime> client_seen_;
-  std::map<std::pair<int64_t, int64_t>, Splits> splits_;  // (job, provider index) -> provider
+  std::map<std::pair<int64_t, int64_t>, Splits> splits_;  // (job, provider index) -> the next split
+  // (job, provider index, task) -> where a task asking for its leased splits
+  // again has got to (dropped once it caught up).
+  std::map<std::tuple<int64_t, int64_t, int64_t>, Splits> replays_;
 };
 
 }  // namespace capstan::data_service

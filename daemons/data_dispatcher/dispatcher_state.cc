@@ -92,6 +92,7 @@ void write(JournalUpdate::Builder b, const ProduceSplit& u) {
   o.setRepetition(u.repetition);
   o.setSplitProviderIndex(u.split_provider_index);
   o.setFinished(u.finished);
+  o.setTaskId(u.task_id);
 }
 void write(JournalUpdate::Builder b, const GarbageCollectJob& u) { b.initGarbageCollectJob().setJobId(u.job_id); }
 
@@ -156,7 +157,8 @@ Result<Update> read(JournalUpdate::Reader r) {
     case JournalUpdate::REMOVE_TASK: return Update(RemoveTask{r.getRemoveTask().getTaskId()});
     case JournalUpdate::PRODUCE_SPLIT: {
       auto i = r.getProduceSplit();
-      return Update(ProduceSplit{i.getJobId(), i.getRepetition(), i.getSplitProviderIndex(), i.getFinished()});
+      return Update(ProduceSplit{i.getJobId(), i.getRepetition(), i.getSplitProviderIndex(), i.getFinished(),
+                                 i.getTaskId()});
     }
     case JournalUpdate::GARBAGE_COLLECT_JOB: return Update(GarbageCollectJob{r.getGarbageCollectJob().getJobId()});
   }
@@ -536,7 +538,9 @@ Status DispatcherState::apply_finish_task(const FinishTask& u) {
   }
   task.finished = true;
   tasks_by_worker_.at(task.worker_address).erase(task.task_id);
-  update_job_finished(jobs_.at(task.job_id));
+  Job& job = jobs_.at(task.job_id);
+  drop_leases(job, task.task_id);
+  update_job_finished(job);
   return Status::Ok();
 }
 
@@ -555,6 +559,7 @@ Status DispatcherState::apply_remove_task(const RemoveTask& u) {
     job.task_ids.erase(std::find(job.task_ids.begin(), job.task_ids.end(), u.task_id));
   }
   tasks_by_worker_.at(task.worker_address).erase(u.task_id);
+  drop_leases(job, u.task_id);
   tasks_.erase(it);
   if (!job.garbage_collected) update_job_finished(job);
   return Status::Ok();
@@ -578,6 +583,20 @@ Status DispatcherState::apply_produce_split(const ProduceSplit& u) {
   if (job->garbage_collected) {
     return Status::FailedPrecondition("ProduceSplit: job " + id + " was garbage-collected");
   }
+  if (u.task_id != -1) {
+    // A lease: to a running task of this job (-1 only in old journals).
+    if (u.finished) {
+      return Status::InvalidArgument("ProduceSplit: the end of job " + id + "'s splits is leased to no task, got task " +
+                                     std::to_string(u.task_id));
+    }
+    auto task = tasks_.find(u.task_id);
+    if (task == tasks_.end() || task->second.job_id != u.job_id) {
+      return Status::NotFound("ProduceSplit: job " + id + " has no task " + std::to_string(u.task_id));
+    }
+    if (task->second.finished) {
+      return Status::FailedPrecondition("ProduceSplit: task " + std::to_string(u.task_id) + " is finished");
+    }
+  }
   SplitState& state = job->split_states[static_cast<size_t>(u.split_provider_index)];
   if (u.repetition < state.repetition) {
     return Status::FailedPrecondition(
@@ -596,9 +615,16 @@ Status DispatcherState::apply_produce_split(const ProduceSplit& u) {
     ++state.repetition;
     state.splits_produced = 0;
   } else {
+    if (u.task_id != -1) {
+      job->leases[{u.split_provider_index, u.task_id}].push_back(Lease{state.repetition, state.splits_produced});
+    }
     ++state.splits_produced;
   }
   return Status::Ok();
+}
+
+void DispatcherState::drop_leases(Job& job, int64_t task_id) {
+  for (int64_t k = 0; k < job.num_split_providers; ++k) job.leases.erase({k, task_id});
 }
 
 Status DispatcherState::apply_garbage_collect_job(const GarbageCollectJob& u) {
@@ -624,6 +650,7 @@ Status DispatcherState::apply_garbage_collect_job(const GarbageCollectJob& u) {
     tasks_.erase(pending.task_id);
   }
   job->pending_tasks.clear();
+  job->leases.clear();
   job->finished = true;
   job->garbage_collected = true;
   return Status::Ok();
@@ -778,6 +805,16 @@ Result<DispatcherState::SplitState> DispatcherState::split_state(
   return job->split_states[static_cast<size_t>(split_provider_index)];
 }
 
+Result<const std::vector<DispatcherState::Lease>*> DispatcherState::leases(int64_t job_id,
+                                                                            int64_t split_provider_index,
+                                                                            int64_t task_id) const {
+  CAPSTAN_RETURN_IF_ERROR(split_state(job_id, split_provider_index).status());
+  static const std::vector<Lease> kNone;
+  const Job& job = jobs_.at(job_id);
+  auto it = job.leases.find({split_provider_index, task_id});
+  return it == job.leases.end() ? &kNone : &it->second;
+}
+
 std::vector<int64_t> DispatcherState::jobs_to_collect(int64_t now_micros,
                                                       int64_t timeout_micros) const {
   std::vector<int64_t> out;
@@ -820,6 +857,15 @@ std::string DispatcherState::debug_string() const {
     for (size_t i = 0; i < j.split_states.size(); ++i) {
       s += (i > 0 ? "," : "") + std::to_string(j.split_states[i].repetition) + ":" +
            std::to_string(j.split_states[i].splits_produced);
+    }
+    s += "] leases=[";
+    bool first = true;
+    for (const auto& [key, leased] : j.leases) {
+      s += std::string(first ? "" : " ") + std::to_string(key.first) + "/" + std::to_string(key.second) + ":";
+      for (size_t i = 0; i < leased.size(); ++i) {
+        s += (i > 0 ? "," : "") + std::to_string(leased[i].repetition) + "." + std::to_string(leased[i].split_index);
+      }
+      first = false;
     }
     s += "] clients=" +
          id_list(std::vector<int64_t>(j.job_client_ids.begin(), j.job_client_ids.end())) +

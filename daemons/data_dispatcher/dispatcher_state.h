@@ -140,15 +140,18 @@ struct RemoveTask {
   friend bool operator==(const RemoveTask&, const RemoveTask&) = default;
 };
 
-// DYNAMIC: the dispatcher handed out the next split of `repetition` from
-// provider `split_provider_index` (finished = false), or the provider
-// reached its end in that repetition (finished = true: the next repetition
-// starts). On replay the counters say how many splits to skip.
+// DYNAMIC: the dispatcher leased the next split of `repetition` from
+// provider `split_provider_index` to task `task_id` (finished = false), or
+// the provider reached its end in that repetition (finished = true: the next
+// repetition starts). On replay the counters say how many splits to skip,
+// and the leases which split each task's request number gets again.
+// task_id -1 (journals from before leases): handed out to no task.
 struct ProduceSplit {
   int64_t job_id = 0;
   int64_t repetition = 0;
   int64_t split_provider_index = 0;
   bool finished = false;
+  int64_t task_id = -1;
   friend bool operator==(const ProduceSplit&, const ProduceSplit&) = default;
 };
 
@@ -199,6 +202,15 @@ class DispatcherState {
     friend bool operator==(const SplitState&, const SplitState&) = default;
   };
 
+  // DYNAMIC jobs: a split leased to a task: split number `split_index` (0,
+  // 1, ...) of the provider in `repetition`. A task's k-th lease answers its
+  // k-th getSplit, however often it is asked.
+  struct Lease {
+    int64_t repetition = 0;
+    int64_t split_index = 0;
+    friend bool operator==(const Lease&, const Lease&) = default;
+  };
+
   // A task waiting for every consumer of a round-robin job to accept it.
   struct PendingTask {
     int64_t task_id = 0;
@@ -218,6 +230,9 @@ class DispatcherState {
     bool cross_trainer_cache = false;
     // One entry per split provider for DYNAMIC jobs, empty otherwise.
     std::vector<SplitState> split_states;
+    // DYNAMIC jobs: (provider index, task id) -> the task's leases in order.
+    // A task's leases go when it finishes or is removed.
+    std::map<std::pair<int64_t, int64_t>, std::vector<Lease>> leases;
     std::set<int64_t> job_client_ids;  // active clients
     int64_t last_client_released_micros = -1;  // -1: no client released yet
     std::vector<int64_t> task_ids;      // active tasks, in creation order
@@ -294,6 +309,10 @@ class DispatcherState {
   // NotFound: unknown job; FailedPrecondition: not DYNAMIC; InvalidArgument:
   // index out of range.
   Result<SplitState> split_state(int64_t job_id, int64_t split_provider_index) const;
+  // DYNAMIC jobs: the splits leased to `task_id` from one provider, in order
+  // (empty when none). Errors as split_state.
+  Result<const std::vector<Lease>*> leases(int64_t job_id, int64_t split_provider_index,
+                                           int64_t task_id) const;
 
   // Jobs to garbage-collect at `now_micros` (TF's GcOldJobs): not finished,
   // not collected, no clients, and the last client left at least
@@ -324,6 +343,8 @@ class DispatcherState {
   Job* mutable_job(int64_t job_id);
   // finished = at least one task and all tasks finished.
   void update_job_finished(Job& job);
+  // Forgets the task's split leases (it will not ask for them again).
+  void drop_leases(Job& job, int64_t task_id);
 
   // Ordered maps: deterministic listings and debug_string().
   std::map<std::string, Dataset, std::less<>> datasets_by_id_;

@@ -92,6 +92,7 @@ std::vector<Update> sample_updates() {
       RemoveTask{-1},
       ProduceSplit{2000, 2, 1, true},
       ProduceSplit{2000, 0, 0, false},
+      ProduceSplit{2000, 0, 3, false, 4000},
       GarbageCollectJob{2000},
   };
 }
@@ -720,6 +721,46 @@ TEST_CASE("ProduceSplit rejects unknown, non-dynamic and collected jobs and bad 
   rejected(state, ProduceSplit{3, 0, 0, false}, StatusCode::kFailedPrecondition);
 }
 
+TEST_CASE("ProduceSplit leases a split to a running task of its job, in order") {
+  DispatcherState state;
+  setup(state);
+  CreateJob c = job_of(1, "ds", "", ProcessingMode::kDynamic);
+  c.num_split_providers = 2;
+  ok(state, c);
+  ok(state, job_of(2, "ds", "", ProcessingMode::kDynamic));
+  ok(state, CreateTask{10, 1, "w1"});
+  ok(state, CreateTask{11, 1, "w2"});
+  ok(state, CreateTask{20, 2, "w1"});
+  using Lease = DispatcherState::Lease;
+  CHECK((*state.leases(1, 0, 10))->empty());
+  ok(state, ProduceSplit{1, 0, 0, false, 10});
+  ok(state, ProduceSplit{1, 0, 0, false, 11});
+  ok(state, ProduceSplit{1, 0, 0, false, 10});
+  ok(state, ProduceSplit{1, 0, 1, false, 10});
+  ok(state, ProduceSplit{1, 0, 0, false});  // an old journal's: nobody's
+  CHECK(**state.leases(1, 0, 10) == std::vector<Lease>{{0, 0}, {0, 2}});
+  CHECK(**state.leases(1, 0, 11) == std::vector<Lease>{{0, 1}});
+  CHECK(**state.leases(1, 1, 10) == std::vector<Lease>{{0, 0}});
+  CHECK(*state.split_state(1, 0) == SplitState{0, 4});
+
+  rejected(state, ProduceSplit{1, 0, 0, false, 20}, StatusCode::kNotFound);  // job 2's task
+  rejected(state, ProduceSplit{1, 0, 0, false, 99}, StatusCode::kNotFound);
+  rejected(state, ProduceSplit{1, 0, 0, true, 10}, StatusCode::kInvalidArgument);
+  CHECK(*state.split_state(1, 0) == SplitState{0, 4});  // rejected: nothing changed
+
+  // The end of a repetition keeps the leases: a task may ask again.
+  ok(state, ProduceSplit{1, 0, 0, true});
+  CHECK(state.leases(1, 0, 10).value()->size() == 2);
+  // A finished task's leases go, and it gets no more.
+  ok(state, FinishTask{10});
+  CHECK((*state.leases(1, 0, 10))->empty());
+  CHECK((*state.leases(1, 1, 10))->empty());
+  rejected(state, ProduceSplit{1, 1, 0, false, 10}, StatusCode::kFailedPrecondition);
+  CHECK(state.leases(1, 2, 10).status().code() == StatusCode::kInvalidArgument);
+  ok(state, GarbageCollectJob{1});
+  CHECK((*state.leases(1, 0, 11))->empty());
+}
+
 TEST_CASE("split_state reports errors") {
   DispatcherState state;
   setup(state);
@@ -839,6 +880,10 @@ std::vector<Update> journal() {
       ProduceSplit{2000, 0, 1, false},
       ProduceSplit{2000, 0, 0, true},
       ProduceSplit{2000, 1, 0, false},
+      ProduceSplit{2000, 1, 0, false, 4006},  // leases
+      ProduceSplit{2000, 1, 0, false, 4000},
+      ProduceSplit{2000, 1, 0, false, 4006},
+      ProduceSplit{2000, 1, 1, false, 4001},
       CreatePendingTask{4004, 2001, "w3", 7},
       ClientHeartbeat{3001, true, std::nullopt},
       ClientHeartbeat{3002, false, int64_t{9}},
@@ -892,8 +937,13 @@ TEST_CASE("replaying the encoded journal rebuilds identical state") {
   CHECK((*b.job_for_name("cache"))->job_id == 2010);
   CHECK((*b.job_for_name("shared"))->job_id == 2001);
   CHECK(*a.split_state(2000, 0) == *b.split_state(2000, 0));
-  CHECK(*b.split_state(2000, 0) == SplitState{1, 1});
-  CHECK(*b.split_state(2000, 1) == SplitState{0, 1});
+  CHECK(*b.split_state(2000, 0) == SplitState{1, 4});
+  CHECK(*b.split_state(2000, 1) == SplitState{1, 1});
+  // Task 4006 holds its two leases; finished 4000's and removed 4001's went.
+  using Lease = DispatcherState::Lease;
+  CHECK(**b.leases(2000, 0, 4006) == std::vector<Lease>{{1, 1}, {1, 3}});
+  CHECK((*b.leases(2000, 0, 4000))->empty());
+  CHECK((*b.leases(2000, 1, 4001))->empty());
   CHECK(a.list_active_job_client_ids() == b.list_active_job_client_ids());
   for (int64_t job_id : {2000, 2001, 2002, 2010}) {
     INFO(job_id);

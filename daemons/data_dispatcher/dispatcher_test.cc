@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cstdlib>
 #include <filesystem>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -267,32 +268,70 @@ TEST_CASE("a released client's job is collected; a job with clients is not") {
   CHECK_FALSE(d->state().job_from_id(kept->job_id).value()->garbage_collected);
 }
 
-TEST_CASE("DYNAMIC jobs hand out each split once, then the end") {
+// The first element of a range() split: where the chunk begins.
+int64_t split_begin(const Result<SplitResponse>& response) {
+  REQUIRE(response.ok());
+  REQUIRE(response->split.has_value());
+  return response->split->components.at(0).flat<int64_t>()[0];
+}
+
+int64_t only_task(const Dispatcher& d, int64_t job_id, size_t k = 0) {
+  auto tasks = d.state().tasks_for_job(job_id);
+  REQUIRE(tasks.ok());
+  REQUIRE(tasks->size() > k);
+  return (*tasks)[k]->task_id;
+}
+
+TEST_CASE("DYNAMIC jobs lease each split to one task; asking again gets the same split") {
   FakeClock clock;
   auto d = open(clock);
   std::string ds = register_range(*d, 3);
+  add_worker(*d, "w1:1");
+  add_worker(*d, "w2:1");
   auto j = d->get_or_create_job(job(ds, "", ProcessingMode::kDynamic));
   REQUIRE(j.ok());
-  int splits = 0;
-  for (;;) {
-    auto s = d->get_split(j->job_id, 0, 0);
-    REQUIRE(s.ok());
-    if (s->end_of_splits) break;
-    CHECK(s->split.has_value());
-    ++splits;
-  }
-  CHECK(splits == 3);
-  CHECK(d->get_split(j->job_id, 0, 0)->end_of_splits);  // a finished repetition
+  int64_t t1 = only_task(*d, j->job_id, 0);
+  int64_t t2 = only_task(*d, j->job_id, 1);
+  int64_t a = split_begin(d->get_split(j->job_id, 0, 0, t1, 0));
+  int64_t b = split_begin(d->get_split(j->job_id, 0, 0, t2, 0));
+  int64_t c = split_begin(d->get_split(j->job_id, 0, 0, t1, 1));
+  CHECK(std::set<int64_t>{a, b, c} == std::set<int64_t>{0, 1, 2});
+  // A retry (the reply was lost) gets the same split, not the next one.
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, t1, 0)) == a);
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, t1, 1)) == c);
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, t2, 0)) == b);
+  CHECK(d->get_split(j->job_id, 0, 0, t1, 2)->end_of_splits);
+  CHECK(d->get_split(j->job_id, 0, 0, t2, 1)->end_of_splits);
+  CHECK(d->get_split(j->job_id, 0, 0, t2, 1)->end_of_splits);  // a finished repetition
+
+  // Bad requests name what is wrong.
+  auto skipping = d->get_split(j->job_id, 0, 0, t2, 5);
+  CHECK(skipping.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(skipping.status().message(), Catch::Contains("the next one is number 1"));
+  CHECK(d->get_split(j->job_id, 0, 0, t2, -1).status().code() == StatusCode::kInvalidArgument);
+  CHECK(d->get_split(j->job_id, 0, 0, 999999, 0).status().code() == StatusCode::kNotFound);
+  CHECK(d->get_split(j->job_id, 0, 1, t1, 0).status().code() == StatusCode::kInvalidArgument);
   auto off = d->get_or_create_job(job(ds));
-  CHECK(d->get_split(off->job_id, 0, 0).status().code() == StatusCode::kFailedPrecondition);
+  REQUIRE(off.ok());
+  CHECK(d->get_split(off->job_id, 0, 0, t1, 0).status().code() == StatusCode::kFailedPrecondition);
+  auto other = d->get_or_create_job(job(ds, "", ProcessingMode::kDynamic));
+  REQUIRE(other.ok());
+  CHECK(d->get_split(other->job_id, 0, 0, t1, 0).status().code() == StatusCode::kInvalidArgument);
+
+  // A finished task's leases are gone, and it gets no new split.
+  REQUIRE(d->finish_task(t1).ok());
+  CHECK(d->state().leases(j->job_id, 0, t1).value()->empty());
+  CHECK(d->get_split(j->job_id, 0, 0, t1, 0).status().code() == StatusCode::kFailedPrecondition);
 }
 
-TEST_CASE("replaying the journal rebuilds the same state, definitions and split progress") {
+TEST_CASE("replaying the journal rebuilds the same state, definitions, split progress and leases") {
   TempDir dir;
   FakeClock clock;
   std::string before;
   std::string ds;
   int64_t dynamic_job = 0;
+  int64_t task = 0;
+  std::vector<int64_t> leased;
   {
     auto d = open(clock, dir.path());
     ds = register_range(*d, 5);
@@ -303,8 +342,9 @@ TEST_CASE("replaying the journal rebuilds the same state, definitions and split 
     REQUIRE(named.ok());
     REQUIRE(dynamic.ok());
     dynamic_job = dynamic->job_id;
-    REQUIRE(d->get_split(dynamic_job, 0, 0)->split.has_value());
-    REQUIRE(d->get_split(dynamic_job, 0, 0)->split.has_value());
+    task = only_task(*d, dynamic_job);
+    leased.push_back(split_begin(d->get_split(dynamic_job, 0, 0, task, 0)));
+    leased.push_back(split_begin(d->get_split(dynamic_job, 0, 0, task, 1)));
     add_worker(*d, "w2:1");
     REQUIRE(d->release_job_client(named->job_client_id).ok());
     REQUIRE(d->finish_task(d->state().tasks_for_job(named->job_id).value()[0]->task_id).ok());
@@ -313,10 +353,21 @@ TEST_CASE("replaying the journal rebuilds the same state, definitions and split 
   auto d = open(clock, dir.path());
   CHECK(d->state().debug_string() == before);
   CHECK(d->dataset_definition(ds).value() == data::Dataset::range(5).serialize());
-  // Two of five splits were handed out before the restart: three remain.
-  int remaining = 0;
-  while (!d->get_split(dynamic_job, 0, 0).value().end_of_splits) ++remaining;
-  CHECK(remaining == 3);
+  // The task asks for its splits again (its worker restarted too): the same
+  // two, in the same order, even asked out of order.
+  CHECK(split_begin(d->get_split(dynamic_job, 0, 0, task, 1)) == leased[1]);
+  CHECK(split_begin(d->get_split(dynamic_job, 0, 0, task, 0)) == leased[0]);
+  CHECK(split_begin(d->get_split(dynamic_job, 0, 0, task, 1)) == leased[1]);
+  // Two of five splits were leased before the restart: three new ones remain.
+  std::set<int64_t> rest;
+  for (int64_t k = 2;; ++k) {
+    auto s = d->get_split(dynamic_job, 0, 0, task, k);
+    REQUIRE(s.ok());
+    if (s->end_of_splits) break;
+    rest.insert(split_begin(s));
+  }
+  CHECK(rest.size() == 3);
+  for (int64_t v : leased) CHECK(rest.count(v) == 0);
   CHECK(register_range(*d, 5) == ds);
 }
 

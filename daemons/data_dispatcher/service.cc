@@ -186,7 +186,11 @@ kj::Promise<void> DispatcherService::getSplit(GetSplitContext context) {
   int64_t job_id = params.getJobId();
   int64_t repetition = params.getRepetition();
   int64_t index = params.getSplitProviderIndex();
-  return on_dispatcher([job_id, repetition, index](Dispatcher& d) { return d.get_split(job_id, repetition, index); })
+  int64_t task_id = params.getTaskId();
+  int64_t sequence = params.getSequence();
+  return on_dispatcher([job_id, repetition, index, task_id, sequence](Dispatcher& d) {
+           return d.get_split(job_id, repetition, index, task_id, sequence);
+         })
       .then([context](Result<SplitResponse> result) mutable {
         SplitResponse response = take(result);
         auto results = context.getResults();

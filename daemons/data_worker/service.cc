@@ -56,9 +56,12 @@ const char* mode_name(wire::ProcessingMode mode) {
 
 // One getSplit call a pipeline thread is waiting for.
 struct SplitCall {
-  SplitCall(int64_t job, int64_t index) : job_id(job), split_provider_index(index) {}
+  SplitCall(int64_t job, int64_t index, int64_t task, int64_t number)
+      : job_id(job), split_provider_index(index), task_id(task), sequence(number) {}
   const int64_t job_id;
   const int64_t split_provider_index;
+  const int64_t task_id;
+  const int64_t sequence;  // the task's request number for this provider
   // Both guarded by SplitBridge::mutex_ (an annotation cannot name another
   // object's mutex).
   bool done = false;
@@ -77,9 +80,10 @@ class SplitBridge {
   // Pipeline side: posts a call and waits up to `timeout` for its answer.
   // Cancelled when `cancelled` becomes true (see wake_waiters) or the bridge
   // closes; DeadlineExceeded when the loop did not answer in time.
-  Result<std::optional<Element>> call(int64_t job_id, int64_t split_provider_index,
-                                      const std::atomic<bool>& cancelled, std::chrono::milliseconds timeout) {
-    auto call = std::make_shared<SplitCall>(job_id, split_provider_index);
+  Result<std::optional<Element>> call(int64_t job_id, int64_t split_provider_index, int64_t task_id,
+                                      int64_t sequence, const std::atomic<bool>& cancelled,
+                                      std::chrono::milliseconds timeout) {
+    auto call = std::make_shared<SplitCall>(job_id, split_provider_index, task_id, sequence);
     MutexLock lock(mutex_);
     if (closed_) return Status::Cancelled("the data worker is shutting down");
     queue_.push_back(call);
@@ -155,21 +159,34 @@ namespace {
 
 // The splits of one source of a DYNAMIC task's pipeline, from the
 // dispatcher's getSplit (repetition 0, the source's split provider index;
-// the dispatcher's providers repeat them for repeat()). Thread-safe.
+// the dispatcher's providers repeat them for repeat()). The task's requests
+// are numbered 0, 1, 2, ...: the dispatcher leases split k to request k, so
+// a retry, or the same task rebuilt after this worker restarted, gets the
+// same splits in the same order. Thread-safe.
 class RemoteSplitProvider final : public data::SplitProvider {
  public:
-  RemoteSplitProvider(std::shared_ptr<SplitBridge> bridge, int64_t job_id, int64_t index)
-      : bridge_(std::move(bridge)), job_id_(job_id), index_(index) {}
+  RemoteSplitProvider(std::shared_ptr<SplitBridge> bridge, int64_t job_id, int64_t index, int64_t task_id)
+      : bridge_(std::move(bridge)), job_id_(job_id), index_(index), task_id_(task_id) {}
 
   // Retries while the dispatcher is unreachable, for up to kSplitRetryWindow,
   // so that a dispatcher restart does not end the task.
   Result<std::optional<Element>> get_next() override {
+    MutexLock lock(mutex_);  // one request at a time: numbers stay in order
+    if (ended_) return std::optional<Element>();
     auto give_up = std::chrono::steady_clock::now() + kSplitRetryWindow;
     std::chrono::milliseconds backoff{100};
     while (true) {
       // A little longer than the loop's own deadline, which answers first.
-      auto result = bridge_->call(job_id_, index_, cancelled_, kSplitAttemptTimeout + std::chrono::seconds(5));
-      if (result.ok()) return result;
+      auto result = bridge_->call(job_id_, index_, task_id_, sequence_, cancelled_,
+                                  kSplitAttemptTimeout + std::chrono::seconds(5));
+      if (result.ok()) {
+        if (result->has_value()) {
+          ++sequence_;
+        } else {
+          ended_ = true;
+        }
+        return result;
+      }
       Status status = result.status();
       if (!retryable(status) || std::chrono::steady_clock::now() + backoff >= give_up) {
         return status.with_context("getting a split of job " + std::to_string(job_id_) + " from the dispatcher");
@@ -193,7 +210,11 @@ class RemoteSplitProvider final : public data::SplitProvider {
   const std::shared_ptr<SplitBridge> bridge_;
   const int64_t job_id_;
   const int64_t index_;
+  const int64_t task_id_;
   std::atomic<bool> cancelled_{false};
+  Mutex mutex_;
+  int64_t sequence_ GUARDED_BY(mutex_) = 0;  // the next request's number
+  bool ended_ GUARDED_BY(mutex_) = false;    // the dispatcher said endOfSplits
 };
 
 // What the pool needs from a TaskDef to build its pipeline.
@@ -268,7 +289,7 @@ std::shared_ptr<WorkerTask> build_task(const TaskSpec& spec, const FunctionRegis
       }
       std::vector<data::SplitProvider*> providers;
       for (int64_t k = 0; k < spec.num_split_providers; ++k) {
-        task->splits.push_back(std::make_unique<RemoteSplitProvider>(bridge, spec.job_id, k));
+        task->splits.push_back(std::make_unique<RemoteSplitProvider>(bridge, spec.job_id, k, spec.task_id));
         providers.push_back(task->splits.back().get());
       }
       CAPSTAN_ASSIGN_OR_RETURN(iterator, dataset.make_iterator(functions, std::move(providers)));
@@ -530,14 +551,14 @@ kj::Promise<void> DataWorkerService::serve_splits() {
 
 kj::Promise<void> DataWorkerService::fetch_split(std::shared_ptr<SplitCall> call) {
   kj::Timer& timer = ctx_.loop->timer();
-  int64_t job_id = call->job_id;
-  int64_t index = call->split_provider_index;
   auto fetched = dispatcher_->service<wire::DataDispatcher>(timer.now() + to_kj(kConnectTimeout))
-                     .then([job_id, index](wire::DataDispatcher::Client dispatcher) {
+                     .then([call](wire::DataDispatcher::Client dispatcher) {
                        auto request = dispatcher.getSplitRequest();
-                       request.setJobId(job_id);
+                       request.setJobId(call->job_id);
                        request.setRepetition(0);
-                       request.setSplitProviderIndex(index);
+                       request.setSplitProviderIndex(call->split_provider_index);
+                       request.setTaskId(call->task_id);
+                       request.setSequence(call->sequence);
                        return request.send();
                      })
                      .then([](capnp::Response<wire::DataDispatcher::GetSplitResults>&& response)
@@ -605,6 +626,9 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   get.round = request.getRoundIndex();
   get.trainer_id = text(request.getTrainerId());
   get.max_elements = request.getMaxElements();
+  get.client_id = request.getJobClientId();
+  get.sequence = request.getRequestSequence();
+  get.received = request.getReceived();
   if (request.getMaxBytes() > 0) get.max_bytes = request.getMaxBytes();  // 0: the runner's default
   get.wait = kGetElementsWait;
   return rpc::run_on_pool(ctx_.pool, [task, get]() { return task->runner->get(get); })

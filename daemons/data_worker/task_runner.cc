@@ -48,10 +48,15 @@ void TaskRunner::produce() {
       cv_.notify_all();
       return;
     } else {
+      ++produced_;
+      if (skip_ > 0) {  // the consumer has it from before the restart
+        --skip_;
+        continue;
+      }
       item.element = std::move(**next);
       buffer_bytes_ += static_cast<int64_t>(item.element.byte_size());
-      ++produced_;
     }
+    if (skip_ > 0) continue;  // an error the consumer already saw
     buffer_.push_back(std::move(item));
     cv_.notify_all();
   }
@@ -87,10 +92,64 @@ Result<TaskRunner::Reply> TaskRunner::get(const Request& request) {
   return get_first_come(request);
 }
 
-Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
-  auto deadline = std::chrono::steady_clock::now() + request.wait;
-  while (buffer_.empty() && !end_ && !stopping_ && cv_.wait_until(mutex_, deadline)) {
+void TaskRunner::skip_buffered() {
+  while (skip_ > 0 && !buffer_.empty()) {
+    Item& front = buffer_.front();
+    if (front.status.ok()) {
+      buffer_bytes_ -= static_cast<int64_t>(front.element.byte_size());
+      --skip_;
+    }
+    buffer_.pop_front();
   }
+  cv_.notify_all();
+}
+
+Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
+  if (request.sequence <= 0) {
+    asked_ = true;
+    return take_first_come(request);
+  }
+  if (request.client_id < 0 || request.received < 0) {
+    return Status::InvalidArgument("a numbered request needs a client id and a received count that are not "
+                                   "negative, got client " + std::to_string(request.client_id) + ", received " +
+                                   std::to_string(request.received));
+  }
+  auto last = last_replies_.find(request.client_id);
+  if (last != last_replies_.end()) {
+    if (request.sequence == last->second.sequence) return last->second.reply;  // the reply was lost: again
+    if (request.sequence != last->second.sequence + 1) {
+      return Status::FailedPrecondition("client " + std::to_string(request.client_id) + " sent request number " +
+                                        std::to_string(request.sequence) + " after number " +
+                                        std::to_string(last->second.sequence) + ": expected the same or the next");
+    }
+  } else if (!asked_ && request.received > 0) {
+    // The first request this runner sees continues a read that began before
+    // the worker restarted: the rebuilt pipeline produces the same elements
+    // again, and the consumer has the first `received` of them.
+    skip_ = request.received;
+    skip_buffered();
+  }
+  asked_ = true;
+  CAPSTAN_ASSIGN_OR_RETURN(Reply reply, take_first_come(request));
+  if (last == last_replies_.end()) {
+    if (last_replies_.size() >= kMaxAcknowledgedClients) {
+      last_replies_.erase(client_order_.front());
+      client_order_.pop_front();
+    }
+    client_order_.push_back(request.client_id);
+    last = last_replies_.emplace(request.client_id, LastReply{}).first;
+  }
+  last->second.sequence = request.sequence;
+  last->second.reply = reply;  // tensors share their buffers: a cheap copy
+  return reply;
+}
+
+Result<TaskRunner::Reply> TaskRunner::take_first_come(const Request& request) {
+  auto deadline = std::chrono::steady_clock::now() + request.wait;
+  while ((buffer_.empty() || skip_ > 0) && !end_ && !stopping_ && cv_.wait_until(mutex_, deadline)) {
+    skip_buffered();
+  }
+  skip_buffered();
   Reply reply;
   int64_t bytes = 0;
   while (!buffer_.empty() && static_cast<int>(reply.elements.size()) < request.max_elements) {

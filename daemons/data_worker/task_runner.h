@@ -4,7 +4,12 @@
 //   first come, first served (the default): a background thread keeps a
 //       bounded buffer (elements and bytes) full; each request takes the
 //       next elements, up to its own limits (small elements go out in
-//       batches);
+//       batches). Numbered requests are acknowledged: the runner keeps each
+//       consumer's last reply until the consumer's next number, so a reply
+//       lost on the way is sent again; and a runner rebuilt after its worker
+//       restarted skips the elements its first consumer says it has (the
+//       pipeline is deterministic, and DYNAMIC splits come back in the same
+//       order), so nothing is lost and nothing repeats;
 //   coordinated reads (num_consumers > 0; infinite datasets): elements come
 //       in rounds of num_consumers consecutive elements; consumer c of round
 //       r gets element c of that round, so every consumer takes one step per
@@ -44,6 +49,12 @@ class TaskRunner {
     int64_t consumer_index = -1;  // coordinated reads
     int64_t round = -1;           // coordinated reads
     std::string trainer_id;       // cross-trainer cache
+    // First-come acknowledgement: `sequence` 1, 2, 3, ... per client (0:
+    // none). The same number again is a retry; the next one acknowledges
+    // the previous reply. `received`: elements of this task the client has.
+    int64_t client_id = -1;
+    int64_t sequence = 0;
+    int64_t received = 0;
     int max_elements = 1;
     int64_t max_bytes = 16 << 20;
     // How long to wait for a first element before answering with none.
@@ -63,13 +74,20 @@ class TaskRunner {
   TaskRunner& operator=(const TaskRunner&) = delete;
 
   // Elements for one request. Errors of the pipeline are returned once, in
-  // order, like a local iterator's; InvalidArgument for a bad request.
+  // order, like a local iterator's; InvalidArgument for a bad request;
+  // FailedPrecondition for a request number that is neither the previous
+  // one nor the next.
   Result<Reply> get(const Request& request);
   // Elements produced so far (for metrics and tests).
   int64_t produced() const;
+  // Consumers whose last reply is kept, at most this many (the oldest go).
+  static constexpr size_t kMaxAcknowledgedClients = 1024;
 
  private:
   Result<Reply> get_first_come(const Request& request) REQUIRES(mutex_);
+  Result<Reply> take_first_come(const Request& request) REQUIRES(mutex_);
+  // Drops buffered elements still to skip.
+  void skip_buffered() REQUIRES(mutex_);
   Result<Reply> get_round(const Request& request) REQUIRES(mutex_);
   Result<Reply> get_cached(const Request& request) REQUIRES(mutex_);
   // Pulls one element from the pipeline on the calling thread (with the lock
@@ -92,6 +110,15 @@ class TaskRunner {
   };
   std::deque<Item> buffer_ GUARDED_BY(mutex_);
   int64_t buffer_bytes_ GUARDED_BY(mutex_) = 0;
+  // Acknowledgement: each client's last numbered reply, until its next one.
+  struct LastReply {
+    int64_t sequence = 0;
+    Reply reply;
+  };
+  std::map<int64_t, LastReply> last_replies_ GUARDED_BY(mutex_);
+  std::deque<int64_t> client_order_ GUARDED_BY(mutex_);  // first seen first
+  bool asked_ GUARDED_BY(mutex_) = false;    // a request came in
+  int64_t skip_ GUARDED_BY(mutex_) = 0;      // elements still to drop (rebuilt task)
   // Coordinated reads: round -> its elements; consumers that took theirs.
   struct Round {
     std::vector<Element> elements;

@@ -22,7 +22,77 @@ TaskRunner::Request take(int n) {
   return r;
 }
 
+// A numbered request of `client`: `sequence`, having `received` elements.
+TaskRunner::Request numbered(int64_t client, int64_t sequence, int64_t received, int n = 3) {
+  TaskRunner::Request r = take(n);
+  r.client_id = client;
+  r.sequence = sequence;
+  r.received = received;
+  return r;
+}
+
+std::vector<int64_t> values(const TaskRunner::Reply& reply) {
+  std::vector<int64_t> out;
+  for (const auto& e : reply.elements) out.push_back(value(e));
+  return out;
+}
+
 }  // namespace
+
+TEST_CASE("a numbered request asked again gets the same reply; the next number gets new elements",
+          "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(20)), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  auto first = runner.get(numbered(7, 1, 0));
+  REQUIRE(first.ok());
+  CHECK(values(*first) == std::vector<int64_t>{0, 1, 2});
+  // The reply was lost on the way: the retry carries the same number.
+  CHECK(values(runner.get(numbered(7, 1, 0)).value()) == std::vector<int64_t>{0, 1, 2});
+  // Another client's numbers are its own.
+  CHECK(values(runner.get(numbered(8, 1, 0)).value()) == std::vector<int64_t>{3, 4, 5});
+  CHECK(values(runner.get(numbered(7, 2, 3)).value()) == std::vector<int64_t>{6, 7, 8});
+  CHECK(values(runner.get(numbered(7, 2, 3)).value()) == std::vector<int64_t>{6, 7, 8});
+  CHECK(values(runner.get(numbered(8, 2, 3)).value()) == std::vector<int64_t>{9, 10, 11});
+
+  auto skipped = runner.get(numbered(7, 5, 6));
+  CHECK(skipped.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(skipped.status().message(), Catch::Contains("request number 5 after number 2"));
+  CHECK(runner.get(numbered(7, 1, 0)).status().code() == StatusCode::kFailedPrecondition);
+  CHECK(runner.get(numbered(-1, 1, 0)).status().code() == StatusCode::kInvalidArgument);
+  CHECK(runner.get(numbered(9, 1, -4)).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a rebuilt task skips the elements its consumer already has", "[data-service][task]") {
+  // The worker restarted: the consumer has 0..6 and its request number 4
+  // (for 7..) never got an answer. The rebuilt pipeline starts from 0 again.
+  TaskRunner runner(iterate(Dataset::range(10)), {});
+  std::vector<int64_t> got;
+  for (int64_t sequence = 4, received = 7;; ++sequence) {
+    auto reply = runner.get(numbered(3, sequence, received));
+    REQUIRE(reply.ok());
+    for (int64_t v : values(*reply)) got.push_back(v);
+    received += static_cast<int64_t>(reply->elements.size());
+    if (reply->end_of_sequence) break;
+  }
+  CHECK(got == std::vector<int64_t>{7, 8, 9});
+}
+
+TEST_CASE("only the first request of a task can skip: a later consumer reads on", "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(10)), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  CHECK(values(runner.get(numbered(1, 1, 0)).value()) == std::vector<int64_t>{0, 1, 2});
+  // A second consumer says it has 5 elements (from another worker's task,
+  // say): nothing of this task is skipped for it.
+  CHECK(values(runner.get(numbered(2, 1, 5)).value()) == std::vector<int64_t>{3, 4, 5});
+}
+
+TEST_CASE("a consumer claiming more elements than the task has gets the end", "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(4)), {});
+  auto reply = runner.get(numbered(1, 1, 100));
+  REQUIRE(reply.ok());
+  CHECK(reply->elements.empty());
+  CHECK(reply->end_of_sequence);
+}
 
 TEST_CASE("first-come requests get elements in order, in batches, then the end", "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(10)), {});

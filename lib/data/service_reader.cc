@@ -167,8 +167,16 @@ class ServiceReader final : public engine::IteratorBase {
   void mark_done(int64_t task_id);
   // No task had data: ask for a heartbeat now and back off a little.
   void idle();
+  // First-come reads of one task: the next request's number (the same again
+  // after a failed request) and the elements received from the task.
+  struct Acknowledgement {
+    int64_t sequence = 1;
+    int64_t received = 0;
+  };
   Result<Batch> fetch(const TaskRef& task, int64_t consumer_index, int64_t round,
                       int max_elements);
+  Result<Batch> fetch_once(const TaskRef& task, int64_t consumer_index, int64_t round, int max_elements,
+                           const Acknowledgement* ack, const std::string& what);
 
   // Loop thread.
   kj::Promise<void> heartbeat();  // never rejects: failures land in fatal_
@@ -187,6 +195,7 @@ class ServiceReader final : public engine::IteratorBase {
   JobIds job_;
   std::deque<Element> queue_;        // received, not yet returned
   int64_t last_task_id_ = -1;        // first come: the task read last
+  std::map<int64_t, Acknowledgement> acks_;  // first come: by task id
   int64_t round_ = 0;                // coordinated reads: the next round
   bool round_in_doubt_ = false;      // a request for round_ failed in transit
   std::chrono::milliseconds idle_backoff_{0};
@@ -451,15 +460,30 @@ Status ServiceReader::next_round(Element* out, bool* end_of_sequence) {
 Result<ServiceReader::Batch> ServiceReader::fetch(const TaskRef& task, int64_t consumer_index,
                                                   int64_t round, int max_elements) {
   std::string what = "getElements (task " + std::to_string(task.id) + ") from " + task.address;
+  // Numbered, acknowledged requests: first come, without the cross-trainer
+  // cache (whose trainers keep their own positions on the worker).
+  Acknowledgement* ack = nullptr;
+  if (consumer_index < 0 && !config_.cross_trainer_cache) ack = &acks_[task.id];
+  Result<Batch> batch = fetch_once(task, consumer_index, round, max_elements, ack, what);
+  if (batch.ok() && ack != nullptr) {
+    ++ack->sequence;
+    ack->received += static_cast<int64_t>(batch->elements.size());
+  }
+  return batch;
+}
+
+Result<ServiceReader::Batch> ServiceReader::fetch_once(const TaskRef& task, int64_t consumer_index, int64_t round,
+                                                       int max_elements, const Acknowledgement* ack,
+                                                       const std::string& what) {
   try {
-    return loop_->run_sync([this, &task, consumer_index, round, max_elements,
+    return loop_->run_sync([this, &task, consumer_index, round, max_elements, ack,
                             &what]() -> kj::Promise<Batch> {
       auto deadline =
           loop_->timer().now() + config_.worker_connect_timeout.count() * kj::MILLISECONDS;
       auto promise =
           worker(task.address)
               .service<wire::DataWorker>(deadline)
-              .then([this, &task, consumer_index, round, max_elements](wire::DataWorker::Client client) {
+              .then([this, &task, consumer_index, round, max_elements, ack](wire::DataWorker::Client client) {
                 auto request = client.getElementsRequest();
                 auto r = request.initRequest();
                 r.setTaskId(task.id);
@@ -469,6 +493,10 @@ Result<ServiceReader::Batch> ServiceReader::fetch(const TaskRef& task, int64_t c
                 r.setMaxElements(max_elements);
                 r.setMaxBytes(kMaxReplyBytes);
                 r.setTrainerId(config_.trainer_id);
+                if (ack != nullptr) {
+                  r.setRequestSequence(ack->sequence);
+                  r.setReceived(ack->received);
+                }
                 return request.send();
               })
               .then([](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {

@@ -27,8 +27,15 @@
 // longer lists is dropped. A heartbeat that fails
 // transiently is retried; any other heartbeat error ends the reader (every
 // later get_next returns it). Any other getElements error is one element's
-// error, as from a local pipeline. Elements in a reply lost to a broken
-// link are lost (at most once), as in TensorFlow.
+// error, as from a local pipeline.
+//
+// Nothing lost, nothing twice (first-come reads): requests to a task are
+// numbered 1, 2, 3, ... and carry how many of its elements the reader has;
+// a request that failed goes again with the same number, and the worker,
+// which keeps the last reply until the next number acknowledges it, sends
+// the same elements again. A worker that restarted rebuilds the task (same
+// DYNAMIC splits, see getSplit) and skips what the reader already has.
+// TensorFlow loses the elements of a lost reply.
 //
 // Thread-safety: get_next() from one thread at a time (the engine's
 // contract). Cap'n Proto objects live on the reader's own LoopThread.
