@@ -282,6 +282,13 @@ std::vector<OptionSpec> common_options() {
        "1024"},
       {"shutdown_grace_ms", OptionType::kInt,
        "On SIGTERM, how long calls in flight may take to finish before the daemon exits.", "8000"},
+      {"login_deadline_ms", OptionType::kInt,
+       "A connection that has not logged in (sent the cluster token) this long after connecting is closed.",
+       "10000"},
+      {"max_pre_login_connections", OptionType::kInt,
+       "Connections not yet logged in, at most; more are closed as they come.", "1024"},
+      {"max_pre_login_per_host", OptionType::kInt,
+       "Connections not yet logged in from one host, at most; more are closed as they come.", "256"},
   };
 }
 
@@ -363,6 +370,12 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   if (max_message_mib < 1 || max_message_mib > 4096) {
     return config_error(spec.program, "max_message_mib: " + std::to_string(max_message_mib) +
                                           " is not in 1..4096");
+  }
+  for (const char* key : {"login_deadline_ms", "max_pre_login_connections", "max_pre_login_per_host"}) {
+    int64_t value = config.get_int(key);
+    if (value < 1 || value > 1000000) {
+      return config_error(spec.program, std::string(key) + ": " + std::to_string(value) + " is not in 1..1000000");
+    }
   }
   int64_t threads = config.get_int("threads");
   if (threads < 0 || threads > 1024) {
@@ -471,6 +484,9 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   server_options.port = static_cast<uint16_t>(port);
   server_options.token = token;
   server_options.max_message_bytes = max_message_bytes;
+  server_options.login_deadline = std::chrono::milliseconds(config.get_int("login_deadline_ms"));
+  server_options.max_pre_login = static_cast<int>(config.get_int("max_pre_login_connections"));
+  server_options.max_pre_login_per_host = static_cast<int>(config.get_int("max_pre_login_per_host"));
   server_options.name = job + "-rpc";
   rpc::RpcServer server(server_options, &rpc_metrics);
   context.loop = &server.loop();

@@ -282,7 +282,7 @@ int64_t only_task(const Dispatcher& d, int64_t job_id, size_t k = 0) {
   return (*tasks)[k]->task_id;
 }
 
-TEST_CASE("DYNAMIC jobs lease each split to one task; asking again gets the same split") {
+TEST_CASE("DYNAMIC jobs lease each split to one task, and asking again gets the same split") {
   FakeClock clock;
   auto d = open(clock);
   std::string ds = register_range(*d, 3);

@@ -1,8 +1,10 @@
 #include "rpc/connection.h"
 
 #include <kj/debug.h>
+#include <sys/socket.h>
 
 #include <algorithm>
+#include <cstring>
 #include <random>
 
 namespace capstan::rpc {
@@ -101,6 +103,25 @@ kj::Promise<wire::Node::Client> Connection::attempt(kj::TimePoint deadline, int 
   });
 }
 
+namespace {
+
+// True when the socket's local and peer addresses are the same.
+bool connected_to_itself(kj::AsyncIoStream& stream) {
+  struct sockaddr_storage local {};
+  struct sockaddr_storage peer {};
+  kj::uint local_len = sizeof(local);
+  kj::uint peer_len = sizeof(peer);
+  try {
+    stream.getsockname(reinterpret_cast<struct sockaddr*>(&local), &local_len);
+    stream.getpeername(reinterpret_cast<struct sockaddr*>(&peer), &peer_len);
+  } catch (const kj::Exception&) {
+    return false;  // not a socket
+  }
+  return local_len == peer_len && std::memcmp(&local, &peer, local_len) == 0;
+}
+
+}  // namespace
+
 kj::Promise<wire::Node::Client> Connection::connect_once() {
   std::string host;
   uint16_t port = 0;
@@ -110,6 +131,13 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
       .parseAddress(kj::StringPtr(host.c_str()), port)
       .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })
       .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
+        if (connected_to_itself(*stream)) {
+          // TCP simultaneous open: with the daemon down and its port in the
+          // ephemeral range, a retry can get that very port as its local
+          // one and "connect" to itself, which would keep the daemon from
+          // listening there again. Drop it and retry like a refusal.
+          kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "connected to itself: nothing listens there"));
+        }
         capnp::ReaderOptions reader_options;
         reader_options.traversalLimitInWords = options_.max_message_bytes / sizeof(capnp::word);
         reader_options.nestingLimit = 64;

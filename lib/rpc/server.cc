@@ -11,6 +11,7 @@
 
 #include "capstan_schemas/common.capnp.h"
 #include "rpc/counting_stream.h"
+#include "rpc/login_guard.h"
 
 namespace capstan::rpc {
 namespace {
@@ -49,8 +50,12 @@ std::string peer_name(kj::AsyncIoStream& stream) {
 class GateImpl : public wire::Gate::Server {
  public:
   GateImpl(const std::optional<std::string>& token, capnp::Capability::Client service,
-           std::string peer, RpcObserver* observer)
-      : token_(token), service_(kj::mv(service)), peer_(std::move(peer)), observer_(observer) {}
+           std::string peer, RpcObserver* observer, std::shared_ptr<LoginState> login)
+      : token_(token),
+        service_(kj::mv(service)),
+        peer_(std::move(peer)),
+        observer_(observer),
+        login_(std::move(login)) {}
 
  protected:
   kj::Promise<void> login(LoginContext context) override {
@@ -59,6 +64,7 @@ class GateImpl : public wire::Gate::Server {
       if (observer_ != nullptr) observer_->on_login_refused(peer_);
       throw_status(Status::Unauthenticated("login refused: wrong cluster token from " + peer_));
     }
+    login_->logged_in_now();  // the connection's pre-login limits end
     context.getResults().setNode(service_.castAs<wire::Node>());
     return kj::READY_NOW;
   }
@@ -68,7 +74,14 @@ class GateImpl : public wire::Gate::Server {
   capnp::Capability::Client service_;
   const std::string peer_;
   RpcObserver* const observer_;
+  const std::shared_ptr<LoginState> login_;
 };
+
+// "host" of "host:port" (the last colon: IPv6 hosts have colons).
+std::string host_of(const std::string& peer) {
+  auto colon = peer.rfind(':');
+  return colon == std::string::npos ? peer : peer.substr(0, colon);
+}
 
 }  // namespace
 
@@ -129,10 +142,16 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
     kj::Own<kj::AsyncIoStream> stream;
     capnp::TwoPartyVatNetwork network;
     capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
+    kj::Promise<void> login_deadline = nullptr;  // closes the stream if no login came
   };
 
   Impl(const RpcServerOptions& options, kj::Timer& timer, RpcObserver* observer)
-      : options(options), timer(timer), observer(observer), tracker(observer), tasks(*this) {}
+      : options(options),
+        timer(timer),
+        observer(observer),
+        tracker(observer),
+        login_caps(options.max_pre_login_per_host, options.max_pre_login),
+        tasks(*this) {}
 
   void taskFailed(kj::Exception&& exception) override {
     // A connection or the accept loop failed; the server keeps serving.
@@ -156,9 +175,24 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
 
   void add_connection(kj::Own<kj::AsyncIoStream> raw) {
     std::string peer = peer_name(*raw);
+    std::string host = host_of(peer);
+    if (!login_caps.admit(host)) {
+      // Too many connections waiting to log in: this one is closed now
+      // (`raw` goes), so a flood holds at most the caps' descriptors.
+      if (observer != nullptr) {
+        observer->on_error("accept", Status::ResourceExhausted(
+                                         "closed a connection from " + peer + ": " +
+                                         std::to_string(login_caps.waiting()) +
+                                         " connections are waiting to log in"));
+      }
+      return;
+    }
+    auto login = std::make_shared<LoginState>(login_caps, host);
+    auto guarded = kj::heap<PreLoginStream>(kj::mv(raw), login, options.pre_login_bytes);
+    PreLoginStream* guard = guarded.get();
     RpcObserver* obs = observer;
     auto stream = kj::heap<CountingStream>(
-        kj::mv(raw),
+        kj::mv(guarded),
         [obs](size_t n) {
           if (obs != nullptr) obs->on_bytes_received(n);
         },
@@ -169,8 +203,15 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
     reader_options.traversalLimitInWords = options.max_message_bytes / sizeof(capnp::word);
     reader_options.nestingLimit = 64;
     capnp::Capability::Client gate =
-        kj::heap<Instrumented<GateImpl>>(tracker, options.token, service, peer, observer);
+        kj::heap<Instrumented<GateImpl>>(tracker, options.token, service, peer, observer, login);
     auto it = connections.emplace(connections.end(), kj::mv(stream), reader_options, kj::mv(gate));
+    // The stream (and `guard` in it) lives as long as the connection, which
+    // owns this promise.
+    it->login_deadline = timer.afterDelay(options.login_deadline.count() * kj::MILLISECONDS)
+                             .then([guard, login]() {
+                               if (!login->logged_in()) guard->close();
+                             })
+                             .eagerlyEvaluate(nullptr);
     if (observer != nullptr) observer->on_connection(peer, true);
     tasks.add(it->network.onDisconnect().then([this, it, peer]() {
       if (observer != nullptr) observer->on_connection(peer, false);
@@ -194,6 +235,7 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
   kj::Timer& timer;
   RpcObserver* const observer;
   CallTracker tracker;
+  LoginCaps login_caps;
   capnp::Capability::Client service = nullptr;
   kj::Own<kj::ConnectionReceiver> listener;
   kj::Promise<void> accepting = nullptr;

@@ -144,6 +144,13 @@ struct RpcServerOptions {
   std::optional<std::string> token;
   // Reader traversal limit for incoming messages.
   uint64_t max_message_bytes = 64ull << 20;
+  // Before a connection logs in (rpc/login_guard.h): the bytes it may send,
+  // how long it may take, and how many such connections there may be per
+  // peer host and overall.
+  size_t pre_login_bytes = 64 << 10;
+  std::chrono::milliseconds login_deadline{10000};
+  int max_pre_login_per_host = 256;
+  int max_pre_login = 1024;
   std::string name = "rpc";  // loop thread name
 };
 
