@@ -289,6 +289,15 @@ std::vector<OptionSpec> common_options() {
        "Connections not yet logged in, at most; more are closed as they come.", "1024"},
       {"max_pre_login_per_host", OptionType::kInt,
        "Connections not yet logged in from one host, at most; more are closed as they come.", "256"},
+      {"tls_cert", OptionType::kString,
+       "PEM certificate: serve TLS only (with tls_key); also presented to peers when tls_ca is set.", ""},
+      {"tls_key", OptionType::kString, "PEM private key of tls_cert.", ""},
+      {"tls_ca", OptionType::kString,
+       "PEM CA certificate: connect to peers over TLS and trust only this CA (and, with "
+       "tls_verify_clients, require client certificates it signed).",
+       ""},
+      {"tls_verify_clients", OptionType::kBool,
+       "Mutual TLS: refuse clients without a certificate signed by tls_ca.", "false"},
   };
 }
 
@@ -377,6 +386,20 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
       return config_error(spec.program, std::string(key) + ": " + std::to_string(value) + " is not in 1..1000000");
     }
   }
+  rpc::TlsFiles tls_files{config.get_string("tls_cert"), config.get_string("tls_key"), config.get_string("tls_ca"),
+                          config.get_bool("tls_verify_clients")};
+  std::shared_ptr<rpc::Tls> tls_server;
+  std::shared_ptr<rpc::Tls> tls_client;
+  if (!tls_files.cert_file.empty() || !tls_files.key_file.empty() || tls_files.verify_clients) {
+    auto made = rpc::Tls::server(tls_files);
+    if (!made.ok()) return config_error(spec.program, made.status().message());
+    tls_server = *made;
+  }
+  if (!tls_files.ca_file.empty()) {
+    auto made = rpc::Tls::client(tls_files);
+    if (!made.ok()) return config_error(spec.program, made.status().message());
+    tls_client = *made;
+  }
   int64_t threads = config.get_int("threads");
   if (threads < 0 || threads > 1024) {
     return config_error(spec.program, "threads: " + std::to_string(threads) + " is not in 0..1024");
@@ -461,6 +484,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   context.peer_options.token = token.value_or("");
   context.peer_options.client_name = identity.tag();
   context.peer_options.max_message_bytes = max_message_bytes;
+  context.peer_options.tls = tls_client;
 
   HttpServer http;
   std::atomic<bool> healthy{false};  // set once the RPC port listens
@@ -487,6 +511,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   server_options.login_deadline = std::chrono::milliseconds(config.get_int("login_deadline_ms"));
   server_options.max_pre_login = static_cast<int>(config.get_int("max_pre_login_connections"));
   server_options.max_pre_login_per_host = static_cast<int>(config.get_int("max_pre_login_per_host"));
+  server_options.tls = tls_server;
   server_options.name = job + "-rpc";
   rpc::RpcServer server(server_options, &rpc_metrics);
   context.loop = &server.loop();
@@ -521,9 +546,12 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   }
   identity.set_addresses(advertised, http_started.port);
   healthy.store(true);
-  log->info("{} {} listening: rpc={}:{} http={}:{} (token {}; {} worker threads)", spec.program,
-            capstan::version(), host, *bound, host, http_started.port,
-            token ? "required" : "not required", pool_threads);
+  log->info("{} {} listening: rpc={}:{} http={}:{} (token {}; {}; {} worker threads)", spec.program,
+            capstan::version(), host, *bound, host, http_started.port, token ? "required" : "not required",
+            !tls_server                ? "plain TCP"
+            : tls_files.verify_clients ? "TLS, client certificates required"
+                                       : "TLS",
+            pool_threads);
   if (!config.get_string("port_file").empty()) {
     Status written = write_port_file(config.get_string("port_file"), advertised, *bound, http_started.port);
     if (!written.ok()) {

@@ -32,9 +32,33 @@ struct Connection::Link {
   wire::Node::Client node = nullptr;
 };
 
+namespace {
+
+// TLS from CAPSTAN_TLS_CA etc., read once per process.
+const Result<std::shared_ptr<Tls>>& environment_tls() {
+  static const Result<std::shared_ptr<Tls>> tls = Tls::client_from_environment();
+  return tls;
+}
+
+ConnectOptions with_environment_tls(ConnectOptions options, Status* error) {
+  if (options.tls) return options;
+  const auto& tls = environment_tls();
+  if (tls.ok()) {
+    options.tls = *tls;
+  } else {
+    *error = tls.status();
+  }
+  return options;
+}
+
+}  // namespace
+
 Connection::Connection(kj::AsyncIoProvider& io, kj::Timer& timer, std::string address,
                        ConnectOptions options)
-    : io_(io), timer_(timer), address_(std::move(address)), options_(std::move(options)) {}
+    : io_(io),
+      timer_(timer),
+      address_(std::move(address)),
+      options_(with_environment_tls(std::move(options), &tls_error_)) {}
 
 Connection::~Connection() = default;
 
@@ -127,10 +151,11 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
   uint16_t port = 0;
   Status parsed = parse_host_port(address_, &host, &port);
   if (!parsed.ok()) return to_exception(parsed);
+  if (!tls_error_.ok()) return to_exception(tls_error_);
   return io_.getNetwork()
       .parseAddress(kj::StringPtr(host.c_str()), port)
       .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })
-      .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
+      .then([this, host](kj::Own<kj::AsyncIoStream>&& stream) -> kj::Promise<kj::Own<kj::AsyncIoStream>> {
         if (connected_to_itself(*stream)) {
           // TCP simultaneous open: with the daemon down and its port in the
           // ephemeral range, a retry can get that very port as its local
@@ -138,6 +163,10 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
           // listening there again. Drop it and retry like a refusal.
           kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "connected to itself: nothing listens there"));
         }
+        if (!options_.tls) return kj::mv(stream);
+        return options_.tls->wrap_client(kj::mv(stream), host);
+      })
+      .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
         capnp::ReaderOptions reader_options;
         reader_options.traversalLimitInWords = options_.max_message_bytes / sizeof(capnp::word);
         reader_options.nestingLimit = 64;

@@ -24,6 +24,7 @@
 #include "capstan/status.h"
 #include "capstan_schemas/common.capnp.h"
 #include "rpc/errors.h"
+#include "rpc/tls.h"
 
 namespace capstan::rpc {
 
@@ -35,6 +36,9 @@ struct ConnectOptions {
   std::chrono::milliseconds max_backoff{2000};
   // Longest a single connect-and-login attempt may take.
   std::chrono::milliseconds attempt_timeout{10000};
+  // TLS to the daemon (rpc/tls.h); null: from CAPSTAN_TLS_CA etc. when set,
+  // else plain TCP.
+  std::shared_ptr<Tls> tls;
 };
 
 class Connection {
@@ -76,6 +80,7 @@ class Connection {
   kj::AsyncIoProvider& io_;
   kj::Timer& timer_;
   const std::string address_;
+  Status tls_error_;  // CAPSTAN_TLS_* set but unusable: every attempt fails with it
   const ConnectOptions options_;
   RetryLogger retry_logger_;
   kj::Own<Link> link_;

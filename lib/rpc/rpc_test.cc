@@ -628,3 +628,30 @@ TEST_CASE("a peer that accepts but never answers does not hang a connect", "[rpc
 }
 
 }  // namespace capstan::rpc
+
+namespace capstan::rpc {
+
+TEST_CASE("TLS settings are checked, and errors name the key and the file", "[rpc][tls]") {
+  CHECK_THAT(Tls::server({}).status().message(), Catch::Contains("needs tls_cert and tls_key"));
+  CHECK_THAT(Tls::server({"/x/cert.pem", "", "", false}).status().message(),
+             Catch::Contains("go together: got tls_cert alone"));
+  CHECK_THAT(Tls::server({"/x/cert.pem", "/x/key.pem", "", true}).status().message(),
+             Catch::Contains("tls_verify_clients needs tls_ca"));
+  CHECK_THAT(Tls::client({}).status().message(), Catch::Contains("a TLS client needs tls_ca"));
+  auto missing = Tls::server({"/no/such/cert.pem", "/no/such/key.pem", "", false});
+  CHECK(missing.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(missing.status().message(), Catch::Contains("tls_cert: cannot read /no/such/cert.pem"));
+
+  char path[] = "/tmp/capstan-tls-test-XXXXXX";
+  int fd = mkstemp(path);
+  REQUIRE(fd >= 0);
+  const char garbage[] = "-----BEGIN CERTIFICATE-----\nnot base64 at all\n-----END CERTIFICATE-----\n";
+  REQUIRE(write(fd, garbage, sizeof(garbage) - 1) == static_cast<ssize_t>(sizeof(garbage) - 1));
+  close(fd);
+  auto bad = Tls::client({"", "", path, false});
+  CHECK(bad.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.status().message(), Catch::Contains(std::string("tls_ca: ") + path));
+  unlink(path);
+}
+
+}  // namespace capstan::rpc

@@ -188,6 +188,26 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
       return;
     }
     auto login = std::make_shared<LoginState>(login_caps, host);
+    if (options.tls) {
+      // The handshake first, within the login deadline; a client that fails
+      // it (no TLS, a certificate from another CA) is dropped.
+      auto deadline = options.login_deadline.count() * kj::MILLISECONDS;
+      tasks.add(timer.timeoutAfter(deadline, options.tls->wrap_server(kj::mv(raw)))
+                    .then([this, login, peer](kj::Own<kj::AsyncIoStream>&& secured) {
+                      serve(kj::mv(secured), login, peer);
+                    },
+                    [this, peer](kj::Exception&& e) {
+                      if (observer != nullptr) {
+                        observer->on_error("accept", from_exception(e).with_context("TLS handshake with " + peer));
+                      }
+                    }));
+      return;
+    }
+    serve(kj::mv(raw), login, peer);
+  }
+
+  // Serves one connection (its TLS handshake done) behind the gate.
+  void serve(kj::Own<kj::AsyncIoStream> raw, std::shared_ptr<LoginState> login, const std::string& peer) {
     auto guarded = kj::heap<PreLoginStream>(kj::mv(raw), login, options.pre_login_bytes);
     PreLoginStream* guard = guarded.get();
     RpcObserver* obs = observer;

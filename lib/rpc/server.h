@@ -41,6 +41,7 @@
 
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
+#include "rpc/tls.h"
 
 namespace capstan::rpc {
 
@@ -151,6 +152,8 @@ struct RpcServerOptions {
   std::chrono::milliseconds login_deadline{10000};
   int max_pre_login_per_host = 256;
   int max_pre_login = 1024;
+  // Serve TLS only (rpc/tls.h); null: plain TCP.
+  std::shared_ptr<Tls> tls;
   std::string name = "rpc";  // loop thread name
 };
 
