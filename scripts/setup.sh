@@ -28,6 +28,7 @@ packages=(
   python3                # scripts/check-thread-safety.sh reads compile_commands.json
   clang                  # scripts/check-thread-safety.sh: -Wthread-safety
   ccache                 # rebuilds reuse objects (used when present)
+  openssl                # scripts/make-test-ca.sh (TLS tests)
 )
 
 missing=()
