@@ -289,6 +289,10 @@ std::vector<OptionSpec> common_options() {
        "Connections not yet logged in, at most; more are closed as they come.", "1024"},
       {"max_pre_login_per_host", OptionType::kInt,
        "Connections not yet logged in from one host, at most; more are closed as they come.", "256"},
+      {"link_timeout_ms", OptionType::kInt,
+       "A link to or from a peer that stops acknowledging (a network partition) breaks after this long, so "
+       "calls fail with UNAVAILABLE instead of waiting; 0 leaves TCP's own (many minutes).",
+       "10000"},
       {"tls_cert", OptionType::kString,
        "PEM certificate: serve TLS only (with tls_key); also presented to peers when tls_ca is set.", ""},
       {"tls_key", OptionType::kString, "PEM private key of tls_cert.", ""},
@@ -385,6 +389,11 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
     if (value < 1 || value > 1000000) {
       return config_error(spec.program, std::string(key) + ": " + std::to_string(value) + " is not in 1..1000000");
     }
+  }
+  int64_t link_timeout_ms = config.get_int("link_timeout_ms");
+  if (link_timeout_ms < 0 || link_timeout_ms > 3600000) {
+    return config_error(spec.program, "link_timeout_ms: " + std::to_string(link_timeout_ms) +
+                                          " is not in 0..3600000");
   }
   rpc::TlsFiles tls_files{config.get_string("tls_cert"), config.get_string("tls_key"), config.get_string("tls_ca"),
                           config.get_bool("tls_verify_clients")};
@@ -485,6 +494,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   context.peer_options.client_name = identity.tag();
   context.peer_options.max_message_bytes = max_message_bytes;
   context.peer_options.tls = tls_client;
+  context.peer_options.link_timeout = std::chrono::milliseconds(link_timeout_ms);
 
   HttpServer http;
   std::atomic<bool> healthy{false};  // set once the RPC port listens
@@ -512,6 +522,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   server_options.max_pre_login = static_cast<int>(config.get_int("max_pre_login_connections"));
   server_options.max_pre_login_per_host = static_cast<int>(config.get_int("max_pre_login_per_host"));
   server_options.tls = tls_server;
+  server_options.link_timeout = std::chrono::milliseconds(link_timeout_ms);
   server_options.name = job + "-rpc";
   rpc::RpcServer server(server_options, &rpc_metrics);
   context.loop = &server.loop();

@@ -57,7 +57,13 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
           [this](capnp::Response<wire::Coordinator::RegisterWorkerResults>&& response) {
             worker_id_ = response.getWorkerId();
             ctx_.log->info("registered with the coordinator as worker {}", worker_id_);
-            return until_dropped();
+            // A failed liveness check (the link broke: a partition, a
+            // restart) means "register again", never the end of this loop.
+            return until_dropped().catch_([this](kj::Exception&& e) {
+              ctx_.log->warn("lost the coordinator ({}); registering again when it is back",
+                             rpc::from_exception(e).to_string());
+              return ctx_.loop->timer().afterDelay(1 * kj::SECONDS);
+            });
           },
           [this](kj::Exception&& e) {
             ctx_.log->warn("registering with the coordinator failed: {}; retrying",

@@ -7,6 +7,8 @@
 #include <cstring>
 #include <random>
 
+#include "rpc/link_timeout.h"
+
 namespace capstan::rpc {
 
 struct Connection::Link {
@@ -163,6 +165,7 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
           // listening there again. Drop it and retry like a refusal.
           kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "connected to itself: nothing listens there"));
         }
+        set_link_timeout(*stream, options_.link_timeout);
         if (!options_.tls) return kj::mv(stream);
         return options_.tls->wrap_client(kj::mv(stream), host);
       })

@@ -36,6 +36,9 @@ struct ConnectOptions {
   std::chrono::milliseconds max_backoff{2000};
   // Longest a single connect-and-login attempt may take.
   std::chrono::milliseconds attempt_timeout{10000};
+  // A link whose peer stops acknowledging for this long breaks (see
+  // rpc/link_timeout.h); 0 leaves TCP's own (many minutes).
+  std::chrono::milliseconds link_timeout{10000};
   // TLS to the daemon (rpc/tls.h); null: from CAPSTAN_TLS_CA etc. when set,
   // else plain TCP.
   std::shared_ptr<Tls> tls;

@@ -11,6 +11,7 @@
 
 #include "capstan_schemas/common.capnp.h"
 #include "rpc/counting_stream.h"
+#include "rpc/link_timeout.h"
 #include "rpc/login_guard.h"
 
 namespace capstan::rpc {
@@ -188,6 +189,7 @@ struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
       return;
     }
     auto login = std::make_shared<LoginState>(login_caps, host);
+    set_link_timeout(*raw, options.link_timeout);
     if (options.tls) {
       // The handshake first, within the login deadline; a client that fails
       // it (no TLS, a certificate from another CA) is dropped.

@@ -152,6 +152,9 @@ struct RpcServerOptions {
   std::chrono::milliseconds login_deadline{10000};
   int max_pre_login_per_host = 256;
   int max_pre_login = 1024;
+  // Accepted links whose peer stops acknowledging for this long break
+  // (rpc/link_timeout.h); 0 leaves TCP's own.
+  std::chrono::milliseconds link_timeout{10000};
   // Serve TLS only (rpc/tls.h); null: plain TCP.
   std::shared_ptr<Tls> tls;
   std::string name = "rpc";  // loop thread name
