@@ -105,7 +105,7 @@ class Session : public std::enable_shared_from_this<Session> {
 // before start().
 class Server {
  public:
-  explicit Server(asio::io_context& io) : io_(io), acceptor_(io) {}
+  explicit Server(asio::io_context& io) : acceptor_(io) {}
 
   std::map<std::string, HttpHandler> handlers;
 
@@ -144,7 +144,6 @@ class Server {
     session->start();
   }
 
-  asio::io_context& io_;
   tcp::acceptor acceptor_;
   std::list<std::weak_ptr<Session>> sessions_;
 };

@@ -320,9 +320,10 @@ Status DispatcherState::apply_create_job(const CreateJob& u) {
     return Status::InvalidArgument("CreateJob " + id + ": negative num_consumers " +
                                    std::to_string(u.num_consumers));
   }
-  if (u.num_split_providers < 0) {
-    return Status::InvalidArgument("CreateJob " + id + ": negative num_split_providers " +
-                                   std::to_string(u.num_split_providers));
+  if (u.num_split_providers < 0 || u.num_split_providers > kMaxSplitProviders) {
+    return Status::InvalidArgument("CreateJob " + id + ": num_split_providers " +
+                                   std::to_string(u.num_split_providers) + " is not in [0, " +
+                                   std::to_string(kMaxSplitProviders) + "]");
   }
   if (u.num_consumers > 0 && u.job_name.empty()) {
     return Status::InvalidArgument("CreateJob " + id +

@@ -40,6 +40,9 @@ enum class ProcessingMode : uint8_t {
   kHint = 5,         // at shard hints in the pipeline
 };
 inline constexpr uint8_t kMaxProcessingMode = 5;
+// Split providers of a job (one per source of its pipeline): more than any
+// real pipeline has, a bound on what one record can make the state allocate.
+inline constexpr int64_t kMaxSplitProviders = 1024;
 
 // Which workers a job reads from (TF's TargetWorkers).
 enum class TargetWorkers : uint8_t {

@@ -721,6 +721,18 @@ TEST_CASE("ProduceSplit rejects unknown, non-dynamic and collected jobs and bad 
   rejected(state, ProduceSplit{3, 0, 0, false}, StatusCode::kFailedPrecondition);
 }
 
+// Found by fuzz/journal_fuzz: a CreateJob record with 2^40 split providers
+// made the state allocate terabytes and killed the process on replay.
+TEST_CASE("CreateJob with more split providers than any pipeline has is InvalidArgument") {
+  DispatcherState state;
+  setup(state);
+  CreateJob c = job_of(1, "ds", "", ProcessingMode::kDynamic);
+  c.num_split_providers = int64_t{1} << 40;
+  rejected(state, c, StatusCode::kInvalidArgument);
+  c.num_split_providers = kMaxSplitProviders;
+  ok(state, c);
+}
+
 TEST_CASE("ProduceSplit leases a split to a running task of its job, in order") {
   DispatcherState state;
   setup(state);

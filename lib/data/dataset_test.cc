@@ -5,10 +5,15 @@
 #include <atomic>
 #include <filesystem>
 #include <fstream>
+#include <limits>
 #include <set>
 #include <thread>
 
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+
 #include "capstan/data/dataset.h"
+#include "capstan_schemas/common.capnp.h"
 #include "data/io/tfrecord.h"
 #include "data/test_util.h"
 
@@ -541,6 +546,46 @@ TEST_CASE("a definition survives serialization", "[data][serialize]") {
   CHECK(back->cardinality() == 7);
   CHECK(back->debug_string() == ds.debug_string());
   CHECK(ds.debug_string() == "range(0, 20, 1).shuffle(5).map(times_two).batch(3).prefetch(-1)");
+}
+
+// Found by fuzz/definition_fuzz: a well-formed message whose pointers have
+// the wrong kinds for DatasetDef (a list where the root op belongs) passed
+// deserialize and then threw out of debug_string(), ending the process.
+TEST_CASE("a definition with a list where an op belongs is InvalidArgument at deserialize",
+          "[data][serialize][fuzz]") {
+  capnp::MallocMessageBuilder message;
+  auto element = message.initRoot<wire::Element>();  // pointer 0: a list (DatasetDef: the root op)
+  element.initComponents(1)[0].initShape(1).set(0, 3);
+  auto words = capnp::messageToFlatArray(message);
+  std::string bytes(reinterpret_cast<const char*>(words.begin()), words.size() * sizeof(capnp::word));
+  auto parsed = Dataset::deserialize(bytes);
+  CHECK(parsed.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(parsed.status().message(), Catch::Contains("malformed dataset definition"));
+}
+
+// Found by fuzz/definition_fuzz: 120 bytes whose pointers share their
+// targets, so walking the tree took minutes (pointer amplification). The
+// check's traversal budget is a small multiple of the message size.
+TEST_CASE("a definition whose pointers amplify the walk is refused quickly", "[data][serialize][fuzz]") {
+  const std::string bytes(
+      "\x00\x00\x00\x00\x0e\x00\x00\x00\x00\x00\x00\x00\x00\x00\x02\x00\x04\x00\x00\x00\x04\x00\x07\x00"
+      "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x0a\x00\x00\x00\x00\x00\x00\x00"
+      "\x01\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+      "\x2d\x00\x00\x09\x00\x00\x00\x2f\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00"
+      "\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00\x00",
+      120);
+  // Before the budget this call did not return for minutes (the test's
+  // ctest timeout catches a regression).
+  auto parsed = Dataset::deserialize(bytes);
+  CHECK(parsed.status().code() == StatusCode::kInvalidArgument);
+}
+
+// Found by fuzz/definition_fuzz (UBSan: signed overflow in the batch
+// cardinality, rounding up as n + b - 1).
+TEST_CASE("the cardinality of a batch of nearly INT64_MAX elements does not overflow", "[data][fuzz]") {
+  constexpr int64_t kMax = std::numeric_limits<int64_t>::max();
+  CHECK(Dataset::range(0, kMax).batch(4).cardinality() == kMax / 4 + 1);
+  CHECK(Dataset::range(0, kMax).batch(4, /*drop_remainder=*/true).cardinality() == kMax / 4);
 }
 
 TEST_CASE("a malformed definition is InvalidArgument", "[data][serialize]") {

@@ -45,7 +45,9 @@ int64_t saturating_mul(int64_t a, int64_t b) {
 
 int64_t batched_cardinality(int64_t n, int64_t batch_size, bool drop_remainder) {
   if (n < 0 || batch_size <= 0) return n < 0 ? n : kUnk;
-  return drop_remainder ? n / batch_size : (n + batch_size - 1) / batch_size;
+  // n / b rounded up without n + b - 1, which overflows near INT64_MAX (found
+  // by fuzz/definition_fuzz under UBSan).
+  return drop_remainder ? n / batch_size : n / batch_size + (n % batch_size != 0 ? 1 : 0);
 }
 
 // ---- Element-wise ----------------------------------------------------------------------

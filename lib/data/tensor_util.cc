@@ -153,7 +153,7 @@ class StringWriter {
         bytes_(reinterpret_cast<char*>(backing_.mutable_data()) + header) {}
 
   Shape shape_;
-  int64_t num_elements_;
+  [[maybe_unused]] int64_t num_elements_;  // checked by assert only
   Tensor backing_;     // kUInt8, header + total bytes; its buffer never moves
   uint64_t* offsets_;  // into backing_
   char* bytes_;        // into backing_, after the offsets

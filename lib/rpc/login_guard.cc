@@ -24,7 +24,7 @@ void LoginCaps::release(const std::string& host) {
 
 kj::Promise<size_t> PreLoginStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {
   if (closed_) return size_t{0};
-  if (state_->logged_in()) return inner_->tryRead(buffer, min_bytes, max_bytes);
+  if (state_->logged_in()) return inner().tryRead(buffer, min_bytes, max_bytes);
   if (read_ >= budget_) {
     // More than a login before logging in: end the connection here, before
     // the message is read (and its buffer filled).
@@ -32,7 +32,7 @@ kj::Promise<size_t> PreLoginStream::tryRead(void* buffer, size_t min_bytes, size
     return size_t{0};
   }
   size_t allowed = std::min(max_bytes, budget_ - read_);
-  return inner_->tryRead(buffer, std::min(min_bytes, allowed), allowed).then([this](size_t n) {
+  return inner().tryRead(buffer, std::min(min_bytes, allowed), allowed).then([this](size_t n) {
     if (!state_->logged_in()) read_ += n;
     return n;
   });
@@ -43,12 +43,12 @@ void PreLoginStream::close() {
   closed_ = true;
   state_->leave_waiting();
   try {
-    inner_->shutdownWrite();
+    inner().shutdownWrite();
   } catch (const kj::Exception&) {
     // Already gone.
   }
   try {
-    inner_->abortRead();
+    inner().abortRead();
   } catch (const kj::Exception&) {
   }
 }

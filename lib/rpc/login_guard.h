@@ -22,6 +22,8 @@
 #include <memory>
 #include <string>
 
+#include "rpc/forwarding_stream.h"
+
 namespace capstan::rpc {
 
 // Counts connections not yet logged in, per peer host and overall.
@@ -69,34 +71,18 @@ class LoginState {
 
 // Forwards to a stream and, until its connection logs in, lets through at
 // most `budget` bytes; close() ends the connection (the login deadline).
-class PreLoginStream final : public kj::AsyncIoStream {
+class PreLoginStream final : public ForwardingStream {
  public:
   PreLoginStream(kj::Own<kj::AsyncIoStream> inner, std::shared_ptr<LoginState> state, size_t budget)
-      : inner_(kj::mv(inner)), state_(std::move(state)), budget_(budget) {}
+      : ForwardingStream(kj::mv(inner)), state_(std::move(state)), budget_(budget) {}
 
   kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override;
-  kj::Promise<void> write(const void* buffer, size_t size) override { return inner_->write(buffer, size); }
-  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>> pieces) override {
-    return inner_->write(pieces);
-  }
-  kj::Promise<void> whenWriteDisconnected() override { return inner_->whenWriteDisconnected(); }
-  void shutdownWrite() override { inner_->shutdownWrite(); }
-  void abortRead() override { inner_->abortRead(); }
-  void getsockopt(int level, int option, void* value, kj::uint* length) override {
-    inner_->getsockopt(level, option, value, length);
-  }
-  void setsockopt(int level, int option, const void* value, kj::uint length) override {
-    inner_->setsockopt(level, option, value, length);
-  }
-  void getsockname(struct sockaddr* addr, kj::uint* length) override { inner_->getsockname(addr, length); }
-  void getpeername(struct sockaddr* addr, kj::uint* length) override { inner_->getpeername(addr, length); }
 
   // Ends a connection that did not log in in time: reads see the end of the
   // stream from now on, so the RPC system disconnects.
   void close();
 
  private:
-  kj::Own<kj::AsyncIoStream> inner_;
   const std::shared_ptr<LoginState> state_;
   const size_t budget_;
   size_t read_ = 0;  // bytes read before login

@@ -133,7 +133,7 @@ kj::Promise<void> CallTracker::drained() {
   return kj::mv(paf.promise);
 }
 
-struct RpcServer::Impl : private kj::TaskSet::ErrorHandler {
+struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
   struct Connection {
     Connection(kj::Own<kj::AsyncIoStream> stream, capnp::ReaderOptions reader_options,
                capnp::Capability::Client gate)

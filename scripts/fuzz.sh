@@ -1,0 +1,76 @@
+#!/usr/bin/env bash
+# Builds the libFuzzer harnesses (fuzz/) with clang, ASan and UBSan in
+# build-fuzz/ and runs each for a bounded time over its seed corpus
+# (fuzz/corpus/NAME, committed; new inputs it finds go to a scratch copy).
+# A crash, leak, hang or sanitizer report fails the run and leaves the input
+# in build-fuzz/crashes/NAME/: add it to fuzz/corpus/NAME and fix the bug.
+#
+# Usage: scripts/fuzz.sh [--seconds N | --runs N] [--seed S] [NAME...]
+#   default: 15 s each, all harnesses. --runs N --seed S (what
+#   scripts/test.sh uses) makes a run repeatable: the same inputs every time.
+set -euo pipefail
+
+cd "$(dirname "$0")/.."
+seconds=15
+runs=
+seed=0
+names=()
+while [[ $# -gt 0 ]]; do
+  case $1 in
+    --seconds) seconds=$2; shift 2 ;;
+    --seconds=*) seconds=${1#*=}; shift ;;
+    --runs) runs=$2; shift 2 ;;
+    --runs=*) runs=${1#*=}; shift ;;
+    --seed) seed=$2; shift 2 ;;
+    --seed=*) seed=${1#*=}; shift ;;
+    -h | --help) sed -n '2,12p' "$0"; exit 0 ;;
+    *) names+=("$1"); shift ;;
+  esac
+done
+if [[ ${#names[@]} -eq 0 ]]; then
+  names=(tfrecord example csv safetensors manifest journal definition tensor_codec config)
+fi
+command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is missing (scripts/setup.sh installs it)" >&2; exit 1; }
+
+build=build-fuzz
+if [[ ! -f $build/build.ninja ]]; then
+  # -O1 without -g: fast enough, and ccache can share objects between
+  # checkouts (with -g it hashes the directory).
+  CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O1 \
+    -DCMAKE_C_FLAGS=-O1 -DCAPSTAN_FUZZ=ON \
+    -DCAPSTAN_BUILD_TESTS=OFF -DCAPSTAN_BUILD_BENCH=OFF -DCAPSTAN_CUDA=OFF >/dev/null
+fi
+targets=()
+for name in "${names[@]}"; do targets+=("${name}_fuzz"); done
+ninja -C "$build" -j "${CAPSTAN_JOBS:-2}" "${targets[@]}" | tail -1
+
+export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
+export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
+failed=()
+for name in "${names[@]}"; do
+  seeds=fuzz/corpus/$name
+  work=$build/corpus/$name
+  crashes=$build/crashes/$name
+  rm -rf "$work"
+  mkdir -p "$work" "$crashes"
+  cp "$seeds"/* "$work"/ 2>/dev/null || true
+  log=$build/$name.log
+  if [[ -n $runs ]]; then limit=(-runs="$runs"); else limit=(-max_total_time="$seconds"); fi
+  start=$(date +%s%N)
+  if "$build/bin/${name}_fuzz" "${limit[@]}" -seed="$seed" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
+      -artifact_prefix="$crashes/" -print_final_stats=1 "$work" "$seeds" >"$log" 2>&1; then
+    executed=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
+    took=$(( ($(date +%s%N) - start) / 1000000 ))
+    echo "fuzz $name: ${executed:-?} inputs in ${took} ms, no crash; corpus $(ls "$seeds" | wc -l) seeds -> $(ls "$work" | wc -l)"
+  else
+    echo "fuzz $name: FAILED (see $log; input in $crashes/)"
+    grep -m5 "ERROR\|SUMMARY\|runtime error" "$log" || tail -20 "$log"
+    failed+=("$name")
+  fi
+done
+if [[ ${#failed[@]} -gt 0 ]]; then
+  echo "fuzz.sh: failures in ${failed[*]}"
+  exit 1
+fi
+if [[ -n $runs ]]; then budget="$runs inputs"; else budget="$seconds s"; fi
+echo "fuzz.sh: ${#names[@]} harnesses, $budget each (seed $seed), no crash"
