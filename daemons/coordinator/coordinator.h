@@ -167,7 +167,7 @@ struct Placements {
   std::vector<VariableLocation> variables;  // by name
 };
 
-class Coordinator : private kj::TaskSet::ErrorHandler {
+class Coordinator final : private kj::TaskSet::ErrorHandler {
  public:
   // `parameter_servers` and `pool` (checkpoint I/O) must outlive this.
   Coordinator(CoordinatorConfig config, ParameterServers& parameter_servers, kj::Timer& timer,
