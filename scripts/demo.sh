@@ -78,6 +78,9 @@ cluster up --ps 2 --workers 2 --data-workers 2 --module "$module"
 . "$run_dir/cluster.env"
 
 section "training and evaluating (examples/census)"
+# Each demo trains from scratch: an earlier demo's checkpoint of the same
+# step would make the save refuse to overwrite it.
+rm -rf "$run_dir/checkpoints"
 status=0
 "$bin_dir/census" --coordinator "$COORDINATOR" --dispatcher "$DISPATCHER" --min-workers 2 \
   --data-dir "$repo_root/examples/census/data" --checkpoint-dir "$run_dir/checkpoints" "$@" || status=$?
