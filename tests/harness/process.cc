@@ -215,6 +215,21 @@ Daemon& TestCluster::start(const std::string& program, std::vector<std::string> 
   return daemon;
 }
 
+Daemon& TestCluster::restart_on_port(const std::string& program, const std::vector<std::string>& args) {
+  for (int attempt = 1;; ++attempt) {
+    Daemon& daemon = start(program, args, {}, /*wait_healthy=*/false);
+    wait_until([&daemon]() { return daemon.read_ports(0ms) || !daemon.running(); }, 15s);
+    if (daemon.read_ports(0ms)) {
+      REQUIRE(wait_until([&daemon]() { return daemon.http_get("/healthz").first == 200; }, 15s));
+      return daemon;
+    }
+    INFO(daemon.log());
+    REQUIRE(daemon.log().find("address already in use") != std::string::npos);
+    REQUIRE(attempt < 20);
+    std::this_thread::sleep_for(100ms);
+  }
+}
+
 RunResult TestCluster::run(const std::string& program, const std::vector<std::string>& args,
                            const Env& env, std::chrono::milliseconds timeout) const {
   static int run_counter = 0;

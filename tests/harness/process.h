@@ -91,6 +91,11 @@ class TestCluster {
   // `wait_healthy`. Fails the test (REQUIRE) if it does not come up.
   Daemon& start(const std::string& program, std::vector<std::string> args = {},
                 const Env& env = {}, bool wait_healthy = true, bool pick_port = true);
+  // Starts a daemon again on the fixed --port in `args` (a restart). A client
+  // retrying the dead daemon can hold that port for an instant (TCP
+  // simultaneous open, which rpc::Connection drops at once), so a start
+  // that exits with "address already in use" is tried again, up to 20 times.
+  Daemon& restart_on_port(const std::string& program, const std::vector<std::string>& args);
   // Runs `program` to completion (killed after `timeout`).
   RunResult run(const std::string& program, const std::vector<std::string>& args,
                 const Env& env = {},

@@ -348,7 +348,7 @@ TEST_CASE("restarting the dispatcher mid-job in fault-tolerant mode duplicates n
       got.push_back((*next)->components[0].flat<int64_t>()[0]);
     }
     s.dispatcher->kill_now();
-    s.dispatcher = &s.cluster.start("data-dispatcher", {"--port", std::to_string(port), "--work-dir", work_dir});
+    s.dispatcher = &s.cluster.restart_on_port("data-dispatcher", {"--port", std::to_string(port), "--work-dir", work_dir});
     CHECK_THAT(s.dispatcher->log(), Catch::Contains("replayed"));
     while (true) {
       auto next = (*it)->get_next();
@@ -430,7 +430,7 @@ TEST_CASE("DYNAMIC: every element exactly once while the dispatcher is killed an
     auto got = read_disrupted(s, kElements, moments, [&](size_t) {
       s.dispatcher->kill_now();
       std::this_thread::sleep_for(std::chrono::milliseconds(down_ms(rng)));
-      s.dispatcher = &s.cluster.start("data-dispatcher", flags);
+      s.dispatcher = &s.cluster.restart_on_port("data-dispatcher", flags);
     });
     CHECK(got == range_of(kElements));
   }
@@ -465,7 +465,7 @@ TEST_CASE("DYNAMIC: every element exactly once while data workers are killed and
     auto got = read_disrupted(s, kElements, moments, [&](size_t) {
       size_t k = which(rng);
       s.workers[k]->kill_now();
-      s.workers[k] = &s.cluster.start("data-worker", worker_flags(k));
+      s.workers[k] = &s.cluster.restart_on_port("data-worker", worker_flags(k));
     });
     CHECK(got == range_of(kElements));
   }
@@ -500,7 +500,7 @@ TEST_CASE("DYNAMIC with a seeded shuffle and batches: every element exactly once
     auto got = read_disrupted(s, ds, moments, [&](size_t) {
       size_t k = which(rng);
       s.workers[k]->kill_now();
-      s.workers[k] = &s.cluster.start("data-worker", worker_flags(k));
+      s.workers[k] = &s.cluster.restart_on_port("data-worker", worker_flags(k));
     });
     CHECK(got == range_of(kElements));
   }
