@@ -5,6 +5,11 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("capstan::wire");
 using Common = import "common.capnp";
 
+# Split providers of a DYNAMIC job (one per source of its pipeline): more than
+# any real pipeline has; a bound on what a job or a TaskDef can make a daemon
+# allocate.
+const maxSplitProviders :Int64 = 1024;
+
 enum ProcessingMode {
   off @0;          # every worker runs the whole dataset
   dynamic @1;      # the dispatcher hands out splits; each element once

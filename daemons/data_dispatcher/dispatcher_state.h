@@ -27,6 +27,7 @@
 #include <vector>
 
 #include "capstan/status.h"
+#include "capstan_schemas/data_dispatcher.capnp.h"
 
 namespace capstan::data_service {
 
@@ -40,9 +41,9 @@ enum class ProcessingMode : uint8_t {
   kHint = 5,         // at shard hints in the pipeline
 };
 inline constexpr uint8_t kMaxProcessingMode = 5;
-// Split providers of a job (one per source of its pipeline): more than any
-// real pipeline has, a bound on what one record can make the state allocate.
-inline constexpr int64_t kMaxSplitProviders = 1024;
+// Split providers of a job: the wire limit (schemas/data_dispatcher.capnp),
+// which also bounds what one journal record can make the state allocate.
+inline constexpr int64_t kMaxSplitProviders = wire::MAX_SPLIT_PROVIDERS;
 
 // Which workers a job reads from (TF's TargetWorkers).
 enum class TargetWorkers : uint8_t {

@@ -231,9 +231,8 @@ struct TaskSpec {
   int64_t memory_budget = 0;  // the worker's task_memory_mib, in bytes
 };
 
-// More sources than any real pipeline has: a bound on what a TaskDef can
-// make this worker allocate.
-constexpr int64_t kMaxSplitProviders = 1024;
+// The wire's bound on split providers (schemas/data_dispatcher.capnp).
+constexpr int64_t kMaxSplitProviders = wire::MAX_SPLIT_PROVIDERS;
 
 }  // namespace
 

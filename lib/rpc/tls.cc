@@ -20,6 +20,18 @@ Result<std::string> read_pem(const std::string& key, const std::string& path) {
   return text.str();
 }
 
+// A certificate or key of type T from the PEM file at `path` (config key
+// `key`); errors name the key and the file.
+template <typename T>
+Result<std::unique_ptr<T>> parse_pem(const std::string& key, const std::string& path, const char* what) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::string text, read_pem(key, path));
+  try {
+    return std::make_unique<T>(kj::StringPtr(text.c_str()));
+  } catch (const kj::Exception& e) {
+    return Status::InvalidArgument(key + ": " + path + " holds no usable " + what + ": " + e.getDescription().cStr());
+  }
+}
+
 }  // namespace
 
 Tls::Tls() = default;
@@ -62,36 +74,13 @@ Result<std::shared_ptr<Tls>> Tls::make(const TlsFiles& files, bool server) {
   std::shared_ptr<Tls> tls(new Tls());
   try {
     if (!files.cert_file.empty()) {
-      CAPSTAN_ASSIGN_OR_RETURN(std::string cert, read_pem("tls_cert", files.cert_file));
-      CAPSTAN_ASSIGN_OR_RETURN(std::string key, read_pem("tls_key", files.key_file));
-      kj::Maybe<kj::TlsPrivateKey> private_key;
-      try {
-        private_key = kj::TlsPrivateKey(kj::StringPtr(key.c_str()));
-      } catch (const kj::Exception& e) {
-        return Status::InvalidArgument("tls_key: " + files.key_file + " holds no usable private key: " +
-                                       e.getDescription().cStr());
-      }
-      kj::Maybe<kj::TlsCertificate> certificate;
-      try {
-        certificate = kj::TlsCertificate(kj::StringPtr(cert.c_str()));
-      } catch (const kj::Exception& e) {
-        return Status::InvalidArgument("tls_cert: " + files.cert_file + " holds no usable certificate: " +
-                                       e.getDescription().cStr());
-      }
-      KJ_IF_MAYBE(k, private_key) {
-        KJ_IF_MAYBE(c, certificate) {
-          tls->keypair_ = std::make_unique<kj::TlsKeypair>(kj::TlsKeypair{kj::mv(*k), kj::mv(*c)});
-        }
-      }
+      CAPSTAN_ASSIGN_OR_RETURN(auto cert, parse_pem<kj::TlsCertificate>("tls_cert", files.cert_file, "certificate"));
+      CAPSTAN_ASSIGN_OR_RETURN(auto key, parse_pem<kj::TlsPrivateKey>("tls_key", files.key_file, "private key"));
+      tls->keypair_ = std::make_unique<kj::TlsKeypair>(kj::TlsKeypair{kj::mv(*key), kj::mv(*cert)});
     }
     if (!files.ca_file.empty()) {
-      CAPSTAN_ASSIGN_OR_RETURN(std::string ca, read_pem("tls_ca", files.ca_file));
-      try {
-        tls->trusted_.emplace_back(kj::StringPtr(ca.c_str()));
-      } catch (const kj::Exception& e) {
-        return Status::InvalidArgument("tls_ca: " + files.ca_file + " holds no usable certificate: " +
-                                       e.getDescription().cStr());
-      }
+      CAPSTAN_ASSIGN_OR_RETURN(auto ca, parse_pem<kj::TlsCertificate>("tls_ca", files.ca_file, "certificate"));
+      tls->trusted_.push_back(kj::mv(*ca));
     }
     kj::TlsContext::Options options;
     options.useSystemTrustStore = false;  // only the cluster's CA

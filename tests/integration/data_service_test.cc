@@ -38,10 +38,13 @@ struct DataService {
     dispatcher = &cluster.start("data-dispatcher", dispatcher_flags);
     for (int i = 0; i < workers; ++i) add_worker();
   }
-  Daemon& add_worker() {
+  // `extra` flags for this worker alone (e.g. a fixed --port).
+  Daemon& add_worker(const std::vector<std::string>& extra = {}) {
     std::vector<std::string> flags = {"--dispatcher", dispatcher->address(), "--task-index",
                                       std::to_string(workers.size())};
     flags.insert(flags.end(), worker_flags.begin(), worker_flags.end());
+    flags.insert(flags.end(), extra.begin(), extra.end());
+    worker_args.push_back(flags);
     workers.push_back(&cluster.start("data-worker", flags));
     // Registered with the dispatcher: its heartbeat went through.
     Daemon* w = workers.back();
@@ -51,9 +54,16 @@ struct DataService {
     }, 15s));
     return *w;
   }
+  // Kills worker k and starts it again with the same flags (its port must be
+  // fixed for the dispatcher to give it back its task).
+  void restart_worker(size_t k) {
+    workers[k]->kill_now();
+    workers[k] = &cluster.restart_on_port("data-worker", worker_args[k]);
+  }
   std::string address() const { return dispatcher->address(); }
 
   const std::vector<std::string> worker_flags;
+  std::vector<std::vector<std::string>> worker_args;  // each worker's full flags
   TestCluster cluster;
   Daemon* dispatcher = nullptr;
   std::vector<Daemon*> workers;
@@ -448,25 +458,10 @@ TEST_CASE("DYNAMIC: every element exactly once while data workers are killed and
     INFO("seed " << seed);
     std::mt19937 rng(seed);
     std::vector<int64_t> moments = moments_from(rng, kElements, 3);
-    TestCluster keep;
-    std::vector<std::string> ports = {std::to_string(free_port()), std::to_string(free_port())};
     DataService s(0);
-    auto worker_flags = [&](size_t k) {
-      return std::vector<std::string>{"--dispatcher", s.address(), "--task-index", std::to_string(k), "--port",
-                                      ports[k]};
-    };
-    for (size_t k = 0; k < 2; ++k) s.workers.push_back(&s.cluster.start("data-worker", worker_flags(k)));
-    REQUIRE(wait_until([&s]() {
-      auto listed = s.cluster.run("capstanctl", {"data", "workers", s.address()});
-      return listed.output.find(s.workers[1]->address()) != std::string::npos &&
-             listed.output.find(s.workers[0]->address()) != std::string::npos;
-    }, 15s));
+    for (int k = 0; k < 2; ++k) s.add_worker({"--port", std::to_string(free_port())});
     std::uniform_int_distribution<size_t> which(0, 1);
-    auto got = read_disrupted(s, kElements, moments, [&](size_t) {
-      size_t k = which(rng);
-      s.workers[k]->kill_now();
-      s.workers[k] = &s.cluster.restart_on_port("data-worker", worker_flags(k));
-    });
+    auto got = read_disrupted(s, kElements, moments, [&](size_t) { s.restart_worker(which(rng)); });
     CHECK(got == range_of(kElements));
   }
 }
@@ -483,25 +478,10 @@ TEST_CASE("DYNAMIC with a seeded shuffle and batches: every element exactly once
     INFO("seed " << seed);
     std::mt19937 rng(seed);
     std::vector<int64_t> moments = moments_from(rng, kElements / 7, 2);
-    TestCluster keep;
-    std::vector<std::string> ports = {std::to_string(free_port()), std::to_string(free_port())};
     DataService s(0);
-    auto worker_flags = [&](size_t k) {
-      return std::vector<std::string>{"--dispatcher", s.address(), "--task-index", std::to_string(k), "--port",
-                                      ports[k]};
-    };
-    for (size_t k = 0; k < 2; ++k) s.workers.push_back(&s.cluster.start("data-worker", worker_flags(k)));
-    REQUIRE(wait_until([&s]() {
-      auto listed = s.cluster.run("capstanctl", {"data", "workers", s.address()});
-      return listed.output.find(s.workers[1]->address()) != std::string::npos &&
-             listed.output.find(s.workers[0]->address()) != std::string::npos;
-    }, 15s));
+    for (int k = 0; k < 2; ++k) s.add_worker({"--port", std::to_string(free_port())});
     std::uniform_int_distribution<size_t> which(0, 1);
-    auto got = read_disrupted(s, ds, moments, [&](size_t) {
-      size_t k = which(rng);
-      s.workers[k]->kill_now();
-      s.workers[k] = &s.cluster.restart_on_port("data-worker", worker_flags(k));
-    });
+    auto got = read_disrupted(s, ds, moments, [&](size_t) { s.restart_worker(which(rng)); });
     CHECK(got == range_of(kElements));
   }
 }
