@@ -8,14 +8,8 @@
 set -euo pipefail
 
 bin_dir=$(cd "$1" && pwd)
-dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-accept-flood.XXXXXX")
-pid=
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+# shellcheck source=tests/scripts/one_daemon.sh
+. "$(dirname "$0")/one_daemon.sh" accept-flood
 
 result() {
   echo "$1: $2"
@@ -27,11 +21,7 @@ result() {
 
 bash -c "ulimit -n 40; exec '$bin_dir/ps-server' --port 0 --http-port 0 --port-file '$dir/ports'" >"$dir/ps.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do
-  [[ -s $dir/ports ]] && grep -q '^pid:' "$dir/ports" && break
-  sleep 0.1
-done
-port=$(sed -n 's/^rpc_port: //p' "$dir/ports")
+port=$(rpc_port_of "$dir/ports")
 [[ -n $port ]] || result FAIL "the ps-server did not start"
 
 # 100 idle connections (more than the daemon can hold), held, then closed.

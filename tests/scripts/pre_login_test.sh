@@ -13,14 +13,8 @@
 set -euo pipefail
 
 bin_dir=$(cd "$1" && pwd)
-dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-pre-login.XXXXXX")
-pid=
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  if [[ -n $pid ]]; then kill "$pid" 2>/dev/null || true; wait "$pid" 2>/dev/null || true; fi
-  rm -rf "$dir"
-}
-trap cleanup EXIT
+# shellcheck source=tests/scripts/one_daemon.sh
+. "$(dirname "$0")/one_daemon.sh" pre-login
 
 failures=0
 fail() {
@@ -31,11 +25,7 @@ fail() {
 "$bin_dir/ps-server" --port 0 --http-port 0 --port-file "$dir/ports" --token-file <(echo secret-token) \
   --login-deadline-ms 1500 --max-pre-login-per-host 100 >"$dir/ps.log" 2>&1 &
 pid=$!
-for _ in $(seq 100); do
-  [[ -s $dir/ports ]] && grep -q '^pid:' "$dir/ports" && break
-  sleep 0.1
-done
-port=$(sed -n 's/^rpc_port: //p' "$dir/ports")
+port=$(rpc_port_of "$dir/ports")
 [[ -n $port ]] || { cat "$dir/ps.log"; echo "pre_login_test: the ps-server did not start"; exit 1; }
 
 python3 - "$port" "$pid" <<'PY' || failures=$((failures + 1))
