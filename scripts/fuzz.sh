@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (fuzz/) with clang, ASan and UBSan in
-# build-fuzz/ and runs each for a bounded time over its seed corpus
-# (fuzz/corpus/NAME, committed; new inputs it finds go to a scratch copy).
+# build-asan/ (the directory scripts/sanitize.sh address also uses) and
+# runs each for a bounded time over its seed corpus (fuzz/corpus/NAME,
+# committed; new inputs it finds go to a scratch copy).
 # A crash, leak, hang or sanitizer report fails the run and leaves the input
-# in build-fuzz/crashes/NAME/: add it to fuzz/corpus/NAME and fix the bug.
+# in build-asan/crashes/NAME/: add it to fuzz/corpus/NAME and fix the bug.
 #
 # Usage: scripts/fuzz.sh [--seconds N | --runs N] [--seed S] [NAME...]
 #   default: 15 s each, all harnesses. --runs N --seed S (what
@@ -30,16 +31,8 @@ done
 if [[ ${#names[@]} -eq 0 ]]; then
   names=(tfrecord example csv safetensors manifest journal definition tensor_codec config)
 fi
-command -v clang++ >/dev/null || { echo "fuzz.sh: clang++ is missing (scripts/setup.sh installs it)" >&2; exit 1; }
-
-build=build-fuzz
-if [[ ! -f $build/build.ninja ]]; then
-  # -O1 without -g: fast enough, and ccache can share objects between
-  # checkouts (with -g it hashes the directory).
-  CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None -DCMAKE_CXX_FLAGS=-O1 \
-    -DCMAKE_C_FLAGS=-O1 -DCAPSTAN_FUZZ=ON \
-    -DCAPSTAN_BUILD_TESTS=OFF -DCAPSTAN_BUILD_BENCH=OFF -DCAPSTAN_CUDA=OFF >/dev/null
-fi
+source scripts/sanitizer-build.sh
+configure_sanitizer_build address
 targets=()
 for name in "${names[@]}"; do targets+=("${name}_fuzz"); done
 ninja -C "$build" -j "${CAPSTAN_JOBS:-2}" "${targets[@]}" | tail -1

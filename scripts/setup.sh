@@ -29,6 +29,8 @@ packages=(
   clang                  # scripts/check-thread-safety.sh: -Wthread-safety
   ccache                 # rebuilds reuse objects (used when present)
   openssl                # scripts/make-test-ca.sh (TLS tests)
+  iptables               # network-fault test: queues packets to packet_delay
+  libnetfilter-queue-dev # tests/tools/packet_delay (delay and loss without netem)
 )
 
 missing=()

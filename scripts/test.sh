@@ -3,11 +3,14 @@
 # (scripts/check-thread-safety.sh), then every test: the one command CI and
 # developers run.
 #
-# With no arguments it then runs every libFuzzer harness (scripts/fuzz.sh,
-# a clang + ASan + UBSan build in build-fuzz/) for a fixed, repeatable number
-# of inputs over its seed corpus.
+# With no arguments it then runs the unit and integration tests again under
+# the sanitizers (scripts/sanitize.sh: ASan + UBSan + LeakSanitizer in
+# build-asan/, ThreadSanitizer in build-tsan/, clang builds), and every
+# libFuzzer harness (scripts/fuzz.sh, in build-asan/) for a fixed,
+# repeatable number of inputs over its seed corpus.
 #
 # Usage: scripts/test.sh [extra ctest arguments...]   e.g. -L unit, -R cluster
+#   CAPSTAN_SANITIZERS sanitizer runs (default: "address thread"; "" skips)
 #   CAPSTAN_FUZZ_RUNS  inputs per fuzzer (default: 20000; 0 skips fuzzing)
 #   CAPSTAN_BUILD_DIR  build directory (default: build)
 #   CAPSTAN_JOBS       parallel compile jobs (default: 2)
@@ -26,8 +29,13 @@ build_dir=${CAPSTAN_BUILD_DIR:-build}
 test_jobs=${CAPSTAN_TEST_JOBS:-2}
 status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 "$@" || status=$?
-fuzz_runs=${CAPSTAN_FUZZ_RUNS:-20000}
-if [[ $# -eq 0 && $fuzz_runs != 0 ]]; then
-  bash scripts/fuzz.sh --runs "$fuzz_runs" --seed 1 || status=1
+if [[ $# -eq 0 ]]; then
+  for kind in ${CAPSTAN_SANITIZERS-address thread}; do
+    bash scripts/sanitize.sh "$kind" || status=1
+  done
+  fuzz_runs=${CAPSTAN_FUZZ_RUNS:-20000}
+  if [[ $fuzz_runs != 0 ]]; then
+    bash scripts/fuzz.sh --runs "$fuzz_runs" --seed 1 || status=1
+  fi
 fi
 exit "$status"

@@ -236,8 +236,19 @@ std::string NodeIdentity::tag() const {
 }
 
 void NodeIdentity::set_addresses(std::string rpc_address, uint16_t http_port) {
+  MutexLock lock(mutex_);
   rpc_address_ = std::move(rpc_address);
   http_port_ = http_port;
+}
+
+std::string NodeIdentity::rpc_address() const {
+  MutexLock lock(mutex_);
+  return rpc_address_;
+}
+
+uint16_t NodeIdentity::http_port() const {
+  MutexLock lock(mutex_);
+  return http_port_;
 }
 
 void NodeIdentity::fill(wire::NodeInfo::Builder info) const {
@@ -245,8 +256,8 @@ void NodeIdentity::fill(wire::NodeInfo::Builder info) const {
   info.setTaskIndex(task_index_);
   info.setVersion(capstan::version());
   info.setUptimeSeconds(uptime_seconds());
-  info.setRpcAddress(rpc_address_);
-  info.setHttpPort(http_port_);
+  info.setRpcAddress(rpc_address());
+  info.setHttpPort(http_port());
   info.setPid(::getpid());
   info.setReady(ready());
   info.setGpuCount(gpu_count_);
@@ -487,7 +498,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   boost::asio::thread_pool pool(pool_threads);
   uint64_t max_message_bytes = static_cast<uint64_t>(max_message_mib) << 20;
   DaemonContext context{config, identity, metrics, pool, log,
-                        rpc::codec_options_for(max_message_bytes), nullptr, {}, {}, nullptr};
+                        rpc::codec_options_for(max_message_bytes), nullptr, {}, {}, nullptr, {}};
   context.peers = *peers;
   context.functions = &functions;
   context.peer_options.token = token.value_or("");
@@ -593,7 +604,9 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
             signal_number == SIGTERM ? "SIGTERM" : "SIGINT", grace_ms);
   readiness.set_stopping();
   server.loop().run_sync([&]() { watcher = nullptr; });
-  server.stop(std::chrono::milliseconds(grace_ms), &pool);
+  server.stop(std::chrono::milliseconds(grace_ms), &pool, [&context]() {
+    for (auto& hook : context.on_stop) hook();
+  });
   http.stop();
   log->info("stopped after {:.2f} s",
             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());

@@ -35,6 +35,7 @@
 #include "rpc/connection.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
+#include "sync/mutex.h"
 
 namespace capstan::daemon {
 
@@ -49,9 +50,11 @@ class NodeIdentity {
   // "ps:0" (or "ps" without an index): the tag in every log line.
   std::string tag() const;
 
-  void set_addresses(std::string rpc_address, uint16_t http_port);  // once, at start
-  const std::string& rpc_address() const { return rpc_address_; }
-  uint16_t http_port() const { return http_port_; }
+  // Once, at start: after the RPC port is bound, so an early info() call
+  // may race with it (hence the mutex; ThreadSanitizer found it).
+  void set_addresses(std::string rpc_address, uint16_t http_port);
+  std::string rpc_address() const;
+  uint16_t http_port() const;
 
   bool ready() const { return ready_.load(); }
   void set_ready(bool ready) { ready_.store(ready); }
@@ -63,8 +66,9 @@ class NodeIdentity {
   const int task_index_;
   const std::chrono::steady_clock::time_point started_;
   const int gpu_count_;
-  std::string rpc_address_;  // set once before the RPC server starts serving
-  uint16_t http_port_ = 0;
+  mutable Mutex mutex_;
+  std::string rpc_address_ GUARDED_BY(mutex_);
+  uint16_t http_port_ GUARDED_BY(mutex_) = 0;
   std::atomic<bool> ready_{false};
 };
 
@@ -86,6 +90,11 @@ struct DaemonContext {
   std::vector<Peer> peers;               // from the configuration
   rpc::ConnectOptions peer_options;      // token etc. for connecting to peers
   const FunctionRegistry* functions = nullptr;  // modules loaded with --module
+  // Run on the loop thread at shutdown, after calls in flight and pool work
+  // have finished and before the service is released (RpcServer::stop's
+  // before_release): a service closes here the connections that hold a
+  // capability to itself.
+  std::vector<std::function<void()>> on_stop;
 };
 
 struct RoleSpec {

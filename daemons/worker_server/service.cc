@@ -13,7 +13,7 @@ kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 36
 
 }  // namespace
 
-WorkerService::WorkerService(daemon::DaemonContext& ctx) : NodeService(ctx), tasks_(*this) {
+WorkerService::WorkerService(daemon::DaemonContext& ctx) : NodeService(ctx), tasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {
   std::string address;
   for (const auto& peer : ctx.peers) {
     if (peer.role == wire::Role::COORDINATOR) address = peer.address;
@@ -33,7 +33,14 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx) : NodeService(ctx), tas
         });
       });
   worker_ = std::make_shared<Worker>(*ctx.functions, *router_, ctx.identity.task_index());
-  tasks_.add(register_with_coordinator());
+  tasks_->add(register_with_coordinator());
+  // The coordinator holds this service's capability (registerWorker) over
+  // coordinator_, which this service owns: close it at shutdown so that the
+  // service is released.
+  ctx.on_stop.push_back([this]() {
+    tasks_ = nullptr;
+    coordinator_ = nullptr;
+  });
 }
 
 WorkerService::~WorkerService() = default;

@@ -46,7 +46,7 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   std::shared_ptr<VariableRouter> router_;
   std::shared_ptr<Worker> worker_;  // shared with pool work in flight
   int64_t worker_id_ = 0;
-  kj::TaskSet tasks_;
+  kj::Own<kj::TaskSet> tasks_;  // released at shutdown (ctx.on_stop)
 };
 
 }  // namespace capstan::worker_server

@@ -321,7 +321,8 @@ Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure)
   }
 }
 
-void RpcServer::stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool) {
+void RpcServer::stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool,
+                     const std::function<void()>& before_release) {
   if (impl_.get() == nullptr) return;
   try {
     loop_.run_sync([this, grace]() -> kj::Promise<void> {
@@ -344,7 +345,10 @@ void RpcServer::stop(std::chrono::milliseconds grace, boost::asio::thread_pool* 
     pool->join();
   }
   try {
-    loop_.run_sync([this]() { impl_ = nullptr; });
+    loop_.run_sync([this, &before_release]() {
+      if (before_release) before_release();
+      impl_ = nullptr;
+    });
   } catch (const kj::Exception&) {
   }
   loop_.stop();

@@ -187,7 +187,13 @@ class RpcServer {
   // already running there is waited for, however long it takes, before the
   // service it references is destroyed; work still queued is dropped.
   // Pass null when the service posts to no pool that outlives it.
-  void stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool = nullptr);
+  //
+  // `before_release` runs on the loop thread after that, just before the
+  // service is released: a service whose outgoing connection holds a
+  // capability to itself (a worker registered with its coordinator) closes
+  // that connection there, or the cycle keeps it alive past the end.
+  void stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool = nullptr,
+            const std::function<void()>& before_release = {});
 
   LoopThread& loop() { return loop_; }
 

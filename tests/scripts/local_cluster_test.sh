@@ -108,7 +108,9 @@ health_out=
 deadline=$(( SECONDS + 20 ))
 while :; do
   health_rc=0
-  health_out=$("$ctl" health "${all_addresses[@]}" 2>&1) || health_rc=$?
+  # stderr apart: the table is parsed by line (a sanitizer build may print
+  # notes there).
+  health_out=$("$ctl" health "${all_addresses[@]}" 2>"$run_dir/health.err") || health_rc=$?
   if [[ $health_rc -eq 0 ]]; then
     missing=
     for role in coordinator ps worker data_dispatcher data_worker; do
@@ -130,6 +132,7 @@ if [[ $health_ok -eq 1 ]]; then
 else
   fail "capstanctl health did not show all five roles ready within 20 s:"
   echo "$health_out"
+  cat "$run_dir/health.err"
   show_logs
 fi
 

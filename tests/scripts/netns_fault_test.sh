@@ -15,8 +15,9 @@
 #      link_timeout_ms (3 s here), so the program fails with UNAVAILABLE
 #      instead of waiting out its 60 s call timeouts; after the link comes
 #      back, training runs again;
-#   3. a slow link (netem delay and loss where the kernel has netem, else a
-#      tbf rate limit) to a worker: training completes.
+#   3. a slow, lossy link to a worker (30 +- 10 ms delay, 2% loss; netem
+#      where the kernel has it, else tests/tools/packet_delay behind an
+#      iptables NFQUEUE rule): training completes.
 #
 # Needs root and network namespaces; prints SKIP and exits 77 where they
 # cannot be created. Usage: netns_fault_test.sh BIN_DIR MODULE PROGRAM
@@ -164,18 +165,36 @@ else
   fail "training after the PS came back"; tail -5 "$dir/t2b"
 fi
 
-# 3. A slow, lossy link to worker 1.
+# 3. A slow, lossy link to worker 1: 30 +- 10 ms delay and 2% loss on what
+# it receives. With netem where the kernel has it; else with packet_delay,
+# which an iptables NFQUEUE rule in worker 1's namespace hands every packet
+# arriving on its link (--queue-bypass: if packet_delay is not there yet,
+# packets pass).
 if tc qdisc add dev "${tag}p3" root netem delay 30ms 10ms loss 2% 2>/dev/null; then
   shaping="netem: 30 ms +- 10 ms delay, 2% loss"
+elif [[ -x $bin_dir/packet_delay ]] && command -v iptables >/dev/null; then
+  ip netns exec "${tag}h3" "$bin_dir/packet_delay" --queue 7 --delay-ms 30 --jitter-ms 10 \
+    --loss-percent 2 --seed 1 2>"$dir/packet_delay.log" &
+  delay_pid=$!
+  pids+=("$delay_pid")
+  sleep 0.3
+  kill -0 "$delay_pid" 2>/dev/null || { cat "$dir/packet_delay.log"; fail "packet_delay did not start"; }
+  ip netns exec "${tag}h3" iptables -A INPUT -i "${tag}v3" -j NFQUEUE --queue-num 7 --queue-bypass
+  shaping="packet_delay (no netem in this kernel): 30 ms +- 10 ms delay, 2% loss"
 else
   tc qdisc add dev "${tag}p3" root tbf rate 2mbit burst 16kbit latency 100ms
-  shaping="tbf 2 Mbit/s (this kernel has no netem: no loss emulated)"
+  shaping="tbf 2 Mbit/s (no netem in this kernel, no iptables or packet_delay: no delay or loss emulated)"
 fi
 start_ms=$(date +%s%N)
 if train t3 2 300 180 && finished t3; then
   pass "training completes over a slowed link ($shaping) in $(( ($(date +%s%N) - start_ms) / 1000000 )) ms"
 else
   fail "training over a slowed link ($shaping)"; tail -5 "$dir/t3"
+fi
+if [[ -n ${delay_pid:-} ]]; then
+  kill -TERM "$delay_pid"
+  wait "$delay_pid" || true
+  grep -h "packets delayed" "$dir/packet_delay.log" || true
 fi
 
 echo "netns_fault_test: $passed passed, $failed failed"
