@@ -29,13 +29,19 @@ build_dir=${CAPSTAN_BUILD_DIR:-build}
 test_jobs=${CAPSTAN_TEST_JOBS:-2}
 status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 "$@" || status=$?
+echo "test.sh: build and tests took $SECONDS s"
 if [[ $# -eq 0 ]]; then
   for kind in ${CAPSTAN_SANITIZERS-address thread}; do
+    started=$SECONDS
     bash scripts/sanitize.sh "$kind" || status=1
+    echo "test.sh: sanitize.sh $kind took $((SECONDS - started)) s"
   done
   fuzz_runs=${CAPSTAN_FUZZ_RUNS:-20000}
   if [[ $fuzz_runs != 0 ]]; then
+    started=$SECONDS
     bash scripts/fuzz.sh --runs "$fuzz_runs" --seed 1 || status=1
+    echo "test.sh: fuzz.sh took $((SECONDS - started)) s"
   fi
 fi
+echo "test.sh: $SECONDS s in all, exit $status"
 exit "$status"
