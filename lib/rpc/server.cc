@@ -150,7 +150,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
       : options(options),
         timer(timer),
         observer(observer),
-        tracker(observer),
+        tracker(kj::refcounted<CallTracker>(observer)),
         login_caps(options.max_pre_login_per_host, options.max_pre_login),
         tasks(*this) {}
 
@@ -225,7 +225,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
     reader_options.traversalLimitInWords = options.max_message_bytes / sizeof(capnp::word);
     reader_options.nestingLimit = 64;
     capnp::Capability::Client gate =
-        kj::heap<Instrumented<GateImpl>>(tracker, options.token, service, peer, observer, login);
+        kj::heap<Instrumented<GateImpl>>(*tracker, options.token, service, peer, observer, login);
     auto it = connections.emplace(connections.end(), kj::mv(stream), reader_options, kj::mv(gate));
     // The stream (and `guard` in it) lives as long as the connection, which
     // owns this promise.
@@ -256,7 +256,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
   const RpcServerOptions& options;
   kj::Timer& timer;
   RpcObserver* const observer;
-  CallTracker tracker;
+  kj::Own<CallTracker> tracker;
   LoginCaps login_caps;
   capnp::Capability::Client service = nullptr;
   kj::Own<kj::ConnectionReceiver> listener;
@@ -282,7 +282,7 @@ Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure)
       // A service that cannot start (e.g. a damaged journal) is a startup
       // error of its own, not a listening error.
       try {
-        impl_->service = factory(impl_->tracker);
+        impl_->service = factory(*impl_->tracker);
       } catch (const kj::Exception& e) {
         service_error = from_exception(e);
         return uint16_t{0};
@@ -331,7 +331,7 @@ void RpcServer::stop(std::chrono::milliseconds grace, boost::asio::thread_pool* 
       impl_->listener = nullptr;
       // A finished call's reply is queued after its promise resolves, so
       // wait for the replies to be written as well.
-      auto drained = impl_->tracker.drained().then([this]() { return impl_->flush_writes(); });
+      auto drained = impl_->tracker->drained().then([this]() { return impl_->flush_writes(); });
       return loop_.timer().afterDelay(grace.count() * kj::MILLISECONDS).exclusiveJoin(kj::mv(drained));
     });
   } catch (const kj::Exception&) {

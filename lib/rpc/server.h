@@ -72,7 +72,11 @@ class RpcObserver {
 
 // Counts calls in flight (so stop() can drain them) and reports per-method
 // statistics to the observer. Owned by RpcServer; used on its loop thread.
-class CallTracker {
+//
+// Refcounted (kj::refcounted, loop thread only): a call's completion holds a
+// reference, because it can run after the server has released everything
+// else (pool work that outlived stop()'s grace period; ASan found it).
+class CallTracker final : public kj::Refcounted {
  public:
   explicit CallTracker(RpcObserver* observer) : observer_(observer) {}
 
@@ -119,11 +123,10 @@ class Instrumented final : public ServiceImpl {
     tracker_.begin(method);
     try {
       auto result = ServiceImpl::dispatchCall(interface_id, method_id, context);
-      CallTracker* tracker = &tracker_;
       const CallTracker::Method* called = &method;
       result.promise = result.promise.then(
-          [tracker, called]() { tracker->end(*called, nullptr); },
-          [tracker, called](kj::Exception&& e) {
+          [tracker = kj::addRef(tracker_), called]() mutable { tracker->end(*called, nullptr); },
+          [tracker = kj::addRef(tracker_), called](kj::Exception&& e) mutable {
             tracker->end(*called, &e);
             kj::throwFatalException(kj::mv(e));
           });
