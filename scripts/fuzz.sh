@@ -29,7 +29,11 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 if [[ ${#names[@]} -eq 0 ]]; then
-  names=(tfrecord example csv safetensors manifest journal definition tensor_codec config)
+  # Every harness: fuzz/NAME_fuzz.cc.
+  for source in fuzz/*_fuzz.cc; do
+    name=${source#fuzz/}
+    names+=("${name%_fuzz.cc}")
+  done
 fi
 source scripts/sanitizer-build.sh
 configure_sanitizer_build address

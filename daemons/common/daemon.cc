@@ -256,8 +256,11 @@ void NodeIdentity::fill(wire::NodeInfo::Builder info) const {
   info.setTaskIndex(task_index_);
   info.setVersion(capstan::version());
   info.setUptimeSeconds(uptime_seconds());
-  info.setRpcAddress(rpc_address());
-  info.setHttpPort(http_port());
+  {
+    MutexLock lock(mutex_);
+    info.setRpcAddress(rpc_address_);
+    info.setHttpPort(http_port_);
+  }
   info.setPid(::getpid());
   info.setReady(ready());
   info.setGpuCount(gpu_count_);

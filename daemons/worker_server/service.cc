@@ -13,7 +13,8 @@ kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 36
 
 }  // namespace
 
-WorkerService::WorkerService(daemon::DaemonContext& ctx) : NodeService(ctx), tasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {
+WorkerService::WorkerService(daemon::DaemonContext& ctx)
+    : NodeService(ctx), tasks_(kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this))) {
   std::string address;
   for (const auto& peer : ctx.peers) {
     if (peer.role == wire::Role::COORDINATOR) address = peer.address;

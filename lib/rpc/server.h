@@ -123,13 +123,15 @@ class Instrumented final : public ServiceImpl {
     tracker_.begin(method);
     try {
       auto result = ServiceImpl::dispatchCall(interface_id, method_id, context);
+      CallTracker* tracker = &tracker_;
       const CallTracker::Method* called = &method;
-      result.promise = result.promise.then(
-          [tracker = kj::addRef(tracker_), called]() mutable { tracker->end(*called, nullptr); },
-          [tracker = kj::addRef(tracker_), called](kj::Exception&& e) mutable {
-            tracker->end(*called, &e);
-            kj::throwFatalException(kj::mv(e));
-          });
+      result.promise = result.promise
+                           .then([tracker, called]() { tracker->end(*called, nullptr); },
+                                 [tracker, called](kj::Exception&& e) {
+                                   tracker->end(*called, &e);
+                                   kj::throwFatalException(kj::mv(e));
+                                 })
+                           .attach(kj::addRef(tracker_));
       return result;
     } catch (const kj::Exception& e) {
       tracker_.end(method, &e);

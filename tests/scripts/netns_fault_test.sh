@@ -170,17 +170,19 @@ fi
 # which an iptables NFQUEUE rule in worker 1's namespace hands every packet
 # arriving on its link (--queue-bypass: if packet_delay is not there yet,
 # packets pass).
-if tc qdisc add dev "${tag}p3" root netem delay 30ms 10ms loss 2% 2>/dev/null; then
-  shaping="netem: 30 ms +- 10 ms delay, 2% loss"
+delay_ms=30 jitter_ms=10 loss_percent=2
+impairment="$delay_ms ms +- $jitter_ms ms delay, $loss_percent% loss"
+if tc qdisc add dev "${tag}p3" root netem delay "${delay_ms}ms" "${jitter_ms}ms" loss "$loss_percent%" 2>/dev/null; then
+  shaping="netem: $impairment"
 elif [[ -x $bin_dir/packet_delay ]] && command -v iptables >/dev/null; then
-  ip netns exec "${tag}h3" "$bin_dir/packet_delay" --queue 7 --delay-ms 30 --jitter-ms 10 \
-    --loss-percent 2 --seed 1 2>"$dir/packet_delay.log" &
+  ip netns exec "${tag}h3" "$bin_dir/packet_delay" --queue 7 --delay-ms "$delay_ms" --jitter-ms "$jitter_ms" \
+    --loss-percent "$loss_percent" --seed 1 2>"$dir/packet_delay.log" &
   delay_pid=$!
   pids+=("$delay_pid")
   sleep 0.3
   kill -0 "$delay_pid" 2>/dev/null || { cat "$dir/packet_delay.log"; fail "packet_delay did not start"; }
   ip netns exec "${tag}h3" iptables -A INPUT -i "${tag}v3" -j NFQUEUE --queue-num 7 --queue-bypass
-  shaping="packet_delay (no netem in this kernel): 30 ms +- 10 ms delay, 2% loss"
+  shaping="packet_delay (no netem in this kernel): $impairment"
 else
   tc qdisc add dev "${tag}p3" root tbf rate 2mbit burst 16kbit latency 100ms
   shaping="tbf 2 Mbit/s (no netem in this kernel, no iptables or packet_delay: no delay or loss emulated)"
