@@ -10,6 +10,7 @@
 
 #include "capstan/data/dataset.h"
 #include "data/test_util.h"
+#include "rpc/mailbox.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -147,6 +148,7 @@ class FakeParameterServers : public ParameterServers {
 struct Harness {
   explicit Harness(CoordinatorConfig config = {}, int num_ps = 1)
       : io(kj::setupAsyncIo()),
+        mailbox(*io.lowLevelProvider),
         timer(kj::origin<kj::TimePoint>()),
         pool(1),
         ps(num_ps),
@@ -177,6 +179,7 @@ struct Harness {
   }
 
   kj::AsyncIoContext io;
+  rpc::Mailbox mailbox;  // run_on_pool hands results back through it
   kj::TimerImpl timer;
   boost::asio::thread_pool pool;
   FakeParameterServers ps;

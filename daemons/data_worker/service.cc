@@ -12,6 +12,7 @@
 #include "capstan/data/dataset.h"
 #include "daemons/data_worker/task_runner.h"
 #include "rpc/errors.h"
+#include "rpc/mailbox.h"
 #include "rpc/pool.h"
 #include "rpc/tensor_codec.h"
 #include "sync/mutex.h"
@@ -70,8 +71,8 @@ struct SplitCall {
 
 // Carries getSplit calls from pipeline threads to the loop and the answers
 // back. The loop never waits for a pipeline thread here (a pipeline thread
-// posts its call and wakes the loop through a cross-thread fulfiller, then
-// waits on a condition variable), so the service may join pipeline threads
+// posts its call and wakes the loop through the loop's Mailbox, then waits
+// on a condition variable), so the service may join pipeline threads
 // on the loop once the bridge is closed.
 //
 // Thread-safety: thread-safe; take() and answer() on the loop thread.
@@ -87,9 +88,9 @@ class SplitBridge {
     MutexLock lock(mutex_);
     if (closed_) return Status::Cancelled("the data worker is shutting down");
     queue_.push_back(call);
-    if (wake_.get() != nullptr) {
-      wake_->fulfill();
-      wake_ = nullptr;
+    if (wake_) {
+      wake_->remote->signal(wake_->ticket);
+      wake_.reset();
     }
     auto deadline = std::chrono::steady_clock::now() + timeout;
     while (!call->done && !closed_ && !cancelled.load() && cv_.wait_until(mutex_, deadline)) {
@@ -126,9 +127,10 @@ class SplitBridge {
       queue_.clear();
       return calls;
     }
-    auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
-    wake_ = kj::mv(paf.fulfiller);
-    return paf.promise.then([this]() { return take(); });
+    auto& mailbox = rpc::Mailbox::current();
+    auto [ticket, ready] = mailbox.expect();
+    wake_ = Wake{mailbox.remote(), ticket};
+    return ready.then([this]() { return take(); });
   }
 
   void answer(const std::shared_ptr<SplitCall>& call, Result<std::optional<Element>> result) {
@@ -151,8 +153,12 @@ class SplitBridge {
   CondVar cv_;
   bool closed_ GUARDED_BY(mutex_) = false;
   std::deque<std::shared_ptr<SplitCall>> queue_ GUARDED_BY(mutex_);
-  // Set while take() waits for a call; fulfilled by the next call().
-  kj::Own<kj::CrossThreadPromiseFulfiller<void>> wake_ GUARDED_BY(mutex_);
+  // Set while take() waits for a call; signalled by the next call().
+  struct Wake {
+    std::shared_ptr<rpc::MailboxRemote> remote;
+    uint64_t ticket;
+  };
+  std::optional<Wake> wake_ GUARDED_BY(mutex_);
 };
 
 namespace {

@@ -15,25 +15,30 @@ LoopThread::~LoopThread() { stop(); }
 void LoopThread::main() {
   pthread_setname_np(pthread_self(), name_.substr(0, 15).c_str());
   auto io = kj::setupAsyncIo();
-  auto paf = kj::newPromiseAndCrossThreadFulfiller<void>();
   {
-    MutexLock lock(mutex_);
-    io_ = &io;
-    executor_ = kj::getCurrentThreadExecutor().addRef();
+    Mailbox mailbox(*io.lowLevelProvider);
+    auto paf = kj::newPromiseAndFulfiller<void>();
     stop_fulfiller_ = kj::mv(paf.fulfiller);
-    ready_ = true;
+    {
+      MutexLock lock(mutex_);
+      io_ = &io;
+      remote_ = mailbox.remote();
+      ready_ = true;
+    }
+    ready_cv_.notify_all();
+    paf.promise.wait(io.waitScope);
+    // Let already-queued events (e.g. destructors run by the last run_sync)
+    // settle before the loop goes away.
+    io.provider->getTimer().afterDelay(0 * kj::MILLISECONDS).wait(io.waitScope);
+    stop_fulfiller_ = nullptr;
+    // The mailbox closes here: later run_sync calls fail with DISCONNECTED.
   }
-  ready_cv_.notify_all();
-  paf.promise.wait(io.waitScope);
-  // Let already-queued events (e.g. destructors run by the last run_sync)
-  // settle before the loop goes away.
-  io.provider->getTimer().afterDelay(0 * kj::MILLISECONDS).wait(io.waitScope);
   io_ = nullptr;
 }
 
 void LoopThread::stop() {
   if (!thread_.joinable()) return;
-  stop_fulfiller_->fulfill();
+  remote_->post([this]() { stop_fulfiller_->fulfill(); });
   thread_.join();
 }
 

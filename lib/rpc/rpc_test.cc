@@ -6,6 +6,7 @@
 
 #include <capnp/message.h>
 #include <kj/async.h>
+#include <kj/vector.h>
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -21,6 +22,7 @@
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/mailbox.h"
 #include "rpc/pool.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
@@ -591,6 +593,80 @@ TEST_CASE("run_on_pool returns results and errors to the loop thread", "[rpc][po
     CHECK_THAT(from_exception(e).message(), Catch::Contains("pool task failed"));
   }
   pool.join();
+}
+
+TEST_CASE("run_on_pool hands back many results from many pool threads", "[rpc][pool][mailbox]") {
+  boost::asio::thread_pool pool(4);
+  LoopThread loop("test-mailbox");
+  constexpr int kCalls = 2000;
+  int64_t sum = loop.run_sync([&pool]() {
+    kj::Vector<kj::Promise<int64_t>> results;
+    for (int i = 0; i < kCalls; ++i) results.add(run_on_pool(pool, [i]() { return int64_t{i}; }));
+    return kj::joinPromises(results.releaseAsArray()).then([](kj::Array<int64_t> values) {
+      int64_t total = 0;
+      for (int64_t v : values) total += v;
+      return total;
+    });
+  });
+  CHECK(sum == int64_t{kCalls} * (kCalls - 1) / 2);
+  pool.join();
+}
+
+TEST_CASE("work a stopped pool drops unrun fails its promise instead of hanging it", "[rpc][pool][mailbox]") {
+  auto pool = std::make_unique<boost::asio::thread_pool>(1);
+  pool->stop();
+  LoopThread loop("test-dropped");
+  auto status = loop.run_sync([&pool]() {
+    auto result = run_on_pool(*pool, []() { return 1; });
+    pool.reset();  // destroys the queued work unrun
+    return result.then([](int) { return Status::Internal("the dropped work ran"); },
+                       [](kj::Exception&& e) { return from_exception(e); });
+  });
+  CHECK(status.code() == StatusCode::kUnavailable);
+  CHECK_THAT(status.message(), Catch::Contains("dropped the work unrun"));
+}
+
+TEST_CASE("run_sync fails, not hangs, once its loop has stopped", "[rpc][mailbox]") {
+  LoopThread loop("test-stop");
+  std::atomic<bool> started{false};
+  Status pending;
+  // A call whose promise never resolves, waiting when the loop stops.
+  std::thread caller([&]() {
+    try {
+      loop.run_sync([&]() -> kj::Promise<void> {
+        started = true;
+        return kj::NEVER_DONE;
+      });
+      pending = Status::Internal("returned");
+    } catch (const kj::Exception& e) {
+      pending = from_exception(e);
+    }
+  });
+  while (!started) std::this_thread::sleep_for(1ms);
+  loop.stop();
+  caller.join();
+  CHECK(pending.code() == StatusCode::kUnavailable);
+  CHECK_THAT(pending.message(), Catch::Contains("event loop stopped before the call finished"));
+  try {
+    loop.run_sync([]() { return 1; });
+    FAIL("run_sync after stop() returned");
+  } catch (const kj::Exception& e) {
+    CHECK(from_exception(e).code() == StatusCode::kUnavailable);
+    CHECK_THAT(from_exception(e).message(), Catch::Contains("test-stop"));
+  }
+}
+
+TEST_CASE("a thread without an event loop mailbox gets an error that says what to do", "[rpc][mailbox]") {
+  Status status;
+  std::thread([&]() {
+    try {
+      Mailbox::current();
+    } catch (const kj::Exception& e) {
+      status = from_exception(e);
+    }
+  }).join();
+  CHECK(status.code() == StatusCode::kInternal);
+  CHECK_THAT(status.message(), Catch::Contains("LoopThread"));
 }
 
 }  // namespace capstan::rpc

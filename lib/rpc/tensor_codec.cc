@@ -270,8 +270,12 @@ Result<Element> element_from_bytes(const std::string& bytes) {
   auto words = kj::heapArray<capnp::word>(bytes.size() / sizeof(capnp::word));
   std::memcpy(words.begin(), bytes.data(), bytes.size());
   try {
+    // Each word of a written element is read once; a budget of a small
+    // multiple of the size refuses bytes whose pointers share targets (a
+    // damaged or crafted cache file that would expand into far more memory
+    // than it occupies).
     capnp::ReaderOptions options;
-    options.traversalLimitInWords = uint64_t{1} << 60;
+    options.traversalLimitInWords = 4 * words.size() + 1024;
     capnp::FlatArrayMessageReader reader(words, options);
     return read_element_inline(reader.getRoot<wire::Element>());
   } catch (const kj::Exception& e) {
