@@ -45,6 +45,7 @@ status=0
 # system compiler and flags, which a sanitizer build's libraries cannot link.
 ctest --test-dir "$build" --output-on-failure -j "${CAPSTAN_TEST_JOBS:-2}" --timeout 900 \
   -L 'unit|integration' -LE stress -E '^sdk_install_find_package$' "$@" || status=$?
+bash scripts/check-leftovers.sh "$build" || status=1
 
 # A report file holds errors, or only the warning an allocation the code
 # expects to fail prints ("failed to allocate"), which is not a finding.

@@ -29,6 +29,7 @@ build_dir=${CAPSTAN_BUILD_DIR:-build}
 test_jobs=${CAPSTAN_TEST_JOBS:-2}
 status=0
 ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 "$@" || status=$?
+bash scripts/check-leftovers.sh "$build_dir" || status=1
 echo "test.sh: build and tests took $SECONDS s"
 if [[ $# -eq 0 ]]; then
   for kind in ${CAPSTAN_SANITIZERS-address thread}; do

@@ -41,6 +41,8 @@ bash "$src/scripts/make-test-ca.sh" "$dir/ca" >/dev/null
 bash "$src/scripts/make-test-ca.sh" "$dir/other" >/dev/null
 echo secret-token >"$dir/token"
 
+# Starts a daemon and sets `addr` to its RPC address. Not for $(...): the
+# daemon's pid must reach `pids` in this shell, for cleanup.
 start() {  # name, program, flags...
   local name=$1 program=$2
   shift 2
@@ -57,7 +59,7 @@ start() {  # name, program, flags...
   if [[ -z $port ]]; then
     echo "FAIL: $name did not start"; cat "$dir/$name.log"; exit 1
   fi
-  echo "127.0.0.1:$port"
+  addr="127.0.0.1:$port"
 }
 
 ca=$dir/ca
@@ -65,7 +67,8 @@ ctl=("$bin_dir/capstanctl" --timeout-ms 3000)
 export CAPSTAN_TOKEN=secret-token
 
 # 1. Server TLS.
-ps=$(start ps ps-server --tls-cert "$ca/server.pem" --tls-key "$ca/server.key")
+start ps ps-server --tls-cert "$ca/server.pem" --tls-key "$ca/server.key"
+ps=$addr
 check "the ps-server says it serves TLS" grep -q "token required; TLS" "$dir/ps.log"
 check "a client trusting the CA is served" env CAPSTAN_TLS_CA="$ca/ca.pem" "${ctl[@]}" health "$ps"
 check "a plain-TCP client is refused" refused "${ctl[@]}" health "$ps"
@@ -75,8 +78,9 @@ check "an unreadable CAPSTAN_TLS_CA is an error naming the file" \
   bash -c "CAPSTAN_TLS_CA='$dir/missing.pem' '$bin_dir/capstanctl' --timeout-ms 2000 health $ps 2>&1 | grep -q 'cannot read $dir/missing.pem'"
 
 # 2. Mutual TLS.
-mps=$(start mps ps-server --tls-cert "$ca/server.pem" --tls-key "$ca/server.key" --tls-ca "$ca/ca.pem" \
-  --tls-verify-clients true)
+start mps ps-server --tls-cert "$ca/server.pem" --tls-key "$ca/server.key" --tls-ca "$ca/ca.pem" \
+  --tls-verify-clients true
+mps=$addr
 check "mutual TLS: a client without a certificate is refused" \
   refused env CAPSTAN_TLS_CA="$ca/ca.pem" "${ctl[@]}" health "$mps"
 check "mutual TLS: a client certificate from another CA is refused" \
@@ -88,8 +92,10 @@ check "mutual TLS: a client with a certificate from the CA is served" \
 
 # 3. Daemon to daemon (mutual TLS both ways).
 tls_flags=(--tls-cert "$ca/server.pem" --tls-key "$ca/server.key" --tls-ca "$ca/ca.pem" --tls-verify-clients true)
-dispatcher=$(start dispatcher data-dispatcher "${tls_flags[@]}")
-worker=$(start worker data-worker "${tls_flags[@]}" --dispatcher "$dispatcher")
+start dispatcher data-dispatcher "${tls_flags[@]}"
+dispatcher=$addr
+start worker data-worker "${tls_flags[@]}" --dispatcher "$dispatcher"
+worker=$addr
 listed() {
   CAPSTAN_TLS_CA="$ca/ca.pem" CAPSTAN_TLS_CERT="$ca/client.pem" CAPSTAN_TLS_KEY="$ca/client.key" \
     "${ctl[@]}" data workers "$dispatcher" 2>/dev/null | grep -q "$worker"
