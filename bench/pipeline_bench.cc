@@ -1,14 +1,16 @@
 // pipeline_bench: throughput of the tf.data engine.
 //
 //   pipeline_bench [--records N] [--map-elements N] [--dir DIR]
+//                  [--only tfrecord|map|shuffle|parse_example]
 //
 // Prints elements/s and MB/s for: reading a TFRecord file (next to a raw
 // read() of the same file), a CPU-heavy map with num_parallel_calls 1, 2 and
-// AUTOTUNE, and shuffle+batch+prefetch of small elements. Figures, not
-// pass/fail.
+// AUTOTUNE, shuffle+batch+prefetch of small elements, and parse_example
+// (wire parser and protobuf reference). Figures, not pass/fail.
 #include <fcntl.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -21,6 +23,8 @@
 #include "bench_util.h"
 #include "capstan/data/dataset.h"
 #include "data/io/tfrecord.h"
+#include "data/ops/example.h"
+#include "example.pb.h"
 
 namespace {
 
@@ -34,7 +38,7 @@ struct Count {
   int64_t bytes = 0;
 };
 
-Count drain(const Dataset& ds, const capstan::FunctionRegistry* fns) {
+Count drain(const Dataset &ds, const capstan::FunctionRegistry *fns) {
   auto it = ds.make_iterator(fns);
   if (!it.ok()) {
     std::fprintf(stderr, "%s\n", it.status().to_string().c_str());
@@ -54,9 +58,9 @@ Count drain(const Dataset& ds, const capstan::FunctionRegistry* fns) {
   return c;
 }
 
-void report(const char* what, Count c, double seconds) {
-  std::printf("%-44s %12.0f elements/s %9.1f MB/s  (%lld elements, %.2f s)\n", what,
-              c.elements / seconds, c.bytes / seconds / 1e6, static_cast<long long>(c.elements), seconds);
+void report(const char *what, Count c, double seconds) {
+  std::printf("%-44s %12.0f elements/s %9.1f MB/s  (%lld elements, %.2f s)\n", what, c.elements / seconds,
+              c.bytes / seconds / 1e6, static_cast<long long>(c.elements), seconds);
 }
 
 // About 60 us of floating-point work per element.
@@ -69,79 +73,91 @@ capstan::Result<capstan::Element> cpu_heavy(capstan::Element e) {
 
 }  // namespace
 
-int main(int argc, char** argv) {
+int main(int argc, char **argv) {
   int64_t records = 200000;
   int64_t map_elements = 20000;
   std::string dir = std::filesystem::temp_directory_path().string();
+  std::string only;  // one section, or all
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
-    if (flag == "--records") records = std::stoll(argv[i + 1]);
-    else if (flag == "--map-elements") map_elements = std::stoll(argv[i + 1]);
-    else if (flag == "--dir") dir = argv[i + 1];
+    if (flag == "--records")
+      records = std::stoll(argv[i + 1]);
+    else if (flag == "--map-elements")
+      map_elements = std::stoll(argv[i + 1]);
+    else if (flag == "--dir")
+      dir = argv[i + 1];
+    else if (flag == "--only")
+      only = argv[i + 1];
   }
   std::printf("pipeline_bench on %u cores\n\n", std::thread::hardware_concurrency());
 
+  auto wanted = [&only](const char *section) { return only.empty() || only == section; };
+
   // 1. TFRecord read vs raw read of the same file.
-  std::string file = dir + "/pipeline_bench." + std::to_string(getpid()) + ".tfrecord";
-  {
-    auto writer = capstan::data::io::TFRecordWriter::open(file, capstan::data::io::Compression::kNone);
-    if (!writer.ok()) {
-      std::fprintf(stderr, "%s\n", writer.status().to_string().c_str());
-      return 1;
+  if (wanted("tfrecord")) {
+    std::string file = dir + "/pipeline_bench." + std::to_string(getpid()) + ".tfrecord";
+    {
+      auto writer = capstan::data::io::TFRecordWriter::open(file, capstan::data::io::Compression::kNone);
+      if (!writer.ok()) {
+        std::fprintf(stderr, "%s\n", writer.status().to_string().c_str());
+        return 1;
+      }
+      std::string record(1000, 'r');
+      for (int64_t i = 0; i < records; ++i) {
+        std::memcpy(record.data(), &i, sizeof(i));
+        (void)(*writer)->write(record);
+      }
+      (void)(*writer)->close();
     }
-    std::string record(1000, 'r');
-    for (int64_t i = 0; i < records; ++i) {
-      std::memcpy(record.data(), &i, sizeof(i));
-      (void)(*writer)->write(record);
+    auto raw_read = [&file]() {
+      int fd = open(file.c_str(), O_RDONLY);
+      std::vector<char> buffer(1 << 20);
+      int64_t total = 0;
+      auto start = Clock::now();
+      while (true) {
+        ssize_t n = read(fd, buffer.data(), buffer.size());
+        if (n <= 0) break;
+        total += n;
+      }
+      close(fd);
+      return std::make_pair(total, seconds_since(start));
+    };
+    raw_read();  // warm the page cache for both measurements
+    int64_t raw_bytes = 0;
+    double raw_seconds = 0;
+    for (int pass = 0; pass < 5; ++pass) {  // one pass is too short to time
+      auto [bytes, seconds] = raw_read();
+      raw_bytes += bytes;
+      raw_seconds += seconds;
     }
-    (void)(*writer)->close();
-  }
-  auto raw_read = [&file]() {
-    int fd = open(file.c_str(), O_RDONLY);
-    std::vector<char> buffer(1 << 20);
-    int64_t total = 0;
-    auto start = Clock::now();
-    while (true) {
-      ssize_t n = read(fd, buffer.data(), buffer.size());
-      if (n <= 0) break;
-      total += n;
+    std::printf("%-44s %12s %9.1f MB/s  (%lld bytes, %.2f s)\n", "raw read() of the same file, 1 MiB buffer", "",
+                raw_bytes / raw_seconds / 1e6, static_cast<long long>(raw_bytes), raw_seconds);
+    {
+      auto start = Clock::now();
+      Count c = drain(Dataset::tfrecord_dataset({file}).repeat(5), nullptr);
+      report("tfrecord_dataset (1000-byte records)", c, seconds_since(start));
     }
-    close(fd);
-    return std::make_pair(total, seconds_since(start));
-  };
-  raw_read();  // warm the page cache for both measurements
-  int64_t raw_bytes = 0;
-  double raw_seconds = 0;
-  for (int pass = 0; pass < 5; ++pass) {  // one pass is too short to time
-    auto [bytes, seconds] = raw_read();
-    raw_bytes += bytes;
-    raw_seconds += seconds;
+    std::filesystem::remove(file);
+    std::printf("\n");
   }
-  std::printf("%-44s %12s %9.1f MB/s  (%lld bytes, %.2f s)\n", "raw read() of the same file, 1 MiB buffer", "",
-              raw_bytes / raw_seconds / 1e6, static_cast<long long>(raw_bytes), raw_seconds);
-  {
-    auto start = Clock::now();
-    Count c = drain(Dataset::tfrecord_dataset({file}).repeat(5), nullptr);
-    report("tfrecord_dataset (1000-byte records)", c, seconds_since(start));
-  }
-  std::filesystem::remove(file);
-  std::printf("\n");
 
   // 2. CPU-heavy map.
-  capstan::FunctionRegistry fns;
-  fns.register_map("cpu_heavy", cpu_heavy);
-  for (int64_t parallel : {int64_t{1}, int64_t{2}, capstan::data::kAutotune}) {
-    auto ds = Dataset::range(map_elements).map(Fn::named("cpu_heavy"), parallel);
-    auto start = Clock::now();
-    Count c = drain(ds, &fns);
-    std::string what = "map(cpu_heavy), num_parallel_calls=" +
-                       (parallel == capstan::data::kAutotune ? std::string("AUTOTUNE") : std::to_string(parallel));
-    report(what.c_str(), c, seconds_since(start));
+  if (wanted("map")) {
+    capstan::FunctionRegistry fns;
+    fns.register_map("cpu_heavy", cpu_heavy);
+    for (int64_t parallel : {int64_t{1}, int64_t{2}, capstan::data::kAutotune}) {
+      auto ds = Dataset::range(map_elements).map(Fn::named("cpu_heavy"), parallel);
+      auto start = Clock::now();
+      Count c = drain(ds, &fns);
+      std::string what = "map(cpu_heavy), num_parallel_calls=" +
+                         (parallel == capstan::data::kAutotune ? std::string("AUTOTUNE") : std::to_string(parallel));
+      report(what.c_str(), c, seconds_since(start));
+    }
+    std::printf("\n");
   }
-  std::printf("\n");
 
   // 3. shuffle + batch + prefetch of small elements.
-  {
+  if (wanted("shuffle")) {
     int64_t n = 2000000;
     auto ds = Dataset::range(n).shuffle(10000, 1).batch(256).prefetch(capstan::data::kAutotune);
     auto start = Clock::now();
@@ -149,6 +165,63 @@ int main(int argc, char** argv) {
     double s = seconds_since(start);
     c.elements = n;  // report input elements per second
     report("range.shuffle(10000).batch(256).prefetch", c, s);
+    std::printf("\n");
+  }
+
+  // 4. parse_example on batches of 256 Examples of 4 int64 scalars and a
+  // float[16], the wire parser and the protobuf reference alternately.
+  if (wanted("parse_example")) {
+    using capstan::DType;
+    using capstan::Shape;
+    using capstan::data::FixedLenFeature;
+    const int kBatches = 100, kBatch = 256, kPasses = 5;
+    capstan::data::FeatureSpec spec;
+    for (const char *key : {"i0", "i1", "i2", "i3"}) spec[key] = FixedLenFeature{DType::kInt64, Shape{}, std::nullopt};
+    spec["f"] = FixedLenFeature{DType::kFloat32, Shape{16}, std::nullopt};
+    std::vector<capstan::Tensor> batches;
+    int64_t bytes = 0;
+    for (int b = 0; b < kBatches; ++b) {
+      std::vector<std::string> examples;
+      for (int e = 0; e < kBatch; ++e) {
+        capstan::tfexample::Example example;
+        auto &features = *example.mutable_features()->mutable_feature();
+        for (int k = 0; k < 4; ++k) {
+          features["i" + std::to_string(k)].mutable_int64_list()->add_value(int64_t{b} * 1000003 + e * 31 + k);
+        }
+        auto *floats = features["f"].mutable_float_list();
+        for (int k = 0; k < 16; ++k) floats->add_value(0.25f * static_cast<float>(e + k));
+        examples.push_back(example.SerializeAsString());
+        bytes += static_cast<int64_t>(examples.back().size());
+      }
+      batches.push_back(*capstan::Tensor::from_strings(examples, Shape{kBatch}));
+    }
+    auto run = [&](auto parse) {
+      auto start = Clock::now();
+      for (const auto &batch : batches) {
+        auto parsed = parse(batch, spec);
+        if (!parsed.ok()) {
+          std::fprintf(stderr, "%s\n", parsed.status().to_string().c_str());
+          std::exit(1);
+        }
+      }
+      return double{kBatches} * kBatch / seconds_since(start);
+    };
+    std::vector<double> wire, reference;
+    for (int pass = 0; pass < kPasses; ++pass) {
+      wire.push_back(run(capstan::data::parse_example));
+      reference.push_back(run(capstan::data::parse_example_reference));
+    }
+    auto median = [](std::vector<double> v) {
+      std::sort(v.begin(), v.end());
+      return v[v.size() / 2];
+    };
+    std::printf(
+        "parse_example, %d x (4 int64 + float[16]), %lld bytes each, 1 "
+        "thread, median of %d:\n",
+        kBatch, static_cast<long long>(bytes / (kBatches * kBatch)), kPasses);
+    std::printf("  %-42s %12.0f examples/s\n", "wire parser (parse_example)", median(wire));
+    std::printf("  %-42s %12.0f examples/s\n", "protobuf reference (parse_example_reference)", median(reference));
+    std::printf("  %-42s %12.2fx\n", "wire / reference", median(wire) / median(reference));
   }
   return 0;
 }

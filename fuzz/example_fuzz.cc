@@ -1,5 +1,13 @@
-// parse_example: serialized tf.Example protos against a fixed spec.
+// parse_example: serialized tf.Example protos against a fixed spec, through
+// the wire parser and through protobuf's generated parser. The two must give
+// the same tensors or the same error; a difference aborts.
+#include <google/protobuf/stubs/logging.h>
+
+#include <cstdio>
+#include <cstdlib>
+
 #include "data/ops/example.h"
+#include "data/ops/example_testing.h"
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
@@ -7,6 +15,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
   using data::FixedLenFeature;
   using data::VarLenFeature;
   static const data::FeatureSpec spec = [] {
+    google::protobuf::SetLogHandler(nullptr);  // protobuf logs every bad UTF-8 key
     data::FeatureSpec s;
     s["age"] = FixedLenFeature{DType::kInt64, Shape({}), Tensor::scalar<int64_t>(0)};
     s["score"] = FixedLenFeature{DType::kFloat32, Shape({2}), std::nullopt};
@@ -16,6 +25,12 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     return s;
   }();
   auto serialized = Tensor::from_strings({fuzz::as_string(data, size)}, {});
-  if (serialized.ok()) (void)data::parse_example(*serialized, spec);
+  if (!serialized.ok()) return 0;
+  std::string difference = data::testing::compare_results(data::parse_example(*serialized, spec),
+                                                          data::parse_example_reference(*serialized, spec));
+  if (!difference.empty()) {
+    std::fprintf(stderr, "parse_example and the protobuf reference disagree: %s\n", difference.c_str());
+    std::abort();
+  }
   return 0;
 }

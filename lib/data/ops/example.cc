@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "data/ops/example_wire.h"
 #include "data/string_builder.h"
 #include "example.pb.h"
 
@@ -23,8 +24,9 @@ namespace pb = ::capstan::tfexample;
 // Messages show at most this many bytes of a serialized Example.
 constexpr size_t kMaxShownBytes = 64;
 
-// Each Example is parsed into an arena that starts in a block of this size
-// and is reset after the Example, so a typical Example costs no malloc.
+// The reference parser parses each Example into an arena that starts in a
+// block of this size and is reset before the next Example, so a typical
+// Example costs no malloc.
 constexpr size_t kArenaBlockBytes = 64 * 1024;
 
 std::string shown(std::string_view bytes) {
@@ -73,25 +75,6 @@ std::string key_index_prefix(const std::string& key, int64_t index) {
 
 bool supported(DType dtype) {
   return dtype == DType::kInt64 || dtype == DType::kFloat32 || dtype == DType::kString;
-}
-
-// The dtype a Feature's list holds; kInvalid when no list is set.
-DType list_dtype(const pb::Feature& feature) {
-  switch (feature.kind_case()) {
-    case pb::Feature::kBytesList: return DType::kString;
-    case pb::Feature::kFloatList: return DType::kFloat32;
-    case pb::Feature::kInt64List: return DType::kInt64;
-    default: return DType::kInvalid;
-  }
-}
-
-int64_t list_size(const pb::Feature& feature) {
-  switch (feature.kind_case()) {
-    case pb::Feature::kBytesList: return feature.bytes_list().value_size();
-    case pb::Feature::kFloatList: return feature.float_list().value_size();
-    case pb::Feature::kInt64List: return feature.int64_list().value_size();
-    default: return 0;
-  }
 }
 
 Result<std::vector<FeaturePlan>> plan_features(const FeatureSpec& spec, bool scalar,
@@ -163,30 +146,31 @@ Result<std::vector<FeaturePlan>> plan_features(const FeatureSpec& spec, bool sca
 }
 
 // Copies a present FixedLen feature of Example `index` into its output.
-Status parse_fixed(FeaturePlan& plan, const pb::Feature& feature, int64_t index) {
-  int64_t count = list_size(feature);
+Status parse_fixed(FeaturePlan& plan, const FeatureValues& feature, int64_t index) {
+  int64_t count = feature.count;
   if (count != plan.num_elements) {
     return Status::InvalidArgument(
         key_index_prefix(*plan.key, index) + "Can't parse serialized Example: expected " +
         std::to_string(plan.num_elements) + " " + std::string(dtype_name(plan.dtype)) +
         " values for shape " + shape_string(plan.shape) + ", got " + std::to_string(count));
   }
+  if (feature.in_row()) return Status::Ok();  // the values are in place
   size_t n = static_cast<size_t>(count);
   switch (plan.dtype) {
     case DType::kInt64:
       if (n > 0) {
-        std::memcpy(plan.dense_data + static_cast<size_t>(index) * n * sizeof(int64_t),
-                    feature.int64_list().value().data(), n * sizeof(int64_t));
+        std::memcpy(plan.dense_data + static_cast<size_t>(index) * n * sizeof(int64_t), feature.int64s.data(),
+                    n * sizeof(int64_t));
       }
       break;
     case DType::kFloat32:
       if (n > 0) {
-        std::memcpy(plan.dense_data + static_cast<size_t>(index) * n * sizeof(float),
-                    feature.float_list().value().data(), n * sizeof(float));
+        std::memcpy(plan.dense_data + static_cast<size_t>(index) * n * sizeof(float), feature.floats.data(),
+                    n * sizeof(float));
       }
       break;
     default:
-      for (const std::string& s : feature.bytes_list().value()) plan.strings.append(s);
+      for (std::string_view s : feature.bytes) plan.strings.append(s);
       break;
   }
   return Status::Ok();
@@ -211,23 +195,19 @@ Status fill_default(FeaturePlan& plan, int64_t index) {
 }
 
 // Appends a present VarLen feature's values.
-void parse_var(FeaturePlan& plan, const pb::Feature& feature, int64_t index) {
+void parse_var(FeaturePlan& plan, const FeatureValues& feature, int64_t index) {
   switch (plan.dtype) {
-    case DType::kInt64: {
-      const auto& values = feature.int64_list().value();
-      plan.int64_values.insert(plan.int64_values.end(), values.begin(), values.end());
+    case DType::kInt64:
+      plan.int64_values.insert(plan.int64_values.end(), feature.int64s.begin(), feature.int64s.end());
       break;
-    }
-    case DType::kFloat32: {
-      const auto& values = feature.float_list().value();
-      plan.float_values.insert(plan.float_values.end(), values.begin(), values.end());
+    case DType::kFloat32:
+      plan.float_values.insert(plan.float_values.end(), feature.floats.begin(), feature.floats.end());
       break;
-    }
     default:
-      for (const std::string& s : feature.bytes_list().value()) plan.strings.append(s);
+      for (std::string_view s : feature.bytes) plan.strings.append(s);
       break;
   }
-  plan.lengths[static_cast<size_t>(index)] = list_size(feature);
+  plan.lengths[static_cast<size_t>(index)] = feature.count;
 }
 
 template <typename T>
@@ -285,9 +265,69 @@ Status finish_var(FeaturePlan& plan, bool scalar, Element* element) {
   return Status::Ok();
 }
 
-}  // namespace
+// The reference source of features: protobuf's generated parser into an
+// arena, then the features copied out of its map.
+class ProtobufExamples {
+ public:
+  explicit ProtobufExamples(const std::vector<std::string_view>& keys)
+      : keys_(keys), values_(keys.size()), block_(kArenaBlockBytes), arena_(arena_options(block_)) {}
 
-Result<Element> parse_example(const Tensor& serialized, const FeatureSpec& spec) {
+  bool parse(std::string_view bytes) {
+    arena_.Reset();  // frees the last Example; the initial block is kept
+    auto* example = google::protobuf::Arena::CreateMessage<pb::Example>(&arena_);
+    if (bytes.size() > static_cast<size_t>(INT_MAX) ||
+        !example->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+      return false;
+    }
+    const auto& features = example->features().feature();
+    for (size_t i = 0; i < keys_.size(); ++i) {
+      FeatureValues& out = values_[i];
+      out.clear();
+      auto it = features.find(std::string(keys_[i]));
+      if (it == features.end()) continue;
+      const pb::Feature& feature = it->second;
+      switch (feature.kind_case()) {
+        case pb::Feature::kBytesList:
+          out.dtype = DType::kString;
+          for (const std::string& v : feature.bytes_list().value()) out.bytes.push_back(v);
+          out.count = static_cast<int64_t>(out.bytes.size());
+          break;
+        case pb::Feature::kFloatList:
+          out.dtype = DType::kFloat32;
+          out.floats.assign(feature.float_list().value().begin(), feature.float_list().value().end());
+          out.count = static_cast<int64_t>(out.floats.size());
+          break;
+        case pb::Feature::kInt64List:
+          out.dtype = DType::kInt64;
+          out.int64s.assign(feature.int64_list().value().begin(), feature.int64_list().value().end());
+          out.count = static_cast<int64_t>(out.int64s.size());
+          break;
+        default: break;
+      }
+    }
+    return true;
+  }
+  const FeatureValues& values(size_t i) const { return values_[i]; }
+  void set_row(size_t, DType, std::byte*, int64_t) {}  // copies from the message instead
+
+ private:
+  static google::protobuf::ArenaOptions arena_options(std::vector<char>& block) {
+    google::protobuf::ArenaOptions options;
+    options.initial_block = block.data();
+    options.initial_block_size = block.size();
+    return options;
+  }
+
+  const std::vector<std::string_view>& keys_;
+  std::vector<FeatureValues> values_;
+  std::vector<char> block_;
+  google::protobuf::Arena arena_;
+};
+
+// parse_example over a source of parsed Examples (ExampleWireParser or
+// ProtobufExamples): the checks and the outputs are the same for both.
+template <typename Examples>
+Result<Element> parse_batch(const Tensor& serialized, const FeatureSpec& spec) {
   if (serialized.dtype() != DType::kString || serialized.rank() > 1) {
     return Status::InvalidArgument(
         "parse_example: serialized must be a string scalar or vector, got " +
@@ -296,40 +336,42 @@ Result<Element> parse_example(const Tensor& serialized, const FeatureSpec& spec)
   const bool scalar = serialized.rank() == 0;
   const int64_t batch = serialized.num_elements();
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<FeaturePlan> plans, plan_features(spec, scalar, batch));
-
-  std::vector<char> block(kArenaBlockBytes);
-  google::protobuf::ArenaOptions options;
-  options.initial_block = block.data();
-  options.initial_block_size = block.size();
-  google::protobuf::Arena arena(options);
+  std::vector<std::string_view> keys;
+  keys.reserve(plans.size());
+  for (const FeaturePlan& plan : plans) keys.push_back(*plan.key);
+  Examples examples(keys);
 
   for (int64_t index = 0; index < batch; ++index) {
+    for (size_t i = 0; i < plans.size(); ++i) {
+      const FeaturePlan& plan = plans[i];
+      if (plan.dense_data != nullptr) {
+        examples.set_row(i, plan.dtype,
+                         plan.dense_data + static_cast<size_t>(index * plan.num_elements) * dtype_size(plan.dtype),
+                         plan.num_elements);
+      }
+    }
     std::string_view bytes = serialized.string_at(index);
-    auto* example = google::protobuf::Arena::CreateMessage<pb::Example>(&arena);
-    if (bytes.size() > static_cast<size_t>(INT_MAX) ||
-        !example->ParseFromArray(bytes.data(), static_cast<int>(bytes.size()))) {
+    if (!examples.parse(bytes)) {
       return Status::InvalidArgument("Index: " + std::to_string(index) +
                                      ". Could not parse serialized Example of " +
                                      std::to_string(bytes.size()) + " bytes: " + shown(bytes));
     }
-    const auto& features = example->features().feature();
-    for (FeaturePlan& plan : plans) {
-      auto it = features.find(*plan.key);
-      DType found = it == features.end() ? DType::kInvalid : list_dtype(it->second);
-      if (found != DType::kInvalid && found != plan.dtype) {
+    for (size_t i = 0; i < plans.size(); ++i) {
+      FeaturePlan& plan = plans[i];
+      const FeatureValues& feature = examples.values(i);
+      if (feature.dtype != DType::kInvalid && feature.dtype != plan.dtype) {
         return Status::InvalidArgument(key_index_prefix(*plan.key, index) +
                                        "Data types don't match. Data type: " +
-                                       std::string(dtype_name(found)) +
+                                       std::string(dtype_name(feature.dtype)) +
                                        " Expected type: " + std::string(dtype_name(plan.dtype)));
       }
       if (plan.fixed) {
-        CAPSTAN_RETURN_IF_ERROR(found == DType::kInvalid ? fill_default(plan, index)
-                                                         : parse_fixed(plan, it->second, index));
-      } else if (found != DType::kInvalid) {
-        parse_var(plan, it->second, index);
+        CAPSTAN_RETURN_IF_ERROR(feature.dtype == DType::kInvalid ? fill_default(plan, index)
+                                                                 : parse_fixed(plan, feature, index));
+      } else if (feature.dtype != DType::kInvalid) {
+        parse_var(plan, feature, index);
       }
     }
-    arena.Reset();  // frees `example`; the initial block is kept for the next one
   }
 
   Element element;
@@ -348,6 +390,16 @@ Result<Element> parse_example(const Tensor& serialized, const FeatureSpec& spec)
     element.names.push_back(*plan.key);
   }
   return element;
+}
+
+}  // namespace
+
+Result<Element> parse_example(const Tensor& serialized, const FeatureSpec& spec) {
+  return parse_batch<ExampleWireParser>(serialized, spec);
+}
+
+Result<Element> parse_example_reference(const Tensor& serialized, const FeatureSpec& spec) {
+  return parse_batch<ProtobufExamples>(serialized, spec);
 }
 
 }  // namespace capstan::data

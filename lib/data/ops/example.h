@@ -45,7 +45,14 @@ namespace capstan::data {
 // named components in the spec's key order (see above). Errors are
 // InvalidArgument and name the feature ("Key: x") and the example's index in
 // the batch ("Index: 3").
+//
+// Reads the wire format directly (ExampleWireParser, data/ops/example_wire.h).
 Result<Element> parse_example(const Tensor& serialized, const FeatureSpec& spec);
+
+// The same through protobuf's generated parser: slower, kept as the reference
+// the tests and benchmarks compare parse_example with. Same results, same
+// errors.
+Result<Element> parse_example_reference(const Tensor& serialized, const FeatureSpec& spec);
 
 }  // namespace capstan::data
 

@@ -6,6 +6,9 @@
 // path. The build registers these [shared] cases only where it exists; run
 // by hand without it, they fail and say where they looked.
 #include <catch2/catch.hpp>
+#include <zlib.h>
+
+#include <algorithm>
 #include <cstdint>
 #include <cstdlib>
 #include <cstring>
@@ -17,7 +20,9 @@
 
 #include "data/ops/csv.h"
 #include "data/ops/example.h"
+#include "data/ops/example_testing.h"
 #include "data/test_util.h"
+#include "example.pb.h"
 
 namespace capstan::data {
 namespace {
@@ -62,6 +67,26 @@ std::vector<std::string> read_tfrecords(const std::string& file) {
     pos += length + 4;
   }
   return records;
+}
+
+// The bytes of a GZIP file.
+std::string gunzip(const std::string& compressed) {
+  z_stream stream{};
+  REQUIRE(inflateInit2(&stream, 16 + MAX_WBITS) == Z_OK);
+  std::string out;
+  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
+  stream.avail_in = static_cast<uInt>(compressed.size());
+  int rc = Z_OK;
+  while (rc != Z_STREAM_END) {
+    char chunk[1 << 16];
+    stream.next_out = reinterpret_cast<Bytef*>(chunk);
+    stream.avail_out = sizeof(chunk);
+    rc = inflate(&stream, Z_NO_FLUSH);
+    REQUIRE((rc == Z_OK || rc == Z_STREAM_END));
+    out.append(chunk, sizeof(chunk) - stream.avail_out);
+  }
+  inflateEnd(&stream);
+  return out;
 }
 
 TEST_CASE("decode_csv parses every row of UCI adult.data", "[shared][csv]") {
@@ -154,6 +179,57 @@ TEST_CASE("parse_example parses the Examples of example.tfrecord", "[shared][exa
   CHECK(values<int64_t>(one->components[1]) ==
         std::vector<int64_t>{300, 310, 320, 330, 340, 350, 360, 370, 380, 390});
   CHECK(values<int64_t>(one->components[2]) == std::vector<int64_t>{10});
+}
+
+// Every TFRecord file in the shared testdata, plain and GZIP, read with
+// specs made from its own features: the wire parser and the protobuf
+// reference give the same tensors (and the same error where a spec does not
+// fit a record, or a record is not an Example).
+TEST_CASE("the wire parser and the protobuf reference agree on every shared TFRecord file", "[shared][example]") {
+  std::vector<std::string> files = {"tfrecord/example.tfrecord", "tfrecord/sequence_example.tfrecord",
+                                    "tfrecord/tf_rust_expected.tfrecord"};
+  for (const auto& entry : std::filesystem::directory_iterator(shared_testdata() / "tfrecord_gzip")) {
+    files.push_back("tfrecord_gzip/" + entry.path().filename().string());
+  }
+  int64_t compared = 0;
+  for (const std::string& name : files) {
+    INFO(name);
+    std::string bytes = read_shared(name);
+    if (name.size() > 3 && name.compare(name.size() - 3, 3, ".gz") == 0) bytes = gunzip(bytes);
+    std::vector<std::string> records = read_tfrecords(bytes);
+    REQUIRE(!records.empty());
+    if (records.size() > 2000) records.resize(2000);
+
+    // The features of the first record, with their kinds and lengths.
+    FeatureSpec var_spec, fixed_spec, wrong_spec;
+    tfexample::Example first;
+    if (first.ParseFromString(records[0])) {
+      for (const auto& [key, feature] : first.features().feature()) {
+        DType dtype = feature.has_int64_list()   ? DType::kInt64
+                      : feature.has_float_list() ? DType::kFloat32
+                                                 : DType::kString;
+        int64_t length = dtype == DType::kInt64     ? feature.int64_list().value_size()
+                         : dtype == DType::kFloat32 ? feature.float_list().value_size()
+                                                    : feature.bytes_list().value_size();
+        var_spec[key] = VarLenFeature{dtype};
+        fixed_spec[key] = FixedLenFeature{dtype, Shape{length}, std::nullopt};
+        wrong_spec[key] = VarLenFeature{dtype == DType::kString ? DType::kInt64 : DType::kString};
+      }
+    }
+    var_spec["absent_feature"] = VarLenFeature{DType::kFloat32};
+    for (const FeatureSpec* spec : {&var_spec, &fixed_spec, &wrong_spec}) {
+      for (size_t start = 0; start < records.size(); start += 64) {
+        std::vector<std::string> batch(records.begin() + static_cast<std::ptrdiff_t>(start),
+                                       records.begin() + static_cast<std::ptrdiff_t>(std::min(records.size(), start + 64)));
+        auto serialized = Tensor::from_strings(batch, Shape{static_cast<int64_t>(batch.size())});
+        REQUIRE(serialized.ok());
+        REQUIRE(testing::compare_results(parse_example(*serialized, *spec),
+                                         parse_example_reference(*serialized, *spec)) == "");
+        ++compared;
+      }
+    }
+  }
+  CHECK(compared > 100);
 }
 
 }  // namespace
