@@ -128,8 +128,8 @@ class FileRecordIterator final : public IteratorBase {
         if (!opened.ok()) return opened.status();
         reader_ = std::move(*opened);
       }
-      std::string record;
-      auto more = reader_->read(&record);
+      Tensor t;
+      auto more = read_record(&t);
       if (!more.ok()) {
         reader_ = nullptr;  // the file is unusable past the error: go on with the next
         return more.status();
@@ -138,7 +138,6 @@ class FileRecordIterator final : public IteratorBase {
         reader_ = nullptr;
         continue;
       }
-      CAPSTAN_ASSIGN_OR_RETURN(Tensor t, string_scalar(record));
       *out = scalar_element(std::move(t));
       *end = false;
       return Status::Ok();
@@ -146,6 +145,21 @@ class FileRecordIterator final : public IteratorBase {
   }
 
  private:
+  // The next record as a string scalar; straight into the tensor where the
+  // reader can (TFRecordReader::read_tensor).
+  Result<bool> read_record(Tensor* t) {
+    if constexpr (requires(Reader& r, Tensor* out) { r.read_tensor(out); }) {
+      return reader_->read_tensor(t);
+    } else {
+      std::string record;
+      CAPSTAN_ASSIGN_OR_RETURN(bool more, reader_->read(&record));
+      if (more) {
+        CAPSTAN_ASSIGN_OR_RETURN(*t, string_scalar(record));
+      }
+      return more;
+    }
+  }
+
   const NextFile next_file_;
   const Opener open_;
   std::unique_ptr<Reader> reader_;

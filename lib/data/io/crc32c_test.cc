@@ -93,6 +93,21 @@ TEST_CASE("the SSE4.2 and table-driven CRC32C agree on random data") {
   }
   uint32_t portable = internal::crc32c_extend_portable(0, data.data() + 3, data.size() - 3);
   CHECK(internal::crc32c_extend_sse42(0, data.data() + 3, data.size() - 3) == portable);
+  // Around the sizes where the SSE4.2 path runs three streams (3 x 256 and
+  // 3 x 8192 bytes) and joins them.
+  std::vector<size_t> lengths;
+  for (size_t n = 760; n <= 2400; ++n) lengths.push_back(n);
+  for (size_t base : {size_t{24576}, size_t{49152}, size_t{3 * 8192 + 3 * 256}}) {
+    for (size_t n = base - 20; n <= base + 20; ++n) lengths.push_back(n);
+  }
+  for (size_t n : lengths) {
+    for (size_t offset : {size_t{0}, size_t{5}}) {
+      uint32_t seed = static_cast<uint32_t>(rng());
+      INFO("length " << n << ", offset " << offset);
+      REQUIRE(internal::crc32c_extend_sse42(seed, data.data() + offset, n) ==
+              internal::crc32c_extend_portable(seed, data.data() + offset, n));
+    }
+  }
 }
 
 TEST_CASE("each CRC32C implementation alone matches the check value") {

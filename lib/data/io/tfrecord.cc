@@ -1,6 +1,8 @@
 #include "data/io/tfrecord.h"
 
 #include <algorithm>
+#include <cstring>
+#include <memory>
 #include <utility>
 
 #include "data/io/crc32c.h"
@@ -58,14 +60,13 @@ Status TFRecordReader::truncated(uint64_t missing_bytes) {
                                " more bytes)"));
 }
 
-Result<bool> TFRecordReader::read(std::string* record) {
+Result<std::optional<uint64_t>> TFRecordReader::read_header() {
   using namespace tfrecord;
   if (!status_.ok()) return status_;
-
   char header[kHeaderBytes];
   auto got = read_fully(*stream_, header, kHeaderBytes);
   if (!got.ok()) return fail(got.status());
-  if (*got == 0) return false;
+  if (*got == 0) return std::optional<uint64_t>();
   if (*got < kHeaderBytes) return truncated(kHeaderBytes - *got);
   const uint64_t length = decode_le64(header);
   if (crc32c_unmask(decode_le32(header + kLengthBytes)) != crc32c(header, kLengthBytes)) {
@@ -77,33 +78,81 @@ Result<bool> TFRecordReader::read(std::string* record) {
     return corrupted("record length " + std::to_string(length) + " exceeds the limit of " +
                      std::to_string(kMaxRecordBytes) + " bytes");
   }
-  const uint64_t needed = length + kFooterBytes;
   if (std::optional<uint64_t> size = stream_->size()) {
+    const uint64_t needed = length + kFooterBytes;
     uint64_t remaining = *size - std::min(*size, offset_ + kHeaderBytes);
     if (needed > remaining) return truncated(needed - remaining);
   }
+  return std::optional<uint64_t>(length);
+}
 
+Status TFRecordReader::read_data(char* out, uint64_t length) {
+  auto got = read_fully(*stream_, out, static_cast<size_t>(length));
+  if (!got.ok()) return fail(got.status());
+  if (*got < length) return truncated(length - *got + tfrecord::kFooterBytes);
+  return Status::Ok();
+}
+
+Status TFRecordReader::read_footer(const char* data, uint64_t length) {
+  using namespace tfrecord;
+  char footer[kFooterBytes];
+  auto got = read_fully(*stream_, footer, kFooterBytes);
+  if (!got.ok()) return fail(got.status());
+  if (*got < kFooterBytes) return truncated(kFooterBytes - *got);
+  if (crc32c_unmask(decode_le32(footer)) != crc32c(data, static_cast<size_t>(length))) {
+    return corrupted("data checksum mismatch");
+  }
+  offset_ += kRecordOverheadBytes + length;
+  return Status::Ok();
+}
+
+Result<bool> TFRecordReader::read(std::string* record) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<uint64_t> length, read_header());
+  if (!length) return false;
+  // In steps, so that a length that passed its CRC but exceeds what a
+  // compressed stream holds fails at the end of the data, not at
+  // allocation.
   record->clear();
   size_t done = 0;
-  while (done < length) {
-    size_t step = static_cast<size_t>(std::min<uint64_t>(length - done, kDataStepBytes));
+  while (done < *length) {
+    size_t step = static_cast<size_t>(std::min<uint64_t>(*length - done, kDataStepBytes));
     record->resize(done + step);
-    got = read_fully(*stream_, record->data() + done, step);
+    auto got = read_fully(*stream_, record->data() + done, step);
     if (!got.ok()) return fail(got.status());
     done += *got;
     if (*got < step) {
       record->resize(done);
-      return truncated(needed - done);
+      return truncated(*length + tfrecord::kFooterBytes - done);
     }
   }
-  char footer[kFooterBytes];
-  got = read_fully(*stream_, footer, kFooterBytes);
-  if (!got.ok()) return fail(got.status());
-  if (*got < kFooterBytes) return truncated(kFooterBytes - *got);
-  if (crc32c_unmask(decode_le32(footer)) != crc32c(record->data(), record->size())) {
-    return corrupted("data checksum mismatch");
+  CAPSTAN_RETURN_IF_ERROR(read_footer(record->data(), *length));
+  return true;
+}
+
+Result<bool> TFRecordReader::read_tensor(Tensor* record) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<uint64_t> length, read_header());
+  if (!length) return false;
+  // A stream of unknown size (GZIP) may promise more than it holds: a long
+  // record goes through read()'s stepwise path, then one copy.
+  if (*length > kDataStepBytes && !stream_->size()) {
+    std::string data;
+    data.resize(static_cast<size_t>(*length));
+    CAPSTAN_RETURN_IF_ERROR(read_data(data.data(), *length));
+    CAPSTAN_RETURN_IF_ERROR(read_footer(data.data(), *length));
+    CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_strings({data}, Shape{}));
+    return true;
   }
-  offset_ += kRecordOverheadBytes + length;
+  // A kString scalar: offsets {0, length}, then the bytes.
+  const size_t header = 2 * sizeof(uint64_t);
+  const size_t size = header + static_cast<size_t>(*length);
+  auto buffer = std::make_shared_for_overwrite<std::byte[]>(size);
+  const uint64_t offsets[2] = {0, *length};
+  std::memcpy(buffer.get(), offsets, header);
+  char* data = reinterpret_cast<char*>(buffer.get() + header);
+  CAPSTAN_RETURN_IF_ERROR(read_data(data, *length));
+  CAPSTAN_RETURN_IF_ERROR(read_footer(data, *length));
+  std::byte* start = buffer.get();
+  CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, std::move(buffer), start, size));
   return true;
 }
 

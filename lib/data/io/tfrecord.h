@@ -24,10 +24,12 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 #include <string_view>
 
 #include "capstan/status.h"
+#include "capstan/tensor.h"
 #include "data/io/file.h"
 
 namespace capstan::data::io {
@@ -52,11 +54,23 @@ class TFRecordReader {
   // later call returns the same one.
   Result<bool> read(std::string* record);
 
+  // The same, into a kString scalar tensor whose one buffer is allocated
+  // once, at the record's size, and filled straight from the stream: no
+  // intermediate string (what the tf.data source uses).
+  Result<bool> read_tensor(Tensor* record);
+
   // The offset, in the uncompressed stream, of the next record to read (of
   // the bad record after an error).
   uint64_t offset() const { return offset_; }
 
  private:
+  // Reads and checks the header: the record's length, or nullopt at the
+  // clean end of the file.
+  Result<std::optional<uint64_t>> read_header();
+  // Reads the record's `length` bytes of data into `out`.
+  Status read_data(char* out, uint64_t length);
+  // Reads the footer and checks the data's checksum.
+  Status read_footer(const char* data, uint64_t length);
   Status fail(Status status);
   Status corrupted(std::string_view why);
   Status truncated(uint64_t missing_bytes);

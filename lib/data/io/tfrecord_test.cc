@@ -65,12 +65,15 @@ void write_records(const std::string& path, Compression compression,
 }
 
 // Reads every record; returns the error that stopped the reader, if any.
+// Reads every record with read(), then again with read_tensor(), and
+// checks that the two give the same records and the same error.
 Status read_records(const std::string& path, Compression compression,
                     std::vector<std::string>* records) {
   records->clear();
   auto reader = TFRecordReader::open(path, compression);
   if (!reader.ok()) return reader.status();
   std::string record;
+  Status status;
   while (true) {
     auto more = (*reader)->read(&record);
     if (!more.ok()) {
@@ -78,11 +81,35 @@ Status read_records(const std::string& path, Compression compression,
       uint64_t offset = (*reader)->offset();
       CHECK((*reader)->read(&record).status() == more.status());
       CHECK((*reader)->offset() == offset);
-      return more.status();
+      status = more.status();
+      break;
     }
-    if (!*more) return Status::Ok();
+    if (!*more) break;
     records->push_back(record);
   }
+
+  auto tensors = TFRecordReader::open(path, compression);
+  REQUIRE(tensors.ok());
+  std::vector<std::string> from_tensors;
+  while (true) {
+    Tensor t;
+    auto more = (*tensors)->read_tensor(&t);
+    if (!more.ok()) {
+      CHECK(more.status() == status);
+      CHECK((*tensors)->read_tensor(&t).status() == status);
+      break;
+    }
+    if (!*more) {
+      CHECK(status.ok());
+      break;
+    }
+    REQUIRE(t.dtype() == DType::kString);
+    REQUIRE(t.shape() == Shape{});
+    REQUIRE(t.validate().ok());
+    from_tensors.emplace_back(t.string_at(0));
+  }
+  CHECK(from_tensors == *records);
+  return status;
 }
 
 std::string describe(const Status& status) { return status.to_string(); }
