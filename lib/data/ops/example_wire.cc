@@ -168,25 +168,43 @@ bool valid_utf8(std::string_view s) {
   return true;
 }
 
-// BytesList, FloatList and Int64List bodies, appended to `out` (nullptr:
-// only checked).
-bool parse_bytes_list(std::string_view body, FeatureValues* out, int depth) {
+// What a message walker's field reader says about one field.
+enum class Field { kRead, kBad, kUnknown };
+
+// Walks a message body: `read(tag, in)` reads a field it knows (kRead, or
+// kBad when it is damaged) or leaves it (kUnknown), which is then skipped.
+template <typename Read>
+bool walk_message(std::string_view body, int depth, Read&& read) {
   Cursor in(body);
   while (!in.done()) {
     uint32_t tag;
     if (!in.message_tag(&tag)) return false;
-    if (tag == tag_of(1, kLengthDelimited)) {
-      std::string_view value;
-      if (!in.length_delimited(&value)) return false;
-      if (out) {
-        out->bytes.push_back(value);
-        ++out->count;
-      }
-    } else if (!in.skip_field(tag, depth)) {
-      return false;
+    switch (read(tag, in)) {
+      case Field::kRead: break;
+      case Field::kBad: return false;
+      case Field::kUnknown:
+        if (!in.skip_field(tag, depth)) return false;
+        break;
     }
   }
   return true;
+}
+
+Field field_result(bool ok) { return ok ? Field::kRead : Field::kBad; }
+
+// BytesList, FloatList and Int64List bodies, appended to `out` (nullptr:
+// only checked).
+bool parse_bytes_list(std::string_view body, FeatureValues* out, int depth) {
+  return walk_message(body, depth, [out](uint32_t tag, Cursor& in) {
+    if (tag != tag_of(1, kLengthDelimited)) return Field::kUnknown;
+    std::string_view value;
+    if (!in.length_delimited(&value)) return Field::kBad;
+    if (out) {
+      out->bytes.push_back(value);
+      ++out->count;
+    }
+    return Field::kRead;
+  });
 }
 
 // Appends `n` values of type T from `src` to `out`'s row or vector.
@@ -205,23 +223,21 @@ void append_values(FeatureValues* out, std::vector<T>& vector, const void* src, 
 }
 
 bool parse_float_list(std::string_view body, FeatureValues* out, int depth) {
-  Cursor in(body);
-  while (!in.done()) {
-    uint32_t tag;
-    if (!in.message_tag(&tag)) return false;
+  return walk_message(body, depth, [out](uint32_t tag, Cursor& in) {
     if (tag == tag_of(1, kLengthDelimited)) {  // packed
       std::string_view packed;
-      if (!in.length_delimited(&packed) || packed.size() % sizeof(float) != 0) return false;
+      if (!in.length_delimited(&packed) || packed.size() % sizeof(float) != 0) return Field::kBad;
       if (out && !packed.empty()) append_values<float>(out, out->floats, packed.data(), packed.size() / sizeof(float));
-    } else if (tag == tag_of(1, kFixed32)) {
-      uint32_t bits;
-      if (!in.fixed32(&bits)) return false;
-      if (out) append_values<float>(out, out->floats, &bits, 1);
-    } else if (!in.skip_field(tag, depth)) {
-      return false;
+      return Field::kRead;
     }
-  }
-  return true;
+    if (tag == tag_of(1, kFixed32)) {
+      uint32_t bits;
+      if (!in.fixed32(&bits)) return Field::kBad;
+      if (out) append_values<float>(out, out->floats, &bits, 1);
+      return Field::kRead;
+    }
+    return Field::kUnknown;
+  });
 }
 
 void append_int64(FeatureValues* out, uint64_t v) {
@@ -237,61 +253,51 @@ void append_int64(FeatureValues* out, uint64_t v) {
 }
 
 bool parse_int64_list(std::string_view body, FeatureValues* out, int depth) {
-  Cursor in(body);
-  while (!in.done()) {
-    uint32_t tag;
-    if (!in.message_tag(&tag)) return false;
+  return walk_message(body, depth, [out](uint32_t tag, Cursor& in) {
     if (tag == tag_of(1, kLengthDelimited)) {  // packed
       std::string_view packed;
-      if (!in.length_delimited(&packed)) return false;
+      if (!in.length_delimited(&packed)) return Field::kBad;
       Cursor values(packed);
       while (!values.done()) {
         uint64_t v;
-        if (!values.varint(&v)) return false;
+        if (!values.varint(&v)) return Field::kBad;
         if (out) append_int64(out, v);
       }
-    } else if (tag == tag_of(1, kVarint)) {
-      uint64_t v;
-      if (!in.varint(&v)) return false;
-      if (out) append_int64(out, v);
-    } else if (!in.skip_field(tag, depth)) {
-      return false;
+      return Field::kRead;
     }
-  }
-  return true;
+    if (tag == tag_of(1, kVarint)) {
+      uint64_t v;
+      if (!in.varint(&v)) return Field::kBad;
+      if (out) append_int64(out, v);
+      return Field::kRead;
+    }
+    return Field::kUnknown;
+  });
 }
 
 // A Feature body, merged into `out` (nullptr: only checked): a list of
 // another kind replaces what `out` holds, the same kind appends.
 bool parse_feature(std::string_view body, FeatureValues* out, int depth) {
-  Cursor in(body);
-  while (!in.done()) {
-    uint32_t tag;
-    if (!in.message_tag(&tag)) return false;
+  return walk_message(body, depth, [out, depth](uint32_t tag, Cursor& in) {
     DType kind;
     switch (tag) {
       case tag_of(1, kLengthDelimited): kind = DType::kString; break;
       case tag_of(2, kLengthDelimited): kind = DType::kFloat32; break;
       case tag_of(3, kLengthDelimited): kind = DType::kInt64; break;
-      default:
-        if (!in.skip_field(tag, depth)) return false;
-        continue;
+      default: return Field::kUnknown;
     }
     std::string_view list;
-    if (!in.length_delimited(&list) || depth - 1 < 0) return false;
+    if (!in.length_delimited(&list) || depth - 1 < 0) return Field::kBad;
     if (out && out->dtype != kind) {
       out->clear();
       out->dtype = kind;
     }
-    bool ok;
     switch (kind) {
-      case DType::kString: ok = parse_bytes_list(list, out, depth - 1); break;
-      case DType::kFloat32: ok = parse_float_list(list, out, depth - 1); break;
-      default: ok = parse_int64_list(list, out, depth - 1); break;
+      case DType::kString: return field_result(parse_bytes_list(list, out, depth - 1));
+      case DType::kFloat32: return field_result(parse_float_list(list, out, depth - 1));
+      default: return field_result(parse_int64_list(list, out, depth - 1));
     }
-    if (!ok) return false;
-  }
-  return true;
+  });
 }
 
 }  // namespace
@@ -331,63 +337,48 @@ int64_t ExampleWireParser::find_key(std::string_view key) const {
 bool ExampleWireParser::parse(std::string_view bytes) {
   for (auto& v : values_) v.clear();
   const int depth = kRecursionLimit;
-  Cursor in(bytes);
-  while (!in.done()) {
-    uint32_t tag;
-    if (!in.message_tag(&tag)) return false;
-    if (tag == tag_of(1, kLengthDelimited)) {
-      std::string_view features;
-      if (!in.length_delimited(&features) || depth - 1 < 0) return false;
-      if (!parse_features(features, depth - 1)) return false;
-    } else if (!in.skip_field(tag, depth)) {
-      return false;
-    }
-  }
-  return true;
+  return walk_message(bytes, depth, [this, depth](uint32_t tag, Cursor& in) {
+    if (tag != tag_of(1, kLengthDelimited)) return Field::kUnknown;
+    std::string_view features;
+    if (!in.length_delimited(&features) || depth - 1 < 0) return Field::kBad;
+    return field_result(parse_features(features, depth - 1));
+  });
 }
 
 bool ExampleWireParser::parse_features(std::string_view body, int depth) {
-  Cursor in(body);
-  while (!in.done()) {
-    uint32_t tag;
-    if (!in.message_tag(&tag)) return false;
-    if (tag == tag_of(1, kLengthDelimited)) {
-      std::string_view entry;
-      if (!in.length_delimited(&entry) || depth - 1 < 0) return false;
-      if (!parse_entry(entry, depth - 1)) return false;
-    } else if (!in.skip_field(tag, depth)) {
-      return false;
-    }
-  }
-  return true;
+  return walk_message(body, depth, [this, depth](uint32_t tag, Cursor& in) {
+    if (tag != tag_of(1, kLengthDelimited)) return Field::kUnknown;
+    std::string_view entry;
+    if (!in.length_delimited(&entry) || depth - 1 < 0) return Field::kBad;
+    return field_result(parse_entry(entry, depth - 1));
+  });
 }
 
 // A map entry: the key (the last one given) and its value (all given,
 // merged); the entry replaces an earlier one of the same key.
 bool ExampleWireParser::parse_entry(std::string_view body, int depth) {
-  Cursor in(body);
   std::string_view key;
   std::string_view first_value;  // the usual entry has one value
   int values = 0;
   entry_values_.clear();
-  while (!in.done()) {
-    uint32_t tag;
-    if (!in.message_tag(&tag)) return false;
+  bool ok = walk_message(body, depth, [&](uint32_t tag, Cursor& in) {
     if (tag == tag_of(1, kLengthDelimited)) {
       // Every key given must be UTF-8, not only the one that counts.
-      if (!in.length_delimited(&key) || !valid_utf8(key)) return false;
-    } else if (tag == tag_of(2, kLengthDelimited)) {
+      return field_result(in.length_delimited(&key) && valid_utf8(key));
+    }
+    if (tag == tag_of(2, kLengthDelimited)) {
       std::string_view value;
-      if (!in.length_delimited(&value)) return false;
+      if (!in.length_delimited(&value)) return Field::kBad;
       if (values++ == 0) {
         first_value = value;
       } else {
         entry_values_.push_back(value);
       }
-    } else if (!in.skip_field(tag, depth)) {
-      return false;
+      return Field::kRead;
     }
-  }
+    return Field::kUnknown;
+  });
+  if (!ok) return false;
   FeatureValues* out = nullptr;
   if (int64_t wanted = find_key(key); wanted >= 0) {
     out = &values_[static_cast<size_t>(wanted)];
