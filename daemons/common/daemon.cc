@@ -78,9 +78,9 @@ class RpcMetrics final : public rpc::RpcObserver {
     connections_->add(opened ? 1 : -1);
     log_->debug("connection {} {}", opened ? "from" : "closed:", peer);
   }
-  void on_login_refused(const std::string& peer) override {
+  void on_login_refused(const std::string& peer, const std::string& why) override {
     refused_->inc();
-    log_->warn("refused login from {}: wrong cluster token", peer);
+    log_->warn("refused login from {}: {}", peer, why);
   }
 
  private:
@@ -516,9 +516,13 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
     return healthy.load() ? HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}
                           : HttpResponse{503, "text/plain; charset=utf-8", "starting\n"};
   });
-  http.handle("/readyz", [&readiness]() {
+  const std::string caution = spec.caution ? spec.caution(config) : "";
+  http.handle("/readyz", [&readiness, &caution]() {
     std::string missing = readiness.missing();
-    if (missing.empty()) return HttpResponse{200, "text/plain; charset=utf-8", "ready\n"};
+    if (missing.empty()) {
+      return HttpResponse{200, "text/plain; charset=utf-8",
+                          "ready\n" + (caution.empty() ? "" : "caution: " + caution + "\n")};
+    }
     return HttpResponse{503, "text/plain; charset=utf-8", "not ready: " + missing + "\n"};
   });
   http.handle("/metrics", [&metrics]() {
@@ -594,6 +598,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   if (std::string missing = readiness.missing(); !missing.empty()) {
     log->info("not ready until {}", missing);
   }
+  if (!caution.empty()) log->warn("{}", caution);
 
   // --- Run until SIGTERM/SIGINT -------------------------------------------
   int signal_number = 0;

@@ -107,6 +107,10 @@ struct RoleSpec {
   // The peers the role needs, from its configuration; an error here is a
   // configuration error (exit 2).
   std::function<Result<std::vector<Peer>>(const Config&)> peers;
+  // A caution about a configuration that works but may not be what the user
+  // meant ("" for none): logged as a warning at start and shown by /readyz
+  // after "ready".
+  std::function<std::string(const Config&)> caution;
   // Builds the role's service on the RPC loop thread.
   std::function<capnp::Capability::Client(DaemonContext&, rpc::CallTracker&)> make_service;
 };

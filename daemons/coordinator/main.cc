@@ -40,6 +40,12 @@ int main(int argc, char** argv) {
     for (const auto& address : settings.ps) peers.push_back({wire::Role::PS, address});
     return peers;
   };
+  spec.caution = [](const Config& config) -> std::string {
+    auto settings = capstan::coordinator::CoordinatorConfig::from(config);
+    if (!settings.ok() || !settings->ps.empty()) return "";
+    return "no parameter servers configured (--ps, or a ps job in the cluster spec): creating a variable fails "
+           "until they are given; closures and collectives work without them";
+  };
   spec.make_service = capstan::daemon::service_factory<capstan::coordinator::CoordinatorService>();
   return capstan::daemon::run_daemon(spec, argc, argv);
 }

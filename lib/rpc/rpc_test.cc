@@ -86,7 +86,7 @@ class RecordingObserver : public RpcObserver {
     resolved.push_back(method);
     return std::make_unique<Recorder>(*this, method);
   }
-  void on_login_refused(const std::string& peer) override { ++refused; }
+  void on_login_refused(const std::string& peer, const std::string& why) override { ++refused; }
   void on_bytes_received(size_t n) override { received += n; }
 
   std::mutex mutex;
@@ -213,6 +213,11 @@ TEST_CASE("parse_host_port accepts host:port and rejects the rest", "[rpc]") {
     CHECK(s.code() == StatusCode::kInvalidArgument);
     CHECK(s.message().find(bad) != std::string::npos);
   }
+  // A URL (someone pasted the metrics address) says what is expected.
+  Status url = parse_host_port("http://10.0.0.5:8081", &host, &port);
+  CHECK(url.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(url.message(), Catch::Contains("is a URL; RPC addresses are host:port"));
+  CHECK_THAT(url.message(), Catch::Contains("without 'http://'"));
 }
 
 TEST_CASE("the codec rejects malformed tensors with InvalidArgument", "[rpc][codec]") {
@@ -351,6 +356,14 @@ TEST_CASE("a wrong cluster token is refused, reported and not retried", "[rpc][g
   // Not retried until the connect timeout.
   CHECK(std::chrono::steady_clock::now() - started < 5s);
   CHECK(server.observer.refused.load() == 1);
+
+  // No token at all reads differently, and says how to send one.
+  auto anonymous = NodeClient::connect(server.address(), fast_options());
+  REQUIRE_FALSE(anonymous.ok());
+  CHECK(anonymous.status().code() == StatusCode::kUnauthenticated);
+  CHECK_THAT(anonymous.status().message(), Catch::Contains("no cluster token was sent"));
+  CHECK_THAT(anonymous.status().message(), Catch::Contains("set CAPSTAN_TOKEN or --token-file"));
+  CHECK(server.observer.refused.load() == 2);
 
   ClientOptions right = fast_options();
   right.token = "s3cret";

@@ -62,8 +62,15 @@ class GateImpl : public wire::Gate::Server {
   kj::Promise<void> login(LoginContext context) override {
     auto params = context.getParams();
     if (token_ && !token_matches(*token_, params.getToken())) {
-      if (observer_ != nullptr) observer_->on_login_refused(peer_);
-      throw_status(Status::Unauthenticated("login refused: wrong cluster token from " + peer_));
+      // Say which: a client that sent nothing is missing its configuration,
+      // one that sent something has the wrong one.
+      const bool sent = params.getToken().size() > 0;
+      const std::string why = sent ? "wrong cluster token" : "no cluster token was sent";
+      if (observer_ != nullptr) observer_->on_login_refused(peer_, why);
+      throw_status(Status::Unauthenticated(
+          "login refused: " + why + " from " + peer_ +
+          (sent ? " (the client's CAPSTAN_TOKEN or --token-file differs from the daemon's)"
+                : "; this daemon requires one: set CAPSTAN_TOKEN or --token-file on the client")));
     }
     login_->logged_in_now();  // the connection's pre-login limits end
     context.getResults().setNode(service_.castAs<wire::Node>());

@@ -67,7 +67,8 @@ class RpcObserver {
   virtual void on_bytes_received(size_t bytes) {}
   virtual void on_bytes_sent(size_t bytes) {}
   virtual void on_connection(const std::string& peer, bool opened) {}
-  virtual void on_login_refused(const std::string& peer) {}
+  // `why`: "no cluster token was sent" or "wrong cluster token".
+  virtual void on_login_refused(const std::string& peer, const std::string& why) {}
 };
 
 // Counts calls in flight (so stop() can drain them) and reports per-method

@@ -58,7 +58,8 @@ TEST_CASE("with a cluster token set, a client without it is refused", "[cluster]
   auto anonymous = cluster.run("capstanctl", {"health", coordinator.address(), ps.address()});
   CHECK(anonymous.exit_code == 1);
   CHECK_THAT(anonymous.output, Catch::Contains("UNAUTHENTICATED"));
-  CHECK_THAT(anonymous.output, Catch::Contains("wrong cluster token"));
+  CHECK_THAT(anonymous.output, Catch::Contains("no cluster token was sent"));
+  CHECK_THAT(anonymous.output, Catch::Contains("set CAPSTAN_TOKEN or --token-file"));
   CHECK_THAT(coordinator.log(), Catch::Contains("refused login from 127.0.0.1"));
   CHECK_THAT(coordinator.http_get("/metrics").second,
              Catch::Contains("capstan_rpc_logins_refused_total 1"));
@@ -66,6 +67,7 @@ TEST_CASE("with a cluster token set, a client without it is refused", "[cluster]
   auto wrong = cluster.run("capstanctl", {"health", ps.address()}, {{"CAPSTAN_TOKEN", "nope"}});
   CHECK(wrong.exit_code == 1);
   CHECK_THAT(wrong.output, Catch::Contains("UNAUTHENTICATED"));
+  CHECK_THAT(wrong.output, Catch::Contains("wrong cluster token"));
 
   auto with_env = cluster.run("capstanctl", {"health", coordinator.address(), ps.address()},
                               {{"CAPSTAN_TOKEN", token}});

@@ -60,6 +60,17 @@ TEST_CASE("a coordinator is ready once every parameter server is reachable", "[r
   CHECK(wait_until([&]() { return coordinator.http_get("/readyz").first == 200; }, 15s));
 }
 
+TEST_CASE("a coordinator without parameter servers is ready but says so, in /readyz and its log", "[readiness]") {
+  TestCluster cluster;
+  Daemon& coordinator = cluster.start("coordinator");
+  auto ready = coordinator.http_get("/readyz");
+  CHECK(ready.first == 200);
+  CHECK_THAT(ready.second, Catch::StartsWith("ready\n"));
+  CHECK_THAT(ready.second, Catch::Contains("caution: no parameter servers configured"));
+  CHECK(wait_until([&]() { return coordinator.log().find("no parameter servers configured") != std::string::npos; },
+                   10s));
+}
+
 TEST_CASE("a data worker is ready once its dispatcher is reachable", "[readiness]") {
   TestCluster cluster;
   Daemon& dispatcher = cluster.start("data-dispatcher");
