@@ -46,7 +46,9 @@ struct Placements {
 
 interface Coordinator extends(Common.Node) {
   # A worker joins; the coordinator calls back through `worker`.
-  registerWorker @0 (worker :W.Worker, taskIndex :Int32, functions :List(Text)) -> (workerId :Int64);
+  registerWorker @0 (worker :W.Worker, taskIndex :Int32, functions :List(Text)) -> (workerId :Int64, taskIndex :Int32);
+  # taskIndex -1: the coordinator assigns the lowest index no registered
+  # worker has, and answers with it.
   createVariable @1 (spec :VariableSpec) -> (placement :VariablePlacement);
   placements @2 () -> (placements :Placements);
   schedule @3 (function :Text, args :Common.Element) -> (closureId :Int64);

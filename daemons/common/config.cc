@@ -20,6 +20,8 @@
 #include <boost/program_options.hpp>
 #include <yaml-cpp/yaml.h>
 
+#include "checkpoint/json.h"
+
 // glibc declares it only under _GNU_SOURCE; redeclaring is harmless.
 extern char** environ;
 
@@ -650,6 +652,15 @@ std::optional<std::string> ConfigLoader::load_file(const std::string& path,
 std::optional<std::string> ConfigLoader::load_tf_config(ClusterParts& parts) {
   auto it = env_.find(std::string(kTfConfig));
   if (it == env_.end() || trim(it->second).empty()) return std::nullopt;
+  // JSON's own parser first, for errors in JSON's terms (YAML, which reads
+  // the structure below, would accept non-JSON and report its own columns).
+  if (auto json = checkpoint::parse_json(it->second); !json.ok()) {
+    std::string why = json.status().message();
+    if (size_t tag = why.find("] "); why.starts_with("[json.exception.") && tag != std::string::npos) {
+      why = why.substr(tag + 2);
+    }
+    return "TF_CONFIG: invalid JSON: " + why;
+  }
   YAML::Node root;
   try {
     root = YAML::Load(it->second);

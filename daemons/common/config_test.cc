@@ -376,8 +376,16 @@ TEST_CASE("no cluster spec leaves the cluster empty") {
 }
 
 TEST_CASE("unparsable TF_CONFIG is an error") {
-  const std::string error = error_of(parse({}, {{"TF_CONFIG", R"({"cluster": [)"}}));
-  CHECK(error.starts_with("TF_CONFIG: invalid JSON at line "));
+  // JSON's errors, with JSON's line and column.
+  CHECK(error_of(parse({}, {{"TF_CONFIG", R"({"cluster": [)"}})) ==
+        "TF_CONFIG: invalid JSON: parse error at line 1, column 14: syntax error while parsing value - unexpected "
+        "end of input; expected '[', '{', or a literal");
+  // Truncated: the closing brace is missing.
+  CHECK_THAT(error_of(parse({}, {{"TF_CONFIG", R"({"cluster": {"ps": ["a:1"]}, "task": {"type": "ps", "index": 0})"}})),
+             Catch::Contains("TF_CONFIG: invalid JSON: parse error at line 1, column 64"));
+  // YAML would take this; JSON does not.
+  CHECK_THAT(error_of(parse({}, {{"TF_CONFIG", "{'cluster': {}}"}})),
+             Catch::StartsWith("TF_CONFIG: invalid JSON: parse error at line 1, column 2"));
   CHECK(error_of(parse({}, {{"TF_CONFIG", "[1, 2]"}})) ==
         "TF_CONFIG: expected a JSON object, got a sequence");
 }

@@ -284,7 +284,9 @@ std::vector<OptionSpec> common_options() {
       {"token_file", OptionType::kString,
        "File holding the cluster token (else the CAPSTAN_TOKEN variable; neither: open cluster).",
        ""},
-      {"task_index", OptionType::kInt, "This task's index in its job (default: from the cluster spec).",
+      {"task_index", OptionType::kInt,
+       "This task's index in its job (default: from the cluster spec; a worker-server without one gets the "
+       "lowest free index from the coordinator).",
        "-1"},
       {"threads", OptionType::kInt, "Worker threads for heavy work; 0 means one per core.", "0"},
       {"max_message_mib", OptionType::kInt,

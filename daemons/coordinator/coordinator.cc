@@ -89,6 +89,13 @@ kj::Promise<void> Coordinator::watch_ps(int task) {
 
 kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::string> functions,
                                                   std::unique_ptr<WorkerPeer> peer) {
+  bool assigned = task_index < 0;
+  if (assigned) {
+    std::set<int> taken;
+    for (const auto& [id, w] : workers_) taken.insert(w.task_index);
+    task_index = 0;
+    while (taken.count(task_index) != 0) ++task_index;
+  }
   Worker worker;
   worker.id = next_worker_id_++;
   worker.task_index = task_index;
@@ -98,7 +105,8 @@ kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::
   for (const auto& f : worker.functions) names += (names.empty() ? "" : ", ") + f;
   int64_t id = worker.id;
   workers_.emplace(id, std::move(worker));
-  log_->info("worker {} (task {}) joined; closures: {}", id, task_index, names.empty() ? "none" : names);
+  log_->info("worker {} (task {}{}) joined; closures: {}", id, task_index, assigned ? ", assigned" : "",
+             names.empty() ? "none" : names);
   // Its per-worker iterators first, then closures.
   return send_datasets(id).then([this, id]() {
     for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
@@ -106,6 +114,11 @@ kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::
     notify();
     return id;
   });
+}
+
+int Coordinator::worker_task_index(int64_t worker_id) const {
+  auto it = workers_.find(worker_id);
+  return it == workers_.end() ? -1 : it->second.task_index;
 }
 
 bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.count(worker_id) != 0; }

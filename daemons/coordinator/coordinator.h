@@ -180,9 +180,14 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // ---- Workers
   // A worker joins with the functions its modules have (closures, and
   // dataset functions as "dataset:<fn>"). Resolves to its id once it has
-  // been sent every per-worker dataset; then its lanes start.
+  // been sent every per-worker dataset; then its lanes start. A negative
+  // `task_index` (a worker started without one) gets the lowest index no
+  // registered worker has: TF needs every worker's index, Capstan need not.
   kj::Promise<int64_t> register_worker(int task_index, std::set<std::string> functions,
                                        std::unique_ptr<WorkerPeer> peer);
+  // The task index of registered worker `worker_id` (given or assigned); -1
+  // if it is not registered.
+  int worker_task_index(int64_t worker_id) const;
   // Whether `worker_id` is still counted (a dropped worker registers again).
   bool worker_alive(int64_t worker_id) const;
   int num_workers() const { return static_cast<int>(workers_.size()); }

@@ -724,4 +724,26 @@ TEST_CASE("a per-worker dataset function is called with each worker's input cont
   CHECK(b.function_datasets[0] == std::make_tuple(id, std::string("make"), 3, 2));
 }
 
+TEST_CASE("workers started without a task index get the lowest free one, and their dataset shard with it",
+          "[coordinator]") {
+  WorkerRecord a, b, c, d;
+  Harness h;
+  int64_t id_a = h.add_worker(a, {"dataset:make"}, /*task_index=*/-1);
+  int64_t id_b = h.add_worker(b, {"dataset:make"}, /*task_index=*/-1);
+  CHECK(h.coordinator->worker_task_index(id_a) == 0);
+  CHECK(h.coordinator->worker_task_index(id_b) == 1);
+  // A given index is kept; the next unindexed worker skips it.
+  int64_t id_c = h.add_worker(c, {"dataset:make"}, /*task_index=*/2);
+  int64_t id_d = h.add_worker(d, {"dataset:make"}, /*task_index=*/-1);
+  CHECK(h.coordinator->worker_task_index(id_c) == 2);
+  CHECK(h.coordinator->worker_task_index(id_d) == 3);
+  CHECK(h.coordinator->worker_task_index(id_d + 100) == -1);
+  // Each builds its shard of a per-worker dataset with its index.
+  int64_t id = h.coordinator->create_per_worker_dataset_from_function("make").wait(h.io.waitScope).value();
+  REQUIRE(b.function_datasets.size() == 1);
+  CHECK(b.function_datasets[0] == std::make_tuple(id, std::string("make"), 4, 1));
+  REQUIRE(d.function_datasets.size() == 1);
+  CHECK(d.function_datasets[0] == std::make_tuple(id, std::string("make"), 4, 3));
+}
+
 }  // namespace capstan::coordinator

@@ -90,7 +90,10 @@ kj::Promise<void> CoordinatorService::registerWorker(RegisterWorkerContext conte
   return core_
       .register_worker(params.getTaskIndex(), std::move(functions),
                        std::make_unique<RemoteWorker>(params.getWorker(), ctx_.codec))
-      .then([context](int64_t id) mutable { context.getResults().setWorkerId(id); });
+      .then([this, context](int64_t id) mutable {
+        context.getResults().setWorkerId(id);
+        context.getResults().setTaskIndex(core_.worker_task_index(id));
+      });
 }
 
 kj::Promise<void> CoordinatorService::workerAlive(WorkerAliveContext context) {

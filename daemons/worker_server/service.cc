@@ -55,7 +55,9 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
       .then([this](wire::Coordinator::Client coordinator) {
         auto request = coordinator.registerWorkerRequest();
         request.setWorker(thisCap());
-        request.setTaskIndex(ctx_.identity.task_index());
+        // Once assigned, the same index again (a new coordinator keeps the
+        // worker's shard of each per-worker dataset).
+        request.setTaskIndex(worker_->task_index());
         auto names = worker_->function_names();
         auto list = request.initFunctions(static_cast<unsigned>(names.size()));
         for (unsigned i = 0; i < names.size(); ++i) list.set(i, names[i]);
@@ -64,7 +66,14 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
       .then(
           [this](capnp::Response<wire::Coordinator::RegisterWorkerResults>&& response) {
             worker_id_ = response.getWorkerId();
-            ctx_.log->info("registered with the coordinator as worker {}", worker_id_);
+            if (worker_->task_index() < 0) {
+              worker_->set_task_index(response.getTaskIndex());
+              ctx_.log->info("registered with the coordinator as worker {}, task index {} (assigned: started "
+                             "without --task-index)",
+                             worker_id_, response.getTaskIndex());
+            } else {
+              ctx_.log->info("registered with the coordinator as worker {}", worker_id_);
+            }
             // A failed liveness check (the link broke: a partition, a
             // restart) means "register again", never the end of this loop.
             return until_dropped().catch_([this](kj::Exception&& e) {

@@ -32,7 +32,7 @@ class Worker::Context final : public ClosureContext {
   Context(Worker& worker, const RunClosureRequest& request, std::shared_ptr<std::atomic<bool>> cancelled)
       : worker_(worker), request_(request), cancelled_(std::move(cancelled)) {}
 
-  int worker_index() const override { return std::max(0, worker_.task_index_); }
+  int worker_index() const override { return std::max(0, worker_.task_index_.load()); }
   int num_workers() const override { return request_.num_workers; }
   int attempt() const override { return request_.attempt; }
   bool cancelled() const override {
@@ -65,8 +65,12 @@ class Worker::Context final : public ClosureContext {
     MutexLock lock(worker_.mutex_);
     auto it = worker_.iterators_.find(id);
     if (it == worker_.iterators_.end()) {
-      return Status::FailedPrecondition("per-worker dataset " + std::to_string(id) +
-                                        " has no iterator on this worker");
+      std::string what = "per-worker dataset " + std::to_string(id) + " has no iterator on this worker";
+      if (auto failed = worker_.failures_.find(id); failed != worker_.failures_.end()) {
+        return Status::FailedPrecondition(what + ": building it failed: " + failed->second.to_string());
+      }
+      return Status::FailedPrecondition(what + " (the coordinator has not sent it here: it sends each per-worker "
+                                               "dataset when it is created and when a worker registers)");
     }
     held_.push_back(it->second);
     return it->second.get();
@@ -147,23 +151,39 @@ Status Worker::install(int64_t id, Result<std::unique_ptr<data::Iterator>> itera
   return Status::Ok();
 }
 
+Status Worker::record(int64_t id, Status status) {
+  MutexLock lock(mutex_);
+  if (status.ok()) {
+    failures_.erase(id);
+  } else {
+    iterators_.erase(id);  // a failed rebuild leaves no stale iterator behind
+    failures_[id] = status;
+  }
+  return status;
+}
+
 Status Worker::create_dataset(int64_t id, const std::string& definition) {
+  const std::string context = "per-worker dataset " + std::to_string(id);
   auto dataset = data::Dataset::deserialize(definition);
-  if (!dataset.ok()) return dataset.status().with_context("per-worker dataset " + std::to_string(id));
-  return install(id, dataset->make_iterator(&functions_)).with_context("per-worker dataset " + std::to_string(id));
+  if (!dataset.ok()) return record(id, dataset.status().with_context(context));
+  return record(id, install(id, dataset->make_iterator(&functions_)).with_context(context));
 }
 
 Status Worker::create_dataset_from_function(int64_t id, const std::string& function, InputContext input) {
   const DatasetFunction* fn = functions_.find_dataset_function(function);
-  if (fn == nullptr) return Status::NotFound("this worker has no dataset function named '" + function + "'");
+  if (fn == nullptr) {
+    return record(id, Status::NotFound("this worker has no dataset function named '" + function + "'"));
+  }
+  const std::string context = "dataset function '" + function + "'";
   auto dataset = (*fn)(input);
-  if (!dataset.ok()) return dataset.status().with_context("dataset function '" + function + "'");
-  return install(id, dataset->make_iterator(&functions_)).with_context("dataset function '" + function + "'");
+  if (!dataset.ok()) return record(id, dataset.status().with_context(context));
+  return record(id, install(id, dataset->make_iterator(&functions_)).with_context(context));
 }
 
 void Worker::clear_datasets() {
   MutexLock lock(mutex_);
   iterators_.clear();
+  failures_.clear();
 }
 
 }  // namespace capstan::worker_server

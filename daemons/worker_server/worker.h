@@ -79,17 +79,27 @@ class Worker {
   // Forgets every iterator (the worker registers again and gets them anew).
   void clear_datasets();
 
+  // The task index closures see (ClosureContext::worker_index): the one the
+  // worker was started with, else the one the coordinator assigned.
+  int task_index() const { return task_index_.load(); }
+  void set_task_index(int index) { task_index_.store(index); }
+
  private:
   class Context;
   Status install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator);
+  // Remembers how building dataset `id` ended; returns `status`.
+  Status record(int64_t id, Status status);
   Result<data::Iterator*> iterator(const Tensor& arg);
 
   const FunctionRegistry& functions_;
   VariableAccess& variables_;
-  const int task_index_;
+  std::atomic<int> task_index_;
 
   Mutex mutex_;
   std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_ GUARDED_BY(mutex_);
+  // Why building a per-worker dataset failed, for the closure that asks for
+  // its iterator.
+  std::map<int64_t, Status> failures_ GUARDED_BY(mutex_);
   // Running closures' cancel flags, by closure id.
   std::map<int64_t, std::shared_ptr<std::atomic<bool>>> running_ GUARDED_BY(mutex_);
   // Cancels that arrived before their run, oldest first.

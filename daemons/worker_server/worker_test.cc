@@ -181,6 +181,14 @@ TEST_CASE("worker: per-worker iterators are created, replaced and forgotten", "[
   auto bad = f.worker.create_dataset(2, "not a definition");
   CHECK_FALSE(bad.ok());
   CHECK_THAT(bad.message(), Catch::Contains("per-worker dataset 2"));
+  // A closure asking for it learns why it is missing.
+  auto missing = f.run("next", dataset_arg(2));
+  CHECK(missing.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(missing.status().message(), Catch::Contains("per-worker dataset 2 has no iterator on this worker: "
+                                                         "building it failed: "));
+  CHECK_THAT(missing.status().message(), Catch::Contains(bad.message()));
+  // One never sent says that instead.
+  CHECK_THAT(f.run("next", dataset_arg(9)).status().message(), Catch::Contains("the coordinator has not sent it"));
 }
 
 TEST_CASE("worker: a dataset function gets TF's input context", "[worker]") {

@@ -22,7 +22,10 @@ namespace {
 using namespace std::chrono_literals;
 
 struct Training {
-  explicit Training(int num_ps = 2, int num_workers = 2, std::vector<std::string> coordinator_flags = {}) {
+  // `indexed`: workers start with --task-index; else the coordinator
+  // assigns their indices.
+  explicit Training(int num_ps = 2, int num_workers = 2, std::vector<std::string> coordinator_flags = {},
+                    bool indexed = true) {
     std::string ps_list;
     for (int i = 0; i < num_ps; ++i) {
       ps.push_back(&cluster.start("ps-server", {"--task-index", std::to_string(i)}));
@@ -31,14 +34,15 @@ struct Training {
     std::vector<std::string> flags = {"--ps", ps_list};
     flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
     coordinator = &cluster.start("coordinator", flags);
-    for (int i = 0; i < num_workers; ++i) add_worker(i);
+    for (int i = 0; i < num_workers; ++i) add_worker(indexed ? i : -1);
     client = ClusterCoordinator::connect(coordinator->address()).value();
     REQUIRE(wait_until([this, num_workers]() { return client->num_workers() == num_workers; }, 15s));
   }
+  // index -1: no --task-index.
   Daemon& add_worker(int index) {
-    workers.push_back(&cluster.start("worker-server", {"--coordinator", coordinator->address(), "--module",
-                                                        CAPSTAN_TRAINING_MODULE, "--task-index",
-                                                        std::to_string(index)}));
+    std::vector<std::string> flags = {"--coordinator", coordinator->address(), "--module", CAPSTAN_TRAINING_MODULE};
+    if (index >= 0) flags.insert(flags.end(), {"--task-index", std::to_string(index)});
+    workers.push_back(&cluster.start("worker-server", flags));
     return *workers.back();
   }
 
@@ -253,7 +257,11 @@ TEST_CASE("killing a parameter server makes join fail with Unavailable within se
 }
 
 TEST_CASE("per-worker datasets give each worker its own shard", "[training][datasets]") {
-  Training t(1, 2, {"--num-workers", "2"});
+  // Workers started with --task-index, and without (the coordinator assigns
+  // 0 and 1; TF would need them given).
+  bool indexed = GENERATE(true, false);
+  INFO("workers started with --task-index: " << indexed);
+  Training t(1, 2, {"--num-workers", "2"}, indexed);
   bool from_function = GENERATE(false, true);
   INFO("from a dataset function: " << from_function);
   auto dataset = from_function ? t.client->create_per_worker_dataset(std::string("sharded_range"))
