@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "rpc/http_sniff_stream.h"
 #include "rpc/link_timeout.h"
 
 namespace capstan::rpc {
@@ -166,8 +167,9 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
           kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "connected to itself: nothing listens there"));
         }
         set_link_timeout(*stream, options_.link_timeout);
-        if (!options_.tls) return kj::mv(stream);
-        return options_.tls->wrap_client(kj::mv(stream), host);
+        kj::Own<kj::AsyncIoStream> checked = kj::heap<HttpSniffStream>(kj::mv(stream), address_);
+        if (!options_.tls) return kj::mv(checked);
+        return options_.tls->wrap_client(kj::mv(checked), host);
       })
       .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
         capnp::ReaderOptions reader_options;

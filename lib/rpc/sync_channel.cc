@@ -1,5 +1,7 @@
 #include "rpc/sync_channel.h"
 
+#include "wire_names.h"
+
 namespace capstan::rpc {
 namespace {
 
@@ -28,10 +30,20 @@ SyncChannel::~SyncChannel() {
   loop_.run_sync([this]() { connection_ = nullptr; });
 }
 
-Status SyncChannel::connect() {
+Status SyncChannel::connect(std::optional<wire::Role> expected) {
   try {
-    loop_.run_sync([this]() { return connection_->node(connect_deadline()).ignoreResult(); });
-    return Status::Ok();
+    return loop_.run_sync([this, expected]() -> kj::Promise<Status> {
+      return connection_->node(connect_deadline()).then([this, expected](wire::Node::Client node) -> kj::Promise<Status> {
+        if (!expected) return Status::Ok();
+        auto info = node.infoRequest().send().then([this, expected](capnp::Response<wire::Node::InfoResults>&& r) {
+          wire::Role role = r.getInfo().getRole();
+          if (role == *expected) return Status::Ok();
+          return Status::InvalidArgument(address_ + " is a " + std::string(role_name(role)) + ", expected a " +
+                                         std::string(role_name(*expected)) + " (check the address)");
+        });
+        return with_deadline<Status>(loop_.timer(), kj::mv(info), options_.call_timeout, "info from " + address_);
+      });
+    });
   } catch (const kj::Exception& e) {
     return from_exception(e);
   }

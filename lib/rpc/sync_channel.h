@@ -8,6 +8,7 @@
 #ifndef CAPSTAN_SDK_SRC_RPC_SYNC_CHANNEL_H_
 #define CAPSTAN_SDK_SRC_RPC_SYNC_CHANNEL_H_
 
+#include <optional>
 #include <string>
 
 #include "capstan/client.h"
@@ -23,8 +24,10 @@ class SyncChannel {
   SyncChannel(std::string address, ClientOptions options, std::string thread_name);
   ~SyncChannel();  // drops the connection on the loop thread
 
-  // Connects and logs in, retrying until the connect timeout.
-  Status connect();
+  // Connects and logs in, retrying until the connect timeout. With
+  // `expected`, then checks the daemon's role: InvalidArgument "ADDR is a
+  // ps, expected a coordinator" when it is another daemon.
+  Status connect(std::optional<wire::Role> expected = std::nullopt);
 
   const std::string& address() const { return address_; }
   const ClientOptions& options() const { return options_; }

@@ -284,6 +284,30 @@ TEST_CASE("per-worker datasets give each worker its own shard", "[training][data
   for (int64_t v : seen) CHECK(seen.count(v) == 1);
 }
 
+TEST_CASE("pointed at another daemon or at an HTTP port, a client says so at once", "[training][errors]") {
+  TestCluster cluster;
+  Daemon& ps = cluster.start("ps-server");
+  auto started = std::chrono::steady_clock::now();
+  auto wrong_role = ClusterCoordinator::connect(ps.address());
+  REQUIRE_FALSE(wrong_role.ok());
+  CHECK(wrong_role.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(wrong_role.status().message(), Catch::Contains(ps.address() + " is a ps, expected a coordinator"));
+
+  std::string http = "127.0.0.1:" + std::to_string(ps.http_port());
+  auto web = ClusterCoordinator::connect(http);
+  REQUIRE_FALSE(web.ok());
+  CHECK(web.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(web.status().message(), Catch::Contains(http + " answers HTTP"));
+  CHECK_THAT(web.status().message(), Catch::Contains("give its RPC port"));
+  // No retrying until the connect timeout.
+  CHECK(std::chrono::steady_clock::now() - started < 5s);
+
+  auto ctl = cluster.run("capstanctl", {"health", http});
+  CHECK(ctl.exit_code == 1);
+  CHECK_THAT(ctl.output, Catch::Contains("answers HTTP"));
+  CHECK_THAT(ctl.output, !Catch::Contains("segment"));
+}
+
 TEST_CASE("an unknown per-worker dataset function is refused", "[training][datasets]") {
   Training t(1, 1);
   auto missing = t.client->create_per_worker_dataset(std::string("no_such_function"));

@@ -248,7 +248,7 @@ Result<std::unique_ptr<ClusterCoordinator>> ClusterCoordinator::connect(const st
   uint16_t port = 0;
   CAPSTAN_RETURN_IF_ERROR(rpc::parse_host_port(address, &host, &port));
   auto impl = std::make_unique<Impl>(address, std::move(options));
-  CAPSTAN_RETURN_IF_ERROR(impl->channel.connect());
+  CAPSTAN_RETURN_IF_ERROR(impl->channel.connect(wire::Role::COORDINATOR));
   return std::unique_ptr<ClusterCoordinator>(new ClusterCoordinator(std::move(impl)));
 }
 

@@ -1,0 +1,48 @@
+// A client-side AsyncIoStream that notices when the peer speaks HTTP: a user
+// who gives a daemon's HTTP port (/healthz, /metrics) where its RPC port
+// belongs would otherwise see Cap'n Proto read "HTTP" as a segment count
+// ("Message has too many segments") and retry until the deadline.
+#ifndef CAPSTAN_SDK_SRC_RPC_HTTP_SNIFF_STREAM_H_
+#define CAPSTAN_SDK_SRC_RPC_HTTP_SNIFF_STREAM_H_
+
+#include <kj/async-io.h>
+
+#include <algorithm>
+#include <cstring>
+#include <string>
+
+#include "rpc/errors.h"
+#include "rpc/forwarding_stream.h"
+
+namespace capstan::rpc {
+
+class HttpSniffStream final : public ForwardingStream {
+ public:
+  HttpSniffStream(kj::Own<kj::AsyncIoStream> inner, std::string address)
+      : ForwardingStream(kj::mv(inner)), address_(std::move(address)) {}
+
+  kj::Promise<size_t> tryRead(void* buffer, size_t min_bytes, size_t max_bytes) override {
+    return inner().tryRead(buffer, min_bytes, max_bytes).then([this, buffer](size_t n) -> size_t {
+      if (seen_ < sizeof(first_)) {
+        size_t k = std::min(n, sizeof(first_) - seen_);
+        std::memcpy(first_ + seen_, buffer, k);
+        seen_ += k;
+        if (seen_ == sizeof(first_) && std::memcmp(first_, "HTTP", 4) == 0) {
+          throw_status(Status::InvalidArgument(
+              address_ + " answers HTTP: that is a daemon's HTTP port (/healthz, /readyz, /metrics); give its "
+                         "RPC port (--port; the rpc_port line of its --port-file)"));
+        }
+      }
+      return n;
+    });
+  }
+
+ private:
+  const std::string address_;
+  char first_[4] = {};
+  size_t seen_ = 0;
+};
+
+}  // namespace capstan::rpc
+
+#endif  // CAPSTAN_SDK_SRC_RPC_HTTP_SNIFF_STREAM_H_
