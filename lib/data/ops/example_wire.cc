@@ -336,12 +336,11 @@ int64_t ExampleWireParser::find_key(std::string_view key) const {
 
 bool ExampleWireParser::parse(std::string_view bytes) {
   for (auto& v : values_) v.clear();
-  const int depth = kRecursionLimit;
-  return walk_message(bytes, depth, [this, depth](uint32_t tag, Cursor& in) {
+  return walk_message(bytes, kRecursionLimit, [this](uint32_t tag, Cursor& in) {
     if (tag != tag_of(1, kLengthDelimited)) return Field::kUnknown;
     std::string_view features;
-    if (!in.length_delimited(&features) || depth - 1 < 0) return Field::kBad;
-    return field_result(parse_features(features, depth - 1));
+    if (!in.length_delimited(&features)) return Field::kBad;
+    return field_result(parse_features(features, kRecursionLimit - 1));
   });
 }
 
