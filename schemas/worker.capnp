@@ -11,9 +11,11 @@ interface Worker extends(Common.Node) {
   # `numWorkers` is the number of workers registered when it was dispatched.
   # `deadlineUnixMs` (0: none) is when the coordinator gives up on the run
   # (its closure_timeout_ms).
+  # `workerIndex` is this worker's task index as the coordinator knows it
+  # (given or assigned); -1 from a coordinator older than the field.
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
                  placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
-                 deadlineUnixMs :Int64)
+                 deadlineUnixMs :Int64, workerIndex :Int32 = -1)
       -> (result :Common.Element);
   # Builds this worker's iterator of a per-worker dataset: `definition` is
   # the serialized pipeline already specialised for this worker.

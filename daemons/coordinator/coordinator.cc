@@ -90,11 +90,15 @@ kj::Promise<void> Coordinator::watch_ps(int task) {
 kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::string> functions,
                                                   std::unique_ptr<WorkerPeer> peer) {
   bool assigned = task_index < 0;
+  std::set<int> taken;
+  for (const auto& [id, w] : workers_) taken.insert(w.task_index);
   if (assigned) {
-    std::set<int> taken;
-    for (const auto& [id, w] : workers_) taken.insert(w.task_index);
     task_index = 0;
     while (taken.count(task_index) != 0) ++task_index;
+  } else if (taken.count(task_index) != 0) {
+    log_->warn("a worker registers with task index {}, which a registered worker has: both read the same shard "
+               "of each per-worker dataset (give each worker its own --task-index, or none)",
+               task_index);
   }
   Worker worker;
   worker.id = next_worker_id_++;
@@ -193,6 +197,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   run.placement_version = placement_version_;
   run.attempt = static_cast<uint32_t>(closure->attempts);
   run.num_workers = static_cast<uint32_t>(workers_.size());
+  run.worker_index = it->second.task_index;
   std::optional<std::chrono::system_clock::time_point> deadline;
   if (config_.closure_timeout.count() > 0) {
     deadline = std::chrono::system_clock::now() + config_.closure_timeout;

@@ -85,6 +85,7 @@ struct ClosureRun {
   int64_t placement_version = 0;
   uint32_t attempt = 1;
   uint32_t num_workers = 0;  // workers registered at dispatch
+  int32_t worker_index = -1;  // the worker's task index (given or assigned)
   int64_t deadline_unix_ms = 0;  // 0: none
 };
 

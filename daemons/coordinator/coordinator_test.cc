@@ -728,13 +728,13 @@ TEST_CASE("workers started without a task index get the lowest free one, and the
           "[coordinator]") {
   WorkerRecord a, b, c, d;
   Harness h;
-  int64_t id_a = h.add_worker(a, {"dataset:make"}, /*task_index=*/-1);
-  int64_t id_b = h.add_worker(b, {"dataset:make"}, /*task_index=*/-1);
+  int64_t id_a = h.add_worker(a, {"train_step", "dataset:make"}, /*task_index=*/-1);
+  int64_t id_b = h.add_worker(b, {"train_step", "dataset:make"}, /*task_index=*/-1);
   CHECK(h.coordinator->worker_task_index(id_a) == 0);
   CHECK(h.coordinator->worker_task_index(id_b) == 1);
   // A given index is kept; the next unindexed worker skips it.
-  int64_t id_c = h.add_worker(c, {"dataset:make"}, /*task_index=*/2);
-  int64_t id_d = h.add_worker(d, {"dataset:make"}, /*task_index=*/-1);
+  int64_t id_c = h.add_worker(c, {"train_step", "dataset:make"}, /*task_index=*/2);
+  int64_t id_d = h.add_worker(d, {"train_step", "dataset:make"}, /*task_index=*/-1);
   CHECK(h.coordinator->worker_task_index(id_c) == 2);
   CHECK(h.coordinator->worker_task_index(id_d) == 3);
   CHECK(h.coordinator->worker_task_index(id_d + 100) == -1);
@@ -744,6 +744,14 @@ TEST_CASE("workers started without a task index get the lowest free one, and the
   CHECK(b.function_datasets[0] == std::make_tuple(id, std::string("make"), 4, 1));
   REQUIRE(d.function_datasets.size() == 1);
   CHECK(d.function_datasets[0] == std::make_tuple(id, std::string("make"), 4, 3));
+  // Closures carry the index too: one dispatched before the worker has read
+  // its registration reply still sees it.
+  for (int i = 0; i < 4; ++i) h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  for (auto [record, index] : {std::pair{&a, 0}, std::pair{&b, 1}, std::pair{&c, 2}, std::pair{&d, 3}}) {
+    REQUIRE(record->runs.size() == 1);
+    CHECK(record->runs[0].run.worker_index == index);
+  }
 }
 
 }  // namespace capstan::coordinator

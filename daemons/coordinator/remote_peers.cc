@@ -34,6 +34,7 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   request.setPlacementVersion(run.placement_version);
   request.setAttempt(run.attempt);
   request.setNumWorkers(run.num_workers);
+  request.setWorkerIndex(run.worker_index);
   request.setDeadlineUnixMs(run.deadline_unix_ms);
   rpc::write_element(request.initArgs(), *args, codec_);
   return request.send()

@@ -147,6 +147,7 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   // A coordinator older than these fields sends 0.
   request.attempt = std::max<int>(1, static_cast<int>(params.getAttempt()));
   request.num_workers = std::max<int>(1, static_cast<int>(params.getNumWorkers()));
+  request.worker_index = params.getWorkerIndex();
   auto worker = worker_;
   return rpc::read_element(params.getArgs())
       .then([this, worker, request = std::move(request)](Element&& args) mutable {

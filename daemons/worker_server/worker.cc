@@ -32,7 +32,9 @@ class Worker::Context final : public ClosureContext {
   Context(Worker& worker, const RunClosureRequest& request, std::shared_ptr<std::atomic<bool>> cancelled)
       : worker_(worker), request_(request), cancelled_(std::move(cancelled)) {}
 
-  int worker_index() const override { return std::max(0, worker_.task_index_.load()); }
+  int worker_index() const override {
+    return request_.worker_index >= 0 ? request_.worker_index : std::max(0, worker_.task_index_.load());
+  }
   int num_workers() const override { return request_.num_workers; }
   int attempt() const override { return request_.attempt; }
   bool cancelled() const override {

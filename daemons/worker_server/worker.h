@@ -45,6 +45,10 @@ struct RunClosureRequest {
   int64_t placement_version = 0;  // refresh placements older than this first
   int attempt = 1;                 // 1 for a closure's first run
   int num_workers = 1;             // registered workers at dispatch
+  // This worker's task index as the coordinator knows it; -1: unknown (the
+  // worker's own then). It reaches the worker with the closure, so a closure
+  // dispatched before the registration reply is read sees the right one.
+  int worker_index = -1;
   int64_t closure_id = 0;          // the coordinator's id; 0: cannot be cancelled
   // When the coordinator gives up on the run; max(): never.
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();

@@ -106,26 +106,30 @@ Status TFRecordReader::read_footer(const char* data, uint64_t length) {
   return Status::Ok();
 }
 
-Result<bool> TFRecordReader::read(std::string* record) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::optional<uint64_t> length, read_header());
-  if (!length) return false;
+Status TFRecordReader::read_data_in_steps(std::string* record, uint64_t length) {
   // In steps, so that a length that passed its CRC but exceeds what a
   // compressed stream holds fails at the end of the data, not at
   // allocation.
   record->clear();
   size_t done = 0;
-  while (done < *length) {
-    size_t step = static_cast<size_t>(std::min<uint64_t>(*length - done, kDataStepBytes));
+  while (done < length) {
+    size_t step = static_cast<size_t>(std::min<uint64_t>(length - done, kDataStepBytes));
     record->resize(done + step);
     auto got = read_fully(*stream_, record->data() + done, step);
     if (!got.ok()) return fail(got.status());
     done += *got;
     if (*got < step) {
       record->resize(done);
-      return truncated(*length + tfrecord::kFooterBytes - done);
+      return truncated(length + tfrecord::kFooterBytes - done);
     }
   }
-  CAPSTAN_RETURN_IF_ERROR(read_footer(record->data(), *length));
+  return read_footer(record->data(), length);
+}
+
+Result<bool> TFRecordReader::read(std::string* record) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<uint64_t> length, read_header());
+  if (!length) return false;
+  CAPSTAN_RETURN_IF_ERROR(read_data_in_steps(record, *length));
   return true;
 }
 
@@ -133,15 +137,10 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<uint64_t> length, read_header());
   if (!length) return false;
   // A stream of unknown size (GZIP) may promise more than it holds: a long
-  // record goes through read()'s stepwise path, then one copy.
-  if (*length > kDataStepBytes && !stream_->size()) {
-    std::string data;
-    data.resize(static_cast<size_t>(*length));
-    CAPSTAN_RETURN_IF_ERROR(read_data(data.data(), *length));
-    CAPSTAN_RETURN_IF_ERROR(read_footer(data.data(), *length));
-    CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_strings({data}, Shape{}));
-    return true;
-  }
+  // record is read in steps first (as read() does), then copied once.
+  std::string stepped;
+  const bool in_steps = *length > kDataStepBytes && !stream_->size();
+  if (in_steps) CAPSTAN_RETURN_IF_ERROR(read_data_in_steps(&stepped, *length));
   // A kString scalar: offsets {0, length}, then the bytes.
   const size_t header = 2 * sizeof(uint64_t);
   const size_t size = header + static_cast<size_t>(*length);
@@ -149,8 +148,12 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
   const uint64_t offsets[2] = {0, *length};
   std::memcpy(buffer.get(), offsets, header);
   char* data = reinterpret_cast<char*>(buffer.get() + header);
-  CAPSTAN_RETURN_IF_ERROR(read_data(data, *length));
-  CAPSTAN_RETURN_IF_ERROR(read_footer(data, *length));
+  if (in_steps) {
+    std::memcpy(data, stepped.data(), stepped.size());
+  } else {
+    CAPSTAN_RETURN_IF_ERROR(read_data(data, *length));
+    CAPSTAN_RETURN_IF_ERROR(read_footer(data, *length));
+  }
   std::byte* start = buffer.get();
   CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, std::move(buffer), start, size));
   return true;

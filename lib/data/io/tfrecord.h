@@ -69,6 +69,8 @@ class TFRecordReader {
   Result<std::optional<uint64_t>> read_header();
   // Reads the record's `length` bytes of data into `out`.
   Status read_data(char* out, uint64_t length);
+  // The same into `record`, growing it in steps, then the footer.
+  Status read_data_in_steps(std::string* record, uint64_t length);
   // Reads the footer and checks the data's checksum.
   Status read_footer(const char* data, uint64_t length);
   Status fail(Status status);
