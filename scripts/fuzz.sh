@@ -39,13 +39,7 @@ source scripts/sanitizer-build.sh
 configure_sanitizer_build address
 targets=()
 for name in "${names[@]}"; do targets+=("${name}_fuzz"); done
-# The build's output goes to a log; on failure its errors are shown.
-if ! ninja -C "$build" -j "${CAPSTAN_JOBS:-2}" "${targets[@]}" >"$build/ninja-fuzz.log" 2>&1; then
-  grep -E -A12 '^FAILED:|error:' "$build/ninja-fuzz.log" | head -80
-  echo "fuzz.sh: the build failed (whole log: $build/ninja-fuzz.log)"
-  exit 1
-fi
-tail -1 "$build/ninja-fuzz.log"
+build_logged ninja-fuzz.log "${targets[@]}" || exit 1
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}

@@ -27,13 +27,7 @@ esac
 
 source scripts/sanitizer-build.sh
 configure_sanitizer_build "$kind"
-# The build's output goes to a log; on failure its errors are shown.
-if ! ninja -C "$build" -j "${CAPSTAN_JOBS:-2}" >"$build/ninja.log" 2>&1; then
-  grep -E -A12 '^FAILED:|error:' "$build/ninja.log" | head -80
-  echo "sanitize.sh ($kind): the build failed (whole log: $build/ninja.log)"
-  exit 1
-fi
-tail -1 "$build/ninja.log"
+build_logged ninja.log || exit 1
 
 reports=$PWD/$build/sanitizer-reports
 rm -rf "$reports"

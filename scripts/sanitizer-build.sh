@@ -3,6 +3,9 @@
 #
 #   configure_sanitizer_build address   -> build-asan (ASan + UBSan, fuzzers)
 #   configure_sanitizer_build thread    -> build-tsan (TSan)
+#   build_logged LOG [TARGETS...]       -> builds $build; its output goes to
+#                                          $build/LOG, and on failure the
+#                                          compiler's errors are printed
 
 configure_sanitizer_build() {
   local kind=$1
@@ -23,4 +26,15 @@ configure_sanitizer_build() {
       -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 "${flags[@]}" \
       -DCAPSTAN_BUILD_BENCH=OFF -DCAPSTAN_CUDA=OFF >/dev/null
   fi
+}
+
+build_logged() {
+  local log=$build/$1
+  shift
+  if ! ninja -C "$build" -j "${CAPSTAN_JOBS:-2}" "$@" >"$log" 2>&1; then
+    grep -E -A12 '^FAILED:|error:' "$log" | head -80
+    echo "the build of $build failed (whole log: $log)"
+    return 1
+  fi
+  tail -1 "$log"
 }
