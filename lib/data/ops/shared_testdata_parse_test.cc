@@ -6,8 +6,6 @@
 // path. The build registers these [shared] cases only where it exists; run
 // by hand without it, they fail and say where they looked.
 #include <catch2/catch.hpp>
-#include <zlib.h>
-
 #include <algorithm>
 #include <cstdint>
 #include <cstdlib>
@@ -67,26 +65,6 @@ std::vector<std::string> read_tfrecords(const std::string& file) {
     pos += length + 4;
   }
   return records;
-}
-
-// The bytes of a GZIP file.
-std::string gunzip(const std::string& compressed) {
-  z_stream stream{};
-  REQUIRE(inflateInit2(&stream, 16 + MAX_WBITS) == Z_OK);
-  std::string out;
-  stream.next_in = reinterpret_cast<Bytef*>(const_cast<char*>(compressed.data()));
-  stream.avail_in = static_cast<uInt>(compressed.size());
-  int rc = Z_OK;
-  while (rc != Z_STREAM_END) {
-    char chunk[1 << 16];
-    stream.next_out = reinterpret_cast<Bytef*>(chunk);
-    stream.avail_out = sizeof(chunk);
-    rc = inflate(&stream, Z_NO_FLUSH);
-    REQUIRE((rc == Z_OK || rc == Z_STREAM_END));
-    out.append(chunk, sizeof(chunk) - stream.avail_out);
-  }
-  inflateEnd(&stream);
-  return out;
 }
 
 TEST_CASE("decode_csv parses every row of UCI adult.data", "[shared][csv]") {
@@ -194,8 +172,8 @@ TEST_CASE("the wire parser and the protobuf reference agree on every shared TFRe
   int64_t compared = 0;
   for (const std::string& name : files) {
     INFO(name);
-    std::string bytes = read_shared(name);
-    if (name.size() > 3 && name.compare(name.size() - 3, 3, ".gz") == 0) bytes = gunzip(bytes);
+    std::string bytes = read_shared(name);  // fails the test when the file is missing
+    if (name.ends_with(".gz")) bytes = testing::gunzip_file((shared_testdata() / name).string());
     std::vector<std::string> records = read_tfrecords(bytes);
     REQUIRE(!records.empty());
     if (records.size() > 2000) records.resize(2000);
