@@ -4,12 +4,14 @@
 // 2(n-1)/n, what each link carried).
 //
 //   build/bin/collective_bench [--ranks 2,4] [--min-bytes 4] [--max-bytes 268435456]
+//                              [--transports tcp,shm] [--tcp-streams 1] [--segment-bytes N]
 //                              [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]
 //
-// Ranks are forked processes on loopback TCP; rank 0 times each operation
-// between barriers and prints one line per size (4 B to --max-bytes, powers
-// of 4). With 2 ranks it first prints the machine's limit for the same
-// traffic (plain sockets, no Capstan), measured in the same run.
+// Ranks are forked processes on this host, over loopback TCP or shared
+// memory; rank 0 times each operation between barriers and prints one line
+// per size (4 B to --max-bytes, powers of 4). With 2 ranks it first prints
+// the machine's limits for the same traffic, measured in the same run:
+// plain sockets (no Capstan) and memcpy.
 #include <sys/wait.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -19,6 +21,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cstring>
 #include <cstdio>
 #include <cstdlib>
 #include <sstream>
@@ -56,9 +59,13 @@ capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) 
 }
 
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
-              int rank, int64_t min_bytes, int64_t max_bytes, const std::string& op, int64_t direct_max) {
+              int rank, int64_t min_bytes, int64_t max_bytes, const std::string& op, int64_t direct_max,
+              capstan::CollectiveOptions::Transport transport, int tcp_streams, int64_t segment_bytes) {
   capstan::CollectiveOptions options;
   options.timeout = std::chrono::seconds(120);
+  options.transport = transport;
+  options.tcp_streams = tcp_streams;
+  if (segment_bytes > 0) options.segment_bytes = segment_bytes;
   if (direct_max >= 0) options.direct_max_bytes = direct_max;
   auto group = Communicator::create(std::move(endpoint), addresses, rank, 1, options);
   if (!group.ok()) {
@@ -87,8 +94,9 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
       double p50 = seconds[seconds.size() / 2];
       double algbw = static_cast<double>(bytes) / p50 / 1e9;
       double factor = op == "all_reduce" ? 2.0 * (n - 1) / n : op == "all_gather" ? (n - 1.0) / n : 1.0;
-      std::printf("%-10s %5d %12lld %12.1f %10.3f %10.3f\n", op.c_str(), n, static_cast<long long>(bytes), p50 * 1e6,
-                  algbw, algbw * factor);
+      std::printf("%-10s %-4s %5d %12lld %12.1f %10.3f %10.3f\n", op.c_str(),
+                  std::string(capstan::collective_transport_name(transport)).c_str(), n, static_cast<long long>(bytes),
+                  p50 * 1e6, algbw, algbw * factor);
       std::fflush(stdout);
     }
   }
@@ -173,6 +181,34 @@ bool tcp_baseline(int64_t min_bytes, int64_t max_bytes) {
   return WIFEXITED(status) && WEXITSTATUS(status) == 0;
 }
 
+// memcpy of `bytes` between two buffers of one process: what a shared-memory
+// transfer costs at least (each byte is copied in and out of the ring).
+void memcpy_baseline(int64_t min_bytes, int64_t max_bytes) {
+  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+    std::vector<char> from(static_cast<size_t>(bytes), 1), to(static_cast<size_t>(bytes), 2);
+    std::vector<double> seconds;
+    for (int i = 0; i < iterations_for(bytes) + 2; ++i) {
+      auto start = Clock::now();
+      std::memcpy(to.data(), from.data(), from.size());
+      asm volatile("" : : "r"(to.data()) : "memory");
+      if (i >= 2) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
+    }
+    std::sort(seconds.begin(), seconds.end());
+    double p50 = seconds[seconds.size() / 2];
+    std::printf("%-12s %5d %12lld %12.1f %10.3f\n", "memcpy", 1, static_cast<long long>(bytes), p50 * 1e6,
+                static_cast<double>(bytes) / p50 / 1e9);
+  }
+  std::fflush(stdout);
+}
+
+std::vector<std::string> split(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream in(text);
+  std::string item;
+  while (std::getline(in, item, ',')) out.push_back(item);
+  return out;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -180,6 +216,9 @@ int main(int argc, char** argv) {
   int64_t min_bytes = 4, max_bytes = int64_t{256} << 20;
   std::string op = "all_reduce";
   int64_t direct_max = -1;  // CollectiveOptions' default
+  std::vector<std::string> transports = {"tcp", "shm"};
+  int tcp_streams = 1;
+  int64_t segment_bytes = 0;  // CollectiveOptions' default
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string name = argv[i], value = argv[i + 1];
     if (name == "--ranks") rank_counts = parse_list(value);
@@ -187,8 +226,18 @@ int main(int argc, char** argv) {
     else if (name == "--min-bytes") min_bytes = std::max<int64_t>(4, std::atoll(value.c_str()));
     else if (name == "--op") op = value;
     else if (name == "--direct-max-bytes") direct_max = std::atoll(value.c_str());
+    else if (name == "--transports") transports = split(value);
+    else if (name == "--tcp-streams") tcp_streams = std::atoi(value.c_str());
+    else if (name == "--segment-bytes") segment_bytes = std::atoll(value.c_str());
     else {
-      std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]\n", argv[0]);
+      std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--transports tcp,shm] "
+                   "[--tcp-streams N] [--segment-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]\n", argv[0]);
+      return 2;
+    }
+  }
+  for (const auto& t : transports) {
+    if (!capstan::collective_transport_from_name(t).ok() || t == "auto") {
+      std::fprintf(stderr, "collective_bench: --transports takes tcp and shm, not '%s'\n", t.c_str());
       return 2;
     }
   }
@@ -199,10 +248,14 @@ int main(int argc, char** argv) {
       std::fprintf(stderr, "collective_bench: the plain-socket baseline failed\n");
       return 1;
     }
+    memcpy_baseline(std::max<int64_t>(min_bytes, 1024), std::min<int64_t>(max_bytes, int64_t{64} << 20));
   }
-  std::printf("# transport: TCP on loopback; ranks are processes; times are medians\n");
-  std::printf("%-10s %5s %12s %12s %10s %10s\n", "op", "ranks", "bytes", "p50_us", "algbw_GB/s", "busbw_GB/s");
-  for (int n : rank_counts) {
+  std::printf("# ranks are processes on this host (TCP on loopback, or shared memory); times are medians; "
+              "%d TCP stream(s) per pair\n", tcp_streams);
+  std::printf("%-10s %-4s %5s %12s %12s %10s %10s\n", "op", "via", "ranks", "bytes", "p50_us", "algbw_GB/s",
+              "busbw_GB/s");
+  for (int n : rank_counts) for (const auto& transport_name : transports) {
+    const auto transport = *capstan::collective_transport_from_name(transport_name);
     std::vector<std::unique_ptr<capstan::CollectiveEndpoint>> endpoints;
     std::vector<std::string> addresses;
     for (int r = 0; r < n; ++r) {
@@ -210,9 +263,13 @@ int main(int argc, char** argv) {
       addresses.push_back(endpoints.back()->address());
     }
     std::vector<pid_t> children;
+    std::fflush(stdout);  // or each child prints what is buffered again
     for (int r = 0; r < n; ++r) {
       pid_t pid = fork();
-      if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, min_bytes, max_bytes, op, direct_max));
+      if (pid == 0) {
+        _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, min_bytes, max_bytes, op,
+                        direct_max, transport, tcp_streams, segment_bytes));
+      }
       children.push_back(pid);
     }
     endpoints.clear();

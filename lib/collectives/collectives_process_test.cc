@@ -1,6 +1,7 @@
 // Collectives among real processes (forked ranks): one is killed with
 // SIGKILL or stopped with SIGSTOP in the middle of 64 MiB all-reduces, and
-// the survivors must fail with Unavailable naming it, within the deadline.
+// the survivors must fail with Unavailable naming it, within the deadline,
+// over TCP and over shared memory.
 #include <signal.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -51,10 +52,12 @@ struct Generation {
       addresses.push_back(endpoints.back()->address());
     }
   }
-  Result<std::unique_ptr<Communicator>> join(int rank, int64_t generation,
-                                             std::chrono::milliseconds timeout = 5000ms) {
+  Result<std::unique_ptr<Communicator>> join(
+      int rank, int64_t generation, std::chrono::milliseconds timeout = 5000ms,
+      CollectiveOptions::Transport transport = CollectiveOptions::Transport::kAuto) {
     CollectiveOptions options;
     options.timeout = timeout;
+    options.transport = transport;
     return Communicator::create(std::move(endpoints[static_cast<size_t>(rank)]), addresses, rank, generation, options);
   }
   std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
@@ -63,12 +66,12 @@ struct Generation {
 
 // Forks `n` ranks that form a group and all-reduce 64 MiB until one fails;
 // each reports "CODE message" of the failure.
-std::vector<Rank> start_ranks(int n, std::chrono::milliseconds timeout) {
+std::vector<Rank> start_ranks(int n, std::chrono::milliseconds timeout, CollectiveOptions::Transport transport) {
   Generation group_of(n);
   std::vector<Rank> ranks;
   for (int r = 0; r < n; ++r) {
     ranks.push_back(fork_rank([&, r]() {
-      auto group = group_of.join(r, 1, timeout);
+      auto group = group_of.join(r, 1, timeout, transport);
       Status status = group.status();
       if (group.ok()) {
         Tensor t = Tensor::zeros(DType::kFloat32, {(64 << 20) / 4}).value();
@@ -122,8 +125,10 @@ void check_survivors_name(std::vector<Rank>& ranks, int culprit, std::chrono::mi
 
 TEST_CASE("kill -9 of one of 3 ranks during 64 MiB all-reduces: the others get Unavailable naming it",
           "[collectives][fault]") {
+  const auto transport = GENERATE(CollectiveOptions::Transport::kTcp, CollectiveOptions::Transport::kSharedMemory);
+  INFO("transport " << collective_transport_name(transport));
   const auto timeout = 3000ms;
-  auto ranks = start_ranks(3, timeout);
+  auto ranks = start_ranks(3, timeout, transport);
   std::this_thread::sleep_for(700ms);  // formed and reducing
   kill(ranks[1].pid, SIGKILL);
   check_survivors_name(ranks, 1, timeout);
@@ -132,8 +137,10 @@ TEST_CASE("kill -9 of one of 3 ranks during 64 MiB all-reduces: the others get U
 
 TEST_CASE("SIGSTOP of one of 3 ranks (alive but stuck): the others get Unavailable naming it",
           "[collectives][fault]") {
+  const auto transport = GENERATE(CollectiveOptions::Transport::kTcp, CollectiveOptions::Transport::kSharedMemory);
+  INFO("transport " << collective_transport_name(transport));
   const auto timeout = 2000ms;
-  auto ranks = start_ranks(3, timeout);
+  auto ranks = start_ranks(3, timeout, transport);
   std::this_thread::sleep_for(700ms);
   kill(ranks[2].pid, SIGSTOP);
   check_survivors_name(ranks, 2, timeout);

@@ -1,6 +1,7 @@
 // Collectives among ranks that are threads of this process, over loopback
-// TCP: every operation against a reference computed here, for 2, 3 and 5
-// ranks, every dtype and reduction; mismatched calls; a stuck rank.
+// TCP and over shared memory: every operation against a reference computed
+// here, for 2, 3 and 5 ranks, every dtype and reduction; several TCP
+// streams; mismatched calls; a stuck rank; abort().
 #include <catch2/catch.hpp>
 
 #include <cmath>
@@ -73,10 +74,35 @@ const std::vector<DType> kDtypes = {DType::kFloat32, DType::kFloat64, DType::kIn
                                     DType::kInt64,   DType::kFloat16, DType::kBFloat16};
 const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kMean, ReduceOp::kMin, ReduceOp::kMax, ReduceOp::kProd};
 
+using Transport = CollectiveOptions::Transport;
+
+// Each test below runs once per transport (and once with TCP striped over
+// three streams where it says so).
+CollectiveOptions with_transport(Transport transport, int tcp_streams = 1) {
+  CollectiveOptions options;
+  options.transport = transport;
+  options.tcp_streams = tcp_streams;
+  return options;
+}
+
+std::string transport_label(const CollectiveOptions& o) {
+  return std::string(collective_transport_name(o.transport)) + " x" + std::to_string(o.tcp_streams);
+}
+
 TEST_CASE("all_reduce matches the reference for 2, 3 and 5 ranks, every dtype, reduction and size",
           "[collectives]") {
+  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory),
+                                             with_transport(Transport::kTcp, 3));
+  INFO("transport " << transport_label(options));
   for (int n : {2, 3, 5}) {
-    Group group = make_group(n);
+    CollectiveOptions o = options;
+    if (o.tcp_streams > 1) o.segment_bytes = 64 << 10;  // so that 1 MiB spans all three streams
+    Group group = make_group(n, o);
+    for (const auto& c : group) {
+      for (int r = 0; r < n; ++r) {
+        if (r != c->rank()) CHECK(c->transports()[static_cast<size_t>(r)] == (o.transport == Transport::kTcp ? "tcp" : "shm"));
+      }
+    }
     // 0, 1, 7, and 1 MiB + 3 elements of float32 (the ring).
     for (int64_t size : {int64_t{0}, int64_t{1}, int64_t{7}, int64_t{(1 << 20) / 4 + 3}}) {
       for (DType dtype : kDtypes) {
@@ -109,7 +135,9 @@ TEST_CASE("all_reduce matches the reference for 2, 3 and 5 ranks, every dtype, r
 }
 
 TEST_CASE("a 64 MiB all_reduce over the ring", "[collectives]") {
-  Group group = make_group(3);
+  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
+  Group group = make_group(3, options);
   const int64_t n = (64 << 20) / 4;
   auto results = on_all<Result<Tensor>>(3, [&](int r) {
     return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, n, r), ReduceOp::kSum);
@@ -123,8 +151,10 @@ TEST_CASE("a 64 MiB all_reduce over the ring", "[collectives]") {
 
 TEST_CASE("broadcast from every root; all_gather of differing row counts; reduce_scatter; barrier",
           "[collectives]") {
+  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
   const int n = 3;
-  Group group = make_group(n);
+  Group group = make_group(n, options);
   for (int root = 0; root < n; ++root) {
     auto results = on_all<Result<Tensor>>(n, [&](int r) {
       return group[static_cast<size_t>(r)]->broadcast(make_tensor(DType::kInt64, 5, r), root);
@@ -169,7 +199,8 @@ TEST_CASE("broadcast from every root; all_gather of differing row counts; reduce
 }
 
 TEST_CASE("the asynchronous and fused forms", "[collectives]") {
-  CollectiveOptions options;
+  CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
   options.first_bucket_bytes = 64;  // several buckets for a few small tensors
   options.fusion_bucket_bytes = 256;
   const int n = 2;
@@ -204,8 +235,10 @@ TEST_CASE("the asynchronous and fused forms", "[collectives]") {
 }
 
 TEST_CASE("mismatched calls fail with InvalidArgument naming both sides, and abort the group", "[collectives]") {
+  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
   const int n = 2;
-  Group group = make_group(n);
+  Group group = make_group(n, options);
   auto results = on_all<Result<Tensor>>(n, [&](int r) {
     return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, r == 0 ? 8 : 16, r), ReduceOp::kSum);
   });
@@ -224,7 +257,8 @@ TEST_CASE("mismatched calls fail with InvalidArgument naming both sides, and abo
 
 TEST_CASE("a rank that stops calling: the others fail with Unavailable naming it, within the deadline",
           "[collectives]") {
-  CollectiveOptions options;
+  CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
   options.timeout = std::chrono::milliseconds(800);
   const int n = 3;
   Group group = make_group(n, options);
@@ -241,6 +275,64 @@ TEST_CASE("a rank that stops calling: the others fail with Unavailable naming it
   }
   // The deadline plus the grace for the notices, not a hang.
   CHECK(took < std::chrono::seconds(5));
+}
+
+TEST_CASE("abort() fails the other ranks' operation at once with its reason", "[collectives]") {
+  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
+  CollectiveOptions o = options;
+  o.timeout = std::chrono::seconds(60);  // a hang would show as the test's timeout, not as a pass
+  const int n = 3;
+  Group group = make_group(n, o);
+  auto started = std::chrono::steady_clock::now();
+  auto results = on_all<Status>(n, [&](int r) {
+    if (r == 1) {
+      group[1]->abort(Status::InvalidArgument("the step's closure failed on rank 1: bad batch"));
+      return Status::Ok();
+    }
+    return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, 1 << 18, r), ReduceOp::kSum).status();
+  });
+  auto took = std::chrono::steady_clock::now() - started;
+  for (int r : {0, 2}) {
+    INFO("rank " << r << ": " << results[static_cast<size_t>(r)].to_string());
+    CHECK(results[static_cast<size_t>(r)].code() == StatusCode::kUnavailable);
+    CHECK_THAT(results[static_cast<size_t>(r)].message(), Catch::Contains("bad batch"));
+  }
+  CHECK(group[1]->aborted());
+  CHECK(took < std::chrono::seconds(10));
+}
+
+TEST_CASE("transport shm between processes that cannot share memory fails naming them; auto falls back to TCP",
+          "[collectives]") {
+  // A segment too large for this machine's /dev/shm cannot be offered: the
+  // pair keeps to TCP under auto, and shm refuses to form.
+  CollectiveOptions options;
+  options.timeout = std::chrono::milliseconds(3000);
+  options.shm_buffer_bytes = int64_t{1} << 50;
+  options.transport = Transport::kAuto;
+  Group group = make_group(2, options);
+  CHECK(group[0]->transports()[1] == "tcp");
+  CHECK_THAT(group[0]->describe(), Catch::Contains("1 127.0.0.1:") && Catch::Contains(" tcp"));
+  auto results = on_all<Result<Tensor>>(2, [&](int r) {
+    return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kInt32, 1000, r), ReduceOp::kSum);
+  });
+  for (auto& result : results) REQUIRE(result.ok());
+
+  options.transport = Transport::kSharedMemory;
+  std::vector<std::unique_ptr<CollectiveEndpoint>> endpoints;
+  std::vector<std::string> addresses;
+  for (int i = 0; i < 2; ++i) {
+    endpoints.push_back(CollectiveEndpoint::listen().value());
+    addresses.push_back(endpoints.back()->address());
+  }
+  auto formed = on_all<Status>(2, [&](int r) {
+    return Communicator::create(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, 1, options).status();
+  });
+  for (const Status& s : formed) {
+    INFO(s.to_string());
+    CHECK(s.code() == StatusCode::kUnavailable);
+    CHECK_THAT(s.message(), Catch::Contains("cannot share memory"));
+  }
 }
 
 TEST_CASE("forming a group waits for every rank, then names the missing ones", "[collectives]") {

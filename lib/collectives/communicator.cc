@@ -1,21 +1,30 @@
-// The TCP communicator: a full mesh of connections (two per pair of ranks:
-// data, and control for abort notices), driven by one Boost.Asio
-// io_context on the communicator's own thread. Each operation is a series
-// of exchanges: a set of sends and receives that run at once (so that a
-// ring's send to the right overlaps its receive from the left) until all
-// finish, one fails, or the deadline passes.
+// The communicator: a full mesh between the ranks, driven by one
+// Boost.Asio io_context on the communicator's own thread. Each pair of ranks
+// has a control connection (abort notices) and `tcp_streams` data
+// connections; a pair on one host that can map the same shared memory also
+// has a ShmLink (shm_link.h), and its data then goes through that instead.
+// Each operation is a series of exchanges: a set of sends and receives that
+// run at once (so that a ring's send to the right overlaps its receive from
+// the left) until all finish, one fails, or the deadline passes.
 //
 // Every message starts with a Header naming the operation, its sequence
 // number, dtype, reduction and element count: a receiver compares it with
 // what it expects, so ranks calling different operations or shapes fail
-// with InvalidArgument naming both sides instead of reading garbage.
+// with InvalidArgument naming both sides instead of reading garbage. With
+// several TCP streams a payload is striped over them segment by segment
+// (segment k on stream k % streams; the header on stream 0). Over shared
+// memory each message is a record [header, padded to 64 bytes][payload]
+// [padding to a multiple of 64], so elements never straddle the ring's wrap
+// and a receiver can reduce straight out of the ring.
 //
 // Failures: a rank that sees one (a peer's connection closed, a deadline
 // passed, a mismatch) sends an abort notice on every control connection,
 // naming the ranks it suspects (the ones it was still waiting for), and
 // then listens for the others' notices for a short grace period. A rank
 // that sends a notice is alive, so the ranks reported are the suspects that
-// stayed silent: the dead or stuck ones, whichever rank noticed first.
+// stayed silent: the dead or stuck ones, whichever rank noticed first. A
+// peer on shared memory that dies shows as its control connection closing
+// while this rank still waits for its bytes.
 #include <utility>  // before Asio, whose awaitable.hpp uses std::exchange
 
 #include <boost/asio.hpp>
@@ -31,7 +40,15 @@
 
 #include "capstan/collectives.h"
 #include "collectives/reduce.h"
+#include "collectives/shm_link.h"
 #include "sync/mutex.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define CAPSTAN_CPU_RELAX() _mm_pause()
+#else
+#define CAPSTAN_CPU_RELAX() std::this_thread::yield()
+#endif
 
 namespace capstan {
 namespace {
@@ -40,9 +57,20 @@ namespace asio = boost::asio;
 using tcp = asio::ip::tcp;
 using Clock = std::chrono::steady_clock;
 using collectives::reduce_op_name;
+using collectives::ShmLink;
+using collectives::ShmRing;
 
 constexpr uint32_t kMagic = 0x4e505343;  // "CSPN"
 constexpr int kMaxNoticeSuspects = 32;
+constexpr int kMaxTcpStreams = 16;
+// Shared memory: how much a sender copies in before it publishes (so the
+// receiver starts early), and how long a side spins before it sleeps.
+constexpr size_t kShmChunk = 256 << 10;
+constexpr auto kShmSpin = std::chrono::microseconds(20);
+// While it waits for shared memory, a rank still looks at its sockets
+// (abort notices, closed peers) this often.
+constexpr auto kShmSleep = std::chrono::microseconds(1000);
+constexpr size_t kShmHeaderBlock = ShmRing::kAlign;
 
 enum class Kind : uint32_t {
   kAllReduce = 1,
@@ -77,9 +105,9 @@ struct Header {
   int64_t aux = 0;       // broadcast: root
   int64_t payload_bytes = 0;
 };
-static_assert(sizeof(Header) == 48);
+static_assert(sizeof(Header) == 48 && sizeof(Header) <= kShmHeaderBlock);
 
-std::string describe(const Header& h) {
+std::string describe_call(const Header& h) {
   std::string out = std::string(kind_name(h.kind)) + " #" + std::to_string(h.sequence) + " of " +
                     std::string(dtype_name(static_cast<DType>(h.dtype))) + " x " + std::to_string(h.elements);
   if (static_cast<Kind>(h.kind) == Kind::kAllReduce || static_cast<Kind>(h.kind) == Kind::kReduceScatter) {
@@ -94,13 +122,21 @@ bool same_call(const Header& a, const Header& b) {
          a.sequence == b.sequence && a.elements == b.elements && a.aux == b.aux && a.payload_bytes == b.payload_bytes;
 }
 
-// Connecting: who is calling, on which channel.
+// Connecting: who is calling, on which channel. On the first data channel
+// the connecting (higher) rank also offers a shared-memory segment it
+// created; the accepting rank answers whether it could map it.
 struct Hello {
   uint32_t magic = kMagic;
   int32_t rank = 0;
   int32_t size = 0;
-  int32_t channel = 0;  // 0 data, 1 control
+  int32_t channel = 0;  // 0 control, 1..streams data
   int64_t generation = 0;
+  int32_t streams = 1;
+  int64_t segment_bytes = 0;  // stripes over the streams: must agree
+  int32_t shm_ok = 0;  // the answer: 1 when the segment offered is mapped
+  uint64_t shm_token = 0;
+  uint64_t shm_capacity = 0;
+  std::array<char, 64> shm_name{};  // empty: no offer
 };
 
 // Sent on the control connections when a rank gives up on an operation.
@@ -115,10 +151,21 @@ struct Notice {
 
 int64_t element_bytes(DType dtype) { return static_cast<int64_t>(dtype_size(dtype)); }
 
+size_t padded(size_t bytes) { return (bytes + ShmRing::kAlign - 1) / ShmRing::kAlign * ShmRing::kAlign; }
+
 std::string ranks_text(const std::set<int>& ranks) {
   std::string out;
   for (int r : ranks) out += (out.empty() ? "" : ", ") + std::to_string(r);
   return out;
+}
+
+std::string_view transport_name(CollectiveOptions::Transport t) {
+  switch (t) {
+    case CollectiveOptions::Transport::kAuto: return "auto";
+    case CollectiveOptions::Transport::kTcp: return "tcp";
+    case CollectiveOptions::Transport::kSharedMemory: return "shm";
+  }
+  return "?";
 }
 
 Result<tcp::endpoint> parse_endpoint(const std::string& address) {
@@ -148,6 +195,17 @@ Result<tcp::endpoint> parse_endpoint(const std::string& address) {
 }
 
 }  // namespace
+
+std::string_view collective_transport_name(CollectiveOptions::Transport transport) {
+  return transport_name(transport);
+}
+
+Result<CollectiveOptions::Transport> collective_transport_from_name(std::string_view name) {
+  if (name == "auto") return CollectiveOptions::Transport::kAuto;
+  if (name == "tcp") return CollectiveOptions::Transport::kTcp;
+  if (name == "shm") return CollectiveOptions::Transport::kSharedMemory;
+  return Status::InvalidArgument("collective transport '" + std::string(name) + "' is not one of auto, tcp, shm");
+}
 
 // ---- Endpoint ----------------------------------------------------------------------
 
@@ -198,13 +256,23 @@ struct Communicator::Impl {
   struct Recv {
     int peer;
     Header expected;
+    // Where the payload goes. With `absorb`, the transport hands each piece
+    // to it instead, on the I/O thread, as it arrives (the ring reduces
+    // there, overlapping the next piece's transfer): over TCP the piece was
+    // read into `data` + offset first; over shared memory `source` points
+    // into the ring and `data` is not used.
     std::byte* data;
     size_t bytes;
-    // Called for each segment as it arrives (offset, length), on the I/O
-    // thread: the ring reduces there, overlapping the next segment's transfer.
-    std::function<void(size_t, size_t)> on_segment;
+    std::function<void(const std::byte* source, size_t offset, size_t length)> absorb;
     Header got{};
     bool done = false;
+  };
+
+  // The links to one other rank.
+  struct Peer {
+    std::unique_ptr<tcp::socket> control;
+    std::vector<std::unique_ptr<tcp::socket>> data;  // tcp_streams of them
+    std::unique_ptr<ShmLink> shm;                    // set when data goes through shared memory
   };
 
   Impl(std::unique_ptr<CollectiveEndpoint> endpoint_in, std::vector<std::string> addresses_in, int rank_in,
@@ -215,10 +283,12 @@ struct Communicator::Impl {
         rank(rank_in),
         size(static_cast<int>(addresses.size())),
         generation(generation_in),
-        options(options_in) {
-    for (int i = 0; i < size; ++i) {
-      data.push_back(std::make_unique<tcp::socket>(io));
-      control.push_back(std::make_unique<tcp::socket>(io));
+        options(options_in),
+        streams(std::clamp(options.tcp_streams, 1, kMaxTcpStreams)) {
+    peers.resize(static_cast<size_t>(size));
+    for (auto& p : peers) {
+      p.control = std::make_unique<tcp::socket>(io);
+      for (int s = 0; s < streams; ++s) p.data.push_back(std::make_unique<tcp::socket>(io));
     }
     notices_in.resize(static_cast<size_t>(size));
   }
@@ -236,6 +306,10 @@ struct Communicator::Impl {
   // ---- forming the group ----
 
   Status connect_mesh();
+  tcp::socket& channel_socket(int peer, int channel) {
+    Peer& p = peers[static_cast<size_t>(peer)];
+    return channel == 0 ? *p.control : *p.data[static_cast<size_t>(channel - 1)];
+  }
 
   // ---- the executor: operations run on `thread`, in call order ----
 
@@ -278,12 +352,16 @@ struct Communicator::Impl {
     return Status::Ok();
   }
 
+  bool on_shm(int peer) const { return peers[static_cast<size_t>(peer)].shm != nullptr; }
+
   Status exchange(std::vector<Send>& sends, std::vector<Recv>& recvs, Clock::time_point deadline);
   Status fail(const Status& first, std::set<int> suspects);
   void close_all() {
     boost::system::error_code ignored;
-    for (auto& s : data) s->close(ignored);
-    for (auto& s : control) s->close(ignored);
+    for (auto& p : peers) {
+      p.control->close(ignored);
+      for (auto& s : p.data) s->close(ignored);
+    }
   }
   void read_notice(int peer);
 
@@ -322,6 +400,7 @@ struct Communicator::Impl {
   Result<Tensor> all_gather(const Tensor& tensor);
   Result<Tensor> reduce_scatter(const Tensor& tensor, ReduceOp op);
   Status barrier();
+  Status abort(const Status& reason);
 
   std::unique_ptr<CollectiveEndpoint> endpoint;
   asio::io_context& io;
@@ -330,7 +409,9 @@ struct Communicator::Impl {
   const int size;
   const int64_t generation;
   const CollectiveOptions options;
-  std::vector<std::unique_ptr<tcp::socket>> data, control;  // by rank; null sockets for this rank
+  const int streams;  // TCP data connections per pair
+  std::vector<Peer> peers;  // by rank; this rank's entry is unused
+  std::vector<std::string> transports;  // by rank: "self", "tcp" or "shm"; set once formed
 
   // Executor thread only:
   int64_t sequence = 0;
@@ -349,7 +430,10 @@ struct Communicator::Impl {
 };
 
 Status Communicator::Impl::connect_mesh() {
+  using Transport = CollectiveOptions::Transport;
   const auto deadline = Clock::now() + options.timeout;
+  const int channels = 1 + streams;
+  const bool offer_shm = options.transport != Transport::kTcp;
   Status failure;
   int pending = 0;
   std::set<int> missing;  // ranks whose connections are not complete
@@ -358,12 +442,14 @@ Status Communicator::Impl::connect_mesh() {
   }
   std::vector<int> channels_done(static_cast<size_t>(size), 0);
   auto channel_done = [&](int peer) {
-    if (++channels_done[static_cast<size_t>(peer)] == 2) missing.erase(peer);
+    if (++channels_done[static_cast<size_t>(peer)] == channels) missing.erase(peer);
   };
+  // Shared-memory segments this rank offered, by peer, until answered.
+  std::vector<std::unique_ptr<ShmLink>> offered(static_cast<size_t>(size));
+  std::string shm_trouble;  // why an offer could not be made or mapped (for kSharedMemory's error)
 
   // Lower ranks are accepted: each sends a Hello, we answer with ours.
-  const int to_accept = 2 * rank;
-  auto accepted = std::make_shared<std::vector<std::unique_ptr<tcp::socket>>>();
+  const int to_accept = channels * rank;
   std::function<void()> accept_next;
   int accepts_left = to_accept;
   accept_next = [&]() {
@@ -388,28 +474,43 @@ Status Communicator::Impl::connect_mesh() {
                            return;
                          }
                          if (hello->generation != generation || hello->size != size || hello->rank < 0 ||
-                             hello->rank >= rank || (hello->channel != 0 && hello->channel != 1)) {
+                             hello->rank >= rank || hello->channel < 0 || hello->channel >= channels ||
+                             hello->streams != streams || hello->segment_bytes != options.segment_bytes) {
                            --pending;
                            if (failure.ok()) {
                              failure = Status::InvalidArgument(
                                  "a peer called as rank " + std::to_string(hello->rank) + " of " +
                                  std::to_string(hello->size) + " (generation " + std::to_string(hello->generation) +
-                                 "), but this is rank " + std::to_string(rank) + " of " + std::to_string(size) +
-                                 " (generation " + std::to_string(generation) + "): every rank must pass the same "
-                                 "addresses and generation");
+                                 ", " + std::to_string(hello->streams) + " TCP stream(s) of " +
+                                 std::to_string(hello->segment_bytes) + "-byte segments), but this is rank " +
+                                 std::to_string(rank) + " of " + std::to_string(size) + " (generation " +
+                                 std::to_string(generation) + ", " + std::to_string(streams) + " TCP stream(s) of " +
+                                 std::to_string(options.segment_bytes) +
+                                 "-byte segments): every rank must pass the same addresses, generation and options");
                            }
                            return;
                          }
-                         auto& slot = hello->channel == 0 ? data[static_cast<size_t>(hello->rank)]
-                                                          : control[static_cast<size_t>(hello->rank)];
-                         *slot = std::move(*socket);
+                         const int from = hello->rank;
+                         tcp::socket& slot = channel_socket(from, hello->channel);
+                         slot = std::move(*socket);
                          auto reply = std::make_shared<Hello>();
                          reply->rank = rank;
                          reply->size = size;
                          reply->channel = hello->channel;
                          reply->generation = generation;
-                         int from = hello->rank;
-                         asio::async_write(*slot, asio::buffer(reply.get(), sizeof(Hello)),
+                         reply->streams = streams;
+                         reply->segment_bytes = options.segment_bytes;
+                         if (hello->shm_name[0] != '\0' && offer_shm) {
+                           std::string name(hello->shm_name.data(), strnlen(hello->shm_name.data(), hello->shm_name.size()));
+                           auto link = ShmLink::open(name, hello->shm_token, hello->shm_capacity);
+                           if (link.ok()) {
+                             peers[static_cast<size_t>(from)].shm = std::move(*link);
+                             reply->shm_ok = 1;
+                           } else if (shm_trouble.empty()) {
+                             shm_trouble = "rank " + std::to_string(from) + "'s segment: " + link.status().message();
+                           }
+                         }
+                         asio::async_write(slot, asio::buffer(reply.get(), sizeof(Hello)),
                                            [&, reply, from](boost::system::error_code ec3, size_t) {
                                              --pending;
                                              if (!ec3) channel_done(from);
@@ -419,19 +520,19 @@ Status Communicator::Impl::connect_mesh() {
   };
   accept_next();
 
-  // Higher ranks are connected to, retrying while they are not listening yet.
+  // Higher ranks are connected to, retrying while they are not listening
+  // yet. The dialer of a pair offers the shared memory.
   std::vector<tcp::endpoint> targets(static_cast<size_t>(size));
   for (int peer = rank + 1; peer < size; ++peer) {
     CAPSTAN_ASSIGN_OR_RETURN(targets[static_cast<size_t>(peer)], parse_endpoint(addresses[static_cast<size_t>(peer)]));
   }
   std::function<void(int, int)> connect_one = [&](int peer, int channel) {
     ++pending;
-    auto& slot = channel == 0 ? data[static_cast<size_t>(peer)] : control[static_cast<size_t>(peer)];
-    slot->async_connect(targets[static_cast<size_t>(peer)], [&, peer, channel](boost::system::error_code ec) {
-      auto& s = channel == 0 ? data[static_cast<size_t>(peer)] : control[static_cast<size_t>(peer)];
+    channel_socket(peer, channel).async_connect(targets[static_cast<size_t>(peer)], [&, peer, channel](boost::system::error_code ec) {
+      tcp::socket& s = channel_socket(peer, channel);
       if (ec) {
         boost::system::error_code ignored;
-        s->close(ignored);
+        s.close(ignored);
         auto timer = std::make_shared<asio::steady_timer>(io, std::chrono::milliseconds(20));
         timer->async_wait([&, timer, peer, channel](boost::system::error_code) {
           --pending;
@@ -444,15 +545,28 @@ Status Communicator::Impl::connect_mesh() {
       hello->size = size;
       hello->channel = channel;
       hello->generation = generation;
-      asio::async_write(*s, asio::buffer(hello.get(), sizeof(Hello)), [&, hello, peer, channel](boost::system::error_code ec2, size_t) {
-        auto& s2 = channel == 0 ? data[static_cast<size_t>(peer)] : control[static_cast<size_t>(peer)];
+      hello->streams = streams;
+      hello->segment_bytes = options.segment_bytes;
+      if (channel == 1 && offer_shm && !offered[static_cast<size_t>(peer)]) {
+        auto link = ShmLink::create(static_cast<size_t>(std::max<int64_t>(options.shm_buffer_bytes, 0)));
+        if (link.ok()) {
+          const std::string& name = (*link)->name();
+          std::memcpy(hello->shm_name.data(), name.data(), std::min(name.size(), hello->shm_name.size() - 1));
+          hello->shm_token = (*link)->token();
+          hello->shm_capacity = (*link)->capacity();
+          offered[static_cast<size_t>(peer)] = std::move(*link);
+        } else if (shm_trouble.empty()) {
+          shm_trouble = link.status().message();
+        }
+      }
+      asio::async_write(s, asio::buffer(hello.get(), sizeof(Hello)), [&, hello, peer, channel](boost::system::error_code ec2, size_t) {
         if (ec2) {
           --pending;
           return;
         }
         auto reply = std::make_shared<Hello>();
-        asio::async_read(*s2, asio::buffer(reply.get(), sizeof(Hello)),
-                         [&, reply, peer](boost::system::error_code ec3, size_t) {
+        asio::async_read(channel_socket(peer, channel), asio::buffer(reply.get(), sizeof(Hello)),
+                         [&, reply, peer, channel](boost::system::error_code ec3, size_t) {
                            --pending;
                            if (ec3 || reply->magic != kMagic || reply->rank != peer || reply->generation != generation) {
                              if (failure.ok()) {
@@ -463,14 +577,19 @@ Status Communicator::Impl::connect_mesh() {
                              }
                              return;
                            }
+                           auto& link = offered[static_cast<size_t>(peer)];
+                           if (channel == 1 && link) {
+                             link->unlink();  // mapped on both sides, or never will be
+                             if (reply->shm_ok == 1) peers[static_cast<size_t>(peer)].shm = std::move(link);
+                             link.reset();
+                           }
                            channel_done(peer);
                          });
       });
     });
   };
   for (int peer = rank + 1; peer < size; ++peer) {
-    connect_one(peer, 0);
-    connect_one(peer, 1);
+    for (int channel = 0; channel < channels; ++channel) connect_one(peer, channel);
   }
 
   io.restart();
@@ -489,11 +608,30 @@ Status Communicator::Impl::connect_mesh() {
   if (!result.ok()) close_all();
   io.restart();
   io.run();
+  offered.clear();  // unanswered offers: their names go
   if (!result.ok()) return result;
+  transports.assign(static_cast<size_t>(size), "tcp");
+  transports[static_cast<size_t>(rank)] = "self";
+  std::set<int> not_shared;
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank) continue;
-    data[static_cast<size_t>(peer)]->set_option(tcp::no_delay(true), ignored);
-    control[static_cast<size_t>(peer)]->set_option(tcp::no_delay(true), ignored);
+    Peer& p = peers[static_cast<size_t>(peer)];
+    if (options.transport == Transport::kTcp) p.shm.reset();
+    if (p.shm) {
+      transports[static_cast<size_t>(peer)] = "shm";
+    } else {
+      not_shared.insert(peer);
+    }
+    p.control->set_option(tcp::no_delay(true), ignored);
+    for (auto& s : p.data) s->set_option(tcp::no_delay(true), ignored);
+  }
+  if (options.transport == Transport::kSharedMemory && !not_shared.empty()) {
+    close_all();
+    return Status::Unavailable("transport shm: rank(s) " + ranks_text(not_shared) +
+                               " cannot share memory with rank " + std::to_string(rank) +
+                               (shm_trouble.empty() ? std::string(" (another host, or another /dev/shm)")
+                                                    : " (" + shm_trouble + ")") +
+                               "; use transport auto (shared memory where it can, TCP elsewhere) or tcp");
   }
   return Status::Ok();
 }
@@ -502,7 +640,7 @@ Status Communicator::Impl::connect_mesh() {
 // across operations.
 void Communicator::Impl::read_notice(int peer) {
   auto buffer = std::make_shared<Notice>();
-  asio::async_read(*control[static_cast<size_t>(peer)], asio::buffer(buffer.get(), sizeof(Notice)),
+  asio::async_read(*peers[static_cast<size_t>(peer)].control, asio::buffer(buffer.get(), sizeof(Notice)),
                    [this, peer, buffer](boost::system::error_code ec, size_t) {
                      if (ec == asio::error::operation_aborted && abort_reason.ok()) return;
                      if (ec || buffer->magic != kMagic) {
@@ -512,6 +650,29 @@ void Communicator::Impl::read_notice(int peer) {
                      notices_in[static_cast<size_t>(peer)] = *buffer;
                    });
 }
+
+namespace {
+
+// A send over shared memory: the record [header block][payload][padding],
+// copied into the ring as room frees up.
+struct ShmSend {
+  size_t index;  // into sends
+  size_t written = 0;  // of the record
+  size_t total = 0;
+  bool done = false;
+};
+
+// A receive over shared memory: header, then payload, then padding.
+struct ShmRecv {
+  size_t index;  // into recvs
+  size_t header_left = kShmHeaderBlock;
+  size_t received = 0;  // payload bytes
+  size_t pad_left = 0;
+  bool header_read = false;
+  bool done = false;
+};
+
+}  // namespace
 
 Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>& recvs, Clock::time_point deadline) {
   if (!reading_notices) {
@@ -531,39 +692,70 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
                                           : "failed while " + std::string(doing) + ": " + ec.message()));
     suspects.insert(peer);
   };
-  std::vector<bool> sent(sends.size(), false);
+  auto mismatch = [&](const Recv& r) {
+    if (!failure.ok()) return;
+    failure = Status::InvalidArgument(
+        "mismatched collective calls: rank " + std::to_string(r.peer) + " called " +
+        (r.got.magic == kMagic ? describe_call(r.got) : std::string("something unreadable")) + ", rank " +
+        std::to_string(rank) + " called " + describe_call(r.expected) +
+        "; every rank must call the same operations in the same order with the same dtypes and shapes");
+  };
+  const size_t segment = static_cast<size_t>(std::max<int64_t>(options.segment_bytes, 4096));
+
+  // ---- TCP: a payload striped over the streams, segment k on stream k % streams.
+  std::vector<ShmSend> shm_sends;
+  std::vector<ShmRecv> shm_recvs;
   for (size_t i = 0; i < sends.size(); ++i) {
-    ++pending;
-    std::array<asio::const_buffer, 2> buffers = {asio::buffer(&sends[i].header, sizeof(Header)),
-                                                 asio::buffer(sends[i].data, sends[i].bytes)};
-    asio::async_write(*data[static_cast<size_t>(sends[i].peer)], buffers,
-                      [&, i](boost::system::error_code ec, size_t) {
-                        --pending;
-                        if (ec) return peer_failed(sends[i].peer, ec, "receiving from this rank");
-                        sent[i] = true;
-                      });
+    Send& s = sends[i];
+    if (on_shm(s.peer)) {
+      ++pending;
+      shm_sends.push_back({i, 0, kShmHeaderBlock + padded(s.bytes)});
+      continue;
+    }
+    auto& sockets = peers[static_cast<size_t>(s.peer)].data;
+    for (int stream = 0; stream < streams; ++stream) {
+      std::vector<asio::const_buffer> buffers;
+      if (stream == 0) buffers.push_back(asio::buffer(&s.header, sizeof(Header)));
+      for (size_t offset = static_cast<size_t>(stream) * segment; offset < s.bytes;
+           offset += segment * static_cast<size_t>(streams)) {
+        buffers.push_back(asio::buffer(s.data + offset, std::min(segment, s.bytes - offset)));
+      }
+      if (buffers.empty()) continue;
+      ++pending;
+      asio::async_write(*sockets[static_cast<size_t>(stream)], buffers, [&, i](boost::system::error_code ec, size_t) {
+        --pending;
+        if (ec) return peer_failed(sends[i].peer, ec, "receiving from this rank");
+      });
+    }
   }
-  std::function<void(size_t, size_t)> read_payload = [&](size_t i, size_t offset) {
+  // Reads stream `stream`'s segments of receive i, from `offset` on.
+  std::vector<int> streams_left(recvs.size(), 0);  // TCP receives: streams still reading
+  std::function<void(size_t, int, size_t)> read_payload = [&](size_t i, int stream, size_t offset) {
     Recv& r = recvs[i];
     if (offset >= r.bytes) {
-      r.done = true;
       --pending;
+      if (--streams_left[i] == 0) r.done = true;
       return;
     }
-    size_t length = std::min(r.bytes - offset, static_cast<size_t>(std::max<int64_t>(options.segment_bytes, 4096)));
-    asio::async_read(*data[static_cast<size_t>(r.peer)], asio::buffer(r.data + offset, length),
-                     [&, i, offset, length](boost::system::error_code ec, size_t) {
+    size_t length = std::min(r.bytes - offset, segment);
+    asio::async_read(*peers[static_cast<size_t>(r.peer)].data[static_cast<size_t>(stream)],
+                     asio::buffer(r.data + offset, length),
+                     [&, i, stream, offset, length](boost::system::error_code ec, size_t) {
                        if (ec) {
                          --pending;
                          return peer_failed(recvs[i].peer, ec, "sending to this rank");
                        }
-                       if (recvs[i].on_segment) recvs[i].on_segment(offset, length);
-                       read_payload(i, offset + length);
+                       if (recvs[i].absorb) recvs[i].absorb(recvs[i].data + offset, offset, length);
+                       read_payload(i, stream, offset + segment * static_cast<size_t>(streams));
                      });
   };
   for (size_t i = 0; i < recvs.size(); ++i) {
-    ++pending;
-    asio::async_read(*data[static_cast<size_t>(recvs[i].peer)], asio::buffer(&recvs[i].got, sizeof(Header)),
+    ++pending;  // the header, then one per stream that carries a segment
+    if (on_shm(recvs[i].peer)) {
+      shm_recvs.push_back({i});
+      continue;
+    }
+    asio::async_read(*peers[static_cast<size_t>(recvs[i].peer)].data[0], asio::buffer(&recvs[i].got, sizeof(Header)),
                      [&, i](boost::system::error_code ec, size_t) {
                        Recv& r = recvs[i];
                        if (ec) {
@@ -572,23 +764,146 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
                        }
                        if (!same_call(r.got, r.expected)) {
                          --pending;
-                         if (failure.ok()) {
-                           failure = Status::InvalidArgument(
-                               "mismatched collective calls: rank " + std::to_string(r.peer) + " called " +
-                               (r.got.magic == kMagic ? describe(r.got) : std::string("something unreadable")) +
-                               ", rank " + std::to_string(rank) + " called " + describe(r.expected) +
-                               "; every rank must call the same operations in the same order with the same dtypes "
-                               "and shapes");
-                         }
+                         return mismatch(r);
+                       }
+                       // The streams that carry a segment of it.
+                       int used = static_cast<int>(std::min<size_t>(static_cast<size_t>(streams), (r.bytes + segment - 1) / segment));
+                       if (used == 0) {
+                         r.done = true;
+                         --pending;
                          return;
                        }
-                       read_payload(i, 0);
+                       --pending;
+                       pending += used;
+                       streams_left[i] = used;
+                       for (int stream = 0; stream < used; ++stream) {
+                         read_payload(i, stream, static_cast<size_t>(stream) * segment);
+                       }
                      });
   }
 
-  io.restart();
-  while (pending > 0 && failure.ok()) {
-    if (io.run_one_until(deadline) == 0) break;
+  // ---- Shared memory: copy in / out what the rings allow; true if anything moved.
+  auto progress_shm = [&]() {
+    bool moved = false;
+    for (ShmSend& st : shm_sends) {
+      if (st.done) continue;
+      const Send& s = sends[st.index];
+      ShmRing& ring = peers[static_cast<size_t>(s.peer)].shm->outgoing();
+      size_t room = ring.writable();
+      bool wrote = false;
+      while (room > 0 && st.written < st.total) {
+        if (st.written < kShmHeaderBlock) {
+          std::array<std::byte, kShmHeaderBlock> block{};
+          std::memcpy(block.data(), &s.header, sizeof(Header));
+          ring.append(block.data(), block.size());
+          st.written = kShmHeaderBlock;
+          room -= kShmHeaderBlock;
+        } else {
+          const size_t at = st.written - kShmHeaderBlock;
+          if (at < s.bytes) {
+            const size_t n = std::min({room, s.bytes - at, kShmChunk});
+            ring.append(s.data + at, n);
+            st.written += n;
+            room -= n;
+            if (at + n < s.bytes) {
+              ring.publish();  // let the receiver start on it
+              continue;
+            }
+          }
+          const size_t pad = st.total - st.written;  // < kAlign, fits: room stayed a multiple of it
+          ring.skip(pad);
+          st.written += pad;
+          room -= pad;
+        }
+        wrote = true;
+      }
+      if (wrote) {
+        ring.publish();
+        moved = true;
+      }
+      if (st.written == st.total) {
+        st.done = true;
+        --pending;
+      }
+    }
+    for (ShmRecv& st : shm_recvs) {
+      if (st.done || !failure.ok()) continue;
+      Recv& r = recvs[st.index];
+      ShmRing& ring = peers[static_cast<size_t>(r.peer)].shm->incoming();
+      while (!st.done) {
+        auto span = ring.readable();
+        if (span.empty()) break;
+        if (!st.header_read) {
+          if (span.size() < kShmHeaderBlock) break;  // never split: the block is aligned
+          std::memcpy(&r.got, span.data(), sizeof(Header));
+          ring.consume(kShmHeaderBlock);
+          st.header_read = true;
+          moved = true;
+          if (!same_call(r.got, r.expected)) {
+            st.done = true;
+            --pending;
+            mismatch(r);
+            break;
+          }
+          st.pad_left = padded(r.bytes) - r.bytes;
+          continue;
+        }
+        if (st.received < r.bytes) {
+          const size_t n = std::min(span.size(), r.bytes - st.received);
+          if (r.absorb) {
+            r.absorb(span.data(), st.received, n);
+          } else {
+            std::memcpy(r.data + st.received, span.data(), n);
+          }
+          ring.consume(n);
+          st.received += n;
+          moved = true;
+          continue;
+        }
+        const size_t n = std::min(span.size(), st.pad_left);
+        ring.consume(n);
+        st.pad_left -= n;
+        moved = true;
+        if (st.pad_left == 0) {
+          st.done = true;
+          r.done = true;
+          --pending;
+        }
+      }
+      if (!st.done && st.header_read && st.received == r.bytes && st.pad_left == 0) {
+        st.done = true;
+        r.done = true;
+        --pending;
+      }
+    }
+    return moved;
+  };
+  // A peer on shared memory whose process is gone (its control connection
+  // closed) fails the exchange once nothing more of it can come.
+  auto shm_peers_gone = [&]() {
+    for (const ShmRecv& st : shm_recvs) {
+      const Recv& r = recvs[st.index];
+      if (!st.done && peers_closed.count(r.peer) != 0 &&
+          peers[static_cast<size_t>(r.peer)].shm->incoming().readable().empty()) {
+        peer_failed(r.peer, asio::error::eof, "sending to this rank");
+      }
+    }
+    for (const ShmSend& st : shm_sends) {
+      const Send& s = sends[st.index];
+      if (!st.done && peers_closed.count(s.peer) != 0) peer_failed(s.peer, asio::error::eof, "receiving from this rank");
+    }
+  };
+  // The link a stuck shared-memory transfer waits on.
+  auto blocked_link = [&]() -> ShmLink* {
+    for (const ShmRecv& st : shm_recvs) {
+      if (!st.done) return peers[static_cast<size_t>(recvs[st.index].peer)].shm.get();
+    }
+    for (const ShmSend& st : shm_sends) {
+      if (!st.done) return peers[static_cast<size_t>(sends[st.index].peer)].shm.get();
+    }
+    return nullptr;
+  };
+  auto check_notices = [&]() {
     for (int peer = 0; peer < size && failure.ok(); ++peer) {
       if (const auto& notice = notices_in[static_cast<size_t>(peer)]) {
         failure = Status::Unavailable(
@@ -597,10 +912,54 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
       }
       // A control connection that closed is not a failure by itself: a rank
       // that finished its last operation may exit while its final data is
-      // still on the way. A dead rank's data connection fails too.
+      // still on the way. A dead rank's data connection fails too (over
+      // shared memory: shm_peers_gone).
     }
+  };
+
+  io.restart();
+  auto idle_since = Clock::now();
+  while (pending > 0 && failure.ok()) {
+    bool moved = !shm_sends.empty() || !shm_recvs.empty() ? progress_shm() : false;
+    if (io.poll() > 0) moved = true;
+    check_notices();
+    if (pending == 0 || !failure.ok()) break;
+    const bool shm_waiting = std::any_of(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) ||
+                             std::any_of(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; });
+    const auto now = Clock::now();
+    if (moved) {
+      idle_since = now;
+      continue;
+    }
+    if (now >= deadline) break;
+    if (!shm_waiting) {
+      // Only sockets: sleep in Asio until one of them moves.
+      io.run_one_until(deadline);
+      continue;
+    }
+    shm_peers_gone();
+    if (!failure.ok()) break;
+    if (now - idle_since < kShmSpin) {
+      for (int i = 0; i < 64; ++i) CAPSTAN_CPU_RELAX();
+      continue;
+    }
+    // Sleep on the ring until the peer moves it; with sockets in the
+    // exchange too, only briefly.
+    ShmLink* link = blocked_link();
+    const uint32_t seen = link->sequence();
+    if (progress_shm()) continue;
+    const bool sockets_too = pending > static_cast<int>(
+        std::count_if(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) +
+        std::count_if(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; }));
+    auto sleep = sockets_too ? std::chrono::microseconds(100) : kShmSleep;
+    sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
+                                std::chrono::microseconds(1));
+    link->wait(seen, sleep);
   }
-  if (pending == 0 && failure.ok()) return Status::Ok();
+  if (pending == 0 && failure.ok()) {
+    for (Recv& r : recvs) r.done = true;
+    return Status::Ok();
+  }
   // The ranks this one still waits for are suspects, whatever ended the wait
   // (the ones that turn out alive will vouch for themselves).
   for (const Recv& r : recvs) {
@@ -630,7 +989,7 @@ Status Communicator::Impl::fail(const Status& first, std::set<int> suspects) {
   for (int peer = 0; peer < size; ++peer) {
     if (peer == rank || peers_closed.count(peer) > 0) continue;
     ++writes;
-    asio::async_write(*control[static_cast<size_t>(peer)], asio::buffer(&notice, sizeof(Notice)),
+    asio::async_write(*peers[static_cast<size_t>(peer)].control, asio::buffer(&notice, sizeof(Notice)),
                       [&writes](boost::system::error_code, size_t) { --writes; });
   }
   // Every live peer answers within the grace period once it hears of the
@@ -714,7 +1073,9 @@ Status Communicator::Impl::ring_all_reduce(const std::byte* input, std::byte* bu
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   auto chunk_begin = [&](int c) { return count * c / size; };
   auto chunk_count = [&](int c) { return chunk_begin(c + 1) - chunk_begin(c); };
-  std::byte* incoming = scratch_for(left, static_cast<size_t>((count / size + 1) * element));
+  // Over TCP a piece lands here before it is reduced; over shared memory it
+  // is reduced straight out of the ring.
+  std::byte* incoming = on_shm(left) ? nullptr : scratch_for(left, static_cast<size_t>((count / size + 1) * element));
   const auto deadline = op_deadline();
   Header h = header(Kind::kAllReduce, dtype, op, count, 0, 0);
   for (int step = 0; step < size - 1; ++step) {
@@ -729,8 +1090,8 @@ Status Communicator::Impl::ring_all_reduce(const std::byte* input, std::byte* bu
     const std::byte* outgoing = (step == 0 ? input : buffer) + chunk_begin(send_chunk) * element;
     std::vector<Send> sends = {{right, hs, outgoing, static_cast<size_t>(hs.payload_bytes)}};
     std::vector<Recv> recvs = {{left, hr, incoming, static_cast<size_t>(hr.payload_bytes),
-                                [&](size_t offset, size_t length) {
-                                  collectives::reduce_to(dtype, op, target + offset, own + offset, incoming + offset,
+                                [&](const std::byte* source, size_t offset, size_t length) {
+                                  collectives::reduce_to(dtype, op, target + offset, own + offset, source,
                                                          static_cast<int64_t>(length) / element);
                                 }}};
     CAPSTAN_RETURN_IF_ERROR(exchange(sends, recvs, deadline));
@@ -954,6 +1315,21 @@ Result<Tensor> Communicator::Impl::reduce_scatter(const Tensor& tensor, ReduceOp
   return out;
 }
 
+Status Communicator::Impl::abort(const Status& reason) {
+  if (!abort_reason.ok()) return abort_reason;
+  if (!reading_notices) {
+    for (int peer = 0; peer < size; ++peer) {
+      if (peer != rank) read_notice(peer);
+    }
+    reading_notices = true;
+  }
+  // Aborted, whatever the reason's code: the peers' operations failed
+  // because this rank gave up, not because of what they passed.
+  return fail(Status::Aborted("rank " + std::to_string(rank) + " aborted the group" +
+                              (reason.ok() ? std::string() : ": " + reason.to_string())),
+              {});
+}
+
 Status Communicator::Impl::barrier() {
   CAPSTAN_RETURN_IF_ERROR(check_usable());
   ++sequence;
@@ -998,6 +1374,22 @@ int Communicator::size() const { return impl_->size; }
 int64_t Communicator::generation() const { return impl_->generation; }
 const std::vector<std::string>& Communicator::addresses() const { return impl_->addresses; }
 bool Communicator::aborted() const { return impl_->aborted; }
+const std::vector<std::string>& Communicator::transports() const { return impl_->transports; }
+
+std::string Communicator::describe() const {
+  std::string out = "rank " + std::to_string(impl_->rank) + " of " + std::to_string(impl_->size) + " (generation " +
+                    std::to_string(impl_->generation) + "):";
+  for (int r = 0; r < impl_->size; ++r) {
+    out += (r == 0 ? " " : ", ") + std::to_string(r) + " " + impl_->addresses[static_cast<size_t>(r)] + " " +
+           impl_->transports[static_cast<size_t>(r)];
+  }
+  return out;
+}
+
+void Communicator::abort(const Status& reason) {
+  Impl* impl = impl_.get();
+  (void)impl->submit<Status>([impl, reason]() { return impl->abort(reason); }).get();
+}
 
 std::future<Result<Tensor>> Communicator::all_reduce_async(Tensor tensor, ReduceOp op) {
   Impl* impl = impl_.get();

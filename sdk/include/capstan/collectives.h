@@ -41,6 +41,7 @@
 #include <future>
 #include <memory>
 #include <string>
+#include <string_view>
 #include <vector>
 
 #include "capstan/status.h"
@@ -56,14 +57,35 @@ struct CollectiveOptions {
   // Tensors up to this many bytes go directly from every rank to every
   // other; larger all-reduces take the ring.
   int64_t direct_max_bytes = 128 << 10;
-  // The ring moves and reduces its chunks in segments of this many bytes.
-  int64_t segment_bytes = 1 << 20;
+  // The ring moves and reduces its chunks in segments of this many bytes
+  // (over TCP; shared memory moves 256 KiB pieces).
+  int64_t segment_bytes = 256 << 10;
   // The fused all-reduce packs tensors into buckets of at most this many
   // bytes (Horovod's tensor fusion), the first at most first_bucket_bytes
   // (PyTorch DDP's), so that the first exchange starts early.
   int64_t fusion_bucket_bytes = 25 << 20;
   int64_t first_bucket_bytes = 1 << 20;
+
+  // How data moves between two ranks. kAuto: through shared memory when
+  // both can map the same segment (one host, one /dev/shm; checked when the
+  // group forms), TCP otherwise. kTcp: TCP only. kSharedMemory: shared memory
+  // only; forming the group fails with Unavailable naming the ranks that
+  // cannot share memory. Every rank must pass the same transport.
+  enum class Transport { kAuto, kTcp, kSharedMemory };
+  Transport transport = Transport::kAuto;
+  // TCP data connections per pair of ranks: a payload is striped over them
+  // segment by segment (segment k on stream k % tcp_streams). More streams
+  // keep more bytes in flight in the kernel: on loopback here 4 streams of
+  // 256 KiB segments move a 16 MiB all-reduce ~1.35x as fast as one
+  // (docs/design.md); a NIC with a per-flow limit gains more.
+  int tcp_streams = 4;
+  // Shared memory per direction of each pair of ranks on one host.
+  int64_t shm_buffer_bytes = 4 << 20;
 };
+
+// "auto", "tcp", "shm" (configuration files use these names).
+std::string_view collective_transport_name(CollectiveOptions::Transport transport);
+Result<CollectiveOptions::Transport> collective_transport_from_name(std::string_view name);
 
 // Where this rank listens for its peers. Its address (host:port) is what the
 // rendezvous hands to the other ranks. `host` is the interface used for data:
@@ -103,8 +125,19 @@ class Communicator {
   // Every rank's data address (host:port), by rank: what to log to check
   // that the ranks reach each other on the intended interface.
   const std::vector<std::string>& addresses() const;
+  // How this rank reaches each rank, by rank: "self", "shm" or "tcp".
+  const std::vector<std::string>& transports() const;
+  // "rank 1 of 2 (generation 3): 0 10.0.0.5:41000 shm, 1 10.0.0.5:41002 self",
+  // for logs: the addresses and transports the group really uses.
+  std::string describe() const;
   // True once an operation failed: the group is unusable.
   bool aborted() const;
+  // Gives up on the group from outside an operation, e.g. when this rank's
+  // step failed before it reached its collectives: every other rank's
+  // current or next operation fails at once with Unavailable carrying
+  // `reason` (instead of waiting for the deadline), and this group is
+  // aborted. Runs after the operations already queued here.
+  void abort(const Status& reason);
 
   // Every rank's tensor (same dtype and shape) reduced element-wise; every
   // rank gets the result.
