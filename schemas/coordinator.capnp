@@ -44,6 +44,28 @@ struct Placements {
   variables @1 :List(VariablePlacement);
 }
 
+# Synchronous training (MirroredStrategy, the worker-servers as replicas).
+struct MirroredVariableSpec {
+  name @0 :Text;
+  initial @1 :Common.Tensor;    # float32 or float64
+  optimizer @2 :Ps.OptimizerConfig;
+}
+
+struct StrategyOptions {
+  minReplicas @0 :Int32;        # a step waits (up to timeoutMs) for this many workers
+  settings @1 :W.CollectiveSettings;
+}
+
+struct ReplicaInfo {
+  workerId @0 :Int64;
+  taskIndex @1 :Int32;
+  rank @2 :Int32;
+  holds @3 :Bool;
+  step @4 :Int64;
+  checksum @5 :UInt64;
+  error @6 :Text;               # why the worker did not answer; empty when it did
+}
+
 interface Coordinator extends(Common.Node) {
   # A worker joins; the coordinator calls back through `worker`.
   registerWorker @0 (worker :W.Worker, taskIndex :Int32, functions :List(Text)) -> (workerId :Int64, taskIndex :Int32);
@@ -81,4 +103,17 @@ interface Coordinator extends(Common.Node) {
   # missing ranks after timeoutMs.
   joinGroup @15 (name :Text, size :Int32, rank :Int32, address :Text, timeoutMs :Int64)
       -> (generation :Int64, rank :Int32, addresses :List(Text));
+  # Creates strategy `name` with its mirrored variables (or, for a
+  # reconnecting program, finds it: the same names, dtypes and shapes).
+  createStrategy @16 (name :Text, variables :List(MirroredVariableSpec), options :StrategyOptions) -> ();
+  # One synchronous step: `function` runs on every live worker at once, as
+  # the replicas of one group (re-formed first when the workers changed or
+  # the last step failed). The values by replica, the steps run, the
+  # group's epoch and the replicas' task indexes.
+  runStep @17 (strategy :Text, function :Text, args :Common.Element)
+      -> (values :List(Common.Element), step :Int64, epoch :Int64, taskIndexes :List(Int32));
+  # A mirrored variable's value (replica 0's) and the optimizer step.
+  readMirrored @18 (strategy :Text, name :Text) -> (value :Common.Tensor, step :Int64);
+  # The group and every replica's step and checksum.
+  strategyStatus @19 (strategy :Text) -> (epoch :Int64, steps :Int64, replicas :List(ReplicaInfo));
 }

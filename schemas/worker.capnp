@@ -4,6 +4,39 @@
 using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("capstan::wire");
 using Common = import "common.capnp";
+using Ps = import "ps.capnp";
+
+# Synchronous training (MirroredStrategy): a worker holds a replica of each
+# strategy's mirrored variables. The coordinator forms the replicas into a
+# collective group at step boundaries (prepareReplica, then formReplica on
+# every member), runs each step's closure on every member at once
+# (runClosure with `strategy` and `epoch`), and reads the state back for
+# checkpoints (readReplica).
+
+struct MirroredSpec {
+  name @0 :Text;
+  dtype @1 :Common.DType;
+  shape @2 :List(Int64);
+  optimizer @3 :Ps.OptimizerConfig;
+}
+
+struct MirroredValue {
+  name @0 :Text;
+  value @1 :Common.Tensor;
+  slotNames @2 :List(Text);     # the parameter servers' slot names
+  slots @3 :List(Common.Tensor);
+}
+
+struct MirroredState {
+  step @0 :Int64;               # optimizer steps applied
+  variables @1 :List(MirroredValue);
+}
+
+struct CollectiveSettings {
+  timeoutMs @0 :Int64;
+  transport @1 :Text;           # "auto", "tcp", "shm"
+  tcpStreams @2 :Int32;
+}
 
 interface Worker extends(Common.Node) {
   # Runs a registered closure with `args`. `attempt` is 1 for a closure's
@@ -13,9 +46,13 @@ interface Worker extends(Common.Node) {
   # (its closure_timeout_ms).
   # `workerIndex` is this worker's task index as the coordinator knows it
   # (given or assigned); -1 from a coordinator older than the field.
+  # A synchronous step names its strategy and the epoch (generation) of the
+  # group it runs in; the closure then reaches the group and the mirrored
+  # variables through its context.
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
                  placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
-                 deadlineUnixMs :Int64, workerIndex :Int32 = -1)
+                 deadlineUnixMs :Int64, workerIndex :Int32 = -1,
+                 strategy :Text, epoch :Int64)
       -> (result :Common.Element);
   # Builds this worker's iterator of a per-worker dataset: `definition` is
   # the serialized pipeline already specialised for this worker.
@@ -29,4 +66,25 @@ interface Worker extends(Common.Node) {
   # answers Cancelled). Unknown ids are remembered briefly (the cancel may
   # overtake the run) and otherwise ignored.
   cancelClosure @3 (closureId :Int64) -> ();
+
+  # Whether this worker holds a replica of `strategy`'s variables, their
+  # optimizer step and a checksum of values, slots and step.
+  replicaStatus @4 (strategy :Text) -> (holds :Bool, step :Int64, checksum :UInt64);
+  # Listens for the group of `epoch` on this worker's collective host;
+  # answers the address the other members dial.
+  prepareReplica @5 (strategy :Text, epoch :Int64) -> (address :Text);
+  # Forms the group (this worker is `rank` of addresses.size()) and brings
+  # the replica to the state of member `source`: the source sends it, from
+  # `seed` when hasSeed (initial values, a restored checkpoint) or from what
+  # it holds; the others take it. Answers the replica's step and checksum
+  # and how it reaches each member ("self", "shm", "tcp").
+  formReplica @6 (strategy :Text, epoch :Int64, rank :Int32, addresses :List(Text), source :Int32,
+                  variables :List(MirroredSpec), seed :MirroredState, hasSeed :Bool,
+                  settings :CollectiveSettings)
+      -> (step :Int64, checksum :UInt64, transports :List(Text));
+  # The replica's values, slots and step (checkpoints, reads).
+  readReplica @7 (strategy :Text) -> (state :MirroredState);
+  # Aborts the group of `epoch` (a member was lost mid-step): a step
+  # running here fails at once instead of waiting for its deadline.
+  abortReplica @8 (strategy :Text, epoch :Int64, reason :Text) -> ();
 }

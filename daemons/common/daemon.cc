@@ -3,6 +3,7 @@
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
+#include <boost/asio/ip/udp.hpp>
 #include <boost/asio/signal_set.hpp>
 #include <csignal>
 #include <cstdio>
@@ -319,6 +320,25 @@ std::vector<OptionSpec> common_options() {
       {"tls_verify_clients", OptionType::kBool,
        "Mutual TLS: refuse clients without a certificate signed by tls_ca.", "false"},
   };
+}
+
+std::optional<std::string> local_address_towards(const std::string& peer) {
+  auto colon = peer.rfind(':');
+  if (colon == std::string::npos) return std::nullopt;
+  std::string host = peer.substr(0, colon);
+  if (host.size() > 2 && host.front() == '[' && host.back() == ']') host = host.substr(1, host.size() - 2);
+  boost::asio::io_context io;
+  boost::asio::ip::udp::resolver resolver(io);
+  boost::system::error_code ec;
+  auto found = resolver.resolve(host, peer.substr(colon + 1), ec);
+  if (ec || found.empty()) return std::nullopt;
+  boost::asio::ip::udp::socket socket(io);
+  socket.open(found.begin()->endpoint().protocol(), ec);
+  if (!ec) socket.connect(found.begin()->endpoint(), ec);
+  if (ec) return std::nullopt;
+  auto local = socket.local_endpoint(ec);
+  if (ec) return std::nullopt;
+  return local.address().to_string();
 }
 
 Result<std::string> peer_address(const Config& config, const std::string& key,

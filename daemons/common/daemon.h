@@ -24,6 +24,7 @@
 #include <chrono>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -128,6 +129,11 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv);
 
 // The keys every daemon has (documented in --help and the README).
 std::vector<OptionSpec> common_options();
+
+// The IP address of this machine's interface that reaches `peer`
+// (host:port): a UDP socket is "connected" to it (no packet is sent) and
+// asked for its local address. nullopt when the peer cannot be resolved.
+std::optional<std::string> local_address_towards(const std::string& peer);
 
 // The address of `role` from a flag/config key, else from the cluster spec
 // (first task of that job); NotFound naming both when neither is set.

@@ -170,6 +170,11 @@ void Coordinator::drop_worker(int64_t worker_id, const Status& why) {
   log_->warn("worker {} (task {}) lost ({}); {} running closure(s) re-queued", worker_id, it->second.task_index,
              why.message(), requeued.size());
   workers_.erase(it);
+  auto waiting = drop_waiters_.find(worker_id);
+  if (waiting != drop_waiters_.end()) {
+    for (auto& w : waiting->second) w->fulfill();
+    drop_waiters_.erase(waiting);
+  }
   notify();
 }
 
@@ -349,6 +354,10 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
   Status up = ps_status();
   if (!up.ok()) return Placed(up);
   const Tensor& initial = request.initial;
+  if (is_mirrored(name)) {
+    return Placed(Status::AlreadyExists("createVariable: '" + name +
+                                        "' is a mirrored variable of a strategy; a variable lives in one place"));
+  }
   auto existing = variables_.find(name);
   if (existing != variables_.end()) {
     // A reconnecting program creates its variables again: hand back the
@@ -496,6 +505,17 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
   using Path = Result<std::string>;
   if (directory.empty()) return Path(Status::InvalidArgument("saveCheckpoint: empty directory"));
   return snapshot()
+      .then([this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
+        // The strategies' mirrored variables go into the same checkpoint.
+        if (!states.ok() || strategies_.empty()) return kj::mv(states);
+        return mirrored_snapshot().then(
+            [states = std::move(*states)](Result<std::vector<VariableState>> mirrored) mutable
+            -> Result<std::vector<VariableState>> {
+              CAPSTAN_RETURN_IF_ERROR(mirrored.status());
+              for (auto& m : *mirrored) states.push_back(std::move(m));
+              return std::move(states);
+            });
+      })
       .then([this, directory, step, max_to_keep](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
         if (!states.ok()) return Path(states.status());
         return rpc::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states)]() {
@@ -529,6 +549,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
     int64_t step;
     std::vector<VariableState> states;
     std::vector<std::string> missing;
+    MirroredRestore mirrored;
   };
   using Restored = Result<Read>;
   using Step = Result<Coordinator::Restored>;
@@ -545,7 +566,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         // checkpoint's number of shards on the current parameter servers.
         auto creates = kj::Vector<kj::Promise<Status>>();
         for (const auto& saved : (*reader)->manifest().variables) {
-          if (variables_.count(saved.name) != 0) continue;
+          if (variables_.count(saved.name) != 0 || is_mirrored(saved.name)) continue;
           auto zeros = Tensor::zeros(saved.dtype, saved.shape);
           if (!zeros.ok()) return Result<Reader>(zeros.status());
           placement::Partitioner partitioner =
@@ -563,19 +584,37 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
       })
       .then([this, strict](Result<Reader> reader) -> kj::Promise<Restored> {
         if (!reader.ok()) return Restored(reader.status());
-        return rpc::run_on_pool(pool_, [reader = *reader, states = layout(), strict]() mutable -> Restored {
+        std::map<std::string, std::vector<training::MirroredSpec>> mirrored;
+        for (const auto& [name, strategy] : strategies_) mirrored[name] = strategy.specs;
+        return rpc::run_on_pool(pool_, [reader = *reader, states = layout(), strict,
+                                        mirrored = std::move(mirrored)]() mutable -> Restored {
           std::vector<std::string> missing;
           CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));
-          return Read{reader->manifest().step, std::move(states), std::move(missing)};
+          CAPSTAN_ASSIGN_OR_RETURN(MirroredRestore from, read_mirrored_checkpoint(*reader, mirrored));
+          if (strict && !from.missing.empty()) {
+            std::string names;
+            for (const auto& n : from.missing) names += (names.empty() ? "'" : ", '") + n + "'";
+            return Status::NotFound("the checkpoint has no mirrored variable " + names +
+                                    " (strict restore; the default restores the variables it has and leaves these "
+                                    "as they are)");
+          }
+          missing.insert(missing.end(), from.missing.begin(), from.missing.end());
+          return Read{reader->manifest().step, std::move(states), std::move(missing), std::move(from)};
         });
       })
       .then([this](Restored restored) -> kj::Promise<Step> {
         if (!restored.ok()) return Step(restored.status());
         Coordinator::Restored out{restored->step, std::move(restored->missing)};
-        return write_shards(std::move(restored->states)).then([out = std::move(out)](Status status) mutable -> Step {
-          CAPSTAN_RETURN_IF_ERROR(status);
-          return std::move(out);
-        });
+        auto mirrored = std::move(restored->mirrored);
+        return write_shards(std::move(restored->states))
+            .then([this, mirrored = std::move(mirrored)](Status status) mutable -> kj::Promise<Status> {
+              if (!status.ok()) return status;
+              return seed_strategies(std::move(mirrored));
+            })
+            .then([out = std::move(out)](Status status) mutable -> Step {
+              CAPSTAN_RETURN_IF_ERROR(status);
+              return std::move(out);
+            });
       })
       .then([this, path](Step restored) -> Step {
         CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));

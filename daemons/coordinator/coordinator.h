@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -49,6 +50,7 @@
 #include "daemons/coordinator/checkpointing.h"
 #include "daemons/coordinator/closure_queue.h"
 #include "placement/placement.h"
+#include "training/replica.h"
 
 namespace capstan::daemon {
 class Config;
@@ -87,6 +89,9 @@ struct ClosureRun {
   uint32_t num_workers = 0;  // workers registered at dispatch
   int32_t worker_index = -1;  // the worker's task index (given or assigned)
   int64_t deadline_unix_ms = 0;  // 0: none
+  // A synchronous step: the strategy and the epoch of its group.
+  std::string strategy = "";
+  int64_t epoch = 0;
 };
 
 struct ClosureOutcome {
@@ -112,6 +117,26 @@ class WorkerPeer {
   virtual kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) = 0;
   virtual kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function,
                                                            int num_workers, int worker_index) = 0;
+
+  // Synchronous training: the worker's replica of a strategy (see
+  // worker_server/replicas.h). A promise that rejects counts as a lost
+  // worker, as run_closure's. The defaults answer Unimplemented (peers that
+  // never take part in synchronous training, such as most test fakes).
+  virtual kj::Promise<Result<training::ReplicaReport>> replica_status(std::string strategy) {
+    return Result<training::ReplicaReport>(Status::Unimplemented("replica_status"));
+  }
+  virtual kj::Promise<Result<std::string>> prepare_replica(std::string strategy, int64_t epoch) {
+    return Result<std::string>(Status::Unimplemented("prepare_replica"));
+  }
+  virtual kj::Promise<Result<training::ReplicaReport>> form_replica(training::ReplicaForm form) {
+    return Result<training::ReplicaReport>(Status::Unimplemented("form_replica"));
+  }
+  virtual kj::Promise<Result<training::MirroredState>> read_replica(std::string strategy) {
+    return Result<training::MirroredState>(Status::Unimplemented("read_replica"));
+  }
+  virtual kj::Promise<Status> abort_replica(std::string strategy, int64_t epoch, std::string reason) {
+    return Status::Unimplemented("abort_replica");
+  }
 };
 
 // What a parameter server holds for one shard.
@@ -166,6 +191,39 @@ struct VariableLocation {
 struct Placements {
   int64_t version = 0;
   std::vector<VariableLocation> variables;  // by name
+};
+
+// Synchronous training (MirroredStrategy).
+struct MirroredVariableInit {
+  std::string name;
+  Tensor initial;
+  Optimizer optimizer;
+};
+
+struct StrategyConfig {
+  int min_replicas = 1;  // a step waits (up to settings.timeout) for this many workers
+  training::CollectiveSettings settings;
+};
+
+struct StepOutcome {
+  std::vector<std::string> values;  // serialized Elements, by replica
+  int64_t steps = 0;                // steps of the strategy run so far
+  int64_t epoch = 0;
+  std::vector<int> task_indexes;    // by replica
+};
+
+struct ReplicaInfo {
+  int64_t worker_id = 0;
+  int task_index = 0;
+  int rank = 0;
+  training::ReplicaReport report;
+  Status status;  // the worker's answer to replica_status
+};
+
+struct StrategyStatus {
+  int64_t epoch = 0;
+  int64_t steps = 0;
+  std::vector<ReplicaInfo> replicas;  // by rank
 };
 
 class Coordinator final : private kj::TaskSet::ErrorHandler {
@@ -229,6 +287,30 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   };
   kj::Promise<Result<Restored>> restore_checkpoint(std::string path, bool strict = false);
 
+  // ---- Synchronous training (strategies.cc): TF's MultiWorkerMirroredStrategy
+  // with the worker-servers as replicas. A strategy is a named set of
+  // mirrored variables held in the workers' memory. Each step runs a closure
+  // on every live worker that has it, at once, as the ranks of one
+  // collective group; the group is (re-)formed at a step boundary when the
+  // workers changed or the last step failed: survivors keep their
+  // variables (the one with the fewest steps applied is the source all
+  // take the state from, so every replica is at the last step all of them
+  // finished), a returning worker receives them by broadcast.
+  //
+  // Creates it (the values are held here until the first group forms and
+  // takes them), or hands back the one of that name with the same
+  // variables (a reconnecting program); AlreadyExists when they differ or
+  // a parameter-server variable has one of the names.
+  Status create_strategy(const std::string& name, std::vector<MirroredVariableInit> variables, StrategyConfig config);
+  // One synchronous step. Unavailable naming the workers lost when a member
+  // died or stopped answering (the next step goes on with the others); the
+  // closure's own error when one failed; steps of one strategy run one at
+  // a time (a second caller waits).
+  kj::Promise<Result<StepOutcome>> run_step(std::string strategy, std::string function, std::string args);
+  // Replica 0's value of a mirrored variable, and the optimizer step.
+  kj::Promise<Result<std::pair<Tensor, int64_t>>> read_mirrored(std::string strategy, std::string variable);
+  kj::Promise<Result<StrategyStatus>> strategy_status(std::string strategy);
+
  private:
   struct Worker {
     int64_t id = 0;
@@ -256,7 +338,48 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::string function;
   };
 
+  struct Strategy {
+    std::string name;
+    std::vector<training::MirroredSpec> specs;
+    StrategyConfig config;
+    // A state no replica holds yet (initial values, a restored checkpoint):
+    // the next group starts from it.
+    std::optional<training::MirroredState> seed;
+    int64_t epoch = 0;              // of the last group formed
+    std::vector<int64_t> members;   // worker ids by rank
+    bool formed = false;            // false after a failed step: form again
+    // A step or a formation runs. Shared with the step's promise, which
+    // clears it even when dropped.
+    std::shared_ptr<bool> busy = std::make_shared<bool>(false);
+    int64_t steps = 0;
+  };
+
   void taskFailed(kj::Exception&& exception) override;
+
+  // ---- strategies.cc
+  Result<Strategy*> find_strategy(const std::string& name);
+  bool is_mirrored(const std::string& variable) const;
+  // The live workers that have `function`, by task index.
+  std::vector<int64_t> replica_candidates(const std::string& function) const;
+  kj::Promise<Status> ensure_group(Strategy& strategy, std::string function, kj::TimePoint give_up);
+  kj::Promise<Status> form_group(Strategy& strategy, std::vector<int64_t> members);
+  kj::Promise<Result<StepOutcome>> dispatch_step(Strategy& strategy, std::string function, std::string args);
+  // Resolves when `worker_id` is dropped (at once if it is not registered).
+  kj::Promise<void> dropped(int64_t worker_id);
+  // The state to checkpoint: the seed, or replica 0's.
+  kj::Promise<Result<training::MirroredState>> mirrored_state(Strategy& strategy);
+  // Every strategy's variables as checkpoint entries (one shard on task 0).
+  kj::Promise<Result<std::vector<VariableState>>> mirrored_snapshot();
+  // The mirrored variables a checkpoint holds, read (on the pool) for the
+  // strategies as they are now; then seed_strategies() makes them the
+  // strategies' seeds (the next step's group starts from them).
+  struct MirroredRestore {
+    std::map<std::string, training::MirroredState> states;  // by strategy: only the variables present
+    std::vector<std::string> missing;
+  };
+  static Result<MirroredRestore> read_mirrored_checkpoint(const checkpoint::CheckpointReader& reader,
+                                                          const std::map<std::string, std::vector<training::MirroredSpec>>& specs);
+  kj::Promise<Status> seed_strategies(MirroredRestore restore);
 
   // Wakes everything waiting for a change (join, fetch, idle lanes).
   void notify();
@@ -304,6 +427,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t placement_version_ = 0;
   std::map<int64_t, PerWorkerDataset> datasets_;
   int64_t next_dataset_id_ = 1;
+  std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
+  std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiters_;
   kj::TaskSet tasks_;  // last: its promises use everything above
 };

@@ -4,6 +4,7 @@
 
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/replica_codec.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -14,6 +15,17 @@ kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 36
 
 kj::Promise<Status> status_of(kj::Promise<void> call) {
   return call.then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); });
+}
+
+// The worker's error as a Result; a broken link stays a rejected promise
+// (the coordinator counts the worker as lost).
+template <typename T>
+kj::Promise<Result<T>> result_of(kj::Promise<T> call) {
+  return call.then([](T value) -> kj::Promise<Result<T>> { return Result<T>(std::move(value)); },
+                   [](kj::Exception&& e) -> kj::Promise<Result<T>> {
+                     if (rpc::is_transport_failure(e)) return kj::mv(e);
+                     return Result<T>(rpc::from_exception(e));
+                   });
 }
 
 }  // namespace
@@ -36,6 +48,8 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   request.setNumWorkers(run.num_workers);
   request.setWorkerIndex(run.worker_index);
   request.setDeadlineUnixMs(run.deadline_unix_ms);
+  request.setStrategy(run.strategy);
+  request.setEpoch(run.epoch);
   rpc::write_element(request.initArgs(), *args, codec_);
   return request.send()
       .then([](capnp::Response<wire::Worker::RunClosureResults>&& response) {
@@ -71,6 +85,68 @@ kj::Promise<Status> RemoteWorker::create_dataset_from_function(int64_t dataset_i
   request.setFunction(function);
   request.setNumWorkers(num_workers);
   request.setWorkerIndex(worker_index);
+  return status_of(request.send().ignoreResult());
+}
+
+kj::Promise<Result<training::ReplicaReport>> RemoteWorker::replica_status(std::string strategy) {
+  auto request = client_.replicaStatusRequest();
+  request.setStrategy(strategy);
+  return result_of(request.send().then([](capnp::Response<wire::Worker::ReplicaStatusResults>&& r) {
+    training::ReplicaReport report;
+    report.holds = r.getHolds();
+    report.step = r.getStep();
+    report.checksum = r.getChecksum();
+    return report;
+  }));
+}
+
+kj::Promise<Result<std::string>> RemoteWorker::prepare_replica(std::string strategy, int64_t epoch) {
+  auto request = client_.prepareReplicaRequest();
+  request.setStrategy(strategy);
+  request.setEpoch(epoch);
+  return result_of(request.send().then(
+      [](capnp::Response<wire::Worker::PrepareReplicaResults>&& r) { return text(r.getAddress()); }));
+}
+
+kj::Promise<Result<training::ReplicaReport>> RemoteWorker::form_replica(training::ReplicaForm form) {
+  auto request = client_.formReplicaRequest();
+  request.setStrategy(form.strategy);
+  request.setEpoch(form.epoch);
+  request.setRank(form.rank);
+  request.setSource(form.source);
+  auto addresses = request.initAddresses(static_cast<unsigned>(form.addresses.size()));
+  for (unsigned i = 0; i < form.addresses.size(); ++i) addresses.set(i, form.addresses[i]);
+  auto variables = request.initVariables(static_cast<unsigned>(form.specs.size()));
+  for (unsigned i = 0; i < form.specs.size(); ++i) rpc::spec_to_wire(form.specs[i], variables[i]);
+  request.setHasSeed(form.seed.has_value());
+  if (form.seed.has_value()) rpc::state_to_wire(*form.seed, request.initSeed(), codec_);
+  rpc::settings_to_wire(form.settings, request.initSettings());
+  // The request may reference the seed's buffers until it is sent.
+  return result_of(request.send()
+                       .then([](capnp::Response<wire::Worker::FormReplicaResults>&& r) {
+                         training::ReplicaReport report;
+                         report.holds = true;
+                         report.step = r.getStep();
+                         report.checksum = r.getChecksum();
+                         for (auto t : r.getTransports()) report.transports.push_back(text(t));
+                         return report;
+                       })
+                       .attach(kj::mv(form)));
+}
+
+kj::Promise<Result<training::MirroredState>> RemoteWorker::read_replica(std::string strategy) {
+  auto request = client_.readReplicaRequest();
+  request.setStrategy(strategy);
+  return result_of(request.send().then([](capnp::Response<wire::Worker::ReadReplicaResults>&& r) {
+    return rpc::state_from_wire(r.getState()).attach(kj::mv(r));
+  }));
+}
+
+kj::Promise<Status> RemoteWorker::abort_replica(std::string strategy, int64_t epoch, std::string reason) {
+  auto request = client_.abortReplicaRequest();
+  request.setStrategy(strategy);
+  request.setEpoch(epoch);
+  request.setReason(reason);
   return status_of(request.send().ignoreResult());
 }
 

@@ -29,6 +29,11 @@ class RemoteWorker : public WorkerPeer {
   kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override;
   kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,
                                                    int worker_index) override;
+  kj::Promise<Result<training::ReplicaReport>> replica_status(std::string strategy) override;
+  kj::Promise<Result<std::string>> prepare_replica(std::string strategy, int64_t epoch) override;
+  kj::Promise<Result<training::ReplicaReport>> form_replica(training::ReplicaForm form) override;
+  kj::Promise<Result<training::MirroredState>> read_replica(std::string strategy) override;
+  kj::Promise<Status> abort_replica(std::string strategy, int64_t epoch, std::string reason) override;
 
  private:
   wire::Worker::Client client_;

@@ -4,6 +4,7 @@
 
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
 #include "wire_names.h"
 
@@ -235,6 +236,93 @@ kj::Promise<void> CoordinatorService::joinGroup(JoinGroupContext context) {
         results.setRank(group->rank);
         auto addresses = results.initAddresses(static_cast<unsigned>(group->addresses.size()));
         for (unsigned i = 0; i < group->addresses.size(); ++i) addresses.set(i, group->addresses[i]);
+      });
+}
+
+// ---- Synchronous training --------------------------------------------------------
+
+kj::Promise<void> CoordinatorService::createStrategy(CreateStrategyContext context) {
+  auto params = context.getParams();
+  std::string name = text(params.getName());
+  StrategyConfig config;
+  config.min_replicas = params.getOptions().getMinReplicas();
+  auto settings = rpc::settings_from_wire(params.getOptions().getSettings());
+  rpc::check(settings.status().with_context("createStrategy '" + name + "'"));
+  config.settings = *settings;
+  constexpr unsigned kMaxVariables = 100000;
+  if (params.getVariables().size() > kMaxVariables) {
+    rpc::check(Status::InvalidArgument("createStrategy '" + name + "': " +
+                                       std::to_string(params.getVariables().size()) + " variables; at most " +
+                                       std::to_string(kMaxVariables)));
+  }
+  auto variables = std::make_shared<std::vector<MirroredVariableInit>>(params.getVariables().size());
+  auto reads = kj::heapArrayBuilder<kj::Promise<void>>(params.getVariables().size());
+  for (unsigned i = 0; i < params.getVariables().size(); ++i) {
+    auto v = params.getVariables()[i];
+    auto& out = (*variables)[i];
+    out.name = text(v.getName());
+    auto optimizer = rpc::optimizer_from_wire(v.getOptimizer());
+    rpc::check(optimizer.status().with_context("createStrategy '" + name + "', variable '" + out.name + "'"));
+    out.optimizer = *optimizer;
+    reads.add(rpc::read_tensor(v.getInitial()).then([&out](Tensor&& t) { out.initial = std::move(t); }));
+  }
+  return kj::joinPromises(reads.finish()).then([this, name, config, variables]() {
+    rpc::check(core_.create_strategy(name, std::move(*variables), config));
+  });
+}
+
+kj::Promise<void> CoordinatorService::runStep(RunStepContext context) {
+  auto params = context.getParams();
+  std::string strategy = text(params.getStrategy());
+  std::string function = text(params.getFunction());
+  return rpc::read_element(params.getArgs())
+      .then([this, strategy, function](Element&& args) mutable {
+        return core_.run_step(std::move(strategy), std::move(function), rpc::element_to_bytes(args));
+      })
+      .then([this, context](Result<StepOutcome> outcome) mutable {
+        rpc::check(outcome.status());
+        auto results = context.getResults();
+        results.setStep(outcome->steps);
+        results.setEpoch(outcome->epoch);
+        auto values = results.initValues(static_cast<unsigned>(outcome->values.size()));
+        for (unsigned i = 0; i < outcome->values.size(); ++i) {
+          auto element = rpc::element_from_bytes(outcome->values[i]);
+          rpc::check(element.status());
+          rpc::write_element(values[i], *element, ctx_.codec);
+        }
+        auto tasks = results.initTaskIndexes(static_cast<unsigned>(outcome->task_indexes.size()));
+        for (unsigned i = 0; i < outcome->task_indexes.size(); ++i) tasks.set(i, outcome->task_indexes[i]);
+      });
+}
+
+kj::Promise<void> CoordinatorService::readMirrored(ReadMirroredContext context) {
+  auto params = context.getParams();
+  return core_.read_mirrored(text(params.getStrategy()), text(params.getName()))
+      .then([this, context](Result<std::pair<Tensor, int64_t>> read) mutable {
+        rpc::check(read.status());
+        rpc::write_tensor(context.getResults().initValue(), read->first, ctx_.codec);
+        context.getResults().setStep(read->second);
+      });
+}
+
+kj::Promise<void> CoordinatorService::strategyStatus(StrategyStatusContext context) {
+  return core_.strategy_status(text(context.getParams().getStrategy()))
+      .then([context](Result<StrategyStatus> status) mutable {
+        rpc::check(status.status());
+        auto results = context.getResults();
+        results.setEpoch(status->epoch);
+        results.setSteps(status->steps);
+        auto replicas = results.initReplicas(static_cast<unsigned>(status->replicas.size()));
+        for (unsigned i = 0; i < status->replicas.size(); ++i) {
+          const auto& r = status->replicas[i];
+          replicas[i].setWorkerId(r.worker_id);
+          replicas[i].setTaskIndex(r.task_index);
+          replicas[i].setRank(r.rank);
+          replicas[i].setHolds(r.report.holds);
+          replicas[i].setStep(r.report.step);
+          replicas[i].setChecksum(r.report.checksum);
+          if (!r.status.ok()) replicas[i].setError(r.status.to_string());
+        }
       });
 }
 

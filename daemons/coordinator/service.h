@@ -38,6 +38,10 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> saveCheckpoint(SaveCheckpointContext context) override;
   kj::Promise<void> restoreCheckpoint(RestoreCheckpointContext context) override;
   kj::Promise<void> joinGroup(JoinGroupContext context) override;
+  kj::Promise<void> createStrategy(CreateStrategyContext context) override;
+  kj::Promise<void> runStep(RunStepContext context) override;
+  kj::Promise<void> readMirrored(ReadMirroredContext context) override;
+  kj::Promise<void> strategyStatus(StrategyStatusContext context) override;
 
  private:
   const CoordinatorConfig config_;

@@ -20,6 +20,11 @@ int main(int argc, char** argv) {
   spec.options = {
       {"coordinator", OptionType::kString,
        "host:port of the coordinator (default: the cluster spec's chief/coordinator).", std::nullopt},
+      {"collective_host", OptionType::kString,
+       "IP address the other workers reach this one at for synchronous training's collectives (data "
+       "connections). Default: host, or when host is 0.0.0.0 the address this machine uses to reach the "
+       "coordinator.",
+       ""},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
     CAPSTAN_ASSIGN_OR_RETURN(std::string address, peer_address(config, "coordinator", "coordinator"));

@@ -2,6 +2,7 @@
 
 #include "rpc/errors.h"
 #include "rpc/pool.h"
+#include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::worker_server {
@@ -10,6 +11,18 @@ namespace {
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
 kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 3600 * kj::SECONDS; }
+
+// The IP address the other workers dial for collectives: collective_host
+// when set; else `host` when it names one interface; else the address this
+// machine uses to reach the coordinator (the interface the cluster shares:
+// a wrong one is the classic trap of Gloo and NCCL).
+std::string collective_host(daemon::DaemonContext& ctx, const std::string& coordinator) {
+  std::string configured = ctx.config.get_string("collective_host");
+  if (!configured.empty()) return configured;
+  std::string host = ctx.config.get_string("host");
+  if (host != "0.0.0.0" && host != "::" && !host.empty()) return host;
+  return daemon::local_address_towards(coordinator).value_or("127.0.0.1");
+}
 
 }  // namespace
 
@@ -33,7 +46,10 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx)
           });
         });
       });
-  worker_ = std::make_shared<Worker>(*ctx.functions, *router_, ctx.identity.task_index());
+  replicas_ = std::make_shared<Replicas>(collective_host(ctx, address));
+  ctx.log->info("collective data address (synchronous training): {} (set collective_host to change it)",
+                replicas_->host());
+  worker_ = std::make_shared<Worker>(*ctx.functions, *router_, ctx.identity.task_index(), replicas_.get());
   tasks_->add(register_with_coordinator());
   // The coordinator holds this service's capability (registerWorker) over
   // coordinator_, which this service owns: close it at shutdown so that the
@@ -148,6 +164,8 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   request.attempt = std::max<int>(1, static_cast<int>(params.getAttempt()));
   request.num_workers = std::max<int>(1, static_cast<int>(params.getNumWorkers()));
   request.worker_index = params.getWorkerIndex();
+  request.strategy = text(params.getStrategy());
+  request.epoch = params.getEpoch();
   auto worker = worker_;
   return rpc::read_element(params.getArgs())
       .then([this, worker, request = std::move(request)](Element&& args) mutable {
@@ -158,6 +176,100 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
         rpc::check(result.status());
         rpc::write_element(context.getResults().initResult(), *result, ctx_.codec);
       });
+}
+
+// ---- Replicas (synchronous training) -------------------------------------------------
+
+kj::Promise<void> WorkerService::replicaStatus(ReplicaStatusContext context) {
+  std::string strategy = text(context.getParams().getStrategy());
+  auto replicas = replicas_;
+  return rpc::run_on_pool(ctx_.pool, [replicas, strategy]() { return replicas->status(strategy); })
+      .then([context](training::ReplicaReport report) mutable {
+        auto results = context.getResults();
+        results.setHolds(report.holds);
+        results.setStep(report.step);
+        results.setChecksum(report.checksum);
+      });
+}
+
+kj::Promise<void> WorkerService::prepareReplica(PrepareReplicaContext context) {
+  auto params = context.getParams();
+  std::string strategy = text(params.getStrategy());
+  int64_t epoch = params.getEpoch();
+  auto replicas = replicas_;
+  return rpc::run_on_pool(ctx_.pool, [replicas, strategy, epoch]() { return replicas->prepare(strategy, epoch); })
+      .then([context](Result<std::string> address) mutable {
+        rpc::check(address.status());
+        context.getResults().setAddress(*address);
+      });
+}
+
+kj::Promise<void> WorkerService::formReplica(FormReplicaContext context) {
+  auto params = context.getParams();
+  training::ReplicaForm form;
+  form.strategy = text(params.getStrategy());
+  form.epoch = params.getEpoch();
+  form.rank = params.getRank();
+  form.source = params.getSource();
+  if (params.getAddresses().size() > 4096) {
+    rpc::check(Status::InvalidArgument("formReplica: " + std::to_string(params.getAddresses().size()) +
+                                       " members; at most 4096"));
+  }
+  for (auto a : params.getAddresses()) form.addresses.push_back(text(a));
+  for (auto spec : params.getVariables()) {
+    auto parsed = rpc::spec_from_wire(spec);
+    rpc::check(parsed.status().with_context("formReplica"));
+    form.specs.push_back(std::move(*parsed));
+  }
+  auto settings = rpc::settings_from_wire(params.getSettings());
+  rpc::check(settings.status().with_context("formReplica"));
+  form.settings = *settings;
+  kj::Promise<void> seeded = kj::READY_NOW;
+  auto shared = std::make_shared<training::ReplicaForm>(std::move(form));
+  if (params.getHasSeed()) {
+    seeded = rpc::state_from_wire(params.getSeed()).then([shared](training::MirroredState&& seed) {
+      shared->seed = std::move(seed);
+    });
+  }
+  auto replicas = replicas_;
+  return seeded
+      .then([this, replicas, shared]() {
+        return rpc::run_on_pool(ctx_.pool, [replicas, shared]() { return replicas->form(*shared); });
+      })
+      .then([this, context, shared](Result<training::ReplicaReport> report) mutable {
+        rpc::check(report.status());
+        ctx_.log->info("strategy '{}': replica {} of {} in epoch {} (from rank {}; step {}); transports: {}",
+                       shared->strategy, shared->rank, shared->addresses.size(), shared->epoch, shared->source,
+                       report->step, [&]() {
+                         std::string out;
+                         for (size_t r = 0; r < report->transports.size(); ++r) {
+                           out += (out.empty() ? "" : ", ") + shared->addresses[r] + " " + report->transports[r];
+                         }
+                         return out;
+                       }());
+        auto results = context.getResults();
+        results.setStep(report->step);
+        results.setChecksum(report->checksum);
+        auto transports = results.initTransports(static_cast<unsigned>(report->transports.size()));
+        for (unsigned i = 0; i < report->transports.size(); ++i) transports.set(i, report->transports[i]);
+      });
+}
+
+kj::Promise<void> WorkerService::readReplica(ReadReplicaContext context) {
+  std::string strategy = text(context.getParams().getStrategy());
+  auto replicas = replicas_;
+  return rpc::run_on_pool(ctx_.pool, [replicas, strategy]() { return replicas->read(strategy); })
+      .then([this, context](Result<training::MirroredState> state) mutable {
+        rpc::check(state.status());
+        rpc::state_to_wire(*state, context.getResults().initState(), ctx_.codec);
+      });
+}
+
+kj::Promise<void> WorkerService::abortReplica(AbortReplicaContext context) {
+  auto params = context.getParams();
+  // Sets a flag and wakes the group's thread: no waiting here.
+  replicas_->abort(text(params.getStrategy()), params.getEpoch(), Status::Unavailable(text(params.getReason())));
+  return kj::READY_NOW;
 }
 
 kj::Promise<void> WorkerService::cancelClosure(CancelClosureContext context) {

@@ -3,7 +3,8 @@
 // to itself) and registers again when dropped; runClosure and the per-worker
 // dataset calls are decoded here and run by the core on the daemon's pool.
 // Variable calls go to the parameter servers through a VariableRouter, whose
-// placements come from the coordinator.
+// placements come from the coordinator. The replica calls (synchronous
+// training) are decoded here and run by Replicas on the pool.
 //
 // Lives on the RPC loop thread; the core and the router are thread-safe.
 #ifndef CAPSTAN_DAEMONS_WORKER_SERVER_SERVICE_H_
@@ -34,6 +35,11 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   kj::Promise<void> cancelClosure(CancelClosureContext context) override;
   kj::Promise<void> createDataset(CreateDatasetContext context) override;
   kj::Promise<void> createDatasetFromFunction(CreateDatasetFromFunctionContext context) override;
+  kj::Promise<void> replicaStatus(ReplicaStatusContext context) override;
+  kj::Promise<void> prepareReplica(PrepareReplicaContext context) override;
+  kj::Promise<void> formReplica(FormReplicaContext context) override;
+  kj::Promise<void> readReplica(ReadReplicaContext context) override;
+  kj::Promise<void> abortReplica(AbortReplicaContext context) override;
 
  private:
   void taskFailed(kj::Exception&& exception) override;
@@ -44,6 +50,7 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
 
   kj::Own<rpc::Connection> coordinator_;
   std::shared_ptr<VariableRouter> router_;
+  std::shared_ptr<Replicas> replicas_;  // shared with pool work in flight
   std::shared_ptr<Worker> worker_;  // shared with pool work in flight
   int64_t worker_id_ = 0;
   kj::Own<kj::TaskSet> tasks_;  // released at shutdown (ctx.on_stop)

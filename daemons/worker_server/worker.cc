@@ -1,6 +1,7 @@
 #include "daemons/worker_server/worker.h"
 
 #include <algorithm>
+#include <optional>
 
 #include "capstan/closure.h"
 
@@ -29,8 +30,12 @@ class LockedIterator final : public data::Iterator {
 // replaces them meanwhile.
 class Worker::Context final : public ClosureContext {
  public:
-  Context(Worker& worker, const RunClosureRequest& request, std::shared_ptr<std::atomic<bool>> cancelled)
-      : worker_(worker), request_(request), cancelled_(std::move(cancelled)) {}
+  Context(Worker& worker, const RunClosureRequest& request, std::shared_ptr<std::atomic<bool>> cancelled,
+          Replicas::Lease* replica)
+      : worker_(worker), request_(request), cancelled_(std::move(cancelled)), replica_(replica) {}
+
+  Communicator* group() override { return replica_ != nullptr ? &replica_->group() : nullptr; }
+  MirroredVariables* mirrored() override { return replica_ != nullptr ? &replica_->variables() : nullptr; }
 
   int worker_index() const override {
     return request_.worker_index >= 0 ? request_.worker_index : std::max(0, worker_.task_index_.load());
@@ -82,11 +87,12 @@ class Worker::Context final : public ClosureContext {
   Worker& worker_;
   const RunClosureRequest& request_;
   const std::shared_ptr<std::atomic<bool>> cancelled_;
+  Replicas::Lease* const replica_;  // a synchronous step's; else null
   std::vector<std::shared_ptr<data::Iterator>> held_;
 };
 
-Worker::Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index)
-    : functions_(functions), variables_(variables), task_index_(task_index) {}
+Worker::Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index, Replicas* replicas)
+    : functions_(functions), variables_(variables), replicas_(replicas), task_index_(task_index) {}
 
 Worker::~Worker() = default;
 
@@ -120,11 +126,27 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
     }
     running_[id] = cancelled;
   }
-  Context context(*this, request, cancelled);
+  // A synchronous step holds its replica (group and variables) while it runs.
+  std::optional<Replicas::Lease> replica;
+  if (!request.strategy.empty()) {
+    if (replicas_ == nullptr) {
+      return Status::FailedPrecondition("this worker cannot run synchronous steps (no replicas)");
+    }
+    auto lease = replicas_->acquire(request.strategy, request.epoch);
+    if (!lease.ok()) return lease.status().with_context(request.function);
+    replica.emplace(std::move(*lease));
+  }
+  Context context(*this, request, cancelled, replica.has_value() ? &*replica : nullptr);
   Result<Element> result = cancelled->load() ? Result<Element>(Status::Cancelled("")) : (*fn)(context, request.args);
   if (id != 0) {
     MutexLock lock(mutex_);
     running_.erase(id);
+  }
+  if (replica.has_value() && !result.ok()) {
+    // The other replicas may be waiting in a collective this one will not
+    // call: let them fail now, with this replica's error.
+    replica->abort(result.status().with_context("replica " + std::to_string(replica->group().rank()) + " (" +
+                                                request.function + ")"));
   }
   if (cancelled->load()) {
     return Status::Cancelled("closure " + std::to_string(id) + " (" + request.function +

@@ -34,6 +34,7 @@
 #include "capstan/functions.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "daemons/worker_server/replicas.h"
 #include "sync/mutex.h"
 #include "training/variable_router.h"
 
@@ -50,14 +51,20 @@ struct RunClosureRequest {
   // dispatched before the registration reply is read sees the right one.
   int worker_index = -1;
   int64_t closure_id = 0;          // the coordinator's id; 0: cannot be cancelled
+  // A synchronous step: the strategy whose replica it runs on, and the
+  // epoch of the group it runs in (Replicas). Empty: a plain closure.
+  std::string strategy = "";
+  int64_t epoch = 0;
   // When the coordinator gives up on the run; max(): never.
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
 };
 
 class Worker {
  public:
-  // `functions` and `variables` must outlive the Worker.
-  Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index);
+  // `functions`, `variables` and `replicas` must outlive the Worker;
+  // without `replicas`, synchronous steps fail with FailedPrecondition.
+  Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index,
+         Replicas* replicas = nullptr);
   ~Worker();
 
   // The names this worker reports when it registers: its closures and, as
@@ -97,6 +104,7 @@ class Worker {
 
   const FunctionRegistry& functions_;
   VariableAccess& variables_;
+  Replicas* const replicas_;
   std::atomic<int> task_index_;
 
   Mutex mutex_;

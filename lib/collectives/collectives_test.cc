@@ -302,6 +302,31 @@ TEST_CASE("abort() fails the other ranks' operation at once with its reason", "[
   CHECK(took < std::chrono::seconds(10));
 }
 
+TEST_CASE("abort() from another thread interrupts this rank's running operation", "[collectives]") {
+  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  INFO("transport " << transport_label(options));
+  CollectiveOptions o = options;
+  o.timeout = std::chrono::seconds(60);
+  Group group = make_group(3, o);
+  auto started = std::chrono::steady_clock::now();
+  // Ranks 0 and 1 reduce; rank 2 never comes. A supervisor aborts rank 0.
+  std::thread supervisor([&]() {
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));
+    group[0]->abort(Status::Unavailable("the coordinator lost rank 2's worker"));
+  });
+  auto results = on_all<Status>(2, [&](int r) {
+    return group[static_cast<size_t>(r)]->all_reduce(make_tensor(DType::kFloat32, 1 << 18, r), ReduceOp::kSum).status();
+  });
+  supervisor.join();
+  auto took = std::chrono::steady_clock::now() - started;
+  for (int r = 0; r < 2; ++r) {
+    INFO("rank " << r << ": " << results[static_cast<size_t>(r)].to_string());
+    CHECK_FALSE(results[static_cast<size_t>(r)].ok());
+    CHECK_THAT(results[static_cast<size_t>(r)].message(), Catch::Contains("rank(s) 2"));
+  }
+  CHECK(took < std::chrono::seconds(10));
+}
+
 TEST_CASE("transport shm between processes that cannot share memory fails naming them; auto falls back to TCP",
           "[collectives]") {
   // A segment too large for this machine's /dev/shm cannot be offered: the

@@ -401,6 +401,7 @@ struct Communicator::Impl {
   Result<Tensor> reduce_scatter(const Tensor& tensor, ReduceOp op);
   Status barrier();
   Status abort(const Status& reason);
+  Status interruption();
 
   std::unique_ptr<CollectiveEndpoint> endpoint;
   asio::io_context& io;
@@ -426,6 +427,10 @@ struct Communicator::Impl {
   bool stopping GUARDED_BY(mutex) = false;
   std::deque<std::function<void()>> tasks GUARDED_BY(mutex);
   std::atomic<bool> aborted{false};
+  // Set by abort() from any thread; the running operation gives up.
+  std::atomic<bool> interrupted{false};
+  Mutex interrupt_mutex;
+  Status interrupt_reason GUARDED_BY(interrupt_mutex);
   std::thread thread;
 };
 
@@ -920,6 +925,10 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
   io.restart();
   auto idle_since = Clock::now();
   while (pending > 0 && failure.ok()) {
+    if (interrupted.load(std::memory_order_acquire)) {
+      failure = interruption();
+      break;
+    }
     bool moved = !shm_sends.empty() || !shm_recvs.empty() ? progress_shm() : false;
     if (io.poll() > 0) moved = true;
     check_notices();
@@ -1315,6 +1324,11 @@ Result<Tensor> Communicator::Impl::reduce_scatter(const Tensor& tensor, ReduceOp
   return out;
 }
 
+Status Communicator::Impl::interruption() {
+  MutexLock lock(interrupt_mutex);
+  return interrupt_reason;
+}
+
 Status Communicator::Impl::abort(const Status& reason) {
   if (!abort_reason.ok()) return abort_reason;
   if (!reading_notices) {
@@ -1323,11 +1337,7 @@ Status Communicator::Impl::abort(const Status& reason) {
     }
     reading_notices = true;
   }
-  // Aborted, whatever the reason's code: the peers' operations failed
-  // because this rank gave up, not because of what they passed.
-  return fail(Status::Aborted("rank " + std::to_string(rank) + " aborted the group" +
-                              (reason.ok() ? std::string() : ": " + reason.to_string())),
-              {});
+  return fail(reason, {});
 }
 
 Status Communicator::Impl::barrier() {
@@ -1388,7 +1398,19 @@ std::string Communicator::describe() const {
 
 void Communicator::abort(const Status& reason) {
   Impl* impl = impl_.get();
-  (void)impl->submit<Status>([impl, reason]() { return impl->abort(reason); }).get();
+  // Aborted, whatever the reason's code: the peers' operations fail because
+  // this rank gave up, not because of what they passed.
+  Status why = Status::Aborted("rank " + std::to_string(impl->rank) + " aborted the group" +
+                               (reason.ok() ? std::string() : ": " + reason.to_string()));
+  {
+    MutexLock lock(impl->interrupt_mutex);
+    if (impl->interrupt_reason.ok()) impl->interrupt_reason = why;
+  }
+  // An operation running now sees the flag at its next step (the post
+  // wakes one that sleeps in Asio); an idle group fails in the task below.
+  impl->interrupted.store(true, std::memory_order_release);
+  asio::post(impl->io, []() {});
+  (void)impl->submit<Status>([impl, why]() { return impl->abort(why); });
 }
 
 std::future<Result<Tensor>> Communicator::all_reduce_async(Tensor tensor, ReduceOp op) {

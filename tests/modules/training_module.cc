@@ -3,9 +3,12 @@
 #include <capstan/closure.h>
 #include <capstan/data/dataset.h>
 #include <capstan/functions.h>
+#include <capstan/mirrored.h>
 
 #include <chrono>
+#include <cmath>
 #include <thread>
+#include <vector>
 
 using capstan::ClosureContext;
 using capstan::Element;
@@ -13,7 +16,72 @@ using capstan::Result;
 using capstan::Status;
 using capstan::Tensor;
 
+namespace {
+
+// Synchronous steps of a linear regression y = 3 x0 - 2 x1 + 1 over a
+// deterministic stream of examples: example i is x = (sin i, cos 3i). A
+// step of global batch B covers examples [step * B, (step + 1) * B); replica
+// r of n takes its n-th part (equal parts), so n replicas of batch B / n see
+// exactly the examples one replica of batch B sees. The gradient is of the
+// replica's mean squared error; apply_gradients averages the replicas'.
+// Mirrored variables: "w" float32[2], "b" float32[1].
+// Returns [this replica's loss, replica id, replicas in sync, the
+// variables' step before].
+Result<Element> linear_step(ClosureContext& ctx, int64_t step, int64_t global_batch) {
+  capstan::MirroredVariables* vars = ctx.mirrored();
+  if (vars == nullptr) return Status::FailedPrecondition("linear_step runs as a synchronous step");
+  const int64_t n = ctx.num_replicas_in_sync();
+  if (global_batch % n != 0) return Status::InvalidArgument("global batch must divide by the replicas");
+  const int64_t local = global_batch / n;
+  const int64_t first = step * global_batch + ctx.replica_id() * local;
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor w, vars->value("w"));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor b, vars->value("b"));
+  const float w0 = w.flat<float>()[0], w1 = w.flat<float>()[1], b0 = b.flat<float>()[0];
+  double gw0 = 0, gw1 = 0, gb = 0, loss = 0;
+  for (int64_t i = first; i < first + local; ++i) {
+    const double x0 = std::sin(static_cast<double>(i)), x1 = std::cos(3.0 * static_cast<double>(i));
+    const double y = 3 * x0 - 2 * x1 + 1;
+    const double err = w0 * x0 + w1 * x1 + b0 - y;
+    loss += err * err;
+    gw0 += 2 * err * x0;
+    gw1 += 2 * err * x1;
+    gb += 2 * err;
+  }
+  const double k = static_cast<double>(local);
+  const int64_t before = vars->step();
+  CAPSTAN_RETURN_IF_ERROR(vars->apply_gradients(
+      {Tensor::from_vector<float>({static_cast<float>(gw0 / k), static_cast<float>(gw1 / k)}, {2}).value(),
+       Tensor::from_vector<float>({static_cast<float>(gb / k)}, {1}).value()}));
+  return Element{{Tensor::scalar<float>(static_cast<float>(loss / k)), Tensor::scalar<int64_t>(ctx.replica_id()),
+                  Tensor::scalar<int64_t>(n), Tensor::scalar<int64_t>(before)},
+                 {}};
+}
+
+}  // namespace
+
 CAPSTAN_MODULE(registry) {
+  // Synchronous step: args [step, global batch] (int64 scalars).
+  registry.register_closure("linear_step", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    return linear_step(ctx, args.components.at(0).flat<int64_t>()[0], args.components.at(1).flat<int64_t>()[0]);
+  });
+  // A linear step, then a pause of args[2] ms, then an all-reduce of the
+  // replica ids (so that a replica lost in the pause is missed).
+  registry.register_closure("slow_linear_step", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    CAPSTAN_ASSIGN_OR_RETURN(Element out, linear_step(ctx, args.components.at(0).flat<int64_t>()[0],
+                                                      args.components.at(1).flat<int64_t>()[0]));
+    std::this_thread::sleep_for(std::chrono::milliseconds(args.components.at(2).flat<int64_t>()[0]));
+    CAPSTAN_RETURN_IF_ERROR(
+        ctx.all_reduce(Tensor::scalar<float>(static_cast<float>(ctx.replica_id())), capstan::ReduceOp::kSum).status());
+    return out;
+  });
+  // Replica args[0] fails before its collectives; the others step.
+  registry.register_closure("fail_on_replica", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    if (ctx.replica_id() == args.components.at(0).flat<int64_t>()[0]) {
+      return Status::InvalidArgument("replica " + std::to_string(ctx.replica_id()) + " refuses its batch");
+    }
+    return linear_step(ctx, 0, 2 * ctx.num_replicas_in_sync());
+  });
+
   // counter += 1; returns the worker index.
   registry.register_closure("add_one", [](ClosureContext& ctx, const Element&) -> Result<Element> {
     CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("counter", Tensor::scalar<float>(1.0f)));

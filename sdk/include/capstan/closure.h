@@ -14,6 +14,20 @@
 //
 // Variable calls go to the parameter servers holding the variable's shards,
 // in parallel when it is partitioned; updates to one shard are atomic.
+//
+// A synchronous step (MirroredStrategy::run, capstan/strategy.h) runs the
+// closure on every worker at once, as the replicas of one collective group
+// (TF's ReplicaContext): group() reaches the others, mirrored() is this
+// replica's copy of the strategy's variables.
+//
+//   registry.register_closure("sync_step", [](capstan::ClosureContext& ctx, const capstan::Element& args)
+//       -> capstan::Result<capstan::Element> {
+//     auto w = ctx.mirrored()->value("w").value();
+//     ... this replica's gradient of its batch ...
+//     CAPSTAN_RETURN_IF_ERROR(ctx.mirrored()->apply_gradients({grad_w}));   // all-reduced (MEAN)
+//     return capstan::Element{{capstan::Tensor::scalar<float>(loss)}, {}};
+//   });
+//
 // Thread-safety: one closure runs with one context at a time.
 #ifndef CAPSTAN_CLOSURE_H_
 #define CAPSTAN_CLOSURE_H_
@@ -24,6 +38,7 @@
 #include <functional>
 #include <string>
 
+#include "capstan/collectives.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
@@ -32,6 +47,7 @@ namespace capstan CAPSTAN_API {
 namespace data {
 class Iterator;
 }
+class MirroredVariables;
 
 class ClosureContext {
  public:
@@ -72,6 +88,25 @@ class ClosureContext {
   // This worker's iterator of the per-worker dataset `arg` stands for
   // (PerWorkerDataset::arg(), passed through schedule()).
   virtual Result<data::Iterator*> iterator(const Tensor& arg) = 0;
+
+  // ---- Synchronous steps (MirroredStrategy::run); null / 0 / 1 elsewhere.
+  // The step's group: every replica calls the same collectives in the same
+  // order. If this closure fails, the group is aborted so that the other
+  // replicas' collectives fail at once.
+  virtual Communicator* group() { return nullptr; }
+  // This replica's mirrored variables (apply_gradients all-reduces).
+  virtual MirroredVariables* mirrored() { return nullptr; }
+  // TF's replica_id_in_sync_group and num_replicas_in_sync.
+  int replica_id() { return group() != nullptr ? group()->rank() : 0; }
+  int num_replicas_in_sync() { return group() != nullptr ? group()->size() : 1; }
+  // group()->all_reduce, or FailedPrecondition outside a synchronous step.
+  Result<Tensor> all_reduce(const Tensor& tensor, ReduceOp op) {
+    if (group() == nullptr) {
+      return Status::FailedPrecondition(
+          "all_reduce: this closure is not a synchronous step (run it with MirroredStrategy::run, not schedule)");
+    }
+    return group()->all_reduce(tensor, op);
+  }
 };
 
 using ClosureFunction = std::function<Result<Element>(ClosureContext& context, const Element& args)>;

@@ -132,11 +132,13 @@ class Communicator {
   std::string describe() const;
   // True once an operation failed: the group is unusable.
   bool aborted() const;
-  // Gives up on the group from outside an operation, e.g. when this rank's
-  // step failed before it reached its collectives: every other rank's
-  // current or next operation fails at once with Unavailable carrying
-  // `reason` (instead of waiting for the deadline), and this group is
-  // aborted. Runs after the operations already queued here.
+  // Gives up on the group from any thread, e.g. when this rank's step
+  // failed before it reached its collectives, or a supervisor learned that
+  // a member died: this rank's running operation (if any) fails at once, the
+  // other ranks' current or next operation fails with Unavailable carrying
+  // `reason` (instead of waiting for the deadline), and the group is
+  // aborted. Returns at once (the communicator's thread tells the peers);
+  // operations called after it fail with FailedPrecondition.
   void abort(const Status& reason);
 
   // Every rank's tensor (same dtype and shape) reduced element-wise; every

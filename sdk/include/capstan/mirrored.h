@@ -98,6 +98,10 @@ class MirroredVariables {
   Result<int64_t> restore_checkpoint(ClusterCoordinator& cluster, const std::string& path);
 
   struct CAPSTAN_HIDDEN Impl;
+  // Capstan's worker-servers move whole replicas (values, slots, step) in
+  // and out (lib/training/mirrored_access.h).
+  struct CAPSTAN_HIDDEN Access;
+  friend struct Access;
 
  private:
   explicit MirroredVariables(std::unique_ptr<Impl> impl);

@@ -40,6 +40,7 @@ namespace data {
 class Dataset;
 class Iterator;
 }  // namespace data
+class MirroredStrategy;
 
 // An optimizer applied on the parameter servers (Keras semantics).
 // The one description of an optimizer, everywhere in Capstan: the program
@@ -221,6 +222,7 @@ class ClusterCoordinator {
                                                    CollectiveOptions options = {});
 
  private:
+  friend class MirroredStrategy;  // talks to the coordinator through impl_
   struct CAPSTAN_HIDDEN Impl;
   explicit ClusterCoordinator(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;

@@ -4,6 +4,7 @@
 #include <map>
 #include <span>
 
+#include "training/mirrored_access.h"
 #include "training/optimizer.h"
 
 namespace capstan {
@@ -242,16 +243,18 @@ Status MirroredVariables::set_group(Communicator& group, int source) {
 
 namespace {
 
-// Rank 0's outcome on every rank: rank 0 broadcasts its status code, and the
-// others fail with a status naming rank 0 when it failed.
-Status agree(Communicator& group, const Status& at_zero) {
-  const int32_t code = group.rank() == 0 ? static_cast<int32_t>(at_zero.code()) : 0;
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor shared, group.broadcast(Tensor::scalar<int32_t>(code), 0));
-  if (group.rank() == 0) return at_zero;
-  const auto zero_code = static_cast<StatusCode>(shared.flat<int32_t>()[0]);
-  if (zero_code == StatusCode::kOk) return Status::Ok();
-  return Status(zero_code, "rank 0 failed (its error says why)");
+// Rank `source`'s outcome on every rank: it broadcasts its status code, and
+// the others fail with a status naming it when it failed.
+Status agree_from(Communicator& group, const Status& at_source, int source) {
+  const int32_t code = group.rank() == source ? static_cast<int32_t>(at_source.code()) : 0;
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor shared, group.broadcast(Tensor::scalar<int32_t>(code), source));
+  if (group.rank() == source) return at_source;
+  const auto source_code = static_cast<StatusCode>(shared.flat<int32_t>()[0]);
+  if (source_code == StatusCode::kOk) return Status::Ok();
+  return Status(source_code, "rank " + std::to_string(source) + " failed (its error says why)");
 }
+
+Status agree(Communicator& group, const Status& at_zero) { return agree_from(group, at_zero, 0); }
 
 }  // namespace
 
@@ -304,6 +307,77 @@ Result<int64_t> MirroredVariables::restore_checkpoint(ClusterCoordinator& cluste
   CAPSTAN_ASSIGN_OR_RETURN(Tensor shared_step, group.broadcast(Tensor::scalar<int64_t>(step), 0));
   impl_->step = shared_step.flat<int64_t>()[0];
   return impl_->step;
+}
+
+// ---- Access (Capstan's worker-servers) ---------------------------------------------
+
+training::MirroredState MirroredVariables::Access::state(const MirroredVariables& vars) {
+  training::MirroredState out;
+  out.step = vars.impl_->step;
+  for (const auto& v : vars.impl_->variables) {
+    training::MirroredValue value;
+    value.name = v.name;
+    value.value = *copy_of(v.value);
+    auto names = ps::slot_names(v.optimizer.kind);
+    for (size_t i = 0; i < v.slots.size() && i < names.size(); ++i) value.slots[names[i]] = *copy_of(v.slots[i]);
+    out.variables.push_back(std::move(value));
+  }
+  return out;
+}
+
+std::vector<training::MirroredSpec> MirroredVariables::Access::specs(const MirroredVariables& vars) {
+  std::vector<training::MirroredSpec> out;
+  for (const auto& v : vars.impl_->variables) {
+    out.push_back({v.name, v.value.dtype(), v.value.shape(), v.optimizer});
+  }
+  return out;
+}
+
+Result<std::unique_ptr<MirroredVariables>> MirroredVariables::Access::seeded(
+    Communicator& group, const std::vector<training::MirroredSpec>& specs, const training::MirroredState* seed,
+    int source) {
+  std::vector<MirroredVariableSpec> local;
+  for (const auto& spec : specs) {
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor zeros, Tensor::zeros(spec.dtype, spec.shape));
+    local.push_back({spec.name, std::move(zeros), spec.optimizer});
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(auto impl, local_variables(group, std::move(local)));
+  Status fitted;
+  if (seed != nullptr) {
+    fitted = [&]() -> Status {
+      std::map<std::string, const training::MirroredValue*> given;
+      for (const auto& v : seed->variables) given[v.name] = &v;
+      for (auto& v : impl->variables) {
+        auto it = given.find(v.name);
+        if (it == given.end()) return Status::InvalidArgument("the seed has no value for mirrored variable '" + v.name + "'");
+        const Tensor& value = it->second->value;
+        if (value.dtype() != v.value.dtype() || value.shape() != v.value.shape()) {
+          return Status::InvalidArgument("the seed holds '" + v.name + "' as " + std::string(dtype_name(value.dtype())) +
+                                         shape_string(value.shape()) + ", the variable is " +
+                                         std::string(dtype_name(v.value.dtype())) + shape_string(v.value.shape()));
+        }
+        CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(value));
+        auto names = ps::slot_names(v.optimizer.kind);
+        for (size_t i = 0; i < names.size() && i < v.slots.size(); ++i) {
+          auto slot = it->second->slots.find(names[i]);
+          if (slot == it->second->slots.end()) continue;  // starts afresh
+          if (slot->second.dtype() != v.value.dtype() || slot->second.shape() != v.value.shape()) {
+            return Status::InvalidArgument("the seed's slot '" + names[i] + "' of '" + v.name + "' is " +
+                                           std::string(dtype_name(slot->second.dtype())) +
+                                           shape_string(slot->second.shape()));
+          }
+          CAPSTAN_ASSIGN_OR_RETURN(v.slots[i], copy_of(slot->second));
+        }
+      }
+      impl->step = seed->step;
+      return Status::Ok();
+    }();
+  }
+  // Everyone learns whether the source's seed fitted before the broadcast.
+  CAPSTAN_RETURN_IF_ERROR(agree_from(group, fitted, source));
+  std::unique_ptr<MirroredVariables> vars(new MirroredVariables(std::move(impl)));
+  CAPSTAN_RETURN_IF_ERROR(vars->set_group(group, source));
+  return vars;
 }
 
 }  // namespace capstan

@@ -1,0 +1,632 @@
+// Synchronous training in the coordinator: strategies, their groups and
+// steps (see "Synchronous training" in coordinator.h).
+//
+// A step's life:
+//   ensure_group  the live workers that have the function, by task index,
+//                 are the replicas; when they differ from the last group's,
+//                 or the last step failed, or a seed waits, form_group:
+//                   replica_status on each (what it holds, at which step)
+//                   -> the source: rank 0 with the seed, else the member of
+//                      the last group with the fewest steps applied
+//                   -> prepare_replica on each (its address for this epoch)
+//                   -> form_replica on each (connect, take the source's state)
+//   dispatch_step the closure on every member at once; a member lost
+//                 mid-step (link broken, or dropped for missing pings) makes
+//                 the coordinator abort the others' group so that they fail
+//                 at once; the step fails, the next one re-forms.
+#include <algorithm>
+#include <set>
+
+#include "checkpoint/checkpoint.h"
+#include "daemons/coordinator/coordinator.h"
+#include "rpc/errors.h"
+#include "rpc/pool.h"
+#include "training/optimizer.h"
+
+namespace capstan::coordinator {
+namespace {
+
+constexpr size_t kMaxStrategyName = 256;
+constexpr size_t kMaxStrategies = 64;
+constexpr int kFormAttempts = 3;
+
+// A worker's answer, or that the link to it broke.
+template <typename T>
+struct Answer {
+  Result<T> result = Status::Unknown("no answer");
+  bool lost = false;
+};
+
+template <typename T>
+kj::Promise<Answer<T>> answer(kj::Promise<Result<T>> call) {
+  return call.then([](Result<T> r) { return Answer<T>{std::move(r), false}; },
+                   [](kj::Exception&& e) { return Answer<T>{rpc::from_exception(e), true}; });
+}
+
+std::string spec_text(const training::MirroredSpec& s) {
+  return "'" + s.name + "' " + std::string(dtype_name(s.dtype)) + shape_string(s.shape) + " (" +
+         optimizer_name(s.optimizer.kind) + ")";
+}
+
+}  // namespace
+
+Result<Coordinator::Strategy*> Coordinator::find_strategy(const std::string& name) {
+  auto it = strategies_.find(name);
+  if (it == strategies_.end()) {
+    return Status::NotFound("no strategy named '" + name + "' (MirroredStrategy::create makes one)");
+  }
+  return &it->second;
+}
+
+bool Coordinator::is_mirrored(const std::string& variable) const {
+  for (const auto& [name, strategy] : strategies_) {
+    for (const auto& spec : strategy.specs) {
+      if (spec.name == variable) return true;
+    }
+  }
+  return false;
+}
+
+std::vector<int64_t> Coordinator::replica_candidates(const std::string& function) const {
+  std::vector<std::pair<int, int64_t>> found;
+  for (const auto& [id, worker] : workers_) {
+    if (worker.functions.count(function) != 0) found.emplace_back(worker.task_index, id);
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<int64_t> ids;
+  for (const auto& [task, id] : found) ids.push_back(id);
+  return ids;
+}
+
+kj::Promise<void> Coordinator::dropped(int64_t worker_id) {
+  if (workers_.count(worker_id) == 0) return kj::READY_NOW;
+  auto paf = kj::newPromiseAndFulfiller<void>();
+  drop_waiters_[worker_id].add(kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+Status Coordinator::create_strategy(const std::string& name, std::vector<MirroredVariableInit> variables,
+                                    StrategyConfig config) {
+  if (name.empty() || name.size() > kMaxStrategyName) {
+    return Status::InvalidArgument("createStrategy: a name of 1 to " + std::to_string(kMaxStrategyName) +
+                                   " characters, not " + std::to_string(name.size()));
+  }
+  if (variables.empty()) return Status::InvalidArgument("createStrategy '" + name + "': no mirrored variables");
+  if (config.min_replicas < 1 || config.min_replicas > 4096) {
+    return Status::InvalidArgument("createStrategy '" + name + "': min_replicas " +
+                                   std::to_string(config.min_replicas) + " is not in [1, 4096]");
+  }
+  std::vector<training::MirroredSpec> specs;
+  std::set<std::string> names;
+  for (const auto& v : variables) {
+    if (v.name.empty()) return Status::InvalidArgument("createStrategy '" + name + "': a variable has no name");
+    if (!names.insert(v.name).second) {
+      return Status::InvalidArgument("createStrategy '" + name + "': variable '" + v.name + "' is listed twice");
+    }
+    if (v.initial.dtype() != DType::kFloat32 && v.initial.dtype() != DType::kFloat64) {
+      return Status::InvalidArgument("createStrategy '" + name + "': variable '" + v.name + "' is " +
+                                     std::string(dtype_name(v.initial.dtype())) +
+                                     "; mirrored variables are float32 or float64");
+    }
+    CAPSTAN_RETURN_IF_ERROR(ps::validate(v.optimizer).with_context("mirrored variable '" + v.name + "'"));
+    if (variables_.count(v.name) != 0) {
+      return Status::AlreadyExists("createStrategy '" + name + "': '" + v.name +
+                                   "' is a parameter-server variable; a variable lives in one place");
+    }
+    for (const auto& [other_name, other] : strategies_) {
+      if (other_name == name) continue;
+      for (const auto& spec : other.specs) {
+        if (spec.name == v.name) {
+          return Status::AlreadyExists("createStrategy '" + name + "': '" + v.name + "' is mirrored by strategy '" +
+                                       other_name + "'");
+        }
+      }
+    }
+    specs.push_back({v.name, v.initial.dtype(), v.initial.shape(), v.optimizer});
+  }
+  auto existing = strategies_.find(name);
+  if (existing != strategies_.end()) {
+    // A reconnecting program creates its strategy again: hand back the one
+    // that exists (its replicas keep their values).
+    const auto& have = existing->second.specs;
+    bool same = have.size() == specs.size();
+    for (size_t i = 0; same && i < specs.size(); ++i) {
+      same = have[i].name == specs[i].name && have[i].dtype == specs[i].dtype && have[i].shape == specs[i].shape &&
+             have[i].optimizer == specs[i].optimizer;
+    }
+    if (!same) {
+      std::string described;
+      for (const auto& s : have) described += (described.empty() ? "" : ", ") + spec_text(s);
+      return Status::AlreadyExists("strategy '" + name + "' exists with other variables: " + described);
+    }
+    existing->second.config = config;
+    return Status::Ok();
+  }
+  if (strategies_.size() >= kMaxStrategies) {
+    return Status::ResourceExhausted("createStrategy: " + std::to_string(kMaxStrategies) + " strategies exist");
+  }
+  Strategy strategy;
+  strategy.name = name;
+  strategy.specs = std::move(specs);
+  strategy.config = config;
+  training::MirroredState seed;
+  for (auto& v : variables) seed.variables.push_back({v.name, std::move(v.initial), {}});
+  strategy.seed = std::move(seed);
+  std::string described;
+  for (const auto& s : strategy.specs) described += (described.empty() ? "" : ", ") + spec_text(s);
+  log_->info("strategy '{}' created: {} mirrored variable(s): {}", name, strategy.specs.size(), described);
+  strategies_.emplace(name, std::move(strategy));
+  return Status::Ok();
+}
+
+kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::string function, std::string args) {
+  using Out = Result<StepOutcome>;
+  auto found = find_strategy(name);
+  if (!found.ok()) return Out(found.status());
+  Strategy& s = **found;
+  if (!workers_.empty() && !any_worker_has(function)) {
+    return Out(Status::NotFound("runStep: no worker has a closure named '" + function + "'"));
+  }
+  if (*s.busy) {
+    // One step of a strategy at a time; the next waits (and looks again now
+    // and then, in case the one before was abandoned by its caller).
+    return changed()
+        .exclusiveJoin(timer_.afterDelay(200 * kj::MILLISECONDS))
+        .then([this, name = std::move(name), function = std::move(function), args = std::move(args)]() mutable {
+          return run_step(std::move(name), std::move(function), std::move(args));
+        });
+  }
+  *s.busy = true;
+  auto give_up = timer_.now() + s.config.settings.timeout.count() * kj::MILLISECONDS;
+  Strategy* strategy = &s;
+  return ensure_group(s, function, give_up)
+      .then([this, strategy, function, args = std::move(args)](Status formed) mutable -> kj::Promise<Out> {
+        if (!formed.ok()) return Out(formed);
+        return dispatch_step(*strategy, std::move(function), std::move(args));
+      })
+      .then([this](Out out) {
+        notify();
+        return out;
+      })
+      // Also when the caller goes away mid-step (the promise is dropped).
+      .attach(kj::defer([busy = s.busy]() { *busy = false; }));
+}
+
+kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function, kj::TimePoint give_up) {
+  auto members = replica_candidates(function);
+  if (static_cast<int>(members.size()) < s.config.min_replicas) {
+    if (timer_.now() >= give_up) {
+      return Status::Unavailable("strategy '" + s.name + "' needs " + std::to_string(s.config.min_replicas) +
+                                 " worker(s) with closure '" + function + "'; " + std::to_string(members.size()) +
+                                 " registered within " + std::to_string(s.config.settings.timeout.count()) + " ms");
+    }
+    return changed()
+        .exclusiveJoin(timer_.afterDelay(500 * kj::MILLISECONDS))
+        .then([this, &s, function, give_up]() { return ensure_group(s, function, give_up); });
+  }
+  if (s.formed && members == s.members && !s.seed.has_value()) return Status::Ok();
+  return form_group(s, members).then([this, &s, function, give_up](Status status) -> kj::Promise<Status> {
+    if (status.ok() || status.code() != StatusCode::kUnavailable || timer_.now() >= give_up) return status;
+    // A member was lost while the group formed: once more with the others.
+    log_->warn("strategy '{}': forming the group failed ({}); forming it again", s.name, status.message());
+    return form_group(s, replica_candidates(function)).then([this, &s](Status again) -> kj::Promise<Status> {
+      if (again.ok() || again.code() != StatusCode::kUnavailable) return again;
+      return Status::Unavailable("strategy '" + s.name + "': the group did not form: " + again.message());
+    });
+  });
+}
+
+kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> members) {
+  const int64_t epoch = ++s.epoch;
+  s.formed = false;
+  if (members.empty()) {
+    return Status::Unavailable("strategy '" + s.name + "': no worker to form a group with");
+  }
+  // Every member must still be registered; its peer is looked up again at
+  // each stage (a member dropped meanwhile fails the formation).
+  auto peer_of = [this](int64_t id) -> WorkerPeer* {
+    auto it = workers_.find(id);
+    return it == workers_.end() ? nullptr : it->second.peer.get();
+  };
+  auto lost = [this, &s](int64_t id, const Status& why) {
+    drop_worker(id, why.with_context("strategy '" + s.name + "'"));
+    return Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
+                               " was lost while the group formed: " + why.message());
+  };
+  auto statuses = kj::heapArrayBuilder<kj::Promise<Answer<training::ReplicaReport>>>(members.size());
+  for (int64_t id : members) {
+    WorkerPeer* peer = peer_of(id);
+    statuses.add(peer == nullptr ? kj::Promise<Answer<training::ReplicaReport>>(
+                                       Answer<training::ReplicaReport>{Status::Unavailable("dropped"), true})
+                                 : answer(peer->replica_status(s.name)));
+  }
+  auto shared_members = std::make_shared<std::vector<int64_t>>(std::move(members));
+  auto source = std::make_shared<int>(0);
+  return kj::joinPromises(statuses.finish())
+      .then([this, &s, shared_members, source, peer_of, lost,
+             epoch](kj::Array<Answer<training::ReplicaReport>> reports) -> kj::Promise<kj::Array<Answer<std::string>>> {
+        const auto& ids = *shared_members;
+        for (size_t r = 0; r < reports.size(); ++r) {
+          if (reports[r].lost) {
+            return rpc::to_exception(lost(ids[r], reports[r].result.status()));
+          }
+          if (!reports[r].result.ok()) {
+            return rpc::to_exception(reports[r].result.status().with_context(
+                "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (replica status)"));
+          }
+        }
+        if (s.seed.has_value()) {
+          *source = 0;
+        } else {
+          // The last group's members that hold the variables are at the
+          // last step all finished, or one past it: the fewest steps wins.
+          std::set<int64_t> last(s.members.begin(), s.members.end());
+          int best = -1;
+          for (size_t r = 0; r < reports.size(); ++r) {
+            const auto& report = *reports[r].result;
+            if (!report.holds || last.count(ids[r]) == 0) continue;
+            if (best < 0 || report.step < reports[static_cast<size_t>(best)].result->step) best = static_cast<int>(r);
+          }
+          if (best < 0) {
+            return rpc::to_exception(Status::FailedPrecondition(
+                "strategy '" + s.name + "': no live worker holds its mirrored variables (every replica of the last "
+                "group was lost); restore a checkpoint (restore_checkpoint) to go on"));
+          }
+          *source = best;
+        }
+        auto prepared = kj::heapArrayBuilder<kj::Promise<Answer<std::string>>>(ids.size());
+        for (int64_t id : ids) {
+          WorkerPeer* peer = peer_of(id);
+          prepared.add(peer == nullptr ? kj::Promise<Answer<std::string>>(
+                                             Answer<std::string>{Status::Unavailable("dropped"), true})
+                                       : answer(peer->prepare_replica(s.name, epoch)));
+        }
+        return kj::joinPromises(prepared.finish());
+      })
+      .then([this, &s, shared_members, source, peer_of, lost,
+             epoch](kj::Array<Answer<std::string>> addresses) -> kj::Promise<kj::Array<Answer<training::ReplicaReport>>> {
+        const auto& ids = *shared_members;
+        std::vector<std::string> by_rank;
+        for (size_t r = 0; r < addresses.size(); ++r) {
+          if (addresses[r].lost) {
+            return rpc::to_exception(lost(ids[r], addresses[r].result.status()));
+          }
+          if (!addresses[r].result.ok()) {
+            return rpc::to_exception(addresses[r].result.status().with_context(
+                "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (prepare)"));
+          }
+          by_rank.push_back(*addresses[r].result);
+        }
+        auto formed = kj::heapArrayBuilder<kj::Promise<Answer<training::ReplicaReport>>>(ids.size());
+        for (size_t r = 0; r < ids.size(); ++r) {
+          training::ReplicaForm form;
+          form.strategy = s.name;
+          form.epoch = epoch;
+          form.rank = static_cast<int>(r);
+          form.addresses = by_rank;
+          form.source = *source;
+          form.specs = s.specs;
+          if (static_cast<int>(r) == *source && s.seed.has_value()) form.seed = *s.seed;
+          form.settings = s.config.settings;
+          WorkerPeer* peer = peer_of(ids[r]);
+          formed.add(peer == nullptr ? kj::Promise<Answer<training::ReplicaReport>>(
+                                           Answer<training::ReplicaReport>{Status::Unavailable("dropped"), true})
+                                     : answer(peer->form_replica(std::move(form))));
+        }
+        return kj::joinPromises(formed.finish());
+      })
+      .then(
+          [this, &s, shared_members, source, lost, epoch](kj::Array<Answer<training::ReplicaReport>> reports) -> Status {
+            const auto& ids = *shared_members;
+            Status first;
+            std::set<uint64_t> checksums;
+            for (size_t r = 0; r < reports.size(); ++r) {
+              if (reports[r].lost) {
+                Status why = lost(ids[r], reports[r].result.status());
+                if (first.ok()) first = why;
+              } else if (!reports[r].result.ok() && first.ok()) {
+                first = reports[r].result.status().with_context("strategy '" + s.name + "': worker " +
+                                                                std::to_string(ids[r]) + " (forming epoch " +
+                                                                std::to_string(epoch) + ")");
+              } else if (reports[r].result.ok()) {
+                checksums.insert(reports[r].result->checksum);
+              }
+            }
+            if (!first.ok()) return first;
+            if (checksums.size() != 1) {
+              return Status::DataLoss("strategy '" + s.name + "': the replicas of epoch " + std::to_string(epoch) +
+                                      " differ after taking the source's state");
+            }
+            s.members = ids;
+            s.formed = true;
+            s.seed.reset();
+            std::string who;
+            for (size_t r = 0; r < ids.size(); ++r) {
+              who += (who.empty() ? "" : ", ") + std::to_string(r) + "=worker " + std::to_string(ids[r]) + " (task " +
+                     std::to_string(worker_task_index(ids[r])) + ")";
+            }
+            log_->info("strategy '{}': group of {} formed (epoch {}): {}; state from rank {} (step {})", s.name,
+                       ids.size(), epoch, who, *source, reports[static_cast<size_t>(*source)].result->step);
+            return Status::Ok();
+          },
+          [](kj::Exception&& e) { return rpc::from_exception(e); });
+}
+
+kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::string function, std::string args) {
+  using Out = Result<StepOutcome>;
+  const std::vector<int64_t> members = s.members;
+  const int64_t epoch = s.epoch;
+  const std::string name = s.name;
+  auto outcomes = kj::heapArrayBuilder<kj::Promise<ClosureOutcome>>(members.size());
+  for (size_t r = 0; r < members.size(); ++r) {
+    const int64_t id = members[r];
+    auto it = workers_.find(id);
+    if (it == workers_.end()) {
+      outcomes.add(ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) + " was dropped"), true});
+      continue;
+    }
+    ClosureRun run;
+    run.function = function;
+    run.args = args;
+    run.placement_version = placement_version_;
+    run.num_workers = static_cast<uint32_t>(members.size());
+    run.worker_index = it->second.task_index;
+    run.strategy = name;
+    run.epoch = epoch;
+    auto outcome = it->second.peer->run_closure(std::move(run))
+                       .catch_([](kj::Exception&& e) {
+                         return ClosureOutcome{rpc::from_exception(e), true};
+                       })
+                       .exclusiveJoin(dropped(id).then([id]() {
+                         return ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) +
+                                                                   " was dropped (it stopped answering pings)"),
+                                               true};
+                       }))
+                       .then([this, members, name, epoch, r](ClosureOutcome o) {
+                         if (o.worker_lost) {
+                           // The others may wait for this one in a collective:
+                           // abort their group so that they fail now.
+                           std::string reason = "worker " + std::to_string(members[r]) + " (replica " +
+                                                std::to_string(r) + ") was lost: " + o.result.status().message();
+                           for (size_t k = 0; k < members.size(); ++k) {
+                             auto other = workers_.find(members[k]);
+                             if (k == r || other == workers_.end()) continue;
+                             tasks_.add(other->second.peer->abort_replica(name, epoch, reason).then([](Status) {},
+                                                                                                   [](kj::Exception&&) {}));
+                           }
+                         }
+                         return o;
+                       });
+    outcomes.add(kj::mv(outcome));
+  }
+  Strategy* strategy = &s;
+  return kj::joinPromises(outcomes.finish()).then([this, strategy, members, epoch](kj::Array<ClosureOutcome> all) -> Out {
+    Strategy& s = *strategy;
+    std::vector<std::string> lost;
+    Status first_lost, first_error;
+    for (size_t r = 0; r < all.size(); ++r) {
+      const auto& o = all[r];
+      if (o.worker_lost) {
+        lost.push_back("worker " + std::to_string(members[r]) + " (task " +
+                       std::to_string(worker_task_index(members[r])) + ", replica " + std::to_string(r) + ")");
+        if (first_lost.ok()) first_lost = o.result.status();
+        drop_worker(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
+      } else if (!o.result.ok()) {
+        // A closure's own error beats the Unavailable its peers saw.
+        if (first_error.ok() || (first_error.code() == StatusCode::kUnavailable &&
+                                 o.result.status().code() != StatusCode::kUnavailable)) {
+          first_error = o.result.status();
+        }
+      }
+    }
+    if (lost.empty() && first_error.ok()) {
+      StepOutcome out;
+      out.steps = ++s.steps;
+      out.epoch = epoch;
+      for (size_t r = 0; r < all.size(); ++r) {
+        out.values.push_back(*all[r].result);
+        out.task_indexes.push_back(worker_task_index(members[r]));
+      }
+      return out;
+    }
+    s.formed = false;
+    if (!lost.empty()) {
+      std::string names;
+      for (const auto& l : lost) names += (names.empty() ? "" : ", ") + l;
+      const size_t left = workers_.size();
+      log_->warn("strategy '{}': step {} failed: {} lost ({}); the next step re-forms the group", s.name,
+                 s.steps + 1, names, first_lost.message());
+      return Status::Unavailable("step " + std::to_string(s.steps + 1) + " of strategy '" + s.name + "' failed: " +
+                                 names + " lost (" + first_lost.message() + "); the next step goes on with the " +
+                                 std::to_string(left) + " live worker(s), from the last step every replica finished");
+    }
+    log_->warn("strategy '{}': step {} failed: {}", s.name, s.steps + 1, first_error.to_string());
+    return first_error.with_context("step " + std::to_string(s.steps + 1) + " of strategy '" + s.name + "'");
+  });
+}
+
+kj::Promise<Result<training::MirroredState>> Coordinator::mirrored_state(Strategy& s) {
+  using Out = Result<training::MirroredState>;
+  if (s.seed.has_value()) return Out(*s.seed);
+  // Replica 0 first, then the others.
+  std::vector<WorkerPeer*> peers;
+  for (int64_t id : s.members) {
+    auto it = workers_.find(id);
+    if (it != workers_.end()) peers.push_back(it->second.peer.get());
+  }
+  if (peers.empty()) {
+    return Out(Status::FailedPrecondition("strategy '" + s.name +
+                                          "' has no replica to read from (no live worker of its last group)"));
+  }
+  auto next = std::make_shared<std::function<kj::Promise<Out>(size_t, Status)>>();
+  const std::string name = s.name;
+  *next = [peers, name, next](size_t i, Status last) -> kj::Promise<Out> {
+    if (i >= peers.size()) return Out(last.with_context("reading strategy '" + name + "' from its replicas"));
+    return peers[i]->read_replica(name).then(
+        [next, i](Out state) -> kj::Promise<Out> {
+          if (state.ok()) return state;
+          return (*next)(i + 1, state.status());
+        },
+        [next, i](kj::Exception&& e) { return (*next)(i + 1, rpc::from_exception(e)); });
+  };
+  // The closure holds itself through `next`: break the cycle once done.
+  return (*next)(0, Status::Ok()).attach(kj::defer([next]() { *next = nullptr; }));
+}
+
+kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::string strategy, std::string variable) {
+  using Out = Result<std::pair<Tensor, int64_t>>;
+  auto found = find_strategy(strategy);
+  if (!found.ok()) return Out(found.status());
+  Strategy& s = **found;
+  bool known = std::any_of(s.specs.begin(), s.specs.end(), [&](const auto& spec) { return spec.name == variable; });
+  if (!known) return Out(Status::NotFound("strategy '" + strategy + "' has no mirrored variable '" + variable + "'"));
+  return mirrored_state(s).then([variable](Result<training::MirroredState> state) -> Out {
+    CAPSTAN_RETURN_IF_ERROR(state.status());
+    for (auto& v : state->variables) {
+      if (v.name == variable) return std::make_pair(std::move(v.value), state->step);
+    }
+    return Status::Internal("the replica has no variable '" + variable + "'");
+  });
+}
+
+kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string strategy) {
+  using Out = Result<StrategyStatus>;
+  auto found = find_strategy(strategy);
+  if (!found.ok()) return Out(found.status());
+  Strategy& s = **found;
+  auto status = std::make_shared<StrategyStatus>();
+  status->epoch = s.epoch;
+  status->steps = s.steps;
+  auto asks = kj::heapArrayBuilder<kj::Promise<void>>(s.members.size());
+  for (size_t r = 0; r < s.members.size(); ++r) {
+    ReplicaInfo info;
+    info.worker_id = s.members[r];
+    info.task_index = worker_task_index(s.members[r]);
+    info.rank = static_cast<int>(r);
+    status->replicas.push_back(info);
+    auto it = workers_.find(s.members[r]);
+    if (it == workers_.end()) {
+      status->replicas.back().status = Status::Unavailable("worker " + std::to_string(s.members[r]) + " was lost");
+      asks.add(kj::READY_NOW);
+      continue;
+    }
+    asks.add(answer(it->second.peer->replica_status(strategy)).then([status, r](Answer<training::ReplicaReport> a) {
+      auto& info = status->replicas[r];
+      if (a.result.ok()) {
+        info.report = *a.result;
+      } else {
+        info.status = a.result.status();
+      }
+    }));
+  }
+  return kj::joinPromises(asks.finish()).then([status]() -> Out { return std::move(*status); });
+}
+
+// ---- Checkpoints of mirrored variables ---------------------------------------------
+
+kj::Promise<Result<std::vector<VariableState>>> Coordinator::mirrored_snapshot() {
+  using Out = Result<std::vector<VariableState>>;
+  auto states = std::make_shared<std::vector<VariableState>>();
+  auto reads = kj::Vector<kj::Promise<Status>>();
+  for (auto& [name, strategy] : strategies_) {
+    Strategy* s = &strategy;
+    reads.add(mirrored_state(strategy).then([states, s](Result<training::MirroredState> state) -> Status {
+      CAPSTAN_RETURN_IF_ERROR(state.status());
+      for (const auto& spec : s->specs) {
+        auto v = std::find_if(state->variables.begin(), state->variables.end(),
+                              [&](const auto& x) { return x.name == spec.name; });
+        if (v == state->variables.end()) return Status::Internal("no value of mirrored variable '" + spec.name + "'");
+        // One shard, on task 0's file: the checkpoint format of a
+        // parameter-server variable, so either kind restores into the other.
+        VariableState out;
+        out.name = spec.name;
+        out.dtype = spec.dtype;
+        out.shape = spec.shape;
+        out.optimizer = spec.optimizer;
+        ShardState shard;
+        shard.name = spec.name;
+        shard.ps_task = 0;
+        shard.rows = spec.shape.empty() ? 1 : spec.shape[0];
+        shard.value = std::move(v->value);
+        shard.slots = std::move(v->slots);
+        shard.step = state->step;
+        out.shards.push_back(std::move(shard));
+        states->push_back(std::move(out));
+      }
+      return Status::Ok();
+    }));
+  }
+  return kj::joinPromises(reads.releaseAsArray()).then([states](kj::Array<Status> results) -> Out {
+    for (auto& status : results) CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*states);
+  });
+}
+
+Result<Coordinator::MirroredRestore> Coordinator::read_mirrored_checkpoint(
+    const checkpoint::CheckpointReader& reader,
+    const std::map<std::string, std::vector<training::MirroredSpec>>& specs) {
+  MirroredRestore out;
+  for (const auto& [name, list] : specs) {
+    training::MirroredState state;
+    for (const auto& spec : list) {
+      const auto* saved = reader.manifest().find_variable(spec.name);
+      if (saved == nullptr) {
+        out.missing.push_back(spec.name);
+        continue;
+      }
+      if (saved->dtype != spec.dtype || saved->shape != spec.shape) {
+        return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " + std::string(dtype_name(spec.dtype)) +
+                                       shape_string(spec.shape) + " but the checkpoint has " +
+                                       std::string(dtype_name(saved->dtype)) + shape_string(saved->shape));
+      }
+      training::MirroredValue value;
+      value.name = spec.name;
+      CAPSTAN_ASSIGN_OR_RETURN(value.value, reader.read_variable(spec.name));
+      // Slots of the same optimizer kind carry over; another kind's start
+      // afresh (as a parameter-server restore does).
+      if (saved->optimizer.kind == spec.optimizer.kind) {
+        for (const auto& slot : saved->slots) {
+          CAPSTAN_ASSIGN_OR_RETURN(value.slots[slot], reader.read_slot(spec.name, slot));
+        }
+      }
+      state.step = std::max(state.step, saved->optimizer_step);
+      state.variables.push_back(std::move(value));
+    }
+    if (!state.variables.empty()) out.states[name] = std::move(state);
+  }
+  return out;
+}
+
+kj::Promise<Status> Coordinator::seed_strategies(MirroredRestore restore) {
+  auto seeds = kj::Vector<kj::Promise<Status>>();
+  for (auto& [name, partial] : restore.states) {
+    auto found = find_strategy(name);
+    if (!found.ok()) continue;  // gone meanwhile (strategies are never erased)
+    Strategy* s = *found;
+    auto state = std::make_shared<training::MirroredState>(std::move(partial));
+    if (state->variables.size() == s->specs.size()) {
+      s->seed = std::move(*state);
+      s->formed = false;
+      continue;
+    }
+    // Some of the strategy's variables are not in the checkpoint: they keep
+    // the values they have now.
+    seeds.add(mirrored_state(*s).then([s, state](Result<training::MirroredState> now) -> Status {
+      CAPSTAN_RETURN_IF_ERROR(now.status().with_context("keeping the mirrored variables the checkpoint lacks"));
+      for (auto& v : now->variables) {
+        bool restored = std::any_of(state->variables.begin(), state->variables.end(),
+                                    [&](const auto& x) { return x.name == v.name; });
+        if (!restored) state->variables.push_back(std::move(v));
+      }
+      s->seed = std::move(*state);
+      s->formed = false;
+      return Status::Ok();
+    }));
+  }
+  return kj::joinPromises(seeds.releaseAsArray()).then([](kj::Array<Status> results) {
+    for (auto& status : results) CAPSTAN_RETURN_IF_ERROR(status);
+    return Status::Ok();
+  });
+}
+
+}  // namespace capstan::coordinator

@@ -1,0 +1,188 @@
+#include "daemons/worker_server/replicas.h"
+
+#include "training/mirrored_access.h"
+
+namespace capstan::worker_server {
+namespace {
+
+// Holds a replica's lock for a Lease (released when the last copy goes).
+template <typename R>
+struct Hold {
+  explicit Hold(std::shared_ptr<R> r) NO_THREAD_SAFETY_ANALYSIS : replica(std::move(r)) { replica->mutex.lock(); }
+  ~Hold() NO_THREAD_SAFETY_ANALYSIS { replica->mutex.unlock(); }
+  Hold(const Hold&) = delete;
+  Hold& operator=(const Hold&) = delete;
+  std::shared_ptr<R> replica;
+  std::shared_ptr<Communicator> group;  // alive while the step runs
+};
+
+}  // namespace
+
+Replicas::Replicas(std::string host) : host_(std::move(host)) {}
+Replicas::~Replicas() = default;
+
+std::shared_ptr<Replicas::Replica> Replicas::find(const std::string& strategy, bool create) {
+  MutexLock lock(mutex_);
+  auto it = replicas_.find(strategy);
+  if (it != replicas_.end()) return it->second;
+  if (!create || replicas_.size() >= kMaxStrategies) return nullptr;
+  auto replica = std::make_shared<Replica>();
+  replicas_[strategy] = replica;
+  return replica;
+}
+
+training::ReplicaReport Replicas::status(const std::string& strategy) {
+  training::ReplicaReport report;
+  auto replica = find(strategy, false);
+  if (replica == nullptr) return report;
+  MutexLock lock(replica->mutex);
+  if (replica->variables == nullptr) return report;
+  report.holds = true;
+  report.step = replica->variables->step();
+  report.checksum = replica->variables->checksum();
+  return report;
+}
+
+Result<std::string> Replicas::prepare(const std::string& strategy, int64_t epoch) {
+  if (strategy.empty() || strategy.size() > 256) {
+    return Status::InvalidArgument("prepareReplica: a strategy name of 1 to 256 characters, not " +
+                                   std::to_string(strategy.size()));
+  }
+  auto replica = find(strategy, true);
+  if (replica == nullptr) {
+    return Status::ResourceExhausted("prepareReplica: this worker holds replicas of " + std::to_string(kMaxStrategies) +
+                                     " strategies already");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(auto endpoint, CollectiveEndpoint::listen(host_));
+  std::string address = endpoint->address();
+  MutexLock lock(replica->mutex);
+  replica->pending = std::move(endpoint);
+  replica->pending_epoch = epoch;
+  return address;
+}
+
+Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form) {
+  auto replica = find(form.strategy, false);
+  if (replica == nullptr) {
+    return Status::FailedPrecondition("formReplica: strategy '" + form.strategy + "' was not prepared here");
+  }
+  const int size = static_cast<int>(form.addresses.size());
+  if (form.rank < 0 || form.rank >= size || form.source < 0 || form.source >= size) {
+    return Status::InvalidArgument("formReplica: rank " + std::to_string(form.rank) + " and source " +
+                                   std::to_string(form.source) + " must be in [0, " + std::to_string(size) + ")");
+  }
+  MutexLock lock(replica->mutex);
+  if (replica->pending == nullptr || replica->pending_epoch != form.epoch) {
+    return Status::FailedPrecondition("formReplica: strategy '" + form.strategy + "' was not prepared for epoch " +
+                                      std::to_string(form.epoch));
+  }
+  // The old group (if any) stays until the new one has the variables; no
+  // step can use it meanwhile (this holds the replica).
+  auto made = Communicator::create(std::move(replica->pending), form.addresses, form.rank, form.epoch,
+                                   form.settings.options());
+  replica->pending_epoch = 0;
+  if (!made.ok()) return made.status().with_context("forming strategy '" + form.strategy + "'");
+  std::shared_ptr<Communicator> group(std::move(*made));
+  const bool is_source = form.rank == form.source;
+  if (form.seed.has_value() && !is_source) {
+    return Status::InvalidArgument("formReplica: a seed goes to the source only");
+  }
+  // Everyone learns first whether the source can give a state.
+  Status source_ok;
+  if (is_source && !form.seed.has_value() && replica->variables == nullptr) {
+    source_ok = Status::FailedPrecondition("worker chosen as the source of strategy '" + form.strategy +
+                                           "' holds no replica");
+  }
+  const int32_t code = is_source ? static_cast<int32_t>(source_ok.code()) : 0;
+  auto shared = group->broadcast(Tensor::scalar<int32_t>(code), form.source);
+  if (!shared.ok()) return shared.status();
+  if (shared->flat<int32_t>()[0] != 0) {
+    return is_source ? source_ok
+                     : Status::FailedPrecondition("the source (rank " + std::to_string(form.source) +
+                                                  ") of strategy '" + form.strategy + "' holds no replica");
+  }
+  // Whether to start from nothing: a seed (at the source) or no replica
+  // here. Both sides of a seeded formation take the seeded path together.
+  const int32_t seeded_here = form.seed.has_value() ? 1 : 0;
+  auto seeded = group->broadcast(Tensor::scalar<int32_t>(seeded_here), form.source);
+  if (!seeded.ok()) return seeded.status();
+  if (seeded->flat<int32_t>()[0] != 0) {
+    const training::MirroredState* seed = form.seed.has_value() ? &*form.seed : nullptr;
+    // A survivor's own variables are replaced by the seed's.
+    replica->variables.reset();
+    CAPSTAN_ASSIGN_OR_RETURN(replica->variables,
+                             MirroredVariables::Access::seeded(*group, form.specs, seed, form.source));
+  } else if (replica->variables != nullptr) {
+    // Survivors: the ones whose layout no longer matches the strategy's
+    // (none in practice: the coordinator keeps the specs) fail in set_group.
+    Status set = replica->variables->set_group(*group, form.source);
+    if (!set.ok()) {
+      replica->variables.reset();
+      return set;
+    }
+  } else {
+    std::vector<MirroredVariableSpec> specs;
+    for (const auto& s : form.specs) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor zeros, Tensor::zeros(s.dtype, s.shape));
+      specs.push_back({s.name, std::move(zeros), s.optimizer});
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(replica->variables, MirroredVariables::join(*group, std::move(specs), form.source));
+  }
+  training::ReplicaReport report;
+  report.holds = true;
+  report.step = replica->variables->step();
+  report.checksum = replica->variables->checksum();
+  report.transports = group->transports();
+  MutexLock group_lock(replica->group_mutex);
+  replica->group = std::move(group);
+  replica->epoch = form.epoch;
+  return report;
+}
+
+Result<training::MirroredState> Replicas::read(const std::string& strategy) {
+  auto replica = find(strategy, false);
+  if (replica == nullptr) return Status::NotFound("this worker holds no replica of strategy '" + strategy + "'");
+  MutexLock lock(replica->mutex);
+  if (replica->variables == nullptr) {
+    return Status::NotFound("this worker holds no replica of strategy '" + strategy + "'");
+  }
+  return MirroredVariables::Access::state(*replica->variables);
+}
+
+void Replicas::abort(const std::string& strategy, int64_t epoch, const Status& reason) {
+  auto replica = find(strategy, false);
+  if (replica == nullptr) return;
+  std::shared_ptr<Communicator> group;
+  {
+    MutexLock lock(replica->group_mutex);
+    if (replica->epoch != epoch) return;
+    group = replica->group;
+  }
+  if (group != nullptr && !group->aborted()) group->abort(reason);
+}
+
+Result<Replicas::Lease> Replicas::acquire(const std::string& strategy, int64_t epoch) {
+  auto replica = find(strategy, false);
+  if (replica == nullptr) {
+    return Status::FailedPrecondition("this worker holds no replica of strategy '" + strategy +
+                                      "' (the coordinator forms the group before a step)");
+  }
+  auto hold = std::make_shared<Hold<Replica>>(replica);
+  {
+    MutexLock lock(replica->group_mutex);
+    if (replica->epoch != epoch || replica->group == nullptr) {
+      return Status::FailedPrecondition("strategy '" + strategy + "': this worker's group is epoch " +
+                                        std::to_string(replica->epoch) + ", the step is for epoch " +
+                                        std::to_string(epoch));
+    }
+    hold->group = replica->group;
+  }
+  Communicator* group = hold->group.get();
+  MirroredVariables* variables = [&]() NO_THREAD_SAFETY_ANALYSIS { return replica->variables.get(); }();
+  if (variables == nullptr) {
+    return Status::FailedPrecondition("strategy '" + strategy + "' has no variables on this worker");
+  }
+  return Lease(std::move(hold), group, variables);
+}
+
+}  // namespace capstan::worker_server

@@ -1,0 +1,96 @@
+// ClusterCoordinator's implementation state, shared by the SDK files that
+// talk to the coordinator (cluster.cc, strategy.cc). Not installed.
+#ifndef CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
+#define CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
+
+#include <map>
+#include <memory>
+#include <set>
+#include <string>
+
+#include "capstan/training.h"
+#include "capstan_schemas/coordinator.capnp.h"
+#include "rpc/sync_channel.h"
+#include "sync/mutex.h"
+#include "training/variable_router.h"
+
+namespace capstan {
+
+struct ClusterCoordinator::Impl {
+  Impl(std::string address, ClientOptions options)
+      : channel(std::move(address), std::move(options), "capstan-cluster") {
+    loop().run_sync([this]() { tasks = kj::heap<kj::TaskSet>(task_errors); });
+    rpc::Connection* conn = &channel.connection();
+    kj::Timer* timer = &loop().timer();
+    router = std::make_unique<VariableRouter>(
+        loop(), channel.connect_options(), channel.codec(), channel.options().call_timeout, [conn, timer]() {
+          return conn->service<wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
+              .then([](wire::Coordinator::Client c) { return c.placementsRequest().send(); })
+              .then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
+                std::vector<VariableLocation> variables;
+                for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
+                return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
+              });
+        });
+  }
+  ~Impl() {
+    router.reset();
+    loop().run_sync([this]() {
+      tasks = nullptr;
+      scheduled.clear();
+      ack_waiters.clear();
+    });
+  }
+
+  rpc::LoopThread& loop() { return channel.loop(); }
+  rpc::Connection& connection() { return channel.connection(); }
+  kj::TimePoint connect_deadline() { return channel.connect_deadline(); }
+  template <typename T, typename Make>
+  Result<T> call(const std::string& what, Make make, bool bounded = true) {
+    return channel.call<T, wire::Coordinator>(what, std::move(make), bounded);
+  }
+
+  // ---- Pipelined schedule (loop thread only) ----
+  // schedule() does not wait for the coordinator's reply: it returns a local
+  // id at once (as TF's schedule returns a RemoteValue), the request goes
+  // out behind the ones before it, and a failed reply is raised by the next
+  // schedule/join/done, as closure errors are.
+  void ack() {
+    if (--unacked == 0) {
+      for (auto& w : ack_waiters) w->fulfill();
+      ack_waiters.clear();
+    }
+  }
+  kj::Promise<void> all_acked() {
+    if (unacked == 0) return kj::READY_NOW;
+    auto paf = kj::newPromiseAndFulfiller<void>();
+    ack_waiters.add(kj::mv(paf.fulfiller));
+    return kj::mv(paf.promise);
+  }
+  Status take_schedule_error() {
+    Status error = schedule_error;
+    schedule_error = Status::Ok();
+    return error;
+  }
+
+  struct TaskErrors : kj::TaskSet::ErrorHandler {
+    void taskFailed(kj::Exception&&) override {}  // recorded by the tasks themselves
+  };
+
+  rpc::SyncChannel channel;
+  int64_t next_local_id = 1;
+  std::map<int64_t, kj::ForkedPromise<int64_t>> scheduled;
+  int64_t unacked = 0;
+  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> ack_waiters;
+  Status schedule_error;
+  TaskErrors task_errors;
+  kj::Own<kj::TaskSet> tasks;
+  // Closure names the workers have, to refuse unknown ones at schedule().
+  Mutex names_mutex;
+  std::set<std::string> closure_names GUARDED_BY(names_mutex);
+  std::unique_ptr<VariableRouter> router;
+};
+
+}  // namespace capstan
+
+#endif  // CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
