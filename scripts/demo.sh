@@ -3,7 +3,7 @@
 # the UCI Adult data by a local Capstan cluster.
 #
 # Usage: scripts/demo.sh [census options...]   (e.g. --epochs 8, --seed 1,
-#                                               --mode ps|sync|hybrid)
+#                                               --mode ps|sync|hybrid|strategy|strategy-hybrid)
 #
 #   1. scripts/build.sh: installs what is missing and builds (incremental);
 #   2. scripts/local-cluster.sh up: a coordinator, 2 parameter servers and
@@ -23,7 +23,11 @@
 # processes (started by the census program, torchrun-style) form a
 # collective group through the coordinator, hold every variable mirrored and
 # all-reduce the gradients each step; --mode hybrid keeps the wide table and
-# the embeddings on the parameter servers and mirrors the MLP.
+# the embeddings on the parameter servers and mirrors the MLP. --mode
+# strategy trains synchronously on the 2 worker-servers instead, driven by
+# this one program (MirroredStrategy: each step runs on both workers at once
+# as the replicas of one group); --mode strategy-hybrid keeps the tables on
+# the parameter servers.
 #
 # The exit status is the census program's: 0 when the test accuracy is at
 # least 85.0% and the AUC at least 0.90.

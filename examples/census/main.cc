@@ -31,12 +31,24 @@
 // embeddings on the parameter servers (sparse, asynchronous) while the MLP is
 // mirrored and all-reduced: the recommender layout. Rank 0 evaluates.
 //
+// --mode strategy is the same synchronous training driven from this one
+// program (MirroredStrategy, capstan/strategy.h): the worker-servers are the
+// replicas, each step runs census_sync_step on all of them at once, each
+// reading its shard (a per-worker dataset, or the data service with
+// --dispatcher) with its own copy of the variables; evaluation runs as a
+// step too (each replica a shard of adult.test). A worker that dies fails
+// that step; the program goes on with the others, and a worker that comes
+// back joins at the next step. --mode strategy-hybrid keeps the tables on the
+// parameter servers and mirrors the MLP. --min-workers replicas are awaited;
+// each reads --batch-size / --min-workers examples a step.
+//
 // Options:
 //   --coordinator HOST:PORT  the coordinator (default 127.0.0.1:7000)
 //   --dispatcher HOST:PORT   feed the workers through the tf.data service
 //   --data-dir DIR           holds adult.data.gz and adult.test.gz (default:
 //                            examples/census/data under the current directory)
-//   --mode ps|sync|hybrid    ps (default), sync or hybrid (see above)
+//   --mode M                 ps (default), sync, hybrid, strategy or
+//                            strategy-hybrid (see above)
 //   --replicas N             processes in sync and hybrid modes (default 2)
 //   --rank R --group NAME    run as rank R of the group NAME (sync, hybrid:
 //                            what the launcher passes to the others)
@@ -58,6 +70,7 @@
 #include <capstan/data/dataset.h>
 #include <capstan/data/service.h>
 #include <capstan/mirrored.h>
+#include <capstan/strategy.h>
 #include <capstan/training.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -77,6 +90,7 @@
 #include "census/functions.h"
 #include "census/model.h"
 #include "census/pipeline.h"
+#include "census/replica.h"
 #include "common/example_util.h"
 
 namespace {
@@ -119,7 +133,8 @@ struct Flags {
 [[noreturn]] void usage(const char* program, const std::string& error) {
   if (!error.empty()) std::cerr << program << ": " << error << "\n";
   std::cerr << "usage: " << program
-            << " [--coordinator HOST:PORT] [--dispatcher HOST:PORT] [--data-dir DIR] [--mode ps|sync|hybrid]"
+            << " [--coordinator HOST:PORT] [--dispatcher HOST:PORT] [--data-dir DIR]"
+               " [--mode ps|sync|hybrid|strategy|strategy-hybrid]"
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
                " [--checkpoint-dir DIR] [--replicas N] [--rank R --group NAME]\n";
@@ -167,8 +182,9 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--group") flags.group = value;
     else usage(argv[0], "unknown option '" + name + "'");
   }
-  if (flags.mode != "ps" && flags.mode != "sync" && flags.mode != "hybrid") {
-    usage(argv[0], "--mode must be ps, sync or hybrid, got '" + flags.mode + "'");
+  if (flags.mode != "ps" && flags.mode != "sync" && flags.mode != "hybrid" && flags.mode != "strategy" &&
+      flags.mode != "strategy-hybrid") {
+    usage(argv[0], "--mode must be ps, sync, hybrid, strategy or strategy-hybrid, got '" + flags.mode + "'");
   }
   if (flags.rank >= 0 && (flags.group.empty() || flags.rank >= flags.replicas)) {
     usage(argv[0], "--rank needs --group and must be below --replicas");
@@ -295,71 +311,20 @@ bool report(const Flags& flags, const Metrics& metrics, int64_t trained, double 
 
 // ---- Synchronous modes: one process per replica ------------------------------------
 
-struct StepOutput {
-  census::Output output;
-  int64_t n = 0;
-};
+using census::StepOutput;
 
-// One batch through the model with the replica's variables: the mirrored
-// ones from this process's memory, the hybrid layout's tables from the
-// parameter servers. With `train`, applies the gradients: all-reduced for
-// the mirrored variables, sparse and asynchronous for the tables on the
-// parameter servers.
+// The hybrid layout's tables through the program's own connection.
+census::Tables cluster_tables(capstan::ClusterCoordinator& cluster) {
+  return {[&cluster](const std::string& name, const Tensor& ids) { return cluster.gather(name, ids); },
+          [&cluster](const std::string& name, const Tensor& ids, const Tensor& rows) {
+            return cluster.apply_sparse_gradients(name, ids, rows);
+          }};
+}
+
 capstan::Result<StepOutput> replica_step(const Element& batch, capstan::MirroredVariables& vars,
                                          capstan::ClusterCoordinator& cluster, bool hybrid, bool train) {
-  const auto ids = batch.components.at(0).flat<int64_t>();
-  const int64_t n = batch.components.at(0).shape().at(0);
-  std::vector<int64_t> wide_ids(ids.begin(), ids.end()), deep_ids;
-  wide_ids.push_back(census::bias_id());
-  for (int64_t i = 0; i < n; ++i) {
-    for (int f = 0; f < census::kDeepFields; ++f) deep_ids.push_back(ids[static_cast<size_t>(i * census::kNumWideFields + f)]);
-  }
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor wide_ids_tensor, Tensor::from_vector<int64_t>(wide_ids, {static_cast<int64_t>(wide_ids.size())}));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor deep_ids_tensor, Tensor::from_vector<int64_t>(deep_ids, {static_cast<int64_t>(deep_ids.size())}));
-  std::vector<float> wide_rows, embedding_rows;
-  if (hybrid) {
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor w, cluster.gather("census_wide", wide_ids_tensor));
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor e, cluster.gather("census_embeddings", deep_ids_tensor));
-    wide_rows.assign(w.flat<float>().begin(), w.flat<float>().end());
-    embedding_rows.assign(e.flat<float>().begin(), e.flat<float>().end());
-  } else {
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor w, vars.value("census_wide"));
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor e, vars.value("census_embeddings"));
-    for (int64_t id : wide_ids) wide_rows.push_back(w.flat<float>()[static_cast<size_t>(id)]);
-    for (int64_t id : deep_ids) {
-      auto row = e.flat<float>().subspan(static_cast<size_t>(id * census::kEmbeddingDim), census::kEmbeddingDim);
-      embedding_rows.insert(embedding_rows.end(), row.begin(), row.end());
-    }
-  }
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor dnn, vars.value("census_dnn"));
-  census::Inputs in{n, ids.data(), batch.components.at(1).flat<float>().data(), batch.components.at(2).flat<float>().data()};
-  census::Parameters p{wide_rows.data(), embedding_rows.data(), dnn.flat<float>().data()};
-  StepOutput step{census::run(in, p, train), n};
-  if (!train) return step;
-  const census::Output& out = step.output;
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor dnn_gradient, Tensor::from_vector<float>(out.dnn_gradient, {census::dnn_parameters()}));
-  if (hybrid) {
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor wg, Tensor::from_vector<float>(out.wide_gradient, {static_cast<int64_t>(wide_ids.size()), 1}));
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor eg, Tensor::from_vector<float>(out.embedding_gradient,
-                                                                   {static_cast<int64_t>(deep_ids.size()), census::kEmbeddingDim}));
-    CAPSTAN_RETURN_IF_ERROR(cluster.apply_sparse_gradients("census_wide", wide_ids_tensor, wg));
-    CAPSTAN_RETURN_IF_ERROR(cluster.apply_sparse_gradients("census_embeddings", deep_ids_tensor, eg));
-    CAPSTAN_RETURN_IF_ERROR(vars.apply_gradients({dnn_gradient}));
-    return step;
-  }
-  // Mirrored tables take dense gradients (the sparse rows scattered).
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor wg, Tensor::zeros(DType::kFloat32, {census::wide_rows(), 1}));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor eg, Tensor::zeros(DType::kFloat32, {census::embedding_rows(), census::kEmbeddingDim}));
-  auto w = wg.mutable_flat<float>();
-  for (size_t k = 0; k < wide_ids.size(); ++k) w[static_cast<size_t>(wide_ids[k])] += out.wide_gradient[k];
-  auto e = eg.mutable_flat<float>();
-  for (size_t k = 0; k < deep_ids.size(); ++k) {
-    for (int d = 0; d < census::kEmbeddingDim; ++d) {
-      e[static_cast<size_t>(deep_ids[k] * census::kEmbeddingDim + d)] += out.embedding_gradient[k * census::kEmbeddingDim + static_cast<size_t>(d)];
-    }
-  }
-  CAPSTAN_RETURN_IF_ERROR(vars.apply_gradients({wg, eg, dnn_gradient}));
-  return step;
+  const census::Tables tables = cluster_tables(cluster);
+  return census::replica_step(batch, vars, hybrid ? &tables : nullptr, train);
 }
 
 // Rank 0's evaluation: all of adult.test through the pipeline, in process.
@@ -556,6 +521,131 @@ int launch_replicas(int argc, char** argv, Flags flags, const std::string& train
   return status;
 }
 
+// ---- Strategy modes: the worker-servers are the replicas --------------------------
+
+int run_strategy(const Flags& flags, const std::string& train_path, const std::string& test_path) {
+  const bool hybrid = flags.mode == "strategy-hybrid";
+  capstan::ClientOptions options;
+  options.client_name = "census";
+  auto connected = capstan::examples::connect_cluster(flags.coordinator, flags.min_workers, options, fail);
+  if (connected == nullptr) return 1;
+  capstan::ClusterCoordinator& cluster = *connected;
+  const uint64_t seed = flags.seed.value_or(std::random_device{}());
+  auto embeddings = *Tensor::from_vector<float>(census::initial_embeddings(seed),
+                                                {census::embedding_rows(), census::kEmbeddingDim});
+  auto wide = *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1});
+  std::vector<capstan::MirroredVariableSpec> mirrored;
+  if (hybrid) {
+    for (const capstan::VariableSpec& spec :
+         {capstan::VariableSpec{"census_wide", wide, capstan::Optimizer::adagrad(flags.wide_learning_rate),
+                                capstan::Partitioner::fixed_shards(2)},
+          capstan::VariableSpec{"census_embeddings", embeddings, capstan::Optimizer::adam(flags.deep_learning_rate),
+                                capstan::Partitioner::fixed_shards(2)}}) {
+      auto info = cluster.create_variable(spec);
+      if (!info.ok()) return fail("creating " + spec.name, info.status());
+      Status reset = cluster.assign_variable(spec.name, spec.initial);
+      if (!reset.ok()) return fail("initializing " + spec.name, reset);
+    }
+  } else {
+    mirrored.push_back({"census_wide", wide, capstan::Optimizer::adagrad(flags.wide_learning_rate)});
+    mirrored.push_back({"census_embeddings", embeddings, capstan::Optimizer::adam(flags.deep_learning_rate)});
+  }
+  mirrored.push_back({"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
+                      capstan::Optimizer::adam(flags.deep_learning_rate)});
+  capstan::StrategyOptions strategy_options;
+  strategy_options.name = "census-" + flags.mode;
+  strategy_options.min_replicas = flags.min_workers;
+  auto strategy = capstan::MirroredStrategy::create(cluster, mirrored, strategy_options);
+  if (!strategy.ok()) return fail("creating the strategy", strategy.status());
+
+  // Each worker reads its shard; a step reads one batch on every replica.
+  const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.min_workers);
+  auto pipeline = census::training_batches(train_path, local_batch, flags.seed);
+  if (!flags.dispatcher.empty()) {
+    auto id = data::service::register_dataset(flags.dispatcher, pipeline, options);
+    if (!id.ok()) return fail("registering the input pipeline with " + flags.dispatcher, id.status());
+    data::service::ReadOptions read;
+    read.processing_mode = data::service::ProcessingMode::kHint;
+    read.job_name = "census-" + flags.mode + "-" + std::to_string(getpid()) + "-" +
+                    std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+    read.client = options;
+    pipeline = data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
+    std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n", flags.dispatcher.c_str(),
+                id->c_str(), read.job_name.c_str());
+  }
+  auto input = (*strategy)->distribute_dataset(pipeline);
+  if (!input.ok()) return fail("distributing the input pipeline", input.status());
+  const int64_t hybrid_flag = hybrid ? 1 : 0;
+  const int64_t global_batch = local_batch * flags.min_workers;
+  const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
+  std::printf("census: Wide & Deep, %s mode: the worker-servers are the replicas (MirroredStrategy '%s', at least %d); "
+              "%s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
+              flags.mode.c_str(), strategy_options.name.c_str(), flags.min_workers,
+              hybrid ? "wide table and embeddings on the parameter servers, the MLP mirrored"
+                     : "every variable mirrored",
+              static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),
+              static_cast<long long>(global_batch), static_cast<long long>(local_batch));
+  std::fflush(stdout);
+
+  Progress progress(flags.epochs, steps_per_epoch, flags.log_every);
+  Element step_args{{input->arg(), Tensor::scalar<int64_t>(hybrid_flag)}, {}};
+  Metrics metrics;
+  double train_seconds = 0;
+  int64_t trained = 0, lost_steps = 0;
+  for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
+    progress.start_epoch(epoch);
+    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+      auto per_replica = (*strategy)->run("census_sync_step", step_args);
+      if (per_replica.status().code() == capstan::StatusCode::kUnavailable && ++lost_steps <= 10) {
+        // A worker was lost: the next step goes on with the others.
+        std::printf("\ncensus: %s\n", per_replica.status().to_string().c_str());
+        continue;
+      }
+      if (!per_replica.ok()) return fail("a step of epoch " + std::to_string(epoch), per_replica.status());
+      double loss = 0;
+      int64_t correct = 0, examples = 0;
+      for (const auto& v : per_replica->values) {
+        loss += v.components.at(0).flat<float>()[0];
+        correct += v.components.at(1).flat<int64_t>()[0];
+        examples += v.components.at(2).flat<int64_t>()[0];
+      }
+      progress.step_done(loss / static_cast<double>(per_replica->values.size()), correct, examples);
+    }
+    progress.end_epoch();
+    train_seconds += progress.seconds();
+    trained += progress.examples();
+    // Each replica evaluates its shard of adult.test with its variables.
+    auto evaluated = (*strategy)->run("census_sync_evaluate",
+                                      Element{{*Tensor::from_strings({test_path}, {}), Tensor::scalar<int64_t>(hybrid_flag)}, {}});
+    if (!evaluated.ok()) return fail("evaluating on " + test_path, evaluated.status());
+    std::vector<float> probabilities, labels;
+    for (const auto& v : evaluated->values) {
+      auto p = v.components.at(0).flat<float>();
+      auto y = v.components.at(1).flat<float>();
+      probabilities.insert(probabilities.end(), p.begin(), p.end());
+      labels.insert(labels.end(), y.begin(), y.end());
+    }
+    if (labels.empty()) return fail("evaluating on " + test_path, Status::DataLoss("no examples"));
+    metrics = metrics_of(probabilities, labels);
+    print_epoch_metrics(epoch, flags.epochs, metrics);
+  }
+  Status same = (*strategy)->verify_replicas();
+  if (!same.ok()) return fail("checking the replicas", same);
+  auto replicas = (*strategy)->replicas();
+  if (!replicas.ok()) return fail("reading the replicas", replicas.status());
+  std::printf("census: the %zu replicas' mirrored variables are identical after %lld steps (checksum %016llx)\n",
+              replicas->size(), static_cast<long long>(replicas->front().step),
+              static_cast<unsigned long long>(replicas->front().checksum));
+  const bool met = report(flags, metrics, trained, train_seconds);
+  if (!flags.checkpoint_dir.empty()) {
+    auto saved = (*strategy)->save_checkpoint(flags.checkpoint_dir, replicas->front().step, /*max_to_keep=*/3);
+    if (!saved.ok()) return fail("saving a checkpoint", saved.status());
+    std::printf("census: saved checkpoint %s (inspect: capstanctl checkpoint inspect %s)\n", saved->c_str(),
+                saved->c_str());
+  }
+  return met ? 0 : 1;
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -572,6 +662,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (flags.mode == "strategy" || flags.mode == "strategy-hybrid") return run_strategy(flags, train_path, test_path);
   if (flags.mode != "ps") {
     return flags.rank < 0 ? launch_replicas(argc, argv, flags, train_path, test_path)
                           : run_replica(flags, train_path, test_path);

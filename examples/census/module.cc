@@ -15,14 +15,24 @@
 //   closure "census_evaluate"    (path, num_shards, index): the model's
 //                                probabilities and the labels of one shard of
 //                                a CSV file, read through the same pipeline
+//   closure "census_sync_step"   (per-worker dataset, hybrid int64): a
+//                                synchronous step (MirroredStrategy::run): the
+//                                model on this replica's next batch with its
+//                                mirrored variables (and, hybrid, the tables on
+//                                the parameter servers); gradients all-reduced
+//   closure "census_sync_evaluate" (path, hybrid int64): this replica's shard of
+//                                a CSV file (replica id of replicas in sync)
 //
-// Variables (created by the program, on the parameter servers):
+// Variables (created by the program, on the parameter servers; in the
+// strategy modes mirrored on the workers, the tables on the parameter
+// servers with strategy-hybrid):
 //   census_wide        float32[wide_rows(), 1]                 sparse updates
 //   census_embeddings  float32[embedding_rows(), kEmbeddingDim] sparse updates
 //   census_dnn         float32[dnn_parameters()]               dense updates
 #include <capstan/closure.h>
 #include <capstan/data/dataset.h>
 #include <capstan/functions.h>
+#include <capstan/mirrored.h>
 
 #include <string>
 #include <vector>
@@ -31,6 +41,7 @@
 #include "functions.h"
 #include "model.h"
 #include "pipeline.h"
+#include "replica.h"
 
 namespace {
 
@@ -167,6 +178,67 @@ Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
   return Element{{p, y}, {"probabilities", "labels"}};
 }
 
+// The hybrid layout's tables through the closure's context.
+census::Tables context_tables(ClosureContext& ctx) {
+  return {[&ctx](const std::string& name, const Tensor& ids) { return ctx.gather(name, ids); },
+          [&ctx](const std::string& name, const Tensor& ids, const Tensor& rows) {
+            return ctx.apply_sparse_gradients(name, ids, rows);
+          }};
+}
+
+bool hybrid_flag(const Element& args, size_t index) {
+  return args.size() > index && args.components[index].dtype() == DType::kInt64 &&
+         args.components[index].num_elements() == 1 && args.components[index].flat<int64_t>()[0] != 0;
+}
+
+Result<Element> sync_step(ClosureContext& ctx, const Element& args) {
+  if (ctx.mirrored() == nullptr) {
+    return Status::FailedPrecondition("census_sync_step is a synchronous step: run it with MirroredStrategy::run");
+  }
+  if (args.size() != 2) return Status::InvalidArgument("census_sync_step takes (per-worker dataset, hybrid)");
+  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
+  if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
+  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
+  const census::Tables tables = context_tables(ctx);
+  CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
+                           census::replica_step(*batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
+                                                /*train=*/true));
+  return Element{{Tensor::scalar<float>(static_cast<float>(step.output.loss_sum / static_cast<double>(n))),
+                  Tensor::scalar<int64_t>(step.output.correct), Tensor::scalar<int64_t>(n)},
+                 {"loss", "correct", "examples"}};
+}
+
+Result<Element> sync_evaluate(ClosureContext& ctx, const Element& args) {
+  if (ctx.mirrored() == nullptr) {
+    return Status::FailedPrecondition("census_sync_evaluate is a synchronous step: run it with MirroredStrategy::run");
+  }
+  if (args.size() != 2 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1) {
+    return Status::InvalidArgument("census_sync_evaluate takes (path string, hybrid int64)");
+  }
+  const std::string path(args.components[0].string_at(0));
+  const census::Tables tables = context_tables(ctx);
+  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, census::examples(path, ctx.num_replicas_in_sync(), ctx.replica_id())
+                                              .batch(1024)
+                                              .make_iterator(loaded_into));
+  std::vector<float> probabilities, labels;
+  while (true) {
+    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
+    if (!batch) break;
+    CAPSTAN_RETURN_IF_ERROR(check_batch(*batch).status());
+    CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
+                             census::replica_step(*batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
+                                                  /*train=*/false));
+    probabilities.insert(probabilities.end(), step.output.probabilities.begin(), step.output.probabilities.end());
+    auto l = batch->components[2].flat<float>();
+    labels.insert(labels.end(), l.begin(), l.end());
+  }
+  const auto count = static_cast<int64_t>(labels.size());
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor p, Tensor::from_vector<float>(probabilities, {count}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor y, Tensor::from_vector<float>(labels, {count}));
+  return Element{{p, y}, {"probabilities", "labels"}};
+}
+
 }  // namespace
 
 CAPSTAN_MODULE(registry) {
@@ -174,4 +246,6 @@ CAPSTAN_MODULE(registry) {
   census::register_pipeline_functions(registry);
   registry.register_closure("census_train_step", train_step);
   registry.register_closure("census_evaluate", evaluate);
+  registry.register_closure("census_sync_step", sync_step);
+  registry.register_closure("census_sync_evaluate", sync_evaluate);
 }

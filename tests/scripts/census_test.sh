@@ -5,15 +5,18 @@
 # the program exits non-zero below --target-accuracy, and the test reads its
 # report. MODE is ps (the data workers parse adult.data), sync (2 replica
 # processes, every variable mirrored and all-reduced) or hybrid (tables on
-# the parameter servers, the MLP mirrored); "deterministic" runs sync mode
-# with one replica and --seed twice and checks that the metrics are equal.
+# the parameter servers, the MLP mirrored), strategy (the 2 worker-servers
+# are the replicas of MirroredStrategy::run, fed by the data service) or
+# strategy-hybrid (the same, the tables on the parameter servers);
+# "deterministic" runs sync mode with one replica and --seed twice and
+# checks that the metrics are equal.
 #
 # Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE
 #   (run by CTest as examples_census_*)
 set -euo pipefail
 
 if [[ $# -ne 5 ]]; then
-  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|deterministic" >&2
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic" >&2
   exit 2
 fi
 repo_root=$(cd "$1" && pwd)
@@ -90,6 +93,16 @@ case "$mode" in
     fi
     if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
       result fail "the report does not say that the replicas are identical"
+    fi
+    ;;
+  strategy | strategy-hybrid)
+    run_census "$output_file" --mode "$mode" --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
+      --checkpoint-dir "$run_dir/checkpoints"
+    if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
+      result fail "no checkpoint under $run_dir/checkpoints"
+    fi
+    if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
+      result fail "the report does not say that the 2 replicas are identical"
     fi
     ;;
   deterministic)
