@@ -381,6 +381,31 @@ TEST_CASE("forming a group waits for every rank, then names the missing ones", "
   CHECK(CollectiveEndpoint::listen("not-an-ip").status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("the device (NCCL) collectives say why they cannot run in this process", "[collectives]") {
+  const Status here = Communicator::device_collectives();
+  if (here.ok()) {
+    // A GPU machine: the NCCL communicator forms (one rank) and a bad call
+    // is refused before it touches device memory; bench/nccl_check moves
+    // real device buffers between ranks.
+    Group one = make_group(1);
+    Status bad = one[0]->all_reduce_device(nullptr, nullptr, 4, DType::kString, ReduceOp::kSum, 0);
+    CHECK(bad.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(bad.message(), Catch::Contains("string"));
+    return;
+  }
+  INFO(here.to_string());
+  // Built without CUDA, or no GPU / driver / libnccl.so.2: the reason says which.
+  CHECK((here.code() == StatusCode::kUnimplemented || here.code() == StatusCode::kFailedPrecondition));
+  CHECK_THAT(here.message(), Catch::Contains("CUDA") || Catch::Contains("NCCL"));
+  Group one = make_group(1);
+  std::vector<float> host(4, 1.0f);
+  Status call = one[0]->all_reduce_device(host.data(), host.data(), 4, DType::kFloat32, ReduceOp::kSum, 0);
+  CHECK(call.code() == here.code());
+  CHECK(call.message() == here.message());
+  // The host collectives are untouched by it.
+  CHECK(one[0]->barrier().ok());
+}
+
 TEST_CASE("strings cannot be reduced; a single rank is its own group", "[collectives]") {
   Group one = make_group(1);
   auto s = one[0]->all_reduce(Tensor::from_strings({"a"}, {1}).value(), ReduceOp::kSum);

@@ -39,6 +39,7 @@
 #include <thread>
 
 #include "capstan/collectives.h"
+#include "collectives/nccl.h"
 #include "collectives/reduce.h"
 #include "collectives/shm_link.h"
 #include "sync/mutex.h"
@@ -427,6 +428,9 @@ struct Communicator::Impl {
   bool stopping GUARDED_BY(mutex) = false;
   std::deque<std::function<void()>> tasks GUARDED_BY(mutex);
   std::atomic<bool> aborted{false};
+  // The device collectives' NCCL communicator, made on first use.
+  Mutex nccl_mutex;
+  std::unique_ptr<collectives::NcclGroup> nccl GUARDED_BY(nccl_mutex);
   // Set by abort() from any thread; the running operation gives up.
   std::atomic<bool> interrupted{false};
   Mutex interrupt_mutex;
@@ -1394,6 +1398,49 @@ std::string Communicator::describe() const {
            impl_->transports[static_cast<size_t>(r)];
   }
   return out;
+}
+
+// ---- CUDA device buffers --------------------------------------------------------------
+
+namespace {
+
+Result<collectives::NcclGroup*> nccl_group(Communicator& host, Communicator::Impl& impl, int device)
+    NO_THREAD_SAFETY_ANALYSIS {
+  MutexLock lock(impl.nccl_mutex);
+  if (impl.nccl == nullptr) {
+    CAPSTAN_ASSIGN_OR_RETURN(impl.nccl, collectives::NcclGroup::create(host, device, impl.options.timeout));
+  } else if (impl.nccl->device() != device) {
+    return Status::InvalidArgument("this rank's device collectives use CUDA device " +
+                                   std::to_string(impl.nccl->device()) + ", not " + std::to_string(device));
+  }
+  return impl.nccl.get();
+}
+
+}  // namespace
+
+Status Communicator::device_collectives() { return collectives::device_collectives_status(); }
+
+Status Communicator::all_reduce_device(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                                       int device, void* stream) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto* group, nccl_group(*this, *impl_, device));
+  return group->all_reduce(send, recv, count, dtype, op, stream);
+}
+
+Status Communicator::broadcast_device(void* buffer, int64_t count, DType dtype, int root, int device, void* stream) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto* group, nccl_group(*this, *impl_, device));
+  return group->broadcast(buffer, count, dtype, root, stream);
+}
+
+Status Communicator::all_gather_device(const void* send, void* recv, int64_t count_per_rank, DType dtype, int device,
+                                       void* stream) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto* group, nccl_group(*this, *impl_, device));
+  return group->all_gather(send, recv, count_per_rank, dtype, stream);
+}
+
+Status Communicator::reduce_scatter_device(const void* send, void* recv, int64_t count_per_rank, DType dtype,
+                                           ReduceOp op, int device, void* stream) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto* group, nccl_group(*this, *impl_, device));
+  return group->reduce_scatter(send, recv, count_per_rank, dtype, op, stream);
 }
 
 void Communicator::abort(const Status& reason) {

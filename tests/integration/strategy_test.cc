@@ -158,6 +158,14 @@ TEST_CASE("a worker killed mid-step: the step fails naming it, training goes on,
     CHECK(replica.step == after_survivors + 1);
     CHECK(replica.checksum == replicas[0].checksum);
   }
+  // The operator's view of the same.
+  auto shown = r.cluster.run("capstanctl", {"replicas", r.coordinator->address(), "mirrored"});
+  INFO(shown.output);
+  CHECK(shown.exit_code == 0);
+  CHECK_THAT(shown.output, Catch::Contains("3 replica(s)") && Catch::Contains("replicas identical"));
+  auto unknown = r.cluster.run("capstanctl", {"replicas", r.coordinator->address(), "no-such-strategy"});
+  CHECK(unknown.exit_code == 1);
+  CHECK_THAT(unknown.output, Catch::Contains("no strategy named 'no-such-strategy'"));
 }
 
 TEST_CASE("a worker stopped mid-step (SIGSTOP): the step fails within the deadline, the others go on",

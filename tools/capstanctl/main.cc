@@ -5,6 +5,9 @@
 //   capstanctl records count|cat|verify FILE...
 //                               count, print or check the records of TFRecord
 //                               files. Exit 1 if any file is damaged.
+//   capstanctl replicas COORDINATOR STRATEGY
+//                               a MirroredStrategy's replicas: step and
+//                               checksum each. Exit 1 unless all agree.
 //
 // The cluster token comes from CAPSTAN_TOKEN, --token-file or
 // CAPSTAN_TOKEN_FILE (never from a flag value, which `ps` would show).
@@ -18,6 +21,7 @@
 #include <vector>
 
 #include "capstan/client.h"
+#include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "checkpoint/checkpoint.h"
 #include "rpc/connection.h"
@@ -39,6 +43,11 @@ constexpr const char* kUsage =
     "  data datasets|jobs|workers ADDR\n"
     "                   The data dispatcher's datasets, jobs (name, mode, clients,\n"
     "                   tasks) and workers (tasks, last heartbeat).\n"
+    "  replicas COORDINATOR STRATEGY\n"
+    "                   The replicas of a MirroredStrategy (synchronous training on\n"
+    "                   the workers): group epoch, and each replica's worker, task,\n"
+    "                   optimizer step and checksum. Exits 1 unless every replica\n"
+    "                   answers with the same step and checksum.\n"
     "  checkpoint inspect DIR\n"
     "                   List what a checkpoint holds: step, files, variables\n"
     "                   (dtype, shape, partitioning, optimizer, slots). DIR is a\n"
@@ -151,6 +160,60 @@ int checkpoint_command(const std::vector<std::string>& args) {
   }
   std::cout << capstan::checkpoint::describe(**reader);
   return 0;
+}
+
+// capstanctl replicas COORDINATOR STRATEGY: do the replicas agree?
+int replicas_command(const std::vector<std::string>& args, const capstan::ClientOptions& options) {
+  if (args.size() != 2) {
+    std::cerr << "capstanctl replicas: usage: capstanctl replicas COORDINATOR_ADDR STRATEGY\n";
+    return 2;
+  }
+  const std::string address = args[0], strategy = args[1];
+  capstan::rpc::LoopThread loop("capstanctl");
+  capstan::rpc::ConnectOptions connect;
+  connect.token = options.token;
+  connect.client_name = "capstanctl";
+  try {
+    return loop.run_sync([&]() -> kj::Promise<int> {
+      auto conn = kj::heap<capstan::rpc::Connection>(loop.io(), loop.timer(), address, connect);
+      auto deadline = loop.timer().now() + options.connect_timeout.count() * kj::MILLISECONDS;
+      return conn->service<capstan::wire::Coordinator>(deadline)
+          .then([&strategy](capstan::wire::Coordinator::Client c) {
+            auto request = c.strategyStatusRequest();
+            request.setStrategy(strategy);
+            return request.send();
+          })
+          .then([&strategy](capnp::Response<capstan::wire::Coordinator::StrategyStatusResults>&& r) {
+            std::printf("strategy '%s': group epoch %lld, %lld step(s) run, %u replica(s)\n", strategy.c_str(),
+                        static_cast<long long>(r.getEpoch()), static_cast<long long>(r.getSteps()),
+                        r.getReplicas().size());
+            std::printf("%-5s %-8s %-5s %-10s %-18s %s\n", "RANK", "WORKER", "TASK", "STEP", "CHECKSUM", "");
+            bool agree = r.getReplicas().size() > 0;
+            for (auto replica : r.getReplicas()) {
+              const auto& first = r.getReplicas()[0];
+              std::string note;
+              if (replica.getError().size() > 0) {
+                note = replica.getError().cStr();
+              } else if (!replica.getHolds()) {
+                note = "holds no replica";
+              } else if (replica.getChecksum() != first.getChecksum() || replica.getStep() != first.getStep()) {
+                note = "differs from rank 0";
+              }
+              if (!note.empty()) agree = false;
+              std::printf("%-5d %-8lld %-5d %-10lld %016llx   %s\n", replica.getRank(),
+                          static_cast<long long>(replica.getWorkerId()), replica.getTaskIndex(),
+                          static_cast<long long>(replica.getStep()),
+                          static_cast<unsigned long long>(replica.getChecksum()), note.c_str());
+            }
+            std::printf("%s\n", agree ? "replicas identical" : "replicas DIFFER (or none answered)");
+            return agree ? 0 : 1;
+          })
+          .attach(kj::mv(conn));
+    });
+  } catch (const kj::Exception& e) {
+    std::cerr << "capstanctl replicas: " << capstan::rpc::from_exception(e).to_string() << "\n";
+    return 1;
+  }
 }
 
 // capstanctl data datasets|jobs|workers ADDR: the dispatcher's state.
@@ -337,6 +400,7 @@ int main(int argc, char** argv) {
 
   if (command == "health") return health(args, options);
   if (command == "data") return data_command(args, options);
+  if (command == "replicas") return replicas_command(args, options);
   std::cerr << "capstanctl: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

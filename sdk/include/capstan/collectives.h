@@ -164,6 +164,29 @@ class Communicator {
   std::future<Result<Tensor>> all_reduce_async(Tensor tensor, ReduceOp op);
   std::future<Result<std::vector<Tensor>>> all_reduce_async(std::vector<Tensor> tensors, ReduceOp op);
 
+  // ---- CUDA device buffers (NCCL) ----
+  // The same collectives on device memory, where Capstan was built with
+  // CUDA and NCCL can be loaded (device_collectives() says): `device` is
+  // this rank's CUDA ordinal, `stream` a cudaStream_t (nullptr: the default
+  // stream); each call returns once the operation finished on the stream.
+  // The NCCL communicator is made on the first device call (collective:
+  // every rank makes one); its unique id goes from rank 0 over this group,
+  // which the coordinator's rendezvous formed. Deadline:
+  // CollectiveOptions::timeout; a dead or stuck peer aborts the NCCL
+  // communicator and the call fails with Unavailable, never a hang.
+  // Unimplemented in a build without CUDA; FailedPrecondition without a GPU
+  // or libnccl.so.2. Counts are elements; all_gather and reduce_scatter
+  // take the count per rank (recv holds size() times it for all_gather).
+  Status all_reduce_device(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, int device,
+                           void* stream = nullptr);
+  Status broadcast_device(void* buffer, int64_t count, DType dtype, int root, int device, void* stream = nullptr);
+  Status all_gather_device(const void* send, void* recv, int64_t count_per_rank, DType dtype, int device,
+                           void* stream = nullptr);
+  Status reduce_scatter_device(const void* send, void* recv, int64_t count_per_rank, DType dtype, ReduceOp op,
+                               int device, void* stream = nullptr);
+  // OK when the device collectives can run in this process; else why not.
+  static Status device_collectives();
+
   struct CAPSTAN_HIDDEN Impl;
 
  private:
