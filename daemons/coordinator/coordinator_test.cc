@@ -1,190 +1,23 @@
 #include "daemons/coordinator/coordinator.h"
 
-#include <kj/async-io.h>
 #include <kj/debug.h>
-#include <spdlog/sinks/null_sink.h>
 
 #include <catch2/catch.hpp>
 #include <filesystem>
 #include <tuple>
 
 #include "capstan/data/dataset.h"
+#include "daemons/coordinator/test_fakes.h"
 #include "data/test_util.h"
-#include "rpc/mailbox.h"
 
 namespace capstan::coordinator {
 namespace {
 
 namespace fs = std::filesystem;
-
-// What the coordinator did to one fake worker. Owned by the test, so it
-// outlives the WorkerPeer the coordinator drops.
-struct WorkerRecord {
-  struct Run {
-    ClosureRun run;
-    kj::Own<kj::PromiseFulfiller<ClosureOutcome>> reply;
-  };
-  std::vector<Run> runs;  // in dispatch order
-  bool answer_pings = true;
-  int pings = 0;
-  std::vector<int64_t> cancels;  // closure ids, in order
-  std::vector<std::pair<int64_t, std::string>> datasets;                      // id, definition
-  std::vector<std::tuple<int64_t, std::string, int, int>> function_datasets;  // id, fn, workers, index
-
-  // Answers the closure dispatched `index`-th.
-  void reply(size_t index, Result<std::string> result, bool worker_lost = false) {
-    REQUIRE(index < runs.size());
-    runs[index].reply->fulfill(ClosureOutcome{std::move(result), worker_lost});
-  }
-  size_t open_runs() {
-    size_t n = 0;
-    for (auto& r : runs) n += r.reply->isWaiting() ? 1 : 0;
-    return n;
-  }
-};
-
-class FakeWorker : public WorkerPeer {
- public:
-  explicit FakeWorker(WorkerRecord& record) : record_(record) {}
-
-  kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override {
-    auto paf = kj::newPromiseAndFulfiller<ClosureOutcome>();
-    record_.runs.push_back({std::move(run), kj::mv(paf.fulfiller)});
-    return kj::mv(paf.promise);
-  }
-  kj::Promise<Status> cancel_closure(int64_t closure_id) override {
-    record_.cancels.push_back(closure_id);
-    return Status::Ok();
-  }
-  kj::Promise<Status> ping() override {
-    ++record_.pings;
-    if (!record_.answer_pings) return kj::NEVER_DONE;
-    return Status::Ok();
-  }
-  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override {
-    record_.datasets.emplace_back(dataset_id, std::move(definition));
-    return Status::Ok();
-  }
-  kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,
-                                                   int worker_index) override {
-    record_.function_datasets.emplace_back(dataset_id, std::move(function), num_workers, worker_index);
-    return Status::Ok();
-  }
-
- private:
-  WorkerRecord& record_;
-};
-
-class FakeParameterServers : public ParameterServers {
- public:
-  struct Task {
-    std::string address;
-    bool up = true;
-    std::map<std::string, ShardContents> shards;
-    std::map<std::string, Optimizer> optimizers;
-    std::vector<std::string> reads;   // shard names, in order
-    std::vector<std::string> writes;  // shard names, in order
-    kj::Own<kj::PromiseFulfiller<void>> on_up;
-    kj::Own<kj::PromiseFulfiller<void>> on_down;
-  };
-
-  explicit FakeParameterServers(int n) {
-    for (int i = 0; i < n; ++i) {
-      Task task;
-      task.address = "ps" + std::to_string(i) + ":7000";
-      tasks.push_back(std::move(task));
-    }
-  }
-
-  void go_down(int task) {
-    Task& t = tasks[static_cast<size_t>(task)];
-    t.up = false;
-    if (t.on_down) t.on_down->fulfill();
-  }
-  void come_up(int task) {
-    Task& t = tasks[static_cast<size_t>(task)];
-    t.up = true;
-    if (t.on_up) t.on_up->fulfill();
-  }
-
-  int size() const override { return static_cast<int>(tasks.size()); }
-  std::string address(int task) const override { return tasks[static_cast<size_t>(task)].address; }
-  kj::Promise<void> reachable(int task) override {
-    if (tasks[static_cast<size_t>(task)].up) return kj::READY_NOW;
-    auto paf = kj::newPromiseAndFulfiller<void>();
-    tasks[static_cast<size_t>(task)].on_up = kj::mv(paf.fulfiller);
-    return kj::mv(paf.promise);
-  }
-  kj::Promise<void> unreachable(int task) override {
-    auto paf = kj::newPromiseAndFulfiller<void>();
-    tasks[static_cast<size_t>(task)].on_down = kj::mv(paf.fulfiller);
-    return kj::mv(paf.promise);
-  }
-  kj::Promise<Status> create_shard(int task, std::string name, Tensor initial, const Optimizer& optimizer) override {
-    Task& t = tasks[static_cast<size_t>(task)];
-    if (!t.up) return Status::Unavailable(t.address + " is down");
-    t.shards[name].value = std::move(initial);
-    t.optimizers[name] = optimizer;
-    return Status::Ok();
-  }
-  kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override {
-    Task& t = tasks[static_cast<size_t>(task)];
-    t.reads.push_back(name);
-    auto it = t.shards.find(name);
-    if (it == t.shards.end()) return Result<ShardContents>(Status::NotFound("no shard " + name));
-    return Result<ShardContents>(it->second);
-  }
-  kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override {
-    Task& t = tasks[static_cast<size_t>(task)];
-    t.writes.push_back(name);
-    t.shards[name] = std::move(contents);
-    return Status::Ok();
-  }
-
-  std::vector<Task> tasks;
-};
-
-// An event loop, a manual clock and a coordinator over fakes.
-struct Harness {
-  explicit Harness(CoordinatorConfig config = {}, int num_ps = 1)
-      : io(kj::setupAsyncIo()),
-        mailbox(*io.lowLevelProvider),
-        timer(kj::origin<kj::TimePoint>()),
-        pool(1),
-        ps(num_ps),
-        coordinator(std::make_unique<Coordinator>(
-            config, ps, timer, pool,
-            std::make_shared<spdlog::logger>("coordinator_test", std::make_shared<spdlog::sinks::null_sink_mt>()))) {
-    settle();
-  }
-  ~Harness() {
-    coordinator.reset();
-    pool.join();
-  }
-
-  void settle() { io.waitScope.poll(); }
-
-  // Moves the clock forward in steps, running what becomes ready.
-  void advance(std::chrono::milliseconds total) {
-    const auto step = std::chrono::milliseconds(100);
-    for (auto t = std::chrono::milliseconds(0); t < total; t += step) {
-      timer.advanceTo(timer.now() + step.count() * kj::MILLISECONDS);
-      settle();
-    }
-  }
-
-  int64_t add_worker(WorkerRecord& record, std::set<std::string> functions = {"train_step"}, int task_index = 0) {
-    return coordinator->register_worker(task_index, std::move(functions), std::make_unique<FakeWorker>(record))
-        .wait(io.waitScope);
-  }
-
-  kj::AsyncIoContext io;
-  rpc::Mailbox mailbox;  // run_on_pool hands results back through it
-  kj::TimerImpl timer;
-  boost::asio::thread_pool pool;
-  FakeParameterServers ps;
-  std::unique_ptr<Coordinator> coordinator;
-};
+using testing::FakeParameterServers;
+using testing::FakeWorker;
+using testing::Harness;
+using testing::WorkerRecord;
 
 Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
 

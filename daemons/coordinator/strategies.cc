@@ -184,7 +184,8 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
         if (!formed.ok()) return Out(formed);
         return dispatch_step(*strategy, std::move(function), std::move(args));
       })
-      .then([this](Out out) {
+      .then([this, busy = s.busy](Out out) {
+        *busy = false;
         notify();
         return out;
       })
@@ -396,7 +397,10 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
                            }
                          }
                          return o;
-                       });
+                       })
+                       // Runs as soon as this member answers (not when the
+                       // last one does): the abort must not wait.
+                       .eagerlyEvaluate(nullptr);
     outcomes.add(kj::mv(outcome));
   }
   Strategy* strategy = &s;

@@ -1,0 +1,200 @@
+// The coordinator's synchronous training over fake workers: who forms the
+// group, which member is the source of the state, what a step sends, and
+// what happens when a member is lost.
+#include <catch2/catch.hpp>
+
+#include "daemons/coordinator/coordinator.h"
+#include "daemons/coordinator/test_fakes.h"
+
+namespace capstan::coordinator {
+namespace {
+
+using testing::Harness;
+using testing::WorkerRecord;
+
+std::vector<MirroredVariableInit> model() {
+  return {{"w", Tensor::zeros(DType::kFloat32, {2}).value(), Optimizer::sgd(0.1)}};
+}
+
+StrategyConfig config(int min_replicas = 1) {
+  StrategyConfig c;
+  c.min_replicas = min_replicas;
+  c.settings.timeout = std::chrono::milliseconds(5000);
+  return c;
+}
+
+// Starts a step; returns its promise (run the loop to make progress).
+kj::Promise<Result<StepOutcome>> step(Harness& h, const std::string& args = "args") {
+  return h.coordinator->run_step("s", "sync_step", args);
+}
+
+TEST_CASE("a strategy's first step forms the group by task index, seeds rank 0 and runs on every member",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b;
+  Harness h;
+  // Registered out of task order: ranks follow task indexes.
+  h.add_worker(b, {"sync_step"}, 1);
+  h.add_worker(a, {"sync_step"}, 0);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config(2)).ok());
+  auto running = step(h);
+  h.settle();
+  REQUIRE(a.forms.size() == 1);
+  REQUIRE(b.forms.size() == 1);
+  CHECK(a.forms[0].rank == 0);
+  CHECK(b.forms[0].rank == 1);
+  CHECK(a.forms[0].source == 0);
+  CHECK(a.forms[0].seed.has_value());  // the initial values, to the source only
+  CHECK_FALSE(b.forms[0].seed.has_value());
+  CHECK(a.forms[0].addresses == std::vector<std::string>{"fake:1", "fake:1"});
+  CHECK(a.forms[0].epoch == 1);
+  REQUIRE(a.runs.size() == 1);
+  REQUIRE(b.runs.size() == 1);
+  CHECK(a.runs[0].run.strategy == "s");
+  CHECK(a.runs[0].run.epoch == 1);
+  CHECK(a.runs[0].run.num_workers == 2);
+  a.reply(0, std::string("from a"));
+  b.reply(0, std::string("from b"));
+  auto outcome = running.wait(h.io.waitScope);
+  REQUIRE(outcome.ok());
+  CHECK(outcome->values == std::vector<std::string>{"from a", "from b"});
+  CHECK(outcome->task_indexes == std::vector<int>{0, 1});
+  CHECK(outcome->steps == 1);
+  // The next step runs in the same group: no formation.
+  auto second = step(h);
+  h.settle();
+  CHECK(a.forms.size() == 1);
+  a.reply(1, std::string("a"));
+  b.reply(1, std::string("b"));
+  CHECK(second.wait(h.io.waitScope)->steps == 2);
+}
+
+TEST_CASE("a member lost mid-step: the others' group is aborted, the step fails naming it, the next re-forms",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b, c;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  h.add_worker(b, {"sync_step"}, 1);
+  int64_t id_c = h.add_worker(c, {"sync_step"}, 2);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config()).ok());
+  auto first = step(h);
+  h.settle();
+  for (WorkerRecord* r : {&a, &b, &c}) r->reply(0, std::string("ok"));
+  REQUIRE(first.wait(h.io.waitScope).ok());
+  a.replica.step = b.replica.step = c.replica.step = 1;
+
+  auto failing = step(h);
+  h.settle();
+  c.reply(1, Status::Unavailable("Peer disconnected"), /*worker_lost=*/true);
+  h.settle();
+  // The survivors are told at once, naming the lost worker.
+  REQUIRE(a.aborts.size() == 1);
+  REQUIRE(b.aborts.size() == 1);
+  CHECK(a.aborts[0].first == 1);
+  CHECK_THAT(a.aborts[0].second, Catch::Contains("worker " + std::to_string(id_c)));
+  CHECK(c.aborts.empty());
+  // Their closures fail because of it; one of them had applied the update.
+  a.replica.step = 2;
+  a.reply(1, Status::Unavailable("rank 0 gave up"));
+  b.reply(1, Status::Unavailable("rank 1 gave up"));
+  auto failed = failing.wait(h.io.waitScope);
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(failed.status().message(), Catch::Contains("task 2") && Catch::Contains("lost"));
+  CHECK_FALSE(h.coordinator->worker_alive(id_c));
+
+  // The next step forms a group of two, from the survivor with fewer steps.
+  auto next = step(h);
+  h.settle();
+  REQUIRE(a.forms.size() == 2);
+  REQUIRE(b.forms.size() == 2);
+  CHECK(a.forms[1].addresses.size() == 2);
+  CHECK(a.forms[1].epoch == 2);
+  CHECK(a.forms[1].source == 1);  // b, at step 1
+  CHECK_FALSE(a.forms[1].seed.has_value());
+  a.reply(2, std::string("a"));
+  b.reply(2, std::string("b"));
+  CHECK(next.wait(h.io.waitScope).ok());
+}
+
+TEST_CASE("a worker that comes back holding an old replica is not the source; with no survivor, a step says "
+          "to restore a checkpoint",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b, back;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  int64_t id_b = h.add_worker(b, {"sync_step"}, 1);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config()).ok());
+  auto first = step(h);
+  h.settle();
+  a.reply(0, std::string("ok"));
+  b.reply(0, std::string("ok"));
+  REQUIRE(first.wait(h.io.waitScope).ok());
+  a.replica.step = b.replica.step = 5;
+  // A worker registers holding an older replica (it was stopped, dropped
+  // and resumed): it joins, but the state comes from a, of the last group.
+  back.replica.holds = true;
+  back.replica.step = 2;
+  h.add_worker(back, {"sync_step"}, 2);
+  auto joined = step(h);
+  h.settle();
+  REQUIRE(back.forms.size() == 1);
+  CHECK(back.forms[0].source == 0);
+  for (WorkerRecord* r : {&a, &b, &back}) r->reply(r->runs.size() - 1, std::string("ok"));
+  REQUIRE(joined.wait(h.io.waitScope).ok());
+
+  // a and b are lost, and `back` lost its replica (it restarted): nobody
+  // holds the state of the last group.
+  a.link_broken = b.link_broken = true;
+  back.replica.holds = false;
+  auto lost = step(h);
+  h.settle();
+  back.reply(back.runs.size() - 1, Status::Unavailable("rank 2 gave up"));
+  auto failed = lost.wait(h.io.waitScope);
+  CHECK(failed.status().code() == StatusCode::kUnavailable);
+  CHECK_FALSE(h.coordinator->worker_alive(id_b));
+  auto stranded = step(h).wait(h.io.waitScope);
+  CHECK(stranded.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(stranded.status().message(), Catch::Contains("restore a checkpoint"));
+}
+
+TEST_CASE("strategies refuse bad requests with the reason", "[coordinator][strategy]") {
+  Harness h;
+  CHECK(h.coordinator->create_strategy("", model(), config()).code() == StatusCode::kInvalidArgument);
+  CHECK(h.coordinator->create_strategy("s", {}, config()).code() == StatusCode::kInvalidArgument);
+  CHECK(h.coordinator->create_strategy("s", model(), config(0)).code() == StatusCode::kInvalidArgument);
+  auto twice = model();
+  twice.push_back(twice[0]);
+  CHECK(h.coordinator->create_strategy("s", twice, config()).code() == StatusCode::kInvalidArgument);
+  std::vector<MirroredVariableInit> ints = {{"n", Tensor::zeros(DType::kInt64, {2}).value(), Optimizer::sgd(0.1)}};
+  CHECK(h.coordinator->create_strategy("s", ints, config()).code() == StatusCode::kInvalidArgument);
+  std::vector<MirroredVariableInit> bad_lr = {{"w", Tensor::zeros(DType::kFloat32, {2}).value(), Optimizer::sgd(-1)}};
+  CHECK(h.coordinator->create_strategy("s", bad_lr, config()).code() == StatusCode::kInvalidArgument);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config()).ok());
+  CHECK(h.coordinator->create_strategy("s", model(), config()).ok());  // a reconnecting program
+  std::vector<MirroredVariableInit> other = {{"w", Tensor::zeros(DType::kFloat32, {3}).value(), Optimizer::sgd(0.1)}};
+  CHECK(h.coordinator->create_strategy("s", other, config()).code() == StatusCode::kAlreadyExists);
+  CHECK(h.coordinator->create_strategy("t", model(), config()).code() == StatusCode::kAlreadyExists);  // "w" is s's
+  CHECK(h.coordinator->run_step("nope", "f", "").wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  auto read = h.coordinator->read_mirrored("s", "nope").wait(h.io.waitScope);
+  CHECK(read.status().code() == StatusCode::kNotFound);
+  // Before any group formed the value is the initial one, held here.
+  auto initial = h.coordinator->read_mirrored("s", "w").wait(h.io.waitScope);
+  REQUIRE(initial.ok());
+  CHECK(initial->first.equals(Tensor::zeros(DType::kFloat32, {2}).value()));
+}
+
+TEST_CASE("a step waits for min_replicas workers, then says how many came", "[coordinator][strategy]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config(2)).ok());
+  auto waiting = step(h);
+  h.advance(std::chrono::milliseconds(6000));
+  auto result = waiting.wait(h.io.waitScope);
+  CHECK(result.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(result.status().message(), Catch::Contains("needs 2 worker(s)") && Catch::Contains("1 registered"));
+  CHECK(a.forms.empty());
+}
+
+}  // namespace
+}  // namespace capstan::coordinator
