@@ -194,6 +194,15 @@ struct Placements {
 };
 
 // Synchronous training (MirroredStrategy).
+
+// A worker's answer to a replica call, or that it was lost (the link broke,
+// it was dropped, or it did not answer in time).
+template <typename T>
+struct ReplicaAnswer {
+  Result<T> result = Status::Unknown("no answer");
+  bool lost = false;
+};
+
 struct MirroredVariableInit {
   std::string name;
   Tensor initial;
@@ -345,6 +354,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     // A state no replica holds yet (initial values, a restored checkpoint):
     // the next group starts from it.
     std::optional<training::MirroredState> seed;
+    bool seed_is_initial = false;  // the seed is create()'s values, not a checkpoint's
     int64_t epoch = 0;              // of the last group formed
     std::vector<int64_t> members;   // worker ids by rank
     bool formed = false;            // false after a failed step: form again
@@ -366,8 +376,14 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Result<StepOutcome>> dispatch_step(Strategy& strategy, std::string function, std::string args);
   // Resolves when `worker_id` is dropped (at once if it is not registered).
   kj::Promise<void> dropped(int64_t worker_id);
+  // A replica call to `worker_id` that counts as lost when its link breaks,
+  // the worker is dropped, or it does not answer within `limit`.
+  template <typename T>
+  kj::Promise<ReplicaAnswer<T>> ask(int64_t worker_id, kj::Promise<Result<T>> call, std::chrono::milliseconds limit);
   // The state to checkpoint: the seed, or replica 0's.
   kj::Promise<Result<training::MirroredState>> mirrored_state(Strategy& strategy);
+  kj::Promise<Result<training::MirroredState>> read_state_from(std::string name, std::vector<int64_t> members, size_t i,
+                                                               std::chrono::milliseconds limit, Status last);
   // Every strategy's variables as checkpoint entries (one shard on task 0).
   kj::Promise<Result<std::vector<VariableState>>> mirrored_snapshot();
   // The mirrored variables a checkpoint holds, read (on the pool) for the

@@ -28,19 +28,25 @@ namespace {
 
 constexpr size_t kMaxStrategyName = 256;
 constexpr size_t kMaxStrategies = 64;
-constexpr int kFormAttempts = 3;
-
-// A worker's answer, or that the link to it broke.
-template <typename T>
-struct Answer {
-  Result<T> result = Status::Unknown("no answer");
-  bool lost = false;
-};
 
 template <typename T>
-kj::Promise<Answer<T>> answer(kj::Promise<Result<T>> call) {
-  return call.then([](Result<T> r) { return Answer<T>{std::move(r), false}; },
-                   [](kj::Exception&& e) { return Answer<T>{rpc::from_exception(e), true}; });
+using Answer = ReplicaAnswer<T>;
+
+// A worker's answer; a broken link, the worker being dropped meanwhile (it
+// stopped answering pings: its calls never return) or no answer within
+// `limit` count as lost. Never waits forever.
+template <typename T>
+kj::Promise<Answer<T>> answer(kj::Promise<Result<T>> call, kj::Promise<void> dropped, kj::Promise<void> late,
+                              std::chrono::milliseconds limit) {
+  return call
+      .then([](Result<T> r) { return Answer<T>{std::move(r), false}; },
+            [](kj::Exception&& e) { return Answer<T>{rpc::from_exception(e), true}; })
+      .exclusiveJoin(dropped.then([]() {
+        return Answer<T>{Status::Unavailable("the worker was dropped (it stopped answering pings)"), true};
+      }))
+      .exclusiveJoin(late.then([limit]() {
+        return Answer<T>{Status::Unavailable("no answer within " + std::to_string(limit.count()) + " ms"), true};
+      }));
 }
 
 std::string spec_text(const training::MirroredSpec& s) {
@@ -80,8 +86,16 @@ std::vector<int64_t> Coordinator::replica_candidates(const std::string& function
 
 kj::Promise<void> Coordinator::dropped(int64_t worker_id) {
   if (workers_.count(worker_id) == 0) return kj::READY_NOW;
+  auto& waiting = drop_waiters_[worker_id];
+  // Each step waits on this once per member, and most steps end without a
+  // drop: forget the waits that were given up (their promise is gone).
+  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> live;
+  for (auto& w : waiting) {
+    if (w->isWaiting()) live.add(kj::mv(w));
+  }
+  waiting = kj::mv(live);
   auto paf = kj::newPromiseAndFulfiller<void>();
-  drop_waiters_[worker_id].add(kj::mv(paf.fulfiller));
+  waiting.add(kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);
 }
 
@@ -152,6 +166,7 @@ Status Coordinator::create_strategy(const std::string& name, std::vector<Mirrore
   training::MirroredState seed;
   for (auto& v : variables) seed.variables.push_back({v.name, std::move(v.initial), {}});
   strategy.seed = std::move(seed);
+  strategy.seed_is_initial = true;
   std::string described;
   for (const auto& s : strategy.specs) described += (described.empty() ? "" : ", ") + spec_text(s);
   log_->info("strategy '{}' created: {} mirrored variable(s): {}", name, strategy.specs.size(), described);
@@ -210,15 +225,26 @@ kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function,
     if (status.ok() || status.code() != StatusCode::kUnavailable || timer_.now() >= give_up) return status;
     // A member was lost while the group formed: once more with the others.
     log_->warn("strategy '{}': forming the group failed ({}); forming it again", s.name, status.message());
-    return form_group(s, replica_candidates(function)).then([this, &s](Status again) -> kj::Promise<Status> {
+    return form_group(s, replica_candidates(function)).then([&s](Status again) -> kj::Promise<Status> {
       if (again.ok() || again.code() != StatusCode::kUnavailable) return again;
       return Status::Unavailable("strategy '" + s.name + "': the group did not form: " + again.message());
     });
   });
 }
 
+// A replica call to `worker_id`, bounded: see answer().
+template <typename T>
+kj::Promise<Answer<T>> Coordinator::ask(int64_t worker_id, kj::Promise<Result<T>> call,
+                                         std::chrono::milliseconds limit) {
+  return answer(kj::mv(call), dropped(worker_id), timer_.afterDelay(limit.count() * kj::MILLISECONDS), limit);
+}
+
 kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> members) {
   const int64_t epoch = ++s.epoch;
+  // Status and prepare answer at once; forming waits for every member to
+  // connect (the collective deadline) and then moves the state.
+  const auto quick = s.config.settings.timeout;
+  const auto forming = 2 * s.config.settings.timeout + std::chrono::milliseconds(5000);
   s.formed = false;
   if (members.empty()) {
     return Status::Unavailable("strategy '" + s.name + "': no worker to form a group with");
@@ -239,13 +265,13 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
     WorkerPeer* peer = peer_of(id);
     statuses.add(peer == nullptr ? kj::Promise<Answer<training::ReplicaReport>>(
                                        Answer<training::ReplicaReport>{Status::Unavailable("dropped"), true})
-                                 : answer(peer->replica_status(s.name)));
+                                 : ask(id, peer->replica_status(s.name), quick));
   }
   auto shared_members = std::make_shared<std::vector<int64_t>>(std::move(members));
   auto source = std::make_shared<int>(0);
   return kj::joinPromises(statuses.finish())
-      .then([this, &s, shared_members, source, peer_of, lost,
-             epoch](kj::Array<Answer<training::ReplicaReport>> reports) -> kj::Promise<kj::Array<Answer<std::string>>> {
+      .then([this, &s, shared_members, source, peer_of, lost, epoch,
+             quick](kj::Array<Answer<training::ReplicaReport>> reports) -> kj::Promise<kj::Array<Answer<std::string>>> {
         const auto& ids = *shared_members;
         for (size_t r = 0; r < reports.size(); ++r) {
           if (reports[r].lost) {
@@ -256,18 +282,37 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
                 "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (replica status)"));
           }
         }
-        if (s.seed.has_value()) {
-          *source = 0;
-        } else {
-          // The last group's members that hold the variables are at the
-          // last step all finished, or one past it: the fewest steps wins.
+        // The member whose state everyone takes. Fewest steps wins: members
+        // of the last group that hold the variables are at the last step
+        // all of them finished, or one past it.
+        auto fewest_steps = [&](bool of_last_group) {
           std::set<int64_t> last(s.members.begin(), s.members.end());
           int best = -1;
           for (size_t r = 0; r < reports.size(); ++r) {
             const auto& report = *reports[r].result;
-            if (!report.holds || last.count(ids[r]) == 0) continue;
+            if (!report.holds || (of_last_group && last.count(ids[r]) == 0)) continue;
+            if (!of_last_group && report.step == 0) continue;
             if (best < 0 || report.step < reports[static_cast<size_t>(best)].result->step) best = static_cast<int>(r);
           }
+          return best;
+        };
+        if (s.seed.has_value() && s.seed_is_initial && s.members.empty()) {
+          // A strategy this coordinator never formed whose workers already
+          // hold trained replicas (the coordinator restarted under a running
+          // job): their values win over the initial ones.
+          int best = fewest_steps(/*of_last_group=*/false);
+          if (best >= 0) {
+            log_->warn("strategy '{}': worker {} already holds its variables at step {} (the coordinator restarted "
+                       "under a running job?): training goes on from them, not from the initial values",
+                       s.name, ids[static_cast<size_t>(best)], reports[static_cast<size_t>(best)].result->step);
+            s.seed.reset();
+            *source = best;
+          }
+        }
+        if (s.seed.has_value()) {
+          *source = 0;
+        } else if (!s.members.empty()) {
+          int best = fewest_steps(/*of_last_group=*/true);
           if (best < 0) {
             return rpc::to_exception(Status::FailedPrecondition(
                 "strategy '" + s.name + "': no live worker holds its mirrored variables (every replica of the last "
@@ -280,12 +325,12 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
           WorkerPeer* peer = peer_of(id);
           prepared.add(peer == nullptr ? kj::Promise<Answer<std::string>>(
                                              Answer<std::string>{Status::Unavailable("dropped"), true})
-                                       : answer(peer->prepare_replica(s.name, epoch)));
+                                       : ask(id, peer->prepare_replica(s.name, epoch), quick));
         }
         return kj::joinPromises(prepared.finish());
       })
-      .then([this, &s, shared_members, source, peer_of, lost,
-             epoch](kj::Array<Answer<std::string>> addresses) -> kj::Promise<kj::Array<Answer<training::ReplicaReport>>> {
+      .then([this, &s, shared_members, source, peer_of, lost, epoch,
+             forming](kj::Array<Answer<std::string>> addresses) -> kj::Promise<kj::Array<Answer<training::ReplicaReport>>> {
         const auto& ids = *shared_members;
         std::vector<std::string> by_rank;
         for (size_t r = 0; r < addresses.size(); ++r) {
@@ -297,6 +342,14 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
                 "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (prepare)"));
           }
           by_rank.push_back(*addresses[r].result);
+        }
+        // A member dropped since it answered would leave the others waiting
+        // for it until the deadline: form without it instead.
+        for (int64_t id : ids) {
+          if (peer_of(id) == nullptr) {
+            return rpc::to_exception(Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
+                                                         " was lost while the group formed"));
+          }
         }
         auto formed = kj::heapArrayBuilder<kj::Promise<Answer<training::ReplicaReport>>>(ids.size());
         for (size_t r = 0; r < ids.size(); ++r) {
@@ -312,7 +365,7 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
           WorkerPeer* peer = peer_of(ids[r]);
           formed.add(peer == nullptr ? kj::Promise<Answer<training::ReplicaReport>>(
                                            Answer<training::ReplicaReport>{Status::Unavailable("dropped"), true})
-                                     : answer(peer->form_replica(std::move(form))));
+                                     : ask(ids[r], peer->form_replica(std::move(form)), forming));
         }
         return kj::joinPromises(formed.finish());
       })
@@ -384,11 +437,15 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
                                                true};
                        }))
                        .then([this, members, name, epoch, r](ClosureOutcome o) {
-                         if (o.worker_lost) {
+                         if (!o.result.ok()) {
                            // The others may wait for this one in a collective:
-                           // abort their group so that they fail now.
+                           // abort their group so that they fail now (a
+                           // replica whose closure failed aborted it itself;
+                           // one that failed before it ran, or was lost, not).
                            std::string reason = "worker " + std::to_string(members[r]) + " (replica " +
-                                                std::to_string(r) + ") was lost: " + o.result.status().message();
+                                                std::to_string(r) + ") " +
+                                                (o.worker_lost ? "was lost: " : "failed: ") +
+                                                o.result.status().message();
                            for (size_t k = 0; k < members.size(); ++k) {
                              auto other = workers_.find(members[k]);
                              if (k == r || other == workers_.end()) continue;
@@ -416,9 +473,12 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
         if (first_lost.ok()) first_lost = o.result.status();
         drop_worker(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
       } else if (!o.result.ok()) {
-        // A closure's own error beats the Unavailable its peers saw.
-        if (first_error.ok() || (first_error.code() == StatusCode::kUnavailable &&
-                                 o.result.status().code() != StatusCode::kUnavailable)) {
+        // A closure's own error beats what its peers saw because of it
+        // (their group aborted: Unavailable or Aborted).
+        auto consequence = [](const Status& e) {
+          return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted;
+        };
+        if (first_error.ok() || (consequence(first_error) && !consequence(o.result.status()))) {
           first_error = o.result.status();
         }
       }
@@ -452,29 +512,29 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
 kj::Promise<Result<training::MirroredState>> Coordinator::mirrored_state(Strategy& s) {
   using Out = Result<training::MirroredState>;
   if (s.seed.has_value()) return Out(*s.seed);
-  // Replica 0 first, then the others.
-  std::vector<WorkerPeer*> peers;
-  for (int64_t id : s.members) {
-    auto it = workers_.find(id);
-    if (it != workers_.end()) peers.push_back(it->second.peer.get());
+  if (s.members.empty()) {
+    return Out(Status::FailedPrecondition("strategy '" + s.name + "' has no replica to read from (no group formed)"));
   }
-  if (peers.empty()) {
-    return Out(Status::FailedPrecondition("strategy '" + s.name +
-                                          "' has no replica to read from (no live worker of its last group)"));
+  return read_state_from(s.name, s.members, 0, s.config.settings.timeout, Status::Ok());
+}
+
+// Replica `i` of `members` first, then the next ones; each worker looked up
+// again when its turn comes (it may have been dropped meanwhile).
+kj::Promise<Result<training::MirroredState>> Coordinator::read_state_from(std::string name, std::vector<int64_t> members,
+                                                                       size_t i, std::chrono::milliseconds limit,
+                                                                       Status last) {
+  using Out = Result<training::MirroredState>;
+  for (; i < members.size(); ++i) {
+    auto it = workers_.find(members[i]);
+    if (it == workers_.end()) continue;
+    return ask(members[i], it->second.peer->read_replica(name), limit)
+        .then([this, name, members, i, limit](Answer<training::MirroredState> a) mutable -> kj::Promise<Out> {
+          if (a.result.ok()) return kj::mv(a.result);
+          return read_state_from(kj::mv(name), kj::mv(members), i + 1, limit, a.result.status());
+        });
   }
-  auto next = std::make_shared<std::function<kj::Promise<Out>(size_t, Status)>>();
-  const std::string name = s.name;
-  *next = [peers, name, next](size_t i, Status last) -> kj::Promise<Out> {
-    if (i >= peers.size()) return Out(last.with_context("reading strategy '" + name + "' from its replicas"));
-    return peers[i]->read_replica(name).then(
-        [next, i](Out state) -> kj::Promise<Out> {
-          if (state.ok()) return state;
-          return (*next)(i + 1, state.status());
-        },
-        [next, i](kj::Exception&& e) { return (*next)(i + 1, rpc::from_exception(e)); });
-  };
-  // The closure holds itself through `next`: break the cycle once done.
-  return (*next)(0, Status::Ok()).attach(kj::defer([next]() { *next = nullptr; }));
+  return Out(Status::FailedPrecondition("strategy '" + name + "': no live replica to read from" +
+                                        (last.ok() ? std::string() : " (last: " + last.to_string() + ")")));
 }
 
 kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::string strategy, std::string variable) {
@@ -514,7 +574,8 @@ kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string str
       asks.add(kj::READY_NOW);
       continue;
     }
-    asks.add(answer(it->second.peer->replica_status(strategy)).then([status, r](Answer<training::ReplicaReport> a) {
+    asks.add(ask(s.members[r], it->second.peer->replica_status(strategy), s.config.settings.timeout)
+                 .then([status, r](Answer<training::ReplicaReport> a) {
       auto& info = status->replicas[r];
       if (a.result.ok()) {
         info.report = *a.result;
@@ -610,6 +671,7 @@ kj::Promise<Status> Coordinator::seed_strategies(MirroredRestore restore) {
     auto state = std::make_shared<training::MirroredState>(std::move(partial));
     if (state->variables.size() == s->specs.size()) {
       s->seed = std::move(*state);
+      s->seed_is_initial = false;
       s->formed = false;
       continue;
     }
@@ -623,6 +685,7 @@ kj::Promise<Status> Coordinator::seed_strategies(MirroredRestore restore) {
         if (!restored) state->variables.push_back(std::move(v));
       }
       s->seed = std::move(*state);
+      s->seed_is_initial = false;
       s->formed = false;
       return Status::Ok();
     }));

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
        "connections). Default: host, or when host is 0.0.0.0 the address this machine uses to reach the "
        "coordinator.",
        ""},
+      {"replica_memory_mib", OptionType::kInt,
+       "MiB a worker may hold for one strategy's mirrored variables (values and optimizer slots; synchronous "
+       "training); a strategy that needs more is refused, naming this key, when its group forms.",
+       "4096"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
     CAPSTAN_ASSIGN_OR_RETURN(std::string address, peer_address(config, "coordinator", "coordinator"));

@@ -1,6 +1,7 @@
 #include "daemons/worker_server/replicas.h"
 
 #include "training/mirrored_access.h"
+#include "training/optimizer.h"
 
 namespace capstan::worker_server {
 namespace {
@@ -16,9 +17,31 @@ struct Hold {
   std::shared_ptr<Communicator> group;  // alive while the step runs
 };
 
+// The bytes a replica of `specs` holds: values and optimizer slots.
+Status check_budget(const std::vector<training::MirroredSpec>& specs, int64_t budget) {
+  int64_t total = 0;
+  for (const auto& spec : specs) {
+    int64_t elements = 1;
+    for (int64_t d : spec.shape) {
+      if (d < 0 || (d > 0 && elements > (int64_t{1} << 40) / d)) {
+        return Status::InvalidArgument("mirrored variable '" + spec.name + "' has shape " + shape_string(spec.shape));
+      }
+      elements *= d;
+    }
+    const int64_t copies = 1 + static_cast<int64_t>(ps::slot_names(spec.optimizer.kind).size());
+    total += elements * static_cast<int64_t>(dtype_size(spec.dtype)) * copies;
+    if (total > budget) {
+      return Status::ResourceExhausted("the mirrored variables (values and optimizer slots) need more than " +
+                                       std::to_string(budget >> 20) + " MiB on this worker (at '" + spec.name +
+                                       "'); raise the worker's replica_memory_mib");
+    }
+  }
+  return Status::Ok();
+}
+
 }  // namespace
 
-Replicas::Replicas(std::string host) : host_(std::move(host)) {}
+Replicas::Replicas(std::string host, int64_t budget_bytes) : host_(std::move(host)), budget_bytes_(budget_bytes) {}
 Replicas::~Replicas() = default;
 
 std::shared_ptr<Replicas::Replica> Replicas::find(const std::string& strategy, bool create) {
@@ -76,17 +99,19 @@ Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form
     return Status::FailedPrecondition("formReplica: strategy '" + form.strategy + "' was not prepared for epoch " +
                                       std::to_string(form.epoch));
   }
+  const bool is_source = form.rank == form.source;
+  if (form.seed.has_value() && !is_source) {
+    return Status::InvalidArgument("formReplica: a seed goes to the source only");
+  }
+  CAPSTAN_RETURN_IF_ERROR(check_budget(form.specs, budget_bytes_).with_context("formReplica '" + form.strategy + "'"));
   // The old group (if any) stays until the new one has the variables; no
-  // step can use it meanwhile (this holds the replica).
+  // step can use it meanwhile (this holds the replica). A formation that
+  // fails leaves this replica's variables as they were.
   auto made = Communicator::create(std::move(replica->pending), form.addresses, form.rank, form.epoch,
                                    form.settings.options());
   replica->pending_epoch = 0;
   if (!made.ok()) return made.status().with_context("forming strategy '" + form.strategy + "'");
   std::shared_ptr<Communicator> group(std::move(*made));
-  const bool is_source = form.rank == form.source;
-  if (form.seed.has_value() && !is_source) {
-    return Status::InvalidArgument("formReplica: a seed goes to the source only");
-  }
   // Everyone learns first whether the source can give a state.
   Status source_ok;
   if (is_source && !form.seed.has_value() && replica->variables == nullptr) {
@@ -108,18 +133,12 @@ Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form
   if (!seeded.ok()) return seeded.status();
   if (seeded->flat<int32_t>()[0] != 0) {
     const training::MirroredState* seed = form.seed.has_value() ? &*form.seed : nullptr;
-    // A survivor's own variables are replaced by the seed's.
-    replica->variables.reset();
-    CAPSTAN_ASSIGN_OR_RETURN(replica->variables,
-                             MirroredVariables::Access::seeded(*group, form.specs, seed, form.source));
+    // A survivor's own variables are replaced by the seed's, once it arrived.
+    CAPSTAN_ASSIGN_OR_RETURN(auto from_seed, MirroredVariables::Access::seeded(*group, form.specs, seed, form.source));
+    replica->variables = std::move(from_seed);
   } else if (replica->variables != nullptr) {
-    // Survivors: the ones whose layout no longer matches the strategy's
-    // (none in practice: the coordinator keeps the specs) fail in set_group.
-    Status set = replica->variables->set_group(*group, form.source);
-    if (!set.ok()) {
-      replica->variables.reset();
-      return set;
-    }
+    // Survivors: set_group changes nothing unless it succeeds.
+    CAPSTAN_RETURN_IF_ERROR(replica->variables->set_group(*group, form.source));
   } else {
     std::vector<MirroredVariableSpec> specs;
     for (const auto& s : form.specs) {
@@ -133,9 +152,16 @@ Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form
   report.step = replica->variables->step();
   report.checksum = replica->variables->checksum();
   report.transports = group->transports();
-  MutexLock group_lock(replica->group_mutex);
-  replica->group = std::move(group);
-  replica->epoch = form.epoch;
+  std::shared_ptr<Communicator> old;
+  {
+    MutexLock group_lock(replica->group_mutex);
+    old = std::move(replica->group);
+    replica->group = std::move(group);
+    replica->epoch = form.epoch;
+  }
+  // The old group's thread is joined here, not under group_mutex (abort()
+  // takes it on the RPC thread).
+  old.reset();
   return report;
 }
 

@@ -43,8 +43,10 @@ namespace capstan::worker_server {
 class Replicas {
  public:
   // Groups listen on `host` (an IP address of this machine that the other
-  // workers reach: the worker's collective_host).
-  explicit Replicas(std::string host);
+  // workers reach: the worker's collective_host). A strategy whose values
+  // and optimizer slots would need more than `budget_bytes` is refused
+  // (ResourceExhausted) before anything is allocated.
+  explicit Replicas(std::string host, int64_t budget_bytes = int64_t{4} << 30);
   ~Replicas();
 
   const std::string& host() const { return host_; }
@@ -102,6 +104,7 @@ class Replicas {
   std::shared_ptr<Replica> find(const std::string& strategy, bool create);
 
   const std::string host_;
+  const int64_t budget_bytes_;
   Mutex mutex_;
   std::map<std::string, std::shared_ptr<Replica>> replicas_ GUARDED_BY(mutex_);
 };

@@ -46,7 +46,8 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx)
           });
         });
       });
-  replicas_ = std::make_shared<Replicas>(collective_host(ctx, address));
+  replicas_ = std::make_shared<Replicas>(collective_host(ctx, address),
+                                         std::max<int64_t>(0, ctx.config.get_int("replica_memory_mib")) << 20);
   ctx.log->info("collective data address (synchronous training): {} (set collective_host to change it)",
                 replicas_->host());
   worker_ = std::make_shared<Worker>(*ctx.functions, *router_, ctx.identity.task_index(), replicas_.get());

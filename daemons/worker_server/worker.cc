@@ -115,6 +115,16 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
   const ClosureFunction* fn = functions_.find_closure(request.function);
   if (fn == nullptr) return check_closure(request.function);
   CAPSTAN_RETURN_IF_ERROR(variables_.refresh_if_older(request.placement_version));
+  // A synchronous step holds its replica (group and variables) while it runs.
+  std::optional<Replicas::Lease> replica;
+  if (!request.strategy.empty()) {
+    if (replicas_ == nullptr) {
+      return Status::FailedPrecondition("this worker cannot run synchronous steps (no replicas)");
+    }
+    auto lease = replicas_->acquire(request.strategy, request.epoch);
+    if (!lease.ok()) return lease.status().with_context(request.function);
+    replica.emplace(std::move(*lease));
+  }
   auto cancelled = std::make_shared<std::atomic<bool>>(false);
   const int64_t id = request.closure_id;
   if (id != 0) {
@@ -125,16 +135,6 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
       cancelled->store(true);
     }
     running_[id] = cancelled;
-  }
-  // A synchronous step holds its replica (group and variables) while it runs.
-  std::optional<Replicas::Lease> replica;
-  if (!request.strategy.empty()) {
-    if (replicas_ == nullptr) {
-      return Status::FailedPrecondition("this worker cannot run synchronous steps (no replicas)");
-    }
-    auto lease = replicas_->acquire(request.strategy, request.epoch);
-    if (!lease.ok()) return lease.status().with_context(request.function);
-    replica.emplace(std::move(*lease));
   }
   Context context(*this, request, cancelled, replica.has_value() ? &*replica : nullptr);
   Result<Element> result = cancelled->load() ? Result<Element>(Status::Cancelled("")) : (*fn)(context, request.args);

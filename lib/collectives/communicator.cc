@@ -71,6 +71,7 @@ constexpr auto kShmSpin = std::chrono::microseconds(20);
 // While it waits for shared memory, a rank still looks at its sockets
 // (abort notices, closed peers) this often.
 constexpr auto kShmSleep = std::chrono::microseconds(1000);
+constexpr auto kShmSleepSeveral = std::chrono::microseconds(50);
 constexpr size_t kShmHeaderBlock = ShmRing::kAlign;
 
 enum class Kind : uint32_t {
@@ -816,6 +817,7 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
             room -= n;
             if (at + n < s.bytes) {
               ring.publish();  // let the receiver start on it
+              wrote = true;
               continue;
             }
           }
@@ -964,7 +966,17 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
     const bool sockets_too = pending > static_cast<int>(
         std::count_if(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) +
         std::count_if(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; }));
+    // A doorbell covers one link: with transfers blocked on others too (a
+    // ring's send to the right, its receive from the left), sleep briefly.
+    std::set<int> blocked_peers;
+    for (const ShmSend& st : shm_sends) {
+      if (!st.done) blocked_peers.insert(sends[st.index].peer);
+    }
+    for (const ShmRecv& st : shm_recvs) {
+      if (!st.done) blocked_peers.insert(recvs[st.index].peer);
+    }
     auto sleep = sockets_too ? std::chrono::microseconds(100) : kShmSleep;
+    if (blocked_peers.size() > 1) sleep = std::min(sleep, kShmSleepSeveral);
     sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
                                 std::chrono::microseconds(1));
     link->wait(seen, sleep);
@@ -1457,6 +1469,10 @@ void Communicator::abort(const Status& reason) {
   // wakes one that sleeps in Asio); an idle group fails in the task below.
   impl->interrupted.store(true, std::memory_order_release);
   asio::post(impl->io, []() {});
+  {
+    MutexLock lock(impl->nccl_mutex);
+    if (impl->nccl != nullptr) impl->nccl->interrupt(why);
+  }
   (void)impl->submit<Status>([impl, why]() { return impl->abort(why); });
 }
 

@@ -6,6 +6,7 @@
 #include <dlfcn.h>
 #include <nccl.h>
 
+#include <atomic>
 #include <cstring>
 #include <mutex>
 #include <thread>
@@ -118,6 +119,10 @@ struct NcclGroup::Impl {
   Mutex mutex;
   ncclComm_t comm GUARDED_BY(mutex) = nullptr;
   Status aborted GUARDED_BY(mutex);
+  // interrupt(): the operation waiting now gives up (from any thread).
+  std::atomic<bool> interrupted{false};
+  Mutex interrupt_mutex;
+  Status interrupt_reason GUARDED_BY(interrupt_mutex);
 
   ~Impl() {
     MutexLock lock(mutex);
@@ -152,6 +157,10 @@ struct NcclGroup::Impl {
         }
       }
       if (finished) return Status::Ok();
+      if (interrupted.load(std::memory_order_acquire)) {
+        MutexLock lock(interrupt_mutex);
+        return give_up(interrupt_reason);
+      }
       if (Clock::now() >= deadline) {
         return give_up(Status::Unavailable(std::string("NCCL ") + what + " did not finish within " +
                                            std::to_string(timeout.count()) +
@@ -168,6 +177,10 @@ struct NcclGroup::Impl {
   }
 
   Status usable() REQUIRES(mutex) {
+    if (aborted.ok() && interrupted.load(std::memory_order_acquire)) {
+      MutexLock lock(interrupt_mutex);
+      (void)give_up(interrupt_reason);
+    }
     if (!aborted.ok()) {
       return Status::FailedPrecondition("the NCCL communicator was aborted after: " + aborted.to_string() +
                                         "; form a new group (the next generation)");
@@ -194,17 +207,32 @@ NcclGroup::NcclGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NcclGroup::~NcclGroup() = default;
 int NcclGroup::device() const { return impl_->device; }
 
+void NcclGroup::interrupt(const Status& reason) {
+  {
+    MutexLock lock(impl_->interrupt_mutex);
+    if (impl_->interrupt_reason.ok()) impl_->interrupt_reason = reason;
+  }
+  impl_->interrupted.store(true, std::memory_order_release);
+}
+
 Result<std::unique_ptr<NcclGroup>> NcclGroup::create(Communicator& host, int device, std::chrono::milliseconds timeout) {
-  CAPSTAN_RETURN_IF_ERROR(device_collectives_status());
+  // Every rank learns first whether all of them can: one that cannot must
+  // not leave the others waiting for an id that never comes.
+  Status here = device_collectives_status();
+  if (here.ok() && cudaSetDevice(device) != cudaSuccess) {
+    here = Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist here");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor all, host.all_reduce(Tensor::scalar<int32_t>(here.ok() ? 1 : 0), ReduceOp::kMin));
+  if (!here.ok()) return here;
+  if (all.flat<int32_t>()[0] != 1) {
+    return Status::FailedPrecondition("another rank of the group cannot use the device collectives (its error says why)");
+  }
   const Nccl& api = nccl();
   auto impl = std::make_unique<Impl>();
   impl->device = device;
   impl->timeout = timeout;
   impl->rank = host.rank();
   impl->size = host.size();
-  if (cudaSetDevice(device) != cudaSuccess) {
-    return Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist here");
-  }
   // Rank 0's unique id, to every rank over the host group.
   ncclUniqueId id{};
   static_assert(sizeof(ncclUniqueId) % sizeof(int64_t) == 0);
@@ -282,6 +310,7 @@ struct NcclGroup::Impl {};
 NcclGroup::NcclGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NcclGroup::~NcclGroup() = default;
 int NcclGroup::device() const { return -1; }
+void NcclGroup::interrupt(const Status&) {}
 Result<std::unique_ptr<NcclGroup>> NcclGroup::create(Communicator&, int, std::chrono::milliseconds) {
   return device_collectives_status();
 }

@@ -44,6 +44,9 @@ class NcclGroup {
   ~NcclGroup();
 
   int device() const;
+  // From any thread: the operation waiting now (and every later one) fails
+  // with `reason`, and the NCCL communicator is aborted.
+  void interrupt(const Status& reason);
 
   // `stream` is a cudaStream_t (nullptr: the legacy default stream). Each
   // returns once the operation finished on the stream.

@@ -85,9 +85,10 @@ void settings_to_wire(const training::CollectiveSettings& in, wire::CollectiveSe
 
 Result<training::CollectiveSettings> settings_from_wire(wire::CollectiveSettings::Reader in) {
   training::CollectiveSettings out;
-  if (in.getTimeoutMs() <= 0) {
+  constexpr int64_t kDay = 24 * 3600 * 1000;
+  if (in.getTimeoutMs() <= 0 || in.getTimeoutMs() > kDay) {
     return Status::InvalidArgument("collective timeout " + std::to_string(in.getTimeoutMs()) +
-                                   " ms must be positive");
+                                   " ms must be positive and at most a day (" + std::to_string(kDay) + ")");
   }
   out.timeout = std::chrono::milliseconds(in.getTimeoutMs());
   CAPSTAN_ASSIGN_OR_RETURN(out.transport, collective_transport_from_name(text(in.getTransport())));

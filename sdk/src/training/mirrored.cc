@@ -82,14 +82,28 @@ struct MirroredVariables::Impl {
     return out;
   }
 
+  // Every value, slot and the step from `source`. Received into copies and
+  // committed once all arrived: a broadcast that fails midway (a member
+  // died) leaves this replica as it was, never half one state and half
+  // another.
   Status broadcast_all(int source) {
+    std::vector<Tensor> values;
+    std::vector<std::vector<Tensor>> slots;
     for (auto& v : variables) {
-      CAPSTAN_ASSIGN_OR_RETURN(v.value, group->broadcast(v.value, source));
-      for (Tensor& s : v.slots) {
-        CAPSTAN_ASSIGN_OR_RETURN(s, group->broadcast(s, source));
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor value, group->broadcast(v.value, source));
+      values.push_back(std::move(value));
+      std::vector<Tensor> received;
+      for (const Tensor& s : v.slots) {
+        CAPSTAN_ASSIGN_OR_RETURN(Tensor slot, group->broadcast(s, source));
+        received.push_back(std::move(slot));
       }
+      slots.push_back(std::move(received));
     }
     CAPSTAN_ASSIGN_OR_RETURN(Tensor s, group->broadcast(Tensor::scalar<int64_t>(step), source));
+    for (size_t i = 0; i < variables.size(); ++i) {
+      variables[i].value = std::move(values[i]);
+      variables[i].slots = std::move(slots[i]);
+    }
     step = s.flat<int64_t>()[0];
     return Status::Ok();
   }
@@ -233,12 +247,18 @@ Status MirroredVariables::set_group(Communicator& group, int source) {
     return Status::InvalidArgument("set_group: source rank " + std::to_string(source) + " is not in [0, " +
                                    std::to_string(group.size()) + ")");
   }
+  // On failure the variables stay as they were, with the group they had.
+  Communicator* before = impl_->group;
   impl_->group = &group;
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<int> differ, impl_->differing(impl_->layout_digest()));
-  if (!differ.empty()) {
-    return Status::InvalidArgument("set_group: the new group's members created other mirrored variables");
-  }
-  return impl_->broadcast_all(source);
+  Status moved = [&]() -> Status {
+    CAPSTAN_ASSIGN_OR_RETURN(std::vector<int> differ, impl_->differing(impl_->layout_digest()));
+    if (!differ.empty()) {
+      return Status::InvalidArgument("set_group: the new group's members created other mirrored variables");
+    }
+    return impl_->broadcast_all(source);
+  }();
+  if (!moved.ok()) impl_->group = before;
+  return moved;
 }
 
 namespace {
