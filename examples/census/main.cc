@@ -309,6 +309,76 @@ bool report(const Flags& flags, const Metrics& metrics, int64_t trained, double 
   return accuracy_ok && auc_ok;
 }
 
+// The training batches through the data service at flags.dispatcher: one
+// HINT job named `job` (every reader of this run shares it: the data
+// workers' shards), or the pipeline itself without a dispatcher. `say`
+// prints where they come from.
+capstan::Result<data::Dataset> training_input(const Flags& flags, data::Dataset pipeline,
+                                              const capstan::ClientOptions& options, const std::string& job, bool say) {
+  if (flags.dispatcher.empty()) return pipeline;
+  auto id = data::service::register_dataset(flags.dispatcher, pipeline, options);
+  CAPSTAN_RETURN_IF_ERROR(id.status().with_context("registering the input pipeline with " + flags.dispatcher));
+  data::service::ReadOptions read;
+  read.processing_mode = data::service::ProcessingMode::kHint;
+  read.job_name = job;
+  read.client = options;
+  if (say) {
+    std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n", flags.dispatcher.c_str(),
+                id->c_str(), job.c_str());
+  }
+  return data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
+}
+
+// A job name of its own for this run.
+std::string run_job_name(const std::string& prefix) {
+  return prefix + "-" + std::to_string(getpid()) + "-" +
+         std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+}
+
+// The model's variables with their initial values and optimizers: the wide
+// table and the embeddings (partitioned in 2 on the parameter servers),
+// then the MLP.
+std::vector<capstan::VariableSpec> model_variables(const Flags& flags, uint64_t seed) {
+  return {{"census_wide", *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1}),
+           capstan::Optimizer::adagrad(flags.wide_learning_rate), capstan::Partitioner::fixed_shards(2)},
+          {"census_embeddings",
+           *Tensor::from_vector<float>(census::initial_embeddings(seed), {census::embedding_rows(), census::kEmbeddingDim}),
+           capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::fixed_shards(2)},
+          {"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
+           capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::none()}};
+}
+
+// Creates `specs` on the parameter servers with their initial values. The
+// variables outlive this program: a second run against the same cluster
+// finds them, so they are assigned their initial values again (their
+// optimizer slots stay; use a fresh cluster for comparable runs).
+Status create_on_parameter_servers(capstan::ClusterCoordinator& cluster, const std::vector<capstan::VariableSpec>& specs) {
+  for (const auto& spec : specs) {
+    CAPSTAN_RETURN_IF_ERROR(cluster.create_variable(spec).status().with_context("creating " + spec.name));
+    CAPSTAN_RETURN_IF_ERROR(cluster.assign_variable(spec.name, spec.initial).with_context("initializing " + spec.name));
+  }
+  return Status::Ok();
+}
+
+// The synchronous modes' layouts: every variable mirrored, or (hybrid) the
+// tables on the parameter servers and the MLP mirrored.
+struct Layout {
+  std::vector<capstan::VariableSpec> on_parameter_servers;
+  std::vector<capstan::MirroredVariableSpec> mirrored;
+};
+
+Layout layout(const Flags& flags, uint64_t seed, bool hybrid) {
+  Layout out;
+  for (auto& v : model_variables(flags, seed)) {
+    if (hybrid && v.name != "census_dnn") {
+      out.on_parameter_servers.push_back(std::move(v));
+    } else {
+      out.mirrored.push_back({v.name, v.initial, v.optimizer});
+    }
+  }
+  return out;
+}
+
 // ---- Synchronous modes: one process per replica ------------------------------------
 
 using census::StepOutput;
@@ -364,32 +434,17 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   if (!group.ok()) return failed("joining group '" + flags.group + "'", group.status());
 
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
-  auto embeddings = *Tensor::from_vector<float>(census::initial_embeddings(seed),
-                                                {census::embedding_rows(), census::kEmbeddingDim});
-  auto wide = *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1});
-  std::vector<capstan::MirroredVariableSpec> specs;
+  Layout variables = layout(flags, seed, hybrid);
   if (hybrid) {
     // The tables on the parameter servers: rank 0 creates them.
     if (chief) {
-      std::vector<capstan::VariableSpec> tables = {
-          {"census_wide", wide, capstan::Optimizer::adagrad(flags.wide_learning_rate), capstan::Partitioner::fixed_shards(2)},
-          {"census_embeddings", embeddings, capstan::Optimizer::adam(flags.deep_learning_rate),
-           capstan::Partitioner::fixed_shards(2)}};
-      for (const auto& spec : tables) {
-        auto info = cluster.create_variable(spec);
-        if (!info.ok()) return failed("creating " + spec.name, info.status());
-        Status reset = cluster.assign_variable(spec.name, spec.initial);
-        if (!reset.ok()) return failed("initializing " + spec.name, reset);
-      }
+      Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
+      if (!created.ok()) return failed("creating the tables", created);
     }
     Status ready = (*group)->barrier();
     if (!ready.ok()) return failed("waiting for rank 0's tables", ready);
-  } else {
-    specs.push_back({"census_wide", wide, capstan::Optimizer::adagrad(flags.wide_learning_rate)});
-    specs.push_back({"census_embeddings", embeddings, capstan::Optimizer::adam(flags.deep_learning_rate)});
   }
-  specs.push_back({"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
-                   capstan::Optimizer::adam(flags.deep_learning_rate)});
+  const auto& specs = variables.mirrored;
   auto vars = capstan::MirroredVariables::create(**group, specs);
   if (!vars.ok()) return failed("creating the mirrored variables", vars.status());
 
@@ -404,18 +459,11 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
                                .repeat()
                                .batch(local_batch, /*drop_remainder=*/true);
   if (!flags.dispatcher.empty()) {
-    auto id = data::service::register_dataset(flags.dispatcher, census::training_batches(train_path, local_batch, flags.seed),
-                                              options);
-    if (!id.ok()) return failed("registering the input pipeline with " + flags.dispatcher, id.status());
-    data::service::ReadOptions read;
-    read.processing_mode = data::service::ProcessingMode::kHint;
-    read.job_name = flags.group;  // one job for the replicas of this run
-    read.client = options;
-    pipeline = data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
-    if (chief) {
-      std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n", flags.dispatcher.c_str(),
-                  id->c_str(), read.job_name.c_str());
-    }
+    // One job for the replicas of this run (whichever asks next gets the next batch).
+    auto served = training_input(flags, census::training_batches(train_path, local_batch, flags.seed), options,
+                                 flags.group, chief);
+    if (!served.ok()) return failed("reading through the data service", served.status());
+    pipeline = *served;
   }
   auto iterator = pipeline.make_iterator(&functions);
   if (!iterator.ok()) return failed("starting the input pipeline", iterator.status());
@@ -484,8 +532,7 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
 // torchrun-style: starts replicas 1..N-1 as processes of this program (the
 // same arguments plus --rank and --group) and runs rank 0 here.
 int launch_replicas(int argc, char** argv, Flags flags, const std::string& train_path, const std::string& test_path) {
-  flags.group = "census-" + flags.mode + "-" + std::to_string(getpid()) + "-" +
-                std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
+  flags.group = run_job_name("census-" + flags.mode);
   std::vector<pid_t> children;
   for (int r = 1; r < flags.replicas; ++r) {
     std::vector<std::string> args(argv, argv + argc);
@@ -531,27 +578,10 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   if (connected == nullptr) return 1;
   capstan::ClusterCoordinator& cluster = *connected;
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
-  auto embeddings = *Tensor::from_vector<float>(census::initial_embeddings(seed),
-                                                {census::embedding_rows(), census::kEmbeddingDim});
-  auto wide = *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1});
-  std::vector<capstan::MirroredVariableSpec> mirrored;
-  if (hybrid) {
-    for (const capstan::VariableSpec& spec :
-         {capstan::VariableSpec{"census_wide", wide, capstan::Optimizer::adagrad(flags.wide_learning_rate),
-                                capstan::Partitioner::fixed_shards(2)},
-          capstan::VariableSpec{"census_embeddings", embeddings, capstan::Optimizer::adam(flags.deep_learning_rate),
-                                capstan::Partitioner::fixed_shards(2)}}) {
-      auto info = cluster.create_variable(spec);
-      if (!info.ok()) return fail("creating " + spec.name, info.status());
-      Status reset = cluster.assign_variable(spec.name, spec.initial);
-      if (!reset.ok()) return fail("initializing " + spec.name, reset);
-    }
-  } else {
-    mirrored.push_back({"census_wide", wide, capstan::Optimizer::adagrad(flags.wide_learning_rate)});
-    mirrored.push_back({"census_embeddings", embeddings, capstan::Optimizer::adam(flags.deep_learning_rate)});
-  }
-  mirrored.push_back({"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
-                      capstan::Optimizer::adam(flags.deep_learning_rate)});
+  Layout variables = layout(flags, seed, hybrid);
+  Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
+  if (!created.ok()) return fail("creating the tables", created);
+  const auto& mirrored = variables.mirrored;
   capstan::StrategyOptions strategy_options;
   strategy_options.name = "census-" + flags.mode;
   strategy_options.min_replicas = flags.min_workers;
@@ -560,20 +590,10 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
 
   // Each worker reads its shard; a step reads one batch on every replica.
   const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.min_workers);
-  auto pipeline = census::training_batches(train_path, local_batch, flags.seed);
-  if (!flags.dispatcher.empty()) {
-    auto id = data::service::register_dataset(flags.dispatcher, pipeline, options);
-    if (!id.ok()) return fail("registering the input pipeline with " + flags.dispatcher, id.status());
-    data::service::ReadOptions read;
-    read.processing_mode = data::service::ProcessingMode::kHint;
-    read.job_name = "census-" + flags.mode + "-" + std::to_string(getpid()) + "-" +
-                    std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-    read.client = options;
-    pipeline = data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
-    std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n", flags.dispatcher.c_str(),
-                id->c_str(), read.job_name.c_str());
-  }
-  auto input = (*strategy)->distribute_dataset(pipeline);
+  auto pipeline = training_input(flags, census::training_batches(train_path, local_batch, flags.seed), options,
+                                 run_job_name("census-" + flags.mode), /*say=*/true);
+  if (!pipeline.ok()) return fail("reading through the data service", pipeline.status());
+  auto input = (*strategy)->distribute_dataset(*pipeline);
   if (!input.ok()) return fail("distributing the input pipeline", input.status());
   const int64_t hybrid_flag = hybrid ? 1 : 0;
   const int64_t global_batch = local_batch * flags.min_workers;
@@ -674,42 +694,15 @@ int main(int argc, char** argv) {
   if (connected == nullptr) return 1;
   capstan::ClusterCoordinator& cluster = *connected;
 
-  // The variables live on the parameter servers beyond this program: a
-  // second run against the same cluster finds them, so they are assigned
-  // their initial values (their optimizer slots stay; use a fresh cluster
-  // for comparable runs).
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
-  std::vector<capstan::VariableSpec> variables;
-  variables.push_back({"census_wide", *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1}),
-                       capstan::Optimizer::adagrad(flags.wide_learning_rate), capstan::Partitioner::fixed_shards(2)});
-  variables.push_back({"census_embeddings",
-                       *Tensor::from_vector<float>(census::initial_embeddings(seed),
-                                                   {census::embedding_rows(), census::kEmbeddingDim}),
-                       capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::fixed_shards(2)});
-  variables.push_back({"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
-                       capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::none()});
-  for (const auto& spec : variables) {
-    auto info = cluster.create_variable(spec);
-    if (!info.ok()) return fail("creating " + spec.name, info.status());
-    Status reset = cluster.assign_variable(spec.name, spec.initial);
-    if (!reset.ok()) return fail("initializing " + spec.name, reset);
-  }
+  Status created = create_on_parameter_servers(cluster, model_variables(flags, seed));
+  if (!created.ok()) return fail("creating the variables", created);
 
-  auto pipeline = census::training_batches(train_path, flags.batch_size, flags.seed);
-  if (!flags.dispatcher.empty()) {
-    auto id = data::service::register_dataset(flags.dispatcher, pipeline, options);
-    if (!id.ok()) return fail("registering the input pipeline with " + flags.dispatcher, id.status());
-    data::service::ReadOptions read;
-    read.processing_mode = data::service::ProcessingMode::kHint;
-    // One job per run: every training worker reads its batches from it.
-    read.job_name = "census-train-" + std::to_string(getpid()) + "-" +
-                    std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
-    read.client = options;
-    pipeline = data::service::from_dataset_id(flags.dispatcher, *id, read).prefetch(data::kAutotune);
-    std::printf("census: the data service at %s parses adult.data (dataset %s, job '%s')\n",
-                flags.dispatcher.c_str(), id->c_str(), read.job_name.c_str());
-  }
-  auto dataset = cluster.create_per_worker_dataset(pipeline);
+  // One job per run: every training worker reads its batches from it.
+  auto pipeline = training_input(flags, census::training_batches(train_path, flags.batch_size, flags.seed), options,
+                                 run_job_name("census-train"), /*say=*/true);
+  if (!pipeline.ok()) return fail("reading through the data service", pipeline.status());
+  auto dataset = cluster.create_per_worker_dataset(*pipeline);
   if (!dataset.ok()) return fail("creating the per-worker dataset", dataset.status());
 
   const int64_t steps_per_epoch = (kTrainingExamples + flags.batch_size - 1) / flags.batch_size;

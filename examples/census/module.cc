@@ -34,6 +34,7 @@
 #include <capstan/functions.h>
 #include <capstan/mirrored.h>
 
+#include <functional>
 #include <string>
 #include <vector>
 
@@ -149,6 +150,28 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
                  {"loss", "correct", "examples"}};
 }
 
+// The model's probabilities and the labels of every example of `examples`
+// (batches of 1024), as (probabilities float32[n], labels float32[n]).
+Result<Element> predictions(ClosureContext& ctx, const capstan::data::Dataset& examples,
+                            const std::function<Result<census::Output>(const Element& batch, int64_t n)>& model) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, examples.batch(1024).make_iterator(loaded_into));
+  std::vector<float> probabilities, labels;
+  while (true) {
+    if (ctx.cancelled()) return Status::Cancelled("evaluation cancelled");
+    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
+    if (!batch) break;
+    CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
+    CAPSTAN_ASSIGN_OR_RETURN(census::Output output, model(*batch, n));
+    probabilities.insert(probabilities.end(), output.probabilities.begin(), output.probabilities.end());
+    auto l = batch->components[2].flat<float>();
+    labels.insert(labels.end(), l.begin(), l.end());
+  }
+  const auto count = static_cast<int64_t>(labels.size());
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor p, Tensor::from_vector<float>(probabilities, {count}));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor y, Tensor::from_vector<float>(labels, {count}));
+  return Element{{p, y}, {"probabilities", "labels"}};
+}
+
 Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
   if (args.size() != 3 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1 ||
       args.components[1].dtype() != DType::kInt64 || args.components[2].dtype() != DType::kInt64) {
@@ -160,22 +183,11 @@ Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
     return Status::InvalidArgument("census_evaluate: shard " + std::to_string(index) + " of " +
                                    std::to_string(shards) + " does not exist");
   }
-  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, census::examples(path, shards, index).batch(1024).make_iterator(loaded_into));
-  std::vector<float> probabilities, labels;
-  while (true) {
-    if (ctx.cancelled()) return Status::Cancelled("census_evaluate cancelled");
-    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
-    if (!batch) break;
-    CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
-    CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, *batch, n, /*gradients=*/false));
-    probabilities.insert(probabilities.end(), step.output.probabilities.begin(), step.output.probabilities.end());
-    auto l = batch->components[2].flat<float>();
-    labels.insert(labels.end(), l.begin(), l.end());
-  }
-  const auto count = static_cast<int64_t>(labels.size());
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor p, Tensor::from_vector<float>(probabilities, {count}));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor y, Tensor::from_vector<float>(labels, {count}));
-  return Element{{p, y}, {"probabilities", "labels"}};
+  return predictions(ctx, census::examples(path, shards, index),
+                     [&ctx](const Element& batch, int64_t n) -> Result<census::Output> {
+                       CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, batch, n, /*gradients=*/false));
+                       return std::move(step.output);
+                     });
 }
 
 // The hybrid layout's tables through the closure's context.
@@ -218,25 +230,13 @@ Result<Element> sync_evaluate(ClosureContext& ctx, const Element& args) {
   }
   const std::string path(args.components[0].string_at(0));
   const census::Tables tables = context_tables(ctx);
-  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, census::examples(path, ctx.num_replicas_in_sync(), ctx.replica_id())
-                                              .batch(1024)
-                                              .make_iterator(loaded_into));
-  std::vector<float> probabilities, labels;
-  while (true) {
-    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
-    if (!batch) break;
-    CAPSTAN_RETURN_IF_ERROR(check_batch(*batch).status());
-    CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
-                             census::replica_step(*batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
-                                                  /*train=*/false));
-    probabilities.insert(probabilities.end(), step.output.probabilities.begin(), step.output.probabilities.end());
-    auto l = batch->components[2].flat<float>();
-    labels.insert(labels.end(), l.begin(), l.end());
-  }
-  const auto count = static_cast<int64_t>(labels.size());
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor p, Tensor::from_vector<float>(probabilities, {count}));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor y, Tensor::from_vector<float>(labels, {count}));
-  return Element{{p, y}, {"probabilities", "labels"}};
+  const census::Tables* on_ps = hybrid_flag(args, 1) ? &tables : nullptr;
+  return predictions(ctx, census::examples(path, ctx.num_replicas_in_sync(), ctx.replica_id()),
+                     [&ctx, on_ps](const Element& batch, int64_t) -> Result<census::Output> {
+                       CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
+                                                census::replica_step(batch, *ctx.mirrored(), on_ps, /*train=*/false));
+                       return std::move(step.output);
+                     });
 }
 
 }  // namespace

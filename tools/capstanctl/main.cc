@@ -162,13 +162,12 @@ int checkpoint_command(const std::vector<std::string>& args) {
   return 0;
 }
 
-// capstanctl replicas COORDINATOR STRATEGY: do the replicas agree?
-int replicas_command(const std::vector<std::string>& args, const capstan::ClientOptions& options) {
-  if (args.size() != 2) {
-    std::cerr << "capstanctl replicas: usage: capstanctl replicas COORDINATOR_ADDR STRATEGY\n";
-    return 2;
-  }
-  const std::string address = args[0], strategy = args[1];
+// Logs in to the daemon at `address` as `Interface` and runs `ask` with its
+// client on a loop of its own; the exit code `ask` resolves to, or 1 with
+// the error under `command`'s name.
+template <typename Interface, typename Ask>
+int ask_daemon(const std::string& command, const std::string& address, const capstan::ClientOptions& options,
+               Ask ask) {
   capstan::rpc::LoopThread loop("capstanctl");
   capstan::rpc::ConnectOptions connect;
   connect.token = options.token;
@@ -177,43 +176,51 @@ int replicas_command(const std::vector<std::string>& args, const capstan::Client
     return loop.run_sync([&]() -> kj::Promise<int> {
       auto conn = kj::heap<capstan::rpc::Connection>(loop.io(), loop.timer(), address, connect);
       auto deadline = loop.timer().now() + options.connect_timeout.count() * kj::MILLISECONDS;
-      return conn->service<capstan::wire::Coordinator>(deadline)
-          .then([&strategy](capstan::wire::Coordinator::Client c) {
-            auto request = c.strategyStatusRequest();
-            request.setStrategy(strategy);
-            return request.send();
-          })
-          .then([&strategy](capnp::Response<capstan::wire::Coordinator::StrategyStatusResults>&& r) {
-            std::printf("strategy '%s': group epoch %lld, %lld step(s) run, %u replica(s)\n", strategy.c_str(),
-                        static_cast<long long>(r.getEpoch()), static_cast<long long>(r.getSteps()),
-                        r.getReplicas().size());
-            std::printf("%-5s %-8s %-5s %-10s %-18s %s\n", "RANK", "WORKER", "TASK", "STEP", "CHECKSUM", "");
-            bool agree = r.getReplicas().size() > 0;
-            for (auto replica : r.getReplicas()) {
-              const auto& first = r.getReplicas()[0];
-              std::string note;
-              if (replica.getError().size() > 0) {
-                note = replica.getError().cStr();
-              } else if (!replica.getHolds()) {
-                note = "holds no replica";
-              } else if (replica.getChecksum() != first.getChecksum() || replica.getStep() != first.getStep()) {
-                note = "differs from rank 0";
-              }
-              if (!note.empty()) agree = false;
-              std::printf("%-5d %-8lld %-5d %-10lld %016llx   %s\n", replica.getRank(),
-                          static_cast<long long>(replica.getWorkerId()), replica.getTaskIndex(),
-                          static_cast<long long>(replica.getStep()),
-                          static_cast<unsigned long long>(replica.getChecksum()), note.c_str());
-            }
-            std::printf("%s\n", agree ? "replicas identical" : "replicas DIFFER (or none answered)");
-            return agree ? 0 : 1;
-          })
+      return conn->service<Interface>(deadline)
+          .then([&ask](typename Interface::Client client) -> kj::Promise<int> { return ask(kj::mv(client)); })
           .attach(kj::mv(conn));
     });
   } catch (const kj::Exception& e) {
-    std::cerr << "capstanctl replicas: " << capstan::rpc::from_exception(e).to_string() << "\n";
+    std::cerr << "capstanctl " << command << ": " << capstan::rpc::from_exception(e).to_string() << "\n";
     return 1;
   }
+}
+
+// capstanctl replicas COORDINATOR STRATEGY: do the replicas agree?
+int replicas_command(const std::vector<std::string>& args, const capstan::ClientOptions& options) {
+  if (args.size() != 2) {
+    std::cerr << "capstanctl replicas: usage: capstanctl replicas COORDINATOR_ADDR STRATEGY\n";
+    return 2;
+  }
+  const std::string address = args[0], strategy = args[1];
+  return ask_daemon<capstan::wire::Coordinator>("replicas", address, options, [&strategy](capstan::wire::Coordinator::Client c) {
+    auto request = c.strategyStatusRequest();
+    request.setStrategy(strategy);
+    return request.send().then([&strategy](capnp::Response<capstan::wire::Coordinator::StrategyStatusResults>&& r) {
+      std::printf("strategy '%s': group epoch %lld, %lld step(s) run, %u replica(s)\n", strategy.c_str(),
+                  static_cast<long long>(r.getEpoch()), static_cast<long long>(r.getSteps()), r.getReplicas().size());
+      std::printf("%-5s %-8s %-5s %-10s %-18s %s\n", "RANK", "WORKER", "TASK", "STEP", "CHECKSUM", "");
+      bool agree = r.getReplicas().size() > 0;
+      for (auto replica : r.getReplicas()) {
+        const auto& first = r.getReplicas()[0];
+        std::string note;
+        if (replica.getError().size() > 0) {
+          note = replica.getError().cStr();
+        } else if (!replica.getHolds()) {
+          note = "holds no replica";
+        } else if (replica.getChecksum() != first.getChecksum() || replica.getStep() != first.getStep()) {
+          note = "differs from rank 0";
+        }
+        if (!note.empty()) agree = false;
+        std::printf("%-5d %-8lld %-5d %-10lld %016llx   %s\n", replica.getRank(),
+                    static_cast<long long>(replica.getWorkerId()), replica.getTaskIndex(),
+                    static_cast<long long>(replica.getStep()), static_cast<unsigned long long>(replica.getChecksum()),
+                    note.c_str());
+      }
+      std::printf("%s\n", agree ? "replicas identical" : "replicas DIFFER (or none answered)");
+      return agree ? 0 : 1;
+    });
+  });
 }
 
 // capstanctl data datasets|jobs|workers ADDR: the dispatcher's state.
@@ -224,56 +231,42 @@ int data_command(const std::vector<std::string>& args, const capstan::ClientOpti
   }
   const std::string what = args[0];
   const std::string address = args[1];
-  capstan::rpc::LoopThread loop("capstanctl");
-  capstan::rpc::ConnectOptions connect;
-  connect.token = options.token;
-  connect.client_name = "capstanctl";
-  try {
-    return loop.run_sync([&]() -> kj::Promise<int> {
-      auto conn = kj::heap<capstan::rpc::Connection>(loop.io(), loop.timer(), address, connect);
-      auto deadline = loop.timer().now() + options.connect_timeout.count() * kj::MILLISECONDS;
-      return conn->service<capstan::wire::DataDispatcher>(deadline)
-          .then([&what](capstan::wire::DataDispatcher::Client d) -> kj::Promise<int> {
-            if (what == "datasets") {
-              return d.listDatasetsRequest().send().then([](auto&& r) {
-                std::printf("%-12s %-18s %s\n", "DATASET", "FINGERPRINT", "BYTES");
-                for (auto ds : r.getDatasets()) {
-                  std::printf("%-12s %016llx   %llu\n", ds.getDatasetId().cStr(),
-                              static_cast<unsigned long long>(ds.getFingerprint()),
-                              static_cast<unsigned long long>(ds.getBytes()));
-                }
-                return 0;
-              });
+  return ask_daemon<capstan::wire::DataDispatcher>(
+      "data " + what, address, options, [&what](capstan::wire::DataDispatcher::Client d) -> kj::Promise<int> {
+        if (what == "datasets") {
+          return d.listDatasetsRequest().send().then([](auto&& r) {
+            std::printf("%-12s %-18s %s\n", "DATASET", "FINGERPRINT", "BYTES");
+            for (auto ds : r.getDatasets()) {
+              std::printf("%-12s %016llx   %llu\n", ds.getDatasetId().cStr(),
+                          static_cast<unsigned long long>(ds.getFingerprint()),
+                          static_cast<unsigned long long>(ds.getBytes()));
             }
-            if (what == "jobs") {
-              return d.listJobsRequest().send().then([](auto&& r) {
-                static const char* kModes[] = {"OFF", "DYNAMIC", "FILE", "DATA", "FILE_OR_DATA", "HINT"};
-                std::printf("%-8s %-16s %-10s %-13s %-8s %-6s %s\n", "JOB", "NAME", "DATASET", "MODE", "CLIENTS",
-                            "TASKS", "FINISHED");
-                for (auto j : r.getJobs()) {
-                  std::printf("%-8lld %-16s %-10s %-13s %-8lld %-6lld %s\n", static_cast<long long>(j.getJobId()),
-                              j.getJobName().size() ? j.getJobName().cStr() : "-", j.getDatasetId().cStr(),
-                              kModes[static_cast<int>(j.getProcessingMode())], static_cast<long long>(j.getNumClients()),
-                              static_cast<long long>(j.getNumTasks()), j.getFinished() ? "yes" : "no");
-                }
-                return 0;
-              });
+            return 0;
+          });
+        }
+        if (what == "jobs") {
+          return d.listJobsRequest().send().then([](auto&& r) {
+            static const char* kModes[] = {"OFF", "DYNAMIC", "FILE", "DATA", "FILE_OR_DATA", "HINT"};
+            std::printf("%-8s %-16s %-10s %-13s %-8s %-6s %s\n", "JOB", "NAME", "DATASET", "MODE", "CLIENTS",
+                        "TASKS", "FINISHED");
+            for (auto j : r.getJobs()) {
+              std::printf("%-8lld %-16s %-10s %-13s %-8lld %-6lld %s\n", static_cast<long long>(j.getJobId()),
+                          j.getJobName().size() ? j.getJobName().cStr() : "-", j.getDatasetId().cStr(),
+                          kModes[static_cast<int>(j.getProcessingMode())], static_cast<long long>(j.getNumClients()),
+                          static_cast<long long>(j.getNumTasks()), j.getFinished() ? "yes" : "no");
             }
-            return d.listWorkersRequest().send().then([](auto&& r) {
-              std::printf("%-24s %-6s %s\n", "WORKER", "TASKS", "LAST HEARTBEAT");
-              for (auto w : r.getWorkers()) {
-                std::printf("%-24s %-6lld %.1f s ago\n", w.getAddress().cStr(), static_cast<long long>(w.getNumTasks()),
-                            w.getLastHeartbeatSecondsAgo());
-              }
-              return 0;
-            });
-          })
-          .attach(kj::mv(conn));
-    });
-  } catch (const kj::Exception& e) {
-    std::cerr << "capstanctl data " << what << ": " << capstan::rpc::from_exception(e).to_string() << "\n";
-    return 1;
-  }
+            return 0;
+          });
+        }
+        return d.listWorkersRequest().send().then([](auto&& r) {
+          std::printf("%-24s %-6s %s\n", "WORKER", "TASKS", "LAST HEARTBEAT");
+          for (auto w : r.getWorkers()) {
+            std::printf("%-24s %-6lld %.1f s ago\n", w.getAddress().cStr(), static_cast<long long>(w.getNumTasks()),
+                        w.getLastHeartbeatSecondsAgo());
+          }
+          return 0;
+        });
+      });
 }
 
 // capstanctl records count|cat|verify FILE...
