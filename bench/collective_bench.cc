@@ -217,7 +217,7 @@ int main(int argc, char** argv) {
   std::string op = "all_reduce";
   int64_t direct_max = -1;  // CollectiveOptions' default
   std::vector<std::string> transports = {"tcp", "shm"};
-  int tcp_streams = 1;
+  int tcp_streams = capstan::CollectiveOptions{}.tcp_streams;
   int64_t segment_bytes = 0;  // CollectiveOptions' default
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string name = argv[i], value = argv[i + 1];

@@ -71,7 +71,6 @@ constexpr auto kShmSpin = std::chrono::microseconds(20);
 // While it waits for shared memory, a rank still looks at its sockets
 // (abort notices, closed peers) this often.
 constexpr auto kShmSleep = std::chrono::microseconds(1000);
-constexpr auto kShmSleepSeveral = std::chrono::microseconds(50);
 constexpr size_t kShmHeaderBlock = ShmRing::kAlign;
 
 enum class Kind : uint32_t {
@@ -415,6 +414,7 @@ struct Communicator::Impl {
   const int streams;  // TCP data connections per pair
   std::vector<Peer> peers;  // by rank; this rank's entry is unused
   std::vector<std::string> transports;  // by rank: "self", "tcp" or "shm"; set once formed
+  bool spin = true;  // this host's ranks (this one and its shm peers) have a core each
 
   // Executor thread only:
   int64_t sequence = 0;
@@ -635,6 +635,8 @@ Status Communicator::Impl::connect_mesh() {
     p.control->set_option(tcp::no_delay(true), ignored);
     for (auto& s : p.data) s->set_option(tcp::no_delay(true), ignored);
   }
+  const auto local_ranks = static_cast<unsigned>(1 + (size - 1) - static_cast<int>(not_shared.size()));
+  spin = local_ranks <= std::max(1u, std::thread::hardware_concurrency());
   if (options.transport == Transport::kSharedMemory && !not_shared.empty()) {
     close_all();
     return Status::Unavailable("transport shm: rank(s) " + ranks_text(not_shared) +
@@ -904,15 +906,20 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
       if (!st.done && peers_closed.count(s.peer) != 0) peer_failed(s.peer, asio::error::eof, "receiving from this rank");
     }
   };
-  // The link a stuck shared-memory transfer waits on.
-  auto blocked_link = [&]() -> ShmLink* {
+  // The links stuck shared-memory transfers wait on, each once.
+  auto blocked_links = [&]() {
+    std::vector<ShmLink*> links;
+    auto add = [&](int peer) {
+      ShmLink* link = peers[static_cast<size_t>(peer)].shm.get();
+      if (std::find(links.begin(), links.end(), link) == links.end()) links.push_back(link);
+    };
     for (const ShmRecv& st : shm_recvs) {
-      if (!st.done) return peers[static_cast<size_t>(recvs[st.index].peer)].shm.get();
+      if (!st.done) add(recvs[st.index].peer);
     }
     for (const ShmSend& st : shm_sends) {
-      if (!st.done) return peers[static_cast<size_t>(sends[st.index].peer)].shm.get();
+      if (!st.done) add(sends[st.index].peer);
     }
-    return nullptr;
+    return links;
   };
   auto check_notices = [&]() {
     for (int peer = 0; peer < size && failure.ok(); ++peer) {
@@ -954,32 +961,24 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
     }
     shm_peers_gone();
     if (!failure.ok()) break;
-    if (now - idle_since < kShmSpin) {
+    // Spinning pays only when every rank on this host has a core.
+    if (spin && now - idle_since < kShmSpin) {
       for (int i = 0; i < 64; ++i) CAPSTAN_CPU_RELAX();
       continue;
     }
-    // Sleep on the ring until the peer moves it; with sockets in the
+    // Sleep until a peer moves one of the rings; with sockets in the
     // exchange too, only briefly.
-    ShmLink* link = blocked_link();
-    const uint32_t seen = link->sequence();
+    std::vector<ShmLink*> links = blocked_links();
+    std::vector<uint32_t> seen;
+    for (ShmLink* link : links) seen.push_back(link->sequence());
     if (progress_shm()) continue;
     const bool sockets_too = pending > static_cast<int>(
         std::count_if(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) +
         std::count_if(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; }));
-    // A doorbell covers one link: with transfers blocked on others too (a
-    // ring's send to the right, its receive from the left), sleep briefly.
-    std::set<int> blocked_peers;
-    for (const ShmSend& st : shm_sends) {
-      if (!st.done) blocked_peers.insert(sends[st.index].peer);
-    }
-    for (const ShmRecv& st : shm_recvs) {
-      if (!st.done) blocked_peers.insert(recvs[st.index].peer);
-    }
     auto sleep = sockets_too ? std::chrono::microseconds(100) : kShmSleep;
-    if (blocked_peers.size() > 1) sleep = std::min(sleep, kShmSleepSeveral);
     sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
                                 std::chrono::microseconds(1));
-    link->wait(seen, sleep);
+    ShmLink::wait_any(links, seen, sleep);
   }
   if (pending == 0 && failure.ok()) {
     for (Recv& r : recvs) r.done = true;

@@ -7,6 +7,8 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
+#include <time.h>
+
 #include <algorithm>
 #include <cerrno>
 #include <cstring>
@@ -121,6 +123,45 @@ void ShmLink::wait(uint32_t seen, std::chrono::microseconds timeout) {
     futex(&mine_->sequence, FUTEX_WAIT, seen, &ts);
   }
   waiters.fetch_sub(1, std::memory_order_seq_cst);
+}
+
+void ShmLink::wait_any(std::span<ShmLink* const> links, std::span<const uint32_t> seen,
+                       std::chrono::microseconds timeout) {
+  if (links.empty()) return;
+  if (links.size() == 1) return links[0]->wait(seen[0], timeout);
+  constexpr size_t kMax = 128;  // the kernel's FUTEX_WAITV_MAX
+  const size_t n = std::min(links.size(), kMax);
+  for (size_t i = 0; i < n; ++i) {
+    std::atomic_ref<uint32_t>(links[i]->mine_->waiters).fetch_add(1, std::memory_order_seq_cst);
+  }
+  bool moved = false;
+  for (size_t i = 0; i < n && !moved; ++i) moved = links[i]->sequence() != seen[i];
+  static std::atomic<bool> no_waitv{false};
+  if (!moved) {
+    struct futex_waitv waiters[kMax] = {};
+    for (size_t i = 0; i < n; ++i) {
+      waiters[i].val = seen[i];
+      waiters[i].uaddr = reinterpret_cast<uint64_t>(&links[i]->mine_->sequence);
+      waiters[i].flags = FUTEX_32;  // shared: the other side is another process
+    }
+    struct timespec until;
+    clock_gettime(CLOCK_MONOTONIC, &until);
+    const int64_t ns = until.tv_nsec + static_cast<int64_t>(timeout.count()) * 1000;
+    until.tv_sec += static_cast<time_t>(ns / 1000000000);
+    until.tv_nsec = static_cast<long>(ns % 1000000000);
+    if (no_waitv.load(std::memory_order_relaxed) ||
+        (syscall(SYS_futex_waitv, waiters, static_cast<unsigned>(n), 0, &until, CLOCK_MONOTONIC) < 0 &&
+         errno == ENOSYS)) {
+      no_waitv.store(true, std::memory_order_relaxed);
+      // An older kernel: the first link, briefly (the others are looked at
+      // again when it returns).
+      struct timespec brief{0, 50000};
+      futex(&links[0]->mine_->sequence, FUTEX_WAIT, seen[0], &brief);
+    }
+  }
+  for (size_t i = 0; i < n; ++i) {
+    std::atomic_ref<uint32_t>(links[i]->mine_->waiters).fetch_sub(1, std::memory_order_seq_cst);
+  }
 }
 
 // ---- ShmLink ---------------------------------------------------------------------------

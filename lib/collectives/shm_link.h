@@ -109,6 +109,11 @@ class ShmLink {
   // callers re-check their condition).
   uint32_t sequence() const;
   void wait(uint32_t seen, std::chrono::microseconds timeout);
+  // The same over several links at once (futex_waitv; where the kernel
+  // lacks it, the first link only): returns when any of them rings.
+  // `seen[i]` is links[i]->sequence() as read before the caller's check.
+  static void wait_any(std::span<ShmLink* const> links, std::span<const uint32_t> seen,
+                       std::chrono::microseconds timeout);
 
  private:
   ShmLink(std::string name, uint64_t token, size_t capacity, void* base, size_t mapped, bool creator);
