@@ -78,21 +78,30 @@ using Transport = CollectiveOptions::Transport;
 
 // Each test below runs once per transport (and once with TCP striped over
 // three streams where it says so).
-CollectiveOptions with_transport(Transport transport, int tcp_streams = 1) {
+CollectiveOptions with_transport(Transport transport, int tcp_streams = 1,
+                                 CollectiveOptions::Ring ring = CollectiveOptions::Ring::kAuto) {
   CollectiveOptions options;
   options.transport = transport;
   options.tcp_streams = tcp_streams;
+  options.ring = ring;
   return options;
 }
 
 std::string transport_label(const CollectiveOptions& o) {
-  return std::string(collective_transport_name(o.transport)) + " x" + std::to_string(o.tcp_streams);
+  const char* ring = o.ring == CollectiveOptions::Ring::kAuto        ? "auto"
+                     : o.ring == CollectiveOptions::Ring::kPipelined ? "pipelined"
+                                                                     : "phased";
+  return std::string(collective_transport_name(o.transport)) + " x" + std::to_string(o.tcp_streams) + " ring " + ring;
 }
 
 TEST_CASE("all_reduce matches the reference for 2, 3 and 5 ranks, every dtype, reduction and size",
           "[collectives]") {
-  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory),
-                                             with_transport(Transport::kTcp, 3));
+  // Each transport with each ring all-reduce (auto: phased over TCP,
+  // pipelined over shared memory).
+  const CollectiveOptions options = GENERATE(
+      with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory), with_transport(Transport::kTcp, 3),
+      with_transport(Transport::kTcp, 3, CollectiveOptions::Ring::kPipelined),
+      with_transport(Transport::kSharedMemory, 1, CollectiveOptions::Ring::kPhased));
   INFO("transport " << transport_label(options));
   for (int n : {2, 3, 5}) {
     CollectiveOptions o = options;
@@ -135,7 +144,9 @@ TEST_CASE("all_reduce matches the reference for 2, 3 and 5 ranks, every dtype, r
 }
 
 TEST_CASE("a 64 MiB all_reduce over the ring", "[collectives]") {
-  const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
+  const CollectiveOptions options =
+      GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory),
+               with_transport(Transport::kTcp, 4, CollectiveOptions::Ring::kPipelined));
   INFO("transport " << transport_label(options));
   Group group = make_group(3, options);
   const int64_t n = (64 << 20) / 4;

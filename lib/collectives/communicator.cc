@@ -247,26 +247,40 @@ Result<std::unique_ptr<CollectiveEndpoint>> CollectiveEndpoint::listen(const std
 // ---- Communicator ------------------------------------------------------------------
 
 struct Communicator::Impl {
-  // One transfer of an exchange.
+  // One contiguous part of a message. Over TCP, pieces are striped over the
+  // streams (piece k on stream k % streams); over shared memory each is
+  // padded to 64 bytes in the ring.
+  struct Piece {
+    std::byte* data;
+    size_t bytes;
+  };
+  // One transfer of an exchange: `data`/`bytes`, cut into segment-sized
+  // pieces, or `pieces` themselves (the pipelined ring: one message for the
+  // whole operation, each piece sent once `ready` says it may go).
   struct Send {
     int peer;
     Header header;
-    const std::byte* data;
-    size_t bytes;
+    const std::byte* data = nullptr;
+    size_t bytes = 0;
+    std::vector<Piece> pieces = {};
+    std::function<bool(size_t piece)> ready = nullptr;  // null: every piece may go at once
   };
   struct Recv {
     int peer;
     Header expected;
-    // Where the payload goes. With `absorb`, the transport hands each piece
-    // to it instead, on the I/O thread, as it arrives (the ring reduces
-    // there, overlapping the next piece's transfer): over TCP the piece was
-    // read into `data` + offset first; over shared memory `source` points
-    // into the ring and `data` is not used.
-    std::byte* data;
-    size_t bytes;
-    std::function<void(const std::byte* source, size_t offset, size_t length)> absorb;
+    // Where the payload goes (`data`/`bytes` cut as the sender cuts it, or
+    // `pieces`). With `absorb`, the transport hands each part of a piece to
+    // it as it arrives, on the I/O thread (the ring reduces there,
+    // overlapping the next transfer): over TCP the piece was read into its
+    // place first; over shared memory `source` points into the ring and the
+    // piece's place is not written.
+    std::byte* data = nullptr;
+    size_t bytes = 0;
+    std::function<void(size_t piece, const std::byte* source, size_t offset, size_t length)> absorb = nullptr;
+    std::vector<Piece> pieces = {};
     Header got{};
     bool done = false;
+    std::vector<char> absorbed = {};  // by piece: all of it arrived (set by the exchange)
   };
 
   // The links to one other rank.
@@ -396,6 +410,7 @@ struct Communicator::Impl {
   Status all_reduce_buffers(const std::byte* input, std::byte* output, DType dtype, ReduceOp op, int64_t count);
   Status direct_all_reduce(std::byte* buffer, DType dtype, ReduceOp op, int64_t count);
   Status ring_all_reduce(const std::byte* input, std::byte* buffer, DType dtype, ReduceOp op, int64_t count);
+  Status phased_ring_all_reduce(const std::byte* input, std::byte* buffer, DType dtype, ReduceOp op, int64_t count);
   Result<std::vector<Tensor>> all_reduce_fused(const std::vector<Tensor>& tensors, ReduceOp op);
   Result<Tensor> broadcast(const Tensor& tensor, int root);
   Result<Tensor> all_gather(const Tensor& tensor);
@@ -415,6 +430,9 @@ struct Communicator::Impl {
   std::vector<Peer> peers;  // by rank; this rank's entry is unused
   std::vector<std::string> transports;  // by rank: "self", "tcp" or "shm"; set once formed
   bool spin = true;  // this host's ranks (this one and its shm peers) have a core each
+  // Which ring all-reduce the group runs: the same on every rank (agreed
+  // when the group formed).
+  bool pipelined_ring = false;
 
   // Executor thread only:
   int64_t sequence = 0;
@@ -665,22 +683,33 @@ void Communicator::Impl::read_notice(int peer) {
 
 namespace {
 
-// A send over shared memory: the record [header block][payload][padding],
-// copied into the ring as room frees up.
+// A send over shared memory: [header block], then each piece padded to 64
+// bytes, copied into the ring as room frees up and pieces become ready.
 struct ShmSend {
   size_t index;  // into sends
-  size_t written = 0;  // of the record
-  size_t total = 0;
+  bool header_written = false;
+  size_t piece = 0;   // the one being written
+  size_t offset = 0;  // of it
   bool done = false;
 };
 
-// A receive over shared memory: header, then payload, then padding.
+// A receive over shared memory: header, then each piece and its padding.
 struct ShmRecv {
   size_t index;  // into recvs
-  size_t header_left = kShmHeaderBlock;
-  size_t received = 0;  // payload bytes
-  size_t pad_left = 0;
   bool header_read = false;
+  size_t piece = 0;
+  size_t offset = 0;
+  size_t padding_read = 0;
+  bool done = false;
+};
+
+// A stream's share of a TCP send: pieces stream, stream + streams, ...
+struct TcpSend {
+  size_t index;  // into sends
+  int stream;
+  size_t next;   // the next piece to write
+  bool header;   // stream 0 writes the header first
+  bool busy = false;
   bool done = false;
 };
 
@@ -713,56 +742,104 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
         "; every rank must call the same operations in the same order with the same dtypes and shapes");
   };
   const size_t segment = static_cast<size_t>(std::max<int64_t>(options.segment_bytes, 4096));
+  // Contiguous transfers are cut the same way on both sides.
+  auto cut = [&](const std::byte* data, size_t bytes) {
+    std::vector<Piece> pieces;
+    for (size_t at = 0; at < bytes; at += segment) {
+      pieces.push_back({const_cast<std::byte*>(data) + at, std::min(segment, bytes - at)});
+    }
+    return pieces;
+  };
+  for (Send& s : sends) {
+    if (s.pieces.empty()) s.pieces = cut(s.data, s.bytes);
+  }
+  for (Recv& r : recvs) {
+    if (r.pieces.empty()) r.pieces = cut(r.data, r.bytes);
+    r.absorbed.assign(r.pieces.size(), 0);
+  }
 
-  // ---- TCP: a payload striped over the streams, segment k on stream k % streams.
+  // ---- TCP sends: each stream writes its pieces in order, as many at once
+  // as are ready.
+  std::vector<TcpSend> tcp_sends;
   std::vector<ShmSend> shm_sends;
   std::vector<ShmRecv> shm_recvs;
   for (size_t i = 0; i < sends.size(); ++i) {
-    Send& s = sends[i];
-    if (on_shm(s.peer)) {
+    if (on_shm(sends[i].peer)) {
       ++pending;
-      shm_sends.push_back({i, 0, kShmHeaderBlock + padded(s.bytes)});
+      shm_sends.push_back({i});
       continue;
     }
-    auto& sockets = peers[static_cast<size_t>(s.peer)].data;
     for (int stream = 0; stream < streams; ++stream) {
-      std::vector<asio::const_buffer> buffers;
-      if (stream == 0) buffers.push_back(asio::buffer(&s.header, sizeof(Header)));
-      for (size_t offset = static_cast<size_t>(stream) * segment; offset < s.bytes;
-           offset += segment * static_cast<size_t>(streams)) {
-        buffers.push_back(asio::buffer(s.data + offset, std::min(segment, s.bytes - offset)));
-      }
-      if (buffers.empty()) continue;
+      if (stream > 0 && static_cast<size_t>(stream) >= sends[i].pieces.size()) break;
       ++pending;
-      asio::async_write(*sockets[static_cast<size_t>(stream)], buffers, [&, i](boost::system::error_code ec, size_t) {
-        --pending;
-        if (ec) return peer_failed(sends[i].peer, ec, "receiving from this rank");
-      });
+      tcp_sends.push_back({i, stream, static_cast<size_t>(stream), stream == 0});
     }
   }
-  // Reads stream `stream`'s segments of receive i, from `offset` on.
-  std::vector<int> streams_left(recvs.size(), 0);  // TCP receives: streams still reading
-  std::function<void(size_t, int, size_t)> read_payload = [&](size_t i, int stream, size_t offset) {
+  std::function<void()> pump = [&]() {
+    for (size_t t = 0; t < tcp_sends.size(); ++t) {
+      TcpSend& ts = tcp_sends[t];
+      if (ts.busy || ts.done || !failure.ok()) continue;
+      Send& s = sends[ts.index];
+      std::vector<asio::const_buffer> buffers;
+      if (ts.header) buffers.push_back(asio::buffer(&s.header, sizeof(Header)));
+      size_t k = ts.next;
+      while (k < s.pieces.size() && (!s.ready || s.ready(k)) && buffers.size() < 32) {
+        buffers.push_back(asio::buffer(s.pieces[k].data, s.pieces[k].bytes));
+        k += static_cast<size_t>(streams);
+      }
+      if (buffers.empty()) {
+        if (ts.next >= s.pieces.size()) {
+          ts.done = true;
+          --pending;
+        }
+        continue;  // waits for its next piece to be ready
+      }
+      ts.busy = true;
+      ts.header = false;
+      ts.next = k;
+      asio::async_write(*peers[static_cast<size_t>(s.peer)].data[static_cast<size_t>(ts.stream)], buffers,
+                        [&, t](boost::system::error_code ec, size_t) {
+                          tcp_sends[t].busy = false;
+                          if (ec) {
+                            tcp_sends[t].done = true;
+                            --pending;
+                            return peer_failed(sends[tcp_sends[t].index].peer, ec, "receiving from this rank");
+                          }
+                          pump();
+                        });
+    }
+  };
+  auto piece_arrived = [&](Recv& r, size_t k) {
+    r.absorbed[k] = 1;
+    pump();  // a piece that waited for this one may go now
+  };
+
+  // ---- TCP receives: the header on stream 0, then each stream reads its
+  // pieces in order into their places.
+  std::vector<int> streams_left(recvs.size(), 0);
+  std::function<void(size_t, size_t)> read_piece = [&](size_t i, size_t k) {
     Recv& r = recvs[i];
-    if (offset >= r.bytes) {
+    const int stream = static_cast<int>(k % static_cast<size_t>(streams));
+    if (k >= r.pieces.size()) {
       --pending;
       if (--streams_left[i] == 0) r.done = true;
       return;
     }
-    size_t length = std::min(r.bytes - offset, segment);
     asio::async_read(*peers[static_cast<size_t>(r.peer)].data[static_cast<size_t>(stream)],
-                     asio::buffer(r.data + offset, length),
-                     [&, i, stream, offset, length](boost::system::error_code ec, size_t) {
+                     asio::buffer(r.pieces[k].data, r.pieces[k].bytes),
+                     [&, i, k](boost::system::error_code ec, size_t) {
+                       Recv& got = recvs[i];
                        if (ec) {
                          --pending;
-                         return peer_failed(recvs[i].peer, ec, "sending to this rank");
+                         return peer_failed(got.peer, ec, "sending to this rank");
                        }
-                       if (recvs[i].absorb) recvs[i].absorb(recvs[i].data + offset, offset, length);
-                       read_payload(i, stream, offset + segment * static_cast<size_t>(streams));
+                       if (got.absorb) got.absorb(k, got.pieces[k].data, 0, got.pieces[k].bytes);
+                       piece_arrived(got, k);
+                       read_piece(i, k + static_cast<size_t>(streams));
                      });
   };
   for (size_t i = 0; i < recvs.size(); ++i) {
-    ++pending;  // the header, then one per stream that carries a segment
+    ++pending;  // the header, then one per stream that carries a piece
     if (on_shm(recvs[i].peer)) {
       shm_recvs.push_back({i});
       continue;
@@ -778,63 +855,64 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
                          --pending;
                          return mismatch(r);
                        }
-                       // The streams that carry a segment of it.
-                       int used = static_cast<int>(std::min<size_t>(static_cast<size_t>(streams), (r.bytes + segment - 1) / segment));
+                       const int used = static_cast<int>(std::min<size_t>(static_cast<size_t>(streams), r.pieces.size()));
+                       --pending;
                        if (used == 0) {
                          r.done = true;
-                         --pending;
                          return;
                        }
-                       --pending;
                        pending += used;
                        streams_left[i] = used;
-                       for (int stream = 0; stream < used; ++stream) {
-                         read_payload(i, stream, static_cast<size_t>(stream) * segment);
-                       }
+                       for (int stream = 0; stream < used; ++stream) read_piece(i, static_cast<size_t>(stream));
                      });
   }
+  pump();
 
-  // ---- Shared memory: copy in / out what the rings allow; true if anything moved.
+  // ---- Shared memory: copy in / out what the rings and the pieces'
+  // readiness allow; true if anything moved.
+  const size_t shm_chunk = std::max<size_t>(ShmRing::kAlign, segment / ShmRing::kAlign * ShmRing::kAlign);
   auto progress_shm = [&]() {
     bool moved = false;
     for (ShmSend& st : shm_sends) {
       if (st.done) continue;
       const Send& s = sends[st.index];
       ShmRing& ring = peers[static_cast<size_t>(s.peer)].shm->outgoing();
-      size_t room = ring.writable();
+      size_t room = ring.writable();  // a multiple of 64: every write but a piece's tail is, and its padding follows
       bool wrote = false;
-      while (room > 0 && st.written < st.total) {
-        if (st.written < kShmHeaderBlock) {
-          std::array<std::byte, kShmHeaderBlock> block{};
-          std::memcpy(block.data(), &s.header, sizeof(Header));
-          ring.append(block.data(), block.size());
-          st.written = kShmHeaderBlock;
-          room -= kShmHeaderBlock;
-        } else {
-          const size_t at = st.written - kShmHeaderBlock;
-          if (at < s.bytes) {
-            const size_t n = std::min({room, s.bytes - at, kShmChunk});
-            ring.append(s.data + at, n);
-            st.written += n;
-            room -= n;
-            if (at + n < s.bytes) {
-              ring.publish();  // let the receiver start on it
-              wrote = true;
-              continue;
-            }
+      if (!st.header_written && room >= kShmHeaderBlock) {
+        std::array<std::byte, kShmHeaderBlock> block{};
+        std::memcpy(block.data(), &s.header, sizeof(Header));
+        ring.append(block.data(), block.size());
+        room -= kShmHeaderBlock;
+        st.header_written = true;
+        wrote = true;
+      }
+      while (st.header_written && st.piece < s.pieces.size() && room > 0) {
+        if (s.ready && !s.ready(st.piece)) break;
+        const Piece& p = s.pieces[st.piece];
+        if (st.offset < p.bytes) {
+          const size_t n = std::min({room, p.bytes - st.offset, shm_chunk});
+          ring.append(p.data + st.offset, n);
+          st.offset += n;
+          room -= n;
+          wrote = true;
+          if (st.offset < p.bytes) {
+            ring.publish();  // let the receiver start on it
+            continue;
           }
-          const size_t pad = st.total - st.written;  // < kAlign, fits: room stayed a multiple of it
-          ring.skip(pad);
-          st.written += pad;
-          room -= pad;
         }
+        const size_t pad = padded(p.bytes) - p.bytes;  // fits: room stayed a multiple of 64
+        ring.skip(pad);
+        room -= pad;
+        ++st.piece;
+        st.offset = 0;
         wrote = true;
       }
       if (wrote) {
         ring.publish();
         moved = true;
       }
-      if (st.written == st.total) {
+      if (st.header_written && st.piece == s.pieces.size()) {
         st.done = true;
         --pending;
       }
@@ -844,9 +922,8 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
       Recv& r = recvs[st.index];
       ShmRing& ring = peers[static_cast<size_t>(r.peer)].shm->incoming();
       while (!st.done) {
-        auto span = ring.readable();
-        if (span.empty()) break;
         if (!st.header_read) {
+          auto span = ring.readable();
           if (span.size() < kShmHeaderBlock) break;  // never split: the block is aligned
           std::memcpy(&r.got, span.data(), sizeof(Header));
           ring.consume(kShmHeaderBlock);
@@ -856,37 +933,42 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
             st.done = true;
             --pending;
             mismatch(r);
-            break;
           }
-          st.pad_left = padded(r.bytes) - r.bytes;
           continue;
         }
-        if (st.received < r.bytes) {
-          const size_t n = std::min(span.size(), r.bytes - st.received);
-          if (r.absorb) {
-            r.absorb(span.data(), st.received, n);
-          } else {
-            std::memcpy(r.data + st.received, span.data(), n);
-          }
-          ring.consume(n);
-          st.received += n;
-          moved = true;
-          continue;
-        }
-        const size_t n = std::min(span.size(), st.pad_left);
-        ring.consume(n);
-        st.pad_left -= n;
-        moved = true;
-        if (st.pad_left == 0) {
+        if (st.piece == r.pieces.size()) {
           st.done = true;
           r.done = true;
           --pending;
+          break;
         }
-      }
-      if (!st.done && st.header_read && st.received == r.bytes && st.pad_left == 0) {
-        st.done = true;
-        r.done = true;
-        --pending;
+        const Piece& p = r.pieces[st.piece];
+        const size_t pad = padded(p.bytes) - p.bytes;
+        if (st.offset == p.bytes && st.padding_read == pad) {
+          const size_t k = st.piece++;
+          st.offset = 0;
+          st.padding_read = 0;
+          piece_arrived(r, k);
+          moved = true;
+          continue;
+        }
+        auto span = ring.readable();
+        if (span.empty()) break;
+        if (st.offset < p.bytes) {
+          const size_t n = std::min(span.size(), p.bytes - st.offset);
+          if (r.absorb) {
+            r.absorb(st.piece, span.data(), st.offset, n);
+          } else {
+            std::memcpy(p.data + st.offset, span.data(), n);
+          }
+          ring.consume(n);
+          st.offset += n;
+        } else {
+          const size_t n = std::min(span.size(), pad - st.padding_read);
+          ring.consume(n);
+          st.padding_read += n;
+        }
+        moved = true;
       }
     }
     return moved;
@@ -946,15 +1028,16 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
     if (io.poll() > 0) moved = true;
     check_notices();
     if (pending == 0 || !failure.ok()) break;
-    const bool shm_waiting = std::any_of(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) ||
-                             std::any_of(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; });
+    const size_t shm_open =
+        static_cast<size_t>(std::count_if(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) +
+                            std::count_if(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; }));
     const auto now = Clock::now();
     if (moved) {
       idle_since = now;
       continue;
     }
     if (now >= deadline) break;
-    if (!shm_waiting) {
+    if (shm_open == 0) {
       // Only sockets: sleep in Asio until one of them moves.
       io.run_one_until(deadline);
       continue;
@@ -972,10 +1055,7 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
     std::vector<uint32_t> seen;
     for (ShmLink* link : links) seen.push_back(link->sequence());
     if (progress_shm()) continue;
-    const bool sockets_too = pending > static_cast<int>(
-        std::count_if(shm_sends.begin(), shm_sends.end(), [](const ShmSend& s) { return !s.done; }) +
-        std::count_if(shm_recvs.begin(), shm_recvs.end(), [](const ShmRecv& s) { return !s.done; }));
-    auto sleep = sockets_too ? std::chrono::microseconds(100) : kShmSleep;
+    auto sleep = pending > static_cast<int>(shm_open) ? std::chrono::microseconds(100) : kShmSleep;
     sleep = std::min(sleep, std::chrono::duration_cast<std::chrono::microseconds>(deadline - now) +
                                 std::chrono::microseconds(1));
     ShmLink::wait_any(links, seen, sleep);
@@ -1088,17 +1168,93 @@ Status Communicator::Impl::direct_all_reduce(std::byte* buffer, DType dtype, Red
 }
 
 // Reduce-scatter then all-gather around the ring (rank r sends to r+1 and
-// receives from r-1); chunk c is reduced by one rank, so all agree bit for bit.
-// `input` is read once, by the reduce-scatter (each chunk this rank reduces
-// is its own input's op the incoming partial sum), so it is never copied.
+// receives from r-1); chunk c is reduced by one rank, so all agree bit for
+// bit. Pipelined: the whole operation is one message each way, its 2(n-1)
+// steps cut into segment-sized pieces, and a piece of step t goes out as
+// soon as the piece of step t-1 it carries on has arrived (and, in the
+// reduce-scatter, been reduced), so the steps and the two phases overlap
+// instead of waiting for each other. `input` is read once, by the
+// reduce-scatter (each chunk this rank reduces is its own input's op the
+// incoming partial sum), so it is never copied.
 Status Communicator::Impl::ring_all_reduce(const std::byte* input, std::byte* buffer, DType dtype, ReduceOp op,
                                            int64_t count) {
+  const size_t element = static_cast<size_t>(element_bytes(dtype));
+  const int right = (rank + 1) % size, left = (rank + size - 1) % size;
+  auto chunk_begin = [&](int c) { return static_cast<size_t>(count * c / size); };
+  auto chunk_count = [&](int c) { return chunk_begin(c + 1) - chunk_begin(c); };
+  auto wrap = [&](int c) { return ((c % size) + size) % size; };
+  const int steps = 2 * (size - 1);
+  const int reducing = size - 1;  // steps [0, reducing) reduce; the rest gather
+  auto send_chunk = [&](int t) { return t < reducing ? wrap(rank - t) : wrap(rank + 1 - (t - reducing)); };
+  auto recv_chunk = [&](int t) { return t < reducing ? wrap(rank - t - 1) : wrap(rank - (t - reducing)); };
+  // Pieces never cross a chunk and hold whole elements.
+  const size_t piece_bytes =
+      std::max(element, static_cast<size_t>(std::max<int64_t>(options.segment_bytes, 4096)) / element * element);
+  struct Where {
+    int step;
+    size_t at;  // byte offset of the piece in the buffer
+  };
+  Send send{right, header(Kind::kAllReduce, dtype, op, count, 0, 0)};
+  Recv recv{left, send.header};
+  std::vector<Where> where;  // of each received piece
+  size_t first_step_pieces = 0;
+  // Over TCP a reduce-scatter piece lands in a scratch slot of its stream
+  // (one piece per stream is in flight) before it is reduced; over shared
+  // memory it is reduced straight out of the ring. Gathered pieces land in
+  // place.
+  std::byte* slots = on_shm(left) ? nullptr : scratch_for(left, piece_bytes * static_cast<size_t>(streams));
+  for (int t = 0; t < steps; ++t) {
+    const int out = send_chunk(t), in = recv_chunk(t);
+    const std::byte* from = (t == 0 ? input : buffer) + chunk_begin(out) * element;
+    for (size_t at = 0; at < chunk_count(out) * element; at += piece_bytes) {
+      send.pieces.push_back({const_cast<std::byte*>(from) + at, std::min(piece_bytes, chunk_count(out) * element - at)});
+      if (t == 0) ++first_step_pieces;
+    }
+    for (size_t at = 0; at < chunk_count(in) * element; at += piece_bytes) {
+      const size_t k = recv.pieces.size();
+      const size_t bytes = std::min(piece_bytes, chunk_count(in) * element - at);
+      std::byte* place = t < reducing && slots != nullptr ? slots + (k % static_cast<size_t>(streams)) * piece_bytes
+                                                          : buffer + chunk_begin(in) * element + at;
+      recv.pieces.push_back({place, bytes});
+      where.push_back({t, chunk_begin(in) * element + at});
+    }
+  }
+  send.header.payload_bytes = 0;
+  for (const Piece& p : send.pieces) send.header.payload_bytes += static_cast<int64_t>(p.bytes);
+  recv.expected.payload_bytes = 0;
+  for (const Piece& p : recv.pieces) recv.expected.payload_bytes += static_cast<int64_t>(p.bytes);
+  std::vector<Send> sends = {std::move(send)};
+  std::vector<Recv> recvs = {std::move(recv)};
+  // Step t >= 1 sends the chunk step t-1 received, cut the same way.
+  sends[0].ready = [&recvs, first_step_pieces](size_t k) {
+    return k < first_step_pieces || recvs[0].absorbed[k - first_step_pieces] != 0;
+  };
+  recvs[0].absorb = [&](size_t k, const std::byte* source, size_t offset, size_t length) {
+    const Where& w = where[k];
+    std::byte* target = buffer + w.at + offset;
+    if (w.step >= reducing) {
+      if (source != target) std::memcpy(target, source, length);
+      return;
+    }
+    const auto elements = static_cast<int64_t>(length / element);
+    collectives::reduce_to(dtype, op, target, input + w.at + offset, source, elements);
+    // The last reduce-scatter step completes this rank's chunk.
+    if (w.step == reducing - 1 && op == ReduceOp::kMean) collectives::finish_mean(dtype, target, elements, size);
+  };
+  return exchange(sends, recvs, op_deadline());
+}
+
+// The same ring, one exchange per step: each step waits for the one
+// before. Over TCP on a machine whose cores are all busy (loopback, ranks on
+// one host) it measured faster than the pipelined ring (docs/design.md):
+// the steps' I/O runs without reductions interleaved.
+Status Communicator::Impl::phased_ring_all_reduce(const std::byte* input, std::byte* buffer, DType dtype, ReduceOp op,
+                                                  int64_t count) {
   const int64_t element = element_bytes(dtype);
+  const size_t segment = static_cast<size_t>(std::max<int64_t>(options.segment_bytes, 4096));
   const int right = (rank + 1) % size, left = (rank + size - 1) % size;
   auto chunk_begin = [&](int c) { return count * c / size; };
   auto chunk_count = [&](int c) { return chunk_begin(c + 1) - chunk_begin(c); };
-  // Over TCP a piece lands here before it is reduced; over shared memory it
-  // is reduced straight out of the ring.
   std::byte* incoming = on_shm(left) ? nullptr : scratch_for(left, static_cast<size_t>((count / size + 1) * element));
   const auto deadline = op_deadline();
   Header h = header(Kind::kAllReduce, dtype, op, count, 0, 0);
@@ -1114,8 +1270,9 @@ Status Communicator::Impl::ring_all_reduce(const std::byte* input, std::byte* bu
     const std::byte* outgoing = (step == 0 ? input : buffer) + chunk_begin(send_chunk) * element;
     std::vector<Send> sends = {{right, hs, outgoing, static_cast<size_t>(hs.payload_bytes)}};
     std::vector<Recv> recvs = {{left, hr, incoming, static_cast<size_t>(hr.payload_bytes),
-                                [&](const std::byte* source, size_t offset, size_t length) {
-                                  collectives::reduce_to(dtype, op, target + offset, own + offset, source,
+                                [&](size_t piece, const std::byte* source, size_t offset, size_t length) {
+                                  const size_t at = piece * segment + offset;  // pieces are whole segments
+                                  collectives::reduce_to(dtype, op, target + at, own + at, source,
                                                          static_cast<int64_t>(length) / element);
                                 }}};
     CAPSTAN_RETURN_IF_ERROR(exchange(sends, recvs, deadline));
@@ -1143,7 +1300,8 @@ Status Communicator::Impl::all_reduce_buffers(const std::byte* input, std::byte*
   ++sequence;
   const int64_t bytes = count * element_bytes(dtype);
   if (size > 1 && bytes > options.direct_max_bytes && count >= size) {
-    return ring_all_reduce(input, output, dtype, op, count);
+    return pipelined_ring ? ring_all_reduce(input, output, dtype, op, count)
+                          : phased_ring_all_reduce(input, output, dtype, op, count);
   }
   if (output != input && bytes > 0) std::memcpy(output, input, static_cast<size_t>(bytes));
   if (size == 1) {
@@ -1391,7 +1549,19 @@ Result<std::unique_ptr<Communicator>> Communicator::create(std::unique_ptr<Colle
   auto impl = std::make_unique<Impl>(std::move(endpoint), std::move(addresses), rank, generation, options);
   CAPSTAN_RETURN_IF_ERROR(impl->connect_mesh());
   impl->start();
-  return std::unique_ptr<Communicator>(new Communicator(std::move(impl)));
+  std::unique_ptr<Communicator> group(new Communicator(std::move(impl)));
+  Impl& made = *group->impl_;
+  using Ring = CollectiveOptions::Ring;
+  made.pipelined_ring = options.ring == Ring::kPipelined;
+  if (options.ring == Ring::kAuto && size > 1) {
+    // Pipelined only if every rank's ring links are shared memory: all
+    // ranks must run the same algorithm.
+    const int left = (rank + size - 1) % size, right = (rank + 1) % size;
+    const int32_t mine = made.on_shm(left) && made.on_shm(right) ? 1 : 0;
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor all, group->all_reduce(Tensor::scalar<int32_t>(mine), ReduceOp::kMin));
+    made.pipelined_ring = all.flat<int32_t>()[0] == 1;
+  }
+  return group;
 }
 
 int Communicator::rank() const { return impl_->rank; }

@@ -81,6 +81,13 @@ struct CollectiveOptions {
   int tcp_streams = 4;
   // Shared memory per direction of each pair of ranks on one host.
   int64_t shm_buffer_bytes = 4 << 20;
+  // The ring all-reduce: kPipelined sends each piece on as soon as it
+  // arrived (steps and phases overlap); kPhased runs one step after the
+  // other. kAuto: pipelined where the ring's links are shared memory,
+  // phased over TCP (where, with every core busy, it measured faster; see
+  // docs/design.md). Every rank must pass the same.
+  enum class Ring { kAuto, kPipelined, kPhased };
+  Ring ring = Ring::kAuto;
 };
 
 // "auto", "tcp", "shm" (configuration files use these names).
