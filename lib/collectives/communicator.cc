@@ -64,9 +64,8 @@ using collectives::ShmRing;
 constexpr uint32_t kMagic = 0x4e505343;  // "CSPN"
 constexpr int kMaxNoticeSuspects = 32;
 constexpr int kMaxTcpStreams = 16;
-// Shared memory: how much a sender copies in before it publishes (so the
-// receiver starts early), and how long a side spins before it sleeps.
-constexpr size_t kShmChunk = 256 << 10;
+// Shared memory: how long a side spins before it sleeps. (A sender
+// publishes at least every segment_bytes, so the receiver starts early.)
 constexpr auto kShmSpin = std::chrono::microseconds(20);
 // While it waits for shared memory, a rank still looks at its sockets
 // (abort notices, closed peers) this often.
