@@ -741,11 +741,12 @@ Status Communicator::Impl::exchange(std::vector<Send>& sends, std::vector<Recv>&
         "; every rank must call the same operations in the same order with the same dtypes and shapes");
   };
   const size_t segment = static_cast<size_t>(std::max<int64_t>(options.segment_bytes, 4096));
-  // Contiguous transfers are cut the same way on both sides.
+  // Contiguous transfers are cut the same way on both sides. (A receive
+  // that absorbs straight out of shared memory has no place: null.)
   auto cut = [&](const std::byte* data, size_t bytes) {
     std::vector<Piece> pieces;
     for (size_t at = 0; at < bytes; at += segment) {
-      pieces.push_back({const_cast<std::byte*>(data) + at, std::min(segment, bytes - at)});
+      pieces.push_back({data == nullptr ? nullptr : const_cast<std::byte*>(data) + at, std::min(segment, bytes - at)});
     }
     return pieces;
   };
