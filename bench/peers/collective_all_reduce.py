@@ -44,9 +44,15 @@ def worker(index, ports, max_bytes, queue):
         implementation=tf.distribute.experimental.CommunicationImplementation.RING)
     strategy = tf.distribute.MultiWorkerMirroredStrategy(communication_options=options)
 
+    def replica_fn(x):
+        # Made inside the replica's device scope: all_reduce reduces to the
+        # value's device, which a plain argument does not have.
+        value = tf.identity(x)
+        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, value)
+
     @tf.function
     def reduce(x):
-        return tf.distribute.get_replica_context().all_reduce(tf.distribute.ReduceOp.SUM, x)
+        return strategy.run(replica_fn, args=(x,))
 
     lines = []
     size = 4
@@ -55,7 +61,7 @@ def worker(index, ports, max_bytes, queue):
         times = []
         for i in range(iterations_for(size) + 2):
             start = time.perf_counter()
-            result = strategy.run(reduce, args=(x,))
+            result = reduce(x)
             value = strategy.experimental_local_results(result)[0].numpy()
             if i >= 2:
                 times.append(time.perf_counter() - start)
@@ -79,7 +85,16 @@ def main():
     procs = [multiprocessing.Process(target=worker, args=(i, ports, args.max_bytes, queue)) for i in range(args.ranks)]
     for p in procs:
         p.start()
-    lines = queue.get()
+    lines = None
+    while lines is None:
+        try:
+            lines = queue.get(timeout=1)
+        except Exception:  # queue.Empty: is everyone still running?
+            if any(p.exitcode not in (None, 0) for p in procs):
+                for p in procs:
+                    p.terminate()
+                print("collective_all_reduce.py: a TensorFlow worker failed (its error is above)", file=sys.stderr)
+                return 1
     for p in procs:
         p.join()
     print("# TensorFlow MultiWorkerMirroredStrategy, RING (gRPC) on loopback; times are medians")
