@@ -89,12 +89,13 @@ inline void stop_all() {
 // file; returns its address once it listens. Its port file and log are
 // RUN_DIR/<label>.port and .log. When it does not start: stops the others and
 // exits 1.
+// `port`: a fixed RPC port instead (a restart on the same address).
 inline Daemon start(const std::string& bin_dir, const std::string& program, const std::string& label,
-                    std::vector<std::string> args) {
+                    std::vector<std::string> args, int port = 0) {
   std::string port_file = run_dir() + "/" + label + ".port";
   std::string log = run_dir() + "/" + label + ".log";
   std::filesystem::remove(port_file);
-  args.insert(args.begin(), {"--port", "0", "--http-port", "0", "--port-file", port_file});
+  args.insert(args.begin(), {"--port", std::to_string(port), "--http-port", "0", "--port-file", port_file});
   pid_t pid = fork();
   if (pid == 0) {
     std::string exe = bin_dir + "/" + program;

@@ -36,10 +36,13 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       timer_(timer),
       pool_(pool),
       log_(std::move(log)),
-      ps_up_(static_cast<size_t>(parameter_servers.size()), false),
+      ps_tasks_(static_cast<size_t>(parameter_servers.size())),
       placer_(std::max(parameter_servers.size(), 1)),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
+  if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
+    tasks_.add(checkpoint_timer());
+  }
 }
 
 Coordinator::~Coordinator() = default;
@@ -58,31 +61,6 @@ kj::Promise<void> Coordinator::changed() {
   auto paf = kj::newPromiseAndFulfiller<void>();
   waiters_.add(kj::mv(paf.fulfiller));
   return kj::mv(paf.promise);
-}
-
-Status Coordinator::ps_status() const {
-  for (size_t i = 0; i < ps_up_.size(); ++i) {
-    if (!ps_up_[i]) {
-      return Status::Unavailable("parameter server ps:" + std::to_string(i) + " at " +
-                                 ps_.address(static_cast<int>(i)) + " is unreachable");
-    }
-  }
-  return Status::Ok();
-}
-
-kj::Promise<void> Coordinator::watch_ps(int task) {
-  return ps_.reachable(task)
-      .then([this, task]() {
-        ps_up_[static_cast<size_t>(task)] = true;
-        notify();
-        return ps_.unreachable(task);
-      })
-      .then([this, task]() {
-        ps_up_[static_cast<size_t>(task)] = false;
-        log_->warn("parameter server ps:{} at {} is unreachable", task, ps_.address(task));
-        notify();
-        return watch_ps(task);
-      });
 }
 
 // ---- Workers ---------------------------------------------------------------------
@@ -211,6 +189,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   }
   int64_t id = closure->id;
   std::string function = closure->function;
+  const int64_t generation = ps_generation_;
   auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
     ClosureOutcome lost;
     lost.result = rpc::from_exception(e);
@@ -244,12 +223,24 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
                                      }));
   }
   return kj::mv(outcome)
-      .then([this, worker_id, id](ClosureOutcome outcome) -> kj::Promise<void> {
+      .then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
         if (outcome.worker_lost) {
           drop_worker(worker_id, outcome.result.status());
           return kj::READY_NOW;
         }
-        queue_.complete(id, worker_id, std::move(outcome.result));
+        if (!outcome.result.ok() && (generation != ps_generation_ || !ps_status().ok())) {
+          // A parameter server was lost or restored while it ran (a
+          // restarted one answers NotFound until its shards are back): the
+          // run was lost, not failed, and runs again (ClosureQueue
+          // re-queues Unavailable).
+          outcome.result = Status::Unavailable("the run overlapped a parameter server's outage: " +
+                                               outcome.result.status().to_string());
+        }
+        bool succeeded = outcome.result.ok();
+        if (queue_.complete(id, worker_id, std::move(outcome.result)) && succeeded) {
+          ++closures_completed_;
+          maybe_checkpoint();
+        }
         cancel_runs();
         notify();
         return lane(worker_id);
@@ -412,7 +403,8 @@ Placements Coordinator::placements() const {
 
 Result<int64_t> Coordinator::schedule(const std::string& function, std::string args) {
   if (queue_.has_error()) return queue_.take_error();
-  CAPSTAN_RETURN_IF_ERROR(ps_status());
+  // Queued through a parameter server's outage when it can be recovered.
+  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_status());
   if (!workers_.empty() && !any_worker_has(function)) {
     // The name list is only built for the error message, off the hot path.
     std::string names;
@@ -428,14 +420,22 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
 kj::Promise<Status> Coordinator::join() {
   if (queue_.has_error()) return queue_.take_error();
   Status up = ps_status();
-  if (!up.ok()) return up;
+  if (!up.ok()) {
+    // A pause while a parameter server comes back and is recovered.
+    auto until = ps_pause_deadline();
+    if (!until) return up;
+    return changed_or(*until).then([this]() { return join(); });
+  }
   if (queue_.idle()) return Status::Ok();
   return changed().then([this]() { return join(); });
 }
 
 Result<bool> Coordinator::done() {
   if (queue_.has_error()) return queue_.take_error();
-  CAPSTAN_RETURN_IF_ERROR(ps_status());
+  if (!ps_status().ok()) {
+    if (!ps_pause_deadline()) return ps_status();
+    return false;  // recovering: not done yet
+  }
   return queue_.idle();
 }
 
@@ -446,7 +446,11 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   if (!state.ok()) return Result<std::string>(state.status());
   if (finished(*state)) return queue_.value(id);
   Status up = ps_status();
-  if (!up.ok()) return Result<std::string>(up);
+  if (!up.ok()) {
+    auto until = ps_pause_deadline();
+    if (!until) return Result<std::string>(up);
+    return changed_or(*until).then([this, id]() { return wait_for_value(id); });
+  }
   return changed().then([this, id]() { return wait_for_value(id); });
 }
 
@@ -525,6 +529,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
       .then([this](Path path) -> Path {
         CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
         log_->info("saved checkpoint {}", *path);
+        last_checkpoint_ = *path;
         return path;
       });
 }
@@ -553,11 +558,15 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
   };
   using Restored = Result<Read>;
   using Step = Result<Coordinator::Restored>;
-  Status up = ps_status();
-  if (!up.ok()) return Step(up);
-  return rpc::run_on_pool(pool_, [path]() -> Result<Reader> {
-           CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(path));
-           CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
+  // A parameter server that came back empty (lost) is what a restore by
+  // hand is for; one that is unreachable or being recovered is not.
+  for (const PsTask& task : ps_tasks_) {
+    if (task.state != PsState::kUp && task.state != PsState::kLost) return Step(ps_status());
+  }
+  auto resolved = std::make_shared<std::string>();
+  return rpc::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
+           CAPSTAN_ASSIGN_OR_RETURN(*resolved, resolve_checkpoint(path));
+           CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(*resolved));
            return Reader(std::move(reader));
          })
       .then([this](Result<Reader> reader) -> kj::Promise<Result<Reader>> {
@@ -606,7 +615,13 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         if (!restored.ok()) return Step(restored.status());
         Coordinator::Restored out{restored->step, std::move(restored->missing)};
         auto mirrored = std::move(restored->mirrored);
-        return write_shards(std::move(restored->states))
+        auto states = std::make_shared<std::vector<VariableState>>(std::move(restored->states));
+        // A parameter server that restarted gets its shards back first.
+        return recreate_missing(*states)
+            .then([this, states](Status status) -> kj::Promise<Status> {
+              if (!status.ok()) return status;
+              return write_shards(std::move(*states));
+            })
             .then([this, mirrored = std::move(mirrored)](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;
               return seed_strategies(std::move(mirrored));
@@ -616,8 +631,16 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
               return std::move(out);
             });
       })
-      .then([this, path](Step restored) -> Step {
+      .then([this, path, resolved](Step restored) -> Step {
         CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
+        last_checkpoint_ = *resolved;
+        for (int task = 0; task < ps_.size(); ++task) {
+          if (ps_tasks_[static_cast<size_t>(task)].state == PsState::kLost) {
+            log_->info("parameter server ps:{} at {} has its shards again (restored by hand); dispatch resumes", task,
+                       ps_.address(task));
+            set_ps_state(task, PsState::kUp);
+          }
+        }
         std::string missing;
         for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
         log_->info("restored checkpoint {} (step {}){}", path, restored->step,

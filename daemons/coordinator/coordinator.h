@@ -13,9 +13,17 @@
 //              version goes up with every variable created.
 //
 // A worker whose link breaks, or that stops answering pings, is dropped: its
-// running closures go back to the queue (ClosureQueue::worker_failed). A
-// parameter server that is unreachable makes join/fetch/schedule fail with
-// Unavailable naming it until it is back; dispatch pauses meanwhile.
+// running closures go back to the queue (ClosureQueue::worker_failed).
+//
+// Parameter servers (recovery.cc): dispatch pauses while one is
+// unreachable. When a checkpoint exists to recover from (one saved by the
+// checkpoint policy or the program, or the newest in checkpoint_dir),
+// join/fetch/schedule wait through the outage (up to ps_recovery_timeout);
+// a parameter server that comes back without its shards (it restarted) has
+// them recreated and restored from that checkpoint, and the closures that
+// failed because of it run again. Without a checkpoint, calls fail with
+// Unavailable naming it until it is back, and one that came back empty
+// fails them with DataLoss saying so until a checkpoint is restored by hand.
 //
 // Example (a test's view):
 //   Coordinator c(config, parameter_servers, timer, pool, log);
@@ -71,6 +79,20 @@ struct CoordinatorConfig {
   // closure error, cancels the others); the closure sees the deadline in its
   // context. 0: no deadline.
   std::chrono::milliseconds closure_timeout{0};
+
+  // The checkpoint policy: every `checkpoint_every_steps` closures completed
+  // and/or every `checkpoint_every_seconds`, the coordinator saves into
+  // `checkpoint_dir` (keeping the newest checkpoint_max_to_keep). 0: off.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every_steps = 0;
+  std::chrono::seconds checkpoint_every_seconds{0};
+  int checkpoint_max_to_keep = 3;
+  // A parameter server that comes back without its shards is restored from
+  // the latest checkpoint by itself (false: only by restore_checkpoint).
+  bool ps_recovery = true;
+  // How long join/fetch wait for a lost parameter server that can be
+  // recovered before they fail with Unavailable.
+  std::chrono::milliseconds ps_recovery_timeout{300000};
 
   // InvalidArgument naming the key and the value. Defined with the service
   // (service.cc), which links the daemon's configuration.
@@ -162,6 +184,8 @@ class ParameterServers {
   virtual kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) = 0;
   // Sets value, optimizer slots and step.
   virtual kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) = 0;
+  // The names of the shards `task` holds.
+  virtual kj::Promise<Result<std::set<std::string>>> list_shards(int task) = 0;
 };
 
 // ---- Requests and replies -----------------------------------------------------------
@@ -295,6 +319,12 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::vector<std::string> not_in_checkpoint;
   };
   kj::Promise<Result<Restored>> restore_checkpoint(std::string path, bool strict = false);
+  // The checkpoint a lost parameter server would be restored from: the last
+  // one saved or restored here, else "" (checkpoint_dir's newest is looked
+  // up when needed).
+  const std::string& last_checkpoint() const { return last_checkpoint_; }
+  // Parameter servers restored from a checkpoint after coming back empty.
+  int64_t ps_recoveries() const { return ps_recoveries_; }
 
   // ---- Synchronous training (strategies.cc): TF's MultiWorkerMirroredStrategy
   // with the worker-servers as replicas. A strategy is a named set of
@@ -400,9 +430,37 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Wakes everything waiting for a change (join, fetch, idle lanes).
   void notify();
   kj::Promise<void> changed();
-  // Unavailable naming the first unreachable parameter server, or OK.
+
+  // ---- recovery.cc: parameter-server health, recovery, checkpoint policy
+  enum class PsState { kDown, kUp, kRecovering, kLost };
+  struct PsTask {
+    PsState state = PsState::kDown;
+    bool ever_up = false;
+    kj::TimePoint down_since = kj::origin<kj::TimePoint>();
+    Status lost;  // kLost: why, and what fixes it
+  };
+  // Unavailable naming the first parameter server that is not up (DataLoss
+  // for one that came back empty and cannot be recovered), or OK.
   Status ps_status() const;
+  // While every parameter server that is not up is one that may still come
+  // back or be recovered: when calls stop waiting for it. nullopt: fail now.
+  std::optional<kj::TimePoint> ps_pause_deadline() const;
+  // Waits for a change, or until the pause ends.
+  kj::Promise<void> changed_or(kj::TimePoint deadline);
   kj::Promise<void> watch_ps(int task);
+  // On reconnecting: up when it has its shards; else recovered or lost.
+  kj::Promise<void> check_ps(int task);
+  kj::Promise<void> recover_ps(int task, std::set<std::string> missing);
+  void set_ps_state(int task, PsState state, Status lost = Status::Ok());
+  // Names of the shards placed on `task`.
+  std::set<std::string> shards_on(int task) const;
+  // Creates, on each parameter server, the shards of `states` it lacks
+  // (it restarted), with the values in `states`.
+  kj::Promise<Status> recreate_missing(const std::vector<VariableState>& states);
+  // The checkpoint policy: saves when one is due by steps, or by time.
+  void maybe_checkpoint();
+  kj::Promise<void> checkpoint_timer();
+  void save_by_policy();
 
   bool any_worker_has(const std::string& name) const;
   kj::Promise<void> lane(int64_t worker_id);
@@ -437,7 +495,16 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   ClosureQueue queue_;
   std::map<int64_t, Worker> workers_;
   int64_t next_worker_id_ = 1;
-  std::vector<bool> ps_up_;  // by task
+  std::vector<PsTask> ps_tasks_;  // by task
+  // Goes up when a parameter server is lost or recovered: a closure whose
+  // run saw it change failed because of it and runs again.
+  int64_t ps_generation_ = 0;
+  int64_t ps_recoveries_ = 0;
+  std::string last_checkpoint_;
+  int64_t closures_completed_ = 0;
+  int64_t completed_at_checkpoint_ = 0;
+  int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
+  bool checkpointing_ = false;
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;

@@ -33,6 +33,23 @@ int main(int argc, char** argv) {
        "Workers the per-worker datasets are sharded for (default: the cluster spec's worker job, "
        "else the workers registered).",
        "0"},
+      {"checkpoint_dir", OptionType::kString,
+       "Where the checkpoint policy saves, and where a parameter server that restarted empty is restored from "
+       "(its newest checkpoint, unless the program saved or restored one since). Empty: none.",
+       ""},
+      {"checkpoint_every_steps", OptionType::kInt,
+       "Save a checkpoint into checkpoint_dir every N closures completed. 0: off.", "0"},
+      {"checkpoint_every_seconds", OptionType::kInt,
+       "Save a checkpoint into checkpoint_dir every N seconds (when closures completed since). 0: off.", "0"},
+      {"checkpoint_max_to_keep", OptionType::kInt, "Checkpoints the policy keeps in checkpoint_dir.", "3"},
+      {"ps_recovery", OptionType::kBool,
+       "Restore a parameter server that comes back without its shards from the latest checkpoint, by itself; "
+       "the program pauses meanwhile. false: calls fail with DataLoss until a checkpoint is restored by hand.",
+       "true"},
+      {"ps_recovery_timeout_ms", OptionType::kInt,
+       "While a lost parameter server can be recovered, join/fetch wait this long for it before they fail with "
+       "Unavailable.",
+       "300000"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
     CAPSTAN_ASSIGN_OR_RETURN(auto settings, capstan::coordinator::CoordinatorConfig::from(config));

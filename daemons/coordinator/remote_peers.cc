@@ -250,4 +250,17 @@ kj::Promise<Status> RemoteParameterServers::write_shard(int task, std::string na
                        }));
 }
 
+kj::Promise<Result<std::set<std::string>>> RemoteParameterServers::list_shards(int task) {
+  auto names = std::make_shared<std::set<std::string>>();
+  auto listed = service(task, 10 * kj::SECONDS).then([names](wire::ParameterServer::Client client) {
+    return client.listShardsRequest().send().then([names](capnp::Response<wire::ParameterServer::ListShardsResults>&& r) {
+      for (auto info : r.getShards()) names->insert(text(info.getName()));
+    });
+  });
+  return status_of(kj::mv(listed)).then([names](Status status) -> Result<std::set<std::string>> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*names);
+  });
+}
+
 }  // namespace capstan::coordinator

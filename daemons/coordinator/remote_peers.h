@@ -7,6 +7,7 @@
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_REMOTE_PEERS_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_REMOTE_PEERS_H_
 
+#include <set>
 #include <string>
 #include <vector>
 
@@ -55,6 +56,7 @@ class RemoteParameterServers : public ParameterServers {
                                    const Optimizer& optimizer) override;
   kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override;
   kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override;
+  kj::Promise<Result<std::set<std::string>>> list_shards(int task) override;
 
  private:
   // The service of `task`, connecting until `timeout` from now.

@@ -67,6 +67,26 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
   out.closure_timeout = std::chrono::milliseconds(config.get_int("closure_timeout_ms"));
   out.worker_ping_interval = std::chrono::milliseconds(config.get_int("worker_ping_interval_ms"));
   out.worker_ping_timeout = std::chrono::milliseconds(config.get_int("worker_ping_timeout_ms"));
+  for (const char* key : {"checkpoint_every_steps", "checkpoint_every_seconds", "ps_recovery_timeout_ms"}) {
+    if (config.get_int(key) < 0) {
+      return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
+                                     " must be 0 (off) or positive");
+    }
+  }
+  out.checkpoint_dir = config.get_string("checkpoint_dir");
+  out.checkpoint_every_steps = config.get_int("checkpoint_every_steps");
+  out.checkpoint_every_seconds = std::chrono::seconds(config.get_int("checkpoint_every_seconds"));
+  if ((out.checkpoint_every_steps > 0 || out.checkpoint_every_seconds.count() > 0) && out.checkpoint_dir.empty()) {
+    return Status::InvalidArgument(
+        "checkpoint_every_steps/checkpoint_every_seconds need checkpoint_dir (where the checkpoints go)");
+  }
+  if (config.get_int("checkpoint_max_to_keep") < 1) {
+    return Status::InvalidArgument("checkpoint_max_to_keep: " + std::to_string(config.get_int("checkpoint_max_to_keep")) +
+                                   " must be at least 1");
+  }
+  out.checkpoint_max_to_keep = static_cast<int>(config.get_int("checkpoint_max_to_keep"));
+  out.ps_recovery = config.get_bool("ps_recovery");
+  out.ps_recovery_timeout = std::chrono::milliseconds(config.get_int("ps_recovery_timeout_ms"));
   out.expected_workers = config.get_int("num_workers") > 0
                              ? static_cast<int>(config.get_int("num_workers"))
                              : static_cast<int>(config.cluster().addresses("worker").size());

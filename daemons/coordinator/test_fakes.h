@@ -144,6 +144,13 @@ class FakeParameterServers : public ParameterServers {
     t.up = true;
     if (t.on_up) t.on_up->fulfill();
   }
+  // Down, then up without its shards (a restarted process).
+  void restart_empty(int task) {
+    go_down(task);
+    tasks[static_cast<size_t>(task)].shards.clear();
+    tasks[static_cast<size_t>(task)].optimizers.clear();
+    come_up(task);
+  }
 
   int size() const override { return static_cast<int>(tasks.size()); }
   std::string address(int task) const override { return tasks[static_cast<size_t>(task)].address; }
@@ -175,8 +182,17 @@ class FakeParameterServers : public ParameterServers {
   kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override {
     Task& t = tasks[static_cast<size_t>(task)];
     t.writes.push_back(name);
+    if (!t.up) return Status::Unavailable(t.address + " is down");
+    if (t.shards.count(name) == 0) return Status::NotFound("no shard " + name);
     t.shards[name] = std::move(contents);
     return Status::Ok();
+  }
+  kj::Promise<Result<std::set<std::string>>> list_shards(int task) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Result<std::set<std::string>>(Status::Unavailable(t.address + " is down"));
+    std::set<std::string> names;
+    for (const auto& [name, shard] : t.shards) names.insert(name);
+    return Result<std::set<std::string>>(std::move(names));
   }
 
   std::vector<Task> tasks;

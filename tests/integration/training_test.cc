@@ -11,6 +11,7 @@
 #include <fstream>
 #include <map>
 #include <set>
+#include <thread>
 
 #include "capstan/data/dataset.h"
 #include "capstan/training.h"
@@ -25,7 +26,8 @@ struct Training {
   // `indexed`: workers start with --task-index; else the coordinator
   // assigns their indices.
   explicit Training(int num_ps = 2, int num_workers = 2, std::vector<std::string> coordinator_flags = {},
-                    bool indexed = true) {
+                    bool indexed = true, std::string module = CAPSTAN_TRAINING_MODULE)
+      : module(std::move(module)) {
     std::string ps_list;
     for (int i = 0; i < num_ps; ++i) {
       ps.push_back(&cluster.start("ps-server", {"--task-index", std::to_string(i)}));
@@ -40,12 +42,13 @@ struct Training {
   }
   // index -1: no --task-index.
   Daemon& add_worker(int index) {
-    std::vector<std::string> flags = {"--coordinator", coordinator->address(), "--module", CAPSTAN_TRAINING_MODULE};
+    std::vector<std::string> flags = {"--coordinator", coordinator->address(), "--module", module};
     if (index >= 0) flags.insert(flags.end(), {"--task-index", std::to_string(index)});
     workers.push_back(&cluster.start("worker-server", flags));
     return *workers.back();
   }
 
+  std::string module;
   TestCluster cluster;
   std::vector<Daemon*> ps;
   Daemon* coordinator = nullptr;
@@ -254,6 +257,137 @@ TEST_CASE("killing a parameter server makes join fail with Unavailable within se
     CHECK(refused.status().code() == StatusCode::kUnavailable);
   }
   CHECK(t.client->join().code() == StatusCode::kUnavailable);
+}
+
+// ---- Parameter-server recovery ---------------------------------------------------------
+
+namespace {
+
+// Which PS task holds the scalar variable `name`.
+int ps_task_of(ClusterCoordinator& client, const std::string& name) {
+  std::vector<VariableInfo> all = client.variables().value();
+  for (const auto& v : all) {
+    if (v.name == name) return v.shards.at(0).ps_task;
+  }
+  FAIL("no variable " << name);
+  return -1;
+}
+
+// kill -9 the PS task `task` of `t` and start it again on its port, empty.
+void restart_ps(Training& t, int task) {
+  uint16_t port = t.ps[static_cast<size_t>(task)]->rpc_port();
+  t.ps[static_cast<size_t>(task)]->kill_now();
+  t.ps[static_cast<size_t>(task)] = &t.cluster.restart_on_port(
+      "ps-server", {"--task-index", std::to_string(task), "--port", std::to_string(port)});
+}
+
+}  // namespace
+
+TEST_CASE("kill -9 a parameter server mid-training: it is restored from the last checkpoint and training goes on "
+          "by itself",
+          "[training][fault][recovery]") {
+  TestCluster scratch;
+  const std::string dir = scratch.dir() + "/ckpt";
+  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "10"});
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  const int task = ps_task_of(*t.client, "counter");
+  constexpr int kClosures = 150;
+  std::vector<RemoteValue> values;
+  for (int i = 0; i < kClosures; ++i) values.push_back(t.client->schedule("sleep_then_tag", sleep_args(20, i)).value());
+  REQUIRE(wait_until([&]() { return counter(*t.client) >= 40; }, 30s));
+
+  auto killed = std::chrono::steady_clock::now();
+  restart_ps(t, task);
+  // No error reaches the program: join waits through the outage.
+  REQUIRE(t.client->join().ok());
+  auto joined = std::chrono::steady_clock::now();
+  for (int i = 0; i < kClosures; ++i) {
+    auto value = t.client->fetch(values[static_cast<size_t>(i)]);
+    REQUIRE(value.ok());
+    CHECK(value->components.at(0).flat<int64_t>()[0] == i);  // each value once, its own
+  }
+  CHECK_THAT(t.coordinator->log(), Catch::Contains("restored 1 shard(s) from checkpoint") &&
+                                       Catch::Contains("dispatch resumes"));
+  // The increments since the last checkpoint (every 10 closures) were lost
+  // with the server; no closure counted twice.
+  float total = counter(*t.client);
+  CHECK(total <= kClosures);
+  CHECK(total >= kClosures - 30);
+  std::printf("kill -9 of ps:%d to the end of join: %lld ms; counter %.0f of %d\n", task,
+              static_cast<long long>(std::chrono::duration_cast<std::chrono::milliseconds>(joined - killed).count()),
+              static_cast<double>(total), kClosures);
+}
+
+TEST_CASE("the CTR example reaches its target with a parameter server killed -9 and restarted mid-training",
+          "[training][fault][recovery]") {
+  TestCluster scratch;
+  const std::string dir = scratch.dir() + "/ckpt";
+  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
+  RunResult ctr;
+  // 8000 steps end at a gap of ~2.0% to the planted model without a failure
+  // (measured: 2.00%, 2.01%; with the kill: 2.02%); 2.5% leaves room for
+  // the steps lost since the last checkpoint and for noise.
+  std::thread program([&]() {
+    ctr = t.cluster.run("ctr", {"--coordinator", t.coordinator->address(), "--steps", "8000", "--eval-steps", "100",
+                                "--min-workers", "2", "--log-every", "1000", "--max-gap", "2.5"},
+                        {}, 300s);
+  });
+  // Mid-training: after the policy saved twice.
+  bool saved = wait_until([&]() {
+    std::string log = t.coordinator->log();
+    size_t first = log.find("saved checkpoint");
+    return first != std::string::npos && log.find("saved checkpoint", first + 1) != std::string::npos;
+  }, 200s);
+  if (saved) restart_ps(t, 1);
+  program.join();
+  REQUIRE(saved);
+  INFO(ctr.output);
+  CHECK(ctr.exit_code == 0);
+  CHECK_THAT(ctr.output, Catch::Contains("PASS"));
+  CHECK_THAT(t.coordinator->log(), Catch::Contains("restored 1 shard(s) from checkpoint"));
+}
+
+TEST_CASE("without a checkpoint a parameter server that restarted empty is DataLoss saying so", "[training][fault][recovery]") {
+  Training t;
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  for (int i = 0; i < 5; ++i) REQUIRE(t.client->schedule("add_one").ok());
+  REQUIRE(t.client->join().ok());
+  const int task = ps_task_of(*t.client, "counter");
+  restart_ps(t, task);
+  Status joined;
+  REQUIRE(wait_until([&]() {
+    joined = t.client->join();
+    return joined.code() == StatusCode::kDataLoss;
+  }, 20s));
+  CHECK_THAT(joined.message(), Catch::Contains("ps:" + std::to_string(task)) && Catch::Contains("counter") &&
+                                   Catch::Contains("no checkpoint"));
+}
+
+TEST_CASE("restoring by hand after a parameter server restarted empty recreates its shards", "[training][fault][recovery]") {
+  Training t(2, 2, {"--ps-recovery", "false"});
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  REQUIRE(t.client->create_variable({"other", Tensor::scalar<float>(5), Optimizer::sgd(0.1)}).ok());
+  for (int i = 0; i < 20; ++i) REQUIRE(t.client->schedule("add_one").ok());
+  REQUIRE(t.client->join().ok());
+  CheckpointManager manager(*t.client, t.cluster.dir() + "/ckpt", 3);
+  REQUIRE(manager.save(20).ok());
+  for (int i = 0; i < 10; ++i) REQUIRE(t.client->schedule("add_one").ok());
+  REQUIRE(t.client->join().ok());
+  const int task = ps_task_of(*t.client, "counter");
+  restart_ps(t, task);
+  Status joined;
+  REQUIRE(wait_until([&]() {
+    joined = t.client->join();
+    return joined.code() == StatusCode::kDataLoss;
+  }, 20s));
+  CHECK_THAT(joined.message(), Catch::Contains("ps_recovery is off"));
+
+  REQUIRE(manager.restore_latest().value() == 20);
+  CHECK(counter(*t.client) == 20.0f);
+  CHECK(t.client->read_variable("other").value().flat<float>()[0] == 5.0f);
+  REQUIRE(t.client->schedule("add_one").ok());
+  REQUIRE(t.client->join().ok());
+  CHECK(counter(*t.client) == 21.0f);
 }
 
 TEST_CASE("per-worker datasets give each worker its own shard", "[training][datasets]") {

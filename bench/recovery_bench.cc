@@ -1,0 +1,194 @@
+// recovery_bench: checkpoints of a large model and parameter-server recovery
+// over loopback.
+//
+//   recovery_bench [--mib N] [--runs N] [--dir DIR]
+//
+// Starts two ps-servers and a coordinator (build/bin) on free ports and
+// stops them at the end. Through a ClusterCoordinator it creates a float32
+// variable of N MiB (default 1024) in FixedShardsPartitioner(2) shards, one
+// on each parameter server, and measures:
+//   save      save_checkpoint (the coordinator reads both shards and writes
+//             one safetensors file per server plus a manifest, fsynced)
+//   restore   restore_checkpoint of that checkpoint into the same variable
+//   recovery  kill -9 of ps:1, its restart on the same port (empty), until
+//             the coordinator has restored its shard from the checkpoint and
+//             calls stop pausing (done() answers true); also the split: the
+//             restart until the server listens, and the coordinator's own
+//             figure from its log ("... ms after it was lost")
+// Medians of --runs (default 3). Checkpoints go to --dir (default: the run
+// directory under $TMPDIR). Prints figures; never fails on them.
+#include <signal.h>
+#include <sys/socket.h>
+#include <netinet/in.h>
+
+#include <algorithm>
+#include <cstdio>
+#include <fstream>
+#include <regex>
+#include <string>
+#include <vector>
+
+#include "bench_util.h"
+#include "capstan/training.h"
+
+namespace {
+
+using capstan::DType;
+using capstan::Tensor;
+namespace bench = capstan::bench;
+
+int free_port() {
+  int fd = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  addr.sin_port = 0;
+  socklen_t len = sizeof(addr);
+  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    close(fd);
+    return 0;
+  }
+  close(fd);
+  return ntohs(addr.sin_port);
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// The coordinator's figures of its recoveries so far, in order.
+std::vector<double> logged_recoveries(const std::string& log) {
+  std::vector<double> ms;
+  static const std::regex re("; (\\d+) ms after it was lost");
+  for (std::sregex_iterator it(log.begin(), log.end(), re), end; it != end; ++it) ms.push_back(std::stod((*it)[1]));
+  return ms;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  int64_t mib = 1024;
+  int runs = 3;
+  std::string dir;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--mib" && i + 1 < argc) {
+      mib = std::stoll(argv[++i]);
+    } else if (arg == "--runs" && i + 1 < argc) {
+      runs = std::stoi(argv[++i]);
+    } else if (arg == "--dir" && i + 1 < argc) {
+      dir = argv[++i];
+    } else {
+      std::fprintf(stderr, "usage: recovery_bench [--mib N] [--runs N] [--dir DIR]\n");
+      return 2;
+    }
+  }
+  if (mib < 1 || runs < 1) {
+    std::fprintf(stderr, "recovery_bench: --mib and --runs must be at least 1\n");
+    return 2;
+  }
+  signal(SIGPIPE, SIG_IGN);
+  const std::string bin_dir = bench::bin_dir();
+  if (dir.empty()) dir = bench::run_dir() + "/checkpoints";
+
+  const int ps1_port = free_port();
+  auto ps0 = bench::start(bin_dir, "ps-server", "ps-0", {"--task-index", "0"});
+  auto ps1 = bench::start(bin_dir, "ps-server", "ps-1", {"--task-index", "1"}, ps1_port);
+  const std::string coordinator_log = bench::run_dir() + "/coordinator.log";
+  auto coordinator = bench::start(bin_dir, "coordinator", "coordinator", {"--ps", ps0.address + "," + ps1.address});
+  auto cluster = capstan::ClusterCoordinator::connect(coordinator.address);
+  if (!cluster.ok()) bench::fail("connecting", cluster.status());
+
+  const int64_t columns = 256;
+  const int64_t rows = mib * (1 << 20) / (columns * 4);
+  const double bytes = static_cast<double>(rows * columns * 4);
+  auto initial = Tensor::zeros(DType::kFloat32, {rows, columns});
+  if (!initial.ok()) bench::fail("allocating", initial.status());
+  {
+    float* p = initial->mutable_flat<float>().data();
+    for (int64_t i = 0; i < rows * columns; ++i) p[i] = static_cast<float>(i % 1000);
+  }
+  auto created = (*cluster)->create_variable(
+      {"model", *initial, capstan::Optimizer::sgd(0.1), capstan::Partitioner::fixed_shards(2)});
+  if (!created.ok()) bench::fail("creating the variable", created.status());
+  initial = Tensor();
+
+  std::printf("recovery_bench: a %lld MiB float32 variable in 2 shards on 2 parameter servers (%u cores); "
+              "checkpoints in %s\n",
+              static_cast<long long>(mib), std::thread::hardware_concurrency(), dir.c_str());
+  std::vector<double> saves, restores, recoveries, restarts;
+  std::string path;
+  for (int run = 0; run < runs; ++run) {
+    auto start = bench::Clock::now();
+    auto saved = (*cluster)->save_checkpoint(dir, run + 1, /*max_to_keep=*/2);
+    if (!saved.ok()) bench::fail("save_checkpoint", saved.status());
+    saves.push_back(bench::seconds_since(start));
+    path = *saved;
+    start = bench::Clock::now();
+    auto restored = (*cluster)->restore_checkpoint(path);
+    if (!restored.ok()) bench::fail("restore_checkpoint", restored.status());
+    restores.push_back(bench::seconds_since(start));
+    std::printf("  run %d: save %.2f s, restore %.2f s\n", run + 1, saves.back(), restores.back());
+    std::fflush(stdout);
+  }
+  for (int run = 0; run < runs; ++run) {
+    // kill -9 ps:1 and start it again on its port, empty.
+    auto killed = bench::Clock::now();
+    for (auto& d : bench::daemons()) {
+      if (d.pid == ps1.pid) {
+        kill(d.pid, SIGKILL);
+        waitpid(d.pid, nullptr, 0);
+        d.pid = 0;
+      }
+    }
+    ps1 = bench::start(bin_dir, "ps-server", "ps-1-restart-" + std::to_string(run + 1), {"--task-index", "1"},
+                       ps1_port);
+    restarts.push_back(bench::seconds_since(killed));
+    // Until the coordinator logs that it restored the shard; done() pauses
+    // (false) meanwhile, never fails.
+    for (;;) {
+      auto done = (*cluster)->done();
+      if (!done.ok()) bench::fail("done() during recovery", done.status());
+      if (logged_recoveries(read_all(coordinator_log)).size() > static_cast<size_t>(run)) break;
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    }
+    recoveries.push_back(bench::seconds_since(killed));
+    std::printf("  recovery %d: %.2f s (the restarted server listened after %.2f s)\n", run + 1, recoveries.back(),
+                restarts.back());
+    std::fflush(stdout);
+  }
+  auto check = (*cluster)->read_variable("model");
+  if (!check.ok()) bench::fail("reading the recovered variable", check.status());
+  auto flat = check->flat<float>();
+  for (int64_t i = 0; i < rows * columns; i += 4099) {
+    if (flat[i] != static_cast<float>(i % 1000)) {
+      std::fprintf(stderr, "recovery_bench: element %lld is %g after the recovery, expected %lld\n",
+                   static_cast<long long>(i), static_cast<double>(flat[i]), static_cast<long long>(i % 1000));
+      bench::stop_all();
+      return 1;
+    }
+  }
+  auto logged = logged_recoveries(read_all(coordinator_log));
+
+  std::printf("\n%-38s %10s %10s\n", "", "median", "GB/s");
+  std::printf("%-38s %9.2fs %10.2f\n", "save_checkpoint", median(saves), bytes / median(saves) / 1e9);
+  std::printf("%-38s %9.2fs %10.2f\n", "restore_checkpoint", median(restores), bytes / median(restores) / 1e9);
+  std::printf("%-38s %9.2fs %10.2f\n", "kill -9 ps:1 -> calls stop pausing", median(recoveries),
+              bytes / 2 / median(recoveries) / 1e9);
+  std::printf("%-38s %9.2fs\n", "  of which: restart until listening", median(restarts));
+  if (!logged.empty()) {
+    std::printf("%-38s %8.0fms\n", "  coordinator: lost -> shard restored", median(logged));
+  }
+  std::printf("\nsave/restore move the whole variable (%.0f MiB); a recovery restores ps:1's shard (%.0f MiB) from "
+              "the last checkpoint.\nlogs: %s\n",
+              bytes / (1 << 20), bytes / 2 / (1 << 20), bench::run_dir().c_str());
+  bench::stop_all();
+  return 0;
+}

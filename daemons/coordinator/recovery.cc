@@ -1,0 +1,305 @@
+// Parameter-server health and recovery, and the checkpoint policy (see
+// "Parameter servers" in coordinator.h).
+//
+// A parameter server's life as the coordinator sees it:
+//   kDown        unreachable (at start, or its link broke): dispatch pauses
+//   -> reachable: check_ps lists its shards
+//        all there            -> kUp (a network outage, not a restart)
+//        some missing         -> kRecovering: recover_ps reads them from the
+//                                latest checkpoint, creates them again and
+//                                writes values, slots and steps -> kUp
+//        no checkpoint, or it -> kLost: calls fail with DataLoss saying so,
+//        lacks a variable        until restore_checkpoint() by hand
+//   -> link breaks again: kDown
+// Only the shards that were lost go back to the checkpoint; the others keep
+// their newer values (asynchronous training tolerates the staleness, as it
+// tolerates stale gradients). Every change of state bumps ps_generation_; a
+// closure whose run saw it change, and failed, runs again.
+#include <algorithm>
+#include <filesystem>
+
+#include "checkpoint/checkpoint.h"
+#include "daemons/coordinator/coordinator.h"
+#include "rpc/errors.h"
+#include "rpc/pool.h"
+
+namespace capstan::coordinator {
+namespace {
+
+std::string join_names(const std::set<std::string>& names, size_t at_most = 5) {
+  std::string out;
+  size_t n = 0;
+  for (const auto& name : names) {
+    if (n == at_most) {
+      out += ", ... (" + std::to_string(names.size()) + " in all)";
+      break;
+    }
+    out += (n++ == 0 ? "" : ", ") + name;
+  }
+  return out;
+}
+
+int64_t milliseconds(kj::Duration d) { return d / kj::MILLISECONDS; }
+
+}  // namespace
+
+Status Coordinator::ps_status() const {
+  for (size_t i = 0; i < ps_tasks_.size(); ++i) {
+    const PsTask& task = ps_tasks_[i];
+    std::string who = "parameter server ps:" + std::to_string(i) + " at " + ps_.address(static_cast<int>(i));
+    switch (task.state) {
+      case PsState::kUp: break;
+      case PsState::kDown: return Status::Unavailable(who + " is unreachable");
+      case PsState::kRecovering: return Status::Unavailable(who + " is being restored from a checkpoint");
+      case PsState::kLost: return task.lost;
+    }
+  }
+  return Status::Ok();
+}
+
+std::optional<kj::TimePoint> Coordinator::ps_pause_deadline() const {
+  if (!config_.ps_recovery) return std::nullopt;
+  // Something to recover from, should a parameter server come back empty.
+  bool recoverable = !last_checkpoint_.empty() || !config_.checkpoint_dir.empty();
+  std::optional<kj::TimePoint> until;
+  for (const PsTask& task : ps_tasks_) {
+    switch (task.state) {
+      case PsState::kUp: break;
+      case PsState::kLost: return std::nullopt;
+      case PsState::kDown:
+        // Before it was ever reached there is nothing of it to wait for.
+        if (!task.ever_up || !recoverable) return std::nullopt;
+        [[fallthrough]];
+      case PsState::kRecovering: {
+        kj::TimePoint end = task.down_since + config_.ps_recovery_timeout.count() * kj::MILLISECONDS;
+        until = until ? std::min(*until, end) : end;
+        break;
+      }
+    }
+  }
+  if (until && timer_.now() >= *until) return std::nullopt;
+  return until;
+}
+
+kj::Promise<void> Coordinator::changed_or(kj::TimePoint deadline) {
+  return changed().exclusiveJoin(timer_.atTime(deadline));
+}
+
+void Coordinator::set_ps_state(int task, PsState state, Status lost) {
+  PsTask& t = ps_tasks_[static_cast<size_t>(task)];
+  if (state == PsState::kDown && t.state != PsState::kDown) t.down_since = timer_.now();
+  if (state == PsState::kUp) t.ever_up = true;
+  if ((state == PsState::kUp) != (t.state == PsState::kUp)) ++ps_generation_;
+  t.state = state;
+  t.lost = std::move(lost);
+  notify();
+}
+
+std::set<std::string> Coordinator::shards_on(int task) const {
+  std::set<std::string> names;
+  for (const auto& [name, variable] : variables_) {
+    for (const auto& shard : variable.shards) {
+      if (shard.ps_task == task) names.insert(shard.name);
+    }
+  }
+  return names;
+}
+
+kj::Promise<void> Coordinator::watch_ps(int task) {
+  return ps_.reachable(task)
+      .then([this, task]() { return check_ps(task); })
+      .then([this, task]() { return ps_.unreachable(task); })
+      .then([this, task]() {
+        set_ps_state(task, PsState::kDown);
+        log_->warn("parameter server ps:{} at {} is unreachable; dispatch pauses", task, ps_.address(task));
+        return watch_ps(task);
+      });
+}
+
+kj::Promise<void> Coordinator::check_ps(int task) {
+  std::set<std::string> expected = shards_on(task);
+  if (expected.empty()) {
+    set_ps_state(task, PsState::kUp);
+    return kj::READY_NOW;
+  }
+  return ps_.list_shards(task)
+      .catch_([](kj::Exception&& e) { return Result<std::set<std::string>>(rpc::from_exception(e)); })
+      .then([this, task, expected = std::move(expected)](Result<std::set<std::string>> held) -> kj::Promise<void> {
+        if (!held.ok()) {
+          // Its link broke again (watch_ps sees it next), or it answers
+          // nonsense: either way nothing is dispatched meanwhile.
+          set_ps_state(task, PsState::kLost,
+                       held.status().with_context("parameter server ps:" + std::to_string(task) + " at " +
+                                                  ps_.address(task) + ": listing its shards"));
+          return kj::READY_NOW;
+        }
+        std::set<std::string> missing;
+        std::set_difference(expected.begin(), expected.end(), held->begin(), held->end(),
+                            std::inserter(missing, missing.end()));
+        if (missing.empty()) {
+          if (ps_tasks_[static_cast<size_t>(task)].ever_up) {
+            log_->info("parameter server ps:{} at {} is back with its shards; dispatch resumes", task,
+                       ps_.address(task));
+          }
+          set_ps_state(task, PsState::kUp);
+          return kj::READY_NOW;
+        }
+        return recover_ps(task, std::move(missing));
+      });
+}
+
+kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missing) {
+  const std::string who = "parameter server ps:" + std::to_string(task) + " at " + ps_.address(task);
+  const std::string lost_what = who + " came back without " + std::to_string(missing.size()) + " shard(s) (" +
+                                join_names(missing) + ")";
+  if (!config_.ps_recovery) {
+    set_ps_state(task, PsState::kLost,
+                 Status::DataLoss(lost_what + "; ps_recovery is off: restore a checkpoint (restoreCheckpoint "
+                                              "creates them again)"));
+    log_->error("{}", ps_tasks_[static_cast<size_t>(task)].lost.message());
+    return kj::READY_NOW;
+  }
+  std::string from = !last_checkpoint_.empty() ? last_checkpoint_ : config_.checkpoint_dir;
+  if (from.empty()) {
+    set_ps_state(task, PsState::kLost,
+                 Status::DataLoss(lost_what + " and there is no checkpoint to restore them from: set checkpoint_dir "
+                                              "with checkpoint_every_steps or checkpoint_every_seconds, or save "
+                                              "checkpoints from the program (CheckpointManager)"));
+    log_->error("{}", ps_tasks_[static_cast<size_t>(task)].lost.message());
+    return kj::READY_NOW;
+  }
+  set_ps_state(task, PsState::kRecovering);
+  log_->warn("{}; restoring them from the latest checkpoint", lost_what);
+  // The shards as placed, to be filled from the checkpoint.
+  std::vector<VariableState> layout_now = layout();
+  for (auto& v : layout_now) {
+    std::erase_if(v.shards, [&](const ShardState& s) { return s.ps_task != task || missing.count(s.name) == 0; });
+  }
+  std::erase_if(layout_now, [](const VariableState& v) { return v.shards.empty(); });
+  struct Read {
+    std::string path;
+    int64_t step = 0;
+    std::vector<VariableState> states;
+  };
+  return rpc::run_on_pool(pool_,
+                          [from, states = std::move(layout_now)]() mutable -> Result<Read> {
+                            CAPSTAN_ASSIGN_OR_RETURN(std::string path, resolve_checkpoint(from));
+                            CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(path));
+                            std::vector<std::string> absent;
+                            // Strict: a shard the checkpoint lacks cannot be recovered.
+                            CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, /*strict=*/true, &absent));
+                            return Read{path, reader->manifest().step, std::move(states)};
+                          })
+      .then([this, task](Result<Read> read) -> kj::Promise<Result<Read>> {
+        if (!read.ok()) return kj::mv(read);
+        auto shared = std::make_shared<Read>(std::move(*read));
+        auto creates = kj::Vector<kj::Promise<Status>>();
+        for (const auto& v : shared->states) {
+          for (const auto& s : v.shards) creates.add(ps_.create_shard(task, s.name, s.value, v.optimizer));
+        }
+        return kj::joinPromises(creates.releaseAsArray())
+            .then([this, shared](kj::Array<Status> statuses) -> kj::Promise<Status> {
+              for (auto& status : statuses) {
+                if (!status.ok()) return status;
+              }
+              // Slots and optimizer steps (the value again, harmlessly).
+              return write_shards(shared->states);
+            })
+            .then([shared](Status status) -> Result<Read> {
+              CAPSTAN_RETURN_IF_ERROR(status);
+              return std::move(*shared);
+            });
+      })
+      .then([this, task, who, lost_what](Result<Read> read) {
+        const PsTask& t = ps_tasks_[static_cast<size_t>(task)];
+        if (t.state != PsState::kRecovering) return;  // lost again meanwhile: watch_ps starts over
+        if (!read.ok()) {
+          Status why = read.status();
+          set_ps_state(task, PsState::kLost,
+                       Status::DataLoss(lost_what + " and restoring them failed: " + why.to_string() +
+                                        "; restore a checkpoint by hand (restoreCheckpoint creates them again)"));
+          log_->error("{}", ps_tasks_[static_cast<size_t>(task)].lost.message());
+          return;
+        }
+        int64_t down_ms = milliseconds(timer_.now() - t.down_since);
+        size_t shards = 0;
+        for (const auto& v : read->states) shards += v.shards.size();
+        last_checkpoint_ = read->path;
+        ++ps_recoveries_;
+        set_ps_state(task, PsState::kUp);
+        log_->warn("{}: restored {} shard(s) from checkpoint {} (step {}); {} ms after it was lost; dispatch resumes",
+                   who, shards, read->path, read->step, down_ms);
+      });
+}
+
+kj::Promise<Status> Coordinator::recreate_missing(const std::vector<VariableState>& states) {
+  // What each task should hold, of `states`.
+  std::map<int, std::vector<std::pair<const VariableState*, const ShardState*>>> by_task;
+  for (const auto& v : states) {
+    for (const auto& s : v.shards) by_task[s.ps_task].emplace_back(&v, &s);
+  }
+  auto steps = kj::Vector<kj::Promise<Status>>();
+  for (auto& [task, shards] : by_task) {
+    int t = task;
+    steps.add(ps_.list_shards(t).then(
+        [this, t, shards = std::move(shards)](Result<std::set<std::string>> held) -> kj::Promise<Status> {
+          if (!held.ok()) return held.status();
+          auto creates = kj::Vector<kj::Promise<Status>>();
+          for (const auto& [v, s] : shards) {
+            if (held->count(s->name) == 0) creates.add(ps_.create_shard(t, s->name, s->value, v->optimizer));
+          }
+          return kj::joinPromises(creates.releaseAsArray()).then([](kj::Array<Status> statuses) {
+            for (auto& status : statuses) {
+              if (!status.ok()) return status;
+            }
+            return Status::Ok();
+          });
+        }));
+  }
+  return kj::joinPromises(steps.releaseAsArray()).then([](kj::Array<Status> statuses) {
+    for (auto& status : statuses) {
+      if (!status.ok()) return status;
+    }
+    return Status::Ok();
+  });
+}
+
+// ---- The checkpoint policy ----------------------------------------------------------
+
+void Coordinator::maybe_checkpoint() {
+  if (config_.checkpoint_dir.empty() || config_.checkpoint_every_steps <= 0) return;
+  if (closures_completed_ - completed_at_checkpoint_ < config_.checkpoint_every_steps) return;
+  save_by_policy();
+}
+
+kj::Promise<void> Coordinator::checkpoint_timer() {
+  return timer_.afterDelay(config_.checkpoint_every_seconds.count() * kj::SECONDS).then([this]() {
+    // Nothing new since the last one: nothing to save.
+    if (closures_completed_ != completed_at_checkpoint_) save_by_policy();
+    return checkpoint_timer();
+  });
+}
+
+void Coordinator::save_by_policy() {
+  if (checkpointing_ || !ps_status().ok()) return;
+  checkpointing_ = true;
+  if (policy_step_base_ < 0) {
+    // Steps go on from the newest checkpoint there (a restarted coordinator
+    // must not write older-looking ones); a quick directory listing.
+    policy_step_base_ = 0;
+    auto all = checkpoint::list_checkpoints(config_.checkpoint_dir);
+    if (all.ok() && !all->empty()) {
+      auto reader = checkpoint::CheckpointReader::open(all->back());
+      if (reader.ok()) policy_step_base_ = (*reader)->manifest().step;
+    }
+  }
+  completed_at_checkpoint_ = closures_completed_;
+  int64_t step = policy_step_base_ + closures_completed_;
+  tasks_.add(save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
+                 .then([this](Result<std::string> saved) {
+                   checkpointing_ = false;
+                   if (!saved.ok()) log_->warn("checkpoint policy: {}", saved.status().to_string());
+                 }));
+}
+
+}  // namespace capstan::coordinator

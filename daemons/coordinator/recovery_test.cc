@@ -1,0 +1,285 @@
+// Parameter-server recovery and the checkpoint policy (recovery.cc), over
+// fake workers and parameter servers.
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "checkpoint/checkpoint.h"
+#include "daemons/coordinator/coordinator.h"
+#include "daemons/coordinator/test_fakes.h"
+#include "data/test_util.h"
+
+namespace capstan::coordinator {
+namespace {
+
+using testing::Harness;
+using testing::WorkerRecord;
+
+Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
+
+std::vector<float> values_of(const Tensor& t) {
+  auto flat = t.flat<float>();
+  return {flat.begin(), flat.end()};
+}
+
+VariableRequest partitioned(std::string name, Tensor initial, int shards) {
+  VariableRequest request;
+  request.name = std::move(name);
+  request.initial = std::move(initial);
+  request.optimizer = Optimizer::adagrad(0.1);
+  request.partitioner = placement::Partitioner::fixed_shards(shards);
+  return request;
+}
+
+// Checkpoint reads and writes run on the pool: polls the loop until `done`
+// (or 10 s pass).
+template <typename Done>
+bool settle_until(Harness& h, Done done) {
+  for (int i = 0; i < 1000; ++i) {
+    h.settle();
+    if (done()) return true;
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  }
+  return false;
+}
+
+// A cluster of 2 fake PS with "w" (4 rows, 2 shards) checkpointed at step 7
+// with values 1..4 and an accumulator, then trained on.
+struct Trained {
+  explicit Trained(CoordinatorConfig config = {}, bool save = true) : h(std::move(config), /*num_ps=*/2) {
+    h.add_worker(worker);
+    h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2)).wait(h.io.waitScope).value();
+    h.ps.tasks[0].shards.at("w/part_0").slots["accumulator"] = floats({5, 6}, {2});
+    h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
+    h.ps.tasks[0].shards.at("w/part_0").step = 7;
+    h.ps.tasks[1].shards.at("w/part_1").step = 7;
+    if (save) checkpoint = h.coordinator->save_checkpoint(dir.path(), 7, 3).wait(h.io.waitScope).value();
+    // Training moves on.
+    h.ps.tasks[0].shards.at("w/part_0").value = floats({10, 20}, {2});
+    h.ps.tasks[1].shards.at("w/part_1").value = floats({30, 40}, {2});
+  }
+
+  data::testing::TempDir dir;
+  WorkerRecord worker;
+  Harness h;
+  std::string checkpoint;
+};
+
+}  // namespace
+
+TEST_CASE("a parameter server that restarts empty gets its shards back from the last checkpoint by itself",
+          "[coordinator][recovery]") {
+  Trained t;
+  Harness& h = t.h;
+  h.coordinator->schedule("train_step", "1").value();
+  h.settle();
+  REQUIRE(t.worker.runs.size() == 1);
+
+  h.ps.restart_empty(1);
+  h.settle();
+  // The program pauses: join waits instead of failing.
+  auto joined = h.coordinator->join();
+  REQUIRE(settle_until(h, [&]() { return h.coordinator->ps_recoveries() == 1; }));
+  CHECK_FALSE(joined.poll(h.io.waitScope));
+
+  // Only the lost shard went back to the checkpoint, with its slots and step.
+  const ShardContents& restored = h.ps.tasks[1].shards.at("w/part_1");
+  CHECK(values_of(restored.value) == std::vector<float>{3, 4});
+  CHECK(values_of(restored.slots.at("accumulator")) == std::vector<float>{7, 8});
+  CHECK(restored.step == 7);
+  CHECK(h.ps.tasks[1].optimizers.at("w/part_1").kind == Optimizer::Kind::kAdagrad);
+  CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{10, 20});
+
+  // The run that hit the empty server failed because of it: it runs again.
+  t.worker.reply(0, Status::NotFound("no variable 'w/part_1' on this parameter server"));
+  h.settle();
+  REQUIRE(t.worker.runs.size() == 2);
+  CHECK(t.worker.runs[1].run.args == "1");
+  CHECK(t.worker.runs[1].run.attempt == 2);
+  t.worker.reply(1, std::string("v"));
+  h.settle();
+  REQUIRE(joined.poll(h.io.waitScope));
+  CHECK(joined.wait(h.io.waitScope).ok());
+  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v");
+}
+
+TEST_CASE("a parameter server back with its shards (an outage, not a restart) is not restored",
+          "[coordinator][recovery]") {
+  Trained t;
+  Harness& h = t.h;
+  h.ps.go_down(1);
+  h.settle();
+  CHECK_FALSE(h.coordinator->done().value());  // paused, not failed
+  CHECK(h.coordinator->schedule("train_step", "1").ok());
+  h.ps.come_up(1);
+  h.settle();
+  CHECK(h.coordinator->ps_recoveries() == 0);
+  CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{30, 40});
+  REQUIRE(t.worker.runs.size() == 1);  // dispatch resumed
+}
+
+TEST_CASE("while a recoverable parameter server is down, join and fetch wait up to ps_recovery_timeout",
+          "[coordinator][recovery]") {
+  CoordinatorConfig config;
+  config.ps_recovery_timeout = std::chrono::milliseconds(2000);
+  Trained t(config);
+  Harness& h = t.h;
+  int64_t id = h.coordinator->schedule("train_step", "1").value();
+  h.settle();
+  h.ps.go_down(1);
+  h.settle();
+  auto joined = h.coordinator->join();
+  auto fetched = h.coordinator->fetch(id);
+  h.advance(std::chrono::milliseconds(1500));
+  CHECK_FALSE(joined.poll(h.io.waitScope));
+  CHECK_FALSE(fetched.poll(h.io.waitScope));
+  h.advance(std::chrono::milliseconds(700));
+  Status late = joined.wait(h.io.waitScope);
+  CHECK(late.code() == StatusCode::kUnavailable);
+  CHECK_THAT(late.message(), Catch::Contains("ps:1") && Catch::Contains("unreachable"));
+  CHECK(fetched.wait(h.io.waitScope).status().code() == StatusCode::kUnavailable);
+  CHECK(h.coordinator->schedule("train_step", "2").status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("without a checkpoint, a parameter server back empty fails calls with DataLoss saying so until a "
+          "restore by hand",
+          "[coordinator][recovery]") {
+  Trained t({}, /*save=*/false);
+  Harness& h = t.h;
+  // Without a checkpoint an outage is not waited through: Unavailable at once.
+  h.ps.go_down(1);
+  h.settle();
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kUnavailable);
+  h.ps.tasks[1].shards.clear();
+  h.ps.come_up(1);
+  h.settle();
+
+  Status joined = h.coordinator->join().wait(h.io.waitScope);
+  CHECK(joined.code() == StatusCode::kDataLoss);
+  CHECK_THAT(joined.message(), Catch::Contains("ps:1") && Catch::Contains("w/part_1") &&
+                                   Catch::Contains("no checkpoint") && Catch::Contains("checkpoint_dir"));
+  CHECK(h.coordinator->schedule("train_step", "1").status().code() == StatusCode::kDataLoss);
+  h.settle();
+  CHECK(t.worker.runs.empty());  // nothing dispatched against a server without its shards
+
+  // A checkpoint from elsewhere (an earlier run), restored by hand.
+  data::testing::TempDir other;
+  VariableState w;
+  w.name = "w";
+  w.dtype = DType::kFloat32;
+  w.shape = {4};
+  w.optimizer = Optimizer::adagrad(0.1);
+  w.shards.push_back({"w/part_0", 0, 0, 2, floats({1, 2}, {2}), {}, 3});
+  w.shards.push_back({"w/part_1", 1, 2, 2, floats({3, 4}, {2}), {}, 3});
+  REQUIRE(write_checkpoint(other.path(), 3, 3, {w}).ok());
+  REQUIRE(h.coordinator->restore_checkpoint(other.path()).wait(h.io.waitScope).ok());
+  CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
+  CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  h.coordinator->schedule("train_step", "2").value();
+  h.settle();
+  REQUIRE(t.worker.runs.size() == 1);
+  CHECK(t.worker.runs[0].run.args == "2");
+}
+
+TEST_CASE("with ps_recovery off, a parameter server back empty waits for a restore by hand", "[coordinator][recovery]") {
+  CoordinatorConfig config;
+  config.ps_recovery = false;
+  Trained t(config);
+  Harness& h = t.h;
+  h.ps.restart_empty(1);
+  h.settle();
+  Status joined = h.coordinator->join().wait(h.io.waitScope);
+  CHECK(joined.code() == StatusCode::kDataLoss);
+  CHECK_THAT(joined.message(), Catch::Contains("ps_recovery is off"));
+  CHECK(h.coordinator->ps_recoveries() == 0);
+
+  auto restored = h.coordinator->restore_checkpoint(t.checkpoint).wait(h.io.waitScope);
+  REQUIRE(restored.ok());
+  CHECK(restored->step == 7);
+  CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
+  CHECK(h.ps.tasks[1].shards.at("w/part_1").step == 7);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+}
+
+TEST_CASE("a checkpoint that lacks a lost shard's variable cannot recover it: DataLoss naming both",
+          "[coordinator][recovery]") {
+  Trained t;
+  Harness& h = t.h;
+  h.coordinator->create_variable(partitioned("later", floats({1, 2}, {2}), 2)).wait(h.io.waitScope).value();
+  h.ps.restart_empty(1);
+  REQUIRE(settle_until(h, [&]() { return h.coordinator->done().status().code() == StatusCode::kDataLoss; }));
+  Status status = h.coordinator->done().status();
+  CHECK_THAT(status.message(), Catch::Contains("ps:1") && Catch::Contains("'later'") &&
+                                   Catch::Contains("restore a checkpoint by hand"));
+}
+
+TEST_CASE("the checkpoint policy saves every N closures completed; a restarted coordinator goes on from the "
+          "newest step",
+          "[coordinator][recovery]") {
+  data::testing::TempDir dir;
+  CoordinatorConfig config;
+  config.checkpoint_dir = dir.path();
+  config.checkpoint_every_steps = 2;
+  config.checkpoint_max_to_keep = 5;
+  auto run_closures = [](Harness& h, WorkerRecord& worker, int n) {
+    for (int i = 0; i < n; ++i) {
+      h.coordinator->schedule("train_step", std::to_string(i)).value();
+      h.settle();
+      worker.reply(worker.runs.size() - 1, std::string("v"));
+      h.settle();
+    }
+  };
+  auto steps_saved = [&dir]() {
+    std::vector<int64_t> steps;
+    std::vector<std::string> paths = checkpoint::list_checkpoints(dir.path()).value();
+    for (const auto& path : paths) {
+      steps.push_back(checkpoint::CheckpointReader::open(path).value()->manifest().step);
+    }
+    return steps;
+  };
+  {
+    WorkerRecord worker;
+    Harness h(config);
+    h.add_worker(worker);
+    h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+    run_closures(h, worker, 1);
+    REQUIRE(settle_until(h, [&]() { return steps_saved().empty(); }));
+    run_closures(h, worker, 1);
+    REQUIRE(settle_until(h, [&]() { return steps_saved() == std::vector<int64_t>{2}; }));
+    run_closures(h, worker, 2);
+    REQUIRE(settle_until(h, [&]() { return steps_saved() == std::vector<int64_t>{2, 4}; }));
+    CHECK(h.coordinator->last_checkpoint() == checkpoint::latest_checkpoint(dir.path()).value());
+  }
+  WorkerRecord worker;
+  Harness h(config);
+  h.add_worker(worker);
+  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  run_closures(h, worker, 2);
+  CHECK(settle_until(h, [&]() { return steps_saved() == std::vector<int64_t>{2, 4, 6}; }));
+}
+
+TEST_CASE("checkpoint_every_seconds saves when closures completed since the last one", "[coordinator][recovery]") {
+  data::testing::TempDir dir;
+  CoordinatorConfig config;
+  config.checkpoint_dir = dir.path();
+  config.checkpoint_every_seconds = std::chrono::seconds(10);
+  WorkerRecord worker;
+  Harness h(config);
+  h.add_worker(worker);
+  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  auto saved = [&dir]() { return checkpoint::list_checkpoints(dir.path()).value().size(); };
+  h.advance(std::chrono::milliseconds(10100));
+  h.settle();
+  CHECK(saved() == 0);  // nothing ran: nothing to save
+  h.coordinator->schedule("train_step", "1").value();
+  h.settle();
+  worker.reply(0, std::string("v"));
+  h.advance(std::chrono::milliseconds(10000));
+  REQUIRE(settle_until(h, [&]() { return saved() == 1; }));
+  h.advance(std::chrono::milliseconds(10000));
+  h.settle();
+  CHECK(saved() == 1);
+}
+
+}  // namespace capstan::coordinator
