@@ -18,8 +18,6 @@
 // Medians of --runs (default 3). Checkpoints go to --dir (default: the run
 // directory under $TMPDIR). Prints figures; never fails on them.
 #include <signal.h>
-#include <sys/socket.h>
-#include <netinet/in.h>
 
 #include <algorithm>
 #include <cstdio>
@@ -36,22 +34,6 @@ namespace {
 using capstan::DType;
 using capstan::Tensor;
 namespace bench = capstan::bench;
-
-int free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  socklen_t len = sizeof(addr);
-  if (bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    close(fd);
-    return 0;
-  }
-  close(fd);
-  return ntohs(addr.sin_port);
-}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -98,7 +80,7 @@ int main(int argc, char** argv) {
   const std::string bin_dir = bench::bin_dir();
   if (dir.empty()) dir = bench::run_dir() + "/checkpoints";
 
-  const int ps1_port = free_port();
+  const int ps1_port = bench::free_port();
   auto ps0 = bench::start(bin_dir, "ps-server", "ps-0", {"--task-index", "0"});
   auto ps1 = bench::start(bin_dir, "ps-server", "ps-1", {"--task-index", "1"}, ps1_port);
   const std::string coordinator_log = bench::run_dir() + "/coordinator.log";

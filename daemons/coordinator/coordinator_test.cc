@@ -19,12 +19,8 @@ using testing::FakeWorker;
 using testing::Harness;
 using testing::WorkerRecord;
 
-Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
-
-std::vector<float> values_of(const Tensor& t) {
-  auto flat = t.flat<float>();
-  return {flat.begin(), flat.end()};
-}
+using testing::floats;
+using testing::values_of;
 
 VariableRequest variable(std::string name, Tensor initial,
                          placement::Partitioner partitioner = placement::Partitioner::none()) {

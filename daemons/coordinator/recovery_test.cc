@@ -15,12 +15,8 @@ namespace {
 using testing::Harness;
 using testing::WorkerRecord;
 
-Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
-
-std::vector<float> values_of(const Tensor& t) {
-  auto flat = t.flat<float>();
-  return {flat.begin(), flat.end()};
-}
+using testing::floats;
+using testing::values_of;
 
 VariableRequest partitioned(std::string name, Tensor initial, int shards) {
   VariableRequest request;

@@ -21,6 +21,13 @@
 
 namespace capstan::coordinator::testing {
 
+inline Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
+
+inline std::vector<float> values_of(const Tensor& t) {
+  auto flat = t.flat<float>();
+  return {flat.begin(), flat.end()};
+}
+
 // What the coordinator did to one fake worker. Owned by the test, so it
 // outlives the WorkerPeer the coordinator drops.
 struct WorkerRecord {

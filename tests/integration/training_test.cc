@@ -273,6 +273,17 @@ int ps_task_of(ClusterCoordinator& client, const std::string& name) {
   return -1;
 }
 
+// join() until it answers DataLoss (a PS back without its shards and no
+// recovery), for up to 20 s; its last answer.
+Status join_until_data_loss(ClusterCoordinator& client) {
+  Status joined;
+  wait_until([&]() {
+    joined = client.join();
+    return joined.code() == StatusCode::kDataLoss;
+  }, 20s);
+  return joined;
+}
+
 // kill -9 the PS task `task` of `t` and start it again on its port, empty.
 void restart_ps(Training& t, int task) {
   uint16_t port = t.ps[static_cast<size_t>(task)]->rpc_port();
@@ -354,11 +365,8 @@ TEST_CASE("without a checkpoint a parameter server that restarted empty is DataL
   REQUIRE(t.client->join().ok());
   const int task = ps_task_of(*t.client, "counter");
   restart_ps(t, task);
-  Status joined;
-  REQUIRE(wait_until([&]() {
-    joined = t.client->join();
-    return joined.code() == StatusCode::kDataLoss;
-  }, 20s));
+  Status joined = join_until_data_loss(*t.client);
+  REQUIRE(joined.code() == StatusCode::kDataLoss);
   CHECK_THAT(joined.message(), Catch::Contains("ps:" + std::to_string(task)) && Catch::Contains("counter") &&
                                    Catch::Contains("no checkpoint"));
 }
@@ -375,11 +383,8 @@ TEST_CASE("restoring by hand after a parameter server restarted empty recreates 
   REQUIRE(t.client->join().ok());
   const int task = ps_task_of(*t.client, "counter");
   restart_ps(t, task);
-  Status joined;
-  REQUIRE(wait_until([&]() {
-    joined = t.client->join();
-    return joined.code() == StatusCode::kDataLoss;
-  }, 20s));
+  Status joined = join_until_data_loss(*t.client);
+  REQUIRE(joined.code() == StatusCode::kDataLoss);
   CHECK_THAT(joined.message(), Catch::Contains("ps_recovery is off"));
 
   REQUIRE(manager.restore_latest().value() == 20);
