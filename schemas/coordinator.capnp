@@ -116,4 +116,10 @@ interface Coordinator extends(Common.Node) {
   readMirrored @18 (strategy :Text, name :Text) -> (value :Common.Tensor, step :Int64);
   # The group and every replica's step and checksum.
   strategyStatus @19 (strategy :Text) -> (epoch :Int64, steps :Int64, replicas :List(ReplicaInfo));
+  # A worker that is leaving (SIGTERM: preemption, a rolling restart): it
+  # gets no more closures or steps; returns once the closures it runs have
+  # finished and their results are in, a checkpoint is saved when the
+  # coordinator's checkpoint_dir is set (checkpoint_on_preemption), and it
+  # is no longer counted. NOT_FOUND for an unknown worker id.
+  leaveWorker @20 (workerId :Int64, reason :Text) -> ();
 }

@@ -523,7 +523,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   boost::asio::thread_pool pool(pool_threads);
   uint64_t max_message_bytes = static_cast<uint64_t>(max_message_mib) << 20;
   DaemonContext context{config, identity, metrics, pool, log,
-                        rpc::codec_options_for(max_message_bytes), nullptr, {}, {}, nullptr, {}};
+                        rpc::codec_options_for(max_message_bytes), nullptr, {}, {}, nullptr, {}, {}};
   context.peers = *peers;
   context.functions = &functions;
   context.peer_options.token = token.value_or("");
@@ -633,8 +633,24 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   log->info("received {}, shutting down (up to {} ms for calls in flight)",
             signal_number == SIGTERM ? "SIGTERM" : "SIGINT", grace_ms);
   readiness.set_stopping();
+  if (!context.on_drain.empty()) {
+    try {
+      server.loop().run_sync([&]() -> kj::Promise<void> {
+        auto drains = kj::heapArrayBuilder<kj::Promise<void>>(context.on_drain.size());
+        for (auto& drain : context.on_drain) drains.add(drain());
+        return kj::joinPromises(drains.finish())
+            .exclusiveJoin(server.loop().timer().afterDelay(grace_ms * kj::MILLISECONDS).then([&log, grace_ms]() {
+              log->warn("draining took longer than shutdown_grace_ms {}; stopping anyway", grace_ms);
+            }));
+      });
+    } catch (const kj::Exception& e) {
+      log->warn("draining failed: {}", e.getDescription().cStr());
+    }
+  }
+  const int64_t drained_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                 std::chrono::steady_clock::now() - started).count();
   server.loop().run_sync([&]() { watcher = nullptr; });
-  server.stop(std::chrono::milliseconds(grace_ms), &pool, [&context]() {
+  server.stop(std::chrono::milliseconds(std::max<int64_t>(grace_ms - drained_ms, 0)), &pool, [&context]() {
     for (auto& hook : context.on_stop) hook();
   });
   http.stop();

@@ -96,6 +96,11 @@ struct DaemonContext {
   // before_release): a service closes here the connections that hold a
   // capability to itself.
   std::vector<std::function<void()>> on_stop;
+  // Run on the loop thread when SIGTERM/SIGINT arrives, before the server
+  // stops taking calls; the shutdown waits for their promises (within
+  // shutdown_grace_ms): a worker leaves the coordinator here, the
+  // coordinator lets its running closures finish.
+  std::vector<std::function<kj::Promise<void>()>> on_drain;
 };
 
 struct RoleSpec {

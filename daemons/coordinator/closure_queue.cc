@@ -56,6 +56,12 @@ bool ClosureQueue::complete(int64_t id, int64_t worker, Result<std::string> resu
   return true;
 }
 
+int64_t ClosureQueue::running_on(int64_t worker) const {
+  int64_t n = 0;
+  for (int64_t id : running_) n += records_.at(id).worker == worker ? 1 : 0;
+  return n;
+}
+
 std::vector<int64_t> ClosureQueue::worker_failed(int64_t worker) {
   std::vector<int64_t> requeued;
   for (int64_t id : running_) {

@@ -83,6 +83,8 @@ class ClosureQueue {
   bool idle() const { return queue_.empty() && running_.empty(); }
   int64_t queued() const { return static_cast<int64_t>(queue_.size()); }
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  // Closures running on `worker`.
+  int64_t running_on(int64_t worker) const;
 
   // State of a closure; NotFound for an unknown or released id.
   Result<State> state(int64_t id) const;

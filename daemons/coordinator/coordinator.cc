@@ -169,7 +169,7 @@ void Coordinator::cancel_runs() {
 
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return kj::READY_NOW;
+  if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
   if (!ps_status().ok()) return changed().then([this, worker_id]() { return lane(worker_id); });
   auto closure = queue_.next(worker_id);
   if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
@@ -403,6 +403,7 @@ Placements Coordinator::placements() const {
 
 Result<int64_t> Coordinator::schedule(const std::string& function, std::string args) {
   if (queue_.has_error()) return queue_.take_error();
+  if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
   if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_status());
   if (!workers_.empty() && !any_worker_has(function)) {

@@ -45,6 +45,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -93,6 +94,9 @@ struct CoordinatorConfig {
   // How long join/fetch wait for a lost parameter server that can be
   // recovered before they fail with Unavailable.
   std::chrono::milliseconds ps_recovery_timeout{300000};
+  // With checkpoint_dir: a worker leaving or the coordinator stopping
+  // (SIGTERM) saves a checkpoint once the running closures have finished.
+  bool checkpoint_on_preemption = true;
 
   // InvalidArgument naming the key and the value. Defined with the service
   // (service.cc), which links the daemon's configuration.
@@ -282,6 +286,17 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int worker_task_index(int64_t worker_id) const;
   // Whether `worker_id` is still counted (a dropped worker registers again).
   bool worker_alive(int64_t worker_id) const;
+  // Preemption (TF's PreemptionCheckpointHandler, without its limits): the
+  // worker gets no more closures or steps; resolves once the closures it
+  // runs have finished (their results kept), a checkpoint was saved when
+  // checkpoint_dir is set and checkpoint_on_preemption holds, and the worker
+  // is no longer counted. NotFound for an unknown id.
+  kj::Promise<Status> leave_worker(int64_t worker_id, std::string reason);
+  // The coordinator's own SIGTERM: no more dispatch; resolves once every
+  // running closure and step has finished and, as above, a checkpoint was
+  // saved. Closures still queued are not run (they are lost with this
+  // process: the coordinator is not durable yet).
+  kj::Promise<void> drain(std::string reason);
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // Every function the registered workers have (union).
   std::set<std::string> closure_names() const;
@@ -356,6 +371,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     int task_index = 0;
     std::unique_ptr<WorkerPeer> peer;
     std::set<std::string> functions;
+    bool leaving = false;  // leave_worker(): no more closures or steps
   };
   struct Shard {
     std::string name;
@@ -461,6 +477,10 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void maybe_checkpoint();
   kj::Promise<void> checkpoint_timer();
   void save_by_policy();
+  // leave_worker/drain: resolves when `idle()` holds (checked at every change).
+  kj::Promise<void> until(std::function<bool()> idle);
+  // With checkpoint_dir and checkpoint_on_preemption: saves one now.
+  kj::Promise<void> checkpoint_before_leaving(std::string why);
 
   bool any_worker_has(const std::string& name) const;
   kj::Promise<void> lane(int64_t worker_id);
@@ -505,6 +525,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t completed_at_checkpoint_ = 0;
   int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
   bool checkpointing_ = false;
+  bool draining_ = false;  // drain(): nothing more is dispatched
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;

@@ -46,6 +46,10 @@ int main(int argc, char** argv) {
        "Restore a parameter server that comes back without its shards from the latest checkpoint, by itself; "
        "the program pauses meanwhile. false: calls fail with DataLoss until a checkpoint is restored by hand.",
        "true"},
+      {"checkpoint_on_preemption", OptionType::kBool,
+       "With checkpoint_dir: when a worker leaves (its SIGTERM) or the coordinator gets SIGTERM, save a checkpoint "
+       "once the running closures have finished.",
+       "true"},
       {"ps_recovery_timeout_ms", OptionType::kInt,
        "While a lost parameter server can be recovered, join/fetch wait this long for it before they fail with "
        "Unavailable.",

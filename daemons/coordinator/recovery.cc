@@ -1,5 +1,6 @@
-// Parameter-server health and recovery, and the checkpoint policy (see
-// "Parameter servers" in coordinator.h).
+// Parameter-server health and recovery, the checkpoint policy, and
+// preemption (a worker leaving, the coordinator stopping); see "Parameter
+// servers" in coordinator.h.
 //
 // A parameter server's life as the coordinator sees it:
 //   kDown        unreachable (at start, or its link broke): dispatch pauses
@@ -300,6 +301,94 @@ void Coordinator::save_by_policy() {
                    checkpointing_ = false;
                    if (!saved.ok()) log_->warn("checkpoint policy: {}", saved.status().to_string());
                  }));
+}
+
+// ---- Preemption ------------------------------------------------------------------------
+
+kj::Promise<void> Coordinator::until(std::function<bool()> idle) {
+  if (idle()) return kj::READY_NOW;
+  return changed().then([this, idle = std::move(idle)]() mutable { return until(std::move(idle)); });
+}
+
+kj::Promise<void> Coordinator::checkpoint_before_leaving(std::string why) {
+  if (config_.checkpoint_dir.empty() || !config_.checkpoint_on_preemption) return kj::READY_NOW;
+  if (policy_step_base_ < 0) {
+    policy_step_base_ = 0;
+    auto all = checkpoint::list_checkpoints(config_.checkpoint_dir);
+    if (all.ok() && !all->empty()) {
+      auto reader = checkpoint::CheckpointReader::open(all->back());
+      if (reader.ok()) policy_step_base_ = (*reader)->manifest().step;
+    }
+  }
+  // After a policy save in flight, which holds the same step otherwise.
+  return until([this]() { return !checkpointing_; }).then([this, why = std::move(why)]() {
+    checkpointing_ = true;
+    completed_at_checkpoint_ = closures_completed_;
+    int64_t step = policy_step_base_ + closures_completed_;
+    return save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
+        .then([this, why](Result<std::string> saved) {
+          checkpointing_ = false;
+          if (saved.ok()) {
+            log_->info("{}: saved checkpoint {}", why, *saved);
+          } else {
+            log_->warn("{}: no checkpoint: {}", why, saved.status().to_string());
+          }
+        });
+  });
+}
+
+kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string reason) {
+  auto it = workers_.find(worker_id);
+  if (it == workers_.end()) {
+    return Status::NotFound("leaveWorker: no worker " + std::to_string(worker_id) +
+                            " (it was dropped, or registered with another coordinator)");
+  }
+  it->second.leaving = true;
+  log_->info("worker {} (task {}) is leaving ({}): no more closures; waiting for its {} running closure(s)", worker_id,
+             it->second.task_index, reason, queue_.running_on(worker_id));
+  notify();  // its idle lanes end
+  auto idle = [this, worker_id]() {
+    if (workers_.count(worker_id) == 0) return true;  // dropped meanwhile
+    if (queue_.running_on(worker_id) > 0) return false;
+    for (const auto& [name, strategy] : strategies_) {
+      if (*strategy.busy && std::count(strategy.members.begin(), strategy.members.end(), worker_id) > 0) {
+        return false;
+      }
+    }
+    return true;
+  };
+  std::string why = "worker " + std::to_string(worker_id) + " leaving";
+  return until(idle)
+      .then([this, why]() { return checkpoint_before_leaving(why); })
+      .then([this, worker_id, reason]() {
+        auto found = workers_.find(worker_id);
+        if (found == workers_.end()) return Status::Ok();
+        int task = found->second.task_index;
+        workers_.erase(found);
+        auto waiting = drop_waiters_.find(worker_id);
+        if (waiting != drop_waiters_.end()) {
+          for (auto& w : waiting->second) w->fulfill();
+          drop_waiters_.erase(waiting);
+        }
+        log_->info("worker {} (task {}) left ({}); its closures finished", worker_id, task, reason);
+        notify();
+        return Status::Ok();
+      });
+}
+
+kj::Promise<void> Coordinator::drain(std::string reason) {
+  draining_ = true;
+  log_->info("{}: no more dispatch; waiting for {} running closure(s); {} queued closure(s) will not run", reason,
+             queue_.running(), queue_.queued());
+  notify();
+  return until([this]() {
+           if (queue_.running() > 0) return false;
+           for (const auto& [name, strategy] : strategies_) {
+             if (*strategy.busy) return false;
+           }
+           return true;
+         })
+      .then([this, reason]() { return checkpoint_before_leaving(reason); });
 }
 
 }  // namespace capstan::coordinator

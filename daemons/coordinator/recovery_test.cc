@@ -279,3 +279,77 @@ TEST_CASE("checkpoint_every_seconds saves when closures completed since the last
 }
 
 }  // namespace capstan::coordinator
+
+namespace capstan::coordinator {
+
+// ---- Preemption -------------------------------------------------------------------------------
+
+TEST_CASE("a leaving worker finishes its running closures, gets no more, and is then no longer counted",
+          "[coordinator][preemption]") {
+  data::testing::TempDir dir;
+  CoordinatorConfig config;
+  config.checkpoint_dir = dir.path();
+  WorkerRecord a, b;
+  Harness h(config);
+  int64_t id_a = h.add_worker(a);
+  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  for (int i = 0; i < 3; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+
+  auto left = h.coordinator->leave_worker(id_a, "SIGTERM");
+  h.settle();
+  CHECK_FALSE(left.poll(h.io.waitScope));  // its closure still runs
+  a.reply(0, std::string("v0"));
+  REQUIRE(settle_until(h, [&]() { return left.poll(h.io.waitScope); }));
+  CHECK(left.wait(h.io.waitScope).ok());
+  CHECK(a.runs.size() == 1);  // nothing more was sent to it
+  CHECK_FALSE(h.coordinator->worker_alive(id_a));
+  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v0");
+  // The checkpoint taken on its way out, after its closure finished.
+  auto saved = checkpoint::list_checkpoints(dir.path()).value();
+  REQUIRE(saved.size() == 1);
+  CHECK(checkpoint::CheckpointReader::open(saved[0]).value()->manifest().step == 1);
+
+  // The queued closures go to the workers that stay.
+  h.add_worker(b);
+  h.settle();
+  REQUIRE(b.runs.size() == 1);
+  CHECK(b.runs[0].run.args == "1");
+  CHECK(b.runs[0].run.attempt == 1);
+
+  auto unknown = h.coordinator->leave_worker(12345, "SIGTERM").wait(h.io.waitScope);
+  CHECK(unknown.code() == StatusCode::kNotFound);
+  CHECK_THAT(unknown.message(), Catch::Contains("12345"));
+}
+
+TEST_CASE("a draining coordinator lets running closures finish, refuses new ones and checkpoints",
+          "[coordinator][preemption]") {
+  data::testing::TempDir dir;
+  CoordinatorConfig config;
+  config.checkpoint_dir = dir.path();
+  config.closures_per_worker = 2;
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  for (int i = 0; i < 4; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
+  h.settle();
+  REQUIRE(a.runs.size() == 2);
+
+  auto drained = h.coordinator->drain("SIGTERM");
+  h.settle();
+  CHECK(h.coordinator->schedule("train_step", "late").status().code() == StatusCode::kUnavailable);
+  a.reply(0, std::string("v0"));
+  h.settle();
+  CHECK(a.runs.size() == 2);  // no new dispatch
+  CHECK_FALSE(drained.poll(h.io.waitScope));
+  a.reply(1, std::string("v1"));
+  REQUIRE(settle_until(h, [&]() { return drained.poll(h.io.waitScope); }));
+  drained.wait(h.io.waitScope);
+  auto saved = checkpoint::list_checkpoints(dir.path()).value();
+  REQUIRE(saved.size() == 1);
+  CHECK(checkpoint::CheckpointReader::open(saved[0]).value()->manifest().step == 2);
+}
+
+}  // namespace capstan::coordinator

@@ -86,6 +86,7 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
   }
   out.checkpoint_max_to_keep = static_cast<int>(config.get_int("checkpoint_max_to_keep"));
   out.ps_recovery = config.get_bool("ps_recovery");
+  out.checkpoint_on_preemption = config.get_bool("checkpoint_on_preemption");
   out.ps_recovery_timeout = std::chrono::milliseconds(config.get_int("ps_recovery_timeout_ms"));
   out.expected_workers = config.get_int("num_workers") > 0
                              ? static_cast<int>(config.get_int("num_workers"))
@@ -98,7 +99,11 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
       config_(CoordinatorConfig::from(ctx.config).value()),  // checked by main() before
       parameter_servers_(ctx.loop->io(), ctx.loop->timer(), config_.ps, ctx.peer_options, ctx.codec),
       core_(config_, parameter_servers_, ctx.loop->timer(), ctx.pool, ctx.log),
-      rendezvous_(ctx.loop->timer()) {}
+      rendezvous_(ctx.loop->timer()) {
+  // SIGTERM: the running closures finish (and a checkpoint is saved when
+  // checkpoint_dir is set) before the coordinator stops taking calls.
+  ctx.on_drain.push_back([this]() { return core_.drain("SIGTERM"); });
+}
 
 CoordinatorService::~CoordinatorService() = default;
 
@@ -115,6 +120,14 @@ kj::Promise<void> CoordinatorService::registerWorker(RegisterWorkerContext conte
         context.getResults().setWorkerId(id);
         context.getResults().setTaskIndex(core_.worker_task_index(id));
       });
+}
+
+kj::Promise<void> CoordinatorService::leaveWorker(LeaveWorkerContext context) {
+  auto params = context.getParams();
+  if (params.getReason().size() > 1024) rpc::check(Status::InvalidArgument("leaveWorker: reason longer than 1 KiB"));
+  return core_.leave_worker(params.getWorkerId(), text(params.getReason())).then([](Status status) {
+    rpc::check(status);
+  });
 }
 
 kj::Promise<void> CoordinatorService::workerAlive(WorkerAliveContext context) {

@@ -42,6 +42,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> runStep(RunStepContext context) override;
   kj::Promise<void> readMirrored(ReadMirroredContext context) override;
   kj::Promise<void> strategyStatus(StrategyStatusContext context) override;
+  kj::Promise<void> leaveWorker(LeaveWorkerContext context) override;
 
  private:
   const CoordinatorConfig config_;

@@ -76,7 +76,7 @@ bool Coordinator::is_mirrored(const std::string& variable) const {
 std::vector<int64_t> Coordinator::replica_candidates(const std::string& function) const {
   std::vector<std::pair<int, int64_t>> found;
   for (const auto& [id, worker] : workers_) {
-    if (worker.functions.count(function) != 0) found.emplace_back(worker.task_index, id);
+    if (worker.functions.count(function) != 0 && !worker.leaving) found.emplace_back(worker.task_index, id);
   }
   std::sort(found.begin(), found.end());
   std::vector<int64_t> ids;
@@ -179,6 +179,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
   auto found = find_strategy(name);
   if (!found.ok()) return Out(found.status());
   Strategy& s = **found;
+  if (draining_) return Out(Status::Unavailable("runStep: the coordinator is shutting down (SIGTERM)"));
   if (!workers_.empty() && !any_worker_has(function)) {
     return Out(Status::NotFound("runStep: no worker has a closure named '" + function + "'"));
   }

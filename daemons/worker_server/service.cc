@@ -59,6 +59,27 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx)
     tasks_ = nullptr;
     coordinator_ = nullptr;
   });
+  // SIGTERM (preemption, a rolling restart): leave the coordinator first, so
+  // that the closures running here finish and none is sent any more.
+  ctx.on_drain.push_back([this]() { return leave_coordinator(); });
+}
+
+kj::Promise<void> WorkerService::leave_coordinator() {
+  tasks_ = kj::heap<kj::TaskSet>(static_cast<kj::TaskSet::ErrorHandler&>(*this));  // no registering again
+  if (worker_id_ == 0 || !coordinator_->connected()) return kj::READY_NOW;
+  ctx_.log->info("leaving the coordinator as worker {}: the closures running here finish first", worker_id_);
+  return coordinator_->service<wire::Coordinator>(ctx_.loop->timer().now() + 2 * kj::SECONDS)
+      .then([this](wire::Coordinator::Client coordinator) {
+        auto request = coordinator.leaveWorkerRequest();
+        request.setWorkerId(worker_id_);
+        request.setReason("SIGTERM");
+        return request.send().ignoreResult();
+      })
+      .then([this]() { ctx_.log->info("left the coordinator"); },
+            [this](kj::Exception&& e) {
+              ctx_.log->warn("leaving the coordinator failed ({}); its running closures run again elsewhere",
+                             rpc::from_exception(e).to_string());
+            });
 }
 
 WorkerService::~WorkerService() = default;

@@ -47,6 +47,9 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   // Resolves when this worker must register again: the link broke, or the
   // coordinator no longer counts it (it stopped answering pings for a while).
   kj::Promise<void> until_dropped();
+  // At SIGTERM: leaveWorker, which returns once this worker's running
+  // closures are done; no registering again afterwards.
+  kj::Promise<void> leave_coordinator();
 
   kj::Own<rpc::Connection> coordinator_;
   std::shared_ptr<VariableRouter> router_;
