@@ -82,6 +82,22 @@ case "$mode" in
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
     fi
+    # The side-car evaluator, on that checkpoint in its own memory (no PS),
+    # finds the accuracy the program measured through the cluster.
+    if ! timeout 120 "$bin_dir/evaluator" --once --checkpoint-dir "$run_dir/checkpoints" --module "$module" \
+      --closure census_evaluate --arg "string:$repo_root/examples/census/data/adult.test.gz" --arg int64:1 \
+      --arg int64:0 --metrics-file "$run_dir/metrics.jsonl" >"$run_dir/evaluator.out" 2>&1; then
+      cat "$run_dir/evaluator.out"
+      result fail "evaluator --once failed"
+    fi
+    cat "$run_dir/evaluator.out"
+    program_accuracy=$(sed -n 's/^epoch .* test: accuracy \([0-9.]*\) .*/\1/p' "$output_file" | tail -n 1)
+    evaluator_accuracy=$(sed -n 's/.*"accuracy":\([0-9.e-]*\).*/\1/p' "$run_dir/metrics.jsonl")
+    evaluator_examples=$(sed -n 's/.*"examples":\([0-9]*\).*/\1/p' "$run_dir/metrics.jsonl")
+    if [[ -z $evaluator_accuracy || $(printf '%.4f' "$evaluator_accuracy") != "$program_accuracy" ||
+      $evaluator_examples != 16281 ]]; then
+      result fail "the evaluator's accuracy '$evaluator_accuracy' over '$evaluator_examples' examples is not the program's '$program_accuracy' over 16281"
+    fi
     ;;
   sync | hybrid)
     # sync runs the pipeline in each replica; hybrid reads from the data service.

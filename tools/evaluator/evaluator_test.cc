@@ -1,0 +1,133 @@
+#include "tools/evaluator/evaluator.h"
+
+#include <catch2/catch.hpp>
+#include <cmath>
+
+#include "capstan/data/dataset.h"
+#include "daemons/coordinator/checkpointing.h"
+#include "data/test_util.h"
+
+namespace capstan::evaluator {
+namespace {
+
+Tensor floats(std::vector<float> values, Shape shape) { return Tensor::from_vector(values, shape).value(); }
+
+// A checkpoint of "w" (float32[2]) and "emb" (float32[3, 2], 2 shards).
+std::string write_model(const std::string& dir) {
+  coordinator::VariableState w;
+  w.name = "w";
+  w.dtype = DType::kFloat32;
+  w.shape = {2};
+  w.shards.push_back({"w", 0, 0, 2, floats({0.5f, -1}, {2}), {}, 9});
+  coordinator::VariableState emb;
+  emb.name = "emb";
+  emb.dtype = DType::kFloat32;
+  emb.shape = {3, 2};
+  emb.shards.push_back({"emb/part_0", 0, 0, 2, floats({0, 1, 2, 3}, {2, 2}), {}, 9});
+  emb.shards.push_back({"emb/part_1", 1, 2, 1, floats({4, 5}, {1, 2}), {}, 9});
+  return coordinator::write_checkpoint(dir, 9, 3, {w, emb}).value();
+}
+
+void register_functions(FunctionRegistry& functions) {
+  // Predictions for 4 examples from the checkpoint's values: 3 right, and
+  // a count to sum.
+  functions.register_closure("eval", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor w, ctx.read("w"));
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, ctx.gather("emb", Tensor::from_vector<int64_t>({2, 0}, {2}).value()));
+    if (w.flat<float>()[0] != 0.5f || rows.flat<float>()[0] != 4 || rows.flat<float>()[3] != 1) {
+      return Status::Internal("unexpected values");
+    }
+    return Element{{floats({0.9f, 0.2f, 0.7f, 0.4f}, {4}), floats({1, 0, 1, 1}, {4}), Tensor::scalar<int64_t>(2)},
+                   {"probabilities", "labels", "batches"}};
+  });
+  functions.register_closure("train", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("w", floats({1, 1}, {2})));
+    return Element{};
+  });
+  functions.register_closure("missing", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    CAPSTAN_RETURN_IF_ERROR(ctx.read("no_such").status());
+    return Element{};
+  });
+  // The number of rows of the next batch of the dataset.
+  functions.register_closure("count_rows", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * it, ctx.iterator(Tensor()));
+    CAPSTAN_ASSIGN_OR_RETURN(auto next, it->get_next());
+    if (!next) return Status::OutOfRange("end");
+    return Element{{Tensor::scalar<double>(static_cast<double>(next->components[0].shape()[0]))}, {"rows"}};
+  });
+  functions.register_dataset_function("five", [](const InputContext&) { return data::Dataset::range(5).batch(2); });
+}
+
+double metric(const Metrics& m, const std::string& name) {
+  for (const auto& [n, v] : m.values) {
+    if (n == name) return v;
+  }
+  FAIL("no metric " << name);
+  return 0;
+}
+
+}  // namespace
+
+TEST_CASE("the evaluator runs a closure against a checkpoint in memory and sums its metrics", "[evaluator]") {
+  data::testing::TempDir dir;
+  std::string path = write_model(dir.path());
+  FunctionRegistry functions;
+  register_functions(functions);
+  EvaluatorOptions options;
+  options.closure = "eval";
+  options.steps = 3;
+  auto m = evaluate_checkpoint(functions, path, options);
+  REQUIRE(m.ok());
+  CHECK(m->step == 9);
+  CHECK(m->calls == 3);
+  CHECK(metric(*m, "accuracy") == Approx(0.75));
+  CHECK(metric(*m, "examples") == 12);
+  // Positives 0.9, 0.7, 0.4 against the negative 0.2: every pair ordered.
+  CHECK(metric(*m, "auc") == Approx(1.0));
+  double expected_loss = -(std::log(0.9) + std::log(0.8) + std::log(0.7) + std::log(0.4)) / 4;
+  CHECK(metric(*m, "log_loss") == Approx(expected_loss).epsilon(1e-5));
+  CHECK(metric(*m, "batches") == 6);
+  CHECK(metrics_json(*m).find("\"step\":9,\"accuracy\":0.75") != std::string::npos);
+}
+
+TEST_CASE("the evaluator never trains and names what is missing", "[evaluator]") {
+  data::testing::TempDir dir;
+  std::string path = write_model(dir.path());
+  FunctionRegistry functions;
+  register_functions(functions);
+  EvaluatorOptions options;
+  options.closure = "train";
+  auto trained = evaluate_checkpoint(functions, path, options);
+  CHECK(trained.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(trained.status().message(), Catch::Contains("does not update variables ('w')"));
+  options.closure = "missing";
+  auto missing = evaluate_checkpoint(functions, path, options);
+  CHECK(missing.status().code() == StatusCode::kNotFound);
+  CHECK_THAT(missing.status().message(), Catch::Contains("no_such") && Catch::Contains(path));
+  options.closure = "nope";
+  CHECK_THAT(evaluate_checkpoint(functions, path, options).status().message(),
+             Catch::Contains("'nope'") && Catch::Contains("count_rows"));
+  options.closure = "eval";
+  CHECK(evaluate_checkpoint(functions, dir.path() + "/ckpt-404", options).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("with a dataset function the closure runs until the dataset ends", "[evaluator]") {
+  data::testing::TempDir dir;
+  std::string path = write_model(dir.path());
+  FunctionRegistry functions;
+  register_functions(functions);
+  EvaluatorOptions options;
+  options.closure = "count_rows";
+  options.dataset_function = "five";
+  options.steps = 0;
+  auto m = evaluate_checkpoint(functions, path, options);
+  REQUIRE(m.ok());
+  CHECK(m->calls == 3);
+  CHECK(metric(*m, "rows") == 5);
+  options.steps = 2;
+  CHECK(evaluate_checkpoint(functions, path, options).value().calls == 2);
+  options.dataset_function = "";
+  CHECK(evaluate_checkpoint(functions, path, options).status().code() == StatusCode::kFailedPrecondition);
+}
+
+}  // namespace capstan::evaluator
