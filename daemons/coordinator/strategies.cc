@@ -413,6 +413,9 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
   const int64_t epoch = s.epoch;
   const std::string name = s.name;
   auto outcomes = kj::heapArrayBuilder<kj::Promise<ClosureOutcome>>(members.size());
+  // The order the members' answers arrive in: the first error is the cause,
+  // the later ones mostly its consequences.
+  auto arrivals = std::make_shared<std::vector<size_t>>();
   for (size_t r = 0; r < members.size(); ++r) {
     const int64_t id = members[r];
     auto it = workers_.find(id);
@@ -437,7 +440,8 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
                                                                    " was dropped (it stopped answering pings)"),
                                                true};
                        }))
-                       .then([this, members, name, epoch, r](ClosureOutcome o) {
+                       .then([this, members, name, epoch, r, arrivals](ClosureOutcome o) {
+                         arrivals->push_back(r);
                          if (!o.result.ok()) {
                            // The others may wait for this one in a collective:
                            // abort their group so that they fail now (a
@@ -462,11 +466,26 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
     outcomes.add(kj::mv(outcome));
   }
   Strategy* strategy = &s;
-  return kj::joinPromises(outcomes.finish()).then([this, strategy, members, epoch](kj::Array<ClosureOutcome> all) -> Out {
+  return kj::joinPromises(outcomes.finish()).then([this, strategy, members, epoch, arrivals](
+                                                       kj::Array<ClosureOutcome> all) -> Out {
     Strategy& s = *strategy;
     std::vector<std::string> lost;
     Status first_lost, first_error;
+    // A closure's own error beats what its peers saw because of it: their
+    // group aborted mid-operation (Unavailable, Aborted) or before their
+    // next one (FailedPrecondition "... was aborted after: ...", the
+    // communicator's words for a call on an aborted group). Among equals,
+    // the one that arrived first.
+    auto consequence = [](const Status& e) {
+      return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted ||
+             (e.code() == StatusCode::kFailedPrecondition && e.message().find("was aborted after") != std::string::npos);
+    };
+    // Members that had no answer to wait for (dropped before the step) last.
+    std::vector<size_t> order = *arrivals;
     for (size_t r = 0; r < all.size(); ++r) {
+      if (std::find(order.begin(), order.end(), r) == order.end()) order.push_back(r);
+    }
+    for (size_t r : order) {
       const auto& o = all[r];
       if (o.worker_lost) {
         lost.push_back("worker " + std::to_string(members[r]) + " (task " +
@@ -474,11 +493,6 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
         if (first_lost.ok()) first_lost = o.result.status();
         drop_worker(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
       } else if (!o.result.ok()) {
-        // A closure's own error beats what its peers saw because of it
-        // (their group aborted: Unavailable or Aborted).
-        auto consequence = [](const Status& e) {
-          return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted;
-        };
         if (first_error.ok() || (consequence(first_error) && !consequence(o.result.status()))) {
           first_error = o.result.status();
         }

@@ -198,3 +198,29 @@ TEST_CASE("a step waits for min_replicas workers, then says how many came", "[co
 
 }  // namespace
 }  // namespace capstan::coordinator
+
+namespace capstan::coordinator {
+
+TEST_CASE("a replica's own error is the step's, not the aborted-group errors its peers answer after it",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  h.add_worker(b, {"sync_step"}, 1);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config(2)).ok());
+  auto running = step(h);
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  REQUIRE(b.runs.size() == 1);
+  // b fails on its own; the coordinator aborts a's group; a's next
+  // collective finds it aborted.
+  b.reply(0, Status::InvalidArgument("replica 1 refuses its batch"));
+  h.settle();
+  REQUIRE(a.aborts.size() == 1);
+  a.reply(0, Status::FailedPrecondition("the collective group (generation 1) was aborted after: ABORTED: ..."));
+  auto outcome = running.wait(h.io.waitScope);
+  CHECK(outcome.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(outcome.status().message(), Catch::Contains("refuses its batch"));
+}
+
+}  // namespace capstan::coordinator
