@@ -477,6 +477,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void maybe_checkpoint();
   kj::Promise<void> checkpoint_timer();
   void save_by_policy();
+  // The step of the coordinator's next own checkpoint: the newest step in
+  // checkpoint_dir when it started, plus the closures completed since.
+  int64_t policy_step();
   // leave_worker/drain: resolves when `idle()` holds (checked at every change).
   kj::Promise<void> until(std::function<bool()> idle);
   // With checkpoint_dir and checkpoint_on_preemption: saves one now.

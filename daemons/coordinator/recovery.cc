@@ -281,9 +281,7 @@ kj::Promise<void> Coordinator::checkpoint_timer() {
   });
 }
 
-void Coordinator::save_by_policy() {
-  if (checkpointing_ || !ps_status().ok()) return;
-  checkpointing_ = true;
+int64_t Coordinator::policy_step() {
   if (policy_step_base_ < 0) {
     // Steps go on from the newest checkpoint there (a restarted coordinator
     // must not write older-looking ones); a quick directory listing.
@@ -294,8 +292,14 @@ void Coordinator::save_by_policy() {
       if (reader.ok()) policy_step_base_ = (*reader)->manifest().step;
     }
   }
+  return policy_step_base_ + closures_completed_;
+}
+
+void Coordinator::save_by_policy() {
+  if (checkpointing_ || !ps_status().ok()) return;
+  checkpointing_ = true;
   completed_at_checkpoint_ = closures_completed_;
-  int64_t step = policy_step_base_ + closures_completed_;
+  int64_t step = policy_step();
   tasks_.add(save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
                  .then([this](Result<std::string> saved) {
                    checkpointing_ = false;
@@ -312,19 +316,11 @@ kj::Promise<void> Coordinator::until(std::function<bool()> idle) {
 
 kj::Promise<void> Coordinator::checkpoint_before_leaving(std::string why) {
   if (config_.checkpoint_dir.empty() || !config_.checkpoint_on_preemption) return kj::READY_NOW;
-  if (policy_step_base_ < 0) {
-    policy_step_base_ = 0;
-    auto all = checkpoint::list_checkpoints(config_.checkpoint_dir);
-    if (all.ok() && !all->empty()) {
-      auto reader = checkpoint::CheckpointReader::open(all->back());
-      if (reader.ok()) policy_step_base_ = (*reader)->manifest().step;
-    }
-  }
   // After a policy save in flight, which holds the same step otherwise.
   return until([this]() { return !checkpointing_; }).then([this, why = std::move(why)]() {
     checkpointing_ = true;
     completed_at_checkpoint_ = closures_completed_;
-    int64_t step = policy_step_base_ + closures_completed_;
+    int64_t step = policy_step();
     return save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
         .then([this, why](Result<std::string> saved) {
           checkpointing_ = false;
