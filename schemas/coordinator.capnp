@@ -79,8 +79,11 @@ interface Coordinator extends(Common.Node) {
   fetch @6 (closureId :Int64) -> (value :Common.Element);
   release @7 (closureIds :List(Int64)) -> ();
   # Per-worker datasets: the definition of each worker's pipeline comes from
-  # `definition` with SHARD_HINT resolved to (numWorkers, workerIndex).
-  createPerWorkerDataset @8 (definition :Data) -> (datasetId :Int64);
+  # `definition` with SHARD_HINT resolved to (numWorkers, workerIndex). A
+  # non-empty `name` finds the dataset of that name again (a program that
+  # restarted): the same id, its iterators where they were; ALREADY_EXISTS
+  # when the definition differs.
+  createPerWorkerDataset @8 (definition :Data, name :Text) -> (datasetId :Int64);
   saveCheckpoint @9 (directory :Text, step :Int64, maxToKeep :Int32) -> (path :Text);
   # TF's default restores the variables the checkpoint has and leaves the
   # others (listed in notInCheckpoint); strict refuses them (NOT_FOUND).
@@ -91,7 +94,7 @@ interface Coordinator extends(Common.Node) {
   closureNames @12 () -> (names :List(Text));
   # Per-worker datasets from a dataset function the workers' modules
   # register: each worker calls it with its input context.
-  createPerWorkerDatasetFromFunction @13 (function :Text) -> (datasetId :Int64);
+  createPerWorkerDatasetFromFunction @13 (function :Text, name :Text) -> (datasetId :Int64);
   # Whether the coordinator still counts this worker (it drops workers that
   # stop answering pings; a worker that wakes up registers again).
   workerAlive @14 (workerId :Int64) -> (alive :Bool);

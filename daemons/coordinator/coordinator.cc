@@ -284,6 +284,22 @@ kj::Promise<void> Coordinator::send_datasets(int64_t worker_id) {
 }
 
 kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) {
+  if (dataset.name.size() > 256) {
+    return Result<int64_t>(Status::InvalidArgument("per-worker dataset name longer than 256 bytes"));
+  }
+  if (!dataset.name.empty()) {
+    for (const auto& [existing_id, existing] : datasets_) {
+      if (existing.name != dataset.name) continue;
+      if (existing.definition != dataset.definition || existing.function != dataset.function) {
+        return Result<int64_t>(Status::AlreadyExists(
+            "per-worker dataset '" + dataset.name + "' exists (id " + std::to_string(existing_id) +
+            ") with another definition; give the new one another name"));
+      }
+      log_->info("per-worker dataset '{}' found again (a reconnecting program): id {}, iterators where they were",
+                 dataset.name, existing_id);
+      return Result<int64_t>(existing_id);
+    }
+  }
   int64_t id = next_dataset_id_++;
   const PerWorkerDataset& added = datasets_[id] = std::move(dataset);
   // Existing workers build theirs now; later ones when they register.
@@ -292,21 +308,24 @@ kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) 
   return kj::joinPromises(sends.finish()).then([id]() { return Result<int64_t>(id); });
 }
 
-kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition) {
+kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition, std::string name) {
   Status valid = data::Dataset::deserialize(definition).status();
   if (!valid.ok()) return Result<int64_t>(valid.with_context("createPerWorkerDataset"));
   PerWorkerDataset dataset;
   dataset.definition = std::move(definition);
+  dataset.name = std::move(name);
   return add_dataset(std::move(dataset));
 }
 
-kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function) {
+kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function,
+                                                                                   std::string name) {
   if (!workers_.empty() && !any_worker_has("dataset:" + function)) {
     return Result<int64_t>(Status::NotFound("create_per_worker_dataset: no worker has a dataset function named '" +
                                             function + "'"));
   }
   PerWorkerDataset dataset;
   dataset.function = std::move(function);
+  dataset.name = std::move(name);
   return add_dataset(std::move(dataset));
 }
 

@@ -321,9 +321,12 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
 
   // ---- Per-worker datasets. Resolves to the dataset's id once every
   // worker registered now has been sent it (a worker that fails to build it
-  // is logged); each worker that registers later gets it too.
-  kj::Promise<Result<int64_t>> create_per_worker_dataset(std::string definition);
-  kj::Promise<Result<int64_t>> create_per_worker_dataset_from_function(std::string function);
+  // is logged); each worker that registers later gets it too. A non-empty
+  // `name` hands back the dataset of that name when it exists with the same
+  // definition (a program that restarted: its iterators keep their
+  // positions); AlreadyExists when the definition differs.
+  kj::Promise<Result<int64_t>> create_per_worker_dataset(std::string definition, std::string name = "");
+  kj::Promise<Result<int64_t>> create_per_worker_dataset_from_function(std::string function, std::string name = "");
 
   // ---- Checkpoints (see checkpointing.h)
   kj::Promise<Result<std::string>> save_checkpoint(std::string directory, int64_t step, int max_to_keep);
@@ -391,6 +394,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   struct PerWorkerDataset {
     std::string definition;
     std::string function;
+    std::string name;  // "": anonymous
   };
 
   struct Strategy {

@@ -535,6 +535,25 @@ TEST_CASE("a per-worker dataset with a bad definition is InvalidArgument", "[coo
   CHECK(id.status().code() == StatusCode::kInvalidArgument);
 }
 
+TEST_CASE("a named per-worker dataset is found again under its name; unnamed ones are new each time",
+          "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a, {"train_step", "dataset:make"});
+  std::string definition = data::Dataset::range(10).serialize();
+  int64_t named = h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value();
+  CHECK(h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value() == named);
+  CHECK(a.datasets.size() == 1);  // not sent again: the worker keeps its iterator
+  CHECK(h.coordinator->create_per_worker_dataset(definition).wait(h.io.waitScope).value() != named);
+  auto changed = h.coordinator->create_per_worker_dataset(data::Dataset::range(5).serialize(), "train")
+                     .wait(h.io.waitScope);
+  CHECK(changed.status().code() == StatusCode::kAlreadyExists);
+  int64_t function = h.coordinator->create_per_worker_dataset_from_function("make", "eval").wait(h.io.waitScope).value();
+  CHECK(h.coordinator->create_per_worker_dataset_from_function("make", "eval").wait(h.io.waitScope).value() == function);
+  CHECK(h.coordinator->create_per_worker_dataset(definition, std::string(300, 'n')).wait(h.io.waitScope).status().code() ==
+        StatusCode::kInvalidArgument);
+}
+
 TEST_CASE("a per-worker dataset function is called with each worker's input context", "[coordinator]") {
   CoordinatorConfig config;
   config.expected_workers = 3;

@@ -219,7 +219,8 @@ kj::Promise<void> CoordinatorService::release(ReleaseContext context) {
 kj::Promise<void> CoordinatorService::createPerWorkerDataset(CreatePerWorkerDatasetContext context) {
   auto bytes = context.getParams().getDefinition();
   std::string definition(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
-  return core_.create_per_worker_dataset(std::move(definition)).then([context](Result<int64_t> id) mutable {
+  return core_.create_per_worker_dataset(std::move(definition), text(context.getParams().getName()))
+      .then([context](Result<int64_t> id) mutable {
     rpc::check(id.status());
     context.getResults().setDatasetId(*id);
   });
@@ -227,7 +228,9 @@ kj::Promise<void> CoordinatorService::createPerWorkerDataset(CreatePerWorkerData
 
 kj::Promise<void> CoordinatorService::createPerWorkerDatasetFromFunction(
     CreatePerWorkerDatasetFromFunctionContext context) {
-  return core_.create_per_worker_dataset_from_function(text(context.getParams().getFunction()))
+  return core_
+      .create_per_worker_dataset_from_function(text(context.getParams().getFunction()),
+                                               text(context.getParams().getName()))
       .then([context](Result<int64_t> id) mutable {
         rpc::check(id.status());
         context.getResults().setDatasetId(*id);

@@ -473,6 +473,48 @@ TEST_CASE("per-worker datasets give each worker its own shard", "[training][data
   for (int64_t v : seen) CHECK(seen.count(v) == 1);
 }
 
+TEST_CASE("a program that restarts finds its named per-worker dataset where it left it", "[training][datasets][recovery]") {
+  Training t(1, 2, {"--num-workers", "2"});
+  const auto numbers = data::Dataset::range(60).shard(data::kShardHint, data::kShardHint);
+  // Runs next_element `n` times; the values read (the end, -1, left out).
+  auto read = [](ClusterCoordinator& client, const PerWorkerDataset& dataset, int n) {
+    std::vector<RemoteValue> values;
+    for (int i = 0; i < n; ++i) values.push_back(client.schedule("next_element", Element{{dataset.arg()}, {}}).value());
+    REQUIRE(client.join().ok());
+    std::vector<int64_t> got;
+    for (const auto& v : values) {
+      int64_t value = client.fetch(v).value().components[0].flat<int64_t>()[0];
+      if (value >= 0) got.push_back(value);
+    }
+    return got;
+  };
+  auto first = t.client->create_per_worker_dataset(numbers, "numbers");
+  REQUIRE(first.ok());
+  std::vector<int64_t> seen = read(*t.client, *first, 20);
+  REQUIRE(seen.size() == 20);
+
+  // The program dies (its connection drops, as with kill -9) and starts again.
+  t.client.reset();
+  t.client = ClusterCoordinator::connect(t.coordinator->address()).value();
+  auto again = t.client->create_per_worker_dataset(numbers, "numbers");
+  REQUIRE(again.ok());
+  CHECK(again->id == first->id);
+  for (int round = 0; round < 10 && seen.size() < 60; ++round) {
+    auto more = read(*t.client, *again, 20);
+    seen.insert(seen.end(), more.begin(), more.end());
+  }
+  // Every element once: none read again, none skipped.
+  std::sort(seen.begin(), seen.end());
+  std::vector<int64_t> all(60);
+  for (int64_t i = 0; i < 60; ++i) all[static_cast<size_t>(i)] = i;
+  CHECK(seen == all);
+  CHECK_THAT(t.coordinator->log(), Catch::Contains("per-worker dataset 'numbers' found again"));
+
+  auto other = t.client->create_per_worker_dataset(data::Dataset::range(5), "numbers");
+  CHECK(other.status().code() == StatusCode::kAlreadyExists);
+  CHECK_THAT(other.status().message(), Catch::Contains("'numbers'"));
+}
+
 TEST_CASE("pointed at another daemon or at an HTTP port, a client says so at once", "[training][errors]") {
   TestCluster cluster;
   Daemon& ps = cluster.start("ps-server");

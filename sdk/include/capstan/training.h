@@ -175,6 +175,12 @@ class ClusterCoordinator {
   // register_dataset_function, is called on each worker with its
   // InputContext (number of workers, worker index) and returns its pipeline.
   Result<PerWorkerDataset> create_per_worker_dataset(const std::string& dataset_function);
+  // Named: a program that restarted (after a crash or kill -9) and creates
+  // it again under the same name gets the same dataset back, its workers'
+  // iterators where they were (AlreadyExists when the definition differs).
+  // Unnamed ones are new each time, as in TF.
+  Result<PerWorkerDataset> create_per_worker_dataset(const data::Dataset& dataset, const std::string& name);
+  Result<PerWorkerDataset> create_per_worker_dataset(const std::string& dataset_function, const std::string& name);
 
   // Writes every variable (values, optimizer slots and steps) to
   // `directory`/ckpt-<step>: safetensors files, one per parameter server

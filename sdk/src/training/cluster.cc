@@ -323,10 +323,16 @@ Result<Element> ClusterCoordinator::fetch(const RemoteValue& value) {
 }
 
 Result<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(const data::Dataset& dataset) {
+  return create_per_worker_dataset(dataset, "");
+}
+
+Result<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(const data::Dataset& dataset,
+                                                                       const std::string& name) {
   std::string definition = dataset.serialize();
-  return impl_->call<PerWorkerDataset>("create_per_worker_dataset", [&definition](wire::Coordinator::Client c) {
+  return impl_->call<PerWorkerDataset>("create_per_worker_dataset", [&definition, &name](wire::Coordinator::Client c) {
     auto request = c.createPerWorkerDatasetRequest();
     request.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
+    request.setName(name);
     return request.send().then([](capnp::Response<wire::Coordinator::CreatePerWorkerDatasetResults>&& r) {
       return PerWorkerDataset{r.getDatasetId()};
     });
@@ -366,10 +372,16 @@ Result<ClusterCoordinator::RestoreResult> ClusterCoordinator::restore_checkpoint
 }
 
 Result<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(const std::string& dataset_function) {
+  return create_per_worker_dataset(dataset_function, std::string());
+}
+
+Result<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(const std::string& dataset_function,
+                                                                       const std::string& name) {
   return impl_->call<PerWorkerDataset>("create_per_worker_dataset '" + dataset_function + "'",
-                                       [&dataset_function](wire::Coordinator::Client c) {
+                                       [&dataset_function, &name](wire::Coordinator::Client c) {
     auto request = c.createPerWorkerDatasetFromFunctionRequest();
     request.setFunction(dataset_function);
+    request.setName(name);
     return request.send().then([](capnp::Response<wire::Coordinator::CreatePerWorkerDatasetFromFunctionResults>&& r) {
       return PerWorkerDataset{r.getDatasetId()};
     });
