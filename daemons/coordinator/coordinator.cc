@@ -6,6 +6,7 @@
 
 #include "capstan/data/dataset.h"
 #include "data/tensor_util.h"
+#include "journal/journal.h"
 #include "rpc/errors.h"
 #include "rpc/pool.h"
 
@@ -300,7 +301,10 @@ kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) 
       return Result<int64_t>(existing_id);
     }
   }
-  int64_t id = next_dataset_id_++;
+  int64_t id = next_dataset_id_;
+  Status logged = journal_dataset(id, dataset);
+  if (!logged.ok()) return Result<int64_t>(logged);
+  ++next_dataset_id_;
   const PerWorkerDataset& added = datasets_[id] = std::move(dataset);
   // Existing workers build theirs now; later ones when they register.
   auto sends = kj::heapArrayBuilder<kj::Promise<void>>(workers_.size());
@@ -402,6 +406,7 @@ kj::Promise<Status> Coordinator::create_shards(Variable variable, Tensor initial
   }
   return first_error(creates.finish()).then([this, variable = std::move(variable)](Status status) mutable {
     if (!status.ok()) return status;
+    CAPSTAN_RETURN_IF_ERROR(journal_variable(variable));
     ++placement_version_;
     log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
                shape_string(variable.shape), variable.shards.size());
@@ -549,7 +554,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
       .then([this](Path path) -> Path {
         CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
         log_->info("saved checkpoint {}", *path);
-        last_checkpoint_ = *path;
+        set_last_checkpoint(*path);
         return path;
       });
 }
@@ -653,7 +658,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
       })
       .then([this, path, resolved](Step restored) -> Step {
         CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
-        last_checkpoint_ = *resolved;
+        set_last_checkpoint(*resolved);
         for (int task = 0; task < ps_.size(); ++task) {
           if (ps_tasks_[static_cast<size_t>(task)].state == PsState::kLost) {
             log_->info("parameter server ps:{} at {} has its shards again (restored by hand); dispatch resumes", task,

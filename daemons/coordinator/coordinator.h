@@ -64,6 +64,9 @@
 namespace capstan::daemon {
 class Config;
 }
+namespace capstan::journal {
+class JournalWriter;
+}
 
 namespace capstan::coordinator {
 
@@ -80,6 +83,11 @@ struct CoordinatorConfig {
   // closure error, cancels the others); the closure sees the deadline in its
   // context. 0: no deadline.
   std::chrono::milliseconds closure_timeout{0};
+
+  // Where the coordinator journals what it must not forget across a restart
+  // (variables and their placement, per-worker datasets, the checkpoint to
+  // recover from); "": nothing survives a restart.
+  std::string work_dir;
 
   // The checkpoint policy: every `checkpoint_every_steps` closures completed
   // and/or every `checkpoint_every_seconds`, the coordinator saves into
@@ -269,6 +277,13 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   Coordinator(CoordinatorConfig config, ParameterServers& parameter_servers, kj::Timer& timer,
               boost::asio::thread_pool& pool, std::shared_ptr<spdlog::logger> log);
   ~Coordinator();
+
+  // With config.work_dir: replays its journal (a restarted coordinator
+  // knows its variables, their placement, the per-worker datasets and the
+  // checkpoint to recover from again) and keeps it open for what changes
+  // next. DataLoss for a damaged journal, FailedPrecondition when another
+  // coordinator has it open. Call once, before serving.
+  Status open_journal();
 
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
@@ -477,6 +492,14 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Creates, on each parameter server, the shards of `states` it lacks
   // (it restarted), with the values in `states`.
   kj::Promise<Status> recreate_missing(const std::vector<VariableState>& states);
+  // ---- durable.cc: the journal (config.work_dir)
+  Status apply_journal_record(const std::string& record);
+  // Appends before the change is applied; OK without a journal.
+  Status journal_variable(const Variable& variable);
+  Status journal_dataset(int64_t id, const PerWorkerDataset& dataset);
+  // Remembers (and journals) the checkpoint a lost PS is restored from.
+  void set_last_checkpoint(const std::string& path);
+
   // The checkpoint policy: saves when one is due by steps, or by time.
   void maybe_checkpoint();
   kj::Promise<void> checkpoint_timer();
@@ -533,6 +556,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
   bool checkpointing_ = false;
   bool draining_ = false;  // drain(): nothing more is dispatched
+  std::unique_ptr<journal::JournalWriter> journal_;  // null without work_dir
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;

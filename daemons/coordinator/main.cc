@@ -33,6 +33,11 @@ int main(int argc, char** argv) {
        "Workers the per-worker datasets are sharded for (default: the cluster spec's worker job, "
        "else the workers registered).",
        "0"},
+      {"work_dir", OptionType::kString,
+       "Directory of the coordinator's journal: a coordinator restarted with the same one knows its variables, "
+       "their placement, the per-worker datasets and the checkpoint to recover from again. Empty: nothing survives a "
+       "restart.",
+       ""},
       {"checkpoint_dir", OptionType::kString,
        "Where the checkpoint policy saves, and where a parameter server that restarted empty is restored from "
        "(its newest checkpoint, unless the program saved or restored one since). Empty: none.",

@@ -225,7 +225,7 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
         int64_t down_ms = milliseconds(timer_.now() - t.down_since);
         size_t shards = 0;
         for (const auto& v : read->states) shards += v.shards.size();
-        last_checkpoint_ = read->path;
+        set_last_checkpoint(read->path);
         ++ps_recoveries_;
         set_ps_state(task, PsState::kUp);
         log_->warn("{}: restored {} shard(s) from checkpoint {} (step {}); {} ms after it was lost; dispatch resumes",

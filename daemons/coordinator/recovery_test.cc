@@ -4,6 +4,7 @@
 #include <chrono>
 #include <thread>
 
+#include "capstan/data/dataset.h"
 #include "checkpoint/checkpoint.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/coordinator/test_fakes.h"
@@ -350,6 +351,80 @@ TEST_CASE("a draining coordinator lets running closures finish, refuses new ones
   auto saved = checkpoint::list_checkpoints(dir.path()).value();
   REQUIRE(saved.size() == 1);
   CHECK(checkpoint::CheckpointReader::open(saved[0]).value()->manifest().step == 2);
+}
+
+}  // namespace capstan::coordinator
+
+namespace capstan::coordinator {
+
+// ---- The journal (work_dir) -------------------------------------------------------------------
+
+TEST_CASE("a coordinator restarted with its work_dir knows its variables, datasets and last checkpoint again",
+          "[coordinator][durable]") {
+  data::testing::TempDir work, checkpoints;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  const std::string definition = data::Dataset::range(10).serialize();
+  std::string saved;
+  int64_t dataset = 0;
+  Placements before;
+  {
+    WorkerRecord a;
+    Harness h(config, /*num_ps=*/2);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.add_worker(a);
+    h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2)).wait(h.io.waitScope).value();
+    h.coordinator->create_variable(partitioned("b", floats({1}, {1}), 1)).wait(h.io.waitScope).value();
+    dataset = h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value();
+    saved = h.coordinator->save_checkpoint(checkpoints.path(), 5, 3).wait(h.io.waitScope).value();
+    before = h.coordinator->placements();
+  }
+  WorkerRecord a;
+  Harness h(config, /*num_ps=*/2);
+  REQUIRE(h.coordinator->open_journal().ok());
+  Placements after = h.coordinator->placements();
+  CHECK(after.version == before.version);
+  REQUIRE(after.variables.size() == 2);
+  for (size_t v = 0; v < 2; ++v) {
+    CHECK(after.variables[v].name == before.variables[v].name);
+    CHECK(after.variables[v].shape == before.variables[v].shape);
+    REQUIRE(after.variables[v].shards.size() == before.variables[v].shards.size());
+    for (size_t s = 0; s < after.variables[v].shards.size(); ++s) {
+      CHECK(after.variables[v].shards[s].name == before.variables[v].shards[s].name);
+      CHECK(after.variables[v].shards[s].ps_task == before.variables[v].shards[s].ps_task);
+      CHECK(after.variables[v].shards[s].rows == before.variables[v].shards[s].rows);
+    }
+  }
+  CHECK(h.coordinator->last_checkpoint() == saved);
+  // Workers registering with it get the datasets under their old ids.
+  h.add_worker(a);
+  REQUIRE(a.datasets.size() == 1);
+  CHECK(a.datasets[0].first == dataset);
+  CHECK(h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value() == dataset);
+  CHECK(h.coordinator->create_per_worker_dataset(definition).wait(h.io.waitScope).value() == dataset + 1);
+  // The round robin goes on: w/part_0 on 0, w/part_1 on 1, b on 0; next on 1.
+  auto next = h.coordinator->create_variable(partitioned("c", floats({1}, {1}), 1)).wait(h.io.waitScope).value();
+  CHECK(next.shards.at(0).ps_task == 1);
+  // A program creating a variable again finds it.
+  CHECK(h.coordinator->create_variable(partitioned("w", floats({0, 0, 0, 0}, {4}), 2)).wait(h.io.waitScope).ok());
+  CHECK(h.coordinator->create_variable(partitioned("w", floats({0, 0}, {2}), 2)).wait(h.io.waitScope).status().code() ==
+        StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("a journal naming a parameter server this coordinator lacks stops it with the reason",
+          "[coordinator][durable]") {
+  data::testing::TempDir work;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  {
+    Harness h(config, /*num_ps=*/2);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2)).wait(h.io.waitScope).value();
+  }
+  Harness h(config, /*num_ps=*/1);
+  Status opened = h.coordinator->open_journal();
+  CHECK(opened.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(opened.message(), Catch::Contains("ps:1") && Catch::Contains("same ps list"));
 }
 
 }  // namespace capstan::coordinator

@@ -73,6 +73,7 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
                                      " must be 0 (off) or positive");
     }
   }
+  out.work_dir = config.get_string("work_dir");
   out.checkpoint_dir = config.get_string("checkpoint_dir");
   out.checkpoint_every_steps = config.get_int("checkpoint_every_steps");
   out.checkpoint_every_seconds = std::chrono::seconds(config.get_int("checkpoint_every_seconds"));
@@ -100,6 +101,10 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
       parameter_servers_(ctx.loop->io(), ctx.loop->timer(), config_.ps, ctx.peer_options, ctx.codec),
       core_(config_, parameter_servers_, ctx.loop->timer(), ctx.pool, ctx.log),
       rendezvous_(ctx.loop->timer()) {
+  // A restarted coordinator knows its variables, datasets and checkpoint
+  // again before it serves anything; a damaged journal stops it.
+  Status replayed = core_.open_journal();
+  if (!replayed.ok()) rpc::throw_status(replayed);
   // SIGTERM: the running closures finish (and a checkpoint is saved when
   // checkpoint_dir is set) before the coordinator stops taking calls.
   ctx.on_drain.push_back([this]() { return core_.drain("SIGTERM"); });

@@ -395,6 +395,33 @@ TEST_CASE("restoring by hand after a parameter server restarted empty recreates 
   CHECK(counter(*t.client) == 21.0f);
 }
 
+TEST_CASE("kill -9 the coordinator and restart it with its work_dir: the program goes on, no variable lost",
+          "[training][fault][durable]") {
+  TestCluster scratch;
+  const std::string work_dir = scratch.dir() + "/coordinator";
+  const uint16_t port = free_port();
+  Training t(2, 2, {"--work-dir", work_dir, "--port", std::to_string(port)});
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  auto placed = t.client->variables().value();
+  for (int i = 0; i < 20; ++i) REQUIRE(t.client->schedule("add_one").ok());
+  REQUIRE(t.client->join().ok());
+
+  std::string ps_list = t.ps[0]->address() + "," + t.ps[1]->address();
+  t.coordinator->kill_now();
+  t.coordinator = &t.cluster.restart_on_port(
+      "coordinator", {"--ps", ps_list, "--work-dir", work_dir, "--port", std::to_string(port)});
+  CHECK_THAT(t.coordinator->log(), Catch::Contains("replayed the journal") && Catch::Contains("1 variable(s)"));
+  // The same program object carries on: its variable is known, with its value.
+  REQUIRE(wait_until([&]() { return t.client->num_workers() == 2; }, 20s));
+  auto again = t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)});
+  REQUIRE(again.ok());
+  CHECK(again->shards.at(0).ps_task == placed.at(0).shards.at(0).ps_task);
+  CHECK(counter(*t.client) == 20.0f);
+  for (int i = 0; i < 10; ++i) REQUIRE(t.client->schedule("add_one").ok());
+  REQUIRE(t.client->join().ok());
+  CHECK(counter(*t.client) == 30.0f);
+}
+
 // ---- Preemption (SIGTERM) ----------------------------------------------------------------
 
 TEST_CASE("SIGTERM to a worker: its running closures finish, it leaves cleanly, nothing runs twice",
