@@ -304,6 +304,8 @@ void Coordinator::save_by_policy() {
                  .then([this](Result<std::string> saved) {
                    checkpointing_ = false;
                    if (!saved.ok()) log_->warn("checkpoint policy: {}", saved.status().to_string());
+                   notify();            // a leave or drain waiting for this save
+                   maybe_checkpoint();  // another one came due meanwhile
                  }));
 }
 
@@ -324,6 +326,7 @@ kj::Promise<void> Coordinator::checkpoint_before_leaving(std::string why) {
     return save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
         .then([this, why](Result<std::string> saved) {
           checkpointing_ = false;
+          notify();
           if (saved.ok()) {
             log_->info("{}: saved checkpoint {}", why, *saved);
           } else {

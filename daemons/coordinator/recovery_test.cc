@@ -246,7 +246,10 @@ TEST_CASE("the checkpoint policy saves every N closures completed; a restarted c
     REQUIRE(settle_until(h, [&]() { return steps_saved() == std::vector<int64_t>{2}; }));
     run_closures(h, worker, 2);
     REQUIRE(settle_until(h, [&]() { return steps_saved() == std::vector<int64_t>{2, 4}; }));
-    CHECK(h.coordinator->last_checkpoint() == checkpoint::latest_checkpoint(dir.path()).value());
+    // Once the save's reply is in, it is the one a lost PS is restored from.
+    CHECK(settle_until(h, [&]() {
+      return h.coordinator->last_checkpoint() == checkpoint::latest_checkpoint(dir.path()).value();
+    }));
   }
   WorkerRecord worker;
   Harness h(config);
