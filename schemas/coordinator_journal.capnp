@@ -42,5 +42,6 @@ struct CoordinatorUpdate {
     definition @1 :Data;
     function @2 :Text;
     name @3 :Text;
+    uid @4 :UInt64;
   }
 }

@@ -55,12 +55,15 @@ interface Worker extends(Common.Node) {
                  strategy :Text, epoch :Int64)
       -> (result :Common.Element);
   # Builds this worker's iterator of a per-worker dataset: `definition` is
-  # the serialized pipeline already specialised for this worker.
-  createDataset @1 (datasetId :Int64, definition :Data) -> ();
+  # the serialized pipeline already specialised for this worker. `uid`
+  # names the dataset across coordinator restarts (0: none): a worker that
+  # registers again with a restarted coordinator keeps the iterator of a
+  # dataset it is sent again with the same uid, where it was.
+  createDataset @1 (datasetId :Int64, definition :Data, uid :UInt64) -> ();
   # Builds this worker's iterator from a dataset function of its modules,
   # called with the input context (numWorkers, workerIndex).
   createDatasetFromFunction @2 (datasetId :Int64, function :Text, numWorkers :Int32,
-                                workerIndex :Int32) -> ();
+                                workerIndex :Int32, uid :UInt64) -> ();
   # Cancels a closure this worker runs (or is about to run): its context's
   # cancelled() turns true and its result is abandoned (the runClosure call
   # answers Cancelled). Unknown ids are remembered briefly (the cancel may

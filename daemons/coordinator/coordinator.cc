@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <optional>
+#include <random>
 #include <utility>
 
 #include "capstan/data/dataset.h"
@@ -259,13 +260,13 @@ kj::Promise<void> Coordinator::send_dataset(Worker& worker, int64_t id, const Pe
   int64_t worker_id = worker.id;
   kj::Promise<Status> sent = nullptr;
   if (!dataset.function.empty()) {
-    sent = worker.peer->create_dataset_from_function(id, dataset.function, n, worker.task_index);
+    sent = worker.peer->create_dataset_from_function(id, dataset.function, n, worker.task_index, dataset.uid);
   } else {
     auto parsed = data::Dataset::deserialize(dataset.definition);  // checked when it was created
     if (!parsed.ok()) {
       sent = parsed.status();
     } else {
-      sent = worker.peer->create_dataset(id, parsed->resolve_shard_hint(n, worker.task_index).serialize());
+      sent = worker.peer->create_dataset(id, parsed->resolve_shard_hint(n, worker.task_index).serialize(), dataset.uid);
     }
   }
   return sent.catch_([](kj::Exception&& e) { return rpc::from_exception(e); })
@@ -302,6 +303,10 @@ kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) 
     }
   }
   int64_t id = next_dataset_id_;
+  std::random_device random;
+  do {
+    dataset.uid = (static_cast<uint64_t>(random()) << 32) ^ random();
+  } while (dataset.uid == 0);
   Status logged = journal_dataset(id, dataset);
   if (!logged.ok()) return Result<int64_t>(logged);
   ++next_dataset_id_;

@@ -148,9 +148,11 @@ class WorkerPeer {
   virtual kj::Promise<Status> ping() = 0;
   // Per-worker datasets: a definition (SHARD_HINT already resolved for this
   // worker), or a dataset function with the worker's input context.
-  virtual kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) = 0;
+  // `uid` names the dataset across coordinator restarts (the worker keeps
+  // an iterator it is sent again with the same uid).
+  virtual kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition, uint64_t uid) = 0;
   virtual kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function,
-                                                           int num_workers, int worker_index) = 0;
+                                                           int num_workers, int worker_index, uint64_t uid) = 0;
 
   // Synchronous training: the worker's replica of a strategy (see
   // worker_server/replicas.h). A promise that rejects counts as a lost
@@ -410,6 +412,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::string definition;
     std::string function;
     std::string name;  // "": anonymous
+    uint64_t uid = 0;  // random, journaled: the same dataset after a restart
   };
 
   struct Strategy {

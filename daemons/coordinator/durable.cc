@@ -85,6 +85,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         d.definition.assign(reinterpret_cast<const char*>(in.getDefinition().begin()), in.getDefinition().size());
         d.function = text(in.getFunction());
         d.name = text(in.getName());
+        d.uid = in.getUid();
         datasets_[in.getId()] = std::move(d);
         next_dataset_id_ = std::max(next_dataset_id_, in.getId() + 1);
         return Status::Ok();
@@ -128,6 +129,7 @@ Status Coordinator::journal_dataset(int64_t id, const PerWorkerDataset& dataset)
                                  dataset.definition.size()));
   out.setFunction(dataset.function);
   out.setName(dataset.name);
+  out.setUid(dataset.uid);
   return journal_->append(serialize(message)).with_context("journaling per-worker dataset " + std::to_string(id));
 }
 

@@ -71,17 +71,19 @@ kj::Promise<Status> RemoteWorker::cancel_closure(int64_t closure_id) {
 
 kj::Promise<Status> RemoteWorker::ping() { return status_of(client_.infoRequest().send().ignoreResult()); }
 
-kj::Promise<Status> RemoteWorker::create_dataset(int64_t dataset_id, std::string definition) {
+kj::Promise<Status> RemoteWorker::create_dataset(int64_t dataset_id, std::string definition, uint64_t uid) {
   auto request = client_.createDatasetRequest();
   request.setDatasetId(dataset_id);
+  request.setUid(uid);
   request.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
   return status_of(request.send().ignoreResult());
 }
 
 kj::Promise<Status> RemoteWorker::create_dataset_from_function(int64_t dataset_id, std::string function,
-                                                               int num_workers, int worker_index) {
+                                                               int num_workers, int worker_index, uint64_t uid) {
   auto request = client_.createDatasetFromFunctionRequest();
   request.setDatasetId(dataset_id);
+  request.setUid(uid);
   request.setFunction(function);
   request.setNumWorkers(num_workers);
   request.setWorkerIndex(worker_index);

@@ -27,9 +27,9 @@ class RemoteWorker : public WorkerPeer {
   kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override;
   kj::Promise<Status> cancel_closure(int64_t closure_id) override;
   kj::Promise<Status> ping() override;
-  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override;
+  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition, uint64_t uid) override;
   kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,
-                                                   int worker_index) override;
+                                                   int worker_index, uint64_t uid) override;
   kj::Promise<Result<training::ReplicaReport>> replica_status(std::string strategy) override;
   kj::Promise<Result<std::string>> prepare_replica(std::string strategy, int64_t epoch) override;
   kj::Promise<Result<training::ReplicaReport>> form_replica(training::ReplicaForm form) override;

@@ -41,6 +41,7 @@ struct WorkerRecord {
   std::vector<int64_t> cancels;  // closure ids, in order
   std::vector<std::pair<int64_t, std::string>> datasets;                      // id, definition
   std::vector<std::tuple<int64_t, std::string, int, int>> function_datasets;  // id, fn, workers, index
+  std::vector<uint64_t> dataset_uids;  // of every dataset sent, in order
   // Synchronous training: what this worker's replica reports, and what the
   // coordinator asked of it.
   training::ReplicaReport replica;
@@ -79,12 +80,14 @@ class FakeWorker : public WorkerPeer {
     if (!record_.answer_pings) return kj::NEVER_DONE;
     return Status::Ok();
   }
-  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition) override {
+  kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition, uint64_t uid) override {
     record_.datasets.emplace_back(dataset_id, std::move(definition));
+    record_.dataset_uids.push_back(uid);
     return Status::Ok();
   }
   kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function, int num_workers,
-                                                   int worker_index) override {
+                                                   int worker_index, uint64_t uid) override {
+    record_.dataset_uids.push_back(uid);
     record_.function_datasets.emplace_back(dataset_id, std::move(function), num_workers, worker_index);
     return Status::Ok();
   }

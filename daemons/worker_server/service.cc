@@ -104,6 +104,7 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
       .then(
           [this](capnp::Response<wire::Coordinator::RegisterWorkerResults>&& response) {
             worker_id_ = response.getWorkerId();
+            worker_->drop_stale_datasets();
             if (worker_->task_index() < 0) {
               worker_->set_task_index(response.getTaskIndex());
               ctx_.log->info("registered with the coordinator as worker {}, task index {} (assigned: started "
@@ -127,8 +128,10 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
           })
       .then([this]() {
         // The coordinator went away (or refused): register again when it is
-        // back, with fresh per-worker iterators.
-        worker_->clear_datasets();
+        // back. It sends its per-worker datasets before it answers; the ones
+        // it does not send again are forgotten then, and a restarted durable
+        // coordinator's (the same uids) keep their iterators where they were.
+        worker_->mark_datasets_stale();
         return register_with_coordinator();
       });
 }
@@ -155,8 +158,10 @@ kj::Promise<void> WorkerService::createDataset(CreateDatasetContext context) {
   int64_t id = params.getDatasetId();
   std::string definition(reinterpret_cast<const char*>(params.getDefinition().begin()),
                          params.getDefinition().size());
+  uint64_t uid = params.getUid();
   auto worker = worker_;
-  return rpc::run_on_pool(ctx_.pool, [worker, id, definition]() { return worker->create_dataset(id, definition); })
+  return rpc::run_on_pool(ctx_.pool,
+                          [worker, id, definition, uid]() { return worker->create_dataset(id, definition, uid); })
       .then([](Status status) { rpc::check(status); });
 }
 
@@ -165,9 +170,11 @@ kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunc
   int64_t id = params.getDatasetId();
   std::string name = text(params.getFunction());
   InputContext input{params.getNumWorkers(), params.getWorkerIndex()};
+  uint64_t uid = params.getUid();
   auto worker = worker_;
-  return rpc::run_on_pool(ctx_.pool,
-                          [worker, id, name, input]() { return worker->create_dataset_from_function(id, name, input); })
+  return rpc::run_on_pool(ctx_.pool, [worker, id, name, input, uid]() {
+           return worker->create_dataset_from_function(id, name, input, uid);
+         })
       .then([](Status status) { rpc::check(status); });
 }
 

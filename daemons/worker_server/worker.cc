@@ -186,14 +186,29 @@ Status Worker::record(int64_t id, Status status) {
   return status;
 }
 
-Status Worker::create_dataset(int64_t id, const std::string& definition) {
+bool Worker::keep(int64_t id, uint64_t uid) {
+  MutexLock lock(mutex_);
+  auto it = uids_.find(id);
+  if (uid == 0 || it == uids_.end() || it->second != uid || iterators_.count(id) == 0) {
+    uids_[id] = uid;
+    stale_.erase(id);
+    return false;
+  }
+  stale_.erase(id);
+  return true;
+}
+
+Status Worker::create_dataset(int64_t id, const std::string& definition, uint64_t uid) {
+  if (keep(id, uid)) return Status::Ok();
   const std::string context = "per-worker dataset " + std::to_string(id);
   auto dataset = data::Dataset::deserialize(definition);
   if (!dataset.ok()) return record(id, dataset.status().with_context(context));
   return record(id, install(id, dataset->make_iterator(&functions_)).with_context(context));
 }
 
-Status Worker::create_dataset_from_function(int64_t id, const std::string& function, InputContext input) {
+Status Worker::create_dataset_from_function(int64_t id, const std::string& function, InputContext input,
+                                            uint64_t uid) {
+  if (keep(id, uid)) return Status::Ok();
   const DatasetFunction* fn = functions_.find_dataset_function(function);
   if (fn == nullptr) {
     return record(id, Status::NotFound("this worker has no dataset function named '" + function + "'"));
@@ -208,6 +223,24 @@ void Worker::clear_datasets() {
   MutexLock lock(mutex_);
   iterators_.clear();
   failures_.clear();
+  uids_.clear();
+  stale_.clear();
+}
+
+void Worker::mark_datasets_stale() {
+  MutexLock lock(mutex_);
+  for (const auto& [id, it] : iterators_) stale_.insert(id);
+  for (const auto& [id, status] : failures_) stale_.insert(id);
+}
+
+void Worker::drop_stale_datasets() {
+  MutexLock lock(mutex_);
+  for (int64_t id : stale_) {
+    iterators_.erase(id);
+    failures_.erase(id);
+    uids_.erase(id);
+  }
+  stale_.clear();
 }
 
 }  // namespace capstan::worker_server

@@ -26,6 +26,7 @@
 #include <cstdint>
 #include <deque>
 #include <map>
+#include <set>
 #include <memory>
 #include <string>
 #include <vector>
@@ -82,13 +83,21 @@ class Worker {
   static constexpr size_t kRememberedCancels = 4096;
 
   // Builds the iterator of per-worker dataset `id` from a serialized
-  // definition (SHARD_HINT already resolved), replacing an earlier one.
-  Status create_dataset(int64_t id, const std::string& definition);
+  // definition (SHARD_HINT already resolved), replacing an earlier one; but
+  // an iterator built for the same non-zero `uid` (the same dataset, sent
+  // again by a restarted coordinator) is kept where it is.
+  Status create_dataset(int64_t id, const std::string& definition, uint64_t uid = 0);
   // The same from a dataset function of the modules, called with TF's
   // InputContext. NotFound for an unknown function.
-  Status create_dataset_from_function(int64_t id, const std::string& function, InputContext input);
-  // Forgets every iterator (the worker registers again and gets them anew).
+  Status create_dataset_from_function(int64_t id, const std::string& function, InputContext input,
+                                      uint64_t uid = 0);
+  // Forgets every iterator.
   void clear_datasets();
+  // Registering again: the datasets the coordinator does not send again
+  // before drop_stale_datasets() are forgotten then; those it sends again
+  // with their uid keep their iterators.
+  void mark_datasets_stale();
+  void drop_stale_datasets();
 
   // The task index closures see (ClosureContext::worker_index): the one the
   // worker was started with, else the one the coordinator assigned.
@@ -98,6 +107,9 @@ class Worker {
  private:
   class Context;
   Status install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator);
+  // Whether the iterator of `id` was built for `uid` (non-zero) and stays;
+  // else records `uid` for the one about to be built.
+  bool keep(int64_t id, uint64_t uid);
   // Remembers how building dataset `id` ended; returns `status`.
   Status record(int64_t id, Status status);
   Result<data::Iterator*> iterator(const Tensor& arg);
@@ -112,6 +124,8 @@ class Worker {
   // Why building a per-worker dataset failed, for the closure that asks for
   // its iterator.
   std::map<int64_t, Status> failures_ GUARDED_BY(mutex_);
+  std::map<int64_t, uint64_t> uids_ GUARDED_BY(mutex_);  // of the built iterators
+  std::set<int64_t> stale_ GUARDED_BY(mutex_);
   // Running closures' cancel flags, by closure id.
   std::map<int64_t, std::shared_ptr<std::atomic<bool>>> running_ GUARDED_BY(mutex_);
   // Cancels that arrived before their run, oldest first.

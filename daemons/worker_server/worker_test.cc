@@ -191,6 +191,29 @@ TEST_CASE("worker: per-worker iterators are created, replaced and forgotten", "[
   CHECK_THAT(f.run("next", dataset_arg(9)).status().message(), Catch::Contains("the coordinator has not sent it"));
 }
 
+TEST_CASE("worker: registering again keeps the iterators a restarted coordinator sends with the same uid",
+          "[worker]") {
+  Fixture f;
+  const std::string range = data::Dataset::range(10).serialize();
+  REQUIRE(f.worker.create_dataset(1, range, /*uid=*/77).ok());
+  REQUIRE(f.worker.create_dataset(2, range, /*uid=*/88).ok());
+  REQUIRE(f.worker.create_dataset(3, range, /*uid=*/0).ok());
+  for (int64_t id : {1, 2, 3}) {
+    CHECK(scalar(f.run("next", dataset_arg(id)).value(), 0) == 0);
+    CHECK(scalar(f.run("next", dataset_arg(id)).value(), 0) == 1);
+  }
+  f.worker.mark_datasets_stale();
+  REQUIRE(f.worker.create_dataset(1, range, 77).ok());  // the same dataset: kept where it was
+  REQUIRE(f.worker.create_dataset(3, range, 0).ok());   // no uid: built anew
+  f.worker.drop_stale_datasets();
+  CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 2);
+  CHECK(scalar(f.run("next", dataset_arg(3)).value(), 0) == 0);
+  CHECK(f.run("next", dataset_arg(2)).status().code() == StatusCode::kFailedPrecondition);  // not sent again
+  // Another uid under the same id (a new coordinator's dataset): built anew.
+  REQUIRE(f.worker.create_dataset(1, range, 99).ok());
+  CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 0);
+}
+
 TEST_CASE("worker: a dataset function gets TF's input context", "[worker]") {
   Fixture f;
   REQUIRE(f.worker.create_dataset_from_function(4, "shard_of_10", InputContext{3, 1}).ok());

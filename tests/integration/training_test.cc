@@ -405,6 +405,23 @@ TEST_CASE("kill -9 the coordinator and restart it with its work_dir: the program
   auto placed = t.client->variables().value();
   for (int i = 0; i < 20; ++i) REQUIRE(t.client->schedule("add_one").ok());
   REQUIRE(t.client->join().ok());
+  const auto numbers = data::Dataset::range(60).shard(data::kShardHint, data::kShardHint);
+  auto dataset = t.client->create_per_worker_dataset(numbers, "numbers");
+  REQUIRE(dataset.ok());
+  // Runs next_element `n` times; the values read (the end, -1, left out).
+  auto read = [&](int n) {
+    std::vector<RemoteValue> values;
+    for (int i = 0; i < n; ++i) values.push_back(t.client->schedule("next_element", Element{{dataset->arg()}, {}}).value());
+    REQUIRE(t.client->join().ok());
+    std::vector<int64_t> got;
+    for (const auto& v : values) {
+      int64_t value = t.client->fetch(v).value().components[0].flat<int64_t>()[0];
+      if (value >= 0) got.push_back(value);
+    }
+    return got;
+  };
+  std::vector<int64_t> seen = read(20);
+  REQUIRE(seen.size() == 20);
 
   std::string ps_list = t.ps[0]->address() + "," + t.ps[1]->address();
   t.coordinator->kill_now();
@@ -420,6 +437,18 @@ TEST_CASE("kill -9 the coordinator and restart it with its work_dir: the program
   for (int i = 0; i < 10; ++i) REQUIRE(t.client->schedule("add_one").ok());
   REQUIRE(t.client->join().ok());
   CHECK(counter(*t.client) == 30.0f);
+  // The workers kept their iterators: the input goes on where it was.
+  auto again_dataset = t.client->create_per_worker_dataset(numbers, "numbers");
+  REQUIRE(again_dataset.ok());
+  CHECK(again_dataset->id == dataset->id);
+  for (int round = 0; round < 10 && seen.size() < 60; ++round) {
+    auto more = read(20);
+    seen.insert(seen.end(), more.begin(), more.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  std::vector<int64_t> all(60);
+  for (int64_t i = 0; i < 60; ++i) all[static_cast<size_t>(i)] = i;
+  CHECK(seen == all);
 }
 
 // ---- Preemption (SIGTERM) ----------------------------------------------------------------
