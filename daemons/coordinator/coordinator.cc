@@ -647,7 +647,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         auto mirrored = std::move(restored->mirrored);
         auto states = std::make_shared<std::vector<VariableState>>(std::move(restored->states));
         // A parameter server that restarted gets its shards back first.
-        return recreate_missing(*states)
+        return recreate_missing(states.get())
             .then([this, states](Status status) -> kj::Promise<Status> {
               if (!status.ok()) return status;
               return write_shards(std::move(*states));

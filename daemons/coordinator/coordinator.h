@@ -196,7 +196,8 @@ class ParameterServers {
   virtual kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
                                            const Optimizer& optimizer) = 0;
   virtual kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) = 0;
-  // Sets value, optimizer slots and step.
+  // Sets value, optimizer slots and step; an invalid value (Tensor()) leaves
+  // the value as it is.
   virtual kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) = 0;
   // The names of the shards `task` holds.
   virtual kj::Promise<Result<std::set<std::string>>> list_shards(int task) = 0;
@@ -494,7 +495,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   std::set<std::string> shards_on(int task) const;
   // Creates, on each parameter server, the shards of `states` it lacks
   // (it restarted), with the values in `states`.
-  kj::Promise<Status> recreate_missing(const std::vector<VariableState>& states);
+  // Their values go with the create; those are cleared from `states`, so
+  // that write_shards sends only the slots and steps of those shards.
+  kj::Promise<Status> recreate_missing(std::vector<VariableState>* states);
   // ---- durable.cc: the journal (config.work_dir)
   Status apply_journal_record(const std::string& record);
   // Appends before the change is applied; OK without a journal.
@@ -507,6 +510,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void maybe_checkpoint();
   kj::Promise<void> checkpoint_timer();
   void save_by_policy();
+  // Saves into checkpoint_dir now, as step policy_step(); its path.
+  kj::Promise<Result<std::string>> save_own_checkpoint();
   // The step of the coordinator's next own checkpoint: the newest step in
   // checkpoint_dir when it started, plus the closures completed since.
   int64_t policy_step();
@@ -557,6 +562,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t closures_completed_ = 0;
   int64_t completed_at_checkpoint_ = 0;
   int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
+  int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
   bool checkpointing_ = false;
   bool draining_ = false;  // drain(): nothing more is dispatched
   std::unique_ptr<journal::JournalWriter> journal_;  // null without work_dir

@@ -45,15 +45,14 @@ int64_t milliseconds(kj::Duration d) { return d / kj::MILLISECONDS; }
 }  // namespace
 
 Status Coordinator::ps_status() const {
+  // On every dispatch: no string is built while all are up.
   for (size_t i = 0; i < ps_tasks_.size(); ++i) {
     const PsTask& task = ps_tasks_[i];
+    if (task.state == PsState::kUp) continue;
+    if (task.state == PsState::kLost) return task.lost;
     std::string who = "parameter server ps:" + std::to_string(i) + " at " + ps_.address(static_cast<int>(i));
-    switch (task.state) {
-      case PsState::kUp: break;
-      case PsState::kDown: return Status::Unavailable(who + " is unreachable");
-      case PsState::kRecovering: return Status::Unavailable(who + " is being restored from a checkpoint");
-      case PsState::kLost: return task.lost;
-    }
+    return Status::Unavailable(who + (task.state == PsState::kDown ? " is unreachable"
+                                                                   : " is being restored from a checkpoint"));
   }
   return Status::Ok();
 }
@@ -191,19 +190,13 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
                             CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, /*strict=*/true, &absent));
                             return Read{path, reader->manifest().step, std::move(states)};
                           })
-      .then([this, task](Result<Read> read) -> kj::Promise<Result<Read>> {
+      .then([this](Result<Read> read) -> kj::Promise<Result<Read>> {
         if (!read.ok()) return kj::mv(read);
         auto shared = std::make_shared<Read>(std::move(*read));
-        auto creates = kj::Vector<kj::Promise<Status>>();
-        for (const auto& v : shared->states) {
-          for (const auto& s : v.shards) creates.add(ps_.create_shard(task, s.name, s.value, v.optimizer));
-        }
-        return kj::joinPromises(creates.releaseAsArray())
-            .then([this, shared](kj::Array<Status> statuses) -> kj::Promise<Status> {
-              for (auto& status : statuses) {
-                if (!status.ok()) return status;
-              }
-              // Slots and optimizer steps (the value again, harmlessly).
+        // Created with their values; then their slots and optimizer steps.
+        return recreate_missing(&shared->states)
+            .then([this, shared](Status status) -> kj::Promise<Status> {
+              if (!status.ok()) return status;
               return write_shards(shared->states);
             })
             .then([shared](Status status) -> Result<Read> {
@@ -233,11 +226,11 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
       });
 }
 
-kj::Promise<Status> Coordinator::recreate_missing(const std::vector<VariableState>& states) {
+kj::Promise<Status> Coordinator::recreate_missing(std::vector<VariableState>* states) {
   // What each task should hold, of `states`.
-  std::map<int, std::vector<std::pair<const VariableState*, const ShardState*>>> by_task;
-  for (const auto& v : states) {
-    for (const auto& s : v.shards) by_task[s.ps_task].emplace_back(&v, &s);
+  std::map<int, std::vector<std::pair<const VariableState*, ShardState*>>> by_task;
+  for (auto& v : *states) {
+    for (auto& s : v.shards) by_task[s.ps_task].emplace_back(&v, &s);
   }
   auto steps = kj::Vector<kj::Promise<Status>>();
   for (auto& [task, shards] : by_task) {
@@ -247,7 +240,10 @@ kj::Promise<Status> Coordinator::recreate_missing(const std::vector<VariableStat
           if (!held.ok()) return held.status();
           auto creates = kj::Vector<kj::Promise<Status>>();
           for (const auto& [v, s] : shards) {
-            if (held->count(s->name) == 0) creates.add(ps_.create_shard(t, s->name, s->value, v->optimizer));
+            if (held->count(s->name) != 0) continue;
+            creates.add(ps_.create_shard(t, s->name, s->value, v->optimizer));
+            // Sent with the create: write_shards sets only its slots and step.
+            s->value = Tensor();
           }
           return kj::joinPromises(creates.releaseAsArray()).then([](kj::Array<Status> statuses) {
             for (auto& status : statuses) {
@@ -285,28 +281,33 @@ int64_t Coordinator::policy_step() {
   if (policy_step_base_ < 0) {
     // Steps go on from the newest checkpoint there (a restarted coordinator
     // must not write older-looking ones); a quick directory listing.
-    policy_step_base_ = 0;
-    auto all = checkpoint::list_checkpoints(config_.checkpoint_dir);
-    if (all.ok() && !all->empty()) {
-      auto reader = checkpoint::CheckpointReader::open(all->back());
-      if (reader.ok()) policy_step_base_ = (*reader)->manifest().step;
-    }
+    auto newest = checkpoint::latest_checkpoint(config_.checkpoint_dir);
+    policy_step_base_ = newest.ok() ? checkpoint::checkpoint_step(std::filesystem::path(*newest).filename().string())
+                                          .value_or(0)
+                                    : 0;
   }
   return policy_step_base_ + closures_completed_;
 }
 
 void Coordinator::save_by_policy() {
   if (checkpointing_ || !ps_status().ok()) return;
+  tasks_.add(save_own_checkpoint().then([this](Result<std::string> saved) {
+    if (!saved.ok()) log_->warn("checkpoint policy: {}", saved.status().to_string());
+  }));
+}
+
+kj::Promise<Result<std::string>> Coordinator::save_own_checkpoint() {
   checkpointing_ = true;
   completed_at_checkpoint_ = closures_completed_;
-  int64_t step = policy_step();
-  tasks_.add(save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
-                 .then([this](Result<std::string> saved) {
-                   checkpointing_ = false;
-                   if (!saved.ok()) log_->warn("checkpoint policy: {}", saved.status().to_string());
-                   notify();            // a leave or drain waiting for this save
-                   maybe_checkpoint();  // another one came due meanwhile
-                 }));
+  const int64_t step = policy_step();
+  return save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
+      .then([this, step](Result<std::string> saved) {
+        checkpointing_ = false;
+        if (saved.ok()) saved_step_ = step;
+        notify();            // a leave or drain waiting for this save
+        maybe_checkpoint();  // another one came due meanwhile
+        return saved;
+      });
 }
 
 // ---- Preemption ------------------------------------------------------------------------
@@ -319,24 +320,23 @@ kj::Promise<void> Coordinator::until(std::function<bool()> idle) {
 kj::Promise<void> Coordinator::checkpoint_before_leaving(std::string why) {
   if (config_.checkpoint_dir.empty() || !config_.checkpoint_on_preemption) return kj::READY_NOW;
   // After a policy save in flight, which holds the same step otherwise.
-  return until([this]() { return !checkpointing_; }).then([this, why = std::move(why)]() {
-    checkpointing_ = true;
-    completed_at_checkpoint_ = closures_completed_;
-    int64_t step = policy_step();
-    return save_checkpoint(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
-        .then([this, why](Result<std::string> saved) {
-          checkpointing_ = false;
-          notify();
-          if (saved.ok()) {
-            log_->info("{}: saved checkpoint {}", why, *saved);
-          } else {
-            log_->warn("{}: no checkpoint: {}", why, saved.status().to_string());
-          }
-        });
-  });
+  return until([this]() { return !checkpointing_; })
+      .then([this]() -> kj::Promise<Result<std::string>> {
+        // Nothing completed since the last one: it is current.
+        if (policy_step() == saved_step_) return Result<std::string>(last_checkpoint_);
+        return save_own_checkpoint();
+      })
+      .then([this, why = std::move(why)](Result<std::string> saved) {
+        if (saved.ok()) {
+          log_->info("{}: saved checkpoint {}", why, *saved);
+        } else {
+          log_->warn("{}: no checkpoint: {}", why, saved.status().to_string());
+        }
+      });
 }
 
 kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string reason) {
+  if (reason.size() > 1024) return Status::InvalidArgument("leaveWorker: reason longer than 1 KiB");
   auto it = workers_.find(worker_id);
   if (it == workers_.end()) {
     return Status::NotFound("leaveWorker: no worker " + std::to_string(worker_id) +

@@ -1,7 +1,10 @@
 // Parameter-server recovery and the checkpoint policy (recovery.cc), over
 // fake workers and parameter servers.
 #include <catch2/catch.hpp>
+#include <boost/asio/post.hpp>
 #include <chrono>
+#include <filesystem>
+#include <future>
 #include <thread>
 
 #include "capstan/data/dataset.h"
@@ -85,6 +88,7 @@ TEST_CASE("a parameter server that restarts empty gets its shards back from the 
   CHECK(values_of(restored.slots.at("accumulator")) == std::vector<float>{7, 8});
   CHECK(restored.step == 7);
   CHECK(h.ps.tasks[1].optimizers.at("w/part_1").kind == Optimizer::Kind::kAdagrad);
+  CHECK(h.ps.tasks[1].assigned.empty());  // the value went with the create, once
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{10, 20});
 
   // The run that hit the empty server failed because of it: it runs again.
@@ -170,6 +174,8 @@ TEST_CASE("without a checkpoint, a parameter server back empty fails calls with 
   w.shards.push_back({"w/part_1", 1, 2, 2, floats({3, 4}, {2}), {}, 3});
   REQUIRE(write_checkpoint(other.path(), 3, 3, {w}).ok());
   REQUIRE(h.coordinator->restore_checkpoint(other.path()).wait(h.io.waitScope).ok());
+  CHECK(h.ps.tasks[1].assigned.empty());  // recreated with its value
+  CHECK(h.ps.tasks[0].assigned == std::vector<std::string>{"w/part_0"});
   CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
   CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
@@ -428,6 +434,51 @@ TEST_CASE("a journal naming a parameter server this coordinator lacks stops it w
   Status opened = h.coordinator->open_journal();
   CHECK(opened.code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(opened.message(), Catch::Contains("ps:1") && Catch::Contains("same ps list"));
+}
+
+}  // namespace capstan::coordinator
+
+namespace capstan::coordinator {
+
+TEST_CASE("a policy save that comes due while another runs happens when it ends; a leave waiting for it goes on",
+          "[coordinator][preemption]") {
+  data::testing::TempDir dir;
+  CoordinatorConfig config;
+  config.checkpoint_dir = dir.path();
+  config.checkpoint_every_steps = 1;
+  config.closures_per_worker = 2;
+  WorkerRecord a;
+  Harness h(config);
+  int64_t id = h.add_worker(a);
+  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  // The pool (one thread) is held: the first save waits in it.
+  std::promise<void> release;
+  std::shared_future<void> gate = release.get_future().share();
+  boost::asio::post(h.pool, [gate]() { gate.wait(); });
+  h.coordinator->schedule("train_step", "1").value();
+  h.coordinator->schedule("train_step", "2").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 2);
+  a.reply(0, std::string("v1"));
+  h.settle();  // step 1 due: its save waits for the pool
+  a.reply(1, std::string("v2"));
+  h.settle();  // step 2 due while step 1's save runs
+  auto left = h.coordinator->leave_worker(id, "SIGTERM");
+  h.settle();
+  release.set_value();
+  auto steps = [&dir]() {
+    std::vector<int64_t> out;
+    std::vector<std::string> paths = checkpoint::list_checkpoints(dir.path()).value();
+    for (const auto& path : paths) {
+      out.push_back(checkpoint::checkpoint_step(std::filesystem::path(path).filename().string()).value());
+    }
+    return out;
+  };
+  CHECK(settle_until(h, [&]() { return steps() == std::vector<int64_t>{1, 2}; }));
+  // The leave waited for the policy's saves and found step 2 current.
+  REQUIRE(settle_until(h, [&]() { return left.poll(h.io.waitScope); }));
+  CHECK(left.wait(h.io.waitScope).ok());
+  CHECK(steps() == std::vector<int64_t>{1, 2});
 }
 
 }  // namespace capstan::coordinator

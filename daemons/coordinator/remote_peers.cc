@@ -232,10 +232,8 @@ kj::Promise<Result<ShardContents>> RemoteParameterServers::read_shard(int task, 
 
 kj::Promise<Status> RemoteParameterServers::write_shard(int task, std::string name, ShardContents contents) {
   return status_of(service(task, 60 * kj::SECONDS)
-                       .then([this, name, contents = std::move(contents)](wire::ParameterServer::Client client) {
-                         auto assign = client.assignRequest();
-                         assign.setName(name);
-                         rpc::write_tensor(assign.initValue(), contents.value, codec_);
+                       .then([this, name, contents = std::move(contents)](
+                                 wire::ParameterServer::Client client) -> kj::Promise<void> {
                          auto set = client.setSlotsRequest();
                          set.setName(name);
                          set.setStep(contents.step);
@@ -246,6 +244,11 @@ kj::Promise<Status> RemoteParameterServers::write_shard(int task, std::string na
                            rpc::write_tensor(slots[i].initTensor(), tensor, codec_);
                            ++i;
                          }
+                         // An invalid value: it is on the server already.
+                         if (!contents.value.valid()) return set.send().ignoreResult();
+                         auto assign = client.assignRequest();
+                         assign.setName(name);
+                         rpc::write_tensor(assign.initValue(), contents.value, codec_);
                          return assign.send().ignoreResult().then([set = kj::mv(set)]() mutable {
                            return set.send().ignoreResult();
                          });

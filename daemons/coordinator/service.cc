@@ -129,7 +129,6 @@ kj::Promise<void> CoordinatorService::registerWorker(RegisterWorkerContext conte
 
 kj::Promise<void> CoordinatorService::leaveWorker(LeaveWorkerContext context) {
   auto params = context.getParams();
-  if (params.getReason().size() > 1024) rpc::check(Status::InvalidArgument("leaveWorker: reason longer than 1 KiB"));
   return core_.leave_worker(params.getWorkerId(), text(params.getReason())).then([](Status status) {
     rpc::check(status);
   });

@@ -132,6 +132,7 @@ class FakeParameterServers : public ParameterServers {
     std::map<std::string, Optimizer> optimizers;
     std::vector<std::string> reads;   // shard names, in order
     std::vector<std::string> writes;  // shard names, in order
+    std::vector<std::string> assigned;  // the writes that carried a value
     kj::Own<kj::PromiseFulfiller<void>> on_up;
     kj::Own<kj::PromiseFulfiller<void>> on_down;
   };
@@ -194,6 +195,11 @@ class FakeParameterServers : public ParameterServers {
     t.writes.push_back(name);
     if (!t.up) return Status::Unavailable(t.address + " is down");
     if (t.shards.count(name) == 0) return Status::NotFound("no shard " + name);
+    if (contents.value.valid()) {
+      t.assigned.push_back(name);
+    } else {
+      contents.value = t.shards[name].value;  // kept as it is
+    }
     t.shards[name] = std::move(contents);
     return Status::Ok();
   }

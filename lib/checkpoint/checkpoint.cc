@@ -45,8 +45,8 @@ std::string hex32(uint32_t value) {
   return buf;
 }
 
-// The step of a committed checkpoint's directory name "ckpt-<step>";
-// nullopt for anything else (".tmp" directories included).
+}  // namespace
+
 std::optional<int64_t> checkpoint_step(std::string_view name) {
   if (!name.starts_with(kCheckpointPrefix)) return std::nullopt;
   int64_t step;
@@ -55,6 +55,8 @@ std::optional<int64_t> checkpoint_step(std::string_view name) {
   }
   return step;
 }
+
+namespace {
 
 bool is_stale_tmp(std::string_view name) {
   return name.ends_with(kTmpSuffix) &&

@@ -116,6 +116,9 @@ class CheckpointWriter {
 // "dir/ckpt-<step>", oldest (lowest step) first; .tmp directories are not
 // checkpoints. NotFound when `dir` does not exist.
 Result<std::vector<std::string>> list_checkpoints(const std::string& dir);
+// The step of a committed checkpoint's directory name "ckpt-<step>";
+// nullopt for anything else (".tmp" directories included).
+std::optional<int64_t> checkpoint_step(std::string_view name);
 // The last of list_checkpoints(); NotFound when there is none.
 Result<std::string> latest_checkpoint(const std::string& dir);
 // The index file dir/checkpoint; NotFound when there is none, DataLoss when
