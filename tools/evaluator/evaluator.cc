@@ -8,6 +8,7 @@
 
 #include "capstan/data/dataset.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/json.h"
 
 namespace capstan::evaluator {
 namespace {
@@ -49,9 +50,11 @@ class CheckpointContext final : public ClosureContext {
     } else {
       return Status::InvalidArgument("gather: ids must be int32 or int64, not " + std::string(dtype_name(ids.dtype())));
     }
+    // As the parameter servers gather (VariableStore::gather): the ids'
+    // shape, then the table's row shape.
     const int64_t table_rows = table.shape()[0];
-    Shape shape = table.shape();
-    shape[0] = static_cast<int64_t>(rows.size());
+    Shape shape = ids.shape();
+    shape.insert(shape.end(), table.shape().begin() + 1, table.shape().end());
     CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(table.dtype(), shape));
     const size_t row_bytes = table_rows == 0 ? 0 : table.byte_size() / static_cast<size_t>(table_rows);
     for (size_t i = 0; i < rows.size(); ++i) {
@@ -194,23 +197,6 @@ class Accumulator {
   std::vector<std::pair<std::string, double>> sums_;
 };
 
-std::string json_string(const std::string& s) {
-  std::string out = "\"";
-  for (char c : s) {
-    if (c == '"' || c == '\\') {
-      out += '\\';
-      out += c;
-    } else if (static_cast<unsigned char>(c) < 0x20) {
-      char buf[8];
-      std::snprintf(buf, sizeof(buf), "\\u%04x", static_cast<unsigned>(static_cast<unsigned char>(c)));
-      out += buf;
-    } else {
-      out += c;
-    }
-  }
-  return out + "\"";
-}
-
 }  // namespace
 
 Result<Metrics> evaluate_checkpoint(const FunctionRegistry& functions, const std::string& checkpoint_path,
@@ -253,9 +239,10 @@ Result<Metrics> evaluate_checkpoint(const FunctionRegistry& functions, const std
 }
 
 std::string metrics_json(const Metrics& metrics) {
-  std::string out = "{\"checkpoint\":" + json_string(metrics.checkpoint) + ",\"step\":" + std::to_string(metrics.step);
+  std::string out = "{\"checkpoint\":" + checkpoint::json_quote(metrics.checkpoint) +
+                    ",\"step\":" + std::to_string(metrics.step);
   for (const auto& [name, value] : metrics.values) {
-    out += "," + json_string(name) + ":";
+    out += "," + checkpoint::json_quote(name) + ":";
     if (std::isfinite(value)) {
       char buf[32];
       std::snprintf(buf, sizeof(buf), "%.17g", value);

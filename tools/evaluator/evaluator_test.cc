@@ -40,6 +40,14 @@ void register_functions(FunctionRegistry& functions) {
     return Element{{floats({0.9f, 0.2f, 0.7f, 0.4f}, {4}), floats({1, 0, 1, 1}, {4}), Tensor::scalar<int64_t>(2)},
                    {"probabilities", "labels", "batches"}};
   });
+  // Ids of any shape, as the parameter servers take them.
+  functions.register_closure("gather_2d", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, ctx.gather("emb", Tensor::from_vector<int64_t>({2, 0, 1, 2}, {2, 2}).value()));
+    if (rows.shape() != Shape{2, 2, 2} || rows.flat<float>()[0] != 4 || rows.flat<float>()[7] != 5) {
+      return Status::Internal("gathered " + rows.debug_string());
+    }
+    return Element{{Tensor::scalar<int64_t>(1)}, {"ok"}};
+  });
   functions.register_closure("train", [](ClosureContext& ctx, const Element&) -> Result<Element> {
     CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("w", floats({1, 1}, {2})));
     return Element{};
@@ -66,17 +74,24 @@ double metric(const Metrics& m, const std::string& name) {
   return 0;
 }
 
+// A checkpoint written to a temporary directory, and the test's functions.
+struct Fixture {
+  Fixture() : path(write_model(dir.path())) { register_functions(functions); }
+  Result<Metrics> evaluate(const EvaluatorOptions& options) { return evaluate_checkpoint(functions, path, options); }
+
+  data::testing::TempDir dir;
+  std::string path;
+  FunctionRegistry functions;
+};
+
 }  // namespace
 
 TEST_CASE("the evaluator runs a closure against a checkpoint in memory and sums its metrics", "[evaluator]") {
-  data::testing::TempDir dir;
-  std::string path = write_model(dir.path());
-  FunctionRegistry functions;
-  register_functions(functions);
+  Fixture f;
   EvaluatorOptions options;
   options.closure = "eval";
   options.steps = 3;
-  auto m = evaluate_checkpoint(functions, path, options);
+  auto m = f.evaluate(options);
   REQUIRE(m.ok());
   CHECK(m->step == 9);
   CHECK(m->calls == 3);
@@ -90,44 +105,48 @@ TEST_CASE("the evaluator runs a closure against a checkpoint in memory and sums 
   CHECK(metrics_json(*m).find("\"step\":9,\"accuracy\":0.75") != std::string::npos);
 }
 
+TEST_CASE("the evaluator gathers as the parameter servers do: the ids' shape, then the row's",
+          "[evaluator]") {
+  Fixture f;
+  EvaluatorOptions options;
+  options.closure = "gather_2d";
+  auto m = f.evaluate(options);
+  REQUIRE(m.ok());
+  CHECK(metric(*m, "ok") == 1);
+}
+
 TEST_CASE("the evaluator never trains and names what is missing", "[evaluator]") {
-  data::testing::TempDir dir;
-  std::string path = write_model(dir.path());
-  FunctionRegistry functions;
-  register_functions(functions);
+  Fixture f;
   EvaluatorOptions options;
   options.closure = "train";
-  auto trained = evaluate_checkpoint(functions, path, options);
+  auto trained = f.evaluate(options);
   CHECK(trained.status().code() == StatusCode::kFailedPrecondition);
   CHECK_THAT(trained.status().message(), Catch::Contains("does not update variables ('w')"));
   options.closure = "missing";
-  auto missing = evaluate_checkpoint(functions, path, options);
+  auto missing = f.evaluate(options);
   CHECK(missing.status().code() == StatusCode::kNotFound);
-  CHECK_THAT(missing.status().message(), Catch::Contains("no_such") && Catch::Contains(path));
+  CHECK_THAT(missing.status().message(), Catch::Contains("no_such") && Catch::Contains(f.path));
   options.closure = "nope";
-  CHECK_THAT(evaluate_checkpoint(functions, path, options).status().message(),
+  CHECK_THAT(f.evaluate(options).status().message(),
              Catch::Contains("'nope'") && Catch::Contains("count_rows"));
   options.closure = "eval";
-  CHECK(evaluate_checkpoint(functions, dir.path() + "/ckpt-404", options).status().code() == StatusCode::kNotFound);
+  CHECK(evaluate_checkpoint(f.functions, f.dir.path() + "/ckpt-404", options).status().code() == StatusCode::kNotFound);
 }
 
 TEST_CASE("with a dataset function the closure runs until the dataset ends", "[evaluator]") {
-  data::testing::TempDir dir;
-  std::string path = write_model(dir.path());
-  FunctionRegistry functions;
-  register_functions(functions);
+  Fixture f;
   EvaluatorOptions options;
   options.closure = "count_rows";
   options.dataset_function = "five";
   options.steps = 0;
-  auto m = evaluate_checkpoint(functions, path, options);
+  auto m = f.evaluate(options);
   REQUIRE(m.ok());
   CHECK(m->calls == 3);
   CHECK(metric(*m, "rows") == 5);
   options.steps = 2;
-  CHECK(evaluate_checkpoint(functions, path, options).value().calls == 2);
+  CHECK(f.evaluate(options).value().calls == 2);
   options.dataset_function = "";
-  CHECK(evaluate_checkpoint(functions, path, options).status().code() == StatusCode::kFailedPrecondition);
+  CHECK(f.evaluate(options).status().code() == StatusCode::kFailedPrecondition);
 }
 
 }  // namespace capstan::evaluator
