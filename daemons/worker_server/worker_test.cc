@@ -165,7 +165,7 @@ TEST_CASE("worker: per-worker iterators are created, replaced and forgotten", "[
   REQUIRE(f.worker.create_dataset(1, data::Dataset::range(3).serialize()).ok());
   CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 0);
   CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 1);
-  // The coordinator sends it again (e.g. after this worker re-registered): a fresh iterator.
+  // Sent again with another definition and no uid: a fresh iterator.
   REQUIRE(f.worker.create_dataset(1, data::Dataset::range(100, 103).serialize()).ok());
   CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 100);
 

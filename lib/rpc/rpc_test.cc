@@ -21,6 +21,7 @@
 #include "capstan/client.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
+#include "rpc/http_sniff_stream.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/mailbox.h"
 #include "rpc/pool.h"
@@ -198,6 +199,52 @@ TEST_CASE("a status the peer reported is not a transport failure", "[rpc]") {
   kj::Exception capnp_error(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                             kj::str("message did not contain a valid pointer"));
   CHECK(is_transport_failure(capnp_error));
+}
+
+// A peer that has closed: writes fail (a broken pipe); `answer` is what it
+// sent before it closed.
+class ClosedPeer final : public kj::AsyncIoStream {
+ public:
+  explicit ClosedPeer(std::string answer) : answer_(std::move(answer)) {}
+  kj::Promise<size_t> tryRead(void* buffer, size_t, size_t max_bytes) override {
+    size_t n = std::min(max_bytes, answer_.size() - read_);
+    std::memcpy(buffer, answer_.data() + read_, n);
+    read_ += n;
+    return n;
+  }
+  kj::Promise<void> write(const void*, size_t) override { return KJ_EXCEPTION(DISCONNECTED, "Broken pipe"); }
+  kj::Promise<void> write(kj::ArrayPtr<const kj::ArrayPtr<const kj::byte>>) override {
+    return KJ_EXCEPTION(DISCONNECTED, "Broken pipe");
+  }
+  kj::Promise<void> whenWriteDisconnected() override { return kj::READY_NOW; }
+  void shutdownWrite() override {}
+
+ private:
+  const std::string answer_;
+  size_t read_ = 0;
+};
+
+TEST_CASE("a peer that answered HTTP and closed before the first write says so, not 'Broken pipe'", "[rpc]") {
+  kj::EventLoop loop;
+  kj::WaitScope wait(loop);
+  HttpSniffStream http(kj::heap<ClosedPeer>("HTTP/1.1 400 Bad Request\r\n\r\n"), "127.0.0.1:8080");
+  Status status = Status::Ok();
+  try {
+    http.write("login", 5).wait(wait);
+  } catch (const kj::Exception& e) {
+    status = from_exception(e);
+  }
+  CHECK(status.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(status.message(), Catch::Contains("127.0.0.1:8080 answers HTTP"));
+
+  // A peer that closed without a word keeps its own error.
+  HttpSniffStream silent(kj::heap<ClosedPeer>(""), "127.0.0.1:7000");
+  try {
+    silent.write("login", 5).wait(wait);
+    FAIL("the write succeeded");
+  } catch (const kj::Exception& e) {
+    CHECK(e.getType() == kj::Exception::Type::DISCONNECTED);
+  }
 }
 
 TEST_CASE("parse_host_port accepts host:port and rejects the rest", "[rpc]") {

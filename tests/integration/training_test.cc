@@ -273,6 +273,39 @@ int ps_task_of(ClusterCoordinator& client, const std::string& name) {
   return -1;
 }
 
+// Runs next_element `n` times on `dataset`; the values read (the end, -1,
+// left out).
+std::vector<int64_t> read_elements(ClusterCoordinator& client, const PerWorkerDataset& dataset, int n) {
+  std::vector<RemoteValue> values;
+  for (int i = 0; i < n; ++i) values.push_back(client.schedule("next_element", Element{{dataset.arg()}, {}}).value());
+  REQUIRE(client.join().ok());
+  std::vector<int64_t> got;
+  for (const auto& v : values) {
+    int64_t value = client.fetch(v).value().components[0].flat<int64_t>()[0];
+    if (value >= 0) got.push_back(value);
+  }
+  return got;
+}
+
+// Reads on (up to 10 rounds of 20) until `seen` holds `total` values;
+// returns them sorted.
+std::vector<int64_t> read_rest(ClusterCoordinator& client, const PerWorkerDataset& dataset,
+                               std::vector<int64_t> seen, size_t total) {
+  for (int round = 0; round < 10 && seen.size() < total; ++round) {
+    auto more = read_elements(client, dataset, 20);
+    seen.insert(seen.end(), more.begin(), more.end());
+  }
+  std::sort(seen.begin(), seen.end());
+  return seen;
+}
+
+// 0, 1, ..., n - 1.
+std::vector<int64_t> first_integers(int64_t n) {
+  std::vector<int64_t> all(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) all[static_cast<size_t>(i)] = i;
+  return all;
+}
+
 // join() until it answers DataLoss (a PS back without its shards and no
 // recovery), for up to 20 s; its last answer.
 Status join_until_data_loss(ClusterCoordinator& client) {
@@ -408,19 +441,7 @@ TEST_CASE("kill -9 the coordinator and restart it with its work_dir: the program
   const auto numbers = data::Dataset::range(60).shard(data::kShardHint, data::kShardHint);
   auto dataset = t.client->create_per_worker_dataset(numbers, "numbers");
   REQUIRE(dataset.ok());
-  // Runs next_element `n` times; the values read (the end, -1, left out).
-  auto read = [&](int n) {
-    std::vector<RemoteValue> values;
-    for (int i = 0; i < n; ++i) values.push_back(t.client->schedule("next_element", Element{{dataset->arg()}, {}}).value());
-    REQUIRE(t.client->join().ok());
-    std::vector<int64_t> got;
-    for (const auto& v : values) {
-      int64_t value = t.client->fetch(v).value().components[0].flat<int64_t>()[0];
-      if (value >= 0) got.push_back(value);
-    }
-    return got;
-  };
-  std::vector<int64_t> seen = read(20);
+  std::vector<int64_t> seen = read_elements(*t.client, *dataset, 20);
   REQUIRE(seen.size() == 20);
 
   std::string ps_list = t.ps[0]->address() + "," + t.ps[1]->address();
@@ -441,14 +462,7 @@ TEST_CASE("kill -9 the coordinator and restart it with its work_dir: the program
   auto again_dataset = t.client->create_per_worker_dataset(numbers, "numbers");
   REQUIRE(again_dataset.ok());
   CHECK(again_dataset->id == dataset->id);
-  for (int round = 0; round < 10 && seen.size() < 60; ++round) {
-    auto more = read(20);
-    seen.insert(seen.end(), more.begin(), more.end());
-  }
-  std::sort(seen.begin(), seen.end());
-  std::vector<int64_t> all(60);
-  for (int64_t i = 0; i < 60; ++i) all[static_cast<size_t>(i)] = i;
-  CHECK(seen == all);
+  CHECK(read_rest(*t.client, *dataset, seen, 60) == first_integers(60));
 }
 
 // ---- Preemption (SIGTERM) ----------------------------------------------------------------
@@ -532,21 +546,9 @@ TEST_CASE("per-worker datasets give each worker its own shard", "[training][data
 TEST_CASE("a program that restarts finds its named per-worker dataset where it left it", "[training][datasets][recovery]") {
   Training t(1, 2, {"--num-workers", "2"});
   const auto numbers = data::Dataset::range(60).shard(data::kShardHint, data::kShardHint);
-  // Runs next_element `n` times; the values read (the end, -1, left out).
-  auto read = [](ClusterCoordinator& client, const PerWorkerDataset& dataset, int n) {
-    std::vector<RemoteValue> values;
-    for (int i = 0; i < n; ++i) values.push_back(client.schedule("next_element", Element{{dataset.arg()}, {}}).value());
-    REQUIRE(client.join().ok());
-    std::vector<int64_t> got;
-    for (const auto& v : values) {
-      int64_t value = client.fetch(v).value().components[0].flat<int64_t>()[0];
-      if (value >= 0) got.push_back(value);
-    }
-    return got;
-  };
   auto first = t.client->create_per_worker_dataset(numbers, "numbers");
   REQUIRE(first.ok());
-  std::vector<int64_t> seen = read(*t.client, *first, 20);
+  std::vector<int64_t> seen = read_elements(*t.client, *first, 20);
   REQUIRE(seen.size() == 20);
 
   // The program dies (its connection drops, as with kill -9) and starts again.
@@ -555,15 +557,8 @@ TEST_CASE("a program that restarts finds its named per-worker dataset where it l
   auto again = t.client->create_per_worker_dataset(numbers, "numbers");
   REQUIRE(again.ok());
   CHECK(again->id == first->id);
-  for (int round = 0; round < 10 && seen.size() < 60; ++round) {
-    auto more = read(*t.client, *again, 20);
-    seen.insert(seen.end(), more.begin(), more.end());
-  }
   // Every element once: none read again, none skipped.
-  std::sort(seen.begin(), seen.end());
-  std::vector<int64_t> all(60);
-  for (int64_t i = 0; i < 60; ++i) all[static_cast<size_t>(i)] = i;
-  CHECK(seen == all);
+  CHECK(read_rest(*t.client, *again, seen, 60) == first_integers(60));
   CHECK_THAT(t.coordinator->log(), Catch::Contains("per-worker dataset 'numbers' found again"));
 
   auto other = t.client->create_per_worker_dataset(data::Dataset::range(5), "numbers");
