@@ -9,6 +9,8 @@
 // on each parameter server, and measures:
 //   save      save_checkpoint (the coordinator reads both shards and writes
 //             one safetensors file per server plus a manifest, fsynced)
+//   disk      the machine's limit beside it, in the same runs: the same bytes
+//             written to a file in the checkpoint directory and fsynced
 //   restore   restore_checkpoint of that checkpoint into the same variable
 //   recovery  kill -9 of ps:1, its restart on the same port (empty), until
 //             the coordinator has restored its shard from the checkpoint and
@@ -34,6 +36,24 @@ namespace {
 using capstan::DType;
 using capstan::Tensor;
 namespace bench = capstan::bench;
+
+// Seconds to write `bytes` to a new file in `dir` and fsync it (then removed).
+double raw_write_seconds(const std::string& dir, size_t bytes) {
+  std::string path = dir + "/raw-write.bin";
+  std::vector<char> block(size_t{1} << 20, 'x');
+  auto start = bench::Clock::now();
+  FILE* f = std::fopen(path.c_str(), "wb");
+  if (f == nullptr) return 0;
+  for (size_t done = 0; done < bytes; done += block.size()) {
+    std::fwrite(block.data(), 1, std::min(block.size(), bytes - done), f);
+  }
+  std::fflush(f);
+  fsync(fileno(f));
+  std::fclose(f);
+  double seconds = bench::seconds_since(start);
+  std::remove(path.c_str());
+  return seconds;
+}
 
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
@@ -105,7 +125,7 @@ int main(int argc, char** argv) {
   std::printf("recovery_bench: a %lld MiB float32 variable in 2 shards on 2 parameter servers (%u cores); "
               "checkpoints in %s\n",
               static_cast<long long>(mib), std::thread::hardware_concurrency(), dir.c_str());
-  std::vector<double> saves, restores, recoveries, restarts;
+  std::vector<double> saves, restores, recoveries, restarts, disk;
   std::string path;
   for (int run = 0; run < runs; ++run) {
     auto start = bench::Clock::now();
@@ -117,7 +137,9 @@ int main(int argc, char** argv) {
     auto restored = (*cluster)->restore_checkpoint(path);
     if (!restored.ok()) bench::fail("restore_checkpoint", restored.status());
     restores.push_back(bench::seconds_since(start));
-    std::printf("  run %d: save %.2f s, restore %.2f s\n", run + 1, saves.back(), restores.back());
+    disk.push_back(raw_write_seconds(dir, static_cast<size_t>(bytes)));
+    std::printf("  run %d: save %.2f s, restore %.2f s, raw write+fsync %.2f s\n", run + 1, saves.back(),
+                restores.back(), disk.back());
     std::fflush(stdout);
   }
   for (int run = 0; run < runs; ++run) {
@@ -161,6 +183,8 @@ int main(int argc, char** argv) {
 
   std::printf("\n%-38s %10s %10s\n", "", "median", "GB/s");
   std::printf("%-38s %9.2fs %10.2f\n", "save_checkpoint", median(saves), bytes / median(saves) / 1e9);
+  std::printf("%-38s %9.2fs %10.2f   (save takes %.1fx the machine's limit)\n", "  disk: raw write+fsync, same bytes",
+              median(disk), bytes / median(disk) / 1e9, median(saves) / median(disk));
   std::printf("%-38s %9.2fs %10.2f\n", "restore_checkpoint", median(restores), bytes / median(restores) / 1e9);
   std::printf("%-38s %9.2fs %10.2f\n", "kill -9 ps:1 -> calls stop pausing", median(recoveries),
               bytes / 2 / median(recoveries) / 1e9);

@@ -168,8 +168,9 @@ class ClusterCoordinator {
   Result<Element> fetch(const RemoteValue& value);
 
   // Each worker builds the pipeline with SHARD_HINT resolved to
-  // (number of workers, its index) and keeps its own iterator; rebuilt when
-  // a worker (re)joins.
+  // (number of workers, its index) and keeps its own iterator: built when a
+  // worker joins; one that was dropped and registers again (or registers
+  // with a restarted coordinator that has a work_dir) keeps it where it was.
   Result<PerWorkerDataset> create_per_worker_dataset(const data::Dataset& dataset);
   // TF's form: `dataset_function`, registered in the workers' module with
   // register_dataset_function, is called on each worker with its
