@@ -43,6 +43,16 @@ bool settle_until(Harness& h, Done done) {
   return false;
 }
 
+// The steps of the checkpoints in `dir`, oldest first.
+std::vector<int64_t> steps_in(const std::string& dir) {
+  std::vector<int64_t> steps;
+  std::vector<std::string> paths = checkpoint::list_checkpoints(dir).value();
+  for (const auto& path : paths) {
+    steps.push_back(checkpoint::checkpoint_step(std::filesystem::path(path).filename().string()).value());
+  }
+  return steps;
+}
+
 // A cluster of 2 fake PS with "w" (4 rows, 2 shards) checkpointed at step 7
 // with values 1..4 and an accumulator, then trained on.
 struct Trained {
@@ -233,14 +243,7 @@ TEST_CASE("the checkpoint policy saves every N closures completed; a restarted c
       h.settle();
     }
   };
-  auto steps_saved = [&dir]() {
-    std::vector<int64_t> steps;
-    std::vector<std::string> paths = checkpoint::list_checkpoints(dir.path()).value();
-    for (const auto& path : paths) {
-      steps.push_back(checkpoint::CheckpointReader::open(path).value()->manifest().step);
-    }
-    return steps;
-  };
+  auto steps_saved = [&dir]() { return steps_in(dir.path()); };
   {
     WorkerRecord worker;
     Harness h(config);
@@ -288,9 +291,6 @@ TEST_CASE("checkpoint_every_seconds saves when closures completed since the last
   CHECK(saved() == 1);
 }
 
-}  // namespace capstan::coordinator
-
-namespace capstan::coordinator {
 
 // ---- Preemption -------------------------------------------------------------------------------
 
@@ -362,9 +362,6 @@ TEST_CASE("a draining coordinator lets running closures finish, refuses new ones
   CHECK(checkpoint::CheckpointReader::open(saved[0]).value()->manifest().step == 2);
 }
 
-}  // namespace capstan::coordinator
-
-namespace capstan::coordinator {
 
 // ---- The journal (work_dir) -------------------------------------------------------------------
 
@@ -436,9 +433,6 @@ TEST_CASE("a journal naming a parameter server this coordinator lacks stops it w
   CHECK_THAT(opened.message(), Catch::Contains("ps:1") && Catch::Contains("same ps list"));
 }
 
-}  // namespace capstan::coordinator
-
-namespace capstan::coordinator {
 
 TEST_CASE("a policy save that comes due while another runs happens when it ends; a leave waiting for it goes on",
           "[coordinator][preemption]") {
@@ -466,14 +460,7 @@ TEST_CASE("a policy save that comes due while another runs happens when it ends;
   auto left = h.coordinator->leave_worker(id, "SIGTERM");
   h.settle();
   release.set_value();
-  auto steps = [&dir]() {
-    std::vector<int64_t> out;
-    std::vector<std::string> paths = checkpoint::list_checkpoints(dir.path()).value();
-    for (const auto& path : paths) {
-      out.push_back(checkpoint::checkpoint_step(std::filesystem::path(path).filename().string()).value());
-    }
-    return out;
-  };
+  auto steps = [&dir]() { return steps_in(dir.path()); };
   CHECK(settle_until(h, [&]() { return steps() == std::vector<int64_t>{1, 2}; }));
   // The leave waited for the policy's saves and found step 2 current.
   REQUIRE(settle_until(h, [&]() { return left.poll(h.io.waitScope); }));
