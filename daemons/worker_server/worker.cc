@@ -17,6 +17,14 @@ class LockedIterator final : public data::Iterator {
     MutexLock lock(mutex_);
     return inner_->get_next();
   }
+  Result<std::string> save() override {
+    MutexLock lock(mutex_);
+    return inner_->save();
+  }
+  Status restore(std::string_view state) override {
+    MutexLock lock(mutex_);
+    return inner_->restore(state);
+  }
 
  private:
   Mutex mutex_;

@@ -3,6 +3,7 @@
 #include <thread>
 
 #include "data/definition.h"
+#include "data/iterator_state.h"
 #include "data/op_kernel.h"
 #include "data/ops.h"
 #include "data/ops/csv.h"
@@ -84,6 +85,95 @@ Pipeline::Pipeline(std::shared_ptr<const Dataset::Impl> definition,
 }
 
 Pipeline::~Pipeline() = default;
+
+namespace {
+
+// The ops of the root definition, depth first: the stable index a per-op
+// state is saved under.
+void index_ops(wire::Op::Reader op, std::vector<const void*>& keys) {
+  keys.push_back(op_key(op));
+  if (op.hasInput()) index_ops(op.getInput(), keys);
+  for (auto input : op.getInputs()) index_ops(input, keys);
+}
+
+}  // namespace
+
+uint64_t Pipeline::fingerprint() const {
+  // Canonical bytes: the same definition built in another process, or sent
+  // over the wire, has the same fingerprint. Computed on save and restore
+  // only: a from_tensors definition may be large.
+  auto words = capnp::canonicalize(definition_->def());
+  auto bytes = words.asBytes();
+  return fingerprint_of(std::string_view(reinterpret_cast<const char*>(bytes.begin()), bytes.size()));
+}
+
+Result<std::string> Pipeline::save(IteratorBase& root) {
+  StateWriter writer;
+  // Threads paused by the iterators' saves stay paused until the per-op
+  // states are written too, so the two agree.
+  struct Resume {
+    StateWriter& writer;
+    ~Resume() { writer.resume(); }
+  } resume{writer};
+  CAPSTAN_RETURN_IF_ERROR(root.save(writer));
+  std::vector<const void*> keys;
+  index_ops(definition_->root(), keys);
+  std::vector<std::pair<size_t, std::shared_ptr<PipelineState>>> states;
+  {
+    MutexLock lock(mutex_);
+    for (auto& [key, state] : states_) {
+      auto at = std::find(keys.begin(), keys.end(), key);
+      if (at != keys.end()) states.emplace_back(static_cast<size_t>(at - keys.begin()), state);
+    }
+  }
+  writer.begin("pipeline");
+  writer.write_int(static_cast<int64_t>(states.size()));
+  for (auto& [index, state] : states) {
+    writer.write_int(static_cast<int64_t>(index));
+    StateWriter nested;
+    state->save(nested);
+    writer.write_bytes(nested.body());
+  }
+  return writer.finish(fingerprint());
+}
+
+Status Pipeline::restore(IteratorBase& root, std::string_view state) {
+  CAPSTAN_ASSIGN_OR_RETURN(StateReader reader, StateReader::open(state, fingerprint()));
+  CAPSTAN_RETURN_IF_ERROR(root.restore(reader));
+  std::vector<const void*> keys;
+  index_ops(definition_->root(), keys);
+  CAPSTAN_RETURN_IF_ERROR(reader.begin("pipeline"));
+  int64_t count = 0;
+  CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&count, 0, static_cast<int64_t>(keys.size()), "the number of op states"));
+  for (int64_t i = 0; i < count; ++i) {
+    int64_t index = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&index, 0, static_cast<int64_t>(keys.size()) - 1, "an op index"));
+    std::string bytes;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bytes(&bytes));
+    MutexLock lock(mutex_);
+    auto found = states_.find(keys[static_cast<size_t>(index)]);
+    if (found != states_.end()) {
+      StateReader nested = StateReader::nested(bytes);
+      CAPSTAN_RETURN_IF_ERROR(found->second->restore(nested));
+      CAPSTAN_RETURN_IF_ERROR(nested.finish());
+    } else {
+      // Its op has no iterator yet (a repeat between epochs): the state is
+      // made, and restored, when it gets one.
+      pending_[keys[static_cast<size_t>(index)]] = std::move(bytes);
+    }
+  }
+  return reader.finish();
+}
+
+Status Pipeline::restore_pending(const void* key, PipelineState& state) {
+  auto found = pending_.find(key);
+  if (found == pending_.end()) return Status::Ok();
+  std::string bytes = std::move(found->second);
+  pending_.erase(found);
+  StateReader nested = StateReader::nested(bytes);
+  CAPSTAN_RETURN_IF_ERROR(state.restore(nested));
+  return nested.finish();
+}
 
 Status MemoryBudget::charge(int64_t bytes, std::string_view op) {
   int64_t before = used_.fetch_add(bytes, std::memory_order_relaxed);
@@ -238,6 +328,8 @@ class RootIterator final : public Iterator {
   ~RootIterator() override { root_.reset(); }
 
   Result<std::optional<Element>> get_next() override {
+    CAPSTAN_RETURN_IF_ERROR(broken_);
+    started_ = true;
     Element element;
     bool end = false;
     CAPSTAN_RETURN_IF_ERROR(root_->get_next(&element, &end));
@@ -245,9 +337,36 @@ class RootIterator final : public Iterator {
     return std::optional<Element>(std::move(element));
   }
 
+  Result<std::string> save() override {
+    CAPSTAN_RETURN_IF_ERROR(broken_);
+    return pipeline_->save(*root_);
+  }
+
+  Status restore(std::string_view state) override {
+    if (started_) {
+      return Status::FailedPrecondition(
+          "restore() must come before the first get_next(); make a new iterator of the dataset and restore "
+          "into it");
+    }
+    started_ = true;
+    Status restored;
+    try {
+      restored = pipeline_->restore(*root_, state);
+    } catch (const kj::Exception& e) {
+      restored = Status::InvalidArgument(std::string("restoring an iterator: ") + e.getDescription().cStr());
+    }
+    if (!restored.ok()) {
+      broken_ = Status::FailedPrecondition("this iterator's restore failed (" + restored.message() +
+                                           "); make a new iterator");
+    }
+    return restored;
+  }
+
  private:
   std::unique_ptr<Pipeline> pipeline_;
   std::unique_ptr<IteratorBase> root_;
+  bool started_ = false;
+  Status broken_;
 };
 
 }  // namespace

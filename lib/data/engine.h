@@ -18,6 +18,7 @@
 #include <atomic>
 #include <functional>
 #include <map>
+#include <type_traits>
 #include <string_view>
 #include <memory>
 #include <thread>
@@ -31,12 +32,24 @@
 
 namespace capstan::data::engine {
 
+class StateWriter;
+class StateReader;
+
 class IteratorBase {
  public:
   virtual ~IteratorBase() = default;
   // Sets *end_of_sequence, or fills *out. A non-OK status is one element's
   // error: the next call continues with the following element.
   virtual Status get_next(Element* out, bool* end_of_sequence) = 0;
+  // Writes this iterator's position, then its inputs' (iterator_state.h), so
+  // that an iterator of the same op restored from it yields what this one
+  // would have yielded next. Iterators with background threads pause them
+  // and write what they had buffered. FailedPrecondition naming the op where
+  // the position lives elsewhere (splits handed out by a data service).
+  virtual Status save(StateWriter& writer) = 0;
+  // Reads back what save() wrote, into an iterator just made from the same
+  // op that has produced nothing yet.
+  virtual Status restore(StateReader& reader) = 0;
 };
 
 // The bytes the buffering ops of one pipeline hold at once (shuffle and
@@ -101,6 +114,15 @@ class HeldBytes {
 inline constexpr int64_t kMaxParallelCalls = 1024;
 inline constexpr int64_t kMaxCycleLength = 1024;
 
+// Per-op state that outlives an op's iterators (shuffle epochs under
+// repeat, caches); saved with the pipeline's iterators.
+class PipelineState {
+ public:
+  virtual ~PipelineState() = default;
+  virtual void save(StateWriter& writer) = 0;
+  virtual Status restore(StateReader& reader) = 0;
+};
+
 // Shared by every iterator of one pipeline. Thread-safe.
 class Pipeline {
  public:
@@ -127,12 +149,25 @@ class Pipeline {
   // interleave function) get fresh state each time.
   template <typename T>
   std::shared_ptr<T> state(const void* key) {
+    static_assert(std::is_base_of_v<PipelineState, T>);
     if (!definition_->contains(key)) return std::make_shared<T>();
     MutexLock lock(mutex_);
     auto& slot = states_[key];
-    if (!slot) slot = std::make_shared<T>();
+    if (!slot) {
+      auto made = std::make_shared<T>();
+      // A restored state that waited for its op's first iterator; a damaged
+      // one leaves the fresh state (restore() checked its framing).
+      (void)restore_pending(key, *made);
+      slot = made;
+    }
     return std::static_pointer_cast<T>(slot);
   }
+
+  // Saves `root` (this pipeline's root iterator) and the per-op states, as
+  // Iterator::save() returns them.
+  Result<std::string> save(IteratorBase& root);
+  // Restores them into `root`, just made by make_iterator() for this pipeline.
+  Status restore(IteratorBase& root, std::string_view state);
 
  private:
   const std::shared_ptr<const Dataset::Impl> definition_;
@@ -142,8 +177,13 @@ class Pipeline {
   const int cpu_budget_;
   Autotuner autotuner_;
   MemoryBudget memory_;
+  Status restore_pending(const void* key, PipelineState& state) REQUIRES(mutex_);
+  uint64_t fingerprint() const;
+
   Mutex mutex_;
-  std::map<const void*, std::shared_ptr<void>> states_ GUARDED_BY(mutex_);
+  std::map<const void*, std::shared_ptr<PipelineState>> states_ GUARDED_BY(mutex_);
+  // Saved states of ops that had no iterator when restore() ran.
+  std::map<const void*, std::string> pending_ GUARDED_BY(mutex_);
 };
 
 // Creates the iterator of `op` (and, recursively, of its inputs). The

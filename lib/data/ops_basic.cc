@@ -8,6 +8,7 @@
 #include <filesystem>
 #include <random>
 #include <set>
+#include <sstream>
 #include <unistd.h>
 
 #include "data/definition.h"
@@ -15,6 +16,7 @@
 #include "data/io/fixed_length.h"
 #include "data/io/text_line.h"
 #include "data/io/tfrecord.h"
+#include "data/iterator_state.h"
 #include "data/ops.h"
 #include "data/tensor_util.h"
 #include "io/durable_file.h"
@@ -46,6 +48,40 @@ uint64_t epoch_seed(std::optional<uint64_t> seed, uint64_t epoch) {
   return z ^ (z >> 31);
 }
 
+// FailedPrecondition for an iterator reading splits: where it is lives with
+// whoever hands the splits out.
+Status on_splits(const char* op) {
+  return Status::FailedPrecondition(std::string(op) +
+                                    ": reads splits handed out by a data service dispatcher, which holds its "
+                                    "position; an iterator reading splits cannot save or restore one");
+}
+
+// Elements kept in a buffer, written with their count.
+void write_elements(StateWriter& writer, const std::vector<Element>& elements) {
+  writer.write_int(static_cast<int64_t>(elements.size()));
+  for (const auto& e : elements) writer.write_element(e);
+}
+
+// Reads them back (each element is checked as it is read, so a count larger
+// than the bytes hold fails at the end of the state, not in an allocation).
+Status read_elements(StateReader& reader, std::vector<Element>* elements) {
+  int64_t count = 0;
+  CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&count, 0, INT64_MAX, "an element count"));
+  elements->clear();
+  for (int64_t i = 0; i < count; ++i) {
+    Element e;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_element(&e));
+    elements->push_back(std::move(e));
+  }
+  return Status::Ok();
+}
+
+// Counts restored elements against the memory budget, as filling did.
+Status charge_all(HeldBytes& held, const std::vector<Element>& elements) {
+  for (const auto& e : elements) CAPSTAN_RETURN_IF_ERROR(held.add(footprint(e)));
+  return Status::Ok();
+}
+
 // ---- Sources ------------------------------------------------------------------
 
 class RangeIterator final : public IteratorBase {
@@ -62,6 +98,15 @@ class RangeIterator final : public IteratorBase {
     *end = false;
     return Status::Ok();
   }
+  Status save(StateWriter& writer) override {
+    writer.begin("range");
+    writer.write_int(next_);
+    return Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("range"));
+    return reader.read_int(&next_);
+  }
 
  private:
   int64_t next_;
@@ -69,57 +114,101 @@ class RangeIterator final : public IteratorBase {
   const int64_t step_;
 };
 
+// `save_elements`: the elements go into the saved state too (list_files,
+// whose order a restored iterator could not reproduce: an unseeded shuffle,
+// or files added since).
 class VectorIterator final : public IteratorBase {
  public:
-  explicit VectorIterator(std::vector<Element> elements) : elements_(std::move(elements)) {}
+  VectorIterator(std::vector<Element> elements, const char* op, bool save_elements = false)
+      : elements_(std::move(elements)), op_(op), save_elements_(save_elements) {}
   Status get_next(Element* out, bool* end) override {
     *end = next_ >= elements_.size();
     if (!*end) *out = elements_[next_++];
     return Status::Ok();
   }
+  Status save(StateWriter& writer) override {
+    writer.begin(op_);
+    writer.write_int(static_cast<int64_t>(next_));
+    if (save_elements_) write_elements(writer, elements_);
+    return Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin(op_));
+    int64_t next = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&next, 0, INT64_MAX, "the next element's index"));
+    if (save_elements_) CAPSTAN_RETURN_IF_ERROR(read_elements(reader, &elements_));
+    if (next > static_cast<int64_t>(elements_.size())) {
+      return Status::InvalidArgument(std::string(op_) + ": the saved position " + std::to_string(next) +
+                                     " is past its " + std::to_string(elements_.size()) + " elements");
+    }
+    next_ = static_cast<size_t>(next);
+    return Status::Ok();
+  }
 
  private:
-  const std::vector<Element> elements_;
+  std::vector<Element> elements_;
+  const char* const op_;
+  const bool save_elements_;
   size_t next_ = 0;
 };
 
 // Where a file source gets its next file name: a fixed list, or a split
-// provider. nullopt: no more files.
-using NextFile = std::function<Result<std::optional<std::string>>()>;
+// provider.
+class FileQueue {
+ public:
+  explicit FileQueue(std::vector<std::string> files) : files_(std::move(files)) {}
+  explicit FileQueue(SplitProvider* splits) : splits_(splits) {}
 
-NextFile files_of(std::vector<std::string> files) {
-  auto shared = std::make_shared<std::vector<std::string>>(std::move(files));
-  auto next = std::make_shared<size_t>(0);
-  return [shared, next]() -> Result<std::optional<std::string>> {
-    if (*next >= shared->size()) return std::optional<std::string>();
-    return std::optional<std::string>((*shared)[(*next)++]);
-  };
-}
-
-NextFile files_of(SplitProvider* splits) {
-  return [splits]() -> Result<std::optional<std::string>> {
-    CAPSTAN_ASSIGN_OR_RETURN(auto split, splits->get_next());
+  // nullopt: no more files.
+  Result<std::optional<std::string>> next() {
+    if (splits_ == nullptr) {
+      if (next_ >= files_.size()) return std::optional<std::string>();
+      return std::optional<std::string>(files_[next_++]);
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(auto split, splits_->get_next());
     if (!split) return std::optional<std::string>();
     if (split->components.size() != 1 || split->components[0].dtype() != DType::kString ||
         split->components[0].num_elements() != 1) {
       return Status::InvalidArgument("a file split must be one file name");
     }
     return std::optional<std::string>(std::string(split->components[0].string_at(0)));
-  };
-}
+  }
 
-// Reads the records of one file after another.
+  bool on_splits() const { return splits_ != nullptr; }
+  // Files of the list handed out so far.
+  size_t position() const { return next_; }
+  // Hands out the list from file `position` on; returns that file's
+  // predecessor (the file being read at `position`), if any.
+  Result<std::optional<std::string>> seek(int64_t position) {
+    if (position < 0 || position > static_cast<int64_t>(files_.size())) {
+      return Status::InvalidArgument("the saved file position " + std::to_string(position) + " is outside the " +
+                                     std::to_string(files_.size()) + " files");
+    }
+    next_ = static_cast<size_t>(position);
+    if (next_ == 0) return std::optional<std::string>();
+    return std::optional<std::string>(files_[next_ - 1]);
+  }
+
+ private:
+  const std::vector<std::string> files_;
+  SplitProvider* const splits_ = nullptr;
+  size_t next_ = 0;
+};
+
+// Reads the records of one file after another. Its saved position is the
+// file and the number of records read from it; a restore reopens the file
+// and reads past them (for every format and compression alike).
 template <typename Reader>
 class FileRecordIterator final : public IteratorBase {
  public:
   using Opener = std::function<Result<std::unique_ptr<Reader>>(const std::string&)>;
-  FileRecordIterator(NextFile next_file, Opener open)
-      : next_file_(std::move(next_file)), open_(std::move(open)) {}
+  FileRecordIterator(FileQueue files, Opener open, const char* op)
+      : files_(std::move(files)), open_(std::move(open)), op_(op) {}
 
   Status get_next(Element* out, bool* end) override {
     while (true) {
       if (reader_ == nullptr) {
-        CAPSTAN_ASSIGN_OR_RETURN(auto file, next_file_());
+        CAPSTAN_ASSIGN_OR_RETURN(auto file, files_.next());
         if (!file) {
           *end = true;
           return Status::Ok();
@@ -127,6 +216,7 @@ class FileRecordIterator final : public IteratorBase {
         auto opened = open_(*file);
         if (!opened.ok()) return opened.status();
         reader_ = std::move(*opened);
+        records_ = 0;
       }
       Tensor t;
       auto more = read_record(&t);
@@ -138,10 +228,46 @@ class FileRecordIterator final : public IteratorBase {
         reader_ = nullptr;
         continue;
       }
+      ++records_;
       *out = scalar_element(std::move(t));
       *end = false;
       return Status::Ok();
     }
+  }
+
+  Status save(StateWriter& writer) override {
+    if (files_.on_splits()) return on_splits(op_);
+    writer.begin(op_);
+    writer.write_int(static_cast<int64_t>(files_.position()));
+    writer.write_bool(reader_ != nullptr);
+    writer.write_int(records_);
+    return Status::Ok();
+  }
+
+  Status restore(StateReader& reader) override {
+    if (files_.on_splits()) return on_splits(op_);
+    CAPSTAN_RETURN_IF_ERROR(reader.begin(op_));
+    int64_t position = 0;
+    bool open = false;
+    int64_t records = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int(&position));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&open));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&records, 0, INT64_MAX, "a record count"));
+    CAPSTAN_ASSIGN_OR_RETURN(auto current, files_.seek(position));
+    if (!open) return Status::Ok();
+    if (!current) return Status::InvalidArgument(std::string(op_) + ": the saved state reads a file before the first");
+    CAPSTAN_ASSIGN_OR_RETURN(reader_, open_(*current));
+    for (records_ = 0; records_ < records; ++records_) {
+      Tensor skipped;
+      auto more = read_record(&skipped);
+      if (!more.ok()) return more.status().with_context(std::string(op_) + ": restoring the position in " + *current);
+      if (!*more) {
+        return Status::DataLoss(std::string(op_) + ": " + *current + " has " + std::to_string(records_) +
+                                " records, but the saved position is after record " + std::to_string(records) +
+                                "; the file changed since the state was saved");
+      }
+    }
+    return Status::Ok();
   }
 
  private:
@@ -160,32 +286,36 @@ class FileRecordIterator final : public IteratorBase {
     }
   }
 
-  const NextFile next_file_;
+  FileQueue files_;
   const Opener open_;
+  const char* const op_;
   std::unique_ptr<Reader> reader_;
+  int64_t records_ = 0;  // read from reader_'s file
 };
 
-IteratorPtr text_line_iterator(NextFile next, Compression compression) {
+IteratorPtr text_line_iterator(FileQueue files, Compression compression) {
   return std::make_unique<FileRecordIterator<io::TextLineReader>>(
-      std::move(next), [compression](const std::string& file) {
-        return io::TextLineReader::open(file, to_io(compression));
-      });
+      std::move(files),
+      [compression](const std::string& file) { return io::TextLineReader::open(file, to_io(compression)); },
+      "text_line");
 }
 
-IteratorPtr tfrecord_iterator(NextFile next, Compression compression) {
+IteratorPtr tfrecord_iterator(FileQueue files, Compression compression) {
   return std::make_unique<FileRecordIterator<io::TFRecordReader>>(
-      std::move(next), [compression](const std::string& file) {
-        return io::TFRecordReader::open(file, to_io(compression));
-      });
+      std::move(files),
+      [compression](const std::string& file) { return io::TFRecordReader::open(file, to_io(compression)); },
+      "tfrecord");
 }
 
-IteratorPtr fixed_length_iterator(NextFile next, int64_t record_bytes, int64_t header_bytes,
+IteratorPtr fixed_length_iterator(FileQueue files, int64_t record_bytes, int64_t header_bytes,
                                   int64_t footer_bytes, Compression compression) {
   return std::make_unique<FileRecordIterator<io::FixedLengthRecordReader>>(
-      std::move(next), [=](const std::string& file) {
+      std::move(files),
+      [=](const std::string& file) {
         return io::FixedLengthRecordReader::open(file, record_bytes, header_bytes, footer_bytes,
                                                  to_io(compression));
-      });
+      },
+      "fixed_length");
 }
 
 // range() over the index chunks [begin, end) a provider hands out.
@@ -211,6 +341,8 @@ class SplitRangeIterator final : public IteratorBase {
     *end = false;
     return Status::Ok();
   }
+  Status save(StateWriter&) override { return on_splits("range"); }
+  Status restore(StateReader&) override { return on_splits("range"); }
 
  private:
   const int64_t start_;
@@ -222,9 +354,11 @@ class SplitRangeIterator final : public IteratorBase {
 
 class FileNameIterator final : public IteratorBase {
  public:
-  explicit FileNameIterator(NextFile next) : next_(std::move(next)) {}
+  explicit FileNameIterator(FileQueue files) : files_(std::move(files)) {}
+  Status save(StateWriter&) override { return on_splits("list_files"); }
+  Status restore(StateReader&) override { return on_splits("list_files"); }
   Status get_next(Element* out, bool* end) override {
-    CAPSTAN_ASSIGN_OR_RETURN(auto file, next_());
+    CAPSTAN_ASSIGN_OR_RETURN(auto file, files_.next());
     *end = !file;
     if (file) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor t, string_scalar(*file));
@@ -234,7 +368,7 @@ class FileNameIterator final : public IteratorBase {
   }
 
  private:
-  const NextFile next_;
+  FileQueue files_;
 };
 
 // ---- Transformations ----------------------------------------------------------------
@@ -248,6 +382,14 @@ class MapIterator final : public IteratorBase {
     if (*end) return Status::Ok();
     CAPSTAN_ASSIGN_OR_RETURN(*out, fn_(std::move(in)));
     return Status::Ok();
+  }
+  Status save(StateWriter& writer) override {
+    writer.begin("map");
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("map"));
+    return input_->restore(reader);
   }
 
  private:
@@ -265,6 +407,14 @@ class FilterIterator final : public IteratorBase {
       CAPSTAN_ASSIGN_OR_RETURN(bool keep, fn_(*out));
       if (keep) return Status::Ok();
     }
+  }
+  Status save(StateWriter& writer) override {
+    writer.begin("filter");
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("filter"));
+    return input_->restore(reader);
   }
 
  private:
@@ -310,6 +460,15 @@ class BatchIterator final : public IteratorBase {
     }
     CAPSTAN_ASSIGN_OR_RETURN(*out, batch_elements(batch));
     return Status::Ok();
+  }
+  // A batch is collected within one call: only the input has a position.
+  Status save(StateWriter& writer) override {
+    writer.begin("batch");
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("batch"));
+    return input_->restore(reader);
   }
 
  private:
@@ -367,6 +526,14 @@ class PaddedBatchIterator final : public IteratorBase {
     }
     *out = std::move(result);
     return Status::Ok();
+  }
+  Status save(StateWriter& writer) override {
+    writer.begin("padded_batch");
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("padded_batch"));
+    return input_->restore(reader);
   }
 
  private:
@@ -440,6 +607,36 @@ class RebatchIterator final : public IteratorBase {
     return Status::Ok();
   }
 
+  // The partial input batches, and how many rows of the first were emitted.
+  Status save(StateWriter& writer) override {
+    writer.begin("rebatch");
+    write_elements(writer, std::vector<Element>(pending_.begin(), pending_.end()));
+    writer.write_int(head_offset_);
+    writer.write_bool(input_end_);
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("rebatch"));
+    std::vector<Element> pending;
+    CAPSTAN_RETURN_IF_ERROR(read_elements(reader, &pending));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int(&head_offset_));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&input_end_));
+    buffered_rows_ = -head_offset_;
+    for (const auto& e : pending) {
+      if (e.components.empty() || e.components[0].rank() == 0 || e.components[0].shape()[0] == 0) {
+        return Status::InvalidArgument("rebatch: a saved partial batch is not a non-empty batch");
+      }
+      buffered_rows_ += e.components[0].shape()[0];
+    }
+    if (head_offset_ < 0 || (pending.empty() ? head_offset_ != 0
+                                             : head_offset_ >= pending.front().components[0].shape()[0])) {
+      return Status::InvalidArgument("rebatch: the saved row offset " + std::to_string(head_offset_) +
+                                     " is outside the first saved batch");
+    }
+    pending_.assign(std::make_move_iterator(pending.begin()), std::make_move_iterator(pending.end()));
+    return input_->restore(reader);
+  }
+
  private:
   IteratorPtr input_;
   const int64_t batch_size_;
@@ -450,8 +647,16 @@ class RebatchIterator final : public IteratorBase {
   bool input_end_ = false;
 };
 
-struct EpochCounter {
+// Epochs begun by an op's iterators (each shuffles with its epoch's seed).
+struct EpochCounter final : PipelineState {
   std::atomic<uint64_t> next{0};
+  void save(StateWriter& writer) override { writer.write_int(static_cast<int64_t>(next.load())); }
+  Status restore(StateReader& reader) override {
+    int64_t value = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&value, 0, INT64_MAX, "an epoch count"));
+    next = static_cast<uint64_t>(value);
+    return Status::Ok();
+  }
 };
 
 // TF's shuffle: fill the buffer, then emit a uniformly chosen element and put
@@ -513,6 +718,37 @@ class ShuffleIterator final : public IteratorBase {
     return Status::Ok();
   }
 
+  // The buffer and the generator's state: the restored iterator draws the
+  // same indices.
+  Status save(StateWriter& writer) override {
+    writer.begin("shuffle");
+    std::ostringstream rng;
+    rng << rng_;
+    writer.write_bytes(rng.str());
+    write_elements(writer, buffer_);
+    writer.write_bool(input_end_);
+    writer.write_status(failed_);
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("shuffle"));
+    std::string rng;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bytes(&rng));
+    std::istringstream in(rng);
+    in >> rng_;
+    if (!in) return Status::InvalidArgument("shuffle: the saved random generator state does not parse");
+    CAPSTAN_RETURN_IF_ERROR(read_elements(reader, &buffer_));
+    if (static_cast<int64_t>(buffer_.size()) > buffer_size_) {
+      return Status::InvalidArgument("shuffle: " + std::to_string(buffer_.size()) +
+                                     " saved elements do not fit its buffer of " + std::to_string(buffer_size_));
+    }
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&input_end_));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_status(&failed_));
+    held_.clear();
+    CAPSTAN_RETURN_IF_ERROR(charge_all(held_, buffer_));
+    return input_->restore(reader);
+  }
+
  private:
   IteratorPtr input_;
   const int64_t buffer_size_;
@@ -547,6 +783,24 @@ class RepeatIterator final : public IteratorBase {
     return Status::Ok();
   }
 
+  Status save(StateWriter& writer) override {
+    writer.begin("repeat");
+    writer.write_int(epoch_);
+    writer.write_bool(produced_this_epoch_);
+    writer.write_bool(current_ != nullptr);
+    return current_ != nullptr ? current_->save(writer) : Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("repeat"));
+    bool has_current = false;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&epoch_, 0, INT64_MAX, "an epoch"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&produced_this_epoch_));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&has_current));
+    if (!has_current) return Status::Ok();
+    CAPSTAN_ASSIGN_OR_RETURN(current_, factory_());
+    return current_->restore(reader);
+  }
+
  private:
   const IteratorFactory factory_;
   const int64_t count_;
@@ -570,6 +824,16 @@ class ShardIterator final : public IteratorBase {
     }
     return input_->get_next(out, end);
   }
+  Status save(StateWriter& writer) override {
+    writer.begin("shard");
+    writer.write_bool(first_);
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("shard"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&first_));
+    return input_->restore(reader);
+  }
 
  private:
   IteratorPtr input_;
@@ -591,6 +855,23 @@ class TakeIterator final : public IteratorBase {
     if (!*end && remaining_ > 0) --remaining_;
     return Status::Ok();
   }
+  Status save(StateWriter& writer) override {
+    writer.begin("take");
+    writer.write_int(remaining_);
+    writer.write_bool(input_ != nullptr);
+    return input_ != nullptr ? input_->save(writer) : Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("take"));
+    bool has_input = false;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&remaining_, -1, INT64_MAX, "the elements left to take"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&has_input));
+    if (!has_input) {
+      input_ = nullptr;
+      return remaining_ == 0 ? Status::Ok() : Status::InvalidArgument("take: a saved state without its input");
+    }
+    return input_->restore(reader);
+  }
 
  private:
   IteratorPtr input_;
@@ -608,6 +889,16 @@ class SkipIterator final : public IteratorBase {
       if (to_skip_ > 0) --to_skip_;
     }
     return input_->get_next(out, end);
+  }
+  Status save(StateWriter& writer) override {
+    writer.begin("skip");
+    writer.write_int(to_skip_);
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("skip"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&to_skip_, -1, INT64_MAX, "the elements left to skip"));
+    return input_->restore(reader);
   }
 
  private:
@@ -633,6 +924,16 @@ class ZipIterator final : public IteratorBase {
     }
     if (!all_named) result.names.clear();
     *out = std::move(result);
+    return Status::Ok();
+  }
+  Status save(StateWriter& writer) override {
+    writer.begin("zip");
+    for (auto& input : inputs_) CAPSTAN_RETURN_IF_ERROR(input->save(writer));
+    return Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("zip"));
+    for (auto& input : inputs_) CAPSTAN_RETURN_IF_ERROR(input->restore(reader));
     return Status::Ok();
   }
 
@@ -672,6 +973,36 @@ class ConcatenateIterator final : public IteratorBase {
     return Status::Ok();
   }
 
+  Status save(StateWriter& writer) override {
+    writer.begin("concatenate");
+    writer.write_int(static_cast<int64_t>(next_));
+    writer.write_int(static_cast<int64_t>(signature_.size()));
+    for (DType d : signature_) writer.write_int(static_cast<int64_t>(d));
+    writer.write_bool(current_ != nullptr);
+    return current_ != nullptr ? current_->save(writer) : Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("concatenate"));
+    int64_t next = 0;
+    int64_t components = 0;
+    bool has_current = false;
+    CAPSTAN_RETURN_IF_ERROR(
+        reader.read_int_in(&next, 0, static_cast<int64_t>(inputs_.size()), "the next dataset's index"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&components, 0, 1 << 16, "a component count"));
+    signature_.clear();
+    for (int64_t i = 0; i < components; ++i) {
+      int64_t dtype = 0;
+      CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&dtype, 0, 255, "a dtype"));
+      signature_.push_back(static_cast<DType>(dtype));
+    }
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&has_current));
+    next_ = static_cast<size_t>(next);
+    if (!has_current) return Status::Ok();
+    if (next_ == 0) return Status::InvalidArgument("concatenate: the saved state reads a dataset before the first");
+    CAPSTAN_ASSIGN_OR_RETURN(current_, inputs_[next_ - 1]());
+    return current_->restore(reader);
+  }
+
  private:
   const std::vector<IteratorFactory> inputs_;
   size_t next_ = 0;
@@ -681,10 +1012,28 @@ class ConcatenateIterator final : public IteratorBase {
 
 // In-memory cache: the first complete pass fills it; later passes (e.g. the
 // epochs of a repeat) read from it. A pass abandoned midway caches nothing.
-struct MemoryCache {
+struct MemoryCache final : PipelineState {
   Mutex mutex;
   bool complete GUARDED_BY(mutex) = false;
   std::shared_ptr<const std::vector<Element>> elements GUARDED_BY(mutex);
+
+  // A complete cache is saved with its elements (as TF does).
+  void save(StateWriter& writer) override {
+    MutexLock lock(mutex);
+    writer.write_bool(complete);
+    if (complete) write_elements(writer, *elements);
+  }
+  Status restore(StateReader& reader) override {
+    bool was_complete = false;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&was_complete));
+    if (!was_complete) return Status::Ok();
+    std::vector<Element> saved;
+    CAPSTAN_RETURN_IF_ERROR(read_elements(reader, &saved));
+    MutexLock lock(mutex);
+    elements = std::make_shared<const std::vector<Element>>(std::move(saved));
+    complete = true;
+    return Status::Ok();
+  }
 };
 
 class MemoryCacheIterator final : public IteratorBase {
@@ -698,6 +1047,11 @@ class MemoryCacheIterator final : public IteratorBase {
     }
   }
   Status get_next(Element* out, bool* end) override {
+    if (reads_cache_ && !cached_) {  // restored: the pipeline's states are back now
+      MutexLock lock(cache_->mutex);
+      if (!cache_->complete) return Status::DataLoss("cache: the restored state lacks the cached elements");
+      cached_ = cache_->elements;
+    }
     if (cached_) {
       *end = next_ >= cached_->size();
       if (!*end) *out = (*cached_)[next_++];
@@ -725,9 +1079,44 @@ class MemoryCacheIterator final : public IteratorBase {
     return Status::Ok();
   }
 
+  // Reading the cache: the index. Filling it: what it holds so far, and the
+  // input's position.
+  Status save(StateWriter& writer) override {
+    writer.begin("cache");
+    writer.write_bool(cached_ != nullptr || reads_cache_);
+    if (cached_ != nullptr || reads_cache_) {
+      writer.write_int(static_cast<int64_t>(next_));
+      return Status::Ok();
+    }
+    write_elements(writer, filling_);
+    writer.write_status(failed_);
+    return input_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("cache"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&reads_cache_));
+    if (reads_cache_) {
+      int64_t next = 0;
+      CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&next, 0, INT64_MAX, "the next cached element's index"));
+      next_ = static_cast<size_t>(next);
+      cached_ = nullptr;  // taken from the restored cache on the first get_next
+      input_ = nullptr;
+      return Status::Ok();
+    }
+    if (cached_ != nullptr || input_ == nullptr) {
+      return Status::InvalidArgument("cache: the saved state fills a cache that this pipeline already holds");
+    }
+    CAPSTAN_RETURN_IF_ERROR(read_elements(reader, &filling_));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_status(&failed_));
+    held_.clear();
+    CAPSTAN_RETURN_IF_ERROR(charge_all(held_, filling_));
+    return input_->restore(reader);
+  }
+
  private:
   IteratorPtr input_;
   std::shared_ptr<MemoryCache> cache_;
+  bool reads_cache_ = false;  // restored while reading the cache
   std::shared_ptr<const std::vector<Element>> cached_;
   size_t next_ = 0;
   std::vector<Element> filling_;
@@ -739,6 +1128,8 @@ class MemoryCacheIterator final : public IteratorBase {
 // File cache: a TFRecord file of serialized elements. The first complete
 // pass writes `<filename>.tmp-<pid>` and renames it to `filename`, so a file
 // under that name is always complete and is reused by later passes and runs.
+// A restored iterator that was writing reads on from its input without
+// writing: the elements before the save are not in a file of this process.
 class FileCacheIterator final : public IteratorBase {
  public:
   FileCacheIterator(IteratorFactory input, std::string filename)
@@ -751,26 +1142,29 @@ class FileCacheIterator final : public IteratorBase {
   }
 
   Status get_next(Element* out, bool* end) override {
-    if (!started_) {
-      started_ = true;
+    if (mode_ == Mode::kStart) {
       if (std::filesystem::exists(filename_)) {
         CAPSTAN_ASSIGN_OR_RETURN(reader_, io::TFRecordReader::open(filename_, io::Compression::kNone));
+        mode_ = Mode::kReading;
       } else {
         CAPSTAN_ASSIGN_OR_RETURN(input_, input_factory_());
         temp_ = filename_ + ".tmp-" + std::to_string(::getpid());
         auto writer = io::TFRecordWriter::open(temp_, io::Compression::kNone);
         if (!writer.ok()) return writer.status().with_context("cache file " + filename_);
         writer_ = std::move(*writer);
+        mode_ = Mode::kWriting;
       }
     }
-    if (reader_ != nullptr) {
+    if (mode_ == Mode::kReading) {
       std::string record;
       CAPSTAN_ASSIGN_OR_RETURN(bool more, reader_->read(&record));
       *end = !more;
       if (!more) return Status::Ok();
+      ++records_;
       return decode(record, out);
     }
     CAPSTAN_RETURN_IF_ERROR(input_->get_next(out, end));
+    if (writer_ == nullptr) return Status::Ok();  // restored mid-write, or written
     if (*end) {
       Status closed = writer_->close();
       writer_ = nullptr;
@@ -783,7 +1177,40 @@ class FileCacheIterator final : public IteratorBase {
     return writer_->write(rpc::element_to_bytes(*out));
   }
 
+  Status save(StateWriter& writer) override {
+    writer.begin("cache");
+    writer.write_int(static_cast<int64_t>(mode_));
+    if (mode_ == Mode::kReading) writer.write_int(records_);
+    return mode_ == Mode::kWriting ? input_->save(writer) : Status::Ok();
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("cache"));
+    int64_t mode = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&mode, 0, 2, "the file cache's mode"));
+    mode_ = static_cast<Mode>(mode);
+    if (mode_ == Mode::kReading) {
+      int64_t records = 0;
+      CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&records, 0, INT64_MAX, "a record count"));
+      auto opened = io::TFRecordReader::open(filename_, io::Compression::kNone);
+      if (!opened.ok()) return opened.status().with_context("restoring cache file " + filename_);
+      reader_ = std::move(*opened);
+      std::string skipped;
+      for (records_ = 0; records_ < records; ++records_) {
+        CAPSTAN_ASSIGN_OR_RETURN(bool more, reader_->read(&skipped));
+        if (!more) return Status::DataLoss("cache file " + filename_ + " is shorter than the saved position");
+      }
+      return Status::Ok();
+    }
+    if (mode_ == Mode::kWriting) {
+      CAPSTAN_ASSIGN_OR_RETURN(input_, input_factory_());
+      return input_->restore(reader);
+    }
+    return Status::Ok();
+  }
+
  private:
+  enum class Mode : int64_t { kStart = 0, kReading = 1, kWriting = 2 };
+
   Status decode(const std::string& record, Element* out) {
     auto element = rpc::element_from_bytes(record);
     if (!element.ok()) {
@@ -796,9 +1223,10 @@ class FileCacheIterator final : public IteratorBase {
 
   const IteratorFactory input_factory_;
   const std::string filename_;
-  bool started_ = false;
+  Mode mode_ = Mode::kStart;
   IteratorPtr input_;
   std::unique_ptr<io::TFRecordReader> reader_;
+  int64_t records_ = 0;  // read from reader_
   std::unique_ptr<io::TFRecordWriter> writer_;
   std::string temp_;
 };
@@ -810,7 +1238,7 @@ IteratorPtr make_range(int64_t start, int64_t stop, int64_t step) {
 }
 
 IteratorPtr make_from_tensors(Element element) {
-  return std::make_unique<VectorIterator>(std::vector<Element>{std::move(element)});
+  return std::make_unique<VectorIterator>(std::vector<Element>{std::move(element)}, "from_tensors");
 }
 
 Result<IteratorPtr> make_from_tensor_slices(const Element& element) {
@@ -834,7 +1262,7 @@ Result<IteratorPtr> make_from_tensor_slices(const Element& element) {
     elements[i].names = element.names;
     for (auto& column : columns) elements[i].components.push_back(std::move(column[i]));
   }
-  return IteratorPtr(std::make_unique<VectorIterator>(std::move(elements)));
+  return IteratorPtr(std::make_unique<VectorIterator>(std::move(elements), "from_tensor_slices"));
 }
 
 Result<IteratorPtr> make_list_files(const std::vector<std::string>& patterns, bool shuffle,
@@ -857,20 +1285,20 @@ Result<IteratorPtr> make_list_files(const std::vector<std::string>& patterns, bo
     CAPSTAN_ASSIGN_OR_RETURN(Tensor t, string_scalar(f));
     elements.push_back(scalar_element(std::move(t)));
   }
-  return IteratorPtr(std::make_unique<VectorIterator>(std::move(elements)));
+  return IteratorPtr(std::make_unique<VectorIterator>(std::move(elements), "list_files", /*save_elements=*/true));
 }
 
 IteratorPtr make_text_line(std::vector<std::string> files, Compression compression) {
-  return text_line_iterator(files_of(std::move(files)), compression);
+  return text_line_iterator(FileQueue(std::move(files)), compression);
 }
 
 IteratorPtr make_tfrecord(std::vector<std::string> files, Compression compression) {
-  return tfrecord_iterator(files_of(std::move(files)), compression);
+  return tfrecord_iterator(FileQueue(std::move(files)), compression);
 }
 
 IteratorPtr make_fixed_length(std::vector<std::string> files, int64_t record_bytes,
                               int64_t header_bytes, int64_t footer_bytes, Compression compression) {
-  return fixed_length_iterator(files_of(std::move(files)), record_bytes, header_bytes, footer_bytes,
+  return fixed_length_iterator(FileQueue(std::move(files)), record_bytes, header_bytes, footer_bytes,
                                compression);
 }
 
@@ -879,20 +1307,20 @@ IteratorPtr make_split_range(int64_t start, int64_t step, SplitProvider* splits)
 }
 
 IteratorPtr make_split_files(SplitProvider* splits) {
-  return std::make_unique<FileNameIterator>(files_of(splits));
+  return std::make_unique<FileNameIterator>(FileQueue(splits));
 }
 
 IteratorPtr make_split_text_line(SplitProvider* splits, Compression compression) {
-  return text_line_iterator(files_of(splits), compression);
+  return text_line_iterator(FileQueue(splits), compression);
 }
 
 IteratorPtr make_split_tfrecord(SplitProvider* splits, Compression compression) {
-  return tfrecord_iterator(files_of(splits), compression);
+  return tfrecord_iterator(FileQueue(splits), compression);
 }
 
 IteratorPtr make_split_fixed_length(SplitProvider* splits, int64_t record_bytes, int64_t header_bytes,
                                     int64_t footer_bytes, Compression compression) {
-  return fixed_length_iterator(files_of(splits), record_bytes, header_bytes, footer_bytes, compression);
+  return fixed_length_iterator(FileQueue(splits), record_bytes, header_bytes, footer_bytes, compression);
 }
 
 IteratorPtr make_map(IteratorPtr input, MapFunction fn) {

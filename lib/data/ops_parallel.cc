@@ -7,6 +7,7 @@
 #include <thread>
 
 #include "data/definition.h"
+#include "data/iterator_state.h"
 #include "data/ops.h"
 #include "data/tensor_util.h"
 #include "sync/mutex.h"
@@ -24,7 +25,33 @@ struct Item {
   // An error that ends the producer (over the memory budget): like the end
   // marker it stays for later calls.
   bool terminal = false;
+
+  void save(StateWriter& writer) const {
+    writer.write_status(status);
+    writer.write_bool(end);
+    writer.write_bool(terminal);
+    if (status.ok() && !end) writer.write_element(element);
+  }
+  Status restore(StateReader& reader) {
+    CAPSTAN_RETURN_IF_ERROR(reader.read_status(&status));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&end));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&terminal));
+    if (status.ok() && !end) CAPSTAN_RETURN_IF_ERROR(reader.read_element(&element));
+    return Status::Ok();
+  }
 };
+
+// Reads `count` saved items (bounded by the bytes left, as each read checks).
+Status read_items(StateReader& reader, std::vector<Item>* items) {
+  int64_t count = 0;
+  CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&count, 0, INT64_MAX, "a buffered element count"));
+  for (int64_t i = 0; i < count; ++i) {
+    Item item;
+    CAPSTAN_RETURN_IF_ERROR(item.restore(reader));
+    items->push_back(std::move(item));
+  }
+  return Status::Ok();
+}
 
 // ---- Parallel map (optionally fused with batch) -------------------------------------
 
@@ -94,6 +121,54 @@ class ParallelMapIterator final : public IteratorBase {
     }
   }
 
+  // Pauses the workers (until the whole pipeline is saved), waits for the
+  // units they run, then writes every result not yet taken, in order.
+  Status save(StateWriter& writer) override {
+    {
+      MutexLock lock(mutex_);
+      paused_ = true;
+      while (running_ > 0) result_cv_.wait(mutex_);
+    }
+    writer.defer([this]() {
+      {
+        MutexLock lock(mutex_);
+        paused_ = false;
+      }
+      work_cv_.notify_all();
+    });
+    MutexLock input_lock(input_mutex_);
+    writer.begin(op_name());
+    {
+      MutexLock lock(mutex_);
+      writer.write_bool(input_end_);
+      writer.write_int(static_cast<int64_t>(slots_.size()));
+      for (const auto& slot : slots_) slot->item.save(writer);
+    }
+    return input_->save(writer);
+  }
+
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin(op_name()));
+    bool input_end = false;
+    std::vector<Item> items;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&input_end));
+    CAPSTAN_RETURN_IF_ERROR(read_items(reader, &items));
+    {
+      MutexLock lock(mutex_);
+      if (!threads_.empty()) return Status::FailedPrecondition(std::string(op_name()) + ": restore after get_next");
+      input_end_ = input_end;
+      slots_.clear();
+      for (auto& item : items) {
+        auto slot = std::make_shared<Slot>();
+        slot->done = true;
+        slot->item = std::move(item);
+        slots_.push_back(std::move(slot));
+      }
+    }
+    MutexLock input_lock(input_mutex_);
+    return input_->restore(reader);
+  }
+
  private:
   // Both fields are guarded by the iterator's mutex_ (a nested struct cannot
   // name it in an annotation).
@@ -102,7 +177,9 @@ class ParallelMapIterator final : public IteratorBase {
     Item item;
   };
 
-  void start_threads() {
+  const char* op_name() const { return batch_size_ > 0 ? "map_and_batch" : "parallel_map"; }
+
+  void start_threads() REQUIRES(mutex_) {
     for (int i = 0; i < max_threads_; ++i) threads_.emplace_back([this]() { work(); });
   }
 
@@ -119,12 +196,23 @@ class ParallelMapIterator final : public IteratorBase {
       std::vector<Element> inputs;
       Status input_status;
       {
+        MutexLock lock(mutex_);
+        while (!cancelled_ && !input_end_ && (paused_ || !has_room())) work_cv_.wait(mutex_);
+        if (cancelled_ || input_end_) return;
+        ++running_;
+      }
+      {
+        // The unit's place in the output is fixed under input_mutex_, which
+        // is taken only by a worker counted in running_ (save() waits for
+        // none to be).
         MutexLock input_lock(input_mutex_);
         {
           MutexLock lock(mutex_);
-          while (!cancelled_ && !input_end_ && !has_room()) work_cv_.wait(mutex_);
-          if (cancelled_ || input_end_) return;
-          ++running_;
+          if (cancelled_ || input_end_) {
+            --running_;
+            result_cv_.notify_all();
+            return;
+          }
         }
         // Pull one unit: an element, or a batch's worth.
         int64_t want = batch_size_ > 0 ? batch_size_ : 1;
@@ -203,33 +291,81 @@ class ParallelMapIterator final : public IteratorBase {
   int64_t running_ GUARDED_BY(mutex_) = 0;
   bool input_end_ GUARDED_BY(mutex_) = false;
   bool cancelled_ GUARDED_BY(mutex_) = false;
+  bool paused_ GUARDED_BY(mutex_) = false;  // by save()
 };
 
 // ---- Prefetch ---------------------------------------------------------------------
 
-// Pulls from its input on a background thread into a bounded queue.
+// Pulls from its input on a background thread into a bounded queue. The
+// thread starts with the first take() or ready() (so that a restore comes
+// before it pulls anything).
 class Prefetcher {
  public:
   Prefetcher(IteratorPtr input, std::shared_ptr<Knob> capacity, int64_t ram_budget, MemoryBudget& memory)
-      : input_(std::move(input)), capacity_(std::move(capacity)), ram_budget_(ram_budget), memory_(memory) {
-    thread_ = std::thread([this]() { run(); });
-  }
+      : input_(std::move(input)), capacity_(std::move(capacity)), ram_budget_(ram_budget), memory_(memory) {}
   ~Prefetcher() {
     {
       MutexLock lock(mutex_);
       cancelled_ = true;
     }
     cv_.notify_all();
-    thread_.join();
+    if (thread_.joinable()) thread_.join();
     MutexLock lock(mutex_);
     for (auto& item : queue_) {
       if (item.status.ok() && !item.end) memory_.release(footprint(item.element));
     }
   }
 
+  // Pauses the thread (until the whole pipeline is saved), then writes the
+  // queued items and the input's position.
+  Status save(StateWriter& writer) {
+    {
+      MutexLock lock(mutex_);
+      paused_ = true;
+      while (busy_) cv_.wait(mutex_);
+    }
+    writer.defer([this]() {
+      {
+        MutexLock lock(mutex_);
+        paused_ = false;
+      }
+      cv_.notify_all();
+    });
+    bool finished = false;
+    {
+      MutexLock lock(mutex_);
+      writer.write_int(static_cast<int64_t>(queue_.size()));
+      for (const auto& item : queue_) item.save(writer);
+      finished = !queue_.empty() && (queue_.back().end || queue_.back().terminal);
+    }
+    // The thread is parked outside input_ (or gone): reading it is safe.
+    return finished ? Status::Ok() : input_->save(writer);
+  }
+
+  Status restore(StateReader& reader) {
+    std::vector<Item> items;
+    CAPSTAN_RETURN_IF_ERROR(read_items(reader, &items));
+    bool finished = !items.empty() && (items.back().end || items.back().terminal);
+    {
+      MutexLock lock(mutex_);
+      if (started_) return Status::FailedPrecondition("prefetch: restore after the first element");
+      for (auto& item : items) {
+        if (item.status.ok() && !item.end) {
+          Status charged = memory_.charge(footprint(item.element), "prefetch");
+          if (!charged.ok()) return charged;
+        }
+        queue_.push_back(std::move(item));
+      }
+      // A producer that had ended does not start again.
+      started_ = finished;
+    }
+    return finished ? Status::Ok() : input_->restore(reader);
+  }
+
   // Blocks until an item is ready.
   Item take() {
     MutexLock lock(mutex_);
+    start();
     if (queue_.empty()) {
       auto started = Clock::now();
       while (queue_.empty()) cv_.wait(mutex_);
@@ -245,16 +381,26 @@ class Prefetcher {
   // Whether take() would return at once.
   bool ready() {
     MutexLock lock(mutex_);
+    start();
     return !queue_.empty();
   }
 
  private:
+  void start() REQUIRES(mutex_) {
+    if (started_) return;
+    started_ = true;
+    thread_ = std::thread([this]() { run(); });
+  }
+
   void run() {
     while (true) {
       {
         MutexLock lock(mutex_);
-        while (!cancelled_ && static_cast<int64_t>(queue_.size()) >= capacity_->value()) cv_.wait(mutex_);
+        while (!cancelled_ && (paused_ || static_cast<int64_t>(queue_.size()) >= capacity_->value())) {
+          cv_.wait(mutex_);
+        }
         if (cancelled_) return;
+        busy_ = true;
       }
       Item item;
       item.status = input_->get_next(&item.element, &item.end);
@@ -275,6 +421,7 @@ class Prefetcher {
       {
         MutexLock lock(mutex_);
         queue_.push_back(std::move(item));
+        busy_ = false;
       }
       cv_.notify_all();
       if (end) return;
@@ -299,6 +446,9 @@ class Prefetcher {
   CondVar cv_;
   std::deque<Item> queue_ GUARDED_BY(mutex_);
   bool cancelled_ GUARDED_BY(mutex_) = false;
+  bool started_ GUARDED_BY(mutex_) = false;
+  bool paused_ GUARDED_BY(mutex_) = false;  // by save()
+  bool busy_ GUARDED_BY(mutex_) = false;    // the thread is in input_->get_next
 };
 
 class PrefetchIterator final : public IteratorBase {
@@ -320,6 +470,14 @@ class PrefetchIterator final : public IteratorBase {
     if (!item.status.ok()) return item.status;
     if (!item.end) *out = std::move(item.element);
     return Status::Ok();
+  }
+  Status save(StateWriter& writer) override {
+    writer.begin("prefetch");
+    return prefetcher_->save(writer);
+  }
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("prefetch"));
+    return prefetcher_->restore(reader);
   }
 
  private:
@@ -371,7 +529,7 @@ class InterleaveIterator final : public IteratorBase {
         Element args;
         CAPSTAN_RETURN_IF_ERROR(input_->get_next(&args, &input_end_));
         if (!input_end_) {
-          CAPSTAN_ASSIGN_OR_RETURN(cycle_[cycle_index_], open(args));
+          CAPSTAN_ASSIGN_OR_RETURN(cycle_[cycle_index_], open(std::move(args)));
           ++open_;
         }
       } else {
@@ -382,8 +540,57 @@ class InterleaveIterator final : public IteratorBase {
     return Status::Ok();
   }
 
+  // The cycle: where it is, and for each open slot the input element its
+  // dataset was made from and that dataset's position. The datasets are made
+  // again from those elements on restore.
+  Status save(StateWriter& writer) override {
+    writer.begin("interleave");
+    writer.write_int(static_cast<int64_t>(cycle_index_));
+    writer.write_int(block_index_);
+    writer.write_bool(input_end_);
+    for (auto& slot : cycle_) {
+      writer.write_bool(slot != nullptr);
+      if (slot == nullptr) continue;
+      writer.write_element(slot->args);
+      if (slot->prefetcher) {
+        CAPSTAN_RETURN_IF_ERROR(slot->prefetcher->save(writer));
+      } else {
+        CAPSTAN_RETURN_IF_ERROR(slot->iterator->save(writer));
+      }
+    }
+    return input_->save(writer);
+  }
+
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("interleave"));
+    int64_t cycle_index = 0;
+    CAPSTAN_RETURN_IF_ERROR(
+        reader.read_int_in(&cycle_index, 0, static_cast<int64_t>(cycle_.size()) - 1, "the cycle index"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&block_index_, 0, block_length_ - 1, "the block index"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&input_end_));
+    cycle_index_ = static_cast<size_t>(cycle_index);
+    open_ = 0;
+    for (auto& slot : cycle_) {
+      bool present = false;
+      CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&present));
+      slot.reset();
+      if (!present) continue;
+      Element args;
+      CAPSTAN_RETURN_IF_ERROR(reader.read_element(&args));
+      CAPSTAN_ASSIGN_OR_RETURN(slot, open(std::move(args)));
+      ++open_;
+      if (slot->prefetcher) {
+        CAPSTAN_RETURN_IF_ERROR(slot->prefetcher->restore(reader));
+      } else {
+        CAPSTAN_RETURN_IF_ERROR(slot->iterator->restore(reader));
+      }
+    }
+    return input_->restore(reader);
+  }
+
  private:
   struct Slot {
+    Element args;                                     // the input element it was made from
     std::shared_ptr<const Dataset::Impl> definition;  // outlives the iterator below
     IteratorPtr iterator;                             // sequential mode
     std::unique_ptr<Prefetcher> prefetcher;           // parallel mode
@@ -393,9 +600,10 @@ class InterleaveIterator final : public IteratorBase {
     }
   };
 
-  Result<std::unique_ptr<Slot>> open(const Element& args) {
+  Result<std::unique_ptr<Slot>> open(Element args) {
     CAPSTAN_ASSIGN_OR_RETURN(Dataset dataset, fn_(args));
     auto slot = std::make_unique<Slot>();
+    slot->args = std::move(args);
     slot->definition = dataset.impl();
     CAPSTAN_RETURN_IF_ERROR(validate(slot->definition->root(), pipeline_.functions()));
     CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr it, make_iterator(slot->definition->root(), pipeline_));

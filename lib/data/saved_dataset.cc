@@ -12,6 +12,7 @@
 #include <sstream>
 
 #include "data/definition.h"
+#include "data/iterator_state.h"
 #include "io/durable_file.h"
 #include "rpc/tensor_codec.h"
 
@@ -54,14 +55,7 @@ class SavedReader final : public IteratorBase {
       : shards_(std::move(shards)), compression_(compression) {}
 
   Status get_next(Element* out, bool* end) override {
-    if (readers_.empty() && !shards_.empty()) {
-      for (const auto& shard : shards_) {
-        auto reader = io::TFRecordReader::open(shard, io_compression(compression_));
-        if (!reader.ok()) return reader.status().with_context("saved dataset shard " + shard);
-        readers_.push_back(std::move(*reader));
-      }
-      open_.assign(readers_.size(), true);
-    }
+    CAPSTAN_RETURN_IF_ERROR(open_shards());
     for (size_t tried = 0; tried < readers_.size(); ++tried) {
       size_t k = next_;
       next_ = (next_ + 1) % readers_.size();
@@ -72,6 +66,7 @@ class SavedReader final : public IteratorBase {
         open_[k] = false;
         continue;
       }
+      ++records_[k];
       auto element = rpc::element_from_bytes(record);
       if (!element.ok()) {
         return Status::DataLoss("saved dataset shard " + shards_[k] + " holds a malformed element: " +
@@ -85,11 +80,67 @@ class SavedReader final : public IteratorBase {
     return Status::Ok();
   }
 
+  // Which shard is next, and the records read from each.
+  Status save(StateWriter& writer) override {
+    writer.begin("load");
+    writer.write_int(static_cast<int64_t>(next_));
+    writer.write_int(static_cast<int64_t>(records_.size()));
+    for (size_t k = 0; k < records_.size(); ++k) {
+      writer.write_int(records_[k]);
+      writer.write_bool(open_[k]);
+    }
+    return Status::Ok();
+  }
+
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("load"));
+    int64_t next = 0;
+    int64_t shards = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&next, 0, std::max<int64_t>(0, std::ssize(shards_) - 1), "the next shard"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&shards, 0, std::ssize(shards_), "the number of shards"));
+    if (shards == 0) return Status::Ok();  // saved before the first element
+    if (shards != std::ssize(shards_)) {
+      return Status::InvalidArgument("load: the saved state reads " + std::to_string(shards) + " shards, the dataset has " +
+                                     std::to_string(shards_.size()));
+    }
+    CAPSTAN_RETURN_IF_ERROR(open_shards());
+    next_ = static_cast<size_t>(next);
+    for (size_t k = 0; k < shards_.size(); ++k) {
+      int64_t records = 0;
+      bool open = false;
+      CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&records, 0, INT64_MAX, "a record count"));
+      CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&open));
+      open_[k] = open;
+      std::string skipped;
+      for (records_[k] = 0; records_[k] < records; ++records_[k]) {
+        CAPSTAN_ASSIGN_OR_RETURN(bool more, readers_[k]->read(&skipped));
+        if (!more) {
+          return Status::DataLoss("saved dataset shard " + shards_[k] + " has " + std::to_string(records_[k]) +
+                                  " elements, fewer than the saved position " + std::to_string(records));
+        }
+      }
+    }
+    return Status::Ok();
+  }
+
  private:
+  Status open_shards() {
+    if (!readers_.empty() || shards_.empty()) return Status::Ok();
+    for (const auto& shard : shards_) {
+      auto reader = io::TFRecordReader::open(shard, io_compression(compression_));
+      if (!reader.ok()) return reader.status().with_context("saved dataset shard " + shard);
+      readers_.push_back(std::move(*reader));
+    }
+    open_.assign(readers_.size(), true);
+    records_.assign(readers_.size(), 0);
+    return Status::Ok();
+  }
+
   const std::vector<std::string> shards_;
   const Compression compression_;
   std::vector<std::unique_ptr<io::TFRecordReader>> readers_;
   std::vector<bool> open_;
+  std::vector<int64_t> records_;  // read from each shard
   size_t next_ = 0;
 };
 
@@ -116,6 +167,7 @@ class SnapshotIterator final : public IteratorBase {
       }
     }
     if (reader_ != nullptr) return reader_->get_next(out, end);
+    if (input_ != nullptr && writer_ == nullptr) return input_->get_next(out, end);  // restored mid-write
     if (writer_ == nullptr) {  // the snapshot was written: the input ended
       *end = true;
       return Status::Ok();
@@ -124,6 +176,7 @@ class SnapshotIterator final : public IteratorBase {
     if (!*end) return writer_->write(*out).with_context("snapshot " + dir_);
     Status finished = writer_->finish();
     writer_ = nullptr;
+    input_ = nullptr;
     if (finished.ok()) {
       Status committed = commit_directory(temp_, dir_);
       // Another reader finished the same snapshot first: theirs stands.
@@ -132,6 +185,36 @@ class SnapshotIterator final : public IteratorBase {
     }
     remove_quietly(temp_);
     return finished.with_context("snapshot " + dir_);
+  }
+
+  // Reading the snapshot: its reader's position. Writing it: the input's;
+  // the restored iterator reads on without writing (the elements before the
+  // save are not in a file of this process), and a later pass writes it.
+  Status save(StateWriter& writer) override {
+    writer.begin("snapshot");
+    int64_t mode = !started_ ? 0 : reader_ != nullptr ? 1 : input_ != nullptr ? 2 : 3;
+    writer.write_int(mode);
+    if (mode == 1) return reader_->save(writer);
+    if (mode == 2) return input_->save(writer);
+    return Status::Ok();
+  }
+
+  Status restore(StateReader& reader) override {
+    CAPSTAN_RETURN_IF_ERROR(reader.begin("snapshot"));
+    int64_t mode = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&mode, 0, 3, "the snapshot's mode"));
+    started_ = mode != 0;
+    if (mode == 1) {
+      auto spec = read_saved_spec(dir_);
+      if (!spec.ok()) return spec.status().with_context("restoring snapshot");
+      reader_ = make_saved_reader(spec->shards, spec->compression);
+      return reader_->restore(reader);
+    }
+    if (mode == 2) {
+      CAPSTAN_ASSIGN_OR_RETURN(input_, input_factory_());
+      return input_->restore(reader);
+    }
+    return Status::Ok();
   }
 
  private:
@@ -263,6 +346,12 @@ IteratorPtr make_saved_reader(std::vector<std::string> shards, Compression compr
 
 namespace {
 
+Status on_splits() {
+  return Status::FailedPrecondition(
+      "load: reads splits handed out by a data service dispatcher, which holds its position; an iterator "
+      "reading splits cannot save or restore one");
+}
+
 // The shards named by splits, one after the other.
 class SplitSavedReader final : public IteratorBase {
  public:
@@ -285,6 +374,8 @@ class SplitSavedReader final : public IteratorBase {
       current_ = nullptr;
     }
   }
+  Status save(StateWriter&) override { return on_splits(); }
+  Status restore(StateReader&) override { return on_splits(); }
 
  private:
   SplitProvider* const splits_;

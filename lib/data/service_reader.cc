@@ -1,4 +1,5 @@
 #include "data/service_reader.h"
+#include "data/iterator_state.h"
 
 #include <capnp/message.h>
 #include <kj/async.h>
@@ -127,6 +128,14 @@ class ServiceReader final : public engine::IteratorBase {
   ~ServiceReader() noexcept override;
 
   Status get_next(Element* out, bool* end_of_sequence) override;
+  // The job's progress lives with its dispatcher and workers.
+  Status save(engine::StateWriter&) override { return not_saved(); }
+  Status restore(engine::StateReader&) override { return not_saved(); }
+  static Status not_saved() {
+    return Status::FailedPrecondition(
+        "data service: the position of a read through the data service (distribute, from_dataset_id) is "
+        "kept by its dispatcher, and this iterator cannot save or restore it");
+  }
 
  private:
   struct JobIds {

@@ -104,6 +104,28 @@ class Iterator {
   // The next element, or nullopt at the end of the sequence. An error from
   // one element (e.g. a failed map function) does not end the iteration.
   virtual Result<std::optional<Element>> get_next() = 0;
+
+  // The iterator's position as bytes (tf.data's iterator checkpointing,
+  // tf.train.Checkpoint(iterator=...)): restore() on a new iterator of the
+  // same dataset then yields exactly the elements this one would have
+  // yielded next. Every op saves its position: file offsets, shuffle buffers
+  // with their random state, partial batches, interleave cycles, repeat,
+  // take and skip counters, and the elements that map, prefetch and
+  // interleave threads had buffered (they pause while it saves). Not
+  // supported (FailedPrecondition): reads through the data service, whose
+  // positions its dispatcher holds. A cache or snapshot file that was being
+  // written is not finished by the restored iterator; a later full pass
+  // writes it.
+  virtual Result<std::string> save() {
+    return Status::Unimplemented("this iterator cannot save its position");
+  }
+  // Continues from a state save() returned. Call it before the first
+  // get_next(). InvalidArgument for a state of another dataset definition or
+  // damaged bytes; the iterator is then unusable.
+  virtual Status restore(std::string_view state) {
+    (void)state;
+    return Status::Unimplemented("this iterator cannot restore a position");
+  }
 };
 
 // Hands out the splits of a pipeline's source, for dynamic sharding (the
