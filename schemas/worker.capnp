@@ -90,4 +90,12 @@ interface Worker extends(Common.Node) {
   # Aborts the group of `epoch` (a member was lost mid-step): a step
   # running here fails at once instead of waiting for its deadline.
   abortReplica @8 (strategy :Text, epoch :Int64, reason :Text) -> ();
+
+  # The position of this worker's iterator of a per-worker dataset
+  # (Iterator::save), for a model checkpoint; NOT_FOUND when it has none.
+  saveIterator @9 (datasetId :Int64) -> (state :Data);
+  # Replaces that iterator with a new one of the same dataset restored to
+  # `state`; INVALID_ARGUMENT for a state of another dataset (the old
+  # iterator stays).
+  restoreIterator @10 (datasetId :Int64, state :Data) -> ();
 }

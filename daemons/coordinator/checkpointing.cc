@@ -1,11 +1,35 @@
 #include "daemons/coordinator/checkpointing.h"
 
+#include <cstring>
 #include <filesystem>
 
 namespace capstan::coordinator {
 
+std::string iterator_tensor_name(const std::string& dataset_name, int64_t dataset_id, int task_index) {
+  return "iterator/" + (dataset_name.empty() ? "#" + std::to_string(dataset_id) : dataset_name) + "/worker-" +
+         std::to_string(task_index);
+}
+
+Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint::CheckpointReader& reader) {
+  std::map<std::string, std::string> states;
+  bool listed = false;
+  for (const auto& f : reader.manifest().files) listed = listed || f.name == kIteratorsFile;
+  if (!listed) return states;
+  CAPSTAN_ASSIGN_OR_RETURN(const checkpoint::SafetensorsReader* file, reader.file(kIteratorsFile));
+  for (const auto& name : file->names()) {
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor t, file->read(name));
+    if (t.dtype() != DType::kUInt8 || t.rank() != 1) {
+      return Status::DataLoss("checkpoint " + reader.path() + ": " + kIteratorsFile + " tensor '" + name +
+                              "' is not a 1-D uint8 tensor");
+    }
+    states[name] = std::string(reinterpret_cast<const char*>(t.data()), t.byte_size());
+  }
+  return states;
+}
+
 Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
-                                     const std::vector<VariableState>& variables) {
+                                     const std::vector<VariableState>& variables,
+                                     const std::map<std::string, std::string>& iterators) {
   CAPSTAN_ASSIGN_OR_RETURN(auto writer, checkpoint::CheckpointWriter::begin(dir, step, max_to_keep));
   std::map<int, std::vector<std::pair<std::string, Tensor>>> files;  // ps task -> tensors
   checkpoint::Manifest manifest;
@@ -33,6 +57,15 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
   for (const auto& [task, tensors] : files) {
     CAPSTAN_RETURN_IF_ERROR(writer->add_file("ps-" + std::to_string(task) + ".safetensors", tensors,
                                              {{"capstan.ps_task", std::to_string(task)}}));
+  }
+  if (!iterators.empty()) {
+    std::vector<std::pair<std::string, Tensor>> tensors;
+    for (const auto& [name, state] : iterators) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(DType::kUInt8, {static_cast<int64_t>(state.size())}));
+      std::memcpy(t.mutable_data(), state.data(), state.size());
+      tensors.emplace_back(name, std::move(t));
+    }
+    CAPSTAN_RETURN_IF_ERROR(writer->add_file(kIteratorsFile, tensors, {{"capstan.content", "iterator positions"}}));
   }
   std::string path = writer->checkpoint_path();
   CAPSTAN_RETURN_IF_ERROR(writer->commit(std::move(manifest)));

@@ -39,9 +39,22 @@ struct VariableState {
   std::vector<ShardState> shards;
 };
 
-// Writes dir/ckpt-<step> (keeping `max_to_keep`); returns its path.
+// The file of a checkpoint that holds the per-worker iterators' positions:
+// one uint8 tensor per dataset and worker, named by iterator_tensor_name().
+inline constexpr const char* kIteratorsFile = "iterators.safetensors";
+// "iterator/<dataset>/worker-<task index>"; <dataset> is the dataset's name,
+// or "#<id>" for an unnamed one.
+std::string iterator_tensor_name(const std::string& dataset_name, int64_t dataset_id, int task_index);
+
+// Writes dir/ckpt-<step> (keeping `max_to_keep`) with the variables and the
+// iterator positions (none: no iterators file); returns its path.
 Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
-                                     const std::vector<VariableState>& variables);
+                                     const std::vector<VariableState>& variables,
+                                     const std::map<std::string, std::string>& iterators = {});
+
+// The iterator positions of a checkpoint, by tensor name (none when it has
+// no iterators file).
+Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint::CheckpointReader& reader);
 
 // A checkpoint path, or a directory of checkpoints (its latest).
 Result<std::string> resolve_checkpoint(const std::string& path);

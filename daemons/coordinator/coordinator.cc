@@ -172,7 +172,7 @@ void Coordinator::cancel_runs() {
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
-  if (!ps_status().ok()) return changed().then([this, worker_id]() { return lane(worker_id); });
+  if (!ps_status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
   auto closure = queue_.next(worker_id);
   if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
   ClosureRun run;
@@ -538,7 +538,23 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
                                                               int max_to_keep) {
   using Path = Result<std::string>;
   if (directory.empty()) return Path(Status::InvalidArgument("saveCheckpoint: empty directory"));
-  return snapshot()
+  struct Saved {
+    std::shared_ptr<void> pause;  // dispatch resumes when it goes
+    std::map<std::string, std::string> iterators;
+  };
+  auto saved = std::make_shared<Saved>();
+  // Without per-worker datasets there is nothing to keep in step with the
+  // variables: closures go on running meanwhile, as in TF.
+  kj::Promise<void> ready = kj::READY_NOW;
+  if (!datasets_.empty()) {
+    ready = pause_dispatch()
+                .then([this, saved](std::shared_ptr<void> pause) {
+                  saved->pause = std::move(pause);
+                  return iterator_states();
+                })
+                .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
+  }
+  return ready.then([this]() { return snapshot(); })
       .then([this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
         // The strategies' mirrored variables go into the same checkpoint.
         if (!states.ok() || strategies_.empty()) return kj::mv(states);
@@ -550,10 +566,12 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
               return std::move(states);
             });
       })
-      .then([this, directory, step, max_to_keep](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
+      .then([this, directory, step, max_to_keep, saved](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
+        saved->pause = nullptr;  // everything is read: dispatch resumes while the files are written
         if (!states.ok()) return Path(states.status());
-        return rpc::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states)]() {
-          return write_checkpoint(directory, step, max_to_keep, states);
+        return rpc::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states),
+                                        iterators = std::move(saved->iterators)]() {
+          return write_checkpoint(directory, step, max_to_keep, states, iterators);
         });
       })
       .then([this](Path path) -> Path {
@@ -562,6 +580,66 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
         set_last_checkpoint(*path);
         return path;
       });
+}
+
+kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
+  ++dispatch_pauses_;
+  std::shared_ptr<void> guard(this, [](Coordinator* coordinator) {
+    --coordinator->dispatch_pauses_;
+    coordinator->notify();
+  });
+  return until([this]() {
+           if (queue_.running() > 0) return false;
+           for (const auto& [name, strategy] : strategies_) {
+             if (*strategy.busy) return false;
+           }
+           return true;
+         })
+      .then([guard = std::move(guard)]() mutable { return std::move(guard); });
+}
+
+kj::Promise<std::map<std::string, std::string>> Coordinator::iterator_states() {
+  using States = std::map<std::string, std::string>;
+  auto states = std::make_shared<States>();
+  auto reads = kj::Vector<kj::Promise<void>>();
+  for (const auto& [id, dataset] : datasets_) {
+    for (auto& [worker_id, worker] : workers_) {
+      std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
+      reads.add(worker.peer->save_iterator(id)
+                    .catch_([](kj::Exception&& e) { return Result<std::string>(rpc::from_exception(e)); })
+                    .then([this, states, name](Result<std::string> state) {
+                      if (state.ok()) {
+                        (*states)[name] = std::move(*state);
+                      } else {
+                        log_->warn("checkpoint without the position of {}: {}", name, state.status().to_string());
+                      }
+                    }));
+    }
+  }
+  return kj::joinPromises(reads.releaseAsArray()).then([states]() { return std::move(*states); });
+}
+
+kj::Promise<Result<int>> Coordinator::restore_iterators(std::map<std::string, std::string> states) {
+  auto restores = kj::Vector<kj::Promise<Status>>();
+  int count = 0;
+  for (const auto& [id, dataset] : datasets_) {
+    for (auto& [worker_id, worker] : workers_) {
+      std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
+      auto found = states.find(name);
+      if (found == states.end()) {
+        if (!states.empty()) log_->warn("the checkpoint has no position for {}: that iterator goes on where it is", name);
+        continue;
+      }
+      ++count;
+      restores.add(worker.peer->restore_iterator(id, found->second)
+                       .catch_([](kj::Exception&& e) { return rpc::from_exception(e); })
+                       .then([name](Status status) { return status.with_context("restoring " + name); }));
+    }
+  }
+  return first_error(restores.releaseAsArray()).then([count](Status status) -> Result<int> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return count;
+  });
 }
 
 kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states) {
@@ -585,6 +663,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
     std::vector<VariableState> states;
     std::vector<std::string> missing;
     MirroredRestore mirrored;
+    std::map<std::string, std::string> iterators;
   };
   using Restored = Result<Read>;
   using Step = Result<Coordinator::Restored>;
@@ -638,13 +717,18 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
                                     "as they are)");
           }
           missing.insert(missing.end(), from.missing.begin(), from.missing.end());
-          return Read{reader->manifest().step, std::move(states), std::move(missing), std::move(from)};
+          CAPSTAN_ASSIGN_OR_RETURN(auto iterators, read_iterator_states(*reader));
+          return Read{reader->manifest().step, std::move(states), std::move(missing), std::move(from),
+                      std::move(iterators)};
         });
       })
       .then([this](Restored restored) -> kj::Promise<Step> {
         if (!restored.ok()) return Step(restored.status());
-        Coordinator::Restored out{restored->step, std::move(restored->missing)};
+        auto out = std::make_shared<Coordinator::Restored>();
+        out->step = restored->step;
+        out->not_in_checkpoint = std::move(restored->missing);
         auto mirrored = std::move(restored->mirrored);
+        auto iterators = std::move(restored->iterators);
         auto states = std::make_shared<std::vector<VariableState>>(std::move(restored->states));
         // A parameter server that restarted gets its shards back first.
         return recreate_missing(states.get())
@@ -656,9 +740,16 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
               if (!status.ok()) return status;
               return seed_strategies(std::move(mirrored));
             })
-            .then([out = std::move(out)](Status status) mutable -> Step {
+            .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
+              if (!status.ok()) return status;
+              return restore_iterators(std::move(iterators)).then([out](Result<int> restored) {
+                if (restored.ok()) out->iterators = *restored;
+                return restored.status();
+              });
+            })
+            .then([out](Status status) mutable -> Step {
               CAPSTAN_RETURN_IF_ERROR(status);
-              return std::move(out);
+              return std::move(*out);
             });
       })
       .then([this, path, resolved](Step restored) -> Step {
@@ -673,8 +764,8 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         }
         std::string missing;
         for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
-        log_->info("restored checkpoint {} (step {}){}", path, restored->step,
-                   missing.empty() ? "" : "; not in it, left as they were: " + missing);
+        log_->info("restored checkpoint {} (step {}, {} per-worker iterator position(s)){}", path, restored->step,
+                   restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
         return restored;
       });
 }

@@ -173,6 +173,16 @@ class WorkerPeer {
   virtual kj::Promise<Status> abort_replica(std::string strategy, int64_t epoch, std::string reason) {
     return Status::Unimplemented("abort_replica");
   }
+
+  // The position of the worker's iterator of a per-worker dataset, and back
+  // (model checkpoints). A promise that rejects is that call's error. The
+  // defaults answer Unimplemented.
+  virtual kj::Promise<Result<std::string>> save_iterator(int64_t dataset_id) {
+    return Result<std::string>(Status::Unimplemented("save_iterator"));
+  }
+  virtual kj::Promise<Status> restore_iterator(int64_t dataset_id, std::string state) {
+    return Status::Unimplemented("restore_iterator");
+  }
 };
 
 // What a parameter server holds for one shard.
@@ -353,6 +363,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   struct Restored {
     int64_t step = 0;
     std::vector<std::string> not_in_checkpoint;
+    int iterators = 0;  // per-worker iterators put back where the checkpoint has them
   };
   kj::Promise<Result<Restored>> restore_checkpoint(std::string path, bool strict = false);
   // The checkpoint a lost parameter server would be restored from: the last
@@ -542,6 +553,19 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Values, slots and steps of every shard, read from the parameter servers.
   kj::Promise<Result<std::vector<VariableState>>> snapshot();
   kj::Promise<Status> write_shards(std::vector<VariableState> states);
+  // Model checkpoints with per-worker iterators: no new closure or step
+  // starts while a save reads them (until the returned guard goes), and the
+  // promise resolves once none runs, so that the variables saved hold the
+  // effect of every element the saved iterators have handed out.
+  kj::Promise<std::shared_ptr<void>> pause_dispatch();
+  // Each registered worker's iterator position of each per-worker dataset,
+  // by iterator_tensor_name(); a position a worker cannot give (a dataset
+  // read through the data service, a worker lost meanwhile) is left out and
+  // logged.
+  kj::Promise<std::map<std::string, std::string>> iterator_states();
+  // Puts each registered worker's iterators back where `states` has them;
+  // resolves to how many. A worker that rejects a state fails the restore.
+  kj::Promise<Result<int>> restore_iterators(std::map<std::string, std::string> states);
   kj::Promise<Result<std::string>> wait_for_value(int64_t id);
 
   const CoordinatorConfig config_;
@@ -565,6 +589,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
   bool checkpointing_ = false;
   bool draining_ = false;  // drain(): nothing more is dispatched
+  int dispatch_pauses_ = 0;  // pause_dispatch() guards alive
   std::unique_ptr<journal::JournalWriter> journal_;  // null without work_dir
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;

@@ -7,6 +7,8 @@
 #include <tuple>
 
 #include "capstan/data/dataset.h"
+#include "checkpoint/checkpoint.h"
+#include "daemons/coordinator/checkpointing.h"
 #include "daemons/coordinator/test_fakes.h"
 #include "data/test_util.h"
 
@@ -423,6 +425,83 @@ TEST_CASE("save_checkpoint fails when a shard cannot be read or the directory is
   CHECK(saved.status().code() == StatusCode::kNotFound);
   CHECK(h.coordinator->save_checkpoint("", 1, 3).wait(h.io.waitScope).status().code() ==
         StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a checkpoint holds each worker's iterator positions, and restoring it puts them back", "[coordinator]") {
+  data::testing::TempDir dir;
+  WorkerRecord a, b;
+  Harness h;
+  h.add_worker(a, {"train_step"}, /*task_index=*/0);
+  h.add_worker(b, {"train_step"}, /*task_index=*/1);
+  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  std::string definition = data::Dataset::range(10).serialize();
+  int64_t train = h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value();
+  int64_t unnamed = h.coordinator->create_per_worker_dataset(definition).wait(h.io.waitScope).value();
+  a.iterator_positions = {{train, "a at 3"}, {unnamed, "a at 7"}};
+  b.iterator_positions = {{train, "b at 4"}};  // b cannot save `unnamed` (e.g. a data-service read)
+
+  std::string path = h.coordinator->save_checkpoint(dir.path(), 5, 3).wait(h.io.waitScope).value();
+  REQUIRE(fs::exists(fs::path(path) / kIteratorsFile));
+  auto reader = checkpoint::CheckpointReader::open(path).value();
+  auto states = read_iterator_states(*reader).value();
+  CHECK(states == std::map<std::string, std::string>{{"iterator/train/worker-0", "a at 3"},
+                                                     {"iterator/train/worker-1", "b at 4"},
+                                                     {"iterator/#" + std::to_string(unnamed) + "/worker-0", "a at 7"}});
+
+  auto restored = h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).value();
+  CHECK(restored.iterators == 3);
+  CHECK(a.restored_iterators ==
+        std::vector<std::pair<int64_t, std::string>>{{train, "a at 3"}, {unnamed, "a at 7"}});
+  CHECK(b.restored_iterators == std::vector<std::pair<int64_t, std::string>>{{train, "b at 4"}});
+
+  // A worker that refuses its state (a dataset defined differently since)
+  // fails the restore, naming the iterator.
+  b.restore_answer = Status::InvalidArgument("different dataset definition");
+  auto refused = h.coordinator->restore_checkpoint(path).wait(h.io.waitScope);
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK(refused.status().message().find("iterator/train/worker-1") != std::string::npos);
+}
+
+TEST_CASE("a save with per-worker datasets reads the iterators while no closure runs", "[coordinator]") {
+  data::testing::TempDir dir;
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  int64_t train =
+      h.coordinator->create_per_worker_dataset(data::Dataset::range(10).serialize(), "train").wait(h.io.waitScope).value();
+  a.iterator_positions = {{train, "position"}};
+  h.coordinator->schedule("train_step", "1").value();
+  h.coordinator->schedule("train_step", "2").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+
+  auto saving = h.coordinator->save_checkpoint(dir.path(), 1, 3);
+  h.settle();
+  CHECK(h.ps.tasks[0].reads.empty());  // waits for the running closure
+  a.reply(0, std::string("v"));
+  h.settle();
+  // Read after the first closure finished and before the second started;
+  // then dispatch goes on.
+  CHECK(h.ps.tasks[0].reads == std::vector<std::string>{"w"});
+  CHECK(a.runs_at_save == 1);
+  CHECK(saving.wait(h.io.waitScope).ok());
+  h.settle();
+  CHECK(a.runs.size() == 2);
+}
+
+TEST_CASE("without per-worker datasets a save does not wait for running closures", "[coordinator]") {
+  data::testing::TempDir dir;
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  h.coordinator->schedule("train_step", "1").value();
+  h.settle();
+  REQUIRE(a.open_runs() == 1);
+  CHECK(h.coordinator->save_checkpoint(dir.path(), 1, 3).wait(h.io.waitScope).ok());
+  CHECK(a.open_runs() == 1);
+  CHECK_FALSE(fs::exists(fs::path(dir.path()) / "ckpt-1" / kIteratorsFile));
 }
 
 TEST_CASE("restore_checkpoint writes each shard to the parameter server that holds it", "[coordinator]") {

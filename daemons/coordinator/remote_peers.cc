@@ -144,6 +144,22 @@ kj::Promise<Result<training::MirroredState>> RemoteWorker::read_replica(std::str
   }));
 }
 
+kj::Promise<Result<std::string>> RemoteWorker::save_iterator(int64_t dataset_id) {
+  auto request = client_.saveIteratorRequest();
+  request.setDatasetId(dataset_id);
+  return result_of(request.send().then([](capnp::Response<wire::Worker::SaveIteratorResults>&& r) {
+    auto state = r.getState();
+    return std::string(reinterpret_cast<const char*>(state.begin()), state.size());
+  }));
+}
+
+kj::Promise<Status> RemoteWorker::restore_iterator(int64_t dataset_id, std::string state) {
+  auto request = client_.restoreIteratorRequest();
+  request.setDatasetId(dataset_id);
+  request.setState(kj::arrayPtr(reinterpret_cast<const kj::byte*>(state.data()), state.size()));
+  return status_of(request.send().ignoreResult());
+}
+
 kj::Promise<Status> RemoteWorker::abort_replica(std::string strategy, int64_t epoch, std::string reason) {
   auto request = client_.abortReplicaRequest();
   request.setStrategy(strategy);

@@ -183,9 +183,10 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
   if (!workers_.empty() && !any_worker_has(function)) {
     return Out(Status::NotFound("runStep: no worker has a closure named '" + function + "'"));
   }
-  if (*s.busy) {
-    // One step of a strategy at a time; the next waits (and looks again now
-    // and then, in case the one before was abandoned by its caller).
+  if (*s.busy || dispatch_pauses_ > 0) {
+    // One step of a strategy at a time, none while a checkpoint reads the
+    // per-worker iterators; the next waits (and looks again now and then, in
+    // case the one before was abandoned by its caller).
     return changed()
         .exclusiveJoin(timer_.afterDelay(200 * kj::MILLISECONDS))
         .then([this, name = std::move(name), function = std::move(function), args = std::move(args)]() mutable {

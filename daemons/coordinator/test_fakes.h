@@ -48,6 +48,12 @@ struct WorkerRecord {
   std::vector<training::ReplicaForm> forms;
   std::vector<std::pair<int64_t, std::string>> aborts;  // epoch, reason
   bool link_broken = false;  // replica calls reject (the link broke)
+  // Per-worker iterator positions: what save_iterator answers (absent:
+  // NotFound), and the states restore_iterator was given, in order.
+  std::map<int64_t, std::string> iterator_positions;
+  std::vector<std::pair<int64_t, std::string>> restored_iterators;
+  Status restore_answer;
+  size_t runs_at_save = 0;  // closures dispatched when save_iterator was last asked
 
   // Answers the closure dispatched `index`-th.
   void reply(size_t index, Result<std::string> result, bool worker_lost = false) {
@@ -117,6 +123,16 @@ class FakeWorker : public WorkerPeer {
   kj::Promise<Status> abort_replica(std::string, int64_t epoch, std::string reason) override {
     record_.aborts.emplace_back(epoch, std::move(reason));
     return Status::Ok();
+  }
+  kj::Promise<Result<std::string>> save_iterator(int64_t dataset_id) override {
+    record_.runs_at_save = record_.runs.size();
+    auto found = record_.iterator_positions.find(dataset_id);
+    if (found == record_.iterator_positions.end()) return Result<std::string>(Status::NotFound("no iterator"));
+    return Result<std::string>(found->second);
+  }
+  kj::Promise<Status> restore_iterator(int64_t dataset_id, std::string state) override {
+    record_.restored_iterators.emplace_back(dataset_id, std::move(state));
+    return record_.restore_answer;
   }
 
  private:

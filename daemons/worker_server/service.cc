@@ -165,6 +165,28 @@ kj::Promise<void> WorkerService::createDataset(CreateDatasetContext context) {
       .then([](Status status) { rpc::check(status); });
 }
 
+kj::Promise<void> WorkerService::saveIterator(SaveIteratorContext context) {
+  int64_t id = context.getParams().getDatasetId();
+  auto worker = worker_;
+  return rpc::run_on_pool(ctx_.pool, [worker, id]() { return worker->save_iterator(id); })
+      .then([context](Result<std::string> state) mutable {
+        rpc::check(state.status());
+        context.getResults().setState(
+            kj::arrayPtr(reinterpret_cast<const kj::byte*>(state->data()), state->size()));
+      });
+}
+
+kj::Promise<void> WorkerService::restoreIterator(RestoreIteratorContext context) {
+  auto params = context.getParams();
+  int64_t id = params.getDatasetId();
+  std::string state(reinterpret_cast<const char*>(params.getState().begin()), params.getState().size());
+  auto worker = worker_;
+  return rpc::run_on_pool(ctx_.pool, [worker, id, state = std::move(state)]() {
+           return worker->restore_iterator(id, state);
+         })
+      .then([](Status status) { rpc::check(status); });
+}
+
 kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunctionContext context) {
   auto params = context.getParams();
   int64_t id = params.getDatasetId();

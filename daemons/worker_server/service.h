@@ -35,6 +35,8 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   kj::Promise<void> cancelClosure(CancelClosureContext context) override;
   kj::Promise<void> createDataset(CreateDatasetContext context) override;
   kj::Promise<void> createDatasetFromFunction(CreateDatasetFromFunctionContext context) override;
+  kj::Promise<void> saveIterator(SaveIteratorContext context) override;
+  kj::Promise<void> restoreIterator(RestoreIteratorContext context) override;
   kj::Promise<void> replicaStatus(ReplicaStatusContext context) override;
   kj::Promise<void> prepareReplica(PrepareReplicaContext context) override;
   kj::Promise<void> formReplica(FormReplicaContext context) override;

@@ -175,9 +175,43 @@ void Worker::cancel_closure(int64_t closure_id) {
   if (early_cancels_.size() > kRememberedCancels) early_cancels_.pop_front();
 }
 
-Status Worker::install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator) {
+Status Worker::install(int64_t id, IteratorMaker make) {
+  auto iterator = make();
   if (!iterator.ok()) return iterator.status();
   auto locked = std::make_shared<LockedIterator>(std::move(*iterator));
+  MutexLock lock(mutex_);
+  iterators_[id] = std::move(locked);
+  makers_[id] = std::move(make);
+  return Status::Ok();
+}
+
+Result<std::string> Worker::save_iterator(int64_t id) {
+  std::shared_ptr<data::Iterator> iterator;
+  {
+    MutexLock lock(mutex_);
+    auto it = iterators_.find(id);
+    if (it == iterators_.end()) {
+      return Status::NotFound("this worker has no iterator of per-worker dataset " + std::to_string(id));
+    }
+    iterator = it->second;
+  }
+  return iterator->save();
+}
+
+Status Worker::restore_iterator(int64_t id, const std::string& state) {
+  IteratorMaker make;
+  {
+    MutexLock lock(mutex_);
+    auto it = makers_.find(id);
+    if (it == makers_.end()) {
+      return Status::NotFound("this worker has no iterator of per-worker dataset " + std::to_string(id) +
+                              " to restore");
+    }
+    make = it->second;
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(auto fresh, make());
+  CAPSTAN_RETURN_IF_ERROR(fresh->restore(state).with_context("per-worker dataset " + std::to_string(id)));
+  auto locked = std::make_shared<LockedIterator>(std::move(fresh));
   MutexLock lock(mutex_);
   iterators_[id] = std::move(locked);
   return Status::Ok();
@@ -189,6 +223,7 @@ Status Worker::record(int64_t id, Status status) {
     failures_.erase(id);
   } else {
     iterators_.erase(id);  // a failed rebuild leaves no stale iterator behind
+    makers_.erase(id);
     failures_[id] = status;
   }
   return status;
@@ -211,7 +246,9 @@ Status Worker::create_dataset(int64_t id, const std::string& definition, uint64_
   const std::string context = "per-worker dataset " + std::to_string(id);
   auto dataset = data::Dataset::deserialize(definition);
   if (!dataset.ok()) return record(id, dataset.status().with_context(context));
-  return record(id, install(id, dataset->make_iterator(&functions_)).with_context(context));
+  return record(id, install(id, [this, dataset = *std::move(dataset)]() {
+                      return dataset.make_iterator(&functions_);
+                    }).with_context(context));
 }
 
 Status Worker::create_dataset_from_function(int64_t id, const std::string& function, InputContext input,
@@ -224,12 +261,15 @@ Status Worker::create_dataset_from_function(int64_t id, const std::string& funct
   const std::string context = "dataset function '" + function + "'";
   auto dataset = (*fn)(input);
   if (!dataset.ok()) return record(id, dataset.status().with_context(context));
-  return record(id, install(id, dataset->make_iterator(&functions_)).with_context(context));
+  return record(id, install(id, [this, dataset = *std::move(dataset)]() {
+                      return dataset.make_iterator(&functions_);
+                    }).with_context(context));
 }
 
 void Worker::clear_datasets() {
   MutexLock lock(mutex_);
   iterators_.clear();
+  makers_.clear();
   failures_.clear();
   uids_.clear();
   stale_.clear();
@@ -245,6 +285,7 @@ void Worker::drop_stale_datasets() {
   MutexLock lock(mutex_);
   for (int64_t id : stale_) {
     iterators_.erase(id);
+    makers_.erase(id);
     failures_.erase(id);
     uids_.erase(id);
   }

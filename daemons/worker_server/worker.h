@@ -99,6 +99,15 @@ class Worker {
   void mark_datasets_stale();
   void drop_stale_datasets();
 
+  // The position of per-worker dataset `id`'s iterator (data::Iterator::
+  // save), for a model checkpoint. NotFound when this worker has no such
+  // dataset.
+  Result<std::string> save_iterator(int64_t id);
+  // Replaces that iterator with a new one of the same dataset restored to
+  // `state` (a checkpoint's). InvalidArgument for a state of another
+  // dataset; the old iterator then stays.
+  Status restore_iterator(int64_t id, const std::string& state);
+
   // The task index closures see (ClosureContext::worker_index): the one the
   // worker was started with, else the one the coordinator assigned.
   int task_index() const { return task_index_.load(); }
@@ -106,7 +115,9 @@ class Worker {
 
  private:
   class Context;
-  Status install(int64_t id, Result<std::unique_ptr<data::Iterator>> iterator);
+  using IteratorMaker = std::function<Result<std::unique_ptr<data::Iterator>>()>;
+  // Builds the iterator with `make` and keeps `make` for restore_iterator().
+  Status install(int64_t id, IteratorMaker make);
   // Whether the iterator of `id` was built for `uid` (non-zero) and stays;
   // else records `uid` for the one about to be built.
   bool keep(int64_t id, uint64_t uid);
@@ -121,6 +132,7 @@ class Worker {
 
   Mutex mutex_;
   std::map<int64_t, std::shared_ptr<data::Iterator>> iterators_ GUARDED_BY(mutex_);
+  std::map<int64_t, IteratorMaker> makers_ GUARDED_BY(mutex_);  // of the built iterators
   // Why building a per-worker dataset failed, for the closure that asks for
   // its iterator.
   std::map<int64_t, Status> failures_ GUARDED_BY(mutex_);

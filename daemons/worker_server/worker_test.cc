@@ -214,6 +214,36 @@ TEST_CASE("worker: registering again keeps the iterators a restarted coordinator
   CHECK(scalar(f.run("next", dataset_arg(1)).value(), 0) == 0);
 }
 
+TEST_CASE("worker: a per-worker iterator's position is saved and restored", "[worker]") {
+  Fixture f;
+  REQUIRE(f.worker.create_dataset(1, data::Dataset::range(10).shuffle(4, 3).serialize()).ok());
+  REQUIRE(f.worker.create_dataset_from_function(2, "shard_of_10", InputContext{3, 1}).ok());
+  for (int i = 0; i < 3; ++i) REQUIRE(f.run("next", dataset_arg(1)).ok());
+  REQUIRE(f.run("next", dataset_arg(2)).ok());
+  auto shuffled = f.worker.save_iterator(1);
+  auto sharded = f.worker.save_iterator(2);
+  REQUIRE(shuffled.ok());
+  REQUIRE(sharded.ok());
+  std::vector<int64_t> after;
+  for (int i = 0; i < 4; ++i) after.push_back(scalar(f.run("next", dataset_arg(1)).value(), 0));
+  CHECK(scalar(f.run("next", dataset_arg(2)).value(), 0) == 4);
+
+  REQUIRE(f.worker.restore_iterator(1, *shuffled).ok());
+  REQUIRE(f.worker.restore_iterator(2, *sharded).ok());
+  std::vector<int64_t> again;
+  for (int i = 0; i < 4; ++i) again.push_back(scalar(f.run("next", dataset_arg(1)).value(), 0));
+  CHECK(again == after);
+  CHECK(scalar(f.run("next", dataset_arg(2)).value(), 0) == 4);
+
+  // Another dataset's state is refused and the iterator stays where it was.
+  auto refused = f.worker.restore_iterator(2, *shuffled);
+  CHECK(refused.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.message(), Catch::Contains("per-worker dataset 2"));
+  CHECK(scalar(f.run("next", dataset_arg(2)).value(), 0) == 7);
+  CHECK(f.worker.save_iterator(9).status().code() == StatusCode::kNotFound);
+  CHECK(f.worker.restore_iterator(9, *shuffled).code() == StatusCode::kNotFound);
+}
+
 TEST_CASE("worker: a dataset function gets TF's input context", "[worker]") {
   Fixture f;
   REQUIRE(f.worker.create_dataset_from_function(4, "shard_of_10", InputContext{3, 1}).ok());

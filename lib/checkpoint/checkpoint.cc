@@ -459,6 +459,25 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
   return reader;
 }
 
+Result<const SafetensorsReader*> CheckpointReader::file(const std::string& name) const {
+  auto found = files_.find(name);
+  if (found == files_.end()) return Status::NotFound("checkpoint " + path_ + " has no file " + in_quotes(name));
+  File& entry = *found->second;
+  std::call_once(entry.open_once, [this, &entry, &name] {
+    if (entry.reader != nullptr) return;  // a shard's file: opened by open()
+    auto opened = SafetensorsReader::open(join(path_, name));
+    if (opened.ok()) {
+      entry.reader = std::move(*opened);
+    } else if (opened.status().code() == StatusCode::kDataLoss) {
+      entry.opened = damaged("file " + name + ": " + opened.status().message());
+    } else {
+      entry.opened = opened.status();
+    }
+  });
+  CAPSTAN_RETURN_IF_ERROR(entry.opened);
+  return file_reader(name);
+}
+
 Result<const SafetensorsReader*> CheckpointReader::file_reader(const std::string& name) const {
   File& file = *files_.at(name);  // validate_manifest: shards name listed files
   std::call_once(file.verify_once, [this, &file] {

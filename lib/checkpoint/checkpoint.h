@@ -159,6 +159,10 @@ class CheckpointReader {
   Result<Tensor> read_variable_rows(const std::string& name, int64_t begin, int64_t end) const;
   Result<Tensor> read_slot_rows(const std::string& variable, const std::string& slot, int64_t begin,
                                 int64_t end) const;
+  // A data file of the checkpoint by name (one besides the variables', such
+  // as the per-worker iterator positions), after its CRC32C check. NotFound
+  // when the checkpoint lists no such file.
+  Result<const SafetensorsReader*> file(const std::string& name) const;
 
  private:
   struct File {
@@ -166,6 +170,8 @@ class CheckpointReader {
     std::unique_ptr<SafetensorsReader> reader;
     std::once_flag verify_once;  // the lazy CRC check
     Status verified;
+    std::once_flag open_once;  // file(): a file no variable's shard is in, opened when asked for
+    Status opened;
   };
 
   CheckpointReader() = default;
