@@ -566,6 +566,52 @@ TEST_CASE("a program that restarts finds its named per-worker dataset where it l
   CHECK_THAT(other.status().message(), Catch::Contains("'numbers'"));
 }
 
+TEST_CASE("a whole new cluster restored from a checkpoint goes on with the model and the input where it was saved",
+          "[training][datasets][checkpoint][recovery]") {
+  TestCluster keep;  // holds the checkpoint directory
+  const std::string dir = keep.dir() + "/ckpts";
+  // Shuffled, sharded and prefetched: the positions saved are shuffle
+  // buffers, random states and prefetched elements, not just counters.
+  const auto numbers = data::Dataset::range(60)
+                           .shard(data::kShardHint, data::kShardHint)
+                           .shuffle(6, 17)
+                           .prefetch(2);
+  std::vector<int64_t> seen;
+  std::vector<int64_t> lost;  // read after the checkpoint: read again after the restore
+  {
+    Training t(1, 2, {"--num-workers", "2"});
+    REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+    auto dataset = t.client->create_per_worker_dataset(numbers, "numbers");
+    REQUIRE(dataset.ok());
+    seen = read_elements(*t.client, *dataset, 20);
+    for (int i = 0; i < 20; ++i) REQUIRE(t.client->schedule("add_one").ok());
+    REQUIRE(t.client->join().ok());
+    REQUIRE(t.client->save_checkpoint(dir, 20, 3).ok());
+    CHECK(std::filesystem::exists(dir + "/ckpt-20/iterators.safetensors"));
+    lost = read_elements(*t.client, *dataset, 20);
+    REQUIRE(lost.size() == 20);
+  }
+  // Every process is gone. A new cluster, the same program code.
+  Training t(1, 2, {"--num-workers", "2"});
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  auto dataset = t.client->create_per_worker_dataset(numbers, "numbers");
+  REQUIRE(dataset.ok());
+  auto step = t.client->restore_checkpoint(dir);
+  REQUIRE(step.ok());
+  CHECK(*step == 20);
+  CHECK(counter(*t.client) == 20.0f);
+  CHECK_THAT(t.coordinator->log(), Catch::Contains("2 per-worker iterator position(s)"));
+  // The elements read before the checkpoint are not read again, those read
+  // after it are: across the whole run every element once.
+  auto rest = read_rest(*t.client, *dataset, {}, 40);
+  CHECK(rest.size() == 40);
+  std::vector<int64_t> all = seen;
+  all.insert(all.end(), rest.begin(), rest.end());
+  std::sort(all.begin(), all.end());
+  CHECK(all == first_integers(60));
+  for (int64_t v : lost) CHECK(std::binary_search(rest.begin(), rest.end(), v));
+}
+
 TEST_CASE("pointed at another daemon or at an HTTP port, a client says so at once", "[training][errors]") {
   TestCluster cluster;
   Daemon& ps = cluster.start("ps-server");
