@@ -18,12 +18,12 @@
 namespace {
 
 using capstan::data::Dataset;
-using capstan::data::Element;
+using capstan::Element;
 using capstan::data::Fn;
 
-const capstan::data::FunctionRegistry& functions() {
+const capstan::FunctionRegistry& functions() {
   static auto* registry = [] {
-    auto* r = new capstan::data::FunctionRegistry();
+    auto* r = new capstan::FunctionRegistry();
     r->register_map("plus_one", [](Element e) -> capstan::Result<Element> {
       return Element{{capstan::Tensor::scalar<int64_t>(e.components[0].flat<int64_t>()[0] + 1)}, {}};
     });

@@ -73,7 +73,13 @@ interface Coordinator extends(Common.Node) {
   # worker has, and answers with it.
   createVariable @1 (spec :VariableSpec) -> (placement :VariablePlacement);
   placements @2 () -> (placements :Placements);
-  schedule @3 (function :Text, args :Common.Element) -> (closureId :Int64);
+  # (clientId, requestSeq), when clientId is not 0, names the request: a
+  # retry of one the coordinator has seen answers the same closure instead
+  # of scheduling it again. The reply comes once the closure is journaled
+  # (with work_dir); `durable` says the coordinator keeps its queue and
+  # results across a restart, so a client may retry after reconnecting.
+  schedule @3 (function :Text, args :Common.Element, clientId :UInt64, requestSeq :Int64)
+      -> (closureId :Int64, durable :Bool);
   join @4 () -> ();
   done @5 () -> (done :Bool);
   fetch @6 (closureId :Int64) -> (value :Common.Element);

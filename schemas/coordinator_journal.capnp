@@ -18,6 +18,27 @@ struct CoordinatorUpdate {
     addDataset @1 :Dataset;
     # The checkpoint a lost parameter server is restored from.
     lastCheckpoint @2 :Text;
+    # The closure queue: a closure scheduled, finished (a value or an
+    # error), the pending error raised to the program, a value released.
+    scheduleClosure @3 :Closure;
+    closureFinished @4 :Finished;
+    errorTaken @5 :Void;
+    releaseClosure @6 :Int64;
+  }
+
+  struct Closure {
+    id @0 :Int64;
+    function @1 :Text;
+    args @2 :Data;          # serialized Element, as the queue holds it
+    clientId @3 :UInt64;    # the program's schedule request, for retries
+    requestSeq @4 :Int64;
+  }
+
+  struct Finished {
+    id @0 :Int64;
+    value @1 :Data;         # when errorCode is 0
+    errorCode @2 :Int32;
+    errorMessage @3 :Text;
   }
 
   struct Variable {

@@ -128,6 +128,29 @@ Result<std::string> ClosureQueue::value(int64_t id) const {
   }
 }
 
+void ClosureQueue::restore_scheduled(int64_t id, std::string function, std::string args) {
+  if (records_.count(id) != 0) return;
+  Record record;
+  record.closure.id = id;
+  record.closure.function = std::move(function);
+  record.closure.args = std::move(args);
+  records_.emplace(id, std::move(record));
+  queue_.push_back(id);
+  next_id_ = std::max(next_id_, id + 1);
+}
+
+void ClosureQueue::restore_finished(int64_t id, Result<std::string> result) {
+  auto it = records_.find(id);
+  if (it == records_.end() || it->second.state != State::kQueued) return;
+  queue_.erase(std::find(queue_.begin(), queue_.end(), id));
+  // Through complete(), as a run on no worker, so the two cannot differ.
+  it->second.state = State::kRunning;
+  it->second.worker = kReplayWorker;
+  running_.insert(id);
+  complete(id, kReplayWorker, std::move(result));
+  cancelled_runs_.clear();  // runs of a coordinator that is gone
+}
+
 void ClosureQueue::release(int64_t id) {
   auto it = records_.find(id);
   if (it == records_.end()) return;

@@ -83,6 +83,10 @@ class ClosureQueue {
   bool idle() const { return queue_.empty() && running_.empty(); }
   int64_t queued() const { return static_cast<int64_t>(queue_.size()); }
   int64_t running() const { return static_cast<int64_t>(running_.size()); }
+  // Closures that ended and are kept for fetch (not released).
+  int64_t finished() const {
+    return static_cast<int64_t>(records_.size() - queue_.size() - running_.size());
+  }
   // Closures running on `worker`.
   int64_t running_on(int64_t worker) const;
 
@@ -93,6 +97,14 @@ class ClosureQueue {
   Result<std::string> value(int64_t id) const;
   // The client will not fetch `id` again: drop what is kept for it.
   void release(int64_t id);
+
+  // Replaying the coordinator's journal. Closure `id` was scheduled (later
+  // ids continue after it); it is queued.
+  void restore_scheduled(int64_t id, std::string function, std::string args);
+  // Closure `id` (queued by the replay) finished with `result`, as
+  // complete() recorded it: a value, or an error that also cancels what was
+  // queued then.
+  void restore_finished(int64_t id, Result<std::string> result);
 
  private:
   struct Record {
@@ -105,6 +117,8 @@ class ClosureQueue {
 
   void cancel_pending();
   Status cancelled_status(int64_t id, const Record& record) const;
+
+  static constexpr int64_t kReplayWorker = -2;
 
   int64_t next_id_ = 1;
   std::map<int64_t, Record> records_;

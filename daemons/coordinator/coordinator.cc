@@ -239,9 +239,12 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
                                                outcome.result.status().to_string());
         }
         bool succeeded = outcome.result.ok();
-        if (queue_.complete(id, worker_id, std::move(outcome.result)) && succeeded) {
-          ++closures_completed_;
-          maybe_checkpoint();
+        if (queue_.complete(id, worker_id, std::move(outcome.result))) {
+          journal_finished(id);
+          if (succeeded) {
+            ++closures_completed_;
+            maybe_checkpoint();
+          }
         }
         cancel_runs();
         notify();
@@ -430,8 +433,17 @@ Placements Coordinator::placements() const {
 
 // ---- Closures ----------------------------------------------------------------------
 
-Result<int64_t> Coordinator::schedule(const std::string& function, std::string args) {
-  if (queue_.has_error()) return queue_.take_error();
+Result<int64_t> Coordinator::schedule(const std::string& function, std::string args, uint64_t client_id,
+                                      int64_t request_seq) {
+  if (client_id != 0) {
+    auto client = requests_.find(client_id);
+    if (client != requests_.end()) {
+      auto seen = client->second.find(request_seq);
+      if (seen != client->second.end()) return seen->second;  // a retry: already scheduled
+    }
+  }
+  if (queue_.has_error()) return take_closure_error();
+  if (!journal_broken_.ok()) return journal_broken_;
   if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
   if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_status());
@@ -442,13 +454,21 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
     return Status::NotFound("schedule: no worker has a closure named '" + function +
                             "' (workers have: " + (names.empty() ? "none" : names) + ")");
   }
+  std::string journaled = journal_ ? args : std::string();
   auto id = queue_.schedule(function, std::move(args));
-  if (id.ok()) notify();
+  if (!id.ok()) return id;
+  if (client_id != 0) {
+    auto& seen = requests_[client_id];
+    seen[request_seq] = *id;
+    if (seen.size() > kRememberedRequests) seen.erase(seen.begin());
+  }
+  journal_scheduled(*id, function, journaled, client_id, request_seq);
+  notify();
   return id;
 }
 
 kj::Promise<Status> Coordinator::join() {
-  if (queue_.has_error()) return queue_.take_error();
+  if (queue_.has_error()) return take_closure_error();
   Status up = ps_status();
   if (!up.ok()) {
     // A pause while a parameter server comes back and is recovered.
@@ -461,7 +481,7 @@ kj::Promise<Status> Coordinator::join() {
 }
 
 Result<bool> Coordinator::done() {
-  if (queue_.has_error()) return queue_.take_error();
+  if (queue_.has_error()) return take_closure_error();
   if (!ps_status().ok()) {
     if (!ps_pause_deadline()) return ps_status();
     return false;  // recovering: not done yet
@@ -484,7 +504,11 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   return changed().then([this, id]() { return wait_for_value(id); });
 }
 
-void Coordinator::release(int64_t closure_id) { queue_.release(closure_id); }
+void Coordinator::release(int64_t closure_id) {
+  auto state = queue_.state(closure_id);
+  queue_.release(closure_id);
+  if (state.ok() && finished(*state)) journal_released(closure_id);
+}
 
 // ---- Checkpoints -------------------------------------------------------------------
 

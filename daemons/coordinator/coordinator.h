@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <mutex>
 #include <memory>
 #include <optional>
 #include <set>
@@ -338,7 +339,15 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
 
   // ---- Closures (TF semantics; see closure_queue.h)
   // `args` is a serialized Element, passed to the worker as it is.
-  Result<int64_t> schedule(const std::string& function, std::string args);
+  // (client_id, request_seq), client_id non-zero, names the request: a
+  // retry of one seen before returns the same id and queues nothing.
+  Result<int64_t> schedule(const std::string& function, std::string args, uint64_t client_id = 0,
+                           int64_t request_seq = 0);
+  // With work_dir: resolves once every closure change so far (schedules,
+  // results, errors raised, releases) is in the journal, fsynced, or to
+  // the journal's failure. Without: at once.
+  kj::Promise<Status> journal_synced();
+  bool durable() const { return journal_ != nullptr; }
   // OK once nothing is queued or running; the pending error, or
   // Unavailable while a parameter server is unreachable.
   kj::Promise<Status> join();
@@ -514,6 +523,19 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Appends before the change is applied; OK without a journal.
   Status journal_variable(const Variable& variable);
   Status journal_dataset(int64_t id, const PerWorkerDataset& dataset);
+  // The closure queue's records go out in batches, one fsync each, on the
+  // pool (group commit): enqueued here in the order of the changes.
+  void journal_closure_change(std::string record);
+  void journal_scheduled(int64_t id, const std::string& function, const std::string& args, uint64_t client_id,
+                         int64_t request_seq);
+  // After queue_.complete(): journals the closure's end if it ended.
+  void journal_finished(int64_t id);
+  void journal_released(int64_t id);
+  // queue_.take_error(), journaled when it raises one.
+  Status take_closure_error();
+  void flush_journal();
+  // Appends one record at once (the loop thread; rare changes).
+  Status append_now(const std::string& record);
   // Remembers (and journals) the checkpoint a lost PS is restored from.
   void set_last_checkpoint(const std::string& path);
 
@@ -590,7 +612,23 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   bool checkpointing_ = false;
   bool draining_ = false;  // drain(): nothing more is dispatched
   int dispatch_pauses_ = 0;  // pause_dispatch() guards alive
-  std::unique_ptr<journal::JournalWriter> journal_;  // null without work_dir
+  // The writer, used by the loop thread (append_now) and the pool (batches):
+  // the mutex serializes them. Shared with a batch in flight.
+  struct JournalFile {
+    std::mutex mutex;
+    std::unique_ptr<journal::JournalWriter> writer;
+  };
+  std::shared_ptr<JournalFile> journal_;  // null without work_dir
+  std::vector<std::string> journal_queue_;  // closure records not yet handed to a batch
+  int64_t journal_enqueued_ = 0;            // closure records enqueued so far
+  int64_t journal_durable_ = 0;             // of them, fsynced
+  bool journal_flushing_ = false;
+  Status journal_broken_;
+  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<Status>>> journal_waiters_;  // by record count
+  // Schedule requests seen, by client: request seq -> closure id (the last
+  // kRememberedRequests of each client).
+  std::map<uint64_t, std::map<int64_t, int64_t>> requests_;
+  static constexpr size_t kRememberedRequests = 1 << 16;
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;

@@ -5,9 +5,16 @@
 //
 // Kept: variables with their shards' placement and optimizer (the values stay
 // on the parameter servers), the placer's round robin, per-worker datasets
-// with their ids and names, and the checkpoint a lost parameter server is
-// restored from. Not kept (yet): the closure queue and unfetched results,
-// strategies, and the workers' iterator positions.
+// with their ids and names, the checkpoint a lost parameter server is
+// restored from, and the closure queue: every closure scheduled (with the
+// program's request id), how each ended (its value or error), the errors
+// raised to the program and the values released. Closures are frequent, so
+// their records are group-committed: batches written and fsynced on the
+// pool, one fsync per batch, and a schedule is answered once its record is
+// durable. A restarted coordinator queues again the closures that had not
+// ended (at-least-once, as when a worker dies) and keeps the values not yet
+// released. Not kept (yet): strategies. The journal is not compacted: it
+// grows with every closure (its arguments and value).
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
@@ -17,6 +24,7 @@
 #include "daemons/coordinator/coordinator.h"
 #include "journal/journal.h"
 #include "rpc/errors.h"
+#include "rpc/pool.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/tensor_codec.h"
 
@@ -42,13 +50,106 @@ Status Coordinator::open_journal() {
     CAPSTAN_RETURN_IF_ERROR(apply_journal_record(record).with_context("replaying the journal in " +
                                                                       config_.work_dir));
   }
-  CAPSTAN_ASSIGN_OR_RETURN(journal_, journal::JournalWriter::open(config_.work_dir));
+  journal_ = std::make_shared<JournalFile>();
+  CAPSTAN_ASSIGN_OR_RETURN(journal_->writer, journal::JournalWriter::open(config_.work_dir));
+  (void)queue_.take_cancelled_runs();  // runs of the coordinator that is gone
   if (!records.empty()) {
-    log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s){}", config_.work_dir,
-               variables_.size(), datasets_.size(),
+    log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s), {} closure(s) queued again, "
+               "{} result(s) kept{}",
+               config_.work_dir, variables_.size(), datasets_.size(), queue_.queued(), queue_.finished(),
                last_checkpoint_.empty() ? "" : ", last checkpoint " + last_checkpoint_);
   }
   return Status::Ok();
+}
+
+Status Coordinator::append_now(const std::string& record) {
+  std::lock_guard<std::mutex> lock(journal_->mutex);
+  return journal_->writer->append(record);
+}
+
+void Coordinator::journal_closure_change(std::string record) {
+  if (!journal_) return;
+  journal_queue_.push_back(std::move(record));
+  ++journal_enqueued_;
+  flush_journal();
+}
+
+void Coordinator::flush_journal() {
+  if (journal_flushing_ || journal_queue_.empty()) return;
+  journal_flushing_ = true;
+  auto batch = std::make_shared<std::vector<std::string>>(std::exchange(journal_queue_, {}));
+  const int64_t upto = journal_enqueued_;
+  tasks_.add(rpc::run_on_pool(pool_, [file = journal_, batch]() {
+               std::lock_guard<std::mutex> lock(file->mutex);
+               return file->writer->append_batch(*batch);
+             }).then([this, upto](Status written) {
+    journal_flushing_ = false;
+    if (!written.ok() && journal_broken_.ok()) {
+      journal_broken_ = written.with_context("journaling the closure queue in " + config_.work_dir);
+      log_->error("{}: closures scheduled from now on are answered with this error; restart the coordinator",
+                  journal_broken_.to_string());
+    }
+    journal_durable_ = upto;
+    while (!journal_waiters_.empty() && journal_waiters_.begin()->first <= upto) {
+      journal_waiters_.begin()->second->fulfill(Status(journal_broken_));
+      journal_waiters_.erase(journal_waiters_.begin());
+    }
+    flush_journal();
+  }));
+}
+
+kj::Promise<Status> Coordinator::journal_synced() {
+  if (!journal_ || journal_durable_ >= journal_enqueued_) return Status(journal_broken_);
+  auto paf = kj::newPromiseAndFulfiller<Status>();
+  journal_waiters_.emplace(journal_enqueued_, kj::mv(paf.fulfiller));
+  return kj::mv(paf.promise);
+}
+
+void Coordinator::journal_scheduled(int64_t id, const std::string& function, const std::string& args,
+                                    uint64_t client_id, int64_t request_seq) {
+  if (!journal_) return;
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<Update>().initScheduleClosure();
+  out.setId(id);
+  out.setFunction(function);
+  out.setArgs(kj::arrayPtr(reinterpret_cast<const kj::byte*>(args.data()), args.size()));
+  out.setClientId(client_id);
+  out.setRequestSeq(request_seq);
+  journal_closure_change(serialize(message));
+}
+
+void Coordinator::journal_finished(int64_t id) {
+  if (!journal_) return;
+  auto state = queue_.state(id);
+  if (!state.ok() || (*state != ClosureQueue::State::kDone && *state != ClosureQueue::State::kFailed)) return;
+  auto value = queue_.value(id);
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<Update>().initClosureFinished();
+  out.setId(id);
+  if (value.ok()) {
+    out.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(value->data()), value->size()));
+  } else {
+    out.setErrorCode(static_cast<int32_t>(value.status().code()));
+    out.setErrorMessage(value.status().message());
+  }
+  journal_closure_change(serialize(message));
+}
+
+void Coordinator::journal_released(int64_t id) {
+  if (!journal_) return;
+  capnp::MallocMessageBuilder message;
+  message.initRoot<Update>().setReleaseClosure(id);
+  journal_closure_change(serialize(message));
+}
+
+Status Coordinator::take_closure_error() {
+  Status error = queue_.take_error();
+  if (!error.ok() && journal_) {
+    capnp::MallocMessageBuilder message;
+    message.initRoot<Update>().setErrorTaken();
+    journal_closure_change(serialize(message));
+  }
+  return error;
 }
 
 Status Coordinator::apply_journal_record(const std::string& record) {
@@ -93,6 +194,38 @@ Status Coordinator::apply_journal_record(const std::string& record) {
       case Update::LAST_CHECKPOINT:
         last_checkpoint_ = text(update.getLastCheckpoint());
         return Status::Ok();
+      case Update::SCHEDULE_CLOSURE: {
+        auto in = update.getScheduleClosure();
+        if (in.getId() <= 0) return Status::DataLoss("a journaled closure has id " + std::to_string(in.getId()));
+        queue_.restore_scheduled(in.getId(), text(in.getFunction()),
+                                 std::string(reinterpret_cast<const char*>(in.getArgs().begin()), in.getArgs().size()));
+        if (in.getClientId() != 0) {
+          auto& seen = requests_[in.getClientId()];
+          seen[in.getRequestSeq()] = in.getId();
+          if (seen.size() > kRememberedRequests) seen.erase(seen.begin());
+        }
+        return Status::Ok();
+      }
+      case Update::CLOSURE_FINISHED: {
+        auto in = update.getClosureFinished();
+        if (in.getErrorCode() == 0) {
+          queue_.restore_finished(in.getId(), std::string(reinterpret_cast<const char*>(in.getValue().begin()),
+                                                          in.getValue().size()));
+        } else {
+          if (in.getErrorCode() < 0 || in.getErrorCode() > 16) {
+            return Status::DataLoss("a journaled closure error has code " + std::to_string(in.getErrorCode()));
+          }
+          queue_.restore_finished(in.getId(),
+                                  Status(static_cast<StatusCode>(in.getErrorCode()), text(in.getErrorMessage())));
+        }
+        return Status::Ok();
+      }
+      case Update::ERROR_TAKEN:
+        (void)queue_.take_error();
+        return Status::Ok();
+      case Update::RELEASE_CLOSURE:
+        queue_.release(update.getReleaseClosure());
+        return Status::Ok();
     }
     return Status::DataLoss("a journal record of a kind this coordinator does not know (a newer version wrote it)");
   } catch (const kj::Exception& e) {
@@ -117,7 +250,7 @@ Status Coordinator::journal_variable(const Variable& variable) {
     shards[i].setRows(variable.shards[i].rows);
   }
   out.setPlacerCounter(placer_.counter());
-  return journal_->append(serialize(message)).with_context("journaling variable '" + variable.name + "'");
+  return append_now(serialize(message)).with_context("journaling variable '" + variable.name + "'");
 }
 
 Status Coordinator::journal_dataset(int64_t id, const PerWorkerDataset& dataset) {
@@ -130,7 +263,7 @@ Status Coordinator::journal_dataset(int64_t id, const PerWorkerDataset& dataset)
   out.setFunction(dataset.function);
   out.setName(dataset.name);
   out.setUid(dataset.uid);
-  return journal_->append(serialize(message)).with_context("journaling per-worker dataset " + std::to_string(id));
+  return append_now(serialize(message)).with_context("journaling per-worker dataset " + std::to_string(id));
 }
 
 void Coordinator::set_last_checkpoint(const std::string& path) {
@@ -139,7 +272,7 @@ void Coordinator::set_last_checkpoint(const std::string& path) {
   if (!journal_) return;
   capnp::MallocMessageBuilder message;
   message.initRoot<Update>().setLastCheckpoint(path);
-  Status logged = journal_->append(serialize(message));
+  Status logged = append_now(serialize(message));
   if (!logged.ok()) {
     // Recovery after a restart falls back to checkpoint_dir's newest.
     log_->warn("journaling the last checkpoint {}: {}", path, logged.to_string());

@@ -417,6 +417,67 @@ TEST_CASE("a coordinator restarted with its work_dir knows its variables, datase
         StatusCode::kAlreadyExists);
 }
 
+TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and errors; retried schedules run once",
+          "[coordinator][durable]") {
+  data::testing::TempDir work;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  const uint64_t client = 77;
+  {
+    WorkerRecord a;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.add_worker(a);
+    for (int64_t seq = 1; seq <= 4; ++seq) {
+      CHECK(h.coordinator->schedule("train_step", "args" + std::to_string(seq), client, seq).value() == seq);
+    }
+    // A retry of a request seen before: the same closure, nothing queued.
+    CHECK(h.coordinator->schedule("train_step", "args2", client, 2).value() == 2);
+    h.settle();
+    REQUIRE(a.runs.size() == 1);
+    a.reply(0, std::string("v1"));
+    h.settle();
+    REQUIRE(a.runs.size() == 2);  // closure 2 runs when the coordinator dies
+    auto synced = h.coordinator->journal_synced();
+    REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+    CHECK(synced.wait(h.io.waitScope).ok());
+  }
+  {
+    WorkerRecord b;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
+    // The retry of a schedule whose answer was lost with the old process.
+    CHECK(h.coordinator->schedule("train_step", "args3", client, 3).value() == 3);
+    CHECK(h.coordinator->schedule("train_step", "args5", client, 5).value() == 5);
+    h.add_worker(b);
+    h.settle();
+    REQUIRE(b.runs.size() == 1);
+    CHECK(b.runs[0].run.closure_id == 2);  // the run lost with the old coordinator, first
+    CHECK(b.runs[0].run.args == "args2");
+    b.reply(0, Status::InvalidArgument("bad batch"));
+    h.settle();
+    // The error is pending: join raises it once.
+    CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
+    auto synced = h.coordinator->journal_synced();
+    REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+  }
+  WorkerRecord c;
+  Harness h(config);
+  REQUIRE(h.coordinator->open_journal().ok());
+  // Raised once, before the restart: not again. The closures queued when it
+  // happened were cancelled, as TF does.
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
+  CHECK(h.coordinator->fetch(4).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
+  h.coordinator->release(1);
+  auto synced = h.coordinator->journal_synced();
+  REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(h.coordinator->schedule("train_step", "new", client, 6).value() == 6);
+}
+
 TEST_CASE("a journal naming a parameter server this coordinator lacks stops it with the reason",
           "[coordinator][durable]") {
   data::testing::TempDir work;

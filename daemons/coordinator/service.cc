@@ -186,11 +186,22 @@ kj::Promise<void> CoordinatorService::placements(PlacementsContext context) {
 kj::Promise<void> CoordinatorService::schedule(ScheduleContext context) {
   auto params = context.getParams();
   std::string function = text(params.getFunction());
-  return rpc::read_element(params.getArgs()).then([this, function, context](Element&& args) mutable {
-    auto id = core_.schedule(function, rpc::element_to_bytes(args));
-    rpc::check(id.status());
-    context.getResults().setClosureId(*id);
-  });
+  uint64_t client_id = params.getClientId();
+  int64_t request_seq = params.getRequestSeq();
+  return rpc::read_element(params.getArgs())
+      .then([this, function, client_id, request_seq](Element&& args) mutable {
+        auto id = core_.schedule(function, rpc::element_to_bytes(args), client_id, request_seq);
+        rpc::check(id.status());
+        // Answered once the closure is journaled (at once without work_dir).
+        return core_.journal_synced().then([id = *id](Status synced) {
+          rpc::check(synced);
+          return id;
+        });
+      })
+      .then([this, context](int64_t id) mutable {
+        context.getResults().setClosureId(id);
+        context.getResults().setDurable(core_.durable());
+      });
 }
 
 kj::Promise<void> CoordinatorService::join(JoinContext context) {

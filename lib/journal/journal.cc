@@ -309,6 +309,8 @@ Result<std::unique_ptr<JournalWriter>> JournalWriter::open(const std::string& di
 
 Status JournalWriter::start_segment(uint64_t number) {
   if (segment_fd_ >= 0) {
+    // Records of a batch written to it are not fsynced yet.
+    if (sync_) CAPSTAN_RETURN_IF_ERROR(fsync_fd(segment_fd_, segment_path_));
     int fd = segment_fd_;
     segment_fd_ = -1;
     if (::close(fd) != 0) return io::errno_to_status(errno, "error closing " + segment_path_);
@@ -331,6 +333,29 @@ Status JournalWriter::fail(Status failure) {
 }
 
 Status JournalWriter::append(std::string_view record) {
+  CAPSTAN_RETURN_IF_ERROR(write_record(record));
+  if (!injected_failure_.ok()) return fail(std::exchange(injected_failure_, Status::Ok()));
+  if (sync_) {
+    Status status = fsync_fd(segment_fd_, segment_path_);
+    if (!status.ok()) return fail(std::move(status));
+  }
+  ++records_written_;
+  return Status::Ok();
+}
+
+Status JournalWriter::append_batch(const std::vector<std::string>& records) {
+  for (const auto& record : records) CAPSTAN_RETURN_IF_ERROR(write_record(record));
+  if (!injected_failure_.ok()) return fail(std::exchange(injected_failure_, Status::Ok()));
+  if (sync_ && !records.empty()) {
+    // A segment started within the batch fsynced the records before it.
+    Status status = fsync_fd(segment_fd_, segment_path_);
+    if (!status.ok()) return fail(std::move(status));
+  }
+  records_written_ += records.size();
+  return Status::Ok();
+}
+
+Status JournalWriter::write_record(std::string_view record) {
   if (!broken_.ok()) {
     return Status::FailedPrecondition("journal writer for " + dir_ +
                                       " is broken by an earlier failure: " + broken_.to_string());
@@ -354,13 +379,6 @@ Status JournalWriter::append(std::string_view record) {
   Status status = write_all(segment_fd_, segment_path_, buf.data(), buf.size(), segment_bytes_);
   if (!status.ok()) return fail(std::move(status));
   segment_bytes_ += record_bytes;
-
-  if (!injected_failure_.ok()) return fail(std::exchange(injected_failure_, Status::Ok()));
-  if (sync_) {
-    status = fsync_fd(segment_fd_, segment_path_);
-    if (!status.ok()) return fail(std::move(status));
-  }
-  ++records_written_;
   return Status::Ok();
 }
 

@@ -64,6 +64,10 @@ class JournalWriter {
   // every later one returns the same kFailedPrecondition naming it. Reopen
   // the journal (i.e. restart) to recover.
   Status append(std::string_view record);
+  // Appends `records` in order with one fsync for all of them (group
+  // commit): OK means every one will be replayed. Failures as append()'s; a
+  // failure may leave any prefix of them written.
+  Status append_batch(const std::vector<std::string>& records);
 
   // Records appended through this writer since open().
   uint64_t records_written() const { return records_written_; }
@@ -80,6 +84,8 @@ class JournalWriter {
   Status start_segment(uint64_t number);
   // Records `failure` as the first failure and returns it.
   Status fail(Status failure);
+  // Writes one record without fsyncing it.
+  Status write_record(std::string_view record);
 
   // Constant after open().
   const std::string dir_;

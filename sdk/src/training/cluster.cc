@@ -241,16 +241,21 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
       Status error = impl->take_schedule_error();
       if (!error.ok()) return error;
       int64_t local = impl->next_local_id++;
-      auto reply = impl->connection().service<wire::Coordinator>(impl->connect_deadline())
-                       .then([impl, function, args](wire::Coordinator::Client c) {
-                         auto request = c.scheduleRequest();
-                         request.setFunction(function);
-                         rpc::write_element(request.initArgs(), args, impl->channel.codec());
-                         return request.send().then([](capnp::Response<wire::Coordinator::ScheduleResults>&& r) {
-                           return r.getClosureId();
-                         });
-                       })
-                       .fork();
+      auto send = [impl, function, args, local]() {
+        return impl->connection().service<wire::Coordinator>(impl->connect_deadline())
+            .then([impl, function, args, local](wire::Coordinator::Client c) {
+              auto request = c.scheduleRequest();
+              request.setFunction(function);
+              rpc::write_element(request.initArgs(), args, impl->channel.codec());
+              request.setClientId(impl->client_id);
+              request.setRequestSeq(local);
+              return request.send().then([impl](capnp::Response<wire::Coordinator::ScheduleResults>&& r) {
+                impl->durable = r.getDurable();
+                return r.getClosureId();
+              });
+            });
+      };
+      auto reply = impl->retrying<int64_t>(kj::mv(send)).fork();
       ++impl->unacked;
       impl->tasks->add(reply.addBranch().then([impl](int64_t) { impl->ack(); },
                                               [impl](kj::Exception&& e) {
@@ -271,8 +276,12 @@ Status ClusterCoordinator::join() {
     impl->loop().run_sync([impl]() {
       return impl->all_acked().then([impl]() {
         rpc::check(impl->take_schedule_error());
-        return impl->connection().service<wire::Coordinator>(impl->connect_deadline());
-      }).then([](wire::Coordinator::Client c) { return c.joinRequest().send().ignoreResult(); });
+        return impl->retrying<void>([impl]() {
+          return impl->connection()
+              .service<wire::Coordinator>(impl->connect_deadline())
+              .then([](wire::Coordinator::Client c) { return c.joinRequest().send().ignoreResult(); });
+        });
+      });
     });
     return Status::Ok();
   } catch (const kj::Exception& e) {
@@ -287,10 +296,13 @@ Result<bool> ClusterCoordinator::done() {
       return impl->all_acked()
           .then([impl]() {
             rpc::check(impl->take_schedule_error());
-            return impl->connection().service<wire::Coordinator>(impl->connect_deadline());
-          })
-          .then([](wire::Coordinator::Client c) { return c.doneRequest().send(); })
-          .then([](capnp::Response<wire::Coordinator::DoneResults>&& r) { return r.getDone(); });
+            return impl->retrying<bool>([impl]() {
+              return impl->connection()
+                  .service<wire::Coordinator>(impl->connect_deadline())
+                  .then([](wire::Coordinator::Client c) { return c.doneRequest().send(); })
+                  .then([](capnp::Response<wire::Coordinator::DoneResults>&& r) { return r.getDone(); });
+            });
+          });
     });
   } catch (const kj::Exception& e) {
     return rpc::from_exception(e);
@@ -306,15 +318,18 @@ Result<Element> ClusterCoordinator::fetch(const RemoteValue& value) {
         return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(value.id)));
       }
       return it->second.addBranch().then([impl](int64_t id) {
-        return impl->connection().service<wire::Coordinator>(impl->connect_deadline())
-            .then([id](wire::Coordinator::Client c) {
-              auto request = c.fetchRequest();
-              request.setClosureId(id);
-              return request.send();
-            })
-            .then([](capnp::Response<wire::Coordinator::FetchResults>&& r) {
-              return rpc::read_element(r.getValue()).attach(kj::mv(r));
-            });
+        return impl->retrying<Element>([impl, id]() {
+          return impl->connection()
+              .service<wire::Coordinator>(impl->connect_deadline())
+              .then([id](wire::Coordinator::Client c) {
+                auto request = c.fetchRequest();
+                request.setClosureId(id);
+                return request.send();
+              })
+              .then([](capnp::Response<wire::Coordinator::FetchResults>&& r) {
+                return rpc::read_element(r.getValue()).attach(kj::mv(r));
+              });
+        });
       });
     });
   } catch (const kj::Exception& e) {

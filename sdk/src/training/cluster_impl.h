@@ -4,6 +4,7 @@
 #define CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
 
 #include <map>
+#include <random>
 #include <memory>
 #include <set>
 #include <string>
@@ -73,11 +74,36 @@ struct ClusterCoordinator::Impl {
     return error;
   }
 
+  // A coordinator with a journal (its schedule replies say `durable`) keeps
+  // its closures and results across a restart: a call whose link broke is
+  // sent again once the client has reconnected (within connect_timeout).
+  // Schedules carry (client_id, local id), so a retry never queues twice.
+  template <typename T, typename Make>
+  kj::Promise<T> retrying(Make make, kj::Maybe<kj::TimePoint> give_up = nullptr) {
+    return make().catch_([this, make, give_up](kj::Exception&& e) mutable -> kj::Promise<T> {
+      if (e.getType() != kj::Exception::Type::DISCONNECTED || !durable) return kj::mv(e);
+      kj::TimePoint now = loop().timer().now();
+      kj::TimePoint until = now + channel.options().connect_timeout.count() * kj::MILLISECONDS;
+      KJ_IF_MAYBE(t, give_up) { until = *t; }
+      if (now >= until) return kj::mv(e);
+      return loop().timer().afterDelay(100 * kj::MILLISECONDS).then([this, make, until]() mutable {
+        return retrying<T>(kj::mv(make), until);
+      });
+    });
+  }
+
   struct TaskErrors : kj::TaskSet::ErrorHandler {
     void taskFailed(kj::Exception&&) override {}  // recorded by the tasks themselves
   };
 
   rpc::SyncChannel channel;
+  // Names this client's schedule requests (random, not 0).
+  const uint64_t client_id = [] {
+    std::random_device random;
+    uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
+    return id == 0 ? 1 : id;
+  }();
+  bool durable = false;  // loop thread only
   int64_t next_local_id = 1;
   std::map<int64_t, kj::ForkedPromise<int64_t>> scheduled;
   int64_t unacked = 0;
