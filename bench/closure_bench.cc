@@ -6,7 +6,9 @@
 // Starts a ps-server, a coordinator and 1 or 2 worker-servers (from the
 // directory of this binary, on free ports; the workers load the training test
 // module, ../lib/libcapstan_training_module.so) and stops them at the end.
-// For 1 and 2 workers, with the coordinator's --closures-per-worker 1 and 4:
+// For 1 and 2 workers, with the coordinator's --closures-per-worker 1 and 4,
+// and 2 x 1 again with a durable coordinator (--work-dir: every closure
+// journaled, group-committed):
 //   throughput  schedule N "noop" closures back to back, then join()
 //   latency     schedule one "noop", fetch() it; one at a time; p50/p99
 // and the CPU each process spent per closure in the throughput runs
@@ -21,6 +23,7 @@
 //   register starts alone).
 // Prints figures; never fails on them.
 #include <signal.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <atomic>
@@ -86,10 +89,15 @@ struct Setup {
 // A ps-server, a coordinator, `workers` workers; the client connected.
 class Cluster {
  public:
-  Cluster(const Setup& setup, int workers, int closures_per_worker) : setup_(setup) {
+  Cluster(const Setup& setup, int workers, int closures_per_worker, bool durable = false) : setup_(setup) {
     ps_ = bench::start(setup.bin_dir, "ps-server", {"--task-index", "0"});
-    coordinator_ = bench::start(setup.bin_dir, "coordinator",
-                                {"--ps", ps_.address, "--closures-per-worker", std::to_string(closures_per_worker)});
+    std::vector<std::string> flags = {"--ps", ps_.address, "--closures-per-worker", std::to_string(closures_per_worker)};
+    if (durable) {
+      work_dir_ = (std::filesystem::temp_directory_path() / ("closure_bench_journal." + std::to_string(::getpid()))).string();
+      std::filesystem::remove_all(work_dir_);
+      flags.insert(flags.end(), {"--work-dir", work_dir_});
+    }
+    coordinator_ = bench::start(setup.bin_dir, "coordinator", flags);
     capstan::ClientOptions options;
     options.client_name = "closure_bench";
     options.call_timeout = std::chrono::milliseconds(120000);
@@ -101,6 +109,7 @@ class Cluster {
   ~Cluster() {
     client_.reset();
     bench::stop_all();
+    if (!work_dir_.empty()) std::filesystem::remove_all(work_dir_);
   }
 
   // Starts workers until there are `total`; returns without waiting for
@@ -126,6 +135,7 @@ class Cluster {
  private:
   const Setup& setup_;
   bench::Daemon ps_, coordinator_;
+  std::string work_dir_;  // durable: the coordinator's journal, removed at the end
   int workers_ = 0;
   std::unique_ptr<capstan::ClusterCoordinator> client_;
 };
@@ -213,10 +223,11 @@ int main(int argc, char** argv) {
   struct Config {
     int workers;
     int per_worker;
+    bool durable = false;
   };
   std::vector<std::string> cpu_lines;
-  for (Config c : {Config{1, 1}, Config{1, 4}, Config{2, 1}, Config{2, 4}}) {
-    Cluster cluster(setup, c.workers, c.per_worker);
+  for (Config c : {Config{1, 1}, Config{1, 4}, Config{2, 1}, Config{2, 4}, Config{2, 1, true}}) {
+    Cluster cluster(setup, c.workers, c.per_worker, c.durable);
     // Warm up the paths (placements, worker pools).
     throughput(cluster.client(), 200);
     auto cpu_before = cpu_snapshot();
@@ -229,7 +240,8 @@ int main(int argc, char** argv) {
     std::snprintf(rate, sizeof(rate), "%.0f", closures / (t.schedule_s + t.join_s));
     std::snprintf(p50, sizeof(p50), "%.0f us", l.p50_us);
     std::snprintf(p99, sizeof(p99), "%.0f us", l.p99_us);
-    std::printf("%-8d %-12d %-15s %-26s %-10d %-16s %-16s\n", c.workers, c.per_worker, rate, split, closures, p50, p99);
+    std::printf("%-8d %-12s %-15s %-26s %-10d %-16s %-16s\n", c.workers,
+                (std::to_string(c.per_worker) + (c.durable ? " durable" : "")).c_str(), rate, split, closures, p50, p99);
     std::fflush(stdout);
   }
 

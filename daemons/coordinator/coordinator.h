@@ -323,8 +323,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Status> leave_worker(int64_t worker_id, std::string reason);
   // The coordinator's own SIGTERM: no more dispatch; resolves once every
   // running closure and step has finished and, as above, a checkpoint was
-  // saved. Closures still queued are not run (they are lost with this
-  // process: the coordinator is not durable yet).
+  // saved. Closures still queued are not run here: with work_dir they are
+  // journaled and run once the coordinator restarts with it; without, they
+  // are lost with this process.
   kj::Promise<void> drain(std::string reason);
   int num_workers() const { return static_cast<int>(workers_.size()); }
   // Every function the registered workers have (union).

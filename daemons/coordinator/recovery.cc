@@ -377,8 +377,10 @@ kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string rea
 
 kj::Promise<void> Coordinator::drain(std::string reason) {
   draining_ = true;
-  log_->info("{}: no more dispatch; waiting for {} running closure(s); {} queued closure(s) will not run", reason,
-             queue_.running(), queue_.queued());
+  log_->info("{}: no more dispatch; waiting for {} running closure(s); {} queued closure(s) {}", reason,
+             queue_.running(), queue_.queued(),
+             durable() ? "stay in the journal and run when the coordinator restarts with its work_dir"
+                       : "will not run (no work_dir)");
   notify();
   return until([this]() {
            if (queue_.running() > 0) return false;
