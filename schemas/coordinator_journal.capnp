@@ -24,6 +24,24 @@ struct CoordinatorUpdate {
     closureFinished @4 :Finished;
     errorTaken @5 :Void;
     releaseClosure @6 :Int64;
+    # A compacted journal holds the queue as it was instead: every closure
+    # kept, then the pending error and the next closure id.
+    closureState @7 :ClosureState;
+    closureQueue @8 :QueueState;
+  }
+
+  struct ClosureState {
+    closure @0 :Closure;
+    state @1 :UInt8;        # 0 queued, 2 done, 3 failed, 4 cancelled
+    value @2 :Data;
+    errorCode @3 :Int32;
+    errorMessage @4 :Text;
+  }
+
+  struct QueueState {
+    errorCode @0 :Int32;    # the pending error; 0: none
+    errorMessage @1 :Text;
+    nextId @2 :Int64;
   }
 
   struct Closure {

@@ -151,6 +151,40 @@ void ClosureQueue::restore_finished(int64_t id, Result<std::string> result) {
   cancelled_runs_.clear();  // runs of a coordinator that is gone
 }
 
+ClosureQueue::Snapshot ClosureQueue::snapshot() const {
+  Snapshot out;
+  for (const auto& [id, record] : records_) {
+    Snapshot::Entry entry;
+    entry.closure = record.closure;
+    entry.state = record.state == State::kRunning ? State::kQueued : record.state;
+    entry.value = record.value;
+    entry.error = record.error;
+    out.entries.push_back(std::move(entry));
+  }
+  out.pending_error = error_;
+  out.next_id = next_id_;
+  return out;
+}
+
+void ClosureQueue::restore_entry(Snapshot::Entry entry) {
+  int64_t id = entry.closure.id;
+  if (id <= 0 || records_.count(id) != 0) return;
+  Record record;
+  record.closure = std::move(entry.closure);
+  record.closure.attempts = 0;
+  record.state = entry.state == State::kRunning ? State::kQueued : entry.state;
+  record.value = std::move(entry.value);
+  record.error = std::move(entry.error);
+  if (record.state == State::kQueued) queue_.push_back(id);
+  records_.emplace(id, std::move(record));
+  next_id_ = std::max(next_id_, id + 1);
+}
+
+void ClosureQueue::restore_pending(Status error, int64_t next_id) {
+  error_ = std::move(error);
+  next_id_ = std::max(next_id_, next_id);
+}
+
 void ClosureQueue::release(int64_t id) {
   auto it = records_.find(id);
   if (it == records_.end()) return;

@@ -106,6 +106,25 @@ class ClosureQueue {
   // queued then.
   void restore_finished(int64_t id, Result<std::string> result);
 
+  // A compacted journal: every record as it is (queued and running ones are
+  // queued again), the pending error, and the next id.
+  struct Snapshot {
+    struct Entry {
+      Closure closure;
+      State state = State::kQueued;
+      std::string value;  // kDone
+      Status error;       // kFailed, kCancelled
+    };
+    std::vector<Entry> entries;  // by id
+    Status pending_error;
+    int64_t next_id = 1;
+  };
+  Snapshot snapshot() const;
+  void restore_entry(Snapshot::Entry entry);
+  void restore_pending(Status error, int64_t next_id);
+  // Records kept (queued, running, and ended but not released).
+  int64_t size() const { return static_cast<int64_t>(records_.size()); }
+
  private:
   struct Record {
     Closure closure;

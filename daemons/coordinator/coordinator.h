@@ -89,6 +89,10 @@ struct CoordinatorConfig {
   // (variables and their placement, per-worker datasets, the checkpoint to
   // recover from); "": nothing survives a restart.
   std::string work_dir;
+  // The journal is rewritten as a snapshot of the state once it holds this
+  // many records and more than twice the live ones (closures kept,
+  // variables, datasets).
+  int64_t journal_compact_records = 100000;
 
   // The checkpoint policy: every `checkpoint_every_steps` closures completed
   // and/or every `checkpoint_every_seconds`, the coordinator saves into
@@ -537,6 +541,11 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void flush_journal();
   // Appends one record at once (the loop thread; rare changes).
   Status append_now(const std::string& record);
+  // The state as journal records (a compacted journal).
+  std::vector<std::string> snapshot_records() const;
+  std::string variable_record(const Variable& variable) const;
+  std::string dataset_record(int64_t id, const PerWorkerDataset& dataset) const;
+  bool compaction_due() const;
   // Remembers (and journals) the checkpoint a lost PS is restored from.
   void set_last_checkpoint(const std::string& path);
 
@@ -618,8 +627,16 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   struct JournalFile {
     std::mutex mutex;
     std::unique_ptr<journal::JournalWriter> writer;
+    std::string work_dir;
+    int64_t generation = 0;  // writer's directory: work_dir/journal-<generation>; 0: work_dir itself
   };
+  // Writes `records` as the journal of the next generation, makes CURRENT
+  // name it, swaps the writer to it and deletes the old journal (under the
+  // file's mutex; any thread).
+  static Status write_compacted(JournalFile& file, const std::vector<std::string>& records);
   std::shared_ptr<JournalFile> journal_;  // null without work_dir
+  int64_t journal_records_ = 0;  // in the journal now (replayed, appended, enqueued)
+  int64_t journal_compactions_ = 0;
   std::vector<std::string> journal_queue_;  // closure records not yet handed to a batch
   int64_t journal_enqueued_ = 0;            // closure records enqueued so far
   int64_t journal_durable_ = 0;             // of them, fsynced

@@ -13,15 +13,25 @@
 // pool, one fsync per batch, and a schedule is answered once its record is
 // durable. A restarted coordinator queues again the closures that had not
 // ended (at-least-once, as when a worker dies) and keeps the values not yet
-// released. Not kept (yet): strategies. The journal is not compacted: it
-// grows with every closure (its arguments and value).
+// released. Not kept (yet): strategies.
+//
+// Compaction: once the journal holds journal_compact_records records and
+// more than twice the live ones, the state is written as a fresh journal in
+// work_dir/journal-<n+1> (fsynced), work_dir/CURRENT is replaced to name it
+// (write, fsync, rename, fsync the directory), and the old one is deleted.
+// A crash at any point leaves CURRENT naming a complete journal. Without
+// CURRENT (a coordinator from before compaction) the journal is work_dir
+// itself.
 #include <capnp/message.h>
 #include <capnp/serialize.h>
 
 #include <algorithm>
+#include <filesystem>
+#include <fstream>
 
 #include "capstan_schemas/coordinator_journal.capnp.h"
 #include "daemons/coordinator/coordinator.h"
+#include "io/durable_file.h"
 #include "journal/journal.h"
 #include "rpc/errors.h"
 #include "rpc/pool.h"
@@ -35,24 +45,107 @@ using Update = wire::journal::CoordinatorUpdate;
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
+// A journaled status into *out (OK for code 0); DataLoss for a code no
+// status has.
+Status status_of(int32_t code, capnp::Text::Reader message, Status* out) {
+  if (code < 0 || code > 16) return Status::DataLoss("a journaled error has code " + std::to_string(code));
+  *out = code == 0 ? Status::Ok() : Status(static_cast<StatusCode>(code), text(message));
+  return Status::Ok();
+}
+
 std::string serialize(capnp::MessageBuilder& message) {
   auto words = capnp::messageToFlatArray(message);
   auto bytes = words.asBytes();
   return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
 }
 
+kj::ArrayPtr<const kj::byte> bytes_of(const std::string& s) {
+  return kj::arrayPtr(reinterpret_cast<const kj::byte*>(s.data()), s.size());
+}
+
+constexpr const char* kCurrentFile = "CURRENT";
+
+std::string journal_dir(const std::string& work_dir, int64_t generation) {
+  return generation == 0 ? work_dir : work_dir + "/journal-" + std::to_string(generation);
+}
+
+// The generation CURRENT names; 0 without CURRENT.
+Result<int64_t> current_generation(const std::string& work_dir) {
+  std::ifstream in(work_dir + "/" + kCurrentFile);
+  if (!in) return int64_t{0};
+  std::string name;
+  in >> name;
+  const std::string prefix = "journal-";
+  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 18 ||
+      !std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
+                   [](char c) { return c >= '0' && c <= '9'; })) {
+    return Status::DataLoss(work_dir + "/" + kCurrentFile + " does not name a journal directory ('" + name + "')");
+  }
+  return std::stoll(name.substr(prefix.size()));
+}
+
+// Deletes the journal of `generation` (0: the segment files in work_dir).
+void remove_journal(const std::string& work_dir, int64_t generation) {
+  std::error_code ignored;
+  if (generation != 0) {
+    std::filesystem::remove_all(journal_dir(work_dir, generation), ignored);
+    return;
+  }
+  for (const auto& entry : std::filesystem::directory_iterator(work_dir, ignored)) {
+    std::string name = entry.path().filename().string();
+    if (entry.is_regular_file(ignored) && name.rfind("journal-", 0) == 0 && name.size() > 4 &&
+        name.substr(name.size() - 4) == ".log") {
+      std::filesystem::remove(entry.path(), ignored);
+    }
+  }
+}
+
+// Journals of other generations than `current`: what a compaction that
+// crashed left behind (a new one CURRENT never named, or the old one).
+void remove_stale_journals(const std::string& work_dir, int64_t current) {
+  std::error_code ignored;
+  std::vector<int64_t> stale;
+  for (const auto& entry : std::filesystem::directory_iterator(work_dir, ignored)) {
+    std::string name = entry.path().filename().string();
+    if (!entry.is_directory(ignored) || name.rfind("journal-", 0) != 0) continue;
+    std::string digits = name.substr(8);
+    if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
+    if (std::stoll(digits) != current) stale.push_back(std::stoll(digits));
+  }
+  for (int64_t g : stale) remove_journal(work_dir, g);
+  if (current != 0) remove_journal(work_dir, 0);
+}
+
 }  // namespace
 
 Status Coordinator::open_journal() {
   if (config_.work_dir.empty()) return Status::Ok();
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> records, journal::read_all(config_.work_dir));
+  CAPSTAN_ASSIGN_OR_RETURN(int64_t generation, current_generation(config_.work_dir));
+  const std::string dir = journal_dir(config_.work_dir, generation);
+  if (generation != 0 && !std::filesystem::is_directory(dir)) {
+    return Status::DataLoss(config_.work_dir + "/" + kCurrentFile + " names " + dir +
+                            ", which is missing: the coordinator's state is lost; restore the directory, or start "
+                            "with an empty work_dir");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> records, journal::read_all(dir));
   for (const auto& record : records) {
-    CAPSTAN_RETURN_IF_ERROR(apply_journal_record(record).with_context("replaying the journal in " +
-                                                                      config_.work_dir));
+    CAPSTAN_RETURN_IF_ERROR(apply_journal_record(record).with_context("replaying the journal in " + dir));
   }
   journal_ = std::make_shared<JournalFile>();
-  CAPSTAN_ASSIGN_OR_RETURN(journal_->writer, journal::JournalWriter::open(config_.work_dir));
+  journal_->work_dir = config_.work_dir;
+  journal_->generation = generation;
+  CAPSTAN_ASSIGN_OR_RETURN(journal_->writer, journal::JournalWriter::open(dir));
+  remove_stale_journals(config_.work_dir, generation);
+  journal_records_ = static_cast<int64_t>(records.size());
   (void)queue_.take_cancelled_runs();  // runs of the coordinator that is gone
+  if (compaction_due()) {
+    auto snapshot = snapshot_records();
+    CAPSTAN_RETURN_IF_ERROR(write_compacted(*journal_, snapshot).with_context("compacting the journal in " +
+                                                                               config_.work_dir));
+    log_->info("compacted the journal: {} record(s) -> {}", journal_records_, snapshot.size());
+    journal_records_ = static_cast<int64_t>(snapshot.size());
+    ++journal_compactions_;
+  }
   if (!records.empty()) {
     log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s), {} closure(s) queued again, "
                "{} result(s) kept{}",
@@ -63,29 +156,67 @@ Status Coordinator::open_journal() {
 }
 
 Status Coordinator::append_now(const std::string& record) {
+  ++journal_records_;
   std::lock_guard<std::mutex> lock(journal_->mutex);
   return journal_->writer->append(record);
+}
+
+Status Coordinator::write_compacted(JournalFile& file, const std::vector<std::string>& records) {
+  std::lock_guard<std::mutex> lock(file.mutex);
+  const int64_t next = file.generation + 1;
+  const std::string dir = journal_dir(file.work_dir, next);
+  std::error_code ignored;
+  std::filesystem::remove_all(dir, ignored);  // a compaction that crashed before CURRENT named it
+  CAPSTAN_ASSIGN_OR_RETURN(auto writer, journal::JournalWriter::open(dir));
+  CAPSTAN_RETURN_IF_ERROR(writer->append_batch(records));
+  CAPSTAN_RETURN_IF_ERROR(
+      capstan::io::write_file_durably(file.work_dir + "/" + kCurrentFile, "journal-" + std::to_string(next) + "\n"));
+  const int64_t old = file.generation;
+  file.writer = std::move(writer);  // the old writer closes, and its lock goes
+  file.generation = next;
+  remove_journal(file.work_dir, old);
+  return Status::Ok();
+}
+
+bool Coordinator::compaction_due() const {
+  if (!journal_) return false;
+  int64_t live = static_cast<int64_t>(variables_.size() + datasets_.size()) + queue_.size() + 2;
+  return journal_records_ >= config_.journal_compact_records && journal_records_ > 2 * live;
 }
 
 void Coordinator::journal_closure_change(std::string record) {
   if (!journal_) return;
   journal_queue_.push_back(std::move(record));
   ++journal_enqueued_;
+  ++journal_records_;
   flush_journal();
 }
 
 void Coordinator::flush_journal() {
   if (journal_flushing_ || journal_queue_.empty()) return;
   journal_flushing_ = true;
-  auto batch = std::make_shared<std::vector<std::string>>(std::exchange(journal_queue_, {}));
   const int64_t upto = journal_enqueued_;
-  tasks_.add(rpc::run_on_pool(pool_, [file = journal_, batch]() {
-               std::lock_guard<std::mutex> lock(file->mutex);
-               return file->writer->append_batch(*batch);
-             }).then([this, upto](Status written) {
+  kj::Promise<Status> written = nullptr;
+  if (compaction_due()) {
+    // The snapshot holds the effect of the records waiting to be written:
+    // they are dropped, and their waiters answered once it is durable.
+    auto snapshot = std::make_shared<std::vector<std::string>>(snapshot_records());
+    journal_queue_.clear();
+    log_->info("compacting the journal: {} record(s) -> {}", journal_records_, snapshot->size());
+    journal_records_ = static_cast<int64_t>(snapshot->size());
+    ++journal_compactions_;
+    written = rpc::run_on_pool(pool_, [file = journal_, snapshot]() { return write_compacted(*file, *snapshot); });
+  } else {
+    auto batch = std::make_shared<std::vector<std::string>>(std::exchange(journal_queue_, {}));
+    written = rpc::run_on_pool(pool_, [file = journal_, batch]() {
+      std::lock_guard<std::mutex> lock(file->mutex);
+      return file->writer->append_batch(*batch);
+    });
+  }
+  tasks_.add(written.then([this, upto](Status status) {
     journal_flushing_ = false;
-    if (!written.ok() && journal_broken_.ok()) {
-      journal_broken_ = written.with_context("journaling the closure queue in " + config_.work_dir);
+    if (!status.ok() && journal_broken_.ok()) {
+      journal_broken_ = status.with_context("journaling the closure queue in " + config_.work_dir);
       log_->error("{}: closures scheduled from now on are answered with this error; restart the coordinator",
                   journal_broken_.to_string());
     }
@@ -96,6 +227,47 @@ void Coordinator::flush_journal() {
     }
     flush_journal();
   }));
+}
+
+std::vector<std::string> Coordinator::snapshot_records() const {
+  std::vector<std::string> out;
+  for (const auto& [name, variable] : variables_) out.push_back(variable_record(variable));
+  for (const auto& [id, dataset] : datasets_) out.push_back(dataset_record(id, dataset));
+  if (!last_checkpoint_.empty()) {
+    capnp::MallocMessageBuilder message;
+    message.initRoot<Update>().setLastCheckpoint(last_checkpoint_);
+    out.push_back(serialize(message));
+  }
+  std::map<int64_t, std::pair<uint64_t, int64_t>> request_of;  // closure id -> (client, seq)
+  for (const auto& [client, seen] : requests_) {
+    for (const auto& [seq, id] : seen) request_of[id] = {client, seq};
+  }
+  ClosureQueue::Snapshot queue = queue_.snapshot();
+  for (const auto& entry : queue.entries) {
+    capnp::MallocMessageBuilder message;
+    auto out_state = message.initRoot<Update>().initClosureState();
+    auto closure = out_state.initClosure();
+    closure.setId(entry.closure.id);
+    closure.setFunction(entry.closure.function);
+    closure.setArgs(bytes_of(entry.closure.args));
+    auto request = request_of.find(entry.closure.id);
+    if (request != request_of.end()) {
+      closure.setClientId(request->second.first);
+      closure.setRequestSeq(request->second.second);
+    }
+    out_state.setState(static_cast<uint8_t>(entry.state));
+    out_state.setValue(bytes_of(entry.value));
+    out_state.setErrorCode(static_cast<int32_t>(entry.error.code()));
+    out_state.setErrorMessage(entry.error.message());
+    out.push_back(serialize(message));
+  }
+  capnp::MallocMessageBuilder message;
+  auto state = message.initRoot<Update>().initClosureQueue();
+  state.setErrorCode(static_cast<int32_t>(queue.pending_error.code()));
+  state.setErrorMessage(queue.pending_error.message());
+  state.setNextId(queue.next_id);
+  out.push_back(serialize(message));
+  return out;
 }
 
 kj::Promise<Status> Coordinator::journal_synced() {
@@ -212,11 +384,9 @@ Status Coordinator::apply_journal_record(const std::string& record) {
           queue_.restore_finished(in.getId(), std::string(reinterpret_cast<const char*>(in.getValue().begin()),
                                                           in.getValue().size()));
         } else {
-          if (in.getErrorCode() < 0 || in.getErrorCode() > 16) {
-            return Status::DataLoss("a journaled closure error has code " + std::to_string(in.getErrorCode()));
-          }
-          queue_.restore_finished(in.getId(),
-                                  Status(static_cast<StatusCode>(in.getErrorCode()), text(in.getErrorMessage())));
+          Status error;
+          CAPSTAN_RETURN_IF_ERROR(status_of(in.getErrorCode(), in.getErrorMessage(), &error));
+          queue_.restore_finished(in.getId(), std::move(error));
         }
         return Status::Ok();
       }
@@ -226,6 +396,33 @@ Status Coordinator::apply_journal_record(const std::string& record) {
       case Update::RELEASE_CLOSURE:
         queue_.release(update.getReleaseClosure());
         return Status::Ok();
+      case Update::CLOSURE_STATE: {
+        auto in = update.getClosureState();
+        uint8_t state = in.getState();
+        if (state > 4 || state == 1) return Status::DataLoss("a journaled closure has state " + std::to_string(state));
+        Status error;
+        CAPSTAN_RETURN_IF_ERROR(status_of(in.getErrorCode(), in.getErrorMessage(), &error));
+        ClosureQueue::Snapshot::Entry entry;
+        entry.closure.id = in.getClosure().getId();
+        entry.closure.function = text(in.getClosure().getFunction());
+        entry.closure.args.assign(reinterpret_cast<const char*>(in.getClosure().getArgs().begin()),
+                                  in.getClosure().getArgs().size());
+        entry.state = static_cast<ClosureQueue::State>(state);
+        entry.value.assign(reinterpret_cast<const char*>(in.getValue().begin()), in.getValue().size());
+        entry.error = std::move(error);
+        if (in.getClosure().getClientId() != 0) {
+          requests_[in.getClosure().getClientId()][in.getClosure().getRequestSeq()] = entry.closure.id;
+        }
+        queue_.restore_entry(std::move(entry));
+        return Status::Ok();
+      }
+      case Update::CLOSURE_QUEUE: {
+        auto in = update.getClosureQueue();
+        Status error;
+        CAPSTAN_RETURN_IF_ERROR(status_of(in.getErrorCode(), in.getErrorMessage(), &error));
+        queue_.restore_pending(std::move(error), in.getNextId());
+        return Status::Ok();
+      }
     }
     return Status::DataLoss("a journal record of a kind this coordinator does not know (a newer version wrote it)");
   } catch (const kj::Exception& e) {
@@ -235,6 +432,10 @@ Status Coordinator::apply_journal_record(const std::string& record) {
 
 Status Coordinator::journal_variable(const Variable& variable) {
   if (!journal_) return Status::Ok();
+  return append_now(variable_record(variable)).with_context("journaling variable '" + variable.name + "'");
+}
+
+std::string Coordinator::variable_record(const Variable& variable) const {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<Update>().initCreateVariable();
   out.setName(variable.name);
@@ -250,11 +451,15 @@ Status Coordinator::journal_variable(const Variable& variable) {
     shards[i].setRows(variable.shards[i].rows);
   }
   out.setPlacerCounter(placer_.counter());
-  return append_now(serialize(message)).with_context("journaling variable '" + variable.name + "'");
+  return serialize(message);
 }
 
 Status Coordinator::journal_dataset(int64_t id, const PerWorkerDataset& dataset) {
   if (!journal_) return Status::Ok();
+  return append_now(dataset_record(id, dataset)).with_context("journaling per-worker dataset " + std::to_string(id));
+}
+
+std::string Coordinator::dataset_record(int64_t id, const PerWorkerDataset& dataset) const {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<Update>().initAddDataset();
   out.setId(id);
@@ -263,7 +468,7 @@ Status Coordinator::journal_dataset(int64_t id, const PerWorkerDataset& dataset)
   out.setFunction(dataset.function);
   out.setName(dataset.name);
   out.setUid(dataset.uid);
-  return append_now(serialize(message)).with_context("journaling per-worker dataset " + std::to_string(id));
+  return serialize(message);
 }
 
 void Coordinator::set_last_checkpoint(const std::string& path) {

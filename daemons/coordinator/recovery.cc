@@ -389,6 +389,9 @@ kj::Promise<void> Coordinator::drain(std::string reason) {
            }
            return true;
          })
+      // The ends of the closures that finished are in the journal before
+      // the process goes, so that a restart does not run them again.
+      .then([this]() { return journal_synced().ignoreResult(); })
       .then([this, reason]() { return checkpoint_before_leaving(reason); });
 }
 

@@ -478,6 +478,59 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
   CHECK(h.coordinator->schedule("train_step", "new", client, 6).value() == 6);
 }
 
+TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot with the same state",
+          "[coordinator][durable]") {
+  data::testing::TempDir work;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  config.journal_compact_records = 20;
+  const uint64_t client = 5;
+  auto sync = [](Harness& h) {
+    auto synced = h.coordinator->journal_synced();
+    REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+    REQUIRE(synced.wait(h.io.waitScope).ok());
+  };
+  {
+    WorkerRecord a;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.add_worker(a);
+    h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+    for (int64_t seq = 1; seq <= 30; ++seq) h.coordinator->schedule("train_step", "a", client, seq).value();
+    for (size_t run = 0; run < 20; ++run) {
+      h.settle();
+      REQUIRE(a.runs.size() == run + 1);
+      a.reply(run, "v" + std::to_string(a.runs[run].run.closure_id));
+    }
+    for (int64_t id = 1; id <= 15; ++id) h.coordinator->release(id);
+    sync(h);
+  }
+  // Compacted (more than once): CURRENT names the one journal left.
+  std::string current = data::testing::read_bytes(work.file("CURRENT"));
+  CHECK_THAT(current, Catch::StartsWith("journal-"));
+  int journals = 0;
+  for (const auto& entry : std::filesystem::directory_iterator(work.path())) {
+    std::string name = entry.path().filename().string();
+    CHECK_FALSE(entry.path().extension() == ".log");  // no segment of the first journal left
+    if (name.rfind("journal-", 0) == 0) ++journals;
+  }
+  CHECK(journals == 1);
+
+  WorkerRecord b;
+  Harness h(config);
+  REQUIRE(h.coordinator->open_journal().ok());
+  CHECK(h.coordinator->placements().variables.size() == 1);
+  CHECK(h.coordinator->fetch(16).wait(h.io.waitScope).value() == "v16");
+  CHECK(h.coordinator->fetch(20).wait(h.io.waitScope).value() == "v20");
+  CHECK(h.coordinator->fetch(3).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);  // released
+  CHECK(h.coordinator->schedule("train_step", "a", client, 22).value() == 22);  // a retry
+  CHECK(h.coordinator->schedule("train_step", "a", client, 31).value() == 31);
+  h.add_worker(b);
+  h.settle();
+  REQUIRE(b.runs.size() == 1);
+  CHECK(b.runs[0].run.closure_id == 21);
+}
+
 TEST_CASE("a journal naming a parameter server this coordinator lacks stops it with the reason",
           "[coordinator][durable]") {
   data::testing::TempDir work;
