@@ -128,14 +128,16 @@ class ServiceReader final : public engine::IteratorBase {
   ~ServiceReader() noexcept override;
 
   Status get_next(Element* out, bool* end_of_sequence) override;
-  // The job's progress lives with its dispatcher and workers.
-  Status save(engine::StateWriter&) override { return not_saved(); }
-  Status restore(engine::StateReader&) override { return not_saved(); }
-  static Status not_saved() {
-    return Status::FailedPrecondition(
-        "data service: the position of a read through the data service (distribute, from_dataset_id) is "
-        "kept by its dispatcher, and this iterator cannot save or restore it");
-  }
+  // First-come reads of a named job: the job's id and, per task, how many
+  // of its elements this reader has handed out (received, less what waits
+  // in its queue). A restored reader joins the same job and reports those
+  // counts in its first request to each task: a task rebuilt since (its data
+  // worker restarted, as when a whole job restarts) replays its splits in
+  // the same order and skips exactly those elements (the mechanism that
+  // keeps data-worker restarts exactly once).
+  Status save(engine::StateWriter& writer) override;
+  Status restore(engine::StateReader& reader) override;
+  Status can_save() const;
 
  private:
   struct JobIds {
@@ -203,6 +205,8 @@ class ServiceReader final : public engine::IteratorBase {
   bool ended_ = false;
   JobIds job_;
   std::deque<Element> queue_;        // received, not yet returned
+  std::deque<int64_t> queue_tasks_;  // the task each element of queue_ came from
+  int64_t restored_job_id_ = -1;     // restore(): the job the state was saved from
   int64_t last_task_id_ = -1;        // first come: the task read last
   std::map<int64_t, Acknowledgement> acks_;  // first come: by task id
   int64_t round_ = 0;                // coordinated reads: the next round
@@ -257,6 +261,7 @@ Status ServiceReader::get_next(Element* out, bool* end_of_sequence) {
   if (!queue_.empty()) {
     *out = std::move(queue_.front());
     queue_.pop_front();
+    queue_tasks_.pop_front();
     return Status::Ok();
   }
   if (ended_) {
@@ -299,6 +304,12 @@ Status ServiceReader::start() {
                                      config_.call_timeout, "getOrCreateJob", make_call);
     });
     if (!job.ok()) return job.status();
+    if (restored_job_id_ >= 0 && job->job_id != restored_job_id_) {
+      return Status::FailedPrecondition(
+          "data service: job '" + config_.job_name + "' is job " + std::to_string(job->job_id) +
+          " now, not job " + std::to_string(restored_job_id_) + " whose position was saved (the dispatcher "
+          "collected it, or lost its work_dir): the saved position cannot be restored");
+    }
     job_ = *job;
   }
   // Learn the tasks before the first read, then keep heartbeating.
@@ -306,6 +317,53 @@ Status ServiceReader::start() {
   CAPSTAN_RETURN_IF_ERROR(fatal());
   loop_->run_sync([this]() { heartbeat_loop_ = heartbeat_loop().eagerlyEvaluate(nullptr); });
   started_ = true;
+  return Status::Ok();
+}
+
+Status ServiceReader::can_save() const {
+  if (config_.num_consumers > 0 || config_.cross_trainer_cache) {
+    return Status::FailedPrecondition(
+        "data service: coordinated reads and the cross-trainer cache keep their positions on the workers; "
+        "their iterators cannot save or restore one");
+  }
+  if (config_.job_name.empty()) {
+    return Status::FailedPrecondition(
+        "data service: saving the position of a read needs a named job (ReadOptions::job_name): an anonymous "
+        "job ends with its reader, and a restored reader could not join it again");
+  }
+  return Status::Ok();
+}
+
+Status ServiceReader::save(engine::StateWriter& writer) {
+  CAPSTAN_RETURN_IF_ERROR(can_save());
+  writer.begin("data_service");
+  writer.write_int(started_ ? job_.job_id : restored_job_id_);
+  writer.write_bool(ended_);
+  std::map<int64_t, int64_t> queued;  // by task
+  for (int64_t task : queue_tasks_) ++queued[task];
+  writer.write_int(static_cast<int64_t>(acks_.size()));
+  for (const auto& [task, ack] : acks_) {
+    writer.write_int(task);
+    writer.write_int(ack.received - queued[task]);
+  }
+  return Status::Ok();
+}
+
+Status ServiceReader::restore(engine::StateReader& reader) {
+  CAPSTAN_RETURN_IF_ERROR(can_save());
+  CAPSTAN_RETURN_IF_ERROR(reader.begin("data_service"));
+  int64_t tasks = 0;
+  CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&restored_job_id_, -1, INT64_MAX, "a job id"));
+  CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&ended_));
+  CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&tasks, 0, 1 << 20, "a task count"));
+  acks_.clear();
+  for (int64_t i = 0; i < tasks; ++i) {
+    int64_t task = 0;
+    int64_t received = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&task, 0, INT64_MAX, "a task id"));
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&received, 0, INT64_MAX, "an element count"));
+    acks_[task] = Acknowledgement{1, received};
+  }
   return Status::Ok();
 }
 
@@ -397,9 +455,13 @@ Status ServiceReader::next_first_come(Element* out, bool* end_of_sequence) {
       if (!batch->elements.empty()) {
         last_task_id_ = task.id;
         idle_backoff_ = 0ms;
-        for (auto& element : batch->elements) queue_.push_back(std::move(element));
+        for (auto& element : batch->elements) {
+          queue_.push_back(std::move(element));
+          queue_tasks_.push_back(task.id);
+        }
         *out = std::move(queue_.front());
         queue_.pop_front();
+        queue_tasks_.pop_front();
         return Status::Ok();
       }
     }

@@ -111,11 +111,14 @@ class Iterator {
   // yielded next. Every op saves its position: file offsets, shuffle buffers
   // with their random state, partial batches, interleave cycles, repeat,
   // take and skip counters, and the elements that map, prefetch and
-  // interleave threads had buffered (they pause while it saves). Not
-  // supported (FailedPrecondition): reads through the data service, whose
-  // positions its dispatcher holds. A cache or snapshot file that was being
-  // written is not finished by the restored iterator; a later full pass
-  // writes it.
+  // interleave threads had buffered (they pause while it saves). A read
+  // through the data service saves its named job and how many elements of
+  // each task it handed out; restored after the job's data workers
+  // restarted (a whole job restarting), it continues exactly (the rebuilt
+  // tasks skip those elements). FailedPrecondition: an anonymous job,
+  // coordinated reads, the cross-trainer cache. A cache or snapshot file
+  // that was being written is not finished by the restored iterator; a later
+  // full pass writes it.
   virtual Result<std::string> save() {
     return Status::Unimplemented("this iterator cannot save its position");
   }
