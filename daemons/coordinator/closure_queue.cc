@@ -7,13 +7,17 @@ namespace capstan::coordinator {
 Result<int64_t> ClosureQueue::schedule(std::string function, std::string args) {
   if (!error_.ok()) return take_error();
   int64_t id = next_id_++;
+  add_queued(id, std::move(function), std::move(args));
+  return id;
+}
+
+void ClosureQueue::add_queued(int64_t id, std::string function, std::string args) {
   Record record;
   record.closure.id = id;
   record.closure.function = std::move(function);
   record.closure.args = std::move(args);
   records_.emplace(id, std::move(record));
   queue_.push_back(id);
-  return id;
 }
 
 std::optional<ClosureQueue::Closure> ClosureQueue::next(int64_t worker) {
@@ -130,12 +134,7 @@ Result<std::string> ClosureQueue::value(int64_t id) const {
 
 void ClosureQueue::restore_scheduled(int64_t id, std::string function, std::string args) {
   if (records_.count(id) != 0) return;
-  Record record;
-  record.closure.id = id;
-  record.closure.function = std::move(function);
-  record.closure.args = std::move(args);
-  records_.emplace(id, std::move(record));
-  queue_.push_back(id);
+  add_queued(id, std::move(function), std::move(args));
   next_id_ = std::max(next_id_, id + 1);
 }
 

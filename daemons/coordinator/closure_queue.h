@@ -134,6 +134,7 @@ class ClosureQueue {
     std::string value;    // kDone
   };
 
+  void add_queued(int64_t id, std::string function, std::string args);
   void cancel_pending();
   Status cancelled_status(int64_t id, const Record& record) const;
 

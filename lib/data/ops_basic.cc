@@ -56,6 +56,16 @@ Status on_splits(const char* op) {
                                     "position; an iterator reading splits cannot save or restore one");
 }
 
+// An op whose position is its input's alone (map, filter, batch).
+Status save_through(StateWriter& writer, const char* op, IteratorBase& input) {
+  writer.begin(op);
+  return input.save(writer);
+}
+Status restore_through(StateReader& reader, const char* op, IteratorBase& input) {
+  CAPSTAN_RETURN_IF_ERROR(reader.begin(op));
+  return input.restore(reader);
+}
+
 // Elements kept in a buffer, written with their count.
 void write_elements(StateWriter& writer, const std::vector<Element>& elements) {
   writer.write_int(static_cast<int64_t>(elements.size()));
@@ -383,14 +393,8 @@ class MapIterator final : public IteratorBase {
     CAPSTAN_ASSIGN_OR_RETURN(*out, fn_(std::move(in)));
     return Status::Ok();
   }
-  Status save(StateWriter& writer) override {
-    writer.begin("map");
-    return input_->save(writer);
-  }
-  Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("map"));
-    return input_->restore(reader);
-  }
+  Status save(StateWriter& writer) override { return save_through(writer, "map", *input_); }
+  Status restore(StateReader& reader) override { return restore_through(reader, "map", *input_); }
 
  private:
   IteratorPtr input_;
@@ -408,14 +412,8 @@ class FilterIterator final : public IteratorBase {
       if (keep) return Status::Ok();
     }
   }
-  Status save(StateWriter& writer) override {
-    writer.begin("filter");
-    return input_->save(writer);
-  }
-  Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("filter"));
-    return input_->restore(reader);
-  }
+  Status save(StateWriter& writer) override { return save_through(writer, "filter", *input_); }
+  Status restore(StateReader& reader) override { return restore_through(reader, "filter", *input_); }
 
  private:
   IteratorPtr input_;
@@ -462,14 +460,8 @@ class BatchIterator final : public IteratorBase {
     return Status::Ok();
   }
   // A batch is collected within one call: only the input has a position.
-  Status save(StateWriter& writer) override {
-    writer.begin("batch");
-    return input_->save(writer);
-  }
-  Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("batch"));
-    return input_->restore(reader);
-  }
+  Status save(StateWriter& writer) override { return save_through(writer, "batch", *input_); }
+  Status restore(StateReader& reader) override { return restore_through(reader, "batch", *input_); }
 
  private:
   IteratorPtr input_;
@@ -527,14 +519,8 @@ class PaddedBatchIterator final : public IteratorBase {
     *out = std::move(result);
     return Status::Ok();
   }
-  Status save(StateWriter& writer) override {
-    writer.begin("padded_batch");
-    return input_->save(writer);
-  }
-  Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("padded_batch"));
-    return input_->restore(reader);
-  }
+  Status save(StateWriter& writer) override { return save_through(writer, "padded_batch", *input_); }
+  Status restore(StateReader& reader) override { return restore_through(reader, "padded_batch", *input_); }
 
  private:
   IteratorPtr input_;
