@@ -21,17 +21,30 @@ using capstan::data::Dataset;
 using capstan::Element;
 using capstan::data::Fn;
 
+// The functions check what they are given, as user functions must: a
+// damaged state can hand a restored element of any structure downstream.
+capstan::Result<int64_t> first_int(const Element& e) {
+  if (e.components.empty() || e.components[0].dtype() != capstan::DType::kInt64 ||
+      e.components[0].num_elements() < 1) {
+    return capstan::Status::InvalidArgument("expected an int64 component");
+  }
+  return e.components[0].flat<int64_t>()[0];
+}
+
 const capstan::FunctionRegistry& functions() {
   static auto* registry = [] {
     auto* r = new capstan::FunctionRegistry();
     r->register_map("plus_one", [](Element e) -> capstan::Result<Element> {
-      return Element{{capstan::Tensor::scalar<int64_t>(e.components[0].flat<int64_t>()[0] + 1)}, {}};
+      CAPSTAN_ASSIGN_OR_RETURN(int64_t x, first_int(e));
+      return Element{{capstan::Tensor::scalar<int64_t>(x + 1)}, {}};
     });
     r->register_filter("odd", [](const Element& e) -> capstan::Result<bool> {
-      return e.components[0].flat<int64_t>()[0] % 2 == 1;
+      CAPSTAN_ASSIGN_OR_RETURN(int64_t x, first_int(e));
+      return x % 2 == 1;
     });
     r->register_interleave("repeat_x", [](const Element& e) -> capstan::Result<Dataset> {
-      return Dataset::from_tensors(e).repeat(e.components[0].flat<int64_t>()[0] % 5 + 1).shuffle(2, 3);
+      CAPSTAN_ASSIGN_OR_RETURN(int64_t x, first_int(e));
+      return Dataset::from_tensors(e).repeat((x % 5 + 5) % 5 + 1).shuffle(2, 3);
     });
     return r;
   }();
