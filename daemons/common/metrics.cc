@@ -168,6 +168,17 @@ Gauge* MetricsRegistry::gauge(std::string_view name, std::string_view help,
 void MetricsRegistry::callback_gauge(std::string_view name,
                                      std::string_view help,
                                      std::function<double()> fn) {
+  add_callback(name, help, Kind::kCallbackGauge, std::move(fn));
+}
+
+void MetricsRegistry::callback_counter(std::string_view name,
+                                       std::string_view help,
+                                       std::function<double()> fn) {
+  add_callback(name, help, Kind::kCallbackCounter, std::move(fn));
+}
+
+void MetricsRegistry::add_callback(std::string_view name, std::string_view help,
+                                   Kind kind, std::function<double()> fn) {
   check_metric_name(name);
   if (!fn) {
     throw std::invalid_argument("callback gauge '" + std::string(name) +
@@ -178,7 +189,7 @@ void MetricsRegistry::callback_gauge(std::string_view name,
     throw std::logic_error("metric '" + std::string(name) +
                            "' is already registered");
   }
-  family(name, help, Kind::kCallbackGauge).callback =
+  family(name, help, kind).callback =
       std::make_shared<const std::function<double()>>(std::move(fn));
 }
 
@@ -221,7 +232,7 @@ std::string MetricsRegistry::render() const {
     append_escaped(out, f.help, /*quote=*/false);
     out += "\n# TYPE ";
     out += f.name;
-    out += f.kind == Kind::kCounter ? " counter\n" : " gauge\n";
+    out += f.kind == Kind::kCounter || f.kind == Kind::kCallbackCounter ? " counter\n" : " gauge\n";
     if (s.callback) {
       double v;
       try {

@@ -96,12 +96,17 @@ class MetricsRegistry {
   // Throws std::logic_error if "name" is already registered (of any type).
   void callback_gauge(std::string_view name, std::string_view help,
                       std::function<double()> fn);
+  // The same for a counter: "fn" must never go down (a total another
+  // component keeps, read at each render()).
+  void callback_counter(std::string_view name, std::string_view help,
+                        std::function<double()> fn);
 
   // All families in registration order, series sorted by label set.
   std::string render() const;
 
  private:
-  enum class Kind { kCounter, kGauge, kCallbackGauge };
+  enum class Kind { kCounter, kGauge, kCallbackGauge, kCallbackCounter };
+  void add_callback(std::string_view name, std::string_view help, Kind kind, std::function<double()> fn);
   struct Family;
 
   // Finds or creates the family "name" of "kind"; throws on a type conflict.

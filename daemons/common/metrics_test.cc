@@ -1,6 +1,7 @@
 #include "daemons/common/metrics.h"
 
 #include <catch2/catch.hpp>
+#include <atomic>
 
 #include <limits>
 #include <stdexcept>
@@ -37,6 +38,16 @@ TEST_CASE("MetricsRegistry renders counters, gauges and callbacks exactly",
         "# HELP temperature Degrees.\n"
         "# TYPE temperature gauge\n"
         "temperature{rack=\"1\",zone=\"b\"} -0.1\n");
+}
+
+TEST_CASE("A callback counter renders as a counter with the value its function reads", "[metrics]") {
+  MetricsRegistry registry;
+  std::atomic<int64_t> total{7};
+  registry.callback_counter("closures_total", "Closures.", [&total] { return static_cast<double>(total.load()); });
+  CHECK(registry.render() == "# HELP closures_total Closures.\n# TYPE closures_total counter\nclosures_total 7\n");
+  total = 9;
+  CHECK(registry.render().find("closures_total 9\n") != std::string::npos);
+  CHECK_THROWS_AS(registry.callback_counter("closures_total", "again", [] { return 1.0; }), std::logic_error);
 }
 
 TEST_CASE("MetricsRegistry renders an empty registry as empty text",

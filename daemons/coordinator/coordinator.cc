@@ -53,7 +53,14 @@ void Coordinator::taskFailed(kj::Exception&& exception) {
   log_->error("coordinator task failed: {}", rpc::from_exception(exception).to_string());
 }
 
+void Coordinator::update_stats() {
+  stats_->closures_queued = queue_.queued();
+  stats_->closures_running = queue_.running();
+  stats_->workers = static_cast<int64_t>(workers_.size());
+}
+
 void Coordinator::notify() {
+  update_stats();
   auto waiters = kj::mv(waiters_);
   waiters_ = kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>();
   for (auto& w : waiters) w->fulfill();
@@ -175,6 +182,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   if (!ps_status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
   auto closure = queue_.next(worker_id);
   if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
+  update_stats();
   ClosureRun run;
   run.closure_id = closure->id;
   run.function = closure->function;
@@ -241,6 +249,9 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
         bool succeeded = outcome.result.ok();
         if (queue_.complete(id, worker_id, std::move(outcome.result))) {
           journal_finished(id);
+          auto ended = queue_.state(id);
+          if (ended.ok() && *ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
+          if (ended.ok() && *ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
           if (succeeded) {
             ++closures_completed_;
             maybe_checkpoint();
@@ -463,6 +474,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
     if (seen.size() > kRememberedRequests) seen.erase(seen.begin());
   }
   journal_scheduled(*id, function, journaled, client_id, request_seq);
+  ++stats_->closures_scheduled;
   notify();
   return id;
 }
@@ -601,6 +613,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
       .then([this](Path path) -> Path {
         CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
         log_->info("saved checkpoint {}", *path);
+        ++stats_->checkpoints_saved;
         set_last_checkpoint(*path);
         return path;
       });

@@ -46,6 +46,7 @@
 #include <chrono>
 #include <cstdint>
 #include <functional>
+#include <atomic>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -353,6 +354,21 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // the journal's failure. Without: at once.
   kj::Promise<Status> journal_synced();
   bool durable() const { return journal_ != nullptr; }
+
+  // Totals and levels for /metrics, read from any thread (the loop thread
+  // writes them). Shared, so a metrics callback may outlive the coordinator.
+  struct Stats {
+    std::atomic<int64_t> closures_scheduled{0};
+    std::atomic<int64_t> closures_succeeded{0};
+    std::atomic<int64_t> closures_failed{0};  // ended with an error (not re-run)
+    std::atomic<int64_t> closures_queued{0};
+    std::atomic<int64_t> closures_running{0};
+    std::atomic<int64_t> workers{0};
+    std::atomic<int64_t> checkpoints_saved{0};
+    std::atomic<int64_t> ps_recoveries{0};
+  };
+  std::shared_ptr<const Stats> stats() const { return stats_; }
+  void update_stats();  // the levels, from the queue and the workers
   // OK once nothing is queued or running; the pending error, or
   // Unavailable while a parameter server is unreachable.
   kj::Promise<Status> join();
@@ -622,6 +638,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   bool checkpointing_ = false;
   bool draining_ = false;  // drain(): nothing more is dispatched
   int dispatch_pauses_ = 0;  // pause_dispatch() guards alive
+  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   // The writer, used by the loop thread (append_now) and the pool (batches):
   // the mutex serializes them. Shared with a batch in flight.
   struct JournalFile {

@@ -394,6 +394,30 @@ TEST_CASE("dispatch pauses while a parameter server is unreachable", "[coordinat
   CHECK(a.runs[1].run.args == "2");
 }
 
+TEST_CASE("the coordinator's stats count closures by how they end, and what waits and runs", "[coordinator]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  auto stats = h.coordinator->stats();
+  for (int i = 0; i < 3; ++i) h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  CHECK(stats->closures_scheduled == 3);
+  CHECK(stats->closures_running == 1);
+  CHECK(stats->closures_queued == 2);
+  CHECK(stats->workers == 1);
+  a.reply(0, std::string("v"));
+  h.settle();
+  a.reply(1, Status::Unavailable("lost run"));  // re-run: not an end
+  h.settle();
+  CHECK(stats->closures_succeeded == 1);
+  CHECK(stats->closures_failed == 0);
+  REQUIRE(a.runs.size() == 3);
+  a.reply(2, Status::InvalidArgument("bad"));
+  h.settle();
+  CHECK(stats->closures_failed == 1);
+  CHECK(stats->closures_queued + stats->closures_running == 0);  // the last one was cancelled
+}
+
 // ---- Checkpoints -------------------------------------------------------------------------
 
 TEST_CASE("save_checkpoint reads every shard from the parameter server that holds it", "[coordinator]") {

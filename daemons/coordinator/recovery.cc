@@ -220,6 +220,7 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
         for (const auto& v : read->states) shards += v.shards.size();
         set_last_checkpoint(read->path);
         ++ps_recoveries_;
+        ++stats_->ps_recoveries;
         set_ps_state(task, PsState::kUp);
         log_->warn("{}: restored {} shard(s) from checkpoint {} (step {}); {} ms after it was lost; dispatch resumes",
                    who, shards, read->path, read->step, down_ms);

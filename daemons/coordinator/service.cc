@@ -108,6 +108,32 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
   // SIGTERM: the running closures finish (and a checkpoint is saved when
   // checkpoint_dir is set) before the coordinator stops taking calls.
   ctx.on_drain.push_back([this]() { return core_.drain("SIGTERM"); });
+  register_metrics(ctx.metrics, core_.stats());
+}
+
+void CoordinatorService::register_metrics(daemon::MetricsRegistry& metrics,
+                                          std::shared_ptr<const Coordinator::Stats> stats) {
+  auto read = [stats](const std::atomic<int64_t> Coordinator::Stats::*field) {
+    return [stats, field]() { return static_cast<double>(((*stats).*field).load()); };
+  };
+  using S = Coordinator::Stats;
+  metrics.callback_counter("capstan_coordinator_closures_scheduled_total", "Closures scheduled by programs.",
+                           read(&S::closures_scheduled));
+  metrics.callback_counter("capstan_coordinator_closures_succeeded_total", "Closures that returned a value.",
+                           read(&S::closures_succeeded));
+  metrics.callback_counter("capstan_coordinator_closures_failed_total",
+                           "Closures that ended with an error (lost runs that were re-run are not counted).",
+                           read(&S::closures_failed));
+  metrics.callback_gauge("capstan_coordinator_closures_queued", "Closures waiting for a worker.",
+                         read(&S::closures_queued));
+  metrics.callback_gauge("capstan_coordinator_closures_running", "Closures running on workers.",
+                         read(&S::closures_running));
+  metrics.callback_gauge("capstan_coordinator_workers", "Workers registered.", read(&S::workers));
+  metrics.callback_counter("capstan_coordinator_checkpoints_saved_total", "Checkpoints saved by this coordinator.",
+                           read(&S::checkpoints_saved));
+  metrics.callback_counter("capstan_coordinator_ps_recoveries_total",
+                           "Parameter servers restored from a checkpoint after coming back empty.",
+                           read(&S::ps_recoveries));
 }
 
 CoordinatorService::~CoordinatorService() = default;

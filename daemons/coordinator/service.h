@@ -20,6 +20,10 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   explicit CoordinatorService(daemon::DaemonContext& ctx);
   ~CoordinatorService();
 
+  // The coordinator's closure, worker, checkpoint and recovery figures on
+  // /metrics (capstan_coordinator_*).
+  static void register_metrics(daemon::MetricsRegistry& metrics, std::shared_ptr<const Coordinator::Stats> stats);
+
  protected:
   kj::Promise<void> registerWorker(RegisterWorkerContext context) override;
   kj::Promise<void> createVariable(CreateVariableContext context) override;

@@ -91,6 +91,13 @@ TEST_CASE("schedule returns at once; join waits; fetch delivers each value", "[t
   }
   CHECK(workers_used.size() >= 1);
   CHECK(*workers_used.rbegin() <= 1);
+  // The coordinator's figures on /metrics.
+  std::string metrics = t.coordinator->http_get("/metrics").second;
+  CHECK_THAT(metrics, Catch::Contains("# TYPE capstan_coordinator_closures_scheduled_total counter"));
+  CHECK_THAT(metrics, Catch::Contains("capstan_coordinator_closures_scheduled_total 40\n"));
+  CHECK_THAT(metrics, Catch::Contains("capstan_coordinator_closures_succeeded_total 40\n"));
+  CHECK_THAT(metrics, Catch::Contains("capstan_coordinator_closures_queued 0\n"));
+  CHECK_THAT(metrics, Catch::Contains("capstan_coordinator_workers 2\n"));
 }
 
 TEST_CASE("a partitioned variable is placed round robin and gathered by id", "[training]") {
