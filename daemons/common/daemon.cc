@@ -515,6 +515,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   metrics.gauge("capstan_build_info", "Version and role of this daemon.",
                 {{"version", capstan::version()}, {"role", job}})
       ->set(1);
+  register_process_metrics(metrics);
   RpcMetrics rpc_metrics(metrics, log);
   Readiness readiness(*peers, identity);
 

@@ -1,8 +1,16 @@
 #include "daemons/common/metrics.h"
 #include "sync/mutex.h"
 
+#include <dirent.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
 #include <algorithm>
 #include <cassert>
+#include <chrono>
+#include <fstream>
+#include <limits>
+#include <sstream>
 #include <charconv>
 #include <cmath>
 #include <map>
@@ -255,6 +263,66 @@ std::string MetricsRegistry::render() const {
     }
   }
   return out;
+}
+
+namespace {
+
+// Fields 14 and 15 (utime, stime, in clock ticks) of /proc/self/stat; the
+// command name (field 2) may hold spaces, so parsing starts after its ')'.
+double cpu_seconds() {
+  std::ifstream in("/proc/self/stat");
+  std::string stat((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  size_t close = stat.rfind(')');
+  if (close == std::string::npos) return std::nan("");
+  std::istringstream fields(stat.substr(close + 2));
+  std::string field;
+  double ticks = 0;
+  for (int i = 3; i <= 15 && fields >> field; ++i) {
+    if (i == 14 || i == 15) ticks += std::stod(field);
+  }
+  return ticks / static_cast<double>(::sysconf(_SC_CLK_TCK));
+}
+
+// Field `index` (0: size, 1: resident) of /proc/self/statm, in bytes.
+double statm_bytes(int index) {
+  std::ifstream in("/proc/self/statm");
+  double pages[2] = {0, 0};
+  if (!(in >> pages[0] >> pages[1])) return std::nan("");
+  return pages[index] * static_cast<double>(::sysconf(_SC_PAGESIZE));
+}
+
+double open_fds() {
+  DIR* dir = ::opendir("/proc/self/fd");
+  if (dir == nullptr) return std::nan("");
+  double count = 0;
+  while (struct dirent* entry = ::readdir(dir)) {
+    if (entry->d_name[0] != '.') ++count;
+  }
+  ::closedir(dir);
+  return count - 1;  // the directory stream's own descriptor
+}
+
+double max_fds() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0) return std::nan("");
+  return limit.rlim_cur == RLIM_INFINITY ? std::numeric_limits<double>::infinity()
+                                         : static_cast<double>(limit.rlim_cur);
+}
+
+}  // namespace
+
+void register_process_metrics(MetricsRegistry& registry) {
+  const double started = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  registry.callback_counter("process_cpu_seconds_total", "Total user and system CPU time spent in seconds.",
+                            cpu_seconds);
+  registry.callback_gauge("process_resident_memory_bytes", "Resident memory size in bytes.",
+                          [] { return statm_bytes(1); });
+  registry.callback_gauge("process_virtual_memory_bytes", "Virtual memory size in bytes.",
+                          [] { return statm_bytes(0); });
+  registry.callback_gauge("process_open_fds", "Number of open file descriptors.", open_fds);
+  registry.callback_gauge("process_max_fds", "Maximum number of open file descriptors.", max_fds);
+  registry.callback_gauge("process_start_time_seconds", "Start time of the process since unix epoch in seconds.",
+                          [started] { return started; });
 }
 
 }  // namespace capstan::daemon

@@ -120,4 +120,10 @@ class MetricsRegistry {
   std::unordered_map<std::string, Family*> by_name_ GUARDED_BY(mutex_);
 };
 
+// Prometheus' standard process metrics, read from /proc/self at each
+// render(): process_cpu_seconds_total, process_resident_memory_bytes,
+// process_virtual_memory_bytes, process_open_fds, process_max_fds and
+// process_start_time_seconds (when this was called, unix time).
+void register_process_metrics(MetricsRegistry& registry);
+
 }  // namespace capstan::daemon

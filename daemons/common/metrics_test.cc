@@ -50,6 +50,24 @@ TEST_CASE("A callback counter renders as a counter with the value its function r
   CHECK_THROWS_AS(registry.callback_counter("closures_total", "again", [] { return 1.0; }), std::logic_error);
 }
 
+TEST_CASE("The process metrics read this process from /proc", "[metrics]") {
+  MetricsRegistry registry;
+  register_process_metrics(registry);
+  std::string text = registry.render();
+  auto value = [&text](const std::string& name) {
+    size_t at = text.find("\n" + name + " ");
+    REQUIRE(at != std::string::npos);
+    return std::stod(text.substr(at + name.size() + 2));
+  };
+  CHECK_THAT(text, Catch::Contains("# TYPE process_cpu_seconds_total counter"));
+  CHECK(value("process_cpu_seconds_total") >= 0);
+  CHECK(value("process_resident_memory_bytes") > 1 << 20);
+  CHECK(value("process_virtual_memory_bytes") >= value("process_resident_memory_bytes"));
+  CHECK(value("process_open_fds") >= 3);  // stdin, stdout, stderr at least
+  CHECK(value("process_max_fds") >= value("process_open_fds"));
+  CHECK(value("process_start_time_seconds") > 1.7e9);
+}
+
 TEST_CASE("MetricsRegistry renders an empty registry as empty text",
           "[metrics]") {
   MetricsRegistry registry;

@@ -164,6 +164,9 @@ TEST_CASE("every daemon serves /healthz and /metrics and exits 0 on SIGTERM", "[
     CHECK_THAT(metrics.second, Catch::Contains("capstan_rpc_calls_total{method=\"Node.info\"} 1"));
     CHECK_THAT(metrics.second, Catch::Contains("capstan_rpc_received_bytes_total"));
     CHECK_THAT(metrics.second, Catch::Contains("capstan_rpc_sent_bytes_total"));
+    CHECK_THAT(metrics.second, Catch::Contains("# TYPE process_cpu_seconds_total counter"));
+    CHECK_THAT(metrics.second, Catch::Contains("process_resident_memory_bytes "));
+    CHECK_THAT(metrics.second, Catch::Contains("process_open_fds "));
     auto started = std::chrono::steady_clock::now();
     auto code = daemon.stop(SIGTERM, 10s);
     REQUIRE(code.has_value());
