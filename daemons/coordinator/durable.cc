@@ -63,6 +63,10 @@ kj::ArrayPtr<const kj::byte> bytes_of(const std::string& s) {
   return kj::arrayPtr(reinterpret_cast<const kj::byte*>(s.data()), s.size());
 }
 
+std::string string_of(capnp::Data::Reader data) {
+  return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
+}
+
 constexpr const char* kCurrentFile = "CURRENT";
 
 std::string journal_dir(const std::string& work_dir, int64_t generation) {
@@ -284,7 +288,7 @@ void Coordinator::journal_scheduled(int64_t id, const std::string& function, con
   auto out = message.initRoot<Update>().initScheduleClosure();
   out.setId(id);
   out.setFunction(function);
-  out.setArgs(kj::arrayPtr(reinterpret_cast<const kj::byte*>(args.data()), args.size()));
+  out.setArgs(bytes_of(args));
   out.setClientId(client_id);
   out.setRequestSeq(request_seq);
   journal_closure_change(serialize(message));
@@ -299,7 +303,7 @@ void Coordinator::journal_finished(int64_t id) {
   auto out = message.initRoot<Update>().initClosureFinished();
   out.setId(id);
   if (value.ok()) {
-    out.setValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(value->data()), value->size()));
+    out.setValue(bytes_of(*value));
   } else {
     out.setErrorCode(static_cast<int32_t>(value.status().code()));
     out.setErrorMessage(value.status().message());
@@ -355,7 +359,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
       case Update::ADD_DATASET: {
         auto in = update.getAddDataset();
         PerWorkerDataset d;
-        d.definition.assign(reinterpret_cast<const char*>(in.getDefinition().begin()), in.getDefinition().size());
+        d.definition = string_of(in.getDefinition());
         d.function = text(in.getFunction());
         d.name = text(in.getName());
         d.uid = in.getUid();
@@ -370,7 +374,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         auto in = update.getScheduleClosure();
         if (in.getId() <= 0) return Status::DataLoss("a journaled closure has id " + std::to_string(in.getId()));
         queue_.restore_scheduled(in.getId(), text(in.getFunction()),
-                                 std::string(reinterpret_cast<const char*>(in.getArgs().begin()), in.getArgs().size()));
+                                 string_of(in.getArgs()));
         if (in.getClientId() != 0) {
           auto& seen = requests_[in.getClientId()];
           seen[in.getRequestSeq()] = in.getId();
@@ -381,8 +385,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
       case Update::CLOSURE_FINISHED: {
         auto in = update.getClosureFinished();
         if (in.getErrorCode() == 0) {
-          queue_.restore_finished(in.getId(), std::string(reinterpret_cast<const char*>(in.getValue().begin()),
-                                                          in.getValue().size()));
+          queue_.restore_finished(in.getId(), string_of(in.getValue()));
         } else {
           Status error;
           CAPSTAN_RETURN_IF_ERROR(status_of(in.getErrorCode(), in.getErrorMessage(), &error));
@@ -405,10 +408,9 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         ClosureQueue::Snapshot::Entry entry;
         entry.closure.id = in.getClosure().getId();
         entry.closure.function = text(in.getClosure().getFunction());
-        entry.closure.args.assign(reinterpret_cast<const char*>(in.getClosure().getArgs().begin()),
-                                  in.getClosure().getArgs().size());
+        entry.closure.args = string_of(in.getClosure().getArgs());
         entry.state = static_cast<ClosureQueue::State>(state);
-        entry.value.assign(reinterpret_cast<const char*>(in.getValue().begin()), in.getValue().size());
+        entry.value = string_of(in.getValue());
         entry.error = std::move(error);
         if (in.getClosure().getClientId() != 0) {
           requests_[in.getClosure().getClientId()][in.getClosure().getRequestSeq()] = entry.closure.id;
@@ -463,8 +465,7 @@ std::string Coordinator::dataset_record(int64_t id, const PerWorkerDataset& data
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<Update>().initAddDataset();
   out.setId(id);
-  out.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(dataset.definition.data()),
-                                 dataset.definition.size()));
+  out.setDefinition(bytes_of(dataset.definition));
   out.setFunction(dataset.function);
   out.setName(dataset.name);
   out.setUid(dataset.uid);

@@ -43,6 +43,13 @@ bool settle_until(Harness& h, Done done) {
   return false;
 }
 
+// Waits until the closure records so far are in the journal; its status.
+Status sync_journal(Harness& h) {
+  auto synced = h.coordinator->journal_synced();
+  REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+  return synced.wait(h.io.waitScope);
+}
+
 // The steps of the checkpoints in `dir`, oldest first.
 std::vector<int64_t> steps_in(const std::string& dir) {
   std::vector<int64_t> steps;
@@ -438,9 +445,7 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
     a.reply(0, std::string("v1"));
     h.settle();
     REQUIRE(a.runs.size() == 2);  // closure 2 runs when the coordinator dies
-    auto synced = h.coordinator->journal_synced();
-    REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
-    CHECK(synced.wait(h.io.waitScope).ok());
+    CHECK(sync_journal(h).ok());
   }
   {
     WorkerRecord b;
@@ -459,8 +464,7 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
     h.settle();
     // The error is pending: join raises it once.
     CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
-    auto synced = h.coordinator->journal_synced();
-    REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+    (void)sync_journal(h);
   }
   WorkerRecord c;
   Harness h(config);
@@ -472,8 +476,7 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
   CHECK(h.coordinator->fetch(4).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
   CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
   h.coordinator->release(1);
-  auto synced = h.coordinator->journal_synced();
-  REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
+  (void)sync_journal(h);
   CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
   CHECK(h.coordinator->schedule("train_step", "new", client, 6).value() == 6);
 }
@@ -485,11 +488,6 @@ TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot wit
   config.work_dir = work.path();
   config.journal_compact_records = 20;
   const uint64_t client = 5;
-  auto sync = [](Harness& h) {
-    auto synced = h.coordinator->journal_synced();
-    REQUIRE(settle_until(h, [&]() { return synced.poll(h.io.waitScope); }));
-    REQUIRE(synced.wait(h.io.waitScope).ok());
-  };
   {
     WorkerRecord a;
     Harness h(config);
@@ -503,7 +501,7 @@ TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot wit
       a.reply(run, "v" + std::to_string(a.runs[run].run.closure_id));
     }
     for (int64_t id = 1; id <= 15; ++id) h.coordinator->release(id);
-    sync(h);
+    REQUIRE(sync_journal(h).ok());
   }
   // Compacted (more than once): CURRENT names the one journal left.
   std::string current = data::testing::read_bytes(work.file("CURRENT"));

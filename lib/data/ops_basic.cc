@@ -66,6 +66,13 @@ Status restore_through(StateReader& reader, const char* op, IteratorBase& input)
   return input.restore(reader);
 }
 
+// An input that may not exist (between a repeat's epochs, after a take
+// ended): a flag, then its state when it does.
+Status save_optional(StateWriter& writer, IteratorBase* input) {
+  writer.write_bool(input != nullptr);
+  return input != nullptr ? input->save(writer) : Status::Ok();
+}
+
 // Elements kept in a buffer, written with their count.
 void write_elements(StateWriter& writer, const std::vector<Element>& elements) {
   writer.write_int(static_cast<int64_t>(elements.size()));
@@ -773,8 +780,7 @@ class RepeatIterator final : public IteratorBase {
     writer.begin("repeat");
     writer.write_int(epoch_);
     writer.write_bool(produced_this_epoch_);
-    writer.write_bool(current_ != nullptr);
-    return current_ != nullptr ? current_->save(writer) : Status::Ok();
+    return save_optional(writer, current_.get());
   }
   Status restore(StateReader& reader) override {
     CAPSTAN_RETURN_IF_ERROR(reader.begin("repeat"));
@@ -844,8 +850,7 @@ class TakeIterator final : public IteratorBase {
   Status save(StateWriter& writer) override {
     writer.begin("take");
     writer.write_int(remaining_);
-    writer.write_bool(input_ != nullptr);
-    return input_ != nullptr ? input_->save(writer) : Status::Ok();
+    return save_optional(writer, input_.get());
   }
   Status restore(StateReader& reader) override {
     CAPSTAN_RETURN_IF_ERROR(reader.begin("take"));
@@ -964,8 +969,7 @@ class ConcatenateIterator final : public IteratorBase {
     writer.write_int(static_cast<int64_t>(next_));
     writer.write_int(static_cast<int64_t>(signature_.size()));
     for (DType d : signature_) writer.write_int(static_cast<int64_t>(d));
-    writer.write_bool(current_ != nullptr);
-    return current_ != nullptr ? current_->save(writer) : Status::Ok();
+    return save_optional(writer, current_.get());
   }
   Status restore(StateReader& reader) override {
     CAPSTAN_RETURN_IF_ERROR(reader.begin("concatenate"));

@@ -328,6 +328,16 @@ Status join_until_data_loss(ClusterCoordinator& client) {
   return joined;
 }
 
+// Starts `t`'s coordinator again (after a kill) with its parameter servers
+// and `flags` (its --work-dir and --port).
+void restart_coordinator(Training& t, const std::vector<std::string>& flags) {
+  std::string ps_list;
+  for (Daemon* ps : t.ps) ps_list += (ps_list.empty() ? "" : ",") + ps->address();
+  std::vector<std::string> args = {"--ps", ps_list};
+  args.insert(args.end(), flags.begin(), flags.end());
+  t.coordinator = &t.cluster.restart_on_port("coordinator", args);
+}
+
 // kill -9 the PS task `task` of `t` and start it again on its port, empty.
 void restart_ps(Training& t, int task) {
   uint16_t port = t.ps[static_cast<size_t>(task)]->rpc_port();
@@ -455,10 +465,8 @@ TEST_CASE("kill -9 the coordinator and restart it with its work_dir: the program
   std::vector<int64_t> seen = read_elements(*t.client, *dataset, 20);
   REQUIRE(seen.size() == 20);
 
-  std::string ps_list = t.ps[0]->address() + "," + t.ps[1]->address();
   t.coordinator->kill_now();
-  t.coordinator = &t.cluster.restart_on_port(
-      "coordinator", {"--ps", ps_list, "--work-dir", work_dir, "--port", std::to_string(port)});
+  restart_coordinator(t, {"--work-dir", work_dir, "--port", std::to_string(port)});
   CHECK_THAT(t.coordinator->log(), Catch::Contains("replayed the journal") && Catch::Contains("1 variable(s)"));
   // The same program object carries on: its variable is known, with its value.
   REQUIRE(wait_until([&]() { return t.client->num_workers() == 2; }, 20s));
@@ -488,14 +496,12 @@ TEST_CASE("kill -9 the coordinator while closures run and wait: every RemoteValu
     values.emplace_back(t.client->schedule("sleep_then_tag", sleep_args(100, 1000 + i)).value(), 1000 + i);
   }
   REQUIRE(t.client->fetch(values[0].first).ok());  // some ran; the rest are queued or running
-  const std::string ps_list = t.ps[0]->address();
   t.coordinator->kill_now();
   // Scheduled while no coordinator answers: sent once it is back.
   for (int64_t i = 0; i < 5; ++i) {
     values.emplace_back(t.client->schedule("sleep_then_tag", sleep_args(10, 2000 + i)).value(), 2000 + i);
   }
-  t.coordinator = &t.cluster.restart_on_port(
-      "coordinator", {"--ps", ps_list, "--work-dir", work_dir, "--port", std::to_string(port)});
+  restart_coordinator(t, {"--work-dir", work_dir, "--port", std::to_string(port)});
   CHECK_THAT(t.coordinator->log(), Catch::Contains("closure(s) queued again"));
   // The same program object: join waits for the closures the journal kept,
   // and each value arrives, from before the restart and after.
