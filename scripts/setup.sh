@@ -3,7 +3,11 @@
 # and test Capstan. Idempotent and quiet: when everything is already installed
 # it prints nothing and exits 0. Installing needs root (run it with sudo).
 #
-# Usage: scripts/setup.sh
+# Usage: scripts/setup.sh [--test]
+#   --test  also what the tests use beyond the build: Docker and compose
+#           (scripts/container-test.sh), debootstrap (a Debian 12 base image
+#           without a registry), promtool (metrics format), systemd-analyze
+#           (unit files), Chromium (the status page, headless)
 set -euo pipefail
 
 packages=(
@@ -32,6 +36,10 @@ packages=(
   iptables               # network-fault test: queues packets to packet_delay
   libnetfilter-queue-dev # tests/tools/packet_delay (delay and loss without netem)
 )
+
+if [[ ${1:-} == --test ]]; then
+  packages+=(docker.io docker-compose debootstrap prometheus systemd chromium)
+fi
 
 missing=()
 for pkg in "${packages[@]}"; do

@@ -3,7 +3,9 @@
 # (scripts/check-thread-safety.sh), then every test: the one command CI and
 # developers run.
 #
-# With no arguments it then runs the unit and integration tests again under
+# With no arguments it then builds the container image and runs the compose
+# cluster end to end (scripts/container-test.sh), runs the unit and
+# integration tests again under
 # the sanitizers (scripts/sanitize.sh: ASan + UBSan + LeakSanitizer in
 # build-asan/, ThreadSanitizer in build-tsan/, clang builds), and every
 # libFuzzer harness (scripts/fuzz.sh, in build-asan/) for a fixed,
@@ -19,7 +21,7 @@ set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
-bash scripts/setup.sh
+bash scripts/setup.sh --test
 bash scripts/build.sh
 # Clang's thread-safety analysis over every source file (annotations on
 # mutex-held fields; see lib/sync/mutex.h).
@@ -32,6 +34,11 @@ ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 
 bash scripts/check-leftovers.sh "$build_dir" || status=1
 echo "test.sh: build and tests took $SECONDS s"
 if [[ $# -eq 0 ]]; then
+  # The image and the compose cluster end to end (Docker; fixed host ports,
+  # so not inside ctest's parallel run).
+  started=$SECONDS
+  bash scripts/container-test.sh || status=1
+  echo "test.sh: container-test.sh took $((SECONDS - started)) s"
   for kind in ${CAPSTAN_SANITIZERS-address thread}; do
     started=$SECONDS
     bash scripts/sanitize.sh "$kind" || status=1

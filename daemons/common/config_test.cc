@@ -1,4 +1,5 @@
 #include "daemons/common/config.h"
+#include "daemons/common/daemon.h"
 
 #include <stdlib.h>
 
@@ -582,6 +583,23 @@ TEST_CASE("current_environment reads the process environment") {
   auto it = env.find("CAPSTAN_CONFIG_TEST_PROBE");
   REQUIRE(it != env.end());
   CHECK(it->second == "a=b");
+}
+
+TEST_CASE("advertise_address: HOST takes the bound port, HOST:PORT is kept, a bad value is named",
+          "[config][advertise]") {
+  CHECK(advertise_address("10.1.2.3", 7100).value() == "10.1.2.3:7100");
+  CHECK(advertise_address("ps-0.ps.capstan.svc", 7100).value() == "ps-0.ps.capstan.svc:7100");
+  CHECK(advertise_address("ps-0.ps:7101", 7100).value() == "ps-0.ps:7101");
+  CHECK(advertise_address("fd00::7", 7100).value() == "[fd00::7]:7100");
+  CHECK(advertise_address("[fd00::7]", 7100).value() == "[fd00::7]:7100");
+  CHECK(advertise_address("[fd00::7]:9", 7100).value() == "[fd00::7]:9");
+  for (const std::string bad : {"host:0", "host:99999", "host:x", "host:", ":7100", "a b", "http://x"}) {
+    auto result = advertise_address(bad, 7100);
+    INFO(bad);
+    REQUIRE_FALSE(result.ok());
+    CHECK(result.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(result.status().message(), Catch::Contains("'" + bad + "'") && Catch::Contains("HOST:PORT"));
+  }
 }
 
 }  // namespace

@@ -267,6 +267,32 @@ void NodeIdentity::fill(wire::NodeInfo::Builder info) const {
   info.setGpuCount(gpu_count_);
 }
 
+// --advertise_address as peers dial it: HOST:PORT as given, or HOST with the
+// bound port (an IPv6 literal in brackets). Checked at start, so a typo is a
+// configuration error rather than an address no peer can reach.
+Result<std::string> advertise_address(const std::string& value, int bound_port) {
+  auto bad = [&value](const std::string& why) {
+    return Status::InvalidArgument("advertise_address: '" + value + "' " + why +
+                                   "; give HOST or HOST:PORT, e.g. 10.0.0.7 or ps-0.ps.capstan.svc:7100");
+  };
+  if (value.find_first_of(" \t\r\n/") != std::string::npos) return bad("is not a host name or address");
+  std::string host = value;
+  std::string port;
+  const size_t colon = value.rfind(':');
+  const bool bracketed = !value.empty() && value.front() == '[';
+  if (colon != std::string::npos && (bracketed ? colon > 0 && value[colon - 1] == ']' : value.find(':') == colon)) {
+    host = value.substr(0, colon);
+    port = value.substr(colon + 1);
+    if (port.empty() || port.size() > 5 || port.find_first_not_of("0123456789") != std::string::npos ||
+        std::stoi(port) < 1 || std::stoi(port) > 65535) {
+      return bad("has a bad port '" + port + "' (1-65535)");
+    }
+  }
+  if (host.empty() || host == "[]") return bad("has no host");
+  if (host.find(':') != std::string::npos && !bracketed) host = "[" + host + "]";
+  return host + ":" + (port.empty() ? std::to_string(bound_port) : port);
+}
+
 std::vector<OptionSpec> common_options() {
   return {
       {"host", OptionType::kString, "Address to bind the RPC and HTTP ports to (0.0.0.0 for all).",
@@ -277,6 +303,11 @@ std::vector<OptionSpec> common_options() {
        std::nullopt},
       {"http_port", OptionType::kInt, "HTTP port for /healthz, /readyz and /metrics; 0 picks a free one.",
        "0"},
+      {"advertise_address", OptionType::kString,
+       "The address peers reach this daemon at, HOST or HOST:PORT (default: the cluster spec's entry, "
+       "else the bind address, else, bound to all interfaces, the host name). Set it where the host "
+       "name does not resolve for peers: a pod IP or a stable DNS name in Kubernetes.",
+       ""},
       {"port_file", OptionType::kString,
        "Write the chosen ports to this file (rpc_port, http_port, address, pid) once listening.",
        ""},
@@ -387,6 +418,11 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
     task_index = cluster.task_index;
   }
   std::string host = config.get_string("host");
+  if (const std::string& chosen = config.get_string("advertise_address"); !chosen.empty()) {
+    if (auto checked = advertise_address(chosen, 1); !checked.ok()) {
+      return config_error(spec.program, checked.status().message());
+    }
+  }
   int64_t port = -1;
   if (config.has("port")) {
     port = config.get_int("port");
@@ -595,6 +631,9 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   if (task_index >= 0 && static_cast<size_t>(task_index) < cluster.addresses(job).size() &&
       !config.has("port")) {
     advertised = cluster.addresses(job)[task_index];
+  }
+  if (const std::string& chosen = config.get_string("advertise_address"); !chosen.empty()) {
+    advertised = advertise_address(chosen, *bound).value();  // checked before start
   }
   identity.set_addresses(advertised, http_started.port);
   healthy.store(true);

@@ -135,6 +135,11 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv);
 // The keys every daemon has (documented in --help and the README).
 std::vector<OptionSpec> common_options();
 
+// The address a daemon advertises for --advertise_address VALUE: HOST:PORT as
+// given, or HOST with `bound_port` (an IPv6 literal bracketed).
+// INVALID_ARGUMENT names the value when it is no host or has a bad port.
+Result<std::string> advertise_address(const std::string& value, int bound_port);
+
 // The IP address of this machine's interface that reaches `peer`
 // (host:port): a UDP socket is "connected" to it (no packet is sent) and
 // asked for its local address. nullopt when the peer cannot be resolved.

@@ -8,6 +8,7 @@
 #include "capstan/data/dataset.h"
 #include "data/tensor_util.h"
 #include "journal/journal.h"
+#include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/pool.h"
 
@@ -805,6 +806,25 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
                    restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
         return restored;
       });
+}
+
+Result<std::vector<std::string>> ps_addresses_of_service(const std::string& service, int64_t n) {
+  std::string host;
+  uint16_t port = 0;
+  if (Status parsed = rpc::parse_host_port(service, &host, &port); !parsed.ok()) {
+    return Status::InvalidArgument("ps_service: '" + service + "': " + parsed.message() +
+                                   " (give the headless Service as NAME[.NAMESPACE.svc]:PORT)");
+  }
+  if (n < 1 || n > 100000) {
+    return Status::InvalidArgument("num_ps: " + std::to_string(n) +
+                                   " must be the parameter servers' StatefulSet replicas (at least 1) with ps_service");
+  }
+  const std::string statefulset = host.substr(0, host.find('.'));
+  std::vector<std::string> out;
+  for (int64_t i = 0; i < n; ++i) {
+    out.push_back(statefulset + "-" + std::to_string(i) + "." + host + ":" + std::to_string(port));
+  }
+  return out;
 }
 
 }  // namespace capstan::coordinator

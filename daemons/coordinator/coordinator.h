@@ -73,6 +73,13 @@ class JournalWriter;
 namespace capstan::coordinator {
 
 // The coordinator's settings, read and checked once at start.
+// The parameter servers of a StatefulSet behind a headless Service, as
+// Kubernetes names them: for `service` "ps.capstan.svc:7100" and n 2,
+// "ps-0.ps.capstan.svc:7100" and "ps-1.ps.capstan.svc:7100" (the StatefulSet
+// is named as the Service's first label; pod i's name is stable across
+// restarts, so recovery finds it again). INVALID_ARGUMENT names a bad value.
+Result<std::vector<std::string>> ps_addresses_of_service(const std::string& service, int64_t n);
+
 struct CoordinatorConfig {
   std::vector<std::string> ps;  // addresses, ps task order
   int closures_per_worker = 1;

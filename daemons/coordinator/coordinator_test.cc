@@ -34,6 +34,20 @@ VariableRequest variable(std::string name, Tensor initial,
   return request;
 }
 
+TEST_CASE("ps_service names the StatefulSet's pods in task order; bad values are named", "[coordinator][ps_service]") {
+  auto two = ps_addresses_of_service("ps.capstan.svc.cluster.local:7100", 2);
+  REQUIRE(two.ok());
+  CHECK(two.value() == std::vector<std::string>{"ps-0.ps.capstan.svc.cluster.local:7100",
+                                                "ps-1.ps.capstan.svc.cluster.local:7100"});
+  CHECK(ps_addresses_of_service("params:9000", 1).value() == std::vector<std::string>{"params-0.params:9000"});
+  auto no_port = ps_addresses_of_service("ps.capstan.svc", 2);
+  REQUIRE_FALSE(no_port.ok());
+  CHECK_THAT(no_port.status().message(), Catch::Contains("'ps.capstan.svc'") && Catch::Contains("NAME"));
+  auto none = ps_addresses_of_service("ps:7100", 0);
+  REQUIRE_FALSE(none.ok());
+  CHECK_THAT(none.status().message(), Catch::Contains("num_ps: 0"));
+}
+
 }  // namespace
 
 // ---- Membership ----------------------------------------------------------------------

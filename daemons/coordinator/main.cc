@@ -19,6 +19,11 @@ int main(int argc, char** argv) {
   spec.options = {
       {"ps", OptionType::kStringList,
        "host:port of each parameter server (default: the cluster spec's ps job).", std::nullopt},
+      {"ps_service", OptionType::kString,
+       "The parameter servers as a Kubernetes StatefulSet behind a headless Service, NAME[.NAMESPACE.svc]:PORT: "
+       "task i is NAME-i.NAME[.NAMESPACE.svc]:PORT (with num_ps; instead of ps).",
+       ""},
+      {"num_ps", OptionType::kInt, "How many parameter servers ps_service has (its StatefulSet's replicas).", "0"},
       {"closures_per_worker", OptionType::kInt,
        "Closures each worker runs at once (TF runs one; more hides round trips of short closures).",
        "1"},

@@ -48,6 +48,16 @@ void placement_to_wire(const VariableLocation& variable, wire::VariablePlacement
 Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) {
   CoordinatorConfig out;
   out.ps = config.has("ps") ? config.get_list("ps") : std::vector<std::string>{};
+  if (const std::string& service = config.get_string("ps_service"); !service.empty()) {
+    if (!out.ps.empty()) {
+      return Status::InvalidArgument("ps and ps_service are both set ('" + service +
+                                     "'); give the parameter servers one way");
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(out.ps, ps_addresses_of_service(service, config.get_int("num_ps")));
+  } else if (config.get_int("num_ps") != 0) {
+    return Status::InvalidArgument("num_ps: " + std::to_string(config.get_int("num_ps")) +
+                                   " is only used with ps_service; set ps_service or drop num_ps");
+  }
   if (out.ps.empty()) out.ps = config.cluster().addresses("ps");
   for (const char* key : {"worker_ping_interval_ms", "worker_ping_timeout_ms"}) {
     if (config.get_int(key) <= 0) {

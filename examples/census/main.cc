@@ -132,13 +132,14 @@ struct Flags {
 
 [[noreturn]] void usage(const char* program, const std::string& error) {
   if (!error.empty()) std::cerr << program << ": " << error << "\n";
-  std::cerr << "usage: " << program
+  // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
+  (error.empty() ? std::cout : std::cerr) << "usage: " << program
             << " [--coordinator HOST:PORT] [--dispatcher HOST:PORT] [--data-dir DIR]"
                " [--mode ps|sync|hybrid|strategy|strategy-hybrid]"
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
                " [--checkpoint-dir DIR] [--replicas N] [--rank R --group NAME]\n";
-  std::exit(2);
+  std::exit(error.empty() ? 0 : 2);
 }
 
 Flags parse_flags(int argc, char** argv) {

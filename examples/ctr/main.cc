@@ -77,11 +77,12 @@ struct Flags {
 
 [[noreturn]] void usage(const char* program, const std::string& error) {
   if (!error.empty()) std::cerr << program << ": " << error << "\n";
-  std::cerr << "usage: " << program
+  // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
+  (error.empty() ? std::cout : std::cerr) << "usage: " << program
             << " [--coordinator HOST:PORT] [--steps N] [--eval-steps N] [--learning-rate X]"
                " [--min-workers N] [--log-every N] [--max-gap PERCENT] [--checkpoint-dir DIR]"
                " [--dispatcher HOST:PORT]\n";
-  std::exit(2);
+  std::exit(error.empty() ? 0 : 2);
 }
 
 Flags parse_flags(int argc, char** argv) {

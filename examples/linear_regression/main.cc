@@ -51,9 +51,10 @@ struct Flags {
 
 [[noreturn]] void usage(const char* program, const std::string& error) {
   if (!error.empty()) std::cerr << program << ": " << error << "\n";
-  std::cerr << "usage: " << program
+  // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
+  (error.empty() ? std::cout : std::cerr) << "usage: " << program
             << " [--coordinator HOST:PORT] [--epochs N] [--steps-per-epoch N] [--min-workers N] [--seed N]\n";
-  std::exit(2);
+  std::exit(error.empty() ? 0 : 2);
 }
 
 Flags parse_flags(int argc, char** argv) {
