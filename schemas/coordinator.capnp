@@ -66,9 +66,18 @@ struct ReplicaInfo {
   error @6 :Text;               # why the worker did not answer; empty when it did
 }
 
+struct ReportedScalar {
+  tag @0 :Text;      # "loss", "train/accuracy": at most 128 bytes
+  value @1 :Float64; # finite
+  step @2 :Int64;
+}
+
 interface Coordinator extends(Common.Node) {
   # A worker joins; the coordinator calls back through `worker`.
-  registerWorker @0 (worker :W.Worker, taskIndex :Int32, functions :List(Text)) -> (workerId :Int64, taskIndex :Int32);
+  registerWorker @0 (worker :W.Worker, taskIndex :Int32, functions :List(Text), address :Text)
+      -> (workerId :Int64, taskIndex :Int32);
+  # `address`: the worker's advertised RPC address, shown on the status page
+  # (empty from a worker that does not know it yet).
   # taskIndex -1: the coordinator assigns the lowest index no registered
   # worker has, and answers with it.
   createVariable @1 (spec :VariableSpec) -> (placement :VariablePlacement);
@@ -131,4 +140,8 @@ interface Coordinator extends(Common.Node) {
   # coordinator's checkpoint_dir is set (checkpoint_on_preemption), and it
   # is no longer counted. NOT_FOUND for an unknown worker id.
   leaveWorker @20 (workerId :Int64, reason :Text) -> ();
+  # A program's training figures (loss, accuracy, examples/s) for the
+  # status page's plots: the coordinator keeps the last 600 points of at
+  # most 32 tags.
+  reportScalars @21 (scalars :List(ReportedScalar)) -> ();
 }

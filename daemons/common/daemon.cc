@@ -43,8 +43,15 @@ class RpcMetrics final : public rpc::RpcObserver {
         : owner_(owner),
           method_(std::move(method)),
           calls_(owner.registry_.counter("capstan_rpc_calls_total", "RPC calls received, by method.",
-                                         {{"method", method_}})) {}
-    void on_call() override { calls_->inc(); }
+                                         {{"method", method_}})),
+          duration_(owner.registry_.histogram("capstan_rpc_duration_seconds",
+                                              "Time from an RPC's arrival to its answer, by method.",
+                                              {{"method", method_}})) {}
+    void on_call() override {
+      calls_->inc();
+      owner_.calls_.fetch_add(1, std::memory_order_relaxed);
+    }
+    void on_done(double seconds) override { duration_->observe(seconds); }
     void on_error(const Status& status) override {
       Counter*& errors = errors_[status.code()];  // one lookup per method and code
       if (errors == nullptr) {
@@ -60,6 +67,7 @@ class RpcMetrics final : public rpc::RpcObserver {
     RpcMetrics& owner_;
     const std::string method_;
     Counter* const calls_;
+    Histogram* const duration_;
     std::map<StatusCode, Counter*> errors_;  // loop thread only
   };
 
@@ -84,7 +92,11 @@ class RpcMetrics final : public rpc::RpcObserver {
     log_->warn("refused login from {}: {}", peer, why);
   }
 
+  // Calls received, every method.
+  double calls() const { return static_cast<double>(calls_.load(std::memory_order_relaxed)); }
+
  private:
+  std::atomic<int64_t> calls_{0};
   MetricsRegistry& registry_;
   std::shared_ptr<spdlog::logger> log_;
   Counter* received_;
@@ -559,7 +571,8 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
                                     : std::max(1u, std::thread::hardware_concurrency());
   boost::asio::thread_pool pool(pool_threads);
   uint64_t max_message_bytes = static_cast<uint64_t>(max_message_mib) << 20;
-  DaemonContext context{config, identity, metrics, pool, log,
+  StatusBoard status;
+  DaemonContext context{config, identity, metrics, status, pool, log,
                         rpc::codec_options_for(max_message_bytes), nullptr, {}, {}, nullptr, {}, {}};
   context.peers = *peers;
   context.functions = &functions;
@@ -587,6 +600,17 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   http.handle("/metrics", [&metrics]() {
     return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", metrics.render()};
   });
+  http.handle("/", []() { return HttpResponse{200, "text/html; charset=utf-8", StatusBoard::page()}; });
+  http.handle("/status.json", [&status]() { return HttpResponse{200, "application/json", status.json()}; });
+  status.fact("ready", [&readiness, &caution]() {
+    std::string missing = readiness.missing();
+    return missing.empty() ? (caution.empty() ? "ready" : "ready (caution: " + caution + ")") : "not ready: " + missing;
+  });
+  status.fact("uptime", [&identity]() { return std::to_string(static_cast<int64_t>(identity.uptime_seconds())) + " s"; });
+  status.plot("RPC calls/s", StatusBoard::Plot::kRate, [&rpc_metrics]() { return rpc_metrics.calls(); });
+  status.plot("CPU (cores busy)", StatusBoard::Plot::kRate, process_cpu_seconds);
+  status.plot("resident memory (MiB)", StatusBoard::Plot::kLevel,
+              []() { return process_resident_memory_bytes() / (1 << 20); });
   auto http_started = http.start(host, static_cast<uint16_t>(http_port));
   if (!http_started.ok()) return config_error(spec.program, "http_port: " + http_started.error);
 
@@ -636,6 +660,12 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
     advertised = advertise_address(chosen, *bound).value();  // checked before start
   }
   identity.set_addresses(advertised, http_started.port);
+  status.set_facts({{"role", spec.program},
+                    {"version", capstan::version()},
+                    {"address", advertised},
+                    {"task index", std::to_string(identity.task_index())},
+                    {"pid", std::to_string(::getpid())}});
+  status.start();
   healthy.store(true);
   log->info("{} {} listening: rpc={}:{} http={}:{} (token {}; {}; {} worker threads)", spec.program,
             capstan::version(), host, *bound, host, http_started.port, token ? "required" : "not required",
@@ -647,6 +677,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
     Status written = write_port_file(config.get_string("port_file"), advertised, *bound, http_started.port);
     if (!written.ok()) {
       log->error("cannot write port file '{}': {}", config.get_string("port_file"), written.to_string());
+      status.stop();
       server.stop(std::chrono::milliseconds(0));
       return 2;
     }
@@ -690,6 +721,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   const int64_t drained_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
                                  std::chrono::steady_clock::now() - started).count();
   server.loop().run_sync([&]() { watcher = nullptr; });
+  status.stop();  // before the service its functions reference goes
   server.stop(std::chrono::milliseconds(std::max<int64_t>(grace_ms - drained_ms, 0)), &pool, [&context]() {
     for (auto& hook : context.on_stop) hook();
   });

@@ -33,6 +33,7 @@
 #include "capstan_schemas/common.capnp.h"
 #include "daemons/common/config.h"
 #include "daemons/common/metrics.h"
+#include "daemons/common/status_board.h"
 #include "rpc/connection.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
@@ -84,6 +85,7 @@ struct DaemonContext {
   const Config& config;
   NodeIdentity& identity;
   MetricsRegistry& metrics;
+  StatusBoard& status;  // the status page at `/`: the service adds its plots and tables
   boost::asio::thread_pool& pool;  // heavy work goes here (see rpc/pool.h)
   std::shared_ptr<spdlog::logger> log;
   rpc::CodecOptions codec;

@@ -108,7 +108,65 @@ void append_value(std::string& out, double v) {
   out.append(buf, r.ptr);
 }
 
+// NAME_bucket{labels,le="bound"} per bound and +Inf, NAME_sum, NAME_count.
+void render_histogram(std::string& out, const std::string& name, const MetricLabels& labels,
+                      const Histogram::Snapshot& h) {
+  for (size_t i = 0; i < h.cumulative.size(); ++i) {
+    MetricLabels with_le = labels;
+    std::string le;
+    if (i < h.bounds.size()) {
+      append_value(le, h.bounds[i]);
+    } else {
+      le = "+Inf";
+    }
+    with_le.emplace_back("le", le);
+    out += name + "_bucket" + render_labels(with_le) + ' ';
+    append_value(out, static_cast<double>(h.cumulative[i]));
+    out += '\n';
+  }
+  out += name + "_sum" + render_labels(labels) + ' ';
+  append_value(out, h.sum);
+  out += '\n' + name + "_count" + render_labels(labels) + ' ';
+  append_value(out, static_cast<double>(h.cumulative.back()));
+  out += '\n';
+}
+
 }  // namespace
+
+Histogram::Histogram(std::vector<double> bounds)
+    : bounds_(std::move(bounds)), buckets_(new std::atomic<uint64_t>[bounds_.size() + 1]) {
+  for (size_t i = 0; i < bounds_.size(); ++i) {
+    if (!std::isfinite(bounds_[i]) || (i > 0 && bounds_[i] <= bounds_[i - 1])) {
+      throw std::invalid_argument("histogram bounds must be finite and ascending");
+    }
+  }
+  for (size_t i = 0; i <= bounds_.size(); ++i) buckets_[i].store(0, std::memory_order_relaxed);
+}
+
+void Histogram::observe(double v) {
+  // The first bound that holds v; the +Inf bucket past the last.
+  const size_t bucket = static_cast<size_t>(std::lower_bound(bounds_.begin(), bounds_.end(), v) - bounds_.begin());
+  buckets_[bucket].fetch_add(1, std::memory_order_relaxed);
+  sum_.fetch_add(v, std::memory_order_relaxed);
+}
+
+Histogram::Snapshot Histogram::snapshot() const {
+  Snapshot out;
+  out.bounds = bounds_;
+  uint64_t total = 0;
+  for (size_t i = 0; i <= bounds_.size(); ++i) {
+    total += buckets_[i].load(std::memory_order_relaxed);
+    out.cumulative.push_back(total);
+  }
+  out.sum = sum_.load(std::memory_order_relaxed);
+  return out;
+}
+
+const std::vector<double>& latency_buckets_seconds() {
+  static const std::vector<double> bounds = {0.00005, 0.0001, 0.0002, 0.0005, 0.001, 0.002, 0.005, 0.01,
+                                             0.02,    0.05,   0.1,    0.2,    0.5,   1,     2,     5, 10};
+  return bounds;
+}
 
 void Counter::inc(double v) {
   assert(v >= 0 && "Counter::inc with a negative value");
@@ -123,6 +181,9 @@ struct MetricsRegistry::Family {
   // label order for render(); nodes are never removed.
   std::map<MetricLabels, std::unique_ptr<Counter>> counters;
   std::map<MetricLabels, std::unique_ptr<Gauge>> gauges;
+  // kHistogram: series by label set, all with `bounds`.
+  std::map<MetricLabels, std::unique_ptr<Histogram>> histograms;
+  std::vector<double> bounds;
   // kCallbackGauge only. Shared so that render() can call it unlocked.
   std::shared_ptr<const std::function<double()>> callback;
 };
@@ -173,6 +234,21 @@ Gauge* MetricsRegistry::gauge(std::string_view name, std::string_view help,
   return series.get();
 }
 
+Histogram* MetricsRegistry::histogram(std::string_view name, std::string_view help, MetricLabels labels,
+                                      const std::vector<double>& bounds) {
+  check_metric_name(name);
+  labels = canonical_labels(name, std::move(labels));
+  for (const auto& [label, value] : labels) {
+    if (label == "le") throw std::invalid_argument("label 'le' is the bucket's, for histogram '" + std::string(name) + "'");
+  }
+  MutexLock lock(mutex_);
+  Family& f = family(name, help, Kind::kHistogram);
+  if (f.histograms.empty() && f.bounds.empty()) f.bounds = bounds;
+  std::unique_ptr<Histogram>& series = f.histograms[std::move(labels)];
+  if (!series) series = std::make_unique<Histogram>(f.bounds);
+  return series.get();
+}
+
 void MetricsRegistry::callback_gauge(std::string_view name,
                                      std::string_view help,
                                      std::function<double()> fn) {
@@ -208,6 +284,8 @@ std::string MetricsRegistry::render() const {
     std::string labels;
     const Counter* counter = nullptr;
     const Gauge* gauge = nullptr;
+    const Histogram* histogram = nullptr;
+    MetricLabels histogram_labels;
   };
   struct FamilySnapshot {
     const Family* family;  // name, help and kind are constant once created
@@ -223,10 +301,13 @@ std::string MetricsRegistry::render() const {
       s.family = f.get();
       s.callback = f->callback;
       for (const auto& [labels, c] : f->counters) {
-        s.series.push_back({render_labels(labels), c.get(), nullptr});
+        s.series.push_back({render_labels(labels), c.get(), nullptr, nullptr, {}});
       }
       for (const auto& [labels, g] : f->gauges) {
-        s.series.push_back({render_labels(labels), nullptr, g.get()});
+        s.series.push_back({render_labels(labels), nullptr, g.get(), nullptr, {}});
+      }
+      for (const auto& [labels, h] : f->histograms) {
+        s.series.push_back({render_labels(labels), nullptr, nullptr, h.get(), labels});
       }
     }
   }
@@ -240,7 +321,9 @@ std::string MetricsRegistry::render() const {
     append_escaped(out, f.help, /*quote=*/false);
     out += "\n# TYPE ";
     out += f.name;
-    out += f.kind == Kind::kCounter || f.kind == Kind::kCallbackCounter ? " counter\n" : " gauge\n";
+    out += f.kind == Kind::kCounter || f.kind == Kind::kCallbackCounter ? " counter\n"
+           : f.kind == Kind::kHistogram                                ? " histogram\n"
+                                                                       : " gauge\n";
     if (s.callback) {
       double v;
       try {
@@ -254,6 +337,10 @@ std::string MetricsRegistry::render() const {
       out += '\n';
     }
     for (const Series& series : s.series) {
+      if (series.histogram != nullptr) {
+        render_histogram(out, f.name, series.histogram_labels, series.histogram->snapshot());
+        continue;
+      }
       out += f.name;
       out += series.labels;
       out += ' ';
@@ -310,6 +397,9 @@ double max_fds() {
 }
 
 }  // namespace
+
+double process_cpu_seconds() { return cpu_seconds(); }
+double process_resident_memory_bytes() { return statm_bytes(1); }
 
 void register_process_metrics(MetricsRegistry& registry) {
   const double started = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();

@@ -3,7 +3,7 @@
 //
 // Glossary:
 //   family  - all series sharing one metric name; it has one HELP text and one
-//             TYPE (counter or gauge).
+//             TYPE (counter, gauge or histogram).
 //   series  - one family member, identified by its label set.
 //
 // Example:
@@ -64,7 +64,33 @@ class Gauge {
   std::atomic<double> value_{0};
 };
 
-// Owns every Counter and Gauge of a daemon and renders them.
+// Observations counted into buckets by upper bound (Prometheus' cumulative
+// histogram: NAME_bucket{le="..."}, NAME_sum, NAME_count). Thread-safe and
+// lock-free; observe() is a few relaxed atomic adds.
+class Histogram {
+ public:
+  // `bounds`: the buckets' upper bounds, ascending and finite; a +Inf bucket
+  // is implied.
+  explicit Histogram(std::vector<double> bounds);
+  void observe(double v);
+
+  struct Snapshot {
+    std::vector<double> bounds;
+    std::vector<uint64_t> cumulative;  // per bound, then +Inf (== count)
+    double sum = 0;
+  };
+  Snapshot snapshot() const;
+
+ private:
+  const std::vector<double> bounds_;
+  const std::unique_ptr<std::atomic<uint64_t>[]> buckets_;  // bounds_.size() + 1
+  std::atomic<double> sum_{0};
+};
+
+// Bucket bounds for latencies in seconds, 50 us to 10 s, three per decade.
+const std::vector<double>& latency_buckets_seconds();
+
+// Owns every Counter, Gauge and Histogram of a daemon and renders them.
 //
 // MetricsRegistry is thread-safe: registration and render() serialize on an
 // internal mutex; the returned Counter/Gauge are updated without it.
@@ -88,6 +114,10 @@ class MetricsRegistry {
                    MetricLabels labels = {});
   Gauge* gauge(std::string_view name, std::string_view help,
                MetricLabels labels = {});
+  // `bounds` as Histogram's; the first registration of a name sets them for
+  // the family. The label "le" is the bucket's and may not be given.
+  Histogram* histogram(std::string_view name, std::string_view help, MetricLabels labels = {},
+                       const std::vector<double>& bounds = latency_buckets_seconds());
 
   // A gauge without labels whose value "fn" computes at each render() (e.g.
   // uptime). "fn" runs on the thread calling render(), without the registry's
@@ -105,7 +135,7 @@ class MetricsRegistry {
   std::string render() const;
 
  private:
-  enum class Kind { kCounter, kGauge, kCallbackGauge, kCallbackCounter };
+  enum class Kind { kCounter, kGauge, kCallbackGauge, kCallbackCounter, kHistogram };
   void add_callback(std::string_view name, std::string_view help, Kind kind, std::function<double()> fn);
   struct Family;
 
@@ -120,10 +150,21 @@ class MetricsRegistry {
   std::unordered_map<std::string, Family*> by_name_ GUARDED_BY(mutex_);
 };
 
+// A callback for callback_counter/callback_gauge that reads one atomic
+// field of a component's statistics (kept alive by the callback):
+//   metrics.callback_counter("capstan_ps_reads_total", "...", stat_reader(store.stats(), &Stats::reads));
+template <typename Stats>
+std::function<double()> stat_reader(std::shared_ptr<const Stats> stats, const std::atomic<int64_t> Stats::*field) {
+  return [stats = std::move(stats), field]() { return static_cast<double>(((*stats).*field).load()); };
+}
+
 // Prometheus' standard process metrics, read from /proc/self at each
 // render(): process_cpu_seconds_total, process_resident_memory_bytes,
 // process_virtual_memory_bytes, process_open_fds, process_max_fds and
 // process_start_time_seconds (when this was called, unix time).
 void register_process_metrics(MetricsRegistry& registry);
+// Two of them, read now: CPU seconds (user + system) and resident bytes.
+double process_cpu_seconds();
+double process_resident_memory_bytes();
 
 }  // namespace capstan::daemon

@@ -40,6 +40,26 @@ TEST_CASE("MetricsRegistry renders counters, gauges and callbacks exactly",
         "temperature{rack=\"1\",zone=\"b\"} -0.1\n");
 }
 
+TEST_CASE("A histogram renders cumulative buckets with le, the sum and the count", "[metrics][histogram]") {
+  MetricsRegistry registry;
+  Histogram* h = registry.histogram("capstan_x_seconds", "Latency.", {{"method", "Ps.pull"}}, {1, 2, 4});
+  for (double v : {0.5, 1.0, 1.5, 3.0, 8.0, 100.0}) h->observe(v);
+  CHECK(registry.histogram("capstan_x_seconds", "Latency.", {{"method", "Ps.pull"}}) == h);
+  const std::string text = registry.render();
+  CHECK(text ==
+        "# HELP capstan_x_seconds Latency.\n"
+        "# TYPE capstan_x_seconds histogram\n"
+        "capstan_x_seconds_bucket{method=\"Ps.pull\",le=\"1\"} 2\n"
+        "capstan_x_seconds_bucket{method=\"Ps.pull\",le=\"2\"} 3\n"
+        "capstan_x_seconds_bucket{method=\"Ps.pull\",le=\"4\"} 4\n"
+        "capstan_x_seconds_bucket{method=\"Ps.pull\",le=\"+Inf\"} 6\n"
+        "capstan_x_seconds_sum{method=\"Ps.pull\"} 114\n"
+        "capstan_x_seconds_count{method=\"Ps.pull\"} 6\n");
+  CHECK_THROWS_AS(registry.histogram("capstan_y", "h", {{"le", "1"}}), std::invalid_argument);
+  CHECK_THROWS_AS(Histogram({0.1, 0.01}), std::invalid_argument);
+  CHECK_THROWS_AS(registry.counter("capstan_x_seconds", "c"), std::logic_error);
+}
+
 TEST_CASE("A callback counter renders as a counter with the value its function reads", "[metrics]") {
   MetricsRegistry registry;
   std::atomic<int64_t> total{7};

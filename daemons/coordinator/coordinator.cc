@@ -1,6 +1,7 @@
 #include "daemons/coordinator/coordinator.h"
 
 #include <algorithm>
+#include <cmath>
 #include <optional>
 #include <random>
 #include <utility>
@@ -440,6 +441,55 @@ Placements Coordinator::placements() const {
   Placements out;
   out.version = placement_version_;
   for (const auto& [name, variable] : variables_) out.variables.push_back(location(variable));
+  return out;
+}
+
+// ---- The status page ---------------------------------------------------------------
+
+Status Coordinator::report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds) {
+  if (tag.empty() || tag.size() > 128) {
+    return Status::InvalidArgument("report_scalar: tag of " + std::to_string(tag.size()) +
+                                   " bytes; give 1 to 128 bytes, e.g. \"loss\"");
+  }
+  if (!std::isfinite(value)) {
+    return Status::InvalidArgument("report_scalar: the value of '" + tag + "' is not finite");
+  }
+  auto it = reported_.find(tag);
+  if (it == reported_.end()) {
+    if (reported_.size() >= kReportedTags) {
+      return Status::ResourceExhausted("report_scalar: '" + tag + "' would be tag " +
+                                       std::to_string(kReportedTags + 1) + "; the coordinator keeps at most " +
+                                       std::to_string(kReportedTags) + " (report fewer figures)");
+    }
+    it = reported_.emplace(tag, std::deque<ReportedPoint>()).first;
+  }
+  it->second.push_back({unix_seconds, step, value});
+  while (it->second.size() > kReportedPoints) it->second.pop_front();
+  return Status::Ok();
+}
+
+Coordinator::Overview Coordinator::overview() const {
+  Overview out;
+  for (const auto& [id, w] : workers_) {
+    out.workers.push_back({id, w.task_index, w.peer->address(), w.leaving});
+  }
+  for (int task = 0; task < static_cast<int>(ps_tasks_.size()); ++task) {
+    const PsTask& ps = ps_tasks_[static_cast<size_t>(task)];
+    Overview::PsRow row;
+    row.task = task;
+    row.address = ps_.address(task);
+    switch (ps.state) {
+      case PsState::kUp: row.state = "up"; break;
+      case PsState::kDown: row.state = ps.ever_up ? "down (unreachable)" : "down (never reached)"; break;
+      case PsState::kRecovering: row.state = "recovering from the last checkpoint"; break;
+      case PsState::kLost: row.state = "lost: " + ps.lost.message(); break;
+    }
+    row.shards = shards_on(task).size();
+    out.ps.push_back(std::move(row));
+  }
+  out.placements = placements();
+  out.per_worker_datasets = datasets_.size();
+  out.last_checkpoint = last_checkpoint_;
   return out;
 }
 

@@ -47,6 +47,7 @@
 #include <cstdint>
 #include <functional>
 #include <atomic>
+#include <deque>
 #include <map>
 #include <mutex>
 #include <memory>
@@ -157,6 +158,8 @@ class WorkerPeer {
   // Asks the worker to cancel a run of closure `closure_id` (its context's
   // cancelled() turns true; the run answers Cancelled). Best effort.
   virtual kj::Promise<Status> cancel_closure(int64_t closure_id) = 0;
+  // The worker's advertised address, for the status page ("" when unknown).
+  virtual std::string address() const { return {}; }
   // OK when the worker answered.
   virtual kj::Promise<Status> ping() = 0;
   // Per-worker datasets: a definition (SHARD_HINT already resolved for this
@@ -375,6 +378,42 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::atomic<int64_t> ps_recoveries{0};
   };
   std::shared_ptr<const Stats> stats() const { return stats_; }
+
+  // ---- The status page (loop thread, as everything here)
+  // A program's training figure (ClusterCoordinator::report_scalar): the
+  // last kReportedPoints of at most kReportedTags tags are kept.
+  // InvalidArgument for an empty tag or one over 128 bytes, a value that is
+  // not finite; ResourceExhausted for a new tag beyond kReportedTags.
+  static constexpr size_t kReportedPoints = 600;
+  static constexpr size_t kReportedTags = 32;
+  struct ReportedPoint {
+    double unix_seconds = 0;
+    int64_t step = 0;
+    double value = 0;
+  };
+  Status report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds);
+  const std::map<std::string, std::deque<ReportedPoint>>& reported() const { return reported_; }
+  // Members and state for the page.
+  struct Overview {
+    struct WorkerRow {
+      int64_t id = 0;
+      int task_index = 0;
+      std::string address;
+      bool leaving = false;
+    };
+    struct PsRow {
+      int task = 0;
+      std::string address;
+      std::string state;  // "up", "down (since 12 s)", "recovering", "lost: ..."
+      size_t shards = 0;
+    };
+    std::vector<WorkerRow> workers;
+    std::vector<PsRow> ps;
+    Placements placements;
+    size_t per_worker_datasets = 0;
+    std::string last_checkpoint;
+  };
+  Overview overview() const;
   void update_stats();  // the levels, from the queue and the workers
   // OK once nothing is queued or running; the pending error, or
   // Unavailable while a parameter server is unreachable.
@@ -630,6 +669,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   const std::shared_ptr<spdlog::logger> log_;
 
   ClosureQueue queue_;
+  std::map<std::string, std::deque<ReportedPoint>> reported_;
   std::map<int64_t, Worker> workers_;
   int64_t next_worker_id_ = 1;
   std::vector<PsTask> ps_tasks_;  // by task

@@ -32,8 +32,8 @@ kj::Promise<Result<T>> result_of(kj::Promise<T> call) {
 
 // ---- RemoteWorker ------------------------------------------------------------------
 
-RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec)
-    : client_(kj::mv(client)), codec_(std::move(codec)) {}
+RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec, std::string address)
+    : address_(std::move(address)), client_(kj::mv(client)), codec_(std::move(codec)) {}
 
 RemoteWorker::~RemoteWorker() noexcept = default;
 

@@ -21,8 +21,9 @@ namespace capstan::coordinator {
 
 class RemoteWorker : public WorkerPeer {
  public:
-  RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec);
+  RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec, std::string address = {});
   ~RemoteWorker() noexcept override;
+  std::string address() const override { return address_; }
 
   kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override;
   kj::Promise<Status> cancel_closure(int64_t closure_id) override;
@@ -39,6 +40,7 @@ class RemoteWorker : public WorkerPeer {
   kj::Promise<Status> restore_iterator(int64_t dataset_id, std::string state) override;
 
  private:
+  std::string address_;
   wire::Worker::Client client_;
   const rpc::CodecOptions codec_;
 };

@@ -119,12 +119,71 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
   // checkpoint_dir is set) before the coordinator stops taking calls.
   ctx.on_drain.push_back([this]() { return core_.drain("SIGTERM"); });
   register_metrics(ctx.metrics, core_.stats());
+  register_status(ctx.status, core_.stats());
+}
+
+void CoordinatorService::register_status(daemon::StatusBoard& status, std::shared_ptr<const Coordinator::Stats> stats) {
+  using S = Coordinator::Stats;
+  using Plot = daemon::StatusBoard::Plot;
+  status.plot("closures/s (completed)", Plot::kRate, daemon::stat_reader(stats, &S::closures_succeeded));
+  status.plot("closures queued", Plot::kLevel, daemon::stat_reader(stats, &S::closures_queued));
+  status.plot("closures running", Plot::kLevel, daemon::stat_reader(stats, &S::closures_running));
+  rpc::LoopThread* loop = ctx_.loop;
+  // What the program reported (ClusterCoordinator::report_scalar), as kept.
+  status.series([this, loop]() {
+    auto reported = loop->run_sync([this]() { return core_.reported(); });
+    std::vector<daemon::StatusBoard::Series> out;
+    for (const auto& [tag, points] : reported) {
+      daemon::StatusBoard::Series& series = out.emplace_back();
+      series.title = tag + " (reported)";
+      for (const auto& p : points) series.points.emplace_back(p.unix_seconds, p.value);
+    }
+    return out;
+  });
+  status.tables([this, loop]() {
+    Coordinator::Overview o = loop->run_sync([this]() { return core_.overview(); });
+    using Table = daemon::StatusBoard::Table;
+    std::vector<Table> tables;
+    Table& workers = tables.emplace_back();
+    workers.title = "Workers";
+    workers.columns = {"id", "task index", "address", "state"};
+    for (const auto& w : o.workers) {
+      workers.rows.push_back({std::to_string(w.id), std::to_string(w.task_index),
+                              w.address.empty() ? "(not given)" : w.address, w.leaving ? "leaving" : "up"});
+    }
+    if (o.workers.empty()) workers.note = "No worker has registered (start worker-server --coordinator ADDRESS).";
+    Table& ps = tables.emplace_back();
+    ps.title = "Parameter servers";
+    ps.columns = {"task", "address", "state", "shards"};
+    for (const auto& p : o.ps) {
+      ps.rows.push_back({std::to_string(p.task), p.address, p.state, std::to_string(p.shards)});
+    }
+    if (o.ps.empty()) ps.note = "No parameter servers: start the coordinator with --ps (variables cannot be created).";
+    Table& variables = tables.emplace_back();
+    variables.title = "Variables";
+    variables.columns = {"name", "dtype", "shape", "placement (shard: task, rows)"};
+    for (const auto& v : o.placements.variables) {
+      std::string placement;
+      for (const auto& shard : v.shards) {
+        placement += (placement.empty() ? "" : "; ") + shard.name + ": ps " + std::to_string(shard.ps_task) + ", " +
+                     std::to_string(shard.first_row) + "+" + std::to_string(shard.rows);
+      }
+      variables.rows.push_back({v.name, std::string(dtype_name(v.dtype)), shape_string(v.shape), placement});
+    }
+    if (o.placements.variables.empty()) variables.note = "No variables yet.";
+    Table& other = tables.emplace_back();
+    other.title = "State";
+    other.columns = {"what", "value"};
+    other.rows.push_back({"per-worker datasets", std::to_string(o.per_worker_datasets)});
+    other.rows.push_back({"last checkpoint", o.last_checkpoint.empty() ? "none" : o.last_checkpoint});
+    return tables;
+  });
 }
 
 void CoordinatorService::register_metrics(daemon::MetricsRegistry& metrics,
                                           std::shared_ptr<const Coordinator::Stats> stats) {
   auto read = [stats](const std::atomic<int64_t> Coordinator::Stats::*field) {
-    return [stats, field]() { return static_cast<double>(((*stats).*field).load()); };
+    return daemon::stat_reader(stats, field);
   };
   using S = Coordinator::Stats;
   metrics.callback_counter("capstan_coordinator_closures_scheduled_total", "Closures scheduled by programs.",
@@ -152,11 +211,15 @@ CoordinatorService::~CoordinatorService() = default;
 
 kj::Promise<void> CoordinatorService::registerWorker(RegisterWorkerContext context) {
   auto params = context.getParams();
+  if (params.getAddress().size() > 1024) {
+    rpc::check(Status::InvalidArgument("registerWorker: an address of " + std::to_string(params.getAddress().size()) +
+                                       " bytes; give the worker's host:port"));
+  }
   std::set<std::string> functions;
   for (auto f : params.getFunctions()) functions.insert(text(f));
   return core_
       .register_worker(params.getTaskIndex(), std::move(functions),
-                       std::make_unique<RemoteWorker>(params.getWorker(), ctx_.codec))
+                       std::make_unique<RemoteWorker>(params.getWorker(), ctx_.codec, text(params.getAddress())))
       .then([this, context](int64_t id) mutable {
         context.getResults().setWorkerId(id);
         context.getResults().setTaskIndex(core_.worker_task_index(id));
@@ -172,6 +235,20 @@ kj::Promise<void> CoordinatorService::leaveWorker(LeaveWorkerContext context) {
 
 kj::Promise<void> CoordinatorService::workerAlive(WorkerAliveContext context) {
   context.getResults().setAlive(core_.worker_alive(context.getParams().getWorkerId()));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> CoordinatorService::reportScalars(ReportScalarsContext context) {
+  auto scalars = context.getParams().getScalars();
+  if (scalars.size() > Coordinator::kReportedTags) {
+    rpc::check(Status::InvalidArgument("reportScalars: " + std::to_string(scalars.size()) +
+                                       " scalars in one call; send at most " +
+                                       std::to_string(Coordinator::kReportedTags)));
+  }
+  const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
+  for (auto scalar : scalars) {
+    rpc::check(core_.report_scalar(text(scalar.getTag()), scalar.getValue(), scalar.getStep(), now));
+  }
   return kj::READY_NOW;
 }
 

@@ -23,6 +23,9 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   // The coordinator's closure, worker, checkpoint and recovery figures on
   // /metrics (capstan_coordinator_*).
   static void register_metrics(daemon::MetricsRegistry& metrics, std::shared_ptr<const Coordinator::Stats> stats);
+  // The status page: closure plots, the program's reported figures, the
+  // workers, parameter servers and variables (read on the loop thread).
+  void register_status(daemon::StatusBoard& status, std::shared_ptr<const Coordinator::Stats> stats);
 
  protected:
   kj::Promise<void> registerWorker(RegisterWorkerContext context) override;
@@ -47,6 +50,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> readMirrored(ReadMirroredContext context) override;
   kj::Promise<void> strategyStatus(StrategyStatusContext context) override;
   kj::Promise<void> leaveWorker(LeaveWorkerContext context) override;
+  kj::Promise<void> reportScalars(ReportScalarsContext context) override;
 
  private:
   const CoordinatorConfig config_;

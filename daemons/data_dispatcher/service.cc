@@ -1,5 +1,8 @@
 #include "daemons/data_dispatcher/service.h"
 
+#include <cstdio>
+#include <future>
+
 #include "daemons/common/config.h"
 #include "rpc/errors.h"
 #include "rpc/pool.h"
@@ -77,6 +80,84 @@ DispatcherService::DispatcherService(daemon::DaemonContext& ctx) : NodeService(c
   if (!dispatcher.ok()) rpc::throw_status(dispatcher.status());
   dispatcher_ = std::move(*dispatcher);
   tasks_.add(gc_loop());
+  register_status(ctx.status);
+}
+
+// Reads the dispatcher on its thread from the HTTP thread, and waits.
+template <typename Func>
+auto DispatcherService::read_dispatcher(Func func) {
+  std::packaged_task<decltype(func(std::declval<Dispatcher&>()))()> task(
+      [dispatcher = dispatcher_.get(), func = std::move(func)]() { return func(*dispatcher); });
+  auto result = task.get_future();
+  boost::asio::post(dispatcher_thread_, std::move(task));
+  return result.get();
+}
+
+void DispatcherService::register_status(daemon::StatusBoard& status) {
+  using Plot = daemon::StatusBoard::Plot;
+  // Sampled by the status board: counts read on the dispatcher's thread.
+  struct Counts {
+    double jobs = 0, workers = 0, clients = 0;
+  };
+  auto counts = [this]() {
+    return read_dispatcher([](Dispatcher& d) {
+      Counts c;
+      for (const JobInfo& job : d.list_jobs()) {
+        if (job.finished) continue;
+        c.jobs += 1;
+        c.clients += static_cast<double>(job.num_clients);
+      }
+      c.workers = static_cast<double>(d.list_workers().size());
+      return c;
+    });
+  };
+  status.plot("jobs (active)", Plot::kLevel, [counts]() { return counts().jobs; });
+  status.plot("consumers", Plot::kLevel, [counts]() { return counts().clients; });
+  status.plot("data workers", Plot::kLevel, [counts]() { return counts().workers; });
+  status.tables([this]() {
+    struct Listing {
+      std::vector<DatasetInfo> datasets;
+      std::vector<JobInfo> jobs;
+      std::vector<WorkerInfo> workers;
+      double worker_timeout_s = 0;
+    };
+    Listing l = read_dispatcher([](Dispatcher& d) {
+      return Listing{d.list_datasets(), d.list_jobs(), d.list_workers(),
+                     std::chrono::duration<double>(d.config().worker_timeout).count()};
+    });
+    using Table = daemon::StatusBoard::Table;
+    std::vector<Table> tables;
+    Table& jobs = tables.emplace_back();
+    jobs.title = "Jobs";
+    jobs.columns = {"id", "name", "dataset", "sharding", "consumers", "tasks", "state"};
+    for (const JobInfo& j : l.jobs) {
+      jobs.rows.push_back({std::to_string(j.job_id), j.job_name.empty() ? "(anonymous)" : j.job_name, j.dataset_id,
+                           std::string(processing_mode_name(j.processing_mode)), std::to_string(j.num_clients),
+                           std::to_string(j.num_tasks), j.finished ? "finished" : "running"});
+    }
+    if (l.jobs.empty()) jobs.note = "No jobs yet (a consumer's distribute() or from_dataset_id() makes one).";
+    Table& workers = tables.emplace_back();
+    workers.title = "Data workers";
+    workers.columns = {"address", "tasks", "last heartbeat", "state"};
+    for (const WorkerInfo& w : l.workers) {
+      const bool late = w.last_heartbeat_seconds_ago < 0 || w.last_heartbeat_seconds_ago > l.worker_timeout_s;
+      char ago[32];
+      std::snprintf(ago, sizeof(ago), "%.1f s ago", w.last_heartbeat_seconds_ago);
+      workers.rows.push_back({w.address, std::to_string(w.num_tasks),
+                              w.last_heartbeat_seconds_ago < 0 ? "none since the start" : ago,
+                              late ? "down (no heartbeat)" : "up"});
+    }
+    if (l.workers.empty()) workers.note = "No data worker has registered (start data-worker --dispatcher ADDRESS).";
+    Table& datasets = tables.emplace_back();
+    datasets.title = "Datasets";
+    datasets.columns = {"id", "fingerprint", "definition bytes"};
+    for (const DatasetInfo& d : l.datasets) {
+      char fingerprint[20];
+      std::snprintf(fingerprint, sizeof(fingerprint), "%016llx", static_cast<unsigned long long>(d.fingerprint));
+      datasets.rows.push_back({d.dataset_id, fingerprint, std::to_string(d.bytes)});
+    }
+    return tables;
+  });
 }
 
 DispatcherService::~DispatcherService() {

@@ -55,6 +55,10 @@ class DispatcherService : public daemon::NodeService<wire::DataDispatcher::Serve
   template <typename Func>
   auto on_dispatcher(Func func);
   kj::Promise<void> gc_loop();
+  // The status page: jobs, data workers and datasets.
+  void register_status(daemon::StatusBoard& status);
+  template <typename Func>
+  auto read_dispatcher(Func func);
 
   SystemDispatcherClock clock_;
   std::unique_ptr<Dispatcher> dispatcher_;  // used only on dispatcher_thread_

@@ -364,6 +364,10 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
       splits_(std::make_shared<SplitBridge>()),
       heartbeats_(heartbeat_interval_, kMaxHeartbeatBackoff),
       background_(*this) {
+  using Plot = daemon::StatusBoard::Plot;
+  ctx.status.plot("elements/s served", Plot::kRate, [c = elements_served_]() { return c->value(); });
+  ctx.status.plot("MB/s served", Plot::kRate, [c = bytes_served_]() { return c->value() / 1e6; });
+  ctx.status.plot("tasks", Plot::kLevel, [g = tasks_gauge_]() { return g->value(); });
   std::string address;
   for (const auto& peer : ctx.peers) {
     if (peer.role == wire::Role::DATA_DISPATCHER) address = peer.address;

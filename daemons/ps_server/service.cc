@@ -15,7 +15,44 @@ std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size())
 }  // namespace
 
 PsService::PsService(daemon::DaemonContext& ctx)
-    : NodeService(ctx), store_(std::make_shared<ps::VariableStore>()) {}
+    : NodeService(ctx), store_(std::make_shared<ps::VariableStore>()) {
+  using S = ps::VariableStore::Stats;
+  auto read = [stats = store_->stats()](const std::atomic<int64_t> S::*field) {
+    return daemon::stat_reader(stats, field);
+  };
+  daemon::MetricsRegistry& m = ctx.metrics;
+  m.callback_counter("capstan_ps_reads_total", "Whole-shard reads served.", read(&S::reads));
+  m.callback_counter("capstan_ps_read_bytes_total", "Bytes of whole-shard reads served.", read(&S::read_bytes));
+  m.callback_counter("capstan_ps_gathers_total", "Row gathers (embedding lookups) served.", read(&S::gathers));
+  m.callback_counter("capstan_ps_gathered_rows_total", "Rows returned by gathers.", read(&S::gathered_rows));
+  m.callback_counter("capstan_ps_gathered_bytes_total", "Bytes of rows returned by gathers.", read(&S::gathered_bytes));
+  m.callback_counter("capstan_ps_dense_updates_total", "Dense updates applied (optimizer steps, assign, assign_add).",
+                     read(&S::dense_updates));
+  m.callback_counter("capstan_ps_sparse_updates_total", "Sparse (row) updates applied.", read(&S::sparse_updates));
+  m.callback_counter("capstan_ps_updated_rows_total", "Rows named by sparse updates.", read(&S::updated_rows));
+  m.callback_counter("capstan_ps_update_bytes_total", "Bytes of gradients and values received by updates.",
+                     read(&S::update_bytes));
+  using Plot = daemon::StatusBoard::Plot;
+  ctx.status.plot("updates/s (dense + sparse)", Plot::kRate, [stats = store_->stats()]() {
+    return static_cast<double>(stats->dense_updates.load() + stats->sparse_updates.load());
+  });
+  ctx.status.plot("rows gathered/s", Plot::kRate, read(&S::gathered_rows));
+  ctx.status.plot("MB/s read + gathered", Plot::kRate, [stats = store_->stats()]() {
+    return static_cast<double>(stats->read_bytes.load() + stats->gathered_bytes.load()) / 1e6;
+  });
+  ctx.status.plot("MB/s of updates received", Plot::kRate, [stats = store_->stats()]() {
+    return static_cast<double>(stats->update_bytes.load()) / 1e6;
+  });
+  std::weak_ptr<ps::VariableStore> store = store_;
+  m.callback_gauge("capstan_ps_shards", "Variable shards held.", [store] {
+    auto held = store.lock();
+    return held ? static_cast<double>(held->names().size()) : 0.0;
+  });
+  m.callback_gauge("capstan_ps_shard_bytes", "Bytes of the shards' values and optimizer slots.", [store] {
+    auto held = store.lock();
+    return held ? static_cast<double>(held->total_bytes()) : 0.0;
+  });
+}
 
 kj::Promise<void> PsService::createShard(CreateShardContext context) {
   auto params = context.getParams();

@@ -189,6 +189,11 @@ Status VariableStore::remove(const std::string& name) {
   return Status::Ok();
 }
 
+void VariableStore::count_dense_update(const Tensor& received) {
+  stats_->dense_updates.fetch_add(1, std::memory_order_relaxed);
+  stats_->update_bytes.fetch_add(static_cast<int64_t>(received.byte_size()), std::memory_order_relaxed);
+}
+
 Result<Tensor> VariableStore::read(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, Tensor::uninitialized(shard->dtype, shard->shape));
@@ -196,6 +201,8 @@ Result<Tensor> VariableStore::read(const std::string& name) const {
   if (copy.byte_size() > 0) {
     std::memcpy(copy.mutable_data(), shard->value.data(), copy.byte_size());
   }
+  stats_->reads.fetch_add(1, std::memory_order_relaxed);
+  stats_->read_bytes.fetch_add(static_cast<int64_t>(copy.byte_size()), std::memory_order_relaxed);
   return copy;
 }
 
@@ -213,6 +220,9 @@ Result<Tensor> VariableStore::gather(const std::string& name, const Tensor& ids)
   CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(shard->dtype, out_shape));
   const size_t row_bytes = static_cast<size_t>(row_elements(shard->shape)) *
                            dtype_size(shard->dtype);
+  stats_->gathers.fetch_add(1, std::memory_order_relaxed);
+  stats_->gathered_rows.fetch_add(static_cast<int64_t>(id_list.size()), std::memory_order_relaxed);
+  stats_->gathered_bytes.fetch_add(static_cast<int64_t>(out.byte_size()), std::memory_order_relaxed);
   if (row_bytes == 0) return out;
   MutexLock lock(shard->mu);
   for (size_t j = 0; j < id_list.size(); ++j) {
@@ -233,6 +243,7 @@ Status VariableStore::assign(const std::string& name, const Tensor& value) {
   Tensor old;  // freed outside the shard lock
   MutexLock lock(shard->mu);
   old = std::exchange(shard->value, std::move(fresh));
+  count_dense_update(value);
   return Status::Ok();
 }
 
@@ -264,6 +275,7 @@ Status VariableStore::assign_add(const std::string& name, const Tensor& delta) {
     case DType::kInvalid:
       break;  // rejected above or at create
   }
+  count_dense_update(delta);
   return Status::Ok();
 }
 
@@ -288,6 +300,7 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
                                gradient.flat<double>());
   }
   shard->step = std::max(shard->step, t);
+  count_dense_update(gradient);
   return Status::Ok();
 }
 
@@ -333,6 +346,9 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
     }
   }
   shard->step = std::max(shard->step, t);
+  stats_->sparse_updates.fetch_add(1, std::memory_order_relaxed);
+  stats_->updated_rows.fetch_add(static_cast<int64_t>(id_list.size()), std::memory_order_relaxed);
+  stats_->update_bytes.fetch_add(static_cast<int64_t>(rows.byte_size() + ids.byte_size()), std::memory_order_relaxed);
   return Status::Ok();
 }
 

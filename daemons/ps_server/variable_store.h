@@ -42,6 +42,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <atomic>
 #include <map>
 #include <memory>
 #include <string>
@@ -120,7 +121,23 @@ class VariableStore {
   // Bytes of all values and slots.
   size_t total_bytes() const;
 
+  // What the store served, for /metrics (successful operations only).
+  struct Stats {
+    std::atomic<int64_t> reads{0};           // read
+    std::atomic<int64_t> read_bytes{0};
+    std::atomic<int64_t> gathers{0};         // gather calls
+    std::atomic<int64_t> gathered_rows{0};
+    std::atomic<int64_t> gathered_bytes{0};
+    std::atomic<int64_t> dense_updates{0};   // apply_dense, assign, assign_add
+    std::atomic<int64_t> sparse_updates{0};  // apply_sparse
+    std::atomic<int64_t> updated_rows{0};    // ids of sparse updates
+    std::atomic<int64_t> update_bytes{0};    // gradients and values received
+  };
+  std::shared_ptr<const Stats> stats() const { return stats_; }
+
  private:
+  void count_dense_update(const Tensor& received);
+  const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   struct Shard {
     Shard(DType dtype, Shape shape, Optimizer optimizer, size_t bytes)
         : dtype(dtype), shape(std::move(shape)), optimizer(optimizer), bytes(bytes) {}

@@ -96,6 +96,7 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
         // Once assigned, the same index again (a new coordinator keeps the
         // worker's shard of each per-worker dataset).
         request.setTaskIndex(worker_->task_index());
+        request.setAddress(ctx_.identity.rpc_address());
         auto names = worker_->function_names();
         auto list = request.initFunctions(static_cast<unsigned>(names.size()));
         for (unsigned i = 0; i < names.size(); ++i) list.set(i, names[i]);

@@ -124,9 +124,12 @@ void CallTracker::begin(const Method& method) {
   if (method.stats != nullptr) method.stats->on_call();
 }
 
-void CallTracker::end(const Method& method, const kj::Exception* error) {
+void CallTracker::end(const Method& method, const kj::Exception* error, Clock::time_point started) {
   --in_flight_;
-  if (error != nullptr && method.stats != nullptr) method.stats->on_error(from_exception(*error));
+  if (method.stats != nullptr) {
+    if (error != nullptr) method.stats->on_error(from_exception(*error));
+    method.stats->on_done(std::chrono::duration<double>(Clock::now() - started).count());
+  }
   if (in_flight_ == 0) {
     for (auto& waiter : drain_waiters_) waiter->fulfill();
     drain_waiters_.clear();

@@ -57,6 +57,8 @@ class RpcObserver {
     virtual ~MethodStats() = default;
     virtual void on_call() {}
     virtual void on_error(const Status& status) {}
+    // When the call's answer (or error) is ready, `seconds` after it came.
+    virtual void on_done(double seconds) {}
   };
 
   virtual ~RpcObserver() = default;
@@ -91,8 +93,10 @@ class CallTracker final : public kj::Refcounted {
   // The method; stays valid as long as the tracker.
   const Method& method(uint64_t interface_id, uint16_t method_id);
 
+  using Clock = std::chrono::steady_clock;
   void begin(const Method& method);
-  void end(const Method& method, const kj::Exception* error);
+  // `started`: when begin() was called for this call.
+  void end(const Method& method, const kj::Exception* error, Clock::time_point started);
   int in_flight() const { return in_flight_; }
   // Resolves when no call is in flight.
   kj::Promise<void> drained();
@@ -121,21 +125,22 @@ class Instrumented final : public ServiceImpl {
       uint64_t interface_id, uint16_t method_id,
       capnp::CallContext<capnp::AnyPointer, capnp::AnyPointer> context) override {
     const CallTracker::Method& method = tracker_.method(interface_id, method_id);
+    const auto started = CallTracker::Clock::now();
     tracker_.begin(method);
     try {
       auto result = ServiceImpl::dispatchCall(interface_id, method_id, context);
       CallTracker* tracker = &tracker_;
       const CallTracker::Method* called = &method;
       result.promise = result.promise
-                           .then([tracker, called]() { tracker->end(*called, nullptr); },
-                                 [tracker, called](kj::Exception&& e) {
-                                   tracker->end(*called, &e);
+                           .then([tracker, called, started]() { tracker->end(*called, nullptr, started); },
+                                 [tracker, called, started](kj::Exception&& e) {
+                                   tracker->end(*called, &e, started);
                                    kj::throwFatalException(kj::mv(e));
                                  })
                            .attach(kj::addRef(tracker_));
       return result;
     } catch (const kj::Exception& e) {
-      tracker_.end(method, &e);
+      tracker_.end(method, &e, started);
       throw;
     }
   }

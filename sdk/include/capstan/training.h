@@ -214,6 +214,12 @@ class ClusterCoordinator {
   Status apply_gradients(const std::string& name, const Tensor& gradient);
   Status apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows);
   int num_workers();
+  // Shows a training figure on the coordinator's status page (`/` on its
+  // HTTP port), plotted over the last minutes: e.g. report_scalar("loss",
+  // 0.31, step). The coordinator keeps the last 600 points of at most 32
+  // tags; a tag over 128 bytes or a value that is not finite is
+  // InvalidArgument. One RPC: call it where the program prints progress.
+  Status report_scalar(const std::string& tag, double value, int64_t step);
 
   // Collective groups with the coordinator as the rendezvous (TF's
   // MultiWorkerMirroredStrategy collectives; torchrun's store): listens on

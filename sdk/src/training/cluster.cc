@@ -430,6 +430,20 @@ int ClusterCoordinator::num_workers() {
   return n.ok() ? *n : 0;
 }
 
+Status ClusterCoordinator::report_scalar(const std::string& tag, double value, int64_t step) {
+  return impl_
+      ->call<bool>("report_scalar",
+                   [tag, value, step](wire::Coordinator::Client c) {
+                     auto request = c.reportScalarsRequest();
+                     auto scalar = request.initScalars(1)[0];
+                     scalar.setTag(tag);
+                     scalar.setValue(value);
+                     scalar.setStep(step);
+                     return request.send().then([](auto&&) { return true; });
+                   })
+      .status();
+}
+
 Result<std::unique_ptr<Communicator>> ClusterCoordinator::join_group(const std::string& name, int size, int rank,
                                                                      const std::string& host,
                                                                      CollectiveOptions options) {

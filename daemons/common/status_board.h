@@ -1,0 +1,108 @@
+// StatusBoard: what a daemon shows on its status page, `/` on its HTTP port
+// (a page that reads /status.json every two seconds; no external service or
+// script).
+//
+// Glossary:
+//   plot   a quantity sampled once a second and kept for the last ten
+//          minutes: a level (a gauge's value) or a rate (a counter's change
+//          per second), or points the service records itself (a program's
+//          reported loss).
+//   table  rows the service lists when the page asks (members and their
+//          health, variables and their placement, jobs), built at that time.
+//
+// Example (in a service's constructor):
+//   ctx.status.plot("closures/s", StatusBoard::Plot::kRate, stat_reader(stats, &Stats::done));
+//   ctx.status.tables([this] { return status_tables(); });   // any thread
+//
+// Thread-safety: every method may be called from any thread. Functions given
+// to it run on the sampler thread (plots) or the HTTP thread (tables, series)
+// and must be thread-safe; they are dropped by stop(), after which none runs.
+#pragma once
+
+#include <chrono>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "sync/mutex.h"
+
+namespace capstan::daemon {
+
+class StatusBoard {
+ public:
+  struct Table {
+    std::string title;
+    std::vector<std::string> columns;
+    std::vector<std::vector<std::string>> rows;
+    std::string note;  // shown under the table (e.g. "none registered yet")
+  };
+  // A series of (unix seconds, value) points.
+  struct Series {
+    std::string title;
+    std::vector<std::pair<double, double>> points;
+  };
+  enum class Plot { kLevel, kRate };
+
+  // `history`: how long plots keep their points; `every`: the sampling period.
+  explicit StatusBoard(std::chrono::seconds history = std::chrono::seconds(600),
+                       std::chrono::milliseconds every = std::chrono::milliseconds(1000));
+  ~StatusBoard();  // stop()s
+  StatusBoard(const StatusBoard&) = delete;
+  StatusBoard& operator=(const StatusBoard&) = delete;
+
+  // The page's heading: role, version, address and the like, in order.
+  void set_facts(std::vector<std::pair<std::string, std::string>> facts) LOCKS_EXCLUDED(mutex_);
+  // A fact computed when the page asks (e.g. readiness).
+  void fact(std::string name, std::function<std::string()> read) LOCKS_EXCLUDED(mutex_);
+  // A sampled plot; `read` returns the gauge or counter value.
+  void plot(std::string title, Plot kind, std::function<double()> read) LOCKS_EXCLUDED(mutex_);
+  // Plots whose points the service keeps itself (called when the page asks).
+  void series(std::function<std::vector<Series>()> read) LOCKS_EXCLUDED(mutex_);
+  // The tables, built when the page asks. Replaces an earlier function.
+  void tables(std::function<std::vector<Table>()> build) LOCKS_EXCLUDED(mutex_);
+
+  // Starts the sampler thread; idempotent.
+  void start() LOCKS_EXCLUDED(mutex_);
+  // Joins the sampler and drops every function given: call before what they
+  // reference goes away. Idempotent.
+  void stop() LOCKS_EXCLUDED(mutex_);
+
+  // Takes one sample of every plot now (the sampler thread's step; tests).
+  void sample() LOCKS_EXCLUDED(mutex_);
+
+  // {"facts": [[name, value]...], "plots": [{"title", "points": [[t, v]...]}...],
+  //  "tables": [{"title", "columns", "rows", "note"}...]}
+  std::string json() const LOCKS_EXCLUDED(mutex_);
+
+  // The page served at `/` (static; it renders json()).
+  static const std::string& page();
+
+ private:
+  struct Sampled {
+    std::string title;
+    Plot kind;
+    std::function<double()> read;
+    double last = 0;  // kRate: the previous reading
+    double last_at = 0;
+    bool primed = false;
+    std::deque<std::pair<double, double>> points;
+  };
+
+  const double history_s_;
+  const std::chrono::milliseconds every_;
+  mutable Mutex mutex_;
+  std::vector<std::pair<std::string, std::string>> facts_ GUARDED_BY(mutex_);
+  std::vector<std::pair<std::string, std::function<std::string()>>> computed_facts_ GUARDED_BY(mutex_);
+  std::vector<std::shared_ptr<Sampled>> plots_ GUARDED_BY(mutex_);
+  std::vector<std::function<std::vector<Series>()>> series_ GUARDED_BY(mutex_);
+  std::function<std::vector<Table>()> tables_ GUARDED_BY(mutex_);
+  bool stopping_ GUARDED_BY(mutex_) = false;
+  mutable int busy_ GUARDED_BY(mutex_) = 0;  // json() calls running the functions
+  mutable CondVar wake_;
+  std::thread sampler_;  // started by start(), joined by stop(); owning thread only
+};
+
+}  // namespace capstan::daemon
