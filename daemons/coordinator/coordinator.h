@@ -376,6 +376,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::atomic<int64_t> workers{0};
     std::atomic<int64_t> checkpoints_saved{0};
     std::atomic<int64_t> ps_recoveries{0};
+    std::atomic<int64_t> steps_completed{0};  // synchronous steps (run_step) that succeeded
   };
   std::shared_ptr<const Stats> stats() const { return stats_; }
 

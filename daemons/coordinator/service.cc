@@ -128,6 +128,7 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
   status.plot("closures/s (completed)", Plot::kRate, daemon::stat_reader(stats, &S::closures_succeeded));
   status.plot("closures queued", Plot::kLevel, daemon::stat_reader(stats, &S::closures_queued));
   status.plot("closures running", Plot::kLevel, daemon::stat_reader(stats, &S::closures_running));
+  status.plot("synchronous steps/s", Plot::kRate, daemon::stat_reader(stats, &S::steps_completed));
   rpc::LoopThread* loop = ctx_.loop;
   // What the program reported (ClusterCoordinator::report_scalar), as kept.
   status.series([this, loop]() {
@@ -200,6 +201,9 @@ void CoordinatorService::register_metrics(daemon::MetricsRegistry& metrics,
   metrics.callback_gauge("capstan_coordinator_workers", "Workers registered.", read(&S::workers));
   metrics.callback_counter("capstan_coordinator_checkpoints_saved_total", "Checkpoints saved by this coordinator.",
                            read(&S::checkpoints_saved));
+  metrics.callback_counter("capstan_coordinator_steps_total",
+                           "Synchronous training steps (MirroredStrategy run) completed on every replica.",
+                           read(&S::steps_completed));
   metrics.callback_counter("capstan_coordinator_ps_recoveries_total",
                            "Parameter servers restored from a checkpoint after coming back empty.",
                            read(&S::ps_recoveries));

@@ -203,6 +203,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
       })
       .then([this, busy = s.busy](Out out) {
         *busy = false;
+        if (out.ok()) ++stats_->steps_completed;
         notify();
         return out;
       })

@@ -111,9 +111,28 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
       return c;
     });
   };
-  status.plot("jobs (active)", Plot::kLevel, [counts]() { return counts().jobs; });
-  status.plot("consumers", Plot::kLevel, [counts]() { return counts().clients; });
-  status.plot("data workers", Plot::kLevel, [counts]() { return counts().workers; });
+  // Read once a second by the first plot, kept for the others and for
+  // /metrics: the registry outlives this service (a scrape during shutdown
+  // must not reach it), the status board does not.
+  struct Latest {
+    std::atomic<double> jobs{0}, clients{0}, workers{0};
+  };
+  auto latest = std::make_shared<Latest>();
+  status.plot("jobs (active)", Plot::kLevel, [counts, latest]() {
+    Counts c = counts();
+    latest->clients = c.clients;
+    latest->workers = c.workers;
+    return latest->jobs = c.jobs;
+  });
+  status.plot("consumers", Plot::kLevel, [latest]() { return latest->clients.load(); });
+  status.plot("data workers", Plot::kLevel, [latest]() { return latest->workers.load(); });
+  ctx_.metrics.callback_gauge("capstan_data_dispatcher_jobs", "Jobs not finished (sampled each second).",
+                              [latest]() { return latest->jobs.load(); });
+  ctx_.metrics.callback_gauge("capstan_data_dispatcher_consumers",
+                              "Consumers of the jobs not finished (sampled each second).",
+                              [latest]() { return latest->clients.load(); });
+  ctx_.metrics.callback_gauge("capstan_data_dispatcher_workers", "Data workers registered (sampled each second).",
+                              [latest]() { return latest->workers.load(); });
   status.tables([this]() {
     struct Listing {
       std::vector<DatasetInfo> datasets;

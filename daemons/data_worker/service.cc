@@ -347,6 +347,19 @@ Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
   return out;
 }
 
+DataWorkerService::JobCounters& DataWorkerService::job_counters(int64_t job_id) {
+  auto it = job_counters_.find(job_id);
+  if (it != job_counters_.end()) return it->second;
+  const daemon::MetricLabels job = {{"job", std::to_string(job_id)}};
+  JobCounters counters{
+      ctx_.metrics.counter("capstan_data_worker_job_elements_served_total", "Elements sent to consumers, by job.", job),
+      ctx_.metrics.counter("capstan_data_worker_job_bytes_served_total", "Bytes of elements sent, by job.", job),
+      ctx_.metrics.counter("capstan_data_worker_job_starved_requests_total",
+                           "Requests that waited and got no element (the pipeline is behind its consumers), by job.",
+                           job)};
+  return job_counters_.emplace(job_id, counters).first->second;
+}
+
 DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
     : NodeService(ctx),
       config_(DataWorkerConfig::from(ctx.config).value()),  // checked by main() before
@@ -641,7 +654,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   if (request.getMaxBytes() > 0) get.max_bytes = request.getMaxBytes();  // 0: the runner's default
   get.wait = kGetElementsWait;
   return rpc::run_on_pool(ctx_.pool, [task, get]() { return task->runner->get(get); })
-      .then([this, context, task_id](Result<TaskRunner::Reply> reply) mutable {
+      .then([this, context, task_id, job_id = task->job_id](Result<TaskRunner::Reply> reply) mutable {
         if (!reply.ok()) rpc::throw_status(reply.status());
         auto results = context.getResults();
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
@@ -654,6 +667,11 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         if (!reply->pipeline_error.ok()) set_pipeline_error(results, reply->pipeline_error);
         elements_served_->inc(static_cast<double>(reply->elements.size()));
         bytes_served_->inc(bytes);
+        JobCounters& job = job_counters(job_id);
+        job.elements->inc(static_cast<double>(reply->elements.size()));
+        job.bytes->inc(bytes);
+        // A consumer waited and got nothing: the job is input-bound here.
+        if (reply->elements.empty() && !reply->end_of_sequence) job.starved->inc();
         if (reply->end_of_sequence && tasks_.mark_finished(task_id)) {
           ctx_.log->info("task {}: end of sequence; telling the dispatcher", task_id);
           report_finished(task_id);

@@ -74,6 +74,15 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   kj::Promise<void> getElements(GetElementsContext context) override;
 
  private:
+  // Per-job figures on /metrics (loop thread only).
+  struct JobCounters {
+    daemon::Counter* elements;
+    daemon::Counter* bytes;
+    daemon::Counter* starved;
+  };
+  JobCounters& job_counters(int64_t job_id);
+  std::map<int64_t, JobCounters> job_counters_;
+
   void taskFailed(kj::Exception&& exception) override;
 
   kj::Promise<void> heartbeat_loop();

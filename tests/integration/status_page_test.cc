@@ -202,6 +202,13 @@ TEST_CASE("every daemon's /metrics passes promtool check metrics, RPC latency hi
   REQUIRE(c.client->read_variable("emb").ok());
   REQUIRE(c.client->gather("emb", Tensor::from_vector<int64_t>({1, 7}, {2}).value()).ok());
   REQUIRE(wait_until([&]() { return data_worker.http_get("/readyz").first == 200; }, 15s));
+  auto id = data::service::register_dataset(dispatcher.address(), data::Dataset::range(10));
+  REQUIRE(id.ok());
+  auto it = data::service::from_dataset_id(dispatcher.address(), *id).make_iterator();
+  REQUIRE(it.ok());
+  int64_t read = 0;
+  for (auto next = (*it)->get_next(); next.ok() && next->has_value(); next = (*it)->get_next()) ++read;
+  REQUIRE(read == 10);
   TempDir dir;
   for (Daemon* daemon : {c.coordinator, c.ps[0], c.worker, &dispatcher, &data_worker}) {
     auto [code, text] = daemon->http_get("/metrics");
@@ -216,6 +223,10 @@ TEST_CASE("every daemon's /metrics passes promtool check metrics, RPC latency hi
     CHECK(status == 0);
     CHECK(output.empty());
   }
+  CHECK_THAT(data_worker.http_get("/metrics").second,
+             Catch::Contains("capstan_data_worker_job_elements_served_total{job=\"") &&
+                 Catch::Contains("capstan_data_worker_elements_served_total 10"));
+  CHECK_THAT(dispatcher.http_get("/metrics").second, Catch::Contains("# TYPE capstan_data_dispatcher_workers gauge"));
   const std::string ps_metrics = c.ps[0]->http_get("/metrics").second;
   CHECK_THAT(ps_metrics, Catch::Contains("capstan_ps_gathered_rows_total 1"));  // id 1 lives on ps 0
   CHECK_THAT(ps_metrics, Catch::Contains("capstan_rpc_duration_seconds_count{method=\"ParameterServer.gather\"} 1"));
