@@ -5,7 +5,8 @@
 # Usage: scripts/demo.sh [census options...]   (e.g. --epochs 8, --seed 1,
 #                                               --mode ps|sync|hybrid|strategy|strategy-hybrid)
 #
-#   1. scripts/build.sh: installs what is missing and builds (incremental);
+#   1. scripts/build.sh: installs what is missing and builds (incremental;
+#      its output goes to RUN_DIR/build.log, a progress line shows [n/m]);
 #   2. scripts/local-cluster.sh up: a coordinator, 2 parameter servers and
 #      2 workers, a data dispatcher and 2 data workers, all loading the
 #      census example's module, in the run directory .run/demo;
@@ -17,7 +18,9 @@
 #      asynchronously by both workers, with a live progress line; after each
 #      epoch, accuracy, AUC and log-loss on all of adult.test; at the end,
 #      the metrics against their targets and a checkpoint;
-#   4. stops the cluster, whatever happened, and says where the logs are.
+#   4. stops the cluster, whatever happened (CAPSTAN_DEMO_KEEP=1 leaves it
+#      running, to look at its status pages), says where the logs are and
+#      what to try next.
 #
 # --mode sync trains the same model synchronously instead: 2 replica
 # processes (started by the census program, torchrun-style) form a
@@ -33,7 +36,8 @@
 # least 85.0% and the AUC at least 0.90.
 #
 # Environment: CAPSTAN_BUILD_DIR (default build), CAPSTAN_JOBS (build
-# parallelism, default 2), CAPSTAN_DEMO_RUN_DIR (default .run/demo).
+# parallelism, default 2), CAPSTAN_DEMO_RUN_DIR (default .run/demo),
+# CAPSTAN_DEMO_KEEP (1: leave the cluster running at the end).
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -48,8 +52,31 @@ module=$build_dir/lib/libcensus_module.so
 started=$SECONDS
 section() { printf '\n== %s (%ds)\n' "$1" $(( SECONDS - started )); }
 
-section "building (scripts/build.sh)"
-bash scripts/build.sh
+section "building (scripts/build.sh; output in $run_dir/build.log)"
+mkdir -p "$run_dir"
+# Ninja's "[n/m]" lines become one progress line; everything goes to the log.
+build_status=0
+bash scripts/build.sh >"$run_dir/build.log" 2>&1 &
+build_pid=$!
+tty_progress=0
+[[ -t 1 ]] && tty_progress=1
+last_shown=""
+while kill -0 "$build_pid" 2>/dev/null; do
+  step=$(grep -ao '^\[[0-9]*/[0-9]*\]' "$run_dir/build.log" 2>/dev/null | tail -n 1 || true)
+  if [[ -n "$step" && "$step" != "$last_shown" ]]; then
+    if [[ $tty_progress == 1 ]]; then printf '\r  compiling %s ' "$step"; fi
+    last_shown=$step
+  fi
+  sleep 1
+done
+wait "$build_pid" || build_status=$?
+if [[ $tty_progress == 1 && -n "$last_shown" ]]; then printf '\n'; fi
+if [[ $build_status -ne 0 ]]; then
+  echo "demo.sh: the build failed (exit $build_status); the end of $run_dir/build.log:" >&2
+  tail -n 40 "$run_dir/build.log" >&2
+  exit "$build_status"
+fi
+echo "  built: $(grep -c '^\[[0-9]*/[0-9]*\]' "$run_dir/build.log" || true) build steps (log: $run_dir/build.log)"
 
 for file in "$bin_dir/census" "$module"; do
   [[ -e "$file" ]] || { echo "demo.sh: $file was not built" >&2; exit 1; }
@@ -58,15 +85,45 @@ done
 cluster() { bash scripts/local-cluster.sh "$1" --run-dir "$run_dir" --bin-dir "$bin_dir" "${@:2}"; }
 
 cluster_started=0
+# The status page of daemon NAME (its HTTP port from local-cluster.sh's port file).
+status_url() {
+  local port
+  port=$(sed -n 's/^http_port: *//p' "$run_dir/ports/$1.port" 2>/dev/null || true)
+  echo "http://127.0.0.1:${port:-?}/"
+}
+# shellcheck disable=SC2317  # run by the EXIT trap
+next_steps() {
+  local checkpoint
+  checkpoint=$(find "$run_dir/checkpoints" -maxdepth 1 -name 'ckpt-*' 2>/dev/null | sort -V | tail -n 1 || true)
+  cat <<EOF
+
+What next:
+  - watch a run live: CAPSTAN_DEMO_KEEP=1 scripts/demo.sh --epochs 20, then open the
+    coordinator's status page (members, placement, closures/s, the loss) and the
+    data dispatcher's (jobs, data workers); /metrics beside them for Prometheus
+  - run a cluster by hand with the census module (README: "Run a cluster by hand"):
+      scripts/local-cluster.sh up --module $module --data-workers 2
+      . .run/cluster/cluster.env
+      $bin_dir/census --coordinator \$COORDINATOR --dispatcher \$DISPATCHER --min-workers 2
+  - look into the checkpoint: $bin_dir/capstanctl checkpoint inspect ${checkpoint:-$run_dir/checkpoints/ckpt-N}
+    (a program restores it with cluster->restore_checkpoint(path, /*strict=*/true))
+  - the same cluster in containers: cd deploy/docker && docker-compose up --build --exit-code-from census
+EOF
+}
 # shellcheck disable=SC2317  # run by the EXIT trap
 shutdown() {
   local status=$?
   trap - EXIT INT TERM
-  if [[ $cluster_started == 1 ]]; then
+  if [[ $cluster_started == 1 && ${CAPSTAN_DEMO_KEEP:-0} == 1 ]]; then
+    section "the cluster keeps running (CAPSTAN_DEMO_KEEP=1)"
+    echo "status pages: coordinator $(status_url coordinator), data dispatcher $(status_url data-dispatcher)"
+    echo "stop it with: scripts/local-cluster.sh down --run-dir $run_dir"
+  elif [[ $cluster_started == 1 ]]; then
     section "stopping the cluster"
     cluster down >/dev/null 2>&1 || echo "demo.sh: stopping the cluster failed; see $run_dir" >&2
     echo "daemon logs: $run_dir/logs/ (coordinator.log, ps0.log, ps1.log, worker0.log, worker1.log, ...)"
   fi
+  if [[ $cluster_started == 1 ]]; then next_steps; fi
   exit "$status"
 }
 trap shutdown EXIT
@@ -80,6 +137,7 @@ cluster_started=1
 cluster up --ps 2 --workers 2 --data-workers 2 --module "$module"
 # shellcheck disable=SC1091  # written by local-cluster.sh up
 . "$run_dir/cluster.env"
+echo "status pages: coordinator $(status_url coordinator), data dispatcher $(status_url data-dispatcher)"
 
 section "training and evaluating (examples/census)"
 # Each demo trains from scratch: an earlier demo's checkpoint of the same
