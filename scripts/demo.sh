@@ -76,7 +76,8 @@ if [[ $build_status -ne 0 ]]; then
   tail -n 40 "$run_dir/build.log" >&2
   exit "$build_status"
 fi
-echo "  built: $(grep -c '^\[[0-9]*/[0-9]*\]' "$run_dir/build.log" || true) build steps (log: $run_dir/build.log)"
+steps=$(grep -c '^\[[0-9]*/[0-9]*\]' "$run_dir/build.log" || true)
+if [[ ${steps:-0} == 0 ]]; then echo "  up to date"; else echo "  built: $steps steps"; fi
 
 for file in "$bin_dir/census" "$module"; do
   [[ -e "$file" ]] || { echo "demo.sh: $file was not built" >&2; exit 1; }
