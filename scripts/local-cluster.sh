@@ -244,8 +244,9 @@ fail_up() {
 }
 
 # The environment the daemons get: ours without the CAPSTAN_* variables that
-# are not theirs (a daemon treats an unknown CAPSTAN_* variable as an error),
-# and without TF_CONFIG (the script wires the cluster itself).
+# are not theirs (a daemon would take CAPSTAN_<KEY> for one of its keys, and
+# log a warning for any other), and without TF_CONFIG (the script wires the
+# cluster itself).
 daemon_env=(env -u TF_CONFIG)
 while IFS= read -r var; do
   case "$var" in

@@ -692,8 +692,9 @@ std::optional<std::string> ConfigLoader::load_env() {
       }
       // Not an error: launchers (Kubernetes service links, shared env
       // files) set CAPSTAN_* variables meant for other roles.
-      warnings_.push_back("ignoring environment variable " + name + "=" + quote(value) + ": " +
-                          program_ + " has no key " + quote(key));
+      // The value stays out of the log: a misspelt CAPSTAN_TOKEN holds a secret.
+      warnings_.push_back("ignoring environment variable " + name + " (value not shown): " + program_ +
+                          " has no key " + quote(key));
       continue;
     }
     Value parsed = *v;

@@ -156,7 +156,7 @@ TEST_CASE("an unknown CAPSTAN_ variable is a warning; reserved ones are silent")
   REQUIRE(unknown.action == Action::kRun);
   REQUIRE(unknown.warnings.size() == 1);
   CHECK(unknown.warnings[0] ==
-        "ignoring environment variable CAPSTAN_PROT='8080': test-daemon has no key 'prot'");
+        "ignoring environment variable CAPSTAN_PROT (value not shown): test-daemon has no key 'prot'");
   ParseResult lower = parse({}, {{"CAPSTAN_http_port", "1"}});
   REQUIRE(lower.warnings.size() == 1);
   CHECK(lower.warnings[0].find("CAPSTAN_http_port") != std::string::npos);
@@ -593,7 +593,8 @@ TEST_CASE("advertise_address: HOST takes the bound port, HOST:PORT is kept, a ba
   CHECK(advertise_address("fd00::7", 7100).value() == "[fd00::7]:7100");
   CHECK(advertise_address("[fd00::7]", 7100).value() == "[fd00::7]:7100");
   CHECK(advertise_address("[fd00::7]:9", 7100).value() == "[fd00::7]:9");
-  for (const std::string bad : {"host:0", "host:99999", "host:x", "host:", ":7100", "a b", "http://x"}) {
+  for (const std::string bad : {"host:0", "host:99999", "host:x", "host:", ":7100", "a b", "http://x", "x:y:z",
+                                "[fd00::7"}) {
     auto result = advertise_address(bad, 7100);
     INFO(bad);
     REQUIRE_FALSE(result.ok());

@@ -1,5 +1,6 @@
 #include "daemons/common/daemon.h"
 
+#include <arpa/inet.h>
 #include <unistd.h>
 
 #include <boost/asio/io_context.hpp>
@@ -301,7 +302,14 @@ Result<std::string> advertise_address(const std::string& value, int bound_port) 
     }
   }
   if (host.empty() || host == "[]") return bad("has no host");
-  if (host.find(':') != std::string::npos && !bracketed) host = "[" + host + "]";
+  if (host.find(':') != std::string::npos) {  // only an IPv6 literal has colons
+    const std::string literal = bracketed ? host.substr(1, host.size() - 2) : host;
+    in6_addr parsed;
+    if ((bracketed && host.back() != ']') || ::inet_pton(AF_INET6, literal.c_str(), &parsed) != 1) {
+      return bad("is neither HOST nor HOST:PORT nor an IPv6 address");
+    }
+    host = "[" + literal + "]";
+  }
   return host + ":" + (port.empty() ? std::to_string(bound_port) : port);
 }
 

@@ -66,11 +66,18 @@
 //   --log-every N            without a terminal, print progress every N steps (default 100)
 //   --checkpoint-dir DIR     after training, save a checkpoint there (every
 //                            mode; the parameter servers' format)
+//   --logdir DIR             write TensorBoard event files there (`tensorboard
+//                            --logdir DIR`): train/loss, train/accuracy and
+//                            train/examples_per_second (the epoch so far)
+//                            with each progress line, test/accuracy, test/auc
+//                            and test/log_loss after each epoch, by global
+//                            step; in sync and hybrid modes rank 0 writes
 // CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE give the cluster token.
 #include <capstan/data/dataset.h>
 #include <capstan/data/service.h>
 #include <capstan/mirrored.h>
 #include <capstan/strategy.h>
+#include <capstan/summary.h>
 #include <capstan/training.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -125,6 +132,7 @@ struct Flags {
   double target_auc = 0.90;
   int64_t log_every = 100;
   std::string checkpoint_dir;
+  std::string logdir;  // empty: no TensorBoard events
   int replicas = 2;
   int rank = -1;  // sync/hybrid: -1 launches the replicas
   std::string group;
@@ -138,7 +146,7 @@ struct Flags {
                " [--mode ps|sync|hybrid|strategy|strategy-hybrid]"
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
-               " [--checkpoint-dir DIR] [--replicas N] [--rank R --group NAME]\n";
+               " [--checkpoint-dir DIR] [--logdir DIR] [--replicas N] [--rank R --group NAME]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -178,6 +186,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--target-auc") flags.target_auc = real();
     else if (name == "--log-every") flags.log_every = integer(1);
     else if (name == "--checkpoint-dir") flags.checkpoint_dir = value;
+    else if (name == "--logdir") flags.logdir = value;
     else if (name == "--replicas") flags.replicas = static_cast<int>(integer(1));
     else if (name == "--rank") flags.rank = static_cast<int>(integer(0));
     else if (name == "--group") flags.group = value;
@@ -199,11 +208,13 @@ int fail(const std::string& what, const Status& status) {
 }
 
 // Keras-fit-like progress: rewritten in place on a terminal, else one line
-// every `log_every` steps and at the end of each epoch.
+// every `log_every` steps and at the end of each epoch. With `summaries`
+// (--logdir), each line's figures go to TensorBoard too, at the global step.
 class Progress {
  public:
-  Progress(int64_t epochs, int64_t steps_per_epoch, int64_t log_every)
-      : epochs_(epochs), steps_(steps_per_epoch), log_every_(log_every), tty_(isatty(STDOUT_FILENO) == 1) {}
+  Progress(int64_t epochs, int64_t steps_per_epoch, int64_t log_every, capstan::SummaryWriter* summaries)
+      : epochs_(epochs), steps_(steps_per_epoch), log_every_(log_every), tty_(isatty(STDOUT_FILENO) == 1),
+        summaries_(summaries) {}
 
   void start_epoch(int64_t epoch) {
     epoch_ = epoch;
@@ -211,7 +222,9 @@ class Progress {
     correct_ = examples_ = steps_done_ = 0;
     started_ = Clock::now();
   }
-  void step_done(double loss, int64_t correct, int64_t examples) {
+  // Counts a step and, when a line is due, prints it and writes its figures
+  // (the epoch so far) to TensorBoard: an error is the events' write error.
+  Status step_done(double loss, int64_t correct, int64_t examples) {
     ++steps_done_;
     loss_sum_ += loss;
     correct_ += correct;
@@ -219,24 +232,40 @@ class Progress {
     auto now = Clock::now();
     bool show = tty_ ? (now - last_shown_ > std::chrono::milliseconds(200) || steps_done_ == steps_)
                      : (steps_done_ % log_every_ == 0 || steps_done_ == steps_);
-    if (!show) return;
+    if (!show) return Status::Ok();
+    const double examples_per_second = static_cast<double>(examples_) / seconds();
+    const double mean_loss = loss_sum_ / static_cast<double>(steps_done_);
+    const double accuracy = static_cast<double>(correct_) / static_cast<double>(examples_);
     std::printf("%sepoch %lld/%lld  step %4lld/%lld  %7.0f examples/s  loss %.4f  accuracy %.4f%s", tty_ ? "\r" : "",
                 static_cast<long long>(epoch_), static_cast<long long>(epochs_),
-                static_cast<long long>(steps_done_), static_cast<long long>(steps_),
-                static_cast<double>(examples_) / seconds(), loss_sum_ / static_cast<double>(steps_done_),
-                static_cast<double>(correct_) / static_cast<double>(examples_), tty_ ? "   " : "\n");
+                static_cast<long long>(steps_done_), static_cast<long long>(steps_), examples_per_second, mean_loss,
+                accuracy, tty_ ? "   " : "\n");
     std::fflush(stdout);
     last_shown_ = now;
+    if (cluster_ != nullptr) {
+      // For the coordinator's status page; training does not depend on it.
+      (void)cluster_->report_scalar("train/loss", mean_loss, global_step());
+      (void)cluster_->report_scalar("train/accuracy", accuracy, global_step());
+    }
+    return capstan::examples::write_scalars(
+        summaries_, global_step(),
+        {{"train/loss", mean_loss}, {"train/accuracy", accuracy}, {"train/examples_per_second", examples_per_second}});
   }
   void end_epoch() {
     if (tty_) std::printf("\n");
   }
+  // Each line's loss and accuracy also go to the coordinator's status page.
+  void report_to(capstan::ClusterCoordinator* cluster) { cluster_ = cluster; }
   double seconds() const { return std::max(1e-9, std::chrono::duration<double>(Clock::now() - started_).count()); }
   int64_t examples() const { return examples_; }
+  // Steps of the earlier epochs and of this one so far.
+  int64_t global_step() const { return (epoch_ - 1) * steps_ + steps_done_; }
 
  private:
   const int64_t epochs_, steps_, log_every_;
   const bool tty_;
+  capstan::SummaryWriter* const summaries_;  // null without --logdir
+  capstan::ClusterCoordinator* cluster_ = nullptr;
   int64_t epoch_ = 0, steps_done_ = 0, correct_ = 0, examples_ = 0;
   double loss_sum_ = 0;
   Clock::time_point started_{}, last_shown_{};
@@ -284,11 +313,18 @@ Metrics metrics_of(const std::vector<float>& probabilities, const std::vector<fl
   return m;
 }
 
-void print_epoch_metrics(int64_t epoch, int64_t epochs, const Metrics& metrics) {
+// Prints an epoch's test metrics. With `summaries` (--logdir; else null),
+// writes them at `step` too and flushes: the epoch's events reach the file.
+Status print_epoch_metrics(int64_t epoch, int64_t epochs, const Metrics& metrics, capstan::SummaryWriter* summaries,
+                           int64_t step) {
   std::printf("epoch %lld/%lld  test: accuracy %.4f  AUC %.4f  log-loss %.4f  (%lld examples)\n",
               static_cast<long long>(epoch), static_cast<long long>(epochs), metrics.accuracy, metrics.auc,
               metrics.log_loss, static_cast<long long>(metrics.count));
   std::fflush(stdout);
+  CAPSTAN_RETURN_IF_ERROR(capstan::examples::write_scalars(
+      summaries, step,
+      {{"test/accuracy", metrics.accuracy}, {"test/auc", metrics.auc}, {"test/log_loss", metrics.log_loss}}));
+  return summaries != nullptr ? summaries->flush() : Status::Ok();
 }
 
 // Prints the final metrics against the targets; true when both are met.
@@ -483,7 +519,14 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
     std::printf("census: collective data addresses by rank: %s\n", addresses.c_str());
     std::fflush(stdout);
   }
-  Progress progress(flags.epochs, steps_per_epoch, flags.log_every);
+  // Rank 0 writes the TensorBoard events (the others' --logdir is ignored).
+  std::unique_ptr<capstan::SummaryWriter> summaries;
+  if (chief) {
+    auto opened = capstan::examples::open_summaries(flags.logdir, "census");
+    if (!opened.ok()) return failed("writing TensorBoard events", opened.status());
+    summaries = std::move(*opened);
+  }
+  Progress progress(flags.epochs, steps_per_epoch, flags.log_every, summaries.get());
   Metrics metrics;
   double train_seconds = 0;
   int64_t trained = 0;
@@ -497,8 +540,9 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
       if (!step.ok()) return failed("step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch), step.status());
       // Rank 0 shows its own batches' loss and accuracy, times the replicas.
       if (chief) {
-        progress.step_done(step->output.loss_sum / static_cast<double>(step->n), step->output.correct * flags.replicas,
-                           step->n * flags.replicas);
+        Status shown = progress.step_done(step->output.loss_sum / static_cast<double>(step->n),
+                                          step->output.correct * flags.replicas, step->n * flags.replicas);
+        if (!shown.ok()) return failed("writing TensorBoard events", shown);
       }
     }
     progress.end_epoch();
@@ -508,7 +552,8 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
       auto evaluated = replica_evaluate(test_path, functions, **vars, cluster, hybrid);
       if (!evaluated.ok()) return failed("evaluating on " + test_path, evaluated.status());
       metrics = *evaluated;
-      print_epoch_metrics(epoch, flags.epochs, metrics);
+      Status shown = print_epoch_metrics(epoch, flags.epochs, metrics, summaries.get(), epoch * steps_per_epoch);
+      if (!shown.ok()) return failed("writing TensorBoard events", shown);
     }
   }
   Status same = (*vars)->verify_replicas();
@@ -607,8 +652,11 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
               static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),
               static_cast<long long>(global_batch), static_cast<long long>(local_batch));
   std::fflush(stdout);
+  auto summaries = capstan::examples::open_summaries(flags.logdir, "census");
+  if (!summaries.ok()) return fail("writing TensorBoard events", summaries.status());
 
-  Progress progress(flags.epochs, steps_per_epoch, flags.log_every);
+  Progress progress(flags.epochs, steps_per_epoch, flags.log_every, summaries->get());
+  progress.report_to(&cluster);
   Element step_args{{input->arg(), Tensor::scalar<int64_t>(hybrid_flag)}, {}};
   Metrics metrics;
   double train_seconds = 0;
@@ -630,7 +678,8 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
         correct += v.components.at(1).flat<int64_t>()[0];
         examples += v.components.at(2).flat<int64_t>()[0];
       }
-      progress.step_done(loss / static_cast<double>(per_replica->values.size()), correct, examples);
+      Status shown = progress.step_done(loss / static_cast<double>(per_replica->values.size()), correct, examples);
+      if (!shown.ok()) return fail("writing TensorBoard events", shown);
     }
     progress.end_epoch();
     train_seconds += progress.seconds();
@@ -648,7 +697,8 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
     }
     if (labels.empty()) return fail("evaluating on " + test_path, Status::DataLoss("no examples"));
     metrics = metrics_of(probabilities, labels);
-    print_epoch_metrics(epoch, flags.epochs, metrics);
+    Status shown = print_epoch_metrics(epoch, flags.epochs, metrics, summaries->get(), epoch * steps_per_epoch);
+    if (!shown.ok()) return fail("writing TensorBoard events", shown);
   }
   Status same = (*strategy)->verify_replicas();
   if (!same.ok()) return fail("checking the replicas", same);
@@ -713,8 +763,11 @@ int main(int argc, char** argv) {
               census::kNumeric, flags.mode.c_str(), cluster.num_workers(), static_cast<long long>(flags.epochs),
               static_cast<long long>(steps_per_epoch), static_cast<long long>(flags.batch_size));
   std::fflush(stdout);
+  auto summaries = capstan::examples::open_summaries(flags.logdir, "census");
+  if (!summaries.ok()) return fail("writing TensorBoard events", summaries.status());
 
-  Progress progress(flags.epochs, steps_per_epoch, flags.log_every);
+  Progress progress(flags.epochs, steps_per_epoch, flags.log_every, summaries->get());
+  progress.report_to(&cluster);
   Element step_args{{dataset->arg()}, {}};
   Metrics metrics;
   double train_seconds = 0;
@@ -734,8 +787,10 @@ int main(int argc, char** argv) {
       in_flight.pop_front();
       if (!result.ok()) return fail("a step of epoch " + std::to_string(epoch), result.status());
       ++completed;
-      progress.step_done(result->components.at(0).flat<float>()[0], result->components.at(1).flat<int64_t>()[0],
-                         result->components.at(2).flat<int64_t>()[0]);
+      Status shown = progress.step_done(result->components.at(0).flat<float>()[0],
+                                        result->components.at(1).flat<int64_t>()[0],
+                                        result->components.at(2).flat<int64_t>()[0]);
+      if (!shown.ok()) return fail("writing TensorBoard events", shown);
     }
     Status joined = cluster.join();
     progress.end_epoch();
@@ -745,7 +800,8 @@ int main(int argc, char** argv) {
     auto evaluated = evaluate(cluster, test_path, flags.eval_shards);
     if (!evaluated.ok()) return fail("evaluating on " + test_path, evaluated.status());
     metrics = *evaluated;
-    print_epoch_metrics(epoch, flags.epochs, metrics);
+    Status shown = print_epoch_metrics(epoch, flags.epochs, metrics, summaries->get(), epoch * steps_per_epoch);
+    if (!shown.ok()) return fail("writing TensorBoard events", shown);
   }
 
   const bool met = report(flags, metrics, trained, train_seconds);

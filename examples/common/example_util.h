@@ -1,15 +1,18 @@
 // What the example programs share: connecting to the cluster and waiting for
-// its workers.
+// its workers, and their TensorBoard logs (--logdir).
 #ifndef CAPSTAN_EXAMPLES_COMMON_EXAMPLE_UTIL_H_
 #define CAPSTAN_EXAMPLES_COMMON_EXAMPLE_UTIL_H_
 
+#include <capstan/summary.h>
 #include <capstan/training.h>
 
 #include <chrono>
 #include <cstdio>
+#include <initializer_list>
 #include <memory>
 #include <string>
 #include <thread>
+#include <utility>
 
 namespace capstan::examples {
 
@@ -44,6 +47,27 @@ inline std::unique_ptr<ClusterCoordinator> connect_cluster(const std::string& ad
     std::this_thread::sleep_for(std::chrono::milliseconds(100));
   }
   return std::move(*connected);
+}
+
+// --logdir: a SummaryWriter for TensorBoard event files in `logdir` (made
+// if missing), after printing where they go as "PROGRAM: TensorBoard events
+// in PATH"; null, and nothing printed, when `logdir` is empty (no --logdir).
+inline Result<std::unique_ptr<SummaryWriter>> open_summaries(const std::string& logdir, const char* program) {
+  if (logdir.empty()) return std::unique_ptr<SummaryWriter>();
+  auto writer = SummaryWriter::create(logdir);
+  if (!writer.ok()) return writer.status().with_context("--logdir " + logdir);
+  std::printf("%s: TensorBoard events in %s (see them: tensorboard --logdir %s)\n", program,
+              (*writer)->path().c_str(), logdir.c_str());
+  return writer;
+}
+
+// Writes each (tag, value) at `step` (tf.summary.scalar), when there is a
+// `writer`.
+inline Status write_scalars(SummaryWriter* writer, int64_t step,
+                            std::initializer_list<std::pair<const char*, double>> scalars) {
+  if (writer == nullptr) return Status::Ok();
+  for (const auto& [tag, value] : scalars) CAPSTAN_RETURN_IF_ERROR(writer->scalar(tag, value, step));
+  return Status::Ok();
 }
 
 }  // namespace capstan::examples

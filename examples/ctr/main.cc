@@ -27,6 +27,11 @@
 //   --log-every N            without a terminal, print progress every N steps (default 1000)
 //   --max-gap PERCENT        exit 1 above this gap (default 2)
 //   --checkpoint-dir DIR     after evaluating, save a checkpoint there (CheckpointManager)
+//   --logdir DIR             write TensorBoard event files there (`tensorboard
+//                            --logdir DIR`): train/loss and train/steps_per_second
+//                            with each progress line, then test/log_loss,
+//                            test/planted_log_loss and test/gap_percent (the
+//                            held-out figures) at the last step
 //   --dispatcher HOST:PORT   feed the workers through the tf.data service: the
 //                            pipeline is registered with this dispatcher, its data
 //                            workers (HINT sharding) generate and batch the
@@ -35,6 +40,7 @@
 // CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE give the cluster token.
 #include <capstan/data/dataset.h>
 #include <capstan/data/service.h>
+#include <capstan/summary.h>
 #include <capstan/training.h>
 #include <unistd.h>
 
@@ -72,6 +78,7 @@ struct Flags {
   int64_t log_every = 1000;
   double max_gap_percent = 2.0;
   std::string checkpoint_dir;  // empty: no checkpoint
+  std::string logdir;          // empty: no TensorBoard events
   std::string dispatcher;      // empty: workers generate their input themselves
 };
 
@@ -81,7 +88,7 @@ struct Flags {
   (error.empty() ? std::cout : std::cerr) << "usage: " << program
             << " [--coordinator HOST:PORT] [--steps N] [--eval-steps N] [--learning-rate X]"
                " [--min-workers N] [--log-every N] [--max-gap PERCENT] [--checkpoint-dir DIR]"
-               " [--dispatcher HOST:PORT]\n";
+               " [--dispatcher HOST:PORT] [--logdir DIR]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -108,6 +115,8 @@ Flags parse_flags(int argc, char** argv) {
       flags.coordinator = value;
     } else if (name == "--checkpoint-dir") {
       flags.checkpoint_dir = value;
+    } else if (name == "--logdir") {
+      flags.logdir = value;
     } else if (name == "--dispatcher") {
       flags.dispatcher = value;
     } else if (name == "--steps") {
@@ -137,27 +146,34 @@ int fail(const std::string& what, const Status& status) {
 }
 
 // The live progress line: rewritten in place on a terminal, else one line
-// every `log_every` steps.
+// every `log_every` steps. With `summaries` (--logdir), each line's figures
+// go to TensorBoard too.
 class Progress {
  public:
-  Progress(int64_t total, int64_t log_every)
-      : total_(total), log_every_(log_every), tty_(isatty(STDOUT_FILENO) == 1), start_(Clock::now()) {}
+  Progress(int64_t total, int64_t log_every, capstan::SummaryWriter* summaries)
+      : total_(total), log_every_(log_every), tty_(isatty(STDOUT_FILENO) == 1), summaries_(summaries),
+        start_(Clock::now()) {}
 
-  void step_done(int64_t step, float loss) {
+  // Counts a step and, when a line is due, prints it and writes its figures
+  // to TensorBoard: an error is the events' write error.
+  Status step_done(int64_t step, float loss) {
     loss_sum_ += loss;
     ++losses_;
     auto now = Clock::now();
     bool show = tty_ ? (now - last_shown_ > std::chrono::milliseconds(200) || step == total_)
                      : (step % log_every_ == 0 || step == total_);
-    if (!show) return;
+    if (!show) return Status::Ok();
     double seconds = std::chrono::duration<double>(now - start_).count();
+    const double steps_per_second = seconds > 0 ? static_cast<double>(step) / seconds : 0.0;
+    const double mean_loss = loss_sum_ / static_cast<double>(losses_);
     std::printf("%sstep %6lld/%lld  %7.1f steps/s  loss %.4f%s", tty_ ? "\r" : "", static_cast<long long>(step),
-                static_cast<long long>(total_), seconds > 0 ? static_cast<double>(step) / seconds : 0.0,
-                loss_sum_ / static_cast<double>(losses_), tty_ ? "   " : "\n");
+                static_cast<long long>(total_), steps_per_second, mean_loss, tty_ ? "   " : "\n");
     std::fflush(stdout);
     loss_sum_ = 0;
     losses_ = 0;
     last_shown_ = now;
+    return capstan::examples::write_scalars(summaries_, step,
+                                            {{"train/loss", mean_loss}, {"train/steps_per_second", steps_per_second}});
   }
   void finish() {
     if (tty_) std::printf("\n");
@@ -168,6 +184,7 @@ class Progress {
   const int64_t total_;
   const int64_t log_every_;
   const bool tty_;
+  capstan::SummaryWriter* const summaries_;  // null without --logdir
   const Clock::time_point start_;
   Clock::time_point last_shown_{};
   double loss_sum_ = 0;  // training losses since the last line (their mean is shown)
@@ -230,9 +247,11 @@ int main(int argc, char** argv) {
   std::printf("\nctr: training %lld steps of %lld examples on %d worker(s), asynchronously\n",
               static_cast<long long>(flags.steps), static_cast<long long>(ctr::kBatchSize), cluster.num_workers());
   std::fflush(stdout);
+  auto summaries = capstan::examples::open_summaries(flags.logdir, "ctr");
+  if (!summaries.ok()) return fail("writing TensorBoard events", summaries.status());
 
   // Keep kInFlight steps queued; fetch each step's loss as it completes.
-  Progress progress(flags.steps, flags.log_every);
+  Progress progress(flags.steps, flags.log_every, summaries->get());
   std::deque<capstan::RemoteValue> in_flight;
   int64_t scheduled = 0, completed = 0;
   Element step_args{{dataset->arg()}, {}};
@@ -247,7 +266,8 @@ int main(int argc, char** argv) {
     in_flight.pop_front();
     if (!result.ok()) return fail("step " + std::to_string(completed + 1), result.status());
     ++completed;
-    progress.step_done(completed, result->components.at(0).flat<float>()[0]);
+    Status shown = progress.step_done(completed, result->components.at(0).flat<float>()[0]);
+    if (!shown.ok()) return fail("writing TensorBoard events", shown);
   }
   Status joined = cluster.join();
   progress.finish();
@@ -288,6 +308,11 @@ int main(int argc, char** argv) {
               100.0 * (constant_loss - planted_loss) / planted_loss);
   std::printf("  gap              %+.2f%%    (target: at most %.1f%%) %s\n", gap, flags.max_gap_percent,
               gap <= flags.max_gap_percent ? "PASS" : "FAIL");
+  Status written = capstan::examples::write_scalars(
+      summaries->get(), flags.steps,
+      {{"test/log_loss", model_loss}, {"test/planted_log_loss", planted_loss}, {"test/gap_percent", gap}});
+  if (written.ok() && *summaries != nullptr) written = (*summaries)->close();
+  if (!written.ok()) return fail("writing TensorBoard events", written);
   if (!flags.checkpoint_dir.empty()) {
     capstan::CheckpointManager manager(cluster, flags.checkpoint_dir, /*max_to_keep=*/3);
     auto saved = manager.save(flags.steps);

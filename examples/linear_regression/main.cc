@@ -22,9 +22,12 @@
 //
 // Options: --coordinator ADDR (default 127.0.0.1:7000), --epochs N (5),
 // --steps-per-epoch N (10), --min-workers N (1: wait for that many workers),
-// --seed N (the kernel's initializer seed). CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE
-// give the cluster token.
+// --seed N (the kernel's initializer seed), --logdir DIR (TensorBoard event
+// files: train/loss after each epoch, then final/loss, final/kernel_0,
+// final/kernel_1 and final/bias, by step; `tensorboard --logdir DIR`).
+// CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE give the cluster token.
 #include <capstan/data/dataset.h>
+#include <capstan/summary.h>
 #include <capstan/training.h>
 
 #include <cstdio>
@@ -47,13 +50,15 @@ struct Flags {
   int steps_per_epoch = 10;
   int min_workers = 1;
   uint64_t seed = 2;
+  std::string logdir;  // empty: no TensorBoard events
 };
 
 [[noreturn]] void usage(const char* program, const std::string& error) {
   if (!error.empty()) std::cerr << program << ": " << error << "\n";
   // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
   (error.empty() ? std::cout : std::cerr) << "usage: " << program
-            << " [--coordinator HOST:PORT] [--epochs N] [--steps-per-epoch N] [--min-workers N] [--seed N]\n";
+            << " [--coordinator HOST:PORT] [--epochs N] [--steps-per-epoch N] [--min-workers N] [--seed N]"
+               " [--logdir DIR]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -80,6 +85,8 @@ Flags parse_flags(int argc, char** argv) {
       flags.min_workers = static_cast<int>(number());
     } else if (name == "--seed") {
       flags.seed = static_cast<uint64_t>(number());
+    } else if (name == "--logdir") {
+      flags.logdir = value;
     } else {
       usage(argv[0], "unknown option '" + name + "'");
     }
@@ -128,6 +135,8 @@ int main(int argc, char** argv) {
   auto per_worker = cluster.create_per_worker_dataset(dataset);
   if (!per_worker.ok()) return fail("creating the per-worker dataset", per_worker.status());
 
+  auto summaries = capstan::examples::open_summaries(flags.logdir, "linear_regression");
+  if (!summaries.ok()) return fail("writing TensorBoard events", summaries.status());
   std::cout << "training: " << flags.epochs << " epochs x " << flags.steps_per_epoch << " steps on "
             << cluster.num_workers() << " worker(s)\n";
   for (int epoch = 1; epoch <= flags.epochs; ++epoch) {
@@ -141,8 +150,12 @@ int main(int argc, char** argv) {
     if (!joined.ok()) return fail("epoch " + std::to_string(epoch), joined);
     auto loss = cluster.fetch(last);
     if (!loss.ok()) return fail("fetching the loss of epoch " + std::to_string(epoch), loss.status());
-    std::printf("epoch %d: loss %.6f\n", epoch, loss->components.at(0).flat<float>()[0]);
+    const float epoch_loss = loss->components.at(0).flat<float>()[0];
+    std::printf("epoch %d: loss %.6f\n", epoch, epoch_loss);
     std::fflush(stdout);
+    Status written = capstan::examples::write_scalars(summaries->get(), int64_t{epoch} * flags.steps_per_epoch,
+                                                      {{"train/loss", epoch_loss}});
+    if (!written.ok()) return fail("writing TensorBoard events", written);
   }
 
   auto scheduled_loss = cluster.schedule("loss", Element{{features, labels}, {}});
@@ -156,5 +169,12 @@ int main(int argc, char** argv) {
   std::printf("final loss on the 3 examples: %.6f; kernel [%.4f, %.4f], bias %.4f\n",
               final_loss->components.at(0).flat<float>()[0], trained_kernel->flat<float>()[0],
               trained_kernel->flat<float>()[1], trained_bias->flat<float>()[0]);
+  Status written = capstan::examples::write_scalars(summaries->get(), int64_t{flags.epochs} * flags.steps_per_epoch,
+                                                    {{"final/loss", final_loss->components.at(0).flat<float>()[0]},
+                                                     {"final/kernel_0", trained_kernel->flat<float>()[0]},
+                                                     {"final/kernel_1", trained_kernel->flat<float>()[1]},
+                                                     {"final/bias", trained_bias->flat<float>()[0]}});
+  if (written.ok() && *summaries != nullptr) written = (*summaries)->close();
+  if (!written.ok()) return fail("writing TensorBoard events", written);
   return 0;
 }

@@ -78,9 +78,15 @@ output_file=$run_dir/census.out
 case "$mode" in
   ps)
     run_census "$output_file" --mode ps --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
-      --checkpoint-dir "$run_dir/checkpoints"
+      --checkpoint-dir "$run_dir/checkpoints" --logdir "$run_dir/logs/tensorboard"
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
+    fi
+    # --logdir: one TensorBoard event file with the training and test figures.
+    events=("$run_dir"/logs/tensorboard/events.out.tfevents.*)
+    if [[ ${#events[@]} -ne 1 || ! -s ${events[0]} ]] || ! grep -q "train/loss" "${events[0]}" ||
+      ! grep -q "test/auc" "${events[0]}"; then
+      result fail "--logdir wrote no event file with train/loss and test/auc: ${events[*]}"
     fi
     # The side-car evaluator, on that checkpoint in its own memory (no PS),
     # finds the accuracy the program measured through the cluster.
@@ -103,9 +109,15 @@ case "$mode" in
     # sync runs the pipeline in each replica; hybrid reads from the data service.
     extra=()
     if [[ $mode == hybrid ]]; then extra=(--dispatcher "$DISPATCHER"); fi
-    run_census "$output_file" --mode "$mode" --replicas 2 --seed 1 --checkpoint-dir "$run_dir/checkpoints" "${extra[@]}"
+    run_census "$output_file" --mode "$mode" --replicas 2 --seed 1 --checkpoint-dir "$run_dir/checkpoints" \
+      --logdir "$run_dir/logs/tensorboard" "${extra[@]}"
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
+    fi
+    # --logdir: rank 0 alone writes events.
+    events=("$run_dir"/logs/tensorboard/events.out.tfevents.*)
+    if [[ ${#events[@]} -ne 1 ]] || ! grep -q "train/loss" "${events[0]}"; then
+      result fail "expected one event file (rank 0's) with train/loss: ${events[*]}"
     fi
     if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
       result fail "the report does not say that the replicas are identical"

@@ -34,7 +34,7 @@ count=$(wc -l <<< "$exported")
 (( count > 50 )) || fail "libcapstan.so exports only $count symbols: the public API is missing"
 strays=$(grep -vE '^((typeinfo|typeinfo name|vtable|VTT|guard variable) for )?capstan::' <<< "$exported" || true)
 [[ -z $strays ]] || fail "libcapstan.so exports symbols outside namespace capstan: $(head -5 <<< "$strays")"
-internal=$(grep -E 'capstan::(wire|rpc|journal|checkpoint|placement|tfexample)::' <<< "$exported" || true)
+internal=$(grep -E 'capstan::(wire|rpc|journal|checkpoint|placement|tfexample|tfevent)::' <<< "$exported" || true)
 [[ -z $internal ]] || fail "libcapstan.so exports internal symbols: $(head -5 <<< "$internal")"
 echo "libcapstan.so exports $count symbols, all in the public API"
 
