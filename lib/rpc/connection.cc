@@ -199,7 +199,7 @@ Status parse_host_port(const std::string& address, std::string* host, uint16_t* 
   if (size_t scheme = address.find("://"); scheme != std::string::npos) {
     return Status::InvalidArgument("address '" + address + "' is a URL; RPC addresses are host:port of the " +
                                    "daemon's RPC port (--port), without '" + address.substr(0, scheme + 3) +
-                                   "' (the http port serves only /healthz, /readyz and /metrics)");
+                                   "' (the http port serves the status page, /healthz, /readyz and /metrics)");
   }
   size_t colon = address.rfind(':');
   if (colon == std::string::npos || colon == 0 || colon + 1 == address.size()) {

@@ -46,7 +46,7 @@ class HttpSniffStream final : public ForwardingStream {
  private:
   [[noreturn]] void http_error() const {
     throw_status(Status::InvalidArgument(
-        address_ + " answers HTTP: that is a daemon's HTTP port (/healthz, /readyz, /metrics); give its "
+        address_ + " answers HTTP: that is a daemon's HTTP port (/, /healthz, /readyz, /metrics); give its "
                    "RPC port (--port; the rpc_port line of its --port-file)"));
   }
 

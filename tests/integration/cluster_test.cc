@@ -48,6 +48,23 @@ TEST_CASE("capstanctl health fails for an unreachable daemon", "[cluster]") {
   CHECK_THAT(r.output, Catch::Contains(ps.address()));
 }
 
+TEST_CASE("capstanctl pointed at a URL or an HTTP port says what it wants, without a stack trace", "[cluster]") {
+  TestCluster cluster;
+  Daemon& ps = cluster.start("ps-server");
+  const std::string url = "http://127.0.0.1:" + std::to_string(ps.http_port());
+  auto given_url = cluster.run("capstanctl", {"health", url});
+  CHECK(given_url.exit_code == 1);
+  CHECK_THAT(given_url.output, Catch::Contains("is a URL; RPC addresses are host:port"));
+  const std::string http_port = "127.0.0.1:" + std::to_string(ps.http_port());
+  auto given_http_port = cluster.run("capstanctl", {"--timeout-ms", "3000", "health", http_port});
+  CHECK(given_http_port.exit_code == 1);
+  CHECK_THAT(given_http_port.output, Catch::Contains(http_port + " answers HTTP"));
+  for (const auto* r : {&given_url, &given_http_port}) {
+    CHECK_THAT(r->output, !Catch::Contains("terminate called") && !Catch::Contains("what()") &&
+                              !Catch::Contains("stack trace"));
+  }
+}
+
 TEST_CASE("with a cluster token set, a client without it is refused", "[cluster][token]") {
   TestCluster cluster;
   const std::string token = "tok-3f9a1c";
