@@ -1,6 +1,7 @@
 #include "data/io/tfrecord.h"
 
 #include <algorithm>
+#include <bit>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -23,13 +24,15 @@ void encode_le64(uint64_t value, char* out) {
   for (int i = 0; i < 8; ++i) out[i] = static_cast<char>(value >> (8 * i));
 }
 uint32_t decode_le32(const char* in) {
-  uint32_t value = 0;
-  for (int i = 3; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(in[i]);
+  uint32_t value;
+  std::memcpy(&value, in, sizeof(value));
+  if constexpr (std::endian::native == std::endian::big) value = __builtin_bswap32(value);
   return value;
 }
 uint64_t decode_le64(const char* in) {
-  uint64_t value = 0;
-  for (int i = 7; i >= 0; --i) value = (value << 8) | static_cast<uint8_t>(in[i]);
+  uint64_t value;
+  std::memcpy(&value, in, sizeof(value));
+  if constexpr (std::endian::native == std::endian::big) value = __builtin_bswap64(value);
   return value;
 }
 
@@ -64,7 +67,7 @@ Result<std::optional<uint64_t>> TFRecordReader::read_header() {
   using namespace tfrecord;
   if (!status_.ok()) return status_;
   char header[kHeaderBytes];
-  auto got = read_fully(*stream_, header, kHeaderBytes);
+  auto got = read_bytes(header, kHeaderBytes);
   if (!got.ok()) return fail(got.status());
   if (*got == 0) return std::optional<uint64_t>();
   if (*got < kHeaderBytes) return truncated(kHeaderBytes - *got);
@@ -87,7 +90,7 @@ Result<std::optional<uint64_t>> TFRecordReader::read_header() {
 }
 
 Status TFRecordReader::read_data(char* out, uint64_t length) {
-  auto got = read_fully(*stream_, out, static_cast<size_t>(length));
+  auto got = read_bytes(out, static_cast<size_t>(length));
   if (!got.ok()) return fail(got.status());
   if (*got < length) return truncated(length - *got + tfrecord::kFooterBytes);
   return Status::Ok();
@@ -96,7 +99,7 @@ Status TFRecordReader::read_data(char* out, uint64_t length) {
 Status TFRecordReader::read_footer(const char* data, uint64_t length) {
   using namespace tfrecord;
   char footer[kFooterBytes];
-  auto got = read_fully(*stream_, footer, kFooterBytes);
+  auto got = read_bytes(footer, kFooterBytes);
   if (!got.ok()) return fail(got.status());
   if (*got < kFooterBytes) return truncated(kFooterBytes - *got);
   if (crc32c_unmask(decode_le32(footer)) != crc32c(data, static_cast<size_t>(length))) {
@@ -115,7 +118,7 @@ Status TFRecordReader::read_data_in_steps(std::string* record, uint64_t length) 
   while (done < length) {
     size_t step = static_cast<size_t>(std::min<uint64_t>(length - done, kDataStepBytes));
     record->resize(done + step);
-    auto got = read_fully(*stream_, record->data() + done, step);
+    auto got = read_bytes(record->data() + done, step);
     if (!got.ok()) return fail(got.status());
     done += *got;
     if (*got < step) {
@@ -133,7 +136,79 @@ Result<bool> TFRecordReader::read(std::string* record) {
   return true;
 }
 
+Result<size_t> TFRecordReader::read_bytes(void* out, size_t n) {
+  const size_t buffered = std::min(n, end_ - pos_);
+  if (buffered > 0) {
+    std::memcpy(out, chunk_.get() + pos_, buffered);
+    pos_ += buffered;
+  }
+  if (buffered == n) return n;
+  CAPSTAN_ASSIGN_OR_RETURN(size_t got, read_fully(*stream_, static_cast<char*>(out) + buffered, n - buffered));
+  return buffered + got;
+}
+
+Status TFRecordReader::fill_chunk(size_t n) {
+  const size_t left = end_ - pos_;
+  if (left >= n) return Status::Ok();
+  if (!chunk_ || chunk_.use_count() > 1) {
+    // Tensors still point into this chunk: the rest goes to the spare one
+    // if none points into that any more, else to a fresh one.
+    std::shared_ptr<std::byte[]> next;
+    if (spare_ && spare_.use_count() == 1) {
+      next = std::move(spare_);
+    } else {
+      next = std::make_shared_for_overwrite<std::byte[]>(kChunkBytes);
+    }
+    if (left > 0) std::memcpy(next.get() + kChunkLead, chunk_.get() + pos_, left);
+    spare_ = std::move(chunk_);
+    chunk_ = std::move(next);
+  } else if (left > 0) {
+    std::memmove(chunk_.get() + kChunkLead, chunk_.get() + pos_, left);
+  }
+  pos_ = kChunkLead;
+  end_ = kChunkLead + left;
+  auto got = read_fully(*stream_, chunk_.get() + end_, kChunkBytes - end_);
+  if (!got.ok()) return fail(got.status());
+  end_ += *got;
+  return Status::Ok();
+}
+
 Result<bool> TFRecordReader::read_tensor(Tensor* record) {
+  using namespace tfrecord;
+  if (!status_.ok()) return status_;
+  if (stream_->size().has_value()) {
+    // Plain file: parse the record in place when it fits a chunk.
+    CAPSTAN_RETURN_IF_ERROR(fill_chunk(kHeaderBytes));
+    if (end_ - pos_ >= kHeaderBytes) {
+      const char* header = reinterpret_cast<const char*>(chunk_.get() + pos_);
+      const uint64_t length = decode_le64(header);
+      if (crc32c_unmask(decode_le32(header + kLengthBytes)) == crc32c(header, kLengthBytes) &&
+          length + kRecordOverheadBytes <= kChunkBytes - kChunkLead) {
+        const size_t record_bytes = kRecordOverheadBytes + static_cast<size_t>(length);
+        CAPSTAN_RETURN_IF_ERROR(fill_chunk(record_bytes));
+        if (end_ - pos_ >= record_bytes) {
+          std::byte* data = chunk_.get() + pos_ + kHeaderBytes;
+          if (crc32c_unmask(decode_le32(reinterpret_cast<const char*>(data) + length)) !=
+              crc32c(reinterpret_cast<const char*>(data), static_cast<size_t>(length))) {
+            return corrupted("data checksum mismatch");
+          }
+          // A kString scalar is offsets {0, length}, then the bytes: the
+          // offsets go over this record's header and the previous record's
+          // footer (both checked and consumed), right before the data.
+          std::byte* start = data - 2 * sizeof(uint64_t);
+          const uint64_t offsets[2] = {0, length};
+          std::memcpy(start, offsets, sizeof(offsets));
+          pos_ += record_bytes;
+          offset_ += record_bytes;
+          CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, chunk_, start,
+                                                                2 * sizeof(uint64_t) + length));
+          return true;
+        }
+      }
+    }
+    // The end of the file, a damaged header, a truncated or an oversized
+    // record: the general path below says which (from the chunk's bytes).
+  }
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<uint64_t> length, read_header());
   if (!length) return false;
   // A stream of unknown size (GZIP) may promise more than it holds: a long

@@ -54,9 +54,14 @@ class TFRecordReader {
   // later call returns the same one.
   Result<bool> read(std::string* record);
 
-  // The same, into a kString scalar tensor whose one buffer is allocated
-  // once, at the record's size, and filled straight from the stream: no
-  // intermediate string (what the tf.data source uses).
+  // The same, into a kString scalar tensor (what the tf.data source uses).
+  // From a plain file, records are read 1-2 MiB at a time into a 2 MiB chunk
+  // and each tensor points into it (its string offsets written over the
+  // 16 bytes before the record's data, which hold the consumed header): no
+  // allocation or copy per record. A tensor keeps its chunk alive; the
+  // chunk is reused once no tensor holds it. Records that do not fit a
+  // chunk, and compressed streams, get a buffer of their own, filled
+  // straight from the stream.
   Result<bool> read_tensor(Tensor* record);
 
   // The offset, in the uncompressed stream, of the next record to read (of
@@ -76,6 +81,24 @@ class TFRecordReader {
   Status fail(Status status);
   Status corrupted(std::string_view why);
   Status truncated(uint64_t missing_bytes);
+  // Up to n bytes: first what the chunk holds, then from the stream.
+  Result<size_t> read_bytes(void* out, size_t n);
+  // Makes the chunk hold at least `n` bytes from pos_ (fewer only at the
+  // end of the stream): the rest moves to the front of a chunk no tensor
+  // holds (this one, or a fresh one), which is then filled.
+  Status fill_chunk(size_t n);
+
+  // Plain files (size known): records are parsed in place from chunk_.
+  // Twice the stream's own buffer, so that a refill (at least 1 MiB unless
+  // a long record is left over) bypasses that buffer: one copy, by read(2).
+  static constexpr size_t kChunkBytes = size_t{2} << 20;
+  static constexpr size_t kChunkLead = 16;  // room for the first record's offsets
+  std::shared_ptr<std::byte[]> chunk_;
+  // The chunk before: reused when no tensor holds it any more (the usual
+  // case while elements stream through), instead of a fresh allocation.
+  std::shared_ptr<std::byte[]> spare_;
+  size_t pos_ = 0;  // next unread byte in chunk_
+  size_t end_ = 0;  // end of the bytes read into chunk_
 
   std::unique_ptr<InputStream> stream_;
   const std::string name_;

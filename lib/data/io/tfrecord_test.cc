@@ -166,6 +166,49 @@ TEST_CASE("records written to a gzip file read back byte-identical") {
   CHECK(got == records);
 }
 
+TEST_CASE("read_tensor across 2 MiB chunks: records of every size, tensors kept or dropped, stay intact") {
+  TempDir dir;
+  std::string path = dir.file("chunks.tfrecord");
+  // Sizes around the chunk (2 MiB) and its edges, and many small records,
+  // so records straddle chunk boundaries at every phase.
+  std::vector<std::string> records;
+  const std::vector<size_t> sizes = {0,           1,          1000,           (2u << 20) - 40, (2u << 20) - 32,
+                                     (2u << 20) - 31, (1u << 20), (2u << 20) + 5, 5u << 20,        17};
+  uint32_t seed = 7;
+  for (int round = 0; round < 3; ++round) {
+    for (size_t size : sizes) {
+      std::string record(size, '\0');
+      for (char& c : record) c = static_cast<char>(seed = seed * 1103515245u + 12345u);
+      records.push_back(std::move(record));
+    }
+    for (int k = 0; k < 3000; ++k) records.push_back(std::string(static_cast<size_t>(k % 700), static_cast<char>('a' + k % 26)));
+  }
+  write_records(path, Compression::kNone, records);
+  auto reader = TFRecordReader::open(path, Compression::kNone);
+  REQUIRE(reader.ok());
+  std::vector<std::pair<size_t, Tensor>> kept;  // every 7th record, held to the end
+  size_t n = 0;
+  uint64_t offset = 0;
+  for (;; ++n) {
+    Tensor t;
+    auto more = (*reader)->read_tensor(&t);
+    REQUIRE(more.ok());
+    if (!*more) break;
+    REQUIRE(n < records.size());
+    REQUIRE(t.dtype() == DType::kString);
+    REQUIRE(t.string_at(0) == records[n]);
+    REQUIRE(t.validate().ok());
+    offset += tfrecord::kRecordOverheadBytes + records[n].size();
+    REQUIRE((*reader)->offset() == offset);
+    if (n % 7 == 0) kept.emplace_back(n, std::move(t));
+  }
+  CHECK(n == records.size());
+  for (const auto& [index, tensor] : kept) {
+    INFO("record " << index);
+    CHECK(tensor.string_at(0) == records[index]);
+  }
+}
+
 TEST_CASE("offset() is the uncompressed offset of the next record") {
   TempDir dir;
   for (auto compression : {Compression::kNone, Compression::kGzip}) {
