@@ -150,23 +150,10 @@ Result<size_t> TFRecordReader::read_bytes(void* out, size_t n) {
 Status TFRecordReader::fill_chunk(size_t n) {
   const size_t left = end_ - pos_;
   if (left >= n) return Status::Ok();
-  if (!chunk_ || chunk_.use_count() > 1) {
-    // Tensors still point into this chunk: the rest goes to the spare one
-    // if none points into that any more, else to a fresh one.
-    std::shared_ptr<std::byte[]> next;
-    if (spare_ && spare_.use_count() == 1) {
-      next = std::move(spare_);
-    } else {
-      next = std::make_shared_for_overwrite<std::byte[]>(kChunkBytes);
-    }
-    if (left > 0) std::memcpy(next.get() + kChunkLead, chunk_.get() + pos_, left);
-    spare_ = std::move(chunk_);
-    chunk_ = std::move(next);
-  } else if (left > 0) {
-    std::memmove(chunk_.get() + kChunkLead, chunk_.get() + pos_, left);
-  }
-  pos_ = kChunkLead;
-  end_ = kChunkLead + left;
+  if (!chunk_) chunk_ = std::make_unique_for_overwrite<std::byte[]>(kChunkBytes);
+  if (left > 0) std::memmove(chunk_.get(), chunk_.get() + pos_, left);
+  pos_ = 0;
+  end_ = left;
   auto got = read_fully(*stream_, chunk_.get() + end_, kChunkBytes - end_);
   if (!got.ok()) return fail(got.status());
   end_ += *got;
@@ -183,7 +170,7 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
       const char* header = reinterpret_cast<const char*>(chunk_.get() + pos_);
       const uint64_t length = decode_le64(header);
       if (crc32c_unmask(decode_le32(header + kLengthBytes)) == crc32c(header, kLengthBytes) &&
-          length + kRecordOverheadBytes <= kChunkBytes - kChunkLead) {
+          length + kRecordOverheadBytes <= kChunkBytes) {
         const size_t record_bytes = kRecordOverheadBytes + static_cast<size_t>(length);
         CAPSTAN_RETURN_IF_ERROR(fill_chunk(record_bytes));
         if (end_ - pos_ >= record_bytes) {
@@ -192,16 +179,19 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
               crc32c(reinterpret_cast<const char*>(data), static_cast<size_t>(length))) {
             return corrupted("data checksum mismatch");
           }
-          // A kString scalar is offsets {0, length}, then the bytes: the
-          // offsets go over this record's header and the previous record's
-          // footer (both checked and consumed), right before the data.
-          std::byte* start = data - 2 * sizeof(uint64_t);
+          // A kString scalar is offsets {0, length}, then the bytes, in a
+          // buffer of its own: a tensor that points into the chunk would
+          // keep the whole chunk alive (a shuffle buffer would hold many
+          // chunks for a few records each).
+          const size_t size = 2 * sizeof(uint64_t) + static_cast<size_t>(length);
+          auto buffer = std::make_shared_for_overwrite<std::byte[]>(size);
           const uint64_t offsets[2] = {0, length};
-          std::memcpy(start, offsets, sizeof(offsets));
+          std::memcpy(buffer.get(), offsets, sizeof(offsets));
+          std::memcpy(buffer.get() + sizeof(offsets), data, static_cast<size_t>(length));
           pos_ += record_bytes;
           offset_ += record_bytes;
-          CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, chunk_, start,
-                                                                2 * sizeof(uint64_t) + length));
+          std::byte* start = buffer.get();
+          CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, std::move(buffer), start, size));
           return true;
         }
       }

@@ -54,14 +54,13 @@ class TFRecordReader {
   // later call returns the same one.
   Result<bool> read(std::string* record);
 
-  // The same, into a kString scalar tensor (what the tf.data source uses).
-  // From a plain file, records are read 1-2 MiB at a time into a 2 MiB chunk
-  // and each tensor points into it (its string offsets written over the
-  // 16 bytes before the record's data, which hold the consumed header): no
-  // allocation or copy per record. A tensor keeps its chunk alive; the
-  // chunk is reused once no tensor holds it. Records that do not fit a
-  // chunk, and compressed streams, get a buffer of their own, filled
-  // straight from the stream.
+  // The same, into a kString scalar tensor (what the tf.data source uses),
+  // whose one buffer is allocated at the record's size. From a plain file,
+  // records are read 1-2 MiB at a time into a chunk and checked there, then
+  // copied once into their tensor (a tensor pointing into the chunk would
+  // keep all of it alive: a shuffle buffer would hold many chunks for a few
+  // records each). Records that do not fit a chunk, and compressed streams,
+  // are read straight from the stream into their tensor.
   Result<bool> read_tensor(Tensor* record);
 
   // The offset, in the uncompressed stream, of the next record to read (of
@@ -84,19 +83,14 @@ class TFRecordReader {
   // Up to n bytes: first what the chunk holds, then from the stream.
   Result<size_t> read_bytes(void* out, size_t n);
   // Makes the chunk hold at least `n` bytes from pos_ (fewer only at the
-  // end of the stream): the rest moves to the front of a chunk no tensor
-  // holds (this one, or a fresh one), which is then filled.
+  // end of the stream): the rest moves to its front, then it is filled.
   Status fill_chunk(size_t n);
 
   // Plain files (size known): records are parsed in place from chunk_.
   // Twice the stream's own buffer, so that a refill (at least 1 MiB unless
   // a long record is left over) bypasses that buffer: one copy, by read(2).
   static constexpr size_t kChunkBytes = size_t{2} << 20;
-  static constexpr size_t kChunkLead = 16;  // room for the first record's offsets
-  std::shared_ptr<std::byte[]> chunk_;
-  // The chunk before: reused when no tensor holds it any more (the usual
-  // case while elements stream through), instead of a fresh allocation.
-  std::shared_ptr<std::byte[]> spare_;
+  std::unique_ptr<std::byte[]> chunk_;
   size_t pos_ = 0;  // next unread byte in chunk_
   size_t end_ = 0;  // end of the bytes read into chunk_
 
