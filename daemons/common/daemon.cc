@@ -44,15 +44,21 @@ class RpcMetrics final : public rpc::RpcObserver {
         : owner_(owner),
           method_(std::move(method)),
           calls_(owner.registry_.counter("capstan_rpc_calls_total", "RPC calls received, by method.",
-                                         {{"method", method_}})),
-          duration_(owner.registry_.histogram("capstan_rpc_duration_seconds",
-                                              "Time from an RPC's arrival to its answer, by method.",
-                                              {{"method", method_}})) {}
+                                         {{"method", method_}})) {}
     void on_call() override {
       calls_->inc();
       owner_.calls_.fetch_add(1, std::memory_order_relaxed);
     }
-    void on_done(double seconds) override { duration_->observe(seconds); }
+    void on_done(double seconds) override {
+      // Made at the method's first answer: methods never called add no
+      // buckets to /metrics.
+      if (duration_ == nullptr) {
+        duration_ = owner_.registry_.histogram("capstan_rpc_duration_seconds",
+                                               "Time from an RPC's arrival to its answer, by method.",
+                                               {{"method", method_}});
+      }
+      duration_->observe(seconds);
+    }
     void on_error(const Status& status) override {
       Counter*& errors = errors_[status.code()];  // one lookup per method and code
       if (errors == nullptr) {
@@ -68,7 +74,7 @@ class RpcMetrics final : public rpc::RpcObserver {
     RpcMetrics& owner_;
     const std::string method_;
     Counter* const calls_;
-    Histogram* const duration_;
+    Histogram* duration_ = nullptr;  // loop thread only
     std::map<StatusCode, Counter*> errors_;  // loop thread only
   };
 
