@@ -150,6 +150,29 @@ inline Daemon start(const std::string& bin_dir, const std::string& program, std:
   return start(bin_dir, program, std::to_string(++started) + "-" + program, std::move(args));
 }
 
+// The machine-readable figures of this run, one line each,
+// "RESULT <workload> <value> <unit>": result() keeps one, print_results()
+// prints them after the human text (bench/compare reads these lines; the
+// TensorFlow peers in bench/peers print the same names for the same
+// workloads).
+inline std::vector<std::string>& results() {
+  static std::vector<std::string> lines;
+  return lines;
+}
+
+inline void result(const std::string& workload, double value, const char* unit) {
+  char text[64];
+  std::snprintf(text, sizeof(text), " %.6g ", value);
+  results().push_back("RESULT " + workload + text + unit);
+}
+
+inline void print_results() {
+  if (results().empty()) return;
+  std::printf("\n");
+  for (const auto& line : results()) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
+
 // Prints "WHAT: STATUS", stops the daemons and exits 1.
 [[noreturn]] inline void fail(const std::string& what, const Status& status) {
   std::fprintf(stderr, "%s: %s\n", what.c_str(), status.to_string().c_str());

@@ -2,6 +2,7 @@
 // the latency of one closure from schedule() to fetch().
 //
 //   closure_bench [--closures N] [--latency-samples N] [--module PATH]
+//                 [--configs 2x1,2x4,2x1d] [--no-breakdown]
 //
 // Starts a ps-server, a coordinator and 1 or 2 worker-servers (from the
 // directory of this binary, on free ports; the workers load the training test
@@ -21,7 +22,10 @@
 //   dispatch alone: N closures queued before the workers register, timed
 //   from the first closure's value to join() (with 2 workers the first to
 //   register starts alone).
-// Prints figures; never fails on them.
+// --configs runs only the listed rows (WORKERSxCLOSURES_PER_WORKER, "d" for
+// the durable one), --no-breakdown leaves the breakdown out. Besides the
+// tables, one RESULT line per figure (closures_per_s_2x1, schedule_fetch_p50_2x1,
+// ... in us; bench/compare reads them). Prints figures; never fails on them.
 #include <signal.h>
 #include <unistd.h>
 
@@ -192,6 +196,8 @@ int main(int argc, char** argv) {
   int closures = 20000;
   int samples = 2000;
   std::string module;
+  std::string only_configs;  // empty: every row
+  bool breakdown = true;
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--closures" && i + 1 < argc) {
@@ -200,8 +206,14 @@ int main(int argc, char** argv) {
       samples = std::stoi(argv[++i]);
     } else if (arg == "--module" && i + 1 < argc) {
       module = argv[++i];
+    } else if (arg == "--configs" && i + 1 < argc) {
+      only_configs = argv[++i];
+    } else if (arg == "--no-breakdown") {
+      breakdown = false;
     } else {
-      std::fprintf(stderr, "usage: closure_bench [--closures N] [--latency-samples N] [--module PATH]\n");
+      std::fprintf(stderr,
+                   "usage: closure_bench [--closures N] [--latency-samples N] [--module PATH] "
+                   "[--configs 2x1,2x4,2x1d] [--no-breakdown]\n");
       return 2;
     }
   }
@@ -227,6 +239,9 @@ int main(int argc, char** argv) {
   };
   std::vector<std::string> cpu_lines;
   for (Config c : {Config{1, 1}, Config{1, 4}, Config{2, 1}, Config{2, 4}, Config{2, 1, true}}) {
+    const std::string config =
+        std::to_string(c.workers) + "x" + std::to_string(c.per_worker) + (c.durable ? "d" : "");
+    if (!only_configs.empty() && ("," + only_configs + ",").find("," + config + ",") == std::string::npos) continue;
     Cluster cluster(setup, c.workers, c.per_worker, c.durable);
     // Warm up the paths (placements, worker pools).
     throughput(cluster.client(), 200);
@@ -243,11 +258,18 @@ int main(int argc, char** argv) {
     std::printf("%-8d %-12s %-15s %-26s %-10d %-16s %-16s\n", c.workers,
                 (std::to_string(c.per_worker) + (c.durable ? " durable" : "")).c_str(), rate, split, closures, p50, p99);
     std::fflush(stdout);
+    bench::result("closures_per_s_" + config, closures / (t.schedule_s + t.join_s), "closures/s");
+    bench::result("schedule_fetch_p50_" + config, l.p50_us, "us");
+    bench::result("schedule_fetch_p99_" + config, l.p99_us, "us");
   }
 
   std::printf("\nCPU per closure during the throughput runs (us, from /proc/<pid>/stat; 10 ms ticks):\n");
   for (const auto& line : cpu_lines) std::printf("  %s\n", line.c_str());
 
+  if (!breakdown) {
+    bench::print_results();
+    return 0;
+  }
   std::printf("\nbreakdown (where the time of one closure goes):\n");
   {
     Cluster cluster(setup, 0, 1);
@@ -324,5 +346,6 @@ int main(int argc, char** argv) {
   }
   std::printf("\nclosures/s = N / (time of N schedule() calls + join()); latency = schedule() + fetch() of one "
               "closure at a time.\nlogs: %s\n", bench::run_dir().c_str());
+  bench::print_results();
   return 0;
 }

@@ -1,7 +1,7 @@
 // data_service_bench: elements/s and MB/s that ONE consumer reads through the
 // tf.data service, next to the same pipeline run in-process.
 //
-//   data_service_bench [--small N] [--large M] [--per-request-samples N]
+//   data_service_bench [--small N] [--large M] [--per-request-samples N] [--workers 1,2]
 //
 // Starts a data-dispatcher and 1 or 2 data-workers (from the directory of
 // this binary, on free ports) and stops them at the end. Pipelines (built-ins
@@ -22,12 +22,15 @@
 // from another thread, recv() into a fresh tensor each). 1 MiB elements go
 // 16 to a reply whatever max_elements_per_request says (the reader asks for
 // at most 16 MiB per reply).
-// --small 0 or --large 0 leaves those cases out.
+// --small 0 or --large 0 leaves those cases out; --workers picks the
+// service's sizes (1 and/or 2 data workers).
 //
 // Then a breakdown of where the time goes: the getElements round trip
 // (max_elements_per_request 1), and the CPU each process spends per element
 // (/proc/<pid>/stat, user + system; 10 ms ticks).
-// Prints figures; never fails on them.
+// Besides the tables, one RESULT line per figure (data_service_100b_1w in
+// elements/s with max/req 64, data_service_1mib_1w in GB/s, ...;
+// bench/compare reads them). Prints figures; never fails on them.
 #include <arpa/inet.h>
 #include <netinet/in.h>
 #include <signal.h>
@@ -282,6 +285,7 @@ int main(int argc, char** argv) {
   int64_t small = 1000000;   // 100-byte elements per worker
   int64_t large = 2000;      // 1 MiB elements per worker
   int64_t rtt_samples = 20000;
+  std::vector<int> worker_counts = {1, 2};
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--small" && i + 1 < argc) {
@@ -290,8 +294,18 @@ int main(int argc, char** argv) {
       large = std::stoll(argv[++i]);
     } else if (arg == "--per-request-samples" && i + 1 < argc) {
       rtt_samples = std::stoll(argv[++i]);
+    } else if (arg == "--workers" && i + 1 < argc) {
+      worker_counts.clear();
+      std::string list = argv[++i];
+      for (size_t pos = 0; pos < list.size();) {
+        size_t comma = std::min(list.find(',', pos), list.size());
+        int n = std::stoi(list.substr(pos, comma - pos));
+        if (n > 0) worker_counts.push_back(n);
+        pos = comma + 1;
+      }
     } else {
-      std::fprintf(stderr, "usage: data_service_bench [--small N] [--large M] [--per-request-samples N]\n");
+      std::fprintf(stderr,
+                   "usage: data_service_bench [--small N] [--large M] [--per-request-samples N] [--workers 1,2]\n");
       return 2;
     }
   }
@@ -308,6 +322,7 @@ int main(int argc, char** argv) {
   if (small > 0) {
     local_small = drain(small_pipeline(small));
     print_row({"100 B", "local", 0, 0, local_small, 0, 0});
+    bench::result("data_local_100b", local_small.per_s(), "elements/s");
   }
   if (large > 0) {
     local_large = drain(large_pipeline(large));
@@ -316,11 +331,14 @@ int main(int argc, char** argv) {
     print_row({"1 MiB", "local+copy", 0, 0, local_large_copy, 0, 0});
     raw_tcp = loopback_tcp(large);
     print_row({"1 MiB", "raw TCP", 0, 0, raw_tcp, 0, 0});
+    bench::result("data_local_1mib", local_large.mb_per_s() / 1e3, "GB/s");
+    bench::result("data_local_copy_1mib", local_large_copy.mb_per_s() / 1e3, "GB/s");
+    bench::result("loopback_tcp_1mib", raw_tcp.mb_per_s() / 1e3, "GB/s");
   }
 
   std::vector<std::string> cpu_lines;
   std::string rtt_line;
-  for (int workers : {1, 2}) {
+  for (int workers : worker_counts) {
     Service svc(bin_dir, workers);
     for (int per_request : {64, 256}) {
       if (small <= 0) break;
@@ -331,6 +349,9 @@ int main(int argc, char** argv) {
       Row row{"100 B", "service", workers, per_request,
               drain(service::from_dataset_id(svc.address(), *small_id, options)), local_small.per_s(), 0};
       print_row(row);
+      bench::result("data_service_100b_" + std::to_string(workers) + "w" +
+                        (per_request == 64 ? std::string() : "_req" + std::to_string(per_request)),
+                    row.run.per_s(), "elements/s");
       cpu_lines.push_back("100 B, " + std::to_string(workers) + " worker(s), max/req " + std::to_string(per_request) +
                           ": " + row.run.cpu);
       if (row.run.total != small * workers) {
@@ -345,6 +366,7 @@ int main(int argc, char** argv) {
               drain(service::from_dataset_id(svc.address(), *large_id, options)), local_large.per_s(),
               local_large_copy.per_s(), raw_tcp.per_s()};
       print_row(row);
+      bench::result("data_service_1mib_" + std::to_string(workers) + "w", row.run.mb_per_s() / 1e3, "GB/s");
       cpu_lines.push_back("1 MiB, " + std::to_string(workers) + " worker(s): " + row.run.cpu);
       if (row.run.total != large * workers) {
         std::printf("  (expected %lld elements)\n", static_cast<long long>(large * workers));
@@ -363,6 +385,7 @@ int main(int argc, char** argv) {
                     "getElements with max_elements_per_request 1, 1 worker: %.0f requests/s (%.1f us per request)",
                     r.per_s(), 1e6 / r.per_s());
       rtt_line = text;
+      bench::result("data_service_requests_per_s_1w", r.per_s(), "requests/s");
       cpu_lines.push_back("100 B, 1 worker, max/req 1: " + r.cpu);
     }
   }
@@ -375,5 +398,6 @@ int main(int argc, char** argv) {
               "elements/s over local elements/s;\nsvc/l+copy: over local with one copy of every element; svc/TCP: over "
               "raw loopback TCP.\nlogs: %s\n",
               bench::run_dir().c_str());
+  bench::print_results();
   return 0;
 }

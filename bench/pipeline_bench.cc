@@ -1,12 +1,15 @@
 // pipeline_bench: throughput of the tf.data engine.
 //
 //   pipeline_bench [--records N] [--map-elements N] [--dir DIR]
-//                  [--only tfrecord|map|shuffle|parse_example]
+//                  [--only tfrecord|map|shuffle|parse_example[,...]]
 //
 // Prints elements/s and MB/s for: reading a TFRecord file (next to a raw
 // read() of the same file), a CPU-heavy map with num_parallel_calls 1, 2 and
 // AUTOTUNE, shuffle+batch+prefetch of small elements, and parse_example
-// (wire parser and protobuf reference). Figures, not pass/fail.
+// (wire parser and protobuf reference). Figures, not pass/fail. Besides the
+// human text, one RESULT line per figure (tfrecord_read_1000b in GB/s of
+// record bytes, shuffle10000_batch256 in elements/s, parse_example_256 in
+// examples/s, ...; bench/compare reads them).
 #include <fcntl.h>
 #include <unistd.h>
 
@@ -91,7 +94,9 @@ int main(int argc, char **argv) {
   }
   std::printf("pipeline_bench on %u cores\n\n", std::thread::hardware_concurrency());
 
-  auto wanted = [&only](const char *section) { return only.empty() || only == section; };
+  auto wanted = [&only](const char *section) {
+    return only.empty() || ("," + only + ",").find("," + std::string(section) + ",") != std::string::npos;
+  };
 
   // 1. TFRecord read vs raw read of the same file.
   if (wanted("tfrecord")) {
@@ -132,10 +137,15 @@ int main(int argc, char **argv) {
     }
     std::printf("%-44s %12s %9.1f MB/s  (%lld bytes, %.2f s)\n", "raw read() of the same file, 1 MiB buffer", "",
                 raw_bytes / raw_seconds / 1e6, static_cast<long long>(raw_bytes), raw_seconds);
+    capstan::bench::result("tfrecord_raw_read", raw_bytes / raw_seconds / 1e9, "GB/s");
     {
       auto start = Clock::now();
       Count c = drain(Dataset::tfrecord_dataset({file}).repeat(5), nullptr);
-      report("tfrecord_dataset (1000-byte records)", c, seconds_since(start));
+      double s = seconds_since(start);
+      report("tfrecord_dataset (1000-byte records)", c, s);
+      // GB/s of record bytes (1000 a record; byte_size also counts the
+      // string tensor's offsets).
+      capstan::bench::result("tfrecord_read_1000b", c.elements * 1000.0 / s / 1e9, "GB/s");
     }
     std::filesystem::remove(file);
     std::printf("\n");
@@ -151,7 +161,10 @@ int main(int argc, char **argv) {
       Count c = drain(ds, &fns);
       std::string what = "map(cpu_heavy), num_parallel_calls=" +
                          (parallel == capstan::data::kAutotune ? std::string("AUTOTUNE") : std::to_string(parallel));
-      report(what.c_str(), c, seconds_since(start));
+      double s = seconds_since(start);
+      report(what.c_str(), c, s);
+      std::string tag = parallel == capstan::data::kAutotune ? std::string("autotune") : std::to_string(parallel);
+      capstan::bench::result("map_cpu_heavy_" + tag, c.elements / s, "elements/s");
     }
     std::printf("\n");
   }
@@ -165,6 +178,7 @@ int main(int argc, char **argv) {
     double s = seconds_since(start);
     c.elements = n;  // report input elements per second
     report("range.shuffle(10000).batch(256).prefetch", c, s);
+    capstan::bench::result("shuffle10000_batch256", c.elements / s, "elements/s");
     std::printf("\n");
   }
 
@@ -222,6 +236,9 @@ int main(int argc, char **argv) {
     std::printf("  %-42s %12.0f examples/s\n", "wire parser (parse_example)", median(wire));
     std::printf("  %-42s %12.0f examples/s\n", "protobuf reference (parse_example_reference)", median(reference));
     std::printf("  %-42s %12.2fx\n", "wire / reference", median(wire) / median(reference));
+    capstan::bench::result("parse_example_256", median(wire), "examples/s");
+    capstan::bench::result("parse_example_256_reference", median(reference), "examples/s");
   }
+  capstan::bench::print_results();
   return 0;
 }

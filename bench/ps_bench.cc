@@ -1,6 +1,6 @@
 // ps_bench: parameter-server variable throughput over loopback.
 //
-//   ps_bench [--rows N] [--batches N] [--quick]
+//   ps_bench [--rows N] [--batches N] [--quick] [--ps 1,2] [--mib 1,16,64]
 //
 // Starts the ps-server(s) and the coordinator that sit next to it (build/bin)
 // on free ports and stops them at the end. Through a ClusterCoordinator it
@@ -14,6 +14,10 @@
 // and, on two parameter servers, the sparse gather of an embedding table of
 // 64-float rows (default 1M rows = 256 MB) in batches of 10k random ids
 // (VariableRouter::gather, what ClosureContext::gather does).
+// --ps picks the clusters (1 and/or 2 parameter servers), --mib the dense
+// sizes (0: none), --rows 0 leaves the gather out. Besides the tables, one
+// RESULT line per figure (ps_pull_64mib_1ps in GB/s, ps_gather_10k_2ps in
+// rows/s, ...; bench/compare reads them).
 // Prints figures; never fails on them.
 #include <signal.h>
 
@@ -164,6 +168,10 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     std::printf("%4zu MiB %-6d %-7s %-22s %-22s %-22s\n", c.mib, c.reps, placed.c_str(),
                 rate_text(bytes, pull).c_str(), rate_text(bytes, assign).c_str(), rate_text(bytes, apply).c_str());
     std::fflush(stdout);
+    const std::string tag = std::to_string(c.mib) + "mib_" + std::to_string(num_ps) + "ps";
+    bench::result("ps_pull_" + tag, bytes / pull / 1e9, "GB/s");
+    bench::result("ps_assign_" + tag, bytes / assign / 1e9, "GB/s");
+    bench::result("ps_apply_" + tag, bytes / apply / 1e9, "GB/s");
   }
 
   if (with_gather) {
@@ -212,6 +220,9 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
                 batches, static_cast<long long>(batch), batches * batch / total,
                 batches * batch * dim * 4.0 / total / 1e9, latencies[latencies.size() / 2],
                 latencies[std::min(latencies.size() - 1, latencies.size() * 99 / 100)]);
+    const std::string tag = "ps_gather_10k_" + std::to_string(num_ps) + "ps";
+    bench::result(tag, batches * batch / total, "rows/s");
+    bench::result(tag + "_p50", latencies[latencies.size() / 2], "ms");
   }
   std::fflush(stdout);
   router_owner.reset();
@@ -225,6 +236,20 @@ int main(int argc, char** argv) {
   int64_t emb_rows = 1000000;
   int batches = 200;
   bool quick = false;
+  std::vector<int> ps_counts = {1, 2};
+  std::vector<size_t> sizes = {1, 16, 64};
+  auto numbers = [](const std::string& list) {
+    std::vector<size_t> out;
+    size_t pos = 0;
+    while (pos < list.size()) {
+      size_t comma = list.find(',', pos);
+      if (comma == std::string::npos) comma = list.size();
+      size_t n = std::stoul(list.substr(pos, comma - pos));
+      if (n > 0) out.push_back(n);
+      pos = comma + 1;
+    }
+    return out;
+  };
   for (int i = 1; i < argc; ++i) {
     std::string arg = argv[i];
     if (arg == "--rows" && i + 1 < argc) {
@@ -233,20 +258,32 @@ int main(int argc, char** argv) {
       batches = std::stoi(argv[++i]);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--ps" && i + 1 < argc) {
+      ps_counts.clear();
+      for (size_t n : numbers(argv[++i])) ps_counts.push_back(static_cast<int>(n));
+    } else if (arg == "--mib" && i + 1 < argc) {
+      sizes = numbers(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: ps_bench [--rows N] [--batches N] [--quick]\n");
+      std::fprintf(stderr, "usage: ps_bench [--rows N] [--batches N] [--quick] [--ps 1,2] [--mib 1,16,64]\n");
       return 2;
     }
   }
   signal(SIGPIPE, SIG_IGN);
   const std::string bin_dir = bench::bin_dir();
-  std::vector<DenseCase> cases = quick ? std::vector<DenseCase>{{1, 10}, {16, 3}, {64, 2}}
-                                       : std::vector<DenseCase>{{1, 100}, {16, 20}, {64, 8}};
+  std::vector<DenseCase> cases;
+  for (size_t mib : sizes) {
+    int reps = mib <= 1 ? 100 : mib <= 16 ? 20 : 8;
+    if (quick) reps = mib <= 1 ? 10 : mib <= 16 ? 3 : 2;
+    cases.push_back({mib, reps});
+  }
   std::printf("ps_bench: dense float32 variables and sparse gather over loopback (%u cores)\n",
               std::thread::hardware_concurrency());
-  dense(bin_dir, 1, cases, /*with_gather=*/false, 0, 0);
-  dense(bin_dir, 2, cases, /*with_gather=*/true, emb_rows, batches);
+  for (int num_ps : ps_counts) {
+    // The gather runs on the cluster of 2 (or more) parameter servers.
+    dense(bin_dir, num_ps, cases, /*with_gather=*/num_ps > 1 && emb_rows > 0, emb_rows, batches);
+  }
   std::printf("\nGB/s = variable bytes / time per call; pull includes concatenating the shards; "
               "apply = SGD on the parameter servers.\nlogs: %s\n", bench::run_dir().c_str());
+  bench::print_results();
   return 0;
 }

@@ -3,16 +3,19 @@
 Batches of 256 tf.train.Examples, each 4 int64 scalars ("i0".."i3") and a
 float[16] ("f"), parsed with tf.io.parse_example inside a tf.function (no
 Python per Example), one thread for the op as Capstan's bench uses (--threads 0: TF's default); prints
-the median examples/s of several passes over 100 batches.
+the median examples/s of several passes over 100 batches (and the line
+`RESULT parse_example_256 <examples/s> examples/s` for bench/compare).
 
     bench/peers/venv.sh                       # once: TensorFlow from PyPI
     bench/peers/.venv/bin/python bench/peers/parse_example.py [--passes 5]
 """
 import argparse
+import os
 import statistics
 import time
 
-import tensorflow as tf
+os.environ.setdefault("TF_CPP_MIN_LOG_LEVEL", "3")
+import tensorflow as tf  # noqa: E402
 
 BATCHES, BATCH = 100, 256
 
@@ -62,6 +65,8 @@ def main():
         rates.append(BATCHES * BATCH / (time.perf_counter() - start))
     print(f"tensorflow {tf.__version__} tf.io.parse_example, {BATCH} x (4 int64 + float[16]), "
           f"{example_bytes} bytes each, {args.threads or 'default'} thread(s), median of {args.passes}: {statistics.median(rates):.0f} examples/s")
+    # The machine-readable line bench/compare reads (pipeline_bench prints the same name).
+    print(f"RESULT parse_example_256 {statistics.median(rates):.6g} examples/s")
 
 
 if __name__ == "__main__":
