@@ -594,7 +594,7 @@ TEST_CASE("advertise_address: HOST takes the bound port, HOST:PORT is kept, a ba
   CHECK(advertise_address("[fd00::7]", 7100).value() == "[fd00::7]:7100");
   CHECK(advertise_address("[fd00::7]:9", 7100).value() == "[fd00::7]:9");
   for (const std::string bad : {"host:0", "host:99999", "host:x", "host:", ":7100", "a b", "http://x", "x:y:z",
-                                "[fd00::7"}) {
+                                "[fd00::7", "[foo]", "[10.0.0.1]:80", "foo]"}) {
     auto result = advertise_address(bad, 7100);
     INFO(bad);
     REQUIRE_FALSE(result.ok());

@@ -308,7 +308,8 @@ Result<std::string> advertise_address(const std::string& value, int bound_port) 
     }
   }
   if (host.empty() || host == "[]") return bad("has no host");
-  if (host.find(':') != std::string::npos) {  // only an IPv6 literal has colons
+  if (bracketed || host.find_first_of("[]") != std::string::npos || host.find(':') != std::string::npos) {
+    // Only an IPv6 literal has colons or brackets.
     const std::string literal = bracketed ? host.substr(1, host.size() - 2) : host;
     in6_addr parsed;
     if ((bracketed && host.back() != ']') || ::inet_pton(AF_INET6, literal.c_str(), &parsed) != 1) {
@@ -640,6 +641,12 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   server_options.link_timeout = std::chrono::milliseconds(link_timeout_ms);
   server_options.name = job + "-rpc";
   rpc::RpcServer server(server_options, &rpc_metrics);
+  // Whatever the way out, the status board stops before the server (and the
+  // service its functions reference) goes.
+  struct StopBoard {
+    StatusBoard& board;
+    ~StopBoard() { board.stop(); }
+  } stop_board{status};
   context.loop = &server.loop();
   rpc::RpcServer::StartFailure failure;
   auto bound = server.start([&spec, &context](rpc::CallTracker& tracker) {
@@ -693,6 +700,7 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
       log->error("cannot write port file '{}': {}", config.get_string("port_file"), written.to_string());
       status.stop();
       server.stop(std::chrono::milliseconds(0));
+      http.stop();  // its handlers read locals that go before it
       return 2;
     }
   }

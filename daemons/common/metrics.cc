@@ -243,10 +243,14 @@ Histogram* MetricsRegistry::histogram(std::string_view name, std::string_view he
   }
   MutexLock lock(mutex_);
   Family& f = family(name, help, Kind::kHistogram);
-  if (f.histograms.empty() && f.bounds.empty()) f.bounds = bounds;
-  std::unique_ptr<Histogram>& series = f.histograms[std::move(labels)];
-  if (!series) series = std::make_unique<Histogram>(f.bounds);
-  return series.get();
+  auto it = f.histograms.find(labels);
+  if (it != f.histograms.end()) return it->second.get();
+  // Built (and its bounds checked) before anything is stored.
+  auto made = std::make_unique<Histogram>(f.bounds.empty() ? bounds : f.bounds);
+  if (f.bounds.empty()) f.bounds = bounds;
+  Histogram* series = made.get();
+  f.histograms.emplace(std::move(labels), std::move(made));
+  return series;
 }
 
 void MetricsRegistry::callback_gauge(std::string_view name,

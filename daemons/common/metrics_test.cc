@@ -57,6 +57,9 @@ TEST_CASE("A histogram renders cumulative buckets with le, the sum and the count
         "capstan_x_seconds_count{method=\"Ps.pull\"} 6\n");
   CHECK_THROWS_AS(registry.histogram("capstan_y", "h", {{"le", "1"}}), std::invalid_argument);
   CHECK_THROWS_AS(Histogram({0.1, 0.01}), std::invalid_argument);
+  // Bad bounds leave nothing behind: /metrics still renders.
+  CHECK_THROWS_AS(registry.histogram("capstan_z_seconds", "z", {}, {2, 1}), std::invalid_argument);
+  CHECK_NOTHROW(registry.render());
   CHECK_THROWS_AS(registry.counter("capstan_x_seconds", "c"), std::logic_error);
 }
 

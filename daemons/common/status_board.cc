@@ -193,7 +193,12 @@ void StatusBoard::start() {
   if (sampler_.joinable() || stopping_) return;
   sampler_ = std::thread([this] {
     for (;;) {
-      sample();
+      try {
+        sample();
+      } catch (...) {
+        // A sample that failed as a whole (out of memory) is skipped; the
+        // page shows the one before.
+      }
       MutexLock lock(mutex_);
       if (!stopping_) wake_.wait_for(mutex_, every_);
       if (stopping_) return;
@@ -209,7 +214,6 @@ void StatusBoard::stop() {
   }
   if (sampler_.joinable()) sampler_.join();
   MutexLock lock(mutex_);
-  while (busy_ > 0) wake_.wait(mutex_);  // a json() still running the service's functions
   plots_.clear();
   series_.clear();
   computed_facts_.clear();
@@ -218,11 +222,21 @@ void StatusBoard::stop() {
 
 void StatusBoard::sample() {
   std::vector<std::shared_ptr<Sampled>> plots;
+  std::vector<std::pair<std::string, std::function<std::string()>>> computed;
+  std::vector<std::function<std::vector<Series>()>> series;
+  std::function<std::vector<Table>()> tables;
   {
     MutexLock lock(mutex_);
     plots = plots_;
+    computed = computed_facts_;
+    series = series_;
+    tables = tables_;
   }
+  // The service's functions run unlocked: they may take the time a trip to
+  // the daemon's event loop takes, and json() does not wait for them.
   const double now = unix_now();
+  const auto steady_now = std::chrono::steady_clock::now();
+  const size_t max_points = static_cast<size_t>(history_s_ * 1000.0 / static_cast<double>(every_.count())) + 10;
   for (const auto& p : plots) {
     double v;
     try {
@@ -233,48 +247,21 @@ void StatusBoard::sample() {
     double shown = v;
     if (p->kind == Plot::kRate) {
       const bool first = !p->primed;
-      const double dt = now - p->last_at;
+      const double dt = std::chrono::duration<double>(steady_now - p->last_at).count();
       shown = first || dt <= 0 ? NAN : (v - p->last) / dt;
       p->primed = true;
       p->last = v;
-      p->last_at = now;
+      p->last_at = steady_now;
       if (std::isnan(shown)) continue;
     }
     MutexLock lock(mutex_);
     p->points.emplace_back(now, shown);
-    while (!p->points.empty() && p->points.front().first < now - history_s_) p->points.pop_front();
+    // By time, and by count should the wall clock step back.
+    while (!p->points.empty() && (p->points.front().first < now - history_s_ || p->points.size() > max_points)) {
+      p->points.pop_front();
+    }
   }
-}
-
-std::string StatusBoard::json() const {
   std::vector<std::pair<std::string, std::string>> facts;
-  std::vector<std::pair<std::string, std::function<std::string()>>> computed;
-  std::vector<std::function<std::vector<Series>()>> series;
-  std::function<std::vector<Table>()> tables;
-  nlohmann::json plots = nlohmann::json::array();
-  {
-    MutexLock lock(mutex_);
-    ++busy_;
-    facts = facts_;
-    computed = computed_facts_;
-    series = series_;
-    tables = tables_;
-    for (const auto& p : plots_) {
-      nlohmann::json points = nlohmann::json::array();
-      for (const auto& [t, v] : p->points) points.push_back({t, std::isfinite(v) ? v : 0.0});
-      plots.push_back({{"title", p->title}, {"points", std::move(points)}});
-    }
-  }
-  // The service's functions run unlocked (they may take the time a trip to
-  // the daemon's event loop takes); stop() waits for them.
-  struct Done {
-    const StatusBoard* board;
-    ~Done() {
-      MutexLock lock(board->mutex_);
-      --board->busy_;
-      board->wake_.notify_all();
-    }
-  } done{this};
   for (auto& [name, read] : computed) {
     try {
       facts.emplace_back(name, read());
@@ -282,22 +269,47 @@ std::string StatusBoard::json() const {
       facts.emplace_back(name, std::string("unknown (") + e.what() + ")");
     }
   }
+  std::vector<Series> read_series;
   for (const auto& read : series) {
-    for (const Series& s : read()) {
-      nlohmann::json points = nlohmann::json::array();
-      for (const auto& [t, v] : s.points) points.push_back({t, std::isfinite(v) ? v : 0.0});
-      plots.push_back({{"title", s.title}, {"points", std::move(points)}});
+    try {
+      for (Series& s : read()) read_series.push_back(std::move(s));
+    } catch (...) {
     }
   }
+  std::vector<Table> built;
+  if (tables) {
+    try {
+      built = tables();
+    } catch (...) {  // e.g. the event loop stopping (a kj::Exception)
+      Table unavailable;
+      unavailable.title = "Tables unavailable";
+      unavailable.note = "reading the daemon's state failed (is it shutting down?)";
+      built.push_back(std::move(unavailable));
+    }
+  }
+  MutexLock lock(mutex_);
+  sampled_facts_ = std::move(facts);
+  sampled_series_ = std::move(read_series);
+  sampled_tables_ = std::move(built);
+}
+
+std::string StatusBoard::json() const {
   nlohmann::json out;
   out["facts"] = nlohmann::json::array();
-  for (const auto& [name, value] : facts) out["facts"].push_back({name, value});
-  out["plots"] = std::move(plots);
+  out["plots"] = nlohmann::json::array();
   out["tables"] = nlohmann::json::array();
-  if (tables) {
-    for (const Table& t : tables()) {
-      out["tables"].push_back({{"title", t.title}, {"columns", t.columns}, {"rows", t.rows}, {"note", t.note}});
-    }
+  auto points_of = [](const auto& points) {
+    nlohmann::json out = nlohmann::json::array();
+    for (const auto& [t, v] : points) out.push_back({t, std::isfinite(v) ? v : 0.0});
+    return out;
+  };
+  MutexLock lock(mutex_);
+  for (const auto& [name, value] : facts_) out["facts"].push_back({name, value});
+  for (const auto& [name, value] : sampled_facts_) out["facts"].push_back({name, value});
+  for (const auto& p : plots_) out["plots"].push_back({{"title", p->title}, {"points", points_of(p->points)}});
+  for (const Series& s : sampled_series_) out["plots"].push_back({{"title", s.title}, {"points", points_of(s.points)}});
+  for (const Table& t : sampled_tables_) {
+    out["tables"].push_back({{"title", t.title}, {"columns", t.columns}, {"rows", t.rows}, {"note", t.note}});
   }
   return out.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace);
 }

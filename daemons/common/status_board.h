@@ -7,16 +7,18 @@
 //          minutes: a level (a gauge's value) or a rate (a counter's change
 //          per second), or points the service records itself (a program's
 //          reported loss).
-//   table  rows the service lists when the page asks (members and their
-//          health, variables and their placement, jobs), built at that time.
+//   table  rows the service lists (members and their health, variables and
+//          their placement, jobs), rebuilt at each sample.
 //
 // Example (in a service's constructor):
 //   ctx.status.plot("closures/s", StatusBoard::Plot::kRate, stat_reader(stats, &Stats::done));
 //   ctx.status.tables([this] { return status_tables(); });   // any thread
 //
 // Thread-safety: every method may be called from any thread. Functions given
-// to it run on the sampler thread (plots) or the HTTP thread (tables, series)
-// and must be thread-safe; they are dropped by stop(), after which none runs.
+// to it run on the sampler thread only (from start() to stop()), so a page
+// request never waits for a service (the HTTP thread also answers /healthz)
+// and never runs one before start() or after stop(); json() returns what the
+// last sample saw. They must be thread-safe; stop() drops them.
 #pragma once
 
 #include <chrono>
@@ -55,23 +57,21 @@ class StatusBoard {
 
   // The page's heading: role, version, address and the like, in order.
   void set_facts(std::vector<std::pair<std::string, std::string>> facts) LOCKS_EXCLUDED(mutex_);
-  // A fact computed when the page asks (e.g. readiness).
+  // A fact computed at each sample (e.g. readiness).
   void fact(std::string name, std::function<std::string()> read) LOCKS_EXCLUDED(mutex_);
   // A sampled plot; `read` returns the gauge or counter value.
   void plot(std::string title, Plot kind, std::function<double()> read) LOCKS_EXCLUDED(mutex_);
-  // Plots whose points the service keeps itself (called when the page asks).
+  // Plots whose points the service keeps itself (read at each sample).
   void series(std::function<std::vector<Series>()> read) LOCKS_EXCLUDED(mutex_);
-  // The tables, built when the page asks. Replaces an earlier function.
+  // The tables, built at each sample. Replaces an earlier function.
   void tables(std::function<std::vector<Table>()> build) LOCKS_EXCLUDED(mutex_);
 
-  // Starts the sampler thread; idempotent.
+  // Starts the sampler thread (its first sample at once); idempotent. Call
+  // once the service is up.
   void start() LOCKS_EXCLUDED(mutex_);
   // Joins the sampler and drops every function given: call before what they
   // reference goes away. Idempotent.
   void stop() LOCKS_EXCLUDED(mutex_);
-
-  // Takes one sample of every plot now (the sampler thread's step; tests).
-  void sample() LOCKS_EXCLUDED(mutex_);
 
   // {"facts": [[name, value]...], "plots": [{"title", "points": [[t, v]...]}...],
   //  "tables": [{"title", "columns", "rows", "note"}...]}
@@ -81,12 +81,15 @@ class StatusBoard {
   static const std::string& page();
 
  private:
+  // One sample: plots, facts, series and tables (the sampler thread's step).
+  void sample() LOCKS_EXCLUDED(mutex_);
+
   struct Sampled {
     std::string title;
     Plot kind;
     std::function<double()> read;
     double last = 0;  // kRate: the previous reading
-    double last_at = 0;
+    std::chrono::steady_clock::time_point last_at;
     bool primed = false;
     std::deque<std::pair<double, double>> points;
   };
@@ -99,9 +102,12 @@ class StatusBoard {
   std::vector<std::shared_ptr<Sampled>> plots_ GUARDED_BY(mutex_);
   std::vector<std::function<std::vector<Series>()>> series_ GUARDED_BY(mutex_);
   std::function<std::vector<Table>()> tables_ GUARDED_BY(mutex_);
+  // What the last sample read (json() serves these).
+  std::vector<std::pair<std::string, std::string>> sampled_facts_ GUARDED_BY(mutex_);
+  std::vector<Series> sampled_series_ GUARDED_BY(mutex_);
+  std::vector<Table> sampled_tables_ GUARDED_BY(mutex_);
   bool stopping_ GUARDED_BY(mutex_) = false;
-  mutable int busy_ GUARDED_BY(mutex_) = 0;  // json() calls running the functions
-  mutable CondVar wake_;
+  CondVar wake_;
   std::thread sampler_;  // started by start(), joined by stop(); owning thread only
 };
 

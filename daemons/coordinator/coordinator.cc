@@ -447,24 +447,31 @@ Placements Coordinator::placements() const {
 // ---- The status page ---------------------------------------------------------------
 
 Status Coordinator::report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds) {
-  if (tag.empty() || tag.size() > 128) {
-    return Status::InvalidArgument("report_scalar: tag of " + std::to_string(tag.size()) +
-                                   " bytes; give 1 to 128 bytes, e.g. \"loss\"");
-  }
-  if (!std::isfinite(value)) {
-    return Status::InvalidArgument("report_scalar: the value of '" + tag + "' is not finite");
-  }
-  auto it = reported_.find(tag);
-  if (it == reported_.end()) {
-    if (reported_.size() >= kReportedTags) {
-      return Status::ResourceExhausted("report_scalar: '" + tag + "' would be tag " +
+  return report_scalars({{tag, value, step}}, unix_seconds);
+}
+
+Status Coordinator::report_scalars(const std::vector<ReportedScalar>& scalars, double unix_seconds) {
+  std::set<std::string> new_tags;
+  for (const ReportedScalar& s : scalars) {
+    if (s.tag.empty() || s.tag.size() > 128) {
+      return Status::InvalidArgument("report_scalar: tag of " + std::to_string(s.tag.size()) +
+                                     " bytes; give 1 to 128 bytes, e.g. \"loss\"");
+    }
+    if (!std::isfinite(s.value)) {
+      return Status::InvalidArgument("report_scalar: the value of '" + s.tag + "' is not finite");
+    }
+    if (reported_.count(s.tag) == 0) new_tags.insert(s.tag);
+    if (reported_.size() + new_tags.size() > kReportedTags) {
+      return Status::ResourceExhausted("report_scalar: '" + s.tag + "' would be tag " +
                                        std::to_string(kReportedTags + 1) + "; the coordinator keeps at most " +
                                        std::to_string(kReportedTags) + " (report fewer figures)");
     }
-    it = reported_.emplace(tag, std::deque<ReportedPoint>()).first;
   }
-  it->second.push_back({unix_seconds, step, value});
-  while (it->second.size() > kReportedPoints) it->second.pop_front();
+  for (const ReportedScalar& s : scalars) {
+    std::deque<ReportedPoint>& points = reported_[s.tag];
+    points.push_back({unix_seconds, s.step, s.value});
+    while (points.size() > kReportedPoints) points.pop_front();
+  }
   return Status::Ok();
 }
 

@@ -393,6 +393,13 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     double value = 0;
   };
   Status report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds);
+  struct ReportedScalar {
+    std::string tag;
+    double value = 0;
+    int64_t step = 0;
+  };
+  // All of them or, with any refused (as report_scalar would), none.
+  Status report_scalars(const std::vector<ReportedScalar>& scalars, double unix_seconds);
   const std::map<std::string, std::deque<ReportedPoint>>& reported() const { return reported_; }
   // Members and state for the page.
   struct Overview {

@@ -250,9 +250,9 @@ kj::Promise<void> CoordinatorService::reportScalars(ReportScalarsContext context
                                        std::to_string(Coordinator::kReportedTags)));
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
-  for (auto scalar : scalars) {
-    rpc::check(core_.report_scalar(text(scalar.getTag()), scalar.getValue(), scalar.getStep(), now));
-  }
+  std::vector<Coordinator::ReportedScalar> reported;
+  for (auto scalar : scalars) reported.push_back({text(scalar.getTag()), scalar.getValue(), scalar.getStep()});
+  rpc::check(core_.report_scalars(reported, now));
   return kj::READY_NOW;
 }
 

@@ -350,13 +350,21 @@ Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
 DataWorkerService::JobCounters& DataWorkerService::job_counters(int64_t job_id) {
   auto it = job_counters_.find(job_id);
   if (it != job_counters_.end()) return it->second;
-  const daemon::MetricLabels job = {{"job", std::to_string(job_id)}};
+  // At most kMaxJobSeries jobs get series of their own; later ones share
+  // job="other", so a worker serving many short jobs keeps /metrics bounded.
+  constexpr size_t kMaxJobSeries = 64;
+  const bool own = job_counters_.size() < kMaxJobSeries;
+  const daemon::MetricLabels job = {{"job", own ? std::to_string(job_id) : std::string("other")}};
   JobCounters counters{
       ctx_.metrics.counter("capstan_data_worker_job_elements_served_total", "Elements sent to consumers, by job.", job),
       ctx_.metrics.counter("capstan_data_worker_job_bytes_served_total", "Bytes of elements sent, by job.", job),
       ctx_.metrics.counter("capstan_data_worker_job_starved_requests_total",
                            "Requests that waited and got no element (the pipeline is behind its consumers), by job.",
                            job)};
+  if (!own) {
+    if (!other_job_counters_) other_job_counters_ = counters;
+    return *other_job_counters_;
+  }
   return job_counters_.emplace(job_id, counters).first->second;
 }
 

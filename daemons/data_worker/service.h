@@ -33,6 +33,7 @@
 #include <chrono>
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <memory>
 #include <set>
 #include <string>
@@ -81,7 +82,8 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
     daemon::Counter* starved;
   };
   JobCounters& job_counters(int64_t job_id);
-  std::map<int64_t, JobCounters> job_counters_;
+  std::map<int64_t, JobCounters> job_counters_;  // at most 64 jobs
+  std::optional<JobCounters> other_job_counters_;  // job="other": the jobs after those
 
   void taskFailed(kj::Exception&& exception) override;
 

@@ -5,6 +5,7 @@
 #include <catch2/catch.hpp>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <nlohmann/json.hpp>
 #include <string>
@@ -40,6 +41,17 @@ const json* plot(const json& status, const std::string& title) {
     if (p["title"] == title) return &p;
   }
   return nullptr;
+}
+
+// /status.json once `ready` holds for it (the board samples once a second),
+// or the last one read after 15 s.
+json status_when(const Daemon& daemon, const std::function<bool(const json&)>& ready) {
+  json status;
+  wait_until([&]() {
+    status = status_of(daemon);
+    return ready(status);
+  }, 15s);
+  return status;
 }
 
 // Runs `command`, returning its exit status and output (stdout and stderr).
@@ -96,7 +108,12 @@ TEST_CASE("the coordinator's status page lists members, placement and the progra
   for (int step = 1; step <= 5; ++step) {
     REQUIRE(c.client->report_scalar("loss", 1.0 / step, step).ok());
   }
-  json status = status_of(*c.coordinator);
+  json status = status_when(*c.coordinator, [](const json& s) {
+    const json* loss = plot(s, "loss (reported)");
+    const json* variables = table(s, "Variables");
+    return loss != nullptr && loss->at("points").size() == 5 && variables != nullptr &&
+           variables->at("rows").size() == 1;
+  });
 
   const json* workers = table(status, "Workers");
   REQUIRE(workers != nullptr);
@@ -162,7 +179,10 @@ TEST_CASE("the dispatcher's status page lists its data workers and datasets", "[
   }, 15s));
   auto id = data::service::register_dataset(dispatcher.address(), data::Dataset::range(100));
   REQUIRE(id.ok());
-  json status = status_of(dispatcher);
+  json status = status_when(dispatcher, [](const json& s) {
+    const json* datasets = table(s, "Datasets");
+    return datasets != nullptr && !datasets->at("rows").empty();
+  });
   const json* datasets = table(status, "Datasets");
   REQUIRE(datasets != nullptr);
   REQUIRE(datasets->at("rows").size() == 1);

@@ -170,7 +170,7 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
       const char* header = reinterpret_cast<const char*>(chunk_.get() + pos_);
       const uint64_t length = decode_le64(header);
       if (crc32c_unmask(decode_le32(header + kLengthBytes)) == crc32c(header, kLengthBytes) &&
-          length + kRecordOverheadBytes <= kChunkBytes) {
+          length <= kChunkBytes - kRecordOverheadBytes) {  // (length + overhead could wrap)
         const size_t record_bytes = kRecordOverheadBytes + static_cast<size_t>(length);
         CAPSTAN_RETURN_IF_ERROR(fill_chunk(record_bytes));
         if (end_ - pos_ >= record_bytes) {

@@ -343,6 +343,23 @@ TEST_CASE("a checksummed length over 2 GiB is corruption, not an allocation") {
   }
 }
 
+TEST_CASE("a checksummed length near 2^64 is corruption for read_tensor too, not a wrap-around") {
+  TempDir dir;
+  for (uint64_t length : {~uint64_t{0}, ~uint64_t{0} - 5, ~uint64_t{0} - 15, ~uint64_t{0} - 16}) {
+    std::string path = dir.file("wrap");
+    write_bytes(path, encode_record("first") + header_claiming(length) + std::string(64, 'x'));
+    auto reader = TFRecordReader::open(path, Compression::kNone);
+    REQUIRE(reader.ok());
+    Tensor record;
+    REQUIRE((*reader)->read_tensor(&record).ok());
+    auto second = (*reader)->read_tensor(&record);
+    INFO(length);
+    REQUIRE_FALSE(second.ok());
+    CHECK(second.status().code() == StatusCode::kDataLoss);
+    CHECK_THAT(second.status().message(), Catch::Contains("exceeds the limit"));
+  }
+}
+
 TEST_CASE("a length beyond the end of a plain file is a truncated record, found up front") {
   TempDir dir;
   std::string path = dir.file("short");
