@@ -11,6 +11,7 @@
 #include <thread>
 
 #include "capstan/data/dataset.h"
+#include "data/io/crc32c.h"
 #include "data/io/tfrecord.h"
 #include "data/test_util.h"
 #include "rpc/tensor_codec.h"
@@ -236,6 +237,50 @@ TEST_CASE("A whole input pipeline resumes after a save in the middle", "[iterato
                       .repeat(2)
                       .prefetch(3);
   check_resumes(pipeline, &f.registry, {1, 3, 8, 11});
+}
+
+TEST_CASE("A range state whose position the range never reaches is refused (no near-endless stream)",
+          "[iterator_state]") {
+  auto it = iterator_of(Dataset::range(1, 30), nullptr);
+  REQUIRE(it->get_next().ok());
+  REQUIRE(it->get_next().ok());
+  auto state = it->save();
+  REQUIRE(state.ok());
+  // The range's record is its op name, then the next value (3) as 8
+  // little-endian bytes; put another value there and seal it again.
+  auto with_next = [&state](int64_t next) {
+    std::string s = state->substr(0, state->size() - 8);
+    const size_t at = s.find("range") + 5;
+    for (int i = 0; i < 8; ++i) s[at + i] = static_cast<char>((static_cast<uint64_t>(next) >> (8 * i)) & 0xff);
+    uint64_t crc = io::crc32c_mask(io::crc32c(s.data(), s.size()));
+    for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+    return s;
+  };
+  REQUIRE(iterator_of(Dataset::range(1, 30), nullptr)->restore(with_next(3)).ok());  // the seal is right
+  for (int64_t bad : {int64_t{-1000}, int64_t{0}, int64_t{31}, INT64_MIN}) {
+    INFO(bad);
+    Status s = iterator_of(Dataset::range(1, 30), nullptr)->restore(with_next(bad));
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK(testing::message_contains(s, "the next value"));
+  }
+  // A value past stop within a step is where a finished range stands.
+  auto stepped = iterator_of(Dataset::range(0, 50, 3), nullptr);
+  for (int i = 0; i < 17; ++i) REQUIRE(stepped->get_next().ok());
+  auto end_state = stepped->save();
+  REQUIRE(end_state.ok());
+  REQUIRE(iterator_of(Dataset::range(0, 50, 3), nullptr)->restore(*end_state).ok());
+  // Not start plus a multiple of step.
+  auto odd = iterator_of(Dataset::range(0, 50, 3), nullptr);
+  REQUIRE(odd->get_next().ok());
+  auto odd_state = odd->save();
+  REQUIRE(odd_state.ok());
+  std::string shifted = odd_state->substr(0, odd_state->size() - 8);
+  shifted[shifted.find("range") + 5] = 4;  // next value 4 instead of 3
+  uint64_t crc = io::crc32c_mask(io::crc32c(shifted.data(), shifted.size()));
+  for (int i = 0; i < 8; ++i) shifted.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+  Status s = iterator_of(Dataset::range(0, 50, 3), nullptr)->restore(shifted);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(testing::message_contains(s, "multiple of step 3"));
 }
 
 TEST_CASE("A state from another dataset, damaged bytes, or a late restore are refused", "[iterator_state]") {

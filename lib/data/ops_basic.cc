@@ -103,7 +103,8 @@ Status charge_all(HeldBytes& held, const std::vector<Element>& elements) {
 
 class RangeIterator final : public IteratorBase {
  public:
-  RangeIterator(int64_t start, int64_t stop, int64_t step) : next_(start), stop_(stop), step_(step) {}
+  RangeIterator(int64_t start, int64_t stop, int64_t step)
+      : next_(start), start_(start), stop_(stop), step_(step) {}
   Status get_next(Element* out, bool* end) override {
     if ((step_ > 0 && next_ >= stop_) || (step_ < 0 && next_ <= stop_)) {
       *end = true;
@@ -120,13 +121,33 @@ class RangeIterator final : public IteratorBase {
     writer.write_int(next_);
     return Status::Ok();
   }
+  // The position must be one range(start, stop, step) reaches: a damaged
+  // state could otherwise start a range(1, 30) at -2^62, a stream no
+  // consumer would live to see the end of.
   Status restore(StateReader& reader) override {
     CAPSTAN_RETURN_IF_ERROR(reader.begin("range"));
-    return reader.read_int(&next_);
+    // From start to the first value past stop (within a step of it).
+    const __int128 past = static_cast<__int128>(stop_) + (step_ > 0 ? step_ - 1 : step_ + 1);
+    const __int128 low = step_ > 0 ? start_ : std::min<__int128>(past, start_);
+    const __int128 high = step_ > 0 ? std::max<__int128>(past, start_) : start_;
+    auto clamp64 = [](__int128 v) {
+      return static_cast<int64_t>(std::clamp<__int128>(v, INT64_MIN, INT64_MAX));
+    };
+    int64_t next = 0;
+    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&next, clamp64(low), clamp64(high), "the next value"));
+    const __int128 offset = static_cast<__int128>(next) - start_;
+    if (next != stop_ && offset % step_ != 0) {
+      return Status::InvalidArgument("iterator state: range: the next value " + std::to_string(next) +
+                                     " is not start " + std::to_string(start_) + " plus a multiple of step " +
+                                     std::to_string(step_));
+    }
+    next_ = next;
+    return Status::Ok();
   }
 
  private:
   int64_t next_;
+  const int64_t start_;
   const int64_t stop_;
   const int64_t step_;
 };
