@@ -239,6 +239,18 @@ TEST_CASE("A whole input pipeline resumes after a save in the middle", "[iterato
   check_resumes(pipeline, &f.registry, {1, 3, 8, 11});
 }
 
+// `state` (of a pipeline with one range) with the range's next value set to
+// `next`, sealed again: the range's record is its op name, then the value
+// as 8 little-endian bytes; the last 8 bytes are the checksum.
+std::string with_range_next(const std::string& state, int64_t next) {
+  std::string s = state.substr(0, state.size() - 8);
+  const size_t at = s.find("range") + 5;
+  for (int i = 0; i < 8; ++i) s[at + i] = static_cast<char>((static_cast<uint64_t>(next) >> (8 * i)) & 0xff);
+  const uint64_t crc = io::crc32c_mask(io::crc32c(s.data(), s.size()));
+  for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
+  return s;
+}
+
 TEST_CASE("A range state whose position the range never reaches is refused (no near-endless stream)",
           "[iterator_state]") {
   auto it = iterator_of(Dataset::range(1, 30), nullptr);
@@ -246,16 +258,7 @@ TEST_CASE("A range state whose position the range never reaches is refused (no n
   REQUIRE(it->get_next().ok());
   auto state = it->save();
   REQUIRE(state.ok());
-  // The range's record is its op name, then the next value (3) as 8
-  // little-endian bytes; put another value there and seal it again.
-  auto with_next = [&state](int64_t next) {
-    std::string s = state->substr(0, state->size() - 8);
-    const size_t at = s.find("range") + 5;
-    for (int i = 0; i < 8; ++i) s[at + i] = static_cast<char>((static_cast<uint64_t>(next) >> (8 * i)) & 0xff);
-    uint64_t crc = io::crc32c_mask(io::crc32c(s.data(), s.size()));
-    for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
-    return s;
-  };
+  auto with_next = [&state](int64_t next) { return with_range_next(*state, next); };
   REQUIRE(iterator_of(Dataset::range(1, 30), nullptr)->restore(with_next(3)).ok());  // the seal is right
   for (int64_t bad : {int64_t{-1000}, int64_t{0}, int64_t{31}, INT64_MIN}) {
     INFO(bad);
@@ -274,11 +277,7 @@ TEST_CASE("A range state whose position the range never reaches is refused (no n
   REQUIRE(odd->get_next().ok());
   auto odd_state = odd->save();
   REQUIRE(odd_state.ok());
-  std::string shifted = odd_state->substr(0, odd_state->size() - 8);
-  shifted[shifted.find("range") + 5] = 4;  // next value 4 instead of 3
-  uint64_t crc = io::crc32c_mask(io::crc32c(shifted.data(), shifted.size()));
-  for (int i = 0; i < 8; ++i) shifted.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
-  Status s = iterator_of(Dataset::range(0, 50, 3), nullptr)->restore(shifted);
+  Status s = iterator_of(Dataset::range(0, 50, 3), nullptr)->restore(with_range_next(*odd_state, 4));  // not 3
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK(testing::message_contains(s, "multiple of step 3"));
 }

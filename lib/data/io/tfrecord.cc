@@ -36,6 +36,25 @@ uint64_t decode_le64(const char* in) {
   return value;
 }
 
+// A kString scalar of `length` bytes still to fill: its one buffer holds
+// the offsets {0, length}, then the bytes (at `data`).
+struct StringScalar {
+  explicit StringScalar(uint64_t length)
+      : size(2 * sizeof(uint64_t) + static_cast<size_t>(length)),
+        buffer(std::make_shared_for_overwrite<std::byte[]>(size)),
+        data(reinterpret_cast<char*>(buffer.get() + 2 * sizeof(uint64_t))) {
+    const uint64_t offsets[2] = {0, length};
+    std::memcpy(buffer.get(), offsets, sizeof(offsets));
+  }
+  Result<Tensor> tensor() && {
+    std::byte* start = buffer.get();
+    return Tensor::from_buffer(DType::kString, Shape{}, std::move(buffer), start, size);
+  }
+  size_t size;
+  std::shared_ptr<std::byte[]> buffer;
+  char* data;
+};
+
 }  // namespace
 
 Result<std::unique_ptr<TFRecordReader>> TFRecordReader::open(const std::string& path,
@@ -183,15 +202,11 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
           // buffer of its own: a tensor that points into the chunk would
           // keep the whole chunk alive (a shuffle buffer would hold many
           // chunks for a few records each).
-          const size_t size = 2 * sizeof(uint64_t) + static_cast<size_t>(length);
-          auto buffer = std::make_shared_for_overwrite<std::byte[]>(size);
-          const uint64_t offsets[2] = {0, length};
-          std::memcpy(buffer.get(), offsets, sizeof(offsets));
-          std::memcpy(buffer.get() + sizeof(offsets), data, static_cast<size_t>(length));
+          StringScalar scalar(length);
+          std::memcpy(scalar.data, data, static_cast<size_t>(length));
           pos_ += record_bytes;
           offset_ += record_bytes;
-          std::byte* start = buffer.get();
-          CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, std::move(buffer), start, size));
+          CAPSTAN_ASSIGN_OR_RETURN(*record, std::move(scalar).tensor());
           return true;
         }
       }
@@ -206,21 +221,14 @@ Result<bool> TFRecordReader::read_tensor(Tensor* record) {
   std::string stepped;
   const bool in_steps = *length > kDataStepBytes && !stream_->size();
   if (in_steps) CAPSTAN_RETURN_IF_ERROR(read_data_in_steps(&stepped, *length));
-  // A kString scalar: offsets {0, length}, then the bytes.
-  const size_t header = 2 * sizeof(uint64_t);
-  const size_t size = header + static_cast<size_t>(*length);
-  auto buffer = std::make_shared_for_overwrite<std::byte[]>(size);
-  const uint64_t offsets[2] = {0, *length};
-  std::memcpy(buffer.get(), offsets, header);
-  char* data = reinterpret_cast<char*>(buffer.get() + header);
+  StringScalar scalar(*length);
   if (in_steps) {
-    std::memcpy(data, stepped.data(), stepped.size());
+    std::memcpy(scalar.data, stepped.data(), stepped.size());
   } else {
-    CAPSTAN_RETURN_IF_ERROR(read_data(data, *length));
-    CAPSTAN_RETURN_IF_ERROR(read_footer(data, *length));
+    CAPSTAN_RETURN_IF_ERROR(read_data(scalar.data, *length));
+    CAPSTAN_RETURN_IF_ERROR(read_footer(scalar.data, *length));
   }
-  std::byte* start = buffer.get();
-  CAPSTAN_ASSIGN_OR_RETURN(*record, Tensor::from_buffer(DType::kString, Shape{}, std::move(buffer), start, size));
+  CAPSTAN_ASSIGN_OR_RETURN(*record, std::move(scalar).tensor());
   return true;
 }
 
