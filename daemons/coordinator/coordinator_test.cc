@@ -52,6 +52,51 @@ TEST_CASE("ps_service names the StatefulSet's pods in task order; bad values are
 
 // ---- Membership ----------------------------------------------------------------------
 
+TEST_CASE("reported scalars: kept per tag up to the last 600; a refused call keeps none of its scalars",
+          "[coordinator][status]") {
+  Harness h;
+  Coordinator& c = *h.coordinator;
+  for (int step = 1; step <= 650; ++step) REQUIRE(c.report_scalar("loss", 1.0 / step, step, 1000.0 + step).ok());
+  REQUIRE(c.reported().at("loss").size() == Coordinator::kReportedPoints);
+  CHECK(c.reported().at("loss").front().step == 51);
+  CHECK(c.reported().at("loss").back().value == Approx(1.0 / 650));
+
+  // All or nothing: the bad third scalar keeps the first two out.
+  Status mixed = c.report_scalars({{"a", 1, 1}, {"b", 2, 1}, {"c", std::nan(""), 1}}, 5.0);
+  CHECK(mixed.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(mixed.message(), Catch::Contains("'c'") && Catch::Contains("not finite"));
+  CHECK(c.reported().count("a") == 0);
+  CHECK(c.report_scalar(std::string(129, 't'), 1, 1, 5.0).code() == StatusCode::kInvalidArgument);
+
+  std::vector<Coordinator::ReportedScalar> many;
+  for (size_t i = 0; i < Coordinator::kReportedTags; ++i) many.push_back({"t" + std::to_string(i), 1.0, 1});
+  Status too_many = c.report_scalars(many, 5.0);  // "loss" is already one of the 32
+  CHECK(too_many.code() == StatusCode::kResourceExhausted);
+  CHECK(c.reported().size() == 1);
+  many.pop_back();
+  CHECK(c.report_scalars(many, 5.0).ok());
+  CHECK(c.reported().size() == Coordinator::kReportedTags);
+}
+
+TEST_CASE("overview: the workers with their addresses, the parameter servers' state and the placement",
+          "[coordinator][status]") {
+  WorkerRecord w;
+  Harness h({}, 2);
+  h.add_worker(w, {"train_step"}, 3);
+  Coordinator::Overview o = h.coordinator->overview();
+  REQUIRE(o.workers.size() == 1);
+  CHECK(o.workers[0].task_index == 3);
+  CHECK_FALSE(o.workers[0].leaving);
+  REQUIRE(o.ps.size() == 2);
+  for (int task = 0; task < 2; ++task) {
+    CHECK(o.ps[task].task == task);
+    CHECK(o.ps[task].state == "up");
+    CHECK(o.ps[task].shards == 0);
+  }
+  CHECK(o.placements.variables.empty());
+  CHECK(o.last_checkpoint.empty());
+}
+
 TEST_CASE("registered workers get distinct ids, are counted and their functions listed", "[coordinator]") {
   WorkerRecord a, b;
   Harness h;
