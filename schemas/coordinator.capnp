@@ -37,6 +37,10 @@ struct VariablePlacement {
   dtype @1 :Common.DType;
   shape @2 :List(Int64);
   shards @3 :List(ShardPlacement);
+  # An embedding table: one shard per parameter server, by task; key k on
+  # shard table_shard_of(k, number of shards). shape is [0, dim].
+  isTable @4 :Bool;
+  table @5 :Ps.TableConfig;
 }
 
 struct Placements {
@@ -144,4 +148,11 @@ interface Coordinator extends(Common.Node) {
   # status page's plots: the coordinator keeps the last 600 points of at
   # most 32 tags.
   reportScalars @21 (scalars :List(ReportedScalar)) -> ();
+  # Dynamic embedding tables (EmbeddingTableSpec): one shard on every
+  # parameter server. Idempotent for the same spec (a reconnecting program).
+  createEmbeddingTable @22 (name :Text, config :Ps.TableConfig) -> (placement :VariablePlacement);
+  # Writes the rows of a table changed since checkpoint `sinceCheckpoint`
+  # (empty: every row) to a safetensors file at `path` on the coordinator's
+  # machine; the number of rows written.
+  exportEmbeddingTable @23 (name :Text, sinceCheckpoint :Text, path :Text) -> (rows :Int64);
 }

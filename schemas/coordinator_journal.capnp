@@ -67,6 +67,9 @@ struct CoordinatorUpdate {
     shards @4 :List(Shard);
     # The placer's round-robin counter after this variable.
     placerCounter @5 :Int64;
+    # An embedding table (shard i on ps task i).
+    isTable @6 :Bool;
+    table @7 :Ps.TableConfig;
   }
 
   struct Shard {

@@ -25,10 +25,41 @@ struct OptimizerConfig {
 struct ShardInfo {
   name @0 :Text;
   dtype @1 :Common.DType;
-  shape @2 :List(Int64);
+  shape @2 :List(Int64);      # a table's: [rows, dim]
   optimizer @3 :OptimizerConfig;
   step @4 :Int64;
   bytes @5 :UInt64;
+  table @6 :Bool;             # a shard of an embedding table
+}
+
+# A dynamic embedding table (EmbeddingTableSpec in capstan/training.h).
+struct TableConfig {
+  dtype @0 :Common.DType;
+  dim @1 :Int64;
+  initializer @2 :Text;       # "zeros", "constant", "random_normal"
+  initValue @3 :Float64;
+  initMean @4 :Float64;
+  initStddev @5 :Float64;
+  initSeed @6 :UInt64;
+  optimizer @7 :OptimizerConfig;
+  minCount @8 :Int64;
+  admitProbability @9 :Float64;
+  ttlSteps @10 :Int64;
+  ttlSeconds @11 :Int64;
+  maxRows @12 :Int64;
+  maxBytes @13 :Int64;
+  eviction @14 :Text;         # "lru", "lfu"
+  defaultValue @15 :Float64;
+}
+
+# Rows of a table with their state: keys int64[n], values [n, dim], the
+# optimizer's slots [n, dim] each (slot order), meta int64[n, 4]
+# (lookups, last update step, last update ms since the epoch, version).
+struct TableRows {
+  keys @0 :Common.Tensor;
+  values @1 :Common.Tensor;
+  slots @2 :List(Common.Tensor);
+  meta @3 :Common.Tensor;
 }
 
 struct NamedTensor {
@@ -50,4 +81,19 @@ interface ParameterServer extends(Common.Node) {
   # Restores slots and the optimizer step of a shard.
   setSlots @9 (name :Text, slots :List(NamedTensor), step :Int64) -> ();
   removeShard @10 (name :Text) -> ();
+
+  # Embedding tables (one shard of a table per parameter server; keys are
+  # routed by the client). Idempotent for an identical config.
+  createTable @11 (name :Text, config :TableConfig) -> ();
+  # ids: int64[n]. insert=false never inserts (evaluation).
+  lookupTable @12 (name :Text, ids :Common.Tensor, insert :Bool) -> (rows :Common.Tensor);
+  applyTable @13 (name :Text, ids :Common.Tensor, gradients :Common.Tensor, step :Int64) -> ();
+  # The rows whose version > sinceVersion. beginVersion > 0: first tag the
+  # changes from now on with max(beginVersion, version + 1) (a checkpoint's
+  # mark). version: the version in force before the mark.
+  exportTable @14 (name :Text, sinceVersion :Int64, beginVersion :Int64)
+      -> (rows :TableRows, step :Int64, version :Int64);
+  # Inserts or overwrites rows (clear: drop every row first), sets the step
+  # counter and makes later changes tagged > version.
+  importTable @15 (name :Text, rows :TableRows, clear :Bool, step :Int64, version :Int64) -> ();
 }

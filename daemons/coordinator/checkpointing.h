@@ -18,6 +18,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "checkpoint/checkpoint.h"
+#include "training/table_rows.h"
 
 namespace capstan::coordinator {
 
@@ -29,6 +30,10 @@ struct ShardState {
   Tensor value;
   std::map<std::string, Tensor> slots;
   int64_t step = 0;
+  // An embedding table's shard: its rows (value and slots stay empty) and
+  // the version its changes were tagged with.
+  ps::TableRows table_rows;
+  int64_t version = 0;
 };
 
 struct VariableState {
@@ -37,6 +42,12 @@ struct VariableState {
   Shape shape;
   Optimizer optimizer;
   std::vector<ShardState> shards;
+  // An embedding table: shard i on task i, of `table_shards` in all (a
+  // recovery's state lists only the shards lost); `generation` as in
+  // checkpoint::ManifestTable.
+  std::optional<EmbeddingTableSpec> table;
+  int table_shards = 0;
+  int64_t generation = 0;
 };
 
 // The file of a checkpoint that holds the per-worker iterators' positions:
@@ -52,6 +63,11 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
                                      const std::vector<VariableState>& variables,
                                      const std::map<std::string, std::string>& iterators = {});
 
+// Writes a table's rows (state.shards[*].rows) as one safetensors file at
+// `path`, durably: "keys" int64[n], "values" dtype[n, dim], "meta"
+// int64[n, 4], metadata capstan.table (its name) and capstan.dim. The rows.
+Result<int64_t> write_table_export(const VariableState& state, const std::string& path);
+
 // The iterator positions of a checkpoint, by tensor name (none when it has
 // no iterators file).
 Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint::CheckpointReader& reader);
@@ -60,7 +76,10 @@ Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint
 Result<std::string> resolve_checkpoint(const std::string& path);
 
 // Fills value, slots and step of every shard in `variables` (whose layout
-// is the current placement) from the checkpoint at `path`. A variable the
+// is the current placement) from the checkpoint at `path`. An embedding
+// table's rows from every saved shard go to the shard that holds their key
+// now (table_shard_of over table_shards), whatever the number of parameter
+// servers it was saved with. A variable the
 // checkpoint lacks (created since it was saved) is, as in TF, left out of
 // `variables` (so it keeps its value) and named in `not_in_checkpoint`;
 // with `strict`, NotFound naming every such variable instead.

@@ -364,6 +364,7 @@ VariableLocation Coordinator::location(const Variable& variable) const {
   for (const auto& s : variable.shards) {
     out.shards.push_back({s.name, s.ps_task, ps_.address(s.ps_task), s.first_row, s.rows});
   }
+  out.table = variable.table;
   return out;
 }
 
@@ -398,6 +399,9 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
     // A reconnecting program creates its variables again: hand back the
     // ones that exist (their values stay on the parameter servers).
     const Variable& v = existing->second;
+    if (v.table) {
+      return Placed(Status::AlreadyExists("createVariable: '" + name + "' is an embedding table"));
+    }
     if (v.dtype != initial.dtype() || v.shape != initial.shape()) {
       return Placed(Status::AlreadyExists("variable '" + name + "' exists as " + std::string(dtype_name(v.dtype)) +
                                           shape_string(v.shape) + ", not " +
@@ -414,9 +418,62 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
   });
 }
 
+kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSpec spec) {
+  using Placed = Result<VariableLocation>;
+  const std::string name = spec.name;
+  if (name.empty()) return Placed(Status::InvalidArgument("createEmbeddingTable: empty name"));
+  if (ps_.size() == 0) {
+    return Placed(Status::FailedPrecondition(
+        "createEmbeddingTable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
+  }
+  Status up = ps_status();
+  if (!up.ok()) return Placed(up);
+  if (is_mirrored(name)) {
+    return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a mirrored variable of a strategy"));
+  }
+  if (spec.dim < 1 || spec.dim > (int64_t{1} << 16)) {
+    return Placed(Status::InvalidArgument("createEmbeddingTable '" + name + "': dim " + std::to_string(spec.dim) +
+                                          " must be in [1, 65536]"));
+  }
+  auto existing = variables_.find(name);
+  if (existing != variables_.end()) {
+    const Variable& v = existing->second;
+    if (!v.table) {
+      return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a variable " +
+                                          std::string(dtype_name(v.dtype)) + shape_string(v.shape) +
+                                          ", not an embedding table"));
+    }
+    if (!(*v.table == spec)) {
+      return Placed(Status::AlreadyExists("embedding table '" + name + "' exists with another spec (dtype " +
+                                          std::string(dtype_name(v.table->dtype)) + ", dim " +
+                                          std::to_string(v.table->dim) + ", optimizer " +
+                                          optimizer_name(v.table->optimizer.kind) +
+                                          "); create it with the same spec, or use another name"));
+    }
+    return Placed(location(v));
+  }
+  Variable variable;
+  variable.name = name;
+  variable.dtype = spec.dtype;
+  variable.shape = {0, spec.dim};
+  variable.optimizer = spec.optimizer;
+  for (int task = 0; task < ps_.size(); ++task) {
+    variable.shards.push_back({checkpoint::shard_name(name, static_cast<size_t>(task)), task, 0, 0});
+  }
+  variable.table = std::move(spec);
+  return create_shards(std::move(variable), Tensor()).then([this, name](Status status) -> Placed {
+    CAPSTAN_RETURN_IF_ERROR(status.with_context("createEmbeddingTable '" + name + "'"));
+    return location(variables_.at(name));
+  });
+}
+
 kj::Promise<Status> Coordinator::create_shards(Variable variable, Tensor initial) {
   auto creates = kj::heapArrayBuilder<kj::Promise<Status>>(variable.shards.size());
   for (const auto& shard : variable.shards) {
+    if (variable.table) {
+      creates.add(ps_.create_table(shard.ps_task, shard.name, *variable.table));
+      continue;
+    }
     Tensor part = initial;
     if (initial.rank() > 0 && variable.shards.size() > 1) {
       auto slice = data::slice_rows(initial, shard.first_row, shard.first_row + shard.rows);
@@ -429,8 +486,13 @@ kj::Promise<Status> Coordinator::create_shards(Variable variable, Tensor initial
     if (!status.ok()) return status;
     CAPSTAN_RETURN_IF_ERROR(journal_variable(variable));
     ++placement_version_;
-    log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
-               shape_string(variable.shape), variable.shards.size());
+    if (variable.table) {
+      log_->info("embedding table '{}' {}[*, {}] placed on {} parameter server(s)", variable.name,
+                 dtype_name(variable.dtype), variable.table->dim, variable.shards.size());
+    } else {
+      log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
+                 shape_string(variable.shape), variable.shards.size());
+    }
     std::string name = variable.name;
     variables_[name] = std::move(variable);
     return Status::Ok();
@@ -590,6 +652,8 @@ std::vector<VariableState> Coordinator::layout() const {
     state.dtype = variable.dtype;
     state.shape = variable.shape;
     state.optimizer = variable.optimizer;
+    state.table = variable.table;
+    state.table_shards = static_cast<int>(variable.shards.size());
     for (const auto& shard : variable.shards) {
       ShardState s;
       s.name = shard.name;
@@ -610,6 +674,10 @@ kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
   auto states = std::make_shared<std::vector<VariableState>>(layout());
   auto reads = kj::Vector<kj::Promise<Status>>();
   for (size_t v = 0; v < states->size(); ++v) {
+    if ((*states)[v].table) {
+      reads.add(snapshot_table(states, v));
+      continue;
+    }
     for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
       const ShardState& shard = (*states)[v].shards[k];
       reads.add(ps_.read_shard(shard.ps_task, shard.name).then([states, v, k](Result<ShardContents> contents) {
@@ -625,6 +693,86 @@ kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
   return first_error(reads.releaseAsArray()).then([states](Status status) -> States {
     CAPSTAN_RETURN_IF_ERROR(status);
     return std::move(*states);
+  });
+}
+
+kj::Promise<Status> Coordinator::snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v) {
+  // Two rounds: every shard's version, then the rows, with later changes
+  // tagged above the highest version of any shard (the checkpoint's
+  // generation), so that "changed since this checkpoint" is one comparison.
+  auto versions = kj::Vector<kj::Promise<Result<TableContents>>>();
+  for (const ShardState& shard : (*states)[v].shards) {
+    versions.add(ps_.export_table(shard.ps_task, shard.name, INT64_MAX, 0));
+  }
+  return kj::joinPromises(versions.releaseAsArray())
+      .then([this, states, v](kj::Array<Result<TableContents>> answers) -> kj::Promise<Status> {
+        int64_t generation = 0;
+        for (auto& a : answers) {
+          if (!a.ok()) return a.status();
+          generation = std::max(generation, a->version);
+        }
+        (*states)[v].generation = generation;
+        auto reads = kj::Vector<kj::Promise<Status>>();
+        for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
+          const ShardState& shard = (*states)[v].shards[k];
+          reads.add(ps_.export_table(shard.ps_task, shard.name, 0, generation + 1)
+                        .then([states, v, k](Result<TableContents> contents) {
+                          CAPSTAN_RETURN_IF_ERROR(contents.status());
+                          ShardState& s = (*states)[v].shards[k];
+                          s.table_rows = std::move(contents->rows);
+                          s.step = contents->step;
+                          s.version = contents->version;
+                          return Status::Ok();
+                        }));
+        }
+        return first_error(reads.releaseAsArray());
+      });
+}
+
+kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::string since, std::string path) {
+  using Rows = Result<int64_t>;
+  auto found = variables_.find(name);
+  if (found == variables_.end() || !found->second.table) {
+    return Rows(Status::NotFound("exportEmbeddingTable: no embedding table '" + name + "'"));
+  }
+  if (path.empty()) return Rows(Status::InvalidArgument("exportEmbeddingTable: empty output path"));
+  Status up = ps_status();
+  if (!up.ok()) return Rows(up);
+  const Variable variable = found->second;
+  kj::Promise<Result<int64_t>> generation = Result<int64_t>(int64_t{0});
+  if (!since.empty()) {
+    generation = rpc::run_on_pool(pool_, [since, name]() -> Result<int64_t> {
+      CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(since));
+      CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
+      const auto* saved = reader->manifest().find_variable(name);
+      if (saved == nullptr || !saved->table) {
+        return Status::NotFound("checkpoint " + resolved + " has no embedding table '" + name +
+                                "': export every row (no --since)");
+      }
+      return saved->table->generation;
+    });
+  }
+  return generation.then([this, variable, path](Result<int64_t> since_version) -> kj::Promise<Rows> {
+    if (!since_version.ok()) return Rows(since_version.status());
+    auto exports = kj::Vector<kj::Promise<Result<TableContents>>>();
+    for (const Shard& shard : variable.shards) {
+      exports.add(ps_.export_table(shard.ps_task, shard.name, *since_version, 0));
+    }
+    return kj::joinPromises(exports.releaseAsArray())
+        .then([this, variable, path](kj::Array<Result<TableContents>> answers) -> kj::Promise<Rows> {
+          VariableState state;
+          state.name = variable.name;
+          state.dtype = variable.dtype;
+          state.table = variable.table;
+          for (size_t k = 0; k < answers.size(); ++k) {
+            if (!answers[k].ok()) return Rows(answers[k].status());
+            ShardState s;
+            s.name = variable.shards[k].name;
+            s.table_rows = std::move(answers[k]->rows);
+            state.shards.push_back(std::move(s));
+          }
+          return rpc::run_on_pool(pool_, [state = std::move(state), path]() { return write_table_export(state, path); });
+        });
   });
 }
 
@@ -741,6 +889,11 @@ kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states)
   auto writes = kj::Vector<kj::Promise<Status>>();
   for (auto& v : states) {
     for (auto& s : v.shards) {
+      if (v.table) {
+        writes.add(ps_.import_table(s.ps_task, s.name, TableContents{std::move(s.table_rows), s.step, s.version},
+                                    /*clear=*/true));
+        continue;
+      }
       ShardContents contents;
       contents.value = std::move(s.value);
       contents.slots = std::move(s.slots);
@@ -780,6 +933,20 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         auto creates = kj::Vector<kj::Promise<Status>>();
         for (const auto& saved : (*reader)->manifest().variables) {
           if (variables_.count(saved.name) != 0 || is_mirrored(saved.name)) continue;
+          if (saved.table) {
+            Variable table;
+            table.name = saved.name;
+            table.dtype = saved.dtype;
+            table.shape = {0, saved.table->dim};
+            table.optimizer = saved.optimizer;
+            table.table = EmbeddingTableSpec{saved.name,         saved.table->dim,      saved.dtype,
+                                             saved.table->initializer, saved.optimizer, saved.table->options};
+            for (int task = 0; task < ps_.size(); ++task) {
+              table.shards.push_back({checkpoint::shard_name(saved.name, static_cast<size_t>(task)), task, 0, 0});
+            }
+            creates.add(create_shards(std::move(table), Tensor()));
+            continue;
+          }
           auto zeros = Tensor::zeros(saved.dtype, saved.shape);
           if (!zeros.ok()) return Result<Reader>(zeros.status());
           placement::Partitioner partitioner =

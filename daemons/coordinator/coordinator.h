@@ -208,6 +208,13 @@ struct ShardContents {
   int64_t step = 0;
 };
 
+// What a parameter server holds of an embedding table's shard.
+struct TableContents {
+  ps::TableRows rows;
+  int64_t step = 0;
+  int64_t version = 0;
+};
+
 // The parameter server tasks, numbered 0..size()-1. Must outlive the
 // Coordinator.
 class ParameterServers {
@@ -225,8 +232,23 @@ class ParameterServers {
   // Sets value, optimizer slots and step; an invalid value (Tensor()) leaves
   // the value as it is.
   virtual kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) = 0;
-  // The names of the shards `task` holds.
+  // The names of the shards `task` holds (embedding-table shards too).
   virtual kj::Promise<Result<std::set<std::string>>> list_shards(int task) = 0;
+
+  // Embedding tables (the defaults answer Unimplemented).
+  virtual kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) {
+    return Status::Unimplemented("create_table");
+  }
+  // The rows with a version > since; begin > 0 first tags later changes
+  // with max(begin, version + 1). contents.version: the version before.
+  virtual kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) {
+    return Result<TableContents>(Status::Unimplemented("export_table"));
+  }
+  // Inserts or overwrites the rows (clear: all rows go first), sets the
+  // step and tags later changes above contents.version.
+  virtual kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) {
+    return Status::Unimplemented("import_table");
+  }
 };
 
 // ---- Requests and replies -----------------------------------------------------------
@@ -251,6 +273,9 @@ struct VariableLocation {
   DType dtype = DType::kInvalid;
   Shape shape;
   std::vector<ShardLocation> shards;
+  // An embedding table: one shard per parameter server, by task; key k on
+  // shard table_shard_of(k, shards.size()). shape is [0, dim].
+  std::optional<EmbeddingTableSpec> table;
 };
 
 struct Placements {
@@ -351,6 +376,16 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // exists with the same dtype and shape is handed back as it is (a
   // reconnecting program); AlreadyExists when they differ.
   kj::Promise<Result<VariableLocation>> create_variable(VariableRequest request);
+  // Creates an embedding table: one shard on every parameter server. One
+  // that exists with the same spec is handed back; AlreadyExists when it
+  // differs or a variable has the name.
+  kj::Promise<Result<VariableLocation>> create_table(EmbeddingTableSpec spec);
+  // Writes the rows of table `name` changed since checkpoint `since` (a
+  // ckpt-N path, or a directory: its latest; empty: every row) to the
+  // safetensors file `path` ("keys" int64[n], "values" [n, dim], "meta"
+  // int64[n, 4]); the number of rows. For online serving: apply it on top
+  // of the checkpoint's rows.
+  kj::Promise<Result<int64_t>> export_table(std::string name, std::string since, std::string path);
   Placements placements() const;
 
   // ---- Closures (TF semantics; see closure_queue.h)
@@ -501,6 +536,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     Shape shape;
     std::vector<Shard> shards;
     Optimizer optimizer;
+    std::optional<EmbeddingTableSpec> table;  // an embedding table: shard i on task i
   };
   // A per-worker dataset: a definition (SHARD_HINT resolved per worker) or
   // the name of a dataset function in the workers' modules.
@@ -655,6 +691,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Values, slots and steps of every shard, read from the parameter servers.
   kj::Promise<Result<std::vector<VariableState>>> snapshot();
   kj::Promise<Status> write_shards(std::vector<VariableState> states);
+  // Fills the table (*states)[v]'s shards and generation (see snapshot_table in coordinator.cc).
+  kj::Promise<Status> snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v);
   // Model checkpoints with per-worker iterators: no new closure or step
   // starts while a save reads them (until the returned guard goes), and the
   // promise resolves once none runs, so that the variables saved hold the

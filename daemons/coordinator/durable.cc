@@ -34,6 +34,7 @@
 #include "io/durable_file.h"
 #include "journal/journal.h"
 #include "rpc/errors.h"
+#include "rpc/optimizer_codec.h"
 #include "rpc/pool.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/tensor_codec.h"
@@ -351,6 +352,11 @@ Status Coordinator::apply_journal_record(const std::string& record) {
           }
           v.shards.push_back({text(s.getName()), s.getPsTask(), s.getFirstRow(), s.getRows()});
         }
+        if (in.getIsTable()) {
+          CAPSTAN_ASSIGN_OR_RETURN(EmbeddingTableSpec spec, rpc::table_from_wire(in.getTable()));
+          spec.name = v.name;
+          v.table = std::move(spec);
+        }
         placer_.set_counter(std::max(placer_.counter(), in.getPlacerCounter()));
         ++placement_version_;
         variables_[v.name] = std::move(v);
@@ -445,6 +451,10 @@ std::string Coordinator::variable_record(const Variable& variable) const {
   auto shape = out.initShape(static_cast<unsigned>(variable.shape.size()));
   for (unsigned d = 0; d < variable.shape.size(); ++d) shape.set(d, variable.shape[d]);
   rpc::optimizer_to_wire(variable.optimizer, out.initOptimizer());
+  if (variable.table) {
+    out.setIsTable(true);
+    rpc::table_to_wire(*variable.table, out.initTable());
+  }
   auto shards = out.initShards(static_cast<unsigned>(variable.shards.size()));
   for (unsigned i = 0; i < variable.shards.size(); ++i) {
     shards[i].setName(variable.shards[i].name);

@@ -242,6 +242,10 @@ kj::Promise<Status> Coordinator::recreate_missing(std::vector<VariableState>* st
           auto creates = kj::Vector<kj::Promise<Status>>();
           for (const auto& [v, s] : shards) {
             if (held->count(s->name) != 0) continue;
+            if (v->table) {
+              creates.add(ps_.create_table(t, s->name, *v->table));
+              continue;
+            }
             creates.add(ps_.create_shard(t, s->name, s->value, v->optimizer));
             // Sent with the create: write_shards sets only its slots and step.
             s->value = Tensor();

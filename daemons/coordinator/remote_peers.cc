@@ -284,4 +284,48 @@ kj::Promise<Result<std::set<std::string>>> RemoteParameterServers::list_shards(i
   });
 }
 
+kj::Promise<Status> RemoteParameterServers::create_table(int task, std::string name, EmbeddingTableSpec spec) {
+  return status_of(service(task, 10 * kj::SECONDS).then([name, spec](wire::ParameterServer::Client client) {
+    auto request = client.createTableRequest();
+    request.setName(name);
+    rpc::table_to_wire(spec, request.initConfig());
+    return request.send().ignoreResult();
+  }));
+}
+
+kj::Promise<Result<TableContents>> RemoteParameterServers::export_table(int task, std::string name, int64_t since,
+                                                                        int64_t begin) {
+  auto contents = std::make_shared<TableContents>();
+  auto exported = service(task, 120 * kj::SECONDS).then([contents, name, since, begin](wire::ParameterServer::Client client) {
+    auto request = client.exportTableRequest();
+    request.setName(name);
+    request.setSinceVersion(since);
+    request.setBeginVersion(begin);
+    return request.send().then([contents](capnp::Response<wire::ParameterServer::ExportTableResults>&& r) {
+      contents->step = r.getStep();
+      contents->version = r.getVersion();
+      return rpc::read_table_rows(r.getRows()).attach(kj::mv(r)).then([contents](ps::TableRows&& rows) {
+        contents->rows = std::move(rows);
+      });
+    });
+  });
+  return status_of(kj::mv(exported)).then([contents](Status status) -> Result<TableContents> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*contents);
+  });
+}
+
+kj::Promise<Status> RemoteParameterServers::import_table(int task, std::string name, TableContents contents, bool clear) {
+  return status_of(service(task, 120 * kj::SECONDS)
+                       .then([this, name, contents = std::move(contents), clear](wire::ParameterServer::Client client) {
+                         auto request = client.importTableRequest();
+                         request.setName(name);
+                         request.setClear(clear);
+                         request.setStep(contents.step);
+                         request.setVersion(contents.version);
+                         rpc::table_rows_to_wire(contents.rows, request.initRows(), codec_);
+                         return request.send().ignoreResult();
+                       }));
+}
+
 }  // namespace capstan::coordinator

@@ -61,6 +61,9 @@ class RemoteParameterServers : public ParameterServers {
   kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override;
   kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override;
   kj::Promise<Result<std::set<std::string>>> list_shards(int task) override;
+  kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) override;
+  kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) override;
+  kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) override;
 
  private:
   // The service of `task`, connecting until `timeout` from now.

@@ -41,6 +41,10 @@ void placement_to_wire(const VariableLocation& variable, wire::VariablePlacement
     shards[i].setFirstRow(s.first_row);
     shards[i].setRows(s.rows);
   }
+  if (variable.table) {
+    out.setIsTable(true);
+    rpc::table_to_wire(*variable.table, out.initTable());
+  }
 }
 
 }  // namespace
@@ -169,7 +173,8 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
         placement += (placement.empty() ? "" : "; ") + shard.name + ": ps " + std::to_string(shard.ps_task) + ", " +
                      std::to_string(shard.first_row) + "+" + std::to_string(shard.rows);
       }
-      variables.rows.push_back({v.name, std::string(dtype_name(v.dtype)), shape_string(v.shape), placement});
+      std::string shape = v.table ? "[*, " + std::to_string(v.table->dim) + "] (embedding table)" : shape_string(v.shape);
+      variables.rows.push_back({v.name, std::string(dtype_name(v.dtype)), shape, placement});
     }
     if (o.placements.variables.empty()) variables.note = "No variables yet.";
     Table& other = tables.emplace_back();
@@ -286,6 +291,27 @@ kj::Promise<void> CoordinatorService::createVariable(CreateVariableContext conte
       .then([context](Result<VariableLocation> placed) mutable {
         rpc::check(placed.status());
         placement_to_wire(*placed, context.getResults().initPlacement());
+      });
+}
+
+kj::Promise<void> CoordinatorService::createEmbeddingTable(CreateEmbeddingTableContext context) {
+  auto params = context.getParams();
+  std::string name = text(params.getName());
+  auto spec = rpc::table_from_wire(params.getConfig());
+  rpc::check(spec.status().with_context("createEmbeddingTable '" + name + "'"));
+  spec->name = name;
+  return core_.create_table(std::move(*spec)).then([context](Result<VariableLocation> placed) mutable {
+    rpc::check(placed.status());
+    placement_to_wire(*placed, context.getResults().initPlacement());
+  });
+}
+
+kj::Promise<void> CoordinatorService::exportEmbeddingTable(ExportEmbeddingTableContext context) {
+  auto params = context.getParams();
+  return core_.export_table(text(params.getName()), text(params.getSinceCheckpoint()), text(params.getPath()))
+      .then([context](Result<int64_t> rows) mutable {
+        rpc::check(rows.status());
+        context.getResults().setRows(*rows);
       });
 }
 

@@ -51,6 +51,8 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> strategyStatus(StrategyStatusContext context) override;
   kj::Promise<void> leaveWorker(LeaveWorkerContext context) override;
   kj::Promise<void> reportScalars(ReportScalarsContext context) override;
+  kj::Promise<void> createEmbeddingTable(CreateEmbeddingTableContext context) override;
+  kj::Promise<void> exportEmbeddingTable(ExportEmbeddingTableContext context) override;
 
  private:
   const CoordinatorConfig config_;

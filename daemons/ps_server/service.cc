@@ -52,6 +52,37 @@ PsService::PsService(daemon::DaemonContext& ctx)
     auto held = store.lock();
     return held ? static_cast<double>(held->total_bytes()) : 0.0;
   });
+  add_table_metrics();
+}
+
+void PsService::add_table_metrics() {
+  using S = ps::EmbeddingTable::Stats;
+  std::weak_ptr<ps::TableStore> tables = tables_;
+  daemon::MetricsRegistry& m = ctx_.metrics;
+  auto sum = [tables](const std::atomic<int64_t> S::*field) {
+    return [tables, field]() {
+      auto held = tables.lock();
+      return held ? static_cast<double>(held->total(field)) : 0.0;
+    };
+  };
+  m.callback_gauge("capstan_ps_table_rows", "Rows held in embedding tables.", sum(&S::rows));
+  m.callback_gauge("capstan_ps_table_bytes", "Bytes of embedding tables (rows, slots, metadata, indexes).", [tables] {
+    auto held = tables.lock();
+    return held ? static_cast<double>(held->total_bytes()) : 0.0;
+  });
+  m.callback_counter("capstan_ps_table_lookups_total", "Keys looked up in embedding tables.", sum(&S::lookups));
+  m.callback_counter("capstan_ps_table_inserts_total", "Keys inserted into embedding tables.", sum(&S::inserted));
+  m.callback_counter("capstan_ps_table_not_admitted_total",
+                     "Lookups of keys not admitted yet (answered with the default row).", sum(&S::not_admitted));
+  m.callback_counter("capstan_ps_table_evicted_ttl_total", "Rows evicted by time-to-live.", sum(&S::evicted_ttl));
+  m.callback_counter("capstan_ps_table_evicted_capacity_total",
+                     "Rows evicted to keep tables under max_rows or max_bytes.", sum(&S::evicted_capacity));
+  m.callback_counter("capstan_ps_table_updated_rows_total", "Table rows updated by optimizer steps.",
+                     sum(&S::updated_rows));
+  m.callback_counter("capstan_ps_table_dropped_updates_total",
+                     "Gradients for keys not in the table (not admitted, or evicted) that were dropped.",
+                     sum(&S::dropped_updates));
+  ctx_.status.plot("table rows", daemon::StatusBoard::Plot::kLevel, sum(&S::rows));
 }
 
 kj::Promise<void> PsService::createShard(CreateShardContext context) {
@@ -155,15 +186,30 @@ kj::Promise<void> PsService::applySparse(ApplySparseContext context) {
 
 kj::Promise<void> PsService::listShards(ListShardsContext context) {
   // Reading a shard's info waits for its update in progress: not on the loop.
+  // Embedding tables are listed after the variables, as table shards.
+  struct Listed {
+    std::string name;
+    ps::VariableStore::Info info;
+    bool table = false;
+  };
   auto store = store_;
-  return rpc::run_on_pool(ctx_.pool, [store]() -> Result<std::vector<std::pair<std::string, ps::VariableStore::Info>>> {
-           return store->list();
+  auto tables = tables_;
+  return rpc::run_on_pool(ctx_.pool, [store, tables]() -> Result<std::vector<Listed>> {
+           std::vector<Listed> out;
+           for (auto& [name, info] : store->list()) out.push_back({name, std::move(info), false});
+           for (const auto& [name, table] : tables->list()) {
+             const ps::TableConfig& c = table->config();
+             out.push_back({name,
+                            {c.dtype, {table->stats().rows.load(), c.dim}, c.optimizer, table->step(), table->bytes()},
+                            true});
+           }
+           return out;
          })
-      .then([context](Result<std::vector<std::pair<std::string, ps::VariableStore::Info>>> listed) mutable {
+      .then([context](Result<std::vector<Listed>> listed) mutable {
         check(listed.status());
         auto shards = context.getResults().initShards(static_cast<unsigned>(listed->size()));
         for (unsigned i = 0; i < listed->size(); ++i) {
-          const auto& [name, info] = (*listed)[i];
+          const auto& [name, info, table] = (*listed)[i];
           auto out = shards[i];
           out.setName(name);
           out.setDtype(rpc::to_wire(info.dtype));
@@ -172,6 +218,7 @@ kj::Promise<void> PsService::listShards(ListShardsContext context) {
           rpc::optimizer_to_wire(info.optimizer, out.initOptimizer());
           out.setStep(info.step);
           out.setBytes(info.bytes);
+          out.setTable(table);
         }
       });
 }
@@ -217,8 +264,123 @@ kj::Promise<void> PsService::setSlots(SetSlotsContext context) {
 }
 
 kj::Promise<void> PsService::removeShard(RemoveShardContext context) {
-  check(store_->remove(text(context.getParams().getName())));
+  std::string name = text(context.getParams().getName());
+  if (tables_->remove(name)) return kj::READY_NOW;
+  check(store_->remove(name));
   return kj::READY_NOW;
+}
+
+// ---- Embedding tables
+
+namespace {
+
+ps::TableConfig table_config(const EmbeddingTableSpec& spec) {
+  return ps::TableConfig{spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options};
+}
+
+}  // namespace
+
+kj::Promise<void> PsService::createTable(CreateTableContext context) {
+  auto params = context.getParams();
+  std::string name = text(params.getName());
+  auto spec = rpc::table_from_wire(params.getConfig());
+  check(spec.status().with_context("createTable '" + name + "'"));
+  auto tables = tables_;
+  return rpc::run_on_pool(ctx_.pool, [tables, name, config = table_config(*spec)]() {
+           return tables->create(name, config);
+         })
+      .then([](Status status) { check(status); });
+}
+
+kj::Promise<void> PsService::lookupTable(LookupTableContext context) {
+  auto params = context.getParams();
+  auto table = tables_->find(text(params.getName()));
+  check(table.status());
+  bool insert = params.getInsert();
+  return rpc::read_tensor(params.getIds())
+      .then([this, table = *table, insert](Tensor&& ids) {
+        return rpc::run_on_pool(ctx_.pool, [table, insert, ids = std::move(ids)]() {
+          return table->lookup(ids, insert);
+        });
+      })
+      .then([this, context](Result<Tensor> rows) mutable {
+        check(rows.status());
+        rpc::write_tensor(context.getResults().initRows(), *rows, ctx_.codec);
+      });
+}
+
+kj::Promise<void> PsService::applyTable(ApplyTableContext context) {
+  auto params = context.getParams();
+  auto table = tables_->find(text(params.getName()));
+  check(table.status());
+  int64_t step = params.getStep();
+  auto ids = rpc::read_tensor(params.getIds());
+  auto gradients = rpc::read_tensor(params.getGradients());
+  return ids.then([gradients = kj::mv(gradients)](Tensor&& ids) mutable {
+              return gradients.then([ids = std::move(ids)](Tensor&& gradients) mutable {
+                return std::make_pair(std::move(ids), std::move(gradients));
+              });
+            })
+      .then([this, table = *table, step](std::pair<Tensor, Tensor>&& update) {
+        return rpc::run_on_pool(ctx_.pool, [table, step, update = std::move(update)]() {
+          return table->apply_gradients(update.first, update.second, step);
+        });
+      })
+      .then([](Status status) { check(status); });
+}
+
+kj::Promise<void> PsService::exportTable(ExportTableContext context) {
+  auto params = context.getParams();
+  auto table = tables_->find(text(params.getName()));
+  check(table.status());
+  int64_t since = params.getSinceVersion();
+  int64_t begin = params.getBeginVersion();
+  struct Exported {
+    ps::TableRows rows;
+    int64_t step = 0;
+    int64_t version = 0;
+  };
+  return rpc::run_on_pool(ctx_.pool, [table = *table, since, begin]() -> Result<Exported> {
+           Exported out;
+           out.version = table->version();
+           if (begin > 0) {
+             CAPSTAN_ASSIGN_OR_RETURN(out.version, table->begin_version(std::max(begin, out.version + 1)));
+           }
+           out.step = table->step();
+           CAPSTAN_ASSIGN_OR_RETURN(out.rows, table->export_rows(since));
+           return out;
+         })
+      .then([this, context](Result<Exported> exported) mutable {
+        check(exported.status());
+        auto results = context.getResults();
+        rpc::table_rows_to_wire(exported->rows, results.initRows(), ctx_.codec);
+        results.setStep(exported->step);
+        results.setVersion(exported->version);
+      });
+}
+
+kj::Promise<void> PsService::importTable(ImportTableContext context) {
+  auto params = context.getParams();
+  auto table = tables_->find(text(params.getName()));
+  check(table.status());
+  bool clear = params.getClear();
+  int64_t step = params.getStep();
+  int64_t version = params.getVersion();
+  if (step < 0 || version < 0) {
+    check(Status::InvalidArgument("importTable: step " + std::to_string(step) + " and version " +
+                                  std::to_string(version) + " must be >= 0"));
+  }
+  return rpc::read_table_rows(params.getRows())
+      .then([this, table = *table, clear, step, version](ps::TableRows&& rows) {
+        return rpc::run_on_pool(ctx_.pool, [table, clear, step, version, rows = std::move(rows)]() -> Status {
+          if (clear) table->clear();
+          CAPSTAN_RETURN_IF_ERROR(table->import_rows(rows));
+          CAPSTAN_RETURN_IF_ERROR(table->set_step(std::max(step, table->step())));
+          if (table->version() <= version) return table->begin_version(version + 1).status();
+          return Status::Ok();
+        });
+      })
+      .then([](Status status) { check(status); });
 }
 
 }  // namespace capstan::ps_server

@@ -1,11 +1,12 @@
 // The ps-server service: the ParameterServer interface of schemas/ps.capnp
-// over a VariableStore. Decoding happens on the RPC loop; the store's work
+// over a VariableStore and a TableStore (embedding tables). Decoding happens on the RPC loop; the store's work
 // (optimizer math, copies) runs on the daemon's thread pool.
 #ifndef CAPSTAN_DAEMONS_PS_SERVER_SERVICE_H_
 #define CAPSTAN_DAEMONS_PS_SERVER_SERVICE_H_
 
 #include "capstan_schemas/ps.capnp.h"
 #include "daemons/common/node_service.h"
+#include "daemons/ps_server/table_store.h"
 #include "daemons/ps_server/variable_store.h"
 
 namespace capstan::ps_server {
@@ -28,9 +29,17 @@ class PsService : public daemon::NodeService<wire::ParameterServer::Server> {
   kj::Promise<void> readSlots(ReadSlotsContext context) override;
   kj::Promise<void> setSlots(SetSlotsContext context) override;
   kj::Promise<void> removeShard(RemoveShardContext context) override;
+  kj::Promise<void> createTable(CreateTableContext context) override;
+  kj::Promise<void> lookupTable(LookupTableContext context) override;
+  kj::Promise<void> applyTable(ApplyTableContext context) override;
+  kj::Promise<void> exportTable(ExportTableContext context) override;
+  kj::Promise<void> importTable(ImportTableContext context) override;
 
  private:
+  void add_table_metrics();
+
   std::shared_ptr<ps::VariableStore> store_;
+  std::shared_ptr<ps::TableStore> tables_ = std::make_shared<ps::TableStore>();
 };
 
 }  // namespace capstan::ps_server

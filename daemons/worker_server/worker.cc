@@ -71,6 +71,9 @@ class Worker::Context final : public ClosureContext {
   Status apply_sparse_gradients(const std::string& variable, const Tensor& ids, const Tensor& rows) override {
     return worker_.variables_.apply_sparse(variable, ids, rows);
   }
+  Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override {
+    return worker_.variables_.lookup(table, ids, insert);
+  }
   Result<data::Iterator*> iterator(const Tensor& arg) override {
     if (arg.dtype() != DType::kInt64 || arg.num_elements() != 1) {
       return Status::InvalidArgument(

@@ -32,6 +32,13 @@
 //                            with each progress line, then test/log_loss,
 //                            test/planted_log_loss and test/gap_percent (the
 //                            held-out figures) at the last step
+//   --dynamic                keep the weights in a dynamic embedding table
+//                            ("ctr_table", create_embedding_table) keyed by raw
+//                            ids from a 2^40 space (ctr::raw_id) instead of the
+//                            fixed [40001, 1] variable: rows are inserted as ids
+//                            first appear; the same planted-model target
+//   --min-count N            with --dynamic: an id enters the table at its N-th
+//                            lookup (admission; default 1)
 //   --dispatcher HOST:PORT   feed the workers through the tf.data service: the
 //                            pipeline is registered with this dispatcher, its data
 //                            workers (HINT sharding) generate and batch the
@@ -80,6 +87,8 @@ struct Flags {
   std::string checkpoint_dir;  // empty: no checkpoint
   std::string logdir;          // empty: no TensorBoard events
   std::string dispatcher;      // empty: workers generate their input themselves
+  bool dynamic = false;        // the weights in a dynamic embedding table
+  int64_t min_count = 1;
 };
 
 [[noreturn]] void usage(const char* program, const std::string& error) {
@@ -88,7 +97,7 @@ struct Flags {
   (error.empty() ? std::cout : std::cerr) << "usage: " << program
             << " [--coordinator HOST:PORT] [--steps N] [--eval-steps N] [--learning-rate X]"
                " [--min-workers N] [--log-every N] [--max-gap PERCENT] [--checkpoint-dir DIR]"
-               " [--dispatcher HOST:PORT] [--logdir DIR]\n";
+               " [--dispatcher HOST:PORT] [--logdir DIR] [--dynamic] [--min-count N]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -97,6 +106,10 @@ Flags parse_flags(int argc, char** argv) {
   for (int i = 1; i < argc; ++i) {
     std::string name = argv[i];
     if (name == "-h" || name == "--help") usage(argv[0], "");
+    if (name == "--dynamic") {
+      flags.dynamic = true;
+      continue;
+    }
     if (i + 1 >= argc) usage(argv[0], "option " + name + " needs a value");
     std::string value = argv[++i];
     auto integer = [&]() -> int64_t {
@@ -131,6 +144,8 @@ Flags parse_flags(int argc, char** argv) {
       flags.log_every = integer();
     } else if (name == "--max-gap") {
       flags.max_gap_percent = real();
+    } else if (name == "--min-count") {
+      flags.min_count = integer();
     } else {
       usage(argv[0], "unknown option '" + name + "'");
     }
@@ -211,13 +226,27 @@ int main(int argc, char** argv) {
   // beyond this program: a second run against the same cluster finds it, so
   // reset it (its Adagrad accumulators stay; use a fresh cluster for
   // comparable runs).
-  auto zeros = capstan::zeros_initializer(DType::kFloat32, {ctr::kVocabularySize, 1});
-  if (!zeros.ok()) return fail("initializing the weights", zeros.status());
-  auto info = cluster.create_variable({kWeights, *zeros, capstan::Optimizer::adagrad(flags.learning_rate),
-                                       capstan::Partitioner::fixed_shards(2)});
-  if (!info.ok()) return fail("creating the weights", info.status());
-  Status reset = cluster.assign_variable(kWeights, *zeros);
-  if (!reset.ok()) return fail("resetting the weights", reset);
+  capstan::Result<capstan::VariableInfo> info = Status::Unknown("not created");
+  if (flags.dynamic) {
+    // Rows appear as ids do; a new id starts at zero, as the fixed table's
+    // rows do. A second run against the same cluster goes on from the rows
+    // there (use a fresh cluster for comparable runs).
+    capstan::EmbeddingTableOptions table_options;
+    table_options.min_count = flags.min_count;
+    info = cluster.create_embedding_table("ctr_table", 1, DType::kFloat32, capstan::EmbeddingInitializer::zeros(),
+                                          capstan::Optimizer::adagrad(flags.learning_rate), table_options);
+    if (!info.ok()) return fail("creating the embedding table", info.status());
+  } else {
+    auto zeros = capstan::zeros_initializer(DType::kFloat32, {ctr::kVocabularySize, 1});
+    if (!zeros.ok()) return fail("initializing the weights", zeros.status());
+    info = cluster.create_variable({kWeights, *zeros, capstan::Optimizer::adagrad(flags.learning_rate),
+                                    capstan::Partitioner::fixed_shards(2)});
+    if (!info.ok()) return fail("creating the weights", info.status());
+    Status reset = cluster.assign_variable(kWeights, *zeros);
+    if (!reset.ok()) return fail("resetting the weights", reset);
+  }
+  const std::string train_step = flags.dynamic ? "train_step_dynamic" : "train_step";
+  const std::string eval_step = flags.dynamic ? "eval_dynamic" : "eval";
 
   auto pipeline = data::Dataset::range(0, ctr::kHeldOutBegin)
                       .shard(data::kShardHint, data::kShardHint)
@@ -240,9 +269,14 @@ int main(int argc, char** argv) {
   auto dataset = cluster.create_per_worker_dataset(pipeline);
   if (!dataset.ok()) return fail("creating the per-worker dataset", dataset.status());
 
-  std::printf("ctr: logistic regression over %d hashed fields (%lld ids), %lld-row table in %zu shards:",
-              ctr::kFields, static_cast<long long>(ctr::kNumFeatureIds),
-              static_cast<long long>(ctr::kVocabularySize), info->shards.size());
+  if (flags.dynamic) {
+    std::printf("ctr: logistic regression over %d fields of raw %d-bit ids, dynamic embedding table in %zu shards:",
+                ctr::kFields, ctr::kRawIdBits, info->shards.size());
+  } else {
+    std::printf("ctr: logistic regression over %d hashed fields (%lld ids), %lld-row table in %zu shards:",
+                ctr::kFields, static_cast<long long>(ctr::kNumFeatureIds),
+                static_cast<long long>(ctr::kVocabularySize), info->shards.size());
+  }
   for (const auto& shard : info->shards) std::printf(" %s on ps%d", shard.name.c_str(), shard.ps_task);
   std::printf("\nctr: training %lld steps of %lld examples on %d worker(s), asynchronously\n",
               static_cast<long long>(flags.steps), static_cast<long long>(ctr::kBatchSize), cluster.num_workers());
@@ -257,7 +291,7 @@ int main(int argc, char** argv) {
   Element step_args{{dataset->arg()}, {}};
   while (completed < flags.steps) {
     while (scheduled < flags.steps && in_flight.size() < kInFlight) {
-      auto value = cluster.schedule("train_step", step_args);
+      auto value = cluster.schedule(train_step, step_args);
       if (!value.ok()) return fail("scheduling step " + std::to_string(scheduled + 1), value.status());
       in_flight.push_back(*value);
       ++scheduled;
@@ -284,7 +318,7 @@ int main(int argc, char** argv) {
     Element args{{Tensor::scalar<int64_t>(ctr::kHeldOutBegin + i * ctr::kBatchSize),
                   Tensor::scalar<int64_t>(ctr::kBatchSize)},
                  {}};
-    auto value = cluster.schedule("eval", args);
+    auto value = cluster.schedule(eval_step, args);
     if (!value.ok()) return fail("scheduling eval", value.status());
     evals.push_back(*value);
   }

@@ -6,6 +6,11 @@
 //   closure "train_step" one step of logistic regression on this worker's next batch
 //   closure "eval"       log-losses of the model and of the planted model on
 //                        held-out examples [first, first + count)
+//   closure "train_step_dynamic", "eval_dynamic"
+//                        the same with the weights in the dynamic embedding
+//                        table "ctr_table" (dim 1), keyed by raw 40-bit ids
+//                        (ctr::raw_id): lookup inserts new ids in training;
+//                        evaluation looks up without inserting
 //
 // The model is logistic regression over hashed categorical ids: one weight
 // per id in the variable "ctr_weights" [kVocabularySize, 1], partitioned
@@ -35,6 +40,11 @@ using capstan::Status;
 using capstan::Tensor;
 
 constexpr const char* kWeights = "ctr_weights";
+constexpr const char* kTable = "ctr_table";
+
+// Where the weights live: the fixed table indexed by model id, or the
+// dynamic table keyed by raw ids.
+enum class Mode { kFixed, kDynamicTrain, kDynamicEval };
 
 // A batch's distinct ids (the bias included) and, for each example, where
 // its ids sit among them.
@@ -67,13 +77,24 @@ Result<Tensor> ids_tensor(const std::vector<int64_t>& ids) {
   return Tensor::from_vector<int64_t>(ids, {static_cast<int64_t>(ids.size())});
 }
 
+// The ids the weights are stored under in `mode`.
+Result<Tensor> storage_ids(const Lookup& lookup, Mode mode) {
+  if (mode == Mode::kFixed) return ids_tensor(lookup.unique_ids);
+  std::vector<int64_t> raw;
+  raw.reserve(lookup.unique_ids.size());
+  for (int64_t id : lookup.unique_ids) raw.push_back(ctr::raw_id(id));
+  return ids_tensor(raw);
+}
+
 // The model's weights for `lookup.unique_ids`, from the parameter servers.
-Result<std::vector<float>> gather_weights(ClosureContext& ctx, const Lookup& lookup) {
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, ids_tensor(lookup.unique_ids));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, ctx.gather(kWeights, ids));
+Result<std::vector<float>> gather_weights(ClosureContext& ctx, const Lookup& lookup, Mode mode) {
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, storage_ids(lookup, mode));
+  Result<Tensor> found = mode == Mode::kFixed ? ctx.gather(kWeights, ids)
+                                              : ctx.lookup(kTable, ids, /*insert=*/mode == Mode::kDynamicTrain);
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, std::move(found));
   if (rows.dtype() != DType::kFloat32 || rows.num_elements() != ids.num_elements()) {
-    return Status::FailedPrecondition(std::string("'") + kWeights + "' must be float32[" +
-                                      std::to_string(ctr::kVocabularySize) + ", 1]; gather returned " +
+    return Status::FailedPrecondition(std::string("'") + (mode == Mode::kFixed ? kWeights : kTable) +
+                                      "' must be float32 rows of 1 weight; the parameter servers returned " +
                                       rows.debug_string(0));
   }
   auto flat = rows.flat<float>();
@@ -105,7 +126,7 @@ Result<int64_t> scalar_int(const Element& args, size_t i, const char* what) {
   return args.components[i].flat<int64_t>()[0];
 }
 
-Result<Element> train_step(ClosureContext& ctx, const Element& args) {
+Result<Element> train_step(ClosureContext& ctx, const Element& args, Mode mode) {
   if (args.size() != 1) return Status::InvalidArgument("train_step takes one argument: the per-worker dataset");
   CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
@@ -114,7 +135,7 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
   auto labels = batch->components[1].flat<float>();
 
   Lookup lookup = make_lookup(batch->components[0].flat<int64_t>(), n);
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<float> weights, gather_weights(ctx, lookup));
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<float> weights, gather_weights(ctx, lookup, mode));
 
   // Gradient of the batch's summed log-loss with respect to each weight:
   // (sigmoid(logit) - label) for every example that has the id. Summing
@@ -134,17 +155,17 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
   }
   // A cancelled step (another closure failed) does not push its update.
   if (ctx.cancelled()) return Status::Cancelled("train_step cancelled before its update");
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, ids_tensor(lookup.unique_ids));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, storage_ids(lookup, mode));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor rows,
                            Tensor::from_vector<float>(gradient, {static_cast<int64_t>(gradient.size()), 1}));
-  CAPSTAN_RETURN_IF_ERROR(ctx.apply_sparse_gradients(kWeights, ids, rows));
+  CAPSTAN_RETURN_IF_ERROR(ctx.apply_sparse_gradients(mode == Mode::kFixed ? kWeights : kTable, ids, rows));
   return Element{{Tensor::scalar<float>(static_cast<float>(loss / static_cast<double>(n)))}, {"loss"}};
 }
 
 // args: (first, count): held-out examples first .. first + count - 1.
 // Returns float64 sums over them: (model log-loss, planted log-loss, labels,
 // count).
-Result<Element> eval(ClosureContext& ctx, const Element& args) {
+Result<Element> eval(ClosureContext& ctx, const Element& args, Mode mode) {
   CAPSTAN_ASSIGN_OR_RETURN(int64_t first, scalar_int(args, 0, "first example"));
   CAPSTAN_ASSIGN_OR_RETURN(int64_t count, scalar_int(args, 1, "count"));
   if (first < ctr::kHeldOutBegin || count < 1 || count > 1 << 20) {
@@ -163,7 +184,7 @@ Result<Element> eval(ClosureContext& ctx, const Element& args) {
     ids.insert(ids.end(), examples.back().ids.begin(), examples.back().ids.end());
   }
   Lookup lookup = make_lookup(ids, count);
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<float> weights, gather_weights(ctx, lookup));
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<float> weights, gather_weights(ctx, lookup, mode));
 
   constexpr int64_t kPerExample = ctr::kFields + 1;
   double model_loss = 0, planted_loss = 0, clicks = 0;
@@ -193,6 +214,16 @@ CAPSTAN_MODULE(registry) {
     CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, Tensor::from_vector<int64_t>({e.ids.begin(), e.ids.end()}, {ctr::kFields}));
     return Element{{ids, Tensor::scalar<float>(e.label)}, {"ids", "label"}};
   });
-  registry.register_closure("train_step", train_step);
-  registry.register_closure("eval", eval);
+  registry.register_closure("train_step", [](ClosureContext& ctx, const Element& args) {
+    return train_step(ctx, args, Mode::kFixed);
+  });
+  registry.register_closure("eval", [](ClosureContext& ctx, const Element& args) {
+    return eval(ctx, args, Mode::kFixed);
+  });
+  registry.register_closure("train_step_dynamic", [](ClosureContext& ctx, const Element& args) {
+    return train_step(ctx, args, Mode::kDynamicTrain);
+  });
+  registry.register_closure("eval_dynamic", [](ClosureContext& ctx, const Element& args) {
+    return eval(ctx, args, Mode::kDynamicEval);
+  });
 }

@@ -99,6 +99,16 @@ inline Example make_example(int64_t index) {
   return e;
 }
 
+// --dynamic: each model id as a raw id of a 2^40 space (as user, item or
+// query ids are: no vocabulary, no fixed range), which only a dynamic
+// embedding table can hold without hashing it into fewer buckets. The
+// planted model is the same, so is the target. (A collision between two of
+// the 40,001 ids in 2^40 values has a chance of about 7e-4.)
+inline constexpr int kRawIdBits = 40;
+inline int64_t raw_id(int64_t model_id) {
+  return static_cast<int64_t>(mix(kSeed ^ 0xd7d7ULL ^ mix(static_cast<uint64_t>(model_id))) >> (64 - kRawIdBits));
+}
+
 // -log P(label | logit), computed stably.
 inline double log_loss(double logit, double label) {
   // log(1 + exp(-|z|)) + max(z, 0) - label * z

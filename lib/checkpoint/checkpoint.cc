@@ -587,11 +587,27 @@ std::string describe(const CheckpointReader& reader) {
   }
   out += "variables:\n";
   for (const auto& var : m.variables) {
-    out += "  " + var.name + "  " + std::string(dtype_name(var.dtype)) + " " +
-           shape_string(var.shape) + "  partitioning " + shape_string(var.partitioning) + "\n";
-    for (const auto& shard : var.shards) {
-      out += "    " + shard.name + "  rows [" + std::to_string(shard.first_row) + ", " +
-             std::to_string(shard.first_row + shard.rows) + ")  in " + shard.file + "\n";
+    if (var.table) {
+      const ManifestTable& t = *var.table;
+      const EmbeddingTableOptions& o = t.options;
+      out += "  " + var.name + "  embedding table " + std::string(dtype_name(var.dtype)) + "[*, " +
+             std::to_string(t.dim) + "]  " + std::to_string(var.shape.empty() ? 0 : var.shape[0]) +
+             " rows  generation " + std::to_string(t.generation) + "\n";
+      out += "    initializer " + t.initializer.kind + "  min_count " + std::to_string(o.min_count) +
+             "  admit_probability " + format_double(o.admit_probability) + "  ttl_steps " +
+             std::to_string(o.ttl_steps) + "  ttl_seconds " + std::to_string(o.ttl_seconds) + "  max_rows " +
+             std::to_string(o.max_rows) + "  max_bytes " + std::to_string(o.max_bytes) + "  eviction " + o.eviction +
+             "\n";
+      for (const auto& shard : var.shards) {
+        out += "    " + shard.name + "  " + std::to_string(shard.rows) + " rows  in " + shard.file + "\n";
+      }
+    } else {
+      out += "  " + var.name + "  " + std::string(dtype_name(var.dtype)) + " " +
+             shape_string(var.shape) + "  partitioning " + shape_string(var.partitioning) + "\n";
+      for (const auto& shard : var.shards) {
+        out += "    " + shard.name + "  rows [" + std::to_string(shard.first_row) + ", " +
+               std::to_string(shard.first_row + shard.rows) + ")  in " + shard.file + "\n";
+      }
     }
     if (var.optimizer.kind == Optimizer::Kind::kNone) {
       out += "    optimizer: none\n";

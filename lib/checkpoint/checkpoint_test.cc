@@ -413,7 +413,7 @@ TEST_CASE("checkpoint: a file that is not safetensors fails the commit") {
   REQUIRE(writer.ok());
   write_bytes((*writer)->path() + "/ps-0.safetensors", "not safetensors");
   Manifest m;
-  m.variables = {{"v", DType::kFloat32, {1}, {1}, {{"v", "ps-0.safetensors", 0, 1}}, {}, {}, 0}};
+  m.variables = {{"v", DType::kFloat32, {1}, {1}, {{"v", "ps-0.safetensors", 0, 1}}, {}, {}, 0, std::nullopt}};
   Status status = (*writer)->commit(m);
   CHECK(status.code() == StatusCode::kDataLoss);
   CHECK(message_contains(status, "ps-0.safetensors"));
@@ -468,7 +468,8 @@ TEST_CASE("checkpoint: files that other processes wrote into path() are checksum
                   {{"v/part_0", "ps-0.safetensors", 0, 2}, {"v/part_1", "ps-1.safetensors", 2, 1}},
                   {},
                   {},
-                  0}};
+                  0,
+                  std::nullopt}};
   REQUIRE((*writer)->commit(m).ok());
   auto reader = open_ok(dir.file("ckpt-5"));
   CHECK(reader->manifest().files.size() == 2);

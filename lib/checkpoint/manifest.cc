@@ -131,6 +131,22 @@ std::optional<Problem> find_problem(const Manifest& m) {
       }
     }
     if (var.optimizer_step < 0) return Problem{at + ".optimizer_step", "is negative"};
+    if (var.table) {
+      if (var.shape.size() != 2 || var.shape[1] != var.table->dim || var.table->dim < 1) {
+        return Problem{at + ".table.dim", "is " + std::to_string(var.table->dim) + " but the shape is " +
+                                             shape_string(var.shape) + " (a table is [rows, dim], dim >= 1)"};
+      }
+      if (var.table->generation < 0) return Problem{at + ".table.generation", "is negative"};
+      for (size_t s = 0; s < var.shards.size(); ++s) {
+        const ManifestShard& shard = var.shards[s];
+        for (const auto& extra : {table_keys_tensor_name(shard.name), table_meta_tensor_name(shard.name)}) {
+          if (!tensors.emplace(shard.file, extra).second) {
+            return Problem{at + ".shards[" + std::to_string(s) + "].name",
+                           "tensor " + in_quotes(extra) + " of " + in_quotes(shard.file) + " is used twice"};
+          }
+        }
+      }
+    }
   }
   return std::nullopt;
 }
@@ -278,11 +294,55 @@ Result<Json> load_json(const std::string& json, const Fields& fields) {
   return fields.error("(document)", "not valid JSON: " + parsed.status().message());
 }
 
+Result<ManifestTable> parse_table(const Json& node, const std::string& at, const Fields& f) {
+  CAPSTAN_RETURN_IF_ERROR(f.object(node, at,
+                                   {"dim", "initializer", "min_count", "admit_probability", "ttl_steps",
+                                    "ttl_seconds", "max_rows", "max_bytes", "eviction", "default_value",
+                                    "generation"}));
+  ManifestTable t;
+  auto integer = [&](const Json& in, const std::string& field_at, const char* key, int64_t* out) -> Status {
+    CAPSTAN_ASSIGN_OR_RETURN(auto n, f.member(in, field_at, key));
+    CAPSTAN_ASSIGN_OR_RETURN(*out, f.int64(n, field_at + "." + key));
+    return Status::Ok();
+  };
+  auto real = [&](const Json& in, const std::string& field_at, const char* key, double* out) -> Status {
+    CAPSTAN_ASSIGN_OR_RETURN(auto n, f.member(in, field_at, key));
+    CAPSTAN_ASSIGN_OR_RETURN(*out, f.number(n, field_at + "." + key));
+    return Status::Ok();
+  };
+  auto text = [&](const Json& in, const std::string& field_at, const char* key, std::string* out) -> Status {
+    CAPSTAN_ASSIGN_OR_RETURN(auto n, f.member(in, field_at, key));
+    CAPSTAN_ASSIGN_OR_RETURN(*out, f.string(n, field_at + "." + key));
+    return Status::Ok();
+  };
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "dim", &t.dim));
+  const std::string iat = at + ".initializer";
+  CAPSTAN_ASSIGN_OR_RETURN(auto init, f.member(node, at, "initializer"));
+  CAPSTAN_RETURN_IF_ERROR(f.object(*init, iat, {"kind", "value", "mean", "stddev", "seed"}));
+  CAPSTAN_RETURN_IF_ERROR(text(*init, iat, "kind", &t.initializer.kind));
+  CAPSTAN_RETURN_IF_ERROR(real(*init, iat, "value", &t.initializer.value));
+  CAPSTAN_RETURN_IF_ERROR(real(*init, iat, "mean", &t.initializer.mean));
+  CAPSTAN_RETURN_IF_ERROR(real(*init, iat, "stddev", &t.initializer.stddev));
+  CAPSTAN_ASSIGN_OR_RETURN(auto seed, f.member(*init, iat, "seed"));
+  CAPSTAN_ASSIGN_OR_RETURN(t.initializer.seed, f.uint64(seed, iat + ".seed"));
+  EmbeddingTableOptions& o = t.options;
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "min_count", &o.min_count));
+  CAPSTAN_RETURN_IF_ERROR(real(node, at, "admit_probability", &o.admit_probability));
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "ttl_steps", &o.ttl_steps));
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "ttl_seconds", &o.ttl_seconds));
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "max_rows", &o.max_rows));
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "max_bytes", &o.max_bytes));
+  CAPSTAN_RETURN_IF_ERROR(text(node, at, "eviction", &o.eviction));
+  CAPSTAN_RETURN_IF_ERROR(real(node, at, "default_value", &o.default_value));
+  CAPSTAN_RETURN_IF_ERROR(integer(node, at, "generation", &t.generation));
+  return t;
+}
+
 Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
                                         const Fields& f) {
   CAPSTAN_RETURN_IF_ERROR(f.object(node, at,
                                    {"name", "dtype", "shape", "partitioning", "shards", "optimizer",
-                                    "slots", "optimizer_step"}));
+                                    "slots", "optimizer_step", "table"}));
   ManifestVariable var;
   CAPSTAN_ASSIGN_OR_RETURN(auto name, f.member(node, at, "name"));
   CAPSTAN_ASSIGN_OR_RETURN(var.name, f.string(name, at + ".name"));
@@ -342,10 +402,16 @@ Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
   CAPSTAN_ASSIGN_OR_RETURN(var.slots, f.string_list(slots, at + ".slots"));
   CAPSTAN_ASSIGN_OR_RETURN(auto step, f.member(node, at, "optimizer_step"));
   CAPSTAN_ASSIGN_OR_RETURN(var.optimizer_step, f.int64(step, at + ".optimizer_step"));
+  if (node.contains("table")) {
+    CAPSTAN_ASSIGN_OR_RETURN(var.table, parse_table(node.at("table"), at + ".table", f));
+  }
   return var;
 }
 
 }  // namespace
+
+std::string table_keys_tensor_name(std::string_view shard) { return std::string(shard) + "/keys"; }
+std::string table_meta_tensor_name(std::string_view shard) { return std::string(shard) + "/meta"; }
 
 std::string shard_name(std::string_view variable, size_t part) {
   return std::string(variable) + "/part_" + std::to_string(part);
@@ -403,8 +469,23 @@ std::string to_json(const Manifest& m) {
     }
     out += std::string("}, \"nesterov\": ") + (var.optimizer.nesterov ? "true" : "false") + "},\n";
     out += "      \"slots\": " + json_string_list(var.slots) + ",\n";
-    out += "      \"optimizer_step\": " + std::to_string(var.optimizer_step) + "\n";
-    out += "    }";
+    out += "      \"optimizer_step\": " + std::to_string(var.optimizer_step);
+    if (var.table) {
+      const ManifestTable& t = *var.table;
+      const EmbeddingTableOptions& o = t.options;
+      out += ",\n      \"table\": {\"dim\": " + std::to_string(t.dim) +
+             ", \"initializer\": {\"kind\": " + json_quote(t.initializer.kind) +
+             ", \"value\": " + json_double(t.initializer.value) + ", \"mean\": " + json_double(t.initializer.mean) +
+             ", \"stddev\": " + json_double(t.initializer.stddev) +
+             ", \"seed\": " + std::to_string(t.initializer.seed) + "}" +
+             ", \"min_count\": " + std::to_string(o.min_count) +
+             ", \"admit_probability\": " + json_double(o.admit_probability) +
+             ", \"ttl_steps\": " + std::to_string(o.ttl_steps) + ", \"ttl_seconds\": " + std::to_string(o.ttl_seconds) +
+             ", \"max_rows\": " + std::to_string(o.max_rows) + ", \"max_bytes\": " + std::to_string(o.max_bytes) +
+             ", \"eviction\": " + json_quote(o.eviction) + ", \"default_value\": " + json_double(o.default_value) +
+             ", \"generation\": " + std::to_string(t.generation) + "}";
+    }
+    out += "\n    }";
   }
   out += m.variables.empty() ? "],\n" : "\n  ],\n";
   out += "  \"files\": [";

@@ -69,6 +69,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -96,6 +97,24 @@ struct ManifestShard {
   bool operator==(const ManifestShard&) const = default;
 };
 
+// What a dynamic embedding table adds to its variable entry ("table": {...}).
+// A table is written as a variable of shape [rows, dim] whose shards are the
+// parameter servers' table shards, in task order (first_row counts the rows
+// before it); each shard's file holds, beside the values ("<shard>") and
+// slots, the tensors "<shard>/keys" (int64[rows]) and "<shard>/meta"
+// (int64[rows, 4]: lookups, last update step, last update ms, version).
+struct ManifestTable {
+  int64_t dim = 0;
+  EmbeddingInitializer initializer;
+  EmbeddingTableOptions options;
+  // The checkpoint holds every change tagged with a version <= generation:
+  // the rows changed since are those with a greater version.
+  int64_t generation = 0;
+  bool operator==(const ManifestTable&) const = default;
+};
+std::string table_keys_tensor_name(std::string_view shard);
+std::string table_meta_tensor_name(std::string_view shard);
+
 struct ManifestVariable {
   std::string name;
   DType dtype = DType::kInvalid;
@@ -107,6 +126,7 @@ struct ManifestVariable {
   Optimizer optimizer;
   std::vector<std::string> slots;
   int64_t optimizer_step = 0;  // the optimizer's iteration count
+  std::optional<ManifestTable> table;  // set for an embedding table
   bool operator==(const ManifestVariable&) const = default;
 };
 

@@ -368,6 +368,57 @@ TEST_CASE("manifest: validate_manifest refuses what parse_manifest would") {
   CHECK(validate_manifest(m).code() == StatusCode::kInvalidArgument);
 }
 
+// A dynamic embedding table of dim 8 with 5 rows on ps-0 and 3 on ps-1.
+ManifestVariable sample_table() {
+  ManifestVariable t;
+  t.name = "user_emb";
+  t.dtype = DType::kFloat32;
+  t.shape = {8, 8};
+  t.partitioning = {5, 3};
+  t.shards = {{"user_emb/part_0", "ps-0.safetensors", 0, 5}, {"user_emb/part_1", "ps-1.safetensors", 5, 3}};
+  t.optimizer = Optimizer::adam(0.001);
+  t.slots = {"m", "v"};
+  t.optimizer_step = 77;
+  ManifestTable table;
+  table.dim = 8;
+  table.initializer = EmbeddingInitializer::random_normal(0, 0.05, 0xFFFFFFFFFFFFFFFFULL);
+  table.options.min_count = 3;
+  table.options.admit_probability = 0.25;
+  table.options.ttl_steps = 1000;
+  table.options.max_rows = 1 << 20;
+  table.options.eviction = "lfu";
+  table.options.default_value = -0.5;
+  table.generation = 12;
+  t.table = table;
+  return t;
+}
+
+TEST_CASE("manifest: an embedding table round-trips with its spec, generation and checksum") {
+  Manifest m = sample_manifest();
+  m.variables.push_back(sample_table());
+  std::string json = to_json_with_checksum(m);
+  CHECK_THAT(json, Catch::Contains("\"table\": {\"dim\": 8") && Catch::Contains("\"generation\": 12") &&
+                       Catch::Contains("\"seed\": 18446744073709551615"));
+  Manifest back = parse_ok(json);
+  CHECK(back == m);
+  // Manifests without tables are unchanged: no "table" key.
+  CHECK_THAT(to_json(sample_manifest()), !Catch::Contains("\"table\""));
+}
+
+TEST_CASE("manifest parse: a table whose dim disagrees with its shape, or with unknown fields, is refused") {
+  Manifest m = sample_manifest();
+  m.variables.push_back(sample_table());
+  std::string json = to_json(m);
+  auto wrong_dim = parse_manifest(replace(json, "\"dim\": 8", "\"dim\": 9"), "m.json");
+  CHECK(wrong_dim.status().code() == StatusCode::kDataLoss);
+  CHECK(message_contains(wrong_dim.status(), "variables[2].table.dim"));
+  auto unknown = parse_manifest(replace(json, "\"generation\": 12", "\"generation\": 12, \"colour\": 1"), "m.json");
+  CHECK(unknown.status().code() == StatusCode::kDataLoss);
+  CHECK(message_contains(unknown.status(), "colour"));
+  auto negative = parse_manifest(replace(json, "\"generation\": 12", "\"generation\": -1"), "m.json");
+  CHECK(negative.status().code() == StatusCode::kDataLoss);
+}
+
 TEST_CASE("checkpoint index: round trip") {
   CheckpointIndex index{"ckpt-20", {"ckpt-10", "ckpt-20"}};
   CHECK(to_json(index) == "{\"latest\": \"ckpt-20\", \"kept\": [\"ckpt-10\", \"ckpt-20\"]}\n");

@@ -45,6 +45,72 @@ Result<Optimizer> optimizer_from_wire(wire::OptimizerConfig::Reader in) {
   return out;
 }
 
+void table_to_wire(const EmbeddingTableSpec& in, wire::TableConfig::Builder out) {
+  out.setDtype(to_wire(in.dtype));
+  out.setDim(in.dim);
+  out.setInitializer(in.initializer.kind);
+  out.setInitValue(in.initializer.value);
+  out.setInitMean(in.initializer.mean);
+  out.setInitStddev(in.initializer.stddev);
+  out.setInitSeed(in.initializer.seed);
+  optimizer_to_wire(in.optimizer, out.initOptimizer());
+  const EmbeddingTableOptions& o = in.options;
+  out.setMinCount(o.min_count);
+  out.setAdmitProbability(o.admit_probability);
+  out.setTtlSteps(o.ttl_steps);
+  out.setTtlSeconds(o.ttl_seconds);
+  out.setMaxRows(o.max_rows);
+  out.setMaxBytes(o.max_bytes);
+  out.setEviction(o.eviction);
+  out.setDefaultValue(o.default_value);
+}
+
+Result<EmbeddingTableSpec> table_from_wire(wire::TableConfig::Reader in) {
+  EmbeddingTableSpec out;
+  out.dtype = from_wire(in.getDtype());
+  out.dim = in.getDim();
+  out.initializer.kind = std::string(in.getInitializer().cStr(), in.getInitializer().size());
+  out.initializer.value = in.getInitValue();
+  out.initializer.mean = in.getInitMean();
+  out.initializer.stddev = in.getInitStddev();
+  out.initializer.seed = in.getInitSeed();
+  CAPSTAN_ASSIGN_OR_RETURN(out.optimizer, optimizer_from_wire(in.getOptimizer()));
+  EmbeddingTableOptions& o = out.options;
+  o.min_count = in.getMinCount();
+  o.admit_probability = in.getAdmitProbability();
+  o.ttl_steps = in.getTtlSteps();
+  o.ttl_seconds = in.getTtlSeconds();
+  o.max_rows = in.getMaxRows();
+  o.max_bytes = in.getMaxBytes();
+  o.eviction = std::string(in.getEviction().cStr(), in.getEviction().size());
+  o.default_value = in.getDefaultValue();
+  return out;
+}
+
+void table_rows_to_wire(const ps::TableRows& in, wire::TableRows::Builder out, const CodecOptions& options) {
+  write_tensor(out.initKeys(), in.keys, options);
+  write_tensor(out.initValues(), in.values, options);
+  auto slots = out.initSlots(static_cast<unsigned>(in.slots.size()));
+  for (unsigned i = 0; i < in.slots.size(); ++i) write_tensor(slots[i], in.slots[i], options);
+  write_tensor(out.initMeta(), in.meta, options);
+}
+
+kj::Promise<ps::TableRows> read_table_rows(wire::TableRows::Reader in) {
+  auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(3 + in.getSlots().size());
+  reads.add(read_tensor(in.getKeys()));
+  reads.add(read_tensor(in.getValues()));
+  reads.add(read_tensor(in.getMeta()));
+  for (auto slot : in.getSlots()) reads.add(read_tensor(slot));
+  return kj::joinPromises(reads.finish()).then([](kj::Array<Tensor>&& tensors) {
+    ps::TableRows rows;
+    rows.keys = std::move(tensors[0]);
+    rows.values = std::move(tensors[1]);
+    rows.meta = std::move(tensors[2]);
+    for (size_t i = 3; i < tensors.size(); ++i) rows.slots.push_back(std::move(tensors[i]));
+    return rows;
+  });
+}
+
 namespace {
 
 constexpr OptimizerField kFields[] = {

@@ -11,6 +11,8 @@
 #include "capstan/status.h"
 #include "capstan/training.h"
 #include "capstan_schemas/ps.capnp.h"
+#include "rpc/tensor_codec.h"
+#include "training/table_rows.h"
 
 namespace capstan::rpc {
 
@@ -18,6 +20,17 @@ void optimizer_to_wire(const Optimizer& in, wire::OptimizerConfig::Builder out);
 // InvalidArgument naming an unknown kind (a peer may send any text); the
 // values are not range-checked here (the parameter server validates them).
 Result<Optimizer> optimizer_from_wire(wire::OptimizerConfig::Reader in);
+
+// An embedding table's configuration (EmbeddingTableSpec without its name)
+// on the wire, both ways. from_wire: InvalidArgument for an unknown
+// optimizer; values are validated by the parameter server.
+void table_to_wire(const EmbeddingTableSpec& in, wire::TableConfig::Builder out);
+Result<EmbeddingTableSpec> table_from_wire(wire::TableConfig::Reader in);
+
+// Table rows on the wire. The reader's tensors may share the message's
+// memory: read them before the message goes.
+void table_rows_to_wire(const ps::TableRows& in, wire::TableRows::Builder out, const CodecOptions& options);
+kj::Promise<ps::TableRows> read_table_rows(wire::TableRows::Reader in);
 
 struct OptimizerField {
   std::string_view name;  // Keras' argument name: "learning_rate", "beta_1", ...

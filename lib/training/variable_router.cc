@@ -5,6 +5,7 @@
 
 #include "data/tensor_util.h"
 #include "rpc/errors.h"
+#include "rpc/optimizer_codec.h"
 #include "sync/mutex.h"
 
 namespace capstan {
@@ -49,6 +50,13 @@ VariableLocation location_from_wire(wire::VariablePlacement::Reader in) {
   for (int64_t d : in.getShape()) v.shape.push_back(d);
   for (auto s : in.getShards()) {
     v.shards.push_back({text(s.getName()), text(s.getPsAddress()), s.getPsTask(), s.getFirstRow(), s.getRows()});
+  }
+  if (in.getIsTable()) {
+    auto spec = rpc::table_from_wire(in.getTable());
+    if (spec.ok()) {
+      v.table = std::move(*spec);
+      v.table->name = v.name;
+    }
   }
   return v;
 }
@@ -129,8 +137,19 @@ Result<VariableLocation> VariableRouter::locate(const std::string& variable) {
   return it->second;
 }
 
+namespace {
+
+Status not_for_tables(const VariableLocation& v, const char* op) {
+  if (!v.table) return Status::Ok();
+  return Status::InvalidArgument(std::string(op) + ": '" + v.name +
+                                 "' is an embedding table: use lookup(ids) and apply_sparse_gradients");
+}
+
+}  // namespace
+
 Result<Tensor> VariableRouter::read(const std::string& variable) {
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
+  CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "read"));
   auto parts = on_loop<kj::Array<Tensor>>("read '" + variable + "'", [this, &v]() {
     auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(v.shards.size());
     for (const auto& shard : v.shards) {
@@ -153,6 +172,7 @@ Result<Tensor> VariableRouter::read(const std::string& variable) {
 
 Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor& ids) {
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
+  CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "gather"));
   if (v.shape.empty()) return Status::InvalidArgument("gather: '" + variable + "' is a scalar");
   if (v.dtype == DType::kString) return Status::InvalidArgument("gather: '" + variable + "' holds strings");
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<int64_t> all, ids_of(ids));
@@ -210,6 +230,7 @@ Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor&
 Status VariableRouter::update_rows(const std::string& variable, const Tensor& value, Update kind,
                                    int64_t step) {
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
+  CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "assign/apply_gradients"));
   if (value.dtype() != v.dtype || value.shape() != v.shape) {
     return Status::InvalidArgument("'" + variable + "' is " + std::string(dtype_name(v.dtype)) + shape_string(v.shape) +
                                    ", the update is " + std::string(dtype_name(value.dtype())) +
@@ -271,6 +292,17 @@ Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& i
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
   if (v.shape.empty()) return Status::InvalidArgument("apply_sparse_gradients: '" + variable + "' is a scalar");
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<int64_t> all, ids_of(ids));
+  if (v.table) {
+    // Any key; the rows of ids.shape() + [dim] are sent as [n, dim].
+    Shape expected = ids.shape();
+    expected.push_back(v.table->dim);
+    if (rows.dtype() != v.dtype || rows.shape() != expected) {
+      return Status::InvalidArgument("apply_sparse_gradients: rows " + std::string(dtype_name(rows.dtype())) +
+                                     shape_string(rows.shape()) + " do not match ids " + shape_string(ids.shape()) +
+                                     " of embedding table '" + variable + "' (expected " + shape_string(expected) + ")");
+    }
+    return apply_table(v, all, rows, step);
+  }
   Shape expected{static_cast<int64_t>(all.size())};
   expected.insert(expected.end(), v.shape.begin() + 1, v.shape.end());
   if (rows.dtype() != v.dtype || rows.shape() != expected) {
@@ -315,6 +347,114 @@ Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& i
         request.setStep(step);
         rpc::write_tensor(request.initIds(), update.first, codec_);
         rpc::write_tensor(request.initRows(), update.second, codec_);
+        return request.send().ignoreResult();
+      }));
+    }
+    return kj::joinPromises(calls.finish()).then([]() { return true; });
+  });
+  return done.status();
+}
+
+Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& ids, bool insert) {
+  CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(table));
+  if (!v.table) {
+    return Status::InvalidArgument("lookup: '" + table + "' is a variable, not an embedding table: use gather(ids)");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<int64_t> all, ids_of(ids));
+  // The distinct keys, and where each id's row is among them.
+  std::vector<int64_t> keys = all;
+  std::sort(keys.begin(), keys.end());
+  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  const int parts = static_cast<int>(v.shards.size());
+  std::vector<std::vector<int64_t>> local(v.shards.size());
+  std::vector<std::vector<size_t>> positions(v.shards.size());  // index into keys
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto s = static_cast<size_t>(table_shard_of(keys[i], parts));
+    local[s].push_back(keys[i]);
+    positions[s].push_back(i);
+  }
+  std::vector<Tensor> requests(v.shards.size());
+  std::vector<size_t> used;
+  for (size_t s = 0; s < v.shards.size(); ++s) {
+    if (local[s].empty()) continue;
+    CAPSTAN_ASSIGN_OR_RETURN(requests[s], Tensor::from_vector<int64_t>(local[s], {static_cast<int64_t>(local[s].size())}));
+    used.push_back(s);
+  }
+  auto found = on_loop<kj::Array<Tensor>>("lookup '" + table + "'", [this, &v, &requests, &used, insert]() {
+    auto lookups = kj::heapArrayBuilder<kj::Promise<Tensor>>(used.size());
+    for (size_t s : used) {
+      lookups.add(ps(v.shards[s].address).then([this, name = v.shards[s].name, ids = requests[s], insert](
+                                                    wire::ParameterServer::Client client) {
+        auto request = client.lookupTableRequest();
+        request.setName(name);
+        request.setInsert(insert);
+        rpc::write_tensor(request.initIds(), ids, codec_);
+        return request.send().then([](capnp::Response<wire::ParameterServer::LookupTableResults>&& r) {
+          return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
+        });
+      }));
+    }
+    return kj::joinPromises(lookups.finish());
+  });
+  if (!found.ok()) return found.status();
+  const int64_t dim = v.table->dim;
+  const size_t row = static_cast<size_t>(dim) * dtype_size(v.dtype);
+  // The distinct keys' rows, then every id's.
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor distinct, Tensor::uninitialized(v.dtype, {static_cast<int64_t>(keys.size()), dim}));
+  for (size_t k = 0; k < used.size(); ++k) {
+    const Tensor& part = (*found)[k];
+    const auto& where = positions[used[k]];
+    if (part.dtype() != v.dtype || part.byte_size() != where.size() * row) {
+      return Status::Internal("lookup '" + table + "': " + v.shards[used[k]].address + " answered " +
+                              part.debug_string(0) + " for " + std::to_string(where.size()) + " keys");
+    }
+    for (size_t j = 0; j < where.size(); ++j) {
+      std::memcpy(distinct.mutable_data() + where[j] * row, part.data() + j * row, row);
+    }
+  }
+  Shape shape = ids.shape();
+  shape.push_back(dim);
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(v.dtype, shape));
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto at = static_cast<size_t>(std::lower_bound(keys.begin(), keys.end(), all[i]) - keys.begin());
+    std::memcpy(out.mutable_data() + i * row, distinct.data() + at * row, row);
+  }
+  return out;
+}
+
+Status VariableRouter::apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows,
+                                   int64_t step) {
+  const int parts = static_cast<int>(v.shards.size());
+  const size_t row = static_cast<size_t>(v.table->dim) * dtype_size(v.dtype);
+  std::vector<std::vector<int64_t>> local(v.shards.size());
+  std::vector<std::vector<size_t>> positions(v.shards.size());
+  for (size_t i = 0; i < keys.size(); ++i) {
+    auto s = static_cast<size_t>(table_shard_of(keys[i], parts));
+    local[s].push_back(keys[i]);
+    positions[s].push_back(i);
+  }
+  std::vector<std::pair<Tensor, Tensor>> updates(v.shards.size());
+  std::vector<size_t> used;
+  for (size_t s = 0; s < v.shards.size(); ++s) {
+    if (local[s].empty()) continue;
+    auto n = static_cast<int64_t>(local[s].size());
+    CAPSTAN_ASSIGN_OR_RETURN(updates[s].first, Tensor::from_vector<int64_t>(local[s], {n}));
+    CAPSTAN_ASSIGN_OR_RETURN(updates[s].second, Tensor::uninitialized(v.dtype, {n, v.table->dim}));
+    for (size_t j = 0; j < positions[s].size(); ++j) {
+      std::memcpy(updates[s].second.mutable_data() + j * row, rows.data() + positions[s][j] * row, row);
+    }
+    used.push_back(s);
+  }
+  auto done = on_loop<bool>("apply_sparse_gradients '" + v.name + "'", [this, &v, &updates, &used, step]() {
+    auto calls = kj::heapArrayBuilder<kj::Promise<void>>(used.size());
+    for (size_t s : used) {
+      calls.add(ps(v.shards[s].address).then([this, step, name = v.shards[s].name,
+                                               update = updates[s]](wire::ParameterServer::Client client) {
+        auto request = client.applyTableRequest();
+        request.setName(name);
+        request.setStep(step);
+        rpc::write_tensor(request.initIds(), update.first, codec_);
+        rpc::write_tensor(request.initGradients(), update.second, codec_);
         return request.send().ignoreResult();
       }));
     }

@@ -16,11 +16,13 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <string>
 #include <vector>
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/connection.h"
 #include "rpc/loop_thread.h"
@@ -42,6 +44,9 @@ struct VariableLocation {
   DType dtype = DType::kInvalid;
   Shape shape;
   std::vector<ShardLocation> shards;
+  // An embedding table: shard i (on ps task i) holds the keys k with
+  // table_shard_of(k, shards.size()) == i.
+  std::optional<EmbeddingTableSpec> table;
 };
 
 VariableLocation location_from_wire(wire::VariablePlacement::Reader in);
@@ -62,6 +67,10 @@ class VariableAccess {
   virtual Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) = 0;
   virtual Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
                               int64_t step = 0) = 0;
+  // An embedding table's rows for `ids` (ClosureContext::lookup).
+  virtual Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) {
+    return Status::Unimplemented("lookup of embedding table '" + table + "'");
+  }
 };
 
 class VariableRouter final : public VariableAccess {
@@ -86,8 +95,13 @@ class VariableRouter final : public VariableAccess {
   Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) override;
   Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
                       int64_t step = 0) override;
+  // Each distinct key is asked once, of the shard that holds it; all
+  // shards at once. The rows come back in the order of `ids`: shape
+  // ids.shape() + [dim].
+  Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override;
 
  private:
+  Status apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows, int64_t step);
   enum class Update { kAssign, kAssignAdd, kApplyDense };
   Status refresh();
   Status update_rows(const std::string& variable, const Tensor& value, Update kind, int64_t step);

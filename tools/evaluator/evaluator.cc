@@ -5,6 +5,7 @@
 #include <cstring>
 #include <map>
 #include <memory>
+#include <unordered_map>
 
 #include "capstan/data/dataset.h"
 #include "checkpoint/checkpoint.h"
@@ -75,6 +76,31 @@ class CheckpointContext final : public ClosureContext {
     return read_only(variable);
   }
 
+  // An embedding table from the checkpoint: evaluation never inserts, so
+  // a key it lacks gets the default row whatever `insert` says.
+  Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool /*insert*/) override {
+    CAPSTAN_ASSIGN_OR_RETURN(const LoadedTable* loaded, load_table(table));
+    std::vector<int64_t> keys;
+    if (ids.dtype() == DType::kInt64) {
+      keys.assign(ids.flat<int64_t>().begin(), ids.flat<int64_t>().end());
+    } else if (ids.dtype() == DType::kInt32) {
+      keys.assign(ids.flat<int32_t>().begin(), ids.flat<int32_t>().end());
+    } else {
+      return Status::InvalidArgument("lookup: ids must be int32 or int64, not " + std::string(dtype_name(ids.dtype())));
+    }
+    Shape shape = ids.shape();
+    shape.push_back(loaded->dim);
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(loaded->values.dtype(), shape));
+    const size_t row_bytes = static_cast<size_t>(loaded->dim) * dtype_size(loaded->values.dtype());
+    for (size_t i = 0; i < keys.size(); ++i) {
+      auto found = loaded->rows.find(keys[i]);
+      const std::byte* from = found == loaded->rows.end() ? loaded->default_row.data()
+                                                          : loaded->values.data() + found->second * row_bytes;
+      std::memcpy(out.mutable_data() + i * row_bytes, from, row_bytes);
+    }
+    return out;
+  }
+
   Result<data::Iterator*> iterator(const Tensor&) override {
     if (iterator_ == nullptr) {
       return Status::FailedPrecondition("the closure asks for an iterator: give the evaluator --dataset-function");
@@ -88,9 +114,41 @@ class CheckpointContext final : public ClosureContext {
                                       "'): give it an evaluation closure, not a training step");
   }
 
+  struct LoadedTable {
+    int64_t dim = 0;
+    Tensor values;                              // [rows, dim], every shard's
+    std::unordered_map<int64_t, size_t> rows;   // key -> row of values
+    std::vector<std::byte> default_row;
+  };
+  Result<const LoadedTable*> load_table(const std::string& name) {
+    auto it = tables_.find(name);
+    if (it != tables_.end()) return &it->second;
+    const checkpoint::ManifestVariable* saved = reader_.manifest().find_variable(name);
+    if (saved == nullptr || !saved->table) {
+      return Status::NotFound("the checkpoint " + reader_.path() + " has no embedding table '" + name + "'");
+    }
+    LoadedTable t;
+    t.dim = saved->table->dim;
+    CAPSTAN_ASSIGN_OR_RETURN(t.values, reader_.read_variable(name));  // the shards' values, in order
+    for (const auto& shard : saved->shards) {
+      CAPSTAN_ASSIGN_OR_RETURN(const checkpoint::SafetensorsReader* file, reader_.file(shard.file));
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor keys, file->read(checkpoint::table_keys_tensor_name(shard.name)));
+      if (keys.dtype() != DType::kInt64 || keys.num_elements() != shard.rows) {
+        return Status::DataLoss("checkpoint " + reader_.path() + ": the keys of '" + shard.name + "' are " +
+                                keys.debug_string(0) + ", not int64[" + std::to_string(shard.rows) + "]");
+      }
+      auto flat = keys.flat<int64_t>();
+      for (int64_t i = 0; i < shard.rows; ++i) t.rows[flat[static_cast<size_t>(i)]] = static_cast<size_t>(shard.first_row + i);
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor fill, constant_initializer(saved->dtype, {t.dim}, saved->table->options.default_value));
+    t.default_row.assign(fill.data(), fill.data() + fill.byte_size());
+    return &tables_.emplace(name, std::move(t)).first->second;
+  }
+
   const checkpoint::CheckpointReader& reader_;
   data::Iterator* const iterator_;
   std::map<std::string, Tensor> loaded_;
+  std::map<std::string, LoadedTable> tables_;
 };
 
 // What the closures' results add up to.

@@ -18,13 +18,13 @@ std::string write_model(const std::string& dir) {
   w.name = "w";
   w.dtype = DType::kFloat32;
   w.shape = {2};
-  w.shards.push_back({"w", 0, 0, 2, floats({0.5f, -1}, {2}), {}, 9});
+  w.shards.push_back({"w", 0, 0, 2, floats({0.5f, -1}, {2}), {}, 9, {}, 0});
   coordinator::VariableState emb;
   emb.name = "emb";
   emb.dtype = DType::kFloat32;
   emb.shape = {3, 2};
-  emb.shards.push_back({"emb/part_0", 0, 0, 2, floats({0, 1, 2, 3}, {2, 2}), {}, 9});
-  emb.shards.push_back({"emb/part_1", 1, 2, 1, floats({4, 5}, {1, 2}), {}, 9});
+  emb.shards.push_back({"emb/part_0", 0, 0, 2, floats({0, 1, 2, 3}, {2, 2}), {}, 9, {}, 0});
+  emb.shards.push_back({"emb/part_1", 1, 2, 1, floats({4, 5}, {1, 2}), {}, 9, {}, 0});
   return coordinator::write_checkpoint(dir, 9, 3, {w, emb}).value();
 }
 

@@ -85,6 +85,15 @@ class ClosureContext {
   // Sparse gradient: rows for `ids` (IndexedSlices); duplicates are summed.
   virtual Status apply_sparse_gradients(const std::string& variable, const Tensor& ids,
                                         const Tensor& rows) = 0;
+  // An embedding table's rows for `ids` (int64 or int32, any shape): a
+  // tensor of ids.shape() + [dim] (EmbeddingTableSpec in capstan/training.h).
+  // insert (training): missing keys that pass admission are inserted with
+  // their initial row; insert = false (evaluation): nothing is inserted and
+  // missing keys get the default row. apply_sparse_gradients() updates a
+  // table's rows.
+  virtual Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert = true) {
+    return Status::Unimplemented("lookup('" + table + "'): this context has no embedding tables");
+  }
   // This worker's iterator of the per-worker dataset `arg` stands for
   // (PerWorkerDataset::arg(), passed through schedule()).
   virtual Result<data::Iterator*> iterator(const Tensor& arg) = 0;

@@ -112,6 +112,83 @@ Result<Tensor> random_normal_initializer(DType dtype, Shape shape, double mean, 
 Result<Tensor> random_uniform_initializer(DType dtype, Shape shape, double minval, double maxval,
                                           uint64_t seed);
 
+// ---- Embedding tables without a fixed vocabulary (dynamic hash tables) -----
+//
+// A hash-table variable on the parameter servers: keys are int64 ids of any
+// value (no vocabulary, no hashing into a fixed range), values are rows of
+// `dim` elements with their optimizer slots. Key k lives on parameter server
+// table_shard_of(k, number of parameter servers) (stable and documented:
+// SplitMix64's finalizer of k, modulo the count).
+//
+//   cluster->create_embedding_table({"user_emb", 64, DType::kFloat32,
+//       EmbeddingInitializer::random_normal(0, 0.05, 7), Optimizer::adagrad(0.1),
+//       {.min_count = 2, .ttl_steps = 100000, .max_rows = 10'000'000}}).value();
+//   // in a closure:
+//   Tensor rows = ctx.lookup("user_emb", ids).value();          // [n, 64]
+//   ctx.apply_sparse_gradients("user_emb", ids, gradient_rows);  // the table's optimizer
+//
+// Semantics (TensorFlow Recommenders Addons' dynamic embedding, on TF2's
+// parameter-server training):
+//   lookup(ids)         missing keys that are admitted are inserted, with the
+//                       initializer's row; keys not admitted yet get the
+//                       default row (not inserted). Duplicates are looked up
+//                       once.
+//   lookup(ids, false)  evaluation: never inserts; missing keys get the
+//                       default row.
+//   apply_sparse_gradients  updates the rows of the keys present (repeated ids
+//                       summed); gradients of keys not in the table (not
+//                       admitted, or evicted meanwhile) are dropped. Adam is
+//                       lazy on a table (only the named rows' m and v move).
+//   admission           min_count > 1: a key is inserted at its min_count-th
+//                       lookup, counted in a count-min sketch (a few bytes per
+//                       counter, not a map of keys); admit_probability < 1:
+//                       each lookup of a missing key inserts it with that
+//                       probability.
+//   eviction            ttl_steps / ttl_seconds: rows not updated for that
+//                       long go; max_rows / max_bytes per parameter server:
+//                       the least recently updated (eviction = "lru") or the
+//                       least often looked-up (eviction = "lfu") rows go, with
+//                       their slots, to stay under the cap.
+struct EmbeddingInitializer {
+  std::string kind = "random_normal";  // "zeros", "constant", "random_normal"
+  double value = 0;                    // constant
+  double mean = 0, stddev = 0.05;      // random_normal (Keras' defaults)
+  uint64_t seed = 0;                   // random_normal: row of key k depends on (seed, k) only
+
+  static EmbeddingInitializer zeros();
+  static EmbeddingInitializer constant(double value);
+  static EmbeddingInitializer random_normal(double mean = 0, double stddev = 0.05, uint64_t seed = 0);
+  bool operator==(const EmbeddingInitializer&) const = default;
+};
+
+struct EmbeddingTableOptions {
+  int64_t min_count = 1;            // lookups before a key is inserted (1: at once)
+  double admit_probability = 1.0;   // (0, 1]: chance that a lookup of a missing key inserts it
+  int64_t ttl_steps = 0;            // evict rows not updated for this many optimizer steps (0: never)
+  int64_t ttl_seconds = 0;          // evict rows not updated for this many seconds (0: never)
+  int64_t max_rows = 0;             // per parameter server (0: no cap)
+  int64_t max_bytes = 0;            // per parameter server: rows, slots and per-key metadata (0: no cap)
+  std::string eviction = "lru";     // which rows a cap evicts: "lru" or "lfu"
+  double default_value = 0;         // every element of the default row
+  bool operator==(const EmbeddingTableOptions&) const = default;
+};
+
+struct EmbeddingTableSpec {
+  std::string name;
+  int64_t dim = 0;                  // elements per row, >= 1
+  DType dtype = DType::kFloat32;    // float32 or float64
+  EmbeddingInitializer initializer;
+  Optimizer optimizer = Optimizer::sgd(0.01);
+  EmbeddingTableOptions options;
+  bool operator==(const EmbeddingTableSpec&) const = default;
+};
+
+// The parameter server (0 .. num_shards-1) that holds `key`.
+uint64_t table_key_hash(int64_t key);
+inline int table_shard_of(int64_t key, int num_shards) {
+  return static_cast<int>(table_key_hash(key) % static_cast<uint64_t>(num_shards));
+}
+
 struct ShardInfo {
   std::string name;  // "w/part_0"
   int ps_task = 0;
@@ -123,8 +200,9 @@ struct ShardInfo {
 struct VariableInfo {
   std::string name;
   DType dtype = DType::kInvalid;
-  Shape shape;
+  Shape shape;  // an embedding table's: [0, dim] (it has no fixed number of rows)
   std::vector<ShardInfo> shards;
+  bool embedding_table = false;
 };
 
 // A closure's future result (tf.distribute.experimental.coordinator.RemoteValue).
@@ -153,6 +231,23 @@ class ClusterCoordinator {
   // the parameter servers round-robin and partitioned along axis 0.
   Result<VariableInfo> create_variable(const VariableSpec& spec);
   Result<std::vector<VariableInfo>> variables();
+
+  // Creates (or, for a reconnecting program, finds: AlreadyExists when the
+  // spec differs) a dynamic embedding table with one shard on every
+  // parameter server (EmbeddingTableSpec above).
+  Result<VariableInfo> create_embedding_table(const EmbeddingTableSpec& spec);
+  Result<VariableInfo> create_embedding_table(const std::string& name, int64_t dim, DType dtype,
+                                              const EmbeddingInitializer& initializer, const Optimizer& optimizer,
+                                              const EmbeddingTableOptions& options = {});
+  // ClosureContext::lookup from the program (evaluation: insert = false).
+  Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert = true);
+  // Delta export for online serving: writes the rows of `table` changed
+  // since checkpoint `since_checkpoint` (a ckpt-N path or a directory: its
+  // latest; "" for every row) to the safetensors file `path` on the
+  // coordinator's machine ("keys" int64[n], "values" [n, dim], "meta"
+  // int64[n, 4]); returns n. Keys evicted since are not listed.
+  Result<int64_t> export_embedding_table(const std::string& table, const std::string& since_checkpoint,
+                                         const std::string& path);
 
   // Queues `function` (registered in the workers' module) with `args`;
   // returns at once. Raises (returns) the pending error of an earlier

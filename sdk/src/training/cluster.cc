@@ -19,6 +19,7 @@ VariableInfo info_from(const VariableLocation& v) {
   info.dtype = v.dtype;
   info.shape = v.shape;
   for (const auto& s : v.shards) info.shards.push_back({s.name, s.ps_task, s.address, s.first_row, s.rows});
+  info.embedding_table = v.table.has_value();
   return info;
 }
 
@@ -64,6 +65,34 @@ std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name) {
     if (name == n) return k;
   }
   return std::nullopt;
+}
+
+EmbeddingInitializer EmbeddingInitializer::zeros() {
+  EmbeddingInitializer i;
+  i.kind = "zeros";
+  return i;
+}
+EmbeddingInitializer EmbeddingInitializer::constant(double value) {
+  EmbeddingInitializer i;
+  i.kind = "constant";
+  i.value = value;
+  return i;
+}
+EmbeddingInitializer EmbeddingInitializer::random_normal(double mean, double stddev, uint64_t seed) {
+  EmbeddingInitializer i;
+  i.kind = "random_normal";
+  i.mean = mean;
+  i.stddev = stddev;
+  i.seed = seed;
+  return i;
+}
+
+uint64_t table_key_hash(int64_t key) {
+  // SplitMix64's finalizer: a bijection of 64 bits, so nearby keys spread.
+  uint64_t x = static_cast<uint64_t>(key) + 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
 }
 
 Optimizer Optimizer::none() {
@@ -198,6 +227,45 @@ Result<VariableInfo> ClusterCoordinator::create_variable(const VariableSpec& spe
   if (!location.ok()) return location.status();
   impl->router->remember(*location);
   return info_from(*location);
+}
+
+Result<VariableInfo> ClusterCoordinator::create_embedding_table(const EmbeddingTableSpec& spec) {
+  Impl* impl = impl_.get();
+  auto location = impl->call<VariableLocation>("create_embedding_table '" + spec.name + "'",
+                                               [&spec](wire::Coordinator::Client c) {
+    auto request = c.createEmbeddingTableRequest();
+    request.setName(spec.name);
+    rpc::table_to_wire(spec, request.initConfig());
+    return request.send().then([](capnp::Response<wire::Coordinator::CreateEmbeddingTableResults>&& r) {
+      return location_from_wire(r.getPlacement());
+    });
+  });
+  if (!location.ok()) return location.status();
+  impl->router->remember(*location);
+  return info_from(*location);
+}
+
+Result<VariableInfo> ClusterCoordinator::create_embedding_table(const std::string& name, int64_t dim, DType dtype,
+                                                                const EmbeddingInitializer& initializer,
+                                                                const Optimizer& optimizer,
+                                                                const EmbeddingTableOptions& options) {
+  return create_embedding_table(EmbeddingTableSpec{name, dim, dtype, initializer, optimizer, options});
+}
+
+Result<Tensor> ClusterCoordinator::lookup(const std::string& table, const Tensor& ids, bool insert) {
+  return impl_->router->lookup(table, ids, insert);
+}
+
+Result<int64_t> ClusterCoordinator::export_embedding_table(const std::string& table, const std::string& since_checkpoint,
+                                                           const std::string& path) {
+  return impl_->call<int64_t>("export_embedding_table '" + table + "'", [&](wire::Coordinator::Client c) {
+    auto request = c.exportEmbeddingTableRequest();
+    request.setName(table);
+    request.setSinceCheckpoint(since_checkpoint);
+    request.setPath(path);
+    return request.send().then(
+        [](capnp::Response<wire::Coordinator::ExportEmbeddingTableResults>&& r) { return r.getRows(); });
+  });
 }
 
 Result<std::vector<VariableInfo>> ClusterCoordinator::variables() {
