@@ -45,6 +45,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_router.h"
 #include "bench_util.h"
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
@@ -63,46 +64,6 @@ using bench::fail;
 using bench::seconds_since;
 
 constexpr uint64_t kKeyMask = (uint64_t{1} << 40) - 1;
-
-// A VariableRouter of our own (the client side of what a worker does), with
-// placements fetched from the coordinator as ClusterCoordinator does (as in
-// ps_bench).
-class Router {
- public:
-  Router(const std::string& coordinator, uint64_t max_message_bytes) : loop_("emb-bench-router") {
-    capstan::rpc::ConnectOptions connect;
-    connect.client_name = "embedding_bench";
-    connect.max_message_bytes = max_message_bytes;
-    loop_.run_sync([&]() {
-      connection_ = kj::heap<capstan::rpc::Connection>(loop_.io(), loop_.timer(), coordinator, connect);
-    });
-    capstan::rpc::Connection* conn = connection_.get();
-    kj::Timer* timer = &loop_.timer();
-    router_ = std::make_unique<capstan::VariableRouter>(
-        loop_, connect, capstan::rpc::codec_options_for(max_message_bytes), std::chrono::seconds(120),
-        [conn, timer]() {
-          return conn->service<capstan::wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
-              .then([](capstan::wire::Coordinator::Client c) { return c.placementsRequest().send(); })
-              .then([](capnp::Response<capstan::wire::Coordinator::PlacementsResults>&& r) {
-                std::vector<capstan::VariableLocation> variables;
-                for (auto v : r.getPlacements().getVariables()) {
-                  variables.push_back(capstan::location_from_wire(v));
-                }
-                return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
-              });
-        });
-  }
-  ~Router() {
-    router_.reset();
-    loop_.run_sync([this]() { connection_ = nullptr; });
-  }
-  capstan::VariableRouter* operator->() { return router_.get(); }
-
- private:
-  capstan::rpc::LoopThread loop_;
-  kj::Own<capstan::rpc::Connection> connection_;
-  std::unique_ptr<capstan::VariableRouter> router_;
-};
 
 // SplitMix64's finalizer cut to 40 bits (each step stays a bijection of the
 // 2^40 space): the table's keys are mix(0..n-1), distinct and spread out.
@@ -242,8 +203,8 @@ void run(const std::string& bin_dir, const Config& cfg) {
   options.call_timeout = std::chrono::milliseconds(120000);
   auto client = capstan::ClusterCoordinator::connect(coordinator.address, options);
   if (!client.ok()) fail("connect to the coordinator", client.status());
-  auto router_owner = std::make_unique<Router>(coordinator.address, options.max_message_bytes);
-  Router& router = *router_owner;
+  auto router_owner = std::make_unique<bench::Router>(coordinator.address, options.max_message_bytes, "embedding_bench");
+  bench::Router& router = *router_owner;
   std::printf("2 parameter servers (%s), coordinator %s\n", ps_list.c_str(), coordinator.address.c_str());
 
   const bool adagrad = cfg.optimizer == "adagrad";

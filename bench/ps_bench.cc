@@ -31,6 +31,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_router.h"
 #include "bench_util.h"
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
@@ -47,46 +48,6 @@ namespace bench = capstan::bench;
 using bench::Clock;
 using bench::fail;
 using bench::seconds_since;
-
-// A VariableRouter of our own (the client side of what a worker does), with
-// placements fetched from the coordinator as ClusterCoordinator does.
-class Router {
- public:
-  Router(const std::string& coordinator, uint64_t max_message_bytes) : loop_("ps-bench-router") {
-    capstan::rpc::ConnectOptions connect;
-    connect.client_name = "ps_bench";
-    connect.max_message_bytes = max_message_bytes;
-    loop_.run_sync([&]() {
-      connection_ = kj::heap<capstan::rpc::Connection>(loop_.io(), loop_.timer(), coordinator, connect);
-    });
-    capstan::rpc::Connection* conn = connection_.get();
-    kj::Timer* timer = &loop_.timer();
-    router_ = std::make_unique<capstan::VariableRouter>(
-        loop_, connect, capstan::rpc::codec_options_for(max_message_bytes), std::chrono::seconds(120),
-        [conn, timer]() {
-          return conn->service<capstan::wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
-              .then([](capstan::wire::Coordinator::Client c) { return c.placementsRequest().send(); })
-              .then([](capnp::Response<capstan::wire::Coordinator::PlacementsResults>&& r) {
-                std::vector<capstan::VariableLocation> variables;
-                for (auto v : r.getPlacements().getVariables()) {
-                  variables.push_back(capstan::location_from_wire(v));
-                }
-                return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
-              });
-        });
-  }
-  ~Router() {
-    router_.reset();
-    loop_.run_sync([this]() { connection_ = nullptr; });
-  }
-  capstan::VariableRouter& operator*() { return *router_; }
-  capstan::VariableRouter* operator->() { return router_.get(); }
-
- private:
-  capstan::rpc::LoopThread loop_;
-  kj::Own<capstan::rpc::Connection> connection_;
-  std::unique_ptr<capstan::VariableRouter> router_;
-};
 
 Tensor filled(int64_t rows, int64_t cols, float value) {
   auto tensor = *Tensor::uninitialized(DType::kFloat32, {rows, cols});
@@ -122,8 +83,8 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
   options.call_timeout = std::chrono::milliseconds(120000);
   auto client = capstan::ClusterCoordinator::connect(coordinator.address, options);
   if (!client.ok()) fail("connect to the coordinator", client.status());
-  auto router_owner = std::make_unique<Router>(coordinator.address, options.max_message_bytes);
-  Router& router = *router_owner;
+  auto router_owner = std::make_unique<bench::Router>(coordinator.address, options.max_message_bytes, "ps_bench");
+  bench::Router& router = *router_owner;
 
   std::printf("\n%d parameter server%s (%s), coordinator %s\n", num_ps, num_ps > 1 ? "s" : "", ps_list.c_str(),
               coordinator.address.c_str());

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <filesystem>
 #include <optional>
 #include <random>
 #include <utility>
@@ -735,7 +736,16 @@ kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::st
   if (found == variables_.end() || !found->second.table) {
     return Rows(Status::NotFound("exportEmbeddingTable: no embedding table '" + name + "'"));
   }
-  if (path.empty()) return Rows(Status::InvalidArgument("exportEmbeddingTable: empty output path"));
+  if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0) {
+    return Rows(Status::InvalidArgument("exportEmbeddingTable: the output path '" + path +
+                                        "' must name a .safetensors file"));
+  }
+  if (!config_.work_dir.empty() &&
+      std::filesystem::weakly_canonical(path).string().starts_with(
+          std::filesystem::weakly_canonical(config_.work_dir).string() + "/")) {
+    return Rows(Status::InvalidArgument("exportEmbeddingTable: '" + path + "' is inside the coordinator's work_dir " +
+                                        config_.work_dir + "; write the export elsewhere"));
+  }
   Status up = ps_status();
   if (!up.ok()) return Rows(up);
   const Variable variable = found->second;
@@ -934,6 +944,11 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         for (const auto& saved : (*reader)->manifest().variables) {
           if (variables_.count(saved.name) != 0 || is_mirrored(saved.name)) continue;
           if (saved.table) {
+            if (ps_.size() == 0) {
+              return Result<Reader>(Status::FailedPrecondition(
+                  "the checkpoint has embedding table '" + saved.name +
+                  "' but the coordinator has no parameter servers (set --ps or a 'ps' job)"));
+            }
             Variable table;
             table.name = saved.name;
             table.dtype = saved.dtype;

@@ -92,8 +92,8 @@ class EmbeddingTable {
   const TableConfig& config() const { return config_; }
 
   // `ids`: int64 (or int32), rank 1. Returns dtype[len(ids), dim], row i for
-  // ids[i]. With `insert`: each distinct key counts one lookup (its frequency;
-  // admission's count); a missing key that is admitted is inserted with its
+  // ids[i]. With `insert`: each distinct key counts once toward its
+  // frequency (LFU) and admission (stats().lookups counts every id); a missing key that is admitted is inserted with its
   // initial row (and the shard's caps enforced after the rows are copied
   // out); others get the default row. Without: nothing changes, missing keys
   // get the default row. InvalidArgument for other dtypes or ranks.
@@ -111,22 +111,26 @@ class EmbeddingTable {
   // Evicts the rows past ttl_steps / ttl_seconds now; how many. A row is
   // past them when more than ttl_steps steps (step() minus its last update
   // step) or more than ttl_seconds seconds have passed since its last update
-  // (or insert). lookup(insert=true) and apply_gradients also call it, at
-  // most once a second of the clock.
+  // (or insert). lookup(insert=true) and apply_gradients also sweep, one
+  // stripe at a time, each stripe about once a second of the clock.
   int64_t evict_expired();
 
   // The rows whose version > since_version (0: every row), sorted by key.
   Result<TableRows> export_rows(int64_t since_version) const;
-  // Inserts or overwrites the rows (a restore), with their meta as given;
-  // validates every tensor's dtype and shape, the keys (no duplicates) and
-  // the meta (no negative values) first, and changes nothing on error. The
-  // caps apply after.
-  Status import_rows(const TableRows& rows);
+  // Inserts or overwrites the rows (a restore, a recovery); validates every
+  // tensor's dtype and shape, the keys (no duplicates) and the meta (no
+  // negative values) first, and changes nothing on error; then, with
+  // `replace`, drops every row first. Each row keeps its lookups and last
+  // update step; its version becomes the current one (a written row is a
+  // change: a delta export since any earlier checkpoint lists it) and its
+  // last update time now (its ttl_seconds starts again). The caps apply
+  // after.
+  Status import_rows(const TableRows& rows, bool replace = false);
   // Drops every row (a restore replaces the table's contents).
   void clear();
 
-  // Tags changes from now on with `version` (> the current one, or
-  // InvalidArgument); returns the previous version.
+  // Tags changes from now on with `version` (> the current one and at most
+  // kMaxVersion, or InvalidArgument); returns the previous version.
   Result<int64_t> begin_version(int64_t version);
   int64_t version() const;
   int64_t step() const;
@@ -152,12 +156,14 @@ class EmbeddingTable {
   size_t bytes_per_row() const;
 
   static constexpr int kStripes = 16;
+  static constexpr int64_t kMaxVersion = int64_t{1} << 62;
 
  private:
   struct Layout;  // row sizes and per-row constants derived from config_
   struct Stripe;  // one stripe's mutex, index, rows and admission state
   EmbeddingTable(TableConfig config, Clock clock);
   void maybe_sweep();
+  int64_t evict_expired_in(int stripe);
   // The step an update uses (`step`, or the counter + 1) after raising the
   // counter to it; OutOfRange when the counter cannot go up.
   Result<int64_t> advance_step(int64_t step);
@@ -172,6 +178,7 @@ class EmbeddingTable {
   std::atomic<int64_t> version_{1};
   std::atomic<int64_t> step_{0};
   std::atomic<int64_t> last_sweep_ms_{0};
+  std::atomic<uint64_t> sweep_cursor_{0};
 };
 
 }  // namespace capstan::ps

@@ -268,6 +268,21 @@ TEST_CASE("min_count admits a key at its min_count-th lookup", "[embedding_table
   CHECK(table->stats().dropped_updates == 1);
 }
 
+TEST_CASE("min_count holds for a long stream of keys seen once: the sketch ages", "[embedding_table]") {
+  EmbeddingTableOptions options;
+  options.min_count = 2;
+  auto table = make_table(table_config(1, Optimizer::sgd(0.1), EmbeddingInitializer::constant(1), options));
+  // 400k distinct keys, 25,000 per stripe: six times what the sketch counts
+  // before it halves; without aging nearly all would be taken for repeats.
+  for (int64_t batch = 0; batch < 40; ++batch) lookup(*table, key_range(batch * 10'000, 10'000));
+  const int64_t inserted = table->stats().inserted;
+  INFO(inserted << " of 400000 keys seen once were admitted");
+  CHECK(inserted < 400'000 / 10);
+  // A key seen twice in a row still gets in.
+  lookup(*table, {int64_t{1} << 60});
+  CHECK(lookup(*table, {int64_t{1} << 60}) == std::vector<float>{1});
+}
+
 TEST_CASE("admit_probability admits about that share of new keys", "[embedding_table]") {
   EmbeddingTableOptions options;
   options.admit_probability = 0.25;
@@ -316,9 +331,13 @@ TEST_CASE("ttl_seconds evicts rows not updated for that long, on its own", "[emb
   CHECK(table->evict_expired() == 1);
   CHECK(keys_of(*table) == std::vector<int64_t>{1});
 
-  // lookup sweeps by itself (at most once a second).
+  // Lookups sweep by themselves, one stripe every 1/16 s: every stripe
+  // within a second.
   clock.advance(10'001);
-  lookup(*table, {3});
+  for (int i = 0; i < EmbeddingTable::kStripes; ++i) {
+    lookup(*table, {3});
+    clock.advance(63);
+  }
   CHECK(keys_of(*table) == std::vector<int64_t>{3});
   CHECK(table->stats().evicted_ttl == 2);
   CHECK(lookup(*table, {2}) == std::vector<float>{1});
@@ -392,10 +411,22 @@ TEST_CASE("export and import carry rows, slots and meta into a fresh table", "[e
   auto keys = values<int64_t>(rows.keys);
   CHECK(std::is_sorted(keys.begin(), keys.end()));
 
-  auto copy = make_table(config);
+  TestClock clock;
+  auto copy = make_table(config, clock.fn());
+  REQUIRE(copy->begin_version(7).ok());
   REQUIRE(copy->import_rows(rows).ok());
   CHECK(copy->stats().rows == 300);
-  CHECK(same_rows(export_all(*copy), rows));
+  // Keys, values, slots, lookups and steps as exported; each written row is
+  // a change of the copy's version, and its TTL clock starts now.
+  TableRows imported = export_all(*copy);
+  auto want_meta = values<int64_t>(rows.meta);
+  for (size_t i = 0; i < want_meta.size(); i += kMetaColumns) {
+    want_meta[i + 2] = clock.now->load();
+    want_meta[i + 3] = 7;
+  }
+  CHECK(values<int64_t>(imported.meta) == want_meta);
+  imported.meta = rows.meta;
+  CHECK(same_rows(imported, rows));
   CHECK(lookup(*copy, {0, 7, -50}, false) == lookup(*table, {0, 7, -50}, false));
 
   // Importing again overwrites in place.
@@ -462,6 +493,13 @@ TEST_CASE("import_rows rejects bad rows and changes nothing", "[embedding_table]
     CHECK(same_rows(export_all(*table), before));
   }
   CHECK(table->import_rows(bad[7].second).message() == "import_rows: key 5 appears twice (rows 0 and 1)");
+  // A replacing import (a restore) that is refused keeps every row too.
+  for (const auto& [what, rows] : bad) {
+    INFO(what << ", replace");
+    CHECK(table->import_rows(rows, /*replace=*/true).code() == StatusCode::kInvalidArgument);
+    CHECK(same_rows(export_all(*table), before));
+  }
+  CHECK(table->stats().rows == 2);
   REQUIRE(table->import_rows(good()).ok());
   CHECK(keys_of(*table) == std::vector<int64_t>{1, 2, 5, 6});
 }

@@ -335,6 +335,9 @@ kj::Promise<void> PsService::exportTable(ExportTableContext context) {
   check(table.status());
   int64_t since = params.getSinceVersion();
   int64_t begin = params.getBeginVersion();
+  if (begin < 0 || begin > ps::EmbeddingTable::kMaxVersion) {
+    check(Status::InvalidArgument("exportTable: beginVersion " + std::to_string(begin) + " must be in [0, 2^62]"));
+  }
   struct Exported {
     ps::TableRows rows;
     int64_t step = 0;
@@ -344,6 +347,8 @@ kj::Promise<void> PsService::exportTable(ExportTableContext context) {
            Exported out;
            out.version = table->version();
            if (begin > 0) {
+             // version <= kMaxVersion, so version + 1 does not overflow;
+             // begin_version refuses it past kMaxVersion.
              CAPSTAN_ASSIGN_OR_RETURN(out.version, table->begin_version(std::max(begin, out.version + 1)));
            }
            out.step = table->step();
@@ -366,18 +371,19 @@ kj::Promise<void> PsService::importTable(ImportTableContext context) {
   bool clear = params.getClear();
   int64_t step = params.getStep();
   int64_t version = params.getVersion();
-  if (step < 0 || version < 0) {
-    check(Status::InvalidArgument("importTable: step " + std::to_string(step) + " and version " +
-                                  std::to_string(version) + " must be >= 0"));
+  if (step < 0 || version < 0 || version >= ps::EmbeddingTable::kMaxVersion) {
+    check(Status::InvalidArgument("importTable: step " + std::to_string(step) + " must be >= 0 and version " +
+                                  std::to_string(version) + " in [0, 2^62)"));
   }
   return rpc::read_table_rows(params.getRows())
       .then([this, table = *table, clear, step, version](ps::TableRows&& rows) {
         return rpc::run_on_pool(ctx_.pool, [table, clear, step, version, rows = std::move(rows)]() -> Status {
-          if (clear) table->clear();
-          CAPSTAN_RETURN_IF_ERROR(table->import_rows(rows));
-          CAPSTAN_RETURN_IF_ERROR(table->set_step(std::max(step, table->step())));
-          if (table->version() <= version) return table->begin_version(version + 1).status();
-          return Status::Ok();
+          // Changes from now on (the import's rows included) are tagged
+          // above `version`, the checkpoint's generation.
+          if (table->version() <= version) CAPSTAN_RETURN_IF_ERROR(table->begin_version(version + 1).status());
+          CAPSTAN_RETURN_IF_ERROR(table->import_rows(rows, /*replace=*/clear));
+          // As a variable's restore does: the step the rows were saved at.
+          return table->set_step(step);
         });
       })
       .then([](Status status) { check(status); });

@@ -1,5 +1,7 @@
 #include "daemons/ps_server/table_store.h"
 
+#include <algorithm>
+
 namespace capstan::ps {
 
 Status TableStore::create(const std::string& name, const TableConfig& config) {
@@ -16,7 +18,17 @@ Status TableStore::create(const std::string& name, const TableConfig& config) {
     }
   }
   CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<EmbeddingTable> table, EmbeddingTable::create(config));
+  // Versions start at the wall clock in microseconds, so a table created
+  // later (a new run, a re-created table) tags its changes above every
+  // generation of an earlier run's checkpoints: a delta export since one of
+  // them lists every row rather than none.
+  const int64_t start = std::max<int64_t>(2, EmbeddingTable::system_clock_ms() * 1000);
+  CAPSTAN_RETURN_IF_ERROR(table->begin_version(std::min(start, EmbeddingTable::kMaxVersion / 2)).status());
   WriterMutexLock lock(mu_);
+  if (tables_.size() >= kMaxTables && tables_.count(name) == 0) {
+    return Status::ResourceExhausted("createTable '" + name + "': this parameter server holds " +
+                                     std::to_string(tables_.size()) + " embedding tables, the most it takes");
+  }
   auto [it, inserted] = tables_.emplace(name, std::move(table));
   if (!inserted && !(it->second->config() == config)) {
     return Status::AlreadyExists("embedding table '" + name + "' was created meanwhile as " +

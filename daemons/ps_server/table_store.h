@@ -22,7 +22,8 @@ class TableStore {
  public:
   // Creates the table, or keeps an existing one with the same config (a
   // reconnecting coordinator); AlreadyExists naming both configs when it
-  // differs; InvalidArgument from validate_table_config().
+  // differs; InvalidArgument from validate_table_config(); ResourceExhausted
+  // past kMaxTables.
   Status create(const std::string& name, const TableConfig& config) LOCKS_EXCLUDED(mu_);
   // NotFound "no embedding table 'x' on this parameter server".
   Result<std::shared_ptr<EmbeddingTable>> find(const std::string& name) const LOCKS_EXCLUDED(mu_);
@@ -33,6 +34,8 @@ class TableStore {
   // Sums over every table (for /metrics).
   int64_t total(const std::atomic<int64_t> EmbeddingTable::Stats::*field) const;
   size_t total_bytes() const;
+
+  static constexpr size_t kMaxTables = 4096;
 
  private:
   mutable SharedMutex mu_;

@@ -136,7 +136,9 @@ std::optional<Problem> find_problem(const Manifest& m) {
         return Problem{at + ".table.dim", "is " + std::to_string(var.table->dim) + " but the shape is " +
                                              shape_string(var.shape) + " (a table is [rows, dim], dim >= 1)"};
       }
-      if (var.table->generation < 0) return Problem{at + ".table.generation", "is negative"};
+      if (var.table->generation < 0 || var.table->generation > (int64_t{1} << 62)) {
+        return Problem{at + ".table.generation", "is " + std::to_string(var.table->generation) + ", not in [0, 2^62]"};
+      }
       for (size_t s = 0; s < var.shards.size(); ++s) {
         const ManifestShard& shard = var.shards[s];
         for (const auto& extra : {table_keys_tensor_name(shard.name), table_meta_tensor_name(shard.name)}) {

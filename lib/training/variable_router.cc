@@ -52,11 +52,13 @@ VariableLocation location_from_wire(wire::VariablePlacement::Reader in) {
     v.shards.push_back({text(s.getName()), text(s.getPsAddress()), s.getPsTask(), s.getFirstRow(), s.getRows()});
   }
   if (in.getIsTable()) {
+    // Routing needs the dtype and dim only: an optimizer this build does not
+    // know (a newer coordinator) leaves the rest at its defaults.
     auto spec = rpc::table_from_wire(in.getTable());
-    if (spec.ok()) {
-      v.table = std::move(*spec);
-      v.table->name = v.name;
-    }
+    v.table = spec.ok() ? std::move(*spec) : EmbeddingTableSpec{};
+    v.table->name = v.name;
+    v.table->dtype = rpc::from_wire(in.getTable().getDtype());
+    v.table->dim = in.getTable().getDim();
   }
   return v;
 }
@@ -301,6 +303,9 @@ Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& i
                                      shape_string(rows.shape()) + " do not match ids " + shape_string(ids.shape()) +
                                      " of embedding table '" + variable + "' (expected " + shape_string(expected) + ")");
     }
+    if (v.shards.empty()) {
+      return Status::FailedPrecondition("apply_sparse_gradients: embedding table '" + variable + "' has no shards");
+    }
     return apply_table(v, all, rows, step);
   }
   Shape expected{static_cast<int64_t>(all.size())};
@@ -323,36 +328,8 @@ Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& i
     local[s].push_back(all[i] - v.shards[s].first_row);
     positions[s].push_back(i);
   }
-  std::vector<std::pair<Tensor, Tensor>> updates(v.shards.size());
-  std::vector<size_t> used;
-  for (size_t s = 0; s < v.shards.size(); ++s) {
-    if (local[s].empty()) continue;
-    int64_t n = static_cast<int64_t>(local[s].size());
-    CAPSTAN_ASSIGN_OR_RETURN(updates[s].first, Tensor::from_vector<int64_t>(local[s], {n}));
-    Shape part_shape = expected;
-    part_shape[0] = n;
-    CAPSTAN_ASSIGN_OR_RETURN(updates[s].second, Tensor::uninitialized(v.dtype, part_shape));
-    for (size_t j = 0; j < positions[s].size(); ++j) {
-      std::memcpy(updates[s].second.mutable_data() + j * row, rows.data() + positions[s][j] * row, row);
-    }
-    used.push_back(s);
-  }
-  auto done = on_loop<bool>("apply_sparse_gradients '" + variable + "'", [this, &v, &updates, &used, step]() {
-    auto calls = kj::heapArrayBuilder<kj::Promise<void>>(used.size());
-    for (size_t s : used) {
-      calls.add(ps(v.shards[s].address).then([this, step, name = v.shards[s].name,
-                                               update = updates[s]](wire::ParameterServer::Client client) {
-        auto request = client.applySparseRequest();
-        request.setName(name);
-        request.setStep(step);
-        rpc::write_tensor(request.initIds(), update.first, codec_);
-        rpc::write_tensor(request.initRows(), update.second, codec_);
-        return request.send().ignoreResult();
-      }));
-    }
-    return kj::joinPromises(calls.finish()).then([]() { return true; });
-  });
-  return done.status();
+  Shape row_shape(expected.begin() + 1, expected.end());
+  return send_sparse(v, local, positions, rows, row, row_shape, step);
 }
 
 Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& ids, bool insert) {
@@ -360,17 +337,24 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
   if (!v.table) {
     return Status::InvalidArgument("lookup: '" + table + "' is a variable, not an embedding table: use gather(ids)");
   }
+  if (v.shards.empty() || v.table->dim < 1) {
+    return Status::FailedPrecondition("lookup: embedding table '" + table + "' has no shards (dim " +
+                                      std::to_string(v.table->dim) + ")");
+  }
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<int64_t> all, ids_of(ids));
-  // The distinct keys, and where each id's row is among them.
-  std::vector<int64_t> keys = all;
-  std::sort(keys.begin(), keys.end());
-  keys.erase(std::unique(keys.begin(), keys.end()), keys.end());
+  // Each id to the shard of its key. A repeated id goes with the others:
+  // the shard looks each distinct key up once (one lookup counted, one
+  // insert) and answers every position, which costs less here than
+  // de-duplicating first (a sort of the batch) for the few repeats a batch
+  // of random ids has.
   const int parts = static_cast<int>(v.shards.size());
   std::vector<std::vector<int64_t>> local(v.shards.size());
-  std::vector<std::vector<size_t>> positions(v.shards.size());  // index into keys
-  for (size_t i = 0; i < keys.size(); ++i) {
-    auto s = static_cast<size_t>(table_shard_of(keys[i], parts));
-    local[s].push_back(keys[i]);
+  std::vector<std::vector<size_t>> positions(v.shards.size());
+  for (auto& l : local) l.reserve(all.size() / v.shards.size() + 16);
+  for (auto& p : positions) p.reserve(all.size() / v.shards.size() + 16);
+  for (size_t i = 0; i < all.size(); ++i) {
+    auto s = static_cast<size_t>(table_shard_of(all[i], parts));
+    local[s].push_back(all[i]);
     positions[s].push_back(i);
   }
   std::vector<Tensor> requests(v.shards.size());
@@ -399,8 +383,9 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
   if (!found.ok()) return found.status();
   const int64_t dim = v.table->dim;
   const size_t row = static_cast<size_t>(dim) * dtype_size(v.dtype);
-  // The distinct keys' rows, then every id's.
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor distinct, Tensor::uninitialized(v.dtype, {static_cast<int64_t>(keys.size()), dim}));
+  Shape shape = ids.shape();
+  shape.push_back(dim);
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(v.dtype, shape));
   for (size_t k = 0; k < used.size(); ++k) {
     const Tensor& part = (*found)[k];
     const auto& where = positions[used[k]];
@@ -409,15 +394,8 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
                               part.debug_string(0) + " for " + std::to_string(where.size()) + " keys");
     }
     for (size_t j = 0; j < where.size(); ++j) {
-      std::memcpy(distinct.mutable_data() + where[j] * row, part.data() + j * row, row);
+      std::memcpy(out.mutable_data() + where[j] * row, part.data() + j * row, row);
     }
-  }
-  Shape shape = ids.shape();
-  shape.push_back(dim);
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(v.dtype, shape));
-  for (size_t i = 0; i < all.size(); ++i) {
-    auto at = static_cast<size_t>(std::lower_bound(keys.begin(), keys.end(), all[i]) - keys.begin());
-    std::memcpy(out.mutable_data() + i * row, distinct.data() + at * row, row);
   }
   return out;
 }
@@ -433,28 +411,46 @@ Status VariableRouter::apply_table(const VariableLocation& v, const std::vector<
     local[s].push_back(keys[i]);
     positions[s].push_back(i);
   }
+  return send_sparse(v, local, positions, rows, row, {v.table->dim}, step);
+}
+
+Status VariableRouter::send_sparse(const VariableLocation& v, const std::vector<std::vector<int64_t>>& local,
+                                   const std::vector<std::vector<size_t>>& positions, const Tensor& rows,
+                                   size_t row_bytes, const Shape& row_shape, int64_t step) {
   std::vector<std::pair<Tensor, Tensor>> updates(v.shards.size());
   std::vector<size_t> used;
   for (size_t s = 0; s < v.shards.size(); ++s) {
     if (local[s].empty()) continue;
     auto n = static_cast<int64_t>(local[s].size());
     CAPSTAN_ASSIGN_OR_RETURN(updates[s].first, Tensor::from_vector<int64_t>(local[s], {n}));
-    CAPSTAN_ASSIGN_OR_RETURN(updates[s].second, Tensor::uninitialized(v.dtype, {n, v.table->dim}));
+    Shape part_shape{n};
+    part_shape.insert(part_shape.end(), row_shape.begin(), row_shape.end());
+    CAPSTAN_ASSIGN_OR_RETURN(updates[s].second, Tensor::uninitialized(v.dtype, part_shape));
     for (size_t j = 0; j < positions[s].size(); ++j) {
-      std::memcpy(updates[s].second.mutable_data() + j * row, rows.data() + positions[s][j] * row, row);
+      std::memcpy(updates[s].second.mutable_data() + j * row_bytes, rows.data() + positions[s][j] * row_bytes,
+                  row_bytes);
     }
     used.push_back(s);
   }
-  auto done = on_loop<bool>("apply_sparse_gradients '" + v.name + "'", [this, &v, &updates, &used, step]() {
+  const bool table = v.table.has_value();
+  auto done = on_loop<bool>("apply_sparse_gradients '" + v.name + "'", [this, &v, &updates, &used, step, table]() {
     auto calls = kj::heapArrayBuilder<kj::Promise<void>>(used.size());
     for (size_t s : used) {
-      calls.add(ps(v.shards[s].address).then([this, step, name = v.shards[s].name,
+      calls.add(ps(v.shards[s].address).then([this, step, table, name = v.shards[s].name,
                                                update = updates[s]](wire::ParameterServer::Client client) {
-        auto request = client.applyTableRequest();
+        if (table) {
+          auto request = client.applyTableRequest();
+          request.setName(name);
+          request.setStep(step);
+          rpc::write_tensor(request.initIds(), update.first, codec_);
+          rpc::write_tensor(request.initGradients(), update.second, codec_);
+          return request.send().ignoreResult();
+        }
+        auto request = client.applySparseRequest();
         request.setName(name);
         request.setStep(step);
         rpc::write_tensor(request.initIds(), update.first, codec_);
-        rpc::write_tensor(request.initGradients(), update.second, codec_);
+        rpc::write_tensor(request.initRows(), update.second, codec_);
         return request.send().ignoreResult();
       }));
     }

@@ -95,13 +95,18 @@ class VariableRouter final : public VariableAccess {
   Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) override;
   Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
                       int64_t step = 0) override;
-  // Each distinct key is asked once, of the shard that holds it; all
-  // shards at once. The rows come back in the order of `ids`: shape
-  // ids.shape() + [dim].
+  // Each id goes to the shard that holds its key (which looks a repeated
+  // key up once); all shards at once. The rows come back in the order of
+  // `ids`: shape ids.shape() + [dim].
   Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override;
 
  private:
   Status apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows, int64_t step);
+  // Sends shard s the rows of `rows` at positions[s] (row_bytes each, shape
+  // row_shape) for ids local[s]: applySparse, or applyTable for a table.
+  Status send_sparse(const VariableLocation& v, const std::vector<std::vector<int64_t>>& local,
+                     const std::vector<std::vector<size_t>>& positions, const Tensor& rows, size_t row_bytes,
+                     const Shape& row_shape, int64_t step);
   enum class Update { kAssign, kAssignAdd, kApplyDense };
   Status refresh();
   Status update_rows(const std::string& variable, const Tensor& value, Update kind, int64_t step);

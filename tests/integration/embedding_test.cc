@@ -185,6 +185,11 @@ TEST_CASE("an embedding table's checkpoint restores into 3 PS instead of 2, rows
   CHECK(info[0].embedding_table);
   CHECK(info[0].shards.size() == 3);
   CHECK(t.client->lookup("emb", ids, false).value().equals(saved_rows));
+  // Every row the restore wrote counts as changed since any checkpoint (it
+  // may differ from what a later one holds); a bad export path is refused.
+  CHECK(t.client->export_embedding_table("emb", dir + "/ckpt-10", keep.dir() + "/after.safetensors").value() == 5000);
+  CHECK(t.client->export_embedding_table("emb", "", keep.dir() + "/out.txt").status().code() ==
+        StatusCode::kInvalidArgument);
   // Restored accumulators: a second step of 0.5 moves rows by
   // 0.5 * 0.5 / sqrt(0.1 + 2 * 0.25), not a fresh accumulator's step.
   REQUIRE(t.client->apply_sparse_gradients("emb", ids, gradient(keys.size(), 4, 0.5f)).ok());

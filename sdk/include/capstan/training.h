@@ -140,15 +140,17 @@ Result<Tensor> random_uniform_initializer(DType dtype, Shape shape, double minva
 //                       admitted, or evicted meanwhile) are dropped. Adam is
 //                       lazy on a table (only the named rows' m and v move).
 //   admission           min_count > 1: a key is inserted at its min_count-th
-//                       lookup, counted in a count-min sketch (a few bytes per
-//                       counter, not a map of keys); admit_probability < 1:
+//                       recent lookup, counted in a count-min sketch (16-bit
+//                       counters that halve now and then, not a map of keys:
+//                       approximate); admit_probability < 1:
 //                       each lookup of a missing key inserts it with that
 //                       probability.
 //   eviction            ttl_steps / ttl_seconds: rows not updated for that
 //                       long go; max_rows / max_bytes per parameter server:
 //                       the least recently updated (eviction = "lru") or the
 //                       least often looked-up (eviction = "lfu") rows go, with
-//                       their slots, to stay under the cap.
+//                       their slots, to stay under the cap (kept per 1/16 of
+//                       a shard: at least 16 rows; max_bytes approximate).
 struct EmbeddingInitializer {
   std::string kind = "random_normal";  // "zeros", "constant", "random_normal"
   double value = 0;                    // constant

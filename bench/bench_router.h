@@ -1,0 +1,60 @@
+// A VariableRouter of a bench's own (the client side of what a worker
+// does), with placements fetched from the coordinator as ClusterCoordinator
+// does. Shared by ps_bench and embedding_bench.
+#ifndef CAPSTAN_BENCH_BENCH_ROUTER_H_
+#define CAPSTAN_BENCH_BENCH_ROUTER_H_
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "capstan_schemas/coordinator.capnp.h"
+#include "rpc/connection.h"
+#include "rpc/loop_thread.h"
+#include "rpc/tensor_codec.h"
+#include "training/variable_router.h"
+
+namespace capstan::bench {
+
+class Router {
+ public:
+  Router(const std::string& coordinator, uint64_t max_message_bytes, const std::string& client_name)
+      : loop_(client_name + "-router") {
+    rpc::ConnectOptions connect;
+    connect.client_name = client_name;
+    connect.max_message_bytes = max_message_bytes;
+    loop_.run_sync([&]() { connection_ = kj::heap<rpc::Connection>(loop_.io(), loop_.timer(), coordinator, connect); });
+    rpc::Connection* conn = connection_.get();
+    kj::Timer* timer = &loop_.timer();
+    router_ = std::make_unique<VariableRouter>(
+        loop_, connect, rpc::codec_options_for(max_message_bytes), std::chrono::seconds(120), [conn, timer]() {
+          return conn->service<wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
+              .then([](wire::Coordinator::Client c) { return c.placementsRequest().send(); })
+              .then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
+                std::vector<VariableLocation> variables;
+                for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
+                return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
+              });
+        });
+  }
+  ~Router() {
+    router_.reset();
+    loop_.run_sync([this]() { connection_ = nullptr; });
+  }
+  Router(const Router&) = delete;
+  Router& operator=(const Router&) = delete;
+
+  VariableRouter& operator*() { return *router_; }
+  VariableRouter* operator->() { return router_.get(); }
+
+ private:
+  rpc::LoopThread loop_;
+  kj::Own<rpc::Connection> connection_;
+  std::unique_ptr<VariableRouter> router_;
+};
+
+}  // namespace capstan::bench
+
+#endif  // CAPSTAN_BENCH_BENCH_ROUTER_H_
