@@ -24,7 +24,7 @@ configure_sanitizer_build() {
     # objects between checkouts (with -g it hashes the directory).
     CC=clang CXX=clang++ cmake -S . -B "$build" -G Ninja -DCMAKE_BUILD_TYPE=None \
       -DCMAKE_CXX_FLAGS=-O1 -DCMAKE_C_FLAGS=-O1 "${flags[@]}" \
-      -DCAPSTAN_BUILD_BENCH=OFF -DCAPSTAN_CUDA=OFF >/dev/null
+      -DCAPSTAN_BUILD_BENCH=OFF -DCAPSTAN_CUDA=OFF -DCAPSTAN_PYTHON=OFF >/dev/null
   fi
 }
 

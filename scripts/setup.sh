@@ -30,6 +30,10 @@ packages=(
   curl                   # health checks in scripts and tests
   procps                 # pgrep, ps
   python3                # scripts/check-thread-safety.sh reads compile_commands.json
+  python3-dev            # the Python bindings (python/): headers
+  pybind11-dev           #   and pybind11
+  python3-numpy          #   their arrays, and their tests (pytest)
+  python3-pytest
   clang                  # scripts/check-thread-safety.sh: -Wthread-safety
   ccache                 # rebuilds reuse objects (used when present)
   openssl                # scripts/make-test-ca.sh (TLS tests)

@@ -1,0 +1,98 @@
+"""Data-service elements into Python (numpy arrays, no copy) against the C++
+reader alone, on the same job shape, alternating, medians of --rounds.
+
+    PYTHONPATH=build/python python3 bench/python_data_service_bench.py [--rounds 5] [--elements 400]
+
+Starts a dispatcher and a data worker (build/bin) on free ports. Each round
+registers `from_tensors(element).repeat(N)` and reads it once through
+capstan.data.service.from_dataset_id, iterating in Python (each element a
+numpy array over the received buffer), and once more in C++ only
+(capstan._capstan._drain: the SDK's reader with no Python objects). Prints
+GB/s and elements/s of both, the ratio (the issue's aim: >= 0.8 for 1 MiB
+elements) and RESULT lines. Prints figures; never fails on them.
+"""
+
+import argparse
+import pathlib
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+import numpy as np
+
+import capstan
+from capstan import _capstan
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+
+
+def start(bin_dir, workdir):
+    port_file = pathlib.Path(workdir) / "dispatcher.port"
+    procs = [subprocess.Popen([str(bin_dir / "data-dispatcher"), "--port", "0", "--http-port", "0",
+                               "--port-file", str(port_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    deadline = time.monotonic() + 15
+    while not port_file.exists() or "pid:" not in port_file.read_text():
+        if time.monotonic() > deadline:
+            sys.exit("python_data_service_bench: the dispatcher did not start")
+        time.sleep(0.05)
+    fields = dict(line.split(": ", 1) for line in port_file.read_text().splitlines() if ": " in line)
+    address = f"127.0.0.1:{fields['rpc_port']}"
+    procs.append(subprocess.Popen([str(bin_dir / "data-worker"), "--port", "0", "--http-port", "0",
+                                   "--dispatcher", address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+    return address, procs
+
+
+def main():
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--bin-dir", default=str(REPO / "build" / "bin"))
+    parser.add_argument("--element-bytes", type=int, default=1 << 20)
+    parser.add_argument("--elements", type=int, default=400)
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    workdir = tempfile.TemporaryDirectory()
+    dispatcher, procs = start(pathlib.Path(args.bin_dir), workdir.name)
+    try:
+        element = np.arange(args.element_bytes, dtype=np.uint8)
+        dataset_id = capstan.data.service.register_dataset(
+            dispatcher, capstan.data.Dataset.from_tensors((element,)).repeat(args.elements))
+        total = args.elements * args.element_bytes
+        python_rates, cpp_rates = [], []
+        for round_ in range(args.rounds):
+            # A new anonymous job per read: each reads every element once.
+            read = capstan.data.service.from_dataset_id(dispatcher, dataset_id)
+            started = time.perf_counter()
+            n = 0
+            for (x,) in read:
+                n += 1
+                checksum = int(x[-1])  # touch the array, as a consumer would
+            python_s = time.perf_counter() - started
+            assert n == args.elements and checksum == element[-1]
+            started = time.perf_counter()
+            count, nbytes = _capstan._drain(capstan.data.service.from_dataset_id(dispatcher, dataset_id))
+            cpp_s = time.perf_counter() - started
+            assert count == args.elements and nbytes == total
+            python_rates.append(total / python_s)
+            cpp_rates.append(total / cpp_s)
+            print(f"round {round_ + 1}: python {total / python_s / 1e9:.2f} GB/s, C++ reader {total / cpp_s / 1e9:.2f} GB/s, "
+                  f"ratio {cpp_s / python_s:.2f}", flush=True)
+        ratios = [p / c for p, c in zip(python_rates, cpp_rates)]
+        py_med, cpp_med, ratio = statistics.median(python_rates), statistics.median(cpp_rates), statistics.median(ratios)
+        size = f"{args.element_bytes / (1 << 20):g} MiB" if args.element_bytes >= 1 << 20 else f"{args.element_bytes} B"
+        print(f"\n{args.elements} elements of {size} through the data service, medians of {args.rounds} rounds:")
+        print(f"  into Python (numpy, no copy)  {py_med / 1e9:6.2f} GB/s  {py_med / args.element_bytes:9.0f} elements/s")
+        print(f"  C++ reader alone              {cpp_med / 1e9:6.2f} GB/s  {cpp_med / args.element_bytes:9.0f} elements/s")
+        print(f"  Python / C++                  {ratio:6.2f}   (aim >= 0.80)")
+        print(f"RESULT python_ds_read_gbps {py_med / 1e9:.6g} GB/s")
+        print(f"RESULT cpp_ds_read_gbps {cpp_med / 1e9:.6g} GB/s")
+        print(f"RESULT python_vs_cpp_ds_read_ratio {ratio:.6g} x")
+    finally:
+        for p in procs:
+            p.kill()
+            p.wait()
+        workdir.cleanup()
+
+
+if __name__ == "__main__":
+    main()

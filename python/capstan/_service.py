@@ -1,0 +1,15 @@
+"""capstan.data.service: tf.data.experimental.service.
+
+    dataset_id = capstan.data.service.register_dataset("127.0.0.1:7500", dataset)
+    for batch in capstan.data.service.from_dataset_id("127.0.0.1:7500", dataset_id,
+                                                       processing_mode="dynamic", job_name="train"):
+        ...
+
+processing_mode: "off", "dynamic", "file", "data", "file_or_data", "hint"
+(TF's ShardingPolicy). job_name shares one job between readers;
+consumer_index/num_consumers make coordinated reads; trainer_id with
+cross_trainer_cache shares elements between trainers. Elements arrive as
+numpy arrays over the received buffers (no copy of the tensor bytes).
+"""
+
+from ._capstan import distribute, from_dataset_id, register_dataset  # noqa: F401

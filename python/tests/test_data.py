@@ -1,0 +1,113 @@
+"""Pipelines and the data service from Python: values, the zero-copy path,
+module functions, Ctrl-C while waiting for an element, the torch adapter."""
+
+import os
+import signal
+import sys
+import threading
+import time
+import tracemalloc
+import types
+
+import numpy as np
+import pytest
+
+import capstan
+from capstan.data import Dataset, Fn
+from conftest import TEST_MODULE
+
+
+def test_pipeline_ops_iterate_as_tuples_of_numpy_arrays(tmp_path):
+    xs = np.arange(12, dtype=np.float32).reshape(6, 2)
+    ys = np.array([b"a", b"b", b"c", b"d", b"e", b"f"])
+    batches = list(Dataset.from_tensor_slices((xs, ys)).skip(1).take(4).batch(2))
+    assert len(batches) == 2
+    np.testing.assert_array_equal(batches[0][0], xs[1:3])
+    assert list(batches[1][1]) == [b"d", b"e"]
+    shuffled = [int(x) for (x,) in Dataset.range(100).shuffle(100, seed=7)]
+    assert sorted(shuffled) == list(range(100)) and shuffled != list(range(100))
+    lines = tmp_path / "a.csv"
+    lines.write_text("1,x\n2,y\n")
+    parsed = list(capstan.data.TextLineDataset(str(lines)).map(Fn.decode_csv([np.int64(0), b""])))
+    assert [(int(a), bytes(b.item())) for a, b in parsed] == [(1, b"x"), (2, b"y")]
+    (cast,) = next(iter(Dataset.range(5).map(Fn.cast(np.float32)).batch(5)))
+    assert cast.dtype == np.float32 and list(cast) == [0, 1, 2, 3, 4]
+
+
+def test_module_functions_and_iterator_state():
+    capstan.load_module(TEST_MODULE)
+    assert [int(x) for (x,) in Dataset.range(3).map(Fn.named("plus_one"))] == [1, 2, 3]
+    it = Dataset.range(10).make_iterator()
+    assert int(next(it)[0]) == 0
+    state = it.save()
+    again = Dataset.range(10).make_iterator()
+    again.restore(state)
+    assert [int(x) for (x,) in again] == list(range(1, 10))
+    assert it.get_next()[0] == 1
+
+
+def test_data_service_read_of_100k_elements(data_service):
+    dataset_id = capstan.data.service.register_dataset(data_service, Dataset.range(100_000))
+    read = capstan.data.service.from_dataset_id(data_service, dataset_id, processing_mode="off")
+    values = np.fromiter((x for (x,) in read), dtype=np.int64, count=100_000)
+    np.testing.assert_array_equal(np.sort(values), np.arange(100_000))
+    # distribute() is register + read; a shared, named job.
+    distributed = capstan.data.service.distribute(Dataset.range(1000).batch(100), data_service,
+                                                  processing_mode="dynamic", job_name="shared")
+    assert sorted(int(v) for (b,) in distributed for v in b) == list(range(1000))
+
+
+def test_one_mib_elements_arrive_without_a_copy(data_service):
+    element = np.arange(1 << 20, dtype=np.uint8)
+    dataset_id = capstan.data.service.register_dataset(data_service, Dataset.from_tensors((element,)).repeat(40))
+    read = capstan.data.service.from_dataset_id(data_service, dataset_id)
+    tracemalloc.start()
+    try:
+        kept = [x for (x,) in read]  # 40 MiB of elements, all alive
+        numpy_bytes, _peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert len(kept) == 40
+    for x in kept:
+        assert x.nbytes == 1 << 20 and not x.flags.owndata and not x.flags.writeable
+        assert type(x.base).__name__ == "PyCapsule"  # holds the received tensor
+    np.testing.assert_array_equal(kept[17], element)
+    # numpy (traced by tracemalloc) allocated none of the 40 MiB: the arrays
+    # are views of the buffers the SDK received.
+    assert numpy_bytes < (1 << 20), f"{numpy_bytes} bytes allocated by Python for 40 MiB of elements"
+
+
+def test_ctrl_c_interrupts_a_read_waiting_for_elements_and_keeps_the_iterator(cluster):
+    dispatcher = cluster.start("data-dispatcher")  # no data worker yet: reads wait
+    dataset_id = capstan.data.service.register_dataset(dispatcher.address, Dataset.range(5))
+    it = capstan.data.service.from_dataset_id(dispatcher.address, dataset_id, job_name="wait").make_iterator()
+    timer = threading.Timer(0.5, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    started = time.monotonic()
+    with pytest.raises(KeyboardInterrupt):
+        it.get_next()
+    assert time.monotonic() - started < 5
+    # The read goes on once a data worker serves the job: nothing was lost.
+    cluster.start("data-worker", "--dispatcher", dispatcher.address)
+    assert sorted(int(x) for (x,) in it) == [0, 1, 2, 3, 4]
+
+
+def test_torch_adapter_yields_tensors_from_numpy(monkeypatch):
+    # A stand-in for torch (not a dependency of the tests): records what
+    # from_numpy was given.
+    fake = types.ModuleType("torch")
+    fake.from_numpy = lambda array: ("tensor", array)
+    fake_utils = types.ModuleType("torch.utils")
+    fake_data = types.ModuleType("torch.utils.data")
+    fake_data.IterableDataset = type("IterableDataset", (), {"__init__": lambda self: None})
+    fake.utils = fake_utils
+    fake_utils.data = fake_data
+    for name, module in (("torch", fake), ("torch.utils", fake_utils), ("torch.utils.data", fake_data)):
+        monkeypatch.setitem(sys.modules, name, module)
+    monkeypatch.delitem(sys.modules, "capstan.torch", raising=False)
+    import capstan.torch as adapter
+
+    got = list(adapter.IterableDataset(Dataset.range(4).batch(2)))
+    assert [tag for (tag, _), in got] == ["tensor", "tensor"]
+    np.testing.assert_array_equal(got[1][0][1], [2, 3])
+    assert isinstance(adapter.IterableDataset(Dataset.range(1)), fake_data.IterableDataset)
