@@ -93,6 +93,7 @@ DType capstan_dtype(const py::dtype& dtype) {
   if (kind == 'i' && size == 8) return DType::kInt64;
   if (kind == 'u' && size == 1) return DType::kUInt8;
   if (kind == 'b') return DType::kBool;
+  if (kind == 'S' || kind == 'U' || kind == 'O') return DType::kString;  // bytes / str: a string tensor
   raise(Status::InvalidArgument("numpy dtype " + py::str(static_cast<const py::handle&>(dtype)).cast<std::string>() +
                                 " has no Capstan dtype (use float16/32/64, int8/16/32/64, uint8, bool or bytes)"));
 }

@@ -2,6 +2,7 @@
 module functions, Ctrl-C while waiting for an element, the torch adapter."""
 
 import os
+import pathlib
 import signal
 import sys
 import threading
@@ -111,3 +112,16 @@ def test_torch_adapter_yields_tensors_from_numpy(monkeypatch):
     assert [tag for (tag, _), in got] == ["tensor", "tensor"]
     np.testing.assert_array_equal(got[1][0][1], [2, 3])
     assert isinstance(adapter.IterableDataset(Dataset.range(1)), fake_data.IterableDataset)
+
+
+def test_tfrecord_files_written_by_tensorflow_parse_into_arrays():
+    testdata = pathlib.Path(os.environ.get("CAPSTAN_SHARED_TESTDATA",
+                                           pathlib.Path(__file__).resolve().parents[3] / "shared" / "testdata"))
+    features = {"x_float": ("fixed", np.float32, [10]), "x_int": ("fixed", np.int64, [10]),
+                "x_byte": ("fixed", np.bytes_, [1])}
+    (batch,) = list(capstan.data.TFRecordDataset(str(testdata / "tfrecord" / "example.tfrecord"))
+                    .batch(4).map(Fn.parse_example(features)))
+    x_byte, x_float, x_int = batch  # outputs in key order
+    np.testing.assert_array_equal(x_float, np.arange(40, dtype=np.float32).reshape(4, 10))
+    np.testing.assert_array_equal(x_int, np.arange(0, 400, 10).reshape(4, 10))
+    assert x_byte.shape == (4, 1) and x_byte[3, 0] == b"test str"

@@ -129,3 +129,30 @@ def test_ctrl_c_interrupts_a_blocking_join_and_the_gil_is_released(training):
     assert len(ticks) > 50
     training.join()  # the closure still finishes
     assert training.read_variable("counter") == 1
+
+
+def test_collectives_on_numpy_arrays(training):
+    # Two ranks in this process (each call releases the GIL while it waits
+    # for the other).
+    results = {}
+
+    def rank(r):
+        group = training.join_group("py-group", size=2, rank=r, timeout=20)
+        assert (group.rank, group.size) == (r, 2)
+        results[r] = (group.all_reduce(np.full(3, r + 1, np.float32), "sum"),
+                      group.all_reduce(np.full(2, r + 1.0), "mean"),
+                      group.broadcast(np.full(2, r, np.int64), root=1),
+                      group.all_gather(np.array([[r, r]], np.int32)))
+        group.barrier()
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for r in range(2):
+        total, mean, broadcast, gathered = results[r]
+        np.testing.assert_array_equal(total, [3, 3, 3])
+        np.testing.assert_array_equal(mean, [1.5, 1.5])
+        np.testing.assert_array_equal(broadcast, [1, 1])
+        np.testing.assert_array_equal(gathered, [[0, 0], [1, 1]])
