@@ -28,20 +28,23 @@ from capstan import _capstan
 REPO = pathlib.Path(__file__).resolve().parents[1]
 
 
-def start(bin_dir, workdir):
+def start(bin_dir, workdir, procs):
+    """A dispatcher and a data worker, appended to `procs` as they start (the
+    caller kills them, a failed start included); the dispatcher's address."""
     port_file = pathlib.Path(workdir) / "dispatcher.port"
-    procs = [subprocess.Popen([str(bin_dir / "data-dispatcher"), "--port", "0", "--http-port", "0",
-                               "--port-file", str(port_file)], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)]
+    procs.append(subprocess.Popen([str(bin_dir / "data-dispatcher"), "--port", "0", "--http-port", "0",
+                                   "--port-file", str(port_file)], stdout=subprocess.DEVNULL,
+                                  stderr=subprocess.DEVNULL))
     deadline = time.monotonic() + 15
     while not port_file.exists() or "pid:" not in port_file.read_text():
         if time.monotonic() > deadline:
-            sys.exit("python_data_service_bench: the dispatcher did not start")
+            raise RuntimeError("python_data_service_bench: the dispatcher did not start")
         time.sleep(0.05)
     fields = dict(line.split(": ", 1) for line in port_file.read_text().splitlines() if ": " in line)
     address = f"127.0.0.1:{fields['rpc_port']}"
     procs.append(subprocess.Popen([str(bin_dir / "data-worker"), "--port", "0", "--http-port", "0",
                                    "--dispatcher", address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    return address, procs
+    return address
 
 
 def main():
@@ -52,8 +55,9 @@ def main():
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
     workdir = tempfile.TemporaryDirectory()
-    dispatcher, procs = start(pathlib.Path(args.bin_dir), workdir.name)
+    procs = []
     try:
+        dispatcher = start(pathlib.Path(args.bin_dir), workdir.name, procs)
         element = np.arange(args.element_bytes, dtype=np.uint8)
         dataset_id = capstan.data.service.register_dataset(
             dispatcher, capstan.data.Dataset.from_tensors((element,)).repeat(args.elements))
@@ -61,18 +65,27 @@ def main():
         python_rates, cpp_rates = [], []
         for round_ in range(args.rounds):
             # A new anonymous job per read: each reads every element once.
-            read = capstan.data.service.from_dataset_id(dispatcher, dataset_id)
-            started = time.perf_counter()
-            n = 0
-            for (x,) in read:
-                n += 1
-                checksum = int(x[-1])  # touch the array, as a consumer would
-            python_s = time.perf_counter() - started
-            assert n == args.elements and checksum == element[-1]
-            started = time.perf_counter()
-            count, nbytes = _capstan._drain(capstan.data.service.from_dataset_id(dispatcher, dataset_id))
-            cpp_s = time.perf_counter() - started
-            assert count == args.elements and nbytes == total
+            # The two readers take turns going first.
+
+            def read_python():
+                started = time.perf_counter()
+                n = 0
+                for (x,) in capstan.data.service.from_dataset_id(dispatcher, dataset_id):
+                    n += 1
+                    last = int(x[-1])  # touch the array, as a consumer would
+                assert n == args.elements and last == element[-1]
+                return time.perf_counter() - started
+
+            def read_cpp():
+                started = time.perf_counter()
+                count, nbytes = _capstan._drain(capstan.data.service.from_dataset_id(dispatcher, dataset_id))
+                assert count == args.elements and nbytes == total
+                return time.perf_counter() - started
+
+            if round_ % 2 == 0:
+                python_s, cpp_s = read_python(), read_cpp()
+            else:
+                cpp_s, python_s = read_cpp(), read_python()
             python_rates.append(total / python_s)
             cpp_rates.append(total / cpp_s)
             print(f"round {round_ + 1}: python {total / python_s / 1e9:.2f} GB/s, C++ reader {total / cpp_s / 1e9:.2f} GB/s, "

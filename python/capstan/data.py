@@ -14,18 +14,20 @@ from ._capstan import AUTOTUNE, SHARD_HINT, Dataset, Fn, Iterator  # noqa: F401
 from . import _service as service  # noqa: F401
 
 
-def TFRecordDataset(filenames, compression_type="", num_parallel_reads=0):
-    """tf.data.TFRecordDataset: the records of the files, as bytes scalars."""
+def TFRecordDataset(filenames, compression_type="", buffer_size=None, num_parallel_reads=0):
+    """tf.data.TFRecordDataset: the records of the files, as bytes scalars.
+    buffer_size is accepted for TF's signature (Capstan sizes its reads)."""
+    del buffer_size
     if isinstance(filenames, str):
         filenames = [filenames]
-    return Dataset.tfrecord_dataset(list(filenames), compression_type, num_parallel_reads)
+    return Dataset.tfrecord_dataset(list(filenames), compression_type or "", num_parallel_reads or 0)
 
 
 def TextLineDataset(filenames, compression_type=""):
     """tf.data.TextLineDataset: the lines of the files, as bytes scalars."""
     if isinstance(filenames, str):
         filenames = [filenames]
-    return Dataset.text_line_dataset(list(filenames), compression_type)
+    return Dataset.text_line_dataset(list(filenames), compression_type or "")
 
 
 def FixedLengthRecordDataset(filenames, record_bytes, header_bytes=0, footer_bytes=0, compression_type=""):

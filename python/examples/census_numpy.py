@@ -37,9 +37,10 @@ def examples(path):
             .map(Fn.named("census_features")))
 
 
-def start_service(bin_dir, module, workdir):
-    """A dispatcher and a data worker on free ports; (address, processes)."""
-    processes = []
+def start_service(bin_dir, module, workdir, processes):
+    """A dispatcher and a data worker on free ports, appended to `processes`
+    as they start (the caller kills them, a failed start included); the
+    dispatcher's address."""
     port_file = pathlib.Path(workdir) / "dispatcher.port"
     processes.append(subprocess.Popen([str(bin_dir / "data-dispatcher"), "--port", "0", "--http-port", "0",
                                        "--port-file", str(port_file)], stdout=subprocess.DEVNULL,
@@ -54,7 +55,7 @@ def start_service(bin_dir, module, workdir):
     processes.append(subprocess.Popen([str(bin_dir / "data-worker"), "--port", "0", "--http-port", "0",
                                        "--dispatcher", address, "--module", str(module)],
                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    return address, processes
+    return address
 
 
 def main():
@@ -72,10 +73,9 @@ def main():
     data_dir = pathlib.Path(args.data_dir)
     processes = []
     workdir = tempfile.TemporaryDirectory()
-    dispatcher = args.dispatcher
-    if not dispatcher:
-        dispatcher, processes = start_service(pathlib.Path(args.bin_dir), args.module, workdir.name)
     try:
+        dispatcher = args.dispatcher or start_service(pathlib.Path(args.bin_dir), args.module, workdir.name,
+                                                      processes)
         train = examples(data_dir / "adult.data.gz").shuffle(10000, seed=1).repeat(args.epochs).batch(args.batch_size)
         dataset_id = capstan.data.service.register_dataset(dispatcher, train)
         batches = capstan.data.service.from_dataset_id(dispatcher, dataset_id, processing_mode="off",

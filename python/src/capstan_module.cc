@@ -121,8 +121,15 @@ py::object to_numpy(const Tensor& t) {
 }
 
 Tensor to_tensor(const py::handle& value) {
-  py::array array = py::array::ensure(value);
-  if (!array) throw py::error_already_set();
+  // numpy's own conversion: its errors (a ragged list, ...) propagate as
+  // they are; the result is C-contiguous (0-d stays 0-d).
+  // Never destroyed: a static py::object would be released after the
+  // interpreter is gone.
+  static py::object* asarray = new py::object(py::module_::import("numpy").attr("asarray"));
+  py::array array = (*asarray)(value, py::arg("order") = "C");
+  if (!array.dtype().attr("isnative").cast<bool>()) {
+    array = array.attr("astype")(array.dtype().attr("newbyteorder")("="));  // big-endian input: native order
+  }
   Shape shape(array.shape(), array.shape() + array.ndim());
   const char kind = array.dtype().kind();
   if (kind == 'S' || kind == 'U' || kind == 'O') {
@@ -141,9 +148,8 @@ Tensor to_tensor(const py::handle& value) {
     return value_or_raise(Tensor::from_strings(strings, shape));
   }
   DType dtype = capstan_dtype(array.dtype());
-  py::array contiguous = py::array::ensure(array, py::array::c_style);
   Tensor out = value_or_raise(Tensor::uninitialized(dtype, shape));
-  if (out.byte_size() > 0) std::memcpy(out.mutable_data(), contiguous.data(), out.byte_size());
+  if (out.byte_size() > 0) std::memcpy(out.mutable_data(), array.data(), out.byte_size());
   return out;
 }
 
@@ -167,17 +173,50 @@ Element element_from_python(const py::handle& value) {
 
 // ---- Blocking calls that Ctrl-C interrupts ------------------------------------------
 
-// Waits for `future` with the GIL released, checking for signals every
-// 50 ms; a signal handler that raises (KeyboardInterrupt) ends the wait.
-template <typename T>
-T wait_interruptibly(std::future<T>& future) {
+// The interpreter's main thread: the only one Python runs signal handlers on.
+unsigned long main_thread_ident = 0;
+
+// A thread that comes back to Python while the interpreter exits would be
+// killed taking the GIL (inside a destructor that may not throw): it stays
+// here instead, asleep, until the process ends.
+void park_if_finalizing(py::gil_scoped_release& release) {
+  if (_Py_IsFinalizing()) {
+    release.disarm();
+    while (true) std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+}
+
+// Whether a signal handler raised (KeyboardInterrupt): checked with the GIL
+// taken for a moment, on the main thread only (elsewhere it cannot fire).
+bool interrupted(py::gil_scoped_release& release) {
+  if (PyThread_get_thread_ident() != main_thread_ident) return false;
+  park_if_finalizing(release);
+  py::gil_scoped_acquire acquire;
+  return PyErr_CheckSignals() != 0;
+}
+
+// Waits until `ready()` with the GIL released; on the main thread every
+// 50 ms it checks for signals, and a handler that raises ends the wait
+// (error_already_set, with the GIL held again).
+template <typename Ready>
+void wait_interruptibly(Ready ready) {
+  bool raised = false;
   {
     py::gil_scoped_release release;
-    while (future.wait_for(50ms) != std::future_status::ready) {
-      py::gil_scoped_acquire acquire;
-      if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+    while (!ready(50ms)) {
+      if (interrupted(release)) {
+        raised = true;
+        break;
+      }
     }
+    park_if_finalizing(release);
   }
+  if (raised) throw py::error_already_set();
+}
+
+template <typename T>
+T wait_for_future(std::future<T>& future) {
+  wait_interruptibly([&future](auto d) { return future.wait_for(d) == std::future_status::ready; });
   return future.get();
 }
 
@@ -189,16 +228,55 @@ auto run_interruptibly(F fn) -> decltype(fn()) {
   auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
   std::future<R> future = task->get_future();
   std::thread([task]() { (*task)(); }).detach();
-  return wait_interruptibly(future);
+  return wait_for_future(future);
+}
+
+// The same, for calls whose result must not be lost to an interrupt (join
+// and done hand out the first closure error once): an interrupted call's
+// future stays in `slot`, and the next call waits for it instead of
+// starting another.
+template <typename R, typename F>
+R run_keeping(std::shared_ptr<std::optional<std::shared_future<R>>> slot, F fn) {
+  if (!slot->has_value()) {
+    auto task = std::make_shared<std::packaged_task<R()>>(std::move(fn));
+    *slot = task->get_future().share();
+    std::thread([task]() { (*task)(); }).detach();
+  }
+  std::shared_future<R> future = **slot;
+  wait_interruptibly([&future](auto d) { return future.wait_for(d) == std::future_status::ready; });
+  slot->reset();
+  return future.get();
 }
 
 // ---- Module functions -------------------------------------------------------------
 
-// The functions pipelines iterated here resolve (Fn.named): load_module()
-// adds a module's. Shared by every iterator, which keeps it alive.
-std::shared_ptr<FunctionRegistry>& registry() {
-  static auto* r = new std::shared_ptr<FunctionRegistry>(std::make_shared<FunctionRegistry>());
+// The functions pipelines iterated here resolve (Fn.named). load_module()
+// builds a new registry with every module loaded so far and the new one,
+// then swaps it in: an iterator keeps the registry it started with, which
+// nothing changes under it (FunctionRegistry is not safe to change while
+// it is used).
+struct Registries {
+  std::mutex mu;
+  std::vector<std::string> modules;
+  std::shared_ptr<FunctionRegistry> current = std::make_shared<FunctionRegistry>();
+};
+Registries& registries() {
+  static auto* r = new Registries();
   return *r;
+}
+std::shared_ptr<FunctionRegistry> registry() {
+  std::lock_guard<std::mutex> lock(registries().mu);
+  return registries().current;
+}
+Status load_module_everywhere(const std::string& path) {
+  Registries& r = registries();
+  std::lock_guard<std::mutex> lock(r.mu);
+  auto next = std::make_shared<FunctionRegistry>();
+  for (const auto& loaded : r.modules) CAPSTAN_RETURN_IF_ERROR(next->load_module(loaded));
+  CAPSTAN_RETURN_IF_ERROR(next->load_module(path));
+  r.modules.push_back(path);
+  r.current = std::move(next);
+  return Status::Ok();
 }
 
 // ---- Iteration --------------------------------------------------------------------
@@ -216,40 +294,47 @@ class PyIterator {
   }
   ~PyIterator() {
     std::lock_guard<std::mutex> lock(state_->mu);
-    state_->stop = true;
+    state_->stop = true;  // the thread ends after a get_next still running
     state_->changed.notify_all();
   }
   PyIterator(const PyIterator&) = delete;
   PyIterator& operator=(const PyIterator&) = delete;
 
-  // The next element, or nullopt at the end.
+  // The next element, or nullopt at the end. One caller at a time (others
+  // wait their turn, GIL released).
   std::optional<Element> next() {
-    {
-      std::lock_guard<std::mutex> lock(state_->mu);
-      if (!state_->requested) {  // else an interrupted call's get_next still runs: wait for it
-        state_->requested = true;
-        state_->done = false;
-        state_->changed.notify_all();
-      }
-    }
+    std::shared_ptr<State> state = state_;
+    Result<std::optional<Element>> result = std::optional<Element>();
+    bool raised = false;
     {
       py::gil_scoped_release release;
-      std::unique_lock<std::mutex> lock(state_->mu);
-      while (!state_->done) {
-        state_->changed.wait_for(lock, 50ms);
-        if (state_->done) break;
+      std::unique_lock<std::mutex> turn(state->consumer);
+      std::unique_lock<std::mutex> lock(state->mu);
+      if (!state->requested) {  // else an interrupted call's get_next still runs: its element is ours
+        state->requested = true;
+        state->done = false;
+        state->changed.notify_all();
+      }
+      while (!state->done) {
+        state->changed.wait_for(lock, 50ms);
+        if (state->done) break;
         lock.unlock();
-        {
-          py::gil_scoped_acquire acquire;
-          if (PyErr_CheckSignals() != 0) throw py::error_already_set();
+        if (interrupted(release)) {
+          raised = true;
+          break;
         }
         lock.lock();
       }
+      if (!raised) {
+        state->requested = false;
+        state->done = false;
+        result = std::move(state->result);
+        lock.unlock();
+      }
+      turn.unlock();
+      park_if_finalizing(release);
     }
-    std::lock_guard<std::mutex> lock(state_->mu);
-    state_->requested = false;
-    state_->done = false;
-    Result<std::optional<Element>> result = std::move(state_->result);
+    if (raised) throw py::error_already_set();
     return value_or_raise(std::move(result));
   }
 
@@ -264,12 +349,13 @@ class PyIterator {
 
  private:
   struct State {
+    std::shared_ptr<FunctionRegistry> functions;  // outlives the iterator (declared first: freed last)
+    std::mutex consumer;                          // next() callers, one at a time
     std::mutex mu;
     std::condition_variable changed;
     bool requested = false, done = false, stop = false;
     Result<std::optional<Element>> result = std::optional<Element>();
     std::unique_ptr<data::Iterator> iterator;
-    std::shared_ptr<FunctionRegistry> functions;  // outlives the iterator (declared first, freed last)
 
     void run() {
       std::unique_lock<std::mutex> lock(mu);
@@ -277,7 +363,14 @@ class PyIterator {
         while (!stop && !(requested && !done)) changed.wait(lock);
         if (stop) return;
         lock.unlock();
-        auto next = iterator->get_next();
+        Result<std::optional<Element>> next = std::optional<Element>();
+        try {
+          next = iterator->get_next();
+        } catch (const std::exception& e) {  // a module function that threw: an error, not an abort
+          next = Status::Internal(std::string("get_next threw: ") + e.what());
+        } catch (...) {
+          next = Status::Internal("get_next threw an exception that is not a std::exception");
+        }
         lock.lock();
         result = std::move(next);
         done = true;
@@ -288,6 +381,7 @@ class PyIterator {
   // save/restore: only between two get_next calls.
   template <typename F>
   auto run_locked(F f) -> decltype(f()) {
+    std::unique_lock<std::mutex> turn(state_->consumer);
     std::unique_lock<std::mutex> lock(state_->mu);
     if (state_->requested) {
       return Status::FailedPrecondition("save/restore while a get_next runs (an interrupted one): call next() first");
@@ -310,13 +404,21 @@ std::unique_ptr<PyIterator> make_iterator(const data::Dataset& dataset) {
 
 // ---- Options ------------------------------------------------------------------------
 
+std::chrono::milliseconds seconds_arg(const char* what, double seconds) {
+  if (!(seconds > 0 && seconds <= 86400.0 * 365)) {
+    raise(Status::InvalidArgument(std::string(what) + " " + std::to_string(seconds) +
+                                  " s: give a number of seconds in (0, one year]"));
+  }
+  return std::chrono::milliseconds(std::max<int64_t>(1, static_cast<int64_t>(seconds * 1000)));
+}
+
 ClientOptions client_options(const std::string& token, const std::string& client_name, double connect_timeout_s,
                              double call_timeout_s) {
   ClientOptions options;
   options.token = token.empty() ? value_or_raise(token_from_environment()) : token;
   options.client_name = client_name;
-  options.connect_timeout = std::chrono::milliseconds(static_cast<int64_t>(connect_timeout_s * 1000));
-  options.call_timeout = std::chrono::milliseconds(static_cast<int64_t>(call_timeout_s * 1000));
+  options.connect_timeout = seconds_arg("connect_timeout", connect_timeout_s);
+  options.call_timeout = seconds_arg("call_timeout", call_timeout_s);
   return options;
 }
 
@@ -349,6 +451,31 @@ data::Compression compression(const std::string& name) {
   raise(Status::InvalidArgument("compression '" + name + "': use '' or 'GZIP'"));
 }
 
+// The Python ClusterCoordinator: the SDK's, and the join/done calls a
+// Ctrl-C interrupted (still running: the next join/done waits for them, so
+// the closure error they take is raised, not lost).
+struct PyCluster {
+  std::shared_ptr<ClusterCoordinator> cluster;
+  std::shared_ptr<std::optional<std::shared_future<Status>>> join =
+      std::make_shared<std::optional<std::shared_future<Status>>>();
+  std::shared_ptr<std::optional<std::shared_future<Result<bool>>>> done =
+      std::make_shared<std::optional<std::shared_future<Result<bool>>>>();
+  ClusterCoordinator* operator->() const { return cluster.get(); }
+};
+
+// A collective that Ctrl-C interrupted cannot be taken back (the peers run
+// it): the group is aborted, so that every rank's next operation fails at
+// once (FailedPrecondition here, Unavailable there) and a new group can form.
+template <typename F>
+auto collective(const std::shared_ptr<Communicator>& c, F fn) -> decltype(fn()) {
+  try {
+    return run_interruptibly(std::move(fn));
+  } catch (py::error_already_set&) {
+    c->abort(Status::Cancelled("a rank's collective was interrupted (KeyboardInterrupt)"));
+    throw;
+  }
+}
+
 // A closure's future value: fetch() blocks for it (Ctrl-C interrupts).
 struct PyRemoteValue {
   std::shared_ptr<ClusterCoordinator> cluster;
@@ -363,6 +490,9 @@ struct PyRemoteValue {
 
 std::optional<uint64_t> seed_of(const py::object& seed) {
   if (seed.is_none()) return std::nullopt;
+  if (!py::isinstance<py::int_>(seed) || seed.cast<py::int_>() < py::int_(0)) {
+    raise(Status::InvalidArgument("seed " + py::repr(seed).cast<std::string>() + ": give an integer >= 0, or None"));
+  }
   return seed.cast<uint64_t>();
 }
 
@@ -370,6 +500,7 @@ std::optional<uint64_t> seed_of(const py::object& seed) {
 
 PYBIND11_MODULE(_capstan, m) {
   m.doc() = "Capstan's C++ SDK for Python; use the `capstan` package.";
+  main_thread_ident = py::module_::import("threading").attr("main_thread")().attr("ident").cast<unsigned long>();
 
   // Errors: capstan.Error and one subclass per status code.
   py::object runtime_error = py::reinterpret_borrow<py::object>(PyExc_RuntimeError);
@@ -492,7 +623,17 @@ PYBIND11_MODULE(_capstan, m) {
             // {"key": ("fixed", dtype, shape[, default]) or ("var", dtype)}
             data::FeatureSpec spec;
             for (const auto& [key, value] : features) {
-              py::tuple t = py::reinterpret_borrow<py::tuple>(value);
+              const std::string name = py::str(key).cast<std::string>();
+              if (!py::isinstance<py::tuple>(value) && !py::isinstance<py::list>(value)) {
+                raise(Status::InvalidArgument("parse_example: feature '" + name +
+                                              "' must be ('fixed', dtype, shape[, default]) or ('var', dtype)"));
+              }
+              py::tuple t = py::tuple(py::reinterpret_borrow<py::object>(value));
+              if (t.size() < 2 || !py::isinstance<py::str>(t[0]) ||
+                  (t[0].cast<std::string>() == "fixed" && t.size() < 3)) {
+                raise(Status::InvalidArgument("parse_example: feature '" + name +
+                                              "' must be ('fixed', dtype, shape[, default]) or ('var', dtype)"));
+              }
               std::string kind = t[0].cast<std::string>();
               DType dtype = capstan_dtype(py::dtype::from_args(t[1]));
               if (kind == "fixed") {
@@ -534,7 +675,7 @@ PYBIND11_MODULE(_capstan, m) {
 
   py::class_<data::Dataset>(m, "Dataset")
       .def_static("range", [](int64_t a, std::optional<int64_t> b, int64_t step) {
-             return b ? data::Dataset::range(a, *b, step) : data::Dataset::range(a);
+             return b ? data::Dataset::range(a, *b, step) : data::Dataset::range(0, a, step);
            }, py::arg("start_or_stop"), py::arg("stop") = py::none(), py::arg("step") = 1)
       .def_static("from_tensors", [](const py::object& e) { return data::Dataset::from_tensors(element_from_python(e)); })
       .def_static("from_tensor_slices",
@@ -562,7 +703,10 @@ PYBIND11_MODULE(_capstan, m) {
                   },
                   py::arg("filenames"), py::arg("record_bytes"), py::arg("header_bytes") = 0,
                   py::arg("footer_bytes") = 0, py::arg("compression_type") = "")
-      .def_static("load", [](const std::string& path) { return value_or_raise(data::Dataset::load(path)); })
+      .def_static("load", [](const std::string& path) {
+        py::gil_scoped_release release;
+        return value_or_raise(data::Dataset::load(path));
+      })
       .def_static("zip", &data::Dataset::zip)
       .def("map",
            [](const data::Dataset& d, const data::Fn& fn, int64_t num_parallel_calls, std::optional<bool> deterministic) {
@@ -604,6 +748,20 @@ PYBIND11_MODULE(_capstan, m) {
            }, py::arg("path"), py::arg("compression") = "", py::arg("num_shards") = 1)
       .def("__iter__", [](const data::Dataset& d) { return make_iterator(d); })
       .def("make_iterator", [](const data::Dataset& d) { return make_iterator(d); })
+      .def("padded_batch",
+           [](const data::Dataset& d, int64_t batch_size, std::vector<Shape> padded_shapes, const py::object& values,
+              bool drop_remainder) {
+             std::vector<Tensor> padding;
+             if (!values.is_none()) {
+               for (const py::handle& v : values) padding.push_back(to_tensor(v));
+             }
+             return d.padded_batch(batch_size, std::move(padded_shapes), std::move(padding), drop_remainder);
+           },
+           py::arg("batch_size"), py::arg("padded_shapes"), py::arg("padding_values") = py::none(),
+           py::arg("drop_remainder") = false)
+      // A definition travels (pickle: DataLoader workers, multiprocessing).
+      .def(py::pickle([](const data::Dataset& d) { return py::bytes(d.serialize()); },
+                      [](const py::bytes& b) { return value_or_raise(data::Dataset::deserialize(b.cast<std::string>())); }))
       .def("__repr__", [](const data::Dataset& d) { return "<capstan.data.Dataset " + d.debug_string() + ">"; });
   m.def("_drain",
         [](const data::Dataset& d) {
@@ -626,7 +784,7 @@ PYBIND11_MODULE(_capstan, m) {
   m.attr("SHARD_HINT") = data::kShardHint;
   m.def("load_module", [](const std::string& path) {
     py::gil_scoped_release release;
-    check(registry()->load_module(path));
+    check(load_module_everywhere(path));
   }, py::arg("path"), "Loads a module's functions (CAPSTAN_MODULE) for pipelines iterated in this process.");
 
   // ---- The data service
@@ -690,19 +848,28 @@ PYBIND11_MODULE(_capstan, m) {
       .def("all_reduce", [](const std::shared_ptr<Communicator>& c, const py::object& array, const std::string& op) {
              Tensor t = to_tensor(array);
              ReduceOp r = reduce_op(op);
-             return to_numpy(value_or_raise(run_interruptibly([c, t, r]() { return c->all_reduce(t, r); })));
+             return to_numpy(value_or_raise(collective(c, [c, t, r]() { return c->all_reduce(t, r); })));
            }, py::arg("array"), py::arg("op") = "sum")
       .def("broadcast", [](const std::shared_ptr<Communicator>& c, const py::object& array, int root) {
              Tensor t = to_tensor(array);
-             return to_numpy(value_or_raise(run_interruptibly([c, t, root]() { return c->broadcast(t, root); })));
+             return to_numpy(value_or_raise(collective(c, [c, t, root]() { return c->broadcast(t, root); })));
            }, py::arg("array"), py::arg("root") = 0)
       .def("all_gather", [](const std::shared_ptr<Communicator>& c, const py::object& array) {
              Tensor t = to_tensor(array);
-             return to_numpy(value_or_raise(run_interruptibly([c, t]() { return c->all_gather(t); })));
+             return to_numpy(value_or_raise(collective(c, [c, t]() { return c->all_gather(t); })));
            }, py::arg("array"))
+      .def("reduce_scatter", [](const std::shared_ptr<Communicator>& c, const py::object& array, const std::string& op) {
+             Tensor t = to_tensor(array);
+             ReduceOp r = reduce_op(op);
+             return to_numpy(value_or_raise(collective(c, [c, t, r]() { return c->reduce_scatter(t, r); })));
+           }, py::arg("array"), py::arg("op") = "sum")
       .def("barrier", [](const std::shared_ptr<Communicator>& c) {
-             check(run_interruptibly([c]() { return c->barrier(); }));
-           });
+             check(collective(c, [c]() { return c->barrier(); }));
+           })
+      .def("abort", [](const std::shared_ptr<Communicator>& c, const std::string& reason) {
+             c->abort(Status::Aborted(reason));
+           }, py::arg("reason") = "aborted from Python")
+      .def_property_readonly("aborted", &Communicator::aborted);
 
   // ---- Parameter-server training (ClusterCoordinator)
   py::class_<PyRemoteValue>(m, "RemoteValue")
@@ -714,14 +881,15 @@ PYBIND11_MODULE(_capstan, m) {
       .def("arg", [](const PerWorkerDataset& d) { return to_numpy(d.arg()); },
            "The closure argument that stands for each worker's iterator (pass it in schedule's args).");
 
-  using Cluster = std::shared_ptr<ClusterCoordinator>;
-  py::class_<ClusterCoordinator, Cluster>(m, "ClusterCoordinator")
+  using Cluster = PyCluster;
+  py::class_<PyCluster>(m, "ClusterCoordinator")
       .def_static("connect",
                   [](const std::string& address, const std::string& token, const std::string& client_name,
                      double connect_timeout_s, double call_timeout_s) {
                     ClientOptions options = client_options(token, client_name, connect_timeout_s, call_timeout_s);
                     py::gil_scoped_release release;
-                    return Cluster(value_or_raise(ClusterCoordinator::connect(address, options)));
+                    return PyCluster{std::shared_ptr<ClusterCoordinator>(
+                        value_or_raise(ClusterCoordinator::connect(address, options)))};
                   },
                   py::arg("address"), py::arg("token") = "", py::arg("client_name") = "python",
                   py::arg("connect_timeout") = 10.0, py::arg("call_timeout") = 60.0)
@@ -754,11 +922,17 @@ PYBIND11_MODULE(_capstan, m) {
            [](const Cluster& c, const std::string& function, const py::object& args) {
              Element e = element_from_python(args);
              py::gil_scoped_release release;
-             return PyRemoteValue{c, value_or_raise(c->schedule(function, e))};
+             return PyRemoteValue{c.cluster, value_or_raise(c->schedule(function, e))};
            },
            py::arg("function"), py::arg("args") = py::tuple())
-      .def("join", [](const Cluster& c) { check(run_interruptibly([c]() { return c->join(); })); })
-      .def("done", [](const Cluster& c) { return value_or_raise(run_interruptibly([c]() { return c->done(); })); })
+      .def("join", [](const Cluster& c) {
+        auto cluster = c.cluster;
+        check(run_keeping(c.join, [cluster]() { return cluster->join(); }));
+      })
+      .def("done", [](const Cluster& c) {
+        auto cluster = c.cluster;
+        return value_or_raise(run_keeping(c.done, [cluster]() { return cluster->done(); }));
+      })
       .def("fetch", [](const Cluster&, const PyRemoteValue& value) { return value.fetch(); }, py::arg("value"))
       .def("create_per_worker_dataset",
            [](const Cluster& c, const py::object& dataset, const std::string& name) {
@@ -781,11 +955,18 @@ PYBIND11_MODULE(_capstan, m) {
            },
            py::arg("directory"), py::arg("step"), py::arg("max_to_keep") = 5)
       .def("restore_checkpoint",
-           [](const Cluster& c, const std::string& path) {
+           [](const Cluster& c, const std::string& path, bool strict) {
              py::gil_scoped_release release;
-             return value_or_raise(c->restore_checkpoint(path));
+             return value_or_raise(c->restore_checkpoint(path, strict)).step;
            },
-           py::arg("path"))
+           py::arg("path"), py::arg("strict") = false,
+           "The checkpoint's step; strict: NotFoundError naming the variables it lacks, nothing restored.")
+      .def("export_embedding_table",
+           [](const Cluster& c, const std::string& table, const std::string& since, const std::string& path) {
+             py::gil_scoped_release release;
+             return value_or_raise(c->export_embedding_table(table, since, path));
+           },
+           py::arg("table"), py::arg("since_checkpoint"), py::arg("path"))
       .def("read_variable",
            [](const Cluster& c, const std::string& name) {
              Tensor t;
@@ -851,10 +1032,11 @@ PYBIND11_MODULE(_capstan, m) {
            [](const Cluster& c, const std::string& name, int size, int rank, const std::string& host,
               double timeout_s) {
              CollectiveOptions options;
-             options.timeout = std::chrono::milliseconds(static_cast<int64_t>(timeout_s * 1000));
+             options.timeout = seconds_arg("timeout", timeout_s);
+             auto cluster = c.cluster;
              return std::shared_ptr<Communicator>(
-                 value_or_raise(run_interruptibly([c, name, size, rank, host, options]() {
-                   return c->join_group(name, size, rank, host, options);
+                 value_or_raise(run_interruptibly([cluster, name, size, rank, host, options]() {
+                   return cluster->join_group(name, size, rank, host, options);
                  })));
            },
            py::arg("name"), py::arg("size"), py::arg("rank") = -1, py::arg("host") = "127.0.0.1",

@@ -35,6 +35,45 @@ def test_pipeline_ops_iterate_as_tuples_of_numpy_arrays(tmp_path):
     assert cast.dtype == np.float32 and list(cast) == [0, 1, 2, 3, 4]
 
 
+def test_inputs_and_failures_become_values_or_errors_never_a_crash():
+    # Big-endian input is converted, not reinterpreted.
+    assert [int(x) for (x,) in Dataset.from_tensor_slices(np.arange(3, dtype=">i4"))] == [0, 1, 2]
+    assert [int(x) for (x,) in Dataset.range(5, step=2)] == [0, 2, 4]
+    with pytest.raises(ValueError):  # numpy's own error for a ragged list
+        Dataset.from_tensors(([[1], [1, 2]],))  # one component, ragged
+    with pytest.raises(capstan.InvalidArgumentError, match="seed"):
+        Dataset.range(3).shuffle(3, seed=-1)
+    with pytest.raises(capstan.InvalidArgumentError, match="x"):
+        Fn.parse_example({"x": "fixed"})
+    with pytest.raises(capstan.InvalidArgumentError, match="call_timeout"):
+        capstan.ClusterCoordinator.connect("127.0.0.1:1", call_timeout=float("inf"))
+    # A module function that throws a C++ exception is an error of the read.
+    capstan.load_module(TEST_MODULE)
+    with pytest.raises(capstan.InternalError, match="threw"):
+        list(Dataset.range(3).map(Fn.cast(np.float32)).map(Fn.named("plus_one")))
+    # A definition pickles (DataLoader workers, multiprocessing).
+    import pickle
+    again = pickle.loads(pickle.dumps(Dataset.range(4).batch(2)))
+    assert [list(b) for (b,) in again] == [[0, 1], [2, 3]]
+
+
+def test_two_threads_share_one_iterator_and_each_element_goes_to_one():
+    it = Dataset.range(2000).make_iterator()
+    got = [[], []]
+
+    def read(i):
+        for (x,) in it:
+            got[i].append(int(x))
+
+    threads = [threading.Thread(target=read, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not any(t.is_alive() for t in threads)
+    assert sorted(got[0] + got[1]) == list(range(2000))
+
+
 def test_module_functions_and_iterator_state():
     capstan.load_module(TEST_MODULE)
     assert [int(x) for (x,) in Dataset.range(3).map(Fn.named("plus_one"))] == [1, 2, 3]
@@ -73,6 +112,11 @@ def test_one_mib_elements_arrive_without_a_copy(data_service):
         assert x.nbytes == 1 << 20 and not x.flags.owndata and not x.flags.writeable
         assert type(x.base).__name__ == "PyCapsule"  # holds the received tensor
     np.testing.assert_array_equal(kept[17], element)
+    # The same tensor twice (a memory cache hands out its one tensor on each
+    # pass): two arrays over one buffer. A copy anywhere on the way to
+    # Python would part them.
+    first, second = (x for (x,) in Dataset.from_tensors((element,)).cache().repeat(2))
+    assert np.shares_memory(first, second)
     # numpy (traced by tracemalloc) allocated none of the 40 MiB: the arrays
     # are views of the buffers the SDK received.
     assert numpy_bytes < (1 << 20), f"{numpy_bytes} bytes allocated by Python for 40 MiB of elements"
@@ -105,8 +149,11 @@ def test_torch_adapter_yields_tensors_from_numpy(monkeypatch):
     fake_utils.data = fake_data
     for name, module in (("torch", fake), ("torch.utils", fake_utils), ("torch.utils.data", fake_data)):
         monkeypatch.setitem(sys.modules, name, module)
-    monkeypatch.delitem(sys.modules, "capstan.torch", raising=False)
-    import capstan.torch as adapter
+    sys.modules.pop("capstan.torch", None)
+    try:
+        import capstan.torch as adapter
+    finally:
+        sys.modules.pop("capstan.torch", None)  # bound to the stand-in: never reused
 
     got = list(adapter.IterableDataset(Dataset.range(4).batch(2)))
     assert [tag for (tag, _), in got] == ["tensor", "tensor"]

@@ -156,3 +156,16 @@ def test_collectives_on_numpy_arrays(training):
         np.testing.assert_array_equal(mean, [1.5, 1.5])
         np.testing.assert_array_equal(broadcast, [1, 1])
         np.testing.assert_array_equal(gathered, [[0, 0], [1, 1]])
+
+
+def test_a_closure_error_taken_by_an_interrupted_join_is_raised_by_the_next(training):
+    training.create_variable("counter", np.float32(0), capstan.Optimizer.sgd(0.1))
+    training.schedule("sleep_then_tag", (np.int64(1500), np.int64(1)))
+    training.schedule("fail", (np.int64(1000),))
+    timer = threading.Timer(0.3, lambda: os.kill(os.getpid(), signal.SIGINT))
+    timer.start()
+    with pytest.raises(KeyboardInterrupt):
+        training.join()
+    time.sleep(2)  # the interrupted join has taken the error by now
+    with pytest.raises(capstan.InvalidArgumentError, match="always fails"):
+        training.join()
