@@ -3,7 +3,7 @@ reader alone, on the same job shape, alternating, medians of --rounds.
 
     PYTHONPATH=build/python python3 bench/python_data_service_bench.py [--rounds 5] [--elements 400]
 
-Starts a dispatcher and a data worker (build/bin) on free ports. Each round
+Starts a dispatcher and a data worker (build/bin, capstan.local.DataService). Each round
 registers `from_tensors(element).repeat(N)` and reads it once through
 capstan.data.service.from_dataset_id, iterating in Python (each element a
 numpy array over the received buffer), and once more in C++ only
@@ -15,36 +15,15 @@ elements) and RESULT lines. Prints figures; never fails on them.
 import argparse
 import pathlib
 import statistics
-import subprocess
-import sys
-import tempfile
 import time
 
 import numpy as np
 
 import capstan
+import capstan.local
 from capstan import _capstan
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-
-
-def start(bin_dir, workdir, procs):
-    """A dispatcher and a data worker, appended to `procs` as they start (the
-    caller kills them, a failed start included); the dispatcher's address."""
-    port_file = pathlib.Path(workdir) / "dispatcher.port"
-    procs.append(subprocess.Popen([str(bin_dir / "data-dispatcher"), "--port", "0", "--http-port", "0",
-                                   "--port-file", str(port_file)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.DEVNULL))
-    deadline = time.monotonic() + 15
-    while not port_file.exists() or "pid:" not in port_file.read_text():
-        if time.monotonic() > deadline:
-            raise RuntimeError("python_data_service_bench: the dispatcher did not start")
-        time.sleep(0.05)
-    fields = dict(line.split(": ", 1) for line in port_file.read_text().splitlines() if ": " in line)
-    address = f"127.0.0.1:{fields['rpc_port']}"
-    procs.append(subprocess.Popen([str(bin_dir / "data-worker"), "--port", "0", "--http-port", "0",
-                                   "--dispatcher", address], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    return address
 
 
 def main():
@@ -54,10 +33,7 @@ def main():
     parser.add_argument("--elements", type=int, default=400)
     parser.add_argument("--rounds", type=int, default=5)
     args = parser.parse_args()
-    workdir = tempfile.TemporaryDirectory()
-    procs = []
-    try:
-        dispatcher = start(pathlib.Path(args.bin_dir), workdir.name, procs)
+    with capstan.local.DataService(args.bin_dir) as dispatcher:
         element = np.arange(args.element_bytes, dtype=np.uint8)
         dataset_id = capstan.data.service.register_dataset(
             dispatcher, capstan.data.Dataset.from_tensors((element,)).repeat(args.elements))
@@ -100,11 +76,6 @@ def main():
         print(f"RESULT python_ds_read_gbps {py_med / 1e9:.6g} GB/s")
         print(f"RESULT cpp_ds_read_gbps {cpp_med / 1e9:.6g} GB/s")
         print(f"RESULT python_vs_cpp_ds_read_ratio {ratio:.6g} x")
-    finally:
-        for p in procs:
-            p.kill()
-            p.wait()
-        workdir.cleanup()
 
 
 if __name__ == "__main__":

@@ -14,16 +14,16 @@ build/bin) and stops them at the end. Prints the held-out accuracy; exits
 """
 
 import argparse
+import contextlib
 import pathlib
-import subprocess
 import sys
-import tempfile
 import time
 
 import numpy as np
 
 import capstan
-from capstan.data import Dataset, Fn
+import capstan.local
+from capstan.data import Fn
 
 REPO = pathlib.Path(__file__).resolve().parents[2]
 
@@ -35,27 +35,6 @@ def examples(path):
             .filter(Fn.named("census_is_record"))
             .map(Fn.decode_csv(record_defaults, na_value="?", trim_whitespace=True))
             .map(Fn.named("census_features")))
-
-
-def start_service(bin_dir, module, workdir, processes):
-    """A dispatcher and a data worker on free ports, appended to `processes`
-    as they start (the caller kills them, a failed start included); the
-    dispatcher's address."""
-    port_file = pathlib.Path(workdir) / "dispatcher.port"
-    processes.append(subprocess.Popen([str(bin_dir / "data-dispatcher"), "--port", "0", "--http-port", "0",
-                                       "--port-file", str(port_file)], stdout=subprocess.DEVNULL,
-                                      stderr=subprocess.DEVNULL))
-    deadline = time.monotonic() + 15
-    while not port_file.exists() or "pid:" not in port_file.read_text():
-        if time.monotonic() > deadline:
-            raise RuntimeError("the data dispatcher did not start")
-        time.sleep(0.05)
-    fields = dict(line.split(": ", 1) for line in port_file.read_text().splitlines() if ": " in line)
-    address = f"127.0.0.1:{fields['rpc_port']}"
-    processes.append(subprocess.Popen([str(bin_dir / "data-worker"), "--port", "0", "--http-port", "0",
-                                       "--dispatcher", address, "--module", str(module)],
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
-    return address
 
 
 def main():
@@ -71,61 +50,60 @@ def main():
     args = parser.parse_args()
 
     data_dir = pathlib.Path(args.data_dir)
-    processes = []
-    workdir = tempfile.TemporaryDirectory()
-    try:
-        dispatcher = args.dispatcher or start_service(pathlib.Path(args.bin_dir), args.module, workdir.name,
-                                                      processes)
-        train = examples(data_dir / "adult.data.gz").shuffle(10000, seed=1).repeat(args.epochs).batch(args.batch_size)
-        dataset_id = capstan.data.service.register_dataset(dispatcher, train)
-        batches = capstan.data.service.from_dataset_id(dispatcher, dataset_id, processing_mode="off",
-                                                       job_name="census-numpy")
-        # Logistic regression: a weight per wide id (and a bias), and per
-        # numeric feature; Adagrad, as the C++ example's wide part.
-        wide = np.zeros(1 << 13)
-        numeric = np.zeros(5)
-        bias = 0.0
-        acc_wide, acc_numeric, acc_bias = np.full_like(wide, 0.1), np.full_like(numeric, 0.1), 0.1
-        lr = args.learning_rate
-        started = time.monotonic()
-        seen = 0
-        for step, (ids, x, y) in enumerate(batches):  # numpy arrays over the received buffers
-            logits = wide[ids].sum(axis=1) + x @ numeric + bias
-            error = 1.0 / (1.0 + np.exp(-logits)) - y  # d(log-loss)/d(logit)
-            g_wide = np.bincount(ids.ravel(), weights=np.repeat(error, ids.shape[1]), minlength=wide.size)
-            g_numeric = x.T @ error
-            g_bias = error.sum()
-            acc_wide += g_wide ** 2
-            acc_numeric += g_numeric ** 2
-            acc_bias += g_bias ** 2
-            wide -= lr * g_wide / np.sqrt(acc_wide)
-            numeric -= lr * g_numeric / np.sqrt(acc_numeric)
-            bias -= lr * g_bias / np.sqrt(acc_bias)
-            seen += len(y)
-            if step % 200 == 0:
-                loss = np.mean(np.logaddexp(0, logits) - y * logits)
-                print(f"step {step:5d}  examples {seen:7d}  loss {loss:.4f}", flush=True)
-        seconds = time.monotonic() - started
-        print(f"census_numpy: trained on {seen} examples in {seconds:.1f} s ({seen / seconds:.0f} examples/s) "
-              f"read through the data service at {dispatcher}")
+    with contextlib.ExitStack() as stack:
+        dispatcher = args.dispatcher or stack.enter_context(
+            capstan.local.DataService(args.bin_dir, modules=[args.module]))
+        return train_and_evaluate(args, data_dir, dispatcher)
 
-        # Held-out accuracy on adult.test, read in this process.
-        capstan.load_module(args.module)
-        correct = total = 0
-        for ids, x, y in examples(data_dir / "adult.test.gz").batch(4096):
-            logits = wide[ids].sum(axis=1) + x @ numeric + bias
-            correct += int(((logits > 0) == (y > 0.5)).sum())
-            total += len(y)
-        accuracy = correct / total
-        verdict = "PASS" if accuracy >= args.min_accuracy else "FAIL"
-        print(f"census_numpy: test accuracy {accuracy:.4f} over {total} examples "
-              f"(target: at least {args.min_accuracy}) {verdict}")
-        return 0 if accuracy >= args.min_accuracy else 1
-    finally:
-        for p in processes:
-            p.kill()
-            p.wait()
-        workdir.cleanup()
+
+def train_and_evaluate(args, data_dir, dispatcher):
+    """Trains on adult.data read through the service; 0 when adult.test's
+    accuracy meets --min-accuracy, else 1."""
+    train = examples(data_dir / "adult.data.gz").shuffle(10000, seed=1).repeat(args.epochs).batch(args.batch_size)
+    dataset_id = capstan.data.service.register_dataset(dispatcher, train)
+    batches = capstan.data.service.from_dataset_id(dispatcher, dataset_id, processing_mode="off",
+                                                   job_name="census-numpy")
+    # Logistic regression: a weight per wide id (and a bias), and per
+    # numeric feature; Adagrad, as the C++ example's wide part.
+    wide = np.zeros(1 << 13)
+    numeric = np.zeros(5)
+    bias = 0.0
+    acc_wide, acc_numeric, acc_bias = np.full_like(wide, 0.1), np.full_like(numeric, 0.1), 0.1
+    lr = args.learning_rate
+    started = time.monotonic()
+    seen = 0
+    for step, (ids, x, y) in enumerate(batches):  # numpy arrays over the received buffers
+        logits = wide[ids].sum(axis=1) + x @ numeric + bias
+        error = 1.0 / (1.0 + np.exp(-logits)) - y  # d(log-loss)/d(logit)
+        g_wide = np.bincount(ids.ravel(), weights=np.repeat(error, ids.shape[1]), minlength=wide.size)
+        g_numeric = x.T @ error
+        g_bias = error.sum()
+        acc_wide += g_wide ** 2
+        acc_numeric += g_numeric ** 2
+        acc_bias += g_bias ** 2
+        wide -= lr * g_wide / np.sqrt(acc_wide)
+        numeric -= lr * g_numeric / np.sqrt(acc_numeric)
+        bias -= lr * g_bias / np.sqrt(acc_bias)
+        seen += len(y)
+        if step % 200 == 0:
+            loss = np.mean(np.logaddexp(0, logits) - y * logits)
+            print(f"step {step:5d}  examples {seen:7d}  loss {loss:.4f}", flush=True)
+    seconds = time.monotonic() - started
+    print(f"census_numpy: trained on {seen} examples in {seconds:.1f} s ({seen / seconds:.0f} examples/s) "
+          f"read through the data service at {dispatcher}")
+
+    # Held-out accuracy on adult.test, read in this process.
+    capstan.load_module(args.module)
+    correct = total = 0
+    for ids, x, y in examples(data_dir / "adult.test.gz").batch(4096):
+        logits = wide[ids].sum(axis=1) + x @ numeric + bias
+        correct += int(((logits > 0) == (y > 0.5)).sum())
+        total += len(y)
+    accuracy = correct / total
+    verdict = "PASS" if accuracy >= args.min_accuracy else "FAIL"
+    print(f"census_numpy: test accuracy {accuracy:.4f} over {total} examples "
+          f"(target: at least {args.min_accuracy}) {verdict}")
+    return 0 if accuracy >= args.min_accuracy else 1
 
 
 if __name__ == "__main__":
