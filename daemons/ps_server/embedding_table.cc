@@ -747,7 +747,9 @@ Result<TableRows> EmbeddingTable::export_rows(int64_t since_version) const {
   std::vector<std::pair<int64_t, size_t>> order;
   std::vector<std::byte> data;
   std::vector<int64_t> meta;
-  for (int i = 0; i < kStripes; ++i) {
+  // No row's version is above the table's: asked for none, no scan.
+  const int stripes = since_version >= version_.load() ? 0 : kStripes;
+  for (int i = 0; i < stripes; ++i) {
     Stripe& s = stripes_[i];
     MutexLock lock(s.mu);
     for (const IndexSlot& slot : s.index) {
@@ -881,6 +883,32 @@ void EmbeddingTable::clear() {
     s.next_row = 0;
     std::fill(s.sketch.begin(), s.sketch.end(), 0);
   }
+}
+
+Result<EmbeddingTable::Snapshot> EmbeddingTable::snapshot(int64_t since_version, int64_t mark) {
+  if (mark < 0 || mark > kMaxVersion) {
+    return Status::InvalidArgument("snapshot: mark " + std::to_string(mark) + " must be in [0, 2^62]");
+  }
+  Snapshot out;
+  out.version = version();
+  // version() <= kMaxVersion: version + 1 does not overflow, and
+  // begin_version refuses anything past kMaxVersion.
+  if (mark > 0) {
+    CAPSTAN_ASSIGN_OR_RETURN(out.version, begin_version(std::max(mark, out.version + 1)));
+  }
+  out.step = step();
+  CAPSTAN_ASSIGN_OR_RETURN(out.rows, export_rows(since_version));
+  return out;
+}
+
+Status EmbeddingTable::restore(const TableRows& rows, bool replace, int64_t step, int64_t generation) {
+  if (step < 0 || generation < 0 || generation >= kMaxVersion) {
+    return Status::InvalidArgument("restore: step " + std::to_string(step) + " must be >= 0 and generation " +
+                                   std::to_string(generation) + " in [0, 2^62)");
+  }
+  if (version() <= generation) CAPSTAN_RETURN_IF_ERROR(begin_version(generation + 1).status());
+  CAPSTAN_RETURN_IF_ERROR(import_rows(rows, replace));
+  return set_step(step);
 }
 
 Result<int64_t> EmbeddingTable::begin_version(int64_t version) {

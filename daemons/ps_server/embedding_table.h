@@ -129,6 +129,23 @@ class EmbeddingTable {
   // Drops every row (a restore replaces the table's contents).
   void clear();
 
+  // A checkpoint's read of this shard: the rows whose version >
+  // since_version, the step, and the version in force before `mark`; with
+  // mark > 0, changes from now on are first tagged max(mark, version + 1)
+  // (mark at most kMaxVersion, else InvalidArgument).
+  struct Snapshot {
+    TableRows rows;
+    int64_t step = 0;
+    int64_t version = 0;
+  };
+  Result<Snapshot> snapshot(int64_t since_version, int64_t mark);
+  // A restore or a recovery of this shard from a checkpoint of generation
+  // `generation` (in [0, kMaxVersion)): changes from now on, these rows
+  // included, are tagged above it; the rows are imported (replace: every
+  // other row goes) and the step becomes `step` (>= 0), as a variable's
+  // restore sets it. InvalidArgument for bad values, nothing changed.
+  Status restore(const TableRows& rows, bool replace, int64_t step, int64_t generation);
+
   // Tags changes from now on with `version` (> the current one and at most
   // kMaxVersion, or InvalidArgument); returns the previous version.
   Result<int64_t> begin_version(int64_t version);

@@ -633,5 +633,38 @@ TEST_CASE("garbage tensors get errors, never a crash", "[embedding_table]") {
   CHECK(lookup(*table, {}).empty());
 }
 
+TEST_CASE("a checkpoint's snapshot tags later changes above it; a restore re-tags its rows and sets the step",
+          "[embedding_table]") {
+  auto table = make_table(table_config(1, Optimizer::sgd(0.1)));
+  lookup(*table, {1, 2, 3});
+  apply(*table, {1}, {1.0f});
+  // The save: every row, the step, and the version before the mark.
+  auto saved = table->snapshot(0, 5);
+  REQUIRE(saved.ok());
+  CHECK(saved->version == 1);
+  CHECK(saved->step == 1);
+  CHECK(saved->rows.keys.shape() == Shape{3});
+  CHECK(table->version() == 5);
+  // A mark never goes back: the next one is above the version in force.
+  CHECK(table->snapshot(0, 2).value().version == 5);
+  CHECK(table->version() == 6);
+  apply(*table, {2}, {1.0f});
+  // Changed since the first save: only key 2; asked for none, none.
+  CHECK(values<int64_t>(table->snapshot(1, 0).value().rows.keys) == std::vector<int64_t>{2});
+  CHECK(table->snapshot(INT64_MAX, 0).value().rows.keys.shape() == Shape{0});
+  CHECK(table->snapshot(0, EmbeddingTable::kMaxVersion + 1).status().code() == StatusCode::kInvalidArgument);
+
+  // The restore, into a fresh shard, of generation 40: later changes (its
+  // rows included) above 40, the saved step exactly.
+  auto copy = make_table(table_config(1, Optimizer::sgd(0.1)));
+  REQUIRE(copy->restore(saved->rows, /*replace=*/true, saved->step, 40).ok());
+  CHECK(copy->version() == 41);
+  CHECK(copy->step() == 1);
+  CHECK(values<int64_t>(copy->snapshot(40, 0).value().rows.keys) == std::vector<int64_t>{1, 2, 3});
+  CHECK(copy->restore(saved->rows, true, -1, 40).code() == StatusCode::kInvalidArgument);
+  CHECK(copy->restore(saved->rows, true, 1, EmbeddingTable::kMaxVersion).code() == StatusCode::kInvalidArgument);
+  CHECK(copy->stats().rows == 3);
+}
+
 }  // namespace
 }  // namespace capstan::ps

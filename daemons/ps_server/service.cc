@@ -334,28 +334,10 @@ kj::Promise<void> PsService::exportTable(ExportTableContext context) {
   auto table = tables_->find(text(params.getName()));
   check(table.status());
   int64_t since = params.getSinceVersion();
-  int64_t begin = params.getBeginVersion();
-  if (begin < 0 || begin > ps::EmbeddingTable::kMaxVersion) {
-    check(Status::InvalidArgument("exportTable: beginVersion " + std::to_string(begin) + " must be in [0, 2^62]"));
-  }
-  struct Exported {
-    ps::TableRows rows;
-    int64_t step = 0;
-    int64_t version = 0;
-  };
-  return rpc::run_on_pool(ctx_.pool, [table = *table, since, begin]() -> Result<Exported> {
-           Exported out;
-           out.version = table->version();
-           if (begin > 0) {
-             // version <= kMaxVersion, so version + 1 does not overflow;
-             // begin_version refuses it past kMaxVersion.
-             CAPSTAN_ASSIGN_OR_RETURN(out.version, table->begin_version(std::max(begin, out.version + 1)));
-           }
-           out.step = table->step();
-           CAPSTAN_ASSIGN_OR_RETURN(out.rows, table->export_rows(since));
-           return out;
-         })
-      .then([this, context](Result<Exported> exported) mutable {
+  int64_t mark = params.getBeginVersion();
+  using Snapshot = ps::EmbeddingTable::Snapshot;
+  return rpc::run_on_pool(ctx_.pool, [table = *table, since, mark]() { return table->snapshot(since, mark); })
+      .then([this, context](Result<Snapshot> exported) mutable {
         check(exported.status());
         auto results = context.getResults();
         rpc::table_rows_to_wire(exported->rows, results.initRows(), ctx_.codec);
@@ -371,19 +353,10 @@ kj::Promise<void> PsService::importTable(ImportTableContext context) {
   bool clear = params.getClear();
   int64_t step = params.getStep();
   int64_t version = params.getVersion();
-  if (step < 0 || version < 0 || version >= ps::EmbeddingTable::kMaxVersion) {
-    check(Status::InvalidArgument("importTable: step " + std::to_string(step) + " must be >= 0 and version " +
-                                  std::to_string(version) + " in [0, 2^62)"));
-  }
   return rpc::read_table_rows(params.getRows())
       .then([this, table = *table, clear, step, version](ps::TableRows&& rows) {
-        return rpc::run_on_pool(ctx_.pool, [table, clear, step, version, rows = std::move(rows)]() -> Status {
-          // Changes from now on (the import's rows included) are tagged
-          // above `version`, the checkpoint's generation.
-          if (table->version() <= version) CAPSTAN_RETURN_IF_ERROR(table->begin_version(version + 1).status());
-          CAPSTAN_RETURN_IF_ERROR(table->import_rows(rows, /*replace=*/clear));
-          // As a variable's restore does: the step the rows were saved at.
-          return table->set_step(step);
+        return rpc::run_on_pool(ctx_.pool, [table, clear, step, version, rows = std::move(rows)]() {
+          return table->restore(rows, clear, step, version);
         });
       })
       .then([](Status status) { check(status); });
