@@ -419,6 +419,19 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
   });
 }
 
+Coordinator::Variable Coordinator::place_table(EmbeddingTableSpec spec) const {
+  Variable variable;
+  variable.name = spec.name;
+  variable.dtype = spec.dtype;
+  variable.shape = {0, spec.dim};
+  variable.optimizer = spec.optimizer;
+  for (int task = 0; task < ps_.size(); ++task) {
+    variable.shards.push_back({checkpoint::shard_name(spec.name, static_cast<size_t>(task)), task, 0, 0});
+  }
+  variable.table = std::move(spec);
+  return variable;
+}
+
 kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSpec spec) {
   using Placed = Result<VariableLocation>;
   const std::string name = spec.name;
@@ -453,16 +466,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
     }
     return Placed(location(v));
   }
-  Variable variable;
-  variable.name = name;
-  variable.dtype = spec.dtype;
-  variable.shape = {0, spec.dim};
-  variable.optimizer = spec.optimizer;
-  for (int task = 0; task < ps_.size(); ++task) {
-    variable.shards.push_back({checkpoint::shard_name(name, static_cast<size_t>(task)), task, 0, 0});
-  }
-  variable.table = std::move(spec);
-  return create_shards(std::move(variable), Tensor()).then([this, name](Status status) -> Placed {
+  return create_shards(place_table(std::move(spec)), Tensor()).then([this, name](Status status) -> Placed {
     CAPSTAN_RETURN_IF_ERROR(status.with_context("createEmbeddingTable '" + name + "'"));
     return location(variables_.at(name));
   });
@@ -949,17 +953,9 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
                   "the checkpoint has embedding table '" + saved.name +
                   "' but the coordinator has no parameter servers (set --ps or a 'ps' job)"));
             }
-            Variable table;
-            table.name = saved.name;
-            table.dtype = saved.dtype;
-            table.shape = {0, saved.table->dim};
-            table.optimizer = saved.optimizer;
-            table.table = EmbeddingTableSpec{saved.name,         saved.table->dim,      saved.dtype,
-                                             saved.table->initializer, saved.optimizer, saved.table->options};
-            for (int task = 0; task < ps_.size(); ++task) {
-              table.shards.push_back({checkpoint::shard_name(saved.name, static_cast<size_t>(task)), task, 0, 0});
-            }
-            creates.add(create_shards(std::move(table), Tensor()));
+            creates.add(create_shards(place_table({saved.name, saved.table->dim, saved.dtype,
+                                                   saved.table->initializer, saved.optimizer, saved.table->options}),
+                                      Tensor()));
             continue;
           }
           auto zeros = Tensor::zeros(saved.dtype, saved.shape);

@@ -683,6 +683,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   VariableLocation location(const Variable& variable) const;
   Result<Variable> place(const std::string& name, DType dtype, const Shape& shape,
                          const placement::Partitioner& partitioner);
+  // An embedding table: shard i ("name/part_i") on parameter server i.
+  Variable place_table(EmbeddingTableSpec spec) const;
   // Creates the shards of a new variable on the parameter servers, then
   // records it (bumping the placement version).
   kj::Promise<Status> create_shards(Variable variable, Tensor initial);

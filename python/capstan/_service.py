@@ -12,4 +12,12 @@ cross_trainer_cache shares elements between trainers. Elements arrive as
 numpy arrays over the received buffers (no copy of the tensor bytes).
 """
 
-from ._capstan import distribute, from_dataset_id, register_dataset  # noqa: F401
+from ._capstan import from_dataset_id, register_dataset  # noqa: F401
+
+
+def distribute(dataset, dispatcher, *, token="", **read_options):
+    """tf.data.experimental.service.distribute: registers `dataset` and reads
+    it back through the service (`read_options` as from_dataset_id's).
+    Operations applied to the result run in this process."""
+    dataset_id = register_dataset(dispatcher, dataset, token=token)
+    return from_dataset_id(dispatcher, dataset_id, token=token, **read_options)

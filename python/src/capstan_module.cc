@@ -787,22 +787,7 @@ PYBIND11_MODULE(_capstan, m) {
     check(load_module_everywhere(path));
   }, py::arg("path"), "Loads a module's functions (CAPSTAN_MODULE) for pipelines iterated in this process.");
 
-  // ---- The data service
-  auto read_options = [](const std::string& processing_mode_name, const std::string& job_name, int64_t consumer_index,
-                         int64_t num_consumers, const std::string& trainer_id, bool cross_trainer_cache,
-                         int64_t cross_trainer_cache_bytes, int max_elements_per_request, const ClientOptions& client) {
-    data::service::ReadOptions o;
-    o.processing_mode = processing_mode(processing_mode_name);
-    o.job_name = job_name;
-    o.consumer_index = consumer_index;
-    o.num_consumers = num_consumers;
-    o.trainer_id = trainer_id;
-    o.cross_trainer_cache = cross_trainer_cache;
-    o.cross_trainer_cache_bytes = cross_trainer_cache_bytes;
-    o.max_elements_per_request = max_elements_per_request;
-    o.client = client;
-    return o;
-  };
+  // ---- The data service (distribute is capstan/_service.py's)
   m.def("register_dataset",
         [](const std::string& dispatcher, const data::Dataset& dataset, const std::string& token,
            const std::string& client_name) {
@@ -812,35 +797,26 @@ PYBIND11_MODULE(_capstan, m) {
         },
         py::arg("dispatcher"), py::arg("dataset"), py::arg("token") = "", py::arg("client_name") = "python");
   m.def("from_dataset_id",
-        [read_options](const std::string& dispatcher, const std::string& dataset_id, const std::string& mode,
-                       const std::string& job_name, int64_t consumer_index, int64_t num_consumers,
-                       const std::string& trainer_id, bool cross_trainer_cache, int64_t cross_trainer_cache_bytes,
-                       int max_elements_per_request, const std::string& token) {
-          auto o = read_options(mode, job_name, consumer_index, num_consumers, trainer_id, cross_trainer_cache,
-                                cross_trainer_cache_bytes, max_elements_per_request,
-                                client_options(token, "python", 10, 60));
+        [](const std::string& dispatcher, const std::string& dataset_id, const std::string& mode,
+           const std::string& job_name, int64_t consumer_index, int64_t num_consumers, const std::string& trainer_id,
+           bool cross_trainer_cache, int64_t cross_trainer_cache_bytes, int max_elements_per_request,
+           const std::string& token) {
+          data::service::ReadOptions o;
+          o.processing_mode = processing_mode(mode);
+          o.job_name = job_name;
+          o.consumer_index = consumer_index;
+          o.num_consumers = num_consumers;
+          o.trainer_id = trainer_id;
+          o.cross_trainer_cache = cross_trainer_cache;
+          o.cross_trainer_cache_bytes = cross_trainer_cache_bytes;
+          o.max_elements_per_request = max_elements_per_request;
+          o.client = client_options(token, "python", 10, 60);
           return data::service::from_dataset_id(dispatcher, dataset_id, o);
         },
         py::arg("dispatcher"), py::arg("dataset_id"), py::arg("processing_mode") = "off", py::arg("job_name") = "",
         py::arg("consumer_index") = -1, py::arg("num_consumers") = 0, py::arg("trainer_id") = "",
         py::arg("cross_trainer_cache") = false, py::arg("cross_trainer_cache_bytes") = 256 << 20,
         py::arg("max_elements_per_request") = 64, py::arg("token") = "");
-  m.def("distribute",
-        [read_options](const data::Dataset& dataset, const std::string& dispatcher, const std::string& mode,
-                       const std::string& job_name, int64_t consumer_index, int64_t num_consumers,
-                       const std::string& trainer_id, bool cross_trainer_cache, int64_t cross_trainer_cache_bytes,
-                       int max_elements_per_request, const std::string& token) {
-          auto o = read_options(mode, job_name, consumer_index, num_consumers, trainer_id, cross_trainer_cache,
-                                cross_trainer_cache_bytes, max_elements_per_request,
-                                client_options(token, "python", 10, 60));
-          py::gil_scoped_release release;
-          return value_or_raise(data::service::distribute(dataset, dispatcher, o));
-        },
-        py::arg("dataset"), py::arg("dispatcher"), py::arg("processing_mode") = "off", py::arg("job_name") = "",
-        py::arg("consumer_index") = -1, py::arg("num_consumers") = 0, py::arg("trainer_id") = "",
-        py::arg("cross_trainer_cache") = false, py::arg("cross_trainer_cache_bytes") = 256 << 20,
-        py::arg("max_elements_per_request") = 64, py::arg("token") = "");
-
   // ---- Collectives
   py::class_<Communicator, std::shared_ptr<Communicator>>(m, "Communicator")
       .def_property_readonly("rank", &Communicator::rank)
