@@ -13,11 +13,6 @@ namespace {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
-size_t row_bytes(const Tensor& t) {
-  if (t.rank() == 0 || t.shape()[0] == 0) return 0;
-  return t.byte_size() / static_cast<size_t>(t.shape()[0]);
-}
-
 Result<std::vector<int64_t>> ids_of(const Tensor& ids) {
   std::vector<int64_t> out;
   out.reserve(static_cast<size_t>(std::max<int64_t>(ids.num_elements(), 0)));
@@ -191,6 +186,23 @@ Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor&
     local[s].push_back(id - v.shards[s].first_row);
     positions[s].push_back(i);
   }
+  Shape shape = ids.shape();
+  shape.insert(shape.end(), v.shape.begin() + 1, v.shape.end());
+  return fetch_rows(v, "gather '" + variable + "'", local, positions, std::move(shape),
+                    [this](wire::ParameterServer::Client client, const std::string& name, const Tensor& shard_ids) {
+                      auto request = client.gatherRequest();
+                      request.setName(name);
+                      rpc::write_tensor(request.initIds(), shard_ids, codec_);
+                      return request.send().then([](capnp::Response<wire::ParameterServer::GatherResults>&& r) {
+                        return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
+                      });
+                    });
+}
+
+Result<Tensor> VariableRouter::fetch_rows(const VariableLocation& v, const std::string& what,
+                                          const std::vector<std::vector<int64_t>>& local,
+                                          const std::vector<std::vector<size_t>>& positions, Shape shape,
+                                          const AskShard& ask) {
   std::vector<Tensor> requests(v.shards.size());
   std::vector<size_t> used;
   for (size_t s = 0; s < v.shards.size(); ++s) {
@@ -198,30 +210,28 @@ Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor&
     CAPSTAN_ASSIGN_OR_RETURN(requests[s], Tensor::from_vector<int64_t>(local[s], {static_cast<int64_t>(local[s].size())}));
     used.push_back(s);
   }
-  auto parts = on_loop<kj::Array<Tensor>>("gather '" + variable + "'", [this, &v, &requests, &used]() {
-    auto gathers = kj::heapArrayBuilder<kj::Promise<Tensor>>(used.size());
+  auto parts = on_loop<kj::Array<Tensor>>(what, [this, &v, &requests, &used, &ask]() {
+    auto calls = kj::heapArrayBuilder<kj::Promise<Tensor>>(used.size());
     for (size_t s : used) {
-      gathers.add(ps(v.shards[s].address).then([this, name = v.shards[s].name, ids = requests[s]](
-                                                   wire::ParameterServer::Client client) {
-        auto request = client.gatherRequest();
-        request.setName(name);
-        rpc::write_tensor(request.initIds(), ids, codec_);
-        return request.send().then([](capnp::Response<wire::ParameterServer::GatherResults>&& r) {
-          return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
-        });
+      calls.add(ps(v.shards[s].address).then([&ask, name = v.shards[s].name, ids = requests[s]](
+                                                 wire::ParameterServer::Client client) {
+        return ask(kj::mv(client), name, ids);
       }));
     }
-    return kj::joinPromises(gathers.finish());
+    return kj::joinPromises(calls.finish());
   });
   if (!parts.ok()) return parts.status();
-  Shape shape = ids.shape();
-  shape.insert(shape.end(), v.shape.begin() + 1, v.shape.end());
   CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(v.dtype, shape));
-  size_t row = 0;
+  size_t count = 0;
+  for (const auto& p : positions) count += p.size();
+  const size_t row = count == 0 ? 0 : out.byte_size() / count;  // bytes of one id's row
   for (size_t k = 0; k < used.size(); ++k) {
     const Tensor& part = (*parts)[k];
-    row = row_bytes(part);
     const auto& where = positions[used[k]];
+    if (part.dtype() != v.dtype || part.byte_size() != where.size() * row) {
+      return Status::Internal(what + ": " + v.shards[used[k]].address + " answered " + part.debug_string(0) +
+                              " for " + std::to_string(where.size()) + " ids");
+    }
     for (size_t j = 0; j < where.size(); ++j) {
       std::memcpy(out.mutable_data() + where[j] * row, part.data() + j * row, row);
     }
@@ -357,47 +367,18 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
     local[s].push_back(all[i]);
     positions[s].push_back(i);
   }
-  std::vector<Tensor> requests(v.shards.size());
-  std::vector<size_t> used;
-  for (size_t s = 0; s < v.shards.size(); ++s) {
-    if (local[s].empty()) continue;
-    CAPSTAN_ASSIGN_OR_RETURN(requests[s], Tensor::from_vector<int64_t>(local[s], {static_cast<int64_t>(local[s].size())}));
-    used.push_back(s);
-  }
-  auto found = on_loop<kj::Array<Tensor>>("lookup '" + table + "'", [this, &v, &requests, &used, insert]() {
-    auto lookups = kj::heapArrayBuilder<kj::Promise<Tensor>>(used.size());
-    for (size_t s : used) {
-      lookups.add(ps(v.shards[s].address).then([this, name = v.shards[s].name, ids = requests[s], insert](
-                                                    wire::ParameterServer::Client client) {
-        auto request = client.lookupTableRequest();
-        request.setName(name);
-        request.setInsert(insert);
-        rpc::write_tensor(request.initIds(), ids, codec_);
-        return request.send().then([](capnp::Response<wire::ParameterServer::LookupTableResults>&& r) {
-          return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
-        });
-      }));
-    }
-    return kj::joinPromises(lookups.finish());
-  });
-  if (!found.ok()) return found.status();
-  const int64_t dim = v.table->dim;
-  const size_t row = static_cast<size_t>(dim) * dtype_size(v.dtype);
   Shape shape = ids.shape();
-  shape.push_back(dim);
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(v.dtype, shape));
-  for (size_t k = 0; k < used.size(); ++k) {
-    const Tensor& part = (*found)[k];
-    const auto& where = positions[used[k]];
-    if (part.dtype() != v.dtype || part.byte_size() != where.size() * row) {
-      return Status::Internal("lookup '" + table + "': " + v.shards[used[k]].address + " answered " +
-                              part.debug_string(0) + " for " + std::to_string(where.size()) + " keys");
-    }
-    for (size_t j = 0; j < where.size(); ++j) {
-      std::memcpy(out.mutable_data() + where[j] * row, part.data() + j * row, row);
-    }
-  }
-  return out;
+  shape.push_back(v.table->dim);
+  return fetch_rows(v, "lookup '" + table + "'", local, positions, std::move(shape),
+                    [this, insert](wire::ParameterServer::Client client, const std::string& name, const Tensor& keys) {
+                      auto request = client.lookupTableRequest();
+                      request.setName(name);
+                      request.setInsert(insert);
+                      rpc::write_tensor(request.initIds(), keys, codec_);
+                      return request.send().then([](capnp::Response<wire::ParameterServer::LookupTableResults>&& r) {
+                        return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
+                      });
+                    });
 }
 
 Status VariableRouter::apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows,

@@ -102,6 +102,14 @@ class VariableRouter final : public VariableAccess {
 
  private:
   Status apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows, int64_t step);
+  // Asks each shard s with ids local[s] (ask: one request on the loop) and
+  // puts the rows it answers at positions[s] of a tensor of `shape`
+  // (gather, lookup); a shard that answers another size is Internal.
+  using AskShard = std::function<kj::Promise<Tensor>(wire::ParameterServer::Client, const std::string& shard,
+                                                     const Tensor& ids)>;
+  Result<Tensor> fetch_rows(const VariableLocation& v, const std::string& what,
+                            const std::vector<std::vector<int64_t>>& local,
+                            const std::vector<std::vector<size_t>>& positions, Shape shape, const AskShard& ask);
   // Sends shard s the rows of `rows` at positions[s] (row_bytes each, shape
   // row_shape) for ids local[s]: applySparse, or applyTable for a table.
   Status send_sparse(const VariableLocation& v, const std::vector<std::vector<int64_t>>& local,
