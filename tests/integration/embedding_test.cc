@@ -13,45 +13,12 @@
 #include "capstan/training.h"
 #include "checkpoint/safetensors.h"
 #include "tests/harness/process.h"
+#include "tests/integration/training_cluster.h"
 
 namespace capstan::testing {
 namespace {
 
 using namespace std::chrono_literals;
-
-// A cluster of `num_ps` parameter servers, a coordinator and `num_workers`
-// workers running `module`, and a client.
-struct TableCluster {
-  explicit TableCluster(int num_ps, int num_workers = 1, std::vector<std::string> coordinator_flags = {},
-                        const std::string& module = CAPSTAN_TRAINING_MODULE) {
-    std::string ps_list;
-    for (int i = 0; i < num_ps; ++i) {
-      ps.push_back(&cluster.start("ps-server", {"--task-index", std::to_string(i)}));
-      ps_list += (i > 0 ? "," : "") + ps.back()->address();
-    }
-    std::vector<std::string> flags = {"--ps", ps_list};
-    flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
-    coordinator = &cluster.start("coordinator", flags);
-    for (int i = 0; i < num_workers; ++i) {
-      cluster.start("worker-server",
-                    {"--coordinator", coordinator->address(), "--module", module, "--task-index", std::to_string(i)});
-    }
-    client = ClusterCoordinator::connect(coordinator->address()).value();
-    REQUIRE(wait_until([this, num_workers]() { return client->num_workers() == num_workers; }, 15s));
-  }
-  // kill -9 parameter server `task` and start it again on its port, empty.
-  void restart_ps(int task) {
-    uint16_t port = ps[static_cast<size_t>(task)]->rpc_port();
-    ps[static_cast<size_t>(task)]->kill_now();
-    ps[static_cast<size_t>(task)] = &cluster.restart_on_port(
-        "ps-server", {"--task-index", std::to_string(task), "--port", std::to_string(port)});
-  }
-
-  TestCluster cluster;
-  std::vector<Daemon*> ps;
-  Daemon* coordinator = nullptr;
-  std::unique_ptr<ClusterCoordinator> client;
-};
 
 Tensor keys_tensor(const std::vector<int64_t>& keys) {
   return *Tensor::from_vector<int64_t>(keys, {static_cast<int64_t>(keys.size())});
@@ -84,7 +51,7 @@ TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reache
           "[embedding][fault][recovery]") {
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
-  TableCluster t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, CAPSTAN_CTR_MODULE);
+  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
   RunResult ctr;
   std::thread program([&]() {
     ctr = t.cluster.run("ctr", {"--coordinator", t.coordinator->address(), "--dynamic", "--steps", "8000",
@@ -96,7 +63,7 @@ TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reache
     size_t first = log.find("saved checkpoint");
     return first != std::string::npos && log.find("saved checkpoint", first + 1) != std::string::npos;
   }, 200s);
-  if (saved) t.restart_ps(1);
+  if (saved) restart_ps(t, 1);
   program.join();
   REQUIRE(saved);
   INFO(ctr.output);
@@ -108,7 +75,7 @@ TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reache
 
 TEST_CASE("kill -9 a parameter server holding table rows: every row of the last checkpoint comes back",
           "[embedding][fault][recovery]") {
-  TableCluster t(2);
+  Training t(2, 1);
   REQUIRE(t.client->create_embedding_table(adagrad_table("emb", 8)).ok());
   std::vector<int64_t> keys = spread_keys(3000, 1);
   Tensor ids = keys_tensor(keys);
@@ -118,7 +85,7 @@ TEST_CASE("kill -9 a parameter server holding table rows: every row of the last 
   REQUIRE(t.client->save_checkpoint(keep.dir() + "/ckpts", 7, 2).ok());
   Tensor at_checkpoint = t.client->lookup("emb", ids, /*insert=*/false).value();
 
-  t.restart_ps(1);
+  restart_ps(t, 1);
   // The coordinator restores ps:1's table shard from the checkpoint by itself.
   REQUIRE(wait_until([&]() { return t.coordinator->log().find("restored 1 shard(s) from checkpoint") != std::string::npos; },
                      30s));
@@ -144,7 +111,7 @@ TEST_CASE("an embedding table's checkpoint restores into 3 PS instead of 2, rows
   Tensor ids = keys_tensor(keys);
   Tensor saved_rows, stepped_rows;
   {
-    TableCluster t(2);
+    Training t(2, 1);
     REQUIRE(t.client->create_embedding_table(adagrad_table("emb", 4)).ok());
     REQUIRE(t.client->lookup("emb", ids).ok());
     REQUIRE(t.client->apply_sparse_gradients("emb", ids, gradient(keys.size(), 4, 0.5f)).ok());
@@ -178,7 +145,7 @@ TEST_CASE("an embedding table's checkpoint restores into 3 PS instead of 2, rows
   }
   // A new cluster of 3 parameter servers; the program does not create the
   // table: the restore creates it with the checkpoint's spec.
-  TableCluster t(3);
+  Training t(3, 1);
   REQUIRE(t.client->restore_checkpoint(dir).value() == 10);
   auto info = t.client->variables().value();
   REQUIRE(info.size() == 1);
@@ -199,7 +166,7 @@ TEST_CASE("an embedding table's checkpoint restores into 3 PS instead of 2, rows
 }
 
 TEST_CASE("embedding tables: bad requests get clear errors and the cluster keeps serving", "[embedding][bad-input]") {
-  TableCluster t(2);
+  Training t(2, 1);
   REQUIRE(t.client->create_embedding_table(adagrad_table("emb", 4)).ok());
   REQUIRE(t.client->create_variable({"w", *Tensor::zeros(DType::kFloat32, {4, 2}), Optimizer::sgd(0.1)}).ok());
 

@@ -20,45 +20,13 @@
 #include "capstan/data/tfrecord.h"
 #include "capstan/training.h"
 #include "tests/harness/process.h"
+#include "tests/integration/training_cluster.h"
 
 namespace capstan::testing {
 namespace {
 
 using namespace std::chrono_literals;
 
-struct Training {
-  // `indexed`: workers start with --task-index; else the coordinator
-  // assigns their indices.
-  explicit Training(int num_ps = 2, int num_workers = 2, std::vector<std::string> coordinator_flags = {},
-                    bool indexed = true, std::string module = CAPSTAN_TRAINING_MODULE)
-      : module(std::move(module)) {
-    std::string ps_list;
-    for (int i = 0; i < num_ps; ++i) {
-      ps.push_back(&cluster.start("ps-server", {"--task-index", std::to_string(i)}));
-      ps_list += (i > 0 ? "," : "") + ps.back()->address();
-    }
-    std::vector<std::string> flags = {"--ps", ps_list};
-    flags.insert(flags.end(), coordinator_flags.begin(), coordinator_flags.end());
-    coordinator = &cluster.start("coordinator", flags);
-    for (int i = 0; i < num_workers; ++i) add_worker(indexed ? i : -1);
-    client = ClusterCoordinator::connect(coordinator->address()).value();
-    REQUIRE(wait_until([this, num_workers]() { return client->num_workers() == num_workers; }, 15s));
-  }
-  // index -1: no --task-index.
-  Daemon& add_worker(int index) {
-    std::vector<std::string> flags = {"--coordinator", coordinator->address(), "--module", module};
-    if (index >= 0) flags.insert(flags.end(), {"--task-index", std::to_string(index)});
-    workers.push_back(&cluster.start("worker-server", flags));
-    return *workers.back();
-  }
-
-  std::string module;
-  TestCluster cluster;
-  std::vector<Daemon*> ps;
-  Daemon* coordinator = nullptr;
-  std::vector<Daemon*> workers;
-  std::unique_ptr<ClusterCoordinator> client;
-};
 
 Element ints(std::vector<int64_t> values) {
   Element e;
@@ -343,13 +311,6 @@ void restart_coordinator(Training& t, const std::vector<std::string>& flags) {
   t.coordinator = &t.cluster.restart_on_port("coordinator", args);
 }
 
-// kill -9 the PS task `task` of `t` and start it again on its port, empty.
-void restart_ps(Training& t, int task) {
-  uint16_t port = t.ps[static_cast<size_t>(task)]->rpc_port();
-  t.ps[static_cast<size_t>(task)]->kill_now();
-  t.ps[static_cast<size_t>(task)] = &t.cluster.restart_on_port(
-      "ps-server", {"--task-index", std::to_string(task), "--port", std::to_string(port)});
-}
 
 }  // namespace
 
