@@ -26,18 +26,9 @@ class Router {
     connect.client_name = client_name;
     connect.max_message_bytes = max_message_bytes;
     loop_.run_sync([&]() { connection_ = kj::heap<rpc::Connection>(loop_.io(), loop_.timer(), coordinator, connect); });
-    rpc::Connection* conn = connection_.get();
-    kj::Timer* timer = &loop_.timer();
-    router_ = std::make_unique<VariableRouter>(
-        loop_, connect, rpc::codec_options_for(max_message_bytes), std::chrono::seconds(120), [conn, timer]() {
-          return conn->service<wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
-              .then([](wire::Coordinator::Client c) { return c.placementsRequest().send(); })
-              .then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
-                std::vector<VariableLocation> variables;
-                for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
-                return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
-              });
-        });
+    router_ = std::make_unique<VariableRouter>(loop_, connect, rpc::codec_options_for(max_message_bytes),
+                                               std::chrono::seconds(120),
+                                               placements_from(*connection_, loop_.timer()));
   }
   ~Router() {
     router_.reset();

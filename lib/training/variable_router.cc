@@ -58,6 +58,18 @@ VariableLocation location_from_wire(wire::VariablePlacement::Reader in) {
   return v;
 }
 
+VariableRouter::PlacementFetcher placements_from(rpc::Connection& connection, kj::Timer& timer) {
+  return [conn = &connection, timer = &timer]() {
+    return conn->service<wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
+        .then([](wire::Coordinator::Client c) { return c.placementsRequest().send(); })
+        .then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
+          std::vector<VariableLocation> variables;
+          for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
+          return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
+        });
+  };
+}
+
 VariableRouter::VariableRouter(rpc::LoopThread& loop, rpc::ConnectOptions options,
                                rpc::CodecOptions codec, std::chrono::milliseconds call_timeout,
                                PlacementFetcher fetch)

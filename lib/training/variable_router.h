@@ -137,6 +137,11 @@ class VariableRouter final : public VariableAccess {
   std::map<std::string, kj::Own<rpc::Connection>> connections_;  // loop thread only
 };
 
+// The placements from the coordinator at the end of `connection` (its
+// placements() call, 10 s to reach it): what a VariableRouter fetches.
+// Both must outlive the router; used on the loop thread.
+VariableRouter::PlacementFetcher placements_from(rpc::Connection& connection, kj::Timer& timer);
+
 }  // namespace capstan
 
 #endif  // CAPSTAN_SDK_SRC_TRAINING_VARIABLE_ROUTER_H_

@@ -52,20 +52,8 @@ TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reache
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
   Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
-  RunResult ctr;
-  std::thread program([&]() {
-    ctr = t.cluster.run("ctr", {"--coordinator", t.coordinator->address(), "--dynamic", "--steps", "8000",
-                                "--eval-steps", "100", "--min-workers", "2", "--log-every", "1000", "--max-gap", "2.5"},
-                        {}, 300s);
-  });
-  bool saved = wait_until([&]() {
-    std::string log = t.coordinator->log();
-    size_t first = log.find("saved checkpoint");
-    return first != std::string::npos && log.find("saved checkpoint", first + 1) != std::string::npos;
-  }, 200s);
-  if (saved) restart_ps(t, 1);
-  program.join();
-  REQUIRE(saved);
+  RunResult ctr = run_ctr_with_a_ps_restart(t, {"--dynamic", "--steps", "8000", "--eval-steps", "100",
+                                                "--min-workers", "2", "--log-every", "1000", "--max-gap", "2.5"});
   INFO(ctr.output);
   CHECK(ctr.exit_code == 0);
   CHECK_THAT(ctr.output, Catch::Contains("dynamic embedding table in 2 shards"));

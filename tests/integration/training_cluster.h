@@ -9,6 +9,7 @@
 #include <chrono>
 #include <memory>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "capstan/training.h"
@@ -56,6 +57,25 @@ inline void restart_ps(Training& t, int task) {
   t.ps[static_cast<size_t>(task)]->kill_now();
   t.ps[static_cast<size_t>(task)] = &t.cluster.restart_on_port(
       "ps-server", {"--task-index", std::to_string(task), "--port", std::to_string(port)});
+}
+
+// Runs the CTR example against `t` (`args` after --coordinator) and, once the
+// coordinator's checkpoint policy has saved twice (mid-training), kill -9s
+// parameter server 1 and starts it again empty; the program's result.
+inline RunResult run_ctr_with_a_ps_restart(Training& t, const std::vector<std::string>& args) {
+  RunResult ctr;
+  std::vector<std::string> all = {"--coordinator", t.coordinator->address()};
+  all.insert(all.end(), args.begin(), args.end());
+  std::thread program([&]() { ctr = t.cluster.run("ctr", all, {}, std::chrono::seconds(300)); });
+  bool saved = wait_until([&]() {
+    std::string log = t.coordinator->log();
+    size_t first = log.find("saved checkpoint");
+    return first != std::string::npos && log.find("saved checkpoint", first + 1) != std::string::npos;
+  }, std::chrono::seconds(200));
+  if (saved) restart_ps(t, 1);
+  program.join();
+  REQUIRE(saved);
+  return ctr;
 }
 
 }  // namespace capstan::testing

@@ -354,24 +354,11 @@ TEST_CASE("the CTR example reaches its target with a parameter server killed -9 
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
   Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
-  RunResult ctr;
   // 8000 steps end at a gap of ~2.0% to the planted model without a failure
   // (measured: 2.00%, 2.01%; with the kill: 2.02%); 2.5% leaves room for
   // the steps lost since the last checkpoint and for noise.
-  std::thread program([&]() {
-    ctr = t.cluster.run("ctr", {"--coordinator", t.coordinator->address(), "--steps", "8000", "--eval-steps", "100",
-                                "--min-workers", "2", "--log-every", "1000", "--max-gap", "2.5"},
-                        {}, 300s);
-  });
-  // Mid-training: after the policy saved twice.
-  bool saved = wait_until([&]() {
-    std::string log = t.coordinator->log();
-    size_t first = log.find("saved checkpoint");
-    return first != std::string::npos && log.find("saved checkpoint", first + 1) != std::string::npos;
-  }, 200s);
-  if (saved) restart_ps(t, 1);
-  program.join();
-  REQUIRE(saved);
+  RunResult ctr = run_ctr_with_a_ps_restart(t, {"--steps", "8000", "--eval-steps", "100", "--min-workers", "2",
+                                                "--log-every", "1000", "--max-gap", "2.5"});
   INFO(ctr.output);
   CHECK(ctr.exit_code == 0);
   CHECK_THAT(ctr.output, Catch::Contains("PASS"));

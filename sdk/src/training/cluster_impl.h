@@ -21,18 +21,9 @@ struct ClusterCoordinator::Impl {
   Impl(std::string address, ClientOptions options)
       : channel(std::move(address), std::move(options), "capstan-cluster") {
     loop().run_sync([this]() { tasks = kj::heap<kj::TaskSet>(task_errors); });
-    rpc::Connection* conn = &channel.connection();
-    kj::Timer* timer = &loop().timer();
-    router = std::make_unique<VariableRouter>(
-        loop(), channel.connect_options(), channel.codec(), channel.options().call_timeout, [conn, timer]() {
-          return conn->service<wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
-              .then([](wire::Coordinator::Client c) { return c.placementsRequest().send(); })
-              .then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
-                std::vector<VariableLocation> variables;
-                for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
-                return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
-              });
-        });
+    router = std::make_unique<VariableRouter>(loop(), channel.connect_options(), channel.codec(),
+                                              channel.options().call_timeout,
+                                              placements_from(channel.connection(), loop().timer()));
   }
   ~Impl() {
     router.reset();
