@@ -25,7 +25,29 @@ std::string write_model(const std::string& dir) {
   emb.shape = {3, 2};
   emb.shards.push_back({"emb/part_0", 0, 0, 2, floats({0, 1, 2, 3}, {2, 2}), {}, 9, {}, 0});
   emb.shards.push_back({"emb/part_1", 1, 2, 1, floats({4, 5}, {1, 2}), {}, 9, {}, 0});
-  return coordinator::write_checkpoint(dir, 9, 3, {w, emb}).value();
+  // "users": an embedding table of dim 2 (default value -1) with keys 7
+  // and 1 << 40 on two parameter servers.
+  coordinator::VariableState users;
+  users.name = "users";
+  users.dtype = DType::kFloat32;
+  users.optimizer = Optimizer::sgd(0.1);
+  EmbeddingTableOptions options;
+  options.default_value = -1;
+  users.table = EmbeddingTableSpec{"users", 2, DType::kFloat32, EmbeddingInitializer::zeros(), Optimizer::sgd(0.1),
+                                   options};
+  users.table_shards = 2;
+  auto table_shard = [](const char* name, int task, int64_t key, std::vector<float> row) {
+    coordinator::ShardState s;
+    s.name = name;
+    s.ps_task = task;
+    s.table_rows.keys = Tensor::from_vector<int64_t>({key}, {1}).value();
+    s.table_rows.values = floats(std::move(row), {1, 2});
+    s.table_rows.meta = Tensor::zeros(DType::kInt64, {1, ps::kMetaColumns}).value();
+    return s;
+  };
+  users.shards.push_back(table_shard("users/part_0", 0, 7, {0.25f, 0.5f}));
+  users.shards.push_back(table_shard("users/part_1", 1, int64_t{1} << 40, {3, 4}));
+  return coordinator::write_checkpoint(dir, 9, 3, {w, emb, users}).value();
 }
 
 void register_functions(FunctionRegistry& functions) {
@@ -45,6 +67,19 @@ void register_functions(FunctionRegistry& functions) {
     CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, ctx.gather("emb", Tensor::from_vector<int64_t>({2, 0, 1, 2}, {2, 2}).value()));
     if (rows.shape() != Shape{2, 2, 2} || rows.flat<float>()[0] != 4 || rows.flat<float>()[7] != 5) {
       return Status::Internal("gathered " + rows.debug_string());
+    }
+    return Element{{Tensor::scalar<int64_t>(1)}, {"ok"}};
+  });
+  // A table's rows from the checkpoint; a key it lacks gets the default row
+  // and is not inserted, whatever `insert` says.
+  functions.register_closure("lookup_table", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    Tensor ids = Tensor::from_vector<int64_t>({int64_t{1} << 40, 99, 7}, {3}).value();
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, ctx.lookup("users", ids, /*insert=*/true));
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor again, ctx.lookup("users", ids, true));
+    auto r = rows.flat<float>();
+    if (rows.shape() != Shape{3, 2} || r[0] != 3 || r[1] != 4 || r[2] != -1 || r[3] != -1 || r[4] != 0.25f ||
+        r[5] != 0.5f || !again.equals(rows)) {
+      return Status::Internal("looked up " + rows.debug_string());
     }
     return Element{{Tensor::scalar<int64_t>(1)}, {"ok"}};
   });
@@ -111,6 +146,16 @@ TEST_CASE("the evaluator gathers as the parameter servers do: the ids' shape, th
   EvaluatorOptions options;
   options.closure = "gather_2d";
   auto m = f.evaluate(options);
+  REQUIRE(m.ok());
+  CHECK(metric(*m, "ok") == 1);
+}
+
+TEST_CASE("the evaluator looks embedding tables up in the checkpoint, never inserting", "[evaluator]") {
+  Fixture f;
+  EvaluatorOptions options;
+  options.closure = "lookup_table";
+  auto m = f.evaluate(options);
+  INFO(m.status().to_string());
   REQUIRE(m.ok());
   CHECK(metric(*m, "ok") == 1);
 }
