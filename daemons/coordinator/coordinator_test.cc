@@ -496,6 +496,84 @@ TEST_CASE("save_checkpoint reads every shard from the parameter server that hold
   CHECK(fs::exists(fs::path(path) / "ps-1.safetensors"));
 }
 
+TEST_CASE("an embedding table: a shard on every parameter server, saved with its generation, restored re-hashed "
+          "into 3 servers, and exported since a checkpoint",
+          "[coordinator][embedding]") {
+  data::testing::TempDir dir;
+  EmbeddingTableSpec spec{"users", 2, DType::kFloat32, EmbeddingInitializer::random_normal(0, 1, 3),
+                          Optimizer::sgd(1.0), {}};
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 200; ++k) keys.push_back(k * 1'000'003);
+  auto ids = [](std::vector<int64_t> k) { return Tensor::from_vector<int64_t>(k, {static_cast<int64_t>(k.size())}).value(); };
+  // Each key goes to the server table_shard_of names (as the router sends it).
+  auto by_shard = [&](FakeParameterServers& ps, const std::vector<int64_t>& all, auto fn) {
+    const int n = ps.size();
+    for (int s = 0; s < n; ++s) {
+      std::vector<int64_t> mine;
+      for (int64_t k : all) {
+        if (table_shard_of(k, n) == s) mine.push_back(k);
+      }
+      if (!mine.empty()) fn(*ps.tasks[static_cast<size_t>(s)].tables.at("users/part_" + std::to_string(s)), mine);
+    }
+  };
+  std::map<int64_t, std::vector<float>> saved;  // key -> row at the checkpoint
+  std::string path;
+  {
+    Harness h({}, /*num_ps=*/2);
+    auto placed = h.coordinator->create_table(spec).wait(h.io.waitScope);
+    REQUIRE(placed.ok());
+    CHECK(placed->shards.size() == 2);
+    CHECK(placed->table.has_value());
+    // Creating it again with the same spec hands it back; another spec or a
+    // variable's name is refused.
+    CHECK(h.coordinator->create_table(spec).wait(h.io.waitScope).ok());
+    EmbeddingTableSpec other = spec;
+    other.dim = 3;
+    CHECK(h.coordinator->create_table(other).wait(h.io.waitScope).status().code() == StatusCode::kAlreadyExists);
+    by_shard(h.ps, keys, [&](ps::EmbeddingTable& t, const std::vector<int64_t>& mine) {
+      REQUIRE(t.lookup(ids(mine), true).ok());
+      std::vector<float> grad(mine.size() * 2, 0.5f);
+      REQUIRE(t.apply_gradients(ids(mine), Tensor::from_vector<float>(grad, {static_cast<int64_t>(mine.size()), 2}).value(), 0).ok());
+      Tensor rows = t.lookup(ids(mine), false).value();
+      for (size_t i = 0; i < mine.size(); ++i) saved[mine[i]] = {rows.flat<float>()[2 * i], rows.flat<float>()[2 * i + 1]};
+    });
+    path = h.coordinator->save_checkpoint(dir.path(), 7, 3).wait(h.io.waitScope).value();
+    auto reader = checkpoint::CheckpointReader::open(path).value();
+    const auto* entry = reader->manifest().find_variable("users");
+    REQUIRE(entry != nullptr);
+    REQUIRE(entry->table.has_value());
+    CHECK(entry->shape == Shape{200, 2});
+
+    // After the save: 5 keys updated; the export since the checkpoint has
+    // exactly them.
+    std::vector<int64_t> changed(keys.begin(), keys.begin() + 5);
+    by_shard(h.ps, changed, [&](ps::EmbeddingTable& t, const std::vector<int64_t>& mine) {
+      std::vector<float> grad(mine.size() * 2, 1.0f);
+      REQUIRE(t.apply_gradients(ids(mine), Tensor::from_vector<float>(grad, {static_cast<int64_t>(mine.size()), 2}).value(), 0).ok());
+    });
+    const std::string delta = dir.path() + "/delta.safetensors";
+    CHECK(h.coordinator->export_table("users", path, delta).wait(h.io.waitScope).value() == 5);
+    CHECK(h.coordinator->export_table("users", "", dir.path() + "/all.safetensors").wait(h.io.waitScope).value() == 200);
+    CHECK(h.coordinator->export_table("users", path, dir.path() + "/x.txt").wait(h.io.waitScope).status().code() ==
+          StatusCode::kInvalidArgument);
+  }
+  // A coordinator with 3 parameter servers that never created the table:
+  // the restore creates it and sends every row to the server of its key.
+  Harness h({}, /*num_ps=*/3);
+  REQUIRE(h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).ok());
+  int64_t rows = 0;
+  by_shard(h.ps, keys, [&](ps::EmbeddingTable& t, const std::vector<int64_t>& mine) {
+    rows += t.stats().rows.load();
+    Tensor got = t.lookup(ids(mine), false).value();
+    for (size_t i = 0; i < mine.size(); ++i) {
+      CHECK(got.flat<float>()[2 * i] == saved[mine[i]][0]);
+      CHECK(got.flat<float>()[2 * i + 1] == saved[mine[i]][1]);
+    }
+  });
+  CHECK(rows == 200);
+  CHECK(h.coordinator->placements().variables.at(0).shards.size() == 3);
+}
+
 TEST_CASE("save_checkpoint fails when a shard cannot be read or the directory is empty", "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/2);

@@ -17,6 +17,7 @@
 #include <vector>
 
 #include "daemons/coordinator/coordinator.h"
+#include "daemons/ps_server/embedding_table.h"
 #include "rpc/mailbox.h"
 
 namespace capstan::coordinator::testing {
@@ -146,6 +147,7 @@ class FakeParameterServers : public ParameterServers {
     bool up = true;
     std::map<std::string, ShardContents> shards;
     std::map<std::string, Optimizer> optimizers;
+    std::map<std::string, std::shared_ptr<ps::EmbeddingTable>> tables;  // the real table core
     std::vector<std::string> reads;   // shard names, in order
     std::vector<std::string> writes;  // shard names, in order
     std::vector<std::string> assigned;  // the writes that carried a value
@@ -176,6 +178,7 @@ class FakeParameterServers : public ParameterServers {
     go_down(task);
     tasks[static_cast<size_t>(task)].shards.clear();
     tasks[static_cast<size_t>(task)].optimizers.clear();
+    tasks[static_cast<size_t>(task)].tables.clear();
     come_up(task);
   }
 
@@ -224,7 +227,30 @@ class FakeParameterServers : public ParameterServers {
     if (!t.up) return Result<std::set<std::string>>(Status::Unavailable(t.address + " is down"));
     std::set<std::string> names;
     for (const auto& [name, shard] : t.shards) names.insert(name);
+    for (const auto& [name, table] : t.tables) names.insert(name);
     return Result<std::set<std::string>>(std::move(names));
+  }
+  kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Status::Unavailable(t.address + " is down");
+    auto table = ps::EmbeddingTable::create({spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options});
+    if (!table.ok()) return table.status();
+    t.tables[name] = std::move(*table);
+    return Status::Ok();
+  }
+  kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    auto it = t.tables.find(name);
+    if (!t.up || it == t.tables.end()) return Result<TableContents>(Status::NotFound("no table " + name));
+    auto snapshot = it->second->snapshot(since, begin);
+    if (!snapshot.ok()) return Result<TableContents>(snapshot.status());
+    return Result<TableContents>(TableContents{std::move(snapshot->rows), snapshot->step, snapshot->version});
+  }
+  kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    auto it = t.tables.find(name);
+    if (!t.up || it == t.tables.end()) return Status::NotFound("no table " + name);
+    return it->second->restore(contents.rows, clear, contents.step, contents.version);
   }
 
   std::vector<Task> tasks;
