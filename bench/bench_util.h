@@ -1,6 +1,7 @@
 // What the benchmark programs share: a wall clock, this run's scratch
 // directory, daemons started from the directory of the bench binary (on free
-// ports, stopped together) and the CPU time of a process.
+// ports, stopped together), the CPU time of a process and the raw loopback TCP
+// figure the transfers are measured against.
 #ifndef CAPSTAN_BENCH_BENCH_UTIL_H_
 #define CAPSTAN_BENCH_BENCH_UTIL_H_
 
@@ -10,9 +11,12 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
+#include <cerrno>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -22,6 +26,7 @@
 #include <vector>
 
 #include "capstan/status.h"
+#include "capstan/tensor.h"
 
 namespace capstan::bench {
 
@@ -178,6 +183,75 @@ inline void print_results() {
   std::fprintf(stderr, "%s: %s\n", what.c_str(), status.to_string().c_str());
   stop_all();
   std::exit(1);
+}
+
+struct LoopbackRun {
+  int64_t messages = 0;  // received whole
+  int64_t bytes = 0;
+  double seconds = 0;
+  double gb_per_s() const { return seconds > 0 ? static_cast<double>(bytes) / seconds / 1e9 : 0; }
+};
+
+// The transport floor: `count` messages of `size` bytes through one loopback
+// TCP connection, written by another thread in send()s of at most 1 MiB from
+// one buffer and each read into a fresh tensor of `size` bytes (the copies a
+// received buffer needs at least: one into the socket, one out of it). Timed
+// from the accepted connection to the last byte.
+inline LoopbackRun loopback_tcp(int64_t count, size_t size) {
+  const size_t kSendSize = 1 << 20;
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t len = sizeof(addr);
+  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
+      listen(listener, 1) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
+    fail("loopback socket", Status::Internal(std::strerror(errno)));
+  }
+  std::thread sender([addr, count, size, kSendSize]() {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    if (fd < 0) return;
+    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
+      close(fd);
+      return;
+    }
+    std::vector<char> buffer(std::min(size, kSendSize), 1);
+    for (int64_t i = 0; i < count; ++i) {
+      size_t sent = 0;
+      while (sent < size) {
+        ssize_t n = send(fd, buffer.data(), std::min(buffer.size(), size - sent), 0);
+        if (n <= 0) break;
+        sent += static_cast<size_t>(n);
+      }
+    }
+    close(fd);
+  });
+  int fd = accept(listener, nullptr, nullptr);
+  // One buffer allocated and freed before the clock starts: the later ones
+  // come from the tensor buffer cache, as warmed-up transfers' buffers do.
+  if (auto warm = Tensor::uninitialized(DType::kUInt8, {static_cast<int64_t>(size)}); !warm.ok()) {
+    fail("allocate", warm.status());
+  }
+  LoopbackRun run;
+  Clock::time_point start_time = Clock::now();
+  for (int64_t i = 0; fd >= 0 && i < count; ++i) {
+    auto fresh = Tensor::uninitialized(DType::kUInt8, {static_cast<int64_t>(size)});
+    if (!fresh.ok()) fail("allocate", fresh.status());
+    size_t got = 0;
+    while (got < size) {
+      ssize_t n = recv(fd, fresh->mutable_data() + got, size - got, 0);
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got < size) break;
+    ++run.messages;
+  }
+  run.seconds = seconds_since(start_time);
+  run.bytes = run.messages * static_cast<int64_t>(size);
+  sender.join();
+  if (fd >= 0) close(fd);
+  close(listener);
+  return run;
 }
 
 }  // namespace capstan::bench

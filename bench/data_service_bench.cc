@@ -196,55 +196,14 @@ Dataset large_pipeline(int64_t m) {
   return Dataset::from_tensors(Element{{*t}, {}}).repeat(m);
 }
 
-// The transport floor: `count` MiB through one loopback TCP connection,
-// written 1 MiB at a time from one buffer by another thread and read into a
-// fresh 1 MiB tensor each (the same copies a pulled chunk needs at least).
+// The transport floor: `count` MiB through one loopback TCP connection, each
+// read into a fresh 1 MiB tensor (bench::loopback_tcp).
 Run loopback_tcp(int64_t count) {
-  const size_t kSize = 1 << 20;
-  int listener = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  socklen_t len = sizeof(addr);
-  if (listener < 0 || bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) != 0 ||
-      listen(listener, 1) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
-    fail("loopback socket", capstan::Status::Internal(std::strerror(errno)));
-  }
-  std::thread sender([addr, count, kSize]() {
-    int fd = socket(AF_INET, SOCK_STREAM, 0);
-    if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) return;
-    std::vector<char> buffer(kSize, 1);
-    for (int64_t i = 0; i < count; ++i) {
-      size_t sent = 0;
-      while (sent < kSize) {
-        ssize_t n = send(fd, buffer.data() + sent, kSize - sent, 0);
-        if (n <= 0) break;
-        sent += static_cast<size_t>(n);
-      }
-    }
-    close(fd);
-  });
-  int fd = accept(listener, nullptr, nullptr);
+  bench::LoopbackRun tcp = bench::loopback_tcp(count, 1 << 20);
   Run run;
-  Clock::time_point start_time = Clock::now();
-  for (int64_t i = 0; i < count; ++i) {
-    auto fresh = Tensor::uninitialized(capstan::DType::kUInt8, {static_cast<int64_t>(kSize)});
-    if (!fresh.ok()) fail("allocate", fresh.status());
-    size_t got = 0;
-    while (got < kSize) {
-      ssize_t n = recv(fd, fresh->mutable_data() + got, kSize - got, 0);
-      if (n <= 0) break;
-      got += static_cast<size_t>(n);
-    }
-    if (got < kSize) break;
-    ++run.total;
-  }
-  run.seconds = seconds_since(start_time);
-  run.elements = run.total;
-  run.bytes = run.total * static_cast<int64_t>(kSize);
-  sender.join();
-  close(fd);
-  close(listener);
+  run.total = run.elements = tcp.messages;
+  run.bytes = tcp.bytes;
+  run.seconds = tcp.seconds;
   return run;
 }
 

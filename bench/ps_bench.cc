@@ -8,16 +8,20 @@
 // parameter server and with two (the variable in FixedShardsPartitioner(2)
 // shards, one on each):
 //   pull   read_variable (the whole variable, shards read in parallel)
-//   assign assign_variable
+//   push   assign_variable (the whole value sent to the shards)
 //   apply  a dense SGD gradient (VariableRouter::apply_dense, what a
 //          worker's ClosureContext::apply_gradients does)
+// beside the transport floor: the same bytes through one raw loopback TCP
+// connection (bench::loopback_tcp, measured just before each size), and pull
+// and push as a fraction of it.
 // and, on two parameter servers, the sparse gather of an embedding table of
 // 64-float rows (default 1M rows = 256 MB) in batches of 10k random ids
 // (VariableRouter::gather, what ClosureContext::gather does).
 // --ps picks the clusters (1 and/or 2 parameter servers), --mib the dense
 // sizes (0: none), --rows 0 leaves the gather out. Besides the tables, one
-// RESULT line per figure (ps_pull_64mib_1ps in GB/s, ps_gather_10k_2ps in
-// rows/s, ...; bench/compare reads them).
+// RESULT line per figure (ps_pull_64mib_1ps, ps_push_64mib_1ps and
+// loopback_tcp_64mib in GB/s, ps_pull_64mib_1ps_of_tcp as a fraction,
+// ps_gather_10k_2ps in rows/s, ...; bench/compare reads them).
 // Prints figures; never fails on them.
 #include <signal.h>
 
@@ -88,8 +92,8 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
 
   std::printf("\n%d parameter server%s (%s), coordinator %s\n", num_ps, num_ps > 1 ? "s" : "", ps_list.c_str(),
               coordinator.address.c_str());
-  std::printf("%-8s %-6s %-7s %-22s %-22s %-22s\n", "variable", "reps", "shards", "pull (read_variable)",
-              "push (assign)", "push (apply sgd grad)");
+  std::printf("%-8s %-6s %-7s %-22s %-29s %-29s %-22s\n", "variable", "reps", "shards", "raw loopback TCP",
+              "pull (read_variable)", "push (assign)", "apply (sgd gradient)");
   const int64_t cols = 256;  // 1 KiB rows
   for (const auto& c : cases) {
     int64_t rows = static_cast<int64_t>((c.mib << 20) / 4 / cols);
@@ -110,6 +114,10 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     if (auto s = (*client)->assign_variable(name, value); !s.ok()) fail("assign_variable", s);
     if (auto s = router->apply_dense(name, gradient); !s.ok()) fail("apply_dense", s);
 
+    bench::LoopbackRun tcp = bench::loopback_tcp(c.reps, bytes);
+    if (tcp.messages != c.reps) fail("loopback TCP", capstan::Status::Internal("the connection broke"));
+    double floor = static_cast<double>(bytes) / tcp.gb_per_s() / 1e9;  // seconds per variable
+
     auto start_time = Clock::now();
     for (int r = 0; r < c.reps; ++r) {
       auto read = (*client)->read_variable(name);
@@ -126,13 +134,22 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
       if (auto s = router->apply_dense(name, gradient); !s.ok()) fail("apply_dense", s);
     }
     double apply = seconds_since(start_time) / c.reps;
-    std::printf("%4zu MiB %-6d %-7s %-22s %-22s %-22s\n", c.mib, c.reps, placed.c_str(),
-                rate_text(bytes, pull).c_str(), rate_text(bytes, assign).c_str(), rate_text(bytes, apply).c_str());
+    auto of_tcp = [floor](double seconds) {
+      char text[16];
+      std::snprintf(text, sizeof(text), " %3.0f%%", floor / seconds * 100);
+      return std::string(text);
+    };
+    std::printf("%4zu MiB %-6d %-7s %-22s %-29s %-29s %-22s\n", c.mib, c.reps, placed.c_str(),
+                rate_text(bytes, floor).c_str(), (rate_text(bytes, pull) + of_tcp(pull)).c_str(),
+                (rate_text(bytes, assign) + of_tcp(assign)).c_str(), rate_text(bytes, apply).c_str());
     std::fflush(stdout);
     const std::string tag = std::to_string(c.mib) + "mib_" + std::to_string(num_ps) + "ps";
+    bench::result("loopback_tcp_" + std::to_string(c.mib) + "mib", tcp.gb_per_s(), "GB/s");
     bench::result("ps_pull_" + tag, bytes / pull / 1e9, "GB/s");
-    bench::result("ps_assign_" + tag, bytes / assign / 1e9, "GB/s");
+    bench::result("ps_push_" + tag, bytes / assign / 1e9, "GB/s");
     bench::result("ps_apply_" + tag, bytes / apply / 1e9, "GB/s");
+    bench::result("ps_pull_" + tag + "_of_tcp", floor / pull, "x");
+    bench::result("ps_push_" + tag + "_of_tcp", floor / assign, "x");
   }
 
   if (with_gather) {
@@ -244,7 +261,8 @@ int main(int argc, char** argv) {
     dense(bin_dir, num_ps, cases, /*with_gather=*/num_ps > 1 && emb_rows > 0, emb_rows, batches);
   }
   std::printf("\nGB/s = variable bytes / time per call; pull includes concatenating the shards; "
-              "apply = SGD on the parameter servers.\nlogs: %s\n", bench::run_dir().c_str());
+              "apply = SGD on the parameter servers; %% = share of the raw loopback TCP rate.\nlogs: %s\n",
+              bench::run_dir().c_str());
   bench::print_results();
   return 0;
 }

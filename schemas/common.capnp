@@ -49,8 +49,11 @@ struct ChunkedBuffer {
 }
 
 interface ByteSource {
-  # Chunk i covers bytes [i * chunkSize, min((i + 1) * chunkSize, byteSize)).
-  read @0 (index :UInt32) -> (data :Data);
+  # Chunk i covers bytes [i * size, min((i + 1) * size, byteSize)), where size
+  # is the request's chunkSize if set, else the buffer's: a receiver whose
+  # reader takes larger messages asks for larger chunks (the whole buffer in
+  # one message, which it can then keep instead of copying).
+  read @0 (index :UInt32, chunkSize :UInt32) -> (data :Data);
 }
 
 # A tuple of tensors: what datasets yield and closures take and return.

@@ -1,5 +1,6 @@
 """TensorFlow's side of ps_bench: pulling a dense variable from a parameter
-server into the client, and the sparse gather of embedding rows from a table
+server into the client, pushing a value from the client into it, and the
+sparse gather of embedding rows from a table
 partitioned over 2 parameter servers, with tf.distribute.ParameterServerStrategy.
 
 Cluster: 2 ps tasks and 1 worker task (tf.distribute.Server on loopback
@@ -7,7 +8,9 @@ ports, one subprocess each; --in-process puts them in this process). The
 client (this process) creates, under strategy.scope():
   dense      float32[N, 256] of --mib MiB, on one ps (below the partitioner's
              minimum shard size), read into the client with read_value()
-             and .numpy(): ps_bench's "pull (read_variable)", 1 ps
+             and .numpy(): ps_bench's "pull (read_variable)", 1 ps; and
+             assigned a float32 tensor of the same size held by the client
+             (Variable.assign): ps_bench's "push (assign)", 1 ps
   embedding  float32[--rows, 64] (default 1M x 64 = 256 MB), in 2 shards
              (MinSizePartitioner, max 2 shards: a ShardedVariable, one shard
              on each ps), batches of 10k random ids looked up with
@@ -16,7 +19,8 @@ client (this process) creates, under strategy.scope():
 
     bench/peers/.venv/bin/python bench/peers/ps_variables.py [--mib 64] [--reps 8] [--rows 1000000] [--batches 50]
 
-Prints RESULT ps_pull_<M>mib_1ps (GB/s) and ps_gather_10k_2ps (rows/s).
+Prints RESULT ps_pull_<M>mib_1ps, ps_push_<M>mib_1ps (GB/s) and
+ps_gather_10k_2ps (rows/s).
 """
 import argparse
 import sys
@@ -75,6 +79,25 @@ def main():
                   f"({per_pull * 1e3:.1f} ms, mean of {args.reps})")
             result(f"ps_pull_{args.mib}mib_1ps", nbytes / per_pull / 1e9, "GB/s")
             del value
+
+            # Push: the client's tensor assigned to the variable on the ps. A
+            # tensor handle keeps the copy of itself it sent to a remote device
+            # and sends it only once, so each assign gets a handle of its own
+            # (tf.identity: a new handle over the same local buffer). The
+            # one-element read after the loop waits for the assigns (ops on a
+            # device run in order), at the cost of one small round trip.
+            pushed = tf.constant(np.full([rows, 256], 2.0, np.float32))
+            dense.assign(tf.identity(pushed), read_value=False)  # warm up
+            assert dense[0, 0].numpy() == 2.0
+            handles = [tf.identity(pushed) for _ in range(args.reps)]
+            start = time.perf_counter()
+            for handle in handles:
+                dense.assign(handle, read_value=False)
+            assert dense[0, 0].numpy() == 2.0
+            per_push = (time.perf_counter() - start) / args.reps
+            print(f"  push {args.mib} MiB to {dense.device} (assign): {nbytes / per_push / 1e9:.2f} GB/s "
+                  f"({per_push * 1e3:.1f} ms, mean of {args.reps})")
+            result(f"ps_push_{args.mib}mib_1ps", nbytes / per_push / 1e9, "GB/s")
 
         if args.rows > 0:
             start = time.perf_counter()

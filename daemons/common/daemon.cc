@@ -349,8 +349,8 @@ std::vector<OptionSpec> common_options() {
        "-1"},
       {"threads", OptionType::kInt, "Worker threads for heavy work; 0 means one per core.", "0"},
       {"max_message_mib", OptionType::kInt,
-       "Largest RPC message accepted, in MiB (Cap'n Proto traversal limit); larger tensors are "
-       "chunked.",
+       "Largest RPC message payload accepted, in MiB (plus 64 KiB of framing; Cap'n Proto traversal "
+       "limit); larger tensors are chunked.",
        "64"},
       {"buffer_cache_mib", OptionType::kInt,
        "MiB of freed large tensor buffers kept for reuse (faster repeated transfers); 0 disables.",

@@ -92,7 +92,7 @@ kj::Promise<void> PsService::createShard(CreateShardContext context) {
   check(decoded.status().with_context("createShard '" + name + "'"));
   Optimizer optimizer = *decoded;
   if (optimizer.kind != Optimizer::Kind::kNone) check(ps::validate(optimizer).with_context("createShard '" + name + "'"));
-  return rpc::read_tensor(params.getInitial())
+  return rpc::read_tensor(params.getInitial(), ctx_.codec)
       .then([this, name, optimizer](Tensor&& initial) {
         auto store = store_;
         return rpc::run_on_pool(ctx_.pool, [store, name, optimizer, initial = std::move(initial)]() {
@@ -114,7 +114,7 @@ kj::Promise<void> PsService::read(ReadContext context) {
 
 kj::Promise<void> PsService::gather(GatherContext context) {
   std::string name = text(context.getParams().getName());
-  return rpc::read_tensor(context.getParams().getIds())
+  return rpc::read_tensor(context.getParams().getIds(), ctx_.codec)
       .then([this, name](Tensor&& ids) {
         auto store = store_;
         return rpc::run_on_pool(ctx_.pool, [store, name, ids = std::move(ids)]() {
@@ -129,11 +129,12 @@ kj::Promise<void> PsService::gather(GatherContext context) {
 
 kj::Promise<void> PsService::assign(AssignContext context) {
   std::string name = text(context.getParams().getName());
-  return rpc::read_tensor(context.getParams().getValue())
+  return rpc::read_tensor(context.getParams().getValue(), ctx_.codec)
       .then([this, name](Tensor&& value) {
         auto store = store_;
-        return rpc::run_on_pool(ctx_.pool, [store, name, value = std::move(value)]() {
-          return store->assign(name, value);
+        // The received tensor is nobody else's: the shard takes its buffer.
+        return rpc::run_on_pool(ctx_.pool, [store, name, value = std::move(value)]() mutable {
+          return store->assign_owned(name, std::move(value));
         });
       })
       .then([](Status status) { check(status); });
@@ -141,7 +142,7 @@ kj::Promise<void> PsService::assign(AssignContext context) {
 
 kj::Promise<void> PsService::assignAdd(AssignAddContext context) {
   std::string name = text(context.getParams().getName());
-  return rpc::read_tensor(context.getParams().getDelta())
+  return rpc::read_tensor(context.getParams().getDelta(), ctx_.codec)
       .then([this, name](Tensor&& delta) {
         auto store = store_;
         return rpc::run_on_pool(ctx_.pool, [store, name, delta = std::move(delta)]() {
@@ -154,7 +155,7 @@ kj::Promise<void> PsService::assignAdd(AssignAddContext context) {
 kj::Promise<void> PsService::applyDense(ApplyDenseContext context) {
   std::string name = text(context.getParams().getName());
   int64_t step = context.getParams().getStep();
-  return rpc::read_tensor(context.getParams().getGradient())
+  return rpc::read_tensor(context.getParams().getGradient(), ctx_.codec)
       .then([this, name, step](Tensor&& gradient) {
         auto store = store_;
         return rpc::run_on_pool(ctx_.pool, [store, name, step, gradient = std::move(gradient)]() {
@@ -168,8 +169,8 @@ kj::Promise<void> PsService::applySparse(ApplySparseContext context) {
   auto params = context.getParams();
   std::string name = text(params.getName());
   int64_t step = params.getStep();
-  auto ids = rpc::read_tensor(params.getIds());
-  auto rows = rpc::read_tensor(params.getRows());
+  auto ids = rpc::read_tensor(params.getIds(), ctx_.codec);
+  auto rows = rpc::read_tensor(params.getRows(), ctx_.codec);
   return ids.then([rows = kj::mv(rows)](Tensor&& ids) mutable {
               return rows.then([ids = std::move(ids)](Tensor&& rows) mutable {
                 return std::make_pair(std::move(ids), std::move(rows));
@@ -247,7 +248,7 @@ kj::Promise<void> PsService::setSlots(SetSlotsContext context) {
   auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(params.getSlots().size());
   for (auto slot : params.getSlots()) {
     names->push_back(text(slot.getName()));
-    reads.add(rpc::read_tensor(slot.getTensor()));
+    reads.add(rpc::read_tensor(slot.getTensor(), ctx_.codec));
   }
   return kj::joinPromises(reads.finish())
       .then([this, name, step, names](kj::Array<Tensor>&& tensors) {
@@ -297,7 +298,7 @@ kj::Promise<void> PsService::lookupTable(LookupTableContext context) {
   auto table = tables_->find(text(params.getName()));
   check(table.status());
   bool insert = params.getInsert();
-  return rpc::read_tensor(params.getIds())
+  return rpc::read_tensor(params.getIds(), ctx_.codec)
       .then([this, table = *table, insert](Tensor&& ids) {
         return rpc::run_on_pool(ctx_.pool, [table, insert, ids = std::move(ids)]() {
           return table->lookup(ids, insert);
@@ -314,8 +315,8 @@ kj::Promise<void> PsService::applyTable(ApplyTableContext context) {
   auto table = tables_->find(text(params.getName()));
   check(table.status());
   int64_t step = params.getStep();
-  auto ids = rpc::read_tensor(params.getIds());
-  auto gradients = rpc::read_tensor(params.getGradients());
+  auto ids = rpc::read_tensor(params.getIds(), ctx_.codec);
+  auto gradients = rpc::read_tensor(params.getGradients(), ctx_.codec);
   return ids.then([gradients = kj::mv(gradients)](Tensor&& ids) mutable {
               return gradients.then([ids = std::move(ids)](Tensor&& gradients) mutable {
                 return std::make_pair(std::move(ids), std::move(gradients));

@@ -194,16 +194,32 @@ void VariableStore::count_dense_update(const Tensor& received) {
   stats_->update_bytes.fetch_add(static_cast<int64_t>(received.byte_size()), std::memory_order_relaxed);
 }
 
+Status VariableStore::unshare(Shard& shard) {
+  if (shard.lent.expired()) return Status::Ok();
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor own, copy_of(shard.value));
+  shard.value = std::move(own);
+  shard.lent.reset();
+  return Status::Ok();
+}
+
 Result<Tensor> VariableStore::read(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, Tensor::uninitialized(shard->dtype, shard->shape));
-  MutexLock lock(shard->mu);
-  if (copy.byte_size() > 0) {
-    std::memcpy(copy.mutable_data(), shard->value.data(), copy.byte_size());
+  std::shared_ptr<const Tensor> held;
+  {
+    MutexLock lock(shard->mu);
+    held = shard->lent.lock();
+    if (held == nullptr) {
+      held = std::make_shared<const Tensor>(shard->value);
+      shard->lent = held;
+    }
   }
   stats_->reads.fetch_add(1, std::memory_order_relaxed);
-  stats_->read_bytes.fetch_add(static_cast<int64_t>(copy.byte_size()), std::memory_order_relaxed);
-  return copy;
+  stats_->read_bytes.fetch_add(static_cast<int64_t>(held->byte_size()), std::memory_order_relaxed);
+  // The tensor's owner is `held`: the shard sees the value as lent until the
+  // last copy of this tensor is gone. The store never writes a lent buffer.
+  std::byte* data = const_cast<std::byte*>(held->data());
+  size_t size = held->byte_size();
+  return Tensor::from_buffer(shard->dtype, shard->shape, std::const_pointer_cast<Tensor>(held), data, size);
 }
 
 Result<Tensor> VariableStore::gather(const std::string& name, const Tensor& ids) const {
@@ -233,16 +249,28 @@ Result<Tensor> VariableStore::gather(const std::string& name, const Tensor& ids)
 }
 
 Status VariableStore::assign(const std::string& name, const Tensor& value) {
+  return assign_impl(name, value, /*copy=*/true);
+}
+
+Status VariableStore::assign_owned(const std::string& name, Tensor value) {
+  return assign_impl(name, value, /*copy=*/false);
+}
+
+Status VariableStore::assign_impl(const std::string& name, const Tensor& value, bool copy) {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   if (value.dtype() != shard->dtype || value.shape() != shard->shape) {
     return Status::InvalidArgument("assign: value " + describe(value) + " does not match " +
                                    quoted(name) + " " + describe(shard->dtype, shard->shape));
   }
   CAPSTAN_RETURN_IF_ERROR(value.validate().with_context("assign " + quoted(name)));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor fresh, copy_of(value));
+  Tensor fresh = value;
+  if (copy) {
+    CAPSTAN_ASSIGN_OR_RETURN(fresh, copy_of(value));
+  }
   Tensor old;  // freed outside the shard lock
   MutexLock lock(shard->mu);
   old = std::exchange(shard->value, std::move(fresh));
+  shard->lent.reset();  // what was lent is `old`, which readers keep
   count_dense_update(value);
   return Status::Ok();
 }
@@ -259,6 +287,7 @@ Status VariableStore::assign_add(const std::string& name, const Tensor& delta) {
   }
   CAPSTAN_RETURN_IF_ERROR(delta.validate().with_context("assign_add " + quoted(name)));
   MutexLock lock(shard->mu);
+  CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
   Tensor& value = shard->value;
   switch (shard->dtype) {
     case DType::kFloat16: add_into<Float16>(value, delta); break;
@@ -289,6 +318,7 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
   }
   CAPSTAN_RETURN_IF_ERROR(gradient.validate().with_context("apply_dense " + quoted(name)));
   MutexLock lock(shard->mu);
+  CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
   int64_t t = step > 0 ? step : shard->step + 1;
   if (shard->dtype == DType::kFloat32) {
     auto slots = slot_spans<float>(shard->slot);
@@ -331,6 +361,7 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
   const int64_t row_size = row_elements(shard->shape);
 
   MutexLock lock(shard->mu);
+  CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
   int64_t t = step > 0 ? step : shard->step + 1;
   if (row_size > 0) {  // rows of no elements: nothing to move, but the step counts
     if (shard->dtype == DType::kFloat32) {

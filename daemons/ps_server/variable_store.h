@@ -17,9 +17,11 @@
 //   store.apply_dense("w/part_0", gradient);          // step 1
 //   Tensor w = *store.read("w/part_0");                // a snapshot
 //
-// Values are copied in and out: the store never aliases a caller's buffer
-// (a tensor that came over RPC may share the message's memory) and never
-// hands out its live buffers.
+// Values are copied in (assign_owned excepted) and read copy-on-write: read()
+// hands out the shard's buffer itself, and the next update of the shard
+// copies the value first while any such reader still holds it, so a read
+// value never changes. A 64 MiB pull thus costs no copy on the server, and
+// neither does a gradient step after the pulled value was sent.
 //
 // Dtypes: float32 and float64 shards take optimizer updates (apply_dense,
 // apply_sparse) and keep slots. Other fixed-size dtypes (float16, bfloat16,
@@ -73,7 +75,9 @@ class VariableStore {
   // on the dropped copy.
   Status remove(const std::string& name);
 
-  // A copy of the value (a snapshot, never aliasing the live buffer).
+  // The value as of now (a snapshot: later updates do not change it). It
+  // shares the shard's buffer until the next update (copy-on-write above):
+  // callers must not write into it.
   Result<Tensor> read(const std::string& name) const;
   // Rows of a variable of rank >= 1: `ids` (int32 or int64, any shape S)
   // give a tensor of shape S + the row shape. An id outside [0, dim 0) ->
@@ -83,6 +87,9 @@ class VariableStore {
   // value / delta: the shard's dtype and shape. assign leaves slots and step
   // as they are.
   Status assign(const std::string& name, const Tensor& value);
+  // assign without the copy: the shard takes `value`'s buffer, which nobody
+  // else may hold or write afterwards (a tensor just received over RPC).
+  Status assign_owned(const std::string& name, Tensor value);
   Status assign_add(const std::string& name, const Tensor& delta);
 
   // One optimizer update. `step` is the optimizer's iteration count for this
@@ -137,6 +144,7 @@ class VariableStore {
 
  private:
   void count_dense_update(const Tensor& received);
+  Status assign_impl(const std::string& name, const Tensor& value, bool copy);
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   struct Shard {
     Shard(DType dtype, Shape shape, Optimizer optimizer, size_t bytes)
@@ -149,10 +157,18 @@ class VariableStore {
     const size_t bytes;  // value + slots
 
     mutable Mutex mu;
-    Tensor value GUARDED_BY(mu);  // never shared outside the store
+    // Shared outside the store only through `lent`, read-only.
+    Tensor value GUARDED_BY(mu);
+    // What read() handed out of `value`: while any of it lives, `value` must
+    // not change in place (unshare() first). Mutable: read() is const.
+    mutable std::weak_ptr<const Tensor> lent GUARDED_BY(mu);
     std::vector<Tensor> slot GUARDED_BY(mu);  // slot_names() order, empty if none
     int64_t step GUARDED_BY(mu) = 0;
   };
+
+  // Makes `value` the shard's own again before an update in place: a copy
+  // if a reader still holds it.
+  static Status unshare(Shard& shard) EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
   // The shard, or NotFound.
   Result<std::shared_ptr<Shard>> find(const std::string& name) const LOCKS_EXCLUDED(map_mu_);

@@ -52,15 +52,11 @@ TEST_CASE("a created shard reads back its initial value") {
   CHECK(values<float>(*t) == std::vector<float>{1, 2, 3, 4});
 }
 
-TEST_CASE("the store copies values in and out, never aliasing a caller's buffer") {
+TEST_CASE("the store copies values in, never aliasing a caller's buffer") {
   VariableStore store;
   Tensor initial = f32({1, 2});
   REQUIRE(store.create("w", initial, optimizer(Kind::kSgd)).ok());
   initial.mutable_flat<float>()[0] = 100;  // the caller's buffer, not the shard's
-  CHECK(read_f32(store, "w") == std::vector<float>{1, 2});
-
-  Tensor snapshot = *store.read("w");
-  snapshot.mutable_flat<float>()[1] = 200;
   CHECK(read_f32(store, "w") == std::vector<float>{1, 2});
 
   Tensor before = *store.read("w");
@@ -68,6 +64,60 @@ TEST_CASE("the store copies values in and out, never aliasing a caller's buffer"
   REQUIRE(store.assign("w", value).ok());
   value.mutable_flat<float>()[0] = 300;
   CHECK(values<float>(before) == std::vector<float>{1, 2});  // a snapshot stays as it was
+  CHECK(read_f32(store, "w") == std::vector<float>{5, 6});
+}
+
+TEST_CASE("a read value is a snapshot that no later update changes") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({1, 2}, {2, 1}), optimizer(Kind::kSgd, 1)).ok());
+  Tensor first = *store.read("w");
+  REQUIRE(store.apply_dense("w", f32({1, 1}, {2, 1})).ok());
+  Tensor second = *store.read("w");
+  REQUIRE(store.assign_add("w", f32({10, 10}, {2, 1})).ok());
+  Tensor third = *store.read("w");
+  REQUIRE(store.apply_sparse("w", make<int64_t>({1}, {1}), f32({1}, {1, 1})).ok());
+  Tensor fourth = *store.read("w");
+  REQUIRE(store.assign("w", f32({7, 8}, {2, 1})).ok());
+  CHECK(values<float>(first) == std::vector<float>{1, 2});
+  CHECK(values<float>(second) == std::vector<float>{0, 1});
+  CHECK(values<float>(third) == std::vector<float>{10, 11});
+  CHECK(values<float>(fourth) == std::vector<float>{10, 10});
+  CHECK(read_f32(store, "w") == std::vector<float>{7, 8});
+}
+
+TEST_CASE("reads share the shard's buffer; an update copies it only while a reader holds it") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({1, 2}), optimizer(Kind::kSgd, 1)).ok());
+  Tensor a = *store.read("w");
+  Tensor b = *store.read("w");
+  CHECK(a.data() == b.data());  // no copy per read
+  const std::byte* shared = a.data();
+  REQUIRE(store.apply_dense("w", f32({1, 1})).ok());
+  Tensor c = *store.read("w");
+  CHECK(c.data() != shared);  // a and b still hold the old value
+  CHECK(values<float>(a) == std::vector<float>{1, 2});
+  const std::byte* own = c.data();
+  a = Tensor();
+  b = Tensor();
+  c = Tensor();
+  REQUIRE(store.apply_dense("w", f32({1, 1})).ok());  // nobody holds a read: in place
+  Tensor d = *store.read("w");
+  CHECK(d.data() == own);
+  CHECK(values<float>(d) == std::vector<float>{-1, 0});
+}
+
+TEST_CASE("assign_owned takes the value's buffer; assign copies it") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({1, 2}), optimizer(Kind::kSgd, 1)).ok());
+  Tensor copied = f32({3, 4});
+  REQUIRE(store.assign("w", copied).ok());
+  CHECK(store.read("w")->data() != copied.data());
+  Tensor owned = f32({5, 6});
+  const std::byte* buffer = owned.data();
+  REQUIRE(store.assign_owned("w", std::move(owned)).ok());
+  CHECK(store.read("w")->data() == buffer);
+  CHECK(read_f32(store, "w") == std::vector<float>{5, 6});
+  CHECK(store.assign_owned("w", f32({1, 2, 3})).code() == StatusCode::kInvalidArgument);
   CHECK(read_f32(store, "w") == std::vector<float>{5, 6});
 }
 

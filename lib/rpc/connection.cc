@@ -9,13 +9,15 @@
 
 #include "rpc/http_sniff_stream.h"
 #include "rpc/link_timeout.h"
+#include "rpc/message_stream.h"
 
 namespace capstan::rpc {
 
 struct Connection::Link {
   Link(kj::Own<kj::AsyncIoStream> stream, capnp::ReaderOptions reader_options)
       : stream(kj::mv(stream)),
-        network(*this->stream, capnp::rpc::twoparty::Side::CLIENT, reader_options),
+        messages(*this->stream),
+        network(messages, capnp::rpc::twoparty::Side::CLIENT, reader_options),
         rpc(capnp::makeRpcClient(network)),
         disconnected(network.onDisconnect().fork()) {}
 
@@ -29,6 +31,7 @@ struct Connection::Link {
   }
 
   kj::Own<kj::AsyncIoStream> stream;
+  MessageStream messages;  // large received messages in shareable buffers
   capnp::TwoPartyVatNetwork network;
   capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
   kj::ForkedPromise<void> disconnected;
@@ -172,10 +175,7 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
         return options_.tls->wrap_client(kj::mv(checked), host);
       })
       .then([this](kj::Own<kj::AsyncIoStream>&& stream) {
-        capnp::ReaderOptions reader_options;
-        reader_options.traversalLimitInWords = options_.max_message_bytes / sizeof(capnp::word);
-        reader_options.nestingLimit = 64;
-        auto link = kj::heap<Link>(kj::mv(stream), reader_options);
+        auto link = kj::heap<Link>(kj::mv(stream), reader_options_for(options_.max_message_bytes));
         auto request = link->gate().loginRequest();
         request.setToken(options_.token);
         request.setClientName(options_.client_name);

@@ -31,7 +31,9 @@ namespace capstan::rpc {
 struct ConnectOptions {
   std::string token;        // "" for an open cluster
   std::string client_name;  // shown in the daemon's logs
-  uint64_t max_message_bytes = 64ull << 20;  // reader traversal limit
+  // Largest payload of an incoming message (reader traversal limit, plus
+  // kMessageFramingBytes; see rpc/message_stream.h).
+  uint64_t max_message_bytes = 64ull << 20;
   std::chrono::milliseconds initial_backoff{50};
   std::chrono::milliseconds max_backoff{2000};
   // Longest a single connect-and-login attempt may take.

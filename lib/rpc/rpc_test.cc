@@ -5,6 +5,8 @@
 #include <catch2/catch.hpp>
 
 #include <capnp/message.h>
+#include <capnp/rpc-twoparty.h>
+#include <kj/async-io.h>
 #include <kj/async.h>
 #include <kj/vector.h>
 
@@ -24,6 +26,7 @@
 #include "rpc/http_sniff_stream.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/mailbox.h"
+#include "rpc/message_stream.h"
 #include "rpc/pool.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
@@ -386,6 +389,200 @@ TEST_CASE("tensors larger than one message are chunked and arrive intact", "[rpc
   CHECK(out->equals(in));
   // The bytes crossed the wire (twice: request pull and response pull).
   CHECK(server.observer.received.load() > in.byte_size());
+}
+
+// Echoes elements, reading them with `receive` and sending them back with
+// `send` (the codec options of either side).
+class CodecEcho final : public wire::Node::Server {
+ public:
+  CodecEcho(CodecOptions send, CodecOptions receive) : send_(send), receive_(receive) {}
+
+ protected:
+  kj::Promise<void> echo(EchoContext context) override {
+    return read_element(context.getParams().getElement(), receive_).then([this, context](Element&& e) mutable {
+      write_element(context.getResults().initElement(), e, send_);
+    });
+  }
+
+ private:
+  const CodecOptions send_;
+  const CodecOptions receive_;
+};
+
+// A client and a CodecEcho server over a socket pair, both on this thread's
+// loop, each reading through a MessageStream as the daemons do, with readers
+// that take `max_message_bytes`.
+struct CodecPair {
+  CodecPair(uint64_t max_message_bytes, CodecOptions server_send, CodecOptions server_receive)
+      : server_network(server_messages, capnp::rpc::twoparty::Side::SERVER, reader_options_for(max_message_bytes)),
+        server_rpc(capnp::makeRpcServer(server_network, kj::heap<CodecEcho>(server_send, server_receive))),
+        client_network(client_messages, capnp::rpc::twoparty::Side::CLIENT, reader_options_for(max_message_bytes)),
+        client_rpc(capnp::makeRpcClient(client_network)) {
+    capnp::MallocMessageBuilder vat;
+    vat.initRoot<capnp::rpc::twoparty::VatId>().setSide(capnp::rpc::twoparty::Side::SERVER);
+    node = client_rpc.bootstrap(vat.getRoot<capnp::rpc::twoparty::VatId>().asReader()).castAs<wire::Node>();
+  }
+
+  struct Echoed {
+    Element element;
+    std::vector<bool> in_place;  // per component: its bytes are the reply's
+  };
+  Echoed echo(const Element& in, const CodecOptions& send, const CodecOptions& receive) {
+    auto request = node.echoRequest();
+    write_element(request.initElement(), in, send);
+    return request.send()
+        .then([receive](capnp::Response<wire::Node::EchoResults>&& response) {
+          return read_element(response.getElement(), receive).then([](Element&& e) {
+            Echoed out;
+            for (const auto& t : e.components) {
+              out.in_place.push_back(received_buffer_holding(t.data(), t.byte_size()) != nullptr);
+            }
+            out.element = std::move(e);
+            return out;
+          }).attach(kj::mv(response));
+        })
+        .wait(io.waitScope);
+  }
+
+  kj::AsyncIoContext io = kj::setupAsyncIo();
+  kj::TwoWayPipe pipe = io.provider->newTwoWayPipe();
+  MessageStream server_messages{*pipe.ends[0]};
+  MessageStream client_messages{*pipe.ends[1]};
+  capnp::TwoPartyVatNetwork server_network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> server_rpc;
+  capnp::TwoPartyVatNetwork client_network;
+  capnp::RpcSystem<capnp::rpc::twoparty::VatId> client_rpc;
+  wire::Node::Client node = nullptr;
+};
+
+// Bytes with no period a misplaced chunk could hide behind.
+Tensor scrambled(size_t bytes) {
+  auto t = *Tensor::uninitialized(DType::kUInt8, {static_cast<int64_t>(bytes)});
+  auto* p = reinterpret_cast<uint8_t*>(t.mutable_data());
+  for (size_t i = 0; i < bytes; ++i) p[i] = static_cast<uint8_t>((i * 2654435761u) >> 13);
+  return t;
+}
+
+TEST_CASE("tensors of every size around the codec's thresholds arrive exact, in place where large",
+          "[rpc][codec]") {
+  // Sender chunks of 1 MiB; the receivers either take the sender's chunks or
+  // ask for the whole buffer up to 8 MiB.
+  const CodecOptions send = codec_options_for(2 << 20);
+  REQUIRE(send.chunk_size == (1u << 20));
+  REQUIRE(send.inline_limit == 256 * 1024);
+  for (const CodecOptions& receive : {CodecOptions{}, codec_options_for(8 << 20)}) {
+    CodecPair pair(8 << 20, send, receive);
+    INFO("whole_chunk_limit " << receive.whole_chunk_limit);
+    const size_t mib = 1 << 20;
+    for (size_t bytes : {size_t{0}, size_t{1}, size_t{4095}, size_t{4096}, size_t{64 * 1024 - 8},
+                         size_t{64 * 1024}, size_t{256 * 1024}, size_t{256 * 1024 + 8}, mib - 1, mib, mib + 1,
+                         2 * mib + 5, 8 * mib, 8 * mib + 1}) {
+      INFO(bytes << " bytes");
+      Element in;
+      in.components.push_back(scrambled(bytes));
+      auto out = pair.echo(in, send, receive);
+      REQUIRE(out.element.size() == 1);
+      CHECK(out.element.equals(in));
+      // Kept in place: from 64 KiB, unless split over several chunks.
+      size_t whole = std::max<size_t>(send.chunk_size, receive.whole_chunk_limit);
+      CHECK(out.in_place[0] == (bytes >= 64 * 1024 && bytes <= whole));
+    }
+  }
+}
+
+TEST_CASE("a tensor received in place outlives its connection and loop, released on another thread",
+          "[rpc][codec]") {
+  const CodecOptions options = codec_options_for(8 << 20);
+  Element in;
+  in.components.push_back(scrambled(3 << 20));  // pulled whole
+  in.components.push_back(scrambled(100 * 1024));  // inline, by reference
+  Element kept;
+  {
+    CodecPair pair(8 << 20, options, options);
+    auto out = pair.echo(in, options, options);
+    CHECK(out.in_place == std::vector<bool>{true, true});
+    kept = std::move(out.element);
+  }  // the RPC systems, the streams and the event loop are gone
+  bool equal = false;
+  std::thread other([&kept, &in, &equal]() {
+    equal = kept.equals(in);
+    kept = Element();  // the message buffers are freed here
+  });
+  other.join();
+  CHECK(equal);
+}
+
+// Serves chunks of `size` bytes whatever is asked (a broken or hostile peer).
+class WrongSizeSource final : public wire::ByteSource::Server {
+ public:
+  explicit WrongSizeSource(size_t size) : size_(size) {}
+
+ protected:
+  kj::Promise<void> read(ReadContext context) override {
+    context.getResults().initData(static_cast<unsigned>(size_));
+    return kj::READY_NOW;
+  }
+
+ private:
+  const size_t size_;
+};
+
+TEST_CASE("chunks of the wrong size are refused, pulled whole or chunk by chunk", "[rpc][codec][bad-input]") {
+  kj::EventLoop loop;
+  kj::WaitScope wait_scope(loop);
+  // 4 MiB of float32 in chunks of 1 MiB: whole (limit 8 MiB) or in 4 chunks.
+  for (uint32_t whole_limit : {8u << 20, 0u}) {
+    for (size_t served : {size_t{1000}, size_t{5 << 20}}) {
+      capnp::MallocMessageBuilder message;
+      auto tensor = message.initRoot<wire::Tensor>();
+      tensor.setDtype(wire::DType::FLOAT32);
+      tensor.initShape(1).set(0, 1 << 20);
+      auto chunked = tensor.initChunked();
+      chunked.setByteSize(4 << 20);
+      chunked.setChunkSize(1 << 20);
+      chunked.setSource(kj::heap<WrongSizeSource>(served));
+      CodecOptions options;
+      options.whole_chunk_limit = whole_limit;
+      INFO("whole_chunk_limit " << whole_limit << ", served " << served);
+      try {
+        read_tensor(tensor.asReader(), options).wait(wait_scope);
+        FAIL("a chunk of the wrong size was accepted");
+      } catch (const kj::Exception& e) {
+        Status s = from_exception(e);
+        CHECK(s.code() == StatusCode::kInvalidArgument);
+        CHECK_THAT(s.message(), Catch::Contains("has " + std::to_string(served) + " bytes, expected"));
+      }
+    }
+  }
+}
+
+TEST_CASE("a byte source refuses chunks over the limit and past the end", "[rpc][codec][bad-input]") {
+  kj::EventLoop loop;
+  kj::WaitScope wait_scope(loop);
+  capnp::MallocMessageBuilder message;
+  auto tensor = message.initRoot<wire::Tensor>();
+  write_tensor(tensor, scrambled(3 << 20), codec_options_for(2 << 20));
+  REQUIRE(tensor.isChunked());
+  auto source = tensor.getChunked().getSource();
+  auto status_of = [&](uint32_t index, uint32_t chunk_size) -> Status {
+    auto request = source.readRequest();
+    request.setIndex(index);
+    request.setChunkSize(chunk_size);
+    try {
+      request.send().wait(wait_scope);
+      return Status::Ok();
+    } catch (const kj::Exception& e) {
+      return from_exception(e);
+    }
+  };
+  CHECK(status_of(0, 0).ok());             // the sender's chunk size
+  CHECK(status_of(0, 3 << 20).ok());       // the whole buffer
+  Status over = status_of(0, kMaxChunkBytes + 1);
+  CHECK(over.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(over.message(), Catch::Contains("ask for smaller chunks"));
+  Status past = status_of(3, 1 << 20);
+  CHECK(past.code() == StatusCode::kOutOfRange);
+  CHECK_THAT(past.message(), Catch::Contains("past the end"));
 }
 
 TEST_CASE("a wrong cluster token is refused, reported and not retried", "[rpc][gate]") {

@@ -13,6 +13,7 @@
 #include "rpc/counting_stream.h"
 #include "rpc/link_timeout.h"
 #include "rpc/login_guard.h"
+#include "rpc/message_stream.h"
 
 namespace capstan::rpc {
 namespace {
@@ -148,9 +149,11 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
     Connection(kj::Own<kj::AsyncIoStream> stream, capnp::ReaderOptions reader_options,
                capnp::Capability::Client gate)
         : stream(kj::mv(stream)),
-          network(*this->stream, capnp::rpc::twoparty::Side::SERVER, reader_options),
+          messages(*this->stream),
+          network(messages, capnp::rpc::twoparty::Side::SERVER, reader_options),
           rpc(capnp::makeRpcServer(network, kj::mv(gate))) {}
     kj::Own<kj::AsyncIoStream> stream;
+    MessageStream messages;  // large received messages in shareable buffers
     capnp::TwoPartyVatNetwork network;
     capnp::RpcSystem<capnp::rpc::twoparty::VatId> rpc;
     kj::Promise<void> login_deadline = nullptr;  // closes the stream if no login came
@@ -231,9 +234,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
         [obs](size_t n) {
           if (obs != nullptr) obs->on_bytes_sent(n);
         });
-    capnp::ReaderOptions reader_options;
-    reader_options.traversalLimitInWords = options.max_message_bytes / sizeof(capnp::word);
-    reader_options.nestingLimit = 64;
+    capnp::ReaderOptions reader_options = reader_options_for(options.max_message_bytes);
     capnp::Capability::Client gate =
         kj::heap<Instrumented<GateImpl>>(*tracker, options.token, service, peer, observer, login);
     auto it = connections.emplace(connections.end(), kj::mv(stream), reader_options, kj::mv(gate));

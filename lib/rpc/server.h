@@ -154,7 +154,8 @@ struct RpcServerOptions {
   uint16_t port = 0;  // 0 picks a free port
   // The cluster token; nullopt leaves the cluster open.
   std::optional<std::string> token;
-  // Reader traversal limit for incoming messages.
+  // Largest payload of an incoming message (reader traversal limit, plus
+  // rpc::kMessageFramingBytes; see rpc/message_stream.h).
   uint64_t max_message_bytes = 64ull << 20;
   // Before a connection logs in (rpc/login_guard.h): the bytes it may send,
   // how long it may take, and how many such connections there may be per

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "rpc/errors.h"
+#include "rpc/message_stream.h"
 
 namespace capstan::rpc {
 namespace {
@@ -29,12 +30,19 @@ class ByteSourceImpl final : public wire::ByteSource::Server {
  protected:
   kj::Promise<void> read(ReadContext context) override {
     uint64_t index = context.getParams().getIndex();
-    uint64_t begin = index * chunk_size_;
-    if (begin >= tensor_.byte_size()) {
-      throw_status(Status::OutOfRange("chunk " + std::to_string(index) + " is past the end of a " +
-                                      std::to_string(tensor_.byte_size()) + "-byte buffer"));
+    uint64_t chunk_size = context.getParams().getChunkSize();
+    if (chunk_size == 0) chunk_size = chunk_size_;
+    if (chunk_size > kMaxChunkBytes) {
+      throw_status(Status::InvalidArgument("chunk size " + std::to_string(chunk_size) + " is over the limit of " +
+                                           std::to_string(kMaxChunkBytes) + " bytes; ask for smaller chunks"));
     }
-    uint64_t size = std::min<uint64_t>(chunk_size_, tensor_.byte_size() - begin);
+    uint64_t begin = index * chunk_size;
+    if (begin >= tensor_.byte_size()) {
+      throw_status(Status::OutOfRange("chunk " + std::to_string(index) + " of " + std::to_string(chunk_size) +
+                                      " bytes is past the end of a " + std::to_string(tensor_.byte_size()) +
+                                      "-byte buffer"));
+    }
+    uint64_t size = std::min<uint64_t>(chunk_size, tensor_.byte_size() - begin);
     auto results = context.getResults(capnp::MessageSize{4, 0});
     const auto* bytes = reinterpret_cast<const kj::byte*>(tensor_.data()) + begin;
     if (!word_aligned(bytes)) {
@@ -69,6 +77,11 @@ constexpr size_t kCopyLimit = 4096;
 // Chunk reads kept in flight per tensor.
 constexpr int kWindow = 3;
 
+// Received buffers at least this large are kept in their message rather
+// than copied (below, the copy costs less than looking the buffer up and
+// keeping the whole message alive).
+constexpr size_t kInPlaceBytes = 64 * 1024;
+
 // Pulls chunks lane, lane + window, ... one after another; `window` lanes
 // run at once.
 kj::Promise<void> pull_lane(wire::ByteSource::Client source, std::shared_ptr<Tensor> target,
@@ -76,6 +89,7 @@ kj::Promise<void> pull_lane(wire::ByteSource::Client source, std::shared_ptr<Ten
   if (index >= count) return kj::READY_NOW;
   auto request = source.readRequest(capnp::MessageSize{4, 0});
   request.setIndex(static_cast<uint32_t>(index));
+  request.setChunkSize(chunk_size);
   return request.send().then([source, target, chunk_size, index, count,
                               window](capnp::Response<wire::ByteSource::ReadResults>&& response) mutable {
     auto data = response.getData();
@@ -91,9 +105,8 @@ kj::Promise<void> pull_lane(wire::ByteSource::Client source, std::shared_ptr<Ten
   });
 }
 
-// Checks the announced size against dtype and shape and allocates a raw
-// buffer for it; finish() turns the filled buffer into the typed tensor.
-Result<std::shared_ptr<Tensor>> allocate_raw(DType dtype, const Shape& shape, uint64_t byte_size) {
+// Checks the announced size against dtype and shape.
+Status check_size(DType dtype, const Shape& shape, uint64_t byte_size) {
   uint64_t n = static_cast<uint64_t>(shape_num_elements(shape));
   if (dtype == DType::kString) {
     if (n >= std::numeric_limits<uint64_t>::max() / sizeof(uint64_t) ||
@@ -107,6 +120,13 @@ Result<std::shared_ptr<Tensor>> allocate_raw(DType dtype, const Shape& shape, ui
                                    " needs " + std::to_string(n * dtype_size(dtype)) +
                                    " bytes, message has " + std::to_string(byte_size));
   }
+  return Status::Ok();
+}
+
+// Checks the announced size and allocates a raw buffer for it; finish()
+// turns the filled buffer into the typed tensor.
+Result<std::shared_ptr<Tensor>> allocate_raw(DType dtype, const Shape& shape, uint64_t byte_size) {
+  CAPSTAN_RETURN_IF_ERROR(check_size(dtype, shape, byte_size));
   auto raw = Tensor::uninitialized(DType::kUInt8, Shape{static_cast<int64_t>(byte_size)});
   if (!raw.ok()) return raw.status();
   return std::make_shared<Tensor>(std::move(*raw));
@@ -118,6 +138,23 @@ Result<Tensor> finish(DType dtype, Shape shape, std::shared_ptr<Tensor> raw) {
   return Tensor::from_buffer(dtype, std::move(shape), std::move(raw), data, size);
 }
 
+// The tensor over received bytes, in place when they lie in a shareable
+// message buffer (rpc/message_stream.h) and are large enough to pay for it,
+// else copied into a buffer of its own.
+Result<Tensor> receive(DType dtype, Shape shape, capnp::Data::Reader data) {
+  if (data.size() >= kInPlaceBytes) {
+    if (std::shared_ptr<void> owner = received_buffer_holding(data.begin(), data.size())) {
+      CAPSTAN_RETURN_IF_ERROR(check_size(dtype, shape, data.size()));
+      auto* bytes = reinterpret_cast<std::byte*>(const_cast<kj::byte*>(data.begin()));
+      return Tensor::from_buffer(dtype, std::move(shape), std::move(owner), bytes, data.size());
+    }
+  }
+  auto raw = allocate_raw(dtype, shape, data.size());
+  if (!raw.ok()) return raw.status();
+  if (data.size() > 0) std::memcpy((*raw)->mutable_data(), data.begin(), data.size());
+  return finish(dtype, std::move(shape), std::move(*raw));
+}
+
 }  // namespace
 
 CodecOptions codec_options_for(uint64_t max_message_bytes) {
@@ -126,6 +163,9 @@ CodecOptions codec_options_for(uint64_t max_message_bytes) {
   uint64_t chunk = std::clamp<uint64_t>(max_message_bytes / 2, 1u << 20, 1u << 30);
   options.chunk_size = static_cast<uint32_t>(std::min<uint64_t>(chunk, 8u << 20));
   options.inline_limit = std::min<size_t>(options.inline_limit, options.chunk_size);
+  // The reader takes max_message_bytes of payload (rpc/message_stream.h).
+  options.whole_chunk_limit = static_cast<uint32_t>(
+      std::clamp<uint64_t>(max_message_bytes, options.chunk_size, kMaxChunkBytes));
   return options;
 }
 
@@ -199,11 +239,31 @@ Status read_header(wire::Tensor::Reader reader, DType* dtype, Shape* shape) {
   return Status::Ok();
 }
 
+// A self-contained tensor: always a copy, never the message's bytes.
 Result<Tensor> read_inline(DType dtype, Shape shape, capnp::Data::Reader data) {
   auto raw = allocate_raw(dtype, shape, data.size());
   if (!raw.ok()) return raw.status();
   if (data.size() > 0) std::memcpy((*raw)->mutable_data(), data.begin(), data.size());
   return finish(dtype, std::move(shape), std::move(*raw));
+}
+
+// The whole buffer in one chunk, kept in place where it can be.
+kj::Promise<Tensor> pull_whole(wire::ByteSource::Client source, DType dtype, Shape shape, uint64_t byte_size) {
+  auto request = source.readRequest(capnp::MessageSize{4, 0});
+  request.setIndex(0);
+  request.setChunkSize(static_cast<uint32_t>(byte_size));
+  return request.send().then([dtype, shape = std::move(shape), byte_size](
+                                 capnp::Response<wire::ByteSource::ReadResults>&& response) mutable
+                             -> kj::Promise<Tensor> {
+    auto data = response.getData();
+    if (data.size() != byte_size) {
+      return to_exception(Status::InvalidArgument("tensor chunk 0 has " + std::to_string(data.size()) +
+                                                  " bytes, expected " + std::to_string(byte_size)));
+    }
+    auto tensor = receive(dtype, std::move(shape), data);
+    if (!tensor.ok()) return to_exception(tensor.status());
+    return std::move(*tensor);
+  });
 }
 
 }  // namespace
@@ -283,14 +343,16 @@ Result<Element> element_from_bytes(const std::string& bytes) {
   }
 }
 
-kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader) {
+kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader) { return read_tensor(reader, CodecOptions{}); }
+
+kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader, const CodecOptions& options) {
   DType dtype;
   Shape shape;
   Status header = read_header(reader, &dtype, &shape);
   if (!header.ok()) return to_exception(header);
   try {
     if (reader.isInline()) {
-      auto tensor = read_inline(dtype, std::move(shape), reader.getInline());
+      auto tensor = receive(dtype, std::move(shape), reader.getInline());
       if (!tensor.ok()) return to_exception(tensor.status());
       return std::move(*tensor);
     }
@@ -299,6 +361,12 @@ kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader) {
     uint32_t chunk_size = chunked.getChunkSize();
     if (chunk_size == 0) {
       return to_exception(Status::InvalidArgument("chunked tensor has chunk size 0"));
+    }
+    uint64_t whole_limit = std::min<uint64_t>(std::max(chunk_size, options.whole_chunk_limit), kMaxChunkBytes);
+    if (byte_size > 0 && byte_size <= whole_limit) {
+      Status size = check_size(dtype, shape, byte_size);
+      if (!size.ok()) return to_exception(size);
+      return pull_whole(chunked.getSource(), dtype, std::move(shape), byte_size);
     }
     auto raw = allocate_raw(dtype, shape, byte_size);
     if (!raw.ok()) return to_exception(raw.status());
@@ -321,7 +389,9 @@ kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader) {
   }
 }
 
-kj::Promise<Element> read_element(wire::Element::Reader reader) {
+kj::Promise<Element> read_element(wire::Element::Reader reader) { return read_element(reader, CodecOptions{}); }
+
+kj::Promise<Element> read_element(wire::Element::Reader reader, const CodecOptions& options) {
   auto components = reader.getComponents();
   auto names = reader.getNames();
   if (names.size() != 0 && names.size() != components.size()) {
@@ -334,7 +404,7 @@ kj::Promise<Element> read_element(wire::Element::Reader reader) {
   element->components.resize(components.size());
   auto reads = kj::heapArrayBuilder<kj::Promise<void>>(components.size());
   for (unsigned i = 0; i < components.size(); ++i) {
-    reads.add(read_tensor(components[i]).then([element, i](Tensor&& t) {
+    reads.add(read_tensor(components[i], options).then([element, i](Tensor&& t) {
       element->components[i] = std::move(t);
     }));
   }

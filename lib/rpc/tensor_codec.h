@@ -11,6 +11,14 @@
 // no message exceeds the reader's traversal limit whatever the tensor's
 // size.
 //
+// Receiving: a buffer that fits in one chunk message (the sender's chunk
+// size, or the receiver's whole_chunk_limit, which can ask for larger
+// chunks) is pulled as one chunk; from 64 KiB up, a received buffer, inline
+// or pulled, is kept in place: the tensor references the bytes of the
+// message it came in (rpc/message_stream.h keeps them in a buffer any thread
+// may release) instead of a copy. Buffers split over several chunks are
+// copied chunk by chunk into one fresh buffer.
+//
 // Must be used on the thread that runs the KJ loop of the message.
 #ifndef CAPSTAN_SDK_SRC_RPC_TENSOR_CODEC_H_
 #define CAPSTAN_SDK_SRC_RPC_TENSOR_CODEC_H_
@@ -25,15 +33,24 @@
 
 namespace capstan::rpc {
 
+// The largest chunk a ByteSource serves (Cap'n Proto's Data holds < 512 MiB).
+constexpr uint32_t kMaxChunkBytes = 256u << 20;
+
 struct CodecOptions {
-  // Buffers up to this size travel inline.
+  // Sending: buffers up to this size travel inline.
   size_t inline_limit = 256 * 1024;
-  // Size of each pulled chunk; must leave room under the peer's message limit.
+  // Sending: size of each pulled chunk; must leave room under the peer's
+  // message limit.
   uint32_t chunk_size = 32u << 20;
+  // Receiving: a chunked buffer up to this size is asked for in one chunk,
+  // whatever the sender's chunk size (0: the sender's chunks). At most what
+  // this side's reader accepts.
+  uint32_t whole_chunk_limit = 0;
 };
 
-// Pick chunk sizes that fit under a reader traversal limit of
-// `max_message_bytes`.
+// Chunk sizes for a peer whose reader takes `max_message_bytes` (sending),
+// and the whole_chunk_limit of a reader that takes it (receiving; see
+// rpc/message_stream.h).
 CodecOptions codec_options_for(uint64_t max_message_bytes);
 
 wire::DType to_wire(DType dtype);
@@ -58,11 +75,17 @@ std::string element_to_bytes(const Element& element);
 Result<Element> element_from_bytes(const std::string& bytes);
 
 // The reader need only stay valid until the call returns: everything the
-// promise still needs is copied out first. Malformed input (unknown dtype,
-// negative dimension, sizes that disagree, bad string offsets) rejects the
-// promise with InvalidArgument.
+// promise still needs is copied out or held first. Malformed input (unknown
+// dtype, negative dimension, sizes that disagree, bad string offsets, a
+// chunk of the wrong size) rejects the promise with InvalidArgument.
+// A tensor kept in place shares the message's bytes: reading the same field
+// twice gives two tensors over the same bytes.
+// `options`: this side's CodecOptions (whole_chunk_limit); without, the
+// sender's chunks.
 kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader);
+kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader, const CodecOptions& options);
 kj::Promise<Element> read_element(wire::Element::Reader reader);
+kj::Promise<Element> read_element(wire::Element::Reader reader, const CodecOptions& options);
 
 }  // namespace capstan::rpc
 

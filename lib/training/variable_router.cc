@@ -162,11 +162,11 @@ Result<Tensor> VariableRouter::read(const std::string& variable) {
   auto parts = on_loop<kj::Array<Tensor>>("read '" + variable + "'", [this, &v]() {
     auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(v.shards.size());
     for (const auto& shard : v.shards) {
-      reads.add(ps(shard.address).then([name = shard.name](wire::ParameterServer::Client client) {
+      reads.add(ps(shard.address).then([this, name = shard.name](wire::ParameterServer::Client client) {
         auto request = client.readRequest();
         request.setName(name);
-        return request.send().then([](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
-          return rpc::read_tensor(r.getValue()).attach(kj::mv(r));
+        return request.send().then([this](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
+          return rpc::read_tensor(r.getValue(), codec_).attach(kj::mv(r));
         });
       }));
     }
@@ -205,8 +205,8 @@ Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor&
                       auto request = client.gatherRequest();
                       request.setName(name);
                       rpc::write_tensor(request.initIds(), shard_ids, codec_);
-                      return request.send().then([](capnp::Response<wire::ParameterServer::GatherResults>&& r) {
-                        return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
+                      return request.send().then([this](capnp::Response<wire::ParameterServer::GatherResults>&& r) {
+                        return rpc::read_tensor(r.getRows(), codec_).attach(kj::mv(r));
                       });
                     });
 }
@@ -387,8 +387,8 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
                       request.setName(name);
                       request.setInsert(insert);
                       rpc::write_tensor(request.initIds(), keys, codec_);
-                      return request.send().then([](capnp::Response<wire::ParameterServer::LookupTableResults>&& r) {
-                        return rpc::read_tensor(r.getRows()).attach(kj::mv(r));
+                      return request.send().then([this](capnp::Response<wire::ParameterServer::LookupTableResults>&& r) {
+                        return rpc::read_tensor(r.getRows(), codec_).attach(kj::mv(r));
                       });
                     });
 }

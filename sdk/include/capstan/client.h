@@ -36,7 +36,8 @@ struct ClientOptions {
   std::chrono::milliseconds connect_timeout{10000};
   // Deadline of each call.
   std::chrono::milliseconds call_timeout{60000};
-  // Largest message accepted from the daemon (reader traversal limit).
+  // Largest message payload accepted from the daemon (reader traversal limit,
+  // plus 64 KiB of framing): a tensor up to this size arrives in one message.
   uint64_t max_message_bytes = 64ull << 20;
 };
 

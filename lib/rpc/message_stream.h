@@ -1,0 +1,86 @@
+// MessageStream: the Cap'n Proto message framing over a byte stream, as
+// capnp::AsyncIoMessageStream, except that each large received message
+// lands in a buffer of its own that tensors may keep: tensor_codec's read
+// path makes a large received tensor reference the message's bytes instead
+// of copying them ("receive in place").
+//
+// Why not keep the capnp::Response instead: a Cap'n Proto message must be
+// destroyed on its loop's thread, a tensor is released on any thread, maybe
+// after the loop has gone. A received buffer is plain memory held by a
+// std::shared_ptr: the MessageReader holds one reference, each tensor made
+// from it another, and whoever lets go last frees it, on any thread, whether
+// or not the loop still runs. Buffers come from the tensor buffer cache, so
+// a large message does not fault its pages in afresh each time.
+//
+// Writes are capnp::AsyncIoMessageStream's (the sender side references
+// tensor memory already; see tensor_codec.h).
+//
+// Example (on the loop thread):
+//   rpc::MessageStream messages(*stream);
+//   capnp::TwoPartyVatNetwork network(messages, capnp::rpc::twoparty::Side::CLIENT, options);
+//   ...
+//   // in a response handler, `data` a capnp::Data::Reader of the response:
+//   std::shared_ptr<void> owner = rpc::received_buffer_holding(data.begin(), data.size());
+//
+// Thread-safety: a MessageStream is used on its loop's thread;
+// received_buffer_holding() may be called on any thread.
+#ifndef CAPSTAN_SDK_SRC_RPC_MESSAGE_STREAM_H_
+#define CAPSTAN_SDK_SRC_RPC_MESSAGE_STREAM_H_
+
+#include <capnp/serialize-async.h>
+#include <kj/async-io.h>
+
+#include <cstddef>
+#include <cstdint>
+#include <memory>
+
+namespace capstan::rpc {
+
+// Received messages of at least this many bytes get a shareable buffer;
+// smaller ones are cheaper to copy out of than to keep.
+constexpr size_t kShareableMessageBytes = 64 * 1024;
+
+class MessageStream final : public capnp::MessageStream {
+ public:
+  // `stream` must outlive this object.
+  explicit MessageStream(kj::AsyncIoStream& stream);
+
+  using capnp::MessageStream::tryReadMessage;
+  using capnp::MessageStream::writeMessage;
+  using capnp::MessageStream::writeMessages;
+
+  // Fails (a kj::Exception, which ends the connection) on a message of 512
+  // segments or more, or of more words than options.traversalLimitInWords,
+  // as Cap'n Proto's own reader does; `scratch_space` is not used.
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> tryReadMessage(
+      kj::ArrayPtr<kj::AutoCloseFd> fd_space, capnp::ReaderOptions options = capnp::ReaderOptions(),
+      kj::ArrayPtr<capnp::word> scratch_space = nullptr) override;
+  kj::Promise<void> writeMessage(kj::ArrayPtr<const int> fds,
+                                 kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>> segments) override;
+  kj::Promise<void> writeMessages(
+      kj::ArrayPtr<kj::ArrayPtr<const kj::ArrayPtr<const capnp::word>>> messages) override;
+  kj::Maybe<int> getSendBufferSize() override;
+  kj::Promise<void> end() override;
+
+ private:
+  kj::AsyncIoStream& stream_;
+  capnp::AsyncIoMessageStream writer_;
+};
+
+// What a connection's reader accepts: `max_message_bytes` of payload (a
+// chunk of a tensor may be that large; see tensor_codec.h) plus
+// kMessageFramingBytes for the message around it; nesting 64 deep.
+constexpr uint64_t kMessageFramingBytes = 64 * 1024;
+capnp::ReaderOptions reader_options_for(uint64_t max_message_bytes);
+
+// The buffer of a message received through a MessageStream in this process,
+// still held by its MessageReader or by anyone holding a result of this,
+// whose bytes contain [begin, begin + size); null if there is none (a
+// message below kShareableMessageBytes, a local call whose data is the
+// sender's memory, a message that came some other way). Holding the result
+// keeps the bytes valid after the message is gone.
+std::shared_ptr<void> received_buffer_holding(const void* begin, size_t size);
+
+}  // namespace capstan::rpc
+
+#endif  // CAPSTAN_SDK_SRC_RPC_MESSAGE_STREAM_H_
