@@ -36,8 +36,24 @@ struct Tensor {
   union {
     inline @2 :Data;
     chunked @3 :ChunkedBuffer;
+    # Only in data-service replies (getElements): the buffer compressed by
+    # the data worker (lib/data/compression.h), decompressed by the reader.
+    compressed @5 :CompressedBuffer;
   }
   lease @4 :Lease;
+}
+
+enum Codec {
+  zstd @0;
+}
+
+# A tensor's buffer (the bytes `inline` would carry) compressed as one frame.
+# The receiver checks rawSize against dtype and shape, and against its own
+# limit, before it decompresses into the tensor's buffer.
+struct CompressedBuffer {
+  codec @0 :Codec;
+  rawSize @1 :UInt64;
+  data @2 :Data;
 }
 
 interface Lease {}

@@ -19,6 +19,17 @@ enum ProcessingMode {
   hint @5;         # SHARD_HINT replaced by (number of workers, worker index)
 }
 
+# How data workers send a dataset's elements to readers (TF's
+# `compression` argument of register_dataset / distribute); chosen at
+# registration, for every job of the dataset. lib/data/compression.h has
+# the rules.
+enum ElementCompression {
+  auto @0;   # zstd where it pays: not to a reader on the worker's host, not
+             # for small tensors, not when the task's samples do not shrink
+  none @1;   # raw bytes
+  zstd @2;   # every tensor worth it (>= 64 bytes) that shrinks
+}
+
 struct JobParams {
   datasetId @0 :Text;
   jobName @1 :Text;          # empty: an anonymous job only its creator reads
@@ -48,12 +59,14 @@ struct TaskDef {
   crossTrainerCache @8 :Bool;
   crossTrainerCacheBytes @9 :Int64;
   numSplitProviders @10 :Int64;  # DYNAMIC: one per source of the pipeline
+  compression @11 :ElementCompression;  # the dataset's, from its registration
 }
 
 struct DatasetSummary {
   datasetId @0 :Text;
   fingerprint @1 :UInt64;
   bytes @2 :UInt64;
+  compression @3 :ElementCompression;
 }
 
 struct JobSummary {
@@ -73,8 +86,10 @@ struct WorkerSummary {
 }
 
 interface DataDispatcher extends(Common.Node) {
-  # The same definition always gets the same id.
-  registerDataset @0 (definition :Data) -> (datasetId :Text);
+  # The same definition with the same compression always gets the same id.
+  # compression: "AUTO" (also ""), "NONE" or "ZSTD", any case; another value
+  # is InvalidArgument.
+  registerDataset @0 (definition :Data, compression :Text) -> (datasetId :Text);
   getDatasetDefinition @1 (datasetId :Text) -> (definition :Data);
   # Creates or joins a job; named jobs are shared (same name with other
   # parameters: InvalidArgument).

@@ -21,6 +21,9 @@ struct GetElementsRequest {
   # rebuilds the task's pipeline.
   requestSequence @7 :Int64;
   received @8 :Int64;
+  # The consumer runs on this worker's host: AUTO compression sends raw
+  # (compressing only costs on loopback).
+  localConsumer @9 :Bool;
 }
 
 interface DataWorker extends(Common.Node) {

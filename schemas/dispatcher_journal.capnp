@@ -29,6 +29,7 @@ struct DispatcherUpdate {
   struct RegisterDataset {
     datasetId @0 :Text;
     fingerprint @1 :UInt64;
+    compression @2 :UInt8;      # wire::ElementCompression (0, AUTO, in older journals)
   }
   struct RegisterWorker {
     address @0 :Text;

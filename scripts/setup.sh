@@ -25,6 +25,7 @@ packages=(
   libeigen3-dev          # model math in the examples (census Wide & Deep)
   catch2
   zlib1g-dev
+  libzstd-dev            # tf.data service compression on the wire (zstd)
   libprotobuf-dev
   protobuf-compiler
   curl                   # health checks in scripts and tests

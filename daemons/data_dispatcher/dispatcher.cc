@@ -5,6 +5,7 @@
 #include <set>
 #include <sstream>
 
+#include "data/compression.h"
 #include "data/sharding.h"
 #include "io/durable_file.h"
 
@@ -106,19 +107,27 @@ Result<data::Dataset> Dispatcher::dataset(const std::string& dataset_id) const {
 
 // ---- Datasets ---------------------------------------------------------------------
 
-Result<std::string> Dispatcher::register_dataset(const std::string& definition) {
+Result<std::string> Dispatcher::register_dataset(const std::string& definition, const std::string& compression_name) {
+  auto compression = data::parse_compression(compression_name);
+  if (!compression.ok()) return compression.status().with_context("registerDataset");
   auto parsed = data::Dataset::deserialize(definition);
   if (!parsed.ok()) return parsed.status().with_context("registerDataset");
-  uint64_t fp = fingerprint(definition);
+  // AUTO keeps the fingerprints (and ids) datasets had before compression.
+  uint64_t fp = fingerprint(*compression == wire::ElementCompression::AUTO
+                                ? definition
+                                : definition + "\ncompression=" + data::compression_name(*compression));
   if (auto existing = state_.dataset_for_fingerprint(fp); existing.ok()) return (*existing)->dataset_id;
   std::string id = state_.next_available_dataset_id();
   if (!config_.work_dir.empty()) {
     // The definition is durable before the journal names it.
     CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(config_.work_dir + "/datasets/" + id, definition));
   }
-  CAPSTAN_RETURN_IF_ERROR(apply(RegisterDataset{id, fp}));
+  CAPSTAN_RETURN_IF_ERROR(apply(RegisterDataset{id, fp, *compression}));
   definitions_[id] = definition;
-  if (log_) log_->info("registered dataset {} ({})", id, parsed->debug_string());
+  if (log_) {
+    log_->info("registered dataset {} ({}), compression {}", id, parsed->debug_string(),
+               data::compression_name(*compression));
+  }
   return id;
 }
 
@@ -260,6 +269,8 @@ Result<TaskDef> Dispatcher::task_def(const DispatcherState::Task& task) const {
   def.definition = ds.serialize();
   def.processing_mode = job->processing_mode;
   def.num_consumers = job->num_consumers;
+  CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Dataset* registered, state_.dataset_from_id(job->dataset_id));
+  def.compression = registered->compression;
   def.num_workers = num_workers;
   def.worker_index = index;
   def.cross_trainer_cache = job->cross_trainer_cache;
@@ -404,7 +415,8 @@ std::vector<DatasetInfo> Dispatcher::list_datasets() const {
   for (const auto* dataset : state_.list_datasets()) {
     auto it = definitions_.find(dataset->dataset_id);
     out.push_back(DatasetInfo{dataset->dataset_id, dataset->fingerprint,
-                              it == definitions_.end() ? 0 : static_cast<uint64_t>(it->second.size())});
+                              it == definitions_.end() ? 0 : static_cast<uint64_t>(it->second.size()),
+                              dataset->compression});
   }
   return out;
 }

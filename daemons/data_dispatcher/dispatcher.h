@@ -116,6 +116,7 @@ struct TaskDef {
   bool cross_trainer_cache = false;
   int64_t cross_trainer_cache_bytes = 0;
   int64_t num_split_providers = 0;  // DYNAMIC: one per source
+  wire::ElementCompression compression = wire::ElementCompression::AUTO;  // the dataset's
 };
 
 struct WorkerHeartbeatResponse {
@@ -132,6 +133,7 @@ struct DatasetInfo {
   std::string dataset_id;
   uint64_t fingerprint = 0;
   uint64_t bytes = 0;
+  wire::ElementCompression compression = wire::ElementCompression::AUTO;
 };
 
 struct JobInfo {
@@ -165,9 +167,12 @@ class Dispatcher {
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
 
-  // ---- Datasets. The same definition bytes get the same id.
-  // InvalidArgument: not a valid serialized dataset.
-  Result<std::string> register_dataset(const std::string& definition);
+  // ---- Datasets. The same definition bytes with the same compression get
+  // the same id; with another compression, another id (the compression is
+  // the dataset's, journaled with it).
+  // InvalidArgument: not a valid serialized dataset, or a compression
+  // parse_compression (data/compression.h) refuses.
+  Result<std::string> register_dataset(const std::string& definition, const std::string& compression = "AUTO");
   // NotFound: unknown id.
   Result<std::string> dataset_definition(const std::string& dataset_id) const;
 

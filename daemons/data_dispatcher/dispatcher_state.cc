@@ -35,6 +35,7 @@ void write(JournalUpdate::Builder b, const RegisterDataset& u) {
   auto o = b.initRegisterDataset();
   o.setDatasetId(u.dataset_id);
   o.setFingerprint(u.fingerprint);
+  o.setCompression(static_cast<uint8_t>(u.compression));
 }
 void write(JournalUpdate::Builder b, const RegisterWorker& u) {
   auto o = b.initRegisterWorker();
@@ -102,7 +103,8 @@ Result<Update> read(JournalUpdate::Reader r) {
   switch (r.which()) {
     case JournalUpdate::REGISTER_DATASET: {
       auto i = r.getRegisterDataset();
-      return Update(RegisterDataset{text(i.getDatasetId()), i.getFingerprint()});
+      return Update(RegisterDataset{text(i.getDatasetId()), i.getFingerprint(),
+                                    static_cast<wire::ElementCompression>(i.getCompression())});
     }
     case JournalUpdate::REGISTER_WORKER: {
       auto i = r.getRegisterWorker();
@@ -285,12 +287,16 @@ Status DispatcherState::apply_register_dataset(const RegisterDataset& u) {
   if (datasets_by_id_.count(u.dataset_id) > 0) {
     return Status::AlreadyExists("dataset " + u.dataset_id + " is already registered");
   }
+  if (static_cast<uint16_t>(u.compression) > static_cast<uint16_t>(wire::ElementCompression::ZSTD)) {
+    return Status::InvalidArgument("RegisterDataset: unknown compression " +
+                                   std::to_string(static_cast<uint16_t>(u.compression)));
+  }
   auto fp = dataset_id_by_fingerprint_.find(u.fingerprint);
   if (fp != dataset_id_by_fingerprint_.end()) {
     return Status::AlreadyExists("fingerprint " + std::to_string(u.fingerprint) +
                                  " is already registered as dataset " + fp->second);
   }
-  datasets_by_id_.emplace(u.dataset_id, Dataset{u.dataset_id, u.fingerprint});
+  datasets_by_id_.emplace(u.dataset_id, Dataset{u.dataset_id, u.fingerprint, u.compression});
   dataset_id_by_fingerprint_.emplace(u.fingerprint, u.dataset_id);
   // Numeric ids keep next_available_dataset_id() above them.
   int64_t numeric = 0;
@@ -839,7 +845,8 @@ std::string DispatcherState::debug_string() const {
        " client=" + std::to_string(next_available_job_client_id_) +
        " task=" + std::to_string(next_available_task_id_) + "\n";
   for (const auto& [id, d] : datasets_by_id_) {
-    s += "dataset " + id + " fingerprint=" + std::to_string(d.fingerprint) + "\n";
+    s += "dataset " + id + " fingerprint=" + std::to_string(d.fingerprint) +
+         " compression=" + std::to_string(static_cast<int>(d.compression)) + "\n";
   }
   for (const auto& [address, w] : workers_) {
     s += "worker " + address + " transfer=" + w.transfer_address + " tags=[";

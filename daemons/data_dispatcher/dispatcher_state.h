@@ -60,10 +60,13 @@ std::string_view target_workers_name(TargetWorkers target);
 // Updates: one struct per kind of state change.
 
 // Registers a dataset under `dataset_id`. The service computes `fingerprint`
-// from the serialized definition; one fingerprint maps to one id.
+// from the serialized definition and the compression; one fingerprint maps
+// to one id. `compression` is how its jobs' elements travel (every job of
+// the dataset, for its life).
 struct RegisterDataset {
   std::string dataset_id;
   uint64_t fingerprint = 0;
+  wire::ElementCompression compression = wire::ElementCompression::AUTO;
   friend bool operator==(const RegisterDataset&, const RegisterDataset&) = default;
 };
 
@@ -190,6 +193,7 @@ class DispatcherState {
   struct Dataset {
     std::string dataset_id;
     uint64_t fingerprint = 0;
+    wire::ElementCompression compression = wire::ElementCompression::AUTO;
   };
 
   struct Worker {

@@ -78,6 +78,7 @@ std::vector<Update> sample_updates() {
   return {
       RegisterDataset{"1000", 0xfedcba9876543210ULL},
       RegisterDataset{"", 0},
+      RegisterDataset{"1001", 5, wire::ElementCompression::ZSTD},
       RegisterWorker{"host:1", "host:2", {"x", "", "yz"}},
       RegisterWorker{"h", "", {}},
       cj,

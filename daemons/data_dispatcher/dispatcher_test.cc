@@ -90,6 +90,42 @@ TEST_CASE("the same definition gets the same dataset id; a bad one is refused") 
   CHECK_FALSE(d->register_dataset("not a dataset").ok());
 }
 
+TEST_CASE("a dataset's compression reaches its tasks, gives it its own id, and survives a restart") {
+  TempDir dir;
+  FakeClock clock;
+  std::string definition = data::Dataset::range(10).serialize();
+  std::string zstd;
+  std::string automatic;
+  {
+    auto d = open(clock, dir.path());
+    automatic = d->register_dataset(definition).value();
+    CHECK(d->register_dataset(definition, "auto").value() == automatic);
+    zstd = d->register_dataset(definition, "ZSTD").value();
+    CHECK(zstd != automatic);
+    CHECK(d->register_dataset(definition, "zstd").value() == zstd);
+    CHECK(d->register_dataset(definition, "NONE").value() != zstd);
+
+    Status bad = d->register_dataset(definition, "snappy").status();
+    CHECK(bad.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(bad.message(), Catch::Contains("'snappy'") && Catch::Contains("AUTO") && Catch::Contains("ZSTD"));
+  }
+  auto d = open(clock, dir.path());  // replays the journal
+  add_worker(*d, "w1:1");
+  REQUIRE(d->get_or_create_job(job(zstd, "z")).ok());
+  REQUIRE(d->get_or_create_job(job(automatic, "a")).ok());
+  auto heartbeat = d->worker_heartbeat("w1:1", {});
+  REQUIRE(heartbeat.ok());
+  REQUIRE(heartbeat->new_tasks.size() == 2);
+  for (const TaskDef& def : heartbeat->new_tasks) {
+    CHECK(def.compression ==
+          (def.dataset_id == zstd ? wire::ElementCompression::ZSTD : wire::ElementCompression::AUTO));
+  }
+  for (const DatasetInfo& info : d->list_datasets()) {
+    if (info.dataset_id == zstd) CHECK(info.compression == wire::ElementCompression::ZSTD);
+  }
+  CHECK(d->register_dataset(definition, "ZSTD").value() == zstd);
+}
+
 TEST_CASE("a named job is shared by consumers asking with the same parameters") {
   FakeClock clock;
   auto d = open(clock);

@@ -4,6 +4,7 @@
 #include <future>
 
 #include "daemons/common/config.h"
+#include "data/compression.h"
 #include "rpc/errors.h"
 #include "rpc/pool.h"
 #include "rpc/tensor_codec.h"
@@ -53,6 +54,7 @@ void write_task_def(const TaskDef& def, wire::TaskDef::Builder out) {
   out.setCrossTrainerCache(def.cross_trainer_cache);
   out.setCrossTrainerCacheBytes(def.cross_trainer_cache_bytes);
   out.setNumSplitProviders(def.num_split_providers);
+  out.setCompression(def.compression);
 }
 
 // The value of an OK result; an error becomes the call's exception.
@@ -169,11 +171,11 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
     if (l.workers.empty()) workers.note = "No data worker has registered (start data-worker --dispatcher ADDRESS).";
     Table& datasets = tables.emplace_back();
     datasets.title = "Datasets";
-    datasets.columns = {"id", "fingerprint", "definition bytes"};
+    datasets.columns = {"id", "fingerprint", "definition bytes", "compression"};
     for (const DatasetInfo& d : l.datasets) {
       char fingerprint[20];
       std::snprintf(fingerprint, sizeof(fingerprint), "%016llx", static_cast<unsigned long long>(d.fingerprint));
-      datasets.rows.push_back({d.dataset_id, fingerprint, std::to_string(d.bytes)});
+      datasets.rows.push_back({d.dataset_id, fingerprint, std::to_string(d.bytes), data::compression_name(d.compression)});
     }
     return tables;
   });
@@ -200,7 +202,10 @@ auto DispatcherService::on_dispatcher(Func func) {
 kj::Promise<void> DispatcherService::registerDataset(RegisterDatasetContext context) {
   auto bytes = context.getParams().getDefinition();
   std::string definition(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
-  return on_dispatcher([definition = std::move(definition)](Dispatcher& d) { return d.register_dataset(definition); })
+  std::string compression = text(context.getParams().getCompression());
+  return on_dispatcher([definition = std::move(definition), compression = std::move(compression)](Dispatcher& d) {
+           return d.register_dataset(definition, compression);
+         })
       .then([context](Result<std::string> id) mutable { context.getResults().setDatasetId(take(id)); });
 }
 
@@ -309,6 +314,7 @@ kj::Promise<void> DispatcherService::listDatasets(ListDatasetsContext context) {
           out[i].setDatasetId(datasets[i].dataset_id);
           out[i].setFingerprint(datasets[i].fingerprint);
           out[i].setBytes(datasets[i].bytes);
+          out[i].setCompression(datasets[i].compression);
         }
       });
 }

@@ -11,6 +11,7 @@
 
 #include "capstan/data/dataset.h"
 #include "daemons/data_worker/task_runner.h"
+#include "data/compression.h"
 #include "rpc/errors.h"
 #include "rpc/mailbox.h"
 #include "rpc/pool.h"
@@ -235,6 +236,7 @@ struct TaskSpec {
   int64_t cross_trainer_cache_bytes = 0;
   int64_t num_split_providers = 0;
   int64_t memory_budget = 0;  // the worker's task_memory_mib, in bytes
+  wire::ElementCompression compression = wire::ElementCompression::AUTO;
 };
 
 // The wire's bound on split providers (schemas/data_dispatcher.capnp).
@@ -250,6 +252,7 @@ struct WorkerTask {
   Status error;  // why the pipeline could not be built; consumers get it
   std::vector<std::unique_ptr<RemoteSplitProvider>> splits;  // DYNAMIC only; outlive runner
   std::unique_ptr<TaskRunner> runner;           // null when error is set
+  std::unique_ptr<data::WireCompressor> compressor;  // the dataset's compression; never null
 
   // Makes the pipeline's waiting and later split requests return Cancelled.
   void cancel_splits() {
@@ -271,6 +274,7 @@ std::shared_ptr<WorkerTask> build_task(const TaskSpec& spec, const FunctionRegis
   auto task = std::make_shared<WorkerTask>();
   task->task_id = spec.task_id;
   task->job_id = spec.job_id;
+  task->compressor = std::make_unique<data::WireCompressor>(spec.compression);
   auto build = [&]() -> Status {
     if (spec.num_consumers < 0) {
       return Status::InvalidArgument("numConsumers " + std::to_string(spec.num_consumers) + " is negative");
@@ -381,6 +385,10 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
                                               "Heartbeats to the dispatcher that failed.")),
       splits_fetched_(ctx.metrics.counter("capstan_data_worker_splits_fetched_total",
                                           "Splits of DYNAMIC tasks received from the dispatcher.")),
+      compressed_raw_bytes_(ctx.metrics.counter("capstan_data_worker_compressed_raw_bytes_total",
+                                                "Bytes of the tensors sent compressed (data/compression.h).")),
+      compressed_wire_bytes_(ctx.metrics.counter("capstan_data_worker_compressed_wire_bytes_total",
+                                                 "What those tensors took on the wire, compressed.")),
       tasks_gauge_(ctx.metrics.gauge("capstan_data_worker_tasks", "Tasks on this worker (building included).")),
       splits_(std::make_shared<SplitBridge>()),
       heartbeats_(heartbeat_interval_, kMaxHeartbeatBackoff),
@@ -530,6 +538,12 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
   spec.cross_trainer_cache = def.getCrossTrainerCache();
   spec.cross_trainer_cache_bytes = def.getCrossTrainerCacheBytes();
   spec.num_split_providers = def.getNumSplitProviders();
+  spec.compression = def.getCompression();
+  if (static_cast<uint16_t>(spec.compression) > static_cast<uint16_t>(wire::ElementCompression::ZSTD)) {
+    // A newer dispatcher's codec: raw is always understood.
+    ctx_.log->warn("task {}: unknown compression {}; sending raw", id, static_cast<int>(spec.compression));
+    spec.compression = wire::ElementCompression::NONE;
+  }
   ctx_.log->info("task {}: job {}, dataset {}, {} mode{}{}; building its pipeline", id, spec.job_id,
                  spec.dataset_id, mode_name(spec.mode),
                  spec.num_consumers > 0 ? ", " + std::to_string(spec.num_consumers) + " coordinated consumers" : "",
@@ -661,15 +675,31 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   get.received = request.getReceived();
   if (request.getMaxBytes() > 0) get.max_bytes = request.getMaxBytes();  // 0: the runner's default
   get.wait = kGetElementsWait;
-  return rpc::run_on_pool(ctx_.pool, [task, get]() { return task->runner->get(get); })
-      .then([this, context, task_id, job_id = task->job_id](Result<TaskRunner::Reply> reply) mutable {
+  // What the reply sends compressed (data/compression.h), decided and
+  // compressed on the pool.
+  auto frames = std::make_shared<std::vector<data::ElementFrames>>();
+  const bool local_consumer = request.getLocalConsumer();
+  return rpc::run_on_pool(ctx_.pool,
+                          [task, get, frames, local_consumer]() {
+                            auto reply = task->runner->get(get);
+                            if (reply.ok()) *frames = task->compressor->frames(reply->elements, local_consumer);
+                            return reply;
+                          })
+      .then([this, context, task_id, job_id = task->job_id, frames](Result<TaskRunner::Reply> reply) mutable {
         if (!reply.ok()) rpc::throw_status(reply.status());
         auto results = context.getResults();
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
         double bytes = 0;
         for (unsigned i = 0; i < reply->elements.size(); ++i) {
-          rpc::write_element(list[i], reply->elements[i], ctx_.codec);
+          const data::ElementFrames none;
+          const data::ElementFrames& compressed = i < frames->size() ? (*frames)[i] : none;
+          data::write_element(list[i], reply->elements[i], compressed, ctx_.codec);
           bytes += static_cast<double>(reply->elements[i].byte_size());
+          for (const auto& frame : compressed) {
+            if (frame == nullptr) continue;
+            compressed_raw_bytes_->inc(static_cast<double>(frame->raw_size));
+            compressed_wire_bytes_->inc(static_cast<double>(frame->size));
+          }
         }
         results.setEndOfSequence(reply->end_of_sequence);
         if (!reply->pipeline_error.ok()) set_pipeline_error(results, reply->pipeline_error);

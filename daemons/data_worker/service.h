@@ -105,6 +105,8 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   daemon::Counter* bytes_served_;
   daemon::Counter* heartbeat_failures_;
   daemon::Counter* splits_fetched_;
+  daemon::Counter* compressed_raw_bytes_;   // tensors sent compressed: their raw bytes
+  daemon::Counter* compressed_wire_bytes_;  //   and their frames' bytes
   daemon::Gauge* tasks_gauge_;
   std::shared_ptr<SplitBridge> splits_;  // thread-safe; shared with the pipelines
 

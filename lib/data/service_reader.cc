@@ -16,6 +16,7 @@
 #include "capstan/data/service.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "capstan_schemas/data_worker.capnp.h"
+#include "data/compression.h"
 #include "data/definition.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
@@ -194,6 +195,9 @@ class ServiceReader final : public engine::IteratorBase {
   kj::Promise<void> heartbeat_loop();
   void apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, bool job_finished);
   rpc::Connection& worker(const std::string& address);
+  // Whether the worker shares this host (data::is_local_address, cached):
+  // AUTO compression sends raw to it.
+  bool local_worker(const std::string& address);
 
   // Constant after construction (token_ after start()).
   const ReaderConfig config_;
@@ -216,6 +220,7 @@ class ServiceReader final : public engine::IteratorBase {
   // Loop thread only.
   kj::Own<rpc::Connection> dispatcher_;
   std::map<std::string, kj::Own<rpc::Connection>> workers_;
+  std::map<std::string, bool> local_workers_;
   kj::Promise<void> heartbeat_loop_ = nullptr;
   kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> wake_;  // cuts the heartbeat wait short
   bool heartbeat_in_flight_ = false;
@@ -564,6 +569,7 @@ Result<ServiceReader::Batch> ServiceReader::fetch_once(const TaskRef& task, int6
                 r.setMaxElements(max_elements);
                 r.setMaxBytes(kMaxReplyBytes);
                 r.setTrainerId(config_.trainer_id);
+                r.setLocalConsumer(local_worker(task.address));
                 if (ack != nullptr) {
                   r.setRequestSequence(ack->sequence);
                   r.setReceived(ack->received);
@@ -576,7 +582,8 @@ Result<ServiceReader::Batch> ServiceReader::fetch_once(const TaskRef& task, int6
                 if (response.hasPipelineError()) pipeline_error = pipeline_status(response.getPipelineError());
                 auto elements = response.getElements();
                 auto reads = kj::heapArrayBuilder<kj::Promise<Element>>(elements.size());
-                for (auto element : elements) reads.add(rpc::read_element(element));
+                uint64_t decompressed = 0;  // the reply's compressed tensors, bounded (data/compression.h)
+                for (auto element : elements) reads.add(data::read_element(element, &decompressed));
                 return kj::joinPromises(reads.finish())
                     .then([end, pipeline_error](kj::Array<Element>&& received) {
                       Batch batch;
@@ -593,6 +600,12 @@ Result<ServiceReader::Batch> ServiceReader::fetch_once(const TaskRef& task, int6
   } catch (const kj::Exception& e) {
     return rpc::from_exception(e).with_context(what);
   }
+}
+
+bool ServiceReader::local_worker(const std::string& address) {
+  auto it = local_workers_.find(address);
+  if (it == local_workers_.end()) it = local_workers_.emplace(address, data::is_local_address(address)).first;
+  return it->second;
 }
 
 rpc::Connection& ServiceReader::worker(const std::string& address) {
@@ -754,10 +767,11 @@ std::string describe_data_service_args(wire::Op::Reader op) {
 // ---- Public API -----------------------------------------------------------------
 
 Result<std::string> register_dataset(const std::string& dispatcher_address, const Dataset& dataset,
-                                     const ClientOptions& options) {
+                                     const ClientOptions& options, const std::string& compression) {
   std::string host;
   uint16_t port = 0;
   CAPSTAN_RETURN_IF_ERROR(rpc::parse_host_port(dispatcher_address, &host, &port));
+  CAPSTAN_RETURN_IF_ERROR(data::parse_compression(compression).status());
   rpc::LoopThread loop("capstan-register");
   std::string token = token_or_environment(options.token);
   kj::Own<rpc::Connection> dispatcher;
@@ -767,10 +781,11 @@ Result<std::string> register_dataset(const std::string& dispatcher_address, cons
         connect_options(token, options.client_name, options.max_message_bytes));
   });
   std::string definition = dataset.serialize();
-  auto make_call = [&definition](wire::DataDispatcher::Client client) {
+  auto make_call = [&definition, &compression](wire::DataDispatcher::Client client) {
     auto request = client.registerDatasetRequest();
     request.setDefinition(
         capnp::Data::Reader(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
+    request.setCompression(compression);
     return request.send().then(
         [](capnp::Response<wire::DataDispatcher::RegisterDatasetResults>&& response) {
           return std::string(response.getDatasetId().cStr());
@@ -806,7 +821,7 @@ Dataset from_dataset_id(const std::string& dispatcher_address, const std::string
 Result<Dataset> distribute(const Dataset& dataset, const std::string& dispatcher_address,
                            const ReadOptions& options) {
   CAPSTAN_ASSIGN_OR_RETURN(std::string id,
-                           register_dataset(dispatcher_address, dataset, options.client));
+                           register_dataset(dispatcher_address, dataset, options.client, options.compression));
   return from_dataset_id(dispatcher_address, id, options);
 }
 

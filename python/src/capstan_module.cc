@@ -33,6 +33,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <thread>
 
 namespace py = pybind11;
@@ -790,12 +791,15 @@ PYBIND11_MODULE(_capstan, m) {
   // ---- The data service (distribute is capstan/_service.py's)
   m.def("register_dataset",
         [](const std::string& dispatcher, const data::Dataset& dataset, const std::string& token,
-           const std::string& client_name) {
+           const std::string& client_name, const std::optional<std::string>& compression) {
           ClientOptions options = client_options(token, client_name, 10, 60);
+          // TF's values: "AUTO", or None for none.
+          std::string how = compression.value_or("NONE");
           py::gil_scoped_release release;
-          return value_or_raise(data::service::register_dataset(dispatcher, dataset, options));
+          return value_or_raise(data::service::register_dataset(dispatcher, dataset, options, how));
         },
-        py::arg("dispatcher"), py::arg("dataset"), py::arg("token") = "", py::arg("client_name") = "python");
+        py::arg("dispatcher"), py::arg("dataset"), py::arg("token") = "", py::arg("client_name") = "python",
+        py::arg("compression") = "AUTO");
   m.def("from_dataset_id",
         [](const std::string& dispatcher, const std::string& dataset_id, const std::string& mode,
            const std::string& job_name, int64_t consumer_index, int64_t num_consumers, const std::string& trainer_id,

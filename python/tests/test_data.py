@@ -97,6 +97,20 @@ def test_data_service_read_of_100k_elements(data_service):
     assert sorted(int(v) for (b,) in distributed for v in b) == list(range(1000))
 
 
+def test_data_service_compression_values_give_the_same_elements(data_service):
+    lines = np.array([b"39, State-gov, 77516, Bachelors, 13, Never-married, Adm-clerical, <=50K"] * 64)
+    dataset = Dataset.from_tensor_slices((lines, np.arange(64, dtype=np.int64))).batch(16)
+    expected = [(list(a), list(b)) for (a, b) in dataset]
+    for compression in ("AUTO", "ZSTD", "zstd", None):
+        read = capstan.data.service.distribute(dataset, data_service, compression=compression)
+        assert [(list(a), list(b)) for (a, b) in read] == expected, compression
+    # ZSTD gets its own dataset id (the compression is the dataset's).
+    auto_id = capstan.data.service.register_dataset(data_service, dataset)
+    assert capstan.data.service.register_dataset(data_service, dataset, compression="ZSTD") != auto_id
+    with pytest.raises(capstan.InvalidArgumentError, match="'snappy'.*AUTO.*NONE.*ZSTD"):
+        capstan.data.service.distribute(dataset, data_service, compression="snappy")
+
+
 def test_one_mib_elements_arrive_without_a_copy(data_service):
     element = np.arange(1 << 20, dtype=np.uint8)
     dataset_id = capstan.data.service.register_dataset(data_service, Dataset.from_tensors((element,)).repeat(40))

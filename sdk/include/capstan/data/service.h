@@ -60,17 +60,26 @@ struct ReadOptions {
   bool cross_trainer_cache = false;
   int64_t cross_trainer_cache_bytes = 256 << 20;
   int max_elements_per_request = 64;   // batch small elements
+  // How data workers send the elements (TF's `compression`; distribute()
+  // registers the dataset with it, register_dataset() takes it as an
+  // argument): "AUTO" (the default, as in TF) compresses with zstd where it
+  // pays: not to a reader on the worker's host (loopback is faster than
+  // compression), not small tensors, not a task whose tensors do not
+  // shrink; "ZSTD" compresses every tensor that shrinks; "NONE" never.
+  // Any case; another value is InvalidArgument.
+  std::string compression = "AUTO";
   // The token travels in the dataset definition (an empty one falls back to
   // token_from_environment() when the reader starts). register_dataset uses
   // every field; a reader uses the default timeouts and message limit.
   ClientOptions client;
 };
 
-// Registers the definition with the dispatcher; the same definition gets the
-// same id. Retries while the dispatcher is unreachable, up to
-// options.connect_timeout (then Unavailable).
+// Registers the definition with the dispatcher; the same definition with the
+// same compression (see ReadOptions::compression) gets the same id. Retries
+// while the dispatcher is unreachable, up to options.connect_timeout (then
+// Unavailable).
 Result<std::string> register_dataset(const std::string& dispatcher_address, const Dataset& dataset,
-                                     const ClientOptions& options = {});
+                                     const ClientOptions& options = {}, const std::string& compression = "AUTO");
 
 // A dataset that reads a registered dataset through the service. Its
 // cardinality is unknown; it cannot be split or sharded further by the
