@@ -3,7 +3,9 @@
 #include <kj/debug.h>
 
 #include <cstdint>
+#include <algorithm>
 #include <map>
+#include <vector>
 
 #include "capstan/tensor.h"
 #include "sync/mutex.h"
@@ -95,29 +97,53 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(kj::AsyncIoStre
              "Message is too large.  To increase the limit on the receiving end, see capnp::ReaderOptions.",
              total_words, options.traversalLimitInWords);
   const size_t bytes = total_words * sizeof(capnp::word);
-  std::shared_ptr<Tensor> shared;
-  kj::Array<capnp::word> owned;
-  capnp::word* words;
-  if (bytes >= kShareableMessageBytes) {
-    shared = buffer_index().allocate(bytes);
-    words = reinterpret_cast<capnp::word*>(shared->mutable_data());  // 64-byte aligned
-  } else {
-    owned = kj::heapArray<capnp::word>(total_words);
-    words = owned.begin();
-  }
   auto segments = kj::heapArrayBuilder<kj::ArrayPtr<const capnp::word>>(sizes.size());
-  const capnp::word* next = words;
-  for (uint32_t size : sizes) {
-    segments.add(next, size);
-    next += size;
+  if (bytes < kShareableMessageBytes) {
+    // Small: one array, one read.
+    auto owned = kj::heapArray<capnp::word>(total_words);
+    const capnp::word* next = owned.begin();
+    for (uint32_t size : sizes) {
+      segments.add(next, size);
+      next += size;
+    }
+    capnp::word* words = owned.begin();
+    return stream.read(words, bytes)
+        .then([options, segments = segments.finish(), owned = kj::mv(owned)]() mutable
+              -> kj::Maybe<capnp::MessageReaderAndFds> {
+          kj::Own<capnp::MessageReader> reader =
+              kj::heap<ReceivedMessage>(options, kj::mv(segments), nullptr, kj::mv(owned));
+          return capnp::MessageReaderAndFds{kj::mv(reader), nullptr};
+        });
   }
-  return stream.read(words, bytes)
-      .then([options, segments = segments.finish(), shared = std::move(shared),
-             owned = kj::mv(owned)]() mutable -> kj::Maybe<capnp::MessageReaderAndFds> {
-        kj::Own<capnp::MessageReader> reader =
-            kj::heap<ReceivedMessage>(options, kj::mv(segments), std::move(shared), kj::mv(owned));
-        return capnp::MessageReaderAndFds{kj::mv(reader), nullptr};
-      });
+  // Shareable: each segment starts on a 64-byte boundary of the buffer (as
+  // tensor buffers do), so a tensor's bytes, which a sender puts in a segment
+  // of their own (tensor_codec.h), keep the alignment of a fresh tensor; the
+  // segments are read one after another.
+  constexpr size_t kAlign = 64;
+  size_t offset = 0;
+  std::vector<size_t> offsets;
+  offsets.reserve(sizes.size());
+  for (uint32_t size : sizes) {
+    offsets.push_back(offset);
+    offset = (offset + size * sizeof(capnp::word) + kAlign - 1) / kAlign * kAlign;
+  }
+  std::shared_ptr<Tensor> shared = buffer_index().allocate(std::max<size_t>(offset, 1));
+  auto* base = reinterpret_cast<capnp::word*>(shared->mutable_data());  // 64-byte aligned
+  kj::Promise<void> filled = kj::READY_NOW;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    capnp::word* start = base + offsets[i] / sizeof(capnp::word);
+    segments.add(start, sizes[i]);
+    size_t segment_bytes = size_t{sizes[i]} * sizeof(capnp::word);
+    if (segment_bytes > 0) {
+      filled = filled.then([&stream, start, segment_bytes]() { return stream.read(start, segment_bytes); });
+    }
+  }
+  return filled.then([options, segments = segments.finish(), shared = std::move(shared)]() mutable
+                     -> kj::Maybe<capnp::MessageReaderAndFds> {
+    kj::Own<capnp::MessageReader> reader =
+        kj::heap<ReceivedMessage>(options, kj::mv(segments), std::move(shared), nullptr);
+    return capnp::MessageReaderAndFds{kj::mv(reader), nullptr};
+  });
 }
 
 }  // namespace

@@ -486,6 +486,9 @@ TEST_CASE("tensors of every size around the codec's thresholds arrive exact, in 
       // Kept in place: from 64 KiB, unless split over several chunks.
       size_t whole = std::max<size_t>(send.chunk_size, receive.whole_chunk_limit);
       CHECK(out.in_place[0] == (bytes >= 64 * 1024 && bytes <= whole));
+      // As aligned as a fresh tensor: the sender's bytes were a segment of
+      // their own, which the receiver places on a 64-byte boundary.
+      if (out.in_place[0]) CHECK(reinterpret_cast<uintptr_t>(out.element.components[0].data()) % 64 == 0);
     }
   }
 }
