@@ -161,7 +161,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> MessageStream::tryReadMessage
       .then([this, options, first = kj::mv(first)](size_t n) mutable
             -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
         if (n == 0) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
-        KJ_REQUIRE(n == 8, "premature EOF") { return kj::Maybe<capnp::MessageReaderAndFds>(nullptr); }
+        KJ_REQUIRE(n == 8, "premature EOF");
         uint64_t count = uint64_t{little_endian(first.begin())} + 1;
         KJ_REQUIRE(count < 512, "Message has too many segments.", count);
         auto sizes = kj::heapArray<uint32_t>(count);

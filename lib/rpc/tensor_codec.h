@@ -78,8 +78,9 @@ Result<Element> element_from_bytes(const std::string& bytes);
 // promise still needs is copied out or held first. Malformed input (unknown
 // dtype, negative dimension, sizes that disagree, bad string offsets, a
 // chunk of the wrong size) rejects the promise with InvalidArgument.
-// A tensor kept in place shares the message's bytes: reading the same field
-// twice gives two tensors over the same bytes.
+// A tensor kept in place shares the message's bytes (reading the same field
+// twice gives two tensors over the same bytes) and keeps the whole message's
+// buffer alive until it goes: copy a small slice that is kept for long.
 // `options`: this side's CodecOptions (whole_chunk_limit); without, the
 // sender's chunks.
 kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader);
