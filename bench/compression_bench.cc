@@ -4,6 +4,7 @@
 // service with compression NONE, AUTO and ZSTD.
 //
 //   compression_bench [--census PATH] [--epochs N] [--rounds R] [--batch B]
+//                     [--netns NS --host IP --worker-host IP]
 //
 // Payloads (built-ins only, so the data worker loads no module):
 //   census_lines     TextLine(adult.data).batch(B): string[B] of CSV lines
@@ -30,6 +31,11 @@
 //    served, less those of compressed tensors, plus their frames). AUTO
 //    sends raw to a consumer on the worker's host, so on loopback it must
 //    match NONE.
+// --netns runs the data worker in network namespace NS at --worker-host,
+// the dispatcher at --host (the root end of a veth pair to NS):
+// bench/compression_slow_link.sh sets that up with a rate limit, to show
+// what compression does on a slower link (AUTO compresses there: the worker
+// is on another "host").
 // One RESULT line per figure (compression_<payload>_<mode>_elements_per_s,
 // ..._wire_ratio, compression_<payload>_zstd<level>_ratio / _compress_mb_s /
 // _decompress_mb_s). Prints figures; never fails on them.
@@ -185,17 +191,17 @@ CodecFigures measure_codec(const std::vector<Element>& batches, int level) {
 
 // ---- The service ------------------------------------------------------------------------
 
-// GET http://127.0.0.1:<port><path>; the body ("" on error).
-std::string http_get(int port, const std::string& path) {
+// GET http://<host>:<port><path>; the body ("" on error).
+std::string http_get(const std::string& host, int port, const std::string& path) {
   int fd = socket(AF_INET, SOCK_STREAM, 0);
   if (fd < 0) return "";
   sockaddr_in addr{};
   addr.sin_family = AF_INET;
   addr.sin_port = htons(static_cast<uint16_t>(port));
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  if (inet_pton(AF_INET, host.c_str(), &addr.sin_addr) != 1) return "";
   std::string out;
   if (connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0) {
-    std::string request = "GET " + path + " HTTP/1.0\r\nHost: 127.0.0.1\r\n\r\n";
+    std::string request = "GET " + path + " HTTP/1.0\r\nHost: " + host + "\r\n\r\n";
     if (write(fd, request.data(), request.size()) == static_cast<ssize_t>(request.size())) {
       char buffer[65536];
       ssize_t n;
@@ -218,8 +224,8 @@ double counter(const std::string& metrics, const std::string& name) {
 
 // Bytes the worker has put on the wire for elements so far (tensor
 // payloads; message framing is not counted).
-double wire_bytes(int http_port) {
-  std::string m = http_get(http_port, "/metrics");
+double wire_bytes(const std::string& host, int http_port) {
+  std::string m = http_get(host, http_port, "/metrics");
   return counter(m, "capstan_data_worker_bytes_served_total") -
          counter(m, "capstan_data_worker_compressed_raw_bytes_total") +
          counter(m, "capstan_data_worker_compressed_wire_bytes_total");
@@ -241,14 +247,14 @@ struct Run {
 };
 
 Run read_through_service(const Dataset& ds, const std::string& dispatcher, const std::string& compression,
-                         int worker_http) {
+                         const std::string& worker_host, int worker_http) {
   service::ReadOptions options;
   options.compression = compression;
   auto distributed = service::distribute(ds, dispatcher, options);
   if (!distributed.ok()) fail("distribute", distributed.status());
   auto it = distributed->make_iterator();
   if (!it.ok()) fail("make_iterator", it.status());
-  double wire_before = wire_bytes(worker_http);
+  double wire_before = wire_bytes(worker_host, worker_http);
   int64_t n = 0;
   double raw = 0;
   double raw_first = 0;
@@ -266,12 +272,44 @@ Run read_through_service(const Dataset& ds, const std::string& dispatcher, const
   }
   double seconds = seconds_since(start);
   it->reset();
-  double wire = wire_bytes(worker_http) - wire_before;
+  double wire = wire_bytes(worker_host, worker_http) - wire_before;
   Run run;
   run.elements_per_s = static_cast<double>(n - 1) / seconds;
   run.mb_per_s = raw / seconds / 1e6;
   run.wire_ratio = wire / (raw + raw_first);
   return run;
+}
+
+// bench::start, with the program run by `ip netns exec <netns>`.
+void start_in_netns(const std::string& bin_dir, const std::string& netns, const std::string& label,
+                    std::vector<std::string> args) {
+  std::string port_file = bench::run_dir() + "/" + label + ".port";
+  std::string log = bench::run_dir() + "/" + label + ".log";
+  args.insert(args.begin(), {"--port", "0", "--http-port", "0", "--port-file", port_file});
+  pid_t pid = fork();
+  if (pid == 0) {
+    std::string exe = bin_dir + "/data-worker";
+    if (freopen(log.c_str(), "w", stderr) == nullptr) _exit(127);
+    std::vector<std::string> all = {"ip", "netns", "exec", netns, exe};
+    all.insert(all.end(), args.begin(), args.end());
+    std::vector<char*> argv;
+    for (auto& a : all) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    execvp("ip", argv.data());
+    _exit(127);
+  }
+  for (int i = 0; i < 400; ++i) {
+    std::ifstream in(port_file);
+    std::string key, value;
+    while (in >> key >> value) {
+      if (key == "address:") {
+        bench::daemons().push_back({pid, value, "data-worker"});
+        return;
+      }
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(25));
+  }
+  fail("starting data-worker in netns " + netns, capstan::Status::Unavailable("see " + log));
 }
 
 double median(std::vector<double> v) {
@@ -286,12 +324,18 @@ int main(int argc, char** argv) {
   int epochs = 10;
   int rounds = 3;
   int batch = 256;
+  std::string netns;
+  std::string host = "127.0.0.1";
+  std::string worker_host = "127.0.0.1";
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--census") census = argv[i + 1];
     else if (flag == "--epochs") epochs = std::atoi(argv[i + 1]);
     else if (flag == "--rounds") rounds = std::atoi(argv[i + 1]);
     else if (flag == "--batch") batch = std::atoi(argv[i + 1]);
+    else if (flag == "--netns") netns = argv[i + 1];
+    else if (flag == "--host") host = argv[i + 1];
+    else if (flag == "--worker-host") worker_host = argv[i + 1];
     else fail("flags", capstan::Status::InvalidArgument("unknown flag " + flag));
   }
   census = std::filesystem::weakly_canonical(census).string();
@@ -339,10 +383,16 @@ int main(int argc, char** argv) {
     }
   }
 
-  std::printf("\n2. through the service, loopback, 1 data worker, 1 consumer (medians of %d, alternating)\n", rounds);
+  std::printf("\n2. through the service, %s, 1 data worker, 1 consumer (medians of %d, alternating)\n",
+              netns.empty() ? "loopback" : ("to netns " + netns + " at " + worker_host).c_str(), rounds);
   std::string bin = bench::bin_dir();
-  bench::Daemon dispatcher = bench::start(bin, "data-dispatcher", "compression-dispatcher", {});
-  bench::start(bin, "data-worker", "compression-worker", {"--dispatcher", dispatcher.address});
+  bench::Daemon dispatcher = bench::start(bin, "data-dispatcher", "compression-dispatcher", {"--host", host});
+  if (netns.empty()) {
+    bench::start(bin, "data-worker", "compression-worker", {"--dispatcher", dispatcher.address});
+  } else {
+    start_in_netns(bin, netns, "compression-worker",
+                   {"--host", worker_host, "--dispatcher", dispatcher.address});
+  }
   int worker_http = http_port_of("compression-worker");
   // Registered: a first tiny read goes through.
   auto warm = service::distribute(Dataset::range(1), dispatcher.address);
@@ -357,7 +407,7 @@ int main(int argc, char** argv) {
     std::map<std::string, std::vector<Run>> runs;
     for (int r = 0; r < rounds; ++r) {
       for (const char* mode : {"NONE", "AUTO", "ZSTD"}) {
-        runs[mode].push_back(read_through_service(ds, dispatcher.address, mode, worker_http));
+        runs[mode].push_back(read_through_service(ds, dispatcher.address, mode, worker_host, worker_http));
       }
     }
     for (const char* mode : {"NONE", "AUTO", "ZSTD"}) {
