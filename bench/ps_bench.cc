@@ -71,8 +71,10 @@ struct DenseCase {
 };
 
 // Dense pull/assign/apply of 1, 16, 64 MiB variables on a cluster of `num_ps`.
+// `report_loopback`: print the RESULT line of the raw TCP figure (once per
+// run; each cluster's fractions use the figure measured beside them).
 void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>& cases, bool with_gather,
-           int64_t emb_rows, int batches) {
+           int64_t emb_rows, int batches, bool report_loopback) {
   std::string ps_list;
   std::vector<bench::Daemon> ps;
   for (int i = 0; i < num_ps; ++i) {
@@ -144,7 +146,7 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
                 (rate_text(bytes, assign) + of_tcp(assign)).c_str(), rate_text(bytes, apply).c_str());
     std::fflush(stdout);
     const std::string tag = std::to_string(c.mib) + "mib_" + std::to_string(num_ps) + "ps";
-    bench::result("loopback_tcp_" + std::to_string(c.mib) + "mib", tcp.gb_per_s(), "GB/s");
+    if (report_loopback) bench::result("loopback_tcp_" + std::to_string(c.mib) + "mib", tcp.gb_per_s(), "GB/s");
     bench::result("ps_pull_" + tag, bytes / pull / 1e9, "GB/s");
     bench::result("ps_push_" + tag, bytes / assign / 1e9, "GB/s");
     bench::result("ps_apply_" + tag, bytes / apply / 1e9, "GB/s");
@@ -258,7 +260,8 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency());
   for (int num_ps : ps_counts) {
     // The gather runs on the cluster of 2 (or more) parameter servers.
-    dense(bin_dir, num_ps, cases, /*with_gather=*/num_ps > 1 && emb_rows > 0, emb_rows, batches);
+    dense(bin_dir, num_ps, cases, /*with_gather=*/num_ps > 1 && emb_rows > 0, emb_rows, batches,
+          /*report_loopback=*/num_ps == ps_counts.front());
   }
   std::printf("\nGB/s = variable bytes / time per call; pull includes concatenating the shards; "
               "apply = SGD on the parameter servers; %% = share of the raw loopback TCP rate.\nlogs: %s\n",
