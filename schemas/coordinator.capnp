@@ -155,4 +155,36 @@ interface Coordinator extends(Common.Node) {
   # (empty: every row) to a safetensors file at `path` on the coordinator's
   # machine; the number of rows written.
   exportEmbeddingTable @23 (name :Text, sinceCheckpoint :Text, path :Text) -> (rows :Int64);
+  # schedule for several closures in one call (a program that schedules
+  # faster than the round trip sends what piled up meanwhile together).
+  # Each entry is handled as its own schedule call, in order, with the
+  # same clientId: a retry of an entry answers the closure it scheduled;
+  # an entry's error is that entry's outcome and does not stop the ones
+  # after it. At most 4096 entries (INVALID_ARGUMENT beyond). Answered
+  # once every entry is journaled. `values` fetches the entries' values by
+  # index: a program calls it pipelined, before this call's answer has
+  # come (Cap'n Proto promise pipelining), so a fetch right after schedule
+  # costs no extra round trip.
+  scheduleMany @24 (entries :List(ScheduleEntry), clientId :UInt64)
+      -> (outcomes :List(ScheduleOutcome), durable :Bool, values :ClosureValues);
+}
+
+interface ClosureValues {
+  # fetch of entry `index` of the scheduleMany call that returned this: its
+  # value once it has finished, or the entry's or the closure's error.
+  # INVALID_ARGUMENT for an index past the entries.
+  fetch @0 (index :UInt32) -> (value :Common.Element);
+}
+
+struct ScheduleEntry {
+  function @0 :Text;
+  args @1 :Common.Element;
+  requestSeq @2 :Int64;
+}
+
+struct ScheduleOutcome {
+  union {
+    closureId @0 :Int64;
+    error @1 :Common.ErrorDetail;
+  }
 }

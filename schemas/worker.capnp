@@ -38,6 +38,24 @@ struct CollectiveSettings {
   tcpStreams @2 :Int32;
 }
 
+struct ClosureRunSpec {
+  closureId @0 :Int64;
+  function @1 :Text;
+  args @2 :Common.Element;
+  placementVersion @3 :Int64;
+  attempt @4 :UInt32;
+  numWorkers @5 :UInt32;
+  deadlineUnixMs @6 :Int64;
+  workerIndex @7 :Int32 = -1;
+}
+
+struct ClosureOutcome {
+  union {
+    value @0 :Common.Element;
+    error @1 :Common.ErrorDetail;
+  }
+}
+
 interface Worker extends(Common.Node) {
   # Runs a registered closure with `args`. `attempt` is 1 for a closure's
   # first run and grows each time it is re-queued after a worker failure;
@@ -54,6 +72,15 @@ interface Worker extends(Common.Node) {
                  deadlineUnixMs :Int64, workerIndex :Int32 = -1,
                  strategy :Text, epoch :Int64)
       -> (result :Common.Element);
+  # Several closures of the parameter-server kind (no strategy) in one
+  # call, run one after another in the order given, as if each had come
+  # in its own runClosure: the coordinator batches them when its queue is
+  # deep, so a worker still runs one closure at a time per slot. The
+  # outcomes come back together, one per run, in the same order. After a
+  # run fails, the runs after it are not started: they answer ABORTED
+  # (run lost, the coordinator queues them again, or drops them when the
+  # failure cancelled them). At most 1024 runs (INVALID_ARGUMENT beyond).
+  runClosures @11 (runs :List(ClosureRunSpec)) -> (outcomes :List(ClosureOutcome));
   # Builds this worker's iterator of a per-worker dataset: `definition` is
   # the serialized pipeline already specialised for this worker. `uid`
   # names the dataset across coordinator restarts (0: none): a worker that

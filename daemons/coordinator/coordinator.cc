@@ -179,21 +179,96 @@ void Coordinator::cancel_runs() {
   }
 }
 
+kj::Promise<std::vector<ClosureOutcome>> WorkerPeer::run_closures(std::vector<ClosureRun> runs) {
+  struct Batch {
+    std::vector<ClosureRun> runs;
+    std::vector<ClosureOutcome> outcomes;
+  };
+  auto batch = std::make_shared<Batch>();
+  batch->runs = std::move(runs);
+  kj::Promise<void> chain = kj::READY_NOW;
+  for (size_t i = 0; i < batch->runs.size(); ++i) {
+    chain = chain.then([this, batch, i]() -> kj::Promise<void> {
+      bool failed = !batch->outcomes.empty() && !batch->outcomes.back().result.ok();
+      if (failed) {
+        batch->outcomes.push_back(ClosureOutcome{
+            Status::Aborted("not run: an earlier closure of its batch failed"), batch->outcomes.back().worker_lost});
+        return kj::READY_NOW;
+      }
+      return run_closure(std::move(batch->runs[i])).then([batch](ClosureOutcome outcome) {
+        batch->outcomes.push_back(std::move(outcome));
+      });
+    });
+  }
+  return chain.then([batch]() { return std::move(batch->outcomes); });
+}
+
+ClosureRun Coordinator::make_run(const Worker& worker, const ClosureQueue::Closure& closure) const {
+  ClosureRun run;
+  run.closure_id = closure.id;
+  run.function = closure.function;
+  run.args = closure.args;
+  run.placement_version = placement_version_;
+  run.attempt = static_cast<uint32_t>(closure.attempts);
+  run.num_workers = static_cast<uint32_t>(workers_.size());
+  run.worker_index = worker.task_index;
+  return run;
+}
+
+int Coordinator::batch_size() const {
+  if (config_.closure_batch <= 1 || config_.closure_timeout.count() > 0) return 1;
+  // Deep enough that every lane gets a full batch and some are left: the
+  // workers stay balanced up to one batch at the end of a burst.
+  int64_t lanes = std::max<int64_t>(1, static_cast<int64_t>(workers_.size()) * config_.closures_per_worker);
+  int64_t share = queue_.queued() / (2 * lanes);
+  return static_cast<int>(std::clamp<int64_t>(share, 1, config_.closure_batch));
+}
+
+bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome) {
+  if (outcome.worker_lost) {
+    drop_worker(worker_id, outcome.result.status());
+    return false;
+  }
+  if (!outcome.result.ok() && (generation != ps_generation_ || !ps_status().ok())) {
+    // A parameter server was lost or restored while it ran (a restarted one
+    // answers NotFound until its shards are back): the run was lost, not
+    // failed, and runs again (ClosureQueue re-queues Unavailable).
+    outcome.result = Status::Unavailable("the run overlapped a parameter server's outage: " +
+                                         outcome.result.status().to_string());
+  }
+  bool succeeded = outcome.result.ok();
+  if (queue_.complete(id, worker_id, std::move(outcome.result))) {
+    journal_finished(id);
+    auto ended = queue_.state(id);
+    if (ended.ok() && *ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
+    if (ended.ok() && *ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
+    if (succeeded) {
+      ++closures_completed_;
+      maybe_checkpoint();
+    }
+  }
+  return true;
+}
+
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
   if (!ps_status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
+  int batch = batch_size();
   auto closure = queue_.next(worker_id);
   if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
+  if (batch > 1) {
+    std::vector<ClosureRun> runs;
+    runs.push_back(make_run(it->second, *closure));
+    while (static_cast<int>(runs.size()) < batch) {
+      auto more = queue_.next(worker_id);
+      if (!more) break;
+      runs.push_back(make_run(it->second, *more));
+    }
+    if (runs.size() > 1) return run_batch(worker_id, std::move(runs));
+  }
   update_stats();
-  ClosureRun run;
-  run.closure_id = closure->id;
-  run.function = closure->function;
-  run.args = closure->args;
-  run.placement_version = placement_version_;
-  run.attempt = static_cast<uint32_t>(closure->attempts);
-  run.num_workers = static_cast<uint32_t>(workers_.size());
-  run.worker_index = it->second.task_index;
+  ClosureRun run = make_run(it->second, *closure);
   std::optional<std::chrono::system_clock::time_point> deadline;
   if (config_.closure_timeout.count() > 0) {
     deadline = std::chrono::system_clock::now() + config_.closure_timeout;
@@ -235,30 +310,41 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
                                        return ClosureOutcome{timed_out(), false};
                                      }));
   }
-  return kj::mv(outcome)
-      .then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
-        if (outcome.worker_lost) {
-          drop_worker(worker_id, outcome.result.status());
+  return kj::mv(outcome).then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
+    if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
+    cancel_runs();
+    notify();
+    return lane(worker_id);
+  });
+}
+
+kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureRun> runs) {
+  update_stats();
+  std::vector<int64_t> ids;
+  ids.reserve(runs.size());
+  for (const auto& run : runs) ids.push_back(run.closure_id);
+  const int64_t generation = ps_generation_;
+  // The peer stays alive while its batch runs, even if the worker is dropped
+  // meanwhile (another lane found it lost).
+  std::shared_ptr<WorkerPeer> peer = workers_.at(worker_id).peer;
+  size_t n = runs.size();
+  return peer->run_closures(std::move(runs))
+      .attach(kj::mv(peer))
+      .catch_([n](kj::Exception&& e) {
+        return std::vector<ClosureOutcome>(n, ClosureOutcome{rpc::from_exception(e), true});
+      })
+      .then([this, worker_id, ids = std::move(ids), generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
+        if (outcomes.size() != ids.size()) {
+          // A peer that answered the wrong number of outcomes cannot be
+          // trusted with the others either.
+          drop_worker(worker_id, Status::Internal("worker answered " + std::to_string(outcomes.size()) +
+                                                  " outcomes for a batch of " + std::to_string(ids.size()) +
+                                                  " closures"));
           return kj::READY_NOW;
         }
-        if (!outcome.result.ok() && (generation != ps_generation_ || !ps_status().ok())) {
-          // A parameter server was lost or restored while it ran (a
-          // restarted one answers NotFound until its shards are back): the
-          // run was lost, not failed, and runs again (ClosureQueue
-          // re-queues Unavailable).
-          outcome.result = Status::Unavailable("the run overlapped a parameter server's outage: " +
-                                               outcome.result.status().to_string());
-        }
-        bool succeeded = outcome.result.ok();
-        if (queue_.complete(id, worker_id, std::move(outcome.result))) {
-          journal_finished(id);
-          auto ended = queue_.state(id);
-          if (ended.ok() && *ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
-          if (ended.ok() && *ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
-          if (succeeded) {
-            ++closures_completed_;
-            maybe_checkpoint();
-          }
+        for (size_t i = 0; i < ids.size(); ++i) {
+          // A lost worker re-queues the whole batch (drop_worker).
+          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]))) return kj::READY_NOW;
         }
         cancel_runs();
         notify();

@@ -84,6 +84,9 @@ Result<std::vector<std::string>> ps_addresses_of_service(const std::string& serv
 struct CoordinatorConfig {
   std::vector<std::string> ps;  // addresses, ps task order
   int closures_per_worker = 1;
+  // A lane sends up to this many closures in one call when the queue is deep
+  // (WorkerPeer::run_closures); 1: one per call. Not with closure_timeout.
+  int closure_batch = 1;
   std::chrono::milliseconds worker_ping_interval{2000};
   std::chrono::milliseconds worker_ping_timeout{5000};
   // Workers per-worker datasets are sharded for; the number registered when
@@ -155,6 +158,11 @@ class WorkerPeer {
  public:
   virtual ~WorkerPeer() = default;
   virtual kj::Promise<ClosureOutcome> run_closure(ClosureRun run) = 0;
+  // Several closures, run one after another on the worker; an outcome per
+  // run, in order. A run after one that failed is not started (its outcome
+  // is Aborted, so it is queued again). Any worker_lost outcome means the
+  // worker is gone. The default runs them through run_closure in turn.
+  virtual kj::Promise<std::vector<ClosureOutcome>> run_closures(std::vector<ClosureRun> runs);
   // Asks the worker to cancel a run of closure `closure_id` (its context's
   // cancelled() turns true; the run answers Cancelled). Best effort.
   virtual kj::Promise<Status> cancel_closure(int64_t closure_id) = 0;
@@ -520,7 +528,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   struct Worker {
     int64_t id = 0;
     int task_index = 0;
-    std::unique_ptr<WorkerPeer> peer;
+    std::shared_ptr<WorkerPeer> peer;  // shared: a batch in flight keeps it
     std::set<std::string> functions;
     bool leaving = false;  // leave_worker(): no more closures or steps
   };
@@ -671,6 +679,15 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
 
   bool any_worker_has(const std::string& name) const;
   kj::Promise<void> lane(int64_t worker_id);
+  // Sends `runs` (taken from the queue for the worker) in one call.
+  kj::Promise<void> run_batch(int64_t worker_id, std::vector<ClosureRun> runs);
+  // How many closures a lane takes for its next call (1 unless the queue is
+  // deep and batching is on).
+  int batch_size() const;
+  ClosureRun make_run(const Worker& worker, const ClosureQueue::Closure& closure) const;
+  // Records a run's outcome in the queue; false when it says the worker is
+  // lost (then dropped, its closures re-queued).
+  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome);
   // Tells the workers of runs the queue cancelled to stop them.
   void cancel_runs();
   kj::Promise<void> watch_worker(int64_t worker_id);

@@ -170,6 +170,123 @@ TEST_CASE("each worker runs closures_per_worker closures at once", "[coordinator
   CHECK(a.runs[2].run.args == "2");
 }
 
+TEST_CASE("with closure_batch a deep queue goes to a worker in batches, run one at a time, each value fetched",
+          "[coordinator]") {
+  CoordinatorConfig config;
+  config.closure_batch = 4;
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 20; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  h.settle();
+  // 20 queued for one lane: a full batch of 4, of which one runs.
+  CHECK(a.batches == std::vector<size_t>{4});
+  REQUIRE(a.runs.size() == 1);
+  for (size_t i = 0; i < 4; ++i) {
+    REQUIRE(a.runs.size() == i + 1);
+    CHECK(a.runs[i].run.args == std::to_string(i));
+    a.reply(i, "v" + std::to_string(i));
+    h.settle();
+  }
+  // The next call only after the batch's last answer.
+  CHECK(a.batches == std::vector<size_t>{4, 4});
+  for (size_t i = 4; i < 20; ++i) {
+    REQUIRE(a.runs.size() == i + 1);
+    a.reply(i, "v" + std::to_string(i));
+    h.settle();
+  }
+  // The queue grows shallow: the batches shrink to one closure per call
+  // (those go through run_closure, not counted here).
+  CHECK(a.batches.size() < 20);
+  CHECK(a.batches.back() <= 4);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  for (int i = 0; i < 20; ++i) {
+    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).value() == "v" + std::to_string(i));
+  }
+}
+
+TEST_CASE("a closure failing in a batch stops the rest of its batch, which its error cancels", "[coordinator]") {
+  CoordinatorConfig config;
+  config.closure_batch = 4;
+  WorkerRecord a;
+  Harness h(config);
+  int64_t worker = h.add_worker(a);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 10; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  h.settle();
+  REQUIRE(a.batches == std::vector<size_t>{4});
+  a.reply(0, std::string("v0"));
+  h.settle();
+  a.reply(1, Status::InvalidArgument("bad input"));
+  h.settle();
+  // Closures 2 and 3 of the batch never started.
+  CHECK(a.runs.size() == 2);
+  CHECK(h.coordinator->worker_alive(worker));
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
+  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "v0");
+  CHECK(h.coordinator->fetch(ids[1]).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
+  for (int i = 2; i < 10; ++i) {
+    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  }
+  // The lane takes new work afterwards.
+  int64_t next = h.coordinator->schedule("train_step", "next").value();
+  h.settle();
+  REQUIRE(a.runs.size() == 3);
+  a.reply(2, std::string("ok"));
+  CHECK(h.coordinator->fetch(next).wait(h.io.waitScope).value() == "ok");
+}
+
+TEST_CASE("a worker lost in the middle of a batch has the whole rest of it run elsewhere", "[coordinator]") {
+  CoordinatorConfig config;
+  config.closure_batch = 4;
+  WorkerRecord a, b;
+  Harness h(config);
+  int64_t lost = h.add_worker(a);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 8; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  h.settle();
+  REQUIRE(a.batches == std::vector<size_t>{4});
+  a.reply(0, std::string("a0"));
+  h.settle();
+  a.reply(1, Status::Unavailable("connection reset"), /*worker_lost=*/true);
+  h.settle();
+  CHECK_FALSE(h.coordinator->worker_alive(lost));
+  CHECK(a.runs.size() == 2);
+  h.add_worker(b);
+  h.settle();
+  // Closures 1..7 run on b, each once, closure 1 as attempt 2.
+  std::map<std::string, int> attempts;
+  for (size_t i = 0; i < 7; ++i) {
+    REQUIRE(b.runs.size() == i + 1);
+    attempts[b.runs[i].run.args] = static_cast<int>(b.runs[i].run.attempt);
+    b.reply(i, "b" + b.runs[i].run.args);
+    h.settle();
+  }
+  CHECK(b.runs.size() == 7);
+  CHECK(attempts.size() == 7);
+  CHECK(attempts["1"] == 2);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "a0");
+  for (int i = 1; i < 8; ++i) {
+    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).value() == "b" + std::to_string(i));
+  }
+}
+
+TEST_CASE("closures with closure_timeout are never batched", "[coordinator]") {
+  CoordinatorConfig config;
+  config.closure_batch = 4;
+  config.closure_timeout = std::chrono::milliseconds(60000);
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  for (int i = 0; i < 20; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
+  h.settle();
+  CHECK(a.batches.empty());
+  REQUIRE(a.runs.size() == 1);
+  CHECK(a.runs[0].run.deadline_unix_ms > 0);
+}
+
 TEST_CASE("a dispatched closure carries attempt 1, the worker count and the placement version", "[coordinator]") {
   WorkerRecord a, b;
   Harness h;

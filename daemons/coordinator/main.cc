@@ -27,6 +27,11 @@ int main(int argc, char** argv) {
       {"closures_per_worker", OptionType::kInt,
        "Closures each worker runs at once (TF runs one; more hides round trips of short closures).",
        "1"},
+      {"closure_batch", OptionType::kInt,
+       "When the queue is deep (more closures queued than twice the lanes), a lane sends a worker up to this many "
+       "closures in one call, run one after another there (fewer round trips; still one at a time per lane). "
+       "1: one closure per call. Closures with closure_timeout_ms are sent one at a time.",
+       "16"},
       {"worker_ping_interval_ms", OptionType::kInt, "How often each worker is pinged.", "2000"},
       {"worker_ping_timeout_ms", OptionType::kInt,
        "A worker that does not answer a ping this fast is dropped (its closures re-queued).", "5000"},

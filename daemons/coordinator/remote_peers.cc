@@ -63,6 +63,70 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
             });
 }
 
+kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<ClosureRun> runs) {
+  if (!batches_) return WorkerPeer::run_closures(std::move(runs));
+  auto request = client_.runClosuresRequest();
+  auto out = request.initRuns(static_cast<unsigned>(runs.size()));
+  for (unsigned i = 0; i < runs.size(); ++i) {
+    const ClosureRun& run = runs[i];
+    auto args = rpc::element_from_bytes(run.args);
+    if (!args.ok()) {
+      // Checked when it was scheduled; never expected here.
+      std::vector<ClosureOutcome> failed(runs.size(), ClosureOutcome{Status::Aborted("not run"), false});
+      failed[i].result = args.status();
+      return failed;
+    }
+    out[i].setClosureId(run.closure_id);
+    out[i].setFunction(run.function);
+    out[i].setPlacementVersion(run.placement_version);
+    out[i].setAttempt(run.attempt);
+    out[i].setNumWorkers(run.num_workers);
+    out[i].setWorkerIndex(run.worker_index);
+    out[i].setDeadlineUnixMs(run.deadline_unix_ms);
+    rpc::write_element(out[i].initArgs(), *args, codec_);
+  }
+  size_t n = runs.size();
+  auto kept = std::make_shared<std::vector<ClosureRun>>(std::move(runs));
+  return request.send()
+      .then([n](capnp::Response<wire::Worker::RunClosuresResults>&& response) {
+        auto outcomes = response.getOutcomes();
+        if (outcomes.size() != n) {
+          return kj::Promise<std::vector<ClosureOutcome>>(std::vector<ClosureOutcome>(
+              n, ClosureOutcome{Status::Internal("the worker answered " + std::to_string(outcomes.size()) +
+                                                 " outcomes for " + std::to_string(n) + " runs"),
+                                true}));
+        }
+        auto values = kj::heapArrayBuilder<kj::Promise<ClosureOutcome>>(n);
+        for (auto outcome : outcomes) {
+          if (outcome.isError()) {
+            values.add(ClosureOutcome{rpc::status_from_wire(outcome.getError()), false});
+            continue;
+          }
+          values.add(rpc::read_element(outcome.getValue()).then(
+              [](Element&& value) { return ClosureOutcome{rpc::element_to_bytes(value), false}; },
+              [](kj::Exception&& e) { return ClosureOutcome{rpc::from_exception(e), rpc::is_transport_failure(e)}; }));
+        }
+        return kj::joinPromises(values.finish())
+            .then([](kj::Array<ClosureOutcome> all) {
+              return std::vector<ClosureOutcome>(std::make_move_iterator(all.begin()),
+                                                 std::make_move_iterator(all.end()));
+            })
+            .attach(kj::mv(response));
+      })
+      .catch_([this, n, kept](kj::Exception&& e) -> kj::Promise<std::vector<ClosureOutcome>> {
+        Status status = rpc::from_exception(e);
+        if (e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
+          // (The coordinator keeps this peer alive while the call runs.)
+          batches_ = false;
+          return WorkerPeer::run_closures(std::move(*kept));
+        }
+        // A broken link: the worker is gone. Any other error of the call
+        // itself is every run's.
+        bool lost = rpc::is_transport_failure(e);
+        return std::vector<ClosureOutcome>(n, ClosureOutcome{status, lost});
+      });
+}
+
 kj::Promise<Status> RemoteWorker::cancel_closure(int64_t closure_id) {
   auto request = client_.cancelClosureRequest();
   request.setClosureId(closure_id);

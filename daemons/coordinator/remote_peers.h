@@ -26,6 +26,9 @@ class RemoteWorker : public WorkerPeer {
   std::string address() const override { return address_; }
 
   kj::Promise<ClosureOutcome> run_closure(ClosureRun run) override;
+  // One runClosures call; a worker without it (UNIMPLEMENTED: older than
+  // the call) gets the runs one by one from then on.
+  kj::Promise<std::vector<ClosureOutcome>> run_closures(std::vector<ClosureRun> runs) override;
   kj::Promise<Status> cancel_closure(int64_t closure_id) override;
   kj::Promise<Status> ping() override;
   kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition, uint64_t uid) override;
@@ -43,6 +46,7 @@ class RemoteWorker : public WorkerPeer {
   std::string address_;
   wire::Worker::Client client_;
   const rpc::CodecOptions codec_;
+  bool batches_ = true;  // the worker answers runClosures
 };
 
 // One connection per parameter server, reconnecting on demand.

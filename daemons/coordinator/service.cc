@@ -74,6 +74,11 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
                                    " must be at least 1");
   }
   out.closures_per_worker = static_cast<int>(config.get_int("closures_per_worker"));
+  if (config.get_int("closure_batch") < 1 || config.get_int("closure_batch") > 1024) {
+    return Status::InvalidArgument("closure_batch: " + std::to_string(config.get_int("closure_batch")) +
+                                   " must be between 1 (one closure per call) and 1024");
+  }
+  out.closure_batch = static_cast<int>(config.get_int("closure_batch"));
   if (config.get_int("closure_timeout_ms") < 0) {
     return Status::InvalidArgument("closure_timeout_ms: " + std::to_string(config.get_int("closure_timeout_ms")) +
                                    " must be 0 (no deadline) or positive");
@@ -347,6 +352,85 @@ kj::Promise<void> CoordinatorService::schedule(ScheduleContext context) {
       });
 }
 
+// The values of one scheduleMany call's entries, by index. Holds the
+// service (through its capability) while a program holds it.
+class CoordinatorService::BatchValues final : public wire::ClosureValues::Server {
+ public:
+  BatchValues(CoordinatorService& service, wire::Coordinator::Client keep, std::vector<Result<int64_t>> ids)
+      : service_(service), keep_(kj::mv(keep)), ids_(std::move(ids)) {}
+
+ protected:
+  kj::Promise<void> fetch(FetchContext context) override {
+    uint32_t index = context.getParams().getIndex();
+    if (index >= ids_.size()) {
+      rpc::throw_status(Status::InvalidArgument("fetch: entry " + std::to_string(index) + " of a call of " +
+                                                std::to_string(ids_.size()) + " closures"));
+    }
+    rpc::check(ids_[index].status());
+    return service_.fetch_value(*ids_[index], context.getResults().initValue());
+  }
+
+ private:
+  CoordinatorService& service_;
+  wire::Coordinator::Client keep_;
+  const std::vector<Result<int64_t>> ids_;
+};
+
+kj::Promise<void> CoordinatorService::fetch_value(int64_t id, wire::Element::Builder out) {
+  return core_.fetch(id).then([this, out](Result<std::string> bytes) mutable {
+    rpc::check(bytes.status());
+    auto element = rpc::element_from_bytes(*bytes);
+    rpc::check(element.status());
+    rpc::write_element(out, *element, ctx_.codec);
+  });
+}
+
+kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) {
+  constexpr unsigned kMaxEntries = 4096;
+  auto params = context.getParams();
+  auto entries = params.getEntries();
+  if (entries.size() > kMaxEntries) {
+    rpc::throw_status(Status::InvalidArgument("scheduleMany: " + std::to_string(entries.size()) +
+                                              " entries; at most " + std::to_string(kMaxEntries) +
+                                              " per call (send the rest in another call)"));
+  }
+  uint64_t client_id = params.getClientId();
+  // Arguments are read first (a chunked one is pulled from the client), then
+  // every entry is scheduled in order in one turn of the loop.
+  auto reads = kj::heapArrayBuilder<kj::Promise<Result<Element>>>(entries.size());
+  for (auto entry : entries) {
+    reads.add(rpc::read_element(entry.getArgs()).then(
+        [](Element&& args) { return Result<Element>(std::move(args)); },
+        [](kj::Exception&& e) { return Result<Element>(rpc::from_exception(e)); }));
+  }
+  return kj::joinPromises(reads.finish())
+      .then([this, context, client_id](kj::Array<Result<Element>> args) mutable {
+        auto entries = context.getParams().getEntries();
+        auto outcomes = context.getResults().initOutcomes(entries.size());
+        std::vector<Result<int64_t>> ids;
+        ids.reserve(entries.size());
+        for (unsigned i = 0; i < entries.size(); ++i) {
+          Result<int64_t> id = args[i].status();
+          if (args[i].ok()) {
+            id = core_.schedule(text(entries[i].getFunction()), rpc::element_to_bytes(*args[i]), client_id,
+                                entries[i].getRequestSeq());
+          }
+          if (id.ok()) {
+            outcomes[i].setClosureId(*id);
+          } else {
+            rpc::status_to_wire(id.status(), outcomes[i].initError());
+          }
+          ids.push_back(std::move(id));
+        }
+        context.getResults().setValues(kj::heap<BatchValues>(*this, thisCap(), std::move(ids)));
+        return core_.journal_synced();
+      })
+      .then([this, context](Status synced) mutable {
+        rpc::check(synced);
+        context.getResults().setDurable(core_.durable());
+      });
+}
+
 kj::Promise<void> CoordinatorService::join(JoinContext context) {
   return core_.join().then([](Status status) { rpc::check(status); });
 }
@@ -359,12 +443,7 @@ kj::Promise<void> CoordinatorService::done(DoneContext context) {
 }
 
 kj::Promise<void> CoordinatorService::fetch(FetchContext context) {
-  return core_.fetch(context.getParams().getClosureId()).then([this, context](Result<std::string> bytes) mutable {
-    rpc::check(bytes.status());
-    auto element = rpc::element_from_bytes(*bytes);
-    rpc::check(element.status());
-    rpc::write_element(context.getResults().initValue(), *element, ctx_.codec);
-  });
+  return fetch_value(context.getParams().getClosureId(), context.getResults().initValue());
 }
 
 kj::Promise<void> CoordinatorService::release(ReleaseContext context) {

@@ -36,7 +36,8 @@ struct WorkerRecord {
     ClosureRun run;
     kj::Own<kj::PromiseFulfiller<ClosureOutcome>> reply;
   };
-  std::vector<Run> runs;  // in dispatch order
+  std::vector<Run> runs;  // in dispatch order (a batch's runs as each starts)
+  std::vector<size_t> batches;  // the size of each run_closures call
   bool answer_pings = true;
   int pings = 0;
   std::vector<int64_t> cancels;  // closure ids, in order
@@ -77,6 +78,11 @@ class FakeWorker : public WorkerPeer {
     auto paf = kj::newPromiseAndFulfiller<ClosureOutcome>();
     record_.runs.push_back({std::move(run), kj::mv(paf.fulfiller)});
     return kj::mv(paf.promise);
+  }
+  // The default (one run after another), recording the batch.
+  kj::Promise<std::vector<ClosureOutcome>> run_closures(std::vector<ClosureRun> runs) override {
+    record_.batches.push_back(runs.size());
+    return WorkerPeer::run_closures(std::move(runs));
   }
   kj::Promise<Status> cancel_closure(int64_t closure_id) override {
     record_.cancels.push_back(closure_id);

@@ -230,6 +230,74 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
       });
 }
 
+kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
+  constexpr unsigned kMaxRuns = 1024;
+  auto runs = context.getParams().getRuns();
+  if (runs.size() > kMaxRuns) {
+    rpc::throw_status(Status::InvalidArgument("runClosures: " + std::to_string(runs.size()) + " runs; at most " +
+                                              std::to_string(kMaxRuns) + " per call"));
+  }
+  // Each run's request, or the error that keeps it from running.
+  auto requests = std::make_shared<std::vector<Result<RunClosureRequest>>>();
+  requests->reserve(runs.size());
+  auto reads = kj::heapArrayBuilder<kj::Promise<void>>(runs.size());
+  for (unsigned i = 0; i < runs.size(); ++i) {
+    auto run = runs[i];
+    RunClosureRequest request;
+    request.closure_id = run.getClosureId();
+    if (run.getDeadlineUnixMs() > 0 && run.getDeadlineUnixMs() < int64_t{9'000'000'000'000}) {
+      request.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(run.getDeadlineUnixMs()));
+    }
+    request.function = text(run.getFunction());
+    request.placement_version = run.getPlacementVersion();
+    request.attempt = std::max<int>(1, static_cast<int>(run.getAttempt()));
+    request.num_workers = std::max<int>(1, static_cast<int>(run.getNumWorkers()));
+    request.worker_index = run.getWorkerIndex();
+    Status known = worker_->check_closure(request.function);
+    if (!known.ok()) {
+      requests->push_back(known);
+      reads.add(kj::READY_NOW);
+      continue;
+    }
+    requests->push_back(std::move(request));
+    reads.add(rpc::read_element(run.getArgs())
+                  .then([requests, i](Element&& args) { (*requests)[i]->args = std::move(args); },
+                        [requests, i](kj::Exception&& e) { (*requests)[i] = rpc::from_exception(e); }));
+  }
+  auto worker = worker_;
+  return kj::joinPromises(reads.finish())
+      .then([this, worker, requests]() {
+        // One trip to the pool for the whole batch, the runs in order.
+        return rpc::run_on_pool(ctx_.pool, [worker, requests]() {
+          std::vector<Result<Element>> outcomes;
+          outcomes.reserve(requests->size());
+          Status failed;
+          for (const auto& request : *requests) {
+            if (!failed.ok()) {
+              outcomes.push_back(Status::Aborted("not run: an earlier closure of its batch failed (" +
+                                                 failed.message() + ")"));
+            } else if (!request.ok()) {
+              outcomes.push_back(request.status());
+            } else {
+              outcomes.push_back(worker->run_closure(*request));
+            }
+            if (failed.ok() && !outcomes.back().ok()) failed = outcomes.back().status();
+          }
+          return outcomes;
+        });
+      })
+      .then([this, context](std::vector<Result<Element>> outcomes) mutable {
+        auto out = context.getResults().initOutcomes(static_cast<unsigned>(outcomes.size()));
+        for (unsigned i = 0; i < outcomes.size(); ++i) {
+          if (outcomes[i].ok()) {
+            rpc::write_element(out[i].initValue(), *outcomes[i], ctx_.codec);
+          } else {
+            rpc::status_to_wire(outcomes[i].status(), out[i].initError());
+          }
+        }
+      });
+}
+
 // ---- Replicas (synchronous training) -------------------------------------------------
 
 kj::Promise<void> WorkerService::replicaStatus(ReplicaStatusContext context) {

@@ -32,6 +32,7 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
 
  protected:
   kj::Promise<void> runClosure(RunClosureContext context) override;
+  kj::Promise<void> runClosures(RunClosuresContext context) override;
   kj::Promise<void> cancelClosure(CancelClosureContext context) override;
   kj::Promise<void> createDataset(CreateDatasetContext context) override;
   kj::Promise<void> createDatasetFromFunction(CreateDatasetFromFunctionContext context) override;

@@ -11,6 +11,7 @@
 #include <kj/exception.h>
 
 #include "capstan/status.h"
+#include "capstan_schemas/common.capnp.h"
 
 namespace capstan::rpc {
 
@@ -23,6 +24,12 @@ Status from_exception(const kj::Exception& exception);
 // broke, the peer is gone, or Cap'n Proto itself failed the call. A caller
 // that gets false knows the peer is alive and answered with an error.
 bool is_transport_failure(const kj::Exception& exception);
+
+// A status carried as a value in a reply (one outcome among several), and
+// back. An unknown code from a newer or hostile peer reads as UNKNOWN,
+// naming the code.
+void status_to_wire(const Status& status, wire::ErrorDetail::Builder detail);
+Status status_from_wire(wire::ErrorDetail::Reader detail);
 
 // Throws when `status` is not OK.
 inline void check(const Status& status) {

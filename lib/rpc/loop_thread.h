@@ -140,6 +140,11 @@ class LoopThread {
     }
   }
 
+  // Runs `fn` on the loop thread later, without waiting for it; functions
+  // posted and run_sync() calls run in the order they were made. False
+  // (and `fn` is dropped unrun) after stop(). What `fn` throws is logged.
+  bool post(kj::Function<void()> fn) { return remote_->post(kj::mv(fn)); }
+
   kj::AsyncIoProvider& io() { return *io_->provider; }
   kj::LowLevelAsyncIoProvider& low_level_io() { return *io_->lowLevelProvider; }
   kj::Timer& timer() { return io_->provider->getTimer(); }

@@ -304,37 +304,75 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
       return Status::NotFound("schedule: no worker has a closure named '" + function + "' (workers have: " + all + ")");
     }
   }
-  try {
-    return impl->loop().run_sync([impl, &function, &args]() -> Result<RemoteValue> {
-      Status error = impl->take_schedule_error();
-      if (!error.ok()) return error;
-      int64_t local = impl->next_local_id++;
-      auto send = [impl, function, args, local]() {
-        return impl->connection().service<wire::Coordinator>(impl->connect_deadline())
-            .then([impl, function, args, local](wire::Coordinator::Client c) {
-              auto request = c.scheduleRequest();
-              request.setFunction(function);
-              rpc::write_element(request.initArgs(), args, impl->channel.codec());
-              request.setClientId(impl->client_id);
-              request.setRequestSeq(local);
-              return request.send().then([impl](capnp::Response<wire::Coordinator::ScheduleResults>&& r) {
-                impl->durable = r.getDurable();
-                return r.getClosureId();
-              });
-            });
-      };
-      auto reply = impl->retrying<int64_t>(kj::mv(send)).fork();
-      ++impl->unacked;
-      impl->tasks->add(reply.addBranch().then([impl](int64_t) { impl->ack(); },
-                                              [impl](kj::Exception&& e) {
-                                                if (impl->schedule_error.ok()) impl->schedule_error = rpc::from_exception(e);
-                                                impl->ack();
-                                              }));
-      impl->scheduled.emplace(local, kj::mv(reply));
-      return RemoteValue{local};
-    });
-  } catch (const kj::Exception& e) {
-    return rpc::from_exception(e);
+  Status error = impl->take_schedule_error();
+  if (!error.ok()) return error;
+  int64_t local = impl->next_local_id.fetch_add(1);
+  bool posted = impl->loop().post([impl, local, function, args]() mutable {
+    impl->enqueue_schedule(local, std::move(function), std::move(args));
+  });
+  if (!posted) return Status::Unavailable("schedule: the client's event loop has stopped");
+  return RemoteValue{local};
+}
+
+// Sends what schedule() queued in one scheduleMany call (several, past the
+// coordinator's limit per call).
+void ClusterCoordinator::Impl::flush_schedules() {
+  constexpr size_t kMaxPerCall = 4096;
+  flush_queued = false;
+  while (!pending_schedules.empty()) {
+    size_t n = std::min(pending_schedules.size(), kMaxPerCall);
+    auto batch = std::make_shared<std::vector<PendingSchedule>>();
+    batch->reserve(n);
+    for (size_t i = 0; i < n; ++i) batch->push_back(std::move(pending_schedules[i]));
+    pending_schedules.erase(pending_schedules.begin(), pending_schedules.begin() + static_cast<ptrdiff_t>(n));
+    auto sent = std::make_shared<SentBatch>();
+    for (size_t i = 0; i < n; ++i) pipelined[(*batch)[i].local] = Pipelined{sent, static_cast<uint32_t>(i)};
+    auto send = [this, batch, sent]() {
+      return connection().service<wire::Coordinator>(connect_deadline()).then([this, batch, sent](wire::Coordinator::Client c) {
+        auto request = c.scheduleManyRequest();
+        request.setClientId(client_id);
+        auto entries = request.initEntries(static_cast<unsigned>(batch->size()));
+        for (unsigned i = 0; i < batch->size(); ++i) {
+          const PendingSchedule& p = (*batch)[i];
+          entries[i].setFunction(p.function);
+          rpc::write_element(entries[i].initArgs(), p.args, channel.codec());
+          entries[i].setRequestSeq(p.local);
+        }
+        auto call = request.send();
+        // A retry's fetches wait for the ids instead.
+        if (sent->values == nullptr && pipelined.count(batch->front().local) > 0) sent->values = call.getValues();
+        return call.then([this, batch](capnp::Response<wire::Coordinator::ScheduleManyResults>&& r) {
+          durable = r.getDurable();
+          auto outcomes = r.getOutcomes();
+          if (outcomes.size() != batch->size()) {
+            rpc::throw_status(Status::Internal("the coordinator answered " + std::to_string(outcomes.size()) +
+                                               " outcomes for " + std::to_string(batch->size()) + " closures"));
+          }
+          for (unsigned i = 0; i < outcomes.size(); ++i) {
+            auto& id = (*batch)[i].id;
+            if (!id->isWaiting()) continue;
+            if (outcomes[i].isClosureId()) {
+              id->fulfill(outcomes[i].getClosureId());
+            } else {
+              id->reject(rpc::to_exception(rpc::status_from_wire(outcomes[i].getError())));
+            }
+          }
+        });
+      });
+    };
+    auto answered = [this, batch, sent]() {
+      // Fetches from now on go by closure id; the coordinator's object for
+      // the call goes once the fetches on their way have their answers.
+      sent->values = nullptr;
+      for (const auto& p : *batch) pipelined.erase(p.local);
+    };
+    tasks->add(retrying<void>(kj::mv(send)).then(kj::cp(answered), [batch, answered](kj::Exception&& e) {
+      answered();
+      // The call failed as a whole: every closure of it did.
+      for (auto& p : *batch) {
+        if (p.id->isWaiting()) p.id->reject(kj::cp(e));
+      }
+    }));
   }
 }
 
@@ -380,29 +418,52 @@ Result<bool> ClusterCoordinator::done() {
 Result<Element> ClusterCoordinator::fetch(const RemoteValue& value) {
   Impl* impl = impl_.get();
   try {
-    return impl->loop().run_sync([impl, &value]() -> kj::Promise<Element> {
-      auto it = impl->scheduled.find(value.id);
-      if (it == impl->scheduled.end()) {
-        return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(value.id)));
-      }
-      return it->second.addBranch().then([impl](int64_t id) {
-        return impl->retrying<Element>([impl, id]() {
-          return impl->connection()
-              .service<wire::Coordinator>(impl->connect_deadline())
-              .then([id](wire::Coordinator::Client c) {
-                auto request = c.fetchRequest();
-                request.setClosureId(id);
-                return request.send();
-              })
-              .then([](capnp::Response<wire::Coordinator::FetchResults>&& r) {
-                return rpc::read_element(r.getValue()).attach(kj::mv(r));
-              });
-        });
-      });
-    });
+    return impl->loop().run_sync([impl, &value]() { return impl->fetch_value(value.id); });
   } catch (const kj::Exception& e) {
     return rpc::from_exception(e);
   }
+}
+
+kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
+  auto it = scheduled.find(local);
+  if (it == scheduled.end()) {
+    return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
+  }
+  auto by_id = [this, local]() {
+    return scheduled.at(local).addBranch().then([this](int64_t id) {
+      return retrying<Element>([this, id]() {
+        return connection()
+            .service<wire::Coordinator>(connect_deadline())
+            .then([id](wire::Coordinator::Client c) {
+              auto request = c.fetchRequest();
+              request.setClosureId(id);
+              return request.send();
+            })
+            .then([](capnp::Response<wire::Coordinator::FetchResults>&& r) {
+              return rpc::read_element(r.getValue()).attach(kj::mv(r));
+            });
+      });
+    });
+  };
+  auto pipe = pipelined.find(local);
+  if (pipe != pipelined.end()) {
+    KJ_IF_MAYBE (values, pipe->second.batch->values) {
+      // The schedule call has no answer yet: the fetch rides on it.
+      auto request = values->fetchRequest();
+      request.setIndex(pipe->second.index);
+      return request.send()
+          .then([](capnp::Response<wire::ClosureValues::FetchResults>&& r) {
+            return rpc::read_element(r.getValue()).attach(kj::mv(r));
+          })
+          .catch_([by_id](kj::Exception&& e) -> kj::Promise<Element> {
+            // The link broke under the call (a retry schedules it again):
+            // wait for the closure id and fetch by it.
+            if (e.getType() == kj::Exception::Type::DISCONNECTED) return by_id();
+            return kj::mv(e);
+          });
+    }
+  }
+  return by_id();
 }
 
 Result<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(const data::Dataset& dataset) {

@@ -3,11 +3,13 @@
 #ifndef CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
 #define CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
 
+#include <atomic>
 #include <map>
 #include <random>
 #include <memory>
 #include <set>
 #include <string>
+#include <vector>
 
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
@@ -29,6 +31,8 @@ struct ClusterCoordinator::Impl {
     router.reset();
     loop().run_sync([this]() {
       tasks = nullptr;
+      pending_schedules.clear();
+      pipelined.clear();
       scheduled.clear();
       ack_waiters.clear();
     });
@@ -42,11 +46,48 @@ struct ClusterCoordinator::Impl {
     return channel.call<T, wire::Coordinator>(what, std::move(make), bounded);
   }
 
-  // ---- Pipelined schedule (loop thread only) ----
-  // schedule() does not wait for the coordinator's reply: it returns a local
-  // id at once (as TF's schedule returns a RemoteValue), the request goes
-  // out behind the ones before it, and a failed reply is raised by the next
+  // ---- Pipelined schedule ----
+  // schedule() does not wait for the coordinator's reply, nor for the loop
+  // thread: it posts the closure to the loop and returns a local id at once
+  // (as TF's schedule returns a RemoteValue). On the loop, the closures
+  // posted while it was busy go out together in one scheduleMany call, as
+  // soon as the posts are drained; a failed reply is raised by the next
   // schedule/join/done, as closure errors are.
+  struct PendingSchedule {
+    int64_t local = 0;
+    std::string function;
+    Element args;
+    kj::Own<kj::PromiseFulfiller<int64_t>> id;
+  };
+  // Loop thread only.
+  void enqueue_schedule(int64_t local, std::string function, Element args) {
+    auto paf = kj::newPromiseAndFulfiller<int64_t>();
+    ++unacked;
+    scheduled.emplace(local, paf.promise.fork());
+    tasks->add(scheduled.at(local).addBranch().then([this](int64_t) { ack(); },
+                                                  [this](kj::Exception&& e) {
+                                                    record_schedule_error(rpc::from_exception(e));
+                                                    ack();
+                                                  }));
+    pending_schedules.push_back(PendingSchedule{local, std::move(function), std::move(args), kj::mv(paf.fulfiller)});
+    if (!flush_queued) {
+      flush_queued = true;
+      // After the posts drained in this turn of the loop.
+      tasks->add(kj::evalLater([this]() { flush_schedules(); }));
+    }
+  }
+  void flush_schedules();  // cluster.cc
+  // A scheduleMany call on its way: until its answer, a fetch of one of its
+  // closures goes through its `values` capability (pipelined on the call),
+  // not waiting for the closure id.
+  struct SentBatch {
+    kj::Maybe<wire::ClosureValues::Client> values;
+  };
+  struct Pipelined {
+    std::shared_ptr<SentBatch> batch;
+    uint32_t index = 0;
+  };
+  kj::Promise<Element> fetch_value(int64_t local);  // cluster.cc
   void ack() {
     if (--unacked == 0) {
       for (auto& w : ack_waiters) w->fulfill();
@@ -59,7 +100,13 @@ struct ClusterCoordinator::Impl {
     ack_waiters.add(kj::mv(paf.fulfiller));
     return kj::mv(paf.promise);
   }
+  // Any thread.
+  void record_schedule_error(Status error) {
+    MutexLock lock(schedule_error_mutex);
+    if (schedule_error.ok()) schedule_error = std::move(error);
+  }
   Status take_schedule_error() {
+    MutexLock lock(schedule_error_mutex);
     Status error = schedule_error;
     schedule_error = Status::Ok();
     return error;
@@ -94,12 +141,17 @@ struct ClusterCoordinator::Impl {
     uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
     return id == 0 ? 1 : id;
   }();
-  bool durable = false;  // loop thread only
-  int64_t next_local_id = 1;
+  std::atomic<int64_t> next_local_id{1};
+  // Loop thread only.
+  bool durable = false;
   std::map<int64_t, kj::ForkedPromise<int64_t>> scheduled;
   int64_t unacked = 0;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> ack_waiters;
-  Status schedule_error;
+  std::vector<PendingSchedule> pending_schedules;
+  std::map<int64_t, Pipelined> pipelined;  // by local id, while the call is on its way
+  bool flush_queued = false;
+  Mutex schedule_error_mutex;
+  Status schedule_error GUARDED_BY(schedule_error_mutex);
   TaskErrors task_errors;
   kj::Own<kj::TaskSet> tasks;
   // Closure names the workers have, to refuse unknown ones at schedule().
