@@ -9,7 +9,10 @@
 //   small  from_tensors(uint8[100]).repeat(N)      100-byte elements
 //   large  from_tensors(uint8[1 MiB]).repeat(M)    1 MiB elements
 // read in OFF mode (every worker runs the whole pipeline: with 2 workers, 2N
-// elements arrive), small ones with max_elements_per_request 64 and 256. The
+// elements arrive), small ones with max_elements_per_request 64 and 256,
+// large ones over TCP ("service", ReadOptions::shared_memory_bytes 0) and
+// through shared memory ("service+shm", the default on one host: the worker
+// writes each tensor once into a region the reader maps). The
 // clock starts at the first element (job creation, task assignment and
 // pipeline start-up are not counted) and stops at end of sequence.
 //
@@ -29,7 +32,8 @@
 // (max_elements_per_request 1), and the CPU each process spends per element
 // (/proc/<pid>/stat, user + system; 10 ms ticks).
 // Besides the tables, one RESULT line per figure (data_service_100b_1w in
-// elements/s with max/req 64, data_service_1mib_1w in GB/s, ...;
+// elements/s with max/req 64, data_service_1mib_1w in GB/s over TCP,
+// data_service_1mib_1w_shm through shared memory, ...;
 // bench/compare reads them). Prints figures; never fails on them.
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -320,15 +324,22 @@ int main(int argc, char** argv) {
     if (large > 0) {
       auto large_id = service::register_dataset(svc.address(), large_pipeline(large));
       if (!large_id.ok()) fail("register_dataset", large_id.status());
-      service::ReadOptions options;
-      Row row{"1 MiB", "service", workers, options.max_elements_per_request,
-              drain(service::from_dataset_id(svc.address(), *large_id, options)), local_large.per_s(),
-              local_large_copy.per_s(), raw_tcp.per_s()};
-      print_row(row);
-      bench::result("data_service_1mib_" + std::to_string(workers) + "w", row.run.mb_per_s() / 1e3, "GB/s");
-      cpu_lines.push_back("1 MiB, " + std::to_string(workers) + " worker(s): " + row.run.cpu);
-      if (row.run.total != large * workers) {
-        std::printf("  (expected %lld elements)\n", static_cast<long long>(large * workers));
+      // Over TCP (shared memory off), then through the shared-memory
+      // regions the workers on this host offer.
+      for (bool shm : {false, true}) {
+        service::ReadOptions options;
+        if (!shm) options.shared_memory_bytes = 0;
+        Row row{"1 MiB", shm ? "service+shm" : "service", workers, options.max_elements_per_request,
+                drain(service::from_dataset_id(svc.address(), *large_id, options)), local_large.per_s(),
+                local_large_copy.per_s(), raw_tcp.per_s()};
+        print_row(row);
+        bench::result("data_service_1mib_" + std::to_string(workers) + "w" + (shm ? "_shm" : ""),
+                      row.run.mb_per_s() / 1e3, "GB/s");
+        cpu_lines.push_back("1 MiB, " + std::to_string(workers) + " worker(s)" + (shm ? ", shared memory" : ", TCP") +
+                            ": " + row.run.cpu);
+        if (row.run.total != large * workers) {
+          std::printf("  (expected %lld elements)\n", static_cast<long long>(large * workers));
+        }
       }
     }
     if (workers == 1 && rtt_samples > 0) {

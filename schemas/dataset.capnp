@@ -170,6 +170,12 @@ struct Op {
       crossTrainerCacheBytes @59 :Int64;
       maxElementsPerRequest @60 :Int32;
       token @61 :Text;
+      # getElements calls kept in flight per task (TF's
+      # max_outstanding_requests); 1 waits for each reply.
+      maxOutstandingRequests @68 :Int32 = 2;
+      # The shared-memory region a reader on a worker's host asks that
+      # worker for (0: TCP only).
+      sharedMemoryBytes @69 :Int64 = 134217728;
     }
     # A dataset Dataset::save wrote: its shard files and spec, read when
     # load() was called.

@@ -18,6 +18,10 @@
 #include "rpc/tensor_codec.h"
 #include "sync/mutex.h"
 
+#include <unistd.h>
+
+#include <cstring>
+
 namespace capstan::data_service {
 namespace {
 
@@ -31,6 +35,11 @@ constexpr std::chrono::seconds kConnectTimeout{5};
 constexpr std::chrono::milliseconds kMaxHeartbeatBackoff{5000};
 // How long getElements waits for a first element before answering with none.
 constexpr std::chrono::milliseconds kGetElementsWait{100};
+// Shared-memory regions: at most this many consumers at once, each region
+// at most this large, dropped after this long without a request.
+constexpr size_t kMaxShmRegions = 32;
+constexpr int64_t kMaxShmRegionBytes = int64_t{1} << 30;
+constexpr std::chrono::seconds kShmIdle{60};
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
@@ -402,6 +411,8 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
     if (peer.role == wire::Role::DATA_DISPATCHER) address = peer.address;
   }
   dispatcher_ = kj::heap<rpc::Connection>(ctx.loop->io(), ctx.loop->timer(), address, ctx.peer_options);
+  shm_bytes_ = ctx.metrics.counter("capstan_data_worker_shm_bytes_total",
+                                   "Bytes of tensors sent through consumers' shared-memory regions (data/shm_region.h).");
   background_.add(heartbeat_loop());
   background_.add(serve_splits());
 }
@@ -578,6 +589,7 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
 }
 
 void DataWorkerService::delete_task(int64_t task_id) {
+  chains_.erase(chains_.lower_bound(ChainKey{task_id, INT64_MIN}), chains_.lower_bound(ChainKey{task_id + 1, INT64_MIN}));
   if (auto task = tasks_.remove(task_id)) {
     ctx_.log->info("task {}: deleted by the dispatcher", task_id);
     destroy_on_pool(ctx_.pool, std::move(task));
@@ -634,6 +646,96 @@ void set_pipeline_error(wire::DataWorker::GetElementsResults::Builder results, c
 
 }  // namespace
 
+// ---- Shared memory (data/shm_region.h) ----------------------------------------
+
+std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunner::Reply* reply) {
+  std::vector<PlacedTensor> placed;
+  for (size_t e = 0; e < reply->elements.size(); ++e) {
+    auto& components = reply->elements[e].components;
+    for (size_t c = 0; c < components.size(); ++c) {
+      const Tensor& t = components[c];
+      if (t.dtype() == DType::kString || t.byte_size() < data::shm::kMinTensorBytes) continue;
+      auto at = region.allocate(t.byte_size());
+      if (!at) continue;  // the region is full: this one goes by TCP
+      std::memcpy(region.at(*at), t.data(), t.byte_size());
+      placed.push_back(PlacedTensor{static_cast<uint32_t>(e), static_cast<uint32_t>(c), t.dtype(), t.shape(), *at,
+                                    t.byte_size()});
+      // What the element carries in its place: an empty tensor of the dtype.
+      auto empty = Tensor::zeros(t.dtype(), {0});
+      if (empty.ok()) components[c] = *empty;
+    }
+  }
+  return placed;
+}
+
+void DataWorkerService::shm_regions(wire::GetElementsRequest::Shm::Reader shm,
+                                    std::shared_ptr<data::shm::ShmRegion>* use,
+                                    std::shared_ptr<data::shm::ShmRegion>* offer) {
+  const uint64_t client = shm.getClient();
+  if (client == 0) return;
+  auto now = std::chrono::steady_clock::now();
+  // A consumer that went away (or gave its region up after a failed
+  // request) leaves its region idle: the worker's side goes after a while.
+  for (auto it = shm_clients_.begin(); it != shm_clients_.end();) {
+    it = now - it->second.used > kShmIdle ? shm_clients_.erase(it) : std::next(it);
+  }
+  auto it = shm_clients_.find(client);
+  if (it != shm_clients_.end() && shm.getRegion() != 0 && it->second.region->token() == shm.getRegion()) {
+    it->second.used = now;
+    it->second.region->close_fd();  // the consumer has mapped it
+    *use = it->second.region;
+    return;
+  }
+  // Only a consumer on this host can map a region; others keep to TCP.
+  if (data::shm::boot_id().empty() || text(shm.getBootId()) != data::shm::boot_id()) return;
+  if (it != shm_clients_.end() && it->second.region->fd() < 0) {
+    shm_clients_.erase(it);  // offered and mapped, but the consumer names another: start over
+    it = shm_clients_.end();
+  }
+  if (it == shm_clients_.end()) {
+    if (shm_clients_.size() >= kMaxShmRegions) return;
+    size_t bytes = static_cast<size_t>(std::clamp<int64_t>(shm.getRegionBytes(), 0, kMaxShmRegionBytes));
+    auto created = data::shm::ShmRegion::create(bytes);
+    if (!created.ok()) {
+      if (!shm_failure_logged_) {
+        ctx_.log->warn("no shared memory for consumers on this host ({}); they read by TCP", created.status().to_string());
+        shm_failure_logged_ = true;
+      }
+      return;
+    }
+    it = shm_clients_.emplace(client, ShmClient{*created, now}).first;
+  }
+  it->second.used = now;
+  *offer = it->second.region;
+}
+
+void DataWorkerService::write_shm(wire::DataWorker::GetElementsResults::Builder results,
+                                  const std::vector<PlacedTensor>& placed,
+                                  const std::shared_ptr<data::shm::ShmRegion>& offer) {
+  if (offer) {
+    int fd = offer->fd();
+    if (fd >= 0) {
+      auto o = results.initShmOffer();
+      o.setPid(static_cast<int64_t>(getpid()));
+      o.setFd(fd);
+      o.setToken(offer->token());
+      o.setBytes(offer->size());
+    }
+  }
+  if (placed.empty()) return;
+  auto list = results.initShmTensors(static_cast<unsigned>(placed.size()));
+  for (unsigned i = 0; i < placed.size(); ++i) {
+    const PlacedTensor& p = placed[i];
+    list[i].setElement(p.element);
+    list[i].setComponent(p.component);
+    list[i].setDtype(rpc::to_wire(p.dtype));
+    auto shape = list[i].initShape(static_cast<unsigned>(p.shape.size()));
+    for (unsigned d = 0; d < p.shape.size(); ++d) shape.set(d, p.shape[d]);
+    list[i].setOffset(p.offset);
+    list[i].setLength(p.length);
+  }
+}
+
 kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   auto request = context.getParams().getRequest();
   int64_t task_id = request.getTaskId();
@@ -673,19 +775,53 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   get.client_id = request.getJobClientId();
   get.sequence = request.getRequestSequence();
   get.received = request.getReceived();
+  get.acknowledged = request.getAcknowledged();
   if (request.getMaxBytes() > 0) get.max_bytes = request.getMaxBytes();  // 0: the runner's default
   get.wait = kGetElementsWait;
+  // A consumer's numbered requests to a task reach the runner in their
+  // order, one after the other, however many it keeps in flight: each waits
+  // for the one before on the loop (the pool would run them in any order).
+  std::optional<ChainKey> key;
+  kj::Promise<void> before = kj::READY_NOW;
+  if (get.sequence > 0) {
+    key = ChainKey{task_id, get.client_id};
+    auto it = chains_.find(*key);
+    if (it != chains_.end()) before = it->second.tail.addBranch().catch_([](kj::Exception&&) {});
+  }
+  auto slot = std::make_shared<std::optional<Result<TaskRunner::Reply>>>();
   // What the reply sends compressed (data/compression.h), decided and
   // compressed on the pool.
   auto frames = std::make_shared<std::vector<data::ElementFrames>>();
   const bool local_consumer = request.getLocalConsumer();
-  return rpc::run_on_pool(ctx_.pool,
-                          [task, get, frames, local_consumer]() {
-                            auto reply = task->runner->get(get);
-                            if (reply.ok()) *frames = task->compressor->frames(reply->elements, local_consumer);
-                            return reply;
-                          })
-      .then([this, context, task_id, job_id = task->job_id, frames](Result<TaskRunner::Reply> reply) mutable {
+  // Shared memory with a consumer on this host: the region this reply's
+  // large tensors go to (placed on the pool), and one to offer.
+  std::shared_ptr<data::shm::ShmRegion> region, offer;
+  shm_regions(request.getShm(), &region, &offer);
+  auto placed = std::make_shared<std::vector<PlacedTensor>>();
+  kj::ForkedPromise<void> ran = before
+                                    .then([this, task, get, slot, frames, local_consumer, region, placed]() {
+                                      return rpc::run_on_pool(ctx_.pool, [task, get, frames, local_consumer, region,
+                                                                          placed]() {
+                                               auto reply = task->runner->get(get);
+                                               if (reply.ok() && region) *placed = place_in_region(*region, &*reply);
+                                               if (reply.ok()) *frames = task->compressor->frames(reply->elements, local_consumer);
+                                               return reply;
+                                             })
+                                          .then([slot](Result<TaskRunner::Reply> reply) { slot->emplace(std::move(reply)); });
+                                    })
+                                    .fork();
+  kj::Promise<void> mine = ran.addBranch();
+  uint64_t generation = ++chain_generation_;
+  if (key) chains_.insert_or_assign(*key, RequestChain{generation, kj::mv(ran)});
+  return mine
+      .then([this, key, generation, slot]() {
+        if (key) {
+          auto it = chains_.find(*key);
+          if (it != chains_.end() && it->second.generation == generation) chains_.erase(it);  // the last one
+        }
+        return std::move(**slot);
+      })
+      .then([this, context, task_id, job_id = task->job_id, frames, placed, offer](Result<TaskRunner::Reply> reply) mutable {
         if (!reply.ok()) rpc::throw_status(reply.status());
         auto results = context.getResults();
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
@@ -700,6 +836,11 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
             compressed_raw_bytes_->inc(static_cast<double>(frame->raw_size));
             compressed_wire_bytes_->inc(static_cast<double>(frame->size));
           }
+        }
+        write_shm(results, *placed, offer);
+        for (const PlacedTensor& p : *placed) {
+          bytes += static_cast<double>(p.length);
+          shm_bytes_->inc(static_cast<double>(p.length));
         }
         results.setEndOfSequence(reply->end_of_sequence);
         if (!reply->pipeline_error.ok()) set_pipeline_error(results, reply->pipeline_error);

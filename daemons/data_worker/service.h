@@ -42,13 +42,28 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "capstan_schemas/data_worker.capnp.h"
 #include "daemons/common/node_service.h"
+#include "daemons/data_worker/task_runner.h"
 #include "daemons/data_worker/task_table.h"
+#include "data/shm_region.h"
 
 namespace capstan::data_service {
 
 class SplitBridge;
 struct SplitCall;
 struct WorkerTask;
+
+// A tensor of a reply written into a consumer's shared region.
+struct PlacedTensor {
+  uint32_t element;
+  uint32_t component;
+  DType dtype;
+  Shape shape;
+  uint64_t offset;
+  uint64_t length;
+};
+// Copies the reply's large tensors into `region` while it has room, leaving
+// an empty tensor of the same dtype in each one's place (pool thread).
+std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunner::Reply* reply);
 
 // The data worker's settings, read and checked once at start.
 struct DataWorkerConfig {
@@ -96,6 +111,12 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   kj::Promise<void> serve_splits();
   kj::Promise<void> fetch_split(std::shared_ptr<SplitCall> call);
   void update_task_gauge();
+  // The region a request's large tensors go to (the one the consumer says
+  // it mapped), or one to offer it (a consumer on this host without one).
+  void shm_regions(wire::GetElementsRequest::Shm::Reader shm, std::shared_ptr<data::shm::ShmRegion>* use,
+                   std::shared_ptr<data::shm::ShmRegion>* offer);
+  void write_shm(wire::DataWorker::GetElementsResults::Builder results, const std::vector<PlacedTensor>& placed,
+                 const std::shared_ptr<data::shm::ShmRegion>& offer);
 
   // Constant after construction.
   const DataWorkerConfig config_;
@@ -105,6 +126,7 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   daemon::Counter* bytes_served_;
   daemon::Counter* heartbeat_failures_;
   daemon::Counter* splits_fetched_;
+  daemon::Counter* shm_bytes_ = nullptr;  // set in the constructor's body
   daemon::Counter* compressed_raw_bytes_;   // tensors sent compressed: their raw bytes
   daemon::Counter* compressed_wire_bytes_;  //   and their frames' bytes
   daemon::Gauge* tasks_gauge_;
@@ -117,6 +139,23 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   bool waiting_logged_ = false;
   HeartbeatBackoff heartbeats_;
   TaskTable<WorkerTask> tasks_;
+  // Each consumer's last numbered request to each task, which the next one
+  // waits for (see getElements); dropped when the last one ends.
+  using ChainKey = std::pair<int64_t, int64_t>;  // task id, job client id
+  struct RequestChain {
+    uint64_t generation;
+    kj::ForkedPromise<void> tail;
+  };
+  std::map<ChainKey, RequestChain> chains_;
+  uint64_t chain_generation_ = 0;
+  // Shared-memory regions of consumers on this host, by the id a consumer
+  // gave itself for this worker (GetElementsRequest.shm.client).
+  struct ShmClient {
+    std::shared_ptr<data::shm::ShmRegion> region;
+    std::chrono::steady_clock::time_point used;
+  };
+  std::map<uint64_t, ShmClient> shm_clients_;
+  bool shm_failure_logged_ = false;
 
   // Last, so its promises (which use everything above) go first.
   kj::TaskSet background_;

@@ -1,6 +1,8 @@
 #include "daemons/data_worker/task_runner.h"
 #include "sync/mutex.h"
 
+#include <algorithm>
+
 namespace capstan::data_service {
 
 TaskRunner::TaskRunner(std::unique_ptr<data::Iterator> iterator, Options options)
@@ -114,13 +116,33 @@ Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
                                    "negative, got client " + std::to_string(request.client_id) + ", received " +
                                    std::to_string(request.received));
   }
-  auto last = last_replies_.find(request.client_id);
-  if (last != last_replies_.end()) {
-    if (request.sequence == last->second.sequence) return last->second.reply;  // the reply was lost: again
-    if (request.sequence != last->second.sequence + 1) {
+  const int64_t acknowledged = request.acknowledged >= 0 ? request.acknowledged : request.sequence - 1;
+  if (acknowledged >= request.sequence) {
+    return Status::InvalidArgument("request number " + std::to_string(request.sequence) +
+                                   " acknowledges its own reply or a later one (acknowledged " +
+                                   std::to_string(acknowledged) + ")");
+  }
+  if (request.sequence - acknowledged > kMaxRequestsInFlight) {
+    return Status::InvalidArgument("request number " + std::to_string(request.sequence) + " is more than " +
+                                   std::to_string(kMaxRequestsInFlight) + " after the acknowledged number " +
+                                   std::to_string(acknowledged) + ": keep at most " +
+                                   std::to_string(kMaxRequestsInFlight) + " requests in flight per task");
+  }
+  auto client = clients_.find(request.client_id);
+  if (client != clients_.end()) {
+    ClientReplies& c = client->second;
+    c.kept.erase(c.kept.begin(), c.kept.upper_bound(acknowledged));  // the client has them
+    if (request.sequence <= c.last_served) {
+      auto kept = c.kept.find(request.sequence);
+      if (kept != c.kept.end()) return kept->second;  // the reply was lost: again
+      return Status::FailedPrecondition("client " + std::to_string(request.client_id) + " asked again for request number " +
+                                        std::to_string(request.sequence) + ", whose reply it acknowledged (the last "
+                                        "served is number " + std::to_string(c.last_served) + ")");
+    }
+    if (request.sequence != c.last_served + 1) {
       return Status::FailedPrecondition("client " + std::to_string(request.client_id) + " sent request number " +
                                         std::to_string(request.sequence) + " after number " +
-                                        std::to_string(last->second.sequence) + ": expected the same or the next");
+                                        std::to_string(c.last_served) + ": expected a kept one or the next");
     }
   } else if (!asked_ && request.received > 0) {
     // The first request this runner sees continues a read that began before
@@ -131,16 +153,24 @@ Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
   }
   asked_ = true;
   CAPSTAN_ASSIGN_OR_RETURN(Reply reply, take_first_come(request));
-  if (last == last_replies_.end()) {
-    if (last_replies_.size() >= kMaxAcknowledgedClients) {
-      last_replies_.erase(client_order_.front());
+  if (client == clients_.end()) {
+    if (clients_.size() >= kMaxAcknowledgedClients) {
+      clients_.erase(client_order_.front());
       client_order_.pop_front();
     }
     client_order_.push_back(request.client_id);
-    last = last_replies_.emplace(request.client_id, LastReply{}).first;
+    client = clients_.emplace(request.client_id, ClientReplies{}).first;
   }
-  last->second.sequence = request.sequence;
-  last->second.reply = reply;  // tensors share their buffers: a cheap copy
+  // A client this runner has not served may have had the numbers before
+  // this one answered without it (empty: the task was still being built),
+  // or may still have one on its way: either way those numbers get an empty
+  // reply ("none ready"), which takes nothing from the task.
+  for (int64_t earlier = std::max(acknowledged + 1, client->second.last_served + 1); earlier < request.sequence;
+       ++earlier) {
+    client->second.kept[earlier] = Reply{};
+  }
+  client->second.last_served = request.sequence;
+  client->second.kept[request.sequence] = reply;  // tensors share their buffers: a cheap copy
   return reply;
 }
 

@@ -5,8 +5,9 @@
 //       bounded buffer (elements and bytes) full; each request takes the
 //       next elements, up to its own limits (small elements go out in
 //       batches). Numbered requests are acknowledged: the runner keeps each
-//       consumer's last reply until the consumer's next number, so a reply
-//       lost on the way is sent again; and a runner rebuilt after its worker
+//       consumer's replies until the consumer acknowledges them (a
+//       consumer keeps up to kMaxRequestsInFlight requests in flight), so a
+//       reply lost on the way is sent again; and a runner rebuilt after its worker
 //       restarted skips the elements its first consumer says it has (the
 //       pipeline is deterministic, and DYNAMIC splits come back in the same
 //       order), so nothing is lost and nothing repeats;
@@ -50,10 +51,13 @@ class TaskRunner {
     int64_t round = -1;           // coordinated reads
     std::string trainer_id;       // cross-trainer cache
     // First-come acknowledgement: `sequence` 1, 2, 3, ... per client (0:
-    // none). The same number again is a retry; the next one acknowledges
-    // the previous reply. `received`: elements of this task the client has.
+    // none). `acknowledged`: the client has the replies up to this number
+    // (-1: sequence - 1, one request at a time). A kept number again is a
+    // retry; the next number after the last one served gets new elements.
+    // `received`: elements of this task the client has.
     int64_t client_id = -1;
     int64_t sequence = 0;
+    int64_t acknowledged = -1;
     int64_t received = 0;
     int max_elements = 1;
     int64_t max_bytes = 16 << 20;
@@ -75,13 +79,17 @@ class TaskRunner {
 
   // Elements for one request. Errors of the pipeline are returned once, in
   // order, like a local iterator's; InvalidArgument for a bad request;
-  // FailedPrecondition for a request number that is neither the previous
-  // one nor the next.
+  // FailedPrecondition for a request number that is neither a kept one nor
+  // the next (a client's first numbered request here may skip numbers: they
+  // were answered while the task was built, empty, and get empty replies);
+  // InvalidArgument for more than kMaxRequestsInFlight unacknowledged ones.
   Result<Reply> get(const Request& request);
   // Elements produced so far (for metrics and tests).
   int64_t produced() const;
   // Consumers whose last reply is kept, at most this many (the oldest go).
   static constexpr size_t kMaxAcknowledgedClients = 1024;
+  // Requests of one client after its acknowledged one, at most.
+  static constexpr int64_t kMaxRequestsInFlight = 16;
 
  private:
   Result<Reply> get_first_come(const Request& request) REQUIRES(mutex_);
@@ -110,12 +118,13 @@ class TaskRunner {
   };
   std::deque<Item> buffer_ GUARDED_BY(mutex_);
   int64_t buffer_bytes_ GUARDED_BY(mutex_) = 0;
-  // Acknowledgement: each client's last numbered reply, until its next one.
-  struct LastReply {
-    int64_t sequence = 0;
-    Reply reply;
+  // Acknowledgement: each client's replies it has not acknowledged yet, by
+  // request number, and the last number served.
+  struct ClientReplies {
+    int64_t last_served = 0;
+    std::map<int64_t, Reply> kept;
   };
-  std::map<int64_t, LastReply> last_replies_ GUARDED_BY(mutex_);
+  std::map<int64_t, ClientReplies> clients_ GUARDED_BY(mutex_);
   std::deque<int64_t> client_order_ GUARDED_BY(mutex_);  // first seen first
   bool asked_ GUARDED_BY(mutex_) = false;    // a request came in
   int64_t skip_ GUARDED_BY(mutex_) = 0;      // elements still to drop (rebuilt task)

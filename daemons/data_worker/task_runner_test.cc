@@ -223,3 +223,87 @@ TEST_CASE("destroying a runner mid-stream stops its producer", "[data-service][t
 }
 
 }  // namespace capstan::data_service
+
+// ---- Requests in flight (a window of numbered requests) ------------------------
+
+namespace capstan::data_service {
+namespace {
+
+// A numbered request of a consumer with several in flight: number
+// `sequence`, having acknowledged the replies up to `acknowledged`.
+TaskRunner::Request windowed(int64_t sequence, int64_t acknowledged, int64_t received, int n = 2) {
+  TaskRunner::Request r = numbered(5, sequence, received, n);
+  r.acknowledged = acknowledged;
+  return r;
+}
+
+}  // namespace
+
+TEST_CASE("requests in flight get consecutive elements in their numbers' order", "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(12)), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  // Three in flight before any reply arrived: none acknowledged.
+  CHECK(values(runner.get(windowed(1, 0, 0)).value()) == std::vector<int64_t>{0, 1});
+  CHECK(values(runner.get(windowed(2, 0, 0)).value()) == std::vector<int64_t>{2, 3});
+  CHECK(values(runner.get(windowed(3, 0, 0)).value()) == std::vector<int64_t>{4, 5});
+  // Reply 1 arrived: request 4 acknowledges it.
+  CHECK(values(runner.get(windowed(4, 1, 2)).value()) == std::vector<int64_t>{6, 7});
+}
+
+TEST_CASE("a reply lost mid-window is sent again, and so are the replies after it", "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(12)), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  CHECK(values(runner.get(windowed(1, 0, 0)).value()) == std::vector<int64_t>{0, 1});
+  CHECK(values(runner.get(windowed(2, 0, 0)).value()) == std::vector<int64_t>{2, 3});
+  CHECK(values(runner.get(windowed(3, 1, 2)).value()) == std::vector<int64_t>{4, 5});
+  // Reply 2 was lost (reply 3 arrived, but the consumer takes replies in
+  // order): it asks for 2 and 3 again, having acknowledged 1.
+  CHECK(values(runner.get(windowed(2, 1, 2)).value()) == std::vector<int64_t>{2, 3});
+  CHECK(values(runner.get(windowed(3, 1, 2)).value()) == std::vector<int64_t>{4, 5});
+  CHECK(values(runner.get(windowed(4, 3, 6)).value()) == std::vector<int64_t>{6, 7});
+  // Acknowledged replies are gone: asking for one again is a protocol error.
+  auto again = runner.get(windowed(2, 1, 2));
+  CHECK(again.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(again.status().message(), Catch::Contains("whose reply it acknowledged"));
+}
+
+TEST_CASE("a window's requests are checked", "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(100)), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  CHECK(runner.get(windowed(1, 0, 0)).ok());
+  // A gap: number 3 before number 2 was served.
+  auto gap = runner.get(windowed(3, 0, 0));
+  CHECK(gap.status().code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(gap.status().message(), Catch::Contains("request number 3 after number 1"));
+  // Acknowledging the request itself, or more than the window allows.
+  CHECK(runner.get(windowed(2, 2, 0)).status().code() == StatusCode::kInvalidArgument);
+  auto wide = runner.get(windowed(2 + TaskRunner::kMaxRequestsInFlight, 1, 2));
+  CHECK(wide.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(wide.status().message(), Catch::Contains("in flight"));
+  // None of that changed the state: number 2 gets the next elements.
+  CHECK(values(runner.get(windowed(2, 1, 2)).value()) == std::vector<int64_t>{2, 3});
+  // A consumer the runner has not served may have had its first numbers
+  // answered while the task was being built (empty), or have one still on
+  // its way: those numbers get an empty reply, the one it sent elements.
+  TaskRunner::Request other = windowed(4, 1, 0);
+  other.client_id = 6;
+  CHECK(values(runner.get(other).value()) == std::vector<int64_t>{4, 5});
+  other.sequence = 2;
+  auto empty = runner.get(other);
+  REQUIRE(empty.ok());
+  CHECK(empty->elements.empty());
+  CHECK_FALSE(empty->end_of_sequence);
+}
+
+TEST_CASE("a rebuilt task skips what a consumer with a window has, and serves the window in order",
+          "[data-service][task]") {
+  // The worker restarted while requests 4 and 5 were in flight; the consumer
+  // had acknowledged 3 replies (6 elements) and sends 4 and 5 again.
+  TaskRunner runner(iterate(Dataset::range(12)), {});
+  CHECK(values(runner.get(windowed(4, 3, 6, 1)).value()) == std::vector<int64_t>{6});
+  CHECK(values(runner.get(windowed(5, 3, 6, 1)).value()) == std::vector<int64_t>{7});
+  CHECK(values(runner.get(windowed(4, 3, 6, 1)).value()) == std::vector<int64_t>{6});  // 4 lost again
+  CHECK(values(runner.get(windowed(6, 4, 7, 1)).value()) == std::vector<int64_t>{8});
+}
+
+}  // namespace capstan::data_service

@@ -18,6 +18,7 @@
 #include "capstan_schemas/data_worker.capnp.h"
 #include "data/compression.h"
 #include "data/definition.h"
+#include "data/shm_region.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
@@ -33,6 +34,10 @@ using namespace std::chrono_literals;
 constexpr uint8_t kMaxProcessingMode = static_cast<uint8_t>(wire::ProcessingMode::HINT);
 // Largest reply a worker should send (it always sends at least one element).
 constexpr int64_t kMaxReplyBytes = 16 << 20;
+// What a data worker keeps unacknowledged per consumer and task
+// (TaskRunner::kMaxRequestsInFlight).
+constexpr int kMaxOutstandingRequests = 16;
+constexpr int64_t kMaxSharedMemoryBytes = int64_t{16} << 30;
 
 const char* mode_name(uint8_t mode) {
   switch (mode) {
@@ -61,6 +66,52 @@ Status pipeline_status(wire::ErrorDetail::Reader detail) {
     return Status::Unknown("a data worker reported a pipeline error with code " + std::to_string(code) + ": " + message);
   }
   return Status(static_cast<StatusCode>(code), message);
+}
+
+// A reply's tensor in shared memory, to put in its element's place.
+struct ShmPlaced {
+  uint32_t element;
+  uint32_t component;
+  Tensor tensor;
+};
+
+// The tensors of a reply's shmTensors list, from `view` (the region the
+// request named). InvalidArgument for anything that does not fit it.
+Status read_shm_tensors(capnp::List<wire::ShmTensor>::Reader list, shm::ShmView* view,
+                        std::vector<ShmPlaced>* out) {
+  if (list.size() == 0) return Status::Ok();
+  if (view == nullptr) {
+    return Status::InvalidArgument("a data worker sent " + std::to_string(list.size()) +
+                                   " tensor(s) in shared memory for a request that named no region");
+  }
+  for (auto t : list) {
+    Shape shape;
+    for (int64_t d : t.getShape()) shape.push_back(d);
+    auto tensor = view->tensor(rpc::from_wire(t.getDtype()), shape, t.getOffset(), t.getLength());
+    if (!tensor.ok()) return tensor.status().with_context("a data worker's reply");
+    out->push_back(ShmPlaced{t.getElement(), t.getComponent(), std::move(*tensor)});
+  }
+  return Status::Ok();
+}
+
+// Puts each placed tensor where its element has an empty placeholder of the
+// same dtype.
+Status put_shm_tensors(std::vector<Element>* elements, std::vector<ShmPlaced>* placed) {
+  for (ShmPlaced& p : *placed) {
+    if (p.element >= elements->size() || p.component >= (*elements)[p.element].components.size()) {
+      return Status::InvalidArgument("a data worker's reply puts a shared-memory tensor at element " +
+                                     std::to_string(p.element) + ", component " + std::to_string(p.component) +
+                                     ", which the reply does not have");
+    }
+    Tensor& slot = (*elements)[p.element].components[p.component];
+    if (slot.dtype() != p.tensor.dtype() || slot.num_elements() != 0) {
+      return Status::InvalidArgument("a data worker's reply puts a shared-memory tensor at element " +
+                                     std::to_string(p.element) + ", component " + std::to_string(p.component) +
+                                     ", whose placeholder is not an empty tensor of its dtype");
+    }
+    slot = std::move(p.tensor);
+  }
+  return Status::Ok();
 }
 
 // From a worker, NotFound means it has not heard of the task yet (or lost it
@@ -179,18 +230,49 @@ class ServiceReader final : public engine::IteratorBase {
   void mark_done(int64_t task_id);
   // No task had data: ask for a heartbeat now and back off a little.
   void idle();
-  // First-come reads of one task: the next request's number (the same again
-  // after a failed request) and the elements received from the task.
+  // First-come reads of one task: the number of the last request whose
+  // reply (and every earlier one) arrived, and the elements received from
+  // the task. The requests in flight (in_flight_) are numbered
+  // acknowledged + 1, + 2, ...
   struct Acknowledgement {
-    int64_t sequence = 1;
+    int64_t acknowledged = 0;
+    int64_t received = 0;
+  };
+  // One getElements call, everything copied (it may outlive the caller's
+  // frame: requests in flight do).
+  struct Call {
+    int64_t task_id = 0;
+    std::string address;
+    int64_t consumer_index = -1;
+    int64_t round = -1;
+    int max_elements = 1;
+    int64_t sequence = 0;  // 0: not numbered
+    int64_t acknowledged = 0;
     int64_t received = 0;
   };
   Result<Batch> fetch(const TaskRef& task, int64_t consumer_index, int64_t round,
                       int max_elements);
-  Result<Batch> fetch_once(const TaskRef& task, int64_t consumer_index, int64_t round, int max_elements,
-                           const Acknowledgement* ack, const std::string& what);
+  // First-come reads: the task's next reply, keeping
+  // config_.max_outstanding_requests requests in flight to it.
+  Result<Batch> fetch_windowed(const TaskRef& task, Acknowledgement& ack, const std::string& what);
 
   // Loop thread.
+  kj::Promise<Batch> request_elements(Call call);
+  // Shared memory with one worker (data/shm_region.h): the id this reader
+  // gave itself for that worker, and the region it mapped. A failed
+  // request gives the region up (replies that never arrive hold records);
+  // a region that cannot be mapped turns shared memory off for the worker.
+  struct WorkerShm {
+    uint64_t client = 0;
+    std::shared_ptr<shm::ShmView> view;
+    bool off = false;
+  };
+  // Fills a request's shm group; what it names.
+  WorkerShm shm_request(const std::string& address, wire::GetElementsRequest::Shm::Builder shm);
+  // Maps the region a reply offers.
+  void shm_offered(const std::string& address, const WorkerShm& used,
+                   const capnp::Response<wire::DataWorker::GetElementsResults>& response);
+  void abandon_shm(const std::string& address);
   kj::Promise<void> heartbeat();  // never rejects: failures land in fatal_
   kj::Promise<void> heartbeat_loop();
   void apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, bool job_finished);
@@ -221,6 +303,10 @@ class ServiceReader final : public engine::IteratorBase {
   kj::Own<rpc::Connection> dispatcher_;
   std::map<std::string, kj::Own<rpc::Connection>> workers_;
   std::map<std::string, bool> local_workers_;
+  // First-come reads: each task's requests in flight, oldest first (see
+  // fetch_windowed; they make progress while the consumer thread is away).
+  std::map<int64_t, std::deque<kj::Promise<Batch>>> in_flight_;
+  std::map<std::string, WorkerShm> shm_;  // by worker address
   kj::Promise<void> heartbeat_loop_ = nullptr;
   kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> wake_;  // cuts the heartbeat wait short
   bool heartbeat_in_flight_ = false;
@@ -255,6 +341,7 @@ ServiceReader::~ServiceReader() noexcept {
   }
   loop_->run_sync([this]() {
     heartbeat_loop_ = nullptr;
+    in_flight_.clear();
     workers_.clear();
     dispatcher_ = nullptr;
   });
@@ -367,7 +454,7 @@ Status ServiceReader::restore(engine::StateReader& reader) {
     int64_t received = 0;
     CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&task, 0, INT64_MAX, "a task id"));
     CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&received, 0, INT64_MAX, "an element count"));
-    acks_[task] = Acknowledgement{1, received};
+    acks_[task] = Acknowledgement{0, received};
   }
   return Status::Ok();
 }
@@ -536,70 +623,180 @@ Status ServiceReader::next_round(Element* out, bool* end_of_sequence) {
 Result<ServiceReader::Batch> ServiceReader::fetch(const TaskRef& task, int64_t consumer_index,
                                                   int64_t round, int max_elements) {
   std::string what = "getElements (task " + std::to_string(task.id) + ") from " + task.address;
-  // Numbered, acknowledged requests: first come, without the cross-trainer
-  // cache (whose trainers keep their own positions on the worker).
-  Acknowledgement* ack = nullptr;
-  if (consumer_index < 0 && !config_.cross_trainer_cache) ack = &acks_[task.id];
-  Result<Batch> batch = fetch_once(task, consumer_index, round, max_elements, ack, what);
-  if (batch.ok() && ack != nullptr) {
-    ++ack->sequence;
-    ack->received += static_cast<int64_t>(batch->elements.size());
+  // Numbered, acknowledged requests, several in flight: first come, without
+  // the cross-trainer cache (whose trainers keep their own positions on the
+  // worker).
+  if (consumer_index < 0 && !config_.cross_trainer_cache) return fetch_windowed(task, acks_[task.id], what);
+  Call call;
+  call.task_id = task.id;
+  call.address = task.address;
+  call.consumer_index = consumer_index;
+  call.round = round;
+  call.max_elements = max_elements;
+  try {
+    return loop_->run_sync([this, &call]() { return request_elements(call); });
+  } catch (const kj::Exception& e) {
+    return rpc::from_exception(e).with_context(what);
   }
-  return batch;
 }
 
-Result<ServiceReader::Batch> ServiceReader::fetch_once(const TaskRef& task, int64_t consumer_index, int64_t round,
-                                                       int max_elements, const Acknowledgement* ack,
-                                                       const std::string& what) {
+Result<ServiceReader::Batch> ServiceReader::fetch_windowed(const TaskRef& task, Acknowledgement& ack,
+                                                           const std::string& what) {
+  const size_t window = static_cast<size_t>(std::max(1, config_.max_outstanding_requests));
   try {
-    return loop_->run_sync([this, &task, consumer_index, round, max_elements, ack,
-                            &what]() -> kj::Promise<Batch> {
-      auto deadline =
-          loop_->timer().now() + config_.worker_connect_timeout.count() * kj::MILLISECONDS;
-      auto promise =
-          worker(task.address)
-              .service<wire::DataWorker>(deadline)
-              .then([this, &task, consumer_index, round, max_elements, ack](wire::DataWorker::Client client) {
-                auto request = client.getElementsRequest();
-                auto r = request.initRequest();
-                r.setTaskId(task.id);
-                r.setJobClientId(job_.job_client_id);
-                r.setConsumerIndex(consumer_index);
-                r.setRoundIndex(round);
-                r.setMaxElements(max_elements);
-                r.setMaxBytes(kMaxReplyBytes);
-                r.setTrainerId(config_.trainer_id);
-                r.setLocalConsumer(local_worker(task.address));
-                if (ack != nullptr) {
-                  r.setRequestSequence(ack->sequence);
-                  r.setReceived(ack->received);
-                }
-                return request.send();
-              })
-              .then([](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
-                bool end = response.getEndOfSequence();
-                Status pipeline_error;
-                if (response.hasPipelineError()) pipeline_error = pipeline_status(response.getPipelineError());
-                auto elements = response.getElements();
-                auto reads = kj::heapArrayBuilder<kj::Promise<Element>>(elements.size());
-                uint64_t decompressed = 0;  // the reply's compressed tensors, bounded (data/compression.h)
-                for (auto element : elements) reads.add(data::read_element(element, &decompressed));
-                return kj::joinPromises(reads.finish())
-                    .then([end, pipeline_error](kj::Array<Element>&& received) {
-                      Batch batch;
-                      batch.end_of_sequence = end;
-                      batch.pipeline_error = pipeline_error;
-                      for (auto& element : received) batch.elements.push_back(std::move(element));
-                      return batch;
-                    })
-                    .attach(kj::mv(response));
-              });
-      return rpc::with_deadline<Batch>(loop_->timer(), kj::mv(promise),
-                                       config_.worker_connect_timeout + config_.call_timeout, what);
+    return loop_->run_sync([this, &task, &ack, window]() -> kj::Promise<Batch> {
+      // The consumer thread waits in run_sync meanwhile: `ack` and `task`
+      // are safe to use until the promise returned here resolves.
+      auto refill = [this, &task, &ack, window]() {
+        auto& queue = in_flight_[task.id];
+        while (queue.size() < window) {
+          Call call;
+          call.task_id = task.id;
+          call.address = task.address;
+          call.max_elements = config_.max_elements_per_request;
+          call.sequence = ack.acknowledged + static_cast<int64_t>(queue.size()) + 1;
+          call.acknowledged = ack.acknowledged;
+          call.received = ack.received;
+          queue.push_back(request_elements(kj::mv(call)).eagerlyEvaluate(nullptr));
+        }
+      };
+      refill();
+      auto& queue = in_flight_[task.id];
+      kj::Promise<Batch> oldest = kj::mv(queue.front());
+      queue.pop_front();
+      int64_t task_id = task.id;
+      return oldest.then(
+          [this, &ack, refill, task_id](Batch&& batch) {
+            ++ack.acknowledged;
+            ack.received += static_cast<int64_t>(batch.elements.size());
+            if (batch.end_of_sequence) {
+              in_flight_.erase(task_id);  // the task has no more: the requests after it neither
+            } else {
+              refill();  // at once, acknowledging this reply
+            }
+            return kj::mv(batch);
+          },
+          [this, task_id](kj::Exception&& e) -> Batch {
+            // The requests after this one are dropped and sent again, with
+            // the same numbers, once this one is: the worker keeps every
+            // reply we did not acknowledge.
+            in_flight_.erase(task_id);
+            kj::throwFatalException(kj::mv(e));
+          });
     });
   } catch (const kj::Exception& e) {
     return rpc::from_exception(e).with_context(what);
   }
+}
+
+kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
+  std::string what = "getElements (task " + std::to_string(call.task_id) + ") from " + call.address;
+  auto deadline = loop_->timer().now() + config_.worker_connect_timeout.count() * kj::MILLISECONDS;
+  auto promise =
+      worker(call.address)
+          .service<wire::DataWorker>(deadline)
+          .then([this, call](wire::DataWorker::Client client) {
+            auto request = client.getElementsRequest();
+            auto r = request.initRequest();
+            r.setTaskId(call.task_id);
+            r.setJobClientId(job_.job_client_id);
+            r.setConsumerIndex(call.consumer_index);
+            r.setRoundIndex(call.round);
+            r.setMaxElements(call.max_elements);
+            r.setMaxBytes(kMaxReplyBytes);
+            r.setTrainerId(config_.trainer_id);
+            r.setLocalConsumer(local_worker(call.address));
+            if (call.sequence > 0) {
+              r.setRequestSequence(call.sequence);
+              r.setAcknowledged(call.acknowledged);
+              r.setReceived(call.received);
+            }
+            WorkerShm used = shm_request(call.address, r.initShm());
+            return request.send().then(
+                [this, used, address = call.address](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
+                  shm_offered(address, used, response);
+                  return kj::mv(response);
+                }).then([used](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
+                  return std::make_pair(kj::mv(response), used.view);
+                });
+          })
+          .then([](std::pair<capnp::Response<wire::DataWorker::GetElementsResults>, std::shared_ptr<shm::ShmView>>&&
+                       received_reply) {
+            auto& response = received_reply.first;
+            std::shared_ptr<shm::ShmView> view = received_reply.second;
+            bool end = response.getEndOfSequence();
+            Status pipeline_error;
+            if (response.hasPipelineError()) pipeline_error = pipeline_status(response.getPipelineError());
+            auto elements = response.getElements();
+            auto reads = kj::heapArrayBuilder<kj::Promise<Element>>(elements.size());
+            uint64_t decompressed = 0;  // the reply's compressed tensors, bounded (data/compression.h)
+            for (auto element : elements) reads.add(data::read_element(element, &decompressed));
+            // The tensors in shared memory, read now (the response goes
+            // once the elements are read).
+            std::vector<ShmPlaced> placed;
+            Status shm_error;
+            if (response.hasShmTensors()) shm_error = read_shm_tensors(response.getShmTensors(), view.get(), &placed);
+            return kj::joinPromises(reads.finish())
+                .then([end, pipeline_error, placed = kj::mv(placed),
+                       shm_error](kj::Array<Element>&& received) mutable {
+                  if (!shm_error.ok()) rpc::throw_status(shm_error);
+                  Batch batch;
+                  batch.end_of_sequence = end;
+                  batch.pipeline_error = pipeline_error;
+                  for (auto& element : received) batch.elements.push_back(std::move(element));
+                  Status put = put_shm_tensors(&batch.elements, &placed);
+                  if (!put.ok()) rpc::throw_status(put);
+                  return batch;
+                })
+                .attach(kj::mv(received_reply));
+          });
+  std::string address = call.address;
+  return rpc::with_deadline<Batch>(loop_->timer(), kj::mv(promise),
+                                   config_.worker_connect_timeout + config_.call_timeout, what)
+      .catch_([this, address](kj::Exception&& e) -> Batch {
+        // The replies of this region that will never be read would hold
+        // their records for good: start over with a fresh region.
+        abandon_shm(address);
+        kj::throwFatalException(kj::mv(e));
+      });
+}
+
+ServiceReader::WorkerShm ServiceReader::shm_request(const std::string& address,
+                                                    wire::GetElementsRequest::Shm::Builder shm) {
+  if (config_.shared_memory_bytes <= 0) return {};
+  WorkerShm& state = shm_[address];
+  if (state.off) return {};
+  if (state.client == 0) {
+    static thread_local std::mt19937_64 rng(std::random_device{}());
+    while (state.client == 0) state.client = rng();
+  }
+  shm.setClient(state.client);
+  shm.setBootId(shm::boot_id());
+  shm.setRegionBytes(config_.shared_memory_bytes);
+  if (state.view) shm.setRegion(state.view->token());
+  return state;
+}
+
+void ServiceReader::shm_offered(const std::string& address, const WorkerShm& used,
+                                const capnp::Response<wire::DataWorker::GetElementsResults>& response) {
+  if (!response.hasShmOffer() || used.client == 0) return;
+  WorkerShm& state = shm_[address];
+  if (state.off || state.client != used.client) return;  // given up meanwhile
+  auto offer = response.getShmOffer();
+  if (state.view && state.view->token() == offer.getToken()) return;
+  auto view = shm::ShmView::open(offer.getPid(), offer.getFd(), offer.getToken(), offer.getBytes());
+  if (view.ok()) {
+    state.view = *view;
+  } else {
+    state.off = true;  // not on this host after all, or not reachable: TCP to this worker
+    state.view = nullptr;
+  }
+}
+
+void ServiceReader::abandon_shm(const std::string& address) {
+  auto it = shm_.find(address);
+  if (it == shm_.end() || it->second.off) return;
+  it->second = WorkerShm{};
 }
 
 bool ServiceReader::local_worker(const std::string& address) {
@@ -678,6 +875,7 @@ void ServiceReader::apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, b
     bool gone = !state.listed &&
                 (state.done || (state.failing_since &&
                                 now - *state.failing_since > config_.worker_drop_after));
+    if (gone && in_flight_.erase(it->first) > 0) abandon_shm(state.address);
     it = gone ? tasks_.erase(it) : std::next(it);
   }
   job_finished_ = job_finished;
@@ -700,6 +898,8 @@ ReaderConfig config_from_op(wire::Op::Reader op) {
   config.cross_trainer_cache = d.getCrossTrainerCache();
   config.cross_trainer_cache_bytes = d.getCrossTrainerCacheBytes();
   config.max_elements_per_request = d.getMaxElementsPerRequest();
+  config.max_outstanding_requests = d.getMaxOutstandingRequests();
+  config.shared_memory_bytes = d.getSharedMemoryBytes();
   config.token = d.getToken().cStr();
   return config;
 }
@@ -744,6 +944,14 @@ Status validate_data_service(wire::Op::Reader op) {
   if (c.max_elements_per_request <= 0) {
     return invalid("max_elements_per_request must be positive, got " +
                    std::to_string(c.max_elements_per_request));
+  }
+  if (c.max_outstanding_requests < 1 || c.max_outstanding_requests > kMaxOutstandingRequests) {
+    return invalid("max_outstanding_requests must be in [1, " + std::to_string(kMaxOutstandingRequests) +
+                   "], got " + std::to_string(c.max_outstanding_requests));
+  }
+  if (c.shared_memory_bytes < 0 || c.shared_memory_bytes > kMaxSharedMemoryBytes) {
+    return invalid("shared_memory_bytes must be in [0, " + std::to_string(kMaxSharedMemoryBytes) +
+                   "] (0: TCP only), got " + std::to_string(c.shared_memory_bytes));
   }
   return Status::Ok();
 }
@@ -814,6 +1022,8 @@ Dataset from_dataset_id(const std::string& dispatcher_address, const std::string
   d.setCrossTrainerCache(options.cross_trainer_cache);
   d.setCrossTrainerCacheBytes(options.cross_trainer_cache_bytes);
   d.setMaxElementsPerRequest(options.max_elements_per_request);
+  d.setMaxOutstandingRequests(options.max_outstanding_requests);
+  d.setSharedMemoryBytes(options.shared_memory_bytes);
   d.setToken(options.client.token);
   return Dataset(std::make_shared<const Dataset::Impl>(message));
 }

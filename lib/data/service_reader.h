@@ -30,12 +30,45 @@
 // error, as from a local pipeline.
 //
 // Nothing lost, nothing twice (first-come reads): requests to a task are
-// numbered 1, 2, 3, ... and carry how many of its elements the reader has;
-// a request that failed goes again with the same number, and the worker,
-// which keeps the last reply until the next number acknowledges it, sends
-// the same elements again. A worker that restarted rebuilds the task (same
-// DYNAMIC splits, see getSplit) and skips what the reader already has.
-// TensorFlow loses the elements of a lost reply.
+// numbered 1, 2, 3, ... and carry how many of its elements the reader has
+// and `acknowledged`, the number of the last request whose reply (and every
+// earlier one) arrived. The worker keeps every reply after `acknowledged`.
+// A request that failed goes again with the same number and gets the same
+// elements. A worker that restarted rebuilds the task (same DYNAMIC splits,
+// see getSplit) and skips what the reader already has. TensorFlow loses
+// the elements of a lost reply.
+//
+// Requests in flight (TF's max_outstanding_requests, per task here): the
+// reader keeps max_outstanding_requests numbered requests out to each task
+// it reads, so the next replies travel while the consumer works on the
+// last. Example with 2: it sends 1 and 2 (acknowledged 0); reply 1 arrives,
+// it sends 3 (acknowledged 1); reply 2, it sends 4 (acknowledged 2); ...
+// Replies are taken in their numbers' order, so a task's elements keep
+// their order; the worker serves one consumer's requests to a task one
+// after the other in that order too (DataWorkerService::getElements). When
+// the oldest request fails, the ones after it are dropped whatever they
+// got, and the window starts again from the failed number: the worker
+// still has those replies (none was acknowledged) and sends them again;
+// a restarted worker rebuilds the task and skips the `received` elements.
+// A worker may answer a request without its task's runner (an empty reply
+// while the task is being built); a runner that first hears of a reader at
+// number n > acknowledged + 1 answers the numbers in between empty.
+//
+// Shared memory (ReaderConfig::shared_memory_bytes > 0, data/shm_region.h):
+// every getElements also carries the reader's id for that worker, its
+// host's boot id, and the token of the worker's region it has mapped (none
+// at first). A worker on the same host answers the first such request with
+// an offer (a sealed memfd, opened here as /proc/<pid>/fd/<fd> and checked:
+// only a process on the same host and in the same PID namespace can, which
+// is the locality test; a container without /proc access or another user
+// cannot, and reads that worker by TCP). Once the reader names the region,
+// the worker writes each large tensor (>= 64 KiB, not strings) once into
+// it and the reply carries offsets; the reader checks each against the
+// region and hands out tensors that point into it, released when dropped
+// (on any thread). A tensor that does not fit while the region is full
+// goes by TCP. A failed request gives the region up (the replies that will
+// never be read hold records in it) and the next request asks for a new one;
+// the worker drops regions nobody names for a minute.
 //
 // Thread-safety: get_next() from one thread at a time (the engine's
 // contract). Cap'n Proto objects live on the reader's own LoopThread.
@@ -65,6 +98,8 @@ struct ReaderConfig {
   bool cross_trainer_cache = false;
   int64_t cross_trainer_cache_bytes = 0;
   int max_elements_per_request = 64;
+  int max_outstanding_requests = 2;     // first come: getElements in flight per task
+  int64_t shared_memory_bytes = 128 << 20;  // the region asked of a worker on this host; 0: TCP only
   std::string token;
   std::string client_name = "data-service-reader";
 

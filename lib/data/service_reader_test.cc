@@ -109,12 +109,22 @@ struct WorkerState {
   int64_t offset = 0;
   int64_t elements = 10;
   std::map<int64_t, int64_t> next;  // task -> next index
+  // Numbered requests, as a real worker answers them: per task, the last
+  // number served and the replies not acknowledged (their values; -1 ends).
+  struct Numbered {
+    int64_t last_served = 0;
+    std::map<int64_t, std::vector<int64_t>> kept;
+  };
+  std::map<int64_t, Numbered> numbered;
   std::optional<Status> fail_once;  // the next request fails with this
+  int64_t fail_sequence = 0;         // the first request with this number fails (Unavailable)
+  bool bogus_shm_once = false;       // the next reply names a shared-memory tensor it never offered
   int not_ready = 0;                // the next requests get empty replies
   struct Request {
     int64_t task_id, job_client_id, consumer_index, round;
     int max_elements;
     std::string trainer_id;
+    int64_t sequence = 0, acknowledged = 0, received = 0;
   };
   std::vector<Request> requests;
 };
@@ -133,14 +143,15 @@ class FakeWorker final : public wire::DataWorker::Server {
   kj::Promise<void> getElements(GetElementsContext context) override {
     auto r = context.getParams().getRequest();
     std::lock_guard<std::mutex> lock(state_->mutex);
-    state_->requests.push_back({r.getTaskId(), r.getJobClientId(), r.getConsumerIndex(),
-                                r.getRoundIndex(), r.getMaxElements(), r.getTrainerId().cStr()});
+    state_->requests.push_back({r.getTaskId(), r.getJobClientId(), r.getConsumerIndex(), r.getRoundIndex(),
+                                r.getMaxElements(), r.getTrainerId().cStr(), r.getRequestSequence(),
+                                r.getAcknowledged(), r.getReceived()});
     if (state_->fail_once) {
       Status error = *state_->fail_once;
       state_->fail_once.reset();
       return rpc::to_exception(error);
     }
-    if (state_->not_ready > 0) {
+    if (state_->not_ready > 0 && r.getRequestSequence() == 0) {
       --state_->not_ready;
       context.getResults().initElements(0);
       return kj::READY_NOW;
@@ -148,6 +159,35 @@ class FakeWorker final : public wire::DataWorker::Server {
     std::vector<Element> out;
     if (r.getConsumerIndex() >= 0) {
       out.push_back(int_element(r.getRoundIndex() * 100 + r.getConsumerIndex()));
+    } else if (r.getRequestSequence() > 0) {
+      WorkerState::Numbered& n = state_->numbered[r.getTaskId()];
+      int64_t sequence = r.getRequestSequence();
+      if (sequence == state_->fail_sequence) {
+        state_->fail_sequence = 0;
+        return rpc::to_exception(Status::Unavailable("reply " + std::to_string(sequence) + " lost"));
+      }
+      n.kept.erase(n.kept.begin(), n.kept.upper_bound(r.getAcknowledged()));
+      std::vector<int64_t> values;
+      if (sequence <= n.last_served && n.kept.count(sequence) > 0) {
+        values = n.kept[sequence];
+      } else if (sequence == n.last_served + 1) {
+        int64_t& next = state_->next[r.getTaskId()];
+        bool not_ready = state_->not_ready > 0;
+        if (not_ready) --state_->not_ready;
+        while (!not_ready && next < state_->elements && static_cast<int>(values.size()) < r.getMaxElements()) {
+          values.push_back(state_->offset + next++);
+        }
+        n.last_served = sequence;
+        n.kept[sequence] = values;
+      } else {
+        return rpc::to_exception(Status::FailedPrecondition("request number " + std::to_string(sequence) +
+                                                            " after " + std::to_string(n.last_served)));
+      }
+      for (int64_t v : values) out.push_back(int_element(v));
+      if (values.empty() && state_->next[r.getTaskId()] < state_->elements) {
+        context.getResults().initElements(0);
+        return kj::READY_NOW;  // not ready
+      }
     } else {
       int64_t& next = state_->next[r.getTaskId()];
       while (next < state_->elements && static_cast<int>(out.size()) < r.getMaxElements()) {
@@ -159,6 +199,14 @@ class FakeWorker final : public wire::DataWorker::Server {
       rpc::write_element(elements[i], out[i], rpc::codec_options_for(64 << 20));
     }
     context.getResults().setEndOfSequence(out.empty());
+    if (state_->bogus_shm_once && !out.empty()) {
+      state_->bogus_shm_once = false;
+      auto t = context.getResults().initShmTensors(1)[0];
+      t.setDtype(wire::DType::INT64);
+      t.initShape(1).set(0, 1);
+      t.setOffset(4096 + 64);
+      t.setLength(8);
+    }
     return kj::READY_NOW;
   }
 
@@ -686,6 +734,86 @@ TEST_CASE("a worker's element error is returned once and reading continues", "[d
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(s.message(), Catch::Contains("bad record 3"));
   CHECK(drain(*reader) == iota(0, 10));
+}
+
+TEST_CASE("the reader keeps max_outstanding_requests numbered requests in flight per task",
+          "[data][service][rpc]") {
+  DispatcherState state;
+  DispatcherServer dispatcher(&state);
+  WorkerState w;
+  w.elements = 20;
+  WorkerServer worker(&w);
+  state.tasks = {{1, worker.address()}};
+  ReadOptions options;
+  options.max_elements_per_request = 2;
+  options.max_outstanding_requests = 3;
+  auto reader = make_service_reader(fast_config(dispatcher.address(), options));
+  CHECK(drain(*reader) == iota(0, 20));
+  std::lock_guard<std::mutex> lock(w.mutex);
+  REQUIRE(w.requests.size() >= 10);
+  // Three went out before any reply came back; each later one acknowledges
+  // the reply that made room for it, with the elements received so far.
+  for (size_t i = 0; i < 3; ++i) {
+    CHECK(w.requests[i].sequence == static_cast<int64_t>(i) + 1);
+    CHECK(w.requests[i].acknowledged == 0);
+  }
+  for (size_t i = 3; i < 10; ++i) {
+    CHECK(w.requests[i].sequence == static_cast<int64_t>(i) + 1);
+    CHECK(w.requests[i].acknowledged == static_cast<int64_t>(i) - 2);
+    CHECK(w.requests[i].received == 2 * w.requests[i].acknowledged);
+  }
+}
+
+TEST_CASE("a reply lost mid-window is asked for again: nothing lost, nothing twice, in order",
+          "[data][service][rpc]") {
+  DispatcherState state;
+  DispatcherServer dispatcher(&state);
+  WorkerState w;
+  w.elements = 20;
+  w.fail_sequence = 3;
+  WorkerServer worker(&w);
+  state.tasks = {{1, worker.address()}};
+  ReadOptions options;
+  options.max_elements_per_request = 2;
+  options.max_outstanding_requests = 4;
+  auto reader = make_service_reader(fast_config(dispatcher.address(), options));
+  CHECK(drain(*reader) == iota(0, 20));
+  std::lock_guard<std::mutex> lock(w.mutex);
+  int asked_for_3 = 0;
+  for (const auto& r : w.requests) asked_for_3 += r.sequence == 3 ? 1 : 0;
+  CHECK(asked_for_3 == 2);
+}
+
+TEST_CASE("a reply naming shared memory the reader never mapped is an error, and reading goes on",
+          "[data][service][rpc]") {
+  DispatcherState state;
+  DispatcherServer dispatcher(&state);
+  WorkerState w;
+  w.bogus_shm_once = true;
+  WorkerServer worker(&w);
+  state.tasks = {{1, worker.address()}};
+  auto reader = make_service_reader(fast_config(dispatcher.address()));
+  Element e;
+  bool end = false;
+  Status s = reader->get_next(&e, &end);
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(s.message(), Catch::Contains("shared memory"));
+  // The worker keeps the reply; asked again, it sends it without the bogus part.
+  CHECK(drain(*reader) == iota(0, 10));
+}
+
+TEST_CASE("max_outstanding_requests is checked", "[data][service]") {
+  ReadOptions options;
+  options.max_outstanding_requests = 0;
+  auto status = make_error(from_dataset_id("localhost:1", "1", options));
+  CHECK(status.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(status.message(), Catch::Contains("max_outstanding_requests"));
+  options.max_outstanding_requests = 17;
+  CHECK(make_error(from_dataset_id("localhost:1", "1", options)).code() == StatusCode::kInvalidArgument);
+  options.max_outstanding_requests = 1;
+  options.shared_memory_bytes = -1;
+  CHECK_THAT(make_error(from_dataset_id("localhost:1", "1", options)).message(),
+             Catch::Contains("shared_memory_bytes"));
 }
 
 TEST_CASE("a worker that has not heard of the task yet is asked again", "[data][service][rpc]") {

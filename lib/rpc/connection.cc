@@ -81,10 +81,28 @@ void Connection::reset() {
 
 kj::Promise<wire::Node::Client> Connection::node(kj::TimePoint deadline) {
   if (link_.get() != nullptr) return link_->node;
-  KJ_IF_MAYBE(pending, pending_) { return pending->addBranch(); }
-  auto forked = attempt(deadline, 1, options_.initial_backoff).fork();
+  KJ_IF_MAYBE(pending, pending_) {
+    if (!*pending_settled_) return pending->addBranch();
+    // It ended, but the caller that would have cleared it was cancelled
+    // first (a dropped request): a failed attempt must not be handed out
+    // again forever, so start another.
+    pending_ = nullptr;
+  }
+  auto settled = std::make_shared<bool>(false);
+  auto forked = attempt(deadline, 1, options_.initial_backoff)
+                    .then(
+                        [settled](wire::Node::Client node) {
+                          *settled = true;
+                          return node;
+                        },
+                        [settled](kj::Exception&& e) -> wire::Node::Client {
+                          *settled = true;
+                          kj::throwFatalException(kj::mv(e));
+                        })
+                    .fork();
   auto branch = forked.addBranch();
   pending_ = kj::mv(forked);
+  pending_settled_ = kj::mv(settled);
   // Clear the shared attempt whichever way it ends, so a later call retries.
   return branch.then(
       [this](wire::Node::Client node) {

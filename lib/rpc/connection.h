@@ -19,6 +19,7 @@
 
 #include <chrono>
 #include <functional>
+#include <memory>
 #include <string>
 
 #include "capstan/status.h"
@@ -91,6 +92,7 @@ class Connection {
   kj::Own<Link> link_;
   // Shares one connection attempt among concurrent callers.
   kj::Maybe<kj::ForkedPromise<wire::Node::Client>> pending_;
+  std::shared_ptr<bool> pending_settled_;  // pending_ has resolved or failed
   // Watches the live link and forgets it when it breaks.
   kj::Promise<void> watch_ = nullptr;
 };

@@ -12,6 +12,7 @@
 #include <numeric>
 #include <random>
 #include <set>
+#include <sstream>
 #include <thread>
 
 #include "capstan/data/dataset.h"
@@ -733,6 +734,82 @@ TEST_CASE("FILE sharding with fewer files than workers is refused", "[data-servi
   Status status = it.ok() ? (*it)->get_next().status() : it.status();
   CHECK(status.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(status.message(), Catch::Contains("fewer than the 2 workers"));
+}
+
+}  // namespace capstan::testing
+
+namespace capstan::testing {
+namespace {
+
+// A counter of a daemon's /metrics (0 when absent).
+double metric(const Daemon& daemon, const std::string& name) {
+  std::istringstream lines(daemon.http_get("/metrics").second);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return 0;
+}
+
+std::vector<Element> read_elements(const Dataset& ds) {
+  auto it = ds.make_iterator();
+  REQUIRE(it.ok());
+  std::vector<Element> out;
+  while (true) {
+    auto next = (*it)->get_next();
+    INFO(next.status().to_string());
+    REQUIRE(next.ok());
+    if (!next->has_value()) break;
+    out.push_back(**next);
+  }
+  return out;
+}
+
+}  // namespace
+
+// The shared-memory path (data/shm_region.h) against the real worker: the
+// same elements, in the same order, as over TCP; large tensors go through
+// the region (the worker counts their bytes), small ones by TCP beside them.
+TEST_CASE("OFF mode over shared memory and over TCP: identical elements", "[data-service][shm]") {
+  DataService s(1);
+  constexpr int64_t kRows = 24, kRowInts = 32768;  // 256 KiB rows: over the shared-memory threshold
+  std::vector<int64_t> values(static_cast<size_t>(kRows * kRowInts));
+  std::iota(values.begin(), values.end(), int64_t{0});
+  auto big = Tensor::from_vector<int64_t>(values, {kRows, kRowInts});
+  REQUIRE(big.ok());
+  std::vector<int64_t> labels(static_cast<size_t>(kRows));
+  std::iota(labels.begin(), labels.end(), int64_t{100});
+  auto small = Tensor::from_vector<int64_t>(labels, {kRows});
+  REQUIRE(small.ok());
+  const Dataset ds = Dataset::from_tensor_slices(Element{{*big, *small}, {}}).repeat(3);
+  const std::string id = registered(s, ds);
+
+  service::ReadOptions tcp;
+  tcp.shared_memory_bytes = 0;
+  std::vector<Element> over_tcp = read_elements(service::from_dataset_id(s.address(), id, tcp));
+  CHECK(metric(*s.workers[0], "capstan_data_worker_shm_bytes_total") == 0);
+
+  service::ReadOptions shm;
+  shm.shared_memory_bytes = 8 << 20;  // smaller than the data: the ring wraps, records are reused
+  shm.max_outstanding_requests = 3;
+  shm.max_elements_per_request = 4;  // many replies: the first three only get the offer
+  std::vector<Element> over_shm = read_elements(service::from_dataset_id(s.address(), id, shm));
+
+  REQUIRE(over_tcp.size() == static_cast<size_t>(3 * kRows));
+  REQUIRE(over_shm.size() == over_tcp.size());
+  for (size_t i = 0; i < over_tcp.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(over_shm[i].components.size() == 2);
+    CHECK(over_shm[i].components[0].equals(over_tcp[i].components[0]));
+    CHECK(over_shm[i].components[1].equals(over_tcp[i].components[1]));
+    CHECK(over_shm[i].components[0].flat<int64_t>()[0] == static_cast<int64_t>(i % kRows) * kRowInts);
+  }
+  // The first replies only offer the region; the later ones' rows travel in
+  // it until it is full (this reader keeps every element, so no record is
+  // released), then by TCP.
+  double shm_bytes = metric(*s.workers[0], "capstan_data_worker_shm_bytes_total");
+  CHECK(shm_bytes >= static_cast<double>(4 << 20));
+  CHECK(shm_bytes <= static_cast<double>(8 << 20));
 }
 
 }  // namespace capstan::testing

@@ -68,6 +68,17 @@ struct ReadOptions {
   // shrink; "ZSTD" compresses every tensor that shrinks; "NONE" never.
   // Any case; another value is InvalidArgument.
   std::string compression = "AUTO";
+  // getElements calls kept in flight per task (first-come reads; TF's
+  // max_outstanding_requests), 1 to 16: the next replies travel while the
+  // consumer works on the last. Each may carry up to 16 MiB.
+  int max_outstanding_requests = 2;
+  // Shared memory with a data worker on this host (TF's target_workers
+  // "LOCAL" idea, but automatic): the worker writes large tensors once
+  // into a region of this many bytes that the reader maps, and the reader
+  // hands them out in place. Used whenever the worker is on this host and
+  // both sides can map the region, TCP otherwise (and for any element that
+  // does not fit while the region is full); 0 turns it off.
+  int64_t shared_memory_bytes = 128 << 20;
   // The token travels in the dataset definition (an empty one falls back to
   // token_from_environment() when the reader starts). register_dataset uses
   // every field; a reader uses the default timeouts and message limit.
