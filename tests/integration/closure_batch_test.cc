@@ -14,11 +14,11 @@
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/worker.capnp.h"
-#include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "tests/harness/process.h"
+#include "tests/integration/raw_rpc.h"
 #include "tests/integration/training_cluster.h"
 
 namespace capstan::testing {
@@ -29,19 +29,6 @@ Element sleep_args(int64_t millis, int64_t tag) {
 }
 
 float counter(ClusterCoordinator& client) { return client.read_variable("counter").value().flat<float>()[0]; }
-
-// The status a raw call on the node at `address` ends with.
-template <typename Call>
-Status raw_call(rpc::LoopThread& loop, const std::string& address, Call call) {
-  return loop.run_sync([&]() -> kj::Promise<Status> {
-    auto conn = kj::heap<rpc::Connection>(loop.io(), loop.timer(), address, rpc::ConnectOptions{});
-    auto deadline = loop.timer().now() + 10 * kj::SECONDS;
-    return conn->node(deadline)
-        .then([call](wire::Node::Client node) { return call(node); })
-        .then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); })
-        .attach(kj::mv(conn));
-  });
-}
 
 }  // namespace
 
