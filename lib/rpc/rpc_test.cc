@@ -24,6 +24,7 @@
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/http_sniff_stream.h"
+#include "rpc/loop_thread.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/mailbox.h"
 #include "rpc/message_stream.h"
@@ -751,6 +752,38 @@ TEST_CASE("a client reconnects after the daemon restarts", "[rpc][reconnect]") {
   auto up = (*client)->info();
   REQUIRE(up.ok());
   CHECK(up->role == "ps");
+}
+
+// A data-service reader drops requests in flight (a window reset), which
+// can cancel the caller that started a connection attempt; the attempt must
+// not be handed out again once it failed.
+TEST_CASE("a failed connection attempt whose first caller was dropped is not reused", "[rpc][reconnect]") {
+  uint16_t port;
+  {
+    TestServer probe;
+    port = probe.port;
+  }
+  LoopThread loop("connection-test");
+  kj::Own<Connection> conn;
+  loop.run_sync([&loop, &conn, port]() {
+    conn = kj::heap<Connection>(loop.io(), loop.timer(), "127.0.0.1:" + std::to_string(port), ConnectOptions{});
+    // Nothing listens: this attempt fails after 200 ms; its caller is gone at once.
+    auto dropped = conn->node(loop.timer().now() + 200 * kj::MILLISECONDS);
+  });
+  std::this_thread::sleep_for(600ms);
+  RpcServerOptions options;
+  options.port = port;
+  TestServer server(options);
+  bool connected = false;
+  try {
+    connected = loop.run_sync([&loop, &conn]() -> kj::Promise<bool> {
+      return conn->node(loop.timer().now() + 5 * kj::SECONDS).then([](wire::Node::Client) { return true; });
+    });
+  } catch (const kj::Exception& e) {
+    FAIL("node() failed: " << from_exception(e).to_string());
+  }
+  CHECK(connected);
+  loop.run_sync([&conn]() { conn = nullptr; });
 }
 
 TEST_CASE("a call that outlives its deadline fails with DeadlineExceeded", "[rpc][deadline]") {
