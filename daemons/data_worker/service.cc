@@ -648,6 +648,15 @@ void set_pipeline_error(wire::DataWorker::GetElementsResults::Builder results, c
 
 // ---- Shared memory (data/shm_region.h) ----------------------------------------
 
+bool has_shm_tensor(const TaskRunner::Reply& reply) {
+  for (const Element& e : reply.elements) {
+    for (const Tensor& t : e.components) {
+      if (t.dtype() != DType::kString && t.byte_size() >= data::shm::kMinTensorBytes) return true;
+    }
+  }
+  return false;
+}
+
 std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunner::Reply* reply) {
   std::vector<PlacedTensor> placed;
   for (size_t e = 0; e < reply->elements.size(); ++e) {
@@ -669,8 +678,7 @@ std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunn
 }
 
 void DataWorkerService::shm_regions(wire::GetElementsRequest::Shm::Reader shm,
-                                    std::shared_ptr<data::shm::ShmRegion>* use,
-                                    std::shared_ptr<data::shm::ShmRegion>* offer) {
+                                    std::shared_ptr<data::shm::ShmRegion>* use, std::optional<ShmAsk>* ask) {
   const uint64_t client = shm.getClient();
   if (client == 0) return;
   auto now = std::chrono::steady_clock::now();
@@ -688,25 +696,31 @@ void DataWorkerService::shm_regions(wire::GetElementsRequest::Shm::Reader shm,
   }
   // Only a consumer on this host can map a region; others keep to TCP.
   if (data::shm::boot_id().empty() || text(shm.getBootId()) != data::shm::boot_id()) return;
-  if (it != shm_clients_.end() && it->second.region->fd() < 0) {
-    shm_clients_.erase(it);  // offered and mapped, but the consumer names another: start over
-    it = shm_clients_.end();
-  }
+  *ask = ShmAsk{client, shm.getRegionBytes()};
+}
+
+std::shared_ptr<data::shm::ShmRegion> DataWorkerService::shm_offer(const ShmAsk& ask) {
+  auto now = std::chrono::steady_clock::now();
+  const uint64_t client = ask.client;
+  auto it = shm_clients_.find(client);
+  // Mapped already (a request sent before the consumer mapped it): no
+  // second region. A consumer that gives its region up asks under a new id.
+  if (it != shm_clients_.end() && it->second.region->fd() < 0) return nullptr;
   if (it == shm_clients_.end()) {
-    if (shm_clients_.size() >= kMaxShmRegions) return;
-    size_t bytes = static_cast<size_t>(std::clamp<int64_t>(shm.getRegionBytes(), 0, kMaxShmRegionBytes));
+    if (shm_clients_.size() >= kMaxShmRegions) return nullptr;
+    size_t bytes = static_cast<size_t>(std::clamp<int64_t>(ask.bytes, 0, kMaxShmRegionBytes));
     auto created = data::shm::ShmRegion::create(bytes);
     if (!created.ok()) {
       if (!shm_failure_logged_) {
         ctx_.log->warn("no shared memory for consumers on this host ({}); they read by TCP", created.status().to_string());
         shm_failure_logged_ = true;
       }
-      return;
+      return nullptr;
     }
     it = shm_clients_.emplace(client, ShmClient{*created, now}).first;
   }
   it->second.used = now;
-  *offer = it->second.region;
+  return it->second.region;
 }
 
 void DataWorkerService::write_shm(wire::DataWorker::GetElementsResults::Builder results,
@@ -794,15 +808,19 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   auto frames = std::make_shared<std::vector<data::ElementFrames>>();
   const bool local_consumer = request.getLocalConsumer();
   // Shared memory with a consumer on this host: the region this reply's
-  // large tensors go to (placed on the pool), and one to offer.
-  std::shared_ptr<data::shm::ShmRegion> region, offer;
-  shm_regions(request.getShm(), &region, &offer);
+  // large tensors go to (placed on the pool), or the consumer's ask for one,
+  // answered once a reply has a tensor worth it (none for small elements).
+  std::shared_ptr<data::shm::ShmRegion> region;
+  std::optional<ShmAsk> ask;
+  shm_regions(request.getShm(), &region, &ask);
   auto placed = std::make_shared<std::vector<PlacedTensor>>();
+  auto large = std::make_shared<bool>(false);  // the reply has a tensor for shared memory
   kj::ForkedPromise<void> ran = before
-                                    .then([this, task, get, slot, frames, local_consumer, region, placed]() {
+                                    .then([this, task, get, slot, frames, local_consumer, region, placed, large]() {
                                       return rpc::run_on_pool(ctx_.pool, [task, get, frames, local_consumer, region,
-                                                                          placed]() {
+                                                                          placed, large]() {
                                                auto reply = task->runner->get(get);
+                                               if (reply.ok()) *large = has_shm_tensor(*reply);
                                                if (reply.ok() && region) *placed = place_in_region(*region, &*reply);
                                                if (reply.ok()) *frames = task->compressor->frames(reply->elements, local_consumer);
                                                return reply;
@@ -821,7 +839,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         }
         return std::move(**slot);
       })
-      .then([this, context, task_id, job_id = task->job_id, frames, placed, offer](Result<TaskRunner::Reply> reply) mutable {
+      .then([this, context, task_id, job_id = task->job_id, frames, placed, ask, large](Result<TaskRunner::Reply> reply) mutable {
         if (!reply.ok()) rpc::throw_status(reply.status());
         auto results = context.getResults();
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
@@ -837,7 +855,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
             compressed_wire_bytes_->inc(static_cast<double>(frame->size));
           }
         }
-        write_shm(results, *placed, offer);
+        write_shm(results, *placed, ask && *large ? shm_offer(*ask) : nullptr);
         for (const PlacedTensor& p : *placed) {
           bytes += static_cast<double>(p.length);
           shm_bytes_->inc(static_cast<double>(p.length));

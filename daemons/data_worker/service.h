@@ -61,6 +61,8 @@ struct PlacedTensor {
   uint64_t offset;
   uint64_t length;
 };
+// Whether the reply has a tensor that would travel in shared memory.
+bool has_shm_tensor(const TaskRunner::Reply& reply);
 // Copies the reply's large tensors into `region` while it has room, leaving
 // an empty tensor of the same dtype in each one's place (pool thread).
 std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunner::Reply* reply);
@@ -112,9 +114,15 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   kj::Promise<void> fetch_split(std::shared_ptr<SplitCall> call);
   void update_task_gauge();
   // The region a request's large tensors go to (the one the consumer says
-  // it mapped), or one to offer it (a consumer on this host without one).
+  // it mapped), or, for a consumer on this host without one, its ask.
+  struct ShmAsk {
+    uint64_t client;
+    int64_t bytes;
+  };
   void shm_regions(wire::GetElementsRequest::Shm::Reader shm, std::shared_ptr<data::shm::ShmRegion>* use,
-                   std::shared_ptr<data::shm::ShmRegion>* offer);
+                   std::optional<ShmAsk>* ask);
+  // The region to offer for `ask`, created on first use (null when none can be).
+  std::shared_ptr<data::shm::ShmRegion> shm_offer(const ShmAsk& ask);
   void write_shm(wire::DataWorker::GetElementsResults::Builder results, const std::vector<PlacedTensor>& placed,
                  const std::shared_ptr<data::shm::ShmRegion>& offer);
 

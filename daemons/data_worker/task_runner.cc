@@ -153,6 +153,19 @@ Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
   }
   asked_ = true;
   CAPSTAN_ASSIGN_OR_RETURN(Reply reply, take_first_come(request));
+  if (reply.end_of_sequence && client != clients_.end()) {
+    // The end goes to a client only once it has every element: while an
+    // earlier reply with elements is unacknowledged, "none ready" instead.
+    // (The task's end is final for the dispatcher: a client restored from
+    // a checkpoint taken before it consumed that reply could not get those
+    // elements back from a rebuilt task.)
+    for (const auto& [number, kept] : client->second.kept) {
+      if (number < request.sequence && (!kept.elements.empty() || !kept.pipeline_error.ok())) {
+        reply.end_of_sequence = false;
+        break;
+      }
+    }
+  }
   if (client == clients_.end()) {
     if (clients_.size() >= kMaxAcknowledgedClients) {
       clients_.erase(client_order_.front());

@@ -307,3 +307,28 @@ TEST_CASE("a rebuilt task skips what a consumer with a window has, and serves th
 }
 
 }  // namespace capstan::data_service
+
+namespace capstan::data_service {
+
+TEST_CASE("the end goes to a windowed consumer only once every earlier reply is acknowledged",
+          "[data-service][task]") {
+  TaskRunner runner(iterate(Dataset::range(2)), {});
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both buffered
+  TaskRunner::Request first = numbered(5, 1, 0, 2);
+  first.acknowledged = 0;
+  REQUIRE(values(runner.get(first).value()) == std::vector<int64_t>{0, 1});
+  // Request 2 went out before reply 1 arrived: the task is over, but reply
+  // 1's elements are not acknowledged, so "none ready", not the end.
+  TaskRunner::Request ahead = numbered(5, 2, 0, 2);
+  ahead.acknowledged = 0;
+  auto held = runner.get(ahead);
+  REQUIRE(held.ok());
+  CHECK(held->elements.empty());
+  CHECK_FALSE(held->end_of_sequence);
+  // Acknowledging reply 1 (and 2), request 3 gets the end.
+  TaskRunner::Request last = numbered(5, 3, 2, 2);
+  last.acknowledged = 2;
+  CHECK(runner.get(last).value().end_of_sequence);
+}
+
+}  // namespace capstan::data_service

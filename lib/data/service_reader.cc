@@ -646,7 +646,10 @@ Result<ServiceReader::Batch> ServiceReader::fetch_windowed(const TaskRef& task, 
   try {
     return loop_->run_sync([this, &task, &ack, window]() -> kj::Promise<Batch> {
       // The consumer thread waits in run_sync meanwhile: `ack` and `task`
-      // are safe to use until the promise returned here resolves.
+      // are safe to use until the promise returned here resolves. The
+      // window is filled here, when the consumer has used every element it
+      // received (its queue is empty), so `acknowledged` also says what it
+      // consumed (the worker holds a task's end back until then).
       auto refill = [this, &task, &ack, window]() {
         auto& queue = in_flight_[task.id];
         while (queue.size() < window) {
@@ -666,14 +669,11 @@ Result<ServiceReader::Batch> ServiceReader::fetch_windowed(const TaskRef& task, 
       queue.pop_front();
       int64_t task_id = task.id;
       return oldest.then(
-          [this, &ack, refill, task_id](Batch&& batch) {
+          [this, &ack, task_id](Batch&& batch) {
             ++ack.acknowledged;
             ack.received += static_cast<int64_t>(batch.elements.size());
-            if (batch.end_of_sequence) {
-              in_flight_.erase(task_id);  // the task has no more: the requests after it neither
-            } else {
-              refill();  // at once, acknowledging this reply
-            }
+            // The task has no more: the requests after it neither.
+            if (batch.end_of_sequence) in_flight_.erase(task_id);
             return kj::mv(batch);
           },
           [this, task_id](kj::Exception&& e) -> Batch {

@@ -41,8 +41,12 @@
 // Requests in flight (TF's max_outstanding_requests, per task here): the
 // reader keeps max_outstanding_requests numbered requests out to each task
 // it reads, so the next replies travel while the consumer works on the
-// last. Example with 2: it sends 1 and 2 (acknowledged 0); reply 1 arrives,
-// it sends 3 (acknowledged 1); reply 2, it sends 4 (acknowledged 2); ...
+// last. Example with 2: it sends 1 and 2 (acknowledged 0) and takes reply
+// 1; once the consumer has used its elements and wants more, it sends 3
+// (acknowledged 1) and takes reply 2; ... So `acknowledged` also says what
+// the consumer used, and the worker holds a task's end back (answering
+// "none ready") while an unacknowledged earlier reply carried elements: a
+// task reported finished is never one a checkpoint still needs.
 // Replies are taken in their numbers' order, so a task's elements keep
 // their order; the worker serves one consumer's requests to a task one
 // after the other in that order too (DataWorkerService::getElements). When
@@ -57,8 +61,9 @@
 // Shared memory (ReaderConfig::shared_memory_bytes > 0, data/shm_region.h):
 // every getElements also carries the reader's id for that worker, its
 // host's boot id, and the token of the worker's region it has mapped (none
-// at first). A worker on the same host answers the first such request with
-// an offer (a sealed memfd, opened here as /proc/<pid>/fd/<fd> and checked:
+// at first). A worker on the same host answers the first such request
+// whose reply has a large tensor with an offer (readers of small elements
+// never get a region) (a sealed memfd, opened here as /proc/<pid>/fd/<fd> and checked:
 // only a process on the same host and in the same PID namespace can, which
 // is the locality test; a container without /proc access or another user
 // cannot, and reads that worker by TCP). Once the reader names the region,
