@@ -17,8 +17,8 @@
 // pipeline start-up are not counted) and stops at end of sequence.
 //
 // "local" runs the same pipeline with make_iterator in this process
-// (repeat() restarts from_tensors for every element, which decodes its tensor
-// from the definition again: one copy of cache-hot bytes per element);
+// (from_tensors decodes its tensor once per pipeline; every repetition yields
+// the same tensor, no copy, as in TF);
 // "local+copy" also copies every element into a fresh buffer, the least a
 // transfer must add on the receiving side. "raw TCP" is the transport
 // ceiling: the same bytes through one loopback TCP connection (1 MiB send()s

@@ -1,6 +1,7 @@
 // The kernels of source ops: datasets made from arguments, files or the data
 // service (op_kernel.h).
 #include <algorithm>
+#include <optional>
 #include <set>
 
 #include "data/definition.h"
@@ -16,6 +17,15 @@ namespace {
 
 using Op = wire::Op;
 using Inputs = OpKernel::Inputs;
+
+// An op's tensors, decoded from the definition once for the pipeline.
+// Nothing to save: they are the definition's.
+struct DecodedElement : PipelineState {
+  void save(StateWriter&) override {}
+  Status restore(StateReader&) override { return Status::Ok(); }
+  Mutex mutex;
+  std::optional<Element> element GUARDED_BY(mutex);
+};
 
 // ---- range ---------------------------------------------------------------------
 
@@ -63,9 +73,16 @@ constexpr OpKernel kFromTensors{
     .inputs = Inputs::kNone,
     .describe_args = [](Op::Reader, std::ostream& out) { out << "..."; },
     .cardinality = [](Op::Reader) -> int64_t { return 1; },
-    .make = [](Op::Reader op, Pipeline&) -> Result<IteratorPtr> {
-      CAPSTAN_ASSIGN_OR_RETURN(Element e, rpc::read_element_inline(op.getFromTensors()));
-      return make_from_tensors(std::move(e));
+    .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
+      // Decoded once per pipeline; every iterator (repeat() makes one per
+      // epoch) yields the same tensors, as TF's dataset holds its tensors.
+      auto decoded = pipeline.state<DecodedElement>(op_key(op));
+      MutexLock lock(decoded->mutex);
+      if (!decoded->element) {
+        CAPSTAN_ASSIGN_OR_RETURN(Element e, rpc::read_element_inline(op.getFromTensors()));
+        decoded->element = std::move(e);
+      }
+      return make_from_tensors(*decoded->element);
     },
 };
 
