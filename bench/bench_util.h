@@ -115,20 +115,24 @@ inline void stop_all() {
 // RUN_DIR/<label>.port and .log. When it does not start: stops the others and
 // exits 1.
 // `port`: a fixed RPC port instead (a restart on the same address).
+// `prefix`: a command that runs the program (e.g. {"ip", "netns", "exec",
+// NAME}), looked up in PATH.
 inline Daemon start(const std::string& bin_dir, const std::string& program, const std::string& label,
-                    std::vector<std::string> args, int port = 0) {
+                    std::vector<std::string> args, int port = 0, std::vector<std::string> prefix = {}) {
   std::string port_file = run_dir() + "/" + label + ".port";
   std::string log = run_dir() + "/" + label + ".log";
   std::filesystem::remove(port_file);
   args.insert(args.begin(), {"--port", std::to_string(port), "--http-port", "0", "--port-file", port_file});
+  std::vector<std::string> command = std::move(prefix);
+  command.push_back(bin_dir + "/" + program);
+  command.insert(command.end(), args.begin(), args.end());
   pid_t pid = fork();
   if (pid == 0) {
-    std::string exe = bin_dir + "/" + program;
     if (freopen(log.c_str(), "w", stderr) == nullptr) _exit(127);
-    std::vector<char*> argv{exe.data()};
-    for (auto& a : args) argv.push_back(a.data());
+    std::vector<char*> argv;
+    for (auto& a : command) argv.push_back(a.data());
     argv.push_back(nullptr);
-    execv(exe.c_str(), argv.data());
+    execvp(argv[0], argv.data());
     _exit(127);
   }
   for (int i = 0; i < 400; ++i) {

@@ -280,38 +280,6 @@ Run read_through_service(const Dataset& ds, const std::string& dispatcher, const
   return run;
 }
 
-// bench::start, with the program run by `ip netns exec <netns>`.
-void start_in_netns(const std::string& bin_dir, const std::string& netns, const std::string& label,
-                    std::vector<std::string> args) {
-  std::string port_file = bench::run_dir() + "/" + label + ".port";
-  std::string log = bench::run_dir() + "/" + label + ".log";
-  args.insert(args.begin(), {"--port", "0", "--http-port", "0", "--port-file", port_file});
-  pid_t pid = fork();
-  if (pid == 0) {
-    std::string exe = bin_dir + "/data-worker";
-    if (freopen(log.c_str(), "w", stderr) == nullptr) _exit(127);
-    std::vector<std::string> all = {"ip", "netns", "exec", netns, exe};
-    all.insert(all.end(), args.begin(), args.end());
-    std::vector<char*> argv;
-    for (auto& a : all) argv.push_back(a.data());
-    argv.push_back(nullptr);
-    execvp("ip", argv.data());
-    _exit(127);
-  }
-  for (int i = 0; i < 400; ++i) {
-    std::ifstream in(port_file);
-    std::string key, value;
-    while (in >> key >> value) {
-      if (key == "address:") {
-        bench::daemons().push_back({pid, value, "data-worker"});
-        return;
-      }
-    }
-    std::this_thread::sleep_for(std::chrono::milliseconds(25));
-  }
-  fail("starting data-worker in netns " + netns, capstan::Status::Unavailable("see " + log));
-}
-
 double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];
@@ -390,8 +358,8 @@ int main(int argc, char** argv) {
   if (netns.empty()) {
     bench::start(bin, "data-worker", "compression-worker", {"--dispatcher", dispatcher.address});
   } else {
-    start_in_netns(bin, netns, "compression-worker",
-                   {"--host", worker_host, "--dispatcher", dispatcher.address});
+    bench::start(bin, "data-worker", "compression-worker", {"--host", worker_host, "--dispatcher", dispatcher.address},
+                 0, {"ip", "netns", "exec", netns});
   }
   int worker_http = http_port_of("compression-worker");
   // Registered: a first tiny read goes through.

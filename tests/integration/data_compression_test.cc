@@ -17,6 +17,7 @@
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
 #include "tests/harness/process.h"
+#include "tests/integration/raw_rpc.h"
 
 namespace capstan::testing {
 namespace {
@@ -146,20 +147,12 @@ TEST_CASE("a compression the service does not know is InvalidArgument naming it 
 
   // The dispatcher checks too (a client that skipped the check).
   rpc::LoopThread loop("test-client");
-  Status status = loop.run_sync([&]() -> kj::Promise<Status> {
-    auto conn = kj::heap<rpc::Connection>(loop.io(), loop.timer(), s.address(), rpc::ConnectOptions{});
-    auto deadline = loop.timer().now() + 10 * kj::SECONDS;
-    return conn->node(deadline)
-        .then([](wire::Node::Client node) {
-          auto request = node.castAs<wire::DataDispatcher>().registerDatasetRequest();
-          std::string definition = Dataset::range(10).serialize();
-          request.setDefinition(
-              kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
-          request.setCompression("lz4");
-          return request.send().ignoreResult();
-        })
-        .then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); })
-        .attach(kj::mv(conn));
+  Status status = raw_call(loop, s.address(), [](wire::Node::Client node) {
+    auto request = node.castAs<wire::DataDispatcher>().registerDatasetRequest();
+    std::string definition = Dataset::range(10).serialize();
+    request.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
+    request.setCompression("lz4");
+    return request.send().ignoreResult();
   });
   CHECK(status.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(status.message(), Catch::Contains("'lz4'"));

@@ -24,6 +24,7 @@
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
 #include "tests/harness/process.h"
+#include "tests/integration/raw_rpc.h"
 
 namespace capstan::testing {
 namespace {
@@ -553,16 +554,7 @@ TEST_CASE("DYNAMIC: save, restart the dispatcher and every data worker, restore:
 TEST_CASE("bad requests get error replies and the daemons keep serving", "[data-service][bad-input]") {
   DataService s(1);
   rpc::LoopThread loop("test-client");
-  auto status_of = [&loop](const std::string& address, auto call) {
-    return loop.run_sync([&]() -> kj::Promise<Status> {
-      auto conn = kj::heap<rpc::Connection>(loop.io(), loop.timer(), address, rpc::ConnectOptions{});
-      auto deadline = loop.timer().now() + 10 * kj::SECONDS;
-      return conn->node(deadline)
-          .then([call](wire::Node::Client node) { return call(node); })
-          .then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); })
-          .attach(kj::mv(conn));
-    });
-  };
+  auto status_of = [&loop](const std::string& address, auto call) { return raw_call(loop, address, call); };
   // A malformed pipeline definition.
   Status malformed = status_of(s.address(), [](wire::Node::Client node) {
     auto request = node.castAs<wire::DataDispatcher>().registerDatasetRequest();
