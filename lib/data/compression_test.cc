@@ -79,7 +79,7 @@ TEST_CASE("empty tensors and scalars survive compression", "[data][compression]"
 TEST_CASE("a reader refuses frames that lie about their size, are corrupt or too large", "[data][compression]") {
   Tensor t = repeated(DType::kFloat32, Shape{1024});
   Frame frame = compress_tensor(t).value();
-  auto decode = [&frame](DType dtype, const Shape& shape, uint64_t raw, const std::vector<kj::byte>& bytes,
+  auto decode = [](DType dtype, const Shape& shape, uint64_t raw, const std::vector<kj::byte>& bytes,
                          wire::Codec codec = wire::Codec::ZSTD, uint64_t already = 0) {
     uint64_t reply = already;
     return decompress_tensor(dtype, shape, codec, raw, bytes.data(), bytes.size(), &reply).status();
