@@ -342,9 +342,21 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
                                                   " closures"));
           return kj::READY_NOW;
         }
+        // Values first, in order. Errors after them, last run first: the
+        // runs lost (not started after a failure, or overlapping a PS outage)
+        // go back to the front of the queue one by one, so the last to go
+        // back (the first of them) is the first to run again.
+        std::vector<size_t> errors;
         for (size_t i = 0; i < ids.size(); ++i) {
-          // A lost worker re-queues the whole batch (drop_worker).
+          if (!outcomes[i].worker_lost && !outcomes[i].result.ok()) {
+            errors.push_back(i);
+            continue;
+          }
+          // A lost worker re-queues what is left of the batch (drop_worker).
           if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]))) return kj::READY_NOW;
+        }
+        for (auto it = errors.rbegin(); it != errors.rend(); ++it) {
+          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]));
         }
         cancel_runs();
         notify();

@@ -237,6 +237,36 @@ TEST_CASE("a closure failing in a batch stops the rest of its batch, which its e
   CHECK(h.coordinator->fetch(next).wait(h.io.waitScope).value() == "ok");
 }
 
+TEST_CASE("runs of a batch lost to a retryable failure go back to the queue in their order", "[coordinator]") {
+  CoordinatorConfig config;
+  config.closure_batch = 4;
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  std::vector<int64_t> ids;
+  for (int i = 0; i < 12; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  h.settle();
+  REQUIRE(a.batches == std::vector<size_t>{4});
+  a.reply(0, std::string("v0"));
+  h.settle();
+  // A retryable failure: closures 1 (failed) and 2, 3 (not started) run again.
+  a.reply(1, Status::Unavailable("parameter server restarting"));
+  h.settle();
+  std::vector<std::string> order;
+  for (size_t i = 2; i < 20 && a.open_runs() > 0; ++i) {
+    REQUIRE(a.runs.size() == i + 1);
+    order.push_back(a.runs[i].run.args);
+    a.reply(i, "v" + a.runs[i].run.args);
+    h.settle();
+  }
+  REQUIRE(order.size() >= 3);
+  CHECK(std::vector<std::string>(order.begin(), order.begin() + 3) == std::vector<std::string>{"1", "2", "3"});
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  for (int i = 0; i < 12; ++i) {
+    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).value() == "v" + std::to_string(i));
+  }
+}
+
 TEST_CASE("a worker lost in the middle of a batch has the whole rest of it run elsewhere", "[coordinator]") {
   CoordinatorConfig config;
   config.closure_batch = 4;
