@@ -39,6 +39,9 @@ constexpr std::chrono::milliseconds kGetElementsWait{100};
 // at most this large, dropped after this long without a request.
 constexpr size_t kMaxShmRegions = 32;
 constexpr int64_t kMaxShmRegionBytes = int64_t{1} << 30;
+// All regions together: consumers that never release their records (or
+// pretend to have mapped a region) cannot pin more of the host than this.
+constexpr int64_t kMaxShmTotalBytes = int64_t{4} << 30;
 constexpr std::chrono::seconds kShmIdle{60};
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
@@ -709,6 +712,9 @@ std::shared_ptr<data::shm::ShmRegion> DataWorkerService::shm_offer(const ShmAsk&
   if (it == shm_clients_.end()) {
     if (shm_clients_.size() >= kMaxShmRegions) return nullptr;
     size_t bytes = static_cast<size_t>(std::clamp<int64_t>(ask.bytes, 0, kMaxShmRegionBytes));
+    int64_t total = 0;
+    for (const auto& [id, c] : shm_clients_) total += static_cast<int64_t>(c.region->size());
+    if (total + static_cast<int64_t>(bytes) > kMaxShmTotalBytes) return nullptr;  // this consumer reads by TCP
     auto created = data::shm::ShmRegion::create(bytes);
     if (!created.ok()) {
       if (!shm_failure_logged_) {
