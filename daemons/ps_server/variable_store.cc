@@ -195,10 +195,11 @@ void VariableStore::count_dense_update(const Tensor& received) {
 }
 
 Status VariableStore::unshare(Shard& shard) {
-  if (shard.lent.expired()) return Status::Ok();
+  if (!shard.lent_out) return Status::Ok();
   CAPSTAN_ASSIGN_OR_RETURN(Tensor own, copy_of(shard.value));
   shard.value = std::move(own);
   shard.lent.reset();
+  shard.lent_out = false;
   return Status::Ok();
 }
 
@@ -209,8 +210,18 @@ Result<Tensor> VariableStore::read(const std::string& name) const {
     MutexLock lock(shard->mu);
     held = shard->lent.lock();
     if (held == nullptr) {
-      held = std::make_shared<const Tensor>(shard->value);
+      // The last copy's deleter says, under the shard's lock, that the value
+      // is no longer lent (unless it was replaced and lent again meanwhile).
+      std::weak_ptr<Shard> owner = shard;
+      held = std::shared_ptr<const Tensor>(new Tensor(shard->value), [owner](const Tensor* lent) {
+        if (auto s = owner.lock()) {
+          MutexLock relock(s->mu);
+          if (s->lent.expired()) s->lent_out = false;
+        }
+        delete lent;
+      });
       shard->lent = held;
+      shard->lent_out = true;
     }
   }
   stats_->reads.fetch_add(1, std::memory_order_relaxed);
@@ -271,6 +282,7 @@ Status VariableStore::assign_impl(const std::string& name, const Tensor& value, 
   MutexLock lock(shard->mu);
   old = std::exchange(shard->value, std::move(fresh));
   shard->lent.reset();  // what was lent is `old`, which readers keep
+  shard->lent_out = false;
   count_dense_update(value);
   return Status::Ok();
 }

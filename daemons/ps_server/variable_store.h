@@ -162,6 +162,11 @@ class VariableStore {
     // What read() handed out of `value`: while any of it lives, `value` must
     // not change in place (unshare() first). Mutable: read() is const.
     mutable std::weak_ptr<const Tensor> lent GUARDED_BY(mu);
+    // True from read() lending `value` until the last reader's copy is gone.
+    // Kept under `mu` (the lent tensor's deleter clears it there), so that a
+    // reader's last access happens before an update that finds it false: the
+    // weak_ptr's use count alone is read without ordering.
+    mutable bool lent_out GUARDED_BY(mu) = false;
     std::vector<Tensor> slot GUARDED_BY(mu);  // slot_names() order, empty if none
     int64_t step GUARDED_BY(mu) = 0;
   };
