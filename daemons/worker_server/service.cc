@@ -268,23 +268,7 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
   return kj::joinPromises(reads.finish())
       .then([this, worker, requests]() {
         // One trip to the pool for the whole batch, the runs in order.
-        return rpc::run_on_pool(ctx_.pool, [worker, requests]() {
-          std::vector<Result<Element>> outcomes;
-          outcomes.reserve(requests->size());
-          Status failed;
-          for (const auto& request : *requests) {
-            if (!failed.ok()) {
-              outcomes.push_back(Status::Aborted("not run: an earlier closure of its batch failed (" +
-                                                 failed.message() + ")"));
-            } else if (!request.ok()) {
-              outcomes.push_back(request.status());
-            } else {
-              outcomes.push_back(worker->run_closure(*request));
-            }
-            if (failed.ok() && !outcomes.back().ok()) failed = outcomes.back().status();
-          }
-          return outcomes;
-        });
+        return rpc::run_on_pool(ctx_.pool, [worker, requests]() { return worker->run_closures(*requests); });
       })
       .then([this, context](std::vector<Result<Element>> outcomes) mutable {
         auto out = context.getResults().initOutcomes(static_cast<unsigned>(outcomes.size()));

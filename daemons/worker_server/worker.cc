@@ -167,6 +167,21 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
   return result;
 }
 
+std::vector<Result<Element>> Worker::run_closures(const std::vector<Result<RunClosureRequest>>& requests) {
+  std::vector<Result<Element>> outcomes;
+  outcomes.reserve(requests.size());
+  Status failed;
+  for (const auto& request : requests) {
+    if (!failed.ok()) {
+      outcomes.push_back(Status::Aborted("not run: an earlier closure of its batch failed (" + failed.message() + ")"));
+      continue;
+    }
+    outcomes.push_back(request.ok() ? run_closure(*request) : Result<Element>(request.status()));
+    if (!outcomes.back().ok()) failed = outcomes.back().status();
+  }
+  return outcomes;
+}
+
 void Worker::cancel_closure(int64_t closure_id) {
   MutexLock lock(mutex_);
   auto it = running_.find(closure_id);

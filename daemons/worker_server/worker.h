@@ -77,6 +77,11 @@ class Worker {
   // Runs the closure; its error comes back with the closure's name.
   // Cancelled when cancel_closure() named it before it returned.
   Result<Element> run_closure(const RunClosureRequest& request);
+  // Runs a batch (the coordinator's runClosures) one after another on the
+  // calling thread; an outcome per request, in order. A request that is an
+  // error (it could not be read) is that run's outcome. After a run fails,
+  // the runs after it are not started: ABORTED, naming the failure.
+  std::vector<Result<Element>> run_closures(const std::vector<Result<RunClosureRequest>>& requests);
   // Cancels closure `closure_id`, running or about to run (the cancel may
   // arrive first: the last kRememberedCancels such ids are kept).
   void cancel_closure(int64_t closure_id);

@@ -153,6 +153,29 @@ TEST_CASE("worker: an unknown closure is NotFound naming it; a closure's error n
   CHECK(f.run("context").ok());
 }
 
+TEST_CASE("worker: a batch runs in order; after a failure the rest do not start", "[worker]") {
+  Fixture f;
+  auto request = [](const std::string& function) {
+    RunClosureRequest r;
+    r.function = function;
+    return Result<RunClosureRequest>(std::move(r));
+  };
+  auto outcomes = f.worker.run_closures(
+      {request("context"), Result<RunClosureRequest>(Status::InvalidArgument("bad args")), request("context")});
+  REQUIRE(outcomes.size() == 3);
+  CHECK(outcomes[0].ok());
+  CHECK(outcomes[1].status().code() == StatusCode::kInvalidArgument);
+  CHECK(outcomes[2].status().code() == StatusCode::kAborted);
+  CHECK_THAT(outcomes[2].status().message(), Catch::Contains("bad args"));
+  outcomes = f.worker.run_closures({request("context"), request("fail"), request("context"), request("context")});
+  REQUIRE(outcomes.size() == 4);
+  CHECK(outcomes[0].ok());
+  CHECK(outcomes[1].status().message() == "fail: bad batch");
+  CHECK(outcomes[2].status().code() == StatusCode::kAborted);
+  CHECK(outcomes[3].status().code() == StatusCode::kAborted);
+  CHECK(f.worker.run_closures({}).empty());
+}
+
 TEST_CASE("worker: the names it registers are its closures and dataset functions", "[worker]") {
   Fixture f;
   auto names = f.worker.function_names();
