@@ -197,8 +197,9 @@ struct LoopbackRun {
 };
 
 // The transport floor: `count` messages of `size` bytes through one loopback
-// TCP connection, written by another thread in send()s of at most 1 MiB from
-// one buffer and each read into a fresh tensor of `size` bytes (the copies a
+// TCP connection, written by another thread in send()s of at most 1 MiB
+// walking through a source buffer of `size` bytes (as a transfer reads its
+// tensor), and each read into a fresh tensor of `size` bytes (the copies a
 // received buffer needs at least: one into the socket, one out of it). Timed
 // from the accepted connection to the last byte.
 inline LoopbackRun loopback_tcp(int64_t count, size_t size) {
@@ -212,18 +213,19 @@ inline LoopbackRun loopback_tcp(int64_t count, size_t size) {
       listen(listener, 1) != 0 || getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &len) != 0) {
     fail("loopback socket", Status::Internal(std::strerror(errno)));
   }
-  std::thread sender([addr, count, size, kSendSize]() {
+  // Filled (its pages faulted in) before the clock starts.
+  std::vector<char> source(size, 1);
+  std::thread sender([addr, count, size, kSendSize, &source]() {
     int fd = socket(AF_INET, SOCK_STREAM, 0);
     if (fd < 0) return;
     if (connect(fd, reinterpret_cast<const sockaddr*>(&addr), sizeof(addr)) != 0) {
       close(fd);
       return;
     }
-    std::vector<char> buffer(std::min(size, kSendSize), 1);
     for (int64_t i = 0; i < count; ++i) {
       size_t sent = 0;
       while (sent < size) {
-        ssize_t n = send(fd, buffer.data(), std::min(buffer.size(), size - sent), 0);
+        ssize_t n = send(fd, source.data() + sent, std::min(kSendSize, size - sent), 0);
         if (n <= 0) break;
         sent += static_cast<size_t>(n);
       }

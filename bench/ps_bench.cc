@@ -1,6 +1,6 @@
 // ps_bench: parameter-server variable throughput over loopback.
 //
-//   ps_bench [--rows N] [--batches N] [--quick] [--ps 1,2] [--mib 1,16,64]
+//   ps_bench [--rows N] [--batches N] [--quick] [--rounds N] [--ps 1,2] [--mib 1,16,64]
 //
 // Starts the ps-server(s) and the coordinator that sit next to it (build/bin)
 // on free ports and stops them at the end. Through a ClusterCoordinator it
@@ -12,8 +12,10 @@
 //   apply  a dense SGD gradient (VariableRouter::apply_dense, what a
 //          worker's ClosureContext::apply_gradients does)
 // beside the transport floor: the same bytes through one raw loopback TCP
-// connection (bench::loopback_tcp, measured just before each size), and pull
-// and push as a fraction of it.
+// connection (bench::loopback_tcp), and pull and push as a fraction of it.
+// Each size runs --rounds rounds (default 3, 1 with --quick) of raw TCP,
+// pull, push and apply back to back; every figure is the median over the
+// rounds, each fraction the median of the rounds' own fractions.
 // and, on two parameter servers, the sparse gather of an embedding table of
 // 64-float rows (default 1M rows = 256 MB) in batches of 10k random ids
 // (VariableRouter::gather, what ClosureContext::gather does).
@@ -59,6 +61,11 @@ Tensor filled(int64_t rows, int64_t cols, float value) {
   return tensor;
 }
 
+double median(std::vector<double> values) {
+  std::sort(values.begin(), values.end());
+  return values[values.size() / 2];
+}
+
 std::string rate_text(double bytes, double seconds) {
   char text[64];
   std::snprintf(text, sizeof(text), "%.2f GB/s (%.1f ms)", bytes / seconds / 1e9, seconds * 1e3);
@@ -74,7 +81,7 @@ struct DenseCase {
 // `report_loopback`: print the RESULT line of the raw TCP figure (once per
 // run; each cluster's fractions use the figure measured beside them).
 void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>& cases, bool with_gather,
-           int64_t emb_rows, int batches, bool report_loopback) {
+           int64_t emb_rows, int batches, int rounds, bool report_loopback) {
   std::string ps_list;
   std::vector<bench::Daemon> ps;
   for (int i = 0; i < num_ps; ++i) {
@@ -116,42 +123,51 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     if (auto s = (*client)->assign_variable(name, value); !s.ok()) fail("assign_variable", s);
     if (auto s = router->apply_dense(name, gradient); !s.ok()) fail("apply_dense", s);
 
-    bench::LoopbackRun tcp = bench::loopback_tcp(c.reps, bytes);
-    if (tcp.messages != c.reps) fail("loopback TCP", capstan::Status::Internal("the connection broke"));
-    double floor = static_cast<double>(bytes) / tcp.gb_per_s() / 1e9;  // seconds per variable
-
-    auto start_time = Clock::now();
-    for (int r = 0; r < c.reps; ++r) {
-      auto read = (*client)->read_variable(name);
-      if (!read.ok() || read->byte_size() != bytes) fail("read_variable", read.status());
+    // `rounds` rounds, each timing raw TCP, pull, push and apply back to back
+    // (c.reps calls each); every figure is the median over the rounds, and
+    // each fraction of TCP the median of the rounds' own fractions, so a
+    // burst of noise spoils one round, not the figure.
+    std::vector<double> floors, pulls, assigns, applies, pull_of_tcp, push_of_tcp;
+    for (int round = 0; round < rounds; ++round) {
+      bench::LoopbackRun tcp = bench::loopback_tcp(c.reps, bytes);
+      if (tcp.messages != c.reps) fail("loopback TCP", capstan::Status::Internal("the connection broke"));
+      floors.push_back(static_cast<double>(bytes) / tcp.gb_per_s() / 1e9);  // seconds per variable
+      auto start_time = Clock::now();
+      for (int r = 0; r < c.reps; ++r) {
+        auto read = (*client)->read_variable(name);
+        if (!read.ok() || read->byte_size() != bytes) fail("read_variable", read.status());
+      }
+      pulls.push_back(seconds_since(start_time) / c.reps);
+      start_time = Clock::now();
+      for (int r = 0; r < c.reps; ++r) {
+        if (auto s = (*client)->assign_variable(name, value); !s.ok()) fail("assign_variable", s);
+      }
+      assigns.push_back(seconds_since(start_time) / c.reps);
+      start_time = Clock::now();
+      for (int r = 0; r < c.reps; ++r) {
+        if (auto s = router->apply_dense(name, gradient); !s.ok()) fail("apply_dense", s);
+      }
+      applies.push_back(seconds_since(start_time) / c.reps);
+      pull_of_tcp.push_back(floors.back() / pulls.back());
+      push_of_tcp.push_back(floors.back() / assigns.back());
     }
-    double pull = seconds_since(start_time) / c.reps;
-    start_time = Clock::now();
-    for (int r = 0; r < c.reps; ++r) {
-      if (auto s = (*client)->assign_variable(name, value); !s.ok()) fail("assign_variable", s);
-    }
-    double assign = seconds_since(start_time) / c.reps;
-    start_time = Clock::now();
-    for (int r = 0; r < c.reps; ++r) {
-      if (auto s = router->apply_dense(name, gradient); !s.ok()) fail("apply_dense", s);
-    }
-    double apply = seconds_since(start_time) / c.reps;
-    auto of_tcp = [floor](double seconds) {
+    const double floor = median(floors), pull = median(pulls), assign = median(assigns), apply = median(applies);
+    auto of_tcp = [](double fraction) {
       char text[16];
-      std::snprintf(text, sizeof(text), " %3.0f%%", floor / seconds * 100);
+      std::snprintf(text, sizeof(text), " %3.0f%%", fraction * 100);
       return std::string(text);
     };
     std::printf("%4zu MiB %-6d %-7s %-22s %-29s %-29s %-22s\n", c.mib, c.reps, placed.c_str(),
-                rate_text(bytes, floor).c_str(), (rate_text(bytes, pull) + of_tcp(pull)).c_str(),
-                (rate_text(bytes, assign) + of_tcp(assign)).c_str(), rate_text(bytes, apply).c_str());
+                rate_text(bytes, floor).c_str(), (rate_text(bytes, pull) + of_tcp(median(pull_of_tcp))).c_str(),
+                (rate_text(bytes, assign) + of_tcp(median(push_of_tcp))).c_str(), rate_text(bytes, apply).c_str());
     std::fflush(stdout);
     const std::string tag = std::to_string(c.mib) + "mib_" + std::to_string(num_ps) + "ps";
-    if (report_loopback) bench::result("loopback_tcp_" + std::to_string(c.mib) + "mib", tcp.gb_per_s(), "GB/s");
+    if (report_loopback) bench::result("loopback_tcp_" + std::to_string(c.mib) + "mib", bytes / floor / 1e9, "GB/s");
     bench::result("ps_pull_" + tag, bytes / pull / 1e9, "GB/s");
     bench::result("ps_push_" + tag, bytes / assign / 1e9, "GB/s");
     bench::result("ps_apply_" + tag, bytes / apply / 1e9, "GB/s");
-    bench::result("ps_pull_" + tag + "_of_tcp", floor / pull, "x");
-    bench::result("ps_push_" + tag + "_of_tcp", floor / assign, "x");
+    bench::result("ps_pull_" + tag + "_of_tcp", median(pull_of_tcp), "x");
+    bench::result("ps_push_" + tag + "_of_tcp", median(push_of_tcp), "x");
   }
 
   if (with_gather) {
@@ -216,6 +232,7 @@ int main(int argc, char** argv) {
   int64_t emb_rows = 1000000;
   int batches = 200;
   bool quick = false;
+  int rounds = 0;  // 0: 3, or 1 with --quick
   std::vector<int> ps_counts = {1, 2};
   std::vector<size_t> sizes = {1, 16, 64};
   auto numbers = [](const std::string& list) {
@@ -238,16 +255,19 @@ int main(int argc, char** argv) {
       batches = std::stoi(argv[++i]);
     } else if (arg == "--quick") {
       quick = true;
+    } else if (arg == "--rounds" && i + 1 < argc) {
+      rounds = std::max(1, std::stoi(argv[++i]));
     } else if (arg == "--ps" && i + 1 < argc) {
       ps_counts.clear();
       for (size_t n : numbers(argv[++i])) ps_counts.push_back(static_cast<int>(n));
     } else if (arg == "--mib" && i + 1 < argc) {
       sizes = numbers(argv[++i]);
     } else {
-      std::fprintf(stderr, "usage: ps_bench [--rows N] [--batches N] [--quick] [--ps 1,2] [--mib 1,16,64]\n");
+      std::fprintf(stderr, "usage: ps_bench [--rows N] [--batches N] [--quick] [--rounds N] [--ps 1,2] [--mib 1,16,64]\n");
       return 2;
     }
   }
+  if (rounds == 0) rounds = quick ? 1 : 3;
   signal(SIGPIPE, SIG_IGN);
   const std::string bin_dir = bench::bin_dir();
   std::vector<DenseCase> cases;
@@ -260,7 +280,7 @@ int main(int argc, char** argv) {
               std::thread::hardware_concurrency());
   for (int num_ps : ps_counts) {
     // The gather runs on the cluster of 2 (or more) parameter servers.
-    dense(bin_dir, num_ps, cases, /*with_gather=*/num_ps > 1 && emb_rows > 0, emb_rows, batches,
+    dense(bin_dir, num_ps, cases, /*with_gather=*/num_ps > 1 && emb_rows > 0, emb_rows, batches, rounds,
           /*report_loopback=*/num_ps == ps_counts.front());
   }
   std::printf("\nGB/s = variable bytes / time per call; pull includes concatenating the shards; "
