@@ -3,6 +3,7 @@
 #include <kj/debug.h>
 
 #include <cstdint>
+#include <cstring>
 #include <algorithm>
 #include <map>
 #include <vector>
@@ -87,10 +88,42 @@ uint32_t little_endian(const kj::byte* p) {
   return uint32_t{p[0]} | uint32_t{p[1]} << 8 | uint32_t{p[2]} << 16 | uint32_t{p[3]} << 24;
 }
 
-// The rest of a message once its segment sizes are known.
-kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(kj::AsyncIoStream& stream,
-                                                                 capnp::ReaderOptions options,
-                                                                 kj::Array<uint32_t> sizes) {
+}  // namespace
+
+MessageStream::MessageStream(kj::AsyncIoStream& stream)
+    : stream_(stream), writer_(stream), buffer_(kj::heapArray<kj::byte>(kReadAheadBytes)) {}
+
+kj::Promise<size_t> MessageStream::fill(size_t bytes) {
+  KJ_ASSERT(bytes <= buffer_.size());
+  if (end_ - begin_ >= bytes) return end_ - begin_;
+  if (begin_ > 0) {
+    std::memmove(buffer_.begin(), buffer_.begin() + begin_, end_ - begin_);
+    end_ -= begin_;
+    begin_ = 0;
+  }
+  // tryRead returns fewer than the bytes asked for only at the end of the
+  // stream.
+  return stream_.tryRead(buffer_.begin() + end_, bytes - end_, buffer_.size() - end_).then([this](size_t n) {
+    end_ += n;
+    return end_ - begin_;
+  });
+}
+
+size_t MessageStream::take(void* destination, size_t bytes) {
+  size_t n = std::min(bytes, end_ - begin_);
+  if (n > 0) std::memcpy(destination, buffer_.begin() + begin_, n);
+  begin_ += n;
+  return n;
+}
+
+kj::Promise<void> MessageStream::read_into(kj::byte* destination, size_t bytes) {
+  size_t n = take(destination, bytes);
+  if (n == bytes) return kj::READY_NOW;
+  return stream_.read(destination + n, bytes - n);
+}
+
+kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> MessageStream::read_segments(capnp::ReaderOptions options,
+                                                                                kj::Array<uint32_t> sizes) {
   uint64_t total_words = 0;
   for (uint32_t size : sizes) total_words += size;
   KJ_REQUIRE(total_words <= options.traversalLimitInWords,
@@ -99,15 +132,15 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(kj::AsyncIoStre
   const size_t bytes = total_words * sizeof(capnp::word);
   auto segments = kj::heapArrayBuilder<kj::ArrayPtr<const capnp::word>>(sizes.size());
   if (bytes < kShareableMessageBytes) {
-    // Small: one array, one read.
+    // Small: one array, one read (none when the read-ahead holds it all).
     auto owned = kj::heapArray<capnp::word>(total_words);
     const capnp::word* next = owned.begin();
     for (uint32_t size : sizes) {
       segments.add(next, size);
       next += size;
     }
-    capnp::word* words = owned.begin();
-    return stream.read(words, bytes)
+    auto* words = reinterpret_cast<kj::byte*>(owned.begin());
+    return read_into(words, bytes)
         .then([options, segments = segments.finish(), owned = kj::mv(owned)]() mutable
               -> kj::Maybe<capnp::MessageReaderAndFds> {
           kj::Own<capnp::MessageReader> reader =
@@ -118,7 +151,7 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(kj::AsyncIoStre
   // Shareable: each segment starts on a 64-byte boundary of the buffer (as
   // tensor buffers do), so a tensor's bytes, which a sender puts in a segment
   // of their own (tensor_codec.h), keep the alignment of a fresh tensor; the
-  // segments are read one after another.
+  // segments are read one after another, the read-ahead's bytes first.
   constexpr size_t kAlign = 64;
   size_t offset = 0;
   std::vector<size_t> offsets;
@@ -134,8 +167,12 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(kj::AsyncIoStre
     capnp::word* start = base + offsets[i] / sizeof(capnp::word);
     segments.add(start, sizes[i]);
     size_t segment_bytes = size_t{sizes[i]} * sizeof(capnp::word);
-    if (segment_bytes > 0) {
-      filled = filled.then([&stream, start, segment_bytes]() { return stream.read(start, segment_bytes); });
+    // What the read-ahead holds is copied now, in order; the rest is read
+    // straight into place.
+    size_t buffered = take(start, segment_bytes);
+    if (buffered < segment_bytes) {
+      auto* rest = reinterpret_cast<kj::byte*>(start) + buffered;
+      filled = filled.then([this, rest, n = segment_bytes - buffered]() { return stream_.read(rest, n); });
     }
   }
   return filled.then([options, segments = segments.finish(), shared = std::move(shared)]() mutable
@@ -146,37 +183,31 @@ kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(kj::AsyncIoStre
   });
 }
 
-}  // namespace
-
-MessageStream::MessageStream(kj::AsyncIoStream& stream) : stream_(stream), writer_(stream) {}
-
 kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> MessageStream::tryReadMessage(
     kj::ArrayPtr<kj::AutoCloseFd> fd_space, capnp::ReaderOptions options, kj::ArrayPtr<capnp::word> scratch_space) {
   // Framing: segment count - 1 and the first segment's size (little-endian
   // 32-bit), the other segments' sizes, padding to a whole word, then the
-  // segments.
-  auto first = kj::heapArray<kj::byte>(8);
-  kj::byte* first_bytes = first.begin();
-  return stream_.tryRead(first_bytes, 8, 8)
-      .then([this, options, first = kj::mv(first)](size_t n) mutable
-            -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
-        if (n == 0) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
-        KJ_REQUIRE(n == 8, "premature EOF");
-        uint64_t count = uint64_t{little_endian(first.begin())} + 1;
-        KJ_REQUIRE(count < 512, "Message has too many segments.", count);
-        auto sizes = kj::heapArray<uint32_t>(count);
-        sizes[0] = little_endian(first.begin() + 4);
-        if (count == 1) return read_segments(stream_, options, kj::mv(sizes));
-        // The other sizes and the padding: count - 1 values, rounded up to even.
-        size_t rest = (count & ~uint64_t{1}) * sizeof(uint32_t);
-        auto table = kj::heapArray<kj::byte>(rest);
-        kj::byte* table_bytes = table.begin();
-        return stream_.read(table_bytes, rest)
-            .then([this, options, sizes = kj::mv(sizes), table = kj::mv(table)]() mutable {
-              for (size_t i = 1; i < sizes.size(); ++i) sizes[i] = little_endian(table.begin() + (i - 1) * 4);
-              return read_segments(stream_, options, kj::mv(sizes));
-            });
-      });
+  // segments. Each read asks for up to kReadAheadBytes, so small messages
+  // that arrive together cost one read() between them.
+  return fill(8).then([this, options](size_t available) mutable
+                      -> kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> {
+    if (available == 0) return kj::Maybe<capnp::MessageReaderAndFds>(nullptr);
+    KJ_REQUIRE(available >= 8, "premature EOF");
+    const kj::byte* first = buffer_.begin() + begin_;
+    uint64_t count = uint64_t{little_endian(first)} + 1;
+    KJ_REQUIRE(count < 512, "Message has too many segments.", count);
+    // The other sizes and the padding: count - 1 values, rounded up to even.
+    const size_t table = 8 + (count & ~uint64_t{1}) * sizeof(uint32_t);
+    return fill(table).then([this, options, count, table](size_t available) {
+      KJ_REQUIRE(available >= table, "premature EOF");
+      const kj::byte* p = buffer_.begin() + begin_;
+      auto sizes = kj::heapArray<uint32_t>(count);
+      sizes[0] = little_endian(p + 4);
+      for (size_t i = 1; i < count; ++i) sizes[i] = little_endian(p + 8 + (i - 1) * 4);
+      begin_ += table;
+      return read_segments(options, kj::mv(sizes));
+    });
+  });
 }
 
 kj::Promise<void> MessageStream::writeMessage(kj::ArrayPtr<const int> fds,

@@ -15,6 +15,9 @@
 // their own when the sender referenced them) are as aligned as a fresh
 // tensor's.
 //
+// Reads ask for up to 16 KiB at a time, so small messages that arrive
+// together cost one read() system call, not two or three each.
+//
 // Writes are capnp::AsyncIoMessageStream's (the sender side references
 // tensor memory already; see tensor_codec.h).
 //
@@ -66,8 +69,26 @@ class MessageStream final : public capnp::MessageStream {
   kj::Promise<void> end() override;
 
  private:
+  // Each read() asks for up to this much: small messages that arrive
+  // together are taken from one read; a larger message's bytes past the
+  // read-ahead are read straight into its own buffer.
+  static constexpr size_t kReadAheadBytes = 16 * 1024;
+
+  // Resolves once at least `bytes` (at most kReadAheadBytes) are buffered,
+  // or at the end of the stream, to the number buffered.
+  kj::Promise<size_t> fill(size_t bytes);
+  // Moves up to `bytes` buffered bytes to `destination`; returns how many.
+  size_t take(void* destination, size_t bytes);
+  // Fills `destination` with the next `bytes` bytes, buffered ones first.
+  kj::Promise<void> read_into(kj::byte* destination, size_t bytes);
+  kj::Promise<kj::Maybe<capnp::MessageReaderAndFds>> read_segments(capnp::ReaderOptions options,
+                                                                   kj::Array<uint32_t> sizes);
+
   kj::AsyncIoStream& stream_;
   capnp::AsyncIoMessageStream writer_;
+  kj::Array<kj::byte> buffer_;  // read-ahead: bytes [begin_, end_) not yet taken
+  size_t begin_ = 0;
+  size_t end_ = 0;
 };
 
 // What a connection's reader accepts: `max_message_bytes` of payload (a

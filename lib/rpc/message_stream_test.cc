@@ -3,12 +3,15 @@
 #include <capnp/message.h>
 #include <capnp/serialize-async.h>
 #include <catch2/catch.hpp>
+#include <capnp/serialize.h>
 #include <kj/async-io.h>
+#include <kj/io.h>
 
 #include <cstring>
 #include <memory>
 #include <string>
 #include <thread>
+#include <vector>
 
 #include "capstan_schemas/common.capnp.h"
 
@@ -57,6 +60,38 @@ TEST_CASE("messages read through a MessageStream arrive intact, small and large"
     for (size_t i = 0; i < bytes; ++i) intact = intact && data[i] == static_cast<kj::byte>(i * 7);
     CHECK(intact);
   }
+}
+
+TEST_CASE("messages that arrive together, some of several segments, are read one by one, intact and in order",
+          "[rpc][message-stream]") {
+  // All the messages go in one write, so each read() returns the end of one
+  // message and the start of the next ones (the reader's read-ahead).
+  const std::vector<size_t> sizes = {0, 1, 100, 5000, 20000, 70000, 3, 300000, 17, 64 * 1024, 16 * 1024, 9};
+  kj::VectorOutputStream all;
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    // Odd ones in segments of 64 words: the data lands in a segment of
+    // its own after a small first one.
+    capnp::MallocMessageBuilder message(i % 2 == 1 ? 64 : 1024,
+                                        i % 2 == 1 ? capnp::AllocationStrategy::FIXED_SIZE
+                                                   : capnp::SUGGESTED_ALLOCATION_STRATEGY);
+    auto data = message.initRoot<wire::Tensor>().initInline(static_cast<unsigned>(sizes[i]));
+    for (size_t k = 0; k < sizes[i]; ++k) data[k] = static_cast<kj::byte>(k * 7 + i);
+    if (i % 2 == 1 && sizes[i] > 1024) REQUIRE(message.getSegmentsForOutput().size() > 1);
+    capnp::writeMessage(all, message);
+  }
+  Pipe p;
+  auto bytes = all.getArray();
+  auto write = p.pipe.ends[0]->write(bytes.begin(), bytes.size()).then([&p]() { p.pipe.ends[0]->shutdownWrite(); });
+  for (size_t i = 0; i < sizes.size(); ++i) {
+    auto reader = p.reader.readMessage(limit(8 << 20)).wait(p.io.waitScope);
+    auto data = reader->getRoot<wire::Tensor>().getInline();
+    REQUIRE(data.size() == sizes[i]);
+    bool intact = true;
+    for (size_t k = 0; k < sizes[i]; ++k) intact = intact && data[k] == static_cast<kj::byte>(k * 7 + i);
+    CHECK(intact);
+  }
+  write.wait(p.io.waitScope);
+  CHECK(p.reader.tryReadMessage(limit(8 << 20)).wait(p.io.waitScope) == nullptr);
 }
 
 TEST_CASE("a large message's bytes can be held past its reader, on another thread", "[rpc][message-stream]") {
