@@ -317,16 +317,17 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
 // Sends what schedule() queued in one scheduleMany call (several, past the
 // coordinator's limit per call).
 void ClusterCoordinator::Impl::flush_schedules() {
-  constexpr size_t kMaxPerCall = 4096;
   flush_queued = false;
+  open_batch = nullptr;
   while (!pending_schedules.empty()) {
-    size_t n = std::min(pending_schedules.size(), kMaxPerCall);
+    // The closures of one call (enqueue_schedule grouped them).
+    auto sent = pending_schedules.front().batch;
+    size_t n = 0;
+    while (n < pending_schedules.size() && pending_schedules[n].batch == sent) ++n;
     auto batch = std::make_shared<std::vector<PendingSchedule>>();
     batch->reserve(n);
     for (size_t i = 0; i < n; ++i) batch->push_back(std::move(pending_schedules[i]));
     pending_schedules.erase(pending_schedules.begin(), pending_schedules.begin() + static_cast<ptrdiff_t>(n));
-    auto sent = std::make_shared<SentBatch>();
-    for (size_t i = 0; i < n; ++i) pipelined[(*batch)[i].local] = Pipelined{sent, static_cast<uint32_t>(i)};
     auto send = [this, batch, sent]() {
       return connection().service<wire::Coordinator>(connect_deadline()).then([this, batch, sent](wire::Coordinator::Client c) {
         auto request = c.scheduleManyRequest();
@@ -340,7 +341,8 @@ void ClusterCoordinator::Impl::flush_schedules() {
         }
         auto call = request.send();
         // A retry's fetches wait for the ids instead.
-        if (sent->values == nullptr && pipelined.count(batch->front().local) > 0) sent->values = call.getValues();
+        if (!sent->was_sent() && pipelined.count(batch->front().local) > 0) sent->values = call.getValues();
+        sent->mark_sent();
         return call.then([this, batch](capnp::Response<wire::Coordinator::ScheduleManyResults>&& r) {
           durable = r.getDurable();
           auto outcomes = r.getOutcomes();
@@ -364,6 +366,7 @@ void ClusterCoordinator::Impl::flush_schedules() {
       // Fetches from now on go by closure id; the coordinator's object for
       // the call goes once the fetches on their way have their answers.
       sent->values = nullptr;
+      sent->mark_sent();
       for (const auto& p : *batch) pipelined.erase(p.local);
     };
     tasks->add(retrying<void>(kj::mv(send)).then(kj::cp(answered), [batch, answered](kj::Exception&& e) {
@@ -447,7 +450,13 @@ kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
   };
   auto pipe = pipelined.find(local);
   if (pipe != pipelined.end()) {
-    KJ_IF_MAYBE (values, pipe->second.batch->values) {
+    std::shared_ptr<SentBatch> batch = pipe->second.batch;
+    if (!batch->was_sent()) {
+      // schedule() was just called: the fetch rides on the call once it
+      // is sent (in this turn of the loop, or after a reconnect).
+      return batch->sent.addBranch().then([this, local]() { return fetch_value(local); });
+    }
+    KJ_IF_MAYBE (values, batch->values) {
       // The schedule call has no answer yet: the fetch rides on it.
       auto request = values->fetchRequest();
       request.setIndex(pipe->second.index);

@@ -33,6 +33,7 @@ struct ClusterCoordinator::Impl {
       tasks = nullptr;
       pending_schedules.clear();
       pipelined.clear();
+      open_batch = nullptr;
       scheduled.clear();
       ack_waiters.clear();
     });
@@ -53,11 +54,38 @@ struct ClusterCoordinator::Impl {
   // posted while it was busy go out together in one scheduleMany call, as
   // soon as the posts are drained; a failed reply is raised by the next
   // schedule/join/done, as closure errors are.
+  // A scheduleMany call, from its first closure's schedule() to its answer:
+  // until the answer, a fetch of one of its closures goes through its
+  // `values` capability (pipelined on the call), not waiting for the
+  // closure id; a fetch made before the call is sent waits for `sent`.
+  struct SentBatch {
+    SentBatch() {
+      auto paf = kj::newPromiseAndFulfiller<void>();
+      sent = paf.promise.fork();
+      on_sent = kj::mv(paf.fulfiller);
+    }
+    // After the call went out (values set), or failed, or was answered.
+    void mark_sent() {
+      if (on_sent->isWaiting()) on_sent->fulfill();
+    }
+    bool was_sent() { return !on_sent->isWaiting(); }
+    kj::Maybe<wire::ClosureValues::Client> values;
+    kj::ForkedPromise<void> sent = nullptr;
+    kj::Own<kj::PromiseFulfiller<void>> on_sent;
+    uint32_t size = 0;  // closures in the call
+  };
+  struct Pipelined {
+    std::shared_ptr<SentBatch> batch;
+    uint32_t index = 0;
+  };
+  // Closures per scheduleMany call (the coordinator's limit).
+  static constexpr uint32_t kMaxSchedulesPerCall = 4096;
   struct PendingSchedule {
     int64_t local = 0;
     std::string function;
     Element args;
     kj::Own<kj::PromiseFulfiller<int64_t>> id;
+    std::shared_ptr<SentBatch> batch;  // the call it goes in
   };
   // Loop thread only.
   void enqueue_schedule(int64_t local, std::string function, Element args) {
@@ -69,7 +97,10 @@ struct ClusterCoordinator::Impl {
                                                     record_schedule_error(rpc::from_exception(e));
                                                     ack();
                                                   }));
-    pending_schedules.push_back(PendingSchedule{local, std::move(function), std::move(args), kj::mv(paf.fulfiller)});
+    if (open_batch == nullptr || open_batch->size == kMaxSchedulesPerCall) open_batch = std::make_shared<SentBatch>();
+    pipelined[local] = Pipelined{open_batch, open_batch->size++};
+    pending_schedules.push_back(
+        PendingSchedule{local, std::move(function), std::move(args), kj::mv(paf.fulfiller), open_batch});
     if (!flush_queued) {
       flush_queued = true;
       // After the posts drained in this turn of the loop.
@@ -77,16 +108,6 @@ struct ClusterCoordinator::Impl {
     }
   }
   void flush_schedules();  // cluster.cc
-  // A scheduleMany call on its way: until its answer, a fetch of one of its
-  // closures goes through its `values` capability (pipelined on the call),
-  // not waiting for the closure id.
-  struct SentBatch {
-    kj::Maybe<wire::ClosureValues::Client> values;
-  };
-  struct Pipelined {
-    std::shared_ptr<SentBatch> batch;
-    uint32_t index = 0;
-  };
   kj::Promise<Element> fetch_value(int64_t local);  // cluster.cc
   void ack() {
     if (--unacked == 0) {
@@ -148,7 +169,8 @@ struct ClusterCoordinator::Impl {
   int64_t unacked = 0;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> ack_waiters;
   std::vector<PendingSchedule> pending_schedules;
-  std::map<int64_t, Pipelined> pipelined;  // by local id, while the call is on its way
+  std::map<int64_t, Pipelined> pipelined;  // by local id, from schedule() to the call's answer
+  std::shared_ptr<SentBatch> open_batch;   // the call that schedule() adds to; null after a flush
   bool flush_queued = false;
   Mutex schedule_error_mutex;
   Status schedule_error GUARDED_BY(schedule_error_mutex);
