@@ -32,6 +32,19 @@ kj::Promise<Result<T>> result_of(kj::Promise<T> call) {
 
 // ---- RemoteWorker ------------------------------------------------------------------
 
+namespace {
+
+// Drops a worker's answer once the loop has nothing else to do. Dropping it
+// sends the worker the call's Finish message; done at once, that write would
+// go before the answer to a client's fetch that the closure's outcome
+// releases, which is the message a program waits on.
+template <typename Response>
+void release_later(Response response) {
+  kj::evalLast([response = kj::mv(response)]() mutable {}).detach([](kj::Exception&&) {});
+}
+
+}  // namespace
+
 RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec, std::string address)
     : address_(std::move(address)), client_(kj::mv(client)), codec_(std::move(codec)) {}
 
@@ -53,7 +66,11 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   rpc::write_element(request.initArgs(), *args, codec_);
   return request.send()
       .then([](capnp::Response<wire::Worker::RunClosureResults>&& response) {
-        return rpc::read_element(response.getResult()).attach(kj::mv(response));
+        auto value = rpc::read_element(response.getResult());
+        return value.then([response = kj::mv(response)](Element&& result) mutable {
+          release_later(kj::mv(response));
+          return kj::mv(result);
+        });
       })
       .then([](Element&& result) { return ClosureOutcome{rpc::element_to_bytes(result), false}; },
             [](kj::Exception&& e) {
@@ -107,11 +124,11 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
               [](kj::Exception&& e) { return ClosureOutcome{rpc::from_exception(e), rpc::is_transport_failure(e)}; }));
         }
         return kj::joinPromises(values.finish())
-            .then([](kj::Array<ClosureOutcome> all) {
+            .then([response = kj::mv(response)](kj::Array<ClosureOutcome> all) mutable {
+              release_later(kj::mv(response));
               return std::vector<ClosureOutcome>(std::make_move_iterator(all.begin()),
                                                  std::make_move_iterator(all.end()));
-            })
-            .attach(kj::mv(response));
+            });
       })
       .catch_([this, n, kept](kj::Exception&& e) -> kj::Promise<std::vector<ClosureOutcome>> {
         Status status = rpc::from_exception(e);
