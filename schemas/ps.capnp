@@ -70,8 +70,12 @@ struct NamedTensor {
 interface ParameterServer extends(Common.Node) {
   # Idempotent for an identical shard (a reconnecting coordinator).
   createShard @0 (name :Text, initial :Common.Tensor, optimizer :OptimizerConfig) -> ();
-  read @1 (name :Text) -> (value :Common.Tensor);
-  gather @2 (name :Text, ids :Common.Tensor) -> (rows :Common.Tensor);
+  # `inlineLimit`: the caller takes a value of up to this many bytes inline
+  # in the answer (its reader's limit), saving the round trip that pulls a
+  # larger one through a ByteSource; 0 (older callers): the server's own
+  # limit. At most 256 MiB is honored.
+  read @1 (name :Text, inlineLimit :UInt64) -> (value :Common.Tensor);
+  gather @2 (name :Text, ids :Common.Tensor, inlineLimit :UInt64) -> (rows :Common.Tensor);
   assign @3 (name :Text, value :Common.Tensor) -> ();
   assignAdd @4 (name :Text, delta :Common.Tensor) -> ();
   applyDense @5 (name :Text, gradient :Common.Tensor, step :Int64) -> ();
@@ -86,7 +90,8 @@ interface ParameterServer extends(Common.Node) {
   # routed by the client). Idempotent for an identical config.
   createTable @11 (name :Text, config :TableConfig) -> ();
   # ids: int64[n]. insert=false never inserts (evaluation).
-  lookupTable @12 (name :Text, ids :Common.Tensor, insert :Bool) -> (rows :Common.Tensor);
+  # `inlineLimit` as in read.
+  lookupTable @12 (name :Text, ids :Common.Tensor, insert :Bool, inlineLimit :UInt64) -> (rows :Common.Tensor);
   applyTable @13 (name :Text, ids :Common.Tensor, gradients :Common.Tensor, step :Int64) -> ();
   # The rows whose version > sinceVersion. beginVersion > 0: first tag the
   # changes from now on with max(beginVersion, version + 1) (a checkpoint's

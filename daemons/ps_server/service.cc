@@ -105,15 +105,17 @@ kj::Promise<void> PsService::createShard(CreateShardContext context) {
 kj::Promise<void> PsService::read(ReadContext context) {
   auto store = store_;
   std::string name = text(context.getParams().getName());
+  rpc::CodecOptions codec = rpc::answer_codec(ctx_.codec, context.getParams().getInlineLimit());
   return rpc::run_on_pool(ctx_.pool, [store, name]() { return store->read(name); })
-      .then([this, context](Result<Tensor> value) mutable {
+      .then([context, codec](Result<Tensor> value) mutable {
         check(value.status());
-        rpc::write_tensor(context.getResults().initValue(), *value, ctx_.codec);
+        rpc::write_tensor(context.getResults().initValue(), *value, codec);
       });
 }
 
 kj::Promise<void> PsService::gather(GatherContext context) {
   std::string name = text(context.getParams().getName());
+  rpc::CodecOptions codec = rpc::answer_codec(ctx_.codec, context.getParams().getInlineLimit());
   return rpc::read_tensor(context.getParams().getIds(), ctx_.codec)
       .then([this, name](Tensor&& ids) {
         auto store = store_;
@@ -121,9 +123,9 @@ kj::Promise<void> PsService::gather(GatherContext context) {
           return store->gather(name, ids);
         });
       })
-      .then([this, context](Result<Tensor> rows) mutable {
+      .then([context, codec](Result<Tensor> rows) mutable {
         check(rows.status());
-        rpc::write_tensor(context.getResults().initRows(), *rows, ctx_.codec);
+        rpc::write_tensor(context.getResults().initRows(), *rows, codec);
       });
 }
 
@@ -298,15 +300,16 @@ kj::Promise<void> PsService::lookupTable(LookupTableContext context) {
   auto table = tables_->find(text(params.getName()));
   check(table.status());
   bool insert = params.getInsert();
+  rpc::CodecOptions codec = rpc::answer_codec(ctx_.codec, params.getInlineLimit());
   return rpc::read_tensor(params.getIds(), ctx_.codec)
       .then([this, table = *table, insert](Tensor&& ids) {
         return rpc::run_on_pool(ctx_.pool, [table, insert, ids = std::move(ids)]() {
           return table->lookup(ids, insert);
         });
       })
-      .then([this, context](Result<Tensor> rows) mutable {
+      .then([context, codec](Result<Tensor> rows) mutable {
         check(rows.status());
-        rpc::write_tensor(context.getResults().initRows(), *rows, ctx_.codec);
+        rpc::write_tensor(context.getResults().initRows(), *rows, codec);
       });
 }
 

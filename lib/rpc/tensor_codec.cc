@@ -169,6 +169,11 @@ CodecOptions codec_options_for(uint64_t max_message_bytes) {
   return options;
 }
 
+CodecOptions answer_codec(CodecOptions options, uint64_t inline_limit) {
+  options.inline_limit = std::max<size_t>(options.inline_limit, std::min<uint64_t>(inline_limit, kMaxChunkBytes));
+  return options;
+}
+
 wire::DType to_wire(DType dtype) {
   // The enums share their numbering.
   return static_cast<wire::DType>(static_cast<uint16_t>(dtype));

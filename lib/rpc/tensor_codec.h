@@ -53,6 +53,13 @@ struct CodecOptions {
 // rpc/message_stream.h).
 CodecOptions codec_options_for(uint64_t max_message_bytes);
 
+// The options for answering a caller that takes values of up to
+// `inline_limit` bytes inline (0: `options` as they are): the answer then
+// carries such a value referenced in the message (with its Lease) instead of
+// a ByteSource, saving the caller the round trip that pulls it. Honored up
+// to kMaxChunkBytes.
+CodecOptions answer_codec(CodecOptions options, uint64_t inline_limit);
+
 wire::DType to_wire(DType dtype);
 // kInvalid for an unknown wire value.
 DType from_wire(wire::DType dtype);

@@ -165,6 +165,7 @@ Result<Tensor> VariableRouter::read(const std::string& variable) {
       reads.add(ps(shard.address).then([this, name = shard.name](wire::ParameterServer::Client client) {
         auto request = client.readRequest();
         request.setName(name);
+        request.setInlineLimit(codec_.whole_chunk_limit);
         return request.send().then([this](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
           return rpc::read_tensor(r.getValue(), codec_).attach(kj::mv(r));
         });
@@ -204,6 +205,7 @@ Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor&
                     [this](wire::ParameterServer::Client client, const std::string& name, const Tensor& shard_ids) {
                       auto request = client.gatherRequest();
                       request.setName(name);
+                      request.setInlineLimit(codec_.whole_chunk_limit);
                       rpc::write_tensor(request.initIds(), shard_ids, codec_);
                       return request.send().then([this](capnp::Response<wire::ParameterServer::GatherResults>&& r) {
                         return rpc::read_tensor(r.getRows(), codec_).attach(kj::mv(r));
@@ -386,6 +388,7 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
                       auto request = client.lookupTableRequest();
                       request.setName(name);
                       request.setInsert(insert);
+                      request.setInlineLimit(codec_.whole_chunk_limit);
                       rpc::write_tensor(request.initIds(), keys, codec_);
                       return request.send().then([this](capnp::Response<wire::ParameterServer::LookupTableResults>&& r) {
                         return rpc::read_tensor(r.getRows(), codec_).attach(kj::mv(r));

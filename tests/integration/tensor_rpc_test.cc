@@ -1,9 +1,16 @@
 // Tensors through a real daemon: every dtype, scalars, empty tensors and a
-// 300 MiB tensor (larger than any one message) arrive intact.
+// 300 MiB tensor (larger than any one message) arrive intact; a parameter
+// server answers a read inline up to the size its caller takes.
 #include <catch2/catch.hpp>
 
 #include "capstan/client.h"
+#include "capstan/training.h"
+#include "capstan_schemas/ps.capnp.h"
+#include "rpc/loop_thread.h"
+#include "rpc/optimizer_codec.h"
+#include "rpc/tensor_codec.h"
 #include "tests/harness/process.h"
+#include "tests/integration/raw_rpc.h"
 
 namespace capstan::testing {
 namespace {
@@ -66,6 +73,42 @@ TEST_CASE("a 300 MiB tensor crosses intact in both directions", "[tensor][large]
   REQUIRE(at != std::string::npos);
   double received = std::stod(metrics.substr(at + series.size()));
   CHECK(received >= 300.0 * (1 << 20));
+}
+
+TEST_CASE("a parameter server answers a read inline up to the caller's inline limit, intact either way",
+          "[tensor][ps]") {
+  TestCluster cluster;
+  Daemon& ps = cluster.start("ps-server");
+  rpc::LoopThread loop("test-loop");
+  const Tensor value = patterned(DType::kFloat32, {768, 1024});  // 3 MiB: past the 256 KiB default
+  const rpc::CodecOptions codec = rpc::codec_options_for(64ull << 20);
+  Status created = raw_call(loop, ps.address(), [&](wire::Node::Client node) {
+    auto request = node.castAs<wire::ParameterServer>().createShardRequest();
+    request.setName("w");
+    rpc::write_tensor(request.initInitial(), value, codec);
+    rpc::optimizer_to_wire(Optimizer::sgd(0.1), request.initOptimizer());
+    return request.send().ignoreResult();
+  });
+  REQUIRE(created.ok());
+  // inlineLimit 0 (a caller that does not say), one byte short, exactly the
+  // value's size, and past the 256 MiB the server honors.
+  for (uint64_t limit : {uint64_t{0}, uint64_t{(3u << 20) - 1}, uint64_t{3u << 20}, ~uint64_t{0}}) {
+    bool was_inline = false;
+    Tensor got;
+    Status read = raw_call(loop, ps.address(), [&](wire::Node::Client node) {
+      auto request = node.castAs<wire::ParameterServer>().readRequest();
+      request.setName("w");
+      request.setInlineLimit(limit);
+      return request.send().then([&](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
+        was_inline = r.getValue().isInline();
+        return rpc::read_tensor(r.getValue(), codec).attach(kj::mv(r)).then([&](Tensor&& t) { got = std::move(t); });
+      });
+    });
+    INFO("inlineLimit " << limit);
+    REQUIRE(read.ok());
+    CHECK(was_inline == (limit >= (3u << 20)));
+    CHECK(got.equals(value));
+  }
 }
 
 }  // namespace capstan::testing
