@@ -52,6 +52,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "loopback_tcp.h"
 #include "capstan/data/dataset.h"
 #include "capstan/data/service.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"

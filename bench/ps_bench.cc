@@ -39,6 +39,7 @@
 
 #include "bench_router.h"
 #include "bench_util.h"
+#include "loopback_tcp.h"
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/connection.h"

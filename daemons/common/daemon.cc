@@ -18,6 +18,7 @@
 #include "daemons/common/logging.h"
 #include "io/durable_file.h"
 #include "rpc/connection.h"
+#include "rpc/link_timeout.h"
 #include "wire_names.h"
 #include "sync/mutex.h"
 
@@ -368,6 +369,10 @@ std::vector<OptionSpec> common_options() {
        "A link to or from a peer that stops acknowledging (a network partition) breaks after this long, so "
        "calls fail with UNAVAILABLE instead of waiting; 0 leaves TCP's own (many minutes).",
        "10000"},
+      {"loopback_tcp_congestion", OptionType::kString,
+       "TCP congestion control for links whose two ends are loopback addresses (a cluster on one host); "
+       "'system' keeps the kernel's default. BBR, a common default, paces sends and halves loopback throughput.",
+       "cubic"},
       {"tls_cert", OptionType::kString,
        "PEM certificate: serve TLS only (with tls_key); also presented to peers when tls_ca is set.", ""},
       {"tls_key", OptionType::kString, "PEM private key of tls_cert.", ""},
@@ -493,6 +498,9 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   if (link_timeout_ms < 0 || link_timeout_ms > 3600000) {
     return config_error(spec.program, "link_timeout_ms: " + std::to_string(link_timeout_ms) +
                                           " is not in 0..3600000");
+  }
+  if (Status set = rpc::set_loopback_congestion_control(config.get_string("loopback_tcp_congestion")); !set.ok()) {
+    return config_error(spec.program, set.message());
   }
   rpc::TlsFiles tls_files{config.get_string("tls_cert"), config.get_string("tls_key"), config.get_string("tls_ca"),
                           config.get_bool("tls_verify_clients")};

@@ -188,6 +188,7 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
           kj::throwFatalException(KJ_EXCEPTION(DISCONNECTED, "connected to itself: nothing listens there"));
         }
         set_link_timeout(*stream, options_.link_timeout);
+        tune_loopback_link(*stream);
         kj::Own<kj::AsyncIoStream> checked = kj::heap<HttpSniffStream>(kj::mv(stream), address_);
         if (!options_.tls) return kj::mv(checked);
         return options_.tls->wrap_client(kj::mv(checked), host);

@@ -12,6 +12,7 @@
 
 #include <arpa/inet.h>
 #include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
@@ -24,6 +25,7 @@
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/http_sniff_stream.h"
+#include "rpc/link_timeout.h"
 #include "rpc/loop_thread.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/mailbox.h"
@@ -994,6 +996,55 @@ TEST_CASE("a peer that accepts but never answers does not hang a connect", "[rpc
   CHECK(status.code() == StatusCode::kUnavailable);
   CHECK_THAT(status.message(), Catch::Contains("did not finish within"));
   CHECK(std::chrono::steady_clock::now() - started < std::chrono::seconds(5));
+}
+
+
+TEST_CASE("a TCP link between two loopback addresses gets the loopback congestion control; others keep theirs",
+          "[rpc][loopback]") {
+  const std::string algorithm = loopback_congestion_control();
+  int listener = socket(AF_INET, SOCK_STREAM, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  socklen_t length = sizeof(addr);
+  REQUIRE(bind(listener, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  REQUIRE(listen(listener, 1) == 0);
+  REQUIRE(getsockname(listener, reinterpret_cast<sockaddr*>(&addr), &length) == 0);
+  int client = socket(AF_INET, SOCK_STREAM, 0);
+  // Not connected yet: no peer, nothing to tune.
+  CHECK_FALSE(tune_loopback_socket(client));
+  REQUIRE(connect(client, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  int server = accept(listener, nullptr, nullptr);
+  REQUIRE(server >= 0);
+  for (int fd : {client, server}) {
+    CHECK(tune_loopback_socket(fd) == !algorithm.empty());
+    if (!algorithm.empty()) {
+      char name[32] = {};
+      socklen_t name_length = sizeof(name);
+      REQUIRE(getsockopt(fd, IPPROTO_TCP, TCP_CONGESTION, name, &name_length) == 0);
+      CHECK(std::string(name) == algorithm);
+    }
+  }
+  int udp = socket(AF_INET, SOCK_DGRAM, 0);
+  REQUIRE(connect(udp, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0);
+  CHECK_FALSE(tune_loopback_socket(udp));
+  for (int fd : {client, server, udp, listener}) close(fd);
+}
+
+TEST_CASE("set_loopback_congestion_control takes 'system' or an algorithm's name and refuses others",
+          "[rpc][loopback][bad-input]") {
+  const std::string before = loopback_congestion_control();
+  CHECK(set_loopback_congestion_control("system").ok());
+  CHECK(loopback_congestion_control().empty());
+  CHECK(set_loopback_congestion_control("reno").ok());
+  CHECK(loopback_congestion_control() == "reno");
+  for (const std::string bad : {"", "cu bic", "a_name_of_16_chr", "../etc"}) {
+    Status status = set_loopback_congestion_control(bad);
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("loopback_tcp_congestion"));
+  }
+  CHECK(loopback_congestion_control() == "reno");
+  REQUIRE(set_loopback_congestion_control(before.empty() ? "system" : before).ok());
 }
 
 }  // namespace capstan::rpc

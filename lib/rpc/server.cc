@@ -203,6 +203,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
     }
     auto login = std::make_shared<LoginState>(login_caps, host);
     set_link_timeout(*raw, options.link_timeout);
+    tune_loopback_link(*raw);
     if (options.tls) {
       // The handshake first, within the login deadline; a client that fails
       // it (no TLS, a certificate from another CA) is dropped.
