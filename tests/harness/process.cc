@@ -12,12 +12,14 @@
 // Listeners need the reporter interfaces, which Catch2 hides by default.
 #define CATCH_CONFIG_EXTERNAL_INTERFACES
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
 #include <iostream>
 #include <mutex>
+#include <random>
 #include <set>
 #include <sstream>
 #include <thread>
@@ -93,16 +95,38 @@ std::string bin_dir() {
 }
 
 uint16_t free_port() {
-  int fd = socket(AF_INET, SOCK_STREAM, 0);
-  sockaddr_in addr{};
-  addr.sin_family = AF_INET;
-  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
-  addr.sin_port = 0;
-  bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr));
-  socklen_t len = sizeof(addr);
-  getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
-  close(fd);
-  return ntohs(addr.sin_port);
+  // Picked below the kernel's ephemeral range (ip_local_port_range), so no
+  // outgoing connection, from this test or one running beside it, can take
+  // the port between this pick and the daemon's bind, and a client retrying
+  // a daemon that is down cannot connect to itself on it (TCP simultaneous
+  // open). Random within the range below, checked by binding it.
+  int low = 32768;
+  {
+    std::ifstream range("/proc/sys/net/ipv4/ip_local_port_range");
+    int first = 0, last = 0;
+    if (range >> first >> last && first > 0) low = first;
+  }
+  auto bindable = [](uint16_t port) {
+    int fd = socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    addr.sin_port = htons(port);
+    bool ok = fd >= 0 && bind(fd, reinterpret_cast<sockaddr*>(&addr), sizeof(addr)) == 0;
+    socklen_t len = sizeof(addr);
+    if (ok && port == 0) ok = getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len) == 0;
+    if (fd >= 0) close(fd);
+    return ok ? ntohs(addr.sin_port) : uint16_t{0};
+  };
+  const int below_low = std::max(1024, low - 12000);
+  if (low - 1 > below_low) {
+    static std::mt19937 random(std::random_device{}() ^ static_cast<unsigned>(getpid()));
+    std::uniform_int_distribution<int> pick(below_low, low - 1);
+    for (int attempt = 0; attempt < 200; ++attempt) {
+      if (uint16_t port = bindable(static_cast<uint16_t>(pick(random))); port != 0) return port;
+    }
+  }
+  return bindable(0);  // the kernel's choice, as a last resort
 }
 
 bool wait_until(const std::function<bool()>& condition, std::chrono::milliseconds timeout) {

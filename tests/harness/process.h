@@ -30,7 +30,8 @@ using Env = std::map<std::string, std::string>;
 
 // The directory holding the executables ($CAPSTAN_BIN_DIR).
 std::string bin_dir();
-// A free TCP port on 127.0.0.1 (bound and released; fine for tests).
+// A free TCP port on 127.0.0.1 below the kernel's ephemeral range (bound and
+// released; see process.cc for why below).
 uint16_t free_port();
 // Polls `condition` every 20 ms until it holds or `timeout` passes.
 bool wait_until(const std::function<bool()>& condition, std::chrono::milliseconds timeout);
