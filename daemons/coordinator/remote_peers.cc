@@ -43,6 +43,20 @@ void release_later(Response response) {
   kj::evalLast([response = kj::mv(response)]() mutable {}).detach([](kj::Exception&&) {});
 }
 
+// Fills the fields runClosure's params and a runClosures ClosureRunSpec
+// share (all but the strategy's).
+template <typename Builder>
+void write_run(Builder out, const ClosureRun& run, const Element& args, const rpc::CodecOptions& codec) {
+  out.setClosureId(run.closure_id);
+  out.setFunction(run.function);
+  out.setPlacementVersion(run.placement_version);
+  out.setAttempt(run.attempt);
+  out.setNumWorkers(run.num_workers);
+  out.setWorkerIndex(run.worker_index);
+  out.setDeadlineUnixMs(run.deadline_unix_ms);
+  rpc::write_element(out.initArgs(), args, codec);
+}
+
 }  // namespace
 
 RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec, std::string address)
@@ -54,16 +68,9 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   auto args = rpc::element_from_bytes(run.args);
   if (!args.ok()) return ClosureOutcome{args.status(), false};
   auto request = client_.runClosureRequest();
-  request.setClosureId(run.closure_id);
-  request.setFunction(run.function);
-  request.setPlacementVersion(run.placement_version);
-  request.setAttempt(run.attempt);
-  request.setNumWorkers(run.num_workers);
-  request.setWorkerIndex(run.worker_index);
-  request.setDeadlineUnixMs(run.deadline_unix_ms);
+  write_run<wire::Worker::RunClosureParams::Builder>(request, run, *args, codec_);
   request.setStrategy(run.strategy);
   request.setEpoch(run.epoch);
-  rpc::write_element(request.initArgs(), *args, codec_);
   return request.send()
       .then([](capnp::Response<wire::Worker::RunClosureResults>&& response) {
         auto value = rpc::read_element(response.getResult());
@@ -93,14 +100,7 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
       failed[i].result = args.status();
       return failed;
     }
-    out[i].setClosureId(run.closure_id);
-    out[i].setFunction(run.function);
-    out[i].setPlacementVersion(run.placement_version);
-    out[i].setAttempt(run.attempt);
-    out[i].setNumWorkers(run.num_workers);
-    out[i].setWorkerIndex(run.worker_index);
-    out[i].setDeadlineUnixMs(run.deadline_unix_ms);
-    rpc::write_element(out[i].initArgs(), *args, codec_);
+    write_run(out[i], run, *args, codec_);
   }
   size_t n = runs.size();
   auto kept = std::make_shared<std::vector<ClosureRun>>(std::move(runs));

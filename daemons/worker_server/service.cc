@@ -24,6 +24,25 @@ std::string collective_host(daemon::DaemonContext& ctx, const std::string& coord
   return daemon::local_address_towards(coordinator).value_or("127.0.0.1");
 }
 
+// A run's fields that runClosure's params and a runClosures ClosureRunSpec
+// share (all but the arguments, read apart, and the strategy's).
+template <typename Reader>
+RunClosureRequest run_request_of(Reader run) {
+  RunClosureRequest request;
+  request.closure_id = run.getClosureId();
+  // Beyond year 2250 is no deadline (and would overflow the clock).
+  if (run.getDeadlineUnixMs() > 0 && run.getDeadlineUnixMs() < int64_t{9'000'000'000'000}) {
+    request.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(run.getDeadlineUnixMs()));
+  }
+  request.function = text(run.getFunction());
+  request.placement_version = run.getPlacementVersion();
+  // A coordinator older than these fields sends 0.
+  request.attempt = std::max<int>(1, static_cast<int>(run.getAttempt()));
+  request.num_workers = std::max<int>(1, static_cast<int>(run.getNumWorkers()));
+  request.worker_index = run.getWorkerIndex();
+  return request;
+}
+
 }  // namespace
 
 WorkerService::WorkerService(daemon::DaemonContext& ctx)
@@ -203,19 +222,8 @@ kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunc
 
 kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   auto params = context.getParams();
-  RunClosureRequest request;
-  request.closure_id = params.getClosureId();
-  // Beyond year 2250 is no deadline (and would overflow the clock).
-  if (params.getDeadlineUnixMs() > 0 && params.getDeadlineUnixMs() < int64_t{9'000'000'000'000}) {
-    request.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(params.getDeadlineUnixMs()));
-  }
-  request.function = text(params.getFunction());
+  RunClosureRequest request = run_request_of(params);
   rpc::check(worker_->check_closure(request.function));  // before reading the arguments
-  request.placement_version = params.getPlacementVersion();
-  // A coordinator older than these fields sends 0.
-  request.attempt = std::max<int>(1, static_cast<int>(params.getAttempt()));
-  request.num_workers = std::max<int>(1, static_cast<int>(params.getNumWorkers()));
-  request.worker_index = params.getWorkerIndex();
   request.strategy = text(params.getStrategy());
   request.epoch = params.getEpoch();
   auto worker = worker_;
@@ -243,16 +251,7 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
   auto reads = kj::heapArrayBuilder<kj::Promise<void>>(runs.size());
   for (unsigned i = 0; i < runs.size(); ++i) {
     auto run = runs[i];
-    RunClosureRequest request;
-    request.closure_id = run.getClosureId();
-    if (run.getDeadlineUnixMs() > 0 && run.getDeadlineUnixMs() < int64_t{9'000'000'000'000}) {
-      request.deadline = std::chrono::system_clock::time_point(std::chrono::milliseconds(run.getDeadlineUnixMs()));
-    }
-    request.function = text(run.getFunction());
-    request.placement_version = run.getPlacementVersion();
-    request.attempt = std::max<int>(1, static_cast<int>(run.getAttempt()));
-    request.num_workers = std::max<int>(1, static_cast<int>(run.getNumWorkers()));
-    request.worker_index = run.getWorkerIndex();
+    RunClosureRequest request = run_request_of(run);
     Status known = worker_->check_closure(request.function);
     if (!known.ok()) {
       requests->push_back(known);
