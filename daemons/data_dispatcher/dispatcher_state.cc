@@ -11,6 +11,7 @@
 #include <utility>
 
 #include "capstan_schemas/dispatcher_journal.capnp.h"
+#include "data/compression.h"
 
 namespace capstan::data_service {
 
@@ -287,9 +288,8 @@ Status DispatcherState::apply_register_dataset(const RegisterDataset& u) {
   if (datasets_by_id_.count(u.dataset_id) > 0) {
     return Status::AlreadyExists("dataset " + u.dataset_id + " is already registered");
   }
-  if (static_cast<uint16_t>(u.compression) > static_cast<uint16_t>(wire::ElementCompression::ZSTD)) {
-    return Status::InvalidArgument("RegisterDataset: unknown compression " +
-                                   std::to_string(static_cast<uint16_t>(u.compression)));
+  if (!data::known_compression(u.compression)) {
+    return Status::InvalidArgument("RegisterDataset: unknown compression " + data::compression_name(u.compression));
   }
   auto fp = dataset_id_by_fingerprint_.find(u.fingerprint);
   if (fp != dataset_id_by_fingerprint_.end()) {
@@ -846,7 +846,7 @@ std::string DispatcherState::debug_string() const {
        " task=" + std::to_string(next_available_task_id_) + "\n";
   for (const auto& [id, d] : datasets_by_id_) {
     s += "dataset " + id + " fingerprint=" + std::to_string(d.fingerprint) +
-         " compression=" + std::to_string(static_cast<int>(d.compression)) + "\n";
+         " compression=" + data::compression_name(d.compression) + "\n";
   }
   for (const auto& [address, w] : workers_) {
     s += "worker " + address + " transfer=" + w.transfer_address + " tags=[";

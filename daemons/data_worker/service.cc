@@ -397,6 +397,9 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
                                               "Heartbeats to the dispatcher that failed.")),
       splits_fetched_(ctx.metrics.counter("capstan_data_worker_splits_fetched_total",
                                           "Splits of DYNAMIC tasks received from the dispatcher.")),
+      shm_bytes_(ctx.metrics.counter("capstan_data_worker_shm_bytes_total",
+                                     "Bytes of tensors sent through consumers' shared-memory regions "
+                                     "(data/shm_region.h).")),
       compressed_raw_bytes_(ctx.metrics.counter("capstan_data_worker_compressed_raw_bytes_total",
                                                 "Bytes of the tensors sent compressed (data/compression.h).")),
       compressed_wire_bytes_(ctx.metrics.counter("capstan_data_worker_compressed_wire_bytes_total",
@@ -414,8 +417,6 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
     if (peer.role == wire::Role::DATA_DISPATCHER) address = peer.address;
   }
   dispatcher_ = kj::heap<rpc::Connection>(ctx.loop->io(), ctx.loop->timer(), address, ctx.peer_options);
-  shm_bytes_ = ctx.metrics.counter("capstan_data_worker_shm_bytes_total",
-                                   "Bytes of tensors sent through consumers' shared-memory regions (data/shm_region.h).");
   background_.add(heartbeat_loop());
   background_.add(serve_splits());
 }
@@ -553,10 +554,10 @@ void DataWorkerService::start_task(wire::TaskDef::Reader def) {
   spec.cross_trainer_cache_bytes = def.getCrossTrainerCacheBytes();
   spec.num_split_providers = def.getNumSplitProviders();
   spec.compression = def.getCompression();
-  if (static_cast<uint16_t>(spec.compression) > static_cast<uint16_t>(wire::ElementCompression::ZSTD)) {
-    // A newer dispatcher's codec: raw is always understood.
-    ctx_.log->warn("task {}: unknown compression {}; sending raw", id, static_cast<int>(spec.compression));
-    spec.compression = wire::ElementCompression::NONE;
+  if (!data::known_compression(spec.compression)) {
+    // A newer dispatcher's codec: sent raw (WireCompressor is inactive for
+    // it), which every reader understands.
+    ctx_.log->warn("task {}: unknown compression {}; sending raw", id, data::compression_name(spec.compression));
   }
   ctx_.log->info("task {}: job {}, dataset {}, {} mode{}{}; building its pipeline", id, spec.job_id,
                  spec.dataset_id, mode_name(spec.mode),
@@ -639,34 +640,33 @@ kj::Promise<void> DataWorkerService::fetch_split(std::shared_ptr<SplitCall> call
 
 // ---- getElements -------------------------------------------------------------
 
-namespace {
-
-void set_pipeline_error(wire::DataWorker::GetElementsResults::Builder results, const Status& error) {
-  auto detail = results.initPipelineError();
-  detail.setCode(static_cast<wire::StatusCode>(error.code()));
-  detail.setMessage(error.message());
-}
-
-}  // namespace
 
 // ---- Shared memory (data/shm_region.h) ----------------------------------------
 
+namespace {
+
+// Whether `t` would travel in shared memory.
+bool shm_eligible(const Tensor& t) { return t.dtype() != DType::kString && t.byte_size() >= data::shm::kMinTensorBytes; }
+
+// Whether the reply has a tensor that would travel in shared memory.
 bool has_shm_tensor(const TaskRunner::Reply& reply) {
   for (const Element& e : reply.elements) {
     for (const Tensor& t : e.components) {
-      if (t.dtype() != DType::kString && t.byte_size() >= data::shm::kMinTensorBytes) return true;
+      if (shm_eligible(t)) return true;
     }
   }
   return false;
 }
 
+// Copies the reply's large tensors into `region` while it has room, leaving
+// an empty tensor of the same dtype in each one's place (pool thread).
 std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunner::Reply* reply) {
   std::vector<PlacedTensor> placed;
   for (size_t e = 0; e < reply->elements.size(); ++e) {
     auto& components = reply->elements[e].components;
     for (size_t c = 0; c < components.size(); ++c) {
       const Tensor& t = components[c];
-      if (t.dtype() == DType::kString || t.byte_size() < data::shm::kMinTensorBytes) continue;
+      if (!shm_eligible(t)) continue;
       auto at = region.allocate(t.byte_size());
       if (!at) continue;  // the region is full: this one goes by TCP
       std::memcpy(region.at(*at), t.data(), t.byte_size());
@@ -679,6 +679,8 @@ std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunn
   }
   return placed;
 }
+
+}  // namespace
 
 void DataWorkerService::shm_regions(wire::GetElementsRequest::Shm::Reader shm,
                                     std::shared_ptr<data::shm::ShmRegion>* use, std::optional<ShmAsk>* ask) {
@@ -711,7 +713,9 @@ std::shared_ptr<data::shm::ShmRegion> DataWorkerService::shm_offer(const ShmAsk&
   if (it != shm_clients_.end() && it->second.region->fd() < 0) return nullptr;
   if (it == shm_clients_.end()) {
     if (shm_clients_.size() >= kMaxShmRegions) return nullptr;
-    size_t bytes = static_cast<size_t>(std::clamp<int64_t>(ask.bytes, 0, kMaxShmRegionBytes));
+    // What ShmRegion::create makes of it (at least kMinBytes), so the total stays under its cap.
+    size_t bytes = static_cast<size_t>(
+        std::clamp<int64_t>(ask.bytes, static_cast<int64_t>(data::shm::kMinBytes), kMaxShmRegionBytes));
     int64_t total = 0;
     for (const auto& [id, c] : shm_clients_) total += static_cast<int64_t>(c.region->size());
     if (total + static_cast<int64_t>(bytes) > kMaxShmTotalBytes) return nullptr;  // this consumer reads by TCP
@@ -783,7 +787,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   }
   if (!task->error.ok()) {
     // The task's pipeline could not be built: the consumer's error to raise.
-    set_pipeline_error(context.getResults(), task->error);
+    rpc::status_to_wire(task->error, context.getResults().initPipelineError());
     return kj::READY_NOW;
   }
 
@@ -822,12 +826,15 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   auto placed = std::make_shared<std::vector<PlacedTensor>>();
   auto large = std::make_shared<bool>(false);  // the reply has a tensor for shared memory
   kj::ForkedPromise<void> ran = before
-                                    .then([this, task, get, slot, frames, local_consumer, region, placed, large]() {
+                                    .then([this, task, get, slot, frames, local_consumer, region, placed, large,
+                                           asking = ask.has_value()]() {
                                       return rpc::run_on_pool(ctx_.pool, [task, get, frames, local_consumer, region,
-                                                                          placed, large]() {
+                                                                          placed, large, ask = asking]() {
                                                auto reply = task->runner->get(get);
-                                               if (reply.ok()) *large = has_shm_tensor(*reply);
+                                               // Placed in the region the consumer mapped, or, with
+                                               // none yet, whether to offer one.
                                                if (reply.ok() && region) *placed = place_in_region(*region, &*reply);
+                                               if (reply.ok() && !region && ask) *large = has_shm_tensor(*reply);
                                                if (reply.ok()) *frames = task->compressor->frames(reply->elements, local_consumer);
                                                return reply;
                                              })
@@ -851,8 +858,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
         double bytes = 0;
         for (unsigned i = 0; i < reply->elements.size(); ++i) {
-          const data::ElementFrames none;
-          const data::ElementFrames& compressed = i < frames->size() ? (*frames)[i] : none;
+          const data::ElementFrames& compressed = (*frames)[i];  // one per element (WireCompressor::frames)
           data::write_element(list[i], reply->elements[i], compressed, ctx_.codec);
           bytes += static_cast<double>(reply->elements[i].byte_size());
           for (const auto& frame : compressed) {
@@ -867,7 +873,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
           shm_bytes_->inc(static_cast<double>(p.length));
         }
         results.setEndOfSequence(reply->end_of_sequence);
-        if (!reply->pipeline_error.ok()) set_pipeline_error(results, reply->pipeline_error);
+        if (!reply->pipeline_error.ok()) rpc::status_to_wire(reply->pipeline_error, results.initPipelineError());
         elements_served_->inc(static_cast<double>(reply->elements.size()));
         bytes_served_->inc(bytes);
         JobCounters& job = job_counters(job_id);

@@ -61,11 +61,6 @@ struct PlacedTensor {
   uint64_t offset;
   uint64_t length;
 };
-// Whether the reply has a tensor that would travel in shared memory.
-bool has_shm_tensor(const TaskRunner::Reply& reply);
-// Copies the reply's large tensors into `region` while it has room, leaving
-// an empty tensor of the same dtype in each one's place (pool thread).
-std::vector<PlacedTensor> place_in_region(data::shm::ShmRegion& region, TaskRunner::Reply* reply);
 
 // The data worker's settings, read and checked once at start.
 struct DataWorkerConfig {
@@ -134,7 +129,7 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   daemon::Counter* bytes_served_;
   daemon::Counter* heartbeat_failures_;
   daemon::Counter* splits_fetched_;
-  daemon::Counter* shm_bytes_ = nullptr;  // set in the constructor's body
+  daemon::Counter* shm_bytes_;
   daemon::Counter* compressed_raw_bytes_;   // tensors sent compressed: their raw bytes
   daemon::Counter* compressed_wire_bytes_;  //   and their frames' bytes
   daemon::Gauge* tasks_gauge_;

@@ -125,6 +125,16 @@ std::string compression_name(wire::ElementCompression compression) {
   return "INVALID(" + std::to_string(static_cast<int>(compression)) + ")";
 }
 
+bool known_compression(wire::ElementCompression compression) {
+  switch (compression) {
+    case wire::ElementCompression::AUTO:
+    case wire::ElementCompression::NONE:
+    case wire::ElementCompression::ZSTD:
+      return true;
+  }
+  return false;
+}
+
 Result<Frame> compress_tensor(const Tensor& tensor, int level) {
   uint64_t raw = tensor.byte_size();
   if (raw > kMaxFrameRawBytes) {
@@ -296,9 +306,9 @@ void write_element(wire::Element::Builder builder, const Element& element, const
 
 kj::Promise<Element> read_element(wire::Element::Reader reader, uint64_t* reply_raw_bytes) {
   auto components = reader.getComponents();
-  bool any = false;
-  for (auto component : components) any = any || component.isCompressed();
-  if (!any) return rpc::read_element(reader);
+  size_t raw_count = 0;
+  for (auto component : components) raw_count += component.isCompressed() ? 0 : 1;
+  if (raw_count == components.size()) return rpc::read_element(reader);
   auto names = reader.getNames();
   if (names.size() != 0 && names.size() != components.size()) {
     return rpc::to_exception(Status::InvalidArgument("element has " + std::to_string(names.size()) + " names for " +
@@ -307,8 +317,6 @@ kj::Promise<Element> read_element(wire::Element::Reader reader, uint64_t* reply_
   auto element = std::make_shared<Element>();
   for (auto name : names) element->names.emplace_back(name.cStr(), name.size());
   element->components.resize(components.size());
-  size_t raw_count = 0;
-  for (auto component : components) raw_count += component.isCompressed() ? 0 : 1;
   auto reads = kj::heapArrayBuilder<kj::Promise<void>>(raw_count);
   for (unsigned i = 0; i < components.size(); ++i) {
     if (components[i].isCompressed()) {

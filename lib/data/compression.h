@@ -74,6 +74,9 @@ constexpr uint64_t kMaxReplyRawBytes = uint64_t{256} << 20;
 Result<wire::ElementCompression> parse_compression(std::string_view value);
 // "AUTO", "NONE", "ZSTD"; "INVALID(n)" for a value outside the enum.
 std::string compression_name(wire::ElementCompression compression);
+// Whether `compression` is a value this build knows (a newer peer may send
+// others).
+bool known_compression(wire::ElementCompression compression);
 
 // One tensor's buffer as a zstd frame, in word-aligned memory (a message can
 // reference it without a copy).
@@ -112,7 +115,6 @@ class WireCompressor {
   // One ElementFrames per element. Called on the worker's pool.
   std::vector<ElementFrames> frames(const std::vector<Element>& elements, bool local_consumer);
 
-  wire::ElementCompression mode() const { return mode_; }
   // AUTO: whether the probe currently says compress.
   bool auto_compressing() const;
 

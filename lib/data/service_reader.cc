@@ -57,17 +57,6 @@ bool transient(StatusCode code) {
          code == StatusCode::kResourceExhausted;
 }
 
-// A task pipeline's error as the worker reported it (an unknown code from a
-// newer or hostile worker is UNKNOWN).
-Status pipeline_status(wire::ErrorDetail::Reader detail) {
-  auto code = static_cast<int32_t>(detail.getCode());
-  std::string message(detail.getMessage().cStr());
-  if (code <= 0 || code > static_cast<int32_t>(StatusCode::kUnauthenticated)) {
-    return Status::Unknown("a data worker reported a pipeline error with code " + std::to_string(code) + ": " + message);
-  }
-  return Status(static_cast<StatusCode>(code), message);
-}
-
 // A reply's tensor in shared memory, to put in its element's place.
 struct ShmPlaced {
   uint32_t element;
@@ -650,21 +639,17 @@ Result<ServiceReader::Batch> ServiceReader::fetch_windowed(const TaskRef& task, 
       // window is filled here, when the consumer has used every element it
       // received (its queue is empty), so `acknowledged` also says what it
       // consumed (the worker holds a task's end back until then).
-      auto refill = [this, &task, &ack, window]() {
-        auto& queue = in_flight_[task.id];
-        while (queue.size() < window) {
-          Call call;
-          call.task_id = task.id;
-          call.address = task.address;
-          call.max_elements = config_.max_elements_per_request;
-          call.sequence = ack.acknowledged + static_cast<int64_t>(queue.size()) + 1;
-          call.acknowledged = ack.acknowledged;
-          call.received = ack.received;
-          queue.push_back(request_elements(kj::mv(call)).eagerlyEvaluate(nullptr));
-        }
-      };
-      refill();
       auto& queue = in_flight_[task.id];
+      while (queue.size() < window) {
+        Call call;
+        call.task_id = task.id;
+        call.address = task.address;
+        call.max_elements = config_.max_elements_per_request;
+        call.sequence = ack.acknowledged + static_cast<int64_t>(queue.size()) + 1;
+        call.acknowledged = ack.acknowledged;
+        call.received = ack.received;
+        queue.push_back(request_elements(kj::mv(call)).eagerlyEvaluate(nullptr));
+      }
       kj::Promise<Batch> oldest = kj::mv(queue.front());
       queue.pop_front();
       int64_t task_id = task.id;
@@ -715,8 +700,6 @@ kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
             return request.send().then(
                 [this, used, address = call.address](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
                   shm_offered(address, used, response);
-                  return kj::mv(response);
-                }).then([used](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
                   return std::make_pair(kj::mv(response), used.view);
                 });
           })
@@ -726,20 +709,21 @@ kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
             std::shared_ptr<shm::ShmView> view = received_reply.second;
             bool end = response.getEndOfSequence();
             Status pipeline_error;
-            if (response.hasPipelineError()) pipeline_error = pipeline_status(response.getPipelineError());
+            // An unknown code (a newer or hostile worker) is UNKNOWN.
+            if (response.hasPipelineError()) pipeline_error = rpc::status_from_wire(response.getPipelineError());
+            // The tensors in shared memory, read now (the response goes
+            // once the elements are read).
+            std::vector<ShmPlaced> placed;
+            if (response.hasShmTensors()) {
+              Status shm_error = read_shm_tensors(response.getShmTensors(), view.get(), &placed);
+              if (!shm_error.ok()) return kj::Promise<Batch>(rpc::to_exception(shm_error));
+            }
             auto elements = response.getElements();
             auto reads = kj::heapArrayBuilder<kj::Promise<Element>>(elements.size());
             uint64_t decompressed = 0;  // the reply's compressed tensors, bounded (data/compression.h)
             for (auto element : elements) reads.add(data::read_element(element, &decompressed));
-            // The tensors in shared memory, read now (the response goes
-            // once the elements are read).
-            std::vector<ShmPlaced> placed;
-            Status shm_error;
-            if (response.hasShmTensors()) shm_error = read_shm_tensors(response.getShmTensors(), view.get(), &placed);
             return kj::joinPromises(reads.finish())
-                .then([end, pipeline_error, placed = kj::mv(placed),
-                       shm_error](kj::Array<Element>&& received) mutable {
-                  if (!shm_error.ok()) rpc::throw_status(shm_error);
+                .then([end, pipeline_error, placed = kj::mv(placed)](kj::Array<Element>&& received) mutable {
                   Batch batch;
                   batch.end_of_sequence = end;
                   batch.pipeline_error = pipeline_error;
