@@ -24,6 +24,13 @@ using testing::WorkerRecord;
 using testing::floats;
 using testing::values_of;
 
+// Schedules `n` "train_step" closures with args "0", "1", ...; their ids.
+std::vector<int64_t> schedule_steps(Harness& h, int n) {
+  std::vector<int64_t> ids;
+  for (int i = 0; i < n; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  return ids;
+}
+
 VariableRequest variable(std::string name, Tensor initial,
                          placement::Partitioner partitioner = placement::Partitioner::none()) {
   VariableRequest request;
@@ -177,8 +184,7 @@ TEST_CASE("with closure_batch a deep queue goes to a worker in batches, run one 
   WorkerRecord a;
   Harness h(config);
   h.add_worker(a);
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 20; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  std::vector<int64_t> ids = schedule_steps(h, 20);
   h.settle();
   // 20 queued for one lane: a full batch of 4, of which one runs.
   CHECK(a.batches == std::vector<size_t>{4});
@@ -212,8 +218,7 @@ TEST_CASE("a closure failing in a batch stops the rest of its batch, which its e
   WorkerRecord a;
   Harness h(config);
   int64_t worker = h.add_worker(a);
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 10; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  std::vector<int64_t> ids = schedule_steps(h, 10);
   h.settle();
   REQUIRE(a.batches == std::vector<size_t>{4});
   a.reply(0, std::string("v0"));
@@ -243,8 +248,7 @@ TEST_CASE("runs of a batch lost to a retryable failure go back to the queue in t
   WorkerRecord a;
   Harness h(config);
   h.add_worker(a);
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 12; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  std::vector<int64_t> ids = schedule_steps(h, 12);
   h.settle();
   REQUIRE(a.batches == std::vector<size_t>{4});
   a.reply(0, std::string("v0"));
@@ -273,8 +277,7 @@ TEST_CASE("a worker lost in the middle of a batch has the whole rest of it run e
   WorkerRecord a, b;
   Harness h(config);
   int64_t lost = h.add_worker(a);
-  std::vector<int64_t> ids;
-  for (int i = 0; i < 8; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
+  std::vector<int64_t> ids = schedule_steps(h, 8);
   h.settle();
   REQUIRE(a.batches == std::vector<size_t>{4});
   a.reply(0, std::string("a0"));
