@@ -317,8 +317,6 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
 // Sends what schedule() queued in one scheduleMany call (several, past the
 // coordinator's limit per call).
 void ClusterCoordinator::Impl::flush_schedules() {
-  flush_queued = false;
-  open_batch = nullptr;
   while (!pending_schedules.empty()) {
     // The closures of one call (enqueue_schedule grouped them).
     auto sent = pending_schedules.front().batch;

@@ -33,7 +33,6 @@ struct ClusterCoordinator::Impl {
       tasks = nullptr;
       pending_schedules.clear();
       pipelined.clear();
-      open_batch = nullptr;
       scheduled.clear();
       ack_waiters.clear();
     });
@@ -97,15 +96,15 @@ struct ClusterCoordinator::Impl {
                                                     record_schedule_error(rpc::from_exception(e));
                                                     ack();
                                                   }));
-    if (open_batch == nullptr || open_batch->size == kMaxSchedulesPerCall) open_batch = std::make_shared<SentBatch>();
-    pipelined[local] = Pipelined{open_batch, open_batch->size++};
-    pending_schedules.push_back(
-        PendingSchedule{local, std::move(function), std::move(args), kj::mv(paf.fulfiller), open_batch});
-    if (!flush_queued) {
-      flush_queued = true;
-      // After the posts drained in this turn of the loop.
-      tasks->add(kj::evalLater([this]() { flush_schedules(); }));
-    }
+    // Nothing pending: the flush is not scheduled yet either.
+    const bool first = pending_schedules.empty();
+    std::shared_ptr<SentBatch> batch = first ? nullptr : pending_schedules.back().batch;
+    if (batch == nullptr || batch->size == kMaxSchedulesPerCall) batch = std::make_shared<SentBatch>();
+    pipelined[local] = Pipelined{batch, batch->size++};
+    pending_schedules.push_back(PendingSchedule{local, std::move(function), std::move(args), kj::mv(paf.fulfiller),
+                                                std::move(batch)});
+    // After the posts drained in this turn of the loop.
+    if (first) tasks->add(kj::evalLater([this]() { flush_schedules(); }));
   }
   void flush_schedules();  // cluster.cc
   kj::Promise<Element> fetch_value(int64_t local);  // cluster.cc
@@ -170,8 +169,6 @@ struct ClusterCoordinator::Impl {
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> ack_waiters;
   std::vector<PendingSchedule> pending_schedules;
   std::map<int64_t, Pipelined> pipelined;  // by local id, from schedule() to the call's answer
-  std::shared_ptr<SentBatch> open_batch;   // the call that schedule() adds to; null after a flush
-  bool flush_queued = false;
   Mutex schedule_error_mutex;
   Status schedule_error GUARDED_BY(schedule_error_mutex);
   TaskErrors task_errors;
