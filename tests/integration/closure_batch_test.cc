@@ -48,12 +48,21 @@ TEST_CASE("thousands of closures scheduled back to back each run once and each v
     CHECK(value->components.at(0).flat<int64_t>()[0] == i);
   }
   // A fetch right after its schedule (before the schedule's answer can have
-  // come back) gets that closure's value.
+  // come back) gets that closure's value, riding on the schedule's call
+  // (ClosureValues): none of them waits for the closure id to fetch by it.
+  auto fetches_by_id = [&t]() {
+    const std::string series = "\ncapstan_rpc_calls_total{method=\"Coordinator.fetch\"} ";
+    std::string metrics = t.coordinator->http_get("/metrics").second;
+    auto at = metrics.find(series);
+    return at == std::string::npos ? 0.0 : std::stod(metrics.substr(at + series.size()));
+  };
+  const double by_id_before = fetches_by_id();
   for (int64_t i = 0; i < 50; ++i) {
     auto value = t.client->fetch(t.client->schedule("sleep_then_tag", sleep_args(0, 100000 + i)).value());
     REQUIRE(value.ok());
     CHECK(value->components.at(0).flat<int64_t>()[0] == 100000 + i);
   }
+  CHECK(fetches_by_id() == by_id_before);
 }
 
 TEST_CASE("a failure among closures sent in batches is raised once and cancels the rest", "[training][closures]") {
