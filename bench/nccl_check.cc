@@ -5,7 +5,7 @@
 // report them). Built only with CUDA; prints why and exits 1 where no GPU
 // or NCCL is usable.
 //
-//   build/bin/nccl_check [--ranks N]   (default: every GPU)
+//   build/bin/nccl_check [--ranks N] [--share-gpu]   (default: every GPU)
 #include <cuda_runtime_api.h>
 #include <sys/wait.h>
 #include <unistd.h>
@@ -31,13 +31,16 @@ int fail(int rank, const std::string& what) {
   return 1;
 }
 
-int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector<std::string> addresses, int rank) {
+int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector<std::string> addresses, int rank,
+              int device) {
   capstan::CollectiveOptions options;
   options.timeout = std::chrono::seconds(60);
   auto group = Communicator::create(std::move(endpoint), addresses, rank, 1, options);
   if (!group.ok()) return fail(rank, group.status().to_string());
   const int n = static_cast<int>(addresses.size());
-  if (cudaSetDevice(rank) != cudaSuccess) return fail(rank, "cudaSetDevice");
+  if (cudaError_t e = cudaSetDevice(device); e != cudaSuccess) {
+    return fail(rank, std::string("cudaSetDevice: ") + cudaGetErrorString(e));
+  }
   const int64_t count = (1 << 20) + 3;
   float* send = nullptr;
   float* recv = nullptr;
@@ -61,16 +64,16 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector
     return true;
   };
   std::vector<float> want(static_cast<size_t>(count));
-  auto status = (*group)->all_reduce_device(send, recv, count, DType::kFloat32, ReduceOp::kSum, rank);
+  auto status = (*group)->all_reduce_device(send, recv, count, DType::kFloat32, ReduceOp::kSum, device);
   if (!status.ok()) return fail(rank, "all_reduce_device: " + status.to_string());
   for (int64_t i = 0; i < count; ++i) want[static_cast<size_t>(i)] = static_cast<float>(n * (n + 1) / 2) + static_cast<float>(n * (i % 7));
   if (!check("all_reduce SUM", want, count)) return 1;
   cudaMemcpy(recv, send, count * sizeof(float), cudaMemcpyDeviceToDevice);
-  status = (*group)->broadcast_device(recv, count, DType::kFloat32, n - 1, rank);
+  status = (*group)->broadcast_device(recv, count, DType::kFloat32, n - 1, device);
   if (!status.ok()) return fail(rank, "broadcast_device: " + status.to_string());
   for (int64_t i = 0; i < count; ++i) want[static_cast<size_t>(i)] = static_cast<float>(n) + static_cast<float>(i % 7);
   if (!check("broadcast", want, count)) return 1;
-  status = (*group)->all_gather_device(send, recv, count, DType::kFloat32, rank);
+  status = (*group)->all_gather_device(send, recv, count, DType::kFloat32, device);
   if (!status.ok()) return fail(rank, "all_gather_device: " + status.to_string());
   std::vector<float> gathered;
   for (int r = 0; r < n; ++r) {
@@ -91,7 +94,7 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector
     for (int i = 0; i < 12; ++i) {
       if (!(*group)->barrier().ok()) return fail(rank, "barrier");
       auto start = Clock::now();
-      status = (*group)->all_reduce_device(send, recv, bytes / 4, DType::kFloat32, ReduceOp::kSum, rank);
+      status = (*group)->all_reduce_device(send, recv, bytes / 4, DType::kFloat32, ReduceOp::kSum, device);
       if (!status.ok()) return fail(rank, status.to_string());
       if (i >= 2) seconds.push_back(std::chrono::duration<double>(Clock::now() - start).count());
     }
@@ -106,18 +109,51 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector
   return 0;
 }
 
+// The number of usable GPUs, found in a child process: CUDA cannot be used
+// in a child forked after its parent initialized it, so the parent, which
+// forks the ranks, never touches CUDA itself. -1 when the device collectives
+// cannot run here (the child printed why).
+int usable_gpus() {
+  std::fflush(stdout);
+  pid_t pid = fork();
+  if (pid == 0) {
+    capstan::Status here = Communicator::device_collectives();
+    if (!here.ok()) {
+      std::fprintf(stderr, "nccl_check: %s\n", here.to_string().c_str());
+      _exit(255);
+    }
+    int gpus = 0;
+    cudaGetDeviceCount(&gpus);
+    _exit(std::min(gpus, 254));
+  }
+  int status = 0;
+  waitpid(pid, &status, 0);
+  if (!WIFEXITED(status) || WEXITSTATUS(status) == 255) return -1;
+  return WEXITSTATUS(status);
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
-  capstan::Status here = Communicator::device_collectives();
-  if (!here.ok()) {
-    std::fprintf(stderr, "nccl_check: %s\n", here.to_string().c_str());
-    return 1;
-  }
-  int gpus = 0;
-  cudaGetDeviceCount(&gpus);
+  int gpus = usable_gpus();
+  if (gpus < 1) return 1;
+  // --ranks N: N ranks, one per GPU (at most one per GPU); --share-gpu: N
+  // ranks round-robin over the GPUs, which NCCL refuses: every rank must get
+  // that error, none may hang.
   int ranks = gpus;
-  if (argc == 3 && std::string(argv[1]) == "--ranks") ranks = std::min(gpus, std::atoi(argv[2]));
+  bool share = false;
+  for (int i = 1; i < argc; ++i) {
+    std::string arg = argv[i];
+    if (arg == "--ranks" && i + 1 < argc) {
+      ranks = std::atoi(argv[++i]);
+    } else if (arg == "--share-gpu") {
+      share = true;
+    } else {
+      std::fprintf(stderr, "usage: nccl_check [--ranks N] [--share-gpu]\n");
+      return 2;
+    }
+  }
+  if (!share) ranks = std::min(gpus, ranks);
   if (ranks < 1) return 1;
   std::vector<std::unique_ptr<capstan::CollectiveEndpoint>> endpoints;
   std::vector<std::string> addresses;
@@ -129,7 +165,7 @@ int main(int argc, char** argv) {
   std::fflush(stdout);
   for (int r = 0; r < ranks; ++r) {
     pid_t pid = fork();
-    if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r));
+    if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, r % gpus));
     children.push_back(pid);
   }
   int failed = 0;

@@ -139,14 +139,12 @@ struct NcclGroup::Impl {
   // `stream`) without ever waiting past the deadline.
   Status wait(ncclComm_t c, cudaStream_t stream, bool stream_work, const char* what, Clock::time_point deadline)
       REQUIRES(mutex) {
+    const Clock::time_point started = Clock::now();
     while (true) {
       ncclResult_t state = ncclSuccess;
       ncclResult_t got = nccl().get_async_error(c, &state);
       if (got != ncclSuccess) state = got;
-      if (state != ncclSuccess && state != ncclInProgress) {
-        return give_up(Status::Unavailable(std::string("NCCL ") + what + " failed: " + nccl_error(state) +
-                                           " (a peer died, or its link broke)"));
-      }
+      if (state != ncclSuccess && state != ncclInProgress) return give_up(failure(what, state));
       bool finished = state == ncclSuccess;
       if (finished && stream_work) {
         cudaError_t q = cudaStreamQuery(stream);
@@ -166,7 +164,31 @@ struct NcclGroup::Impl {
                                            std::to_string(timeout.count()) +
                                            " ms (a peer is dead or stuck); the NCCL communicator was aborted"));
       }
-      std::this_thread::sleep_for(std::chrono::microseconds(50));
+      // Spin first, as cudaStreamSynchronize does by default: most
+      // operations end within microseconds, and a sleep costs ~100 µs of
+      // wake-up. Past the first millisecond, poll every 50 µs.
+      if (Clock::now() - started < std::chrono::milliseconds(1)) {
+        std::this_thread::yield();
+      } else {
+        std::this_thread::sleep_for(std::chrono::microseconds(50));
+      }
+    }
+  }
+
+  // An asynchronous NCCL error as a Status of the kind the caller can act on.
+  Status failure(const char* what, ncclResult_t state) const {
+    std::string text = std::string("NCCL ") + what + " failed: " + nccl_error(state);
+    switch (state) {
+      case ncclInvalidUsage:
+      case ncclInvalidArgument:
+        return Status::InvalidArgument(
+            text + " (the group's ranks use NCCL wrongly, two ranks on one GPU for instance); the NCCL "
+                   "communicator was aborted");
+      case ncclRemoteError:
+      case ncclSystemError:
+        return Status::Unavailable(text + " (a peer died, or its link broke)");
+      default:
+        return Status::Internal(text + "; the NCCL communicator was aborted");
     }
   }
 
@@ -185,9 +207,10 @@ struct NcclGroup::Impl {
       return Status::FailedPrecondition("the NCCL communicator was aborted after: " + aborted.to_string() +
                                         "; form a new group (the next generation)");
     }
-    return cudaSetDevice(device) == cudaSuccess
-               ? Status::Ok()
-               : Status::InvalidArgument("cannot use CUDA device " + std::to_string(device));
+    cudaError_t error = cudaSetDevice(device);
+    return error == cudaSuccess ? Status::Ok()
+                                : Status::InvalidArgument("cannot use CUDA device " + std::to_string(device) + ": " +
+                                                          cudaGetErrorString(error));
   }
 
   template <typename Issue>
@@ -219,8 +242,10 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::create(Communicator& host, int dev
   // Every rank learns first whether all of them can: one that cannot must
   // not leave the others waiting for an id that never comes.
   Status here = device_collectives_status();
-  if (here.ok() && cudaSetDevice(device) != cudaSuccess) {
-    here = Status::InvalidArgument("CUDA device " + std::to_string(device) + " does not exist here");
+  if (cudaError_t error = here.ok() ? cudaSetDevice(device) : cudaSuccess; error != cudaSuccess) {
+    here = Status::InvalidArgument(
+        "cannot use CUDA device " + std::to_string(device) + " here (" + cudaGetErrorString(error) +
+        (error == cudaErrorInitializationError ? "; was this process forked after its parent used CUDA?" : "") + ")");
   }
   CAPSTAN_ASSIGN_OR_RETURN(Tensor all, host.all_reduce(Tensor::scalar<int32_t>(here.ok() ? 1 : 0), ReduceOp::kMin));
   if (!here.ok()) return here;
