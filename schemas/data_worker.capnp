@@ -44,6 +44,12 @@ struct GetElementsRequest {
     regionBytes @13 :Int64;
     region @14 :UInt64;
   }
+  # The consumer takes up to this many bytes of tensors inline in one reply
+  # (within its message limit): the worker sends them in the reply itself,
+  # not as ByteSources the consumer pulls with one more round trip, as long
+  # as the reply's tensors stay under it. 0 (an older consumer): tensors
+  # over the worker's inline limit (256 KiB) go as ByteSources.
+  inlineLimit @15 :UInt64;
 }
 
 # A region a data worker offers: a sealed memfd the consumer opens as

@@ -91,6 +91,8 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
   if (!batches_) return WorkerPeer::run_closures(std::move(runs));
   auto request = client_.runClosuresRequest();
   auto out = request.initRuns(static_cast<unsigned>(runs.size()));
+  rpc::ReferenceBudget references;
+  const rpc::CodecOptions codec = rpc::with_references(codec_, &references);
   for (unsigned i = 0; i < runs.size(); ++i) {
     const ClosureRun& run = runs[i];
     auto args = rpc::element_from_bytes(run.args);
@@ -100,7 +102,7 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
       failed[i].result = args.status();
       return failed;
     }
-    write_run(out[i], run, *args, codec_);
+    write_run(out[i], run, *args, codec);
   }
   size_t n = runs.size();
   auto kept = std::make_shared<std::vector<ClosureRun>>(std::move(runs));

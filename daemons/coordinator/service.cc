@@ -558,10 +558,12 @@ kj::Promise<void> CoordinatorService::runStep(RunStepContext context) {
         results.setStep(outcome->steps);
         results.setEpoch(outcome->epoch);
         auto values = results.initValues(static_cast<unsigned>(outcome->values.size()));
+        rpc::ReferenceBudget references;
+        const rpc::CodecOptions codec = rpc::with_references(ctx_.codec, &references);
         for (unsigned i = 0; i < outcome->values.size(); ++i) {
           auto element = rpc::element_from_bytes(outcome->values[i]);
           rpc::check(element.status());
-          rpc::write_element(values[i], *element, ctx_.codec);
+          rpc::write_element(values[i], *element, codec);
         }
         auto tasks = results.initTaskIndexes(static_cast<unsigned>(outcome->task_indexes.size()));
         for (unsigned i = 0; i < outcome->task_indexes.size(); ++i) tasks.set(i, outcome->task_indexes[i]);

@@ -817,6 +817,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   // compressed on the pool.
   auto frames = std::make_shared<std::vector<data::ElementFrames>>();
   const bool local_consumer = request.getLocalConsumer();
+  const uint64_t inline_limit = request.getInlineLimit();
   // Shared memory with a consumer on this host: the region this reply's
   // large tensors go to (placed on the pool), or the consumer's ask for one,
   // answered once a reply has a tensor worth it (none for small elements).
@@ -852,15 +853,25 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         }
         return std::move(**slot);
       })
-      .then([this, context, task_id, job_id = task->job_id, frames, placed, ask, large](Result<TaskRunner::Reply> reply) mutable {
+      .then([this, context, task_id, job_id = task->job_id, frames, placed, ask, large,
+             inline_limit](Result<TaskRunner::Reply> reply) mutable {
         if (!reply.ok()) rpc::throw_status(reply.status());
         auto results = context.getResults();
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
         double bytes = 0;
+        // Elements go inline, in order, while the reply's tensors stay within
+        // what the consumer takes inline; the rest as ByteSources.
+        rpc::ReferenceBudget references;
+        const rpc::CodecOptions codec = rpc::with_references(ctx_.codec, &references);
+        const rpc::CodecOptions inline_codec = rpc::answer_codec(codec, inline_limit);
+        uint64_t inline_bytes = 0;
         for (unsigned i = 0; i < reply->elements.size(); ++i) {
           const data::ElementFrames& compressed = (*frames)[i];  // one per element (WireCompressor::frames)
-          data::write_element(list[i], reply->elements[i], compressed, ctx_.codec);
-          bytes += static_cast<double>(reply->elements[i].byte_size());
+          const uint64_t size = reply->elements[i].byte_size();
+          const bool fits = inline_bytes + size <= inline_limit;
+          if (fits) inline_bytes += size;
+          data::write_element(list[i], reply->elements[i], compressed, fits ? inline_codec : codec);
+          bytes += static_cast<double>(size);
           for (const auto& frame : compressed) {
             if (frame == nullptr) continue;
             compressed_raw_bytes_->inc(static_cast<double>(frame->raw_size));

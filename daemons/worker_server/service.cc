@@ -271,9 +271,11 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
       })
       .then([this, context](std::vector<Result<Element>> outcomes) mutable {
         auto out = context.getResults().initOutcomes(static_cast<unsigned>(outcomes.size()));
+        rpc::ReferenceBudget references;
+        const rpc::CodecOptions codec = rpc::with_references(ctx_.codec, &references);
         for (unsigned i = 0; i < outcomes.size(); ++i) {
           if (outcomes[i].ok()) {
-            rpc::write_element(out[i].initValue(), *outcomes[i], ctx_.codec);
+            rpc::write_element(out[i].initValue(), *outcomes[i], codec);
           } else {
             rpc::status_to_wire(outcomes[i].status(), out[i].initError());
           }

@@ -47,14 +47,15 @@ class FrameLease final : public wire::Lease::Server {
 // Below this a frame is copied into the message: cheaper than a lease.
 constexpr size_t kCopyLimit = 4096;
 
-void write_compressed(wire::Tensor::Builder builder, const Tensor& tensor, const std::shared_ptr<const Frame>& frame) {
+void write_compressed(wire::Tensor::Builder builder, const Tensor& tensor, const std::shared_ptr<const Frame>& frame,
+                      const rpc::CodecOptions& options) {
   builder.setDtype(rpc::to_wire(tensor.dtype()));
   auto shape = builder.initShape(static_cast<unsigned>(tensor.shape().size()));
   for (size_t i = 0; i < tensor.shape().size(); ++i) shape.set(static_cast<unsigned>(i), tensor.shape()[i]);
   auto compressed = builder.initCompressed();
   compressed.setCodec(wire::Codec::ZSTD);
   compressed.setRawSize(frame->raw_size);
-  if (frame->size < kCopyLimit) {
+  if (frame->size < kCopyLimit || (options.references != nullptr && !options.references->take())) {
     auto data = compressed.initData(static_cast<unsigned>(frame->size));
     std::memcpy(data.begin(), frame->data(), frame->size);
     return;
@@ -293,7 +294,7 @@ void write_element(wire::Element::Builder builder, const Element& element, const
     // A frame is for the tensor it was made from: a component replaced since
     // (say by a shared-memory placeholder) goes as it is now.
     if (i < frames.size() && frames[i] != nullptr && frames[i]->raw_size == element.components[i].byte_size()) {
-      write_compressed(out, element.components[i], frames[i]);
+      write_compressed(out, element.components[i], frames[i], options);
     } else {
       rpc::write_tensor(out, element.components[i], options);
     }

@@ -34,6 +34,13 @@ using namespace std::chrono_literals;
 constexpr uint8_t kMaxProcessingMode = static_cast<uint8_t>(wire::ProcessingMode::HINT);
 // Largest reply a worker should send (it always sends at least one element).
 constexpr int64_t kMaxReplyBytes = 16 << 20;
+// The same, once the worker's shared-memory region is mapped: the tensors
+// in it do not cross the socket, and smaller replies keep the records in
+// flight few, so that the worker's ring (which goes back to its front as
+// soon as it can) cycles through pages still in the CPU's caches. Measured
+// with data_service_bench (1 MiB elements, 2 requests in flight): 16 MiB
+// replies ~15 GB/s, 8 MiB ~20 GB/s, 4 MiB ~19 GB/s.
+constexpr int64_t kMaxSharedMemoryReplyBytes = 8 << 20;
 // What a data worker keeps unacknowledged per consumer and task
 // (TaskRunner::kMaxRequestsInFlight).
 constexpr int kMaxOutstandingRequests = 16;
@@ -689,6 +696,12 @@ kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
             r.setRoundIndex(call.round);
             r.setMaxElements(call.max_elements);
             r.setMaxBytes(kMaxReplyBytes);
+            // Tensors inline in the reply, up to half what this reader takes
+            // in one message (the rest leaves room for the reply around
+            // them): a reply costs one round trip, not one more per tensor
+            // to pull it (1 MiB elements over loopback: ~0.82 -> ~0.94 of
+            // raw TCP in data_service_bench).
+            r.setInlineLimit(config_.max_message_bytes / 2);
             r.setTrainerId(config_.trainer_id);
             r.setLocalConsumer(local_worker(call.address));
             if (call.sequence > 0) {
@@ -697,6 +710,7 @@ kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
               r.setReceived(call.received);
             }
             WorkerShm used = shm_request(call.address, r.initShm());
+            if (used.view) r.setMaxBytes(kMaxSharedMemoryReplyBytes);
             return request.send().then(
                 [this, used, address = call.address](capnp::Response<wire::DataWorker::GetElementsResults>&& response) {
                   shm_offered(address, used, response);

@@ -129,11 +129,16 @@ std::optional<uint64_t> ShmRegion::allocate(size_t length) {
     // [kPage, head_). head_ == tail never happens with records live: a
     // record never fills the gap to the tail exactly.
     if (head_ > tail) {
-      if (need <= size_ - head_) {
-        start = head_;
-      } else if (need < tail - kPage) {
+      // Back to the front as soon as it has room, not only at the end: the
+      // records then cycle through as little of the region as the reader
+      // keeps in flight, which stays in the CPU's caches for the worker's
+      // copy and the consumer's reads (1 MiB copies into a 16 MiB window run
+      // twice as fast as into 128 MiB here).
+      if (need < tail - kPage) {
         if (head_ < size_) live_.push_back(Record{head_, size_ - head_, true});
         start = kPage;
+      } else if (need <= size_ - head_) {
+        start = head_;
       } else {
         return std::nullopt;
       }

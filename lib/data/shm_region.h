@@ -22,7 +22,10 @@
 //             the consumer sets to 1 to release the record. Records are
 //             allocated in a ring, in order; the worker reuses space from the
 //             oldest record on, once it is released (a record held long
-//             holds up the space after it: the worker then sends by TCP).
+//             holds up the space after it: the worker then sends by TCP),
+//             and goes back to the front as soon as the front is free, so
+//             the records in use stay in as few (cache-warm) pages as they
+//             can.
 //
 // Trust: the consumer checks every offset and length a reply names against
 // the mapping and the tensor's dtype and shape before touching a byte; the

@@ -101,6 +101,34 @@ TEST_CASE("a full region refuses records until the oldest are released, then wra
   CHECK_FALSE(region->allocate(2 << 20).has_value());
 }
 
+TEST_CASE("the ring goes back to its front as soon as the front is free, not only at its end", "[data][shm]") {
+  auto region = make_region(4 << 20);
+  auto view = open_view(*region);
+  const size_t record = 256 * 1024;
+  auto hold = [&](uint64_t at) {
+    auto t = view->tensor(DType::kUInt8, {static_cast<int64_t>(record)}, at, record);
+    REQUIRE(t.ok());
+    return *t;
+  };
+  std::vector<Tensor> held;
+  for (int i = 0; i < 3; ++i) held.push_back(hold(region->allocate(record).value()));
+  auto fourth = region->allocate(record);  // the front is held: after the others
+  REQUIRE(fourth.has_value());
+  CHECK(*fourth > 3 * record);
+  held.push_back(hold(*fourth));
+  // The two oldest are released: the next record goes to the front, with
+  // most of the 4 MiB region still unused behind the newest.
+  held.erase(held.begin(), held.begin() + 2);
+  auto again = region->allocate(record);
+  REQUIRE(again.has_value());
+  CHECK(*again < 4096 + 128);
+  held.push_back(hold(*again));
+  // The records behind it stay intact and in order: released, the region
+  // is empty again.
+  held.clear();
+  CHECK(region->live_records() == 0);
+}
+
 TEST_CASE("offsets and lengths a worker sends are checked against the region", "[data][shm]") {
   auto region = make_region(1 << 20);
   auto view = open_view(*region);

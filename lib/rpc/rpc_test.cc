@@ -562,6 +562,36 @@ TEST_CASE("chunks of the wrong size are refused, pulled whole or chunk by chunk"
   }
 }
 
+TEST_CASE("a message of many tensors references at most its budget of them and stays under 512 segments",
+          "[rpc][codec]") {
+  kj::EventLoop loop;
+  kj::WaitScope wait_scope(loop);
+  // 1000 tensors of 8 KiB: each referenced one is a segment of its own.
+  std::vector<Tensor> tensors;
+  for (int i = 0; i < 1000; ++i) {
+    auto t = Tensor::from_vector<int64_t>(std::vector<int64_t>(1024, i), {1024});
+    REQUIRE(t.ok());
+    tensors.push_back(*t);
+  }
+  auto segments_of = [&](bool budget) {
+    capnp::MallocMessageBuilder message;
+    auto list = message.initRoot<wire::Element>().initComponents(1000);
+    ReferenceBudget references;
+    const CodecOptions codec = budget ? with_references(CodecOptions{}, &references) : CodecOptions{};
+    for (unsigned i = 0; i < 1000; ++i) write_tensor(list[i], tensors[i], codec);
+    // Every tensor reads back whole, referenced or copied.
+    for (unsigned i = 0; i < 1000; ++i) {
+      Tensor back = read_tensor(list[i].asReader()).wait(wait_scope);
+      REQUIRE(back.equals(tensors[i]));
+    }
+    return message.getSegmentsForOutput().size();
+  };
+  CHECK(segments_of(false) > 1000);  // what a reader would refuse
+  size_t bounded = segments_of(true);
+  CHECK(bounded > kMaxReferencedBuffers);
+  CHECK(bounded < 512);
+}
+
 TEST_CASE("a byte source refuses chunks over the limit and past the end", "[rpc][codec][bad-input]") {
   kj::EventLoop loop;
   kj::WaitScope wait_scope(loop);

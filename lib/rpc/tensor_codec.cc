@@ -174,6 +174,11 @@ CodecOptions answer_codec(CodecOptions options, uint64_t inline_limit) {
   return options;
 }
 
+CodecOptions with_references(CodecOptions options, ReferenceBudget* budget) {
+  options.references = budget;
+  return options;
+}
+
 wire::DType to_wire(DType dtype) {
   // The enums share their numbering.
   return static_cast<wire::DType>(static_cast<uint16_t>(dtype));
@@ -191,13 +196,14 @@ void write_tensor(wire::Tensor::Builder builder, const Tensor& tensor,
   auto shape = builder.initShape(static_cast<unsigned>(tensor.shape().size()));
   for (size_t i = 0; i < tensor.shape().size(); ++i) shape.set(static_cast<unsigned>(i), tensor.shape()[i]);
   const auto* bytes = reinterpret_cast<const kj::byte*>(tensor.data());
-  if (tensor.byte_size() < kCopyLimit ||
-      (tensor.byte_size() <= options.inline_limit && !word_aligned(bytes))) {
+  const bool inline_bytes = tensor.byte_size() <= options.inline_limit;
+  if (tensor.byte_size() < kCopyLimit || (inline_bytes && !word_aligned(bytes)) ||
+      (inline_bytes && options.references != nullptr && !options.references->take())) {
     auto data = builder.initInline(static_cast<unsigned>(tensor.byte_size()));
     if (tensor.byte_size() > 0) std::memcpy(data.begin(), bytes, tensor.byte_size());
     return;
   }
-  if (tensor.byte_size() <= options.inline_limit) {
+  if (inline_bytes) {
     auto orphanage = capnp::Orphanage::getForMessageContaining(builder);
     builder.adoptInline(
         orphanage.referenceExternalData(capnp::Data::Reader(bytes, tensor.byte_size())));

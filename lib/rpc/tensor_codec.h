@@ -36,9 +36,31 @@ namespace capstan::rpc {
 // The largest chunk a ByteSource serves (Cap'n Proto's Data holds < 512 MiB).
 constexpr uint32_t kMaxChunkBytes = 256u << 20;
 
+// Sending: each buffer a message references (rather than copies) is a
+// segment of the message, and a reader takes fewer than 512 segments
+// (Cap'n Proto's limit, which rpc::MessageStream keeps). The writes of one
+// message that may carry many tensors share one budget: past it, buffers
+// are copied into the message instead.
+inline constexpr size_t kMaxReferencedBuffers = 384;
+class ReferenceBudget {
+ public:
+  // Whether one more buffer may be referenced (and counts it).
+  bool take() {
+    if (left_ == 0) return false;
+    --left_;
+    return true;
+  }
+
+ private:
+  size_t left_ = kMaxReferencedBuffers;
+};
+
 struct CodecOptions {
   // Sending: buffers up to this size travel inline.
   size_t inline_limit = 256 * 1024;
+  // Sending: the budget of the message written (see ReferenceBudget); null
+  // for a message that carries few tensors.
+  ReferenceBudget* references = nullptr;
   // Sending: size of each pulled chunk; must leave room under the peer's
   // message limit.
   uint32_t chunk_size = 32u << 20;
@@ -59,6 +81,8 @@ CodecOptions codec_options_for(uint64_t max_message_bytes);
 // a ByteSource, saving the caller the round trip that pulls it. Honored up
 // to kMaxChunkBytes.
 CodecOptions answer_codec(CodecOptions options, uint64_t inline_limit);
+// `options` with `budget` for the message being written.
+CodecOptions with_references(CodecOptions options, ReferenceBudget* budget);
 
 wire::DType to_wire(DType dtype);
 // kInvalid for an unknown wire value.

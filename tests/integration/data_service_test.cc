@@ -23,6 +23,7 @@
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "rpc/loop_thread.h"
+#include "rpc/message_stream.h"
 #include "tests/harness/process.h"
 #include "tests/integration/raw_rpc.h"
 
@@ -802,6 +803,47 @@ TEST_CASE("OFF mode over shared memory and over TCP: identical elements", "[data
   double shm_bytes = metric(*s.workers[0], "capstan_data_worker_shm_bytes_total");
   CHECK(shm_bytes >= static_cast<double>(4 << 20));
   CHECK(shm_bytes <= static_cast<double>(8 << 20));
+}
+
+TEST_CASE("replies of many mid-size tensors, and of large ones, arrive whole over TCP", "[data-service]") {
+  DataService s(1);
+  // 8 KiB rows (referenced by the reply, each a segment of its own) in three
+  // components, 300 elements to a reply: 900 such tensors per reply.
+  constexpr int64_t kRows = 600, kRowInts = 1024;
+  std::vector<int64_t> values(static_cast<size_t>(kRows * kRowInts));
+  std::iota(values.begin(), values.end(), int64_t{0});
+  auto rows = Tensor::from_vector<int64_t>(values, {kRows, kRowInts});
+  REQUIRE(rows.ok());
+  const std::string mid = registered(s, Dataset::from_tensor_slices(Element{{*rows, *rows, *rows}, {}}));
+  service::ReadOptions options;
+  options.shared_memory_bytes = 0;
+  options.max_elements_per_request = 300;
+  std::vector<Element> got = read_elements(service::from_dataset_id(s.address(), mid, options));
+  REQUIRE(got.size() == static_cast<size_t>(kRows));
+  for (size_t i = 0; i < got.size(); ++i) {
+    INFO("element " << i);
+    REQUIRE(got[i].components.size() == 3);
+    CHECK(got[i].components[2].flat<int64_t>()[kRowInts - 1] == static_cast<int64_t>(i + 1) * kRowInts - 1);
+  }
+  // 1 MiB elements (16 to a reply) travel in the replies themselves, not
+  // pulled one by one through ByteSources: the elements of a reply keep the
+  // reply's received buffer.
+  constexpr int64_t kBigInts = 1 << 17;
+  std::vector<int64_t> big(static_cast<size_t>(kBigInts));
+  std::iota(big.begin(), big.end(), int64_t{7});
+  auto tensor = Tensor::from_vector<int64_t>(big, {kBigInts});
+  REQUIRE(tensor.ok());
+  const std::string large = registered(s, Dataset::from_tensors(Element{{*tensor}, {}}).repeat(40));
+  got = read_elements(service::from_dataset_id(s.address(), large, options));
+  REQUIRE(got.size() == 40);
+  for (const Element& e : got) REQUIRE(e.components.at(0).equals(*tensor));
+  auto buffer_of = [](const Element& e) {
+    const Tensor& t = e.components.at(0);
+    return rpc::received_buffer_holding(t.data(), t.byte_size()).get();
+  };
+  REQUIRE(buffer_of(got[0]) != nullptr);
+  CHECK(buffer_of(got[0]) == buffer_of(got[1]));
+  CHECK(buffer_of(got[0]) == buffer_of(got[15]));
 }
 
 }  // namespace capstan::testing

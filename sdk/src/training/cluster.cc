@@ -331,10 +331,12 @@ void ClusterCoordinator::Impl::flush_schedules() {
         auto request = c.scheduleManyRequest();
         request.setClientId(client_id);
         auto entries = request.initEntries(static_cast<unsigned>(batch->size()));
+        rpc::ReferenceBudget references;
+        const rpc::CodecOptions codec = rpc::with_references(channel.codec(), &references);
         for (unsigned i = 0; i < batch->size(); ++i) {
           const PendingSchedule& p = (*batch)[i];
           entries[i].setFunction(p.function);
-          rpc::write_element(entries[i].initArgs(), p.args, channel.codec());
+          rpc::write_element(entries[i].initArgs(), p.args, codec);
           entries[i].setRequestSeq(p.local);
         }
         auto call = request.send();

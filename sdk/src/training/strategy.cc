@@ -39,9 +39,11 @@ Result<std::unique_ptr<MirroredStrategy>> MirroredStrategy::create(ClusterCoordi
         request.getOptions().setMinReplicas(options.min_replicas);
         rpc::settings_to_wire(settings, request.getOptions().initSettings());
         auto list = request.initVariables(static_cast<unsigned>(variables.size()));
+        rpc::ReferenceBudget references;
+        const rpc::CodecOptions codec = rpc::with_references(cluster.impl_->channel.codec(), &references);
         for (unsigned i = 0; i < variables.size(); ++i) {
           list[i].setName(variables[i].name);
-          rpc::write_tensor(list[i].initInitial(), variables[i].initial, cluster.impl_->channel.codec());
+          rpc::write_tensor(list[i].initInitial(), variables[i].initial, codec);
           rpc::optimizer_to_wire(variables[i].optimizer, list[i].initOptimizer());
         }
         return request.send().then([](capnp::Response<wire::Coordinator::CreateStrategyResults>&&) { return true; });

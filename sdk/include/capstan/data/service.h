@@ -70,7 +70,12 @@ struct ReadOptions {
   std::string compression = "AUTO";
   // getElements calls kept in flight per task (first-come reads; TF's
   // max_outstanding_requests), 1 to 16: the next replies travel while the
-  // consumer works on the last. Each may carry up to 16 MiB.
+  // consumer works on the last. Each may carry up to 16 MiB (8 MiB of
+  // tensors in shared memory). Over TCP a reply's tensors are received in
+  // place, in one buffer that stays until the reply's last element is
+  // dropped: a consumer that keeps elements of many replies for long (a
+  // large shuffle buffer after the service, say) holds up to a reply's
+  // bytes per element kept.
   int max_outstanding_requests = 2;
   // Shared memory with a data worker on this host (TF's target_workers
   // "LOCAL" idea, but automatic): the worker writes large tensors once
