@@ -37,12 +37,22 @@ std::vector<int64_t> values(const TaskRunner::Reply& reply) {
   return out;
 }
 
+// Waits until the runner's producer has buffered `n` elements (a fixed sleep
+// is not enough for a thread that a loaded machine keeps waiting).
+void wait_buffered(const TaskRunner& runner, int64_t n) {
+  auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+  while (runner.produced() < n && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  REQUIRE(runner.produced() >= n);
+}
+
 }  // namespace
 
 TEST_CASE("a numbered request asked again gets the same reply; the next number gets new elements",
           "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(20)), {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  wait_buffered(runner, 20);  // full batches
   auto first = runner.get(numbered(7, 1, 0));
   REQUIRE(first.ok());
   CHECK(values(*first) == std::vector<int64_t>{0, 1, 2});
@@ -79,7 +89,7 @@ TEST_CASE("a rebuilt task skips the elements its consumer already has", "[data-s
 
 TEST_CASE("only the first request of a task can skip: a later consumer reads on", "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(10)), {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  wait_buffered(runner, 10);
   CHECK(values(runner.get(numbered(1, 1, 0)).value()) == std::vector<int64_t>{0, 1, 2});
   // A second consumer says it has 5 elements (from another worker's task,
   // say): nothing of this task is skipped for it.
@@ -112,7 +122,7 @@ TEST_CASE("a batch stops at max_bytes but always carries one element", "[data-se
   TaskRunner runner(iterate(Dataset::range(10)), {});
   auto r = take(10);
   r.max_bytes = 20;  // 8 bytes per element
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // let the buffer fill
+  wait_buffered(runner, 10);  // let the buffer fill
   auto reply = runner.get(r);
   REQUIRE(reply.ok());
   CHECK(reply->elements.size() == 2);
@@ -241,7 +251,7 @@ TaskRunner::Request windowed(int64_t sequence, int64_t acknowledged, int64_t rec
 
 TEST_CASE("requests in flight get consecutive elements in their numbers' order", "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(12)), {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  wait_buffered(runner, 12);  // full batches
   // Three in flight before any reply arrived: none acknowledged.
   CHECK(values(runner.get(windowed(1, 0, 0)).value()) == std::vector<int64_t>{0, 1});
   CHECK(values(runner.get(windowed(2, 0, 0)).value()) == std::vector<int64_t>{2, 3});
@@ -252,7 +262,7 @@ TEST_CASE("requests in flight get consecutive elements in their numbers' order",
 
 TEST_CASE("a reply lost mid-window is sent again, and so are the replies after it", "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(12)), {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  wait_buffered(runner, 12);  // full batches
   CHECK(values(runner.get(windowed(1, 0, 0)).value()) == std::vector<int64_t>{0, 1});
   CHECK(values(runner.get(windowed(2, 0, 0)).value()) == std::vector<int64_t>{2, 3});
   CHECK(values(runner.get(windowed(3, 1, 2)).value()) == std::vector<int64_t>{4, 5});
@@ -269,7 +279,7 @@ TEST_CASE("a reply lost mid-window is sent again, and so are the replies after i
 
 TEST_CASE("a window's requests are checked", "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(100)), {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // full batches
+  wait_buffered(runner, 100);  // full batches
   CHECK(runner.get(windowed(1, 0, 0)).ok());
   // A gap: number 3 before number 2 was served.
   auto gap = runner.get(windowed(3, 0, 0));
@@ -313,7 +323,7 @@ namespace capstan::data_service {
 TEST_CASE("the end goes to a windowed consumer only once every earlier reply is acknowledged",
           "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(2)), {});
-  std::this_thread::sleep_for(std::chrono::milliseconds(50));  // both buffered
+  wait_buffered(runner, 2);  // both buffered
   TaskRunner::Request first = numbered(5, 1, 0, 2);
   first.acknowledged = 0;
   REQUIRE(values(runner.get(first).value()) == std::vector<int64_t>{0, 1});

@@ -47,13 +47,12 @@ TEST_CASE("thousands of closures scheduled back to back each run once and each v
     REQUIRE(value.ok());
     CHECK(value->components.at(0).flat<int64_t>()[0] == i);
   }
-  // A fetch right after its schedule, before the schedule's answer came
-  // back, gets that closure's value riding on the schedule's call
-  // (ClosureValues): none of them waits for the closure id to fetch by it.
-  // Each closure sleeps 100 ms, so that its answer cannot come back before
-  // the fetch is made even on a loaded machine (with instant closures, a
-  // program thread descheduled under a sanitizer was once late by a whole
-  // round trip and fetched by id).
+  // A fetch right after its schedule gets that closure's value riding on
+  // the schedule's call (ClosureValues), not waiting for the closure id to
+  // fetch by it. The coordinator answers a schedule once it is queued, so a
+  // program thread that a loaded machine keeps waiting (under a sanitizer,
+  // say) can make its fetch after the answer, which then goes by id: a few
+  // of 50 may. Without the pipelining, 37 of 50 went by id.
   auto fetches_by_id = [&t]() {
     const std::string series = "\ncapstan_rpc_calls_total{method=\"Coordinator.fetch\"} ";
     std::string metrics = t.coordinator->http_get("/metrics").second;
@@ -61,12 +60,12 @@ TEST_CASE("thousands of closures scheduled back to back each run once and each v
     return at == std::string::npos ? 0.0 : std::stod(metrics.substr(at + series.size()));
   };
   const double by_id_before = fetches_by_id();
-  for (int64_t i = 0; i < 20; ++i) {
-    auto value = t.client->fetch(t.client->schedule("sleep_then_tag", sleep_args(100, 100000 + i)).value());
+  for (int64_t i = 0; i < 50; ++i) {
+    auto value = t.client->fetch(t.client->schedule("sleep_then_tag", sleep_args(0, 100000 + i)).value());
     REQUIRE(value.ok());
     CHECK(value->components.at(0).flat<int64_t>()[0] == 100000 + i);
   }
-  CHECK(fetches_by_id() == by_id_before);
+  CHECK(fetches_by_id() - by_id_before <= 5);
 }
 
 TEST_CASE("a failure among closures sent in batches is raised once and cancels the rest", "[training][closures]") {
@@ -74,6 +73,10 @@ TEST_CASE("a failure among closures sent in batches is raised once and cancels t
   REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
   std::vector<RemoteValue> before, after;
   for (int i = 0; i < 200; ++i) before.push_back(t.client->schedule("sleep_then_tag", sleep_args(0, i)).value());
+  // The failure comes 2 s after these: by then every schedule below has
+  // reached the coordinator, even on a loaded machine (one that arrived
+  // after the error would take it and run the rest).
+  before.push_back(t.client->schedule("sleep_then_tag", sleep_args(2000, 200)).value());
   auto failing = t.client->schedule("fail").value();
   for (int i = 0; i < 2000; ++i) after.push_back(t.client->schedule("sleep_then_tag", sleep_args(0, i)).value());
   Status joined = t.client->join();
@@ -86,11 +89,11 @@ TEST_CASE("a failure among closures sent in batches is raised once and cancels t
   int cancelled = 0;
   for (const auto& v : after) cancelled += t.client->fetch(v).status().code() == StatusCode::kCancelled ? 1 : 0;
   CHECK(cancelled == 2000);
-  CHECK(counter(*t.client) == 200.0f);
+  CHECK(counter(*t.client) == 201.0f);
   // Cleared: new work runs.
   REQUIRE(t.client->schedule("sleep_then_tag", sleep_args(0, 1)).ok());
   CHECK(t.client->join().ok());
-  CHECK(counter(*t.client) == 201.0f);
+  CHECK(counter(*t.client) == 202.0f);
 }
 
 TEST_CASE("bad batch requests get clear errors and the cluster keeps serving", "[training][closures][bad-input]") {

@@ -825,9 +825,11 @@ TEST_CASE("replies of many mid-size tensors, and of large ones, arrive whole ove
     REQUIRE(got[i].components.size() == 3);
     CHECK(got[i].components[2].flat<int64_t>()[kRowInts - 1] == static_cast<int64_t>(i + 1) * kRowInts - 1);
   }
-  // 1 MiB elements (16 to a reply) travel in the replies themselves, not
-  // pulled one by one through ByteSources: the elements of a reply keep the
-  // reply's received buffer.
+  // 1 MiB elements (up to 16 to a reply) travel in the replies themselves,
+  // not pulled one by one through ByteSources: the elements of a reply keep
+  // the reply's received buffer, so there are fewer buffers than elements
+  // (pulled, each has its own; how many a reply carries depends on how far
+  // the worker's pipeline got).
   constexpr int64_t kBigInts = 1 << 17;
   std::vector<int64_t> big(static_cast<size_t>(kBigInts));
   std::iota(big.begin(), big.end(), int64_t{7});
@@ -841,9 +843,10 @@ TEST_CASE("replies of many mid-size tensors, and of large ones, arrive whole ove
     const Tensor& t = e.components.at(0);
     return rpc::received_buffer_holding(t.data(), t.byte_size()).get();
   };
-  REQUIRE(buffer_of(got[0]) != nullptr);
-  CHECK(buffer_of(got[0]) == buffer_of(got[1]));
-  CHECK(buffer_of(got[0]) == buffer_of(got[15]));
+  std::set<const void*> buffers;
+  for (const Element& e : got) buffers.insert(buffer_of(e));
+  CHECK(buffers.count(nullptr) == 0);
+  CHECK(buffers.size() < got.size());
 }
 
 }  // namespace capstan::testing
