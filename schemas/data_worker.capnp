@@ -45,10 +45,11 @@ struct GetElementsRequest {
     region @14 :UInt64;
   }
   # The consumer takes up to this many bytes of tensors inline in one reply
-  # (within its message limit): the worker sends them in the reply itself,
-  # not as ByteSources the consumer pulls with one more round trip, as long
-  # as the reply's tensors stay under it. 0 (an older consumer): tensors
-  # over the worker's inline limit (256 KiB) go as ByteSources.
+  # (within its message limit): the worker sends the elements that fit in
+  # it (summed in order) in the reply itself, not as ByteSources the
+  # consumer pulls with one more round trip; the others' tensors over the
+  # worker's inline limit (256 KiB) go as ByteSources. 0 (an older
+  # consumer): no element counts as fitting.
   inlineLimit @15 :UInt64;
 }
 

@@ -817,7 +817,8 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   // compressed on the pool.
   auto frames = std::make_shared<std::vector<data::ElementFrames>>();
   const bool local_consumer = request.getLocalConsumer();
-  const uint64_t inline_limit = request.getInlineLimit();
+  // At most what this worker's own reader takes in one message.
+  const uint64_t inline_limit = std::min<uint64_t>(request.getInlineLimit(), ctx_.codec.whole_chunk_limit);
   // Shared memory with a consumer on this host: the region this reply's
   // large tensors go to (placed on the pool), or the consumer's ask for one,
   // answered once a reply has a tensor worth it (none for small elements).
@@ -859,8 +860,8 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         auto results = context.getResults();
         auto list = results.initElements(static_cast<unsigned>(reply->elements.size()));
         double bytes = 0;
-        // Elements go inline, in order, while the reply's tensors stay within
-        // what the consumer takes inline; the rest as ByteSources.
+        // An element goes inline when it fits in what is left of what the
+        // consumer takes inline; the others' large tensors as ByteSources.
         rpc::ReferenceBudget references;
         const rpc::CodecOptions codec = rpc::with_references(ctx_.codec, &references);
         const rpc::CodecOptions inline_codec = rpc::answer_codec(codec, inline_limit);
@@ -868,7 +869,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
         for (unsigned i = 0; i < reply->elements.size(); ++i) {
           const data::ElementFrames& compressed = (*frames)[i];  // one per element (WireCompressor::frames)
           const uint64_t size = reply->elements[i].byte_size();
-          const bool fits = inline_bytes + size <= inline_limit;
+          const bool fits = size <= inline_limit - inline_bytes;
           if (fits) inline_bytes += size;
           data::write_element(list[i], reply->elements[i], compressed, fits ? inline_codec : codec);
           bytes += static_cast<double>(size);

@@ -185,8 +185,10 @@ struct NcclGroup::Impl {
             text + " (the group's ranks use NCCL wrongly, two ranks on one GPU for instance); the NCCL "
                    "communicator was aborted");
       case ncclRemoteError:
-      case ncclSystemError:
         return Status::Unavailable(text + " (a peer died, or its link broke)");
+      case ncclSystemError:
+        return Status::Unavailable(text + " (a peer died or its link broke, or a system call failed here: "
+                                          "NCCL_DEBUG=WARN says which)");
       default:
         return Status::Internal(text + "; the NCCL communicator was aborted");
     }
@@ -219,9 +221,12 @@ struct NcclGroup::Impl {
     CAPSTAN_RETURN_IF_ERROR(usable());
     auto s = static_cast<cudaStream_t>(stream);
     ncclResult_t issued = issue(comm, s);
-    if (issued != ncclSuccess && issued != ncclInProgress) {
+    if (issued == ncclInvalidArgument || issued == ncclInvalidUsage) {
+      // This call was wrong; the communicator is fine.
       return Status::InvalidArgument(std::string("NCCL ") + what + ": " + nccl_error(issued));
     }
+    // Else the communicator's own error (a non-blocking one reports it here).
+    if (issued != ncclSuccess && issued != ncclInProgress) return give_up(failure(what, issued));
     return wait(comm, s, true, what, Clock::now() + timeout);
   }
 };

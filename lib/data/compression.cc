@@ -288,15 +288,17 @@ void write_element(wire::Element::Builder builder, const Element& element, const
     rpc::write_element(builder, element, options);
     return;
   }
+  rpc::ReferenceBudget own;  // as rpc::write_element does without the message's
+  const rpc::CodecOptions codec = options.references != nullptr ? options : rpc::with_references(options, &own);
   auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
   for (size_t i = 0; i < element.components.size(); ++i) {
     auto out = components[static_cast<unsigned>(i)];
     // A frame is for the tensor it was made from: a component replaced since
     // (say by a shared-memory placeholder) goes as it is now.
     if (i < frames.size() && frames[i] != nullptr && frames[i]->raw_size == element.components[i].byte_size()) {
-      write_compressed(out, element.components[i], frames[i], options);
+      write_compressed(out, element.components[i], frames[i], codec);
     } else {
-      rpc::write_tensor(out, element.components[i], options);
+      rpc::write_tensor(out, element.components[i], codec);
     }
   }
   if (!element.names.empty()) {

@@ -36,10 +36,10 @@ constexpr uint8_t kMaxProcessingMode = static_cast<uint8_t>(wire::ProcessingMode
 constexpr int64_t kMaxReplyBytes = 16 << 20;
 // The same, once the worker's shared-memory region is mapped: the tensors
 // in it do not cross the socket, and smaller replies keep the records in
-// flight few, so that the worker's ring (which goes back to its front as
-// soon as it can) cycles through pages still in the CPU's caches. Measured
-// with data_service_bench (1 MiB elements, 2 requests in flight): 16 MiB
-// replies ~15 GB/s, 8 MiB ~20 GB/s, 4 MiB ~19 GB/s.
+// flight few, so that the worker's ring (which goes back to its front once
+// it can) cycles through pages still in the CPU's caches. Measured with
+// data_service_bench (1 MiB elements, 2 requests in flight, 3 alternated
+// runs): 16 MiB replies ~15 GB/s, 8 MiB ~17.5 GB/s, 4 MiB ~16.8 GB/s.
 constexpr int64_t kMaxSharedMemoryReplyBytes = 8 << 20;
 // What a data worker keeps unacknowledged per consumer and task
 // (TaskRunner::kMaxRequestsInFlight).

@@ -129,15 +129,18 @@ std::optional<uint64_t> ShmRegion::allocate(size_t length) {
     // [kPage, head_). head_ == tail never happens with records live: a
     // record never fills the gap to the tail exactly.
     if (head_ > tail) {
-      // Back to the front as soon as it has room, not only at the end: the
-      // records then cycle through as little of the region as the reader
-      // keeps in flight, which stays in the CPU's caches for the worker's
-      // copy and the consumer's reads (1 MiB copies into a 16 MiB window run
-      // twice as fast as into 128 MiB here).
-      if (need < tail - kPage) {
+      // Back to the front once it holds what is in use and this record,
+      // not only at the end: the records then cycle through about twice what
+      // the reader keeps in flight, which stays in the CPU's caches for the
+      // worker's copy and the consumer's reads (1 MiB copies into a 16 MiB
+      // window run twice as fast as into 128 MiB here). Going back sooner
+      // would leave the next records only the front's gap until the older
+      // ones are released.
+      const bool end_fits = need <= size_ - head_;
+      if (need < tail - kPage && (!end_fits || tail - kPage >= (head_ - tail) + need)) {
         if (head_ < size_) live_.push_back(Record{head_, size_ - head_, true});
         start = kPage;
-      } else if (need <= size_ - head_) {
+      } else if (end_fits) {
         start = head_;
       } else {
         return std::nullopt;

@@ -10,6 +10,7 @@
 
 #include <cstdio>
 #include <cstring>
+#include <deque>
 #include <thread>
 #include <vector>
 
@@ -101,7 +102,8 @@ TEST_CASE("a full region refuses records until the oldest are released, then wra
   CHECK_FALSE(region->allocate(2 << 20).has_value());
 }
 
-TEST_CASE("the ring goes back to its front as soon as the front is free, not only at its end", "[data][shm]") {
+TEST_CASE("the ring goes back to its front once the front holds what is in use, not only at its end",
+          "[data][shm]") {
   auto region = make_region(4 << 20);
   auto view = open_view(*region);
   const size_t record = 256 * 1024;
@@ -110,20 +112,30 @@ TEST_CASE("the ring goes back to its front as soon as the front is free, not onl
     REQUIRE(t.ok());
     return *t;
   };
-  std::vector<Tensor> held;
-  for (int i = 0; i < 3; ++i) held.push_back(hold(region->allocate(record).value()));
-  auto fourth = region->allocate(record);  // the front is held: after the others
-  REQUIRE(fourth.has_value());
-  CHECK(*fourth > 3 * record);
-  held.push_back(hold(*fourth));
-  // The two oldest are released: the next record goes to the front, with
-  // most of the 4 MiB region still unused behind the newest.
-  held.erase(held.begin(), held.begin() + 2);
+  std::deque<Tensor> held;
+  for (int i = 0; i < 4; ++i) held.push_back(hold(region->allocate(record).value()));
+  // The two oldest are released: the front's gap would hold only what is
+  // still in use, so the next record goes on at the end.
+  held.pop_front();
+  held.pop_front();
+  auto fifth = region->allocate(record);
+  REQUIRE(fifth.has_value());
+  CHECK(*fifth > 4 * record);
+  held.push_back(hold(*fifth));
+  // Three released (the front holds the two in use and more): back to the
+  // front, with most of the 4 MiB region unused behind the newest, and
+  // the record after it fits there too.
+  held.pop_front();
   auto again = region->allocate(record);
   REQUIRE(again.has_value());
   CHECK(*again < 4096 + 128);
   held.push_back(hold(*again));
-  // The records behind it stay intact and in order: released, the region
+  auto next = region->allocate(record);
+  REQUIRE(next.has_value());
+  CHECK(*next > *again);
+  CHECK(*next < 3 * record);
+  held.push_back(hold(*next));
+  // The records behind them stay intact and in order: released, the region
   // is empty again.
   held.clear();
   CHECK(region->live_records() == 0);

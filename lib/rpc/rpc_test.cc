@@ -621,6 +621,14 @@ TEST_CASE("a message of many tensors references at most its budget of them and s
   size_t bounded = segments_of(true);
   CHECK(bounded > kMaxReferencedBuffers);
   CHECK(bounded < 512);
+  // One element of 1000 such components, written without a budget: it
+  // keeps one of its own.
+  capnp::MallocMessageBuilder message;
+  auto element = message.initRoot<wire::Element>();
+  write_element(element, Element{tensors, {}}, CodecOptions{});
+  CHECK(message.getSegmentsForOutput().size() < 512);
+  Element back = read_element(element.asReader()).wait(wait_scope);
+  CHECK(back.equals(Element{tensors, {}}));
 }
 
 TEST_CASE("a byte source refuses chunks over the limit and past the end", "[rpc][codec][bad-input]") {

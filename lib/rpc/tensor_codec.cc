@@ -218,9 +218,13 @@ void write_tensor(wire::Tensor::Builder builder, const Tensor& tensor,
 
 void write_element(wire::Element::Builder builder, const Element& element,
                    const CodecOptions& options) {
+  // An element may have many components: without the message's budget, it
+  // has one of its own.
+  ReferenceBudget own;
+  const CodecOptions codec = options.references != nullptr ? options : with_references(options, &own);
   auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
   for (size_t i = 0; i < element.components.size(); ++i) {
-    write_tensor(components[static_cast<unsigned>(i)], element.components[i], options);
+    write_tensor(components[static_cast<unsigned>(i)], element.components[i], codec);
   }
   if (!element.names.empty()) {
     auto names = builder.initNames(static_cast<unsigned>(element.names.size()));

@@ -59,7 +59,8 @@ struct CodecOptions {
   // Sending: buffers up to this size travel inline.
   size_t inline_limit = 256 * 1024;
   // Sending: the budget of the message written (see ReferenceBudget); null
-  // for a message that carries few tensors.
+  // for a message that carries one element or tensor (write_element keeps
+  // a budget of its own then).
   ReferenceBudget* references = nullptr;
   // Sending: size of each pulled chunk; must leave room under the peer's
   // message limit.

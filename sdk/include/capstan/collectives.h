@@ -180,7 +180,10 @@ class Communicator {
   // every rank makes one); its unique id goes from rank 0 over this group,
   // which the coordinator's rendezvous formed. Deadline:
   // CollectiveOptions::timeout; a dead or stuck peer aborts the NCCL
-  // communicator and the call fails with Unavailable, never a hang.
+  // communicator and the call fails with Unavailable, never a hang (NCCL's
+  // invalid usage, two ranks on one GPU say, is InvalidArgument; its other
+  // errors Internal; after an abort, calls are FailedPrecondition: form the
+  // next generation).
   // Unimplemented in a build without CUDA; FailedPrecondition without a GPU
   // or libnccl.so.2. Counts are elements; all_gather and reduce_scatter
   // take the count per rank (recv holds size() times it for all_gather).
