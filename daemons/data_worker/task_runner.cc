@@ -144,15 +144,29 @@ Result<TaskRunner::Reply> TaskRunner::get_first_come(const Request& request) {
                                         std::to_string(request.sequence) + " after number " +
                                         std::to_string(c.last_served) + ": expected a kept one or the next");
     }
-  } else if (!asked_ && request.received > 0) {
-    // The first request this runner sees continues a read that began before
-    // the worker restarted: the rebuilt pipeline produces the same elements
-    // again, and the consumer has the first `received` of them.
-    skip_ = request.received;
-    skip_buffered();
+  } else if (!asked_) {
+    // The first request this runner sees may continue a read that began
+    // before the worker restarted: the rebuilt pipeline produces the same
+    // elements again, and the consumer has some of them.
+    resuming_client_ = request.client_id;
+    resume_from_ = request.sequence;
   }
   asked_ = true;
-  CAPSTAN_ASSIGN_OR_RETURN(Reply reply, take_first_come(request));
+  if (request.client_id == resuming_client_ && acknowledged + 1 >= resume_from_) {
+    // Every reply before this runner's first one to the client is
+    // acknowledged, so `received` counts exactly the elements it got from
+    // the runner before the restart (the replies since, this runner's, were
+    // empty). A request sent while an earlier one was in flight carries a
+    // count that may miss that earlier reply's elements, which the old
+    // runner may have delivered: such a count is not trusted.
+    skip_ = std::max<int64_t>(0, request.received - handed_out_);
+    resuming_client_ = -1;
+    skip_buffered();
+  }
+  Reply reply;
+  if (request.client_id != resuming_client_) {
+    CAPSTAN_ASSIGN_OR_RETURN(reply, take_first_come(request));
+  }  // else "none ready" until the client's count can be trusted
   if (reply.end_of_sequence && client != clients_.end()) {
     // The end goes to a client only once it has every element: while an
     // earlier reply with elements is unacknowledged, "none ready" instead.
@@ -210,6 +224,7 @@ Result<TaskRunner::Reply> TaskRunner::take_first_come(const Request& request) {
     buffer_bytes_ -= size;
     reply.elements.push_back(std::move(front.element));
     buffer_.pop_front();
+    ++handed_out_;
   }
   reply.end_of_sequence = reply.elements.empty() && buffer_.empty() && end_;
   cv_.notify_all();

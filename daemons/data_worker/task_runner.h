@@ -10,7 +10,10 @@
 //       reply lost on the way is sent again; and a runner rebuilt after its worker
 //       restarted skips the elements its first consumer says it has (the
 //       pipeline is deterministic, and DYNAMIC splits come back in the same
-//       order), so nothing is lost and nothing repeats;
+//       order), so nothing is lost and nothing repeats. It trusts that count
+//       once the consumer has acknowledged every reply before its first
+//       request here ("none ready" until then): a request sent while an
+//       earlier one was in flight counts without that one's reply;
 //   coordinated reads (num_consumers > 0; infinite datasets): elements come
 //       in rounds of num_consumers consecutive elements; consumer c of round
 //       r gets element c of that round, so every consumer takes one step per
@@ -128,6 +131,11 @@ class TaskRunner {
   std::deque<int64_t> client_order_ GUARDED_BY(mutex_);  // first seen first
   bool asked_ GUARDED_BY(mutex_) = false;    // a request came in
   int64_t skip_ GUARDED_BY(mutex_) = 0;      // elements still to drop (rebuilt task)
+  // The first client, until its element count can be trusted (-1: none),
+  // and its first request number here; elements handed to any client.
+  int64_t resuming_client_ GUARDED_BY(mutex_) = -1;
+  int64_t resume_from_ GUARDED_BY(mutex_) = 0;
+  int64_t handed_out_ GUARDED_BY(mutex_) = 0;
   // Coordinated reads: round -> its elements; consumers that took theirs.
   struct Round {
     std::vector<Element> elements;

@@ -316,6 +316,33 @@ TEST_CASE("a rebuilt task skips what a consumer with a window has, and serves th
   CHECK(values(runner.get(windowed(6, 4, 7, 1)).value()) == std::vector<int64_t>{8});
 }
 
+TEST_CASE("a rebuilt task trusts a consumer's count only once the replies before its first one are acknowledged",
+          "[data-service][task]") {
+  // Two in flight: request 180 reached the old worker, which answered it
+  // (elements 222 and 223) and died; request 181, sent with the count of
+  // the replies up to 179 (222), reached the rebuilt task. Trusting it would
+  // hand out 222 and 223 a second time.
+  TaskRunner runner(iterate(Dataset::range(300)), {});
+  auto first = runner.get(windowed(181, 179, 222));
+  REQUIRE(first.ok());
+  CHECK(first->elements.empty());
+  CHECK_FALSE(first->end_of_sequence);
+  // Request 182 acknowledges 180, with its elements: now the count holds.
+  CHECK(values(runner.get(windowed(182, 180, 224)).value()) == std::vector<int64_t>{224, 225});
+  CHECK(values(runner.get(windowed(183, 182, 226)).value()) == std::vector<int64_t>{226, 227});
+}
+
+TEST_CASE("a rebuilt task gets the count right when the reply before its first one was lost",
+          "[data-service][task]") {
+  // As above, but reply 180 never arrived: the consumer sends 180 and 181
+  // again, then 182 with the count of 222 it really has.
+  TaskRunner runner(iterate(Dataset::range(300)), {});
+  CHECK(runner.get(windowed(181, 179, 222)).value().elements.empty());
+  CHECK(runner.get(windowed(180, 179, 222)).value().elements.empty());
+  CHECK(runner.get(windowed(181, 179, 222)).value().elements.empty());
+  CHECK(values(runner.get(windowed(182, 181, 222)).value()) == std::vector<int64_t>{222, 223});
+}
+
 }  // namespace capstan::data_service
 
 namespace capstan::data_service {

@@ -289,7 +289,7 @@ void write_element(wire::Element::Builder builder, const Element& element, const
     return;
   }
   rpc::ReferenceBudget own;  // as rpc::write_element does without the message's
-  const rpc::CodecOptions codec = options.references != nullptr ? options : rpc::with_references(options, &own);
+  const rpc::CodecOptions codec = rpc::with_references(options, &own);
   auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
   for (size_t i = 0; i < element.components.size(); ++i) {
     auto out = components[static_cast<unsigned>(i)];

@@ -29,6 +29,11 @@ namespace capstan::data::service {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// How long every task of a first-come read may have ended, the job not, before
+// the tasks are asked again (the dispatcher says the job finished within a
+// heartbeat or two of the last end).
+constexpr std::chrono::seconds kAskEndedTasksAfter{1};
 using namespace std::chrono_literals;
 
 constexpr uint8_t kMaxProcessingMode = static_cast<uint8_t>(wire::ProcessingMode::HINT);
@@ -223,7 +228,7 @@ class ServiceReader final : public engine::IteratorBase {
   bool snapshot(std::vector<TaskRef>* tasks, bool ignore_job_finished);
   Status fatal();
   void note_result(int64_t task_id, bool failed);
-  void mark_done(int64_t task_id);
+  void mark_done(int64_t task_id, bool done = true);
   // No task had data: ask for a heartbeat now and back off a little.
   void idle();
   // First-come reads of one task: the number of the last request whose
@@ -294,6 +299,8 @@ class ServiceReader final : public engine::IteratorBase {
   int64_t round_ = 0;                // coordinated reads: the next round
   bool round_in_doubt_ = false;      // a request for round_ failed in transit
   std::chrono::milliseconds idle_backoff_{0};
+  // First come: since when every task has ended while the job has not.
+  std::optional<Clock::time_point> all_ended_since_;
 
   // Loop thread only.
   kj::Own<rpc::Connection> dispatcher_;
@@ -490,10 +497,10 @@ void ServiceReader::note_result(int64_t task_id, bool failed) {
   state.retry_at = now + std::min<std::chrono::milliseconds>(std::chrono::milliseconds(25 << state.failures), 2000ms);
 }
 
-void ServiceReader::mark_done(int64_t task_id) {
+void ServiceReader::mark_done(int64_t task_id, bool done) {
   MutexLock lock(mutex_);
   auto it = tasks_.find(task_id);
-  if (it != tasks_.end()) it->second.done = true;
+  if (it != tasks_.end()) it->second.done = done;
 }
 
 void ServiceReader::idle() {
@@ -521,8 +528,23 @@ Status ServiceReader::next_first_come(Element* out, bool* end_of_sequence) {
                               [this](const TaskRef& t) { return t.id > last_task_id_; });
     std::rotate(tasks.begin(), first, tasks.end());
     auto now = Clock::now();
+    // Every task gave this reader its end, yet the dispatcher has not
+    // finished the job for a while: a worker that restarted before its
+    // finishTask arrived was given its task again, and the rebuilt task
+    // ends only when a consumer asks it (it skips what this reader has).
+    // So the ended tasks are asked again, now and then.
+    bool ask_ended = false;
+    if (!tasks.empty() && std::all_of(tasks.begin(), tasks.end(), [](const TaskRef& t) { return t.done; })) {
+      if (!all_ended_since_) all_ended_since_ = now;
+      if (now - *all_ended_since_ >= kAskEndedTasksAfter) {
+        ask_ended = true;
+        all_ended_since_ = now;
+      }
+    } else {
+      all_ended_since_.reset();
+    }
     for (const TaskRef& task : tasks) {
-      if (task.done || task.retry_at > now) continue;
+      if ((task.done && !ask_ended) || task.retry_at > now) continue;
       auto batch = fetch(task, -1, -1, config_.max_elements_per_request);
       if (!batch.ok()) {
         if (worker_transient(batch.status().code())) {
@@ -535,7 +557,11 @@ Status ServiceReader::next_first_come(Element* out, bool* end_of_sequence) {
         return batch.status();
       }
       note_result(task.id, /*failed=*/false);
-      if (batch->end_of_sequence) mark_done(task.id);
+      if (batch->end_of_sequence) {
+        mark_done(task.id);
+      } else if (task.done) {
+        mark_done(task.id, false);  // asked again, it had more after all
+      }
       if (!batch->pipeline_error.ok() && batch->elements.empty()) {
         last_task_id_ = task.id;
         return batch->pipeline_error;

@@ -37,7 +37,7 @@ Result<training::MirroredSpec> spec_from_wire(wire::MirroredSpec::Reader in) {
 
 void state_to_wire(const training::MirroredState& in, wire::MirroredState::Builder out, const CodecOptions& options) {
   ReferenceBudget references;
-  const CodecOptions codec = options.references != nullptr ? options : with_references(options, &references);
+  const CodecOptions codec = with_references(options, &references);
   out.setStep(in.step);
   auto variables = out.initVariables(static_cast<unsigned>(in.variables.size()));
   for (unsigned i = 0; i < in.variables.size(); ++i) {

@@ -175,7 +175,7 @@ CodecOptions answer_codec(CodecOptions options, uint64_t inline_limit) {
 }
 
 CodecOptions with_references(CodecOptions options, ReferenceBudget* budget) {
-  options.references = budget;
+  if (options.references == nullptr) options.references = budget;
   return options;
 }
 
@@ -221,7 +221,7 @@ void write_element(wire::Element::Builder builder, const Element& element,
   // An element may have many components: without the message's budget, it
   // has one of its own.
   ReferenceBudget own;
-  const CodecOptions codec = options.references != nullptr ? options : with_references(options, &own);
+  const CodecOptions codec = with_references(options, &own);
   auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
   for (size_t i = 0; i < element.components.size(); ++i) {
     write_tensor(components[static_cast<unsigned>(i)], element.components[i], codec);

@@ -82,7 +82,9 @@ CodecOptions codec_options_for(uint64_t max_message_bytes);
 // a ByteSource, saving the caller the round trip that pulls it. Honored up
 // to kMaxChunkBytes.
 CodecOptions answer_codec(CodecOptions options, uint64_t inline_limit);
-// `options` with `budget` for the message being written.
+// `options` with `budget` for the message being written, unless they carry
+// a budget already (the enclosing message's, which a part written inside it
+// must share).
 CodecOptions with_references(CodecOptions options, ReferenceBudget* budget);
 
 wire::DType to_wire(DType dtype);
