@@ -323,6 +323,7 @@ TEST_CASE("a rebuilt task trusts a consumer's count only once the replies before
   // the replies up to 179 (222), reached the rebuilt task. Trusting it would
   // hand out 222 and 223 a second time.
   TaskRunner runner(iterate(Dataset::range(300)), {});
+  wait_buffered(runner, 256);  // a full buffer: full batches
   auto first = runner.get(windowed(181, 179, 222));
   REQUIRE(first.ok());
   CHECK(first->elements.empty());
@@ -337,6 +338,7 @@ TEST_CASE("a rebuilt task gets the count right when the reply before its first o
   // As above, but reply 180 never arrived: the consumer sends 180 and 181
   // again, then 182 with the count of 222 it really has.
   TaskRunner runner(iterate(Dataset::range(300)), {});
+  wait_buffered(runner, 256);  // a full buffer: full batches
   CHECK(runner.get(windowed(181, 179, 222)).value().elements.empty());
   CHECK(runner.get(windowed(180, 179, 222)).value().elements.empty());
   CHECK(runner.get(windowed(181, 179, 222)).value().elements.empty());
