@@ -23,9 +23,9 @@
 //             allocated in a ring, in order; the worker reuses space from the
 //             oldest record on, once it is released (a record held long
 //             holds up the space after it: the worker then sends by TCP),
-//             and goes back to the front as soon as the front is free, so
-//             the records in use stay in as few (cache-warm) pages as they
-//             can.
+//             and goes back to the front as soon as the front has room for
+//             the most that was in use lately, so the records in use stay
+//             in as few (cache-warm) pages as they can.
 //
 // Trust: the consumer checks every offset and length a reply names against
 // the mapping and the tensor's dtype and shape before touching a byte; the
@@ -111,6 +111,10 @@ class ShmRegion {
   };
   std::deque<Record> live_ GUARDED_BY(mutex_);  // oldest first
   uint64_t head_ GUARDED_BY(mutex_);            // where the next record goes
+  // The most bytes in use since the ring last went back to its front, and
+  // in the round before: how much room the front must have to go back.
+  uint64_t peak_ GUARDED_BY(mutex_) = 0;
+  uint64_t last_peak_ GUARDED_BY(mutex_) = 0;
 };
 
 // The consumer's side of one region.

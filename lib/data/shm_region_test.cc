@@ -102,39 +102,52 @@ TEST_CASE("a full region refuses records until the oldest are released, then wra
   CHECK_FALSE(region->allocate(2 << 20).has_value());
 }
 
-TEST_CASE("the ring goes back to its front once the front holds what is in use, not only at its end",
+TEST_CASE("the ring goes back to its front once the front has room for the most in use lately, not only at its end",
           "[data][shm]") {
-  auto region = make_region(4 << 20);
+  auto region = make_region(4 << 20);  // room for 15 records of 256 KiB
   auto view = open_view(*region);
   const size_t record = 256 * 1024;
+  const uint64_t slot = record + 64;  // with its header
   auto hold = [&](uint64_t at) {
     auto t = view->tensor(DType::kUInt8, {static_cast<int64_t>(record)}, at, record);
     REQUIRE(t.ok());
     return *t;
   };
   std::deque<Tensor> held;
-  for (int i = 0; i < 4; ++i) held.push_back(hold(region->allocate(record).value()));
-  // The two oldest are released: the front's gap would hold only what is
-  // still in use, so the next record goes on at the end.
+  for (int i = 0; i < 4; ++i) held.push_back(hold(region->allocate(record).value()));  // 4 in use at most
+  // Three released, one in use: the front's gap (3 records) would not hold
+  // the 4 that were in use and the new one, so the next goes on at the end,
+  // and so on while the oldest are released one by one.
   held.pop_front();
   held.pop_front();
-  auto fifth = region->allocate(record);
-  REQUIRE(fifth.has_value());
-  CHECK(*fifth > 4 * record);
-  held.push_back(hold(*fifth));
-  // Three released (the front holds the two in use and more): back to the
-  // front, with most of the 4 MiB region unused behind the newest, and
-  // the record after it fits there too.
   held.pop_front();
+  for (int i = 4; i < 6; ++i) {
+    auto at = region->allocate(record);
+    REQUIRE(at.has_value());
+    CHECK(*at == 4096 + i * slot + 64);
+    held.push_back(hold(*at));
+    held.pop_front();
+  }
+  // The oldest in use is the sixth: the front holds 5 records, back to it.
   auto again = region->allocate(record);
   REQUIRE(again.has_value());
-  CHECK(*again < 4096 + 128);
+  CHECK(*again == 4096 + 64);
   held.push_back(hold(*again));
-  auto next = region->allocate(record);
-  REQUIRE(next.has_value());
-  CHECK(*next > *again);
-  CHECK(*next < 3 * record);
-  held.push_back(hold(*next));
+  // The 3 after it fit there too while the sixth is still held: as many
+  // in use as lately, and the new one (the room the wrap waited for). A
+  // fifth would reach the sixth: no room, until it is released.
+  for (int i = 1; i < 4; ++i) {
+    auto next = region->allocate(record);
+    REQUIRE(next.has_value());
+    CHECK(*next == 4096 + i * slot + 64);
+    held.push_back(hold(*next));
+  }
+  CHECK_FALSE(region->allocate(record).has_value());
+  held.pop_front();
+  auto after = region->allocate(record);
+  REQUIRE(after.has_value());
+  CHECK(*after == 4096 + 4 * slot + 64);
+  held.push_back(hold(*after));
   // The records behind them stay intact and in order: released, the region
   // is empty again.
   held.clear();

@@ -71,7 +71,9 @@ struct ReadOptions {
   // getElements calls kept in flight per task (first-come reads; TF's
   // max_outstanding_requests), 1 to 16: the next replies travel while the
   // consumer works on the last. Each may carry up to 16 MiB (8 MiB of
-  // tensors in shared memory). Over TCP a reply's tensors are received in
+  // tensors in shared memory, where one is in flight at a time: its bytes
+  // do not travel, and a second only spreads the worker's copies past the
+  // CPU's cache). Over TCP a reply's tensors are received in
   // place, in one buffer that stays until the reply's last element is
   // dropped: a consumer that keeps elements of many replies for long (a
   // large shuffle buffer after the service, say) holds up to a reply's
