@@ -29,12 +29,12 @@ namespace capstan::data::service {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+using namespace std::chrono_literals;
 
 // How long every task of a first-come read may have ended, the job not, before
 // the tasks are asked again (the dispatcher says the job finished within a
 // heartbeat or two of the last end).
 constexpr std::chrono::seconds kAskEndedTasksAfter{1};
-using namespace std::chrono_literals;
 
 constexpr uint8_t kMaxProcessingMode = static_cast<uint8_t>(wire::ProcessingMode::HINT);
 // Largest reply a worker should send (it always sends at least one element).

@@ -123,8 +123,6 @@ std::optional<uint64_t> ShmRegion::allocate(size_t length) {
   if (live_.empty()) {
     head_ = kPage;
     start = head_;
-    last_peak_ = peak_;
-    peak_ = 0;
   } else {
     const uint64_t tail = live_.front().start;
     // In use: [tail, head_) when head_ > tail, else [tail, end) and
@@ -141,12 +139,12 @@ std::optional<uint64_t> ShmRegion::allocate(size_t length) {
       // TCP (with room for only what was in use at the moment, 1 tensor in
       // 9 did in data_service_bench).
       const bool end_fits = need <= size_ - head_;
-      const uint64_t lately = std::max({head_ - tail, peak_, last_peak_});
+      // (What is in use now is never more than peak_: records only went
+      // since the last allocation measured it.)
+      const uint64_t lately = std::max(peak_, last_peak_);
       if (need < tail - kPage && (!end_fits || tail - kPage >= lately + need)) {
         if (head_ < size_) live_.push_back(Record{head_, size_ - head_, true});
         start = kPage;
-        last_peak_ = peak_;
-        peak_ = 0;
       } else if (end_fits) {
         start = head_;
       } else {
@@ -157,6 +155,10 @@ std::optional<uint64_t> ShmRegion::allocate(size_t length) {
     } else {
       return std::nullopt;
     }
+  }
+  if (start == kPage) {  // a new round through the ring
+    last_peak_ = peak_;
+    peak_ = 0;
   }
   release_word(base_ + start).store(0, std::memory_order_relaxed);
   live_.push_back(Record{start, need, false});
