@@ -42,6 +42,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       pool_(pool),
       log_(std::move(log)),
       ps_tasks_(static_cast<size_t>(parameter_servers.size())),
+      first_contact_until_(timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS),
       placer_(std::max(parameter_servers.size(), 1)),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
@@ -486,6 +487,11 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
     return Placed(Status::FailedPrecondition(
         "createVariable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
   }
+  if (auto until = first_contact_deadline()) {
+    return changed_or(*until).then([this, request = std::move(request)]() mutable {
+      return create_variable(std::move(request));
+    });
+  }
   Status up = ps_status();
   if (!up.ok()) return Placed(up);
   const Tensor& initial = request.initial;
@@ -537,6 +543,9 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
   if (ps_.size() == 0) {
     return Placed(Status::FailedPrecondition(
         "createEmbeddingTable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
+  }
+  if (auto until = first_contact_deadline()) {
+    return changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
   }
   Status up = ps_status();
   if (!up.ok()) return Placed(up);
@@ -834,6 +843,12 @@ kj::Promise<Status> Coordinator::snapshot_table(std::shared_ptr<std::vector<Vari
 
 kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::string since, std::string path) {
   using Rows = Result<int64_t>;
+  if (auto until = first_contact_deadline()) {
+    return changed_or(*until).then([this, name = std::move(name), since = std::move(since),
+                                    path = std::move(path)]() mutable {
+      return export_table(std::move(name), std::move(since), std::move(path));
+    });
+  }
   auto found = variables_.find(name);
   if (found == variables_.end() || !found->second.table) {
     return Rows(Status::NotFound("exportEmbeddingTable: no embedding table '" + name + "'"));
@@ -892,6 +907,11 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
                                                               int max_to_keep) {
   using Path = Result<std::string>;
   if (directory.empty()) return Path(Status::InvalidArgument("saveCheckpoint: empty directory"));
+  if (auto until = first_contact_deadline()) {
+    return changed_or(*until).then([this, directory = std::move(directory), step, max_to_keep]() mutable {
+      return save_checkpoint(std::move(directory), step, max_to_keep);
+    });
+  }
   struct Saved {
     std::shared_ptr<void> pause;  // dispatch resumes when it goes
     std::map<std::string, std::string> iterators;
@@ -1027,6 +1047,11 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
   };
   using Restored = Result<Read>;
   using Step = Result<Coordinator::Restored>;
+  if (auto until = first_contact_deadline()) {
+    return changed_or(*until).then([this, path = std::move(path), strict]() mutable {
+      return restore_checkpoint(std::move(path), strict);
+    });
+  }
   // A parameter server that came back empty (lost) is what a restore by
   // hand is for; one that is unreachable or being recovered is not.
   for (const PsTask& task : ps_tasks_) {

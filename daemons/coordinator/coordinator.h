@@ -24,6 +24,9 @@
 // failed because of it run again. Without a checkpoint, calls fail with
 // Unavailable naming it until it is back, and one that came back empty
 // fails them with DataLoss saying so until a checkpoint is restored by hand.
+// A parameter server not reached yet since the coordinator started (or
+// restarted from its journal) is waited for, up to kFirstContactWindow:
+// calls made in the moments before the first contact do not fail.
 //
 // Example (a test's view):
 //   Coordinator c(config, parameter_servers, timer, pool, log);
@@ -428,6 +431,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // last kReportedPoints of at most kReportedTags tags are kept.
   // InvalidArgument for an empty tag or one over 128 bytes, a value that is
   // not finite; ResourceExhausted for a new tag beyond kReportedTags.
+  // How long calls wait for a parameter server not reached yet since start.
+  static constexpr std::chrono::milliseconds kFirstContactWindow{10000};
   static constexpr size_t kReportedPoints = 600;
   static constexpr size_t kReportedTags = 32;
   struct ReportedPoint {
@@ -623,6 +628,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // While every parameter server that is not up is one that may still come
   // back or be recovered: when calls stop waiting for it. nullopt: fail now.
   std::optional<kj::TimePoint> ps_pause_deadline() const;
+  // While a parameter server has not been reached since the coordinator
+  // started, and kFirstContactWindow has not passed: when to stop waiting.
+  std::optional<kj::TimePoint> first_contact_deadline() const;
   // Waits for a change, or until the pause ends.
   kj::Promise<void> changed_or(kj::TimePoint deadline);
   kj::Promise<void> watch_ps(int task);
@@ -738,6 +746,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   std::map<int64_t, Worker> workers_;
   int64_t next_worker_id_ = 1;
   std::vector<PsTask> ps_tasks_;  // by task
+  // Until then, a parameter server not reached yet is waited for (the
+  // coordinator just started, or restarted with its journal).
+  const kj::TimePoint first_contact_until_;
   // Goes up when a parameter server is lost or recovered: a closure whose
   // run saw it change failed because of it and runs again.
   int64_t ps_generation_ = 0;

@@ -51,24 +51,30 @@ Status Coordinator::ps_status() const {
     if (task.state == PsState::kUp) continue;
     if (task.state == PsState::kLost) return task.lost;
     std::string who = "parameter server ps:" + std::to_string(i) + " at " + ps_.address(static_cast<int>(i));
-    return Status::Unavailable(who + (task.state == PsState::kDown ? " is unreachable"
-                                                                   : " is being restored from a checkpoint"));
+    if (task.state == PsState::kRecovering) return Status::Unavailable(who + " is being restored from a checkpoint");
+    if (task.ever_up) return Status::Unavailable(who + " is unreachable");
+    return Status::Unavailable(who + " is unreachable: not reached since the coordinator started (is it running, "
+                               "and is --ps right?)");
   }
   return Status::Ok();
 }
 
 std::optional<kj::TimePoint> Coordinator::ps_pause_deadline() const {
-  if (!config_.ps_recovery) return std::nullopt;
   // Something to recover from, should a parameter server come back empty.
-  bool recoverable = !last_checkpoint_.empty() || !config_.checkpoint_dir.empty();
+  const bool recoverable =
+      config_.ps_recovery && (!last_checkpoint_.empty() || !config_.checkpoint_dir.empty());
   std::optional<kj::TimePoint> until;
   for (const PsTask& task : ps_tasks_) {
     switch (task.state) {
       case PsState::kUp: break;
       case PsState::kLost: return std::nullopt;
       case PsState::kDown:
-        // Before it was ever reached there is nothing of it to wait for.
-        if (!task.ever_up || !recoverable) return std::nullopt;
+        if (!task.ever_up) {
+          // Not reached yet: waited for a while after the start.
+          until = until ? std::min(*until, first_contact_until_) : first_contact_until_;
+          break;
+        }
+        if (!recoverable) return std::nullopt;
         [[fallthrough]];
       case PsState::kRecovering: {
         kj::TimePoint end = task.down_since + config_.ps_recovery_timeout.count() * kj::MILLISECONDS;
@@ -79,6 +85,14 @@ std::optional<kj::TimePoint> Coordinator::ps_pause_deadline() const {
   }
   if (until && timer_.now() >= *until) return std::nullopt;
   return until;
+}
+
+std::optional<kj::TimePoint> Coordinator::first_contact_deadline() const {
+  if (timer_.now() >= first_contact_until_) return std::nullopt;
+  for (const PsTask& task : ps_tasks_) {
+    if (task.state == PsState::kDown && !task.ever_up) return first_contact_until_;
+  }
+  return std::nullopt;
 }
 
 kj::Promise<void> Coordinator::changed_or(kj::TimePoint deadline) {

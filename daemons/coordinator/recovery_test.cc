@@ -159,6 +159,51 @@ TEST_CASE("while a recoverable parameter server is down, join and fetch wait up 
   CHECK(h.coordinator->schedule("train_step", "2").status().code() == StatusCode::kUnavailable);
 }
 
+TEST_CASE("calls made before a parameter server is first reached wait for it, without a checkpoint",
+          "[coordinator][recovery]") {
+  // As after a coordinator's restart: its link to the parameter servers is
+  // still being made when the program's calls arrive.
+  WorkerRecord worker;
+  Harness h({}, /*num_ps=*/2, /*ps_up=*/false);
+  h.add_worker(worker);
+  h.ps.come_up(0);
+  h.settle();
+  auto created = h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2));
+  REQUIRE(h.coordinator->schedule("train_step", "1").ok());
+  auto joined = h.coordinator->join();
+  h.advance(std::chrono::milliseconds(3000));
+  CHECK_FALSE(created.poll(h.io.waitScope));
+  CHECK_FALSE(joined.poll(h.io.waitScope));
+  CHECK(worker.runs.empty());
+
+  h.ps.come_up(1);
+  h.settle();
+  REQUIRE(created.wait(h.io.waitScope).ok());
+  CHECK(h.ps.tasks[1].shards.count("w/part_1") == 1);
+  REQUIRE(worker.runs.size() == 1);
+  worker.reply(0, std::string("v"));
+  CHECK(joined.wait(h.io.waitScope).ok());
+}
+
+TEST_CASE("a parameter server never reached fails calls after the first-contact window, saying so",
+          "[coordinator][recovery]") {
+  Harness h({}, /*num_ps=*/1, /*ps_up=*/false);
+  auto joined = h.coordinator->join();
+  auto created = h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1));
+  h.advance(Coordinator::kFirstContactWindow - std::chrono::milliseconds(500));
+  CHECK_FALSE(joined.poll(h.io.waitScope));
+  CHECK_FALSE(created.poll(h.io.waitScope));
+  h.advance(std::chrono::milliseconds(700));
+  Status late = joined.wait(h.io.waitScope);
+  CHECK(late.code() == StatusCode::kUnavailable);
+  CHECK_THAT(late.message(), Catch::Contains("ps:0 at ps0:7000") && Catch::Contains("not reached since the "
+                                                                                      "coordinator started"));
+  CHECK(created.wait(h.io.waitScope).status().code() == StatusCode::kUnavailable);
+  // From then on, at once.
+  CHECK(h.coordinator->schedule("train_step", "1").status().code() == StatusCode::kUnavailable);
+  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kUnavailable);
+}
+
 TEST_CASE("without a checkpoint, a parameter server back empty fails calls with DataLoss saying so until a "
           "restore by hand",
           "[coordinator][recovery]") {

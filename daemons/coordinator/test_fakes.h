@@ -161,10 +161,11 @@ class FakeParameterServers : public ParameterServers {
     kj::Own<kj::PromiseFulfiller<void>> on_down;
   };
 
-  explicit FakeParameterServers(int n) {
+  explicit FakeParameterServers(int n, bool up = true) {
     for (int i = 0; i < n; ++i) {
       Task task;
       task.address = "ps" + std::to_string(i) + ":7000";
+      task.up = up;
       tasks.push_back(std::move(task));
     }
   }
@@ -264,12 +265,13 @@ class FakeParameterServers : public ParameterServers {
 
 // An event loop, a manual clock and a coordinator over fakes.
 struct Harness {
-  explicit Harness(CoordinatorConfig config = {}, int num_ps = 1)
+  // ps_up: whether the parameter servers answer from the start.
+  explicit Harness(CoordinatorConfig config = {}, int num_ps = 1, bool ps_up = true)
       : io(kj::setupAsyncIo()),
         mailbox(*io.lowLevelProvider),
         timer(kj::origin<kj::TimePoint>()),
         pool(1),
-        ps(num_ps),
+        ps(num_ps, ps_up),
         coordinator(std::make_unique<Coordinator>(
             config, ps, timer, pool,
             std::make_shared<spdlog::logger>("coordinator_test", std::make_shared<spdlog::sinks::null_sink_mt>()))) {

@@ -458,7 +458,9 @@ TEST_CASE("kill -9 the coordinator while closures run and wait: every RemoteValu
   CHECK_THAT(t.coordinator->log(), Catch::Contains("closure(s) queued again"));
   // The same program object: join waits for the closures the journal kept,
   // and each value arrives, from before the restart and after.
-  REQUIRE(t.client->join().ok());
+  const Status joined = t.client->join();
+  INFO("join: " << joined.to_string());
+  REQUIRE(joined.ok());
   for (const auto& [value, tag] : values) {
     auto got = t.client->fetch(value);
     REQUIRE(got.ok());
