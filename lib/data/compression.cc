@@ -290,9 +290,7 @@ void write_element(wire::Element::Builder builder, const Element& element, const
   }
   rpc::ReferenceBudget own;  // as rpc::write_element does without the message's
   const rpc::CodecOptions codec = rpc::with_references(options, &own);
-  auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
-  for (size_t i = 0; i < element.components.size(); ++i) {
-    auto out = components[static_cast<unsigned>(i)];
+  rpc::write_element_with(builder, element, [&](wire::Tensor::Builder out, size_t i) {
     // A frame is for the tensor it was made from: a component replaced since
     // (say by a shared-memory placeholder) goes as it is now.
     if (i < frames.size() && frames[i] != nullptr && frames[i]->raw_size == element.components[i].byte_size()) {
@@ -300,11 +298,7 @@ void write_element(wire::Element::Builder builder, const Element& element, const
     } else {
       rpc::write_tensor(out, element.components[i], codec);
     }
-  }
-  if (!element.names.empty()) {
-    auto names = builder.initNames(static_cast<unsigned>(element.names.size()));
-    for (size_t i = 0; i < element.names.size(); ++i) names.set(static_cast<unsigned>(i), element.names[i]);
-  }
+  });
 }
 
 kj::Promise<Element> read_element(wire::Element::Reader reader, uint64_t* reply_raw_bytes) {

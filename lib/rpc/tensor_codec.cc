@@ -222,16 +222,9 @@ void write_element(wire::Element::Builder builder, const Element& element,
   // has one of its own.
   ReferenceBudget own;
   const CodecOptions codec = with_references(options, &own);
-  auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
-  for (size_t i = 0; i < element.components.size(); ++i) {
-    write_tensor(components[static_cast<unsigned>(i)], element.components[i], codec);
-  }
-  if (!element.names.empty()) {
-    auto names = builder.initNames(static_cast<unsigned>(element.names.size()));
-    for (size_t i = 0; i < element.names.size(); ++i) {
-      names.set(static_cast<unsigned>(i), element.names[i]);
-    }
-  }
+  write_element_with(builder, element, [&](wire::Tensor::Builder out, size_t i) {
+    write_tensor(out, element.components[i], codec);
+  });
 }
 
 namespace {
@@ -292,14 +285,8 @@ void write_tensor_inline(wire::Tensor::Builder builder, const Tensor& tensor) {
 }
 
 void write_element_inline(wire::Element::Builder builder, const Element& element) {
-  auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
-  for (size_t i = 0; i < element.components.size(); ++i) {
-    write_tensor_inline(components[static_cast<unsigned>(i)], element.components[i]);
-  }
-  if (!element.names.empty()) {
-    auto names = builder.initNames(static_cast<unsigned>(element.names.size()));
-    for (size_t i = 0; i < element.names.size(); ++i) names.set(static_cast<unsigned>(i), element.names[i]);
-  }
+  write_element_with(builder, element,
+                     [&](wire::Tensor::Builder out, size_t i) { write_tensor_inline(out, element.components[i]); });
 }
 
 Result<Tensor> read_tensor_inline(wire::Tensor::Reader reader) {

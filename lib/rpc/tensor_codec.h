@@ -94,6 +94,18 @@ DType from_wire(wire::DType dtype);
 void write_tensor(wire::Tensor::Builder builder, const Tensor& tensor, const CodecOptions& options);
 void write_element(wire::Element::Builder builder, const Element& element,
                    const CodecOptions& options);
+// An element's components, each written by `write_component(out, i)`, and
+// its names: the frame the element writers above and data::write_element
+// (compressed components) share.
+template <typename WriteComponent>
+void write_element_with(wire::Element::Builder builder, const Element& element, WriteComponent&& write_component) {
+  auto components = builder.initComponents(static_cast<unsigned>(element.components.size()));
+  for (size_t i = 0; i < element.components.size(); ++i) write_component(components[static_cast<unsigned>(i)], i);
+  if (!element.names.empty()) {
+    auto names = builder.initNames(static_cast<unsigned>(element.names.size()));
+    for (size_t i = 0; i < element.names.size(); ++i) names.set(static_cast<unsigned>(i), element.names[i]);
+  }
+}
 
 // Self-contained encodings for data at rest (pipeline definitions, cache
 // files): the bytes are always copied into the message, never referenced.
