@@ -353,6 +353,10 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   Coordinator(const Coordinator&) = delete;
   Coordinator& operator=(const Coordinator&) = delete;
 
+  // How long calls that need the parameter servers wait for one not reached
+  // yet since this coordinator started (see the header comment).
+  static constexpr std::chrono::milliseconds kFirstContactWindow{10000};
+
   // ---- Workers
   // A worker joins with the functions its modules have (closures, and
   // dataset functions as "dataset:<fn>"). Resolves to its id once it has
@@ -431,8 +435,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // last kReportedPoints of at most kReportedTags tags are kept.
   // InvalidArgument for an empty tag or one over 128 bytes, a value that is
   // not finite; ResourceExhausted for a new tag beyond kReportedTags.
-  // How long calls wait for a parameter server not reached yet since start.
-  static constexpr std::chrono::milliseconds kFirstContactWindow{10000};
   static constexpr size_t kReportedPoints = 600;
   static constexpr size_t kReportedTags = 32;
   struct ReportedPoint {

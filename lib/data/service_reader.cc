@@ -230,7 +230,8 @@ class ServiceReader final : public engine::IteratorBase {
   bool snapshot(std::vector<TaskRef>* tasks, bool ignore_job_finished);
   Status fatal();
   void note_result(int64_t task_id, bool failed);
-  void mark_done(int64_t task_id, bool done = true);
+  // Whether the task gave this reader its end.
+  void set_done(int64_t task_id, bool done);
   // No task had data: ask for a heartbeat now and back off a little.
   void idle();
   // First-come reads of one task: the number of the last request whose
@@ -499,7 +500,7 @@ void ServiceReader::note_result(int64_t task_id, bool failed) {
   state.retry_at = now + std::min<std::chrono::milliseconds>(std::chrono::milliseconds(25 << state.failures), 2000ms);
 }
 
-void ServiceReader::mark_done(int64_t task_id, bool done) {
+void ServiceReader::set_done(int64_t task_id, bool done) {
   MutexLock lock(mutex_);
   auto it = tasks_.find(task_id);
   if (it != tasks_.end()) it->second.done = done;
@@ -560,9 +561,9 @@ Status ServiceReader::next_first_come(Element* out, bool* end_of_sequence) {
       }
       note_result(task.id, /*failed=*/false);
       if (batch->end_of_sequence) {
-        mark_done(task.id);
+        set_done(task.id, true);
       } else if (task.done) {
-        mark_done(task.id, false);  // asked again, it had more after all
+        set_done(task.id, false);  // asked again, it had more after all
       }
       if (!batch->pipeline_error.ok() && batch->elements.empty()) {
         last_task_id_ = task.id;
@@ -636,7 +637,7 @@ Status ServiceReader::next_round(Element* out, bool* end_of_sequence) {
       return Status::Ok();
     }
     if (batch->end_of_sequence) {
-      mark_done(task.id);
+      set_done(task.id, true);
       ++round_;
       continue;
     }
