@@ -39,6 +39,7 @@ set -euo pipefail
 repo=$(cd "$1" && pwd)
 work=$2
 manifests=$repo/deploy/k8s
+. "$(dirname "$0")/pypi_venv.sh"
 venv=${CAPSTAN_K8S_VALIDATE_VENV:-$work/k8s-validate-venv}
 # Pinned, so that every run validates against the same schemas. A newer
 # release bundles newer Kubernetes versions: bump it here.
@@ -55,11 +56,9 @@ bad() { echo "FAIL: $*"; failed=$((failed + 1)); }
 if ! "$venv/bin/python" -c 'import kubernetes_validate, yaml' 2>/dev/null; then
   echo "installing $validator_package into $venv"
   mkdir -p "$(dirname "$venv")"
-  if ! { python3 -m venv "$venv" && "$venv/bin/pip" install -q --disable-pip-version-check \
-           "$validator_package"; } > "$tmp/pip.log" 2>&1; then
+  if ! make_pypi_venv "$venv" "$tmp/pip.log" "$validator_package"; then
     cat "$tmp/pip.log"
-    rm -rf "$venv"
-    echo "FAIL: cannot install $validator_package from PyPI (no network?); the manifests were not validated"
+    echo "FAIL: cannot install $validator_package from PyPI in three tries (no network?); the manifests were not validated"
     exit 1
   fi
 fi

@@ -22,6 +22,7 @@ if [[ $# -ne 2 ]]; then
 fi
 build_dir=$(cd "$1" && pwd)
 write_scalars=$2
+. "$(dirname "$0")/pypi_venv.sh"
 
 fail() {
   echo "FAIL: $*"
@@ -39,13 +40,11 @@ if [[ -z $python ]]; then
   flock 9
   if ! "$python" -c 'import tensorboard' 2>/dev/null; then
     echo "making $venv (pip install tensorboard; once)"
-    rm -rf "$venv"
-    python3 -m venv "$venv" || fail "python3 -m venv $venv failed (Debian: apt-get install python3-venv)"
-    if ! "$python" -m pip install --quiet tensorboard >"$build_dir/tensorboard-venv.log" 2>&1; then
+    if ! make_pypi_venv "$venv" "$build_dir/tensorboard-venv.log" tensorboard; then
       tail -n 20 "$build_dir/tensorboard-venv.log"
-      rm -rf "$venv"
-      fail "pip install tensorboard failed (log above); without a package index," \
-        "set CAPSTAN_TENSORBOARD_PYTHON to a python that has tensorboard"
+      fail "making $venv with tensorboard failed three times (log above; Debian needs" \
+        "python3-venv); without a package index, set CAPSTAN_TENSORBOARD_PYTHON to a" \
+        "python that has tensorboard"
     fi
   fi
   flock -u 9
