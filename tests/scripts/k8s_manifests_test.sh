@@ -39,7 +39,7 @@ set -euo pipefail
 repo=$(cd "$1" && pwd)
 work=$2
 manifests=$repo/deploy/k8s
-. "$(dirname "$0")/pypi_venv.sh"
+. "$(dirname "$0")/../../scripts/pypi_venv.sh"
 venv=${CAPSTAN_K8S_VALIDATE_VENV:-$work/k8s-validate-venv}
 # Pinned, so that every run validates against the same schemas. A newer
 # release bundles newer Kubernetes versions: bump it here.

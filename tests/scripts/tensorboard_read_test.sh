@@ -22,7 +22,7 @@ if [[ $# -ne 2 ]]; then
 fi
 build_dir=$(cd "$1" && pwd)
 write_scalars=$2
-. "$(dirname "$0")/pypi_venv.sh"
+. "$(dirname "$0")/../../scripts/pypi_venv.sh"
 
 fail() {
   echo "FAIL: $*"

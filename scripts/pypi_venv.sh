@@ -1,6 +1,7 @@
-# Sourced by the tests that need a package from PyPI in a virtual
-# environment of their own:
-#   . "$(dirname "$0")/pypi_venv.sh"
+# Sourced by the scripts that need a package from PyPI in a virtual
+# environment of their own (the tensorboard and Kubernetes-manifest tests,
+# bench/peers/venv.sh):
+#   . "$REPO/scripts/pypi_venv.sh"
 #   make_pypi_venv VENV LOG PACKAGE...
 # makes VENV and pip-installs PACKAGE... into it, writing pip's output to
 # LOG. A package index is a remote service: a try that fails (a dropped
