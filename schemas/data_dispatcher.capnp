@@ -44,6 +44,9 @@ struct TaskInfo {
   jobId @1 :Int64;
   workerAddress @2 :Text;
   datasetId @3 :Text;
+  # The task's worker was lost (no heartbeat for worker_timeout_ms) and no
+  # live worker could take the task yet: it waits for one.
+  waitingForWorker @4 :Bool;
 }
 
 # What a data worker is told to run.

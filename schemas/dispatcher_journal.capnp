@@ -24,6 +24,7 @@ struct DispatcherUpdate {
     removeTask @9 :RemoveTask;
     produceSplit @10 :ProduceSplit;
     garbageCollectJob @11 :GarbageCollectJob;
+    reassignTask @12 :ReassignTask;
   }
 
   struct RegisterDataset {
@@ -90,5 +91,9 @@ struct DispatcherUpdate {
   }
   struct GarbageCollectJob {
     jobId @0 :Int64;
+  }
+  struct ReassignTask {
+    taskId @0 :Int64;
+    workerAddress @1 :Text;
   }
 }

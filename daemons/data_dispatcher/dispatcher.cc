@@ -221,12 +221,65 @@ Status Dispatcher::create_tasks(int64_t job_id) {
   for (const auto* task : existing) covered.insert(task->worker_address);
   std::vector<std::string> addresses;
   for (const auto* worker : state_.list_workers()) addresses.push_back(worker->address);
+  const SteadyTime now = clock_.steady_now();
   for (const std::string& address : addresses) {
-    if (covered.count(address) != 0) continue;
-    auto seen = worker_seen_.find(address);
-    if (seen == worker_seen_.end() || clock_.steady_now() - seen->second > config_.worker_timeout) continue;
+    if (covered.count(address) != 0 || !alive(address, now)) continue;
     CAPSTAN_RETURN_IF_ERROR(apply(CreateTask{state_.next_available_task_id(), job_id, address}));
   }
+  return Status::Ok();
+}
+
+bool Dispatcher::alive(const std::string& address, SteadyTime now) const {
+  auto seen = worker_seen_.find(address);
+  return seen != worker_seen_.end() && now - seen->second <= config_.worker_timeout;
+}
+
+Status Dispatcher::reassign_lost_tasks() {
+  const SteadyTime now = clock_.steady_now();
+  std::vector<std::string> lost;
+  std::map<std::string, size_t> load;  // live workers: their unfinished tasks
+  for (const auto* worker : state_.list_workers()) {
+    if (!alive(worker->address, now)) {
+      lost.push_back(worker->address);
+      continue;
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_worker(worker->address));
+    load[worker->address] = tasks.size();
+  }
+  std::set<int64_t> waiting;
+  for (const std::string& address : lost) {
+    CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_worker(address));
+    std::vector<std::pair<int64_t, int64_t>> movable;  // task, job
+    for (const auto* task : tasks) {
+      // A pending task (coordinated reads) has served nothing: it is never
+      // activated on a lost worker, and the consumers go on without it.
+      if (!task->finished && !task->pending) movable.emplace_back(task->task_id, task->job_id);
+    }
+    if (lost_workers_.insert(address).second && log_) {
+      log_->warn("data worker {} sent no heartbeat for over {} ms (worker_timeout_ms): lost; {} task(s) to move",
+                 address, config_.worker_timeout.count(), movable.size());
+    }
+    for (auto [task_id, job_id] : movable) {
+      if (load.empty()) {
+        waiting.insert(task_id);
+        if (waiting_tasks_.count(task_id) == 0 && log_) {
+          log_->warn("task {} (job {}) of lost data worker {} waits for a live data worker: none is heartbeating",
+                     task_id, job_id, address);
+        }
+        continue;
+      }
+      auto target = std::min_element(load.begin(), load.end(),
+                                     [](const auto& a, const auto& b) { return a.second < b.second; });
+      CAPSTAN_RETURN_IF_ERROR(apply(ReassignTask{task_id, target->first}));
+      ++target->second;
+      ++tasks_reassigned_;
+      if (log_) {
+        log_->info("task {} (job {}) moved from lost data worker {} to {}: it replays its splits there", task_id,
+                   job_id, address, target->first);
+      }
+    }
+  }
+  waiting_tasks_ = std::move(waiting);
   return Status::Ok();
 }
 
@@ -242,7 +295,8 @@ Result<ClientHeartbeatResponse> Dispatcher::client_heartbeat(int64_t job_client_
   CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_job(job->job_id));
   ClientHeartbeatResponse response;
   for (const auto* task : tasks) {
-    response.tasks.push_back(TaskInfo{task->task_id, task->job_id, task->worker_address, job->dataset_id});
+    response.tasks.push_back(TaskInfo{task->task_id, task->job_id, task->worker_address, job->dataset_id,
+                                      waiting_tasks_.count(task->task_id) != 0});
   }
   response.job_finished = job->finished;
   return response;
@@ -288,16 +342,23 @@ Result<WorkerHeartbeatResponse> Dispatcher::worker_heartbeat(const std::string& 
     if (log_) log_->info("data worker {} registered", address);
   }
   worker_seen_[address] = clock_.steady_now();
-  if (!known) {
-    // A new worker joins the jobs that can take it (OFF and DYNAMIC).
+  const bool returning = lost_workers_.erase(address) > 0;
+  if (returning && log_) log_->info("data worker {} heartbeats again: live", address);
+  if (!known || returning) {
+    // A new worker joins the jobs that can take it (OFF and DYNAMIC); a lost
+    // one that came back only the DYNAMIC ones: its OFF tasks moved on, and
+    // a new OFF task would read its data a second time.
     std::vector<int64_t> joinable;
     for (const auto* job : state_.list_jobs()) {
-      if (!job->finished && !job->garbage_collected && !is_static(job->processing_mode)) {
+      if (!job->finished && !job->garbage_collected && !is_static(job->processing_mode) &&
+          (!returning || job->is_dynamic())) {
         joinable.push_back(job->job_id);
       }
     }
     for (int64_t job_id : joinable) CAPSTAN_RETURN_IF_ERROR(create_tasks(job_id));
   }
+  // Tasks waiting for a live worker: this one takes them now.
+  if (!waiting_tasks_.empty()) CAPSTAN_RETURN_IF_ERROR(reassign_lost_tasks());
   std::set<int64_t> current(current_tasks.begin(), current_tasks.end());
   CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_worker(address));
   WorkerHeartbeatResponse response;
@@ -449,6 +510,8 @@ std::vector<WorkerInfo> Dispatcher::list_workers() {
 // ---- Garbage collection ----------------------------------------------------------------
 
 void Dispatcher::collect() {
+  Status reassigned = reassign_lost_tasks();
+  if (!reassigned.ok() && log_) log_->error("moving the tasks of lost data workers: {}", reassigned.to_string());
   auto now = clock_.steady_now();
   // Clients that stopped sending heartbeats have left.
   for (auto it = client_seen_.begin(); it != client_seen_.end();) {

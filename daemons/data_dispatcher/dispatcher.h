@@ -38,6 +38,7 @@
 #include <map>
 #include <memory>
 #include <optional>
+#include <set>
 #include <string>
 #include <tuple>
 #include <utility>
@@ -95,6 +96,9 @@ struct TaskInfo {
   int64_t job_id = 0;
   std::string worker_address;
   std::string dataset_id;
+  // The task's worker stopped heartbeating and no live worker could take
+  // the task: it waits for one (the next worker to heartbeat gets it).
+  bool waiting_for_worker = false;
 };
 
 struct ClientHeartbeatResponse {
@@ -209,9 +213,23 @@ class Dispatcher {
   std::vector<JobInfo> list_jobs() const;
   std::vector<WorkerInfo> list_workers();
 
-  // Releases clients whose heartbeats stopped and garbage-collects jobs
+  // Releases clients whose heartbeats stopped, moves the tasks of workers
+  // whose heartbeats stopped (reassign_lost_tasks) and garbage-collects jobs
   // their consumers left (run every job_gc_check_interval).
   void collect();
+
+  // A worker silent for longer than worker_timeout is lost: each of its
+  // unfinished tasks moves to the live worker with the fewest tasks
+  // (ReassignTask), which rebuilds it from its split leases and skips what
+  // its consumers have, so nothing is lost or repeated. With no live worker
+  // the tasks wait, and the first worker to heartbeat takes them. A lost
+  // worker that heartbeats again is live again and joins the running
+  // DYNAMIC jobs (not OFF ones: their copy of the data moved on without it).
+  Status reassign_lost_tasks();
+  // Tasks moved off lost workers since the start; tasks waiting for a live
+  // worker now.
+  int64_t tasks_reassigned() const { return tasks_reassigned_; }
+  int64_t tasks_waiting_for_worker() const { return static_cast<int64_t>(waiting_tasks_.size()); }
 
   const DispatcherConfig& config() const { return config_; }
   const DispatcherState& state() const { return state_; }
@@ -234,6 +252,8 @@ class Dispatcher {
   // Creates the tasks `job_id` lacks on the live workers.
   Status create_tasks(int64_t job_id);
   Result<TaskDef> task_def(const DispatcherState::Task& task) const;
+  // Heard from within worker_timeout.
+  bool alive(const std::string& address, SteadyTime now) const;
   // Split `split_index` of `repetition` from provider `index`, moving
   // `cursor` forward (or starting it over when it is past that split).
   Result<std::optional<Element>> split_at(const DispatcherState::Job& job, int64_t index, int64_t repetition,
@@ -247,6 +267,9 @@ class Dispatcher {
   std::unique_ptr<journal::JournalWriter> journal_;  // null: in memory only
   std::map<std::string, std::string> definitions_;   // dataset id -> serialized definition
   std::map<std::string, SteadyTime> worker_seen_;
+  std::set<std::string> lost_workers_;  // silent past worker_timeout (logged once)
+  std::set<int64_t> waiting_tasks_;     // on a lost worker, no live one to take them
+  int64_t tasks_reassigned_ = 0;
   std::map<int64_t, SteadyTime> client_seen_;
   std::map<std::pair<int64_t, int64_t>, Splits> splits_;  // (job, provider index) -> the next split
   // (job, provider index, task) -> where a task asking for its leased splits

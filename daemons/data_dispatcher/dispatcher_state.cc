@@ -97,6 +97,11 @@ void write(JournalUpdate::Builder b, const ProduceSplit& u) {
   o.setTaskId(u.task_id);
 }
 void write(JournalUpdate::Builder b, const GarbageCollectJob& u) { b.initGarbageCollectJob().setJobId(u.job_id); }
+void write(JournalUpdate::Builder b, const ReassignTask& u) {
+  auto o = b.initReassignTask();
+  o.setTaskId(u.task_id);
+  o.setWorkerAddress(u.worker_address);
+}
 
 // ---- decoding ---------------------------------------------------------------
 
@@ -164,6 +169,10 @@ Result<Update> read(JournalUpdate::Reader r) {
                                  i.getTaskId()});
     }
     case JournalUpdate::GARBAGE_COLLECT_JOB: return Update(GarbageCollectJob{r.getGarbageCollectJob().getJobId()});
+    case JournalUpdate::REASSIGN_TASK: {
+      auto i = r.getReassignTask();
+      return Update(ReassignTask{i.getTaskId(), text(i.getWorkerAddress())});
+    }
   }
   return Status::InvalidArgument("unknown update kind " + std::to_string(static_cast<unsigned>(r.which())));
 }
@@ -215,6 +224,7 @@ std::string_view update_name(const Update& update) {
           [](const RemoveTask&) { return std::string_view("RemoveTask"); },
           [](const ProduceSplit&) { return std::string_view("ProduceSplit"); },
           [](const GarbageCollectJob&) { return std::string_view("GarbageCollectJob"); },
+          [](const ReassignTask&) { return std::string_view("ReassignTask"); },
       },
       update);
 }
@@ -266,6 +276,7 @@ Status DispatcherState::apply(const Update& update) {
           [this](const RemoveTask& u) { return apply_remove_task(u); },
           [this](const ProduceSplit& u) { return apply_produce_split(u); },
           [this](const GarbageCollectJob& u) { return apply_garbage_collect_job(u); },
+          [this](const ReassignTask& u) { return apply_reassign_task(u); },
       },
       update);
 }
@@ -660,6 +671,28 @@ Status DispatcherState::apply_garbage_collect_job(const GarbageCollectJob& u) {
   job->leases.clear();
   job->finished = true;
   job->garbage_collected = true;
+  return Status::Ok();
+}
+
+Status DispatcherState::apply_reassign_task(const ReassignTask& u) {
+  const std::string id = std::to_string(u.task_id);
+  auto it = tasks_.find(u.task_id);
+  if (it == tasks_.end()) return Status::NotFound("ReassignTask: task " + id + " not found");
+  Task& task = it->second;
+  if (task.finished) return Status::FailedPrecondition("ReassignTask: task " + id + " is finished");
+  if (task.pending) {
+    return Status::FailedPrecondition("ReassignTask: task " + id + " is pending (it has served nothing yet)");
+  }
+  auto to = tasks_by_worker_.find(u.worker_address);
+  if (to == tasks_by_worker_.end()) {
+    return Status::NotFound("ReassignTask: task " + id + ": worker '" + u.worker_address + "' is not registered");
+  }
+  if (u.worker_address == task.worker_address) {
+    return Status::InvalidArgument("ReassignTask: task " + id + " already runs on '" + u.worker_address + "'");
+  }
+  tasks_by_worker_.at(task.worker_address).erase(task.task_id);
+  to->second.insert(task.task_id);
+  task.worker_address = u.worker_address;
   return Status::Ok();
 }
 

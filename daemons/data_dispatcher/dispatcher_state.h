@@ -162,6 +162,18 @@ struct ProduceSplit {
   friend bool operator==(const ProduceSplit&, const ProduceSplit&) = default;
 };
 
+// Moves an unfinished task to the registered worker at `worker_address`
+// (its own worker stopped heartbeating). The task keeps its id, its place in
+// the job (so a statically sharded task keeps its shard) and its split
+// leases: the new worker rebuilds it, asks for the same splits by number,
+// and skips what each consumer says it has, as after a restart. The new
+// worker may already run a task of the same job.
+struct ReassignTask {
+  int64_t task_id = 0;
+  std::string worker_address;
+  friend bool operator==(const ReassignTask&, const ReassignTask&) = default;
+};
+
 // Garbage-collects a job whose consumers left: its tasks end.
 struct GarbageCollectJob {
   int64_t job_id = 0;
@@ -172,7 +184,7 @@ using Update =
     std::variant<RegisterDataset, RegisterWorker, CreateJob, AcquireJobClient,
                  ReleaseJobClient, CreateTask, CreatePendingTask,
                  ClientHeartbeat, FinishTask, RemoveTask, ProduceSplit,
-                 GarbageCollectJob>;
+                 GarbageCollectJob, ReassignTask>;
 
 // "RegisterDataset", "CreateJob", ... (for logs).
 std::string_view update_name(const Update& update);
@@ -344,6 +356,7 @@ class DispatcherState {
   Status apply_remove_task(const RemoveTask& u);
   Status apply_produce_split(const ProduceSplit& u);
   Status apply_garbage_collect_job(const GarbageCollectJob& u);
+  Status apply_reassign_task(const ReassignTask& u);
 
   // Checks shared by CreateTask and CreatePendingTask.
   Status validate_new_task(int64_t task_id, int64_t job_id,

@@ -95,6 +95,7 @@ std::vector<Update> sample_updates() {
       ProduceSplit{2000, 0, 0, false},
       ProduceSplit{2000, 0, 3, false, 4000},
       GarbageCollectJob{2000},
+      ReassignTask{4001, "other:7"},
   };
 }
 
@@ -133,6 +134,7 @@ TEST_CASE("update_name names each kind") {
   CHECK(update_name(RemoveTask{}) == "RemoveTask");
   CHECK(update_name(ProduceSplit{}) == "ProduceSplit");
   CHECK(update_name(GarbageCollectJob{}) == "GarbageCollectJob");
+  CHECK(update_name(ReassignTask{}) == "ReassignTask");
   CHECK(processing_mode_name(ProcessingMode::kFileOrData) == "FILE_OR_DATA");
   CHECK(target_workers_name(TargetWorkers::kAny) == "ANY");
 }
@@ -772,6 +774,45 @@ TEST_CASE("ProduceSplit leases a split to a running task of its job, in order") 
   CHECK(state.leases(1, 2, 10).status().code() == StatusCode::kInvalidArgument);
   ok(state, GarbageCollectJob{1});
   CHECK((*state.leases(1, 0, 11))->empty());
+}
+
+TEST_CASE("ReassignTask moves a task with its leases to another worker, even one running the same job") {
+  DispatcherState state;
+  setup(state);
+  ok(state, job_of(1, "ds", "", ProcessingMode::kDynamic));
+  ok(state, CreateTask{10, 1, "w1"});
+  ok(state, CreateTask{11, 1, "w2"});
+  ok(state, ProduceSplit{1, 0, 0, false, 10});
+  ok(state, ProduceSplit{1, 0, 0, false, 11});
+  ok(state, ProduceSplit{1, 0, 0, false, 10});
+  ok(state, ReassignTask{10, "w2"});
+  CHECK((*state.task_from_id(10))->worker_address == "w2");
+  CHECK(ids_of(*state.tasks_for_worker("w2")) == std::vector<int64_t>{10, 11});
+  CHECK(state.tasks_for_worker("w1")->empty());
+  // Its place in the job and its leases stay: the new worker replays them.
+  CHECK(ids_of(*state.tasks_for_job(1)) == std::vector<int64_t>{10, 11});
+  CHECK(**state.leases(1, 0, 10) == std::vector<DispatcherState::Lease>{{0, 0}, {0, 2}});
+  // Finishing it on its new worker finishes it.
+  ok(state, FinishTask{10});
+  CHECK(ids_of(*state.tasks_for_worker("w2")) == std::vector<int64_t>{11});
+}
+
+TEST_CASE("ReassignTask rejects unknown, finished and pending tasks, unknown workers and no move") {
+  DispatcherState state;
+  setup(state);
+  CreateJob rr = job_of(1, "ds", "rounds");
+  rr.num_consumers = 2;
+  ok(state, rr);
+  ok(state, CreateTask{10, 1, "w1"});
+  ok(state, CreateTask{11, 1, "w2"});
+  ok(state, RegisterWorker{"w3", "", {}});
+  ok(state, CreatePendingTask{12, 1, "w3", 5});
+  rejected(state, ReassignTask{99, "w2"}, StatusCode::kNotFound);
+  rejected(state, ReassignTask{10, "nobody"}, StatusCode::kNotFound);
+  rejected(state, ReassignTask{10, "w1"}, StatusCode::kInvalidArgument);
+  rejected(state, ReassignTask{12, "w2"}, StatusCode::kFailedPrecondition);
+  ok(state, FinishTask{11});
+  rejected(state, ReassignTask{11, "w1"}, StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("split_state reports errors") {

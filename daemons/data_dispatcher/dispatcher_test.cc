@@ -1,6 +1,7 @@
 #include "daemons/data_dispatcher/dispatcher.h"
 
 #include <catch2/catch.hpp>
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <set>
@@ -358,6 +359,109 @@ TEST_CASE("DYNAMIC jobs lease each split to one task, and asking again gets the 
   REQUIRE(d->finish_task(t1).ok());
   CHECK(d->state().leases(j->job_id, 0, t1).value()->empty());
   CHECK(d->get_split(j->job_id, 0, 0, t1, 0).status().code() == StatusCode::kFailedPrecondition);
+}
+
+bool has_task(const std::vector<TaskDef>& defs, int64_t task_id) {
+  return std::any_of(defs.begin(), defs.end(), [task_id](const TaskDef& d) { return d.task_id == task_id; });
+}
+
+TEST_CASE("a lost worker's tasks move to the live worker with the fewest, which replays their splits") {
+  TempDir dir;
+  FakeClock clock;
+  auto d = open(clock, dir.path());
+  std::string ds = register_range(*d, 100);
+  add_worker(*d, "a:1");
+  add_worker(*d, "b:1");
+  add_worker(*d, "c:1");
+  auto j = d->get_or_create_job(job(ds, "", ProcessingMode::kDynamic));
+  REQUIRE(j.ok());
+  const int64_t ta = only_task(*d, j->job_id, 0), tb = only_task(*d, j->job_id, 1), tc = only_task(*d, j->job_id, 2);
+  // b runs a second job's task too: c has fewer.
+  auto other = d->get_or_create_job(job(ds));
+  REQUIRE(other.ok());
+  REQUIRE(d->finish_task(only_task(*d, other->job_id, 2)).ok());  // c's task of it
+  const int64_t first = split_begin(d->get_split(j->job_id, 0, 0, ta, 0));
+  const int64_t second = split_begin(d->get_split(j->job_id, 0, 0, ta, 1));
+
+  // b and c keep heartbeating; a goes silent.
+  for (int i = 0; i < 3; ++i) {
+    clock.advance(milliseconds(500));
+    REQUIRE(d->worker_heartbeat("b:1", {tb}).ok());
+    REQUIRE(d->worker_heartbeat("c:1", {tc}).ok());
+    REQUIRE(d->client_heartbeat(j->job_client_id).ok());
+    d->collect();
+  }
+  CHECK((*d->state().task_from_id(ta))->worker_address == "c:1");
+  CHECK(d->tasks_reassigned() == 2);  // a's tasks of both jobs
+  CHECK(d->tasks_waiting_for_worker() == 0);
+  auto c = d->worker_heartbeat("c:1", {tc});
+  REQUIRE(c.ok());
+  CHECK(has_task(c->new_tasks, ta));
+  // The same splits for the same numbers, then new ones.
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, ta, 0)) == first);
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, ta, 1)) == second);
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, ta, 2)) != first);
+  auto hb = d->client_heartbeat(j->job_client_id);
+  REQUIRE(hb.ok());
+  for (const TaskInfo& t : hb->tasks) {
+    CHECK_FALSE(t.waiting_for_worker);
+    if (t.task_id == ta) CHECK(t.worker_address == "c:1");
+  }
+
+  // a comes back: the task it still runs is dropped, and it joins the
+  // DYNAMIC job afresh (not the OFF one: its copy moved on).
+  auto back = d->worker_heartbeat("a:1", {ta});
+  REQUIRE(back.ok());
+  CHECK(back->tasks_to_delete == std::vector<int64_t>{ta});
+  REQUIRE(back->new_tasks.size() == 1);
+  CHECK(back->new_tasks[0].job_id == j->job_id);
+  CHECK(back->new_tasks[0].task_id != ta);
+
+  // The move is journaled: a restarted dispatcher has the task on c.
+  d.reset();
+  d = open(clock, dir.path());
+  CHECK((*d->state().task_from_id(ta))->worker_address == "c:1");
+  CHECK(split_begin(d->get_split(j->job_id, 0, 0, ta, 1)) == second);
+}
+
+TEST_CASE("with no live worker a lost worker's tasks wait, and the next worker to heartbeat takes them") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  add_worker(*d, "a:1");
+  auto j = d->get_or_create_job(job(ds, "", ProcessingMode::kData));
+  REQUIRE(j.ok());
+  const int64_t ta = only_task(*d, j->job_id);
+  clock.advance(milliseconds(800));
+  REQUIRE(d->client_heartbeat(j->job_client_id).ok());
+  clock.advance(milliseconds(700));  // a: 1500 ms without a heartbeat
+  d->collect();
+  CHECK(d->tasks_waiting_for_worker() == 1);
+  CHECK(d->tasks_reassigned() == 0);
+  auto hb = d->client_heartbeat(j->job_client_id);
+  REQUIRE(hb.ok());
+  REQUIRE(hb->tasks.size() == 1);
+  CHECK(hb->tasks[0].waiting_for_worker);
+  d->collect();  // still none: still waiting, nothing else happens
+  CHECK(d->tasks_waiting_for_worker() == 1);
+
+  // A new worker takes the statically sharded task with its shard (the
+  // job's only task: shard 0 of 1).
+  auto z = d->worker_heartbeat("z:1", {});
+  REQUIRE(z.ok());
+  REQUIRE(z->new_tasks.size() == 1);
+  CHECK(z->new_tasks[0].task_id == ta);
+  CHECK(z->new_tasks[0].num_workers == 1);
+  CHECK(z->new_tasks[0].worker_index == 0);
+  CHECK(d->tasks_waiting_for_worker() == 0);
+  CHECK(d->tasks_reassigned() == 1);
+  hb = d->client_heartbeat(j->job_client_id);
+  REQUIRE(hb.ok());
+  CHECK_FALSE(hb->tasks[0].waiting_for_worker);
+  CHECK(hb->tasks[0].worker_address == "z:1");
+  // Finished on z, the job is finished.
+  REQUIRE(d->finish_task(ta).ok());
+  CHECK(d->client_heartbeat(j->job_client_id)->job_finished);
 }
 
 TEST_CASE("replaying the journal rebuilds the same state, definitions, split progress and leases") {

@@ -24,7 +24,9 @@ int main(int argc, char** argv) {
       {"job_gc_timeout_ms", OptionType::kInt,
        "A job whose consumers all left is collected after this long (-1: never).", "60000"},
       {"client_timeout_ms", OptionType::kInt, "A consumer without heartbeats for this long has left.", "10000"},
-      {"worker_timeout_ms", OptionType::kInt, "A data worker without heartbeats for this long gets no new tasks.",
+      {"worker_timeout_ms", OptionType::kInt,
+       "A data worker without heartbeats for this long is lost: it gets no new tasks, and its unfinished ones move "
+       "to live workers, which replay them (its consumers lose and repeat nothing).",
        "10000"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {

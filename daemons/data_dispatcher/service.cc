@@ -99,7 +99,7 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
   using Plot = daemon::StatusBoard::Plot;
   // Sampled by the status board: counts read on the dispatcher's thread.
   struct Counts {
-    double jobs = 0, workers = 0, clients = 0;
+    double jobs = 0, workers = 0, clients = 0, waiting = 0, reassigned = 0;
   };
   auto counts = [this]() {
     return read_dispatcher([](Dispatcher& d) {
@@ -110,6 +110,8 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
         c.clients += static_cast<double>(job.num_clients);
       }
       c.workers = static_cast<double>(d.list_workers().size());
+      c.waiting = static_cast<double>(d.tasks_waiting_for_worker());
+      c.reassigned = static_cast<double>(d.tasks_reassigned());
       return c;
     });
   };
@@ -117,13 +119,15 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
   // /metrics: the registry outlives this service (a scrape during shutdown
   // must not reach it), the status board does not.
   struct Latest {
-    std::atomic<double> jobs{0}, clients{0}, workers{0};
+    std::atomic<double> jobs{0}, clients{0}, workers{0}, waiting{0}, reassigned{0};
   };
   auto latest = std::make_shared<Latest>();
   status.plot("jobs (active)", Plot::kLevel, [counts, latest]() {
     Counts c = counts();
     latest->clients = c.clients;
     latest->workers = c.workers;
+    latest->waiting = c.waiting;
+    latest->reassigned = c.reassigned;
     return latest->jobs = c.jobs;
   });
   status.plot("consumers", Plot::kLevel, [latest]() { return latest->clients.load(); });
@@ -135,6 +139,13 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
                               [latest]() { return latest->clients.load(); });
   ctx_.metrics.callback_gauge("capstan_data_dispatcher_workers", "Data workers registered (sampled each second).",
                               [latest]() { return latest->workers.load(); });
+  ctx_.metrics.callback_gauge("capstan_data_dispatcher_tasks_waiting_for_worker",
+                              "Tasks of lost data workers that no live worker could take yet: their consumers wait "
+                              "(sampled each second).",
+                              [latest]() { return latest->waiting.load(); });
+  ctx_.metrics.callback_counter("capstan_data_dispatcher_tasks_reassigned_total",
+                                "Tasks moved off data workers lost for worker_timeout_ms (sampled each second).",
+                                [latest]() { return latest->reassigned.load(); });
   status.tables([this]() {
     struct Listing {
       std::vector<DatasetInfo> datasets;
@@ -255,6 +266,7 @@ kj::Promise<void> DispatcherService::clientHeartbeat(ClientHeartbeatContext cont
           out[i].setJobId(task.job_id);
           out[i].setWorkerAddress(task.worker_address);
           out[i].setDatasetId(task.dataset_id);
+          out[i].setWaitingForWorker(task.waiting_for_worker);
         }
         context.getResults().setJobFinished(response.job_finished);
       });

@@ -5,6 +5,7 @@
 #include <kj/async.h>
 
 #include <algorithm>
+#include <cstdio>
 #include <deque>
 #include <map>
 #include <optional>
@@ -216,6 +217,7 @@ class ServiceReader final : public engine::IteratorBase {
     std::string address;
     bool done = false;    // the task returned endOfSequence
     bool listed = true;   // in the latest heartbeat's task list
+    bool waiting = false;  // its worker was lost and none took it yet (said once)
     std::optional<Clock::time_point> failing_since;  // first failure since the last success
     int failures = 0;              // in a row
     Clock::time_point retry_at;    // failing: not asked again before this
@@ -900,8 +902,31 @@ void ServiceReader::apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, b
   for (auto& [id, state] : tasks_) state.listed = false;
   for (auto info : tasks) {
     auto [it, added] = tasks_.try_emplace(info.getTaskId());
-    it->second.listed = true;
-    if (added) it->second.address = info.getWorkerAddress().cStr();
+    TaskState& state = it->second;
+    state.listed = true;
+    std::string address = info.getWorkerAddress().cStr();
+    if (added) {
+      state.address = std::move(address);
+    } else if (address != state.address) {
+      // The dispatcher moved the task off a lost worker: the new one
+      // rebuilds it and skips what this reader's next request says it has.
+      // Requests still on their way to the old one are dropped (their
+      // numbers go again, to the new worker).
+      if (in_flight_.erase(it->first) > 0) abandon_shm(state.address);
+      state.address = std::move(address);
+      state.failing_since.reset();
+      state.failures = 0;
+      state.retry_at = {};
+    }
+    const bool waiting = info.getWaitingForWorker();
+    if (waiting && !state.waiting) {
+      // The reader has no log of its own; this is the line a user sees.
+      std::fprintf(stderr,
+                   "capstan: data service job %lld: task %lld waits for a live data worker (its worker %s "
+                   "stopped heartbeating and none other is alive); start one and it takes the task over\n",
+                   static_cast<long long>(job_.job_id), static_cast<long long>(it->first), state.address.c_str());
+    }
+    state.waiting = waiting;
   }
   // A task the dispatcher dropped goes once it has nothing more for us: it
   // ended, or its worker has failed us for longer than worker_drop_after.

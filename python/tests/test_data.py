@@ -186,3 +186,24 @@ def test_tfrecord_files_written_by_tensorflow_parse_into_arrays():
     np.testing.assert_array_equal(x_float, np.arange(40, dtype=np.float32).reshape(4, 10))
     np.testing.assert_array_equal(x_int, np.arange(0, 400, 10).reshape(4, 10))
     assert x_byte.shape == (4, 1) and x_byte[3, 0] == b"test str"
+
+
+def test_data_service_dynamic_read_survives_a_data_worker_killed_for_good(cluster):
+    # Issue 37's reproduction: a data worker killed (SIGKILL) and never
+    # restarted. The dispatcher declares it lost after --worker-timeout-ms
+    # and moves its task to the survivor, which replays the task's splits and
+    # skips what this reader has: every element once, then the end (it used
+    # to stop at 19,991 elements and wait forever).
+    dispatcher = cluster.start("data-dispatcher", "--worker-timeout-ms", "2000")
+    workers = [cluster.start("data-worker", "--dispatcher", dispatcher.address, "--task-index", str(i))
+               for i in range(2)]
+    dataset_id = capstan.data.service.register_dataset(dispatcher.address, Dataset.range(20_000).batch(1))
+    read = iter(capstan.data.service.from_dataset_id(dispatcher.address, dataset_id, processing_mode="dynamic"))
+    values = [int(next(read)[0][0]) for _ in range(5000)]
+    workers[1].process.send_signal(signal.SIGKILL)
+    workers[1].process.wait(timeout=10)
+    killed = time.monotonic()
+    values += [int(b[0]) for (b,) in read]
+    print(f"end of sequence {time.monotonic() - killed:.1f} s after the kill (--worker-timeout-ms 2000)")
+    assert len(values) == 20_000
+    assert sorted(values) == list(range(20_000))

@@ -383,9 +383,10 @@ namespace {
 // after the k-th of `moments` (counts of elements read). Returns every value
 // of the elements' first component (batches flattened), sorted.
 std::vector<int64_t> read_disrupted(DataService& s, const Dataset& ds, const std::vector<int64_t>& moments,
-                                    const std::function<void(size_t)>& disrupt) {
+                                    const std::function<void(size_t)>& disrupt,
+                                    service::ProcessingMode mode = service::ProcessingMode::kDynamic) {
   service::ReadOptions options;
-  options.processing_mode = service::ProcessingMode::kDynamic;
+  options.processing_mode = mode;
   auto it = service::from_dataset_id(s.address(), registered(s, ds), options).make_iterator();
   REQUIRE(it.ok());
   std::vector<int64_t> got;
@@ -455,17 +456,24 @@ TEST_CASE("DYNAMIC: every element exactly once while the dispatcher is killed an
 // reader's requests say how many); a reply lost with the worker is produced
 // again. Before, the rebuilt task took fresh splits and the old ones' unsent
 // elements were lost.
-TEST_CASE("DYNAMIC: every element exactly once while data workers are killed and restarted",
+//
+// A third worker dies for good at the first moment: the dispatcher declares
+// it lost after --worker-timeout-ms and moves its task to a live worker,
+// which replays it the same way (issue 37: the read used to wait forever).
+TEST_CASE("DYNAMIC: every element exactly once while data workers restart and one dies for good",
           "[data-service][fault][stress]") {
   constexpr int64_t kElements = 10000;
   for (uint32_t seed = 1; seed <= 20; ++seed) {
     INFO("seed " << seed);
     std::mt19937 rng(seed);
     std::vector<int64_t> moments = moments_from(rng, kElements, 3);
-    DataService s(0);
-    for (int k = 0; k < 2; ++k) s.add_worker({"--port", std::to_string(free_port())});
+    DataService s(0, {"--worker-timeout-ms", "1000"});
+    for (int k = 0; k < 3; ++k) s.add_worker({"--port", std::to_string(free_port())});
     std::uniform_int_distribution<size_t> which(0, 1);
-    auto got = read_disrupted(s, kElements, moments, [&](size_t) { s.restart_worker(which(rng)); });
+    auto got = read_disrupted(s, kElements, moments, [&](size_t moment) {
+      if (moment == 0) s.workers[2]->kill_now();  // for good
+      s.restart_worker(which(rng));
+    });
     CHECK(got == range_of(kElements));
   }
 }
@@ -918,6 +926,89 @@ TEST_CASE("replies of many mid-size tensors, and of large ones, arrive whole ove
   for (const Element& e : got) buffers.insert(buffer_of(e));
   CHECK(buffers.count(nullptr) == 0);
   CHECK(buffers.size() < got.size());
+}
+
+// Issue 37: a data worker killed for good (kill -9, never restarted). The
+// dispatcher declares it lost after --worker-timeout-ms and moves its
+// unfinished task to the surviving worker, which replays the task's splits
+// and skips what the reader says it has. Before, the reader got 19,991 of
+// 20,000 elements and then waited forever.
+TEST_CASE("DYNAMIC: a data worker killed for good: its task moves on, every element once, then the end",
+          "[data-service][fault]") {
+  constexpr int64_t kElements = 20000;
+  DataService s(2, {"--worker-timeout-ms", "2000"});
+  std::chrono::steady_clock::time_point killed;
+  auto got = read_disrupted(s, Dataset::range(kElements).batch(1), {5000}, [&](size_t) {
+    s.workers[1]->kill_now();
+    killed = std::chrono::steady_clock::now();
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  WARN("end of sequence " << seconds << " s after the kill (--worker-timeout-ms 2000)");
+  CHECK(got == range_of(kElements));
+  // Liveness, not speed: the end comes, long before the test's timeout.
+  CHECK(seconds < 60);
+  // The metrics are sampled once a second.
+  CHECK(wait_until([&]() { return metric(*s.dispatcher, "capstan_data_dispatcher_tasks_reassigned_total") == 1; },
+                   5s));
+  CHECK(metric(*s.dispatcher, "capstan_data_dispatcher_tasks_waiting_for_worker") == 0);
+}
+
+// With no worker left, the task waits (the dispatcher's metrics and the
+// reader's stderr say so) until a new worker registers and takes it over.
+TEST_CASE("DYNAMIC: the last data worker killed for good: the read waits for a new one, then gets every element once",
+          "[data-service][fault]") {
+  constexpr int64_t kElements = 3000;
+  DataService s(1, {"--worker-timeout-ms", "1000"});
+  auto got = read_disrupted(s, Dataset::range(kElements), {1000}, [&](size_t) {
+    s.workers[0]->kill_now();
+    REQUIRE(wait_until([&]() { return metric(*s.dispatcher, "capstan_data_dispatcher_tasks_waiting_for_worker") == 1; },
+                       20s));
+    s.add_worker();
+  });
+  CHECK(got == range_of(kElements));
+  // The metrics are sampled once a second.
+  CHECK(wait_until([&]() { return metric(*s.dispatcher, "capstan_data_dispatcher_tasks_waiting_for_worker") == 0; },
+                   5s));
+  CHECK(metric(*s.dispatcher, "capstan_data_dispatcher_tasks_reassigned_total") == 1);
+}
+
+// Static sharding: the lost worker's task keeps its shard on its new worker.
+TEST_CASE("DATA and FILE sharding: a data worker killed for good: its shard moves on, every element once",
+          "[data-service][fault]") {
+  SECTION("DATA") {
+    constexpr int64_t kElements = 4000;
+    DataService s(2, {"--worker-timeout-ms", "1000"});
+    auto got = read_disrupted(s, Dataset::range(kElements), {700}, [&](size_t) { s.workers[0]->kill_now(); },
+                              service::ProcessingMode::kData);
+    CHECK(got == range_of(kElements));
+  }
+  SECTION("FILE") {
+    constexpr int kFiles = 4, kRecords = 500;
+    DataService s(2, {"--worker-timeout-ms", "1000"});
+    std::vector<std::string> files;
+    for (int f = 0; f < kFiles; ++f) {
+      files.push_back(s.cluster.dir() + "/part-" + std::to_string(f) + ".tfrecord");
+      auto writer = data::io::TFRecordWriter::open(files.back(), data::io::Compression::kNone);
+      REQUIRE(writer.ok());
+      for (int r = 0; r < kRecords; ++r) REQUIRE((*writer)->write(std::to_string(f * kRecords + r)).ok());
+      REQUIRE((*writer)->close().ok());
+    }
+    service::ReadOptions options;
+    options.processing_mode = service::ProcessingMode::kFile;
+    auto it = service::from_dataset_id(s.address(), registered(s, Dataset::tfrecord_dataset(files)), options)
+                  .make_iterator();
+    REQUIRE(it.ok());
+    std::vector<int64_t> got;
+    while (true) {
+      if (got.size() == 300) s.workers[1]->kill_now();
+      auto next = (*it)->get_next();
+      REQUIRE(next.ok());
+      if (!next->has_value()) break;
+      got.push_back(std::stoll(std::string((*next)->components.at(0).string_at(0))));
+    }
+    std::sort(got.begin(), got.end());
+    CHECK(got == range_of(int64_t{kFiles} * kRecords));
+  }
 }
 
 }  // namespace capstan::testing
