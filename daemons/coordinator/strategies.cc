@@ -475,12 +475,10 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
     Status first_lost, first_error;
     // A closure's own error beats what its peers saw because of it: their
     // group aborted mid-operation (Unavailable, Aborted) or before their
-    // next one (FailedPrecondition "... was aborted after: ...", the
-    // communicator's words for a call on an aborted group). Among equals,
-    // the one that arrived first.
+    // next one (Aborted: a call on an aborted group). Among equals, the one
+    // that arrived first.
     auto consequence = [](const Status& e) {
-      return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted ||
-             (e.code() == StatusCode::kFailedPrecondition && e.message().find("was aborted after") != std::string::npos);
+      return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted;
     };
     // Members that had no answer to wait for (dropped before the step) last.
     std::vector<size_t> order = *arrivals;

@@ -217,7 +217,7 @@ TEST_CASE("a replica's own error is the step's, not the aborted-group errors its
   b.reply(0, Status::InvalidArgument("replica 1 refuses its batch"));
   h.settle();
   REQUIRE(a.aborts.size() == 1);
-  a.reply(0, Status::FailedPrecondition("the collective group (generation 1) was aborted after: ABORTED: ..."));
+  a.reply(0, Status::Aborted("the collective group (generation 1) was aborted after: ABORTED: ..."));
   auto outcome = running.wait(h.io.waitScope);
   CHECK(outcome.status().code() == StatusCode::kInvalidArgument);
   CHECK_THAT(outcome.status().message(), Catch::Contains("refuses its batch"));

@@ -359,7 +359,10 @@ struct Communicator::Impl {
 
   Status check_usable() const {
     if (!abort_reason.ok()) {
-      return Status::FailedPrecondition("the collective group (generation " + std::to_string(generation) +
+      // Aborted, like the failure that aborted it: the caller (and the
+      // coordinator weighing a step's errors) tells a consequence of a
+      // peer's failure by its code.
+      return Status::Aborted("the collective group (generation " + std::to_string(generation) +
                                         ") was aborted after: " + abort_reason.to_string() +
                                         "; form a new group (the next generation)");
     }

@@ -206,7 +206,7 @@ struct NcclGroup::Impl {
       (void)give_up(interrupt_reason);
     }
     if (!aborted.ok()) {
-      return Status::FailedPrecondition("the NCCL communicator was aborted after: " + aborted.to_string() +
+      return Status::Aborted("the NCCL communicator was aborted after: " + aborted.to_string() +
                                         "; form a new group (the next generation)");
     }
     cudaError_t error = cudaSetDevice(device);

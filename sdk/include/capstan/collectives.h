@@ -15,7 +15,7 @@
 // closes its connection or stops sending (alive but stuck), the operation
 // fails with Unavailable naming the rank(s) it was waiting for, instead of
 // hanging. Any failure aborts the group: later calls fail with
-// FailedPrecondition, and the survivors form a new group (a new
+// Aborted, and the survivors form a new group (a new
 // Communicator, with the next generation number).
 //
 // Algorithms (chosen by size; see docs/design.md for the crossover measured):
@@ -182,7 +182,7 @@ class Communicator {
   // CollectiveOptions::timeout; a dead or stuck peer aborts the NCCL
   // communicator and the call fails with Unavailable, never a hang (NCCL's
   // invalid usage, two ranks on one GPU say, is InvalidArgument; its other
-  // errors Internal; after an abort, calls are FailedPrecondition: form the
+  // errors Internal; after an abort, calls are Aborted: form the
   // next generation).
   // Unimplemented in a build without CUDA; FailedPrecondition without a GPU
   // or libnccl.so.2. Counts are elements; all_gather and reduce_scatter
