@@ -362,9 +362,13 @@ std::vector<OptionSpec> common_options() {
        "A connection that has not logged in (sent the cluster token) this long after connecting is closed.",
        "10000"},
       {"max_pre_login_connections", OptionType::kInt,
-       "Connections not yet logged in, at most; more are closed as they come.", "1024"},
+       "Connections not yet logged in, at most (lowered to fit the open-file limit); at the cap the one that "
+       "waited longest is closed to admit a new one.",
+       "1024"},
       {"max_pre_login_per_host", OptionType::kInt,
-       "Connections not yet logged in from one host, at most; more are closed as they come.", "256"},
+       "Connections not yet logged in from one host, at most (lowered to fit the open-file limit); at the cap "
+       "that host's connection that waited longest is closed to admit a new one.",
+       "256"},
       {"link_timeout_ms", OptionType::kInt,
        "A link to or from a peer that stops acknowledging (a network partition) breaks after this long, so "
        "calls fail with UNAVAILABLE instead of waiting; 0 leaves TCP's own (many minutes).",
@@ -649,6 +653,18 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   server_options.link_timeout = std::chrono::milliseconds(link_timeout_ms);
   server_options.name = job + "-rpc";
   rpc::RpcServer server(server_options, &rpc_metrics);
+  {
+    // Once: what strangers may hold, and why when the limit lowered it.
+    const rpc::PreLoginCaps& caps = server.pre_login_caps();
+    std::string why;
+    if (caps.lowered) {
+      why = " (lowered from max_pre_login_connections " + std::to_string(server_options.max_pre_login) +
+            " and max_pre_login_per_host " + std::to_string(server_options.max_pre_login_per_host) +
+            " to leave descriptors free under the open-file limit " + std::to_string(caps.fd_limit) +
+            "; raise it with ulimit -n or LimitNOFILE)";
+    }
+    log->info("connections waiting to log in: at most {}, {} per host{}", caps.overall, caps.per_host, why);
+  }
   // Whatever the way out, the status board stops before the server (and the
   // service its functions reference) goes.
   struct StopBoard {

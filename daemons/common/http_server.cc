@@ -1,9 +1,12 @@
 #include "daemons/common/http_server.h"
 
+#include <sys/resource.h>
+
 #include <boost/asio/connect.hpp>
 #include <boost/asio/io_context.hpp>
 #include <boost/asio/ip/tcp.hpp>
 #include <boost/asio/post.hpp>
+#include <boost/asio/steady_timer.hpp>
 #include <boost/beast/core.hpp>
 #include <boost/beast/http.hpp>
 
@@ -29,8 +32,16 @@ constexpr uint64_t kBodyLimit = 64 * 1024;
 constexpr auto kIdleTimeout = std::chrono::seconds(30);
 // Beyond this many open connections, the oldest is closed to admit a new
 // one: idle or slow clients cannot take every descriptor, and a health check
-// always gets through.
+// always gets through. Fewer under a low open-file limit: an eighth of it
+// (at least 4), so a flood on this port leaves descriptors for the RPC
+// port's peers and files.
 constexpr size_t kMaxConnections = 128;
+
+size_t max_connections() {
+  struct rlimit limit {};
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return kMaxConnections;
+  return std::clamp<size_t>(static_cast<size_t>(limit.rlim_cur / 8), 4, kMaxConnections);
+}
 
 using Request = http::request<http::string_body>;
 using Response = http::response<http::string_body>;
@@ -105,7 +116,7 @@ class Session : public std::enable_shared_from_this<Session> {
 // before start().
 class Server {
  public:
-  explicit Server(asio::io_context& io) : acceptor_(io) {}
+  explicit Server(asio::io_context& io) : acceptor_(io), retry_(io) {}
 
   std::map<std::string, HttpHandler> handlers;
 
@@ -115,7 +126,18 @@ class Server {
     acceptor_.async_accept([this](error_code ec, tcp::socket socket) {
       if (ec == asio::error::operation_aborted || !acceptor_.is_open()) return;
       if (!ec) admit(std::move(socket));
-      // Other errors (EMFILE, ECONNABORTED) are transient: keep accepting.
+      if (ec == asio::error::no_descriptors || ec == asio::error::no_buffer_space || ec == asio::error::no_memory ||
+          ec == boost::system::errc::too_many_files_open_in_system) {
+        // Out of descriptors: the waiting connection stays in the backlog and
+        // the listener stays readable, so accepting again at once would spin
+        // this thread. Retry shortly, when a descriptor may be free.
+        retry_.expires_after(std::chrono::milliseconds(50));
+        retry_.async_wait([this](error_code waited) {
+          if (!waited && acceptor_.is_open()) accept();
+        });
+        return;
+      }
+      // Other errors (ECONNABORTED) are transient: keep accepting.
       accept();
     });
   }
@@ -124,6 +146,7 @@ class Server {
   void close_all() {
     error_code ignored;
     acceptor_.close(ignored);
+    retry_.cancel();
     for (const std::weak_ptr<Session>& weak : sessions_) {
       if (auto session = weak.lock()) session->close();
     }
@@ -135,7 +158,7 @@ class Server {
  private:
   void admit(tcp::socket socket) {
     sessions_.remove_if([](const std::weak_ptr<Session>& weak) { return weak.expired(); });
-    while (sessions_.size() >= kMaxConnections) {
+    while (sessions_.size() >= max_connections_) {
       if (auto oldest = sessions_.front().lock()) oldest->close();
       sessions_.pop_front();
     }
@@ -145,6 +168,8 @@ class Server {
   }
 
   tcp::acceptor acceptor_;
+  const size_t max_connections_ = max_connections();
+  asio::steady_timer retry_;  // the accept retry after EMFILE
   std::list<std::weak_ptr<Session>> sessions_;
 };
 

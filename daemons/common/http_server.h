@@ -5,8 +5,9 @@
 // thread), so it answers while the daemon's RPC loop is busy. It serves GET
 // and HEAD on exact paths (the query string is ignored), keeps HTTP/1.1
 // connections alive unless the client sends "Connection: close", and always
-// sends Content-Length. At most 128 connections stay open: a new one beyond
-// that closes the oldest, so idle clients cannot lock out a health check.
+// sends Content-Length. At most 128 connections stay open (an eighth of the
+// open-file limit when that is less, at least 4): a new one beyond that
+// closes the oldest, so idle clients cannot lock out a health check.
 //
 // Replies it makes by itself:
 //   400  malformed request line or headers, or headers over 8 KiB (closes)

@@ -1,25 +1,66 @@
 #include "rpc/login_guard.h"
 
+#include <sys/resource.h>
+
 #include <algorithm>
 
 namespace capstan::rpc {
 
-bool LoginCaps::admit(const std::string& host) {
-  int& mine = by_host_[host];
-  if (mine >= per_host_ || total_ >= overall_) {
-    if (mine == 0) by_host_.erase(host);
-    return false;
+PreLoginCaps derive_pre_login_caps(uint64_t fd_limit, int configured_overall, int configured_per_host) {
+  PreLoginCaps caps;
+  caps.overall = std::max(configured_overall, 1);
+  caps.per_host = std::clamp(configured_per_host, 1, caps.overall);
+  // RLIM_INFINITY, or a limit so high no cap of an int could reach it.
+  if (fd_limit == 0 || fd_limit >= (uint64_t{1} << 40)) return caps;
+  caps.fd_limit = fd_limit;
+  const uint64_t reserve = std::max(kMinReservedDescriptors, fd_limit / 4);
+  const uint64_t overall = std::max<uint64_t>((fd_limit > reserve ? fd_limit - reserve : 0) / 2, 1);
+  const uint64_t per_host = std::max<uint64_t>(overall / 2, 1);
+  if (overall < static_cast<uint64_t>(caps.overall)) {
+    caps.overall = static_cast<int>(overall);
+    caps.lowered = true;
   }
-  ++mine;
-  ++total_;
-  return true;
+  if (per_host < static_cast<uint64_t>(caps.per_host)) {
+    caps.per_host = static_cast<int>(per_host);
+    caps.lowered = true;
+  }
+  caps.per_host = std::min(caps.per_host, caps.overall);
+  return caps;
 }
 
-void LoginCaps::release(const std::string& host) {
+uint64_t open_file_limit() {
+  struct rlimit limit;
+  if (::getrlimit(RLIMIT_NOFILE, &limit) != 0 || limit.rlim_cur == RLIM_INFINITY) return 0;
+  return static_cast<uint64_t>(limit.rlim_cur);
+}
+
+LoginCaps::Admission LoginCaps::admit(const std::string& host) {
+  Admission admission;
+  admission.ticket = next_++;
+  auto mine = by_host_.find(host);
+  if (mine != by_host_.end() && static_cast<int>(mine->second.size()) >= caps_.per_host) {
+    admission.evicted = *mine->second.begin();
+  } else if (waiting() >= caps_.overall) {
+    admission.evicted = waiting_.begin()->first;
+  }
+  if (admission.evicted) release(*admission.evicted);
+  waiting_.emplace(admission.ticket, host);
+  by_host_[host].insert(admission.ticket);
+  return admission;
+}
+
+void LoginCaps::release(Ticket ticket) {
+  auto it = waiting_.find(ticket);
+  if (it == waiting_.end()) return;
+  auto host = by_host_.find(it->second);
+  host->second.erase(ticket);
+  if (host->second.empty()) by_host_.erase(host);
+  waiting_.erase(it);
+}
+
+int LoginCaps::waiting_from(const std::string& host) const {
   auto it = by_host_.find(host);
-  if (it == by_host_.end()) return;
-  --total_;
-  if (--it->second == 0) by_host_.erase(it);
+  return it == by_host_.end() ? 0 : static_cast<int>(it->second.size());
 }
 
 kj::Promise<size_t> PreLoginStream::tryRead(void* buffer, size_t min_bytes, size_t max_bytes) {

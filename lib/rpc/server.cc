@@ -7,7 +7,7 @@
 #include <netinet/in.h>
 #include <sys/socket.h>
 
-#include <list>
+#include <map>
 
 #include "capstan_schemas/common.capnp.h"
 #include "rpc/counting_stream.h"
@@ -159,12 +159,12 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
     kj::Promise<void> login_deadline = nullptr;  // closes the stream if no login came
   };
 
-  Impl(const RpcServerOptions& options, kj::Timer& timer, RpcObserver* observer)
+  Impl(const RpcServerOptions& options, const PreLoginCaps& caps, kj::Timer& timer, RpcObserver* observer)
       : options(options),
         timer(timer),
         observer(observer),
         tracker(kj::refcounted<CallTracker>(observer)),
-        login_caps(options.max_pre_login_per_host, options.max_pre_login),
+        login_caps(caps),
         tasks(*this) {}
 
   void taskFailed(kj::Exception&& exception) override {
@@ -190,40 +190,64 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
   void add_connection(kj::Own<kj::AsyncIoStream> raw) {
     std::string peer = peer_name(*raw);
     std::string host = host_of(peer);
-    if (!login_caps.admit(host)) {
-      // Too many connections waiting to log in: this one is closed now
-      // (`raw` goes), so a flood holds at most the caps' descriptors.
+    const LoginCaps::Admission admission = login_caps.admit(host);
+    if (admission.evicted) {
+      // At a cap: the connection that has waited longest goes, now (its
+      // descriptor closes before this returns), so a flood holds at most the
+      // caps' descriptors and a newcomer with the token still gets in.
+      close_waiting(*admission.evicted);
       if (observer != nullptr) {
+        const PreLoginCaps& caps = login_caps.caps();
         observer->on_error("accept", Status::ResourceExhausted(
-                                         "closed a connection from " + peer + ": " +
-                                         std::to_string(login_caps.waiting()) +
-                                         " connections are waiting to log in"));
+                                         "closed the connection that waited longest to log in, to admit " + peer +
+                                         ": " + std::to_string(login_caps.waiting() - 1) +
+                                         " connections are waiting (caps " + std::to_string(caps.overall) + ", " +
+                                         std::to_string(caps.per_host) +
+                                         " per host; raise max_pre_login_connections, max_pre_login_per_host "
+                                         "or the open-file limit, ulimit -n)"));
       }
-      return;
     }
-    auto login = std::make_shared<LoginState>(login_caps, host);
+    const uint64_t id = admission.ticket;
+    auto login = std::make_shared<LoginState>(login_caps, id);
     set_link_timeout(*raw, options.link_timeout);
     tune_loopback_link(*raw);
     if (options.tls) {
       // The handshake first, within the login deadline; a client that fails
       // it (no TLS, a certificate from another CA) is dropped.
       auto deadline = options.login_deadline.count() * kj::MILLISECONDS;
-      tasks.add(timer.timeoutAfter(deadline, options.tls->wrap_server(kj::mv(raw)))
-                    .then([this, login, peer](kj::Own<kj::AsyncIoStream>&& secured) {
-                      serve(kj::mv(secured), login, peer);
-                    },
-                    [this, peer](kj::Exception&& e) {
-                      if (observer != nullptr) {
-                        observer->on_error("accept", from_exception(e).with_context("TLS handshake with " + peer));
-                      }
-                    }));
+      // Held in `handshakes` so that an eviction can end it (and close its
+      // descriptor) at once; the entry goes after it ends, from a later turn
+      // of the loop, as a promise cannot destroy itself.
+      handshakes.emplace(id, timer.timeoutAfter(deadline, options.tls->wrap_server(kj::mv(raw)))
+                                 .then([this, id, login, peer](kj::Own<kj::AsyncIoStream>&& secured) {
+                                   serve(id, kj::mv(secured), login, peer);
+                                 },
+                                 [this, peer](kj::Exception&& e) {
+                                   if (observer != nullptr) {
+                                     observer->on_error("accept", from_exception(e).with_context(
+                                                                      "TLS handshake with " + peer));
+                                   }
+                                 })
+                                 .then([this, id]() {
+                                   tasks.add(kj::evalLater([this, id]() { handshakes.erase(id); }));
+                                 })
+                                 .eagerlyEvaluate(nullptr));
       return;
     }
-    serve(kj::mv(raw), login, peer);
+    serve(id, kj::mv(raw), login, peer);
+  }
+
+  // Closes connection `id` (waiting to log in, or in its TLS handshake) now:
+  // its descriptor is closed when this returns. Never called from within that
+  // connection's own promises.
+  void close_waiting(uint64_t id) {
+    handshakes.erase(id);
+    connections.erase(id);
   }
 
   // Serves one connection (its TLS handshake done) behind the gate.
-  void serve(kj::Own<kj::AsyncIoStream> raw, std::shared_ptr<LoginState> login, const std::string& peer) {
+  void serve(uint64_t id, kj::Own<kj::AsyncIoStream> raw, std::shared_ptr<LoginState> login,
+             const std::string& peer) {
     auto guarded = kj::heap<PreLoginStream>(kj::mv(raw), login, options.pre_login_bytes);
     PreLoginStream* guard = guarded.get();
     RpcObserver* obs = observer;
@@ -238,25 +262,29 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
     capnp::ReaderOptions reader_options = reader_options_for(options.max_message_bytes);
     capnp::Capability::Client gate =
         kj::heap<Instrumented<GateImpl>>(*tracker, options.token, service, peer, observer, login);
-    auto it = connections.emplace(connections.end(), kj::mv(stream), reader_options, kj::mv(gate));
+    auto it = connections.try_emplace(id, kj::mv(stream), reader_options, kj::mv(gate)).first;
     // The stream (and `guard` in it) lives as long as the connection, which
     // owns this promise.
-    it->login_deadline = timer.afterDelay(options.login_deadline.count() * kj::MILLISECONDS)
-                             .then([guard, login]() {
-                               if (!login->logged_in()) guard->close();
-                             })
-                             .eagerlyEvaluate(nullptr);
+    it->second.login_deadline = timer.afterDelay(options.login_deadline.count() * kj::MILLISECONDS)
+                                    .then([guard, login]() {
+                                      if (!login->logged_in()) guard->close();
+                                    })
+                                    .eagerlyEvaluate(nullptr);
     if (observer != nullptr) observer->on_connection(peer, true);
-    tasks.add(it->network.onDisconnect().then([this, it, peer]() {
+    // By id, not iterator: an evicted connection is erased first (its end
+    // still resolves this, when its RPC system goes: fulfilled, or rejected
+    // as its fulfiller is destroyed).
+    auto ended = [this, id, peer]() {
       if (observer != nullptr) observer->on_connection(peer, false);
-      connections.erase(it);
-    }));
+      connections.erase(id);
+    };
+    tasks.add(it->second.network.onDisconnect().then([ended]() { ended(); }, [ended](kj::Exception&&) { ended(); }));
   }
 
   // Resolves once no connection has outgoing messages queued.
   kj::Promise<void> flush_writes() {
     return kj::evalLast([this]() -> kj::Promise<void> {
-      for (auto& connection : connections) {
+      for (auto& [id, connection] : connections) {
         if (connection.network.getCurrentQueueCount() > 0) {
           return timer.afterDelay(5 * kj::MILLISECONDS).then([this]() { return flush_writes(); });
         }
@@ -273,12 +301,18 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
   capnp::Capability::Client service = nullptr;
   kj::Own<kj::ConnectionReceiver> listener;
   kj::Promise<void> accepting = nullptr;
-  std::list<Connection> connections;
+  // By connection id (its LoginCaps ticket); nodes never move.
+  std::map<uint64_t, kj::Promise<void>> handshakes;  // TLS handshakes under way
+  std::map<uint64_t, Connection> connections;
   kj::TaskSet tasks;
 };
 
 RpcServer::RpcServer(RpcServerOptions options, RpcObserver* observer)
-    : options_(std::move(options)), observer_(observer), loop_(options_.name) {}
+    : options_(std::move(options)),
+      pre_login_caps_(
+          derive_pre_login_caps(open_file_limit(), options_.max_pre_login, options_.max_pre_login_per_host)),
+      observer_(observer),
+      loop_(options_.name) {}
 
 RpcServer::~RpcServer() { stop(std::chrono::milliseconds(0)); }
 
@@ -290,7 +324,7 @@ Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure)
   try {
     Status service_error;
     auto port = loop_.run_sync([this, &factory, &service_error]() -> kj::Promise<uint16_t> {
-      impl_ = kj::heap<Impl>(options_, loop_.timer(), observer_);
+      impl_ = kj::heap<Impl>(options_, pre_login_caps_, loop_.timer(), observer_);
       // A service that cannot start (e.g. a damaged journal) is a startup
       // error of its own, not a listening error.
       try {

@@ -40,6 +40,7 @@
 #include <boost/asio/thread_pool.hpp>
 
 #include "rpc/errors.h"
+#include "rpc/login_guard.h"
 #include "rpc/loop_thread.h"
 #include "rpc/tls.h"
 
@@ -159,7 +160,8 @@ struct RpcServerOptions {
   uint64_t max_message_bytes = 64ull << 20;
   // Before a connection logs in (rpc/login_guard.h): the bytes it may send,
   // how long it may take, and how many such connections there may be per
-  // peer host and overall.
+  // peer host and overall (lowered to fit the open-file limit: see
+  // derive_pre_login_caps; pre_login_caps() says what was used).
   size_t pre_login_bytes = 64 << 10;
   std::chrono::milliseconds login_deadline{10000};
   int max_pre_login_per_host = 256;
@@ -209,10 +211,15 @@ class RpcServer {
 
   LoopThread& loop() { return loop_; }
 
+  // The caps on connections waiting to log in: the options' values, lowered
+  // to fit the open-file limit at construction.
+  const PreLoginCaps& pre_login_caps() const { return pre_login_caps_; }
+
  private:
   struct Impl;  // lives on the loop thread
 
   const RpcServerOptions options_;
+  const PreLoginCaps pre_login_caps_;
   RpcObserver* const observer_;
   LoopThread loop_;
   kj::Own<Impl> impl_;  // created and destroyed on the loop thread

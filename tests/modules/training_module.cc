@@ -117,6 +117,25 @@ CAPSTAN_MODULE(registry) {
     CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("counter", Tensor::scalar<float>(1.0f)));
     return Element{{args.components.at(1)}, {}};
   });
+  // As sleep_then_tag (args[0] ms, then counter += 1, returns args[1]), and
+  // also adds 1 to element args[2] of the float vector "runs" (64 long), so a
+  // test counts the runs of each closure.
+  registry.register_closure("sleep_then_count", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    auto until = std::chrono::steady_clock::now() +
+                 std::chrono::milliseconds(args.components.at(0).flat<int64_t>()[0]);
+    while (std::chrono::steady_clock::now() < until) {
+      if (ctx.cancelled()) return Status::Cancelled("stopped early");
+      std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    }
+    const int64_t slot = args.components.at(2).flat<int64_t>()[0];
+    if (slot < 0 || slot >= 64) return Status::InvalidArgument("slot " + std::to_string(slot) + " is not in 0..63");
+    std::vector<float> one_hot(64, 0.0f);
+    one_hot[static_cast<size_t>(slot)] = 1.0f;
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor delta, Tensor::from_vector<float>(one_hot, {64}));
+    CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("runs", delta));
+    CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("counter", Tensor::scalar<float>(1.0f)));
+    return Element{{args.components.at(1)}, {}};
+  });
   // [the next element of this worker's per-worker iterator (-1 at the end),
   //  this worker's index].
   registry.register_closure("next_element", [](ClosureContext& ctx, const Element& args) -> Result<Element> {

@@ -6,8 +6,9 @@
 #   2. idle: a connection that never logs in is closed after
 #      login_deadline_ms;
 #   3. caps: 300 idle connections from one host against
-#      max_pre_login_per_host 100: the extra ones are closed at once, and the
-#      port serves a client within a second of the flood ending.
+#      max_pre_login_per_host 100: each one past the cap makes the daemon close
+#      the oldest waiting one at once, and the port serves a client within a
+#      second of the flood ending.
 #
 # Usage: tests/scripts/pre_login_test.sh BIN_DIR   (run by CTest)
 set -euo pipefail
@@ -98,7 +99,7 @@ held = [socket.create_connection(("127.0.0.1", port), timeout=5) for _ in range(
 time.sleep(0.3)
 refused = sum(1 for c in held if closed_by_peer(c, 0.01))
 print(f"caps: {refused} of 300 idle connections closed at once (max_pre_login_per_host 100)")
-check(refused >= 190, "connections over the per-host cap are closed as they come")
+check(refused >= 190, "past the per-host cap the oldest waiting connections are closed as new ones come")
 for c in held:
     c.close()
 print(f"ENDED {time.time()}")

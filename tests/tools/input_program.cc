@@ -5,11 +5,17 @@
 // "id <value> worker <index>" as each value is fetched, until both workers'
 // iterators have ended.
 //
-//   input_program --coordinator HOST:PORT [--name NAME] [--pause-ms N]
+//   input_program --coordinator HOST:PORT [--name NAME] [--pause-ms N] [--crash-after N]
 //
 // --pause-ms: a pause after each round, so that a test can kill it midway.
+// --crash-after: once N ids are printed, the next round is scheduled, the
+//   coordinator has it (done() answered after the schedules), and the
+//   program kills itself (SIGKILL) before fetching it: a crash with exactly
+//   one round in flight.
 //
 // --http-port and --port-file (added by the test harness) are ignored.
+#include <signal.h>
+
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -25,13 +31,16 @@ int main(int argc, char** argv) {
   std::string coordinator;
   std::string name = "numbers";
   int pause_ms = 0;
+  int crash_after = -1;
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string flag = argv[i];
     if (flag == "--coordinator") coordinator = argv[i + 1];
     else if (flag == "--name") name = argv[i + 1];
     else if (flag == "--pause-ms") pause_ms = std::atoi(argv[i + 1]);
+    else if (flag == "--crash-after") crash_after = std::atoi(argv[i + 1]);
     else if (flag != "--http-port" && flag != "--port-file") {
-      std::fprintf(stderr, "usage: input_program --coordinator HOST:PORT [--name NAME] [--pause-ms N]\n");
+      std::fprintf(stderr,
+                   "usage: input_program --coordinator HOST:PORT [--name NAME] [--pause-ms N] [--crash-after N]\n");
       return 2;
     }
   }
@@ -49,6 +58,7 @@ int main(int argc, char** argv) {
   std::printf("dataset %lld\n", static_cast<long long>(dataset->id));
   std::fflush(stdout);
   std::set<int64_t> ended;  // workers whose iterator ended
+  int printed = 0;
   while (ended.size() < 2) {
     // Rounds of 4 closures, so that both workers get some (one at a time
     // would all go to the worker whose lane is free first).
@@ -60,6 +70,18 @@ int main(int argc, char** argv) {
         return 1;
       }
       round.push_back(*value);
+    }
+    if (crash_after >= 0 && printed >= crash_after) {
+      // done() is answered after the schedules before it: the round is the
+      // coordinator's now.
+      auto done = (*client)->done();
+      if (!done.ok()) {
+        std::fprintf(stderr, "done: %s\n", done.status().to_string().c_str());
+        return 1;
+      }
+      std::printf("crashing with %zu closure(s) in flight\n", round.size());
+      std::fflush(stdout);
+      ::raise(SIGKILL);
     }
     for (const auto& value : round) {
       auto element = (*client)->fetch(value);
@@ -75,6 +97,7 @@ int main(int argc, char** argv) {
       }
       std::printf("id %lld worker %lld\n", static_cast<long long>(id), static_cast<long long>(worker));
       std::fflush(stdout);
+      ++printed;
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
   }
