@@ -167,6 +167,15 @@ std::pair<int, std::string> Daemon::http_get(const std::string& path) const {
   return {result.status, result.body};
 }
 
+double metric(const Daemon& daemon, const std::string& name) {
+  std::istringstream lines(daemon.http_get("/metrics").second);
+  std::string line;
+  while (std::getline(lines, line)) {
+    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
+  }
+  return 0;
+}
+
 bool Daemon::reap(bool block) {
   if (exited_) return true;
   int status = 0;

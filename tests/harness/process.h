@@ -76,6 +76,10 @@ class Daemon {
   int status_ = 0;  // waitpid status once exited_
 };
 
+// An unlabelled series of the daemon's /metrics ("name value"): its value,
+// 0 when absent or when the daemon does not answer.
+double metric(const Daemon& daemon, const std::string& name);
+
 class TestCluster {
  public:
   TestCluster();

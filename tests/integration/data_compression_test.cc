@@ -45,14 +45,7 @@ struct CompressionService {
     dispatcher = &cluster.restart_on_port("data-dispatcher", dispatcher_flags());
   }
   // A counter of the worker's /metrics (0 when absent).
-  double worker_counter(const std::string& name) const {
-    std::istringstream lines(worker->http_get("/metrics").second);
-    std::string line;
-    while (std::getline(lines, line)) {
-      if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-    }
-    return 0;
-  }
+  double worker_counter(const std::string& name) const { return metric(*worker, name); }
   std::string address() const { return dispatcher->address(); }
 
   TestCluster cluster;

@@ -813,16 +813,6 @@ TEST_CASE("FILE sharding with fewer files than workers is refused", "[data-servi
 namespace capstan::testing {
 namespace {
 
-// A counter of a daemon's /metrics (0 when absent).
-double metric(const Daemon& daemon, const std::string& name) {
-  std::istringstream lines(daemon.http_get("/metrics").second);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return 0;
-}
-
 std::vector<Element> read_elements(const Dataset& ds) {
   auto it = ds.make_iterator();
   REQUIRE(it.ok());

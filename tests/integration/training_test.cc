@@ -42,16 +42,6 @@ Element sleep_args(int64_t millis, int64_t tag) {
 
 float counter(ClusterCoordinator& client) { return client.read_variable("counter").value().flat<float>()[0]; }
 
-// A counter or gauge of a daemon's /metrics (0 when absent).
-double metric(const Daemon& daemon, const std::string& name) {
-  std::istringstream lines(daemon.http_get("/metrics").second);
-  std::string line;
-  while (std::getline(lines, line)) {
-    if (line.rfind(name + " ", 0) == 0) return std::stod(line.substr(name.size() + 1));
-  }
-  return 0;
-}
-
 }  // namespace
 
 TEST_CASE("schedule returns at once; join waits; fetch delivers each value", "[training]") {
