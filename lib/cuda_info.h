@@ -1,6 +1,6 @@
 // What the machine offers in GPUs; 0 without CUDA (built or present).
-#ifndef CAPSTAN_SDK_SRC_CUDA_INFO_H_
-#define CAPSTAN_SDK_SRC_CUDA_INFO_H_
+#ifndef CAPSTAN_LIB_CUDA_INFO_H_
+#define CAPSTAN_LIB_CUDA_INFO_H_
 
 namespace capstan {
 
@@ -10,4 +10,4 @@ int cuda_device_count();
 
 }  // namespace capstan
 
-#endif  // CAPSTAN_SDK_SRC_CUDA_INFO_H_
+#endif  // CAPSTAN_LIB_CUDA_INFO_H_

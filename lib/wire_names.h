@@ -1,6 +1,6 @@
 // Names of wire enums as users see them (logs, capstanctl, metrics).
-#ifndef CAPSTAN_SDK_SRC_WIRE_NAMES_H_
-#define CAPSTAN_SDK_SRC_WIRE_NAMES_H_
+#ifndef CAPSTAN_LIB_WIRE_NAMES_H_
+#define CAPSTAN_LIB_WIRE_NAMES_H_
 
 #include <optional>
 #include <string_view>
@@ -15,4 +15,4 @@ std::optional<wire::Role> role_from_name(std::string_view name);
 
 }  // namespace capstan
 
-#endif  // CAPSTAN_SDK_SRC_WIRE_NAMES_H_
+#endif  // CAPSTAN_LIB_WIRE_NAMES_H_

@@ -38,8 +38,8 @@
 // One CheckpointWriter at a time per root directory (the coordinator's);
 // readers may run alongside it, but a reader of a checkpoint that
 // max_to_keep deletes will fail.
-#ifndef CAPSTAN_SDK_CHECKPOINT_CHECKPOINT_H_
-#define CAPSTAN_SDK_CHECKPOINT_CHECKPOINT_H_
+#ifndef CAPSTAN_LIB_CHECKPOINT_CHECKPOINT_H_
+#define CAPSTAN_LIB_CHECKPOINT_CHECKPOINT_H_
 
 #include <cstdint>
 #include <map>
@@ -196,4 +196,4 @@ std::string describe(const CheckpointReader& reader);
 
 }  // namespace capstan::checkpoint
 
-#endif  // CAPSTAN_SDK_CHECKPOINT_CHECKPOINT_H_
+#endif  // CAPSTAN_LIB_CHECKPOINT_CHECKPOINT_H_

@@ -64,8 +64,8 @@
 // checkpoints a CheckpointWriter keeps, oldest first, and the latest one:
 //
 //   {"latest": "ckpt-1200", "kept": ["ckpt-1100", "ckpt-1200"]}
-#ifndef CAPSTAN_SDK_CHECKPOINT_MANIFEST_H_
-#define CAPSTAN_SDK_CHECKPOINT_MANIFEST_H_
+#ifndef CAPSTAN_LIB_CHECKPOINT_MANIFEST_H_
+#define CAPSTAN_LIB_CHECKPOINT_MANIFEST_H_
 
 #include <cstdint>
 #include <map>
@@ -182,4 +182,4 @@ Result<CheckpointIndex> parse_checkpoint_index(const std::string& json,
 
 }  // namespace capstan::checkpoint
 
-#endif  // CAPSTAN_SDK_CHECKPOINT_MANIFEST_H_
+#endif  // CAPSTAN_LIB_CHECKPOINT_MANIFEST_H_

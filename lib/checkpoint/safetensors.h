@@ -45,8 +45,8 @@
 // beginning "capstan.dtype." or "capstan.shape." are therefore reserved.
 //
 // All this assumes a little-endian host (checked at compile time).
-#ifndef CAPSTAN_SDK_CHECKPOINT_SAFETENSORS_H_
-#define CAPSTAN_SDK_CHECKPOINT_SAFETENSORS_H_
+#ifndef CAPSTAN_LIB_CHECKPOINT_SAFETENSORS_H_
+#define CAPSTAN_LIB_CHECKPOINT_SAFETENSORS_H_
 
 #include <cstdint>
 #include <map>
@@ -168,4 +168,4 @@ bool parse_json_uint64(std::string_view text, uint64_t* out);
 
 }  // namespace capstan::checkpoint
 
-#endif  // CAPSTAN_SDK_CHECKPOINT_SAFETENSORS_H_
+#endif  // CAPSTAN_LIB_CHECKPOINT_SAFETENSORS_H_

@@ -12,8 +12,8 @@
 // CPU budget; buffers: 2), so short pipelines do not pay for the search.
 //
 // Thread-safety: all methods may be called from any thread.
-#ifndef CAPSTAN_SDK_SRC_DATA_AUTOTUNE_H_
-#define CAPSTAN_SDK_SRC_DATA_AUTOTUNE_H_
+#ifndef CAPSTAN_LIB_DATA_AUTOTUNE_H_
+#define CAPSTAN_LIB_DATA_AUTOTUNE_H_
 
 #include <atomic>
 #include <chrono>
@@ -84,4 +84,4 @@ int64_t physical_memory();
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_SDK_SRC_DATA_AUTOTUNE_H_
+#endif  // CAPSTAN_LIB_DATA_AUTOTUNE_H_

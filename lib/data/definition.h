@@ -2,8 +2,8 @@
 // message (schemas/dataset.capnp) that every Dataset call copies and extends.
 // Definitions are small (except from_tensors data), so copying keeps them
 // immutable and shareable without bookkeeping.
-#ifndef CAPSTAN_SDK_SRC_DATA_DEFINITION_H_
-#define CAPSTAN_SDK_SRC_DATA_DEFINITION_H_
+#ifndef CAPSTAN_LIB_DATA_DEFINITION_H_
+#define CAPSTAN_LIB_DATA_DEFINITION_H_
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
@@ -64,4 +64,4 @@ Compression from_wire(wire::Compression compression);
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_SDK_SRC_DATA_DEFINITION_H_
+#endif  // CAPSTAN_LIB_DATA_DEFINITION_H_

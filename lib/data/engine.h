@@ -12,8 +12,8 @@
 // Iterators are pull-based (get_next) like tf.data's. Ops with parallelism
 // (map, interleave, prefetch) run background threads that stop and join
 // when the iterator is destroyed.
-#ifndef CAPSTAN_SDK_SRC_DATA_ENGINE_H_
-#define CAPSTAN_SDK_SRC_DATA_ENGINE_H_
+#ifndef CAPSTAN_LIB_DATA_ENGINE_H_
+#define CAPSTAN_LIB_DATA_ENGINE_H_
 
 #include <atomic>
 #include <functional>
@@ -214,4 +214,4 @@ std::unique_ptr<Iterator> wrap_root(std::unique_ptr<Pipeline> pipeline,
 
 }  // namespace capstan::data::engine
 
-#endif  // CAPSTAN_SDK_SRC_DATA_ENGINE_H_
+#endif  // CAPSTAN_LIB_DATA_ENGINE_H_

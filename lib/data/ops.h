@@ -1,7 +1,7 @@
 // Constructors of the engine's iterators, one per op (ops_basic.cc,
 // ops_parallel.cc). Arguments have been validated (engine.cc: validate()).
-#ifndef CAPSTAN_SDK_SRC_DATA_OPS_H_
-#define CAPSTAN_SDK_SRC_DATA_OPS_H_
+#ifndef CAPSTAN_LIB_DATA_OPS_H_
+#define CAPSTAN_LIB_DATA_OPS_H_
 
 #include <memory>
 #include <string>
@@ -72,4 +72,4 @@ IteratorPtr make_interleave(IteratorPtr input, InterleaveFunction fn, int64_t cy
 
 }  // namespace capstan::data::engine
 
-#endif  // CAPSTAN_SDK_SRC_DATA_OPS_H_
+#endif  // CAPSTAN_LIB_DATA_OPS_H_

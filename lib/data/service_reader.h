@@ -77,8 +77,8 @@
 //
 // Thread-safety: get_next() from one thread at a time (the engine's
 // contract). Cap'n Proto objects live on the reader's own LoopThread.
-#ifndef CAPSTAN_SDK_SRC_DATA_SERVICE_READER_H_
-#define CAPSTAN_SDK_SRC_DATA_SERVICE_READER_H_
+#ifndef CAPSTAN_LIB_DATA_SERVICE_READER_H_
+#define CAPSTAN_LIB_DATA_SERVICE_READER_H_
 
 #include <chrono>
 #include <cstdint>
@@ -132,4 +132,4 @@ std::unique_ptr<engine::IteratorBase> make_service_reader(ReaderConfig config);
 
 }  // namespace capstan::data::service
 
-#endif  // CAPSTAN_SDK_SRC_DATA_SERVICE_READER_H_
+#endif  // CAPSTAN_LIB_DATA_SERVICE_READER_H_

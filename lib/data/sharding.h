@@ -7,8 +7,8 @@
 //                worker runs the whole pipeline and keeps its share.
 //   kFileOrData  kFile when the pipeline reads files, else kData.
 //   kHint        kShardHint placeholders replaced by (num_workers, index).
-#ifndef CAPSTAN_SDK_SRC_DATA_SHARDING_H_
-#define CAPSTAN_SDK_SRC_DATA_SHARDING_H_
+#ifndef CAPSTAN_LIB_DATA_SHARDING_H_
+#define CAPSTAN_LIB_DATA_SHARDING_H_
 
 #include "capstan/data/dataset.h"
 
@@ -24,4 +24,4 @@ Result<Dataset> apply_sharding(const Dataset& dataset, ShardingPolicy policy, in
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_SDK_SRC_DATA_SHARDING_H_
+#endif  // CAPSTAN_LIB_DATA_SHARDING_H_

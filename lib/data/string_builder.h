@@ -6,8 +6,8 @@
 // capstan/tensor.h describes: (n + 1) uint64 offsets, then the bytes.
 //
 // Thread-safety: not thread-safe; each builder has one writer.
-#ifndef CAPSTAN_SDK_DATA_STRING_BUILDER_H_
-#define CAPSTAN_SDK_DATA_STRING_BUILDER_H_
+#ifndef CAPSTAN_LIB_DATA_STRING_BUILDER_H_
+#define CAPSTAN_LIB_DATA_STRING_BUILDER_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -41,4 +41,4 @@ class StringTensorBuilder {
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_SDK_DATA_STRING_BUILDER_H_
+#endif  // CAPSTAN_LIB_DATA_STRING_BUILDER_H_

@@ -12,8 +12,8 @@
 //
 // Thread-safety: the functions are stateless and may run concurrently; the
 // input tensors must not be written to while they run.
-#ifndef CAPSTAN_SDK_DATA_TENSOR_UTIL_H_
-#define CAPSTAN_SDK_DATA_TENSOR_UTIL_H_
+#ifndef CAPSTAN_LIB_DATA_TENSOR_UTIL_H_
+#define CAPSTAN_LIB_DATA_TENSOR_UTIL_H_
 
 #include <cstdint>
 #include <vector>
@@ -82,4 +82,4 @@ Result<Tensor> default_padding(DType dtype);
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_SDK_DATA_TENSOR_UTIL_H_
+#endif  // CAPSTAN_LIB_DATA_TENSOR_UTIL_H_

@@ -1,8 +1,8 @@
 // Helpers shared by the SDK's unit tests (data engine, file formats, parsers
 // and tensors); only tests include this header. Each fails the running test
 // case through Catch2 when its own setup fails.
-#ifndef CAPSTAN_SDK_DATA_TEST_UTIL_H_
-#define CAPSTAN_SDK_DATA_TEST_UTIL_H_
+#ifndef CAPSTAN_LIB_DATA_TEST_UTIL_H_
+#define CAPSTAN_LIB_DATA_TEST_UTIL_H_
 
 #include <zlib.h>
 
@@ -136,4 +136,4 @@ inline std::vector<std::string> strings(const Tensor& t) {
 
 }  // namespace capstan::data::testing
 
-#endif  // CAPSTAN_SDK_DATA_TEST_UTIL_H_
+#endif  // CAPSTAN_LIB_DATA_TEST_UTIL_H_

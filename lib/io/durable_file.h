@@ -25,8 +25,8 @@
 // The message is "<context>: <strerror>"; the context names the path.
 //
 // Thread-safety: free functions with no shared state; safe from any thread.
-#ifndef CAPSTAN_SDK_SRC_IO_DURABLE_FILE_H_
-#define CAPSTAN_SDK_SRC_IO_DURABLE_FILE_H_
+#ifndef CAPSTAN_LIB_IO_DURABLE_FILE_H_
+#define CAPSTAN_LIB_IO_DURABLE_FILE_H_
 
 #include <string>
 #include <string_view>
@@ -59,4 +59,4 @@ std::string parent_dir(const std::string& path);
 
 }  // namespace capstan::io
 
-#endif  // CAPSTAN_SDK_SRC_IO_DURABLE_FILE_H_
+#endif  // CAPSTAN_LIB_IO_DURABLE_FILE_H_

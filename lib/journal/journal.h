@@ -20,8 +20,8 @@
 // Thread-safety: neither class is thread-safe; one thread uses each at a time.
 // At most one JournalWriter may have a directory open (enforced with flock on
 // the directory; a second open fails with kFailedPrecondition).
-#ifndef CAPSTAN_JOURNAL_JOURNAL_H_
-#define CAPSTAN_JOURNAL_JOURNAL_H_
+#ifndef CAPSTAN_LIB_JOURNAL_JOURNAL_H_
+#define CAPSTAN_LIB_JOURNAL_JOURNAL_H_
 
 #include <cstdint>
 #include <memory>
@@ -150,4 +150,4 @@ Result<std::vector<std::string>> read_all(const std::string& dir);
 
 }  // namespace capstan::journal
 
-#endif  // CAPSTAN_JOURNAL_JOURNAL_H_
+#endif  // CAPSTAN_LIB_JOURNAL_JOURNAL_H_

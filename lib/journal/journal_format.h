@@ -48,8 +48,8 @@
 // Known limit: a damaged length field in the last segment that points past
 // the end of the file (but not above kMaxRecordBytes) cannot be told from a
 // torn write, and is read as one.
-#ifndef CAPSTAN_JOURNAL_JOURNAL_FORMAT_H_
-#define CAPSTAN_JOURNAL_JOURNAL_FORMAT_H_
+#ifndef CAPSTAN_LIB_JOURNAL_JOURNAL_FORMAT_H_
+#define CAPSTAN_LIB_JOURNAL_JOURNAL_FORMAT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -84,4 +84,4 @@ inline std::string segment_file_name(uint64_t number) {
 
 }  // namespace capstan::journal
 
-#endif  // CAPSTAN_JOURNAL_JOURNAL_FORMAT_H_
+#endif  // CAPSTAN_LIB_JOURNAL_JOURNAL_FORMAT_H_

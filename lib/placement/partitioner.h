@@ -20,8 +20,8 @@
 //   auto rows = shard_rows(10, 2);  // *rows == {5, 5}
 //
 // All functions here are pure and thread-safe.
-#ifndef CAPSTAN_SDK_SRC_PLACEMENT_PARTITIONER_H_
-#define CAPSTAN_SDK_SRC_PLACEMENT_PARTITIONER_H_
+#ifndef CAPSTAN_LIB_PLACEMENT_PARTITIONER_H_
+#define CAPSTAN_LIB_PLACEMENT_PARTITIONER_H_
 
 #include <cstdint>
 #include <string>
@@ -97,4 +97,4 @@ std::vector<int64_t> shard_offsets(const std::vector<int64_t>& sizes);
 
 }  // namespace capstan::placement
 
-#endif  // CAPSTAN_SDK_SRC_PLACEMENT_PARTITIONER_H_
+#endif  // CAPSTAN_LIB_PLACEMENT_PARTITIONER_H_

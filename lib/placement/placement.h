@@ -14,8 +14,8 @@
 //
 // Placer is not thread-safe; the coordinator calls it from one thread, in
 // variable creation order (the order decides the placement).
-#ifndef CAPSTAN_SDK_SRC_PLACEMENT_PLACEMENT_H_
-#define CAPSTAN_SDK_SRC_PLACEMENT_PLACEMENT_H_
+#ifndef CAPSTAN_LIB_PLACEMENT_PLACEMENT_H_
+#define CAPSTAN_LIB_PLACEMENT_PLACEMENT_H_
 
 #include <cstdint>
 #include <string>
@@ -63,4 +63,4 @@ class Placer {
 
 }  // namespace capstan::placement
 
-#endif  // CAPSTAN_SDK_SRC_PLACEMENT_PLACEMENT_H_
+#endif  // CAPSTAN_LIB_PLACEMENT_PLACEMENT_H_

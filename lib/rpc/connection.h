@@ -10,8 +10,8 @@
 //   conn.node(deadline).then([](wire::Node::Client node) { ... });
 //
 // Thread-safety: not thread-safe; lives on one loop thread.
-#ifndef CAPSTAN_SDK_SRC_RPC_CONNECTION_H_
-#define CAPSTAN_SDK_SRC_RPC_CONNECTION_H_
+#ifndef CAPSTAN_LIB_RPC_CONNECTION_H_
+#define CAPSTAN_LIB_RPC_CONNECTION_H_
 
 #include <capnp/rpc-twoparty.h>
 #include <kj/async-io.h>
@@ -116,4 +116,4 @@ Status parse_host_port(const std::string& address, std::string* host, uint16_t* 
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_CONNECTION_H_
+#endif  // CAPSTAN_LIB_RPC_CONNECTION_H_

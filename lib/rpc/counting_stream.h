@@ -1,7 +1,7 @@
 // An AsyncIoStream that forwards to another and counts the bytes that pass,
 // for the bytes-in/bytes-out metrics.
-#ifndef CAPSTAN_SDK_SRC_RPC_COUNTING_STREAM_H_
-#define CAPSTAN_SDK_SRC_RPC_COUNTING_STREAM_H_
+#ifndef CAPSTAN_LIB_RPC_COUNTING_STREAM_H_
+#define CAPSTAN_LIB_RPC_COUNTING_STREAM_H_
 
 #include <kj/async-io.h>
 
@@ -44,4 +44,4 @@ class CountingStream final : public ForwardingStream {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_COUNTING_STREAM_H_
+#endif  // CAPSTAN_LIB_RPC_COUNTING_STREAM_H_

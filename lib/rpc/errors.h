@@ -5,8 +5,8 @@
 // retry (DISCONNECTED: the peer is gone; OVERLOADED: back off; FAILED: don't),
 // and the description carries "[capstan:CODE] message" so the exact code
 // survives the trip. Retry logic reads the code, never the text.
-#ifndef CAPSTAN_SDK_SRC_RPC_ERRORS_H_
-#define CAPSTAN_SDK_SRC_RPC_ERRORS_H_
+#ifndef CAPSTAN_LIB_RPC_ERRORS_H_
+#define CAPSTAN_LIB_RPC_ERRORS_H_
 
 #include <kj/exception.h>
 
@@ -38,4 +38,4 @@ inline void check(const Status& status) {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_ERRORS_H_
+#endif  // CAPSTAN_LIB_RPC_ERRORS_H_

@@ -1,8 +1,8 @@
 // ForwardingStream: an AsyncIoStream that passes every call to another one.
 // Wrappers that change a few calls (counting bytes, limiting reads before
 // login) derive from it and override just those.
-#ifndef CAPSTAN_SDK_SRC_RPC_FORWARDING_STREAM_H_
-#define CAPSTAN_SDK_SRC_RPC_FORWARDING_STREAM_H_
+#ifndef CAPSTAN_LIB_RPC_FORWARDING_STREAM_H_
+#define CAPSTAN_LIB_RPC_FORWARDING_STREAM_H_
 
 #include <kj/async-io.h>
 
@@ -40,4 +40,4 @@ class ForwardingStream : public kj::AsyncIoStream {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_FORWARDING_STREAM_H_
+#endif  // CAPSTAN_LIB_RPC_FORWARDING_STREAM_H_

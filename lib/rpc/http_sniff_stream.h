@@ -2,8 +2,8 @@
 // who gives a daemon's HTTP port (/healthz, /metrics) where its RPC port
 // belongs would otherwise see Cap'n Proto read "HTTP" as a segment count
 // ("Message has too many segments") and retry until the deadline.
-#ifndef CAPSTAN_SDK_SRC_RPC_HTTP_SNIFF_STREAM_H_
-#define CAPSTAN_SDK_SRC_RPC_HTTP_SNIFF_STREAM_H_
+#ifndef CAPSTAN_LIB_RPC_HTTP_SNIFF_STREAM_H_
+#define CAPSTAN_LIB_RPC_HTTP_SNIFF_STREAM_H_
 
 #include <kj/async-io.h>
 
@@ -71,4 +71,4 @@ class HttpSniffStream final : public ForwardingStream {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_HTTP_SNIFF_STREAM_H_
+#endif  // CAPSTAN_LIB_RPC_HTTP_SNIFF_STREAM_H_

@@ -15,8 +15,8 @@
 // no queue to model, that halves throughput (5.0 against 10.7 GB/s for
 // 1 MiB messages on our 2-vCPU machine) and makes the first transfers after
 // an idle spell slower still. Links between hosts keep the kernel's choice.
-#ifndef CAPSTAN_SDK_SRC_RPC_LINK_TIMEOUT_H_
-#define CAPSTAN_SDK_SRC_RPC_LINK_TIMEOUT_H_
+#ifndef CAPSTAN_LIB_RPC_LINK_TIMEOUT_H_
+#define CAPSTAN_LIB_RPC_LINK_TIMEOUT_H_
 
 #include <kj/async-io.h>
 
@@ -49,4 +49,4 @@ void tune_loopback_link(kj::AsyncIoStream& stream);
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_LINK_TIMEOUT_H_
+#endif  // CAPSTAN_LIB_RPC_LINK_TIMEOUT_H_

@@ -13,8 +13,8 @@
 //                waiting connection is closed to admit the new one.
 //
 // Thread-safety: loop thread only, like the server.
-#ifndef CAPSTAN_SDK_SRC_RPC_LOGIN_GUARD_H_
-#define CAPSTAN_SDK_SRC_RPC_LOGIN_GUARD_H_
+#ifndef CAPSTAN_LIB_RPC_LOGIN_GUARD_H_
+#define CAPSTAN_LIB_RPC_LOGIN_GUARD_H_
 
 #include <kj/async-io.h>
 
@@ -138,4 +138,4 @@ class PreLoginStream final : public ForwardingStream {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_LOGIN_GUARD_H_
+#endif  // CAPSTAN_LIB_RPC_LOGIN_GUARD_H_

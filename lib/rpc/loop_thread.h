@@ -8,8 +8,8 @@
 //
 // Thread-safety: run_sync() and stop() may be called from any thread except
 // the loop thread itself; io() and timer() only from the loop thread.
-#ifndef CAPSTAN_SDK_SRC_RPC_LOOP_THREAD_H_
-#define CAPSTAN_SDK_SRC_RPC_LOOP_THREAD_H_
+#ifndef CAPSTAN_LIB_RPC_LOOP_THREAD_H_
+#define CAPSTAN_LIB_RPC_LOOP_THREAD_H_
 
 #include <kj/async-io.h>
 #include <kj/async.h>
@@ -173,4 +173,4 @@ class LoopThread {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_LOOP_THREAD_H_
+#endif  // CAPSTAN_LIB_RPC_LOOP_THREAD_H_

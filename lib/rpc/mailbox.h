@@ -20,8 +20,8 @@
 //
 // Thread-safety: MailboxRemote is thread-safe; Mailbox is used only on its
 // loop thread.
-#ifndef CAPSTAN_SDK_SRC_RPC_MAILBOX_H_
-#define CAPSTAN_SDK_SRC_RPC_MAILBOX_H_
+#ifndef CAPSTAN_LIB_RPC_MAILBOX_H_
+#define CAPSTAN_LIB_RPC_MAILBOX_H_
 
 #include <kj/async-io.h>
 #include <kj/async.h>
@@ -107,4 +107,4 @@ class Mailbox final : private kj::TaskSet::ErrorHandler {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_MAILBOX_H_
+#endif  // CAPSTAN_LIB_RPC_MAILBOX_H_

@@ -30,8 +30,8 @@
 //
 // Thread-safety: a MessageStream is used on its loop's thread;
 // received_buffer_holding() may be called on any thread.
-#ifndef CAPSTAN_SDK_SRC_RPC_MESSAGE_STREAM_H_
-#define CAPSTAN_SDK_SRC_RPC_MESSAGE_STREAM_H_
+#ifndef CAPSTAN_LIB_RPC_MESSAGE_STREAM_H_
+#define CAPSTAN_LIB_RPC_MESSAGE_STREAM_H_
 
 #include <capnp/serialize-async.h>
 #include <kj/async-io.h>
@@ -107,4 +107,4 @@ std::shared_ptr<void> received_buffer_holding(const void* begin, size_t size);
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_MESSAGE_STREAM_H_
+#endif  // CAPSTAN_LIB_RPC_MESSAGE_STREAM_H_

@@ -9,8 +9,8 @@
 // rejects the promise.
 //
 // The calling thread must have a Mailbox (every LoopThread has one).
-#ifndef CAPSTAN_SDK_SRC_RPC_POOL_H_
-#define CAPSTAN_SDK_SRC_RPC_POOL_H_
+#ifndef CAPSTAN_LIB_RPC_POOL_H_
+#define CAPSTAN_LIB_RPC_POOL_H_
 
 #include <boost/asio/post.hpp>
 #include <boost/asio/thread_pool.hpp>
@@ -89,4 +89,4 @@ auto run_on_pool(boost::asio::thread_pool& pool, Func func) -> kj::Promise<std::
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_POOL_H_
+#endif  // CAPSTAN_LIB_RPC_POOL_H_

@@ -20,8 +20,8 @@
 // there. Heavy work belongs on a thread pool (see pool.h).
 //
 // Thread-safety: start() and stop() from one controlling thread.
-#ifndef CAPSTAN_SDK_SRC_RPC_SERVER_H_
-#define CAPSTAN_SDK_SRC_RPC_SERVER_H_
+#ifndef CAPSTAN_LIB_RPC_SERVER_H_
+#define CAPSTAN_LIB_RPC_SERVER_H_
 
 #include <capnp/capability.h>
 #include <capnp/schema.h>
@@ -227,4 +227,4 @@ class RpcServer {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_SERVER_H_
+#endif  // CAPSTAN_LIB_RPC_SERVER_H_

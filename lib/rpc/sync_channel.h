@@ -5,8 +5,8 @@
 //
 // Thread-safety: call() and connect() from any thread but the loop thread;
 // connection() only on the loop thread.
-#ifndef CAPSTAN_SDK_SRC_RPC_SYNC_CHANNEL_H_
-#define CAPSTAN_SDK_SRC_RPC_SYNC_CHANNEL_H_
+#ifndef CAPSTAN_LIB_RPC_SYNC_CHANNEL_H_
+#define CAPSTAN_LIB_RPC_SYNC_CHANNEL_H_
 
 #include <optional>
 #include <string>
@@ -68,4 +68,4 @@ class SyncChannel {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_SYNC_CHANNEL_H_
+#endif  // CAPSTAN_LIB_RPC_SYNC_CHANNEL_H_

@@ -20,8 +20,8 @@
 // copied chunk by chunk into one fresh buffer.
 //
 // Must be used on the thread that runs the KJ loop of the message.
-#ifndef CAPSTAN_SDK_SRC_RPC_TENSOR_CODEC_H_
-#define CAPSTAN_SDK_SRC_RPC_TENSOR_CODEC_H_
+#ifndef CAPSTAN_LIB_RPC_TENSOR_CODEC_H_
+#define CAPSTAN_LIB_RPC_TENSOR_CODEC_H_
 
 #include <kj/async.h>
 
@@ -136,4 +136,4 @@ kj::Promise<Element> read_element(wire::Element::Reader reader, const CodecOptio
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_TENSOR_CODEC_H_
+#endif  // CAPSTAN_LIB_RPC_TENSOR_CODEC_H_

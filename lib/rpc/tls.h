@@ -11,8 +11,8 @@
 //
 // Thread-safety: a Tls is immutable after creation; its context may wrap
 // streams on any event loop.
-#ifndef CAPSTAN_SDK_SRC_RPC_TLS_H_
-#define CAPSTAN_SDK_SRC_RPC_TLS_H_
+#ifndef CAPSTAN_LIB_RPC_TLS_H_
+#define CAPSTAN_LIB_RPC_TLS_H_
 
 #include <kj/async-io.h>
 
@@ -68,4 +68,4 @@ class Tls {
 
 }  // namespace capstan::rpc
 
-#endif  // CAPSTAN_SDK_SRC_RPC_TLS_H_
+#endif  // CAPSTAN_LIB_RPC_TLS_H_

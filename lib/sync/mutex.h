@@ -25,8 +25,8 @@
 //
 // GCC ignores the annotations; `scripts/check-thread-safety.sh` compiles the
 // tree with clang and -Werror=thread-safety.
-#ifndef CAPSTAN_SDK_SRC_SYNC_MUTEX_H_
-#define CAPSTAN_SDK_SRC_SYNC_MUTEX_H_
+#ifndef CAPSTAN_LIB_SYNC_MUTEX_H_
+#define CAPSTAN_LIB_SYNC_MUTEX_H_
 
 #include <chrono>
 #include <condition_variable>
@@ -164,4 +164,4 @@ class CondVar {
 
 }  // namespace capstan
 
-#endif  // CAPSTAN_SDK_SRC_SYNC_MUTEX_H_
+#endif  // CAPSTAN_LIB_SYNC_MUTEX_H_

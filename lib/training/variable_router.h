@@ -9,8 +9,8 @@
 //
 // Thread-safety: every method may be called from any thread except the loop
 // thread, which runs the connections (calls block on it).
-#ifndef CAPSTAN_SDK_SRC_TRAINING_VARIABLE_ROUTER_H_
-#define CAPSTAN_SDK_SRC_TRAINING_VARIABLE_ROUTER_H_
+#ifndef CAPSTAN_LIB_TRAINING_VARIABLE_ROUTER_H_
+#define CAPSTAN_LIB_TRAINING_VARIABLE_ROUTER_H_
 
 #include <chrono>
 #include <functional>
@@ -144,4 +144,4 @@ VariableRouter::PlacementFetcher placements_from(rpc::Connection& connection, kj
 
 }  // namespace capstan
 
-#endif  // CAPSTAN_SDK_SRC_TRAINING_VARIABLE_ROUTER_H_
+#endif  // CAPSTAN_LIB_TRAINING_VARIABLE_ROUTER_H_

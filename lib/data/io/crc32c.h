@@ -8,8 +8,8 @@
 //   crc = crc32c_extend(crc, more, n);  // == crc32c(header ++ more)
 //
 // Thread-safety: every function is pure and may be called from any thread.
-#ifndef CAPSTAN_DATA_IO_CRC32C_H_
-#define CAPSTAN_DATA_IO_CRC32C_H_
+#ifndef CAPSTAN_LIB_DATA_IO_CRC32C_H_
+#define CAPSTAN_LIB_DATA_IO_CRC32C_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -47,4 +47,4 @@ uint32_t crc32c_extend_sse42(uint32_t crc, const void* data, size_t n);
 
 }  // namespace capstan::data::io
 
-#endif  // CAPSTAN_DATA_IO_CRC32C_H_
+#endif  // CAPSTAN_LIB_DATA_IO_CRC32C_H_

@@ -13,8 +13,8 @@
 //
 // Thread-safety: a stream is not thread-safe; one thread uses it at a time.
 // The free functions may be called from any thread.
-#ifndef CAPSTAN_DATA_IO_FILE_H_
-#define CAPSTAN_DATA_IO_FILE_H_
+#ifndef CAPSTAN_LIB_DATA_IO_FILE_H_
+#define CAPSTAN_LIB_DATA_IO_FILE_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -98,4 +98,4 @@ Result<std::vector<std::string>> match_files(const std::string& pattern);
 
 }  // namespace capstan::data::io
 
-#endif  // CAPSTAN_DATA_IO_FILE_H_
+#endif  // CAPSTAN_LIB_DATA_IO_FILE_H_

@@ -16,8 +16,8 @@
 // arithmetic makes that case accidental; here it is explicit).
 //
 // Thread-safety: not thread-safe; one thread uses a reader at a time.
-#ifndef CAPSTAN_DATA_IO_FIXED_LENGTH_H_
-#define CAPSTAN_DATA_IO_FIXED_LENGTH_H_
+#ifndef CAPSTAN_LIB_DATA_IO_FIXED_LENGTH_H_
+#define CAPSTAN_LIB_DATA_IO_FIXED_LENGTH_H_
 
 #include <cstdint>
 #include <memory>
@@ -70,4 +70,4 @@ class FixedLengthRecordReader {
 
 }  // namespace capstan::data::io
 
-#endif  // CAPSTAN_DATA_IO_FIXED_LENGTH_H_
+#endif  // CAPSTAN_LIB_DATA_IO_FIXED_LENGTH_H_

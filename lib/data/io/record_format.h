@@ -17,8 +17,8 @@
 //
 // Example: the record "The Quick Brown Fox" (19 bytes) is the 35 bytes
 //   13 00 00 00 00 00 00 00  0c 91 32 1b  "The Quick Brown Fox"  18 0d e8 3a
-#ifndef CAPSTAN_DATA_IO_RECORD_FORMAT_H_
-#define CAPSTAN_DATA_IO_RECORD_FORMAT_H_
+#ifndef CAPSTAN_LIB_DATA_IO_RECORD_FORMAT_H_
+#define CAPSTAN_LIB_DATA_IO_RECORD_FORMAT_H_
 
 #include <cstddef>
 #include <cstdint>
@@ -38,4 +38,4 @@ constexpr uint64_t kMaxRecordBytes = uint64_t{1} << 31;
 
 }  // namespace capstan::data::io::tfrecord
 
-#endif  // CAPSTAN_DATA_IO_RECORD_FORMAT_H_
+#endif  // CAPSTAN_LIB_DATA_IO_RECORD_FORMAT_H_

@@ -15,8 +15,8 @@
 //   }
 //
 // Thread-safety: not thread-safe; one thread uses a reader at a time.
-#ifndef CAPSTAN_DATA_IO_TEXT_LINE_H_
-#define CAPSTAN_DATA_IO_TEXT_LINE_H_
+#ifndef CAPSTAN_LIB_DATA_IO_TEXT_LINE_H_
+#define CAPSTAN_LIB_DATA_IO_TEXT_LINE_H_
 
 #include <cstdint>
 #include <memory>
@@ -51,4 +51,4 @@ class TextLineReader {
 
 }  // namespace capstan::data::io
 
-#endif  // CAPSTAN_DATA_IO_TEXT_LINE_H_
+#endif  // CAPSTAN_LIB_DATA_IO_TEXT_LINE_H_

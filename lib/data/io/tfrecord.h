@@ -19,8 +19,8 @@
 // train on less data without anyone knowing.
 //
 // Thread-safety: neither class is thread-safe; one thread uses each at a time.
-#ifndef CAPSTAN_DATA_IO_TFRECORD_H_
-#define CAPSTAN_DATA_IO_TFRECORD_H_
+#ifndef CAPSTAN_LIB_DATA_IO_TFRECORD_H_
+#define CAPSTAN_LIB_DATA_IO_TFRECORD_H_
 
 #include <cstdint>
 #include <memory>
@@ -124,4 +124,4 @@ class TFRecordWriter {
 
 }  // namespace capstan::data::io
 
-#endif  // CAPSTAN_DATA_IO_TFRECORD_H_
+#endif  // CAPSTAN_LIB_DATA_IO_TFRECORD_H_

@@ -18,8 +18,8 @@
 // Capstan adds trim_whitespace.
 //
 // decode_csv is a pure function: safe to call from many threads at once.
-#ifndef CAPSTAN_DATA_OPS_CSV_H_
-#define CAPSTAN_DATA_OPS_CSV_H_
+#ifndef CAPSTAN_LIB_DATA_OPS_CSV_H_
+#define CAPSTAN_LIB_DATA_OPS_CSV_H_
 
 #include "capstan/data/parsing.h"  // CsvSpec
 #include "capstan/status.h"
@@ -50,4 +50,4 @@ Result<Element> decode_csv(const Tensor& records, const CsvSpec& spec);
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_DATA_OPS_CSV_H_
+#endif  // CAPSTAN_LIB_DATA_OPS_CSV_H_

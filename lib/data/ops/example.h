@@ -24,8 +24,8 @@
 // last entry wins, as protobuf's parser has it.)
 //
 // parse_example is a pure function: safe to call from many threads at once.
-#ifndef CAPSTAN_DATA_OPS_EXAMPLE_H_
-#define CAPSTAN_DATA_OPS_EXAMPLE_H_
+#ifndef CAPSTAN_LIB_DATA_OPS_EXAMPLE_H_
+#define CAPSTAN_LIB_DATA_OPS_EXAMPLE_H_
 
 #include "capstan/data/parsing.h"  // FixedLenFeature, VarLenFeature, FeatureSpec
 #include "capstan/status.h"
@@ -56,4 +56,4 @@ Result<Element> parse_example_reference(const Tensor& serialized, const FeatureS
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_DATA_OPS_EXAMPLE_H_
+#endif  // CAPSTAN_LIB_DATA_OPS_EXAMPLE_H_

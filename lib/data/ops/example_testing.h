@@ -1,8 +1,8 @@
 // Test helpers for parse_example: a writer of protobuf wire bytes, random
 // Examples (valid and damaged) written with it, and the comparison of the
 // wire parser with the protobuf reference.
-#ifndef CAPSTAN_DATA_OPS_EXAMPLE_TESTING_H_
-#define CAPSTAN_DATA_OPS_EXAMPLE_TESTING_H_
+#ifndef CAPSTAN_LIB_DATA_OPS_EXAMPLE_TESTING_H_
+#define CAPSTAN_LIB_DATA_OPS_EXAMPLE_TESTING_H_
 
 #include <cstdint>
 #include <cstring>
@@ -231,4 +231,4 @@ inline std::string compare_results(const Result<Element>& fast, const Result<Ele
 
 }  // namespace capstan::data::testing
 
-#endif  // CAPSTAN_DATA_OPS_EXAMPLE_TESTING_H_
+#endif  // CAPSTAN_LIB_DATA_OPS_EXAMPLE_TESTING_H_

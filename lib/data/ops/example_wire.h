@@ -20,8 +20,8 @@
 //     packed or not (a packed float run must be a multiple of 4 bytes).
 //
 // Thread-compatible: one parser per thread (parse_example makes one per call).
-#ifndef CAPSTAN_DATA_OPS_EXAMPLE_WIRE_H_
-#define CAPSTAN_DATA_OPS_EXAMPLE_WIRE_H_
+#ifndef CAPSTAN_LIB_DATA_OPS_EXAMPLE_WIRE_H_
+#define CAPSTAN_LIB_DATA_OPS_EXAMPLE_WIRE_H_
 
 #include <cstdint>
 #include <string_view>
@@ -99,4 +99,4 @@ class ExampleWireParser {
 
 }  // namespace capstan::data
 
-#endif  // CAPSTAN_DATA_OPS_EXAMPLE_WIRE_H_
+#endif  // CAPSTAN_LIB_DATA_OPS_EXAMPLE_WIRE_H_
