@@ -36,6 +36,17 @@ inline double seconds_since(Clock::time_point start) {
   return std::chrono::duration<double>(Clock::now() - start).count();
 }
 
+// A field of /proc/<pid>/status in KiB ("VmRSS": resident now, "VmHWM":
+// its peak); 0 when the process or the field is gone.
+inline int64_t proc_status_kib(pid_t pid, const std::string& field) {
+  std::ifstream in("/proc/" + std::to_string(pid) + "/status");
+  std::string line;
+  while (std::getline(in, line)) {
+    if (line.rfind(field + ":", 0) == 0) return std::atoll(line.c_str() + field.size() + 1);
+  }
+  return 0;
+}
+
 // A free TCP port on 127.0.0.1 (bound and released), for a daemon that must
 // come back on the same address; 0 when none could be had.
 inline int free_port() {

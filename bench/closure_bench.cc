@@ -13,13 +13,17 @@
 //   throughput  schedule N "noop" closures back to back, then join()
 //   latency     schedule one "noop", fetch() it; one at a time; p50/p99
 // and the CPU each process spent per closure in the throughput runs
-// (/proc/<pid>/stat, user + system, and the share in the kernel). Then a
+// (/proc/<pid>/stat, user + system, and the share in the kernel), and the
+// coordinator's resident memory (/proc/<pid>/status VmRSS) after the warm-up
+// and after the throughput run, with its peak (VmHWM): the throughput run
+// drops each RemoteValue as it schedules, so the coordinator should hold
+// only what is in flight however large N is. Then a
 // breakdown of where the time goes:
 //   Node.info round trip to the coordinator (the RPC floor),
 //   schedule() alone (no workers registered: nothing is dispatched),
 //   schedule() from 4 client threads at once (no workers; and with 2
 //   workers x 4, end to end),
-//   dispatch alone: N closures queued before the workers register, timed
+//   dispatch alone: N closures (at most 40000) queued before the workers register, timed
 //   from the first closure's value to join() (with 2 workers the first to
 //   register starts alone).
 // --configs runs only the listed rows (WORKERSxCLOSURES_PER_WORKER, "d" for
@@ -135,6 +139,7 @@ class Cluster {
 
   capstan::ClusterCoordinator& client() { return *client_; }
   const std::string& coordinator_address() const { return coordinator_.address; }
+  pid_t coordinator_pid() const { return coordinator_.pid; }
 
  private:
   const Setup& setup_;
@@ -163,7 +168,12 @@ struct Throughput {
 Throughput throughput(capstan::ClusterCoordinator& client, int n) {
   Throughput t;
   auto start_time = Clock::now();
-  schedule_noops(client, n);
+  for (int i = 0; i < n; ++i) {
+    // Dropped at once, as a training loop that never fetches does: the
+    // coordinator releases each value.
+    auto v = client.schedule("noop");
+    if (!v.ok()) fail("schedule", v.status());
+  }
   t.schedule_s = seconds_since(start_time);
   auto join_start = Clock::now();
   if (auto s = client.join(); !s.ok()) fail("join", s);
@@ -238,6 +248,7 @@ int main(int argc, char** argv) {
     bool durable = false;
   };
   std::vector<std::string> cpu_lines;
+  std::vector<std::string> rss_lines;
   for (Config c : {Config{1, 1}, Config{1, 4}, Config{2, 1}, Config{2, 4}, Config{2, 1, true}}) {
     const std::string config =
         std::to_string(c.workers) + "x" + std::to_string(c.per_worker) + (c.durable ? "d" : "");
@@ -245,8 +256,16 @@ int main(int argc, char** argv) {
     Cluster cluster(setup, c.workers, c.per_worker, c.durable);
     // Warm up the paths (placements, worker pools).
     throughput(cluster.client(), 200);
+    const int64_t rss_start_kib = bench::proc_status_kib(cluster.coordinator_pid(), "VmRSS");
     auto cpu_before = cpu_snapshot();
     Throughput t = throughput(cluster.client(), closures);
+    const int64_t rss_end_kib = bench::proc_status_kib(cluster.coordinator_pid(), "VmRSS");
+    const int64_t rss_peak_kib = bench::proc_status_kib(cluster.coordinator_pid(), "VmHWM");
+    char rss[192];
+    std::snprintf(rss, sizeof(rss), "%s: coordinator RSS %.1f MB at start, %.1f MB after %d closures (peak %.1f MB)",
+                  config.c_str(), rss_start_kib / 1024.0, rss_end_kib / 1024.0, closures, rss_peak_kib / 1024.0);
+    rss_lines.push_back(rss);
+    bench::result("coordinator_rss_growth_mb_" + config, (rss_end_kib - rss_start_kib) / 1024.0, "MB");
     cpu_lines.push_back(std::to_string(c.workers) + " worker(s) x " + std::to_string(c.per_worker) + ": " +
                         cpu_per_closure(cpu_before, cpu_snapshot(), closures, t.schedule_s + t.join_s));
     Latency l = latency(cluster.client(), samples);
@@ -265,6 +284,8 @@ int main(int argc, char** argv) {
 
   std::printf("\nCPU per closure during the throughput runs (us, from /proc/<pid>/stat; 10 ms ticks):\n");
   for (const auto& line : cpu_lines) std::printf("  %s\n", line.c_str());
+  std::printf("\nThe coordinator's memory (/proc/<pid>/status VmRSS; each RemoteValue dropped at schedule):\n");
+  for (const auto& line : rss_lines) std::printf("  %s\n", line.c_str());
 
   if (!breakdown) {
     bench::print_results();
@@ -289,27 +310,30 @@ int main(int argc, char** argv) {
                 us[us.size() / 2], us[us.size() * 99 / 100], 1e6 / us[us.size() / 2]);
     node->reset();
 
-    // schedule() alone: no workers, so nothing is dispatched.
+    // schedule() alone: no workers, so nothing is dispatched. Both runs
+    // together stay under what the coordinator queues before schedule()
+    // blocks (max_queued_closures, 32768, plus the client's 16384).
+    const int alone_n = std::min(closures, 20000);
     schedule_noops(cluster.client(), 200);
     auto cpu_before = cpu_snapshot();
     auto start_time = Clock::now();
-    schedule_noops(cluster.client(), closures);
+    schedule_noops(cluster.client(), alone_n);
     double alone = seconds_since(start_time);
     std::printf("  schedule() alone, 1 client thread, no workers:  %.0f closures/s (%.1f us each)\n",
-                closures / alone, alone * 1e6 / closures);
-    std::printf("    CPU: %s\n", cpu_per_closure(cpu_before, cpu_snapshot(), closures, alone).c_str());
+                alone_n / alone, alone * 1e6 / alone_n);
+    std::printf("    CPU: %s\n", cpu_per_closure(cpu_before, cpu_snapshot(), alone_n, alone).c_str());
 
     // schedule() from 4 threads at once on one ClusterCoordinator.
     const int threads = 4;
     std::vector<std::thread> pool;
     start_time = Clock::now();
     for (int k = 0; k < threads; ++k) {
-      pool.emplace_back([&cluster, closures, threads]() { schedule_noops(cluster.client(), closures / threads); });
+      pool.emplace_back([&cluster, alone_n, threads]() { schedule_noops(cluster.client(), alone_n / threads); });
     }
     for (auto& th : pool) th.join();
     double parallel = seconds_since(start_time);
     std::printf("  schedule() alone, %d client threads, no workers: %.0f closures/s\n", threads,
-                (closures / threads) * threads / parallel);
+                (alone_n / threads) * threads / parallel);
   }
   {
     // End to end with schedule() calls overlapped: 4 client threads.
@@ -330,9 +354,12 @@ int main(int argc, char** argv) {
     std::printf("    CPU: %s\n", cpu_per_closure(cpu_before, cpu_snapshot(), n, wall).c_str());
   }
   for (Config c : {Config{1, 1}, Config{1, 4}, Config{2, 4}}) {
-    // Dispatch alone: the queue is full before the workers register.
+    // Dispatch alone: the queue is full before the workers register. No
+    // more than the coordinator queues before schedule() blocks (its
+    // max_queued_closures, 32768, plus the client's 16384 unanswered).
+    const int queued = std::min(closures, 40000);
     Cluster cluster(setup, 0, c.per_worker);
-    auto values = schedule_noops(cluster.client(), closures);
+    auto values = schedule_noops(cluster.client(), queued);
     cluster.add_workers(c.workers, /*wait=*/false);
     auto first = cluster.client().fetch(values.front());
     if (!first.ok()) fail("fetch", first.status());
@@ -341,8 +368,8 @@ int main(int argc, char** argv) {
     if (auto s = cluster.client().join(); !s.ok()) fail("join", s);
     double drain = seconds_since(start_time);
     std::printf("  dispatch alone, %d worker(s) x %d closure(s):    %.0f closures/s (%d queued closures)\n",
-                c.workers, c.per_worker, (closures - 1) / drain, closures);
-    std::printf("    CPU: %s\n", cpu_per_closure(cpu_before, cpu_snapshot(), closures - 1, drain).c_str());
+                c.workers, c.per_worker, (queued - 1) / drain, queued);
+    std::printf("    CPU: %s\n", cpu_per_closure(cpu_before, cpu_snapshot(), queued - 1, drain).c_str());
   }
   std::printf("\nclosures/s = N / (time of N schedule() calls + join()); latency = schedule() + fetch() of one "
               "closure at a time.\nlogs: %s\n", bench::run_dir().c_str());

@@ -96,7 +96,17 @@ interface Coordinator extends(Common.Node) {
   join @4 () -> ();
   done @5 () -> (done :Bool);
   fetch @6 (closureId :Int64) -> (value :Common.Element);
-  release @7 (closureIds :List(Int64)) -> ();
+  # The program will not fetch these closures again (their RemoteValues
+  # went): their values are dropped (those still queued or running, when
+  # they finish). Releasing one twice is fine. INVALID_ARGUMENT, nothing
+  # released, for an id never handed out or more than 65536 ids. A non-zero
+  # clientId counts as the client heard from: the SDK sends an empty list
+  # as a heartbeat, and a client silent for the coordinator's
+  # client_grace_ms has all its values released. `incarnation`: the
+  # scheduleMany answer's, that the ids came with; ids from another
+  # coordinator process (one restarted without its journal, whose ids mean
+  # other closures) are ignored. 0: any.
+  release @7 (closureIds :List(Int64), clientId :UInt64, incarnation :UInt64) -> ();
   # Per-worker datasets: the definition of each worker's pipeline comes from
   # `definition` with SHARD_HINT resolved to (numWorkers, workerIndex). A
   # non-empty `name` finds the dataset of that name again (a program that
@@ -165,8 +175,14 @@ interface Coordinator extends(Common.Node) {
   # index: a program calls it pipelined, before this call's answer has
   # come (Cap'n Proto promise pipelining), so a fetch right after schedule
   # costs no extra round trip.
-  scheduleMany @24 (entries :List(ScheduleEntry), clientId :UInt64)
-      -> (outcomes :List(ScheduleOutcome), durable :Bool, values :ClosureValues);
+  # `releases`: closure ids released as by `release` (with
+  # `releaseIncarnation`), carried here so that a program dropping
+  # RemoteValues costs no call of its own. `incarnation`: random for each
+  # coordinator process without a journal (its closure ids start again at
+  # 1); 0 for a durable one, whose ids outlive a restart.
+  scheduleMany @24 (entries :List(ScheduleEntry), clientId :UInt64, releases :List(Int64),
+                    releaseIncarnation :UInt64)
+      -> (outcomes :List(ScheduleOutcome), durable :Bool, values :ClosureValues, incarnation :UInt64);
 }
 
 interface ClosureValues {

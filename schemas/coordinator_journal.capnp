@@ -36,6 +36,8 @@ struct CoordinatorUpdate {
     value @2 :Data;
     errorCode @3 :Int32;
     errorMessage @4 :Text;
+    # Queued, but the program released it: dropped when it finishes.
+    released @5 :Bool;
   }
 
   struct QueueState {

@@ -4,19 +4,20 @@
 
 namespace capstan::coordinator {
 
-Result<int64_t> ClosureQueue::schedule(std::string function, std::string args) {
+Result<int64_t> ClosureQueue::schedule(std::string function, std::string args, Owner owner) {
   if (!error_.ok()) return take_error();
   int64_t id = next_id_++;
-  add_queued(id, std::move(function), std::move(args));
+  add_queued(id, std::move(function), std::move(args), owner);
   return id;
 }
 
-void ClosureQueue::add_queued(int64_t id, std::string function, std::string args) {
+void ClosureQueue::add_queued(int64_t id, std::string function, std::string args, Owner owner) {
   Record record;
   record.closure.id = id;
   record.closure.function = std::move(function);
   record.closure.args = std::move(args);
-  records_.emplace(id, std::move(record));
+  record.owner = owner;
+  records_.emplace_hint(records_.end(), id, std::move(record));
   queue_.push_back(id);
 }
 
@@ -32,32 +33,39 @@ std::optional<ClosureQueue::Closure> ClosureQueue::next(int64_t worker) {
   return record.closure;
 }
 
-bool ClosureQueue::complete(int64_t id, int64_t worker, Result<std::string> result) {
+std::optional<ClosureQueue::State> ClosureQueue::complete(int64_t id, int64_t worker, Result<std::string> result) {
   auto it = records_.find(id);
-  if (it == records_.end()) return false;
+  if (it == records_.end()) return std::nullopt;
   Record& record = it->second;
-  if (record.state != State::kRunning || record.worker != worker) return false;
+  if (record.state != State::kRunning || record.worker != worker) return std::nullopt;
   running_.erase(id);
   record.worker = -1;
   if (result.ok()) {
     record.state = State::kDone;
     record.value = std::move(*result);
-    return true;
+    drop_if_released(it);
+    return State::kDone;
   }
   Status error = result.status();
   if (error.code() == StatusCode::kUnavailable || error.code() == StatusCode::kAborted) {
     // The run was lost, not failed: try again elsewhere, first in line.
     record.state = State::kQueued;
     queue_.push_front(id);
-    return true;
+    return State::kQueued;
   }
   record.state = State::kFailed;
   record.error = error;
   if (error_.ok()) {
+    // Raised to the program even when it let the closure's value go.
     error_ = error;
     cancel_pending();
   }
-  return true;
+  drop_if_released(it);
+  return State::kFailed;
+}
+
+void ClosureQueue::drop_if_released(std::map<int64_t, Record>::iterator it) {
+  if (it->second.released) records_.erase(it);
 }
 
 int64_t ClosureQueue::running_on(int64_t worker) const {
@@ -89,17 +97,21 @@ Status ClosureQueue::cancelled_status(int64_t id, const Record& record) const {
 
 void ClosureQueue::cancel_pending() {
   for (int64_t id : queue_) {
-    Record& record = records_.at(id);
+    auto it = records_.find(id);
+    Record& record = it->second;
     record.state = State::kCancelled;
     record.error = cancelled_status(id, record);
+    drop_if_released(it);
   }
   queue_.clear();
   for (int64_t id : running_) {
-    Record& record = records_.at(id);
+    auto it = records_.find(id);
+    Record& record = it->second;
     cancelled_runs_.emplace_back(id, record.worker);
     record.state = State::kCancelled;
     record.error = cancelled_status(id, record);
     record.worker = -1;
+    drop_if_released(it);
   }
   running_.clear();
 }
@@ -114,15 +126,45 @@ Status ClosureQueue::take_error() {
   return error;
 }
 
+Status ClosureQueue::released_status(int64_t id) const {
+  return Status::NotFound("closure " + std::to_string(id) +
+                          " was released: its value is no longer kept (its RemoteValue was dropped or fetched with "
+                          "fetch_once, or its program was gone longer than the coordinator's client_grace_ms); keep "
+                          "the RemoteValue to fetch it again");
+}
+
+Status ClosureQueue::check_id(int64_t id) const {
+  if (id <= 0) {
+    return Status::InvalidArgument("closure id " + std::to_string(id) + ": closure ids start at 1");
+  }
+  if (id >= next_id_) {
+    return Status::InvalidArgument("closure id " + std::to_string(id) + ": no such closure was scheduled (the last is " +
+                                   std::to_string(next_id_ - 1) + ")");
+  }
+  return Status::Ok();
+}
+
 Result<ClosureQueue::State> ClosureQueue::state(int64_t id) const {
   auto it = records_.find(id);
-  if (it == records_.end()) return Status::NotFound("no closure " + std::to_string(id));
+  if (it == records_.end() || it->second.released) {
+    if (id > 0 && id < next_id_) return released_status(id);
+    return Status::NotFound("no closure " + std::to_string(id));
+  }
   return it->second.state;
+}
+
+std::optional<ClosureQueue::Owner> ClosureQueue::owner(int64_t id) const {
+  auto it = records_.find(id);
+  if (it == records_.end()) return std::nullopt;
+  return it->second.owner;
 }
 
 Result<std::string> ClosureQueue::value(int64_t id) const {
   auto it = records_.find(id);
-  if (it == records_.end()) return Status::NotFound("no closure " + std::to_string(id));
+  if (it == records_.end() || it->second.released) {
+    if (id > 0 && id < next_id_) return released_status(id);
+    return Status::NotFound("no closure " + std::to_string(id));
+  }
   const Record& record = it->second;
   switch (record.state) {
     case State::kDone: return record.value;
@@ -132,9 +174,9 @@ Result<std::string> ClosureQueue::value(int64_t id) const {
   }
 }
 
-void ClosureQueue::restore_scheduled(int64_t id, std::string function, std::string args) {
+void ClosureQueue::restore_scheduled(int64_t id, std::string function, std::string args, Owner owner) {
   if (records_.count(id) != 0) return;
-  add_queued(id, std::move(function), std::move(args));
+  add_queued(id, std::move(function), std::move(args), owner);
   next_id_ = std::max(next_id_, id + 1);
 }
 
@@ -158,6 +200,8 @@ ClosureQueue::Snapshot ClosureQueue::snapshot() const {
     entry.state = record.state == State::kRunning ? State::kQueued : record.state;
     entry.value = record.value;
     entry.error = record.error;
+    entry.owner = record.owner;
+    entry.released = record.released;
     out.entries.push_back(std::move(entry));
   }
   out.pending_error = error_;
@@ -174,6 +218,11 @@ void ClosureQueue::restore_entry(Snapshot::Entry entry) {
   record.state = entry.state == State::kRunning ? State::kQueued : entry.state;
   record.value = std::move(entry.value);
   record.error = std::move(entry.error);
+  record.owner = entry.owner;
+  record.released = entry.released;
+  // A finished closure is only kept when not released (snapshot() never
+  // writes one), but a hand-made journal is no reason to keep it.
+  if (record.released && record.state != State::kQueued) return;
   if (record.state == State::kQueued) queue_.push_back(id);
   records_.emplace(id, std::move(record));
   next_id_ = std::max(next_id_, id + 1);
@@ -184,14 +233,34 @@ void ClosureQueue::restore_pending(Status error, int64_t next_id) {
   next_id_ = std::max(next_id_, next_id);
 }
 
-void ClosureQueue::release(int64_t id) {
+Result<bool> ClosureQueue::release(int64_t id) {
+  CAPSTAN_RETURN_IF_ERROR(check_id(id));
   auto it = records_.find(id);
-  if (it == records_.end()) return;
+  if (it == records_.end() || it->second.released) return false;
   // A closure still queued or running keeps its record until it finishes.
-  if (it->second.state == State::kDone || it->second.state == State::kFailed ||
-      it->second.state == State::kCancelled) {
-    records_.erase(it);
+  it->second.released = true;
+  if (it->second.state != State::kQueued && it->second.state != State::kRunning) records_.erase(it);
+  return true;
+}
+
+std::vector<int64_t> ClosureQueue::release_client(uint64_t client) {
+  std::vector<int64_t> ids;
+  if (client == 0) return ids;
+  for (auto it = records_.begin(); it != records_.end();) {
+    Record& record = it->second;
+    if (record.owner.client != client || record.released) {
+      ++it;
+      continue;
+    }
+    ids.push_back(it->first);
+    record.released = true;
+    if (record.state != State::kQueued && record.state != State::kRunning) {
+      it = records_.erase(it);
+    } else {
+      ++it;
+    }
   }
+  return ids;
 }
 
 }  // namespace capstan::coordinator

@@ -18,6 +18,15 @@
 // to the front of the queue and run elsewhere; a result that arrives for a
 // closure already completed is dropped, so each value is delivered once.
 //
+// Release: the program says it will not fetch a closure again (its
+// RemoteValue went, or its client has been gone too long). A finished
+// closure's record is dropped at once; a queued or running one is marked
+// and dropped when it finishes (its error is still raised as the pending
+// error). So the records kept are those in flight plus those the program
+// still holds. Ids are handed out in order and a record only ever goes by
+// release, so an id below next_id() without a record was released: no
+// per-id memory is needed to say so.
+//
 // Example:
 //   ClosureQueue q;
 //   int64_t id = q.schedule("train_step", args).value();
@@ -52,9 +61,18 @@ class ClosureQueue {
   };
   enum class State { kQueued, kRunning, kDone, kFailed, kCancelled };
 
+  // Who scheduled a closure: the program's client and its request number
+  // (0: a caller that names neither; its values go only by release()).
+  // Owner{} is all zeros (no member initializers: GCC refuses them in a
+  // default argument inside the class).
+  struct Owner {
+    uint64_t client;
+    int64_t request_seq;
+  };
+
   // Queues a closure and returns its id; or returns the pending error
   // (clearing it) without queueing anything, as TF's schedule() raises it.
-  Result<int64_t> schedule(std::string function, std::string args);
+  Result<int64_t> schedule(std::string function, std::string args, Owner owner = {});
 
   // The next queued closure for `worker`, now running there; nullopt when
   // the queue is empty.
@@ -62,10 +80,12 @@ class ClosureQueue {
 
   // A worker's report. `result` is the value or the closure's error. An
   // Unavailable or Aborted error means the run was lost (not the closure's
-  // fault): the closure goes back to the queue. Returns false when the
-  // report is stale (the closure already finished, was cancelled, or now
-  // runs elsewhere) and was ignored.
-  bool complete(int64_t id, int64_t worker, Result<std::string> result);
+  // fault): the closure goes back to the queue. Returns the closure's state
+  // now (kQueued: it runs again; kDone or kFailed even when it was released
+  // and its record is gone), or nullopt when the report is stale (the
+  // closure already finished, was cancelled, or now runs elsewhere) and was
+  // ignored.
+  std::optional<State> complete(int64_t id, int64_t worker, Result<std::string> result);
 
   // `worker` is gone: its running closures go back to the front of the
   // queue (each once). Returns their ids.
@@ -90,17 +110,31 @@ class ClosureQueue {
   // Closures running on `worker`.
   int64_t running_on(int64_t worker) const;
 
-  // State of a closure; NotFound for an unknown or released id.
+  // State of a closure; NotFound for an unknown id, and NotFound saying so
+  // for a released one (released but still running included).
   Result<State> state(int64_t id) const;
   // The value of a finished closure: its bytes, its error, or Cancelled;
   // Unavailable while it has not finished (callers wait and ask again).
   Result<std::string> value(int64_t id) const;
-  // The client will not fetch `id` again: drop what is kept for it.
-  void release(int64_t id);
+  // The program will not fetch `id` again: a finished closure's record goes
+  // now, a queued or running one's when it finishes. True when this call
+  // released it; false when it was released before (a retried release).
+  // InvalidArgument for an id that was never handed out (<= 0, or past
+  // the last one).
+  Result<bool> release(int64_t id);
+  // InvalidArgument unless `id` was handed out (release() would accept it).
+  Status check_id(int64_t id) const;
+  // Releases every closure `client` scheduled (its program is gone); the
+  // ids this call released, in order.
+  std::vector<int64_t> release_client(uint64_t client);
+  // The id the next closure gets.
+  int64_t next_id() const { return next_id_; }
+  // The owner of a kept closure (nullopt: none kept under `id`).
+  std::optional<Owner> owner(int64_t id) const;
 
   // Replaying the coordinator's journal. Closure `id` was scheduled (later
   // ids continue after it); it is queued.
-  void restore_scheduled(int64_t id, std::string function, std::string args);
+  void restore_scheduled(int64_t id, std::string function, std::string args, Owner owner = {});
   // Closure `id` (queued by the replay) finished with `result`, as
   // complete() recorded it: a value, or an error that also cancels what was
   // queued then.
@@ -114,6 +148,8 @@ class ClosureQueue {
       State state = State::kQueued;
       std::string value;  // kDone
       Status error;       // kFailed, kCancelled
+      Owner owner{};
+      bool released = false;  // kQueued: dropped when it finishes
     };
     std::vector<Entry> entries;  // by id
     Status pending_error;
@@ -132,11 +168,16 @@ class ClosureQueue {
     int64_t worker = -1;  // while running
     Status error;         // kFailed / kCancelled
     std::string value;    // kDone
+    Owner owner{};
+    bool released = false;  // queued or running: dropped when it finishes
   };
 
-  void add_queued(int64_t id, std::string function, std::string args);
+  void add_queued(int64_t id, std::string function, std::string args, Owner owner);
   void cancel_pending();
   Status cancelled_status(int64_t id, const Record& record) const;
+  Status released_status(int64_t id) const;
+  // Drops the record of a closure that just finished when it was released.
+  void drop_if_released(std::map<int64_t, Record>::iterator it);
 
   static constexpr int64_t kReplayWorker = -2;
 

@@ -126,17 +126,115 @@ TEST_CASE("an Unavailable result re-queues the closure instead of failing it", "
   CHECK(q.next(1)->id == a);
 }
 
-TEST_CASE("released values are forgotten; unknown ids are NotFound", "[closures]") {
+TEST_CASE("a released value is forgotten and a fetch of it says it was released", "[closures]") {
   ClosureQueue q;
   int64_t a = q.schedule("f", "").value();
-  q.release(a);  // still queued: kept
-  CHECK(q.state(a).ok());
   q.next(0);
-  q.complete(a, 0, std::string("v"));
-  q.release(a);
-  CHECK(q.value(a).status().code() == StatusCode::kNotFound);
+  REQUIRE(q.complete(a, 0, std::string("v")) == State::kDone);
+  CHECK(q.finished() == 1);
+  CHECK(q.release(a).value());
+  CHECK(q.size() == 0);
+  Status fetched = q.value(a).status();
+  CHECK(fetched.code() == StatusCode::kNotFound);
+  CHECK_THAT(fetched.message(), Catch::Contains("closure " + std::to_string(a)) && Catch::Contains("was released"));
+  CHECK(q.state(a).status().message() == fetched.message());
+  // Never handed out: NotFound without the word.
   CHECK(q.state(999).status().code() == StatusCode::kNotFound);
+  CHECK_THAT(q.state(999).status().message(), !Catch::Contains("released"));
   CHECK_FALSE(q.complete(999, 0, std::string("x")));
+}
+
+TEST_CASE("a closure released while queued or running is dropped as it finishes", "[closures]") {
+  ClosureQueue q;
+  int64_t queued = q.schedule("f", "").value();
+  int64_t running = q.schedule("f", "").value();
+  CHECK(q.next(0)->id == queued);
+  CHECK(q.next(1)->id == running);
+  q.worker_failed(0);  // `queued` is queued again
+  CHECK(q.release(queued).value());
+  CHECK(q.release(running).value());
+  // Still dispatched and run (the program may not want its value, but its
+  // effect on the variables).
+  CHECK(q.queued() == 1);
+  CHECK(q.state(running).status().code() == StatusCode::kNotFound);  // says released
+  REQUIRE(q.complete(running, 1, std::string("v")) == State::kDone);
+  CHECK(q.size() == 1);
+  CHECK(q.next(0)->id == queued);
+  REQUIRE(q.complete(queued, 0, std::string("v")) == State::kDone);
+  CHECK(q.size() == 0);
+  CHECK(q.finished() == 0);
+}
+
+TEST_CASE("the error of a released closure is still raised, and the closures it cancels that were released go",
+          "[closures]") {
+  ClosureQueue q;
+  int64_t failing = q.schedule("f", "").value();
+  int64_t waiting = q.schedule("f", "").value();
+  int64_t kept = q.schedule("f", "").value();
+  q.next(0);
+  CHECK(q.release(failing).value());
+  CHECK(q.release(waiting).value());
+  REQUIRE(q.complete(failing, 0, Status::InvalidArgument("bad input")) == State::kFailed);
+  CHECK(q.size() == 1);  // only `kept`, cancelled, is still there to fetch
+  CHECK(q.value(kept).status().code() == StatusCode::kCancelled);
+  CHECK(q.take_error().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("release refuses ids never handed out; a second release of one is no change", "[closures]") {
+  ClosureQueue q;
+  int64_t a = q.schedule("f", "").value();
+  for (int64_t bad : {int64_t{0}, int64_t{-3}, a + 1}) {
+    Result<bool> released = q.release(bad);
+    CHECK(released.status().code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(released.status().message(), Catch::Contains(std::to_string(bad)));
+  }
+  CHECK(q.release(a).value());
+  CHECK_FALSE(q.release(a).value());
+  CHECK(q.check_id(a).ok());
+}
+
+TEST_CASE("release_client releases what one client scheduled, finished or not", "[closures]") {
+  ClosureQueue q;
+  int64_t mine_done = q.schedule("f", "", {7, 1}).value();
+  int64_t theirs = q.schedule("f", "", {8, 1}).value();
+  int64_t mine_queued = q.schedule("f", "", {7, 2}).value();
+  int64_t anonymous = q.schedule("f", "").value();
+  q.next(0);
+  REQUIRE(q.complete(mine_done, 0, std::string("v")));
+  CHECK(q.owner(mine_queued)->request_seq == 2);
+  CHECK(q.release_client(7) == std::vector<int64_t>{mine_done, mine_queued});
+  CHECK(q.release_client(7).empty());
+  CHECK(q.release_client(0).empty());  // no owner: only release() lets it go
+  CHECK(q.state(theirs).ok());
+  CHECK(q.state(anonymous).ok());
+  CHECK(q.state(mine_done).status().code() == StatusCode::kNotFound);
+  CHECK(q.size() == 3);  // theirs, anonymous and mine_queued until it finishes
+}
+
+TEST_CASE("a snapshot keeps owners and closures released in flight; a restore drops them as they finish",
+          "[closures]") {
+  ClosureQueue q;
+  int64_t a = q.schedule("f", "a", {7, 1}).value();
+  int64_t b = q.schedule("f", "b", {7, 2}).value();
+  int64_t c = q.schedule("f", "c", {7, 3}).value();
+  q.next(0);
+  REQUIRE(q.complete(a, 0, std::string("v")));
+  CHECK(q.release(a).value());
+  CHECK(q.release(b).value());
+  ClosureQueue::Snapshot snapshot = q.snapshot();
+  REQUIRE(snapshot.entries.size() == 2);  // b (released, queued) and c
+  CHECK(snapshot.entries[0].released);
+  CHECK(snapshot.entries[1].owner.request_seq == 3);
+
+  ClosureQueue restored;
+  for (auto& entry : snapshot.entries) restored.restore_entry(entry);
+  restored.restore_pending(snapshot.pending_error, snapshot.next_id);
+  CHECK(restored.state(a).status().code() == StatusCode::kNotFound);
+  CHECK_THAT(restored.state(a).status().message(), Catch::Contains("released"));
+  CHECK(restored.next(0)->id == b);
+  REQUIRE(restored.complete(b, 0, std::string("v")));
+  CHECK(restored.size() == 1);
+  CHECK(restored.owner(c)->client == 7);
 }
 
 }  // namespace capstan::coordinator

@@ -43,12 +43,18 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       log_(std::move(log)),
       ps_tasks_(static_cast<size_t>(parameter_servers.size())),
       first_contact_until_(timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS),
+      incarnation_([] {
+        std::random_device random;
+        uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
+        return id == 0 ? 1 : id;
+      }()),
       placer_(std::max(parameter_servers.size(), 1)),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
     tasks_.add(checkpoint_timer());
   }
+  if (config_.client_grace.count() > 0) tasks_.add(client_expiry_timer());
 }
 
 Coordinator::~Coordinator() = default;
@@ -61,6 +67,8 @@ void Coordinator::update_stats() {
   stats_->closures_queued = queue_.queued();
   stats_->closures_running = queue_.running();
   stats_->workers = static_cast<int64_t>(workers_.size());
+  stats_->results_kept = queue_.finished();
+  stats_->clients = static_cast<int64_t>(clients_.size());
 }
 
 void Coordinator::notify() {
@@ -238,11 +246,13 @@ bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, 
                                          outcome.result.status().to_string());
   }
   bool succeeded = outcome.result.ok();
-  if (queue_.complete(id, worker_id, std::move(outcome.result))) {
-    journal_finished(id);
-    auto ended = queue_.state(id);
-    if (ended.ok() && *ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
-    if (ended.ok() && *ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
+  // Journaled from here when the program released the closure meanwhile
+  // (its record goes as it completes).
+  Status error = outcome.result.status();
+  if (auto ended = queue_.complete(id, worker_id, std::move(outcome.result))) {
+    if (*ended == ClosureQueue::State::kDone || *ended == ClosureQueue::State::kFailed) journal_finished(id, error);
+    if (*ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
+    if (*ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
     if (succeeded) {
       ++closures_completed_;
       maybe_checkpoint();
@@ -678,6 +688,7 @@ Coordinator::Overview Coordinator::overview() const {
 
 Result<int64_t> Coordinator::schedule(const std::string& function, std::string args, uint64_t client_id,
                                       int64_t request_seq) {
+  client_seen(client_id);
   if (client_id != 0) {
     auto client = requests_.find(client_id);
     if (client != requests_.end()) {
@@ -698,7 +709,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
                             "' (workers have: " + (names.empty() ? "none" : names) + ")");
   }
   std::string journaled = journal_ ? args : std::string();
-  auto id = queue_.schedule(function, std::move(args));
+  auto id = queue_.schedule(function, std::move(args), {client_id, request_seq});
   if (!id.ok()) return id;
   if (client_id != 0) {
     auto& seen = requests_[client_id];
@@ -709,6 +720,11 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   ++stats_->closures_scheduled;
   notify();
   return id;
+}
+
+kj::Promise<void> Coordinator::queue_room() {
+  if (queue_.queued() < config_.max_queued_closures) return kj::READY_NOW;
+  return changed().then([this]() { return queue_room(); });
 }
 
 kj::Promise<Status> Coordinator::join() {
@@ -748,10 +764,63 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   return changed().then([this, id]() { return wait_for_value(id); });
 }
 
-void Coordinator::release(int64_t closure_id) {
-  auto state = queue_.state(closure_id);
-  queue_.release(closure_id);
-  if (state.ok() && finished(*state)) journal_released(closure_id);
+Status Coordinator::release(const std::vector<int64_t>& closure_ids, uint64_t client_id, uint64_t incarnation) {
+  client_seen(client_id);
+  if (closure_ids.size() > kMaxReleasePerCall) {
+    return Status::InvalidArgument("release: " + std::to_string(closure_ids.size()) + " closure ids; at most " +
+                                   std::to_string(kMaxReleasePerCall) + " per call (send the rest in another call)");
+  }
+  // Ids of the coordinator before a restart without a journal: other
+  // closures here, not the program's to release.
+  if (incarnation != 0 && incarnation != incarnation_) return Status::Ok();
+  // All or none: a bad id in the middle leaves nothing half done.
+  for (int64_t id : closure_ids) CAPSTAN_RETURN_IF_ERROR(queue_.check_id(id));
+  for (int64_t id : closure_ids) {
+    Result<bool> changed = queue_.release(id);
+    if (changed.ok() && *changed) released(id);
+  }
+  update_stats();
+  return Status::Ok();
+}
+
+void Coordinator::released(int64_t id) {
+  ++stats_->closures_released;
+  // Journaled for a queued or running closure too: a restarted coordinator
+  // drops its value when it finishes there.
+  journal_released(id);
+}
+
+void Coordinator::client_seen(uint64_t client_id) {
+  if (client_id != 0 && config_.client_grace.count() > 0) clients_.insert_or_assign(client_id, timer_.now());
+}
+
+void Coordinator::expire_clients() {
+  const kj::TimePoint now = timer_.now();
+  const kj::Duration grace = config_.client_grace.count() * kj::MILLISECONDS;
+  for (auto it = clients_.begin(); it != clients_.end();) {
+    if (now - it->second < grace) {
+      ++it;
+      continue;
+    }
+    const uint64_t client = it->first;
+    std::vector<int64_t> ids = queue_.release_client(client);
+    for (int64_t id : ids) released(id);
+    if (!ids.empty()) {
+      log_->info("client {:x} has not called for {} ms (client_grace_ms): released its {} closure value(s)", client,
+                 config_.client_grace.count(), ids.size());
+    }
+    requests_.erase(client);
+    it = clients_.erase(it);
+  }
+  update_stats();
+}
+
+kj::Promise<void> Coordinator::client_expiry_timer() {
+  const auto period = std::clamp(config_.client_grace / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+  return timer_.afterDelay(period.count() * kj::MILLISECONDS).then([this]() {
+    expire_clients();
+    return client_expiry_timer();
+  });
 }
 
 // ---- Checkpoints -------------------------------------------------------------------

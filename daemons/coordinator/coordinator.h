@@ -109,6 +109,21 @@ struct CoordinatorConfig {
   // variables, datasets).
   int64_t journal_compact_records = 100000;
 
+  // The results of a program's closures are released when its client (the
+  // client id its schedule calls carry) has not been heard from for this
+  // long: its program is gone, and nothing can fetch them any more. A live
+  // SDK client calls at least every kClientHeartbeat (a release, empty when
+  // there is nothing to release); a client that reconnects within it (a
+  // link outage, a coordinator restart) fetches its values as before.
+  // 0: never (kept until released one by one).
+  std::chrono::milliseconds client_grace{300000};
+  // A schedule is answered only once fewer closures than this wait for a
+  // worker (queue_room), and the SDK blocks schedule() while 16384 of its
+  // schedules have no answer: a program that schedules faster than the
+  // workers run waits (TF's schedule blocks while its queue is full), and
+  // the queue, the coordinator's memory with it, stays bounded.
+  int64_t max_queued_closures = 32768;
+
   // The checkpoint policy: every `checkpoint_every_steps` closures completed
   // and/or every `checkpoint_every_seconds`, the coordinator saves into
   // `checkpoint_dir` (keeping the newest checkpoint_max_to_keep). 0: off.
@@ -414,6 +429,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // the journal's failure. Without: at once.
   kj::Promise<Status> journal_synced();
   bool durable() const { return journal_ != nullptr; }
+  // Resolves once fewer than max_queued_closures closures are queued (at
+  // once when so). The service answers a schedule after it.
+  kj::Promise<void> queue_room();
 
   // Totals and levels for /metrics, read from any thread (the loop thread
   // writes them). Shared, so a metrics callback may outlive the coordinator.
@@ -427,6 +445,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::atomic<int64_t> checkpoints_saved{0};
     std::atomic<int64_t> ps_recoveries{0};
     std::atomic<int64_t> steps_completed{0};  // synchronous steps (run_step) that succeeded
+    std::atomic<int64_t> closures_released{0};  // results (or closures in flight) the programs let go
+    std::atomic<int64_t> results_kept{0};       // finished closures whose values are kept for fetch
+    std::atomic<int64_t> clients{0};            // program clients heard from within client_grace
   };
   std::shared_ptr<const Stats> stats() const { return stats_; }
 
@@ -477,9 +498,30 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Unavailable while a parameter server is unreachable.
   kj::Promise<Status> join();
   Result<bool> done();
-  // The value's bytes once the closure finished, or its error.
+  // The value's bytes once the closure finished, or its error; NotFound
+  // saying so for a released one.
   kj::Promise<Result<std::string>> fetch(int64_t closure_id);
-  void release(int64_t closure_id);
+  // The program will not fetch these closures again: their values go (those
+  // still queued or running go when they finish), journaled. Releasing one
+  // twice is fine (a retried call). InvalidArgument, releasing none, for
+  // more than kMaxReleasePerCall ids or an id never handed out.
+  // `client_id` (non-zero) counts as heard from (see client_grace), so an
+  // empty list is a heartbeat.
+  // `incarnation` (non-zero): the incarnation() the program had the ids
+  // from; ids from another one are ignored (OK).
+  Status release(const std::vector<int64_t>& closure_ids, uint64_t client_id = 0, uint64_t incarnation = 0);
+  // Random and non-zero for a coordinator without a journal, whose closure
+  // ids start again at 1 when it restarts (a program's releases of ids of
+  // the one before would hit other closures); 0 with a journal, whose ids
+  // outlive a restart.
+  uint64_t incarnation() const { return journal_ ? 0 : incarnation_; }
+  static constexpr size_t kMaxReleasePerCall = 1 << 16;
+  // How often a live SDK client calls the coordinator at least (a
+  // heartbeat); client_grace must be well above it.
+  static constexpr std::chrono::milliseconds kClientHeartbeat{5000};
+  // Releases the results of every client not heard from for client_grace
+  // (also run by a timer every client_grace / 4, at most every 10 s).
+  void expire_clients();
 
   // ---- Per-worker datasets. Resolves to the dataset's id once every
   // worker registered now has been sent it (a worker that fails to build it
@@ -657,8 +699,11 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void journal_closure_change(std::string record);
   void journal_scheduled(int64_t id, const std::string& function, const std::string& args, uint64_t client_id,
                          int64_t request_seq);
-  // After queue_.complete(): journals the closure's end if it ended.
-  void journal_finished(int64_t id);
+  // After queue_.complete() ended closure `id` (kDone or kFailed, with
+  // `error`): journals its value or error. A closure the program released
+  // has no record left: its end is journaled without a value, so a
+  // restarted coordinator neither runs it again nor keeps anything for it.
+  void journal_finished(int64_t id, const Status& error);
   void journal_released(int64_t id);
   // queue_.take_error(), journaled when it raises one.
   Status take_closure_error();
@@ -736,6 +781,11 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // resolves to how many. A worker that rejects a state fails the restore.
   kj::Promise<Result<int>> restore_iterators(std::map<std::string, std::string> states);
   kj::Promise<Result<std::string>> wait_for_value(int64_t id);
+  // `client_id` made a call now (0: nobody).
+  void client_seen(uint64_t client_id);
+  kj::Promise<void> client_expiry_timer();
+  // Records (and journals) that `id` was released.
+  void released(int64_t id);
 
   const CoordinatorConfig config_;
   ParameterServers& ps_;
@@ -787,8 +837,13 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<Status>>> journal_waiters_;  // by record count
   // Schedule requests seen, by client: request seq -> closure id (the last
   // kRememberedRequests of each client).
+  // Forgotten with the client (expire_clients).
   std::map<uint64_t, std::map<int64_t, int64_t>> requests_;
   static constexpr size_t kRememberedRequests = 1 << 16;
+  const uint64_t incarnation_;
+  // When each client was last heard from; a client goes once client_grace
+  // has passed since (its values released, its requests forgotten).
+  std::map<uint64_t, kj::TimePoint> clients_;
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;

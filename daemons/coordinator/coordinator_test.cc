@@ -4,6 +4,7 @@
 
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <limits>
 #include <tuple>
 
 #include "capstan/data/dataset.h"
@@ -625,6 +626,159 @@ TEST_CASE("the coordinator's stats count closures by how they end, and what wait
   h.settle();
   CHECK(stats->closures_failed == 1);
   CHECK(stats->closures_queued + stats->closures_running == 0);  // the last one was cancelled
+}
+
+// ---- Releasing values -----------------------------------------------------------------------
+
+TEST_CASE("a value the program dropped is released: the coordinator keeps only what the program holds",
+          "[coordinator][release]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  auto stats = h.coordinator->stats();
+  std::vector<int64_t> ids = schedule_steps(h, 3);
+  // Dropped while still queued: goes when it finishes.
+  REQUIRE(h.coordinator->release({ids[2]}).ok());
+  for (size_t run = 0; run < 3; ++run) {
+    h.settle();
+    REQUIRE(a.runs.size() == run + 1);
+    a.reply(run, "v" + std::to_string(run));
+  }
+  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(stats->results_kept == 2);
+  REQUIRE(h.coordinator->release({ids[0]}).ok());
+  CHECK(stats->results_kept == 1);
+  CHECK(stats->closures_released == 2);
+  CHECK(h.coordinator->fetch(ids[1]).wait(h.io.waitScope).value() == "v1");
+  for (int64_t gone : {ids[0], ids[2]}) {
+    Status fetched = h.coordinator->fetch(gone).wait(h.io.waitScope).status();
+    CHECK(fetched.code() == StatusCode::kNotFound);
+    CHECK_THAT(fetched.message(), Catch::Contains("closure " + std::to_string(gone) + " was released"));
+  }
+}
+
+TEST_CASE("fetch, then release: the value is gone and a second fetch says it was released", "[coordinator][release]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  int64_t id = h.coordinator->schedule("train_step", "x", /*client_id=*/9, /*request_seq=*/1).value();
+  auto fetch = h.coordinator->fetch(id);
+  h.settle();
+  a.reply(0, std::string("loss"));
+  CHECK(fetch.wait(h.io.waitScope).value() == "loss");
+  REQUIRE(h.coordinator->release({id}, 9).ok());
+  REQUIRE(h.coordinator->release({id}, 9).ok());  // a retried release: no change
+  CHECK(h.coordinator->stats()->closures_released == 1);
+  Status again = h.coordinator->fetch(id).wait(h.io.waitScope).status();
+  CHECK(again.code() == StatusCode::kNotFound);
+  CHECK_THAT(again.message(), Catch::Contains(std::to_string(id)) && Catch::Contains("released"));
+}
+
+TEST_CASE("a fetch waiting on a closure that is released meanwhile ends saying it was released",
+          "[coordinator][release]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  int64_t id = h.coordinator->schedule("train_step", "x").value();
+  auto fetch = h.coordinator->fetch(id);
+  h.settle();
+  REQUIRE(h.coordinator->release({id}).ok());
+  a.reply(0, std::string("loss"));
+  CHECK(fetch.wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("releases of ids from another coordinator process are ignored", "[coordinator][release]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  int64_t id = h.coordinator->schedule("train_step", "x").value();
+  h.settle();
+  a.reply(0, std::string("v"));
+  h.settle();
+  const uint64_t mine = h.coordinator->incarnation();
+  REQUIRE(mine != 0);  // no journal: its ids start at 1 again after a restart
+  REQUIRE(h.coordinator->release({id}, 0, mine + 1).ok());
+  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).value() == "v");
+  REQUIRE(h.coordinator->release({id}, 0, mine).ok());
+  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("release refuses ids never handed out and over-long lists, releasing none of them",
+          "[coordinator][release]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a);
+  std::vector<int64_t> ids = schedule_steps(h, 2);
+  h.settle();
+  a.reply(0, std::string("v"));
+  h.settle();
+  for (int64_t bad : {int64_t{-1}, int64_t{0}, ids[1] + 1, std::numeric_limits<int64_t>::max()}) {
+    Status refused = h.coordinator->release({ids[0], bad});
+    CHECK(refused.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(refused.message(), Catch::Contains(std::to_string(bad)));
+  }
+  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "v");  // all or none
+  std::vector<int64_t> huge(Coordinator::kMaxReleasePerCall + 1, ids[0]);
+  Status too_many = h.coordinator->release(huge);
+  CHECK(too_many.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(too_many.message(), Catch::Contains(std::to_string(huge.size())));
+  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "v");
+  CHECK(h.coordinator->release({}).ok());
+}
+
+TEST_CASE("the values of a client gone longer than client_grace are released; a client that calls keeps its own",
+          "[coordinator][release]") {
+  CoordinatorConfig config;
+  config.client_grace = std::chrono::milliseconds(2000);
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  const uint64_t gone = 1, alive = 2;
+  int64_t gone_done = h.coordinator->schedule("train_step", "a", gone, 1).value();
+  int64_t alive_done = h.coordinator->schedule("train_step", "b", alive, 1).value();
+  int64_t anonymous = h.coordinator->schedule("train_step", "c").value();
+  for (size_t run = 0; run < 3; ++run) {
+    h.settle();
+    REQUIRE(a.runs.size() == run + 1);
+    a.reply(run, std::string("v"));
+  }
+  // One still running when its client's grace ends.
+  int64_t gone_running = h.coordinator->schedule("train_step", "d", gone, 2).value();
+  h.settle();
+  REQUIRE(a.runs.size() == 4);
+  CHECK(h.coordinator->stats()->clients == 2);
+  // `alive` calls (heartbeats: empty releases) through the grace period.
+  for (int i = 0; i < 3; ++i) {
+    h.advance(std::chrono::milliseconds(1000));
+    REQUIRE(h.coordinator->release({}, alive).ok());
+  }
+  CHECK(h.coordinator->fetch(alive_done).wait(h.io.waitScope).value() == "v");
+  CHECK(h.coordinator->fetch(anonymous).wait(h.io.waitScope).value() == "v");  // no client: kept
+  Status fetched = h.coordinator->fetch(gone_done).wait(h.io.waitScope).status();
+  CHECK(fetched.code() == StatusCode::kNotFound);
+  CHECK_THAT(fetched.message(), Catch::Contains("released"));
+  a.reply(3, std::string("late"));
+  h.settle();
+  CHECK(h.coordinator->fetch(gone_running).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(h.coordinator->stats()->results_kept == 2);
+  CHECK(h.coordinator->stats()->clients == 1);
+  // The gone client's requests are forgotten too: a schedule from it now
+  // (it came back after all) is a new closure.
+  CHECK(h.coordinator->schedule("train_step", "a", gone, 1).value() > gone_running);
+}
+
+TEST_CASE("with client_grace 0 a silent client's values stay", "[coordinator][release]") {
+  CoordinatorConfig config;
+  config.client_grace = std::chrono::milliseconds(0);
+  WorkerRecord a;
+  Harness h(config);
+  h.add_worker(a);
+  int64_t id = h.coordinator->schedule("train_step", "a", 1, 1).value();
+  h.settle();
+  a.reply(0, std::string("v"));
+  h.advance(std::chrono::milliseconds(5000));
+  h.coordinator->expire_clients();
+  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).value() == "v");
 }
 
 // ---- Checkpoints -------------------------------------------------------------------------

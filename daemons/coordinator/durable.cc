@@ -243,10 +243,6 @@ std::vector<std::string> Coordinator::snapshot_records() const {
     message.initRoot<Update>().setLastCheckpoint(last_checkpoint_);
     out.push_back(serialize(message));
   }
-  std::map<int64_t, std::pair<uint64_t, int64_t>> request_of;  // closure id -> (client, seq)
-  for (const auto& [client, seen] : requests_) {
-    for (const auto& [seq, id] : seen) request_of[id] = {client, seq};
-  }
   ClosureQueue::Snapshot queue = queue_.snapshot();
   for (const auto& entry : queue.entries) {
     capnp::MallocMessageBuilder message;
@@ -255,12 +251,10 @@ std::vector<std::string> Coordinator::snapshot_records() const {
     closure.setId(entry.closure.id);
     closure.setFunction(entry.closure.function);
     closure.setArgs(bytes_of(entry.closure.args));
-    auto request = request_of.find(entry.closure.id);
-    if (request != request_of.end()) {
-      closure.setClientId(request->second.first);
-      closure.setRequestSeq(request->second.second);
-    }
+    closure.setClientId(entry.owner.client);
+    closure.setRequestSeq(entry.owner.request_seq);
     out_state.setState(static_cast<uint8_t>(entry.state));
+    out_state.setReleased(entry.released);
     out_state.setValue(bytes_of(entry.value));
     out_state.setErrorCode(static_cast<int32_t>(entry.error.code()));
     out_state.setErrorMessage(entry.error.message());
@@ -295,14 +289,14 @@ void Coordinator::journal_scheduled(int64_t id, const std::string& function, con
   journal_closure_change(serialize(message));
 }
 
-void Coordinator::journal_finished(int64_t id) {
+void Coordinator::journal_finished(int64_t id, const Status& error) {
   if (!journal_) return;
-  auto state = queue_.state(id);
-  if (!state.ok() || (*state != ClosureQueue::State::kDone && *state != ClosureQueue::State::kFailed)) return;
-  auto value = queue_.value(id);
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<Update>().initClosureFinished();
   out.setId(id);
+  auto state = queue_.state(id);
+  Result<std::string> value = state.ok() ? queue_.value(id) : Result<std::string>(std::string());
+  if (!error.ok()) value = error;
   if (value.ok()) {
     out.setValue(bytes_of(*value));
   } else {
@@ -379,12 +373,14 @@ Status Coordinator::apply_journal_record(const std::string& record) {
       case Update::SCHEDULE_CLOSURE: {
         auto in = update.getScheduleClosure();
         if (in.getId() <= 0) return Status::DataLoss("a journaled closure has id " + std::to_string(in.getId()));
-        queue_.restore_scheduled(in.getId(), text(in.getFunction()),
-                                 string_of(in.getArgs()));
+        queue_.restore_scheduled(in.getId(), text(in.getFunction()), string_of(in.getArgs()),
+                                 {in.getClientId(), in.getRequestSeq()});
         if (in.getClientId() != 0) {
           auto& seen = requests_[in.getClientId()];
           seen[in.getRequestSeq()] = in.getId();
           if (seen.size() > kRememberedRequests) seen.erase(seen.begin());
+          // Its program gets client_grace from the restart to come back.
+          client_seen(in.getClientId());
         }
         return Status::Ok();
       }
@@ -403,7 +399,9 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         (void)queue_.take_error();
         return Status::Ok();
       case Update::RELEASE_CLOSURE:
-        queue_.release(update.getReleaseClosure());
+        // An id this journal never scheduled was refused when it was
+        // released; older coordinators journaled such ids: nothing to do.
+        (void)queue_.release(update.getReleaseClosure());
         return Status::Ok();
       case Update::CLOSURE_STATE: {
         auto in = update.getClosureState();
@@ -418,8 +416,11 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         entry.state = static_cast<ClosureQueue::State>(state);
         entry.value = string_of(in.getValue());
         entry.error = std::move(error);
-        if (in.getClosure().getClientId() != 0) {
-          requests_[in.getClosure().getClientId()][in.getClosure().getRequestSeq()] = entry.closure.id;
+        entry.owner = {in.getClosure().getClientId(), in.getClosure().getRequestSeq()};
+        entry.released = in.getReleased();
+        if (entry.owner.client != 0) {
+          requests_[entry.owner.client][entry.owner.request_seq] = entry.closure.id;
+          client_seen(entry.owner.client);
         }
         queue_.restore_entry(std::move(entry));
         return Status::Ok();

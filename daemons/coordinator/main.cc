@@ -69,6 +69,18 @@ int main(int argc, char** argv) {
        "While a lost parameter server can be recovered, join/fetch wait this long for it before they fail with "
        "Unavailable.",
        "300000"},
+      {"client_grace_ms", OptionType::kInt,
+       "A program's closure values are released when its client has not called for this long (the SDK calls at least "
+       "every 5 s while it runs): a program that crashed or exited cannot fetch them any more. A client that "
+       "reconnects within it (a link outage, a coordinator restart) fetches its values as before. 0: never (values "
+       "stay until released one by one). At least 15000.",
+       "300000"},
+      {"max_queued_closures", OptionType::kInt,
+       "Schedule calls are answered only while fewer closures than this wait for a worker, so a program that "
+       "schedules faster than the workers run blocks in schedule() (as TF's does when its queue is full) and the "
+       "queue, and the coordinator's memory, stay bounded (each client adds at most 16384 closures it has no answer "
+       "for).",
+       "32768"},
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
     CAPSTAN_ASSIGN_OR_RETURN(auto settings, capstan::coordinator::CoordinatorConfig::from(config));

@@ -520,7 +520,7 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
   CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
   CHECK(h.coordinator->fetch(4).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
   CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
-  h.coordinator->release(1);
+  REQUIRE(h.coordinator->release({1}).ok());
   (void)sync_journal(h);
   CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
   CHECK(h.coordinator->schedule("train_step", "new", client, 6).value() == 6);
@@ -545,7 +545,7 @@ TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot wit
       REQUIRE(a.runs.size() == run + 1);
       a.reply(run, "v" + std::to_string(a.runs[run].run.closure_id));
     }
-    for (int64_t id = 1; id <= 15; ++id) h.coordinator->release(id);
+    for (int64_t id = 1; id <= 15; ++id) REQUIRE(h.coordinator->release({id}).ok());
     REQUIRE(sync_journal(h).ok());
   }
   // Compacted (more than once): CURRENT names the one journal left.
@@ -572,6 +572,125 @@ TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot wit
   h.settle();
   REQUIRE(b.runs.size() == 1);
   CHECK(b.runs[0].run.closure_id == 21);
+}
+
+TEST_CASE("released values stay released across restarts, replayed and compacted; one released as it ran is not "
+          "run again",
+          "[coordinator][durable][release]") {
+  data::testing::TempDir work;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  const uint64_t client = 7;
+  {
+    WorkerRecord a;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.add_worker(a);
+    for (int64_t seq = 1; seq <= 4; ++seq) h.coordinator->schedule("train_step", "a", client, seq).value();
+    h.settle();
+    a.reply(0, std::string("v1"));
+    h.settle();
+    REQUIRE(a.runs.size() == 2);
+    REQUIRE(h.coordinator->release({1, 2 + 1}, client).ok());  // 1 done, 3 queued
+    a.reply(1, std::string("v2"));
+    h.settle();
+    REQUIRE(a.runs.size() == 3);
+    CHECK(a.runs[2].run.closure_id == 3);
+    a.reply(2, std::string("v3"));  // released: dropped as it ends
+    h.settle();
+    REQUIRE(a.runs.size() == 4);
+    REQUIRE(h.coordinator->release({4}, client).ok());  // released while it runs; the coordinator dies first
+    REQUIRE(sync_journal(h).ok());
+  }
+  auto check_state = [&](Harness& h, WorkerRecord& worker) {
+    CHECK(h.coordinator->incarnation() == 0);  // durable: its ids outlive restarts
+    for (int64_t gone : {1, 3, 4}) {
+      Status fetched = h.coordinator->fetch(gone).wait(h.io.waitScope).status();
+      CHECK(fetched.code() == StatusCode::kNotFound);
+      CHECK_THAT(fetched.message(), Catch::Contains("released"));
+    }
+    CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).value() == "v2");
+    // Closure 4 had not finished: it runs again (at-least-once), and its
+    // value is not kept. Closure 3 finished: it does not run again.
+    h.add_worker(worker);
+    h.settle();
+    REQUIRE(worker.runs.size() == 1);
+    CHECK(worker.runs[0].run.closure_id == 4);
+  };
+  {
+    // Replayed record by record.
+    WorkerRecord b;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    check_state(h, b);
+  }
+  // Compacted at the start (the journal is past the limit and holds more
+  // than twice what is kept): the snapshot keeps closure 2, and 4 as
+  // released; nothing of 1 and 3.
+  config.journal_compact_records = 4;
+  {
+    WorkerRecord c;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    CHECK(std::filesystem::exists(work.file("CURRENT")));
+    check_state(h, c);
+  }
+  {
+    WorkerRecord d;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    check_state(h, d);
+    d.reply(0, std::string("v4"));
+    h.settle();
+    CHECK(h.coordinator->fetch(4).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+    REQUIRE(h.coordinator->release({2}, client).ok());
+    REQUIRE(sync_journal(h).ok());
+  }
+  // Everything released and finished: the compacted journal keeps no closure.
+  Harness h(config);
+  REQUIRE(h.coordinator->open_journal().ok());
+  CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(h.coordinator->stats()->results_kept == 0);
+  CHECK(h.coordinator->schedule("train_step", "a", client, 5).value() == 5);
+}
+
+TEST_CASE("a restarted coordinator gives each client of its journal client_grace from the restart to come back",
+          "[coordinator][durable][release]") {
+  data::testing::TempDir work;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  config.client_grace = std::chrono::milliseconds(2000);
+  {
+    WorkerRecord a;
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.add_worker(a);
+    h.coordinator->schedule("train_step", "a", /*client_id=*/7, 1).value();
+    h.coordinator->schedule("train_step", "b", /*client_id=*/8, 1).value();
+    h.settle();
+    a.reply(0, std::string("v1"));
+    h.settle();
+    a.reply(1, std::string("v2"));
+    h.settle();
+    REQUIRE(sync_journal(h).ok());
+  }
+  {
+    Harness h(config);
+    REQUIRE(h.coordinator->open_journal().ok());
+    h.advance(std::chrono::milliseconds(1500));
+    // Client 7 reconnects and calls; client 8 never comes back.
+    REQUIRE(h.coordinator->release({}, 7).ok());
+    CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).value() == "v2");
+    h.advance(std::chrono::milliseconds(1500));
+    CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
+    CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+    REQUIRE(sync_journal(h).ok());
+  }
+  // The release of client 8's value was journaled.
+  Harness again(config);
+  REQUIRE(again.coordinator->open_journal().ok());
+  CHECK(again.coordinator->fetch(2).wait(again.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(again.coordinator->fetch(1).wait(again.io.waitScope).value() == "v1");
 }
 
 TEST_CASE("a journal naming a parameter server this coordinator lacks stops it with the reason",

@@ -108,6 +108,20 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
   out.ps_recovery = config.get_bool("ps_recovery");
   out.checkpoint_on_preemption = config.get_bool("checkpoint_on_preemption");
   out.ps_recovery_timeout = std::chrono::milliseconds(config.get_int("ps_recovery_timeout_ms"));
+  // Well above the SDK's heartbeat, or a live program would lose its values.
+  const int64_t grace = config.get_int("client_grace_ms");
+  const int64_t min_grace = 3 * Coordinator::kClientHeartbeat.count();
+  if (grace != 0 && grace < min_grace) {
+    return Status::InvalidArgument("client_grace_ms: " + std::to_string(grace) + " must be 0 (never) or at least " +
+                                   std::to_string(min_grace) + " (three of the SDK's " +
+                                   std::to_string(Coordinator::kClientHeartbeat.count()) + " ms heartbeats)");
+  }
+  out.client_grace = std::chrono::milliseconds(grace);
+  if (config.get_int("max_queued_closures") < 1) {
+    return Status::InvalidArgument("max_queued_closures: " + std::to_string(config.get_int("max_queued_closures")) +
+                                   " must be at least 1");
+  }
+  out.max_queued_closures = config.get_int("max_queued_closures");
   out.expected_workers = config.get_int("num_workers") > 0
                              ? static_cast<int>(config.get_int("num_workers"))
                              : static_cast<int>(config.cluster().addresses("worker").size());
@@ -137,6 +151,7 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
   status.plot("closures/s (completed)", Plot::kRate, daemon::stat_reader(stats, &S::closures_succeeded));
   status.plot("closures queued", Plot::kLevel, daemon::stat_reader(stats, &S::closures_queued));
   status.plot("closures running", Plot::kLevel, daemon::stat_reader(stats, &S::closures_running));
+  status.plot("closure values kept", Plot::kLevel, daemon::stat_reader(stats, &S::results_kept));
   status.plot("synchronous steps/s", Plot::kRate, daemon::stat_reader(stats, &S::steps_completed));
   rpc::LoopThread* loop = ctx_.loop;
   // What the program reported (ClusterCoordinator::report_scalar), as kept.
@@ -209,6 +224,14 @@ void CoordinatorService::register_metrics(daemon::MetricsRegistry& metrics,
   metrics.callback_gauge("capstan_coordinator_closures_running", "Closures running on workers.",
                          read(&S::closures_running));
   metrics.callback_gauge("capstan_coordinator_workers", "Workers registered.", read(&S::workers));
+  metrics.callback_counter("capstan_coordinator_closures_released_total",
+                           "Closure values programs let go (RemoteValues dropped, clients gone past client_grace_ms).",
+                           read(&S::closures_released));
+  metrics.callback_gauge("capstan_coordinator_results_kept",
+                         "Finished closures whose values are kept for a fetch (programs still hold their RemoteValues).",
+                         read(&S::results_kept));
+  metrics.callback_gauge("capstan_coordinator_clients", "Program clients heard from within client_grace_ms.",
+                         read(&S::clients));
   metrics.callback_counter("capstan_coordinator_checkpoints_saved_total", "Checkpoints saved by this coordinator.",
                            read(&S::checkpoints_saved));
   metrics.callback_counter("capstan_coordinator_steps_total",
@@ -340,10 +363,11 @@ kj::Promise<void> CoordinatorService::schedule(ScheduleContext context) {
       .then([this, function, client_id, request_seq](Element&& args) mutable {
         auto id = core_.schedule(function, rpc::element_to_bytes(args), client_id, request_seq);
         rpc::check(id.status());
-        // Answered once the closure is journaled (at once without work_dir).
-        return core_.journal_synced().then([id = *id](Status synced) {
+        // Answered once the closure is journaled (at once without work_dir)
+        // and the queue has room (the client's backpressure).
+        return core_.journal_synced().then([this, id = *id](Status synced) {
           rpc::check(synced);
-          return id;
+          return core_.queue_room().then([id]() { return id; });
         });
       })
       .then([this, context](int64_t id) mutable {
@@ -395,6 +419,10 @@ kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) 
                                               " per call (send the rest in another call)"));
   }
   uint64_t client_id = params.getClientId();
+  // The releases first: a bad id refuses the whole call, nothing scheduled.
+  if (params.hasReleases()) {
+    rpc::check(release_ids(params.getReleases(), client_id, params.getReleaseIncarnation(), "scheduleMany"));
+  }
   // Arguments are read first (a chunked one is pulled from the client), then
   // every entry is scheduled in order in one turn of the loop.
   auto reads = kj::heapArrayBuilder<kj::Promise<Result<Element>>>(entries.size());
@@ -428,6 +456,11 @@ kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) 
       .then([this, context](Status synced) mutable {
         rpc::check(synced);
         context.getResults().setDurable(core_.durable());
+        context.getResults().setIncarnation(core_.incarnation());
+        // The SDK bounds the schedules it has no answer for: holding the
+        // answer while the queue is full makes a program that schedules
+        // faster than the workers run wait, as TF's schedule does.
+        return core_.queue_room();
       });
 }
 
@@ -446,8 +479,23 @@ kj::Promise<void> CoordinatorService::fetch(FetchContext context) {
   return fetch_value(context.getParams().getClosureId(), context.getResults().initValue());
 }
 
+Status CoordinatorService::release_ids(capnp::List<int64_t>::Reader ids, uint64_t client_id, uint64_t incarnation,
+                                       const char* call) {
+  // Checked before the copy: a huge list is refused without allocating for it.
+  if (ids.size() > Coordinator::kMaxReleasePerCall) {
+    return Status::InvalidArgument(std::string(call) + ": " + std::to_string(ids.size()) + " closure ids to release; at most " +
+                                   std::to_string(Coordinator::kMaxReleasePerCall) +
+                                   " per call (send the rest in another call)");
+  }
+  std::vector<int64_t> out;
+  out.reserve(ids.size());
+  for (int64_t id : ids) out.push_back(id);
+  return core_.release(out, client_id, incarnation).with_context(call);
+}
+
 kj::Promise<void> CoordinatorService::release(ReleaseContext context) {
-  for (int64_t id : context.getParams().getClosureIds()) core_.release(id);
+  auto params = context.getParams();
+  rpc::check(release_ids(params.getClosureIds(), params.getClientId(), params.getIncarnation(), "release"));
   return kj::READY_NOW;
 }
 

@@ -40,6 +40,8 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> done(DoneContext context) override;
   kj::Promise<void> fetch(FetchContext context) override;
   kj::Promise<void> release(ReleaseContext context) override;
+  // release and scheduleMany's releases: checks and applies `ids`.
+  Status release_ids(capnp::List<int64_t>::Reader ids, uint64_t client_id, uint64_t incarnation, const char* call);
   kj::Promise<void> createPerWorkerDataset(CreatePerWorkerDatasetContext context) override;
   kj::Promise<void> numWorkers(NumWorkersContext context) override;
   kj::Promise<void> closureNames(ClosureNamesContext context) override;

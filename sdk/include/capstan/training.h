@@ -208,8 +208,30 @@ struct VariableInfo {
 };
 
 // A closure's future result (tf.distribute.experimental.coordinator.RemoteValue).
-struct RemoteValue {
+// A handle: copies share one value. When the last copy goes, the value is
+// released: the coordinator is told (with the program's next schedule
+// calls, or within a second) that nobody will fetch it, and drops it, as
+// TF frees a RemoteValue's result with the Python object. So the
+// coordinator keeps only the values the program still holds, however many
+// closures it runs. ClusterCoordinator::fetch_once releases at the fetch.
+// A RemoteValue may outlive its ClusterCoordinator (it then releases
+// nothing: the coordinator lets a gone client's values go by itself).
+class RemoteValue {
+ public:
+  RemoteValue() = default;
+  // The closure `id` of this program's ClusterCoordinator, found by
+  // fetch() while a handle from schedule() keeps it; this one releases
+  // nothing.
+  explicit RemoteValue(int64_t id) : id(id) {}
+
+  // The closure's number in its ClusterCoordinator (what errors name). For
+  // reading: the handle releases the closure it was made for.
   int64_t id = 0;
+
+ private:
+  friend class ClusterCoordinator;
+  struct CAPSTAN_HIDDEN Holder;  // releases the value when the last copy goes
+  std::shared_ptr<Holder> holder_;
 };
 
 // A dataset each worker iterates on its own (create_per_worker_dataset).
@@ -263,6 +285,11 @@ class ClusterCoordinator {
   // Blocks for a closure's value: its result, its error, or Cancelled when
   // an earlier failure cancelled it.
   Result<Element> fetch(const RemoteValue& value);
+  // fetch(), for a program that needs the value once: a value fetched is
+  // released at once (not when the RemoteValue goes), and a later fetch of
+  // it is NotFound saying so. An error is not released: fetch it
+  // again, or drop the RemoteValue.
+  Result<Element> fetch_once(const RemoteValue& value);
 
   // Each worker builds the pipeline with SHARD_HINT resolved to
   // (number of workers, its index) and keeps its own iterator: built when a

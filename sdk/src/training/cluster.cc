@@ -306,12 +306,23 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
   }
   Status error = impl->take_schedule_error();
   if (!error.ok()) return error;
+  // Backpressure (see Impl::outstanding); a few threads at once may pass
+  // the bound together, by one each.
+  for (int64_t n = impl->outstanding.load(); n >= Impl::kMaxOutstanding; n = impl->outstanding.load()) {
+    impl->outstanding.wait(n);
+  }
+  impl->outstanding.fetch_add(1);
   int64_t local = impl->next_local_id.fetch_add(1);
   bool posted = impl->loop().post([impl, local, function, args]() mutable {
     impl->enqueue_schedule(local, std::move(function), std::move(args));
   });
-  if (!posted) return Status::Unavailable("schedule: the client's event loop has stopped");
-  return RemoteValue{local};
+  if (!posted) {
+    impl->outstanding.fetch_sub(1);
+    return Status::Unavailable("schedule: the client's event loop has stopped");
+  }
+  RemoteValue value(local);
+  value.holder_ = std::make_shared<RemoteValue::Holder>(impl->dropped, local);
+  return value;
 }
 
 // Sends what schedule() queued in one scheduleMany call (several, past the
@@ -326,10 +337,20 @@ void ClusterCoordinator::Impl::flush_schedules() {
     batch->reserve(n);
     for (size_t i = 0; i < n; ++i) batch->push_back(std::move(pending_schedules[i]));
     pending_schedules.erase(pending_schedules.begin(), pending_schedules.begin() + static_cast<ptrdiff_t>(n));
-    auto send = [this, batch, sent]() {
-      return connection().service<wire::Coordinator>(connect_deadline()).then([this, batch, sent](wire::Coordinator::Client c) {
+    // The values dropped meanwhile ride along (sent again with a retry).
+    take_dropped();
+    auto releases = std::make_shared<std::vector<int64_t>>(take_releases(kMaxReleasesPerCall));
+    const uint64_t release_incarnation = incarnation;
+    auto send = [this, batch, sent, releases, release_incarnation]() {
+      return connection().service<wire::Coordinator>(connect_deadline()).then([this, batch, sent, releases, release_incarnation](wire::Coordinator::Client c) {
         auto request = c.scheduleManyRequest();
         request.setClientId(client_id);
+        if (!releases->empty()) {
+          auto out = request.initReleases(static_cast<unsigned>(releases->size()));
+          for (unsigned i = 0; i < releases->size(); ++i) out.set(i, (*releases)[i]);
+          request.setReleaseIncarnation(release_incarnation);
+        }
+        last_heard = loop().timer().now();
         auto entries = request.initEntries(static_cast<unsigned>(batch->size()));
         rpc::ReferenceBudget references;
         const rpc::CodecOptions codec = rpc::with_references(channel.codec(), &references);
@@ -345,6 +366,12 @@ void ClusterCoordinator::Impl::flush_schedules() {
         sent->mark_sent();
         return call.then([this, batch](capnp::Response<wire::Coordinator::ScheduleManyResults>&& r) {
           durable = r.getDurable();
+          if (r.getIncarnation() != incarnation) {
+            // Another coordinator process: the ids waiting for release
+            // are of the one before (see queue_release).
+            incarnation = r.getIncarnation();
+            pending_releases.clear();
+          }
           auto outcomes = r.getOutcomes();
           if (outcomes.size() != batch->size()) {
             rpc::throw_status(Status::Internal("the coordinator answered " + std::to_string(outcomes.size()) +
@@ -369,8 +396,12 @@ void ClusterCoordinator::Impl::flush_schedules() {
       sent->mark_sent();
       for (const auto& p : *batch) pipelined.erase(p.local);
     };
-    tasks->add(retrying<void>(kj::mv(send)).then(kj::cp(answered), [batch, answered](kj::Exception&& e) {
+    tasks->add(retrying<void>(kj::mv(send)).then(kj::cp(answered), [this, batch, answered, releases, release_incarnation](kj::Exception&& e) {
       answered();
+      // The link broke: released with a later call (see send_releases).
+      if (e.getType() == kj::Exception::Type::DISCONNECTED && release_incarnation == incarnation) {
+        pending_releases.insert(pending_releases.end(), releases->begin(), releases->end());
+      }
       // The call failed as a whole: every closure of it did.
       for (auto& p : *batch) {
         if (p.id->isWaiting()) p.id->reject(kj::cp(e));
@@ -385,6 +416,9 @@ Status ClusterCoordinator::join() {
     impl->loop().run_sync([impl]() {
       return impl->all_acked().then([impl]() {
         rpc::check(impl->take_schedule_error());
+        // What the program let go goes before the join (a program that
+        // joins and then sits idle holds nothing it dropped).
+        impl->send_releases(/*heartbeat=*/false);
         return impl->retrying<void>([impl]() {
           return impl->connection()
               .service<wire::Coordinator>(impl->connect_deadline())
@@ -427,13 +461,37 @@ Result<Element> ClusterCoordinator::fetch(const RemoteValue& value) {
   }
 }
 
+Result<Element> ClusterCoordinator::fetch_once(const RemoteValue& value) {
+  Impl* impl = impl_.get();
+  const int64_t local = value.id;
+  try {
+    return impl->loop().run_sync([impl, local]() {
+      return impl->fetch_value(local).then([impl, local](Element element) {
+        impl->release_local(local, /*dropped=*/false);
+        return element;
+      });
+    });
+  } catch (const kj::Exception& e) {
+    return rpc::from_exception(e);
+  }
+}
+
 kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
   auto it = scheduled.find(local);
   if (it == scheduled.end()) {
     return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
   }
-  auto by_id = [this, local]() {
-    return scheduled.at(local).addBranch().then([this](int64_t id) {
+  if (it->second.released) {
+    return rpc::to_exception(Status::NotFound("closure " + std::to_string(local) +
+                                              " was released after fetch_once: its value is no longer kept; use "
+                                              "fetch() to fetch a value more than once"));
+  }
+  auto by_id = [this, local]() -> kj::Promise<Element> {
+    auto entry = scheduled.find(local);
+    if (entry == scheduled.end()) {
+      return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
+    }
+    return entry->second.id_promise.addBranch().then([this](int64_t id) {
       return retrying<Element>([this, id]() {
         return connection()
             .service<wire::Coordinator>(connect_deadline())
@@ -473,6 +531,97 @@ kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
     }
   }
   return by_id();
+}
+
+// ---- Releases ----------------------------------------------------------------------
+
+void ClusterCoordinator::Impl::release_local(int64_t local, bool dropped) {
+  auto it = scheduled.find(local);
+  if (it == scheduled.end()) return;
+  Scheduled& entry = it->second;
+  if (!entry.released) {
+    entry.released = true;
+    if (entry.answered) queue_release(entry);
+  }
+  entry.dropped = entry.dropped || dropped;
+  // Before the answer the entry waits for the id (schedule_answered).
+  if (entry.dropped && entry.answered) scheduled.erase(it);
+}
+
+void ClusterCoordinator::Impl::schedule_answered(int64_t local, int64_t id) {
+  auto it = scheduled.find(local);
+  if (it == scheduled.end()) return;
+  Scheduled& entry = it->second;
+  entry.answered = true;
+  entry.id = id;
+  entry.incarnation = incarnation;
+  if (entry.released) queue_release(entry);
+  if (entry.dropped) scheduled.erase(it);
+}
+
+void ClusterCoordinator::Impl::queue_release(const Scheduled& entry) {
+  if (entry.id != 0 && entry.incarnation == incarnation) pending_releases.push_back(entry.id);
+}
+
+void ClusterCoordinator::Impl::take_dropped() {
+  for (int64_t local : dropped->take()) {
+    // An entry goes only after its value was dropped, and a value is
+    // dropped once: no entry means its schedule() is still on its way.
+    if (scheduled.count(local) > 0) {
+      release_local(local, /*dropped=*/true);
+    } else {
+      dropped_early.insert(local);
+    }
+  }
+}
+
+std::vector<int64_t> ClusterCoordinator::Impl::take_releases(size_t max) {
+  if (pending_releases.size() <= max) return std::exchange(pending_releases, {});
+  std::vector<int64_t> out(pending_releases.begin(), pending_releases.begin() + static_cast<ptrdiff_t>(max));
+  pending_releases.erase(pending_releases.begin(), pending_releases.begin() + static_cast<ptrdiff_t>(max));
+  return out;
+}
+
+void ClusterCoordinator::Impl::send_releases(bool heartbeat) {
+  take_dropped();
+  if (releasing) return;  // the call on its way sends the rest when it ends
+  if (pending_releases.empty() && (!heartbeat || loop().timer().now() - last_heard < kHeartbeat)) return;
+  releasing = true;
+  last_heard = loop().timer().now();
+  auto ids = std::make_shared<std::vector<int64_t>>(take_releases(kMaxReleasesPerCall));
+  const uint64_t of = incarnation;
+  tasks->add(connection()
+                 .service<wire::Coordinator>(connect_deadline())
+                 .then([this, ids, of](wire::Coordinator::Client c) {
+                   auto request = c.releaseRequest();
+                   request.setClientId(client_id);
+                   request.setIncarnation(of);
+                   auto out = request.initClosureIds(static_cast<unsigned>(ids->size()));
+                   for (unsigned i = 0; i < ids->size(); ++i) out.set(i, (*ids)[i]);
+                   return request.send().ignoreResult();
+                 })
+                 .then(
+                     [this]() {
+                       releasing = false;
+                       if (!pending_releases.empty()) send_releases(/*heartbeat=*/false);
+                     },
+                     [this, ids, of](kj::Exception&& e) {
+                       releasing = false;
+                       // A broken link: sent again with a later call (a
+                       // release is idempotent) unless the coordinator is
+                       // another process now. Refused: dropped, not sent
+                       // again and again.
+                       if (e.getType() == kj::Exception::Type::DISCONNECTED && of == incarnation) {
+                         pending_releases.insert(pending_releases.end(), ids->begin(), ids->end());
+                       }
+                     }));
+}
+
+kj::Promise<void> ClusterCoordinator::Impl::release_timer() {
+  return loop().timer().afterDelay(kReleaseDelay).then([this]() {
+    send_releases(/*heartbeat=*/true);
+    return release_timer();
+  });
 }
 
 Result<PerWorkerDataset> ClusterCoordinator::create_per_worker_dataset(const data::Dataset& dataset) {

@@ -9,6 +9,7 @@
 #include <memory>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capstan/training.h"
@@ -19,10 +20,36 @@
 
 namespace capstan {
 
+// RemoteValues whose last copy went, by local id: added from any thread
+// (where the program drops them), taken on the loop thread. Shared with
+// each RemoteValue, which may outlive the ClusterCoordinator.
+struct DroppedValues {
+  void add(int64_t local) {
+    MutexLock lock(mutex);
+    locals.push_back(local);
+  }
+  std::vector<int64_t> take() {
+    MutexLock lock(mutex);
+    return std::exchange(locals, {});
+  }
+  Mutex mutex;
+  std::vector<int64_t> locals GUARDED_BY(mutex);
+};
+
+struct RemoteValue::Holder {
+  Holder(std::shared_ptr<DroppedValues> dropped, int64_t local) : dropped(std::move(dropped)), local(local) {}
+  ~Holder() { dropped->add(local); }
+  const std::shared_ptr<DroppedValues> dropped;
+  const int64_t local;
+};
+
 struct ClusterCoordinator::Impl {
   Impl(std::string address, ClientOptions options)
       : channel(std::move(address), std::move(options), "capstan-cluster") {
-    loop().run_sync([this]() { tasks = kj::heap<kj::TaskSet>(task_errors); });
+    loop().run_sync([this]() {
+      tasks = kj::heap<kj::TaskSet>(task_errors);
+      tasks->add(release_timer());
+    });
     router = std::make_unique<VariableRouter>(loop(), channel.connect_options(), channel.codec(),
                                               channel.options().call_timeout,
                                               placements_from(channel.connection(), loop().timer()));
@@ -35,6 +62,7 @@ struct ClusterCoordinator::Impl {
       pipelined.clear();
       scheduled.clear();
       ack_waiters.clear();
+      pending_releases.clear();
     });
   }
 
@@ -90,12 +118,18 @@ struct ClusterCoordinator::Impl {
   void enqueue_schedule(int64_t local, std::string function, Element args) {
     auto paf = kj::newPromiseAndFulfiller<int64_t>();
     ++unacked;
-    scheduled.emplace(local, paf.promise.fork());
-    tasks->add(scheduled.at(local).addBranch().then([this](int64_t) { ack(); },
-                                                  [this](kj::Exception&& e) {
-                                                    record_schedule_error(rpc::from_exception(e));
-                                                    ack();
-                                                  }));
+    scheduled.emplace(local, Scheduled{paf.promise.fork()});
+    if (!dropped_early.empty() && dropped_early.erase(local) > 0) release_local(local, /*dropped=*/true);
+    tasks->add(scheduled.at(local).id_promise.addBranch().then(
+        [this, local](int64_t id) {
+          schedule_answered(local, id);
+          ack();
+        },
+        [this, local](kj::Exception&& e) {
+          record_schedule_error(rpc::from_exception(e));
+          schedule_answered(local, 0);
+          ack();
+        }));
     // Nothing pending: the flush is not scheduled yet either.
     const bool first = pending_schedules.empty();
     std::shared_ptr<SentBatch> batch = first ? nullptr : pending_schedules.back().batch;
@@ -108,7 +142,33 @@ struct ClusterCoordinator::Impl {
   }
   void flush_schedules();  // cluster.cc
   kj::Promise<Element> fetch_value(int64_t local);  // cluster.cc
+
+  // ---- Releases (cluster.cc) ----
+  // A RemoteValue dropped, or fetched once: its closure id goes to the
+  // coordinator with the next scheduleMany call, or in a release call
+  // within kReleaseDelay when none goes. A release call (empty if need be)
+  // also goes when the coordinator has not heard from this client for
+  // kHeartbeat, so that it knows the program lives (client_grace_ms).
+  // The entry of a dropped value goes once its id is known and released.
+  void release_local(int64_t local, bool dropped);
+  // The schedule of `local` was answered: `id`, or 0 for an error.
+  void schedule_answered(int64_t local, int64_t id);
+  // Takes the RemoteValues dropped since the last call.
+  void take_dropped();
+  // Up to `max` closure ids to release, taken from pending_releases.
+  std::vector<int64_t> take_releases(size_t max);
+  // Sends the pending releases in a release call (also when there are
+  // none and the coordinator has not heard from this client for a
+  // heartbeat period: `heartbeat`).
+  void send_releases(bool heartbeat);
+  kj::Promise<void> release_timer();
+  static constexpr auto kReleaseDelay = 1000 * kj::MILLISECONDS;
+  // The coordinator counts on it (Coordinator::kClientHeartbeat, and
+  // client_grace_ms must be at least three of them): change both together.
+  static constexpr auto kHeartbeat = 5000 * kj::MILLISECONDS;
+  static constexpr size_t kMaxReleasesPerCall = 1 << 16;  // the coordinator's limit
   void ack() {
+    if (outstanding.fetch_sub(1) >= kMaxOutstanding) outstanding.notify_all();
     if (--unacked == 0) {
       for (auto& w : ack_waiters) w->fulfill();
       ack_waiters.clear();
@@ -162,9 +222,39 @@ struct ClusterCoordinator::Impl {
     return id == 0 ? 1 : id;
   }();
   std::atomic<int64_t> next_local_id{1};
+  // Schedules without an answer yet, from schedule() to ack(). schedule()
+  // waits while there are kMaxOutstanding: the coordinator answers only
+  // while its queue has room (max_queued_closures), so a program that
+  // schedules faster than the workers run blocks there, as TF's schedule
+  // does when its queue is full, and neither side's memory grows.
+  std::atomic<int64_t> outstanding{0};
+  static constexpr int64_t kMaxOutstanding = 16384;
+  const std::shared_ptr<DroppedValues> dropped = std::make_shared<DroppedValues>();
   // Loop thread only.
   bool durable = false;
-  std::map<int64_t, kj::ForkedPromise<int64_t>> scheduled;
+  // A schedule() until its RemoteValue is dropped and its release sent.
+  struct Scheduled {
+    kj::ForkedPromise<int64_t> id_promise;  // the coordinator's closure id
+    bool answered = false;
+    int64_t id = 0;         // once answered; 0 when the schedule failed
+    uint64_t incarnation = 0;  // the coordinator's that answered (see `incarnation`)
+    bool released = false;  // dropped, or fetched once: the id is (to be) released
+    bool dropped = false;   // no RemoteValue left: forgotten once released
+  };
+  std::map<int64_t, Scheduled> scheduled;
+  std::vector<int64_t> pending_releases;  // closure ids not sent yet, all of `incarnation`
+  // The coordinator's incarnation in its last scheduleMany answer: random
+  // per process without a journal, whose closure ids start again at 1. An
+  // id of another incarnation is not released (it would name another
+  // closure); 0: a durable coordinator, whose ids outlive restarts.
+  uint64_t incarnation = 0;
+  // Queues `entry`'s id for release unless it is of another incarnation.
+  void queue_release(const Scheduled& entry);
+  // RemoteValues dropped before their schedule() reached the loop (a
+  // program that drops the value at once may beat its own post).
+  std::set<int64_t> dropped_early;
+  bool releasing = false;                 // a release call is on its way
+  kj::TimePoint last_heard = kj::origin<kj::TimePoint>();  // the last call carrying client_id
   int64_t unacked = 0;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> ack_waiters;
   std::vector<PendingSchedule> pending_schedules;
