@@ -487,6 +487,11 @@ struct PyRemoteValue {
     auto v = value;
     return element_to_python(value_or_raise(run_interruptibly([c, v]() { return c->fetch(v); })));
   }
+  py::tuple fetch_once() const {
+    auto c = cluster;
+    auto v = value;
+    return element_to_python(value_or_raise(run_interruptibly([c, v]() { return c->fetch_once(v); })));
+  }
 };
 
 std::optional<uint64_t> seed_of(const py::object& seed) {
@@ -855,6 +860,9 @@ PYBIND11_MODULE(_capstan, m) {
   py::class_<PyRemoteValue>(m, "RemoteValue")
       .def_property_readonly("id", [](const PyRemoteValue& v) { return v.value.id; })
       .def("fetch", &PyRemoteValue::fetch, "Blocks for the closure's value: a tuple of arrays (its error raises).")
+      .def("fetch_once", &PyRemoteValue::fetch_once,
+           "fetch(), releasing the value at once (a later fetch raises NotFoundError saying it was released); "
+           "a value is also released when its last RemoteValue is garbage-collected.")
       .def("__repr__", [](const PyRemoteValue& v) { return "<capstan.RemoteValue " + std::to_string(v.value.id) + ">"; });
   py::class_<PerWorkerDataset>(m, "PerWorkerDataset")
       .def_readonly("id", &PerWorkerDataset::id)

@@ -174,3 +174,40 @@ def test_a_closure_error_taken_by_an_interrupted_join_is_raised_by_the_next(trai
     time.sleep(2)  # the interrupted join has taken the error by now
     with pytest.raises(capstan.InvalidArgumentError, match="always fails"):
         training.join()
+
+
+def test_dropped_and_fetched_once_values_are_released(cluster):
+    # A RemoteValue that Python garbage-collects is released at the
+    # coordinator, as TF frees a RemoteValue's result with the object; so is
+    # one fetched with fetch_once (issue 37: the coordinator used to keep
+    # every value forever).
+    import gc
+    import urllib.request
+
+    from conftest import TRAINING_MODULE
+
+    ps = cluster.start("ps-server", "--task-index", "0")
+    coordinator = cluster.start("coordinator", "--ps", ps.address)
+    cluster.start("worker-server", "--coordinator", coordinator.address, "--module", TRAINING_MODULE)
+    client = capstan.ClusterCoordinator.connect(coordinator.address)
+    assert wait_until(lambda: client.num_workers() == 1)
+    client.create_variable("counter", np.float32(0), capstan.Optimizer.sgd(0.1))
+
+    def kept():
+        url = f"http://127.0.0.1:{coordinator.http_port}/metrics"
+        for line in urllib.request.urlopen(url, timeout=5).read().decode().splitlines():
+            if line.startswith("capstan_coordinator_results_kept "):
+                return float(line.split()[1])
+        return -1
+
+    values = [client.schedule("add_one") for _ in range(50)]
+    client.join()
+    held, once = values[:10], values[10]
+    del values
+    gc.collect()
+    assert once.fetch_once()[0].dtype == np.int64
+    with pytest.raises(capstan.NotFoundError, match="released"):
+        once.fetch()
+    # The 39 dropped and the one fetched once go; the 10 held stay.
+    assert wait_until(lambda: kept() == 10, timeout=20), kept()
+    assert all(v.fetch()[0].item() == 0 for v in held)
