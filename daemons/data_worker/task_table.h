@@ -5,7 +5,7 @@
 // (its pipeline is built on the pool) -> serving -> finished (its runner
 // reached the end; the dispatcher is told with finishTask until it
 // acknowledges) -> deleted (a heartbeat reply says so; a task deleted while
-// building is dropped when its build ends). `Task` is what the service keeps
+// building is dropped when its build ends). `Task` is what DataWorker keeps
 // for a serving task (its runner); the table only stores it.
 //
 // Example:
@@ -16,7 +16,8 @@
 //   if (table.start_finish(7)) send_finish_task(7);    // end of sequence
 //   table.finish_acknowledged(7);
 //
-// Thread-safety: not thread-safe; the service uses it on its loop thread.
+// Thread-safety: not thread-safe; DataWorker (data_worker.h) uses it on its
+// loop thread.
 #ifndef CAPSTAN_DAEMONS_DATA_WORKER_TASK_TABLE_H_
 #define CAPSTAN_DAEMONS_DATA_WORKER_TASK_TABLE_H_
 
@@ -83,7 +84,7 @@ class TaskTable {
     return task;
   }
 
-  // Every serving task, removed from the table (the service is shutting down).
+  // Every serving task, removed from the table (the worker is shutting down).
   std::vector<std::shared_ptr<Task>> take_all() {
     std::vector<std::shared_ptr<Task>> out;
     for (auto& entry : tasks_) out.push_back(std::move(entry.second));
