@@ -227,6 +227,25 @@ std::optional<std::string> parse_double(std::string_view text, double& out) {
   return std::nullopt;
 }
 
+// "0..65535", "at least 1" or "at most 9"; "" for no range.
+std::string range_text(std::optional<int64_t> min, std::optional<int64_t> max) {
+  if (min && max) return std::to_string(*min) + ".." + std::to_string(*max);
+  if (min) return "at least " + std::to_string(*min);
+  if (max) return "at most " + std::to_string(*max);
+  return "";
+}
+
+// Why `value` is outside [min, max], or nullopt when it is inside.
+std::optional<std::string> check_range(int64_t value, std::optional<int64_t> min,
+                                       std::optional<int64_t> max) {
+  const bool below = min && value < *min;
+  const bool above = max && value > *max;
+  if (!below && !above) return std::nullopt;
+  if (min && max) return std::to_string(value) + " is not in " + range_text(min, max);
+  return std::to_string(value) + (below ? " is below the minimum " + std::to_string(*min)
+                                        : " is above the maximum " + std::to_string(*max));
+}
+
 std::string describe_node(const YAML::Node& node) {
   switch (node.Type()) {
     case YAML::NodeType::Scalar:
@@ -399,6 +418,7 @@ std::string describe_spec(const OptionSpec& spec) {
   } else if (spec.required) {
     text += "; required";
   }
+  if (spec.min || spec.max) text += "; " + range_text(spec.min, spec.max);
   text += "; env " + env_name(spec.key) + "; file key " + spec.key + "]";
   return text;
 }
@@ -451,6 +471,14 @@ void check_specs(const std::vector<OptionSpec>& specs) {
     }
     if (seen[key]++ > 0) {
       throw std::logic_error("config key " + quote(key) + " is declared twice");
+    }
+    if ((spec.min || spec.max) && spec.type != OptionType::kInt) {
+      throw std::logic_error("config key " + quote(key) + " has a range but is a " +
+                             type_name(spec.type) + "; only int keys take one");
+    }
+    if (spec.min && spec.max && *spec.min > *spec.max) {
+      throw std::logic_error("config key " + quote(key) + " has an empty range " +
+                             range_text(spec.min, spec.max));
     }
   }
 }
@@ -525,8 +553,14 @@ std::optional<std::string> ConfigLoader::assign_text(Value& v, std::string_view 
     case OptionType::kString:
       v.string_value = std::string(text);
       return std::nullopt;
-    case OptionType::kInt:
-      return parse_int(text, v.int_value);
+    case OptionType::kInt: {
+      // Checked before it is stored, so a failure leaves `v` as it was.
+      int64_t parsed = 0;
+      if (auto error = parse_int(text, parsed)) return error;
+      if (auto error = check_range(parsed, v.min, v.max)) return error;
+      v.int_value = parsed;
+      return std::nullopt;
+    }
     case OptionType::kBool:
       return parse_bool(text, v.bool_value);
     case OptionType::kDouble:
@@ -595,6 +629,8 @@ void ConfigLoader::apply_defaults() {
   for (const OptionSpec& spec : specs_) {
     Value& v = config_.values_[spec.key];
     v.type = spec.type;
+    v.min = spec.min;
+    v.max = spec.max;
     if (!spec.default_value) continue;
     if (auto error = assign_text(v, *spec.default_value)) {
       throw std::logic_error("default of config key " + quote(spec.key) + ": " + *error);

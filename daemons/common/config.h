@@ -10,8 +10,9 @@
 //
 // The key "http_port" is "http_port:" in the file, CAPSTAN_HTTP_PORT in the
 // environment and --http-port on the command line. Every source is text
-// checked against the key's type, so a bad value is reported the same way
-// wherever it came from, naming the source and the value.
+// checked against the key's type and, for an integer, its range, so a bad
+// value is reported the same way wherever it came from, naming the source
+// and the value.
 //
 // The cluster layout follows TensorFlow's TF_CONFIG: the file may hold
 // "cluster:" and "task:" entries, and the TF_CONFIG environment variable
@@ -20,7 +21,8 @@
 //
 // Example:
 //   const std::vector<OptionSpec> kSpecs = {
-//       {"http_port", OptionType::kInt, "port for /healthz", "8080"},
+//       OptionSpec{"http_port", OptionType::kInt, "port for /healthz", "8080"}
+//           .in_range(0, 65535),
 //       {"dispatcher", OptionType::kString, "dispatcher address", {}, true},
 //   };
 //   ParseResult r = parse_config("data-worker", "Serves dataset elements.",
@@ -45,6 +47,7 @@
 #include <optional>
 #include <string>
 #include <string_view>
+#include <utility>
 #include <vector>
 
 namespace capstan::daemon {
@@ -59,6 +62,24 @@ struct OptionSpec {
   // `type` is a programming error: parse_config throws std::logic_error.
   std::optional<std::string> default_value;
   bool required = false;
+  // kInt only: the values allowed, both ends included. A value outside them,
+  // from any source, is a configuration error naming the source, the value
+  // and the range, so a daemon never starts with it; --help shows the range.
+  // A range on another type, min > max, or a default outside the range is a
+  // programming error (std::logic_error).
+  std::optional<int64_t> min = std::nullopt;
+  std::optional<int64_t> max = std::nullopt;
+
+  // For spec tables: OptionSpec{"threads", OptionType::kInt, "...", "0"}.at_least(0).
+  OptionSpec in_range(int64_t lo, int64_t hi) && {
+    min = lo;
+    max = hi;
+    return std::move(*this);
+  }
+  OptionSpec at_least(int64_t lo) && {
+    min = lo;
+    return std::move(*this);
+  }
 };
 
 // TF_CONFIG-style cluster spec:
@@ -112,9 +133,10 @@ class Config {
   const ClusterSpec& cluster() const;
 
   // Overrides a key after parsing, e.g. a port taken from the cluster spec.
-  // The value is checked against the key's type like any other source (lists
-  // are comma-separated); a bad value throws std::invalid_argument naming the
-  // key and the value. An undeclared key throws std::logic_error.
+  // The value is checked against the key's type and range like any other
+  // source (lists are comma-separated); a bad value throws
+  // std::invalid_argument naming the key and the value. An undeclared key
+  // throws std::logic_error.
   void set(std::string key, std::string value);
 
  private:
@@ -128,6 +150,8 @@ class Config {
     bool bool_value = false;
     double double_value = 0;
     std::vector<std::string> list_value;
+    std::optional<int64_t> min;  // from the OptionSpec; kInt only
+    std::optional<int64_t> max;
   };
 
   const Value& find(std::string_view key, OptionType type) const;

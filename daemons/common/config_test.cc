@@ -603,5 +603,202 @@ TEST_CASE("advertise_address: HOST takes the bound port, HOST:PORT is kept, a ba
   }
 }
 
+// ---- Ranges -------------------------------------------------------------
+
+std::vector<OptionSpec> ranged_specs() {
+  return {
+      OptionSpec{"port", OptionType::kInt, "port to listen on", "80"}.in_range(0, 65535),
+      OptionSpec{"threads", OptionType::kInt, "worker threads", "0"}.at_least(0),
+      OptionSpec{"offset", OptionType::kInt, "an offset", std::nullopt}.in_range(-5, 5),
+      {"name", OptionType::kString, "task name", std::nullopt},
+  };
+}
+
+TEST_CASE("an integer inside its range is accepted, ends included") {
+  const std::vector<OptionSpec> specs = ranged_specs();
+  for (const char* port : {"0", "80", "65535"}) {
+    INFO(port);
+    ParseResult result = parse({"--port", port}, {}, specs);
+    REQUIRE(result.action == Action::kRun);
+    CHECK(result.config.get_int("port") == std::stoll(port));
+  }
+  ParseResult result = parse({"--offset=-5", "--threads", "1000000"}, {}, specs);
+  REQUIRE(result.action == Action::kRun);
+  CHECK(result.config.get_int("offset") == -5);
+  CHECK(result.config.get_int("threads") == 1000000);
+}
+
+TEST_CASE("an integer below or above its range is an error naming the source, the value and the range") {
+  const std::vector<OptionSpec> specs = ranged_specs();
+  CHECK(error_of(parse({"--port", "70000"}, {}, specs)) == "--port: 70000 is not in 0..65535");
+  CHECK(error_of(parse({"--port=-1"}, {}, specs)) == "--port: -1 is not in 0..65535");
+  CHECK(error_of(parse({"--offset", "6"}, {}, specs)) == "--offset: 6 is not in -5..5");
+  CHECK(error_of(parse({"--offset=-6"}, {}, specs)) == "--offset: -6 is not in -5..5");
+  CHECK(error_of(parse({"--threads=-1"}, {}, specs)) == "--threads: -1 is below the minimum 0");
+}
+
+TEST_CASE("a range is checked whatever the source") {
+  TempDir dir;
+  const std::vector<OptionSpec> specs = ranged_specs();
+  CHECK(error_of(parse({}, {{"CAPSTAN_PORT", "65536"}}, specs)) == "CAPSTAN_PORT: 65536 is not in 0..65535");
+  const std::string file = dir.write("c.yaml", "threads: -3\n");
+  CHECK(error_of(parse({"--config", file}, {}, specs)) ==
+        file + ": key 'threads': -3 is below the minimum 0");
+  // A type error still reads as one, range or not.
+  CHECK(error_of(parse({"--port", "many"}, {}, specs)) == "--port: expected an integer, got 'many'");
+}
+
+TEST_CASE("a range with only a maximum names it") {
+  std::vector<OptionSpec> specs = {{"depth", OptionType::kInt, "depth", "1"}};
+  specs[0].max = 8;
+  CHECK(error_of(parse({"--depth", "9"}, {}, specs)) == "--depth: 9 is above the maximum 8");
+  ParseResult help = parse({"--help"}, {}, specs);
+  REQUIRE(help.action == Action::kHelp);
+  CHECK(help.text.find("at most 8") != std::string::npos);
+}
+
+TEST_CASE("help shows each integer's range with its default") {
+  ParseResult result = parse({"--help"}, {}, ranged_specs());
+  REQUIRE(result.action == Action::kHelp);
+  CHECK(result.text.find("default: 80; 0..65535") != std::string::npos);
+  CHECK(result.text.find("default: 0; at least 0") != std::string::npos);
+  CHECK(result.text.find("-5..5") != std::string::npos);
+}
+
+TEST_CASE("Config::set checks the range too") {
+  ParseResult result = parse({}, {}, ranged_specs());
+  REQUIRE(result.action == Action::kRun);
+  Config config = std::move(result.config);
+  config.set("port", "65535");
+  CHECK(config.get_int("port") == 65535);
+  CHECK_THROWS_WITH(config.set("port", "65536"), "key 'port': 65536 is not in 0..65535");
+  CHECK(config.get_int("port") == 65535);  // unchanged by the failed set
+}
+
+TEST_CASE("a bad range in the spec table is a programming error") {
+  auto with = [](OptionSpec spec) {
+    std::vector<OptionSpec> specs = test_specs();
+    specs.push_back(std::move(spec));
+    return specs;
+  };
+  // On a key that is not an int.
+  CHECK_THROWS_AS(parse({}, {}, with(OptionSpec{"label", OptionType::kString, "", ""}.at_least(1))),
+                  std::logic_error);
+  // Empty.
+  CHECK_THROWS_AS(parse({}, {}, with(OptionSpec{"retries", OptionType::kInt, "", "1"}.in_range(5, 1))),
+                  std::logic_error);
+  // A default outside it.
+  CHECK_THROWS_WITH(parse({}, {}, with(OptionSpec{"retries", OptionType::kInt, "", "0"}.at_least(1))),
+                    "default of config key 'retries': 0 is below the minimum 1");
+}
+
+// ---- The common keys -----------------------------------------------------
+
+RoleSpec test_role() {
+  RoleSpec spec;
+  spec.role = wire::Role::PS;
+  spec.program = "ps-server";
+  return spec;
+}
+
+ParseResult parse_common(const Strings& args, const Env& env = {}) {
+  return parse(args, env, common_options());
+}
+
+TEST_CASE("every common integer key refuses a value outside its range") {
+  const std::map<std::string, std::pair<std::string, std::string>> kOutside = {
+      {"--port", {"-1", "65536"}},
+      {"--http-port", {"-1", "65536"}},
+      {"--task-index", {"-2", "2147483648"}},
+      {"--threads", {"-1", "1025"}},
+      {"--max-message-mib", {"0", "4097"}},
+      {"--login-deadline-ms", {"0", "1000001"}},
+      {"--max-pre-login-connections", {"0", "1000001"}},
+      {"--max-pre-login-per-host", {"0", "1000001"}},
+      {"--link-timeout-ms", {"-1", "3600001"}},
+      {"--buffer-cache-mib", {"-1", ""}},
+      {"--shutdown-grace-ms", {"-1", ""}},
+  };
+  for (const auto& [flag, values] : kOutside) {
+    for (const std::string& value : {values.first, values.second}) {
+      if (value.empty()) continue;
+      INFO(flag << " " << value);
+      const std::string message = error_of(parse_common({flag + "=" + value}));
+      CHECK(message.starts_with(flag + ": " + value + " is "));
+    }
+  }
+}
+
+TEST_CASE("DaemonSettings reads the common keys once, typed") {
+  ParseResult parsed = parse_common({"--port", "0", "--http-port", "8081", "--max-message-mib", "2",
+                                     "--threads", "3", "--shutdown-grace-ms", "500", "--link-timeout-ms", "0",
+                                     "--buffer-cache-mib", "1", "--task-index", "4", "--log-level", "debug"});
+  REQUIRE(parsed.action == Action::kRun);
+  Result<DaemonSettings> settings = DaemonSettings::from(test_role(), parsed.config);
+  REQUIRE(settings.ok());
+  CHECK(settings->port == 0);
+  CHECK(settings->http_port == 8081);
+  CHECK(settings->max_message_bytes == (uint64_t{2} << 20));
+  CHECK(settings->threads == 3);
+  CHECK(settings->shutdown_grace == std::chrono::milliseconds(500));
+  CHECK(settings->link_timeout == std::chrono::milliseconds(0));
+  CHECK(settings->login_deadline == std::chrono::milliseconds(10000));
+  CHECK(settings->max_pre_login_connections == 1024);
+  CHECK(settings->max_pre_login_per_host == 256);
+  CHECK(settings->buffer_cache_bytes == (size_t{1} << 20));
+  CHECK(settings->task_index == 4);
+  CHECK(settings->log_level == spdlog::level::debug);
+  CHECK(settings->host == "127.0.0.1");
+  CHECK(settings->cluster_address.empty());
+  CHECK_FALSE(settings->tls_server);
+  CHECK(settings->peers.empty());
+}
+
+TEST_CASE("DaemonSettings takes the port from the cluster spec, else the role's") {
+  ParseResult alone = parse_common({});
+  REQUIRE(alone.action == Action::kRun);
+  Result<DaemonSettings> role_port = DaemonSettings::from(test_role(), alone.config);
+  REQUIRE(role_port.ok());
+  CHECK(role_port->port == 7100);
+  CHECK(role_port->task_index == -1);
+
+  const Env tf = {{"TF_CONFIG", R"({"cluster": {"ps": ["10.0.0.1:7001", "10.0.0.2:7002"]},
+                                    "task": {"type": "ps", "index": 1}})"}};
+  ParseResult listed = parse_common({}, tf);
+  REQUIRE(listed.action == Action::kRun);
+  Result<DaemonSettings> from_cluster = DaemonSettings::from(test_role(), listed.config);
+  REQUIRE(from_cluster.ok());
+  CHECK(from_cluster->task_index == 1);
+  CHECK(from_cluster->port == 7002);
+  CHECK(from_cluster->cluster_address == "10.0.0.2:7002");
+  CHECK(from_cluster->host == "0.0.0.0");  // others reach it at 10.0.0.2
+}
+
+TEST_CASE("DaemonSettings errors name the key and the value") {
+  auto error = [](const Strings& args, const Env& env = {}) {
+    ParseResult parsed = parse_common(args, env);
+    REQUIRE(parsed.action == Action::kRun);
+    Result<DaemonSettings> settings = DaemonSettings::from(test_role(), parsed.config);
+    REQUIRE_FALSE(settings.ok());
+    return settings.status().message();
+  };
+  CHECK(error({"--log-level", "loud"}) ==
+        "log_level: 'loud' is not one of trace, debug, info, warn, error, critical, off");
+  CHECK_THAT(error({"--token-file", "/nonexistent/capstan-token"}),
+             Catch::StartsWith("token_file: ") && Catch::Contains("/nonexistent/capstan-token"));
+  CHECK_THAT(error({"--advertise-address", "a b"}), Catch::Contains("'a b'"));
+  CHECK(error({}, {{"TF_CONFIG", R"({"cluster": {"worker": ["h:1"]}, "task": {"type": "worker", "index": 0}})"}}) ==
+        "cluster spec: task type 'worker' does not match ps-server (expects 'ps')");
+  RoleSpec bad_peer = test_role();
+  bad_peer.peers = [](const Config&) -> Result<std::vector<Peer>> {
+    return std::vector<Peer>{{wire::Role::COORDINATOR, "no-port"}};
+  };
+  ParseResult parsed = parse_common({});
+  REQUIRE(parsed.action == Action::kRun);
+  Result<DaemonSettings> settings = DaemonSettings::from(bad_peer, parsed.config);
+  REQUIRE_FALSE(settings.ok());
+  CHECK_THAT(settings.status().message(), Catch::StartsWith("coordinator: "));
+}
+
 }  // namespace
 }  // namespace capstan::daemon

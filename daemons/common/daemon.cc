@@ -9,6 +9,7 @@
 #include <csignal>
 #include <cstdio>
 #include <filesystem>
+#include <limits>
 #include <sstream>
 #include <thread>
 
@@ -325,12 +326,14 @@ std::vector<OptionSpec> common_options() {
   return {
       {"host", OptionType::kString, "Address to bind the RPC and HTTP ports to (0.0.0.0 for all).",
        "127.0.0.1"},
-      {"port", OptionType::kInt,
-       "RPC port; 0 picks a free one. Default: the role's port, or this task's port in the "
-       "cluster spec.",
-       std::nullopt},
-      {"http_port", OptionType::kInt, "HTTP port for /healthz, /readyz and /metrics; 0 picks a free one.",
-       "0"},
+      OptionSpec{"port", OptionType::kInt,
+                 "RPC port; 0 picks a free one. Default: the role's port, or this task's port in the "
+                 "cluster spec.",
+                 std::nullopt}
+          .in_range(0, 65535),
+      OptionSpec{"http_port", OptionType::kInt, "HTTP port for /healthz, /readyz and /metrics; 0 picks a free one.",
+                 "0"}
+          .in_range(0, 65535),
       {"advertise_address", OptionType::kString,
        "The address peers reach this daemon at, HOST or HOST:PORT (default: the cluster spec's entry, "
        "else the bind address, else, bound to all interfaces, the host name). Set it where the host "
@@ -344,35 +347,48 @@ std::vector<OptionSpec> common_options() {
       {"token_file", OptionType::kString,
        "File holding the cluster token (else the CAPSTAN_TOKEN variable; neither: open cluster).",
        ""},
-      {"task_index", OptionType::kInt,
-       "This task's index in its job (default: from the cluster spec; a worker-server without one gets the "
-       "lowest free index from the coordinator).",
-       "-1"},
-      {"threads", OptionType::kInt, "Worker threads for heavy work; 0 means one per core.", "0"},
-      {"max_message_mib", OptionType::kInt,
-       "Largest RPC message payload accepted, in MiB (plus 64 KiB of framing; Cap'n Proto traversal "
-       "limit); larger tensors are chunked.",
-       "64"},
-      {"buffer_cache_mib", OptionType::kInt,
-       "MiB of freed large tensor buffers kept for reuse (faster repeated transfers); 0 disables.",
-       "1024"},
-      {"shutdown_grace_ms", OptionType::kInt,
-       "On SIGTERM, how long calls in flight may take to finish before the daemon exits.", "8000"},
-      {"login_deadline_ms", OptionType::kInt,
-       "A connection that has not logged in (sent the cluster token) this long after connecting is closed.",
-       "10000"},
-      {"max_pre_login_connections", OptionType::kInt,
-       "Connections not yet logged in, at most (lowered to fit the open-file limit); at the cap the one that "
-       "waited longest is closed to admit a new one.",
-       "1024"},
-      {"max_pre_login_per_host", OptionType::kInt,
-       "Connections not yet logged in from one host, at most (lowered to fit the open-file limit); at the cap "
-       "that host's connection that waited longest is closed to admit a new one.",
-       "256"},
-      {"link_timeout_ms", OptionType::kInt,
-       "A link to or from a peer that stops acknowledging (a network partition) breaks after this long, so "
-       "calls fail with UNAVAILABLE instead of waiting; 0 leaves TCP's own (many minutes).",
-       "10000"},
+      // -1: none given; at most INT_MAX, as it is kept in an int.
+      OptionSpec{"task_index", OptionType::kInt,
+                 "This task's index in its job (default: from the cluster spec; a worker-server without one gets "
+                 "the lowest free index from the coordinator).",
+                 "-1"}
+          .in_range(-1, std::numeric_limits<int>::max()),
+      OptionSpec{"threads", OptionType::kInt, "Worker threads for heavy work; 0 means one per core.", "0"}
+          .in_range(0, 1024),
+      OptionSpec{"max_message_mib", OptionType::kInt,
+                 "Largest RPC message payload accepted, in MiB (plus 64 KiB of framing; Cap'n Proto traversal "
+                 "limit); larger tensors are chunked.",
+                 "64"}
+          .in_range(1, 4096),
+      OptionSpec{"buffer_cache_mib", OptionType::kInt,
+                 "MiB of freed large tensor buffers kept for reuse (faster repeated transfers); 0 disables.",
+                 "1024"}
+          .at_least(0),
+      OptionSpec{"shutdown_grace_ms", OptionType::kInt,
+                 "On SIGTERM, how long calls in flight may take to finish before the daemon exits.", "8000"}
+          .at_least(0),
+      // The pre-login limits are ints in rpc::RpcServerOptions; a million is
+      // far beyond any open-file limit.
+      OptionSpec{"login_deadline_ms", OptionType::kInt,
+                 "A connection that has not logged in (sent the cluster token) this long after connecting is "
+                 "closed.",
+                 "10000"}
+          .in_range(1, 1000000),
+      OptionSpec{"max_pre_login_connections", OptionType::kInt,
+                 "Connections not yet logged in, at most (lowered to fit the open-file limit); at the cap the one "
+                 "that waited longest is closed to admit a new one.",
+                 "1024"}
+          .in_range(1, 1000000),
+      OptionSpec{"max_pre_login_per_host", OptionType::kInt,
+                 "Connections not yet logged in from one host, at most (lowered to fit the open-file limit); at the "
+                 "cap that host's connection that waited longest is closed to admit a new one.",
+                 "256"}
+          .in_range(1, 1000000),
+      OptionSpec{"link_timeout_ms", OptionType::kInt,
+                 "A link to or from a peer that stops acknowledging (a network partition) breaks after this long, "
+                 "so calls fail with UNAVAILABLE instead of waiting; 0 leaves TCP's own (many minutes).",
+                 "10000"}
+          .in_range(0, 3600000),
       {"loopback_tcp_congestion", OptionType::kString,
        "TCP congestion control for links whose two ends are loopback addresses (a cluster on one host); "
        "'system' keeps the kernel's default. BBR, a common default, paces sends and halves loopback throughput.",
@@ -423,7 +439,94 @@ Result<std::string> peer_address(const Config& config, const std::string& key,
                           "' job in the cluster spec)");
 }
 
-int run_daemon(const RoleSpec& spec, int argc, char** argv) {
+Result<DaemonSettings> DaemonSettings::from(const RoleSpec& spec, const Config& config) {
+  DaemonSettings out;
+  const ClusterSpec& cluster = config.cluster();
+  const std::string job = job_of(spec.role);
+  if (!cluster.task_type.empty() && cluster.task_type != job) {
+    return Status::InvalidArgument("cluster spec: task type '" + cluster.task_type + "' does not match " +
+                                   spec.program + " (expects '" + job + "')");
+  }
+  out.task_index = static_cast<int>(config.get_int("task_index"));  // -1..INT_MAX by its spec
+  if (out.task_index < 0 && cluster.task_index >= 0 && cluster.task_type == job) {
+    out.task_index = cluster.task_index;
+  }
+  out.host = config.get_string("host");
+  out.advertise_address = config.get_string("advertise_address");
+  if (!out.advertise_address.empty()) {
+    CAPSTAN_RETURN_IF_ERROR(daemon::advertise_address(out.advertise_address, 1).status());
+  }
+  const std::vector<std::string>& own_job = cluster.addresses(job);
+  if (config.has("port")) {
+    out.port = static_cast<uint16_t>(config.get_int("port"));  // 0..65535 by its spec
+  } else if (out.task_index >= 0 && static_cast<size_t>(out.task_index) < own_job.size()) {
+    out.cluster_address = own_job[static_cast<size_t>(out.task_index)];
+    std::string own_host;
+    Status parsed = rpc::parse_host_port(out.cluster_address, &own_host, &out.port);
+    if (!parsed.ok()) return Status::InvalidArgument("cluster spec: " + parsed.message());
+    // Other tasks reach us at the cluster spec's address: listen on all
+    // interfaces unless told otherwise.
+    if (config.source("host") == "default" && own_host != "127.0.0.1" && own_host != "localhost") {
+      out.host = "0.0.0.0";
+    }
+  } else {
+    static const std::map<wire::Role, uint16_t> kDefaultPorts = {
+        {wire::Role::COORDINATOR, 7000}, {wire::Role::PS, 7100}, {wire::Role::WORKER, 7200},
+        {wire::Role::DATA_DISPATCHER, 7300}, {wire::Role::DATA_WORKER, 7400}};
+    out.port = kDefaultPorts.at(spec.role);
+  }
+  out.http_port = static_cast<uint16_t>(config.get_int("http_port"));
+  out.port_file = config.get_string("port_file");
+  out.max_message_bytes = static_cast<uint64_t>(config.get_int("max_message_mib")) << 20;
+  out.login_deadline = std::chrono::milliseconds(config.get_int("login_deadline_ms"));
+  out.max_pre_login_connections = static_cast<int>(config.get_int("max_pre_login_connections"));
+  out.max_pre_login_per_host = static_cast<int>(config.get_int("max_pre_login_per_host"));
+  out.link_timeout = std::chrono::milliseconds(config.get_int("link_timeout_ms"));
+  out.loopback_tcp_congestion = config.get_string("loopback_tcp_congestion");
+  out.tls_files = {config.get_string("tls_cert"), config.get_string("tls_key"), config.get_string("tls_ca"),
+                   config.get_bool("tls_verify_clients")};
+  if (!out.tls_files.cert_file.empty() || !out.tls_files.key_file.empty() || out.tls_files.verify_clients) {
+    CAPSTAN_ASSIGN_OR_RETURN(out.tls_server, rpc::Tls::server(out.tls_files));
+  }
+  if (!out.tls_files.ca_file.empty()) {
+    CAPSTAN_ASSIGN_OR_RETURN(out.tls_client, rpc::Tls::client(out.tls_files));
+  }
+  const int64_t threads = config.get_int("threads");
+  out.threads = threads > 0 ? static_cast<size_t>(threads) : std::max(1u, std::thread::hardware_concurrency());
+  out.buffer_cache_bytes = static_cast<size_t>(config.get_int("buffer_cache_mib")) << 20;
+  out.shutdown_grace = std::chrono::milliseconds(config.get_int("shutdown_grace_ms"));
+  const std::string& level = config.get_string("log_level");
+  std::optional<spdlog::level::level_enum> parsed_level = parse_log_level(level);
+  if (!parsed_level) {
+    return Status::InvalidArgument("log_level: '" + level +
+                                   "' is not one of trace, debug, info, warn, error, critical, off");
+  }
+  out.log_level = *parsed_level;
+  out.log_file = config.get_string("log_file");
+  if (const std::string& file = config.get_string("token_file"); !file.empty()) {
+    Result<std::string> read = read_token_file(file);
+    if (!read.ok()) return Status::InvalidArgument("token_file: " + read.status().message());
+    out.token = *read;
+  } else if (const char* env = std::getenv("CAPSTAN_TOKEN"); env != nullptr && *env != '\0') {
+    out.token = std::string(env);
+  }
+  if (spec.peers) {
+    CAPSTAN_ASSIGN_OR_RETURN(out.peers, spec.peers(config));
+  }
+  for (const Peer& peer : out.peers) {
+    std::string peer_host;
+    uint16_t peer_port = 0;
+    Status parsed = rpc::parse_host_port(peer.address, &peer_host, &peer_port);
+    if (!parsed.ok()) return Status::InvalidArgument(std::string(role_name(peer.role)) + ": " + parsed.message());
+  }
+  if (spec.loads_modules && config.has("module")) out.modules = config.get_list("module");
+  return out;
+}
+
+namespace {
+
+// The common keys, then the role's own.
+std::vector<OptionSpec> role_options(const RoleSpec& spec) {
   std::vector<OptionSpec> specs = common_options();
   specs.insert(specs.end(), spec.options.begin(), spec.options.end());
   if (spec.loads_modules) {
@@ -432,191 +535,188 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
                      "(CAPSTAN_MODULE); repeat or separate with commas.",
                      std::nullopt});
   }
-  auto parsed = parse_config(spec.program, spec.description, specs, argc, argv,
-                             current_environment());
-  if (parsed.action == ParseResult::Action::kError) return config_error(spec.program, parsed.text);
-  if (parsed.action != ParseResult::Action::kRun) {
-    std::fputs(parsed.text.c_str(), stdout);
-    return 0;
-  }
-  Config& config = parsed.config;
-  const ClusterSpec& cluster = config.cluster();
-  const std::string job = job_of(spec.role);
+  return specs;
+}
 
-  // --- Identity and ports from the cluster spec ---------------------------
-  if (!cluster.task_type.empty() && cluster.task_type != job) {
-    return config_error(spec.program, "cluster spec: task type '" + cluster.task_type +
-                                          "' does not match " + spec.program +
-                                          " (expects '" + job + "')");
-  }
-  int task_index = static_cast<int>(config.get_int("task_index"));
-  if (task_index < 0 && cluster.task_index >= 0 && cluster.task_type == job) {
-    task_index = cluster.task_index;
-  }
-  std::string host = config.get_string("host");
-  if (const std::string& chosen = config.get_string("advertise_address"); !chosen.empty()) {
-    if (auto checked = advertise_address(chosen, 1); !checked.ok()) {
-      return config_error(spec.program, checked.status().message());
-    }
-  }
-  int64_t port = -1;
-  if (config.has("port")) {
-    port = config.get_int("port");
-  } else if (task_index >= 0 && static_cast<size_t>(task_index) < cluster.addresses(job).size()) {
-    std::string own_host;
-    uint16_t own_port = 0;
-    Status ok = rpc::parse_host_port(cluster.addresses(job)[task_index], &own_host, &own_port);
-    if (!ok.ok()) return config_error(spec.program, "cluster spec: " + ok.message());
-    port = own_port;
-    // Other tasks reach us at the cluster spec's address: listen on all
-    // interfaces unless told otherwise.
-    if (config.source("host") == "default" && own_host != "127.0.0.1" && own_host != "localhost") {
-      host = "0.0.0.0";
-    }
-  } else {
-    static const std::map<wire::Role, int> kDefaultPorts = {
-        {wire::Role::COORDINATOR, 7000}, {wire::Role::PS, 7100}, {wire::Role::WORKER, 7200},
-        {wire::Role::DATA_DISPATCHER, 7300}, {wire::Role::DATA_WORKER, 7400}};
-    port = kDefaultPorts.at(spec.role);
-  }
-  if (port < 0 || port > 65535) {
-    return config_error(spec.program, "port: " + std::to_string(port) + " is not in 0..65535");
-  }
-  int64_t http_port = config.get_int("http_port");
-  if (http_port < 0 || http_port > 65535) {
-    return config_error(spec.program,
-                        "http_port: " + std::to_string(http_port) + " is not in 0..65535");
-  }
-  int64_t max_message_mib = config.get_int("max_message_mib");
-  if (max_message_mib < 1 || max_message_mib > 4096) {
-    return config_error(spec.program, "max_message_mib: " + std::to_string(max_message_mib) +
-                                          " is not in 1..4096");
-  }
-  for (const char* key : {"login_deadline_ms", "max_pre_login_connections", "max_pre_login_per_host"}) {
-    int64_t value = config.get_int(key);
-    if (value < 1 || value > 1000000) {
-      return config_error(spec.program, std::string(key) + ": " + std::to_string(value) + " is not in 1..1000000");
-    }
-  }
-  int64_t link_timeout_ms = config.get_int("link_timeout_ms");
-  if (link_timeout_ms < 0 || link_timeout_ms > 3600000) {
-    return config_error(spec.program, "link_timeout_ms: " + std::to_string(link_timeout_ms) +
-                                          " is not in 0..3600000");
-  }
-  if (Status set = rpc::set_loopback_congestion_control(config.get_string("loopback_tcp_congestion")); !set.ok()) {
-    return config_error(spec.program, set.message());
-  }
-  rpc::TlsFiles tls_files{config.get_string("tls_cert"), config.get_string("tls_key"), config.get_string("tls_ca"),
-                          config.get_bool("tls_verify_clients")};
-  std::shared_ptr<rpc::Tls> tls_server;
-  std::shared_ptr<rpc::Tls> tls_client;
-  if (!tls_files.cert_file.empty() || !tls_files.key_file.empty() || tls_files.verify_clients) {
-    auto made = rpc::Tls::server(tls_files);
-    if (!made.ok()) return config_error(spec.program, made.status().message());
-    tls_server = *made;
-  }
-  if (!tls_files.ca_file.empty()) {
-    auto made = rpc::Tls::client(tls_files);
-    if (!made.ok()) return config_error(spec.program, made.status().message());
-    tls_client = *made;
-  }
-  int64_t threads = config.get_int("threads");
-  if (threads < 0 || threads > 1024) {
-    return config_error(spec.program, "threads: " + std::to_string(threads) + " is not in 0..1024");
-  }
-  int64_t buffer_cache_mib = config.get_int("buffer_cache_mib");
-  if (buffer_cache_mib < 0) {
-    return config_error(spec.program,
-                        "buffer_cache_mib: " + std::to_string(buffer_cache_mib) + " is negative");
-  }
-  set_buffer_cache_limit(static_cast<size_t>(buffer_cache_mib) << 20);
-  int64_t grace_ms = config.get_int("shutdown_grace_ms");
-  if (grace_ms < 0) {
-    return config_error(spec.program,
-                        "shutdown_grace_ms: " + std::to_string(grace_ms) + " is negative");
-  }
-  auto level = parse_log_level(config.get_string("log_level"));
-  if (!level) {
-    return config_error(spec.program, "log_level: '" + config.get_string("log_level") +
-                                          "' is not one of trace, debug, info, warn, error, "
-                                          "critical, off");
-  }
-  // The token never comes from a flag value (it would show in `ps`).
-  std::optional<std::string> token;
-  if (!config.get_string("token_file").empty()) {
-    auto read = read_token_file(config.get_string("token_file"));
-    if (!read.ok()) return config_error(spec.program, "token_file: " + read.status().message());
-    token = *read;
-  } else if (const char* env = std::getenv("CAPSTAN_TOKEN"); env != nullptr && *env != '\0') {
-    token = std::string(env);
-  }
-  auto peers = spec.peers ? spec.peers(config) : Result<std::vector<Peer>>(std::vector<Peer>{});
-  if (!peers.ok()) return config_error(spec.program, peers.status().message());
-  for (const auto& peer : *peers) {
-    std::string peer_host;
-    uint16_t peer_port = 0;
-    Status ok = rpc::parse_host_port(peer.address, &peer_host, &peer_port);
-    if (!ok.ok()) return config_error(spec.program, std::string(role_name(peer.role)) + ": " + ok.message());
-  }
+// What the settings change for the whole process, before any socket exists.
+Status apply_process_settings(const DaemonSettings& settings) {
+  CAPSTAN_RETURN_IF_ERROR(rpc::set_loopback_congestion_control(settings.loopback_tcp_congestion));
+  set_buffer_cache_limit(settings.buffer_cache_bytes);
+  std::signal(SIGPIPE, SIG_IGN);  // a peer that goes away is an error on its socket, not our death
+  return Status::Ok();
+}
 
-  FunctionRegistry functions;
-  if (spec.loads_modules && config.has("module")) {
-    for (const auto& module : config.get_list("module")) {
-      Status loaded = functions.load_module(module);
-      if (!loaded.ok()) return config_error(spec.program, "module: " + loaded.message());
-    }
+Status load_modules(const std::vector<std::string>& modules, FunctionRegistry& functions) {
+  for (const std::string& module : modules) {
+    Status loaded = functions.load_module(module);
+    if (!loaded.ok()) return Status::InvalidArgument("module: " + loaded.message());
   }
+  return Status::Ok();
+}
 
-  // --- Runtime ------------------------------------------------------------
-  NodeIdentity identity(spec.role, task_index);
-  std::shared_ptr<spdlog::logger> log;
+Result<std::shared_ptr<spdlog::logger>> open_log(const NodeIdentity& identity, const DaemonSettings& settings) {
   try {
-    log = make_logger(identity.tag(), *level, config.get_string("log_file"));
+    return make_logger(identity.tag(), settings.log_level, settings.log_file);
   } catch (const spdlog::spdlog_ex& e) {
-    return config_error(spec.program, "log_file: " + std::string(e.what()));
+    return Status::InvalidArgument("log_file: " + std::string(e.what()));
   }
-  for (const auto& warning : parsed.warnings) log->warn("{}", warning);
+}
 
-  // Signals first, so a SIGTERM during start-up is handled, not fatal.
-  boost::asio::io_context signal_context;
-  boost::asio::signal_set signals(signal_context, SIGINT, SIGTERM);
-  std::signal(SIGPIPE, SIG_IGN);
+// One daemon's runtime, from binding its ports to its exit: start() binds
+// and builds the service, serve() waits for SIGTERM/SIGINT, drain() shuts
+// down gracefully.
+//
+// The members are declared in the order they depend on one another, so that
+// whatever the way out (a failed start included) they are destroyed in
+// reverse: the status board, the RPC server (and the service) and the HTTP
+// server stop before what their functions and handlers read.
+//
+// Daemon is not thread-safe: main's thread calls start, serve and drain, in
+// that order; the peer watcher lives on the RPC loop thread.
+class Daemon {
+ public:
+  // `spec`, `config`, `settings`, `identity` and `functions` must outlive
+  // the Daemon.
+  Daemon(const RoleSpec& spec, const Config& config, const DaemonSettings& settings, NodeIdentity& identity,
+         const FunctionRegistry& functions, std::shared_ptr<spdlog::logger> log);
+  ~Daemon();
 
-  MetricsRegistry metrics;
-  metrics.callback_gauge("capstan_uptime_seconds", "Seconds since the daemon started.",
-                         [&identity]() { return identity.uptime_seconds(); });
-  metrics.callback_gauge("capstan_ready", "1 when the daemon has every peer it needs.",
-                         [&identity]() { return identity.ready() ? 1.0 : 0.0; });
-  metrics.gauge("capstan_build_info", "Version and role of this daemon.",
-                {{"version", capstan::version()}, {"role", job}})
+  // Serves HTTP, then the role's service on the RPC port; writes the port
+  // file and starts watching the peers. An error is a configuration error
+  // (exit 2): the port is taken, the service cannot start, the port file
+  // cannot be written.
+  Status start();
+  // Blocks until SIGTERM or SIGINT; returns which.
+  int serve();
+  // Reports not ready, runs the service's drain hooks, lets calls in flight
+  // finish (all within shutdown_grace_ms) and stops everything.
+  void drain(int signal_number);
+
+ private:
+  void register_metrics();
+  void register_pages();
+  rpc::RpcServerOptions server_options() const;
+  rpc::ConnectOptions peer_options() const;
+  // The address peers should use: advertise_address, else this task's entry
+  // in the cluster spec, else the bind address (the host name when bound to
+  // all interfaces).
+  std::string advertised_address(uint16_t bound_port) const;
+
+  // Constant after construction.
+  const RoleSpec& spec_;
+  const DaemonSettings& settings_;
+  NodeIdentity& identity_;
+  const std::shared_ptr<spdlog::logger> log_;
+  const std::string job_;
+  const std::string caution_;  // RoleSpec::caution; "" for none
+
+  // Created first, so a SIGTERM during start-up is handled, not fatal.
+  boost::asio::io_context signal_context_;
+  boost::asio::signal_set signals_;
+  MetricsRegistry metrics_;
+  RpcMetrics rpc_metrics_;
+  Readiness readiness_;
+  boost::asio::thread_pool pool_;
+  StatusBoard status_;
+  DaemonContext context_;
+  std::atomic<bool> healthy_{false};  // set once the RPC port listens
+  HttpServer http_;
+  rpc::RpcServer server_;
+  // Stops the status board before the server (and the service its
+  // functions reference) goes, whatever the way out.
+  struct StopBoard {
+    StatusBoard& board;
+    ~StopBoard() { board.stop(); }
+  } stop_board_{status_};
+  kj::Own<PeerWatcher> watcher_;  // made and released on the loop thread
+};
+
+Daemon::Daemon(const RoleSpec& spec, const Config& config, const DaemonSettings& settings, NodeIdentity& identity,
+               const FunctionRegistry& functions, std::shared_ptr<spdlog::logger> log)
+    : spec_(spec),
+      settings_(settings),
+      identity_(identity),
+      log_(std::move(log)),
+      job_(job_of(spec.role)),
+      caution_(spec.caution ? spec.caution(config) : ""),
+      signals_(signal_context_, SIGINT, SIGTERM),
+      rpc_metrics_(metrics_, log_),
+      readiness_(settings.peers, identity),
+      pool_(settings.threads),
+      context_{config,   identity, metrics_, status_, pool_, log_, rpc::codec_options_for(settings.max_message_bytes),
+               nullptr,  settings.peers, peer_options(), &functions, {}, {}},
+      server_(server_options(), &rpc_metrics_) {
+  register_metrics();
+  register_pages();
+  // Once: what strangers may hold, and why when the limit lowered it.
+  const rpc::PreLoginCaps& caps = server_.pre_login_caps();
+  std::string why;
+  if (caps.lowered) {
+    why = " (lowered from max_pre_login_connections " + std::to_string(settings_.max_pre_login_connections) +
+          " and max_pre_login_per_host " + std::to_string(settings_.max_pre_login_per_host) +
+          " to leave descriptors free under the open-file limit " + std::to_string(caps.fd_limit) +
+          "; raise it with ulimit -n or LimitNOFILE)";
+  }
+  log_->info("connections waiting to log in: at most {}, {} per host{}", caps.overall, caps.per_host, why);
+}
+
+Daemon::~Daemon() {
+  // drain() releases the watcher; this is for a Daemon that goes without it
+  // (an exception). It lives on the loop thread, which is still up here.
+  if (watcher_) server_.loop().run_sync([this]() { watcher_ = nullptr; });
+}
+
+rpc::RpcServerOptions Daemon::server_options() const {
+  rpc::RpcServerOptions options;
+  options.host = settings_.host;
+  options.port = settings_.port;
+  options.token = settings_.token;
+  options.max_message_bytes = settings_.max_message_bytes;
+  options.login_deadline = settings_.login_deadline;
+  options.max_pre_login = settings_.max_pre_login_connections;
+  options.max_pre_login_per_host = settings_.max_pre_login_per_host;
+  options.tls = settings_.tls_server;
+  options.link_timeout = settings_.link_timeout;
+  options.name = job_ + "-rpc";
+  return options;
+}
+
+rpc::ConnectOptions Daemon::peer_options() const {
+  rpc::ConnectOptions options;
+  options.token = settings_.token.value_or("");
+  options.client_name = identity_.tag();
+  options.max_message_bytes = settings_.max_message_bytes;
+  options.tls = settings_.tls_client;
+  options.link_timeout = settings_.link_timeout;
+  return options;
+}
+
+void Daemon::register_metrics() {
+  NodeIdentity& identity = identity_;
+  metrics_.callback_gauge("capstan_uptime_seconds", "Seconds since the daemon started.",
+                          [&identity]() { return identity.uptime_seconds(); });
+  metrics_.callback_gauge("capstan_ready", "1 when the daemon has every peer it needs.",
+                          [&identity]() { return identity.ready() ? 1.0 : 0.0; });
+  metrics_.gauge("capstan_build_info", "Version and role of this daemon.",
+                 {{"version", capstan::version()}, {"role", job_}})
       ->set(1);
-  register_process_metrics(metrics);
-  RpcMetrics rpc_metrics(metrics, log);
-  Readiness readiness(*peers, identity);
+  register_process_metrics(metrics_);
+}
 
-  size_t pool_threads = threads > 0 ? static_cast<size_t>(threads)
-                                    : std::max(1u, std::thread::hardware_concurrency());
-  boost::asio::thread_pool pool(pool_threads);
-  uint64_t max_message_bytes = static_cast<uint64_t>(max_message_mib) << 20;
-  StatusBoard status;
-  DaemonContext context{config, identity, metrics, status, pool, log,
-                        rpc::codec_options_for(max_message_bytes), nullptr, {}, {}, nullptr, {}, {}};
-  context.peers = *peers;
-  context.functions = &functions;
-  context.peer_options.token = token.value_or("");
-  context.peer_options.client_name = identity.tag();
-  context.peer_options.max_message_bytes = max_message_bytes;
-  context.peer_options.tls = tls_client;
-  context.peer_options.link_timeout = std::chrono::milliseconds(link_timeout_ms);
-
-  HttpServer http;
-  std::atomic<bool> healthy{false};  // set once the RPC port listens
-  http.handle("/healthz", [&healthy]() {
+// /healthz, /readyz, /metrics and the status page.
+void Daemon::register_pages() {
+  const std::atomic<bool>& healthy = healthy_;
+  const Readiness& readiness = readiness_;
+  const std::string& caution = caution_;
+  MetricsRegistry& metrics = metrics_;
+  StatusBoard& status = status_;
+  NodeIdentity& identity = identity_;
+  RpcMetrics& rpc_metrics = rpc_metrics_;
+  http_.handle("/healthz", [&healthy]() {
     return healthy.load() ? HttpResponse{200, "text/plain; charset=utf-8", "ok\n"}
                           : HttpResponse{503, "text/plain; charset=utf-8", "starting\n"};
   });
-  const std::string caution = spec.caution ? spec.caution(config) : "";
-  http.handle("/readyz", [&readiness, &caution]() {
+  http_.handle("/readyz", [&readiness, &caution]() {
     std::string missing = readiness.missing();
     if (missing.empty()) {
       return HttpResponse{200, "text/plain; charset=utf-8",
@@ -624,157 +724,157 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
     }
     return HttpResponse{503, "text/plain; charset=utf-8", "not ready: " + missing + "\n"};
   });
-  http.handle("/metrics", [&metrics]() {
+  http_.handle("/metrics", [&metrics]() {
     return HttpResponse{200, "text/plain; version=0.0.4; charset=utf-8", metrics.render()};
   });
-  http.handle("/", []() { return HttpResponse{200, "text/html; charset=utf-8", StatusBoard::page()}; });
-  http.handle("/status.json", [&status]() { return HttpResponse{200, "application/json", status.json()}; });
-  status.fact("ready", [&readiness, &caution]() {
+  http_.handle("/", []() { return HttpResponse{200, "text/html; charset=utf-8", StatusBoard::page()}; });
+  http_.handle("/status.json", [&status]() { return HttpResponse{200, "application/json", status.json()}; });
+  status_.fact("ready", [&readiness, &caution]() {
     std::string missing = readiness.missing();
     return missing.empty() ? (caution.empty() ? "ready" : "ready (caution: " + caution + ")") : "not ready: " + missing;
   });
-  status.fact("uptime", [&identity]() { return std::to_string(static_cast<int64_t>(identity.uptime_seconds())) + " s"; });
-  status.plot("RPC calls/s", StatusBoard::Plot::kRate, [&rpc_metrics]() { return rpc_metrics.calls(); });
-  status.plot("CPU (cores busy)", StatusBoard::Plot::kRate, process_cpu_seconds);
-  status.plot("resident memory (MiB)", StatusBoard::Plot::kLevel,
-              []() { return process_resident_memory_bytes() / (1 << 20); });
-  auto http_started = http.start(host, static_cast<uint16_t>(http_port));
-  if (!http_started.ok()) return config_error(spec.program, "http_port: " + http_started.error);
+  status_.fact("uptime", [&identity]() { return std::to_string(static_cast<int64_t>(identity.uptime_seconds())) + " s"; });
+  status_.plot("RPC calls/s", StatusBoard::Plot::kRate, [&rpc_metrics]() { return rpc_metrics.calls(); });
+  status_.plot("CPU (cores busy)", StatusBoard::Plot::kRate, process_cpu_seconds);
+  status_.plot("resident memory (MiB)", StatusBoard::Plot::kLevel,
+               []() { return process_resident_memory_bytes() / (1 << 20); });
+}
 
-  rpc::RpcServerOptions server_options;
-  server_options.host = host;
-  server_options.port = static_cast<uint16_t>(port);
-  server_options.token = token;
-  server_options.max_message_bytes = max_message_bytes;
-  server_options.login_deadline = std::chrono::milliseconds(config.get_int("login_deadline_ms"));
-  server_options.max_pre_login = static_cast<int>(config.get_int("max_pre_login_connections"));
-  server_options.max_pre_login_per_host = static_cast<int>(config.get_int("max_pre_login_per_host"));
-  server_options.tls = tls_server;
-  server_options.link_timeout = std::chrono::milliseconds(link_timeout_ms);
-  server_options.name = job + "-rpc";
-  rpc::RpcServer server(server_options, &rpc_metrics);
-  {
-    // Once: what strangers may hold, and why when the limit lowered it.
-    const rpc::PreLoginCaps& caps = server.pre_login_caps();
-    std::string why;
-    if (caps.lowered) {
-      why = " (lowered from max_pre_login_connections " + std::to_string(server_options.max_pre_login) +
-            " and max_pre_login_per_host " + std::to_string(server_options.max_pre_login_per_host) +
-            " to leave descriptors free under the open-file limit " + std::to_string(caps.fd_limit) +
-            "; raise it with ulimit -n or LimitNOFILE)";
-    }
-    log->info("connections waiting to log in: at most {}, {} per host{}", caps.overall, caps.per_host, why);
+std::string Daemon::advertised_address(uint16_t bound_port) const {
+  if (!settings_.advertise_address.empty()) {
+    return advertise_address(settings_.advertise_address, bound_port).value();  // checked by from()
   }
-  // Whatever the way out, the status board stops before the server (and the
-  // service its functions reference) goes.
-  struct StopBoard {
-    StatusBoard& board;
-    ~StopBoard() { board.stop(); }
-  } stop_board{status};
-  context.loop = &server.loop();
-  rpc::RpcServer::StartFailure failure;
-  auto bound = server.start([&spec, &context](rpc::CallTracker& tracker) {
-    return spec.make_service(context, tracker);
-  }, &failure);
-  if (!bound.ok()) {
-    http.stop();
-    const std::string message = bound.status().message();
-    switch (failure) {
-      case rpc::RpcServer::StartFailure::kService:
-        log->critical("{}", message);
-        return config_error(spec.program, message);
-      case rpc::RpcServer::StartFailure::kAddressInUse:
-        return config_error(spec.program, "port: " + message);
-      default:
-        return config_error(spec.program, "host: " + message);
-    }
-  }
-  // The address peers should use: this task's entry in the cluster spec, or
-  // else the bind address (the host name when bound to all interfaces).
-  std::string advertised_host = host;
+  if (!settings_.cluster_address.empty()) return settings_.cluster_address;
+  std::string host = settings_.host;
   if (host == "0.0.0.0" || host == "::") {
     char name[256] = {};
-    advertised_host = gethostname(name, sizeof(name) - 1) == 0 ? name : "127.0.0.1";
+    host = gethostname(name, sizeof(name) - 1) == 0 ? name : "127.0.0.1";
   }
-  std::string advertised = advertised_host + ":" + std::to_string(*bound);
-  if (task_index >= 0 && static_cast<size_t>(task_index) < cluster.addresses(job).size() &&
-      !config.has("port")) {
-    advertised = cluster.addresses(job)[task_index];
+  return host + ":" + std::to_string(bound_port);
+}
+
+Status Daemon::start() {
+  auto http_started = http_.start(settings_.host, settings_.http_port);
+  if (!http_started.ok()) return Status::InvalidArgument("http_port: " + http_started.error);
+
+  context_.loop = &server_.loop();
+  rpc::RpcServer::StartFailure failure = rpc::RpcServer::StartFailure::kNone;
+  Result<uint16_t> bound = server_.start(
+      [this](rpc::CallTracker& tracker) { return spec_.make_service(context_, tracker); }, &failure);
+  if (!bound.ok()) {
+    // The kind of failure, not its text, says which key to blame.
+    switch (failure) {
+      case rpc::RpcServer::StartFailure::kService:
+        log_->critical("{}", bound.status().message());
+        return bound.status();
+      case rpc::RpcServer::StartFailure::kAddressInUse:
+        return Status::InvalidArgument("port: " + bound.status().message());
+      default:
+        return Status::InvalidArgument("host: " + bound.status().message());
+    }
   }
-  if (const std::string& chosen = config.get_string("advertise_address"); !chosen.empty()) {
-    advertised = advertise_address(chosen, *bound).value();  // checked before start
-  }
-  identity.set_addresses(advertised, http_started.port);
-  status.set_facts({{"role", spec.program},
-                    {"version", capstan::version()},
-                    {"address", advertised},
-                    {"task index", std::to_string(identity.task_index())},
-                    {"pid", std::to_string(::getpid())}});
-  status.start();
-  healthy.store(true);
-  log->info("{} {} listening: rpc={}:{} http={}:{} (token {}; {}; {} worker threads)", spec.program,
-            capstan::version(), host, *bound, host, http_started.port, token ? "required" : "not required",
-            !tls_server                ? "plain TCP"
-            : tls_files.verify_clients ? "TLS, client certificates required"
-                                       : "TLS",
-            pool_threads);
-  if (!config.get_string("port_file").empty()) {
-    Status written = write_port_file(config.get_string("port_file"), advertised, *bound, http_started.port);
+  const std::string advertised = advertised_address(*bound);
+  identity_.set_addresses(advertised, http_started.port);
+  status_.set_facts({{"role", spec_.program},
+                     {"version", capstan::version()},
+                     {"address", advertised},
+                     {"task index", std::to_string(identity_.task_index())},
+                     {"pid", std::to_string(::getpid())}});
+  status_.start();
+  healthy_.store(true);
+  log_->info("{} {} listening: rpc={}:{} http={}:{} (token {}; {}; {} worker threads)", spec_.program,
+             capstan::version(), settings_.host, *bound, settings_.host, http_started.port,
+             settings_.token ? "required" : "not required",
+             !settings_.tls_server               ? "plain TCP"
+             : settings_.tls_files.verify_clients ? "TLS, client certificates required"
+                                                  : "TLS",
+             settings_.threads);
+  if (!settings_.port_file.empty()) {
+    Status written = write_port_file(settings_.port_file, advertised, *bound, http_started.port);
     if (!written.ok()) {
-      log->error("cannot write port file '{}': {}", config.get_string("port_file"), written.to_string());
-      status.stop();
-      server.stop(std::chrono::milliseconds(0));
-      http.stop();  // its handlers read locals that go before it
-      return 2;
+      log_->error("cannot write port file '{}': {}", settings_.port_file, written.to_string());
+      return Status::InvalidArgument("port_file: cannot write '" + settings_.port_file + "': " + written.message());
     }
   }
 
-  // --- Peers --------------------------------------------------------------
-  kj::Own<PeerWatcher> watcher;
-  server.loop().run_sync([&]() {
-    watcher = kj::heap<PeerWatcher>(server.loop(), readiness, context.peer_options, log);
+  server_.loop().run_sync([this]() {
+    watcher_ = kj::heap<PeerWatcher>(server_.loop(), readiness_, context_.peer_options, log_);
   });
-  if (std::string missing = readiness.missing(); !missing.empty()) {
-    log->info("not ready until {}", missing);
-  }
-  if (!caution.empty()) log->warn("{}", caution);
+  if (std::string missing = readiness_.missing(); !missing.empty()) log_->info("not ready until {}", missing);
+  if (!caution_.empty()) log_->warn("{}", caution_);
+  return Status::Ok();
+}
 
-  // --- Run until SIGTERM/SIGINT -------------------------------------------
+int Daemon::serve() {
   int signal_number = 0;
-  signals.async_wait([&signal_number](const boost::system::error_code& error, int number) {
+  signals_.async_wait([&signal_number](const boost::system::error_code& error, int number) {
     if (!error) signal_number = number;
   });
-  signal_context.run();
+  signal_context_.run();
+  return signal_number;
+}
 
-  auto started = std::chrono::steady_clock::now();
-  log->info("received {}, shutting down (up to {} ms for calls in flight)",
-            signal_number == SIGTERM ? "SIGTERM" : "SIGINT", grace_ms);
-  readiness.set_stopping();
-  if (!context.on_drain.empty()) {
+void Daemon::drain(int signal_number) {
+  const auto started = std::chrono::steady_clock::now();
+  const int64_t grace_ms = settings_.shutdown_grace.count();
+  log_->info("received {}, shutting down (up to {} ms for calls in flight)",
+             signal_number == SIGTERM ? "SIGTERM" : "SIGINT", grace_ms);
+  readiness_.set_stopping();
+  if (!context_.on_drain.empty()) {
     try {
-      server.loop().run_sync([&]() -> kj::Promise<void> {
-        auto drains = kj::heapArrayBuilder<kj::Promise<void>>(context.on_drain.size());
-        for (auto& drain : context.on_drain) drains.add(drain());
+      server_.loop().run_sync([this, grace_ms]() -> kj::Promise<void> {
+        auto drains = kj::heapArrayBuilder<kj::Promise<void>>(context_.on_drain.size());
+        for (auto& drain : context_.on_drain) drains.add(drain());
         return kj::joinPromises(drains.finish())
-            .exclusiveJoin(server.loop().timer().afterDelay(grace_ms * kj::MILLISECONDS).then([&log, grace_ms]() {
-              log->warn("draining took longer than shutdown_grace_ms {}; stopping anyway", grace_ms);
+            .exclusiveJoin(server_.loop().timer().afterDelay(grace_ms * kj::MILLISECONDS).then([this, grace_ms]() {
+              log_->warn("draining took longer than shutdown_grace_ms {}; stopping anyway", grace_ms);
             }));
       });
     } catch (const kj::Exception& e) {
-      log->warn("draining failed: {}", e.getDescription().cStr());
+      log_->warn("draining failed: {}", e.getDescription().cStr());
     }
   }
-  const int64_t drained_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
-                                 std::chrono::steady_clock::now() - started).count();
-  server.loop().run_sync([&]() { watcher = nullptr; });
-  status.stop();  // before the service its functions reference goes
-  server.stop(std::chrono::milliseconds(std::max<int64_t>(grace_ms - drained_ms, 0)), &pool, [&context]() {
-    for (auto& hook : context.on_stop) hook();
+  const int64_t drained_ms =
+      std::chrono::duration_cast<std::chrono::milliseconds>(std::chrono::steady_clock::now() - started).count();
+  server_.loop().run_sync([this]() { watcher_ = nullptr; });
+  status_.stop();  // before the service its functions reference goes
+  server_.stop(std::chrono::milliseconds(std::max<int64_t>(grace_ms - drained_ms, 0)), &pool_, [this]() {
+    for (auto& hook : context_.on_stop) hook();
   });
-  http.stop();
-  log->info("stopped after {:.2f} s",
-            std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
-  log->flush();
+  http_.stop();
+  log_->info("stopped after {:.2f} s",
+             std::chrono::duration<double>(std::chrono::steady_clock::now() - started).count());
+  log_->flush();
+}
+
+}  // namespace
+
+int run_daemon(const RoleSpec& spec, int argc, char** argv) {
+  ParseResult parsed =
+      parse_config(spec.program, spec.description, role_options(spec), argc, argv, current_environment());
+  if (parsed.action == ParseResult::Action::kError) return config_error(spec.program, parsed.text);
+  if (parsed.action != ParseResult::Action::kRun) {
+    std::fputs(parsed.text.c_str(), stdout);
+    return 0;
+  }
+  const Config& config = parsed.config;
+  Result<DaemonSettings> settings = DaemonSettings::from(spec, config);
+  if (!settings.ok()) return config_error(spec.program, settings.status().message());
+  if (Status applied = apply_process_settings(*settings); !applied.ok()) {
+    return config_error(spec.program, applied.message());
+  }
+  FunctionRegistry functions;  // outlives the service, which calls into it
+  if (Status loaded = load_modules(settings->modules, functions); !loaded.ok()) {
+    return config_error(spec.program, loaded.message());
+  }
+  NodeIdentity identity(spec.role, settings->task_index);
+  Result<std::shared_ptr<spdlog::logger>> log = open_log(identity, *settings);
+  if (!log.ok()) return config_error(spec.program, log.status().message());
+  for (const std::string& warning : parsed.warnings) (*log)->warn("{}", warning);
+
+  Daemon daemon(spec, config, *settings, identity, functions, *log);
+  if (Status started = daemon.start(); !started.ok()) return config_error(spec.program, started.message());
+  daemon.drain(daemon.serve());
   return 0;
 }
 

@@ -2,8 +2,10 @@
 //
 // A role's main() describes itself in a RoleSpec and calls run_daemon(),
 // which:
-//   1. reads configuration (YAML file < CAPSTAN_* env < flags; TF_CONFIG);
-//      bad configuration prints one line and exits 2;
+//   1. reads configuration (YAML file < CAPSTAN_* env < flags; TF_CONFIG),
+//      each integer checked against the range in its OptionSpec, then the
+//      common keys into DaemonSettings; bad configuration prints one line
+//      and exits 2;
 //   2. sets up logging (role and task index in every line), metrics and the
 //      worker thread pool;
 //   3. serves /healthz, /readyz and /metrics on the HTTP port, then the
@@ -22,6 +24,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <memory>
 #include <optional>
@@ -37,6 +40,7 @@
 #include "rpc/connection.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
+#include "rpc/tls.h"
 #include "sync/mutex.h"
 
 namespace capstan::daemon {
@@ -134,8 +138,51 @@ auto service_factory() {
 // Runs the daemon until SIGTERM/SIGINT; returns the process exit code.
 int run_daemon(const RoleSpec& spec, int argc, char** argv);
 
-// The keys every daemon has (documented in --help and the README).
+// The keys every daemon has (documented in --help and the README), with the
+// range of each integer, which parse_config enforces.
 std::vector<OptionSpec> common_options();
+
+// The common keys of one daemon, read from its Config once and checked
+// together before anything starts, so that every configuration error exits 2
+// before a port is bound. parse_config has checked each integer's range; what
+// is checked here needs the cluster spec, a file or the role.
+struct DaemonSettings {
+  // task_index, else this task's index in the cluster spec; -1: none.
+  int task_index = -1;
+  std::string host;  // the RPC and HTTP ports bind to it
+  // --port, else this task's port in the cluster spec, else the role's own
+  // (7000 coordinator ... 7400 data-worker); 0 picks a free one.
+  uint16_t port = 0;
+  // This task's entry in the cluster spec, when the port came from it: the
+  // address peers use unless advertise_address says otherwise.
+  std::string cluster_address;
+  std::string advertise_address;  // as given, checked; "": derived at start
+  uint16_t http_port = 0;
+  std::string port_file;  // "": none
+  spdlog::level::level_enum log_level = spdlog::level::info;
+  std::string log_file;  // "": stderr only
+  // From token_file, else CAPSTAN_TOKEN (never a flag: it would show in
+  // `ps`); nullopt: an open cluster.
+  std::optional<std::string> token;
+  size_t threads = 1;  // the worker pool's size: `threads`, or one per core for 0
+  uint64_t max_message_bytes = 0;
+  size_t buffer_cache_bytes = 0;
+  std::chrono::milliseconds shutdown_grace{0};
+  std::chrono::milliseconds login_deadline{0};
+  std::chrono::milliseconds link_timeout{0};
+  int max_pre_login_connections = 0;
+  int max_pre_login_per_host = 0;
+  std::string loopback_tcp_congestion;
+  rpc::TlsFiles tls_files;
+  std::shared_ptr<rpc::Tls> tls_server;  // loaded from tls_files; null: plain TCP
+  std::shared_ptr<rpc::Tls> tls_client;  // with tls_ca; null: peers over plain TCP
+  std::vector<Peer> peers;               // RoleSpec::peers, addresses checked
+  std::vector<std::string> modules;      // RoleSpec::loads_modules: libraries to load
+
+  // The role's peers' errors as RoleSpec::peers gives them; otherwise
+  // InvalidArgument naming the key and the value.
+  static Result<DaemonSettings> from(const RoleSpec& spec, const Config& config);
+};
 
 // The address a daemon advertises for --advertise_address VALUE: HOST:PORT as
 // given, or HOST with `bound_port` (an IPv6 literal bracketed).

@@ -69,6 +69,7 @@
 
 namespace capstan::daemon {
 class Config;
+struct OptionSpec;
 }
 namespace capstan::journal {
 class JournalWriter;
@@ -141,8 +142,12 @@ struct CoordinatorConfig {
   // (SIGTERM) saves a checkpoint once the running closures have finished.
   bool checkpoint_on_preemption = true;
 
-  // InvalidArgument naming the key and the value. Defined with the service
-  // (service.cc), which links the daemon's configuration.
+  // The coordinator's own keys, each integer with its range; from() expects
+  // a Config parsed with them. Defined with the service (service.cc), which
+  // links the daemon's configuration.
+  static std::vector<daemon::OptionSpec> options();
+  // InvalidArgument naming the key and the value, for what the ranges cannot
+  // say (keys that exclude each other, client_grace_ms's gap).
   static Result<CoordinatorConfig> from(const daemon::Config& config);
 };
 

@@ -1,5 +1,6 @@
 #include "daemons/coordinator/service.h"
 
+#include <limits>
 #include <set>
 
 #include "rpc/errors.h"
@@ -49,49 +50,114 @@ void placement_to_wire(const VariableLocation& variable, wire::VariablePlacement
 
 }  // namespace
 
+// The ranges here are what from() relies on: parse_config refuses a value
+// outside them (exit 2, naming the key, the value and the range).
+std::vector<daemon::OptionSpec> CoordinatorConfig::options() {
+  using daemon::OptionSpec;
+  using daemon::OptionType;
+  return {
+      {"ps", OptionType::kStringList,
+       "host:port of each parameter server (default: the cluster spec's ps job).", std::nullopt},
+      {"ps_service", OptionType::kString,
+       "The parameter servers as a Kubernetes StatefulSet behind a headless Service, NAME[.NAMESPACE.svc]:PORT: "
+       "task i is NAME-i.NAME[.NAMESPACE.svc]:PORT (with num_ps; instead of ps).",
+       ""},
+      OptionSpec{"num_ps", OptionType::kInt,
+          "How many parameter servers ps_service has (its StatefulSet's replicas).", "0"}
+          .in_range(0, 100000),
+      OptionSpec{"closures_per_worker", OptionType::kInt,
+          "Closures each worker runs at once (TF runs one; more hides round trips of short closures).",
+          "1"}
+          .in_range(1, std::numeric_limits<int>::max()),
+      OptionSpec{"closure_batch", OptionType::kInt,
+          "When the queue is deep (more closures queued than twice the lanes), a lane sends a worker up to this many "
+          "closures in one call, run one after another there (fewer round trips; still one at a time per lane). "
+          "1: one closure per call. Closures with closure_timeout_ms are sent one at a time.",
+          "16"}
+          .in_range(1, 1024),
+      OptionSpec{"worker_ping_interval_ms", OptionType::kInt, "How often each worker is pinged.", "2000"}
+          .at_least(1),
+      OptionSpec{"worker_ping_timeout_ms", OptionType::kInt,
+          "A worker that does not answer a ping this fast is dropped (its closures re-queued).", "5000"}
+          .at_least(1),
+      OptionSpec{"closure_timeout_ms", OptionType::kInt,
+          "A closure run taking longer fails with DeadlineExceeded, which cancels the other closures as any "
+          "closure error does; closures see the deadline (ClosureContext::deadline). 0: none.",
+          "0"}
+          .at_least(0),
+      {"num_workers", OptionType::kInt,
+       "Workers the per-worker datasets are sharded for (default: the cluster spec's worker job, "
+       "else the workers registered).",
+       "0"},
+      {"work_dir", OptionType::kString,
+       "Directory of the coordinator's journal: a coordinator restarted with the same one knows its variables, "
+       "their placement, the per-worker datasets and the checkpoint to recover from again. Empty: nothing survives a "
+       "restart.",
+       ""},
+      {"checkpoint_dir", OptionType::kString,
+       "Where the checkpoint policy saves, and where a parameter server that restarted empty is restored from "
+       "(its newest checkpoint, unless the program saved or restored one since). Empty: none.",
+       ""},
+      OptionSpec{"checkpoint_every_steps", OptionType::kInt,
+          "Save a checkpoint into checkpoint_dir every N closures completed. 0: off.", "0"}
+          .at_least(0),
+      OptionSpec{"checkpoint_every_seconds", OptionType::kInt,
+          "Save a checkpoint into checkpoint_dir every N seconds (when closures completed since). 0: off.", "0"}
+          .at_least(0),
+      OptionSpec{"checkpoint_max_to_keep", OptionType::kInt, "Checkpoints the policy keeps in checkpoint_dir.", "3"}
+          .in_range(1, std::numeric_limits<int>::max()),
+      {"ps_recovery", OptionType::kBool,
+       "Restore a parameter server that comes back without its shards from the latest checkpoint, by itself; "
+       "the program pauses meanwhile. false: calls fail with DataLoss until a checkpoint is restored by hand.",
+       "true"},
+      {"checkpoint_on_preemption", OptionType::kBool,
+       "With checkpoint_dir: when a worker leaves (its SIGTERM) or the coordinator gets SIGTERM, save a checkpoint "
+       "once the running closures have finished.",
+       "true"},
+      OptionSpec{"ps_recovery_timeout_ms", OptionType::kInt,
+          "While a lost parameter server can be recovered, join/fetch wait this long for it before they fail with "
+          "Unavailable.",
+          "300000"}
+          .at_least(0),
+      OptionSpec{"client_grace_ms", OptionType::kInt,
+          "A program's closure values are released when its client has not called for this long (the SDK calls at least "
+          "every 5 s while it runs): a program that crashed or exited cannot fetch them any more. A client that "
+          "reconnects within it (a link outage, a coordinator restart) fetches its values as before. 0: never (values "
+          "stay until released one by one). At least 15000.",
+          "300000"}
+          .at_least(0),
+      OptionSpec{"max_queued_closures", OptionType::kInt,
+          "Schedule calls are answered only while fewer closures than this wait for a worker, so a program that "
+          "schedules faster than the workers run blocks in schedule() (as TF's does when its queue is full) and the "
+          "queue, and the coordinator's memory, stay bounded (each client adds at most 16384 closures it has no answer "
+          "for).",
+          "32768"}
+          .at_least(1),
+  };
+}
+
 Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) {
+  // Each integer is in its range (options()); what is checked here spans
+  // keys, or is no single range.
   CoordinatorConfig out;
   out.ps = config.has("ps") ? config.get_list("ps") : std::vector<std::string>{};
+  const int64_t num_ps = config.get_int("num_ps");
   if (const std::string& service = config.get_string("ps_service"); !service.empty()) {
     if (!out.ps.empty()) {
       return Status::InvalidArgument("ps and ps_service are both set ('" + service +
                                      "'); give the parameter servers one way");
     }
-    CAPSTAN_ASSIGN_OR_RETURN(out.ps, ps_addresses_of_service(service, config.get_int("num_ps")));
-  } else if (config.get_int("num_ps") != 0) {
-    return Status::InvalidArgument("num_ps: " + std::to_string(config.get_int("num_ps")) +
+    CAPSTAN_ASSIGN_OR_RETURN(out.ps, ps_addresses_of_service(service, num_ps));
+  } else if (num_ps != 0) {
+    return Status::InvalidArgument("num_ps: " + std::to_string(num_ps) +
                                    " is only used with ps_service; set ps_service or drop num_ps");
   }
   if (out.ps.empty()) out.ps = config.cluster().addresses("ps");
-  for (const char* key : {"worker_ping_interval_ms", "worker_ping_timeout_ms"}) {
-    if (config.get_int(key) <= 0) {
-      return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
-                                     " must be positive");
-    }
-  }
-  if (config.get_int("closures_per_worker") < 1) {
-    return Status::InvalidArgument("closures_per_worker: " + std::to_string(config.get_int("closures_per_worker")) +
-                                   " must be at least 1");
-  }
   out.closures_per_worker = static_cast<int>(config.get_int("closures_per_worker"));
-  if (config.get_int("closure_batch") < 1 || config.get_int("closure_batch") > 1024) {
-    return Status::InvalidArgument("closure_batch: " + std::to_string(config.get_int("closure_batch")) +
-                                   " must be between 1 (one closure per call) and 1024");
-  }
   out.closure_batch = static_cast<int>(config.get_int("closure_batch"));
-  if (config.get_int("closure_timeout_ms") < 0) {
-    return Status::InvalidArgument("closure_timeout_ms: " + std::to_string(config.get_int("closure_timeout_ms")) +
-                                   " must be 0 (no deadline) or positive");
-  }
   out.closure_timeout = std::chrono::milliseconds(config.get_int("closure_timeout_ms"));
   out.worker_ping_interval = std::chrono::milliseconds(config.get_int("worker_ping_interval_ms"));
   out.worker_ping_timeout = std::chrono::milliseconds(config.get_int("worker_ping_timeout_ms"));
-  for (const char* key : {"checkpoint_every_steps", "checkpoint_every_seconds", "ps_recovery_timeout_ms"}) {
-    if (config.get_int(key) < 0) {
-      return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
-                                     " must be 0 (off) or positive");
-    }
-  }
   out.work_dir = config.get_string("work_dir");
   out.checkpoint_dir = config.get_string("checkpoint_dir");
   out.checkpoint_every_steps = config.get_int("checkpoint_every_steps");
@@ -99,10 +165,6 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
   if ((out.checkpoint_every_steps > 0 || out.checkpoint_every_seconds.count() > 0) && out.checkpoint_dir.empty()) {
     return Status::InvalidArgument(
         "checkpoint_every_steps/checkpoint_every_seconds need checkpoint_dir (where the checkpoints go)");
-  }
-  if (config.get_int("checkpoint_max_to_keep") < 1) {
-    return Status::InvalidArgument("checkpoint_max_to_keep: " + std::to_string(config.get_int("checkpoint_max_to_keep")) +
-                                   " must be at least 1");
   }
   out.checkpoint_max_to_keep = static_cast<int>(config.get_int("checkpoint_max_to_keep"));
   out.ps_recovery = config.get_bool("ps_recovery");
@@ -117,10 +179,6 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
                                    std::to_string(Coordinator::kClientHeartbeat.count()) + " ms heartbeats)");
   }
   out.client_grace = std::chrono::milliseconds(grace);
-  if (config.get_int("max_queued_closures") < 1) {
-    return Status::InvalidArgument("max_queued_closures: " + std::to_string(config.get_int("max_queued_closures")) +
-                                   " must be at least 1");
-  }
   out.max_queued_closures = config.get_int("max_queued_closures");
   out.expected_workers = config.get_int("num_workers") > 0
                              ? static_cast<int>(config.get_int("num_workers"))

@@ -2,10 +2,8 @@
 #include "daemons/common/daemon.h"
 #include "daemons/data_dispatcher/service.h"
 
-using capstan::Result;
-using capstan::daemon::Config;
+using capstan::daemon::OptionSpec;
 using capstan::daemon::OptionType;
-using capstan::daemon::Peer;
 namespace wire = capstan::wire;
 
 int main(int argc, char** argv) {
@@ -20,24 +18,21 @@ int main(int argc, char** argv) {
        "Fault-tolerant mode: journal every state change here (fsync'd) and replay it on start; "
        "empty keeps the state in memory.",
        ""},
-      {"job_gc_check_interval_ms", OptionType::kInt, "How often to look for jobs to garbage-collect.", "1000"},
+      OptionSpec{"job_gc_check_interval_ms", OptionType::kInt, "How often to look for jobs to garbage-collect.",
+          "1000"}
+          .at_least(1),
       {"job_gc_timeout_ms", OptionType::kInt,
        "A job whose consumers all left is collected after this long (-1: never).", "60000"},
-      {"client_timeout_ms", OptionType::kInt, "A consumer without heartbeats for this long has left.", "10000"},
-      {"worker_timeout_ms", OptionType::kInt,
-       "A data worker without heartbeats for this long is lost: it gets no new tasks, and its unfinished ones move "
-       "to live workers, which replay them (its consumers lose and repeat nothing).",
-       "10000"},
+      OptionSpec{"client_timeout_ms", OptionType::kInt, "A consumer without heartbeats for this long has left.",
+          "10000"}
+          .at_least(1),
+      OptionSpec{"worker_timeout_ms", OptionType::kInt,
+          "A data worker without heartbeats for this long is lost: it gets no new tasks, and its unfinished ones "
+          "move to live workers, which replay them (its consumers lose and repeat nothing).",
+          "10000"}
+          .at_least(1),
   };
-  spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
-    for (const char* key : {"job_gc_check_interval_ms", "client_timeout_ms", "worker_timeout_ms"}) {
-      if (config.get_int(key) <= 0) {
-        return capstan::Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
-                                                " must be positive");
-      }
-    }
-    return std::vector<Peer>{};  // data workers and clients come to the dispatcher
-  };
+  spec.peers = nullptr;  // data workers and clients come to the dispatcher
   spec.make_service = capstan::daemon::service_factory<capstan::data_service::DispatcherService>();
   return capstan::daemon::run_daemon(spec, argc, argv);
 }

@@ -20,19 +20,24 @@ int main(int argc, char** argv) {
       {"dispatcher", OptionType::kString,
        "host:port of the data dispatcher (default: the cluster spec's dispatcher job).",
        std::nullopt},
-      {"heartbeat_interval_ms", OptionType::kInt,
-       "How often to heartbeat to the dispatcher (reports this worker's tasks; the reply adds and removes tasks).",
-       "200"},
-      {"element_buffer_mib", OptionType::kInt,
-       "Elements each task prefetches ahead of its consumers, in MiB (first-come tasks).", "64"},
-      {"task_memory_mib", OptionType::kInt,
-       "Memory each task's pipeline may hold in its buffers (shuffle, prefetch, batches, caches), in MiB; a "
-       "task that needs more fails with RESOURCE_EXHAUSTED naming the op, and the worker keeps serving. A job's "
-       "Options::memory_budget may set less.",
-       "1024"},
+      capstan::daemon::OptionSpec{
+          "heartbeat_interval_ms", OptionType::kInt,
+          "How often to heartbeat to the dispatcher (reports this worker's tasks; the reply adds and removes tasks).",
+          "200"}
+          .at_least(1),
+      capstan::daemon::OptionSpec{"element_buffer_mib", OptionType::kInt,
+                                  "Elements each task prefetches ahead of its consumers, in MiB (first-come tasks).",
+                                  "64"}
+          .in_range(1, int64_t{1} << 20),
+      capstan::daemon::OptionSpec{
+          "task_memory_mib", OptionType::kInt,
+          "Memory each task's pipeline may hold in its buffers (shuffle, prefetch, batches, caches), in MiB; a "
+          "task that needs more fails with RESOURCE_EXHAUSTED naming the op, and the worker keeps serving. A job's "
+          "Options::memory_budget may set less.",
+          "1024"}
+          .in_range(1, int64_t{1} << 40),
   };
   spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
-    CAPSTAN_RETURN_IF_ERROR(capstan::data_service::DataWorkerConfig::from(config).status());
     CAPSTAN_ASSIGN_OR_RETURN(std::string address,
                              peer_address(config, "dispatcher", "data_dispatcher"));
     return std::vector<Peer>{{wire::Role::DATA_DISPATCHER, address}};

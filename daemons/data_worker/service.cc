@@ -27,19 +27,10 @@ std::string dispatcher_address(const daemon::DaemonContext& ctx) {
 }  // namespace
 
 Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
-  for (const char* key : {"heartbeat_interval_ms", "element_buffer_mib", "task_memory_mib"}) {
-    if (config.get_int(key) <= 0) {
-      return Status::InvalidArgument(std::string(key) + ": " + std::to_string(config.get_int(key)) +
-                                     " must be positive");
-    }
-  }
+  // The ranges are the options' own (main.cc): checked when parsed.
   DataWorkerConfig out;
   out.heartbeat_interval = std::chrono::milliseconds(config.get_int("heartbeat_interval_ms"));
   out.element_buffer_bytes = config.get_int("element_buffer_mib") << 20;
-  if (config.get_int("task_memory_mib") > (int64_t{1} << 40)) {
-    return Status::InvalidArgument("task_memory_mib: " + std::to_string(config.get_int("task_memory_mib")) +
-                                   " is more than 2^40 MiB");
-  }
   out.task_memory_bytes = config.get_int("task_memory_mib") << 20;
   return out;
 }

@@ -95,6 +95,36 @@ TEST_CASE("out-of-range values exit 2 naming the key", "[daemons][config]") {
   CHECK_THAT(token.output, Catch::Contains("missing-token"));
 }
 
+TEST_CASE("an integer outside its option's range exits 2 naming the key, the value and the range",
+          "[daemons][config]") {
+  TestCluster cluster;
+  // A common key, from each source.
+  auto flag = cluster.run("ps-server", {"--max-message-mib", "0"});
+  CHECK(flag.exit_code == 2);
+  CHECK_THAT(flag.output, Catch::Contains("--max-message-mib: 0 is not in 1..4096"));
+  auto env = cluster.run("worker-server", {"--coordinator", "127.0.0.1:1"}, {{"CAPSTAN_THREADS", "5000"}});
+  CHECK(env.exit_code == 2);
+  CHECK_THAT(env.output, Catch::Contains("CAPSTAN_THREADS: 5000 is not in 0..1024"));
+  std::string file = cluster.write_file("range.yaml", "shutdown_grace_ms: -1\n");
+  auto yaml = cluster.run("ps-server", {"--config", file});
+  CHECK(yaml.exit_code == 2);
+  CHECK_THAT(yaml.output, Catch::Contains("key 'shutdown_grace_ms': -1 is below the minimum 0"));
+  // A role's own keys.
+  auto batch = cluster.run("coordinator", {"--closure-batch", "1025"});
+  CHECK(batch.exit_code == 2);
+  CHECK_THAT(batch.output, Catch::Contains("--closure-batch: 1025 is not in 1..1024"));
+  auto ping = cluster.run("coordinator", {"--worker-ping-timeout-ms", "0"});
+  CHECK(ping.exit_code == 2);
+  CHECK_THAT(ping.output, Catch::Contains("--worker-ping-timeout-ms: 0 is below the minimum 1"));
+  auto dispatcher = cluster.run("data-dispatcher", {}, {{"CAPSTAN_WORKER_TIMEOUT_MS", "0"}});
+  CHECK(dispatcher.exit_code == 2);
+  CHECK_THAT(dispatcher.output, Catch::Contains("CAPSTAN_WORKER_TIMEOUT_MS: 0 is below the minimum 1"));
+  // --help states the range next to the default.
+  auto help = cluster.run("coordinator", {"--help"});
+  CHECK(help.exit_code == 0);
+  CHECK_THAT(help.output, Catch::Contains("1..1024"));
+}
+
 TEST_CASE("unparsable YAML exits 2 naming the file", "[daemons][config]") {
   TestCluster cluster;
   std::string file = cluster.write_file("broken.yaml", "port: [1,\nhost: x\n");
