@@ -97,8 +97,9 @@ struct DataWorkerConfig {
   std::chrono::milliseconds get_elements_wait{100};
   SplitRetryPolicy split_retry;
 
-  // InvalidArgument naming the key and the value (defined in service.cc).
-  static Result<DataWorkerConfig> from(const daemon::Config& config);
+  // From the daemon's options, whose ranges were checked when they were
+  // parsed (defined in service.cc).
+  static DataWorkerConfig from(const daemon::Config& config);
 };
 
 // What the dispatcher asks this worker to run (a TaskDef, decoded).

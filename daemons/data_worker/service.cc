@@ -26,8 +26,7 @@ std::string dispatcher_address(const daemon::DaemonContext& ctx) {
 
 }  // namespace
 
-Result<DataWorkerConfig> DataWorkerConfig::from(const daemon::Config& config) {
-  // The ranges are the options' own (main.cc): checked when parsed.
+DataWorkerConfig DataWorkerConfig::from(const daemon::Config& config) {
   DataWorkerConfig out;
   out.heartbeat_interval = std::chrono::milliseconds(config.get_int("heartbeat_interval_ms"));
   out.element_buffer_bytes = config.get_int("element_buffer_mib") << 20;
@@ -70,7 +69,7 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
       compressed_wire_bytes_(ctx.metrics.counter("capstan_data_worker_compressed_wire_bytes_total",
                                                  "What those tensors took on the wire, compressed.")),
       dispatcher_(ctx.loop->io(), ctx.loop->timer(), dispatcher_address(ctx), ctx.peer_options),
-      worker_(std::make_unique<DataWorker>(DataWorkerConfig::from(ctx.config).value(),  // checked by main() before
+      worker_(std::make_unique<DataWorker>(DataWorkerConfig::from(ctx.config),
                                            dispatcher_, ctx.loop->timer(), ctx.pool, ctx.functions, ctx.log)),
       background_(*this) {
   using Stats = DataWorker::Stats;
