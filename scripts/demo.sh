@@ -9,11 +9,13 @@
 #      its output goes to RUN_DIR/build.log, a progress line shows [n/m]);
 #   2. scripts/local-cluster.sh up: a coordinator, 2 parameter servers and
 #      2 workers, a data dispatcher and 2 data workers, all loading the
-#      census example's module, in the run directory .run/demo;
+#      census example's modules, in the run directory .run/demo;
 #   3. build/bin/census (examples/census): the data workers read and parse
 #      examples/census/data/adult.data.gz (TextLine GZIP, decode_csv, the
 #      feature columns, shuffle, batch) and serve the batches to the
-#      training workers; the wide table and the embeddings are partitioned
+#      training workers; the model is a LibTorch module (torch_model.h:
+#      autograd, capstan::torch::PsModule; --model eigen trains the
+#      hand-written Eigen one); the wide table and the embeddings are partitioned
 #      across both parameter servers and updated sparsely, the MLP densely,
 #      asynchronously by both workers, with a live progress line; after each
 #      epoch, accuracy, AUC and log-loss on all of adult.test; at the end,
@@ -22,7 +24,7 @@
 #      running, to look at its status pages), says where the logs are and
 #      what to try next.
 #
-# --mode sync trains the same model synchronously instead: 2 replica
+# --mode sync trains the same model (in Eigen, for now) synchronously instead: 2 replica
 # processes (started by the census program, torchrun-style) form a
 # collective group through the coordinator, hold every variable mirrored and
 # all-reduce the gradients each step; --mode hybrid keeps the wide table and
@@ -48,6 +50,9 @@ case "$build_dir" in /*) ;; *) build_dir=$repo_root/$build_dir ;; esac
 run_dir=${CAPSTAN_DEMO_RUN_DIR:-$repo_root/.run/demo}
 bin_dir=$build_dir/bin
 module=$build_dir/lib/libcensus_module.so
+# The LibTorch model's closures (ps mode's default model), when the build has
+# LibTorch (CAPSTAN_TORCH; scripts/setup.sh installs it).
+torch_module=$build_dir/lib/libcensus_torch_module.so
 
 started=$SECONDS
 section() { printf '\n== %s (%ds)\n' "$1" $(( SECONDS - started )); }
@@ -135,7 +140,9 @@ section "starting a local cluster in $run_dir"
 # A demo cluster left over from an interrupted run goes first.
 cluster down >/dev/null 2>&1 || true
 cluster_started=1
-cluster up --ps 2 --workers 2 --data-workers 2 --module "$module"
+modules=(--module "$module")
+[[ -e "$torch_module" ]] && modules+=(--module "$torch_module")
+cluster up --ps 2 --workers 2 --data-workers 2 "${modules[@]}"
 # shellcheck disable=SC1091  # written by local-cluster.sh up
 . "$run_dir/cluster.env"
 echo "status pages: coordinator $(status_url coordinator), data dispatcher $(status_url data-dispatcher)"

@@ -23,6 +23,7 @@ packages=(
   libyaml-cpp-dev
   nlohmann-json3-dev     # JSON: safetensors headers, checkpoint manifests
   libeigen3-dev          # model math in the examples (census Wide & Deep)
+  libtorch-dev           # LibTorch models: torch/ (libcapstan_torch.so)
   catch2
   zlib1g-dev
   libzstd-dev            # tf.data service compression on the wire (zstd)

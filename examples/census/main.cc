@@ -4,7 +4,8 @@
 // and an MLP over embeddings and numeric columns (deep); features.h and
 // model.h say exactly what it computes.
 //
-//   scripts/local-cluster.sh up --ps 2 --workers 2 --data-workers 2 --module build/lib/libcensus_module.so
+//   scripts/local-cluster.sh up --ps 2 --workers 2 --data-workers 2
+//       --module build/lib/libcensus_module.so --module build/lib/libcensus_torch_module.so
 //   . .run/cluster/cluster.env
 //   build/bin/census --coordinator $COORDINATOR --dispatcher $DISPATCHER
 //
@@ -18,7 +19,11 @@
 // itself on its shard. After each epoch the model is evaluated on all of
 // adult.test, read through the same pipeline by `census_evaluate` closures:
 // accuracy, ROC AUC and log-loss. The program exits 1 when the final
-// accuracy or AUC is below its target.
+// accuracy or AUC is below its target. In ps mode the model is the LibTorch
+// module of torch_model.h (--model torch, the default when this build has
+// LibTorch; its closures are in libcensus_torch_module.so): autograd
+// computes its gradients, capstan::torch::PsModule pulls and pushes them;
+// --model eigen trains model.h's hand-written one (census_train_step).
 //
 // --mode sync is synchronous training (MultiWorkerMirroredStrategy, in its
 // multi-client form): the program starts --replicas processes of itself
@@ -49,6 +54,8 @@
 //                            examples/census/data under the current directory)
 //   --mode M                 ps (default), sync, hybrid, strategy or
 //                            strategy-hybrid (see above)
+//   --model torch|eigen      the model in ps mode (default torch when built
+//                            with LibTorch); the other modes run eigen
 //   --replicas N             processes in sync and hybrid modes (default 2)
 //   --rank R --group NAME    run as rank R of the group NAME (sync, hybrid:
 //                            what the launcher passes to the others)
@@ -98,6 +105,7 @@
 #include "census/model.h"
 #include "census/pipeline.h"
 #include "census/replica.h"
+#include "census/torch_program.h"
 #include "common/example_util.h"
 
 namespace {
@@ -121,6 +129,10 @@ struct Flags {
   std::string dispatcher;
   std::string data_dir = "examples/census/data";
   std::string mode = "ps";
+  // ps mode: "torch" (the LibTorch module, torch_model.h) when this build
+  // has LibTorch, else "eigen" (model.h's hand-written passes). The
+  // synchronous modes run the Eigen model.
+  std::string model;
   int64_t epochs = 5;
   int64_t batch_size = 128;
   std::optional<uint64_t> seed;
@@ -143,7 +155,7 @@ struct Flags {
   // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
   (error.empty() ? std::cout : std::cerr) << "usage: " << program
             << " [--coordinator HOST:PORT] [--dispatcher HOST:PORT] [--data-dir DIR]"
-               " [--mode ps|sync|hybrid|strategy|strategy-hybrid]"
+               " [--mode ps|sync|hybrid|strategy|strategy-hybrid] [--model torch|eigen]"
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
                " [--checkpoint-dir DIR] [--logdir DIR] [--replicas N] [--rank R --group NAME]\n";
@@ -175,6 +187,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--dispatcher") flags.dispatcher = value;
     else if (name == "--data-dir") flags.data_dir = value;
     else if (name == "--mode") flags.mode = value;
+    else if (name == "--model") flags.model = value;
     else if (name == "--epochs") flags.epochs = integer(1);
     else if (name == "--batch-size") flags.batch_size = integer(1);
     else if (name == "--seed") flags.seed = static_cast<uint64_t>(integer(0));
@@ -195,6 +208,16 @@ Flags parse_flags(int argc, char** argv) {
   if (flags.mode != "ps" && flags.mode != "sync" && flags.mode != "hybrid" && flags.mode != "strategy" &&
       flags.mode != "strategy-hybrid") {
     usage(argv[0], "--mode must be ps, sync, hybrid, strategy or strategy-hybrid, got '" + flags.mode + "'");
+  }
+  if (flags.model.empty()) flags.model = flags.mode == "ps" && census::torch_available() ? "torch" : "eigen";
+  if (flags.model != "torch" && flags.model != "eigen") {
+    usage(argv[0], "--model must be torch or eigen, got '" + flags.model + "'");
+  }
+  if (flags.model == "torch" && !census::torch_available()) {
+    usage(argv[0], "--model torch: this census program was built without LibTorch (CAPSTAN_TORCH=OFF); use --model eigen");
+  }
+  if (flags.model == "torch" && flags.mode != "ps") {
+    usage(argv[0], "--model torch runs in --mode ps; the synchronous modes train the Eigen model (--model eigen)");
   }
   if (flags.rank >= 0 && (flags.group.empty() || flags.rank >= flags.replicas)) {
     usage(argv[0], "--rank needs --group and must be below --replicas");
@@ -279,11 +302,13 @@ struct Metrics {
 Metrics metrics_of(const std::vector<float>& probabilities, const std::vector<float>& labels);
 
 // The whole test file, in `shards` closures that any worker may run.
-capstan::Result<Metrics> evaluate(capstan::ClusterCoordinator& cluster, const std::string& path, int64_t shards) {
+// `function`: census_evaluate or census_torch_evaluate.
+capstan::Result<Metrics> evaluate(capstan::ClusterCoordinator& cluster, const std::string& function,
+                                  const std::string& path, int64_t shards) {
   std::vector<capstan::RemoteValue> values;
   for (int64_t i = 0; i < shards; ++i) {
     Element args{{*Tensor::from_strings({path}, {}), Tensor::scalar<int64_t>(shards), Tensor::scalar<int64_t>(i)}, {}};
-    CAPSTAN_ASSIGN_OR_RETURN(capstan::RemoteValue value, cluster.schedule("census_evaluate", args));
+    CAPSTAN_ASSIGN_OR_RETURN(capstan::RemoteValue value, cluster.schedule(function, args));
     values.push_back(value);
   }
   std::vector<float> probabilities, labels;
@@ -294,7 +319,7 @@ capstan::Result<Metrics> evaluate(capstan::ClusterCoordinator& cluster, const st
     probabilities.insert(probabilities.end(), p.begin(), p.end());
     labels.insert(labels.end(), y.begin(), y.end());
   }
-  if (labels.empty()) return Status::DataLoss("census_evaluate read no examples from " + path);
+  if (labels.empty()) return Status::DataLoss(function + " read no examples from " + path);
   return metrics_of(probabilities, labels);
 }
 
@@ -746,7 +771,10 @@ int main(int argc, char** argv) {
   capstan::ClusterCoordinator& cluster = *connected;
 
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
-  Status created = create_on_parameter_servers(cluster, model_variables(flags, seed));
+  const bool torch = flags.model == "torch";
+  Status created = torch ? census::create_torch_variables(cluster, flags.wide_learning_rate,
+                                                          flags.deep_learning_rate, seed)
+                         : create_on_parameter_servers(cluster, model_variables(flags, seed));
   if (!created.ok()) return fail("creating the variables", created);
 
   // One job per run: every training worker reads its batches from it.
@@ -757,10 +785,10 @@ int main(int argc, char** argv) {
   if (!dataset.ok()) return fail("creating the per-worker dataset", dataset.status());
 
   const int64_t steps_per_epoch = (kTrainingExamples + flags.batch_size - 1) / flags.batch_size;
-  std::printf("census: Wide & Deep (wide: %lld ids; deep: %d embedded columns x %d + %d numeric -> 100-75-50-25), "
-              "%s mode, %d worker(s), %lld epochs of %lld steps of %lld examples\n",
+  std::printf("census: Wide & Deep (wide: %lld ids; deep: %d embedded columns x %d + %d numeric -> 100-75-50-25) "
+              "in %s, %s mode, %d worker(s), %lld epochs of %lld steps of %lld examples\n",
               static_cast<long long>(census::wide_rows()), census::kDeepFields, census::kEmbeddingDim,
-              census::kNumeric, flags.mode.c_str(), cluster.num_workers(), static_cast<long long>(flags.epochs),
+              census::kNumeric, torch ? "LibTorch" : "Eigen", flags.mode.c_str(), cluster.num_workers(), static_cast<long long>(flags.epochs),
               static_cast<long long>(steps_per_epoch), static_cast<long long>(flags.batch_size));
   std::fflush(stdout);
   auto summaries = capstan::examples::open_summaries(flags.logdir, "census");
@@ -778,7 +806,7 @@ int main(int argc, char** argv) {
     int64_t scheduled = 0, completed = 0;
     while (completed < steps_per_epoch) {
       while (scheduled < steps_per_epoch && in_flight.size() < kInFlight) {
-        auto value = cluster.schedule("census_train_step", step_args);
+        auto value = cluster.schedule(torch ? "census_torch_train_step" : "census_train_step", step_args);
         if (!value.ok()) return fail("scheduling a step of epoch " + std::to_string(epoch), value.status());
         in_flight.push_back(*value);
         ++scheduled;
@@ -797,7 +825,7 @@ int main(int argc, char** argv) {
     if (!joined.ok()) return fail("training", joined);
     train_seconds += progress.seconds();
     trained += progress.examples();
-    auto evaluated = evaluate(cluster, test_path, flags.eval_shards);
+    auto evaluated = evaluate(cluster, torch ? "census_torch_evaluate" : "census_evaluate", test_path, flags.eval_shards);
     if (!evaluated.ok()) return fail("evaluating on " + test_path, evaluated.status());
     metrics = *evaluated;
     Status shown = print_epoch_metrics(epoch, flags.epochs, metrics, summaries->get(), epoch * steps_per_epoch);

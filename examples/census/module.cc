@@ -38,6 +38,7 @@
 #include <string>
 #include <vector>
 
+#include "closures.h"
 #include "features.h"
 #include "functions.h"
 #include "model.h"
@@ -60,35 +61,6 @@ constexpr const char* kDnn = "census_dnn";
 // The registry this module was loaded into: the evaluation closure builds a
 // pipeline that uses the module's own named functions.
 const capstan::FunctionRegistry* loaded_into = nullptr;
-
-// Checks a batch from the pipeline: (wide_ids int64[n, 15], numeric
-// float32[n, 5], label float32[n]); returns n.
-Result<int64_t> check_batch(const Element& batch) {
-  if (batch.size() != 3) return Status::InvalidArgument("a census batch is (wide_ids, numeric, label)");
-  const Tensor& ids = batch.components[0];
-  const Tensor& numeric = batch.components[1];
-  const Tensor& labels = batch.components[2];
-  if (ids.dtype() != DType::kInt64 || ids.rank() != 2 || ids.shape()[1] != census::kNumWideFields ||
-      ids.shape()[0] == 0) {
-    return Status::InvalidArgument("wide_ids must be int64[n, " + std::to_string(census::kNumWideFields) +
-                                   "], got " + ids.debug_string(0));
-  }
-  const int64_t n = ids.shape()[0];
-  if (numeric.dtype() != DType::kFloat32 || numeric.num_elements() != n * census::kNumeric) {
-    return Status::InvalidArgument("numeric must be float32[" + std::to_string(n) + ", " +
-                                   std::to_string(census::kNumeric) + "], got " + numeric.debug_string(0));
-  }
-  if (labels.dtype() != DType::kFloat32 || labels.num_elements() != n) {
-    return Status::InvalidArgument("label must be float32[" + std::to_string(n) + "], got " + labels.debug_string(0));
-  }
-  for (int64_t id : ids.flat<int64_t>()) {
-    if (id < 0 || id >= census::bias_id()) {
-      return Status::InvalidArgument("wide id " + std::to_string(id) + " is outside [0, " +
-                                     std::to_string(census::bias_id()) + ")");
-    }
-  }
-  return n;
-}
 
 // The rows a batch uses and what the model computed with them.
 struct Step {
@@ -131,7 +103,7 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
   CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
   if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
-  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
+  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, census::check_batch(*batch));
   CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, *batch, n, /*gradients=*/true));
   // A cancelled step (another closure failed) does not push its update.
   if (ctx.cancelled()) return Status::Cancelled("census_train_step cancelled before its update");
@@ -150,28 +122,6 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
                  {"loss", "correct", "examples"}};
 }
 
-// The model's probabilities and the labels of every example of `examples`
-// (batches of 1024), as (probabilities float32[n], labels float32[n]).
-Result<Element> predictions(ClosureContext& ctx, const capstan::data::Dataset& examples,
-                            const std::function<Result<census::Output>(const Element& batch, int64_t n)>& model) {
-  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, examples.batch(1024).make_iterator(loaded_into));
-  std::vector<float> probabilities, labels;
-  while (true) {
-    if (ctx.cancelled()) return Status::Cancelled("evaluation cancelled");
-    CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
-    if (!batch) break;
-    CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
-    CAPSTAN_ASSIGN_OR_RETURN(census::Output output, model(*batch, n));
-    probabilities.insert(probabilities.end(), output.probabilities.begin(), output.probabilities.end());
-    auto l = batch->components[2].flat<float>();
-    labels.insert(labels.end(), l.begin(), l.end());
-  }
-  const auto count = static_cast<int64_t>(labels.size());
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor p, Tensor::from_vector<float>(probabilities, {count}));
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor y, Tensor::from_vector<float>(labels, {count}));
-  return Element{{p, y}, {"probabilities", "labels"}};
-}
-
 Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
   if (args.size() != 3 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1 ||
       args.components[1].dtype() != DType::kInt64 || args.components[2].dtype() != DType::kInt64) {
@@ -183,11 +133,11 @@ Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
     return Status::InvalidArgument("census_evaluate: shard " + std::to_string(index) + " of " +
                                    std::to_string(shards) + " does not exist");
   }
-  return predictions(ctx, census::examples(path, shards, index),
-                     [&ctx](const Element& batch, int64_t n) -> Result<census::Output> {
-                       CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, batch, n, /*gradients=*/false));
-                       return std::move(step.output);
-                     });
+  return census::predictions(ctx, census::examples(path, shards, index), loaded_into,
+                             [&ctx](const Element& batch, int64_t n) -> Result<std::vector<float>> {
+                               CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, batch, n, /*gradients=*/false));
+                               return std::move(step.output.probabilities);
+                             });
 }
 
 // The hybrid layout's tables through the closure's context.
@@ -211,7 +161,7 @@ Result<Element> sync_step(ClosureContext& ctx, const Element& args) {
   CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
   if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
-  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, check_batch(*batch));
+  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, census::check_batch(*batch));
   const census::Tables tables = context_tables(ctx);
   CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
                            census::replica_step(*batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
@@ -231,12 +181,13 @@ Result<Element> sync_evaluate(ClosureContext& ctx, const Element& args) {
   const std::string path(args.components[0].string_at(0));
   const census::Tables tables = context_tables(ctx);
   const census::Tables* on_ps = hybrid_flag(args, 1) ? &tables : nullptr;
-  return predictions(ctx, census::examples(path, ctx.num_replicas_in_sync(), ctx.replica_id()),
-                     [&ctx, on_ps](const Element& batch, int64_t) -> Result<census::Output> {
-                       CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
-                                                census::replica_step(batch, *ctx.mirrored(), on_ps, /*train=*/false));
-                       return std::move(step.output);
-                     });
+  return census::predictions(ctx, census::examples(path, ctx.num_replicas_in_sync(), ctx.replica_id()), loaded_into,
+                             [&ctx, on_ps](const Element& batch, int64_t) -> Result<std::vector<float>> {
+                               CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
+                                                        census::replica_step(batch, *ctx.mirrored(), on_ps,
+                                                                             /*train=*/false));
+                               return std::move(step.output.probabilities);
+                             });
 }
 
 }  // namespace

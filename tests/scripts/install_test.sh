@@ -56,4 +56,18 @@ online=$("$tmp/consumer/sdk_consumer" "$address") || { echo "$online"; fail "sdk
 grep -q 'daemon: ps version' <<< "$online" || fail "unexpected output: $online"
 grep -q 'echo: identical' <<< "$online" || fail "unexpected output: $online"
 echo "$online"
+
+# find_package(Capstan COMPONENTS torch) -> Capstan::torch, when this build
+# has LibTorch models (CAPSTAN_TORCH, on by default).
+if [[ -e $build/lib/libcapstan_torch.so ]]; then
+  [[ -e $tmp/prefix/lib/cmake/Capstan/CapstanTorchTargets.cmake ]] || fail "installed tree lacks CapstanTorchTargets.cmake"
+  cmake -S "$repo/examples/torch_consumer" -B "$tmp/torch_consumer" "${generator[@]}" \
+    -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure-torch.log" 2>&1 || { cat "$tmp/configure-torch.log"; fail "configure torch_consumer"; }
+  cmake --build "$tmp/torch_consumer" > "$tmp/build-torch.log" 2>&1 || { cat "$tmp/build-torch.log"; fail "build torch_consumer"; }
+  torch_out=$("$tmp/torch_consumer/torch_consumer") || { echo "$torch_out"; fail "torch_consumer run"; }
+  echo "$torch_out"
+  grep -q 'capstan after torch: float32\[2, 3\] {2, 4, 6, 8, 10, 12}' <<< "$torch_out" || fail "unexpected output: $torch_out"
+  grep -q 'torch to capstan: float32\[3\] {10, 14, 18}' <<< "$torch_out" || fail "unexpected output: $torch_out"
+  grep -q 'variable embedding.weight \[100, 8\] (embedding)' <<< "$torch_out" || fail "unexpected output: $torch_out"
+fi
 echo "1 passed, 0 failed"

@@ -1,0 +1,201 @@
+// LibTorch models on Capstan: tensors shared both ways without a copy, and
+// a torch::nn::Module whose parameters live on the parameter servers.
+//
+// A library of its own (libcapstan_torch.so; CMake: find_package(Capstan
+// COMPONENTS torch), target Capstan::torch): libcapstan.so never links
+// LibTorch, and a program that does not use torch does not load it.
+//
+// Parameter-server training with a module (TF: a Keras model created under
+// ParameterServerStrategy's scope, trained with GradientTape in a closure):
+//
+//   // the training program, once:
+//   auto model = std::make_shared<WideDeep>();
+//   capstan::torch::create_variables(*cluster, *model, {.optimizer = capstan::Optimizer::adam(1e-3)}).value();
+//
+//   // the module's closure, on every worker (each worker keeps its own copy
+//   // of the module; the parameter servers hold the truth):
+//   auto model = std::make_shared<WideDeep>();
+//   capstan::torch::PsModule ps(*model);
+//   registry.register_closure("train_step", [=](capstan::ClosureContext& ctx, const capstan::Element& args)
+//       -> capstan::Result<capstan::Element> {
+//     auto batch = ...;                                    // the worker's iterator
+//     CAPSTAN_ASSIGN_OR_RETURN(auto loss, ps.train_step(ctx, [&] { return loss_fn(model->forward(x), y); }));
+//     return capstan::Element{{capstan::torch::from_torch(loss).value()}, {}};
+//   });
+//
+// A parameter is the variable prefix + its name in named_parameters()
+// ("deep.0.weight"), so a checkpoint names it as the module does. An
+// embedding that should gather only a batch's rows is a capstan::torch::
+// Embedding (not torch::nn::Embedding, whose weight would be read whole):
+// its rows live on the parameter servers, a step reads the rows its ids
+// name and pushes their gradient as a sparse update (IndexedSlices).
+//
+// Thread-safety: a PsModule, like the module it wraps, is used by one
+// closure at a time.
+#ifndef CAPSTAN_TORCH_H_
+#define CAPSTAN_TORCH_H_
+
+#include <torch/torch.h>
+
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "capstan/closure.h"
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "capstan/training.h"
+
+namespace capstan::torch {
+
+// ---- Tensors ------------------------------------------------------------------
+
+// The torch scalar type of a Capstan dtype (every numeric dtype has one;
+// kString and kInvalid do not: InvalidArgument).
+Result<c10::ScalarType> torch_dtype(DType dtype);
+// The Capstan dtype of a torch scalar type; InvalidArgument for those
+// Capstan lacks (complex, quantized, uint16+...), naming it.
+Result<DType> capstan_dtype(c10::ScalarType type);
+
+// A torch tensor over `tensor`'s buffer: no copy. The torch tensor keeps the
+// buffer alive; writing through it writes the buffer that every copy of
+// `tensor` shares (as numpy's frombuffer does). InvalidArgument for a string
+// or invalid tensor.
+Result<::torch::Tensor> to_torch(const Tensor& tensor);
+// A Capstan tensor over `tensor`'s memory: no copy; it keeps the torch
+// storage alive. Refused (InvalidArgument, naming `what` and the fix): a
+// tensor that is not contiguous (call .contiguous()), not on the CPU (call
+// .cpu()), or of a dtype Capstan lacks. A tensor that requires grad is
+// viewed as its data (as .detach() would).
+Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what = "tensor");
+
+// ---- Embeddings on the parameter servers ---------------------------------------
+
+struct EmbeddingOptions {
+  int64_t num_embeddings = 0;  // rows; 0 with `hash_table`
+  int64_t dim = 0;
+  // Rows drawn from N(mean, stddev) with `seed` (Keras' RandomNormal);
+  // stddev 0: every element is `mean` (0: Keras' Zeros, for a linear model).
+  double mean = 0.0, stddev = 0.05;
+  uint64_t seed = 0;
+  // A dynamic hash table (create_embedding_table): ids are any int64, rows
+  // are inserted on first lookup, nothing is partitioned by row number.
+  bool hash_table = false;
+};
+
+// An embedding whose rows live on the parameter servers. Inside a step
+// (PsModule), forward(ids) gathers the distinct rows `ids` names, once each,
+// and backward's gradient for them is pushed as a sparse update; outside a
+// step there are no rows to read (FailedPrecondition, thrown as a
+// c10::Error like any torch error). ids: int32/int64, any shape; the output
+// is ids.shape() + [dim], float32.
+class EmbeddingImpl : public ::torch::nn::Module {
+ public:
+  explicit EmbeddingImpl(EmbeddingOptions options);
+  ::torch::Tensor forward(const ::torch::Tensor& ids);
+
+  const EmbeddingOptions& options() const { return options_; }
+  // The whole initial table [num_embeddings, dim] (what create_variables
+  // writes); a plain torch::nn::Embedding given these rows trains the same.
+  Result<Tensor> initial_value() const;
+
+ private:
+  friend class PsModule;
+  struct Step {
+    ClosureContext* context = nullptr;
+    std::string variable;
+    bool training = true;
+    // What this step gathered: distinct ids and their rows (a leaf that
+    // collects the gradient).
+    std::vector<::torch::Tensor> ids;
+    std::vector<::torch::Tensor> rows;
+  };
+  EmbeddingOptions options_;
+  Step step_;
+};
+// TORCH_MODULE(Embedding), spelled out: the macro names torch:: unqualified,
+// which inside capstan:: means this namespace.
+class Embedding : public ::torch::nn::ModuleHolder<EmbeddingImpl> {
+ public:
+  using ::torch::nn::ModuleHolder<EmbeddingImpl>::ModuleHolder;
+  using Impl = EmbeddingImpl;
+};
+
+// ---- Modules on the parameter servers ------------------------------------------
+
+struct PsOptions {
+  // Variable name = prefix + parameter name ("wide." + "weight").
+  std::string prefix{};
+  // The optimizer the parameter servers apply, for every parameter not in
+  // `optimizers` (keyed by parameter name, without the prefix).
+  Optimizer optimizer = Optimizer::sgd(0.01);
+  std::map<std::string, Optimizer> optimizers{};
+  // Partitioning, for parameters not in `partitioners`: a parameter of
+  // `partition_min_bytes` or more, with two or more rows, is split by rows
+  // into shards of at least partition_min_bytes / 4 bytes, at most
+  // `max_shards` of them (TF's MinSizePartitioner); smaller ones stay whole.
+  std::map<std::string, Partitioner> partitioners{};
+  int64_t partition_min_bytes = 1 << 20;
+  int64_t max_shards = 8;
+};
+
+// The parameters a module puts on the parameter servers, in a stable order:
+// every named parameter (dense), then every capstan::torch::Embedding's rows
+// (named "<its path>.weight"). `name` is without the prefix.
+struct PsParameter {
+  std::string name;
+  Shape shape;  // an embedding hash table's: [0, dim]
+  DType dtype = DType::kFloat32;
+  bool embedding = false;
+  bool hash_table = false;
+};
+Result<std::vector<PsParameter>> ps_parameters(::torch::nn::Module& module);
+
+// Creates a variable (or an embedding table) on the parameter servers for
+// each parameter of `module`, holding the module's current values, with the
+// optimizer and partitioner `options` choose. A variable that already exists
+// with the same dtype and shape is kept as it is (a restarted program
+// carries on from the parameter servers' values). Everything is checked
+// before anything is created: a parameter whose name exists with another
+// shape or dtype, or a dtype the parameter servers do not hold, fails the
+// call naming the parameter, and nothing is written.
+Result<std::vector<VariableInfo>> create_variables(ClusterCoordinator& cluster, ::torch::nn::Module& module,
+                                                   const PsOptions& options = {});
+
+// A module bound to its variables while closures run on a worker.
+class PsModule {
+ public:
+  // `module` must outlive this object.
+  explicit PsModule(::torch::nn::Module& module, PsOptions options = {});
+
+  // Reads every dense parameter from the parameter servers into the module
+  // and binds its embeddings to `ctx` for the step. training = false:
+  // embedding hash tables are read without inserting (evaluation).
+  // FailedPrecondition when a parameter's shape differs from its variable's
+  // (the module changed shape), naming it.
+  Status pull(ClosureContext& ctx, bool training = true);
+  // Pushes the gradients of the last backward(): dense ones with
+  // apply_gradients, an embedding's rows with apply_sparse_gradients of the
+  // rows its forward gathered; then clears them and unbinds the embeddings.
+  // A parameter without a gradient is not pushed.
+  Status push(ClosureContext& ctx);
+  // One training step: pull, `loss` (the user's forward and loss, a scalar),
+  // backward, push. The loss's value (detached). A torch error thrown by
+  // `loss` becomes InvalidArgument with its message; nothing is pushed then.
+  Result<::torch::Tensor> train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss);
+  // pull(ctx, false), then `fn` without gradients; nothing is pushed.
+  Result<::torch::Tensor> eval_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& fn);
+
+ private:
+  Status unbind();
+
+  ::torch::nn::Module& module_;
+  PsOptions options_;
+};
+
+}  // namespace capstan::torch
+
+#endif  // CAPSTAN_TORCH_H_

@@ -1,0 +1,137 @@
+// LibTorch models trained on real daemons (parameter servers, a coordinator
+// and a worker-server loading torch_test_module.cc), compared with the same
+// models trained by plain LibTorch in this process.
+#include <capstan/torch.h>
+// LibTorch includes glog, whose CHECK would stand for Catch's.
+#undef CHECK
+#include <catch2/catch.hpp>
+
+#include "tests/integration/training_cluster.h"
+#include "torch/tests/torch_test_models.h"
+
+namespace capstan::torch {
+namespace {
+
+using capstan::testing::Training;
+
+constexpr double kLearningRate = 0.1;
+
+::torch::Tensor read(ClusterCoordinator& cluster, const std::string& name) {
+  return to_torch(cluster.read_variable(name).value()).value();
+}
+
+// Copies `from`'s parameters into `to` (same architecture).
+void copy_parameters(::torch::nn::Module& from, ::torch::nn::Module& to) {
+  ::torch::NoGradGuard no_grad;
+  auto source = from.named_parameters();
+  for (auto& item : to.named_parameters()) item.value().copy_(source[item.key()]);
+}
+
+TEST_CASE("A LibTorch module on the parameter servers, one worker, trains as plain LibTorch does, step by step") {
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  ::torch::manual_seed(3);
+  auto model = std::make_shared<testing::Mlp>();
+  auto local = std::make_shared<testing::Mlp>();
+  copy_parameters(*model, *local);
+  // A small partition threshold splits first.weight (8 x 4 floats) over
+  // both parameter servers: a step reads and updates it in two shards.
+  auto infos = create_variables(*t.client, *model,
+                                {.prefix = "mlp/", .optimizer = Optimizer::sgd(kLearningRate),
+                                 .partition_min_bytes = 128, .max_shards = 2})
+                   .value();
+  REQUIRE(infos.size() == 4);
+  CHECK(infos[0].name == "mlp/first.weight");
+  CHECK(infos[0].shards.size() == 2);
+  ::torch::optim::SGD sgd(local->parameters(), ::torch::optim::SGDOptions(kLearningRate));
+
+  for (int step = 0; step < 5; ++step) {
+    ::torch::Tensor x = ::torch::randn({16, 4});
+    ::torch::Tensor y = x.sum(1, true);
+    Element args{{from_torch(x).value(), from_torch(y).value()}, {}};
+    RemoteValue value = t.client->schedule("mlp_step", args).value();
+    Element result = t.client->fetch(value).value();
+
+    sgd.zero_grad();
+    ::torch::Tensor expected = ::torch::mse_loss(local->forward(x), y);
+    expected.backward();
+    sgd.step();
+    CHECK(result.components[0].flat<float>()[0] == Approx(expected.item<float>()).epsilon(1e-5));
+    for (const auto& item : local->named_parameters()) {
+      INFO("step " << step << ", " << item.key());
+      CHECK(::torch::allclose(read(*t.client, "mlp/" + item.key()), item.value(), 1e-5, 1e-6));
+    }
+  }
+}
+
+TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's rows, as a dense embedding would") {
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto model = std::make_shared<testing::Tower>(true);
+  auto local = std::make_shared<testing::Tower>(false);
+  PsOptions options{.prefix = "tower/", .optimizer = Optimizer::sgd(kLearningRate)};
+  options.partitioners["embedding.weight"] = Partitioner::fixed_shards(2);
+  auto infos = create_variables(*t.client, *model, options).value();
+  REQUIRE(infos.size() == 3);
+  CHECK(infos[2].name == "tower/embedding.weight");
+  CHECK(infos[2].shards.size() == 2);
+  {
+    ::torch::NoGradGuard no_grad;
+    local->dense_embedding->weight.copy_(read(*t.client, "tower/embedding.weight"));
+    local->head->weight.copy_(model->head->weight);
+    local->head->bias.copy_(model->head->bias);
+  }
+  const ::torch::Tensor before = read(*t.client, "tower/embedding.weight").clone();
+  ::torch::optim::SGD sgd(local->parameters(), ::torch::optim::SGDOptions(kLearningRate));
+
+  // Rows 2 and 17 sit in different shards (10 rows each); 5 repeats.
+  ::torch::Tensor ids = ::torch::tensor({2, 5, 17, 5, 5, 9}, ::torch::kLong).reshape({2, 3});
+  ::torch::Tensor y = ::torch::tensor({0.5f, -2.0f}).reshape({2, 1});
+  for (int step = 0; step < 3; ++step) {
+    Element args{{from_torch(ids).value(), from_torch(y).value()}, {}};
+    t.client->fetch(t.client->schedule("tower_step", args).value()).value();
+    sgd.zero_grad();
+    ::torch::mse_loss(local->forward(ids), y).backward();
+    sgd.step();
+  }
+  ::torch::Tensor after = read(*t.client, "tower/embedding.weight");
+  CHECK(::torch::allclose(after, local->dense_embedding->weight, 1e-5, 1e-6));
+  for (int64_t row : {2, 5, 9, 17}) CHECK_FALSE(::torch::equal(after[row], before[row]));
+  for (int64_t row : {0, 10, 19}) CHECK(::torch::equal(after[row], before[row]));
+}
+
+TEST_CASE("create_variables checks every parameter first: a conflict or an unsupported dtype writes nothing") {
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto model = std::make_shared<testing::Mlp>();
+  auto count_mlp = [&] {
+    int n = 0;
+    const std::vector<VariableInfo> all = t.client->variables().value();
+    for (const auto& info : all) n += info.name.rfind("mlp/", 0) == 0 ? 1 : 0;
+    return n;
+  };
+
+  SECTION("a parameter whose variable exists with another shape") {
+    VariableSpec spec{"mlp/second.weight", Tensor::zeros(DType::kFloat32, {1, 9}).value(), Optimizer::sgd(0.1)};
+    REQUIRE(t.client->create_variable(spec).ok());
+    Status status = create_variables(*t.client, *model, {.prefix = "mlp/"}).status();
+    CHECK(status.code() == StatusCode::kAlreadyExists);
+    CHECK_THAT(status.message(), Catch::Contains("second.weight") && Catch::Contains("[1, 9]") &&
+                                     Catch::Contains("[1, 8]") && Catch::Contains("prefix"));
+    CHECK(count_mlp() == 1);
+  }
+  SECTION("a parameter of a dtype the parameter servers apply no optimizer to") {
+    model->register_parameter("steps", ::torch::zeros({2}, ::torch::kInt64), /*requires_grad=*/false);
+    Status status = create_variables(*t.client, *model, {.prefix = "mlp/"}).status();
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("'steps'") && Catch::Contains("int64"));
+    CHECK(count_mlp() == 0);
+  }
+  SECTION("the same module again keeps the servers' values (a restarted program)") {
+    create_variables(*t.client, *model, {.prefix = "mlp/"}).value();
+    REQUIRE(t.client->assign_variable("mlp/second.bias", Tensor::from_vector<float>({42.0f}, {1}).value()).ok());
+    auto again = create_variables(*t.client, *model, {.prefix = "mlp/"}).value();
+    CHECK(again.size() == 4);
+    CHECK(read(*t.client, "mlp/second.bias").item<float>() == 42.0f);
+  }
+}
+
+}  // namespace
+}  // namespace capstan::torch

@@ -1,0 +1,42 @@
+// Small LibTorch models the torch tests train both on Capstan and locally.
+#ifndef CAPSTAN_TORCH_TESTS_TORCH_TEST_MODELS_H_
+#define CAPSTAN_TORCH_TESTS_TORCH_TEST_MODELS_H_
+
+#include <capstan/torch.h>
+
+namespace capstan::torch::testing {
+
+struct Mlp : ::torch::nn::Module {
+  Mlp() {
+    first = register_module("first", ::torch::nn::Linear(4, 8));
+    second = register_module("second", ::torch::nn::Linear(8, 1));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return second(::torch::relu(first(x))); }
+  ::torch::nn::Linear first{nullptr}, second{nullptr};
+};
+
+// An embedding of 20 rows of 3 (a Capstan Embedding on the parameter
+// servers, or LibTorch's dense one for the local reference), summed over the
+// ids of an example, then a linear head.
+struct Tower : ::torch::nn::Module {
+  explicit Tower(bool on_ps) {
+    if (on_ps) {
+      ps_embedding =
+          register_module("embedding", Embedding(EmbeddingOptions{.num_embeddings = 20, .dim = 3, .seed = 5}));
+    } else {
+      dense_embedding = register_module("embedding", ::torch::nn::Embedding(20, 3));
+    }
+    head = register_module("head", ::torch::nn::Linear(3, 1));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& ids) {
+    ::torch::Tensor rows = ps_embedding ? ps_embedding(ids) : dense_embedding(ids);
+    return head(rows.sum(1));
+  }
+  Embedding ps_embedding{nullptr};
+  ::torch::nn::Embedding dense_embedding{nullptr};
+  ::torch::nn::Linear head{nullptr};
+};
+
+}  // namespace capstan::torch::testing
+
+#endif  // CAPSTAN_TORCH_TESTS_TORCH_TEST_MODELS_H_

@@ -1,0 +1,51 @@
+// Closures that train LibTorch models on the parameter servers, loaded by
+// worker-server with --module (as users' modules are). The models are the
+// ones torch_cluster_test.cc trains locally for comparison.
+#include <capstan/functions.h>
+#include <capstan/torch.h>
+
+#include "torch/tests/torch_test_models.h"
+
+namespace {
+
+using capstan::ClosureContext;
+using capstan::Element;
+using capstan::Result;
+using capstan::Tensor;
+
+// args: [x float32[n, 4], y float32[n, 1]]; one SGD step of the MLP (its
+// variables under "mlp/"); returns the loss.
+Result<Element> mlp_step(ClosureContext& ctx, const Element& args) {
+  // One model per worker process, reused by every step: its values come
+  // from the parameter servers at each step.
+  static auto model = std::make_shared<capstan::torch::testing::Mlp>();
+  static capstan::torch::PsModule ps(*model, {.prefix = "mlp/"});
+  if (args.size() != 2) return capstan::Status::InvalidArgument("mlp_step takes [x, y]");
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor x, capstan::torch::to_torch(args.components[0]));
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor y, capstan::torch::to_torch(args.components[1]));
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor loss,
+                           ps.train_step(ctx, [&] { return ::torch::mse_loss(model->forward(x), y); }));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor value, capstan::torch::from_torch(loss));
+  return Element{{value}, {}};
+}
+
+// args: [ids int64[n, 3], y float32[n, 1]]; one step of the tower (a
+// Capstan Embedding under "tower/"); returns the loss.
+Result<Element> tower_step(ClosureContext& ctx, const Element& args) {
+  static auto model = std::make_shared<capstan::torch::testing::Tower>(true);
+  static capstan::torch::PsModule ps(*model, {.prefix = "tower/"});
+  if (args.size() != 2) return capstan::Status::InvalidArgument("tower_step takes [ids, y]");
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor ids, capstan::torch::to_torch(args.components[0]));
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor y, capstan::torch::to_torch(args.components[1]));
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor loss,
+                           ps.train_step(ctx, [&] { return ::torch::mse_loss(model->forward(ids), y); }));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor value, capstan::torch::from_torch(loss));
+  return Element{{value}, {}};
+}
+
+}  // namespace
+
+CAPSTAN_MODULE(registry) {
+  registry.register_closure("mlp_step", mlp_step);
+  registry.register_closure("tower_step", tower_step);
+}
