@@ -12,7 +12,7 @@
 
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/connection.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "training/variable_router.h"
 
@@ -41,7 +41,7 @@ class Router {
   VariableRouter* operator->() { return router_.get(); }
 
  private:
-  rpc::LoopThread loop_;
+  async::LoopThread loop_;
   kj::Own<rpc::Connection> connection_;
   std::unique_ptr<VariableRouter> router_;
 };

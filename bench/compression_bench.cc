@@ -64,7 +64,7 @@
 #include "data/compression.h"
 #include "example.pb.h"
 #include "rpc/connection.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 
 namespace {
 

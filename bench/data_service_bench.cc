@@ -58,7 +58,7 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 
 namespace {
 
@@ -73,7 +73,7 @@ namespace service = capstan::data::service;
 
 // How many data workers the dispatcher knows (listWorkers); -1 on error.
 int registered_workers(const std::string& dispatcher) {
-  capstan::rpc::LoopThread loop("bench-list");
+  capstan::async::LoopThread loop("bench-list");
   capstan::rpc::ConnectOptions connect;
   connect.client_name = "data_service_bench";
   try {

@@ -50,7 +50,7 @@
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/connection.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "training/variable_router.h"
 

@@ -12,7 +12,7 @@
 
 #include "capstan/data/dataset.h"
 #include "capstan/functions.h"
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "fuzz/fuzz_util.h"
 
 namespace {
@@ -89,7 +89,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
     body[offset] = static_cast<char>(body[offset] ^ data[k + 2]);
   }
   std::string damaged = state->substr(0, kHeader) + body;
-  uint64_t crc = capstan::data::io::crc32c_mask(capstan::data::io::crc32c(damaged.data(), damaged.size()));
+  uint64_t crc = capstan::io::crc32c_mask(capstan::io::crc32c(damaged.data(), damaged.size()));
   for (int i = 0; i < 8; ++i) damaged.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
 
   auto restored = ds.make_iterator(&functions());

@@ -91,11 +91,16 @@ interface Coordinator extends(Common.Node) {
   # of scheduling it again. The reply comes once the closure is journaled
   # (with work_dir); `durable` says the coordinator keeps its queue and
   # results across a restart, so a client may retry after reconnecting.
-  schedule @3 (function :Text, args :Common.Element, clientId :UInt64, requestSeq :Int64)
+  # `encodedArgs` (when set, instead of `args`): see ScheduleEntry.
+  schedule @3 (function :Text, args :Common.Element, clientId :UInt64, requestSeq :Int64,
+               encodedArgs :Data)
       -> (closureId :Int64, durable :Bool);
   join @4 () -> ();
   done @5 () -> (done :Bool);
-  fetch @6 (closureId :Int64) -> (value :Common.Element);
+  # `encoded`: the caller takes the value as `encodedValue` (see
+  # ScheduleEntry.encodedArgs), which the coordinator answers unless the
+  # value is larger than its inline limit (then `value`, as without).
+  fetch @6 (closureId :Int64, encoded :Bool) -> (value :Common.Element, encodedValue :Data);
   # The program will not fetch these closures again (their RemoteValues
   # went): their values are dropped (those still queued or running, when
   # they finish). Releasing one twice is fine. INVALID_ARGUMENT, nothing
@@ -189,13 +194,20 @@ interface ClosureValues {
   # fetch of entry `index` of the scheduleMany call that returned this: its
   # value once it has finished, or the entry's or the closure's error.
   # INVALID_ARGUMENT for an index past the entries.
-  fetch @0 (index :UInt32) -> (value :Common.Element);
+  # `encoded`: as Coordinator.fetch's.
+  fetch @0 (index :UInt32, encoded :Bool) -> (value :Common.Element, encodedValue :Data);
 }
 
 struct ScheduleEntry {
   function @0 :Text;
   args @1 :Common.Element;
   requestSeq @2 :Int64;
+  # The arguments as one flat Element message (rpc::element_to_bytes), set
+  # instead of `args`: the coordinator keeps, journals and hands these bytes
+  # to the worker as they are, never decoding them. For arguments whose
+  # encoding fits the connection's inline limit; larger ones go as `args`
+  # (their tensors pulled in chunks).
+  encodedArgs @3 :Data;
 }
 
 struct ScheduleOutcome {

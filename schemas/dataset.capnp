@@ -191,5 +191,10 @@ struct Op {
       path @66 :Text;
       compression @67 :Compression;
     }
+    # Each input element with its index (from `start`) in front, as
+    # component 0.
+    enumerate :group {
+      start @70 :Int64;
+    }
   }
 }

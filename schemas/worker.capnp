@@ -47,12 +47,19 @@ struct ClosureRunSpec {
   numWorkers @5 :UInt32;
   deadlineUnixMs @6 :Int64;
   workerIndex @7 :Int32 = -1;
+  # The arguments as the program encoded them (ScheduleEntry.encodedArgs),
+  # set instead of `args`; the worker then answers `encodedValue`.
+  encodedArgs @8 :Data;
 }
 
 struct ClosureOutcome {
   union {
     value @0 :Common.Element;
     error @1 :Common.ErrorDetail;
+    # The value as one flat Element message (rpc::element_to_bytes): the
+    # answer to a run sent with encodedArgs, unless the value is larger than
+    # the worker's inline limit (then `value`).
+    encodedValue @2 :Data;
   }
 }
 
@@ -67,11 +74,14 @@ interface Worker extends(Common.Node) {
   # A synchronous step names its strategy and the epoch (generation) of the
   # group it runs in; the closure then reaches the group and the mirrored
   # variables through its context.
+  # `encodedArgs` (as ClosureRunSpec's), set instead of `args`: the value
+  # comes back as `encodedResult`, unless it is larger than the worker's
+  # inline limit (then `result`).
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
                  placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
                  deadlineUnixMs :Int64, workerIndex :Int32 = -1,
-                 strategy :Text, epoch :Int64)
-      -> (result :Common.Element);
+                 strategy :Text, epoch :Int64, encodedArgs :Data)
+      -> (result :Common.Element, encodedResult :Data);
   # Several closures of the parameter-server kind (no strategy) in one
   # call, run one after another in the order given, as if each had come
   # in its own runClosure: the coordinator batches them when its queue is

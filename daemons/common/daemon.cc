@@ -13,6 +13,7 @@
 #include <sstream>
 #include <thread>
 
+#include "async/status_exception.h"
 #include "capstan/client.h"
 #include "cuda_info.h"
 #include "daemons/common/http_server.h"
@@ -159,7 +160,7 @@ class Readiness {
 // backoff, checks the peer's role, and watches for the link to break.
 class PeerWatcher {
  public:
-  PeerWatcher(rpc::LoopThread& loop, Readiness& readiness, rpc::ConnectOptions options,
+  PeerWatcher(async::LoopThread& loop, Readiness& readiness, rpc::ConnectOptions options,
               std::shared_ptr<spdlog::logger> log)
       : loop_(loop), readiness_(readiness), log_(std::move(log)) {
     const auto& peers = readiness_.peers();
@@ -210,13 +211,13 @@ class PeerWatcher {
             [this, i, &peer](kj::Exception&& e) {
               readiness_.set_up(i, false);
               log_->error("cannot use {} at {}: {}; retrying in 5 s", role_name(peer.role),
-                          peer.address, rpc::from_exception(e).message());
+                          peer.address, async::from_exception(e).message());
               return loop_.timer().afterDelay(5 * kj::SECONDS);
             })
         .then([this, i]() { return watch(i); });
   }
 
-  rpc::LoopThread& loop_;
+  async::LoopThread& loop_;
   Readiness& readiness_;
   std::shared_ptr<spdlog::logger> log_;
   kj::Vector<kj::Own<rpc::Connection>> connections_;

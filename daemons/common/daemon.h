@@ -90,10 +90,10 @@ struct DaemonContext {
   NodeIdentity& identity;
   MetricsRegistry& metrics;
   StatusBoard& status;  // the status page at `/`: the service adds its plots and tables
-  boost::asio::thread_pool& pool;  // heavy work goes here (see rpc/pool.h)
+  boost::asio::thread_pool& pool;  // heavy work goes here (see async/pool.h)
   std::shared_ptr<spdlog::logger> log;
   rpc::CodecOptions codec;
-  rpc::LoopThread* loop = nullptr;       // the RPC loop the service lives on
+  async::LoopThread* loop = nullptr;       // the RPC loop the service lives on
   std::vector<Peer> peers;               // from the configuration
   rpc::ConnectOptions peer_options;      // token etc. for connecting to peers
   const FunctionRegistry* functions = nullptr;  // modules loaded with --module

@@ -18,7 +18,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "checkpoint/checkpoint.h"
-#include "training/table_rows.h"
+#include "types/table_rows.h"
 
 namespace capstan::coordinator {
 

@@ -11,8 +11,8 @@
 #include "data/tensor_util.h"
 #include "journal/journal.h"
 #include "rpc/connection.h"
-#include "rpc/errors.h"
-#include "rpc/pool.h"
+#include "async/status_exception.h"
+#include "async/pool.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -48,6 +48,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
         uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
         return id == 0 ? 1 : id;
       }()),
+      clients_(config_.client_grace),
       placer_(std::max(parameter_servers.size(), 1)),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
@@ -60,7 +61,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
 Coordinator::~Coordinator() = default;
 
 void Coordinator::taskFailed(kj::Exception&& exception) {
-  log_->error("coordinator task failed: {}", rpc::from_exception(exception).to_string());
+  log_->error("coordinator task failed: {}", async::from_exception(exception).to_string());
 }
 
 void Coordinator::update_stats() {
@@ -151,7 +152,7 @@ kj::Promise<void> Coordinator::watch_worker(int64_t worker_id) {
           return Status::DeadlineExceeded("ping did not finish within " + std::to_string(timeout.count()) +
                                           " ms");
         });
-        auto ping = it->second.peer->ping().catch_([](kj::Exception&& e) { return rpc::from_exception(e); });
+        auto ping = it->second.peer->ping().catch_([](kj::Exception&& e) { return async::from_exception(e); });
         return ping.exclusiveJoin(kj::mv(late)).then([this, worker_id](Status status) -> kj::Promise<void> {
           if (!status.ok()) {
             drop_worker(worker_id, status.with_context("no answer to a ping"));
@@ -291,7 +292,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   const int64_t generation = ps_generation_;
   auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
     ClosureOutcome lost;
-    lost.result = rpc::from_exception(e);
+    lost.result = async::from_exception(e);
     lost.worker_lost = true;
     return lost;
   });
@@ -342,7 +343,7 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
   return peer->run_closures(std::move(runs))
       .attach(kj::mv(peer))
       .catch_([n](kj::Exception&& e) {
-        return std::vector<ClosureOutcome>(n, ClosureOutcome{rpc::from_exception(e), true});
+        return std::vector<ClosureOutcome>(n, ClosureOutcome{async::from_exception(e), true});
       })
       .then([this, worker_id, ids = std::move(ids), generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
         if (outcomes.size() != ids.size()) {
@@ -395,7 +396,7 @@ kj::Promise<void> Coordinator::send_dataset(Worker& worker, int64_t id, const Pe
       sent = worker.peer->create_dataset(id, parsed->resolve_shard_hint(n, worker.task_index).serialize(), dataset.uid);
     }
   }
-  return sent.catch_([](kj::Exception&& e) { return rpc::from_exception(e); })
+  return sent.catch_([](kj::Exception&& e) { return async::from_exception(e); })
       .then([this, worker_id, id](Status status) {
         if (!status.ok()) {
           log_->warn("worker {} could not build per-worker dataset {}: {}", worker_id, id, status.to_string());
@@ -630,35 +631,6 @@ Placements Coordinator::placements() const {
 
 // ---- The status page ---------------------------------------------------------------
 
-Status Coordinator::report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds) {
-  return report_scalars({{tag, value, step}}, unix_seconds);
-}
-
-Status Coordinator::report_scalars(const std::vector<ReportedScalar>& scalars, double unix_seconds) {
-  std::set<std::string> new_tags;
-  for (const ReportedScalar& s : scalars) {
-    if (s.tag.empty() || s.tag.size() > 128) {
-      return Status::InvalidArgument("report_scalar: tag of " + std::to_string(s.tag.size()) +
-                                     " bytes; give 1 to 128 bytes, e.g. \"loss\"");
-    }
-    if (!std::isfinite(s.value)) {
-      return Status::InvalidArgument("report_scalar: the value of '" + s.tag + "' is not finite");
-    }
-    if (reported_.count(s.tag) == 0) new_tags.insert(s.tag);
-    if (reported_.size() + new_tags.size() > kReportedTags) {
-      return Status::ResourceExhausted("report_scalar: '" + s.tag + "' would be tag " +
-                                       std::to_string(kReportedTags + 1) + "; the coordinator keeps at most " +
-                                       std::to_string(kReportedTags) + " (report fewer figures)");
-    }
-  }
-  for (const ReportedScalar& s : scalars) {
-    std::deque<ReportedPoint>& points = reported_[s.tag];
-    points.push_back({unix_seconds, s.step, s.value});
-    while (points.size() > kReportedPoints) points.pop_front();
-  }
-  return Status::Ok();
-}
-
 Coordinator::Overview Coordinator::overview() const {
   Overview out;
   for (const auto& [id, w] : workers_) {
@@ -689,15 +661,9 @@ Coordinator::Overview Coordinator::overview() const {
 Result<int64_t> Coordinator::schedule(const std::string& function, std::string args, uint64_t client_id,
                                       int64_t request_seq) {
   client_seen(client_id);
-  if (client_id != 0) {
-    auto client = requests_.find(client_id);
-    if (client != requests_.end()) {
-      auto seen = client->second.find(request_seq);
-      if (seen != client->second.end()) return seen->second;  // a retry: already scheduled
-    }
-  }
+  if (auto seen = clients_.find(client_id, request_seq)) return *seen;  // a retry: already scheduled
   if (queue_.has_error()) return take_closure_error();
-  if (!journal_broken_.ok()) return journal_broken_;
+  if (journal_ && !journal_->broken().ok()) return journal_->broken();
   if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
   if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_status());
@@ -708,15 +674,13 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
     return Status::NotFound("schedule: no worker has a closure named '" + function +
                             "' (workers have: " + (names.empty() ? "none" : names) + ")");
   }
-  std::string journaled = journal_ ? args : std::string();
+  // Journaled first, then queued (the queue has no pending error now, so
+  // the closure gets the next id): the arguments go to the journal as they
+  // are, then move into the queue.
+  journal_scheduled(queue_.next_id(), function, args, client_id, request_seq);
   auto id = queue_.schedule(function, std::move(args), {client_id, request_seq});
   if (!id.ok()) return id;
-  if (client_id != 0) {
-    auto& seen = requests_[client_id];
-    seen[request_seq] = *id;
-    if (seen.size() > kRememberedRequests) seen.erase(seen.begin());
-  }
-  journal_scheduled(*id, function, journaled, client_id, request_seq);
+  clients_.remember(client_id, request_seq, *id);
   ++stats_->closures_scheduled;
   notify();
   return id;
@@ -754,7 +718,12 @@ kj::Promise<Result<std::string>> Coordinator::fetch(int64_t closure_id) { return
 kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   auto state = queue_.state(id);
   if (!state.ok()) return Result<std::string>(state.status());
-  if (finished(*state)) return queue_.value(id);
+  if (finished(*state)) {
+    // A value goes out once its closure's end is in the journal: a program
+    // never holds a value whose closure a restart would run again.
+    if (!journal_) return queue_.value(id);
+    return journal_->synced().then([this, id](Status) { return queue_.value(id); });
+  }
   Status up = ps_status();
   if (!up.ok()) {
     auto until = ps_pause_deadline();
@@ -790,27 +759,16 @@ void Coordinator::released(int64_t id) {
   journal_released(id);
 }
 
-void Coordinator::client_seen(uint64_t client_id) {
-  if (client_id != 0 && config_.client_grace.count() > 0) clients_.insert_or_assign(client_id, timer_.now());
-}
+void Coordinator::client_seen(uint64_t client_id) { clients_.seen(client_id, timer_.now()); }
 
 void Coordinator::expire_clients() {
-  const kj::TimePoint now = timer_.now();
-  const kj::Duration grace = config_.client_grace.count() * kj::MILLISECONDS;
-  for (auto it = clients_.begin(); it != clients_.end();) {
-    if (now - it->second < grace) {
-      ++it;
-      continue;
-    }
-    const uint64_t client = it->first;
+  for (uint64_t client : clients_.expire(timer_.now())) {
     std::vector<int64_t> ids = queue_.release_client(client);
     for (int64_t id : ids) released(id);
     if (!ids.empty()) {
       log_->info("client {:x} has not called for {} ms (client_grace_ms): released its {} closure value(s)", client,
                  config_.client_grace.count(), ids.size());
     }
-    requests_.erase(client);
-    it = clients_.erase(it);
   }
   update_stats();
 }
@@ -937,7 +895,7 @@ kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::st
   const Variable variable = found->second;
   kj::Promise<Result<int64_t>> generation = Result<int64_t>(int64_t{0});
   if (!since.empty()) {
-    generation = rpc::run_on_pool(pool_, [since, name]() -> Result<int64_t> {
+    generation = async::run_on_pool(pool_, [since, name]() -> Result<int64_t> {
       CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(since));
       CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
       const auto* saved = reader->manifest().find_variable(name);
@@ -967,7 +925,7 @@ kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::st
             s.table_rows = std::move(answers[k]->rows);
             state.shards.push_back(std::move(s));
           }
-          return rpc::run_on_pool(pool_, [state = std::move(state), path]() { return write_table_export(state, path); });
+          return async::run_on_pool(pool_, [state = std::move(state), path]() { return write_table_export(state, path); });
         });
   });
 }
@@ -1012,7 +970,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
       .then([this, directory, step, max_to_keep, saved](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
         saved->pause = nullptr;  // everything is read: dispatch resumes while the files are written
         if (!states.ok()) return Path(states.status());
-        return rpc::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states),
+        return async::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states),
                                         iterators = std::move(saved->iterators)]() {
           return write_checkpoint(directory, step, max_to_keep, states, iterators);
         });
@@ -1050,7 +1008,7 @@ kj::Promise<std::map<std::string, std::string>> Coordinator::iterator_states() {
     for (auto& [worker_id, worker] : workers_) {
       std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
       reads.add(worker.peer->save_iterator(id)
-                    .catch_([](kj::Exception&& e) { return Result<std::string>(rpc::from_exception(e)); })
+                    .catch_([](kj::Exception&& e) { return Result<std::string>(async::from_exception(e)); })
                     .then([this, states, name](Result<std::string> state) {
                       if (state.ok()) {
                         (*states)[name] = std::move(*state);
@@ -1076,7 +1034,7 @@ kj::Promise<Result<int>> Coordinator::restore_iterators(std::map<std::string, st
       }
       ++count;
       restores.add(worker.peer->restore_iterator(id, found->second)
-                       .catch_([](kj::Exception&& e) { return rpc::from_exception(e); })
+                       .catch_([](kj::Exception&& e) { return async::from_exception(e); })
                        .then([name](Status status) { return status.with_context("restoring " + name); }));
     }
   }
@@ -1127,7 +1085,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
     if (task.state != PsState::kUp && task.state != PsState::kLost) return Step(ps_status());
   }
   auto resolved = std::make_shared<std::string>();
-  return rpc::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
+  return async::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
            CAPSTAN_ASSIGN_OR_RETURN(*resolved, resolve_checkpoint(path));
            CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(*resolved));
            return Reader(std::move(reader));
@@ -1169,7 +1127,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         if (!reader.ok()) return Restored(reader.status());
         std::map<std::string, std::vector<training::MirroredSpec>> mirrored;
         for (const auto& [name, strategy] : strategies_) mirrored[name] = strategy.specs;
-        return rpc::run_on_pool(pool_, [reader = *reader, states = layout(), strict,
+        return async::run_on_pool(pool_, [reader = *reader, states = layout(), strict,
                                         mirrored = std::move(mirrored)]() mutable -> Restored {
           std::vector<std::string> missing;
           CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));

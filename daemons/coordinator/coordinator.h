@@ -63,298 +63,17 @@
 #include "capstan/tensor.h"
 #include "capstan/training.h"
 #include "daemons/coordinator/checkpointing.h"
+#include "daemons/coordinator/client_table.h"
 #include "daemons/coordinator/closure_queue.h"
+#include "daemons/coordinator/config.h"
+#include "daemons/coordinator/durable_log.h"
+#include "daemons/coordinator/peers.h"
+#include "daemons/coordinator/reported_scalars.h"
+#include "daemons/coordinator/requests.h"
 #include "placement/placement.h"
-#include "training/replica.h"
-
-namespace capstan::daemon {
-class Config;
-struct OptionSpec;
-}
-namespace capstan::journal {
-class JournalWriter;
-}
+#include "types/replica.h"
 
 namespace capstan::coordinator {
-
-// The coordinator's settings, read and checked once at start.
-// The parameter servers of a StatefulSet behind a headless Service, as
-// Kubernetes names them: for `service` "ps.capstan.svc:7100" and n 2,
-// "ps-0.ps.capstan.svc:7100" and "ps-1.ps.capstan.svc:7100" (the StatefulSet
-// is named as the Service's first label; pod i's name is stable across
-// restarts, so recovery finds it again). INVALID_ARGUMENT names a bad value.
-Result<std::vector<std::string>> ps_addresses_of_service(const std::string& service, int64_t n);
-
-struct CoordinatorConfig {
-  std::vector<std::string> ps;  // addresses, ps task order
-  int closures_per_worker = 1;
-  // A lane sends up to this many closures in one call when the queue is deep
-  // (WorkerPeer::run_closures); 1: one per call. Not with closure_timeout.
-  int closure_batch = 1;
-  std::chrono::milliseconds worker_ping_interval{2000};
-  std::chrono::milliseconds worker_ping_timeout{5000};
-  // Workers per-worker datasets are sharded for; the number registered when
-  // that is larger (0: always the number registered).
-  int expected_workers = 0;
-  // A run that takes longer fails with DeadlineExceeded (and, as any
-  // closure error, cancels the others); the closure sees the deadline in its
-  // context. 0: no deadline.
-  std::chrono::milliseconds closure_timeout{0};
-
-  // Where the coordinator journals what it must not forget across a restart
-  // (variables and their placement, per-worker datasets, the checkpoint to
-  // recover from); "": nothing survives a restart.
-  std::string work_dir;
-  // The journal is rewritten as a snapshot of the state once it holds this
-  // many records and more than twice the live ones (closures kept,
-  // variables, datasets).
-  int64_t journal_compact_records = 100000;
-
-  // The results of a program's closures are released when its client (the
-  // client id its schedule calls carry) has not been heard from for this
-  // long: its program is gone, and nothing can fetch them any more. A live
-  // SDK client calls at least every kClientHeartbeat (a release, empty when
-  // there is nothing to release); a client that reconnects within it (a
-  // link outage, a coordinator restart) fetches its values as before.
-  // 0: never (kept until released one by one).
-  std::chrono::milliseconds client_grace{300000};
-  // A schedule is answered only once fewer closures than this wait for a
-  // worker (queue_room), and the SDK blocks schedule() while 16384 of its
-  // schedules have no answer: a program that schedules faster than the
-  // workers run waits (TF's schedule blocks while its queue is full), and
-  // the queue, the coordinator's memory with it, stays bounded.
-  int64_t max_queued_closures = 32768;
-
-  // The checkpoint policy: every `checkpoint_every_steps` closures completed
-  // and/or every `checkpoint_every_seconds`, the coordinator saves into
-  // `checkpoint_dir` (keeping the newest checkpoint_max_to_keep). 0: off.
-  std::string checkpoint_dir;
-  int64_t checkpoint_every_steps = 0;
-  std::chrono::seconds checkpoint_every_seconds{0};
-  int checkpoint_max_to_keep = 3;
-  // A parameter server that comes back without its shards is restored from
-  // the latest checkpoint by itself (false: only by restore_checkpoint).
-  bool ps_recovery = true;
-  // How long join/fetch wait for a lost parameter server that can be
-  // recovered before they fail with Unavailable.
-  std::chrono::milliseconds ps_recovery_timeout{300000};
-  // With checkpoint_dir: a worker leaving or the coordinator stopping
-  // (SIGTERM) saves a checkpoint once the running closures have finished.
-  bool checkpoint_on_preemption = true;
-
-  // The coordinator's own keys, each integer with its range; from() expects
-  // a Config parsed with them. Defined with the service (service.cc), which
-  // links the daemon's configuration.
-  static std::vector<daemon::OptionSpec> options();
-  // InvalidArgument naming the key and the value, for what the ranges cannot
-  // say (keys that exclude each other, client_grace_ms's gap).
-  static Result<CoordinatorConfig> from(const daemon::Config& config);
-};
-
-// ---- The other daemons, as the coordinator sees them -------------------------------
-
-// One dispatch of a closure to a worker.
-struct ClosureRun {
-  int64_t closure_id = 0;
-  std::string function;
-  std::string args;  // serialized Element, as the program sent it
-  int64_t placement_version = 0;
-  uint32_t attempt = 1;
-  uint32_t num_workers = 0;  // workers registered at dispatch
-  int32_t worker_index = -1;  // the worker's task index (given or assigned)
-  int64_t deadline_unix_ms = 0;  // 0: none
-  // A synchronous step: the strategy and the epoch of its group.
-  std::string strategy = "";
-  int64_t epoch = 0;
-};
-
-struct ClosureOutcome {
-  // The closure's value (a serialized Element) or its error.
-  Result<std::string> result = std::string();
-  // The link to the worker broke: the worker is gone; `result` says why.
-  bool worker_lost = false;
-};
-
-// A registered worker. A run_closure promise that rejects counts as a lost
-// worker; a ping or dataset promise that rejects, as that call's error.
-class WorkerPeer {
- public:
-  virtual ~WorkerPeer() = default;
-  virtual kj::Promise<ClosureOutcome> run_closure(ClosureRun run) = 0;
-  // Several closures, run one after another on the worker; an outcome per
-  // run, in order. A run after one that failed is not started (its outcome
-  // is Aborted, so it is queued again). Any worker_lost outcome means the
-  // worker is gone. The default runs them through run_closure in turn.
-  virtual kj::Promise<std::vector<ClosureOutcome>> run_closures(std::vector<ClosureRun> runs);
-  // Asks the worker to cancel a run of closure `closure_id` (its context's
-  // cancelled() turns true; the run answers Cancelled). Best effort.
-  virtual kj::Promise<Status> cancel_closure(int64_t closure_id) = 0;
-  // The worker's advertised address, for the status page ("" when unknown).
-  virtual std::string address() const { return {}; }
-  // OK when the worker answered.
-  virtual kj::Promise<Status> ping() = 0;
-  // Per-worker datasets: a definition (SHARD_HINT already resolved for this
-  // worker), or a dataset function with the worker's input context.
-  // `uid` names the dataset across coordinator restarts (the worker keeps
-  // an iterator it is sent again with the same uid).
-  virtual kj::Promise<Status> create_dataset(int64_t dataset_id, std::string definition, uint64_t uid) = 0;
-  virtual kj::Promise<Status> create_dataset_from_function(int64_t dataset_id, std::string function,
-                                                           int num_workers, int worker_index, uint64_t uid) = 0;
-
-  // Synchronous training: the worker's replica of a strategy (see
-  // worker_server/replicas.h). A promise that rejects counts as a lost
-  // worker, as run_closure's. The defaults answer Unimplemented (peers that
-  // never take part in synchronous training, such as most test fakes).
-  virtual kj::Promise<Result<training::ReplicaReport>> replica_status(std::string strategy) {
-    return Result<training::ReplicaReport>(Status::Unimplemented("replica_status"));
-  }
-  virtual kj::Promise<Result<std::string>> prepare_replica(std::string strategy, int64_t epoch) {
-    return Result<std::string>(Status::Unimplemented("prepare_replica"));
-  }
-  virtual kj::Promise<Result<training::ReplicaReport>> form_replica(training::ReplicaForm form) {
-    return Result<training::ReplicaReport>(Status::Unimplemented("form_replica"));
-  }
-  virtual kj::Promise<Result<training::MirroredState>> read_replica(std::string strategy) {
-    return Result<training::MirroredState>(Status::Unimplemented("read_replica"));
-  }
-  virtual kj::Promise<Status> abort_replica(std::string strategy, int64_t epoch, std::string reason) {
-    return Status::Unimplemented("abort_replica");
-  }
-
-  // The position of the worker's iterator of a per-worker dataset, and back
-  // (model checkpoints). A promise that rejects is that call's error. The
-  // defaults answer Unimplemented.
-  virtual kj::Promise<Result<std::string>> save_iterator(int64_t dataset_id) {
-    return Result<std::string>(Status::Unimplemented("save_iterator"));
-  }
-  virtual kj::Promise<Status> restore_iterator(int64_t dataset_id, std::string state) {
-    return Status::Unimplemented("restore_iterator");
-  }
-};
-
-// What a parameter server holds for one shard.
-struct ShardContents {
-  Tensor value;
-  std::map<std::string, Tensor> slots;
-  int64_t step = 0;
-};
-
-// What a parameter server holds of an embedding table's shard.
-struct TableContents {
-  ps::TableRows rows;
-  int64_t step = 0;
-  int64_t version = 0;
-};
-
-// The parameter server tasks, numbered 0..size()-1. Must outlive the
-// Coordinator.
-class ParameterServers {
- public:
-  virtual ~ParameterServers() = default;
-  virtual int size() const = 0;
-  virtual std::string address(int task) const = 0;
-  // Resolves once `task` can be reached (at once when it can now).
-  virtual kj::Promise<void> reachable(int task) = 0;
-  // Resolves when the link to `task`, reachable now, breaks.
-  virtual kj::Promise<void> unreachable(int task) = 0;
-  virtual kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
-                                           const Optimizer& optimizer) = 0;
-  virtual kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) = 0;
-  // Sets value, optimizer slots and step; an invalid value (Tensor()) leaves
-  // the value as it is.
-  virtual kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) = 0;
-  // The names of the shards `task` holds (embedding-table shards too).
-  virtual kj::Promise<Result<std::set<std::string>>> list_shards(int task) = 0;
-
-  // Embedding tables (the defaults answer Unimplemented).
-  virtual kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) {
-    return Status::Unimplemented("create_table");
-  }
-  // The rows with a version > since; begin > 0 first tags later changes
-  // with max(begin, version + 1). contents.version: the version before.
-  virtual kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) {
-    return Result<TableContents>(Status::Unimplemented("export_table"));
-  }
-  // Inserts or overwrites the rows (clear: all rows go first), sets the
-  // step and tags later changes above contents.version.
-  virtual kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) {
-    return Status::Unimplemented("import_table");
-  }
-};
-
-// ---- Requests and replies -----------------------------------------------------------
-
-struct VariableRequest {
-  std::string name;
-  Tensor initial;  // the whole initial value
-  Optimizer optimizer;  // as the program sent it; the parameter servers check it
-  placement::Partitioner partitioner;
-};
-
-struct ShardLocation {
-  std::string name;  // "w/part_0"
-  int ps_task = 0;
-  std::string ps_address;
-  int64_t first_row = 0;
-  int64_t rows = 0;
-};
-
-struct VariableLocation {
-  std::string name;
-  DType dtype = DType::kInvalid;
-  Shape shape;
-  std::vector<ShardLocation> shards;
-  // An embedding table: one shard per parameter server, by task; key k on
-  // shard table_shard_of(k, shards.size()). shape is [0, dim].
-  std::optional<EmbeddingTableSpec> table;
-};
-
-struct Placements {
-  int64_t version = 0;
-  std::vector<VariableLocation> variables;  // by name
-};
-
-// Synchronous training (MirroredStrategy).
-
-// A worker's answer to a replica call, or that it was lost (the link broke,
-// it was dropped, or it did not answer in time).
-template <typename T>
-struct ReplicaAnswer {
-  Result<T> result = Status::Unknown("no answer");
-  bool lost = false;
-};
-
-struct MirroredVariableInit {
-  std::string name;
-  Tensor initial;
-  Optimizer optimizer;
-};
-
-struct StrategyConfig {
-  int min_replicas = 1;  // a step waits (up to settings.timeout) for this many workers
-  training::CollectiveSettings settings;
-};
-
-struct StepOutcome {
-  std::vector<std::string> values;  // serialized Elements, by replica
-  int64_t steps = 0;                // steps of the strategy run so far
-  int64_t epoch = 0;
-  std::vector<int> task_indexes;    // by replica
-};
-
-struct ReplicaInfo {
-  int64_t worker_id = 0;
-  int task_index = 0;
-  int rank = 0;
-  training::ReplicaReport report;
-  Status status;  // the worker's answer to replica_status
-};
-
-struct StrategyStatus {
-  int64_t epoch = 0;
-  int64_t steps = 0;
-  std::vector<ReplicaInfo> replicas;  // by rank
-};
 
 class Coordinator final : private kj::TaskSet::ErrorHandler {
  public:
@@ -461,22 +180,18 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // last kReportedPoints of at most kReportedTags tags are kept.
   // InvalidArgument for an empty tag or one over 128 bytes, a value that is
   // not finite; ResourceExhausted for a new tag beyond kReportedTags.
-  static constexpr size_t kReportedPoints = 600;
-  static constexpr size_t kReportedTags = 32;
-  struct ReportedPoint {
-    double unix_seconds = 0;
-    int64_t step = 0;
-    double value = 0;
-  };
-  Status report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds);
-  struct ReportedScalar {
-    std::string tag;
-    double value = 0;
-    int64_t step = 0;
-  };
+  static constexpr size_t kReportedPoints = ReportedScalars::kPoints;
+  static constexpr size_t kReportedTags = ReportedScalars::kTags;
+  using ReportedPoint = ReportedScalars::Point;
+  using ReportedScalar = ReportedScalars::Scalar;
+  Status report_scalar(const std::string& tag, double value, int64_t step, double unix_seconds) {
+    return reported_.add({{tag, value, step}}, unix_seconds);
+  }
   // All of them or, with any refused (as report_scalar would), none.
-  Status report_scalars(const std::vector<ReportedScalar>& scalars, double unix_seconds);
-  const std::map<std::string, std::deque<ReportedPoint>>& reported() const { return reported_; }
+  Status report_scalars(const std::vector<ReportedScalar>& scalars, double unix_seconds) {
+    return reported_.add(scalars, unix_seconds);
+  }
+  const std::map<std::string, std::deque<ReportedPoint>>& reported() const { return reported_.points(); }
   // Members and state for the page.
   struct Overview {
     struct WorkerRow {
@@ -503,8 +218,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Unavailable while a parameter server is unreachable.
   kj::Promise<Status> join();
   Result<bool> done();
-  // The value's bytes once the closure finished, or its error; NotFound
-  // saying so for a released one.
+  // The value's bytes once the closure finished (with work_dir: and its end
+  // is journaled, so that a restart never runs again a closure whose value
+  // the program has), or its error; NotFound saying so for a released one.
   kj::Promise<Result<std::string>> fetch(int64_t closure_id);
   // The program will not fetch these closures again: their values go (those
   // still queued or running go when they finish), journaled. Releasing one
@@ -712,14 +428,10 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void journal_released(int64_t id);
   // queue_.take_error(), journaled when it raises one.
   Status take_closure_error();
-  void flush_journal();
-  // Appends one record at once (the loop thread; rare changes).
-  Status append_now(const std::string& record);
   // The state as journal records (a compacted journal).
   std::vector<std::string> snapshot_records() const;
   std::string variable_record(const Variable& variable) const;
   std::string dataset_record(int64_t id, const PerWorkerDataset& dataset) const;
-  bool compaction_due() const;
   // Remembers (and journals) the checkpoint a lost PS is restored from.
   void set_last_checkpoint(const std::string& path);
 
@@ -799,7 +511,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   const std::shared_ptr<spdlog::logger> log_;
 
   ClosureQueue queue_;
-  std::map<std::string, std::deque<ReportedPoint>> reported_;
+  ReportedScalars reported_;
   std::map<int64_t, Worker> workers_;
   int64_t next_worker_id_ = 1;
   std::vector<PsTask> ps_tasks_;  // by task
@@ -819,36 +531,11 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   bool draining_ = false;  // drain(): nothing more is dispatched
   int dispatch_pauses_ = 0;  // pause_dispatch() guards alive
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
-  // The writer, used by the loop thread (append_now) and the pool (batches):
-  // the mutex serializes them. Shared with a batch in flight.
-  struct JournalFile {
-    std::mutex mutex;
-    std::unique_ptr<journal::JournalWriter> writer;
-    std::string work_dir;
-    int64_t generation = 0;  // writer's directory: work_dir/journal-<generation>; 0: work_dir itself
-  };
-  // Writes `records` as the journal of the next generation, makes CURRENT
-  // name it, swaps the writer to it and deletes the old journal (under the
-  // file's mutex; any thread).
-  static Status write_compacted(JournalFile& file, const std::vector<std::string>& records);
-  std::shared_ptr<JournalFile> journal_;  // null without work_dir
-  int64_t journal_records_ = 0;  // in the journal now (replayed, appended, enqueued)
-  int64_t journal_compactions_ = 0;
-  std::vector<std::string> journal_queue_;  // closure records not yet handed to a batch
-  int64_t journal_enqueued_ = 0;            // closure records enqueued so far
-  int64_t journal_durable_ = 0;             // of them, fsynced
-  bool journal_flushing_ = false;
-  Status journal_broken_;
-  std::multimap<int64_t, kj::Own<kj::PromiseFulfiller<Status>>> journal_waiters_;  // by record count
-  // Schedule requests seen, by client: request seq -> closure id (the last
-  // kRememberedRequests of each client).
-  // Forgotten with the client (expire_clients).
-  std::map<uint64_t, std::map<int64_t, int64_t>> requests_;
-  static constexpr size_t kRememberedRequests = 1 << 16;
+  std::unique_ptr<DurableLog> journal_;  // null without work_dir
   const uint64_t incarnation_;
-  // When each client was last heard from; a client goes once client_grace
-  // has passed since (its values released, its requests forgotten).
-  std::map<uint64_t, kj::TimePoint> clients_;
+  // Schedule requests seen (retries answer the same closure) and when each
+  // client was last heard from (expire_clients releases a silent one's).
+  ClientTable clients_;
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;

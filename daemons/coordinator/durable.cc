@@ -26,16 +26,11 @@
 #include <capnp/serialize.h>
 
 #include <algorithm>
-#include <filesystem>
-#include <fstream>
+#include <cstring>
 
 #include "capstan_schemas/coordinator_journal.capnp.h"
 #include "daemons/coordinator/coordinator.h"
-#include "io/durable_file.h"
-#include "journal/journal.h"
-#include "rpc/errors.h"
-#include "rpc/optimizer_codec.h"
-#include "rpc/pool.h"
+#include "async/status_exception.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/tensor_codec.h"
 
@@ -68,89 +63,23 @@ std::string string_of(capnp::Data::Reader data) {
   return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
 }
 
-constexpr const char* kCurrentFile = "CURRENT";
-
-std::string journal_dir(const std::string& work_dir, int64_t generation) {
-  return generation == 0 ? work_dir : work_dir + "/journal-" + std::to_string(generation);
-}
-
-// The generation CURRENT names; 0 without CURRENT.
-Result<int64_t> current_generation(const std::string& work_dir) {
-  std::ifstream in(work_dir + "/" + kCurrentFile);
-  if (!in) return int64_t{0};
-  std::string name;
-  in >> name;
-  const std::string prefix = "journal-";
-  if (name.rfind(prefix, 0) != 0 || name.size() == prefix.size() || name.size() > prefix.size() + 18 ||
-      !std::all_of(name.begin() + static_cast<std::ptrdiff_t>(prefix.size()), name.end(),
-                   [](char c) { return c >= '0' && c <= '9'; })) {
-    return Status::DataLoss(work_dir + "/" + kCurrentFile + " does not name a journal directory ('" + name + "')");
-  }
-  return std::stoll(name.substr(prefix.size()));
-}
-
-// Deletes the journal of `generation` (0: the segment files in work_dir).
-void remove_journal(const std::string& work_dir, int64_t generation) {
-  std::error_code ignored;
-  if (generation != 0) {
-    std::filesystem::remove_all(journal_dir(work_dir, generation), ignored);
-    return;
-  }
-  for (const auto& entry : std::filesystem::directory_iterator(work_dir, ignored)) {
-    std::string name = entry.path().filename().string();
-    if (entry.is_regular_file(ignored) && name.rfind("journal-", 0) == 0 && name.size() > 4 &&
-        name.substr(name.size() - 4) == ".log") {
-      std::filesystem::remove(entry.path(), ignored);
-    }
-  }
-}
-
-// Journals of other generations than `current`: what a compaction that
-// crashed left behind (a new one CURRENT never named, or the old one).
-void remove_stale_journals(const std::string& work_dir, int64_t current) {
-  std::error_code ignored;
-  std::vector<int64_t> stale;
-  for (const auto& entry : std::filesystem::directory_iterator(work_dir, ignored)) {
-    std::string name = entry.path().filename().string();
-    if (!entry.is_directory(ignored) || name.rfind("journal-", 0) != 0) continue;
-    std::string digits = name.substr(8);
-    if (digits.empty() || digits.size() > 18 || !std::all_of(digits.begin(), digits.end(), ::isdigit)) continue;
-    if (std::stoll(digits) != current) stale.push_back(std::stoll(digits));
-  }
-  for (int64_t g : stale) remove_journal(work_dir, g);
-  if (current != 0) remove_journal(work_dir, 0);
-}
-
 }  // namespace
 
 Status Coordinator::open_journal() {
   if (config_.work_dir.empty()) return Status::Ok();
-  CAPSTAN_ASSIGN_OR_RETURN(int64_t generation, current_generation(config_.work_dir));
-  const std::string dir = journal_dir(config_.work_dir, generation);
-  if (generation != 0 && !std::filesystem::is_directory(dir)) {
-    return Status::DataLoss(config_.work_dir + "/" + kCurrentFile + " names " + dir +
-                            ", which is missing: the coordinator's state is lost; restore the directory, or start "
-                            "with an empty work_dir");
-  }
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> records, journal::read_all(dir));
+  DurableLog::Compaction compaction;
+  compaction.min_records = config_.journal_compact_records;
+  compaction.live_records = [this]() {
+    return static_cast<int64_t>(variables_.size() + datasets_.size()) + queue_.size() + 2;
+  };
+  compaction.snapshot = [this]() { return snapshot_records(); };
+  std::vector<std::string> records;
+  CAPSTAN_ASSIGN_OR_RETURN(journal_, DurableLog::open(config_.work_dir, pool_, log_, std::move(compaction), &records));
   for (const auto& record : records) {
-    CAPSTAN_RETURN_IF_ERROR(apply_journal_record(record).with_context("replaying the journal in " + dir));
+    CAPSTAN_RETURN_IF_ERROR(apply_journal_record(record).with_context("replaying the journal in " + config_.work_dir));
   }
-  journal_ = std::make_shared<JournalFile>();
-  journal_->work_dir = config_.work_dir;
-  journal_->generation = generation;
-  CAPSTAN_ASSIGN_OR_RETURN(journal_->writer, journal::JournalWriter::open(dir));
-  remove_stale_journals(config_.work_dir, generation);
-  journal_records_ = static_cast<int64_t>(records.size());
   (void)queue_.take_cancelled_runs();  // runs of the coordinator that is gone
-  if (compaction_due()) {
-    auto snapshot = snapshot_records();
-    CAPSTAN_RETURN_IF_ERROR(write_compacted(*journal_, snapshot).with_context("compacting the journal in " +
-                                                                               config_.work_dir));
-    log_->info("compacted the journal: {} record(s) -> {}", journal_records_, snapshot.size());
-    journal_records_ = static_cast<int64_t>(snapshot.size());
-    ++journal_compactions_;
-  }
+  CAPSTAN_RETURN_IF_ERROR(journal_->compact_if_due());
   if (!records.empty()) {
     log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s), {} closure(s) queued again, "
                "{} result(s) kept{}",
@@ -160,78 +89,8 @@ Status Coordinator::open_journal() {
   return Status::Ok();
 }
 
-Status Coordinator::append_now(const std::string& record) {
-  ++journal_records_;
-  std::lock_guard<std::mutex> lock(journal_->mutex);
-  return journal_->writer->append(record);
-}
-
-Status Coordinator::write_compacted(JournalFile& file, const std::vector<std::string>& records) {
-  std::lock_guard<std::mutex> lock(file.mutex);
-  const int64_t next = file.generation + 1;
-  const std::string dir = journal_dir(file.work_dir, next);
-  std::error_code ignored;
-  std::filesystem::remove_all(dir, ignored);  // a compaction that crashed before CURRENT named it
-  CAPSTAN_ASSIGN_OR_RETURN(auto writer, journal::JournalWriter::open(dir));
-  CAPSTAN_RETURN_IF_ERROR(writer->append_batch(records));
-  CAPSTAN_RETURN_IF_ERROR(
-      capstan::io::write_file_durably(file.work_dir + "/" + kCurrentFile, "journal-" + std::to_string(next) + "\n"));
-  const int64_t old = file.generation;
-  file.writer = std::move(writer);  // the old writer closes, and its lock goes
-  file.generation = next;
-  remove_journal(file.work_dir, old);
-  return Status::Ok();
-}
-
-bool Coordinator::compaction_due() const {
-  if (!journal_) return false;
-  int64_t live = static_cast<int64_t>(variables_.size() + datasets_.size()) + queue_.size() + 2;
-  return journal_records_ >= config_.journal_compact_records && journal_records_ > 2 * live;
-}
-
 void Coordinator::journal_closure_change(std::string record) {
-  if (!journal_) return;
-  journal_queue_.push_back(std::move(record));
-  ++journal_enqueued_;
-  ++journal_records_;
-  flush_journal();
-}
-
-void Coordinator::flush_journal() {
-  if (journal_flushing_ || journal_queue_.empty()) return;
-  journal_flushing_ = true;
-  const int64_t upto = journal_enqueued_;
-  kj::Promise<Status> written = nullptr;
-  if (compaction_due()) {
-    // The snapshot holds the effect of the records waiting to be written:
-    // they are dropped, and their waiters answered once it is durable.
-    auto snapshot = std::make_shared<std::vector<std::string>>(snapshot_records());
-    journal_queue_.clear();
-    log_->info("compacting the journal: {} record(s) -> {}", journal_records_, snapshot->size());
-    journal_records_ = static_cast<int64_t>(snapshot->size());
-    ++journal_compactions_;
-    written = rpc::run_on_pool(pool_, [file = journal_, snapshot]() { return write_compacted(*file, *snapshot); });
-  } else {
-    auto batch = std::make_shared<std::vector<std::string>>(std::exchange(journal_queue_, {}));
-    written = rpc::run_on_pool(pool_, [file = journal_, batch]() {
-      std::lock_guard<std::mutex> lock(file->mutex);
-      return file->writer->append_batch(*batch);
-    });
-  }
-  tasks_.add(written.then([this, upto](Status status) {
-    journal_flushing_ = false;
-    if (!status.ok() && journal_broken_.ok()) {
-      journal_broken_ = status.with_context("journaling the closure queue in " + config_.work_dir);
-      log_->error("{}: closures scheduled from now on are answered with this error; restart the coordinator",
-                  journal_broken_.to_string());
-    }
-    journal_durable_ = upto;
-    while (!journal_waiters_.empty() && journal_waiters_.begin()->first <= upto) {
-      journal_waiters_.begin()->second->fulfill(Status(journal_broken_));
-      journal_waiters_.erase(journal_waiters_.begin());
-    }
-    flush_journal();
-  }));
+  if (journal_) journal_->enqueue(std::move(record));
 }
 
 std::vector<std::string> Coordinator::snapshot_records() const {
@@ -270,10 +129,8 @@ std::vector<std::string> Coordinator::snapshot_records() const {
 }
 
 kj::Promise<Status> Coordinator::journal_synced() {
-  if (!journal_ || journal_durable_ >= journal_enqueued_) return Status(journal_broken_);
-  auto paf = kj::newPromiseAndFulfiller<Status>();
-  journal_waiters_.emplace(journal_enqueued_, kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
+  if (!journal_) return Status::Ok();
+  return journal_->synced();
 }
 
 void Coordinator::journal_scheduled(int64_t id, const std::string& function, const std::string& args,
@@ -376,9 +233,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         queue_.restore_scheduled(in.getId(), text(in.getFunction()), string_of(in.getArgs()),
                                  {in.getClientId(), in.getRequestSeq()});
         if (in.getClientId() != 0) {
-          auto& seen = requests_[in.getClientId()];
-          seen[in.getRequestSeq()] = in.getId();
-          if (seen.size() > kRememberedRequests) seen.erase(seen.begin());
+          clients_.remember(in.getClientId(), in.getRequestSeq(), in.getId());
           // Its program gets client_grace from the restart to come back.
           client_seen(in.getClientId());
         }
@@ -419,7 +274,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         entry.owner = {in.getClosure().getClientId(), in.getClosure().getRequestSeq()};
         entry.released = in.getReleased();
         if (entry.owner.client != 0) {
-          requests_[entry.owner.client][entry.owner.request_seq] = entry.closure.id;
+          clients_.remember(entry.owner.client, entry.owner.request_seq, entry.closure.id);
           client_seen(entry.owner.client);
         }
         queue_.restore_entry(std::move(entry));
@@ -435,13 +290,13 @@ Status Coordinator::apply_journal_record(const std::string& record) {
     }
     return Status::DataLoss("a journal record of a kind this coordinator does not know (a newer version wrote it)");
   } catch (const kj::Exception& e) {
-    return Status::DataLoss("a journal record does not parse: " + rpc::from_exception(e).message());
+    return Status::DataLoss("a journal record does not parse: " + async::from_exception(e).message());
   }
 }
 
 Status Coordinator::journal_variable(const Variable& variable) {
   if (!journal_) return Status::Ok();
-  return append_now(variable_record(variable)).with_context("journaling variable '" + variable.name + "'");
+  return journal_->append_now(variable_record(variable)).with_context("journaling variable '" + variable.name + "'");
 }
 
 std::string Coordinator::variable_record(const Variable& variable) const {
@@ -469,7 +324,7 @@ std::string Coordinator::variable_record(const Variable& variable) const {
 
 Status Coordinator::journal_dataset(int64_t id, const PerWorkerDataset& dataset) {
   if (!journal_) return Status::Ok();
-  return append_now(dataset_record(id, dataset)).with_context("journaling per-worker dataset " + std::to_string(id));
+  return journal_->append_now(dataset_record(id, dataset)).with_context("journaling per-worker dataset " + std::to_string(id));
 }
 
 std::string Coordinator::dataset_record(int64_t id, const PerWorkerDataset& dataset) const {
@@ -489,7 +344,7 @@ void Coordinator::set_last_checkpoint(const std::string& path) {
   if (!journal_) return;
   capnp::MallocMessageBuilder message;
   message.initRoot<Update>().setLastCheckpoint(path);
-  Status logged = append_now(serialize(message));
+  Status logged = journal_->append_now(serialize(message));
   if (!logged.ok()) {
     // Recovery after a restart falls back to checkpoint_dir's newest.
     log_->warn("journaling the last checkpoint {}: {}", path, logged.to_string());

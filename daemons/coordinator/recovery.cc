@@ -21,8 +21,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "daemons/coordinator/coordinator.h"
-#include "rpc/errors.h"
-#include "rpc/pool.h"
+#include "async/status_exception.h"
+#include "async/pool.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -137,7 +137,7 @@ kj::Promise<void> Coordinator::check_ps(int task) {
     return kj::READY_NOW;
   }
   return ps_.list_shards(task)
-      .catch_([](kj::Exception&& e) { return Result<std::set<std::string>>(rpc::from_exception(e)); })
+      .catch_([](kj::Exception&& e) { return Result<std::set<std::string>>(async::from_exception(e)); })
       .then([this, task, expected = std::move(expected)](Result<std::set<std::string>> held) -> kj::Promise<void> {
         if (!held.ok()) {
           // Its link broke again (watch_ps sees it next), or it answers
@@ -195,7 +195,7 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
     int64_t step = 0;
     std::vector<VariableState> states;
   };
-  return rpc::run_on_pool(pool_,
+  return async::run_on_pool(pool_,
                           [from, states = std::move(layout_now)]() mutable -> Result<Read> {
                             CAPSTAN_ASSIGN_OR_RETURN(std::string path, resolve_checkpoint(from));
                             CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(path));

@@ -2,6 +2,8 @@
 
 #include <memory>
 
+#include "daemons/coordinator/payload.h"
+#include "async/status_exception.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/replica_codec.h"
@@ -14,7 +16,7 @@ std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size())
 kj::TimePoint far_future(kj::Timer& timer) { return timer.now() + 3650 * 24 * 3600 * kj::SECONDS; }
 
 kj::Promise<Status> status_of(kj::Promise<void> call) {
-  return call.then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); });
+  return call.then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return async::from_exception(e); });
 }
 
 // The worker's error as a Result; a broken link stays a rejected promise
@@ -23,8 +25,8 @@ template <typename T>
 kj::Promise<Result<T>> result_of(kj::Promise<T> call) {
   return call.then([](T value) -> kj::Promise<Result<T>> { return Result<T>(std::move(value)); },
                    [](kj::Exception&& e) -> kj::Promise<Result<T>> {
-                     if (rpc::is_transport_failure(e)) return kj::mv(e);
-                     return Result<T>(rpc::from_exception(e));
+                     if (async::is_transport_failure(e)) return kj::mv(e);
+                     return Result<T>(async::from_exception(e));
                    });
 }
 
@@ -44,9 +46,11 @@ void release_later(Response response) {
 }
 
 // Fills the fields runClosure's params and a runClosures ClosureRunSpec
-// share (all but the strategy's).
+// share (all but the strategy's). The arguments go as the program encoded
+// them; only those past the inline limit go as an element, whose tensors
+// the worker pulls in chunks (InvalidArgument when they are not one).
 template <typename Builder>
-void write_run(Builder out, const ClosureRun& run, const Element& args, const rpc::CodecOptions& codec) {
+Status write_run(Builder out, const ClosureRun& run, const rpc::CodecOptions& codec) {
   out.setClosureId(run.closure_id);
   out.setFunction(run.function);
   out.setPlacementVersion(run.placement_version);
@@ -54,7 +58,20 @@ void write_run(Builder out, const ClosureRun& run, const Element& args, const rp
   out.setNumWorkers(run.num_workers);
   out.setWorkerIndex(run.worker_index);
   out.setDeadlineUnixMs(run.deadline_unix_ms);
-  rpc::write_element(out.initArgs(), args, codec);
+  if (run.args.size() <= codec.inline_limit) {
+    out.setEncodedArgs(payload_bytes(run.args));
+    return Status::Ok();
+  }
+  return write_payload_element(out.initArgs(), run.args, codec);
+}
+
+// A value the worker answered: its bytes as they are, or (a value past its
+// inline limit, or a worker older than encodedValue) its element encoded.
+kj::Promise<ClosureOutcome> outcome_of(bool encoded, capnp::Data::Reader bytes, wire::Element::Reader element) {
+  if (encoded) return ClosureOutcome{payload_of(bytes), false};
+  return payload_from_element(element).then(
+      [](std::string value) { return ClosureOutcome{std::move(value), false}; },
+      [](kj::Exception&& e) { return ClosureOutcome{async::from_exception(e), async::is_transport_failure(e)}; });
 }
 
 }  // namespace
@@ -65,26 +82,24 @@ RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec,
 RemoteWorker::~RemoteWorker() noexcept = default;
 
 kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
-  auto args = rpc::element_from_bytes(run.args);
-  if (!args.ok()) return ClosureOutcome{args.status(), false};
   auto request = client_.runClosureRequest();
-  write_run<wire::Worker::RunClosureParams::Builder>(request, run, *args, codec_);
+  Status written = write_run<wire::Worker::RunClosureParams::Builder>(request, run, codec_);
+  if (!written.ok()) return ClosureOutcome{written, false};
   request.setStrategy(run.strategy);
   request.setEpoch(run.epoch);
-  return request.send()
-      .then([](capnp::Response<wire::Worker::RunClosureResults>&& response) {
-        auto value = rpc::read_element(response.getResult());
-        return value.then([response = kj::mv(response)](Element&& result) mutable {
+  return request.send().then(
+      [](capnp::Response<wire::Worker::RunClosureResults>&& response) {
+        auto value = outcome_of(response.hasEncodedResult(), response.getEncodedResult(), response.getResult());
+        return value.then([response = kj::mv(response)](ClosureOutcome outcome) mutable {
           release_later(kj::mv(response));
-          return kj::mv(result);
+          return outcome;
         });
-      })
-      .then([](Element&& result) { return ClosureOutcome{rpc::element_to_bytes(result), false}; },
-            [](kj::Exception&& e) {
-              // A broken link means the worker is gone; an error it reported
-              // is the closure's.
-              return ClosureOutcome{rpc::from_exception(e), rpc::is_transport_failure(e)};
-            });
+      },
+      [](kj::Exception&& e) {
+        // A broken link means the worker is gone; an error it reported
+        // is the closure's.
+        return kj::Promise<ClosureOutcome>(ClosureOutcome{async::from_exception(e), async::is_transport_failure(e)});
+      });
 }
 
 kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<ClosureRun> runs) {
@@ -94,15 +109,14 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
   rpc::ReferenceBudget references;
   const rpc::CodecOptions codec = rpc::with_references(codec_, &references);
   for (unsigned i = 0; i < runs.size(); ++i) {
-    const ClosureRun& run = runs[i];
-    auto args = rpc::element_from_bytes(run.args);
-    if (!args.ok()) {
-      // Checked when it was scheduled; never expected here.
+    Status written = write_run(out[i], runs[i], codec);
+    if (!written.ok()) {
+      // Arguments past the inline limit that are not an element (a program
+      // that sent bad bytes): that closure fails, the others run again.
       std::vector<ClosureOutcome> failed(runs.size(), ClosureOutcome{Status::Aborted("not run"), false});
-      failed[i].result = args.status();
+      failed[i].result = written;
       return failed;
     }
-    write_run(out[i], run, *args, codec);
   }
   size_t n = runs.size();
   auto kept = std::make_shared<std::vector<ClosureRun>>(std::move(runs));
@@ -121,9 +135,9 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
             values.add(ClosureOutcome{rpc::status_from_wire(outcome.getError()), false});
             continue;
           }
-          values.add(rpc::read_element(outcome.getValue()).then(
-              [](Element&& value) { return ClosureOutcome{rpc::element_to_bytes(value), false}; },
-              [](kj::Exception&& e) { return ClosureOutcome{rpc::from_exception(e), rpc::is_transport_failure(e)}; }));
+          bool encoded = outcome.isEncodedValue();
+          values.add(outcome_of(encoded, encoded ? outcome.getEncodedValue() : capnp::Data::Reader(),
+                                encoded ? wire::Element::Reader() : outcome.getValue()));
         }
         return kj::joinPromises(values.finish())
             .then([response = kj::mv(response)](kj::Array<ClosureOutcome> all) mutable {
@@ -133,7 +147,7 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
             });
       })
       .catch_([this, n, kept](kj::Exception&& e) -> kj::Promise<std::vector<ClosureOutcome>> {
-        Status status = rpc::from_exception(e);
+        Status status = async::from_exception(e);
         if (e.getType() == kj::Exception::Type::UNIMPLEMENTED) {
           // (The coordinator keeps this peer alive while the call runs.)
           batches_ = false;
@@ -141,7 +155,7 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
         }
         // A broken link: the worker is gone. Any other error of the call
         // itself is every run's.
-        bool lost = rpc::is_transport_failure(e);
+        bool lost = async::is_transport_failure(e);
         return std::vector<ClosureOutcome>(n, ClosureOutcome{status, lost});
       });
 }

@@ -1,7 +1,7 @@
 // The coordinator's peers over Cap'n Proto: the WorkerPeer and
 // ParameterServers of coordinator.h, wrapping the generated clients.
 // Exceptions from a call become Status values here; a worker call that fails
-// because the link broke (rpc::is_transport_failure) reports a lost worker.
+// because the link broke (async::is_transport_failure) reports a lost worker.
 //
 // Not thread-safe: they live on the RPC loop thread, with the Coordinator.
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_REMOTE_PEERS_H_
@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "capstan_schemas/ps.capnp.h"
+#include "async/status_exception.h"
 #include "capstan_schemas/worker.capnp.h"
 #include "daemons/coordinator/coordinator.h"
 #include "rpc/connection.h"

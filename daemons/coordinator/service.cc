@@ -3,6 +3,8 @@
 #include <limits>
 #include <set>
 
+#include "daemons/coordinator/payload.h"
+#include "async/status_exception.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/replica_codec.h"
@@ -195,7 +197,7 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
   // A restarted coordinator knows its variables, datasets and checkpoint
   // again before it serves anything; a damaged journal stops it.
   Status replayed = core_.open_journal();
-  if (!replayed.ok()) rpc::throw_status(replayed);
+  if (!replayed.ok()) async::throw_status(replayed);
   // SIGTERM: the running closures finish (and a checkpoint is saved when
   // checkpoint_dir is set) before the coordinator stops taking calls.
   ctx.on_drain.push_back([this]() { return core_.drain("SIGTERM"); });
@@ -211,7 +213,7 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
   status.plot("closures running", Plot::kLevel, daemon::stat_reader(stats, &S::closures_running));
   status.plot("closure values kept", Plot::kLevel, daemon::stat_reader(stats, &S::results_kept));
   status.plot("synchronous steps/s", Plot::kRate, daemon::stat_reader(stats, &S::steps_completed));
-  rpc::LoopThread* loop = ctx_.loop;
+  async::LoopThread* loop = ctx_.loop;
   // What the program reported (ClusterCoordinator::report_scalar), as kept.
   status.series([this, loop]() {
     auto reported = loop->run_sync([this]() { return core_.reported(); });
@@ -307,7 +309,7 @@ CoordinatorService::~CoordinatorService() = default;
 kj::Promise<void> CoordinatorService::registerWorker(RegisterWorkerContext context) {
   auto params = context.getParams();
   if (params.getAddress().size() > 1024) {
-    rpc::check(Status::InvalidArgument("registerWorker: an address of " + std::to_string(params.getAddress().size()) +
+    async::check(Status::InvalidArgument("registerWorker: an address of " + std::to_string(params.getAddress().size()) +
                                        " bytes; give the worker's host:port"));
   }
   std::set<std::string> functions;
@@ -324,7 +326,7 @@ kj::Promise<void> CoordinatorService::registerWorker(RegisterWorkerContext conte
 kj::Promise<void> CoordinatorService::leaveWorker(LeaveWorkerContext context) {
   auto params = context.getParams();
   return core_.leave_worker(params.getWorkerId(), text(params.getReason())).then([](Status status) {
-    rpc::check(status);
+    async::check(status);
   });
 }
 
@@ -336,14 +338,14 @@ kj::Promise<void> CoordinatorService::workerAlive(WorkerAliveContext context) {
 kj::Promise<void> CoordinatorService::reportScalars(ReportScalarsContext context) {
   auto scalars = context.getParams().getScalars();
   if (scalars.size() > Coordinator::kReportedTags) {
-    rpc::check(Status::InvalidArgument("reportScalars: " + std::to_string(scalars.size()) +
+    async::check(Status::InvalidArgument("reportScalars: " + std::to_string(scalars.size()) +
                                        " scalars in one call; send at most " +
                                        std::to_string(Coordinator::kReportedTags)));
   }
   const double now = std::chrono::duration<double>(std::chrono::system_clock::now().time_since_epoch()).count();
   std::vector<Coordinator::ReportedScalar> reported;
   for (auto scalar : scalars) reported.push_back({text(scalar.getTag()), scalar.getValue(), scalar.getStep()});
-  rpc::check(core_.report_scalars(reported, now));
+  async::check(core_.report_scalars(reported, now));
   return kj::READY_NOW;
 }
 
@@ -366,16 +368,16 @@ kj::Promise<void> CoordinatorService::createVariable(CreateVariableContext conte
   auto spec = context.getParams().getSpec();
   std::string name = text(spec.getName());
   auto partitioner = partitioner_from_wire(spec.getPartitioner());
-  rpc::check(partitioner.status().with_context("createVariable '" + name + "'"));
+  async::check(partitioner.status().with_context("createVariable '" + name + "'"));
   // The parameter servers check the values; an unknown kind is refused here.
   auto optimizer = rpc::optimizer_from_wire(spec.getOptimizer());
-  rpc::check(optimizer.status().with_context("createVariable '" + name + "'"));
+  async::check(optimizer.status().with_context("createVariable '" + name + "'"));
   return rpc::read_tensor(spec.getInitial())
       .then([this, name, partitioner = *partitioner, optimizer = *optimizer](Tensor&& initial) mutable {
         return core_.create_variable({name, std::move(initial), optimizer, partitioner});
       })
       .then([context](Result<VariableLocation> placed) mutable {
-        rpc::check(placed.status());
+        async::check(placed.status());
         placement_to_wire(*placed, context.getResults().initPlacement());
       });
 }
@@ -384,10 +386,10 @@ kj::Promise<void> CoordinatorService::createEmbeddingTable(CreateEmbeddingTableC
   auto params = context.getParams();
   std::string name = text(params.getName());
   auto spec = rpc::table_from_wire(params.getConfig());
-  rpc::check(spec.status().with_context("createEmbeddingTable '" + name + "'"));
+  async::check(spec.status().with_context("createEmbeddingTable '" + name + "'"));
   spec->name = name;
   return core_.create_table(std::move(*spec)).then([context](Result<VariableLocation> placed) mutable {
-    rpc::check(placed.status());
+    async::check(placed.status());
     placement_to_wire(*placed, context.getResults().initPlacement());
   });
 }
@@ -396,7 +398,7 @@ kj::Promise<void> CoordinatorService::exportEmbeddingTable(ExportEmbeddingTableC
   auto params = context.getParams();
   return core_.export_table(text(params.getName()), text(params.getSinceCheckpoint()), text(params.getPath()))
       .then([context](Result<int64_t> rows) mutable {
-        rpc::check(rows.status());
+        async::check(rows.status());
         context.getResults().setRows(*rows);
       });
 }
@@ -412,19 +414,30 @@ kj::Promise<void> CoordinatorService::placements(PlacementsContext context) {
 
 // ---- Closures ----------------------------------------------------------------------
 
+// A schedule's arguments as kept: the program's encoded bytes as they are,
+// or (from a client that sends a Common.Element) its encoding.
+template <typename Reader>
+kj::Promise<std::string> args_of(Reader request) {
+  if (request.hasEncodedArgs()) {
+    async::check(check_payload_frame(request.getEncodedArgs()));
+    return payload_of(request.getEncodedArgs());
+  }
+  return payload_from_element(request.getArgs());
+}
+
 kj::Promise<void> CoordinatorService::schedule(ScheduleContext context) {
   auto params = context.getParams();
   std::string function = text(params.getFunction());
   uint64_t client_id = params.getClientId();
   int64_t request_seq = params.getRequestSeq();
-  return rpc::read_element(params.getArgs())
-      .then([this, function, client_id, request_seq](Element&& args) mutable {
-        auto id = core_.schedule(function, rpc::element_to_bytes(args), client_id, request_seq);
-        rpc::check(id.status());
+  return args_of(params)
+      .then([this, function, client_id, request_seq](std::string args) mutable {
+        auto id = core_.schedule(function, std::move(args), client_id, request_seq);
+        async::check(id.status());
         // Answered once the closure is journaled (at once without work_dir)
         // and the queue has room (the client's backpressure).
         return core_.journal_synced().then([this, id = *id](Status synced) {
-          rpc::check(synced);
+          async::check(synced);
           return core_.queue_room().then([id]() { return id; });
         });
       })
@@ -445,11 +458,11 @@ class CoordinatorService::BatchValues final : public wire::ClosureValues::Server
   kj::Promise<void> fetch(FetchContext context) override {
     uint32_t index = context.getParams().getIndex();
     if (index >= ids_.size()) {
-      rpc::throw_status(Status::InvalidArgument("fetch: entry " + std::to_string(index) + " of a call of " +
+      async::throw_status(Status::InvalidArgument("fetch: entry " + std::to_string(index) + " of a call of " +
                                                 std::to_string(ids_.size()) + " closures"));
     }
-    rpc::check(ids_[index].status());
-    return service_.fetch_value(*ids_[index], context.getResults().initValue());
+    async::check(ids_[index].status());
+    return service_.fetch_value(*ids_[index], context.getParams().getEncoded(), context.getResults());
   }
 
  private:
@@ -458,12 +471,17 @@ class CoordinatorService::BatchValues final : public wire::ClosureValues::Server
   const std::vector<Result<int64_t>> ids_;
 };
 
-kj::Promise<void> CoordinatorService::fetch_value(int64_t id, wire::Element::Builder out) {
-  return core_.fetch(id).then([this, out](Result<std::string> bytes) mutable {
-    rpc::check(bytes.status());
-    auto element = rpc::element_from_bytes(*bytes);
-    rpc::check(element.status());
-    rpc::write_element(out, *element, ctx_.codec);
+template <typename Results>
+kj::Promise<void> CoordinatorService::fetch_value(int64_t id, bool encoded, Results out) {
+  return core_.fetch(id).then([this, encoded, out](Result<std::string> value) mutable {
+    async::check(value.status());
+    // The worker's bytes as they are; a value past the inline limit goes
+    // as an element, whose tensors the program pulls in chunks.
+    if (encoded && value->size() <= ctx_.codec.inline_limit) {
+      out.setEncodedValue(payload_bytes(*value));
+      return;
+    }
+    async::check(write_payload_element(out.initValue(), *value, ctx_.codec));
   });
 }
 
@@ -472,25 +490,31 @@ kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) 
   auto params = context.getParams();
   auto entries = params.getEntries();
   if (entries.size() > kMaxEntries) {
-    rpc::throw_status(Status::InvalidArgument("scheduleMany: " + std::to_string(entries.size()) +
+    async::throw_status(Status::InvalidArgument("scheduleMany: " + std::to_string(entries.size()) +
                                               " entries; at most " + std::to_string(kMaxEntries) +
                                               " per call (send the rest in another call)"));
   }
   uint64_t client_id = params.getClientId();
   // The releases first: a bad id refuses the whole call, nothing scheduled.
   if (params.hasReleases()) {
-    rpc::check(release_ids(params.getReleases(), client_id, params.getReleaseIncarnation(), "scheduleMany"));
+    async::check(release_ids(params.getReleases(), client_id, params.getReleaseIncarnation(), "scheduleMany"));
   }
   // Arguments are read first (a chunked one is pulled from the client), then
   // every entry is scheduled in order in one turn of the loop.
-  auto reads = kj::heapArrayBuilder<kj::Promise<Result<Element>>>(entries.size());
+  auto reads = kj::heapArrayBuilder<kj::Promise<Result<std::string>>>(entries.size());
   for (auto entry : entries) {
-    reads.add(rpc::read_element(entry.getArgs()).then(
-        [](Element&& args) { return Result<Element>(std::move(args)); },
-        [](kj::Exception&& e) { return Result<Element>(rpc::from_exception(e)); }));
+    if (entry.hasEncodedArgs()) {
+      // The common case: the bytes are kept as the program sent them.
+      Status framed = check_payload_frame(entry.getEncodedArgs());
+      reads.add(framed.ok() ? Result<std::string>(payload_of(entry.getEncodedArgs())) : Result<std::string>(framed));
+      continue;
+    }
+    reads.add(payload_from_element(entry.getArgs())
+                  .then([](std::string args) { return Result<std::string>(std::move(args)); },
+                        [](kj::Exception&& e) { return Result<std::string>(async::from_exception(e)); }));
   }
   return kj::joinPromises(reads.finish())
-      .then([this, context, client_id](kj::Array<Result<Element>> args) mutable {
+      .then([this, context, client_id](kj::Array<Result<std::string>> args) mutable {
         auto entries = context.getParams().getEntries();
         auto outcomes = context.getResults().initOutcomes(entries.size());
         std::vector<Result<int64_t>> ids;
@@ -498,7 +522,7 @@ kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) 
         for (unsigned i = 0; i < entries.size(); ++i) {
           Result<int64_t> id = args[i].status();
           if (args[i].ok()) {
-            id = core_.schedule(text(entries[i].getFunction()), rpc::element_to_bytes(*args[i]), client_id,
+            id = core_.schedule(text(entries[i].getFunction()), std::move(*args[i]), client_id,
                                 entries[i].getRequestSeq());
           }
           if (id.ok()) {
@@ -512,7 +536,7 @@ kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) 
         return core_.journal_synced();
       })
       .then([this, context](Status synced) mutable {
-        rpc::check(synced);
+        async::check(synced);
         context.getResults().setDurable(core_.durable());
         context.getResults().setIncarnation(core_.incarnation());
         // The SDK bounds the schedules it has no answer for: holding the
@@ -523,18 +547,19 @@ kj::Promise<void> CoordinatorService::scheduleMany(ScheduleManyContext context) 
 }
 
 kj::Promise<void> CoordinatorService::join(JoinContext context) {
-  return core_.join().then([](Status status) { rpc::check(status); });
+  return core_.join().then([](Status status) { async::check(status); });
 }
 
 kj::Promise<void> CoordinatorService::done(DoneContext context) {
   auto done = core_.done();
-  rpc::check(done.status());
+  async::check(done.status());
   context.getResults().setDone(*done);
   return kj::READY_NOW;
 }
 
 kj::Promise<void> CoordinatorService::fetch(FetchContext context) {
-  return fetch_value(context.getParams().getClosureId(), context.getResults().initValue());
+  auto params = context.getParams();
+  return fetch_value(params.getClosureId(), params.getEncoded(), context.getResults());
 }
 
 Status CoordinatorService::release_ids(capnp::List<int64_t>::Reader ids, uint64_t client_id, uint64_t incarnation,
@@ -553,7 +578,7 @@ Status CoordinatorService::release_ids(capnp::List<int64_t>::Reader ids, uint64_
 
 kj::Promise<void> CoordinatorService::release(ReleaseContext context) {
   auto params = context.getParams();
-  rpc::check(release_ids(params.getClosureIds(), params.getClientId(), params.getIncarnation(), "release"));
+  async::check(release_ids(params.getClosureIds(), params.getClientId(), params.getIncarnation(), "release"));
   return kj::READY_NOW;
 }
 
@@ -564,7 +589,7 @@ kj::Promise<void> CoordinatorService::createPerWorkerDataset(CreatePerWorkerData
   std::string definition(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
   return core_.create_per_worker_dataset(std::move(definition), text(context.getParams().getName()))
       .then([context](Result<int64_t> id) mutable {
-    rpc::check(id.status());
+    async::check(id.status());
     context.getResults().setDatasetId(*id);
   });
 }
@@ -575,7 +600,7 @@ kj::Promise<void> CoordinatorService::createPerWorkerDatasetFromFunction(
       .create_per_worker_dataset_from_function(text(context.getParams().getFunction()),
                                                text(context.getParams().getName()))
       .then([context](Result<int64_t> id) mutable {
-        rpc::check(id.status());
+        async::check(id.status());
         context.getResults().setDatasetId(*id);
       });
 }
@@ -586,7 +611,7 @@ kj::Promise<void> CoordinatorService::saveCheckpoint(SaveCheckpointContext conte
   auto params = context.getParams();
   return core_.save_checkpoint(text(params.getDirectory()), params.getStep(), params.getMaxToKeep())
       .then([context](Result<std::string> path) mutable {
-        rpc::check(path.status());
+        async::check(path.status());
         context.getResults().setPath(*path);
       });
 }
@@ -595,7 +620,7 @@ kj::Promise<void> CoordinatorService::restoreCheckpoint(RestoreCheckpointContext
   auto params = context.getParams();
   return core_.restore_checkpoint(text(params.getPath()), params.getStrict())
       .then([context](Result<Coordinator::Restored> restored) mutable {
-        rpc::check(restored.status());
+        async::check(restored.status());
         auto results = context.getResults();
         results.setStep(restored->step);
         auto names = results.initNotInCheckpoint(static_cast<unsigned>(restored->not_in_checkpoint.size()));
@@ -609,7 +634,7 @@ kj::Promise<void> CoordinatorService::joinGroup(JoinGroupContext context) {
       .join(text(params.getName()), params.getSize(), params.getRank(), text(params.getAddress()),
             std::chrono::milliseconds(params.getTimeoutMs()))
       .then([context](Result<GroupMembership> group) mutable {
-        rpc::check(group.status());
+        async::check(group.status());
         auto results = context.getResults();
         results.setGeneration(group->generation);
         results.setRank(group->rank);
@@ -626,11 +651,11 @@ kj::Promise<void> CoordinatorService::createStrategy(CreateStrategyContext conte
   StrategyConfig config;
   config.min_replicas = params.getOptions().getMinReplicas();
   auto settings = rpc::settings_from_wire(params.getOptions().getSettings());
-  rpc::check(settings.status().with_context("createStrategy '" + name + "'"));
+  async::check(settings.status().with_context("createStrategy '" + name + "'"));
   config.settings = *settings;
   constexpr unsigned kMaxVariables = 100000;
   if (params.getVariables().size() > kMaxVariables) {
-    rpc::check(Status::InvalidArgument("createStrategy '" + name + "': " +
+    async::check(Status::InvalidArgument("createStrategy '" + name + "': " +
                                        std::to_string(params.getVariables().size()) + " variables; at most " +
                                        std::to_string(kMaxVariables)));
   }
@@ -641,12 +666,12 @@ kj::Promise<void> CoordinatorService::createStrategy(CreateStrategyContext conte
     auto& out = (*variables)[i];
     out.name = text(v.getName());
     auto optimizer = rpc::optimizer_from_wire(v.getOptimizer());
-    rpc::check(optimizer.status().with_context("createStrategy '" + name + "', variable '" + out.name + "'"));
+    async::check(optimizer.status().with_context("createStrategy '" + name + "', variable '" + out.name + "'"));
     out.optimizer = *optimizer;
     reads.add(rpc::read_tensor(v.getInitial()).then([&out](Tensor&& t) { out.initial = std::move(t); }));
   }
   return kj::joinPromises(reads.finish()).then([this, name, config, variables]() {
-    rpc::check(core_.create_strategy(name, std::move(*variables), config));
+    async::check(core_.create_strategy(name, std::move(*variables), config));
   });
 }
 
@@ -659,7 +684,7 @@ kj::Promise<void> CoordinatorService::runStep(RunStepContext context) {
         return core_.run_step(std::move(strategy), std::move(function), rpc::element_to_bytes(args));
       })
       .then([this, context](Result<StepOutcome> outcome) mutable {
-        rpc::check(outcome.status());
+        async::check(outcome.status());
         auto results = context.getResults();
         results.setStep(outcome->steps);
         results.setEpoch(outcome->epoch);
@@ -668,7 +693,7 @@ kj::Promise<void> CoordinatorService::runStep(RunStepContext context) {
         const rpc::CodecOptions codec = rpc::with_references(ctx_.codec, &references);
         for (unsigned i = 0; i < outcome->values.size(); ++i) {
           auto element = rpc::element_from_bytes(outcome->values[i]);
-          rpc::check(element.status());
+          async::check(element.status());
           rpc::write_element(values[i], *element, codec);
         }
         auto tasks = results.initTaskIndexes(static_cast<unsigned>(outcome->task_indexes.size()));
@@ -680,7 +705,7 @@ kj::Promise<void> CoordinatorService::readMirrored(ReadMirroredContext context) 
   auto params = context.getParams();
   return core_.read_mirrored(text(params.getStrategy()), text(params.getName()))
       .then([this, context](Result<std::pair<Tensor, int64_t>> read) mutable {
-        rpc::check(read.status());
+        async::check(read.status());
         rpc::write_tensor(context.getResults().initValue(), read->first, ctx_.codec);
         context.getResults().setStep(read->second);
       });
@@ -689,7 +714,7 @@ kj::Promise<void> CoordinatorService::readMirrored(ReadMirroredContext context) 
 kj::Promise<void> CoordinatorService::strategyStatus(StrategyStatusContext context) {
   return core_.strategy_status(text(context.getParams().getStrategy()))
       .then([context](Result<StrategyStatus> status) mutable {
-        rpc::check(status.status());
+        async::check(status.status());
         auto results = context.getResults();
         results.setEpoch(status->epoch);
         results.setSteps(status->steps);

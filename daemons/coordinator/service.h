@@ -33,8 +33,10 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> placements(PlacementsContext context) override;
   kj::Promise<void> schedule(ScheduleContext context) override;
   kj::Promise<void> scheduleMany(ScheduleManyContext context) override;
-  // Answers a fetch of closure `id` into `out` (fetch, ClosureValues.fetch).
-  kj::Promise<void> fetch_value(int64_t id, wire::Element::Builder out);
+  // Answers a fetch of closure `id` into `out` (fetch, ClosureValues.fetch
+  // results): encodedValue when the caller takes it (`encoded`), else value.
+  template <typename Results>
+  kj::Promise<void> fetch_value(int64_t id, bool encoded, Results out);
   class BatchValues;
   kj::Promise<void> join(JoinContext context) override;
   kj::Promise<void> done(DoneContext context) override;

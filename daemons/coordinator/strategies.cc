@@ -19,8 +19,8 @@
 
 #include "checkpoint/checkpoint.h"
 #include "daemons/coordinator/coordinator.h"
-#include "rpc/errors.h"
-#include "rpc/pool.h"
+#include "async/status_exception.h"
+#include "async/pool.h"
 #include "training/optimizer.h"
 
 namespace capstan::coordinator {
@@ -40,7 +40,7 @@ kj::Promise<Answer<T>> answer(kj::Promise<Result<T>> call, kj::Promise<void> dro
                               std::chrono::milliseconds limit) {
   return call
       .then([](Result<T> r) { return Answer<T>{std::move(r), false}; },
-            [](kj::Exception&& e) { return Answer<T>{rpc::from_exception(e), true}; })
+            [](kj::Exception&& e) { return Answer<T>{async::from_exception(e), true}; })
       .exclusiveJoin(dropped.then([]() {
         return Answer<T>{Status::Unavailable("the worker was dropped (it stopped answering pings)"), true};
       }))
@@ -278,10 +278,10 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
         const auto& ids = *shared_members;
         for (size_t r = 0; r < reports.size(); ++r) {
           if (reports[r].lost) {
-            return rpc::to_exception(lost(ids[r], reports[r].result.status()));
+            return async::to_exception(lost(ids[r], reports[r].result.status()));
           }
           if (!reports[r].result.ok()) {
-            return rpc::to_exception(reports[r].result.status().with_context(
+            return async::to_exception(reports[r].result.status().with_context(
                 "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (replica status)"));
           }
         }
@@ -317,7 +317,7 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
         } else if (!s.members.empty()) {
           int best = fewest_steps(/*of_last_group=*/true);
           if (best < 0) {
-            return rpc::to_exception(Status::FailedPrecondition(
+            return async::to_exception(Status::FailedPrecondition(
                 "strategy '" + s.name + "': no live worker holds its mirrored variables (every replica of the last "
                 "group was lost); restore a checkpoint (restore_checkpoint) to go on"));
           }
@@ -338,10 +338,10 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
         std::vector<std::string> by_rank;
         for (size_t r = 0; r < addresses.size(); ++r) {
           if (addresses[r].lost) {
-            return rpc::to_exception(lost(ids[r], addresses[r].result.status()));
+            return async::to_exception(lost(ids[r], addresses[r].result.status()));
           }
           if (!addresses[r].result.ok()) {
-            return rpc::to_exception(addresses[r].result.status().with_context(
+            return async::to_exception(addresses[r].result.status().with_context(
                 "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (prepare)"));
           }
           by_rank.push_back(*addresses[r].result);
@@ -350,7 +350,7 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
         // for it until the deadline: form without it instead.
         for (int64_t id : ids) {
           if (peer_of(id) == nullptr) {
-            return rpc::to_exception(Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
+            return async::to_exception(Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
                                                          " was lost while the group formed"));
           }
         }
@@ -406,7 +406,7 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
                        ids.size(), epoch, who, *source, reports[static_cast<size_t>(*source)].result->step);
             return Status::Ok();
           },
-          [](kj::Exception&& e) { return rpc::from_exception(e); });
+          [](kj::Exception&& e) { return async::from_exception(e); });
 }
 
 kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::string function, std::string args) {
@@ -435,7 +435,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
     run.epoch = epoch;
     auto outcome = it->second.peer->run_closure(std::move(run))
                        .catch_([](kj::Exception&& e) {
-                         return ClosureOutcome{rpc::from_exception(e), true};
+                         return ClosureOutcome{async::from_exception(e), true};
                        })
                        .exclusiveJoin(dropped(id).then([id]() {
                          return ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) +

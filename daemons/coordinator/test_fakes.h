@@ -18,7 +18,7 @@
 
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/ps_server/embedding_table.h"
-#include "rpc/mailbox.h"
+#include "async/mailbox.h"
 
 namespace capstan::coordinator::testing {
 
@@ -299,7 +299,7 @@ struct Harness {
   }
 
   kj::AsyncIoContext io;
-  rpc::Mailbox mailbox;  // run_on_pool hands results back through it
+  async::Mailbox mailbox;  // run_on_pool hands results back through it
   kj::TimerImpl timer;
   boost::asio::thread_pool pool;
   FakeParameterServers ps;

@@ -1,9 +1,6 @@
 #include "daemons/data_dispatcher/dispatcher.h"
 
-#include <filesystem>
-#include <fstream>
 #include <set>
-#include <sstream>
 
 #include "data/compression.h"
 #include "data/sharding.h"
@@ -46,22 +43,23 @@ int64_t SystemDispatcherClock::wall_micros() {
       .count();
 }
 
-Dispatcher::Dispatcher(DispatcherConfig config, std::shared_ptr<spdlog::logger> log, DispatcherClock& clock)
-    : config_(std::move(config)), log_(std::move(log)), clock_(clock) {}
+Dispatcher::Dispatcher(DispatcherConfig config, std::shared_ptr<spdlog::logger> log, DispatcherClock& clock,
+                       io::FileSystem& fs)
+    : config_(std::move(config)), log_(std::move(log)), clock_(clock), fs_(fs) {}
 
 Result<std::unique_ptr<Dispatcher>> Dispatcher::open(DispatcherConfig config, std::shared_ptr<spdlog::logger> log,
-                                                     DispatcherClock& clock) {
-  std::unique_ptr<Dispatcher> dispatcher(new Dispatcher(std::move(config), std::move(log), clock));
+                                                     DispatcherClock& clock, io::FileSystem& fs) {
+  std::unique_ptr<Dispatcher> dispatcher(new Dispatcher(std::move(config), std::move(log), clock, fs));
   if (!dispatcher->config_.work_dir.empty()) CAPSTAN_RETURN_IF_ERROR(dispatcher->replay());
   return dispatcher;
 }
 
 Status Dispatcher::replay() {
   const std::string& work_dir = config_.work_dir;
-  std::error_code ec;
-  std::filesystem::create_directories(work_dir + "/datasets", ec);
-  if (ec) return Status::FailedPrecondition("work_dir '" + work_dir + "': " + ec.message());
-  auto records = journal::read_all(work_dir + "/journal");
+  if (Status made = io::create_dirs(fs_, work_dir + "/datasets", /*sync=*/true); !made.ok()) {
+    return Status::FailedPrecondition("work_dir '" + work_dir + "': " + made.message());
+  }
+  auto records = journal::read_all(work_dir + "/journal", fs_);
   if (!records.ok()) return records.status().with_context("replaying the journal");
   int64_t applied = 0;
   for (const auto& record : *records) {
@@ -75,18 +73,16 @@ Status Dispatcher::replay() {
     ++applied;
   }
   for (const auto* dataset : state_.list_datasets()) {
-    std::ifstream in(work_dir + "/datasets/" + dataset->dataset_id, std::ios::binary);
-    if (!in) {
+    auto bytes = io::read_file(fs_, work_dir + "/datasets/" + dataset->dataset_id);
+    if (!bytes.ok()) {
       return Status::DataLoss("the definition of dataset " + dataset->dataset_id + " is missing from " + work_dir +
-                              "/datasets");
+                              "/datasets (" + bytes.status().message() + ")");
     }
-    std::stringstream bytes;
-    bytes << in.rdbuf();
-    definitions_[dataset->dataset_id] = bytes.str();
+    definitions_[dataset->dataset_id] = std::move(*bytes);
   }
-  auto writer = journal::JournalWriter::open(work_dir + "/journal");
+  auto writer = journal::JournalWriter::open(work_dir + "/journal", /*sync=*/true, 64 << 20, fs_);
   if (!writer.ok()) return writer.status().with_context("opening the journal");
-  journal_ = std::move(*writer);
+  journal_ = std::make_unique<journal::GroupCommitter>(std::move(*writer));
   if (log_) log_->info("fault-tolerant mode: replayed {} journal record(s) from {}", applied, work_dir);
   // Workers and clients get their grace period from now.
   for (const auto* worker : state_.list_workers()) worker_seen_[worker->address] = clock_.steady_now();
@@ -95,7 +91,12 @@ Status Dispatcher::replay() {
 }
 
 Status Dispatcher::apply(const Update& update) {
-  if (journal_) CAPSTAN_RETURN_IF_ERROR(journal_->append(encode(update)));
+  if (journal_) {
+    // After a failed fsync the journal no longer matches the state: refuse
+    // changes (LevelDB's DBImpl::Write).
+    CAPSTAN_RETURN_IF_ERROR(journal_->health());
+    journal_->enqueue(encode(update));
+  }
   return state_.apply(update);
 }
 
@@ -120,7 +121,7 @@ Result<std::string> Dispatcher::register_dataset(const std::string& definition, 
   std::string id = state_.next_available_dataset_id();
   if (!config_.work_dir.empty()) {
     // The definition is durable before the journal names it.
-    CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(config_.work_dir + "/datasets/" + id, definition));
+    CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(fs_, config_.work_dir + "/datasets/" + id, definition));
   }
   CAPSTAN_RETURN_IF_ERROR(apply(RegisterDataset{id, fp, *compression}));
   definitions_[id] = definition;

@@ -20,14 +20,25 @@
 //   d->worker_heartbeat("10.0.0.7:5000", {});  // -> the job's task for it
 //
 // Every state change goes through DispatcherState::apply. In fault-tolerant
-// mode (work_dir set) it is first appended (and fsync'd) to the journal in
-// work_dir/journal, and replayed by open(); dataset definitions live in
-// work_dir/datasets, each durable before the journal record naming it. So
-// every method returns only after its state change is durable. A damaged
+// mode (work_dir set) it is first queued for the journal in work_dir/journal,
+// and replayed by open(); dataset definitions live in work_dir/datasets, each
+// durable before the journal record naming it. The journal commits in groups
+// (journal/group_commit.h): a method returns once its change is applied and
+// queued, and its caller answers only after
+//
+//   uint64_t ticket = d->journal_ticket();        // on the dispatcher thread, after the call
+//   CAPSTAN_RETURN_IF_ERROR(d->wait_durable(ticket));  // on another thread
+//
+// so that the changes of calls made while an fsync is in flight share the
+// next fsync. Every reply waits so, reads included: a reply never shows a
+// change that a crash could still take back. After a failed fsync every
+// change is refused and every wait fails (restart to recover). A damaged
 // journal makes open() fail with kDataLoss.
 //
-// Dispatcher is not thread-safe and blocks on disk I/O: DispatcherService
-// calls it from one pool thread only, never from the RPC loop.
+// Dispatcher is not thread-safe, except wait_durable() and is_durable(), and
+// blocks on disk I/O (definition files): DispatcherService calls it from one
+// pool thread only, never from the RPC loop, and waits for durability on
+// another.
 #ifndef CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_H_
 #define CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_H_
 
@@ -47,7 +58,8 @@
 #include "capstan/data/dataset.h"
 #include "capstan/status.h"
 #include "daemons/data_dispatcher/dispatcher_state.h"
-#include "journal/journal.h"
+#include "io/file_system.h"
+#include "journal/group_commit.h"
 
 namespace capstan::data_service {
 
@@ -162,11 +174,13 @@ class Dispatcher {
   static constexpr int64_t kCrossTrainerCacheBytes = int64_t{256} << 20;
 
   // Starts a dispatcher; in fault-tolerant mode replays the journal first.
-  // `log` may be null. `clock` must outlive the dispatcher.
+  // `log` may be null. `clock` and `fs` (where work_dir lives) must outlive
+  // the dispatcher.
   // kDataLoss: damaged journal or a missing dataset definition;
   // kFailedPrecondition: work_dir unusable or its journal open elsewhere.
   static Result<std::unique_ptr<Dispatcher>> open(DispatcherConfig config, std::shared_ptr<spdlog::logger> log,
-                                                  DispatcherClock& clock);
+                                                  DispatcherClock& clock,
+                                                  io::FileSystem& fs = io::local_file_system());
 
   Dispatcher(const Dispatcher&) = delete;
   Dispatcher& operator=(const Dispatcher&) = delete;
@@ -231,6 +245,15 @@ class Dispatcher {
   int64_t tasks_reassigned() const { return tasks_reassigned_; }
   int64_t tasks_waiting_for_worker() const { return static_cast<int64_t>(waiting_tasks_.size()); }
 
+  // ---- Durability (see the top of this file).
+  // The ticket of the last change queued for the journal (0 in memory only).
+  uint64_t journal_ticket() const { return journal_ ? journal_->last_ticket() : 0; }
+  // Thread-safe. Blocks until the changes up to `ticket` are durable; the
+  // journal's failure when they cannot be. OK at once in memory only.
+  [[nodiscard]] Status wait_durable(uint64_t ticket) { return journal_ ? journal_->wait_durable(ticket) : Status::Ok(); }
+  // Thread-safe. Whether wait_durable(ticket) would return OK at once.
+  bool is_durable(uint64_t ticket) const { return !journal_ || journal_->is_durable(ticket); }
+
   const DispatcherConfig& config() const { return config_; }
   const DispatcherState& state() const { return state_; }
 
@@ -243,10 +266,11 @@ class Dispatcher {
     std::unique_ptr<data::SplitProvider> provider;
   };
 
-  Dispatcher(DispatcherConfig config, std::shared_ptr<spdlog::logger> log, DispatcherClock& clock);
+  Dispatcher(DispatcherConfig config, std::shared_ptr<spdlog::logger> log, DispatcherClock& clock,
+             io::FileSystem& fs);
 
   Status replay();
-  // Journals (in fault-tolerant mode) and applies one update.
+  // Queues for the journal (in fault-tolerant mode) and applies one update.
   Status apply(const Update& update);
   Result<data::Dataset> dataset(const std::string& dataset_id) const;
   // Creates the tasks `job_id` lacks on the live workers.
@@ -262,9 +286,11 @@ class Dispatcher {
   const DispatcherConfig config_;
   const std::shared_ptr<spdlog::logger> log_;  // may be null
   DispatcherClock& clock_;
+  io::FileSystem& fs_;
+  // Null in memory only. Thread-safe: wait_durable() uses it from any thread.
+  std::unique_ptr<journal::GroupCommitter> journal_;
 
   DispatcherState state_;
-  std::unique_ptr<journal::JournalWriter> journal_;  // null: in memory only
   std::map<std::string, std::string> definitions_;   // dataset id -> serialized definition
   std::map<std::string, SteadyTime> worker_seen_;
   std::set<std::string> lost_workers_;  // silent past worker_timeout (logged once)

@@ -6,7 +6,11 @@
 #include <filesystem>
 #include <set>
 #include <string>
+#include <thread>
 #include <vector>
+
+#include "io/memory_file_system.h"
+#include "sync/mutex.h"
 
 namespace capstan::data_service {
 namespace {
@@ -522,6 +526,119 @@ TEST_CASE("a missing dataset definition stops the replay with DataLoss") {
   fs::remove(dir.path() + "/datasets/" + ds);
   auto d = Dispatcher::open(test_config(dir.path()), nullptr, clock);
   CHECK(d.status().code() == StatusCode::kDataLoss);
+}
+
+// ---- Group commit (the journal through io::MemoryFileSystem) ----------------------
+
+// Holds every file sync until opened; says when the first one arrived.
+class SyncGate {
+ public:
+  void pass() LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(mutex_);
+    ++arrived_;
+    changed_.notify_all();
+    while (!open_) changed_.wait(mutex_);
+  }
+  void wait_for_arrival() LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(mutex_);
+    while (arrived_ == 0) changed_.wait(mutex_);
+  }
+  void open() LOCKS_EXCLUDED(mutex_) {
+    MutexLock lock(mutex_);
+    open_ = true;
+    changed_.notify_all();
+  }
+
+ private:
+  Mutex mutex_;
+  CondVar changed_;
+  int arrived_ GUARDED_BY(mutex_) = 0;
+  bool open_ GUARDED_BY(mutex_) = false;
+};
+
+std::unique_ptr<Dispatcher> open_on(io::MemoryFileSystem& files, FakeClock& clock) {
+  auto d = Dispatcher::open(test_config("/work"), nullptr, clock, files);
+  REQUIRE(d.ok());
+  return std::move(*d);
+}
+
+TEST_CASE("updates made while an fsync is in flight share the next fsync, and each is durable when acknowledged") {
+  io::MemoryFileSystem files;
+  FakeClock clock;
+  auto d = open_on(files, clock);
+  const std::string dataset = register_range(*d, 1000);
+  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  const int64_t syncs_before = files.file_syncs();
+
+  // As DispatcherService runs it: calls one after another on the dispatcher
+  // thread (this one), each acknowledged from another thread once
+  // wait_durable(its ticket) returns. The first fsync is held in flight.
+  SyncGate gate;
+  files.on_sync([&gate]() { gate.pass(); });
+  constexpr int kUpdates = 10;
+  std::vector<JobClient> clients(kUpdates);
+  std::vector<Status> acks(kUpdates);
+  std::vector<std::thread> acknowledgers;
+  for (int i = 0; i < kUpdates; ++i) {
+    auto client = d->get_or_create_job(job(dataset));  // a new anonymous job and client: journaled
+    REQUIRE(client.ok());
+    clients[static_cast<size_t>(i)] = *client;
+    const uint64_t ticket = d->journal_ticket();
+    acknowledgers.emplace_back([&, i, ticket]() { acks[static_cast<size_t>(i)] = d->wait_durable(ticket); });
+    if (i == 0) gate.wait_for_arrival();  // the first update's fsync is in flight from here on
+  }
+  gate.open();
+  for (auto& t : acknowledgers) t.join();
+  for (const Status& ack : acks) CHECK(ack.ok());
+  CHECK(files.file_syncs() - syncs_before < kUpdates);
+  CHECK(files.file_syncs() - syncs_before <= 2);
+
+  // A crash after the acknowledgements loses none of them.
+  files.crash();
+  d.reset();
+  auto restarted = open_on(files, clock);
+  CHECK(restarted->list_jobs().size() == static_cast<size_t>(kUpdates));
+  for (const JobClient& c : clients) CHECK(restarted->client_heartbeat(c.job_client_id).ok());
+}
+
+TEST_CASE("a change not yet acknowledged may be lost in a crash; an acknowledged one is not") {
+  io::MemoryFileSystem files;
+  FakeClock clock;
+  auto d = open_on(files, clock);
+  const std::string dataset = register_range(*d, 10);
+  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  auto client = d->get_or_create_job(job(dataset, "acknowledged"));
+  REQUIRE(client.ok());
+  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  REQUIRE(d->get_or_create_job(job(dataset, "never acknowledged")).ok());
+  CHECK_FALSE(d->is_durable(d->journal_ticket()));
+
+  // A power cut: the old process (`d`, kept to the end of the test only as
+  // memory) is gone with its lock.
+  files.crash();
+  auto restarted = open_on(files, clock);
+  auto jobs = restarted->list_jobs();
+  REQUIRE(jobs.size() == 1);
+  CHECK(jobs[0].job_name == "acknowledged");
+}
+
+TEST_CASE("after a failed fsync the dispatcher refuses changes and every wait fails") {
+  io::MemoryFileSystem files;
+  FakeClock clock;
+  auto d = open_on(files, clock);
+  const std::string dataset = register_range(*d, 10);
+  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+
+  files.fail_next_sync(Status::DataLoss("Input/output error"));
+  REQUIRE(d->get_or_create_job(job(dataset)).ok());  // applied, queued
+  Status failed = d->wait_durable(d->journal_ticket());
+  CHECK(failed.code() == StatusCode::kDataLoss);
+
+  auto refused = d->get_or_create_job(job(dataset));
+  CHECK(refused.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(refused.status().message().find("Input/output error") != std::string::npos);
+  CHECK(d->worker_heartbeat("w:1", {}).status().code() == StatusCode::kFailedPrecondition);
+  CHECK_FALSE(d->wait_durable(d->journal_ticket()).ok());
 }
 
 }  // namespace

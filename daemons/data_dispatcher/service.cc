@@ -5,8 +5,8 @@
 
 #include "daemons/common/config.h"
 #include "data/compression.h"
-#include "rpc/errors.h"
-#include "rpc/pool.h"
+#include "async/status_exception.h"
+#include "async/pool.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data_service {
@@ -60,7 +60,7 @@ void write_task_def(const TaskDef& def, wire::TaskDef::Builder out) {
 // The value of an OK result; an error becomes the call's exception.
 template <typename T>
 T take(Result<T>& result) {
-  rpc::check(result.status());
+  async::check(result.status());
   return std::move(*result);
 }
 
@@ -79,7 +79,7 @@ DispatcherConfig dispatcher_config_from(const daemon::Config& config) {
 DispatcherService::DispatcherService(daemon::DaemonContext& ctx) : NodeService(ctx), tasks_(*this) {
   // Replaying the journal blocks, but nothing is served yet.
   auto dispatcher = Dispatcher::open(dispatcher_config_from(ctx.config), ctx.log, clock_);
-  if (!dispatcher.ok()) rpc::throw_status(dispatcher.status());
+  if (!dispatcher.ok()) async::throw_status(dispatcher.status());
   dispatcher_ = std::move(*dispatcher);
   tasks_.add(gc_loop());
   register_status(ctx.status);
@@ -193,19 +193,36 @@ void DispatcherService::register_status(daemon::StatusBoard& status) {
 }
 
 DispatcherService::~DispatcherService() {
-  // Queued calls finish (their changes become durable) before the
+  // Queued calls finish, and their changes become durable, before the
   // dispatcher goes; their replies are dropped.
   dispatcher_thread_.join();
+  sync_thread_.join();
 }
 
 void DispatcherService::taskFailed(kj::Exception&& exception) {
-  ctx_.log->error("dispatcher task failed: {}", rpc::from_exception(exception).to_string());
+  ctx_.log->error("dispatcher task failed: {}", async::from_exception(exception).to_string());
 }
 
 template <typename Func>
 auto DispatcherService::on_dispatcher(Func func) {
-  return rpc::run_on_pool(dispatcher_thread_,
-                          [dispatcher = dispatcher_.get(), func = std::move(func)]() mutable { return func(*dispatcher); });
+  using R = decltype(func(std::declval<Dispatcher&>()));
+  Dispatcher* dispatcher = dispatcher_.get();
+  return async::run_on_pool(dispatcher_thread_,
+                          [dispatcher, func = std::move(func)]() mutable {
+                            R result = func(*dispatcher);
+                            return std::make_pair(std::move(result), dispatcher->journal_ticket());
+                          })
+      .then([this, dispatcher](std::pair<R, uint64_t> done) -> kj::Promise<R> {
+        if (dispatcher->is_durable(done.second)) return std::move(done.first);
+        // The fsync runs on the sync thread while the dispatcher thread takes
+        // the next calls: their changes go out together in the next fsync.
+        return async::run_on_pool(sync_thread_,
+                                [dispatcher, ticket = done.second]() { return dispatcher->wait_durable(ticket); })
+            .then([result = std::move(done.first)](Status durable) mutable -> R {
+              async::check(durable.with_context("journaling the change"));
+              return std::move(result);
+            });
+      });
 }
 
 // ---- Datasets ---------------------------------------------------------------------
@@ -250,7 +267,7 @@ kj::Promise<void> DispatcherService::getOrCreateJob(GetOrCreateJobContext contex
 kj::Promise<void> DispatcherService::releaseJobClient(ReleaseJobClientContext context) {
   int64_t client = context.getParams().getJobClientId();
   return on_dispatcher([client](Dispatcher& d) { return d.release_job_client(client); }).then([](Status status) {
-    rpc::check(status);
+    async::check(status);
   });
 }
 
@@ -294,7 +311,7 @@ kj::Promise<void> DispatcherService::workerHeartbeat(WorkerHeartbeatContext cont
 kj::Promise<void> DispatcherService::finishTask(FinishTaskContext context) {
   int64_t task_id = context.getParams().getTaskId();
   return on_dispatcher([task_id](Dispatcher& d) { return d.finish_task(task_id); }).then([](Status status) {
-    rpc::check(status);
+    async::check(status);
   });
 }
 
@@ -364,8 +381,13 @@ kj::Promise<void> DispatcherService::listWorkers(ListWorkersContext context) {
 kj::Promise<void> DispatcherService::gc_loop() {
   return ctx_.loop->timer()
       .afterDelay(dispatcher_->config().job_gc_check_interval.count() * kj::MILLISECONDS)
-      .then([this]() { return on_dispatcher([](Dispatcher& d) { d.collect(); }); })
-      .then([this]() { return gc_loop(); });
+      .then([this]() {
+        return on_dispatcher([](Dispatcher& d) {
+          d.collect();
+          return true;
+        });
+      })
+      .then([this](bool) { return gc_loop(); });
 }
 
 }  // namespace capstan::data_service

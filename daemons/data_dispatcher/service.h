@@ -3,10 +3,13 @@
 // logic and the glossary. Each call decodes its request, runs the matching
 // Dispatcher method on the dispatcher thread and encodes the reply.
 //
-// Threads: the Dispatcher blocks on disk (journal fsync, definition files),
-// so it runs on a one-thread pool of its own, never on the RPC loop; being a
-// single thread, it applies state changes in journal order, and a reply is
-// sent only once its change is durable.
+// Threads: the Dispatcher blocks on disk (definition files), so it runs on a
+// one-thread pool of its own, never on the RPC loop; being a single thread,
+// it applies state changes in journal order. A reply is sent only once the
+// journal holds every change made up to its call durably: a second thread
+// waits for that (group commit, dispatcher.h), so the dispatcher thread
+// takes the next calls while an fsync runs, and their changes share the
+// next one.
 //
 // DispatcherService lives on the RPC loop thread; only the dispatcher
 // thread touches the Dispatcher.
@@ -51,7 +54,9 @@ class DispatcherService : public daemon::NodeService<wire::DataDispatcher::Serve
 
  private:
   void taskFailed(kj::Exception&& exception) override;
-  // Runs `func(dispatcher)` on the dispatcher thread; a promise on the loop.
+  // Runs `func(dispatcher)` on the dispatcher thread; a promise on the loop
+  // for its result, resolved once the journal holds every change made so
+  // far (or rejected with the journal's failure).
   template <typename Func>
   auto on_dispatcher(Func func);
   kj::Promise<void> gc_loop();
@@ -64,6 +69,7 @@ class DispatcherService : public daemon::NodeService<wire::DataDispatcher::Serve
   std::unique_ptr<Dispatcher> dispatcher_;  // used only on dispatcher_thread_
   // Declared after dispatcher_: joined (in the destructor) before it goes.
   boost::asio::thread_pool dispatcher_thread_{1};
+  boost::asio::thread_pool sync_thread_{1};  // waits in Dispatcher::wait_durable
   kj::TaskSet tasks_;
 };
 

@@ -10,9 +10,9 @@
 
 #include "capstan/data/dataset.h"
 #include "rpc/connection.h"
-#include "rpc/errors.h"
-#include "rpc/mailbox.h"
-#include "rpc/pool.h"
+#include "async/status_exception.h"
+#include "async/mailbox.h"
+#include "async/pool.h"
 #include "sync/mutex.h"
 
 namespace capstan::data_service {
@@ -121,7 +121,7 @@ class SplitBridge {
       queue_.clear();
       return calls;
     }
-    auto& mailbox = rpc::Mailbox::current();
+    auto& mailbox = async::Mailbox::current();
     auto [ticket, ready] = mailbox.expect();
     wake_ = Wake{mailbox.remote(), ticket};
     return ready.then([this]() { return take(); });
@@ -149,7 +149,7 @@ class SplitBridge {
   std::deque<std::shared_ptr<SplitCall>> queue_ GUARDED_BY(mutex_);
   // Set while take() waits for a call; signalled by the next call().
   struct Wake {
-    std::shared_ptr<rpc::MailboxRemote> remote;
+    std::shared_ptr<async::MailboxRemote> remote;
     uint64_t ticket;
   };
   std::optional<Wake> wake_ GUARDED_BY(mutex_);
@@ -388,7 +388,7 @@ DataWorker::~DataWorker() {
 }
 
 void DataWorker::taskFailed(kj::Exception&& exception) {
-  log_->error("data worker task failed: {}", rpc::from_exception(exception).to_string());
+  log_->error("data worker task failed: {}", async::from_exception(exception).to_string());
 }
 
 void DataWorker::update_task_gauge() { stats_->tasks.store(static_cast<int64_t>(tasks_.size())); }
@@ -439,7 +439,7 @@ kj::Promise<Status> DataWorker::heartbeat_once() {
         update_task_gauge();
         return Status::Ok();
       })
-      .catch_([](kj::Exception&& e) { return rpc::from_exception(e); });
+      .catch_([](kj::Exception&& e) { return async::from_exception(e); });
 }
 
 void DataWorker::end_sent(int64_t task_id) {
@@ -451,7 +451,7 @@ void DataWorker::end_sent(int64_t task_id) {
 void DataWorker::report_finished(int64_t task_id) {
   if (!tasks_.start_finish(task_id)) return;  // one call in flight at a time
   background_.add(dispatcher_.finish_task(address_, task_id)
-                      .catch_([](kj::Exception&& e) { return rpc::from_exception(e); })
+                      .catch_([](kj::Exception&& e) { return async::from_exception(e); })
                       .then([this, task_id](Status status) {
                         if (status.ok()) {
                           tasks_.finish_done(task_id);
@@ -482,7 +482,7 @@ void DataWorker::start_task(TaskSpec spec) {
              spec.num_consumers > 0 ? ", " + std::to_string(spec.num_consumers) + " coordinated consumers" : "",
              spec.cross_trainer_cache ? ", cross-trainer cache" : "");
   background_.add(
-      rpc::run_on_pool(pool_,
+      async::run_on_pool(pool_,
                        [spec = std::move(spec), config = config_, functions = functions_, bridge = splits_]() {
                          return build_task(spec, config, functions, bridge);
                        })
@@ -502,7 +502,7 @@ void DataWorker::start_task(TaskSpec spec) {
                 // Not built: the dispatcher assigns it again in a heartbeat reply.
                 tasks_.build_failed(id);
                 update_task_gauge();
-                log_->error("task {}: building failed: {}", id, rpc::from_exception(e).to_string());
+                log_->error("task {}: building failed: {}", id, async::from_exception(e).to_string());
               }));
 }
 
@@ -527,7 +527,7 @@ kj::Promise<void> DataWorker::serve_splits() {
 kj::Promise<void> DataWorker::fetch_split(std::shared_ptr<SplitCall> call) {
   SplitRequest request{call->job_id, call->split_provider_index, call->task_id, call->sequence};
   return rpc::with_deadline(timer_, dispatcher_.get_split(request), config_.split_retry.attempt_timeout, "getSplit")
-      .catch_([](kj::Exception&& e) { return Result<std::optional<Element>>(rpc::from_exception(e)); })
+      .catch_([](kj::Exception&& e) { return Result<std::optional<Element>>(async::from_exception(e)); })
       .then([this, bridge = splits_, call](Result<std::optional<Element>> split) {
         if (split.ok() && split->has_value()) stats_->splits_fetched.fetch_add(1);
         bridge->answer(call, std::move(split));
@@ -646,7 +646,7 @@ kj::Promise<Result<ElementsReply>> DataWorker::get_elements(ElementsRequest requ
       before
           .then([this, task, get, slot, local_consumer = request.local_consumer, region, large,
                  asking = ask.has_value()]() {
-            return rpc::run_on_pool(pool_,
+            return async::run_on_pool(pool_,
                                     [task, get, local_consumer, region, large, asking]() -> Result<ElementsReply> {
                                       auto reply = task->runner->get(get);
                                       if (!reply.ok()) return reply.status();
@@ -678,7 +678,7 @@ kj::Promise<Result<ElementsReply>> DataWorker::get_elements(ElementsRequest requ
         if (reply.ok() && ask && *large) reply->offer = shm_offer(*ask);
         return reply;
       })
-      .catch_([](kj::Exception&& e) { return Result<ElementsReply>(rpc::from_exception(e)); });
+      .catch_([](kj::Exception&& e) { return Result<ElementsReply>(async::from_exception(e)); });
 }
 
 }  // namespace capstan::data_service

@@ -31,7 +31,7 @@
 // getSplit calls retry for up to SplitRetryPolicy::window.
 //
 // Thread-safety: not thread-safe; lives on one KJ loop thread, which must
-// have an rpc::Mailbox (every LoopThread has one). Pipelines run on their
+// have an async::Mailbox (every LoopThread has one). Pipelines run on their
 // own threads and the pool, and reach the loop only through the split
 // bridge (data_worker.cc), which never blocks the loop, so the destructor
 // can join them.

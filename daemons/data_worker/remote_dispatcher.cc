@@ -2,7 +2,7 @@
 
 #include <utility>
 
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data_service {
@@ -60,7 +60,7 @@ kj::Promise<Result<HeartbeatReply>> RemoteDispatcher::worker_heartbeat(std::stri
             for (int64_t id : response.getTasksToDelete()) reply.tasks_to_delete.push_back(id);
             return Result<HeartbeatReply>(std::move(reply));
           },
-          [](kj::Exception&& e) { return Result<HeartbeatReply>(rpc::from_exception(e)); });
+          [](kj::Exception&& e) { return Result<HeartbeatReply>(async::from_exception(e)); });
 }
 
 kj::Promise<Result<std::optional<Element>>> RemoteDispatcher::get_split(SplitRequest split) {
@@ -81,7 +81,7 @@ kj::Promise<Result<std::optional<Element>>> RemoteDispatcher::get_split(SplitReq
           return Result<std::optional<Element>>(std::optional<Element>(std::move(element)));
         });
       })
-      .catch_([](kj::Exception&& e) { return Result<std::optional<Element>>(rpc::from_exception(e)); });
+      .catch_([](kj::Exception&& e) { return Result<std::optional<Element>>(async::from_exception(e)); });
 }
 
 kj::Promise<Status> RemoteDispatcher::finish_task(std::string worker_address, int64_t task_id) {
@@ -95,7 +95,7 @@ kj::Promise<Status> RemoteDispatcher::finish_task(std::string worker_address, in
             kCallTimeout, "finishTask");
       })
       .then([](capnp::Response<wire::DataDispatcher::FinishTaskResults>&&) { return Status::Ok(); },
-            [](kj::Exception&& e) { return rpc::from_exception(e); });
+            [](kj::Exception&& e) { return async::from_exception(e); });
 }
 
 }  // namespace capstan::data_service

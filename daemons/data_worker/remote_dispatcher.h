@@ -1,6 +1,6 @@
 // The data worker's DispatcherPeer over Cap'n Proto: wraps the dispatcher's
 // generated client behind a reconnecting rpc::Connection. Exceptions from a
-// call become Status values here (rpc::from_exception keeps the codes that
+// call become Status values here (async::from_exception keeps the codes that
 // say "retry"); each call connects within kConnectTimeout and answers within
 // kCallTimeout.
 //
@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "daemons/data_worker/data_worker.h"
+#include "async/status_exception.h"
 #include "rpc/connection.h"
 
 namespace capstan::data_service {

@@ -7,6 +7,7 @@
 #include <utility>
 
 #include "data/compression.h"
+#include "async/status_exception.h"
 #include "rpc/errors.h"
 #include "rpc/tensor_codec.h"
 
@@ -95,7 +96,7 @@ DataWorkerService::DataWorkerService(daemon::DaemonContext& ctx)
 DataWorkerService::~DataWorkerService() = default;
 
 void DataWorkerService::taskFailed(kj::Exception&& exception) {
-  ctx_.log->error("data worker task failed: {}", rpc::from_exception(exception).to_string());
+  ctx_.log->error("data worker task failed: {}", async::from_exception(exception).to_string());
 }
 
 kj::Promise<void> DataWorkerService::start_when_ready() {
@@ -166,7 +167,7 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
   const int64_t task_id = get.task_id;
   return worker_->get_elements(std::move(get))
       .then([this, context, task_id, inline_limit](Result<ElementsReply> served) mutable {
-        if (!served.ok()) rpc::throw_status(served.status());
+        if (!served.ok()) async::throw_status(served.status());
         auto results = context.getResults();
         const TaskRunner::Reply& reply = served->reply;
         if (!served->from_runner) {

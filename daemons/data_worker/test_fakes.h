@@ -20,7 +20,7 @@
 
 #include "capstan/data/dataset.h"
 #include "daemons/data_worker/data_worker.h"
-#include "rpc/mailbox.h"
+#include "async/mailbox.h"
 
 namespace capstan::data_service::testing {
 
@@ -222,7 +222,7 @@ struct Harness {
   }
 
   kj::AsyncIoContext io;
-  rpc::Mailbox mailbox;  // run_on_pool and the split bridge reach the loop through it
+  async::Mailbox mailbox;  // run_on_pool and the split bridge reach the loop through it
   kj::TimerImpl timer;
   boost::asio::thread_pool pool;
   const std::chrono::milliseconds interval;

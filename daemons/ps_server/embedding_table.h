@@ -46,7 +46,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
-#include "training/table_rows.h"
+#include "types/table_rows.h"
 
 namespace capstan::ps {
 
@@ -75,7 +75,7 @@ std::string table_config_debug_string(const TableConfig& config);
 void initial_row(const EmbeddingInitializer& init, int64_t key, std::span<double> out);
 
 // TableRows (rows with their state, as exported and imported) and
-// kMetaColumns come from training/table_rows.h.
+// kMetaColumns come from types/table_rows.h.
 
 class EmbeddingTable {
  public:

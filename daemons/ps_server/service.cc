@@ -1,14 +1,14 @@
 #include "daemons/ps_server/service.h"
 
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/optimizer_codec.h"
-#include "rpc/pool.h"
+#include "async/pool.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::ps_server {
 namespace {
 
-void check(const Status& status) { rpc::check(status); }
+void check(const Status& status) { async::check(status); }
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
@@ -95,7 +95,7 @@ kj::Promise<void> PsService::createShard(CreateShardContext context) {
   return rpc::read_tensor(params.getInitial(), ctx_.codec)
       .then([this, name, optimizer](Tensor&& initial) {
         auto store = store_;
-        return rpc::run_on_pool(ctx_.pool, [store, name, optimizer, initial = std::move(initial)]() {
+        return async::run_on_pool(ctx_.pool, [store, name, optimizer, initial = std::move(initial)]() {
           return store->create(name, initial, optimizer);
         });
       })
@@ -106,7 +106,7 @@ kj::Promise<void> PsService::read(ReadContext context) {
   auto store = store_;
   std::string name = text(context.getParams().getName());
   rpc::CodecOptions codec = rpc::answer_codec(ctx_.codec, context.getParams().getInlineLimit());
-  return rpc::run_on_pool(ctx_.pool, [store, name]() { return store->read(name); })
+  return async::run_on_pool(ctx_.pool, [store, name]() { return store->read(name); })
       .then([context, codec](Result<Tensor> value) mutable {
         check(value.status());
         rpc::write_tensor(context.getResults().initValue(), *value, codec);
@@ -119,7 +119,7 @@ kj::Promise<void> PsService::gather(GatherContext context) {
   return rpc::read_tensor(context.getParams().getIds(), ctx_.codec)
       .then([this, name](Tensor&& ids) {
         auto store = store_;
-        return rpc::run_on_pool(ctx_.pool, [store, name, ids = std::move(ids)]() {
+        return async::run_on_pool(ctx_.pool, [store, name, ids = std::move(ids)]() {
           return store->gather(name, ids);
         });
       })
@@ -135,7 +135,7 @@ kj::Promise<void> PsService::assign(AssignContext context) {
       .then([this, name](Tensor&& value) {
         auto store = store_;
         // The received tensor is nobody else's: the shard takes its buffer.
-        return rpc::run_on_pool(ctx_.pool, [store, name, value = std::move(value)]() mutable {
+        return async::run_on_pool(ctx_.pool, [store, name, value = std::move(value)]() mutable {
           return store->assign_owned(name, std::move(value));
         });
       })
@@ -147,7 +147,7 @@ kj::Promise<void> PsService::assignAdd(AssignAddContext context) {
   return rpc::read_tensor(context.getParams().getDelta(), ctx_.codec)
       .then([this, name](Tensor&& delta) {
         auto store = store_;
-        return rpc::run_on_pool(ctx_.pool, [store, name, delta = std::move(delta)]() {
+        return async::run_on_pool(ctx_.pool, [store, name, delta = std::move(delta)]() {
           return store->assign_add(name, delta);
         });
       })
@@ -160,7 +160,7 @@ kj::Promise<void> PsService::applyDense(ApplyDenseContext context) {
   return rpc::read_tensor(context.getParams().getGradient(), ctx_.codec)
       .then([this, name, step](Tensor&& gradient) {
         auto store = store_;
-        return rpc::run_on_pool(ctx_.pool, [store, name, step, gradient = std::move(gradient)]() {
+        return async::run_on_pool(ctx_.pool, [store, name, step, gradient = std::move(gradient)]() {
           return store->apply_dense(name, gradient, step);
         });
       })
@@ -180,7 +180,7 @@ kj::Promise<void> PsService::applySparse(ApplySparseContext context) {
             })
       .then([this, name, step](std::pair<Tensor, Tensor>&& update) {
         auto store = store_;
-        return rpc::run_on_pool(ctx_.pool, [store, name, step, update = std::move(update)]() {
+        return async::run_on_pool(ctx_.pool, [store, name, step, update = std::move(update)]() {
           return store->apply_sparse(name, update.first, update.second, step);
         });
       })
@@ -197,7 +197,7 @@ kj::Promise<void> PsService::listShards(ListShardsContext context) {
   };
   auto store = store_;
   auto tables = tables_;
-  return rpc::run_on_pool(ctx_.pool, [store, tables]() -> Result<std::vector<Listed>> {
+  return async::run_on_pool(ctx_.pool, [store, tables]() -> Result<std::vector<Listed>> {
            std::vector<Listed> out;
            for (auto& [name, info] : store->list()) out.push_back({name, std::move(info), false});
            for (const auto& [name, table] : tables->list()) {
@@ -229,7 +229,7 @@ kj::Promise<void> PsService::listShards(ListShardsContext context) {
 kj::Promise<void> PsService::readSlots(ReadSlotsContext context) {
   auto store = store_;
   std::string name = text(context.getParams().getName());
-  return rpc::run_on_pool(ctx_.pool, [store, name]() { return store->slots(name); })
+  return async::run_on_pool(ctx_.pool, [store, name]() { return store->slots(name); })
       .then([this, context](Result<std::map<std::string, Tensor>> slots) mutable {
         check(slots.status());
         auto out = context.getResults().initSlots(static_cast<unsigned>(slots->size()));
@@ -256,7 +256,7 @@ kj::Promise<void> PsService::setSlots(SetSlotsContext context) {
       .then([this, name, step, names](kj::Array<Tensor>&& tensors) {
         auto store = store_;
         std::vector<Tensor> values(tensors.begin(), tensors.end());
-        return rpc::run_on_pool(ctx_.pool, [store, name, step, names, values = std::move(values)]() {
+        return async::run_on_pool(ctx_.pool, [store, name, step, names, values = std::move(values)]() {
           for (size_t i = 0; i < values.size(); ++i) {
             CAPSTAN_RETURN_IF_ERROR(store->set_slot(name, (*names)[i], values[i]));
           }
@@ -289,7 +289,7 @@ kj::Promise<void> PsService::createTable(CreateTableContext context) {
   auto spec = rpc::table_from_wire(params.getConfig());
   check(spec.status().with_context("createTable '" + name + "'"));
   auto tables = tables_;
-  return rpc::run_on_pool(ctx_.pool, [tables, name, config = table_config(*spec)]() {
+  return async::run_on_pool(ctx_.pool, [tables, name, config = table_config(*spec)]() {
            return tables->create(name, config);
          })
       .then([](Status status) { check(status); });
@@ -303,7 +303,7 @@ kj::Promise<void> PsService::lookupTable(LookupTableContext context) {
   rpc::CodecOptions codec = rpc::answer_codec(ctx_.codec, params.getInlineLimit());
   return rpc::read_tensor(params.getIds(), ctx_.codec)
       .then([this, table = *table, insert](Tensor&& ids) {
-        return rpc::run_on_pool(ctx_.pool, [table, insert, ids = std::move(ids)]() {
+        return async::run_on_pool(ctx_.pool, [table, insert, ids = std::move(ids)]() {
           return table->lookup(ids, insert);
         });
       })
@@ -326,7 +326,7 @@ kj::Promise<void> PsService::applyTable(ApplyTableContext context) {
               });
             })
       .then([this, table = *table, step](std::pair<Tensor, Tensor>&& update) {
-        return rpc::run_on_pool(ctx_.pool, [table, step, update = std::move(update)]() {
+        return async::run_on_pool(ctx_.pool, [table, step, update = std::move(update)]() {
           return table->apply_gradients(update.first, update.second, step);
         });
       })
@@ -340,7 +340,7 @@ kj::Promise<void> PsService::exportTable(ExportTableContext context) {
   int64_t since = params.getSinceVersion();
   int64_t mark = params.getBeginVersion();
   using Snapshot = ps::EmbeddingTable::Snapshot;
-  return rpc::run_on_pool(ctx_.pool, [table = *table, since, mark]() { return table->snapshot(since, mark); })
+  return async::run_on_pool(ctx_.pool, [table = *table, since, mark]() { return table->snapshot(since, mark); })
       .then([this, context](Result<Snapshot> exported) mutable {
         check(exported.status());
         auto results = context.getResults();
@@ -359,7 +359,7 @@ kj::Promise<void> PsService::importTable(ImportTableContext context) {
   int64_t version = params.getVersion();
   return rpc::read_table_rows(params.getRows())
       .then([this, table = *table, clear, step, version](ps::TableRows&& rows) {
-        return rpc::run_on_pool(ctx_.pool, [table, clear, step, version, rows = std::move(rows)]() {
+        return async::run_on_pool(ctx_.pool, [table, clear, step, version, rows = std::move(rows)]() {
           return table->restore(rows, clear, step, version);
         });
       })

@@ -36,7 +36,7 @@
 #include "capstan/mirrored.h"
 #include "capstan/status.h"
 #include "sync/mutex.h"
-#include "training/replica.h"
+#include "types/replica.h"
 
 namespace capstan::worker_server {
 

@@ -1,7 +1,11 @@
 #include "daemons/worker_server/service.h"
 
+#include <optional>
+#include <string>
+
+#include "async/status_exception.h"
 #include "rpc/errors.h"
-#include "rpc/pool.h"
+#include "async/pool.h"
 #include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
 
@@ -41,6 +45,46 @@ RunClosureRequest run_request_of(Reader run) {
   request.num_workers = std::max<int>(1, static_cast<int>(run.getNumWorkers()));
   request.worker_index = run.getWorkerIndex();
   return request;
+}
+
+// A closure's value as it is answered: as one flat Element message
+// (rpc::element_to_bytes; the coordinator keeps these bytes as they are) to
+// a run whose arguments came so, unless it is larger than `inline_limit`;
+// else as an element (its tensors referenced or pulled in chunks).
+struct Answer {
+  bool encoded = false;
+  std::string bytes;
+  Element element;
+};
+
+Answer answer_of(Element value, bool encoded, size_t inline_limit) {
+  Answer answer;
+  size_t raw = 0;
+  for (const Tensor& t : value.components) raw += t.byte_size();
+  if (encoded && raw <= inline_limit) {
+    answer.bytes = rpc::element_to_bytes(value);
+    answer.encoded = answer.bytes.size() <= inline_limit;
+  }
+  if (!answer.encoded) {
+    answer.bytes.clear();
+    answer.element = std::move(value);
+  }
+  return answer;
+}
+
+std::string bytes_of(capnp::Data::Reader data) {
+  return std::string(reinterpret_cast<const char*>(data.begin()), data.size());
+}
+
+// Decodes encoded arguments into `request` (on the pool).
+Status decode_args(const std::string& encoded, RunClosureRequest& request) {
+  auto args = rpc::element_from_bytes(encoded);
+  if (!args.ok()) {
+    return args.status().with_context("the arguments of closure " + std::to_string(request.closure_id) + " (" +
+                                      request.function + ")");
+  }
+  request.args = std::move(*args);
+  return Status::Ok();
 }
 
 }  // namespace
@@ -97,14 +141,14 @@ kj::Promise<void> WorkerService::leave_coordinator() {
       .then([this]() { ctx_.log->info("left the coordinator"); },
             [this](kj::Exception&& e) {
               ctx_.log->warn("leaving the coordinator failed ({}); its running closures run again elsewhere",
-                             rpc::from_exception(e).to_string());
+                             async::from_exception(e).to_string());
             });
 }
 
 WorkerService::~WorkerService() = default;
 
 void WorkerService::taskFailed(kj::Exception&& exception) {
-  ctx_.log->error("worker task failed: {}", rpc::from_exception(exception).to_string());
+  ctx_.log->error("worker task failed: {}", async::from_exception(exception).to_string());
 }
 
 kj::Promise<void> WorkerService::register_with_coordinator() {
@@ -137,13 +181,13 @@ kj::Promise<void> WorkerService::register_with_coordinator() {
             // restart) means "register again", never the end of this loop.
             return until_dropped().catch_([this](kj::Exception&& e) {
               ctx_.log->warn("lost the coordinator ({}); registering again when it is back",
-                             rpc::from_exception(e).to_string());
+                             async::from_exception(e).to_string());
               return ctx_.loop->timer().afterDelay(1 * kj::SECONDS);
             });
           },
           [this](kj::Exception&& e) {
             ctx_.log->warn("registering with the coordinator failed: {}; retrying",
-                           rpc::from_exception(e).to_string());
+                           async::from_exception(e).to_string());
             return ctx_.loop->timer().afterDelay(1 * kj::SECONDS);
           })
       .then([this]() {
@@ -180,17 +224,17 @@ kj::Promise<void> WorkerService::createDataset(CreateDatasetContext context) {
                          params.getDefinition().size());
   uint64_t uid = params.getUid();
   auto worker = worker_;
-  return rpc::run_on_pool(ctx_.pool,
+  return async::run_on_pool(ctx_.pool,
                           [worker, id, definition, uid]() { return worker->create_dataset(id, definition, uid); })
-      .then([](Status status) { rpc::check(status); });
+      .then([](Status status) { async::check(status); });
 }
 
 kj::Promise<void> WorkerService::saveIterator(SaveIteratorContext context) {
   int64_t id = context.getParams().getDatasetId();
   auto worker = worker_;
-  return rpc::run_on_pool(ctx_.pool, [worker, id]() { return worker->save_iterator(id); })
+  return async::run_on_pool(ctx_.pool, [worker, id]() { return worker->save_iterator(id); })
       .then([context](Result<std::string> state) mutable {
-        rpc::check(state.status());
+        async::check(state.status());
         context.getResults().setState(
             kj::arrayPtr(reinterpret_cast<const kj::byte*>(state->data()), state->size()));
       });
@@ -201,10 +245,10 @@ kj::Promise<void> WorkerService::restoreIterator(RestoreIteratorContext context)
   int64_t id = params.getDatasetId();
   std::string state(reinterpret_cast<const char*>(params.getState().begin()), params.getState().size());
   auto worker = worker_;
-  return rpc::run_on_pool(ctx_.pool, [worker, id, state = std::move(state)]() {
+  return async::run_on_pool(ctx_.pool, [worker, id, state = std::move(state)]() {
            return worker->restore_iterator(id, state);
          })
-      .then([](Status status) { rpc::check(status); });
+      .then([](Status status) { async::check(status); });
 }
 
 kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunctionContext context) {
@@ -214,27 +258,48 @@ kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunc
   InputContext input{params.getNumWorkers(), params.getWorkerIndex()};
   uint64_t uid = params.getUid();
   auto worker = worker_;
-  return rpc::run_on_pool(ctx_.pool, [worker, id, name, input, uid]() {
+  return async::run_on_pool(ctx_.pool, [worker, id, name, input, uid]() {
            return worker->create_dataset_from_function(id, name, input, uid);
          })
-      .then([](Status status) { rpc::check(status); });
+      .then([](Status status) { async::check(status); });
 }
 
 kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   auto params = context.getParams();
   RunClosureRequest request = run_request_of(params);
-  rpc::check(worker_->check_closure(request.function));  // before reading the arguments
+  async::check(worker_->check_closure(request.function));  // before reading the arguments
   request.strategy = text(params.getStrategy());
   request.epoch = params.getEpoch();
   auto worker = worker_;
-  return rpc::read_element(params.getArgs())
-      .then([this, worker, request = std::move(request)](Element&& args) mutable {
-        request.args = std::move(args);
-        return rpc::run_on_pool(ctx_.pool, [worker, request = std::move(request)]() { return worker->run_closure(request); });
+  const bool encoded = params.hasEncodedArgs();
+  const size_t limit = ctx_.codec.inline_limit;
+  // Encoded arguments are decoded, and the value encoded, on the pool.
+  struct Args {
+    std::string bytes;  // encoded
+    Element element;    // not encoded
+  };
+  kj::Promise<Args> args = encoded ? kj::Promise<Args>(Args{bytes_of(params.getEncodedArgs()), {}})
+                                   : rpc::read_element(params.getArgs()).then([](Element&& read) {
+                                       return Args{{}, std::move(read)};
+                                     });
+  return args
+      .then([this, worker, request = std::move(request), encoded, limit](Args args) mutable {
+        request.args = std::move(args.element);
+        return async::run_on_pool(ctx_.pool, [worker, request = std::move(request), bytes = std::move(args.bytes), encoded,
+                                            limit]() mutable -> Result<Answer> {
+          if (encoded) CAPSTAN_RETURN_IF_ERROR(decode_args(bytes, request));
+          CAPSTAN_ASSIGN_OR_RETURN(Element value, worker->run_closure(request));
+          return answer_of(std::move(value), encoded, limit);
+        });
       })
-      .then([this, context](Result<Element> result) mutable {
-        rpc::check(result.status());
-        rpc::write_element(context.getResults().initResult(), *result, ctx_.codec);
+      .then([this, context](Result<Answer> answer) mutable {
+        async::check(answer.status());
+        if (answer->encoded) {
+          context.getResults().setEncodedResult(
+              kj::arrayPtr(reinterpret_cast<const kj::byte*>(answer->bytes.data()), answer->bytes.size()));
+          return;
+        }
+        rpc::write_element(context.getResults().initResult(), answer->element, ctx_.codec);
       });
 }
 
@@ -242,12 +307,14 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
   constexpr unsigned kMaxRuns = 1024;
   auto runs = context.getParams().getRuns();
   if (runs.size() > kMaxRuns) {
-    rpc::throw_status(Status::InvalidArgument("runClosures: " + std::to_string(runs.size()) + " runs; at most " +
+    async::throw_status(Status::InvalidArgument("runClosures: " + std::to_string(runs.size()) + " runs; at most " +
                                               std::to_string(kMaxRuns) + " per call"));
   }
   // Each run's request, or the error that keeps it from running.
   auto requests = std::make_shared<std::vector<Result<RunClosureRequest>>>();
   requests->reserve(runs.size());
+  // The arguments of the runs that came encoded, by run.
+  auto encoded = std::make_shared<std::vector<std::optional<std::string>>>(runs.size());
   auto reads = kj::heapArrayBuilder<kj::Promise<void>>(runs.size());
   for (unsigned i = 0; i < runs.size(); ++i) {
     auto run = runs[i];
@@ -259,25 +326,52 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
       continue;
     }
     requests->push_back(std::move(request));
+    if (run.hasEncodedArgs()) {
+      // Decoded on the pool with the batch.
+      (*encoded)[i] = bytes_of(run.getEncodedArgs());
+      reads.add(kj::READY_NOW);
+      continue;
+    }
     reads.add(rpc::read_element(run.getArgs())
                   .then([requests, i](Element&& args) { (*requests)[i]->args = std::move(args); },
-                        [requests, i](kj::Exception&& e) { (*requests)[i] = rpc::from_exception(e); }));
+                        [requests, i](kj::Exception&& e) { (*requests)[i] = async::from_exception(e); }));
   }
   auto worker = worker_;
+  const size_t limit = ctx_.codec.inline_limit;
   return kj::joinPromises(reads.finish())
-      .then([this, worker, requests]() {
+      .then([this, worker, requests, encoded, limit]() {
         // One trip to the pool for the whole batch, the runs in order.
-        return rpc::run_on_pool(ctx_.pool, [worker, requests]() { return worker->run_closures(*requests); });
+        return async::run_on_pool(ctx_.pool, [worker, requests, encoded, limit]() {
+          for (size_t i = 0; i < requests->size(); ++i) {
+            if (!(*encoded)[i] || !(*requests)[i].ok()) continue;
+            Status decoded = decode_args(*(*encoded)[i], *(*requests)[i]);
+            if (!decoded.ok()) (*requests)[i] = decoded;
+          }
+          std::vector<Result<Element>> values = worker->run_closures(*requests);
+          std::vector<Result<Answer>> answers;
+          answers.reserve(values.size());
+          for (size_t i = 0; i < values.size(); ++i) {
+            if (!values[i].ok()) {
+              answers.push_back(values[i].status());
+              continue;
+            }
+            answers.push_back(answer_of(std::move(*values[i]), (*encoded)[i].has_value(), limit));
+          }
+          return answers;
+        });
       })
-      .then([this, context](std::vector<Result<Element>> outcomes) mutable {
-        auto out = context.getResults().initOutcomes(static_cast<unsigned>(outcomes.size()));
+      .then([this, context](std::vector<Result<Answer>> answers) mutable {
+        auto out = context.getResults().initOutcomes(static_cast<unsigned>(answers.size()));
         rpc::ReferenceBudget references;
         const rpc::CodecOptions codec = rpc::with_references(ctx_.codec, &references);
-        for (unsigned i = 0; i < outcomes.size(); ++i) {
-          if (outcomes[i].ok()) {
-            rpc::write_element(out[i].initValue(), *outcomes[i], codec);
+        for (unsigned i = 0; i < answers.size(); ++i) {
+          if (!answers[i].ok()) {
+            rpc::status_to_wire(answers[i].status(), out[i].initError());
+          } else if (answers[i]->encoded) {
+            const std::string& bytes = answers[i]->bytes;
+            out[i].setEncodedValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
           } else {
-            rpc::status_to_wire(outcomes[i].status(), out[i].initError());
+            rpc::write_element(out[i].initValue(), answers[i]->element, codec);
           }
         }
       });
@@ -288,7 +382,7 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
 kj::Promise<void> WorkerService::replicaStatus(ReplicaStatusContext context) {
   std::string strategy = text(context.getParams().getStrategy());
   auto replicas = replicas_;
-  return rpc::run_on_pool(ctx_.pool, [replicas, strategy]() { return replicas->status(strategy); })
+  return async::run_on_pool(ctx_.pool, [replicas, strategy]() { return replicas->status(strategy); })
       .then([context](training::ReplicaReport report) mutable {
         auto results = context.getResults();
         results.setHolds(report.holds);
@@ -302,9 +396,9 @@ kj::Promise<void> WorkerService::prepareReplica(PrepareReplicaContext context) {
   std::string strategy = text(params.getStrategy());
   int64_t epoch = params.getEpoch();
   auto replicas = replicas_;
-  return rpc::run_on_pool(ctx_.pool, [replicas, strategy, epoch]() { return replicas->prepare(strategy, epoch); })
+  return async::run_on_pool(ctx_.pool, [replicas, strategy, epoch]() { return replicas->prepare(strategy, epoch); })
       .then([context](Result<std::string> address) mutable {
-        rpc::check(address.status());
+        async::check(address.status());
         context.getResults().setAddress(*address);
       });
 }
@@ -317,17 +411,17 @@ kj::Promise<void> WorkerService::formReplica(FormReplicaContext context) {
   form.rank = params.getRank();
   form.source = params.getSource();
   if (params.getAddresses().size() > 4096) {
-    rpc::check(Status::InvalidArgument("formReplica: " + std::to_string(params.getAddresses().size()) +
+    async::check(Status::InvalidArgument("formReplica: " + std::to_string(params.getAddresses().size()) +
                                        " members; at most 4096"));
   }
   for (auto a : params.getAddresses()) form.addresses.push_back(text(a));
   for (auto spec : params.getVariables()) {
     auto parsed = rpc::spec_from_wire(spec);
-    rpc::check(parsed.status().with_context("formReplica"));
+    async::check(parsed.status().with_context("formReplica"));
     form.specs.push_back(std::move(*parsed));
   }
   auto settings = rpc::settings_from_wire(params.getSettings());
-  rpc::check(settings.status().with_context("formReplica"));
+  async::check(settings.status().with_context("formReplica"));
   form.settings = *settings;
   kj::Promise<void> seeded = kj::READY_NOW;
   auto shared = std::make_shared<training::ReplicaForm>(std::move(form));
@@ -339,10 +433,10 @@ kj::Promise<void> WorkerService::formReplica(FormReplicaContext context) {
   auto replicas = replicas_;
   return seeded
       .then([this, replicas, shared]() {
-        return rpc::run_on_pool(ctx_.pool, [replicas, shared]() { return replicas->form(*shared); });
+        return async::run_on_pool(ctx_.pool, [replicas, shared]() { return replicas->form(*shared); });
       })
       .then([this, context, shared](Result<training::ReplicaReport> report) mutable {
-        rpc::check(report.status());
+        async::check(report.status());
         ctx_.log->info("strategy '{}': replica {} of {} in epoch {} (from rank {}; step {}); transports: {}",
                        shared->strategy, shared->rank, shared->addresses.size(), shared->epoch, shared->source,
                        report->step, [&]() {
@@ -363,9 +457,9 @@ kj::Promise<void> WorkerService::formReplica(FormReplicaContext context) {
 kj::Promise<void> WorkerService::readReplica(ReadReplicaContext context) {
   std::string strategy = text(context.getParams().getStrategy());
   auto replicas = replicas_;
-  return rpc::run_on_pool(ctx_.pool, [replicas, strategy]() { return replicas->read(strategy); })
+  return async::run_on_pool(ctx_.pool, [replicas, strategy]() { return replicas->read(strategy); })
       .then([this, context](Result<training::MirroredState> state) mutable {
-        rpc::check(state.status());
+        async::check(state.status());
         rpc::state_to_wire(*state, context.getResults().initState(), ctx_.codec);
       });
 }

@@ -1,9 +1,6 @@
 #include "checkpoint/checkpoint.h"
 
-#include <fcntl.h>
-#include <stdio.h>
 #include <sys/stat.h>
-#include <unistd.h>
 
 #include <algorithm>
 #include <cerrno>
@@ -14,7 +11,7 @@
 #include <set>
 #include <system_error>
 
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "io/durable_file.h"
 #include "data/tensor_util.h"
 #include "rpc/optimizer_codec.h"
@@ -78,52 +75,15 @@ struct SizeAndCrc {
 };
 
 Result<SizeAndCrc> checksum_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_to_status(errno, "cannot open '" + path + "'");
+  CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<io::RandomAccessFile> file, io::local_file_system().open_readable(path));
   std::vector<char> buf(size_t{1} << 20);
   SizeAndCrc out;
-  while (true) {
-    ssize_t n = ::read(fd, buf.data(), buf.size());
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Status status = errno_to_status(errno, "cannot read '" + path + "'");
-      ::close(fd);
-      return status;
-    }
-    if (n == 0) break;
-    out.crc = data::io::crc32c_extend(out.crc, buf.data(), static_cast<size_t>(n));
-    out.size += static_cast<uint64_t>(n);
+  while (out.size < file->size()) {
+    const size_t n = static_cast<size_t>(std::min<uint64_t>(buf.size(), file->size() - out.size));
+    CAPSTAN_RETURN_IF_ERROR(file->read(out.size, n, buf.data()));
+    out.crc = io::crc32c_extend(out.crc, buf.data(), n);
+    out.size += n;
   }
-  ::close(fd);
-  return out;
-}
-
-Status fsync_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_to_status(errno, "cannot open '" + path + "'");
-  Status status;
-  if (::fsync(fd) != 0) status = errno_to_status(errno, "cannot fsync '" + path + "'");
-  ::close(fd);
-  return status;
-}
-
-Result<std::string> read_small_file(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return errno_to_status(errno, "cannot open '" + path + "'");
-  std::string out;
-  char buf[65536];
-  while (true) {
-    ssize_t n = ::read(fd, buf, sizeof(buf));
-    if (n < 0) {
-      if (errno == EINTR) continue;
-      Status status = errno_to_status(errno, "cannot read '" + path + "'");
-      ::close(fd);
-      return status;
-    }
-    if (n == 0) break;
-    out.append(buf, static_cast<size_t>(n));
-  }
-  ::close(fd);
   return out;
 }
 
@@ -279,30 +239,15 @@ Status CheckpointWriter::commit(Manifest manifest) {
   readers.clear();
 
   done_ = true;
-  for (const auto& name : names) CAPSTAN_RETURN_IF_ERROR(fsync_file(join(tmp_path_, name)));
+  io::FileSystem& files = io::local_file_system();
+  for (const auto& name : names) CAPSTAN_RETURN_IF_ERROR(files.sync_file(join(tmp_path_, name)));
   const std::string json = to_json_with_checksum(manifest);
   CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(join(tmp_path_, kManifestFileName), json));
-  if (::renameat2(AT_FDCWD, tmp_path_.c_str(), AT_FDCWD, final_path_.c_str(), RENAME_NOREPLACE) !=
-      0) {
-    int rename_error = errno;
-    if (rename_error == EINVAL || rename_error == ENOSYS) {
-      // A filesystem without RENAME_NOREPLACE: check, then rename (one
-      // writer per directory makes this safe enough).
-      struct stat st;
-      if (::lstat(final_path_.c_str(), &st) == 0) {
-        rename_error = EEXIST;
-      } else if (::rename(tmp_path_.c_str(), final_path_.c_str()) == 0) {
-        rename_error = 0;
-      } else {
-        rename_error = errno;
-      }
-    }
-    if (rename_error == EEXIST || rename_error == ENOTEMPTY) {
-      return Status::AlreadyExists(context + ": it already exists");
-    }
-    if (rename_error != 0) return errno_to_status(rename_error, context + ": rename failed");
+  if (Status renamed = files.rename_no_replace(tmp_path_, final_path_); !renamed.ok()) {
+    if (renamed.code() == StatusCode::kAlreadyExists) return Status::AlreadyExists(context + ": it already exists");
+    return renamed.with_context(context);
   }
-  CAPSTAN_RETURN_IF_ERROR(io::fsync_dir(dir_));
+  CAPSTAN_RETURN_IF_ERROR(files.sync_dir(dir_));
   return apply_retention();
 }
 
@@ -370,7 +315,7 @@ Result<std::string> latest_checkpoint(const std::string& dir) {
 
 Result<CheckpointIndex> read_checkpoint_index(const std::string& dir) {
   const std::string path = join(strip_trailing_slashes(dir), kIndexFileName);
-  CAPSTAN_ASSIGN_OR_RETURN(std::string json, read_small_file(path));
+  CAPSTAN_ASSIGN_OR_RETURN(std::string json, io::read_file(io::local_file_system(), path));
   return parse_checkpoint_index(json, path);
 }
 
@@ -394,7 +339,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
   }
 
   const std::string manifest_path = join(reader->path_, kManifestFileName);
-  auto json = read_small_file(manifest_path);
+  auto json = io::read_file(io::local_file_system(), manifest_path);
   if (!json.ok()) {
     if (json.status().code() == StatusCode::kNotFound) {
       return reader->damaged(std::string(kManifestFileName) + " is missing");

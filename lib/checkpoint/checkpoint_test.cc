@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "data/tensor_util.h"
 #include "data/test_util.h"
 
@@ -231,7 +231,7 @@ TEST_CASE("checkpoint: commit lays out the directory and checksums every file") 
   for (const auto& file : files) {
     const std::string bytes = read_bytes(ckpt + "/" + file.name);
     CHECK(file.size == bytes.size());
-    CHECK(file.crc32c == data::io::crc32c(bytes.data(), bytes.size()));
+    CHECK(file.crc32c == io::crc32c(bytes.data(), bytes.size()));
   }
   CHECK(files[0].name == "ps-0.safetensors");
   CHECK(files[1].name == "ps-1.safetensors");
@@ -568,7 +568,7 @@ TEST_CASE("checkpoint reader: a shard file that is not safetensors is DataLoss n
   write_bytes(ckpt + "/ps-1.safetensors", junk);
   edit_manifest(ckpt, [&junk](Manifest& m) {
     m.files[1].size = junk.size();
-    m.files[1].crc32c = data::io::crc32c(junk.data(), junk.size());
+    m.files[1].crc32c = io::crc32c(junk.data(), junk.size());
   });
   require_damaged(ckpt, "file ps-1.safetensors: corrupt safetensors file");
 }

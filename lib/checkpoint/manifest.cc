@@ -9,7 +9,7 @@
 #include <utility>
 
 #include "checkpoint/json.h"
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "checkpoint/safetensors.h"
 #include "rpc/optimizer_codec.h"
 
@@ -504,7 +504,7 @@ std::string to_json(const Manifest& m) {
 
 std::string to_json_with_checksum(const Manifest& manifest) {
   const std::string body = to_json(manifest);  // "{\n  \"format_version\": ..."
-  const uint32_t crc = data::io::crc32c(body.data(), body.size());
+  const uint32_t crc = io::crc32c(body.data(), body.size());
   return "{\n  \"manifest_crc32c\": " + std::to_string(crc) + "," + body.substr(1);
 }
 
@@ -556,7 +556,7 @@ Result<Manifest> parse_manifest(const std::string& json, const std::string& sour
     CAPSTAN_ASSIGN_OR_RETURN(auto stored_node, f.member(root, "", "manifest_crc32c"));
     CAPSTAN_ASSIGN_OR_RETURN(uint64_t stored, f.uint64(stored_node, "manifest_crc32c"));
     const std::string canonical = to_json(m);
-    const uint32_t computed = data::io::crc32c(canonical.data(), canonical.size());
+    const uint32_t computed = io::crc32c(canonical.data(), canonical.size());
     if (stored != computed) {
       return Status::DataLoss("manifest '" + source_name + "' fails its checksum (manifest_crc32c " +
                               std::to_string(stored) + ", computed " + std::to_string(computed) +

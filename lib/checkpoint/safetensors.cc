@@ -1,9 +1,5 @@
 #include "checkpoint/safetensors.h"
 
-#include <fcntl.h>
-#include <sys/stat.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -220,16 +216,13 @@ Status write_safetensors(const std::string& path,
 // ---------------------------------------------------------------- reading
 
 Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path) {
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return io::errno_to_status(errno, "cannot open safetensors file '" + path + "'");
-  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(path, fd));
-
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return io::errno_to_status(errno, "cannot stat '" + path + "'");
-  if (!S_ISREG(st.st_mode)) {
+  Result<std::unique_ptr<io::RandomAccessFile>> file = io::local_file_system().open_readable(path);
+  if (file.status().code() == StatusCode::kFailedPrecondition) {
     return Status::FailedPrecondition("safetensors file '" + path + "' is not a regular file");
   }
-  const uint64_t file_size = static_cast<uint64_t>(st.st_size);
+  if (!file.ok()) return file.status().with_context("cannot open safetensors file '" + path + "'");
+  const uint64_t file_size = (*file)->size();
+  std::unique_ptr<SafetensorsReader> reader(new SafetensorsReader(path, std::move(*file)));
   if (file_size < 8) {
     return reader->corrupt("the file has " + std::to_string(file_size) +
                            " bytes, too few for the 8-byte header length");
@@ -280,7 +273,7 @@ Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::st
   return reader;
 }
 
-SafetensorsReader::~SafetensorsReader() { ::close(fd_); }
+SafetensorsReader::~SafetensorsReader() = default;
 
 Status SafetensorsReader::corrupt(const std::string& why) const {
   return Status::DataLoss("corrupt safetensors file '" + path_ + "': " + why);
@@ -438,22 +431,20 @@ Result<SafetensorsTensorInfo> SafetensorsReader::info(const std::string& name) c
 
 Status SafetensorsReader::pread_data(uint64_t offset, void* out, size_t n,
                                      const std::string& tensor) const {
-  auto* p = static_cast<char*>(out);
-  while (n > 0) {
-    ssize_t got = ::pread(fd_, p, std::min<size_t>(n, size_t{1} << 30), static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return io::errno_to_status(errno, "cannot read '" + path_ + "'");
-    }
-    if (got == 0) {
-      return corrupt((tensor.empty() ? std::string("the file") : "tensor " + in_quotes(tensor)) +
-                     ": the file ends " + std::to_string(n) + " bytes early");
-    }
-    p += got;
-    n -= static_cast<size_t>(got);
-    offset += static_cast<uint64_t>(got);
+  // The header's ranges were checked against the size at open; a file
+  // shorter than that now was cut under us.
+  const uint64_t size = file_->size();
+  if (offset > size || size - offset < n) {
+    const uint64_t missing = offset > size ? n : n - (size - offset);
+    return corrupt((tensor.empty() ? std::string("the file") : "tensor " + in_quotes(tensor)) +
+                   ": the file ends " + std::to_string(missing) + " bytes early");
   }
-  return Status::Ok();
+  Status status = file_->read(offset, n, static_cast<char*>(out));
+  if (status.code() == StatusCode::kInternal) {
+    return corrupt((tensor.empty() ? std::string("the file") : "tensor " + in_quotes(tensor)) +
+                   ": the file ends early (" + status.message() + ")");
+  }
+  return status;
 }
 
 Result<Tensor> SafetensorsReader::read(const std::string& name) const {

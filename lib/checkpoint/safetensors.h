@@ -59,6 +59,7 @@
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "io/file_system.h"
 
 namespace capstan::checkpoint {
 
@@ -130,7 +131,8 @@ class SafetensorsReader {
   const std::map<std::string, std::string>& metadata() const { return metadata_; }
 
  private:
-  SafetensorsReader(std::string path, int fd) : path_(std::move(path)), fd_(fd) {}
+  SafetensorsReader(std::string path, std::unique_ptr<io::RandomAccessFile> file)
+      : path_(std::move(path)), file_(std::move(file)) {}
   Status parse_header(std::string_view header);
   Status corrupt(const std::string& why) const;
   const SafetensorsTensorInfo* find(const std::string& name, Status* error) const;
@@ -146,7 +148,7 @@ class SafetensorsReader {
 
   // All constant after open().
   const std::string path_;
-  const int fd_;
+  const std::unique_ptr<io::RandomAccessFile> file_;
   uint64_t data_start_ = 0;  // 8 + N
   std::map<std::string, SafetensorsTensorInfo> tensors_;
   std::vector<std::string> order_;  // names sorted by data offset

@@ -111,7 +111,7 @@ Status device_collectives_status() {
   return nccl().loaded;
 }
 
-struct NcclGroup::Impl {
+struct NcclBackend::Impl {
   int device = 0;
   std::chrono::milliseconds timeout{60000};
   int rank = 0;
@@ -231,11 +231,11 @@ struct NcclGroup::Impl {
   }
 };
 
-NcclGroup::NcclGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-NcclGroup::~NcclGroup() = default;
-int NcclGroup::device() const { return impl_->device; }
-
-void NcclGroup::interrupt(const Status& reason) {
+NcclBackend::NcclBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NcclBackend::~NcclBackend() = default;
+int NcclBackend::device() const { return impl_->device; }
+                        
+                        void NcclBackend::interrupt(const Status& reason) {
   {
     MutexLock lock(impl_->interrupt_mutex);
     if (impl_->interrupt_reason.ok()) impl_->interrupt_reason = reason;
@@ -243,7 +243,8 @@ void NcclGroup::interrupt(const Status& reason) {
   impl_->interrupted.store(true, std::memory_order_release);
 }
 
-Result<std::unique_ptr<NcclGroup>> NcclGroup::create(Communicator& host, int device, std::chrono::milliseconds timeout) {
+Result<std::unique_ptr<DeviceBackend>> NcclBackend::create(Communicator& host, int device,
+                                                           std::chrono::milliseconds timeout) {
   // Every rank learns first whether all of them can: one that cannot must
   // not leave the others waiting for an id that never comes.
   Status here = device_collectives_status();
@@ -288,17 +289,17 @@ Result<std::unique_ptr<NcclGroup>> NcclGroup::create(Communicator& host, int dev
     return Status::Unavailable(std::string("ncclCommInitRankConfig: ") + api.error_string(started));
   }
   CAPSTAN_RETURN_IF_ERROR(impl->wait(impl->comm, nullptr, false, "communicator init", Clock::now() + timeout));
-  return std::unique_ptr<NcclGroup>(new NcclGroup(std::move(impl)));
+  return std::unique_ptr<DeviceBackend>(new NcclBackend(std::move(impl)));
 }
 
-Status NcclGroup::all_reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, void* stream) {
+Status NcclBackend::all_reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, void* stream) {
   CAPSTAN_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_dtype(dtype));
   return impl_->run("all_reduce", stream, [&](ncclComm_t c, cudaStream_t s) {
     return nccl().all_reduce(send, recv, static_cast<size_t>(count), t, nccl_op(op), c, s);
   });
 }
 
-Status NcclGroup::broadcast(void* buffer, int64_t count, DType dtype, int root, void* stream) {
+Status NcclBackend::broadcast(void* buffer, int64_t count, DType dtype, int root, void* stream) {
   CAPSTAN_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_dtype(dtype));
   if (root < 0 || root >= impl_->size) {
     return Status::InvalidArgument("broadcast: root " + std::to_string(root) + " is not a rank of this group of " +
@@ -309,15 +310,15 @@ Status NcclGroup::broadcast(void* buffer, int64_t count, DType dtype, int root, 
   });
 }
 
-Status NcclGroup::all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype, void* stream) {
+Status NcclBackend::all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype, void* stream) {
   CAPSTAN_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_dtype(dtype));
   return impl_->run("all_gather", stream, [&](ncclComm_t c, cudaStream_t s) {
     return nccl().all_gather(send, recv, static_cast<size_t>(count_per_rank), t, c, s);
   });
 }
 
-Status NcclGroup::reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DType dtype, ReduceOp op,
-                                 void* stream) {
+Status NcclBackend::reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DType dtype, ReduceOp op,
+                                   void* stream) {
   CAPSTAN_ASSIGN_OR_RETURN(ncclDataType_t t, nccl_dtype(dtype));
   return impl_->run("reduce_scatter", stream, [&](ncclComm_t c, cudaStream_t s) {
     return nccl().reduce_scatter(send, recv, static_cast<size_t>(count_per_rank), t, nccl_op(op), c, s);
@@ -336,18 +337,18 @@ Status device_collectives_status() {
       "(CAPSTAN_CUDA=ON)");
 }
 
-struct NcclGroup::Impl {};
-NcclGroup::NcclGroup(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-NcclGroup::~NcclGroup() = default;
-int NcclGroup::device() const { return -1; }
-void NcclGroup::interrupt(const Status&) {}
-Result<std::unique_ptr<NcclGroup>> NcclGroup::create(Communicator&, int, std::chrono::milliseconds) {
+struct NcclBackend::Impl {};
+NcclBackend::NcclBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+NcclBackend::~NcclBackend() = default;
+int NcclBackend::device() const { return -1; }
+                        void NcclBackend::interrupt(const Status&) {}
+                        Result<std::unique_ptr<DeviceBackend>> NcclBackend::create(Communicator&, int, std::chrono::milliseconds) {
   return device_collectives_status();
 }
-Status NcclGroup::all_reduce(const void*, void*, int64_t, DType, ReduceOp, void*) { return device_collectives_status(); }
-Status NcclGroup::broadcast(void*, int64_t, DType, int, void*) { return device_collectives_status(); }
-Status NcclGroup::all_gather(const void*, void*, int64_t, DType, void*) { return device_collectives_status(); }
-Status NcclGroup::reduce_scatter(const void*, void*, int64_t, DType, ReduceOp, void*) {
+Status NcclBackend::all_reduce(const void*, void*, int64_t, DType, ReduceOp, void*) { return device_collectives_status(); }
+                               Status NcclBackend::broadcast(void*, int64_t, DType, int, void*) { return device_collectives_status(); }
+                               Status NcclBackend::all_gather(const void*, void*, int64_t, DType, void*) { return device_collectives_status(); }
+                               Status NcclBackend::reduce_scatter(const void*, void*, int64_t, DType, ReduceOp, void*) {
   return device_collectives_status();
 }
 

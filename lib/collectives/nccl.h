@@ -1,5 +1,5 @@
-// The collectives on CUDA device buffers, through NCCL: one NCCL
-// communicator per Communicator (rank for rank), made on first use; the
+// The collectives on CUDA device buffers, through NCCL: the DeviceBackend
+// of a Communicator (rank for rank), made on its first device call; the
 // unique id goes from rank 0 to the others over the group's own (host)
 // broadcast, and the group was formed through the coordinator's
 // rendezvous, so the coordinator is where the ranks met.
@@ -28,6 +28,7 @@
 
 #include "capstan/collectives.h"
 #include "capstan/status.h"
+#include "collectives/device_backend.h"
 
 namespace capstan::collectives {
 
@@ -36,29 +37,32 @@ namespace capstan::collectives {
 // found (FailedPrecondition naming the fix).
 Status device_collectives_status();
 
-class NcclGroup {
+// The NCCL DeviceBackend (device_backend.h).
+class NcclBackend : public DeviceBackend {
  public:
   // `host` carries the unique id (its rank and size are NCCL's); `device`
-  // is the CUDA ordinal this rank uses.
-  static Result<std::unique_ptr<NcclGroup>> create(Communicator& host, int device, std::chrono::milliseconds timeout);
-  ~NcclGroup();
+  // is the CUDA ordinal this rank uses. Collective: every rank of `host`
+  // calls it.
+  static Result<std::unique_ptr<DeviceBackend>> create(Communicator& host, int device,
+                                                       std::chrono::milliseconds timeout);
+  ~NcclBackend() override;
 
-  int device() const;
-  // From any thread: the operation waiting now (and every later one) fails
-  // with `reason`, and the NCCL communicator is aborted.
-  void interrupt(const Status& reason);
+  int device() const override;
+  // The NCCL communicator is aborted too.
+  void interrupt(const Status& reason) override;
 
-  // `stream` is a cudaStream_t (nullptr: the legacy default stream). Each
-  // returns once the operation finished on the stream.
-  Status all_reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op, void* stream);
-  Status broadcast(void* buffer, int64_t count, DType dtype, int root, void* stream);
-  Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype, void* stream);
-  Status reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DType dtype, ReduceOp op, void* stream);
+  [[nodiscard]] Status all_reduce(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
+                                  void* stream) override;
+  [[nodiscard]] Status broadcast(void* buffer, int64_t count, DType dtype, int root, void* stream) override;
+  [[nodiscard]] Status all_gather(const void* send, void* recv, int64_t count_per_rank, DType dtype,
+                                  void* stream) override;
+  [[nodiscard]] Status reduce_scatter(const void* send, void* recv, int64_t count_per_rank, DType dtype, ReduceOp op,
+                                      void* stream) override;
 
   struct Impl;
 
  private:
-  explicit NcclGroup(std::unique_ptr<Impl> impl);
+  explicit NcclBackend(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 

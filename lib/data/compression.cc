@@ -14,7 +14,7 @@
 #include <new>
 
 #include "rpc/connection.h"
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 
 namespace capstan::data {
 namespace {
@@ -308,7 +308,7 @@ kj::Promise<Element> read_element(wire::Element::Reader reader, uint64_t* reply_
   if (raw_count == components.size()) return rpc::read_element(reader);
   auto names = reader.getNames();
   if (names.size() != 0 && names.size() != components.size()) {
-    return rpc::to_exception(Status::InvalidArgument("element has " + std::to_string(names.size()) + " names for " +
+    return async::to_exception(Status::InvalidArgument("element has " + std::to_string(names.size()) + " names for " +
                                                      std::to_string(components.size()) + " components"));
   }
   auto element = std::make_shared<Element>();
@@ -318,7 +318,7 @@ kj::Promise<Element> read_element(wire::Element::Reader reader, uint64_t* reply_
   for (unsigned i = 0; i < components.size(); ++i) {
     if (components[i].isCompressed()) {
       auto tensor = read_compressed(components[i], reply_raw_bytes);
-      if (!tensor.ok()) return rpc::to_exception(tensor.status());
+      if (!tensor.ok()) return async::to_exception(tensor.status());
       element->components[i] = std::move(*tensor);
       continue;
     }

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "data/compression.h"
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 
 namespace capstan::data {
 namespace {
@@ -248,7 +248,7 @@ TEST_CASE("elements with compressed components cross a message and read back ide
     read_element(root.asReader(), &reply).wait(wait);
     FAIL("a damaged frame was accepted");
   } catch (const kj::Exception& e) {
-    Status s = rpc::from_exception(e);
+    Status s = async::from_exception(e);
     CHECK(s.code() == StatusCode::kInvalidArgument);
   }
 }

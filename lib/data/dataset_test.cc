@@ -390,6 +390,84 @@ TEST_CASE("take and skip", "[data][take]") {
   CHECK(Dataset::range(10).repeat().take(5).cardinality() == 5);
 }
 
+TEST_CASE("enumerate puts each element's index, from start, in front", "[data][enumerate]") {
+  auto it = Dataset::range(10, 13).enumerate(5).make_iterator();
+  REQUIRE(it.ok());
+  for (int64_t i = 0; i < 3; ++i) {
+    auto next = (*it)->get_next();
+    REQUIRE(next.ok());
+    REQUIRE(next->has_value());
+    const Element& e = **next;
+    REQUIRE(e.components.size() == 2);
+    CHECK(e.components[0].dtype() == DType::kInt64);
+    CHECK(e.components[0].rank() == 0);
+    CHECK(e.components[0].flat<int64_t>()[0] == 5 + i);
+    CHECK(e.components[1].flat<int64_t>()[0] == 10 + i);
+  }
+  auto end = (*it)->get_next();
+  REQUIRE(end.ok());
+  CHECK_FALSE(end->has_value());
+
+  CHECK(ints(Dataset::range(3).enumerate()) == std::vector<int64_t>{0, 1, 2});
+  CHECK(ints(Dataset::range(3).enumerate(-2)) == std::vector<int64_t>{-2, -1, 0});
+  CHECK(Dataset::range(7).enumerate().cardinality() == 7);
+  CHECK(Dataset::range(7).repeat().enumerate().cardinality() == kInfiniteCardinality);
+  CHECK(Dataset::range(7).shard(2, 0).enumerate(1).debug_string() == "range(0, 7, 1).shard(2, 0).enumerate(1)");
+}
+
+TEST_CASE("enumerate past INT64_MAX is OutOfRange, not a wrapped index", "[data][enumerate]") {
+  auto it = Dataset::range(3).enumerate(std::numeric_limits<int64_t>::max()).make_iterator();
+  REQUIRE(it.ok());
+  auto first = (*it)->get_next();
+  REQUIRE(first.ok());
+  REQUIRE(first->has_value());
+  CHECK((*first)->components[0].flat<int64_t>()[0] == std::numeric_limits<int64_t>::max());
+  auto second = (*it)->get_next();
+  REQUIRE_FALSE(second.ok());
+  CHECK(second.status().code() == StatusCode::kOutOfRange);
+  CHECK_THAT(second.status().message(), Catch::Contains("INT64_MAX"));
+}
+
+TEST_CASE("enumerate drops component names, as zip does for an unnamed component", "[data][enumerate]") {
+  Element named;
+  named.components.push_back(Tensor::from_vector<int64_t>({1, 2}, {2}).value());
+  named.names = {"x"};
+  auto it = Dataset::from_tensor_slices(named).enumerate().make_iterator();
+  REQUIRE(it.ok());
+  auto next = (*it)->get_next();
+  REQUIRE(next.ok());
+  REQUIRE(next->has_value());
+  CHECK((*next)->components.size() == 2);
+  CHECK((*next)->names.empty());
+}
+
+TEST_CASE("enumerate resumes its count from a saved iterator", "[data][enumerate]") {
+  Dataset ds = Dataset::range(100, 110).shuffle(4, 9).enumerate(3);
+  auto first = ds.make_iterator();
+  REQUIRE(first.ok());
+  for (int i = 0; i < 4; ++i) REQUIRE((*first)->get_next().ok());
+  auto state = (*first)->save();
+  REQUIRE(state.ok());
+  std::vector<std::pair<int64_t, int64_t>> rest_first;
+  std::vector<std::pair<int64_t, int64_t>> rest_restored;
+  auto drain = [](Iterator& it, std::vector<std::pair<int64_t, int64_t>>* out) {
+    while (true) {
+      auto next = it.get_next();
+      REQUIRE(next.ok());
+      if (!next->has_value()) return;
+      out->emplace_back((*next)->components[0].flat<int64_t>()[0], (*next)->components[1].flat<int64_t>()[0]);
+    }
+  };
+  drain(**first, &rest_first);
+  auto restored = ds.make_iterator();
+  REQUIRE(restored.ok());
+  REQUIRE((*restored)->restore(*state).ok());
+  drain(**restored, &rest_restored);
+  REQUIRE(rest_first.size() == 6);
+  CHECK(rest_first.front().first == 7);
+  CHECK(rest_restored == rest_first);
+}
+
 TEST_CASE("zip pairs elements and stops at the shortest", "[data][zip]") {
   auto it = Dataset::zip({Dataset::range(3), Dataset::range(10, 15)}).make_iterator();
   REQUIRE(it.ok());

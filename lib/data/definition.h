@@ -1,7 +1,9 @@
 // The inside of Dataset and Fn: a pipeline definition is a flat Cap'n Proto
 // message (schemas/dataset.capnp) that every Dataset call copies and extends.
 // Definitions are small (except from_tensors data), so copying keeps them
-// immutable and shareable without bookkeeping.
+// immutable and shareable without bookkeeping. The Dataset methods
+// themselves are the SDK's (sdk/src/data/dataset.cc); they write ops with
+// build_dataset() and derive_dataset() and ask the functions here.
 #ifndef CAPSTAN_LIB_DATA_DEFINITION_H_
 #define CAPSTAN_LIB_DATA_DEFINITION_H_
 
@@ -10,6 +12,7 @@
 
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "capstan/data/dataset.h"
 #include "capstan_schemas/dataset.capnp.h"
@@ -58,6 +61,46 @@ const char* op_name(wire::Op::Which which);
 std::string fn_name(wire::Fn::Reader fn);
 
 int64_t cardinality_of(wire::Op::Reader op);
+
+// A new definition whose root op `fill` writes (fill(wire::Op::Builder)),
+// with the options of `options_from` (or defaults).
+template <typename Fill>
+Dataset build_dataset(const Dataset* options_from, Fill fill) {
+  capnp::MallocMessageBuilder message;
+  auto def = message.initRoot<wire::DatasetDef>();
+  if (options_from != nullptr) def.setOptions(options_from->impl()->def().getOptions());
+  fill(def.initRoot());
+  return Dataset(std::make_shared<const Dataset::Impl>(message));
+}
+
+// A transformation of `input`: `fill` writes the op, then `input`'s
+// definition becomes its input.
+template <typename Fill>
+Dataset derive_dataset(const Dataset& input, Fill fill) {
+  return build_dataset(&input, [&input, &fill](wire::Op::Builder op) {
+    fill(op);
+    op.setInput(input.impl()->root());
+  });
+}
+
+void set_texts(capnp::List<capnp::Text>::Builder list, const std::vector<std::string>& values);
+
+// Definitions the library builds itself: static sharding (DATA), the file
+// functions of interleave and tfrecord's parallel reads. The Dataset methods
+// of these ops call them, so each op is written in one place (its file in
+// data/ops/).
+Dataset shard_definition(const Dataset& input, int64_t num_shards, int64_t index);
+Dataset text_line_definition(const std::vector<std::string>& files, Compression compression);
+Dataset tfrecord_definition(const std::vector<std::string>& files, Compression compression,
+                            int64_t num_parallel_reads);
+
+// Dataset::debug_string: "range(0, 10, 1).map(f).batch(2)".
+std::string describe_definition(wire::Op::Reader root);
+// Dataset::resolve_shard_hint: kShardHint arguments of shard() replaced.
+Dataset resolve_shard_hints(const Dataset& dataset, int64_t num_shards, int64_t index);
+// Dataset::deserialize: InvalidArgument for bytes that are not a
+// well-formed definition (every field the schema names is read once).
+Result<Dataset> parse_definition(const std::string& bytes);
 
 wire::Compression to_wire(Compression compression);
 Compression from_wire(wire::Compression compression);

@@ -5,7 +5,7 @@
 #include "data/definition.h"
 #include "data/iterator_state.h"
 #include "data/op_kernel.h"
-#include "data/ops.h"
+#include "data/ops/common.h"
 #include "data/ops/csv.h"
 #include "data/ops/example.h"
 #include "data/service_reader.h"
@@ -269,8 +269,7 @@ Result<InterleaveFunction> resolve_interleave(wire::Fn::Reader fn,
                                          std::to_string(e.components[0].num_elements()));
         }
         std::string file(e.components[0].string_at(0));
-        return tfrecord ? Dataset::tfrecord_dataset({file}, compression)
-                        : Dataset::text_line_dataset({file}, compression);
+        return tfrecord ? tfrecord_definition({file}, compression, 0) : text_line_definition({file}, compression);
       });
     }
     default: return Status::InvalidArgument("interleave takes a named or dataset function");
@@ -378,32 +377,30 @@ std::unique_ptr<Iterator> wrap_root(std::unique_ptr<Pipeline> pipeline,
 
 }  // namespace capstan::data::engine
 
-namespace capstan::data {
+namespace capstan::data::engine {
 
-Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry* functions) const {
-  return make_iterator(functions, std::vector<SplitProvider*>{});
-}
-
-Result<std::vector<std::unique_ptr<SplitProvider>>> Dataset::make_split_providers(int64_t range_chunk) const {
+Result<std::vector<std::unique_ptr<SplitProvider>>> make_root_split_providers(const Dataset::Impl& definition,
+                                                                             int64_t range_chunk) {
   if (range_chunk <= 0) {
     return Status::InvalidArgument("range_chunk must be positive, got " + std::to_string(range_chunk));
   }
   try {
     // Functions are not needed to split the sources: only argument errors count.
-    Status valid = engine::validate(impl_->root(), nullptr);
+    Status valid = validate(definition.root(), nullptr);
     if (!valid.ok() && valid.code() != StatusCode::kNotFound) return valid;
-    return engine::make_split_providers(impl_->root(), range_chunk);
+    return make_split_providers(definition.root(), range_chunk);
   } catch (const kj::Exception& e) {
     return Status::InvalidArgument(std::string("malformed dataset definition: ") +
                                    e.getDescription().cStr());
   }
 }
 
-Result<std::unique_ptr<SplitProvider>> Dataset::make_split_provider(int64_t range_chunk) const {
-  CAPSTAN_ASSIGN_OR_RETURN(auto providers, make_split_providers(range_chunk));
+Result<std::unique_ptr<SplitProvider>> make_root_split_provider(const Dataset::Impl& definition,
+                                                                int64_t range_chunk) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto providers, make_root_split_providers(definition, range_chunk));
   if (providers.size() != 1) {
     std::string names;
-    for (auto source : engine::split_sources(impl_->root())) {
+    for (auto source : split_sources(definition.root())) {
       names += std::string(names.empty() ? "" : ", ") + op_name(source.which());
     }
     return Status::FailedPrecondition("the pipeline has " + std::to_string(providers.size()) + " sources (" + names +
@@ -412,18 +409,13 @@ Result<std::unique_ptr<SplitProvider>> Dataset::make_split_provider(int64_t rang
   return std::move(providers[0]);
 }
 
-Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry* functions,
-                                                         SplitProvider* splits) const {
-  if (splits == nullptr) return make_iterator(functions, std::vector<SplitProvider*>{});
-  return make_iterator(functions, std::vector<SplitProvider*>{splits});
-}
-
-Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry* functions,
-                                                         std::vector<SplitProvider*> splits) const {
+Result<std::unique_ptr<Iterator>> make_root_iterator(const std::shared_ptr<const Dataset::Impl>& definition,
+                                                     const FunctionRegistry* functions,
+                                                     std::vector<SplitProvider*> splits) {
   try {
-    CAPSTAN_RETURN_IF_ERROR(engine::validate(impl_->root(), functions));
+    CAPSTAN_RETURN_IF_ERROR(validate(definition->root(), functions));
     if (!splits.empty()) {
-      size_t sources = engine::split_sources(impl_->root()).size();
+      size_t sources = split_sources(definition->root()).size();
       if (splits.size() != sources) {
         return Status::InvalidArgument("the pipeline has " + std::to_string(sources) + " source(s) but " +
                                        std::to_string(splits.size()) +
@@ -434,9 +426,9 @@ Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry*
         if (provider == nullptr) return Status::InvalidArgument("a split provider is null");
       }
     }
-    auto pipeline = std::make_unique<engine::Pipeline>(impl_, functions, std::move(splits));
-    CAPSTAN_ASSIGN_OR_RETURN(auto root, engine::make_iterator(impl_->root(), *pipeline));
-    return engine::wrap_root(std::move(pipeline), std::move(root));
+    auto pipeline = std::make_unique<Pipeline>(definition, functions, std::move(splits));
+    CAPSTAN_ASSIGN_OR_RETURN(auto root, make_iterator(definition->root(), *pipeline));
+    return wrap_root(std::move(pipeline), std::move(root));
   } catch (const kj::Exception& e) {
     // A definition from elsewhere whose structure is damaged.
     return Status::InvalidArgument(std::string("malformed dataset definition: ") +
@@ -444,4 +436,4 @@ Result<std::unique_ptr<Iterator>> Dataset::make_iterator(const FunctionRegistry*
   }
 }
 
-}  // namespace capstan::data
+}  // namespace capstan::data::engine

@@ -208,6 +208,18 @@ Result<FilterFunction> resolve_filter(wire::Fn::Reader fn, const FunctionRegistr
 Result<InterleaveFunction> resolve_interleave(wire::Fn::Reader fn,
                                               const FunctionRegistry* functions);
 
+// Dataset::make_iterator: checks the definition, then builds the pipeline
+// (`splits`: empty, or one provider per source, as make_split_providers()
+// orders them).
+Result<std::unique_ptr<Iterator>> make_root_iterator(const std::shared_ptr<const Dataset::Impl>& definition,
+                                                     const FunctionRegistry* functions,
+                                                     std::vector<SplitProvider*> splits);
+// Dataset::make_split_providers and make_split_provider.
+Result<std::vector<std::unique_ptr<SplitProvider>>> make_root_split_providers(const Dataset::Impl& definition,
+                                                                             int64_t range_chunk);
+Result<std::unique_ptr<SplitProvider>> make_root_split_provider(const Dataset::Impl& definition,
+                                                                int64_t range_chunk);
+
 // Turns an iterator's Status-based interface into the public Iterator.
 std::unique_ptr<Iterator> wrap_root(std::unique_ptr<Pipeline> pipeline,
                                     std::unique_ptr<IteratorBase> root);

@@ -2,7 +2,7 @@
 
 #include <cstring>
 
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data::engine {
@@ -58,7 +58,7 @@ std::string StateWriter::finish(uint64_t fingerprint) const {
   std::string out(kMagic);
   put_u64(out, fingerprint);
   out += body_;
-  put_u64(out, io::crc32c_mask(io::crc32c(out.data(), out.size())));
+  put_u64(out, capstan::io::crc32c_mask(capstan::io::crc32c(out.data(), out.size())));
   return out;
 }
 
@@ -69,7 +69,7 @@ Result<StateReader> StateReader::open(std::string_view state, uint64_t fingerpri
                                    "'); pass the bytes Iterator::save() returned");
   }
   size_t body_end = state.size() - 8;
-  uint64_t crc = io::crc32c_mask(io::crc32c(state.data(), body_end));
+  uint64_t crc = capstan::io::crc32c_mask(capstan::io::crc32c(state.data(), body_end));
   if (get_u64(state.data() + body_end) != crc) {
     return Status::InvalidArgument("the saved iterator state is damaged (checksum mismatch over " +
                                    std::to_string(state.size()) + " bytes)");

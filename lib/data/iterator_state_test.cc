@@ -11,7 +11,7 @@
 #include <thread>
 
 #include "capstan/data/dataset.h"
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "data/io/tfrecord.h"
 #include "data/test_util.h"
 #include "rpc/tensor_codec.h"
@@ -246,7 +246,7 @@ std::string with_range_next(const std::string& state, int64_t next) {
   std::string s = state.substr(0, state.size() - 8);
   const size_t at = s.find("range") + 5;
   for (int i = 0; i < 8; ++i) s[at + i] = static_cast<char>((static_cast<uint64_t>(next) >> (8 * i)) & 0xff);
-  const uint64_t crc = io::crc32c_mask(io::crc32c(s.data(), s.size()));
+  const uint64_t crc = capstan::io::crc32c_mask(capstan::io::crc32c(s.data(), s.size()));
   for (int i = 0; i < 8; ++i) s.push_back(static_cast<char>((crc >> (8 * i)) & 0xff));
   return s;
 }

@@ -6,12 +6,19 @@
 // providers and static sharding walk the definition and ask the kernel; none
 // of them switches on the op kind.
 //
+// One file per op, data/ops/<op>.cc, holds its kernel and its iterator (as
+// TF's take_dataset_op.cc does); data/ops/common.h has what several share.
+//
 // Adding an op: a field in schemas/dataset.capnp's Op union, a Dataset
-// method that writes it, and one OpKernel in kernels_sources.cc or
-// kernels_transforms.cc (op_kernel_test.cc fails while a schema op has none).
+// method that writes it (sdk/include/capstan/data/dataset.h,
+// sdk/src/data/dataset.cc), the op's file data/ops/<op>.cc defining its
+// kernel with CAPSTAN_DATASET_OP, and its Python method (python/src/data.cc).
+// The build compiles every file in data/ops/ and registers every kernel so
+// defined; op_kernel_test.cc fails while a schema op has none.
 #ifndef CAPSTAN_LIB_DATA_OP_KERNEL_H_
 #define CAPSTAN_LIB_DATA_OP_KERNEL_H_
 
+#include <functional>
 #include <memory>
 #include <ostream>
 #include <span>
@@ -25,6 +32,8 @@
 namespace capstan::data::engine {
 
 using IteratorPtr = std::unique_ptr<IteratorBase>;
+// Makes a fresh iterator of an op's input (repeat re-creates it per epoch).
+using IteratorFactory = std::function<Result<IteratorPtr>()>;
 
 struct OpKernel {
   // Where an op's inputs are in the message.
@@ -82,9 +91,13 @@ const OpKernel* find_op_kernel(wire::Op::Which which);
 // Every registered kernel, in schema order.
 std::span<const OpKernel* const> op_kernels();
 
-// The kernels, one list per file (the registry collects them).
-std::span<const OpKernel> source_kernels();
-std::span<const OpKernel> transform_kernels();
+// Defines the kernel `name` (kTakeKernel) of one op, in its file under
+// data/ops/: CAPSTAN_DATASET_OP(kTakeKernel) = {.which = ..., ...};
+// lib/CMakeLists.txt finds these lines (at the start of a line) and lists
+// every kernel for the registry, so no other file names the op.
+#define CAPSTAN_DATASET_OP(name) \
+  extern const OpKernel name;    \
+  constexpr OpKernel name
 
 // ---- Helpers for kernels -----------------------------------------------------------
 
@@ -96,6 +109,21 @@ Status check_positive(wire::Op::Reader op, int64_t value, const char* name);
 Status check_count(wire::Op::Reader op, int64_t value, const char* name);     // >= -1
 // In [0, kMaxParallelCalls] or AUTOTUNE (each call may become a thread).
 Status check_parallel(wire::Op::Reader op, int64_t value, const char* name);
+
+// The iterator of op.input, and a factory of fresh ones (repeat, cache,
+// concatenate, snapshot re-create their input).
+Result<IteratorPtr> make_input(wire::Op::Reader op, Pipeline& pipeline);
+IteratorFactory input_factory(wire::Op::Reader in, Pipeline& pipeline);
+int64_t input_cardinality(wire::Op::Reader op);
+// A per-op `deterministic` argument, or the pipeline's option.
+bool resolve_deterministic(wire::Tri tri, const Pipeline& pipeline);
+// `status` with the op's name in front (unchanged when OK).
+Status with_op(wire::Op::Reader op, Status status);
+// Batches of n elements (n may be kInfiniteCardinality or kUnknownCardinality).
+int64_t batched_cardinality(int64_t n, int64_t batch_size, bool drop_remainder);
+// File sources: the files with k % num_workers == index, and "N files".
+std::vector<std::string> share_of(capnp::List<capnp::Text>::Reader files, int64_t num_workers, int64_t index);
+void describe_files(capnp::List<capnp::Text>::Reader files, std::ostream& out);
 
 // Split providers (splits.cc): [begin, end) chunks of a range's element
 // indices, and one file name per split.

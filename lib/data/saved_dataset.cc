@@ -414,32 +414,28 @@ Status commit_directory(const std::string& tmp_dir, const std::string& path) {
   return capstan::io::fsync_dir(capstan::io::parent_dir(path));
 }
 
-}  // namespace capstan::data::engine
-
-namespace capstan::data {
-
-Status Dataset::save(const std::string& path, const SaveOptions& options) const {
+Status save_dataset(const std::shared_ptr<const Dataset::Impl>& definition, const std::string& path,
+                    const SaveOptions& options) {
   if (path.empty()) return Status::InvalidArgument("save: the path is empty");
   std::error_code error;
   if (std::filesystem::exists(path, error)) {
     return Status::AlreadyExists("save: " + path + " exists; remove it or save to a new path");
   }
-  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, make_iterator(options.functions));
+  CAPSTAN_ASSIGN_OR_RETURN(auto iterator, make_root_iterator(definition, options.functions, {}));
   std::string parent = capstan::io::parent_dir(path);
   std::filesystem::create_directories(parent, error);
   if (error) return Status::Unknown("save: creating " + parent + ": " + error.message());
-  std::string temp = engine::temporary_name(path);
-  CAPSTAN_ASSIGN_OR_RETURN(auto writer, engine::SavedDatasetWriter::create(temp, options.num_shards,
-                                                                           options.compression));
+  std::string temp = temporary_name(path);
+  CAPSTAN_ASSIGN_OR_RETURN(auto writer, SavedDatasetWriter::create(temp, options.num_shards, options.compression));
   while (true) {
     CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> next, iterator->get_next());
     if (!next) break;
     CAPSTAN_RETURN_IF_ERROR(writer->write(*next).with_context("save " + path));
   }
   CAPSTAN_RETURN_IF_ERROR(writer->finish().with_context("save " + path));
-  Status committed = engine::commit_directory(temp, path);
-  if (!committed.ok()) engine::remove_quietly(temp);
+  Status committed = commit_directory(temp, path);
+  if (!committed.ok()) remove_quietly(temp);
   return committed.with_context("save");
 }
 
-}  // namespace capstan::data
+}  // namespace capstan::data::engine

@@ -24,7 +24,7 @@
 
 #include "capstan/data/dataset.h"
 #include "data/engine.h"
-#include "data/ops.h"
+#include "data/ops/common.h"
 #include "data/io/tfrecord.h"
 
 namespace capstan::data::engine {
@@ -76,6 +76,10 @@ IteratorPtr make_snapshot(IteratorFactory input, std::string dir, Compression co
 
 // FNV-1a of the definition of `op` (the snapshot's directory name).
 uint64_t op_fingerprint(wire::Op::Reader op);
+
+// Dataset::save: runs the pipeline and writes its elements to `path`.
+Status save_dataset(const std::shared_ptr<const Dataset::Impl>& definition, const std::string& path,
+                    const SaveOptions& options);
 
 // Moves a finished directory to `path` durably. AlreadyExists when `path`
 // exists.

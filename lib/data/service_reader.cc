@@ -21,8 +21,9 @@
 #include "data/definition.h"
 #include "data/shm_region.h"
 #include "rpc/connection.h"
+#include "async/status_exception.h"
 #include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "sync/mutex.h"
 
@@ -158,7 +159,7 @@ Result<T> retry_transient(std::chrono::milliseconds window, Attempt attempt) {
 // One dispatcher call on `loop` (the caller's thread blocks): connects as
 // needed until the connect deadline, then bounds the call by `call_timeout`.
 template <typename T, typename MakeCall>
-Result<T> call_dispatcher(rpc::LoopThread& loop, rpc::Connection& dispatcher,
+Result<T> call_dispatcher(async::LoopThread& loop, rpc::Connection& dispatcher,
                           std::chrono::milliseconds connect_timeout,
                           std::chrono::milliseconds call_timeout, const std::string& what,
                           MakeCall& make_call) {
@@ -172,7 +173,7 @@ Result<T> call_dispatcher(rpc::LoopThread& loop, rpc::Connection& dispatcher,
                                    what + " to " + dispatcher.address());
     });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e).with_context(what + " " + dispatcher.address());
+    return async::from_exception(e).with_context(what + " " + dispatcher.address());
   }
 }
 
@@ -292,7 +293,7 @@ class ServiceReader final : public engine::IteratorBase {
   std::string token_;
 
   // Consumer thread only.
-  std::unique_ptr<rpc::LoopThread> loop_;
+  std::unique_ptr<async::LoopThread> loop_;
   bool started_ = false;
   bool ended_ = false;
   JobIds job_;
@@ -377,7 +378,7 @@ Status ServiceReader::get_next(Element* out, bool* end_of_sequence) {
 Status ServiceReader::start() {
   if (!loop_) {
     token_ = token_or_environment(config_.token);
-    loop_ = std::make_unique<rpc::LoopThread>("capstan-dsreader");
+    loop_ = std::make_unique<async::LoopThread>("capstan-dsreader");
     loop_->run_sync([this]() {
       dispatcher_ = kj::heap<rpc::Connection>(
           loop_->io(), loop_->timer(), config_.address,
@@ -663,7 +664,7 @@ Result<ServiceReader::Batch> ServiceReader::fetch(const TaskRef& task, int64_t c
   try {
     return loop_->run_sync([this, &call]() { return request_elements(call); });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e).with_context(what);
+    return async::from_exception(e).with_context(what);
   }
 }
 
@@ -716,7 +717,7 @@ Result<ServiceReader::Batch> ServiceReader::fetch_windowed(const TaskRef& task, 
           });
     });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e).with_context(what);
+    return async::from_exception(e).with_context(what);
   }
 }
 
@@ -769,7 +770,7 @@ kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
             std::vector<ShmPlaced> placed;
             if (response.hasShmTensors()) {
               Status shm_error = read_shm_tensors(response.getShmTensors(), view.get(), &placed);
-              if (!shm_error.ok()) return kj::Promise<Batch>(rpc::to_exception(shm_error));
+              if (!shm_error.ok()) return kj::Promise<Batch>(async::to_exception(shm_error));
             }
             auto elements = response.getElements();
             auto reads = kj::heapArrayBuilder<kj::Promise<Element>>(elements.size());
@@ -782,7 +783,7 @@ kj::Promise<ServiceReader::Batch> ServiceReader::request_elements(Call call) {
                   batch.pipeline_error = pipeline_error;
                   for (auto& element : received) batch.elements.push_back(std::move(element));
                   Status put = put_shm_tensors(&batch.elements, &placed);
-                  if (!put.ok()) rpc::throw_status(put);
+                  if (!put.ok()) async::throw_status(put);
                   return batch;
                 })
                 .attach(kj::mv(received_reply));
@@ -874,7 +875,7 @@ kj::Promise<void> ServiceReader::heartbeat() {
       .then([this]() { heartbeat_in_flight_ = false; },
             [this](kj::Exception&& e) {
               heartbeat_in_flight_ = false;
-              Status status = rpc::from_exception(e);
+              Status status = async::from_exception(e);
               // A dispatcher that is restarting comes back; anything else
               // (an unknown job client, a refused token) will not.
               if (transient(status.code())) return;
@@ -1032,15 +1033,15 @@ std::string describe_data_service_args(wire::Op::Reader op) {
   return out;
 }
 
-// ---- Public API -----------------------------------------------------------------
+// ---- Registration ---------------------------------------------------------------
 
-Result<std::string> register_dataset(const std::string& dispatcher_address, const Dataset& dataset,
-                                     const ClientOptions& options, const std::string& compression) {
+Result<std::string> register_definition(const std::string& dispatcher_address, const std::string& definition,
+                                        const ClientOptions& options, const std::string& compression) {
   std::string host;
   uint16_t port = 0;
   CAPSTAN_RETURN_IF_ERROR(rpc::parse_host_port(dispatcher_address, &host, &port));
   CAPSTAN_RETURN_IF_ERROR(data::parse_compression(compression).status());
-  rpc::LoopThread loop("capstan-register");
+  async::LoopThread loop("capstan-register");
   std::string token = token_or_environment(options.token);
   kj::Own<rpc::Connection> dispatcher;
   loop.run_sync([&loop, &dispatcher, &dispatcher_address, &token, &options]() {
@@ -1048,7 +1049,6 @@ Result<std::string> register_dataset(const std::string& dispatcher_address, cons
         loop.io(), loop.timer(), dispatcher_address,
         connect_options(token, options.client_name, options.max_message_bytes));
   });
-  std::string definition = dataset.serialize();
   auto make_call = [&definition, &compression](wire::DataDispatcher::Client client) {
     auto request = client.registerDatasetRequest();
     request.setDefinition(
@@ -1066,33 +1066,6 @@ Result<std::string> register_dataset(const std::string& dispatcher_address, cons
   });
   loop.run_sync([&dispatcher]() { dispatcher = nullptr; });
   return id;
-}
-
-Dataset from_dataset_id(const std::string& dispatcher_address, const std::string& dataset_id,
-                        const ReadOptions& options) {
-  capnp::MallocMessageBuilder message;
-  auto d = message.initRoot<wire::DatasetDef>().initRoot().initDataService();
-  d.setAddress(dispatcher_address);
-  d.setDatasetId(dataset_id);
-  d.setProcessingMode(static_cast<uint8_t>(options.processing_mode));
-  d.setJobName(options.job_name);
-  d.setConsumerIndex(options.consumer_index);
-  d.setNumConsumers(options.num_consumers);
-  d.setTrainerId(options.trainer_id);
-  d.setCrossTrainerCache(options.cross_trainer_cache);
-  d.setCrossTrainerCacheBytes(options.cross_trainer_cache_bytes);
-  d.setMaxElementsPerRequest(options.max_elements_per_request);
-  d.setMaxOutstandingRequests(options.max_outstanding_requests);
-  d.setSharedMemoryBytes(options.shared_memory_bytes);
-  d.setToken(options.client.token);
-  return Dataset(std::make_shared<const Dataset::Impl>(message));
-}
-
-Result<Dataset> distribute(const Dataset& dataset, const std::string& dispatcher_address,
-                           const ReadOptions& options) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::string id,
-                           register_dataset(dispatcher_address, dataset, options.client, options.compression));
-  return from_dataset_id(dispatcher_address, id, options);
 }
 
 }  // namespace capstan::data::service

@@ -85,6 +85,7 @@
 #include <memory>
 #include <string>
 
+#include "capstan/client.h"
 #include "capstan/status.h"
 #include "capstan_schemas/dataset.capnp.h"
 #include "data/engine.h"
@@ -126,6 +127,13 @@ Status validate_data_service(wire::Op::Reader op);
 // "host:port, <dataset id>, <mode>[, job=...][, consumer i of n]", the
 // arguments Dataset::debug_string shows (never the token).
 std::string describe_data_service_args(wire::Op::Reader op);
+
+// service::register_dataset: registers the serialized definition with the
+// dispatcher (retrying transient failures within options.connect_timeout)
+// and returns its dataset id. An empty options.token falls back on
+// token_from_environment().
+Result<std::string> register_definition(const std::string& dispatcher_address, const std::string& definition,
+                                        const ClientOptions& options, const std::string& compression);
 
 // The reader; contacts nothing until the first get_next().
 std::unique_ptr<engine::IteratorBase> make_service_reader(ReaderConfig config);

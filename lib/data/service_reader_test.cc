@@ -21,7 +21,7 @@
 #include "capstan_schemas/data_worker.capnp.h"
 #include "data/definition.h"
 #include "data/service_reader.h"
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
 
@@ -70,7 +70,7 @@ class FakeDispatcher final : public wire::DataDispatcher::Server {
     std::lock_guard<std::mutex> lock(state_->mutex);
     if (state_->unavailable_jobs > 0) {
       --state_->unavailable_jobs;
-      return rpc::to_exception(Status::Unavailable("recovering"));
+      return async::to_exception(Status::Unavailable("recovering"));
     }
     auto p = context.getParams().getParams();
     state_->jobs.push_back({p.getDatasetId().cStr(), p.getJobName().cStr(), p.getProcessingMode(),
@@ -87,7 +87,7 @@ class FakeDispatcher final : public wire::DataDispatcher::Server {
   kj::Promise<void> clientHeartbeat(ClientHeartbeatContext context) override {
     std::lock_guard<std::mutex> lock(state_->mutex);
     ++state_->heartbeats;
-    if (state_->heartbeat_error) return rpc::to_exception(*state_->heartbeat_error);
+    if (state_->heartbeat_error) return async::to_exception(*state_->heartbeat_error);
     auto tasks = context.getResults().initTasks(static_cast<unsigned>(state_->tasks.size()));
     for (unsigned i = 0; i < tasks.size(); ++i) {
       tasks[i].setTaskId(state_->tasks[i].first);
@@ -149,7 +149,7 @@ class FakeWorker final : public wire::DataWorker::Server {
     if (state_->fail_once) {
       Status error = *state_->fail_once;
       state_->fail_once.reset();
-      return rpc::to_exception(error);
+      return async::to_exception(error);
     }
     if (state_->not_ready > 0 && r.getRequestSequence() == 0) {
       --state_->not_ready;
@@ -164,7 +164,7 @@ class FakeWorker final : public wire::DataWorker::Server {
       int64_t sequence = r.getRequestSequence();
       if (sequence == state_->fail_sequence) {
         state_->fail_sequence = 0;
-        return rpc::to_exception(Status::Unavailable("reply " + std::to_string(sequence) + " lost"));
+        return async::to_exception(Status::Unavailable("reply " + std::to_string(sequence) + " lost"));
       }
       n.kept.erase(n.kept.begin(), n.kept.upper_bound(r.getAcknowledged()));
       std::vector<int64_t> values;
@@ -180,7 +180,7 @@ class FakeWorker final : public wire::DataWorker::Server {
         n.last_served = sequence;
         n.kept[sequence] = values;
       } else {
-        return rpc::to_exception(Status::FailedPrecondition("request number " + std::to_string(sequence) +
+        return async::to_exception(Status::FailedPrecondition("request number " + std::to_string(sequence) +
                                                             " after " + std::to_string(n.last_served)));
       }
       for (int64_t v : values) out.push_back(int_element(v));

@@ -39,14 +39,14 @@ Result<Dataset> apply_sharding(const Dataset& dataset, ShardingPolicy policy, in
   }
   switch (policy) {
     case ShardingPolicy::kOff: return dataset;
-    case ShardingPolicy::kHint: return dataset.resolve_shard_hint(num_workers, index);
-    case ShardingPolicy::kData: return dataset.shard(num_workers, index);
+    case ShardingPolicy::kHint: return resolve_shard_hints(dataset, num_workers, index);
+    case ShardingPolicy::kData: return shard_definition(dataset, num_workers, index);
     case ShardingPolicy::kFile:
     case ShardingPolicy::kFileOrData: break;
   }
   Op::Reader source;
   if (!find_file_source(dataset.impl()->root(), &source)) {
-    if (policy == ShardingPolicy::kFileOrData) return dataset.shard(num_workers, index);
+    if (policy == ShardingPolicy::kFileOrData) return shard_definition(dataset, num_workers, index);
     return Status::FailedPrecondition("FILE sharding needs a file-based source (list_files, text_line_dataset, "
                                       "tfrecord_dataset or fixed_length_record_dataset); the pipeline has none");
   }

@@ -24,6 +24,9 @@
 //
 // The message is "<context>: <strerror>"; the context names the path.
 //
+// The durable writes go through an io::FileSystem (io/file_system.h); the
+// overloads without one use the local file system.
+//
 // Thread-safety: free functions with no shared state; safe from any thread.
 #ifndef CAPSTAN_LIB_IO_DURABLE_FILE_H_
 #define CAPSTAN_LIB_IO_DURABLE_FILE_H_
@@ -33,29 +36,31 @@
 #include <vector>
 
 #include "capstan/status.h"
+#include "io/file_system.h"
 
 namespace capstan::io {
 
 // A Status for the failed call that set `error_number` (see the table above).
 Status errno_to_status(int error_number, std::string_view context);
 
-// Writes `bytes` to `path` durably (tmp, fsync, rename, fsync the directory).
-// On failure the tmp file is removed and `path` is unchanged.
-Status write_file_durably(const std::string& path, std::string_view bytes);
-// The same for a file assembled from several pieces, written in order.
-Status write_file_durably(const std::string& path, const std::vector<std::string_view>& pieces);
+// Writes `bytes` to `path` durably (tmp, fsync, rename, fsync the directory)
+// through `fs`. On failure the tmp file is removed and `path` is unchanged.
+[[nodiscard]] Status write_file_durably(FileSystem& fs, const std::string& path,
+                                        const std::vector<std::string_view>& pieces);
+// The same for one piece, and both on local_file_system().
+[[nodiscard]] Status write_file_durably(FileSystem& fs, const std::string& path, std::string_view bytes);
+[[nodiscard]] Status write_file_durably(const std::string& path, std::string_view bytes);
+[[nodiscard]] Status write_file_durably(const std::string& path, const std::vector<std::string_view>& pieces);
 
 // Makes a complete file written elsewhere (e.g. by a streaming writer) take
 // the name `path` durably: fsyncs `tmp_path`, renames it to `path` and fsyncs
 // the directory. On failure `tmp_path` is left for the caller to remove.
-Status commit_file_durably(const std::string& tmp_path, const std::string& path);
+[[nodiscard]] Status commit_file_durably(FileSystem& fs, const std::string& tmp_path, const std::string& path);
+[[nodiscard]] Status commit_file_durably(const std::string& tmp_path, const std::string& path);
 
-// fsyncs the directory `dir`, making the creation, removal or renaming of
-// its entries durable.
-Status fsync_dir(const std::string& dir);
-
-// The directory holding `path` ("." for a bare file name).
-std::string parent_dir(const std::string& path);
+// local_file_system().sync_dir(dir): makes the creation, removal or renaming
+// of the entries of `dir` durable.
+[[nodiscard]] Status fsync_dir(const std::string& dir);
 
 }  // namespace capstan::io
 

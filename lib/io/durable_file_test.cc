@@ -12,14 +12,30 @@
 #include <iterator>
 #include <string>
 
-#include "data/test_util.h"
+#include "io/memory_file_system.h"
 
 namespace capstan::io {
 namespace {
 
 namespace fs = std::filesystem;
 
-using data::testing::TempDir;
+// A fresh directory under the system temp dir, removed with its contents.
+class TempDir {
+ public:
+  TempDir() {
+    std::string pattern = (fs::temp_directory_path() / "durable_file_test.XXXXXX").string();
+    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
+    path_ = pattern;
+  }
+  ~TempDir() {
+    std::error_code ignored;
+    fs::remove_all(path_, ignored);
+  }
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);
@@ -102,8 +118,58 @@ TEST_CASE("fsync_dir syncs a directory and reports a missing one") {
 
 TEST_CASE("parent_dir") {
   CHECK(parent_dir("/a/b/c") == "/a/b");
+  CHECK(parent_dir("/a/b/") == "/a");
   CHECK(parent_dir("/c") == "/");
   CHECK(parent_dir("c") == ".");
+}
+
+TEST_CASE("a durable write survives a crash whole; a failed one leaves the old file") {
+  MemoryFileSystem mem;
+  REQUIRE(mem.create_dir("/d").ok());
+  REQUIRE(mem.sync_dir("/").ok());
+  REQUIRE(write_file_durably(mem, "/d/f", "first").ok());
+  mem.crash();
+  CHECK(*mem.contents("/d/f") == "first");
+
+  mem.fail_next_sync(Status::DataLoss("Input/output error"));
+  Status failed = write_file_durably(mem, "/d/f", "second");
+  CHECK(failed.code() == StatusCode::kDataLoss);
+  CHECK(failed.message().find("/d/f.tmp") != std::string::npos);
+  CHECK(*mem.contents("/d/f") == "first");
+  CHECK(mem.stat("/d/f.tmp").status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("a durable write syncs the file and then its directory") {
+  MemoryFileSystem mem;
+  const int64_t files = mem.file_syncs();
+  const int64_t dirs = mem.dir_syncs();
+  REQUIRE(write_file_durably(mem, "/f", {std::string_view("a"), std::string_view("b")}).ok());
+  CHECK(mem.file_syncs() == files + 1);
+  CHECK(mem.dir_syncs() == dirs + 1);
+  CHECK(*mem.contents("/f") == "ab");
+}
+
+TEST_CASE("commit_file_durably through a file system: the name survives a crash") {
+  MemoryFileSystem mem;
+  {
+    auto file = mem.open_writable("/part", WriteMode::kCreateNew);
+    REQUIRE(file.ok());
+    REQUIRE((*file)->append("content").ok());
+  }
+  REQUIRE(commit_file_durably(mem, "/part", "/whole").ok());
+  mem.crash();
+  CHECK(*mem.contents("/whole") == "content");
+  CHECK(mem.stat("/part").status().code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("create_dirs makes the missing parents and refuses a file on the way") {
+  TempDir dir;
+  REQUIRE(create_dirs(local_file_system(), dir.path() + "/a/b/c", /*sync=*/true).ok());
+  CHECK(fs::is_directory(dir.path() + "/a/b/c"));
+  REQUIRE(create_dirs(local_file_system(), dir.path() + "/a/b/c", /*sync=*/true).ok());
+  { std::ofstream(dir.path() + "/file") << "x"; }
+  CHECK(create_dirs(local_file_system(), dir.path() + "/file", true).code() == StatusCode::kFailedPrecondition);
+  CHECK_FALSE(create_dirs(local_file_system(), dir.path() + "/file/sub", true).ok());
 }
 
 }  // namespace

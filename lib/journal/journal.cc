@@ -1,43 +1,21 @@
 #include "journal/journal.h"
 
-#include <dirent.h>
-#include <fcntl.h>
-#include <sys/file.h>
-#include <sys/stat.h>
-#include <sys/types.h>
-#include <unistd.h>
-
 #include <algorithm>
-#include <cerrno>
-#include <cstring>
 #include <utility>
 
-#include "data/io/crc32c.h"
-#include "io/durable_file.h"
+#include "io/crc32c.h"
 #include "journal/journal_format.h"
 
 namespace capstan::journal {
 namespace {
 
-using data::io::crc32c;
-using data::io::crc32c_extend;
-using data::io::crc32c_mask;
-using data::io::crc32c_unmask;
-
-std::string join_path(const std::string& dir, std::string_view name) {
-  std::string path = dir;
-  if (!path.empty() && path.back() != '/') path += '/';
-  path += name;
-  return path;
-}
+using io::crc32c;
+using io::crc32c_extend;
+using io::crc32c_mask;
+using io::join_path;
 
 Status corrupted(const std::string& path, uint64_t offset, const std::string& why) {
   return Status::DataLoss("journal corrupted at " + path + ":" + std::to_string(offset) + ": " + why);
-}
-
-void close_fd(int& fd) {
-  if (fd >= 0) ::close(fd);
-  fd = -1;
 }
 
 void encode_le32(uint32_t value, char* out) {
@@ -56,61 +34,12 @@ uint32_t record_crc(const char* length_bytes, std::string_view payload) {
   return crc32c_mask(crc32c_extend(crc, payload.data(), payload.size()));
 }
 
-// Reads exactly n bytes at `offset`; the caller has checked they lie inside
-// the file, so a short read means the file shrank under us.
-Status pread_exact(int fd, const std::string& path, char* buf, size_t n, uint64_t offset) {
-  while (n > 0) {
-    ssize_t got = ::pread(fd, buf, n, static_cast<off_t>(offset));
-    if (got < 0) {
-      if (errno == EINTR) continue;
-      return io::errno_to_status(errno, "error reading " + path + " at offset " + std::to_string(offset));
-    }
-    if (got == 0) {
-      return Status::Internal(path + " shrank while being read (end of file at offset " +
-                              std::to_string(offset) + ")");
-    }
-    buf += got;
-    n -= static_cast<size_t>(got);
-    offset += static_cast<uint64_t>(got);
-  }
-  return Status::Ok();
-}
-
-Status write_all(int fd, const std::string& path, const char* buf, size_t n, uint64_t offset) {
-  while (n > 0) {
-    ssize_t put = ::pwrite(fd, buf, n, static_cast<off_t>(offset));
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      return io::errno_to_status(errno, "error writing " + path + " at offset " + std::to_string(offset));
-    }
-    buf += put;
-    n -= static_cast<size_t>(put);
-    offset += static_cast<uint64_t>(put);
-  }
-  return Status::Ok();
-}
-
-Status fsync_fd(int fd, const std::string& path) {
-  while (::fsync(fd) != 0) {
-    if (errno == EINTR) continue;
-    return io::errno_to_status(errno, "error syncing " + path);
-  }
-  return Status::Ok();
-}
-
-Result<uint64_t> file_size(int fd, const std::string& path) {
-  struct stat st;
-  if (::fstat(fd, &st) != 0) return io::errno_to_status(errno, "cannot stat " + path);
-  if (!S_ISREG(st.st_mode)) return Status::FailedPrecondition(path + " is not a regular file");
-  return static_cast<uint64_t>(st.st_size);
-}
-
 // Whether bytes [from, size) of the file are all zero.
-Result<bool> rest_is_zero(int fd, const std::string& path, uint64_t from, uint64_t size) {
+Result<bool> rest_is_zero(const io::RandomAccessFile& file, uint64_t from, uint64_t size) {
   char buf[64 << 10];
   while (from < size) {
     size_t n = static_cast<size_t>(std::min<uint64_t>(sizeof buf, size - from));
-    CAPSTAN_RETURN_IF_ERROR(pread_exact(fd, path, buf, n, from));
+    CAPSTAN_RETURN_IF_ERROR(file.read(from, n, buf));
     if (std::any_of(buf, buf + n, [](char c) { return c != 0; })) return false;
     from += n;
   }
@@ -119,16 +48,14 @@ Result<bool> rest_is_zero(int fd, const std::string& path, uint64_t from, uint64
 
 // The segment numbers in `dir`, ascending. kDataLoss when the numbering does
 // not run 1, 2, ... without a gap; a missing directory has none.
-Result<std::vector<uint64_t>> list_segments(const std::string& dir) {
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) {
-    if (errno == ENOENT) return std::vector<uint64_t>{};
-    return io::errno_to_status(errno, "cannot list journal directory " + dir);
+Result<std::vector<uint64_t>> list_segments(io::FileSystem& fs, const std::string& dir) {
+  if (Result<io::FileInfo> info = fs.stat(dir); info.status().code() == StatusCode::kNotFound) {
+    return std::vector<uint64_t>{};
   }
+  Result<std::vector<std::string>> names = fs.list_dir(dir);
+  if (!names.ok()) return names.status().with_context("cannot list journal directory " + dir);
   std::vector<uint64_t> numbers;
-  errno = 0;
-  while (struct dirent* entry = ::readdir(d)) {
-    std::string_view name = entry->d_name;
+  for (std::string_view name : *names) {
     if (name.size() <= kSegmentPrefix.size() + kSegmentSuffix.size() ||
         name.substr(0, kSegmentPrefix.size()) != kSegmentPrefix ||
         name.substr(name.size() - kSegmentSuffix.size()) != kSegmentSuffix) {
@@ -146,9 +73,6 @@ Result<std::vector<uint64_t>> list_segments(const std::string& dir) {
     if (segment_file_name(number) != name) continue;
     numbers.push_back(number);
   }
-  int read_error = errno;
-  ::closedir(d);
-  if (read_error != 0) return io::errno_to_status(read_error, "cannot list journal directory " + dir);
 
   std::sort(numbers.begin(), numbers.end());
   uint64_t expected = kFirstSegmentNumber;
@@ -167,8 +91,8 @@ enum class Outcome { kRecord, kEnd, kTornTail };
 // Reads the record at `offset` of the segment `path` (`size` bytes; `last`
 // when it is the journal's last segment) into *payload, classifying damage as
 // journal_format.h describes. kTornTail drops bytes [offset, size).
-Result<Outcome> read_record(int fd, const std::string& path, uint64_t size, uint64_t offset,
-                            bool last, std::string* payload) {
+Result<Outcome> read_record(const io::RandomAccessFile& file, const std::string& path, uint64_t size,
+                            uint64_t offset, bool last, std::string* payload) {
   if (offset == size) return Outcome::kEnd;
   const uint64_t remaining = size - offset;
   if (remaining < kHeaderBytes) {
@@ -178,7 +102,7 @@ Result<Outcome> read_record(int fd, const std::string& path, uint64_t size, uint
                          std::to_string(kHeaderBytes));
   }
   char header[kHeaderBytes];
-  CAPSTAN_RETURN_IF_ERROR(pread_exact(fd, path, header, kHeaderBytes, offset));
+  CAPSTAN_RETURN_IF_ERROR(file.read(offset, kHeaderBytes, header));
   const uint32_t stored_crc = decode_le32(header);
   const uint32_t length = decode_le32(header + kCrcBytes);
 
@@ -196,11 +120,11 @@ Result<Outcome> read_record(int fd, const std::string& path, uint64_t size, uint
   }
   // length <= remaining: the allocation is bounded by the file's size.
   payload->resize(length);
-  CAPSTAN_RETURN_IF_ERROR(pread_exact(fd, path, payload->data(), length, offset + kHeaderBytes));
+  CAPSTAN_RETURN_IF_ERROR(file.read(offset + kHeaderBytes, length, payload->data()));
   if (record_crc(header + kCrcBytes, *payload) != stored_crc) {
     if (last) {
       if (kHeaderBytes + uint64_t{length} == remaining) return Outcome::kTornTail;
-      CAPSTAN_ASSIGN_OR_RETURN(bool zeros, rest_is_zero(fd, path, offset, size));
+      CAPSTAN_ASSIGN_OR_RETURN(bool zeros, rest_is_zero(file, offset, size));
       if (zeros) return Outcome::kTornTail;
     }
     return corrupted(path, offset, "checksum mismatch");
@@ -208,72 +132,28 @@ Result<Outcome> read_record(int fd, const std::string& path, uint64_t size, uint
   return Outcome::kRecord;
 }
 
-// The parent directory of `path` ("." for a bare name).
-std::string parent_of(std::string path) {
-  while (path.size() > 1 && path.back() == '/') path.pop_back();
-  size_t slash = path.rfind('/');
-  if (slash == std::string::npos) return ".";
-  if (slash == 0) return "/";
-  return path.substr(0, slash);
-}
-
-Status fsync_dir(const std::string& dir) {
-  int fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (fd < 0) return io::errno_to_status(errno, "cannot open directory " + dir);
-  Status status = fsync_fd(fd, dir);
-  ::close(fd);
-  return status;
-}
-
-// mkdir -p, fsyncing the parent of each directory it creates when `sync`.
-Status make_dirs(const std::string& dir, bool sync) {
-  if (::mkdir(dir.c_str(), 0755) != 0) {
-    int error = errno;
-    if (error == ENOENT) {
-      std::string parent = parent_of(dir);
-      if (parent == dir) return io::errno_to_status(error, "cannot create directory " + dir);
-      CAPSTAN_RETURN_IF_ERROR(make_dirs(parent, sync));
-      return make_dirs(dir, sync);
-    }
-    if (error != EEXIST) return io::errno_to_status(error, "cannot create directory " + dir);
-    struct stat st;
-    if (::stat(dir.c_str(), &st) != 0) return io::errno_to_status(errno, "cannot stat " + dir);
-    if (!S_ISDIR(st.st_mode)) return Status::FailedPrecondition(dir + " exists and is not a directory");
-    return Status::Ok();
-  }
-  return sync ? fsync_dir(parent_of(dir)) : Status::Ok();
-}
-
 }  // namespace
 
 // --- JournalWriter ---------------------------------------------------------
 
-JournalWriter::JournalWriter(std::string dir, bool sync, uint64_t max_segment_bytes, int dir_fd)
-    : dir_(std::move(dir)), sync_(sync), max_segment_bytes_(max_segment_bytes), dir_fd_(dir_fd) {}
+JournalWriter::JournalWriter(io::FileSystem& fs, std::string dir, bool sync, uint64_t max_segment_bytes,
+                             std::unique_ptr<io::DirectoryLock> dir_lock)
+    : fs_(fs), dir_(std::move(dir)), sync_(sync), max_segment_bytes_(max_segment_bytes), dir_lock_(std::move(dir_lock)) {}
 
-JournalWriter::~JournalWriter() {
-  close_fd(segment_fd_);
-  if (dir_fd_ >= 0) ::close(dir_fd_);  // Releases the flock.
-}
+JournalWriter::~JournalWriter() = default;
 
 Result<std::unique_ptr<JournalWriter>> JournalWriter::open(const std::string& dir, bool sync,
-                                                           uint64_t max_segment_bytes) {
+                                                           uint64_t max_segment_bytes, io::FileSystem& fs) {
   if (dir.empty()) return Status::InvalidArgument("journal directory must not be empty");
-  CAPSTAN_RETURN_IF_ERROR(make_dirs(dir, sync));
-  int dir_fd = ::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd < 0) return io::errno_to_status(errno, "cannot open journal directory " + dir);
-  if (::flock(dir_fd, LOCK_EX | LOCK_NB) != 0) {
-    int error = errno;
-    ::close(dir_fd);
-    if (error == EWOULDBLOCK) {
-      return Status::FailedPrecondition("journal " + dir + " is already open in another JournalWriter");
-    }
-    return io::errno_to_status(error, "cannot lock journal directory " + dir);
+  CAPSTAN_RETURN_IF_ERROR(io::create_dirs(fs, dir, sync));
+  Result<std::unique_ptr<io::DirectoryLock>> lock = fs.lock_dir(dir);
+  if (lock.status().code() == StatusCode::kFailedPrecondition) {
+    return Status::FailedPrecondition("journal " + dir + " is already open in another JournalWriter");
   }
-  // From here the writer owns dir_fd.
-  std::unique_ptr<JournalWriter> writer(new JournalWriter(dir, sync, max_segment_bytes, dir_fd));
+  if (!lock.ok()) return lock.status().with_context("cannot lock journal directory " + dir);
+  std::unique_ptr<JournalWriter> writer(new JournalWriter(fs, dir, sync, max_segment_bytes, std::move(*lock)));
 
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<uint64_t> segments, list_segments(dir));
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<uint64_t> segments, list_segments(fs, dir));
   if (segments.empty()) {
     CAPSTAN_RETURN_IF_ERROR(writer->start_segment(kFirstSegmentNumber));
     return writer;
@@ -282,48 +162,54 @@ Result<std::unique_ptr<JournalWriter>> JournalWriter::open(const std::string& di
   // Find the end of the last good record in the last segment.
   const uint64_t number = segments.back();
   const std::string path = join_path(dir, segment_file_name(number));
-  int fd = ::open(path.c_str(), O_RDWR | O_CLOEXEC);
-  if (fd < 0) return io::errno_to_status(errno, "cannot open journal segment " + path);
-  writer->segment_fd_ = fd;  // Closed by the writer from here on.
+  uint64_t offset = 0;
+  bool torn = false;
+  {
+    Result<std::unique_ptr<io::RandomAccessFile>> file = fs.open_readable(path);
+    if (!file.ok()) return file.status().with_context("cannot open journal segment " + path);
+    const uint64_t size = (*file)->size();
+    std::string payload;
+    while (true) {
+      CAPSTAN_ASSIGN_OR_RETURN(Outcome outcome,
+                               read_record(**file, path, size, offset, /*last=*/true, &payload));
+      if (outcome == Outcome::kEnd) break;
+      if (outcome == Outcome::kTornTail) {
+        torn = true;
+        break;
+      }
+      offset += kHeaderBytes + payload.size();
+    }
+  }
+  if (torn) {
+    Status truncated = fs.truncate(path, offset);
+    if (!truncated.ok()) return truncated.with_context("cannot truncate the torn tail of " + path);
+  }
+  Result<std::unique_ptr<io::WritableFile>> segment = fs.open_writable(path, io::WriteMode::kAppend);
+  if (!segment.ok()) return segment.status().with_context("cannot open journal segment " + path);
+  writer->segment_ = std::move(*segment);
   writer->segment_number_ = number;
   writer->segment_path_ = path;
-  CAPSTAN_ASSIGN_OR_RETURN(uint64_t size, file_size(fd, path));
-  uint64_t offset = 0;
-  std::string payload;
-  while (true) {
-    CAPSTAN_ASSIGN_OR_RETURN(Outcome outcome, read_record(fd, path, size, offset, /*last=*/true, &payload));
-    if (outcome == Outcome::kEnd) break;
-    if (outcome == Outcome::kTornTail) {
-      if (::ftruncate(fd, static_cast<off_t>(offset)) != 0) {
-        return io::errno_to_status(errno, "cannot truncate the torn tail of " + path + " at offset " +
-                                       std::to_string(offset));
-      }
-      if (sync) CAPSTAN_RETURN_IF_ERROR(fsync_fd(fd, path));
-      break;
-    }
-    offset += kHeaderBytes + payload.size();
-  }
   writer->segment_bytes_ = offset;
+  if (torn && sync) CAPSTAN_RETURN_IF_ERROR(writer->segment_->sync());
   return writer;
 }
 
 Status JournalWriter::start_segment(uint64_t number) {
-  if (segment_fd_ >= 0) {
+  if (segment_ != nullptr) {
     // Records of a batch written to it are not fsynced yet.
-    if (sync_) CAPSTAN_RETURN_IF_ERROR(fsync_fd(segment_fd_, segment_path_));
-    int fd = segment_fd_;
-    segment_fd_ = -1;
-    if (::close(fd) != 0) return io::errno_to_status(errno, "error closing " + segment_path_);
+    if (sync_) CAPSTAN_RETURN_IF_ERROR(segment_->sync());
+    std::unique_ptr<io::WritableFile> old = std::move(segment_);
+    CAPSTAN_RETURN_IF_ERROR(old->close());
   }
   std::string path = join_path(dir_, segment_file_name(number));
-  int fd = ::open(path.c_str(), O_RDWR | O_CREAT | O_EXCL | O_CLOEXEC, 0644);
-  if (fd < 0) return io::errno_to_status(errno, "cannot create journal segment " + path);
-  segment_fd_ = fd;
+  Result<std::unique_ptr<io::WritableFile>> segment = fs_.open_writable(path, io::WriteMode::kCreateNew);
+  if (!segment.ok()) return segment.status().with_context("cannot create journal segment " + path);
+  segment_ = std::move(*segment);
   segment_number_ = number;
   segment_path_ = std::move(path);
   segment_bytes_ = 0;
   // Make the new name durable before any record in it is acknowledged.
-  if (sync_) return fsync_fd(dir_fd_, dir_);
+  if (sync_) return fs_.sync_dir(dir_);
   return Status::Ok();
 }
 
@@ -334,9 +220,8 @@ Status JournalWriter::fail(Status failure) {
 
 Status JournalWriter::append(std::string_view record) {
   CAPSTAN_RETURN_IF_ERROR(write_record(record));
-  if (!injected_failure_.ok()) return fail(std::exchange(injected_failure_, Status::Ok()));
   if (sync_) {
-    Status status = fsync_fd(segment_fd_, segment_path_);
+    Status status = segment_->sync();
     if (!status.ok()) return fail(std::move(status));
   }
   ++records_written_;
@@ -345,10 +230,9 @@ Status JournalWriter::append(std::string_view record) {
 
 Status JournalWriter::append_batch(const std::vector<std::string>& records) {
   for (const auto& record : records) CAPSTAN_RETURN_IF_ERROR(write_record(record));
-  if (!injected_failure_.ok()) return fail(std::exchange(injected_failure_, Status::Ok()));
   if (sync_ && !records.empty()) {
     // A segment started within the batch fsynced the records before it.
-    Status status = fsync_fd(segment_fd_, segment_path_);
+    Status status = segment_->sync();
     if (!status.ok()) return fail(std::move(status));
   }
   records_written_ += records.size();
@@ -365,7 +249,7 @@ Status JournalWriter::write_record(std::string_view record) {
                                    " bytes exceeds the limit of " + std::to_string(kMaxRecordBytes));
   }
   const uint64_t record_bytes = kHeaderBytes + record.size();
-  if (segment_fd_ < 0 ||
+  if (segment_ == nullptr ||
       (segment_bytes_ > 0 && segment_bytes_ + record_bytes > max_segment_bytes_)) {
     Status status = start_segment(segment_number_ + 1);
     if (!status.ok()) return fail(std::move(status));
@@ -376,7 +260,7 @@ Status JournalWriter::write_record(std::string_view record) {
   encode_le32(record_crc(buf.data() + kCrcBytes, record), buf.data());
   buf.append(record);
   // One write per record: a crash leaves at most this record incomplete.
-  Status status = write_all(segment_fd_, segment_path_, buf.data(), buf.size(), segment_bytes_);
+  Status status = segment_->append(buf);
   if (!status.ok()) return fail(std::move(status));
   segment_bytes_ += record_bytes;
   return Status::Ok();
@@ -384,32 +268,32 @@ Status JournalWriter::write_record(std::string_view record) {
 
 // --- JournalReader ---------------------------------------------------------
 
-JournalReader::JournalReader(std::string dir, std::vector<uint64_t> segments)
-    : dir_(std::move(dir)), segments_(std::move(segments)) {}
+JournalReader::JournalReader(io::FileSystem& fs, std::string dir, std::vector<uint64_t> segments)
+    : fs_(fs), dir_(std::move(dir)), segments_(std::move(segments)) {}
 
-JournalReader::~JournalReader() { close_fd(segment_fd_); }
+JournalReader::~JournalReader() = default;
 
-Result<std::unique_ptr<JournalReader>> JournalReader::open(const std::string& dir) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<uint64_t> segments, list_segments(dir));
-  return std::unique_ptr<JournalReader>(new JournalReader(dir, std::move(segments)));
+Result<std::unique_ptr<JournalReader>> JournalReader::open(const std::string& dir, io::FileSystem& fs) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<uint64_t> segments, list_segments(fs, dir));
+  return std::unique_ptr<JournalReader>(new JournalReader(fs, dir, std::move(segments)));
 }
 
 Status JournalReader::open_next_segment() {
   std::string path = join_path(dir_, segment_file_name(segments_[next_segment_]));
   ++next_segment_;
-  int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  if (fd < 0) return io::errno_to_status(errno, "cannot open journal segment " + path);
-  segment_fd_ = fd;
+  Result<std::unique_ptr<io::RandomAccessFile>> file = fs_.open_readable(path);
+  if (!file.ok()) return file.status().with_context("cannot open journal segment " + path);
+  segment_ = std::move(*file);
   segment_path_ = std::move(path);
   offset_ = 0;
-  CAPSTAN_ASSIGN_OR_RETURN(segment_size_, file_size(fd, segment_path_));
+  segment_size_ = segment_->size();
   return Status::Ok();
 }
 
 Result<bool> JournalReader::read(std::string* record) {
   if (!error_.ok()) return error_;
   while (!done_) {
-    if (segment_fd_ < 0) {
+    if (segment_ == nullptr) {
       if (next_segment_ == segments_.size()) {
         done_ = true;
         break;
@@ -418,18 +302,18 @@ Result<bool> JournalReader::read(std::string* record) {
       if (!status.ok()) return error_ = std::move(status);
     }
     const bool last = next_segment_ == segments_.size();
-    Result<Outcome> outcome = read_record(segment_fd_, segment_path_, segment_size_, offset_, last, record);
+    Result<Outcome> outcome = read_record(*segment_, segment_path_, segment_size_, offset_, last, record);
     if (!outcome.ok()) return error_ = outcome.status();
     switch (*outcome) {
       case Outcome::kRecord:
         offset_ += kHeaderBytes + record->size();
         return true;
       case Outcome::kEnd:
-        close_fd(segment_fd_);
+        segment_.reset();
         break;
       case Outcome::kTornTail:
         dropped_tail_bytes_ = segment_size_ - offset_;
-        close_fd(segment_fd_);
+        segment_.reset();
         done_ = true;
         break;
     }
@@ -437,8 +321,8 @@ Result<bool> JournalReader::read(std::string* record) {
   return false;
 }
 
-Result<std::vector<std::string>> read_all(const std::string& dir) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<JournalReader> reader, JournalReader::open(dir));
+Result<std::vector<std::string>> read_all(const std::string& dir, io::FileSystem& fs) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<JournalReader> reader, JournalReader::open(dir, fs));
   std::vector<std::string> records;
   std::string record;
   while (true) {

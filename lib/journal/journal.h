@@ -17,8 +17,12 @@
 // is damaged somewhere other than its tail: the dispatcher must refuse to
 // start rather than run with a state that silently lost changes.
 //
+// Both go through an io::FileSystem (the local one unless handed another;
+// tests hand in io::MemoryFileSystem to fail fsyncs and simulate crashes),
+// which must outlive them.
+//
 // Thread-safety: neither class is thread-safe; one thread uses each at a time.
-// At most one JournalWriter may have a directory open (enforced with flock on
+// At most one JournalWriter may have a directory open (enforced with a lock on
 // the directory; a second open fails with kFailedPrecondition).
 #ifndef CAPSTAN_LIB_JOURNAL_JOURNAL_H_
 #define CAPSTAN_LIB_JOURNAL_JOURNAL_H_
@@ -30,6 +34,7 @@
 #include <vector>
 
 #include "capstan/status.h"
+#include "io/file_system.h"
 
 namespace capstan::journal {
 
@@ -50,7 +55,8 @@ class JournalWriter {
   // this size goes to a new segment instead (a single larger record gets a
   // segment of its own).
   static Result<std::unique_ptr<JournalWriter>> open(const std::string& dir, bool sync = true,
-                                                     uint64_t max_segment_bytes = 64 << 20);
+                                                     uint64_t max_segment_bytes = 64 << 20,
+                                                     io::FileSystem& fs = io::local_file_system());
 
   ~JournalWriter();
   JournalWriter(const JournalWriter&) = delete;
@@ -72,13 +78,9 @@ class JournalWriter {
   // Records appended through this writer since open().
   uint64_t records_written() const { return records_written_; }
 
-  // Test-only: the next append writes its record and then fails at the fsync
-  // step with `failure`, as a real fsync error would (the record may or may
-  // not be on disk), and breaks the writer. Works with sync=false too.
-  void set_failure_for_testing(Status failure) { injected_failure_ = std::move(failure); }
-
  private:
-  JournalWriter(std::string dir, bool sync, uint64_t max_segment_bytes, int dir_fd);
+  JournalWriter(io::FileSystem& fs, std::string dir, bool sync, uint64_t max_segment_bytes,
+                std::unique_ptr<io::DirectoryLock> dir_lock);
 
   // Closes the current segment (if any) and creates segment `number`.
   Status start_segment(uint64_t number);
@@ -88,25 +90,26 @@ class JournalWriter {
   Status write_record(std::string_view record);
 
   // Constant after open().
-  const std::string dir_;
+  io::FileSystem& fs_;
+  const std::string dir_;  // fsynced when a segment is created
   const bool sync_;
   const uint64_t max_segment_bytes_;
-  const int dir_fd_;  // Holds the flock; fsynced when a segment is created.
+  const std::unique_ptr<io::DirectoryLock> dir_lock_;
 
-  int segment_fd_ = -1;
+  std::unique_ptr<io::WritableFile> segment_;  // null before the first segment
   uint64_t segment_number_ = 0;
   std::string segment_path_;
   uint64_t segment_bytes_ = 0;  // Bytes in the current segment: where the next record goes.
   uint64_t records_written_ = 0;
   Status broken_;  // The first failure; OK while the writer is usable.
-  Status injected_failure_;
 };
 
 class JournalReader {
  public:
   // Opens the journal in `dir`. A missing or empty directory is a journal with
   // no records. Returns kDataLoss when a segment number is missing.
-  static Result<std::unique_ptr<JournalReader>> open(const std::string& dir);
+  static Result<std::unique_ptr<JournalReader>> open(const std::string& dir,
+                                                     io::FileSystem& fs = io::local_file_system());
 
   ~JournalReader();
   JournalReader(const JournalReader&) = delete;
@@ -124,17 +127,18 @@ class JournalReader {
   uint64_t dropped_tail_bytes() const { return dropped_tail_bytes_; }
 
  private:
-  JournalReader(std::string dir, std::vector<uint64_t> segments);
+  JournalReader(io::FileSystem& fs, std::string dir, std::vector<uint64_t> segments);
 
   // Opens segments_[next_segment_], making it current.
   Status open_next_segment();
 
   // Constant after open().
+  io::FileSystem& fs_;
   const std::string dir_;
   const std::vector<uint64_t> segments_;  // Segment numbers, ascending, no gaps.
 
   size_t next_segment_ = 0;  // Index in segments_ of the segment to open next.
-  int segment_fd_ = -1;
+  std::unique_ptr<io::RandomAccessFile> segment_;  // null between segments
   std::string segment_path_;
   uint64_t segment_size_ = 0;
   uint64_t offset_ = 0;  // Of the next record in the current segment.
@@ -146,7 +150,7 @@ class JournalReader {
 // Reads every record of the journal in `dir`, in order (the dispatcher's
 // replay at start). A torn tail ends the log silently; corruption is
 // kDataLoss as for JournalReader::read().
-Result<std::vector<std::string>> read_all(const std::string& dir);
+Result<std::vector<std::string>> read_all(const std::string& dir, io::FileSystem& fs = io::local_file_system());
 
 }  // namespace capstan::journal
 

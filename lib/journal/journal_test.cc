@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "io/memory_file_system.h"
 #include "journal/journal_format.h"
 
 namespace capstan::journal {
@@ -172,11 +173,27 @@ TEST_CASE("journal: a batch is appended in order, across segments, and replays w
   CHECK(records->front() == "first");
   CHECK((*records)[5] == "batch-4" + std::string(20, 'x'));
   CHECK(records->back() == "last");
-  // An injected failure in a batch breaks the writer, as for one record.
-  auto writer = JournalWriter::open(dir.journal());
+}
+
+TEST_CASE("journal: append_batch costs one fsync for the whole batch") {
+  io::MemoryFileSystem fs;
+  auto writer = JournalWriter::open("/j", /*sync=*/true, 64 << 20, fs);
   REQUIRE(writer.ok());
-  (*writer)->set_failure_for_testing(Status::Unknown("disk gone"));
-  CHECK_FALSE((*writer)->append_batch({"a", "b"}).ok());
+  const int64_t before = fs.file_syncs();
+  REQUIRE((*writer)->append_batch({"a", "b", "c", "d"}).ok());
+  CHECK(fs.file_syncs() == before + 1);
+  REQUIRE((*writer)->append("e").ok());
+  CHECK(fs.file_syncs() == before + 2);
+}
+
+TEST_CASE("journal: a failed fsync in a batch breaks the writer, as for one record") {
+  io::MemoryFileSystem fs;
+  auto writer = JournalWriter::open("/j", /*sync=*/true, 64 << 20, fs);
+  REQUIRE(writer.ok());
+  fs.fail_next_sync(Status::Unknown("disk gone"));
+  Status failure = (*writer)->append_batch({"a", "b"});
+  CHECK(failure.code() == StatusCode::kUnknown);
+  CHECK(failure.message().find("disk gone") != std::string::npos);
   CHECK((*writer)->append("c").code() == StatusCode::kFailedPrecondition);
 }
 
@@ -504,15 +521,16 @@ TEST_CASE("journal: a writer does not open a journal whose last segment is corru
   CHECK(fs::file_size(path) == size);  // Nothing truncated.
 }
 
-TEST_CASE("journal: an injected fsync failure breaks the writer") {
-  TempDir tmp;
-  auto writer = JournalWriter::open(tmp.journal());
+TEST_CASE("journal: a failed fsync breaks the writer") {
+  io::MemoryFileSystem fs;
+  auto writer = JournalWriter::open("/j", /*sync=*/true, 64 << 20, fs);
   REQUIRE(writer.ok());
   REQUIRE((*writer)->append("before").ok());
 
-  const Status failure = Status::DataLoss("error syncing segment: Input/output error");
-  (*writer)->set_failure_for_testing(failure);
-  CHECK((*writer)->append("lost?") == failure);
+  fs.fail_next_sync(Status::DataLoss("Input/output error"));
+  Status failure = (*writer)->append("lost?");
+  CHECK(failure.code() == StatusCode::kDataLoss);
+  CHECK(failure.message().find("journal-000001.log") != std::string::npos);
   CHECK((*writer)->records_written() == 1);
 
   Status later = (*writer)->append("after");
@@ -520,6 +538,54 @@ TEST_CASE("journal: an injected fsync failure breaks the writer") {
   CHECK(later.message().find(failure.to_string()) != std::string::npos);
   CHECK((*writer)->append("after again") == later);
   CHECK((*writer)->records_written() == 1);
+}
+
+TEST_CASE("journal: acknowledged records survive a crash; with sync=false they need not") {
+  io::MemoryFileSystem fs;
+  {
+    // Small segments: the directory entries of new segments must be durable too.
+    auto writer = JournalWriter::open("/j", /*sync=*/true, /*max_segment_bytes=*/40, fs);
+    REQUIRE(writer.ok());
+    for (int i = 0; i < 6; ++i) REQUIRE((*writer)->append(make_record(i)).ok());
+  }
+  fs.crash();
+  auto all = read_all("/j", fs);
+  REQUIRE(all.ok());
+  CHECK(all->size() == 6);
+  CHECK(all->back() == make_record(5));
+
+  io::MemoryFileSystem unsynced;
+  {
+    auto writer = JournalWriter::open("/j", /*sync=*/false, 64 << 20, unsynced);
+    REQUIRE(writer.ok());
+    for (int i = 0; i < 6; ++i) REQUIRE((*writer)->append(make_record(i)).ok());
+  }
+  unsynced.crash();
+  auto lost = read_all("/j", unsynced);
+  REQUIRE(lost.ok());
+  CHECK(lost->empty());
+}
+
+TEST_CASE("journal: a write that fails part way leaves a torn tail the next writer truncates") {
+  io::MemoryFileSystem fs;
+  auto writer = JournalWriter::open("/j", /*sync=*/true, 64 << 20, fs);
+  REQUIRE(writer.ok());
+  REQUIRE((*writer)->append("before").ok());
+  fs.fail_writes_after(5, Status::ResourceExhausted("disk full"));
+  Status failure = (*writer)->append("does not fit");
+  CHECK(failure.code() == StatusCode::kResourceExhausted);
+  CHECK((*writer)->append("x").code() == StatusCode::kFailedPrecondition);
+  fs.allow_writes();
+  writer->reset();
+  CHECK(fs.contents("/j/" + segment_file_name(1))->size() == kHeaderBytes + 6 + 5);
+
+  auto reopened = JournalWriter::open("/j", /*sync=*/true, 64 << 20, fs);
+  REQUIRE(reopened.ok());
+  CHECK(fs.contents("/j/" + segment_file_name(1))->size() == kHeaderBytes + 6);
+  REQUIRE((*reopened)->append("after").ok());
+  auto all = read_all("/j", fs);
+  REQUIRE(all.ok());
+  CHECK(*all == std::vector<std::string>{"before", "after"});
 }
 
 TEST_CASE("journal: a failed write breaks the writer and reopening recovers") {

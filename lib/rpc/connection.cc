@@ -7,6 +7,7 @@
 #include <cstring>
 #include <random>
 
+#include "async/status_exception.h"
 #include "rpc/http_sniff_stream.h"
 #include "rpc/link_timeout.h"
 #include "rpc/message_stream.h"
@@ -124,15 +125,15 @@ kj::Promise<wire::Node::Client> Connection::attempt(kj::TimePoint deadline, int 
                             1, (deadline - timer_.now()) / kj::MILLISECONDS)));
   return with_deadline(timer_, connect_once(), limit, "connecting to " + address_).catch_([this, deadline, attempt_number,
                                 backoff](kj::Exception&& e) -> kj::Promise<wire::Node::Client> {
-    Status error = from_exception(e);
+    Status error = async::from_exception(e);
     // A refused token or a peer that speaks another protocol will not get
     // better by retrying.
     if (error.code() == StatusCode::kUnauthenticated || error.code() == StatusCode::kInvalidArgument) {
-      return to_exception(error);
+      return async::to_exception(error);
     }
     auto now = timer_.now();
     if (now >= deadline) {
-      return to_exception(Status::Unavailable("cannot reach " + address_ + " after " +
+      return async::to_exception(Status::Unavailable("cannot reach " + address_ + " after " +
                                               std::to_string(attempt_number) +
                                               " attempts: " + error.message()));
     }
@@ -174,8 +175,8 @@ kj::Promise<wire::Node::Client> Connection::connect_once() {
   std::string host;
   uint16_t port = 0;
   Status parsed = parse_host_port(address_, &host, &port);
-  if (!parsed.ok()) return to_exception(parsed);
-  if (!tls_error_.ok()) return to_exception(tls_error_);
+  if (!parsed.ok()) return async::to_exception(parsed);
+  if (!tls_error_.ok()) return async::to_exception(tls_error_);
   return io_.getNetwork()
       .parseAddress(kj::StringPtr(host.c_str()), port)
       .then([](kj::Own<kj::NetworkAddress>&& addr) { return addr->connect().attach(kj::mv(addr)); })

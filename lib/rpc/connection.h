@@ -24,7 +24,7 @@
 
 #include "capstan/status.h"
 #include "capstan_schemas/common.capnp.h"
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/tls.h"
 
 namespace capstan::rpc {
@@ -105,7 +105,7 @@ kj::Promise<T> with_deadline(kj::Timer& timer, kj::Promise<T> promise,
   return promise.exclusiveJoin(
       timer.afterDelay(timeout.count() * kj::MILLISECONDS)
           .then([what = std::move(what), timeout]() -> kj::Promise<T> {
-            return to_exception(Status::DeadlineExceeded(
+            return async::to_exception(Status::DeadlineExceeded(
                 what + " did not finish within " + std::to_string(timeout.count()) + " ms"));
           }));
 }

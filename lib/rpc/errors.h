@@ -1,40 +1,18 @@
-// The one place where Status meets kj::Exception.
-//
-// Servers throw to_exception(status); clients turn what they catch back with
-// from_exception(). The exception type tells a Cap'n Proto caller whether to
-// retry (DISCONNECTED: the peer is gone; OVERLOADED: back off; FAILED: don't),
-// and the description carries "[capstan:CODE] message" so the exact code
-// survives the trip. Retry logic reads the code, never the text.
+// A Status carried as a value inside a reply (wire::ErrorDetail: one
+// outcome among several), both ways. A status that fails a whole call
+// travels as a kj::Exception instead (async/status_exception.h).
 #ifndef CAPSTAN_LIB_RPC_ERRORS_H_
 #define CAPSTAN_LIB_RPC_ERRORS_H_
-
-#include <kj/exception.h>
 
 #include "capstan/status.h"
 #include "capstan_schemas/common.capnp.h"
 
 namespace capstan::rpc {
 
-kj::Exception to_exception(const Status& status);
-[[noreturn]] void throw_status(const Status& status);
-// Maps any exception (ours, Cap'n Proto's, a broken connection) to a Status.
-Status from_exception(const kj::Exception& exception);
-
-// True when `exception` does not carry a status the peer reported: the link
-// broke, the peer is gone, or Cap'n Proto itself failed the call. A caller
-// that gets false knows the peer is alive and answered with an error.
-bool is_transport_failure(const kj::Exception& exception);
-
-// A status carried as a value in a reply (one outcome among several), and
-// back. An unknown code from a newer or hostile peer reads as UNKNOWN,
-// naming the code.
+// An unknown code from a newer or hostile peer reads as UNKNOWN, naming the
+// code.
 void status_to_wire(const Status& status, wire::ErrorDetail::Builder detail);
 Status status_from_wire(wire::ErrorDetail::Reader detail);
-
-// Throws when `status` is not OK.
-inline void check(const Status& status) {
-  if (!status.ok()) throw_status(status);
-}
 
 }  // namespace capstan::rpc
 

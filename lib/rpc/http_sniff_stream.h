@@ -11,7 +11,7 @@
 #include <cstring>
 #include <string>
 
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/forwarding_stream.h"
 
 namespace capstan::rpc {
@@ -45,7 +45,7 @@ class HttpSniffStream final : public ForwardingStream {
 
  private:
   [[noreturn]] void http_error() const {
-    throw_status(Status::InvalidArgument(
+    async::throw_status(Status::InvalidArgument(
         address_ + " answers HTTP: that is a daemon's HTTP port (/, /healthz, /readyz, /metrics); give its "
                    "RPC port (--port; the rpc_port line of its --port-file)"));
   }

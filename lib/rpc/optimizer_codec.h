@@ -12,7 +12,7 @@
 #include "capstan/training.h"
 #include "capstan_schemas/ps.capnp.h"
 #include "rpc/tensor_codec.h"
-#include "training/table_rows.h"
+#include "types/table_rows.h"
 
 namespace capstan::rpc {
 

@@ -1,6 +1,6 @@
 #include "rpc/replica_codec.h"
 
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/optimizer_codec.h"
 
 namespace capstan::rpc {
@@ -65,7 +65,7 @@ kj::Promise<training::MirroredState> state_from_wire(wire::MirroredState::Reader
     auto& out = state->variables[i];
     out.name = text(v.getName());
     if (v.getSlotNames().size() != v.getSlots().size()) {
-      return to_exception(Status::InvalidArgument("mirrored variable '" + out.name + "': " +
+      return async::to_exception(Status::InvalidArgument("mirrored variable '" + out.name + "': " +
                                                   std::to_string(v.getSlotNames().size()) + " slot names for " +
                                                   std::to_string(v.getSlots().size()) + " slots"));
     }

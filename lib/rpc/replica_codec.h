@@ -1,4 +1,4 @@
-// Synchronous training's values (training/replica.h) on the wire
+// Synchronous training's values (types/replica.h) on the wire
 // (schemas/worker.capnp): the one conversion, both ways, used by the
 // coordinator's RemoteWorker and the worker-server's service.
 #ifndef CAPSTAN_LIB_RPC_REPLICA_CODEC_H_
@@ -11,7 +11,7 @@
 #include "capstan/status.h"
 #include "capstan_schemas/worker.capnp.h"
 #include "rpc/tensor_codec.h"
-#include "training/replica.h"
+#include "types/replica.h"
 
 namespace capstan::rpc {
 

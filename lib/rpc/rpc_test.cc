@@ -24,14 +24,14 @@
 
 #include "capstan/client.h"
 #include "rpc/connection.h"
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/http_sniff_stream.h"
 #include "rpc/link_timeout.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/optimizer_codec.h"
-#include "rpc/mailbox.h"
+#include "async/mailbox.h"
 #include "rpc/message_stream.h"
-#include "rpc/pool.h"
+#include "async/pool.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
 
@@ -179,30 +179,30 @@ Tensor make_tensor(DType dtype, Shape shape) {
 TEST_CASE("status codes survive the trip through kj::Exception", "[rpc]") {
   for (int c = 1; c <= 16; ++c) {
     Status original(static_cast<StatusCode>(c), "message with [brackets] and: colons");
-    Status back = from_exception(to_exception(original));
+    Status back = async::from_exception(async::to_exception(original));
     CHECK(back == original);
   }
 }
 
 TEST_CASE("exception types tell callers whether to retry", "[rpc]") {
-  CHECK(to_exception(Status::Unavailable("x")).getType() == kj::Exception::Type::DISCONNECTED);
-  CHECK(to_exception(Status::ResourceExhausted("x")).getType() == kj::Exception::Type::OVERLOADED);
-  CHECK(to_exception(Status::NotFound("x")).getType() == kj::Exception::Type::FAILED);
-  CHECK(to_exception(Status::InvalidArgument("x")).getType() == kj::Exception::Type::FAILED);
+  CHECK(async::to_exception(Status::Unavailable("x")).getType() == kj::Exception::Type::DISCONNECTED);
+  CHECK(async::to_exception(Status::ResourceExhausted("x")).getType() == kj::Exception::Type::OVERLOADED);
+  CHECK(async::to_exception(Status::NotFound("x")).getType() == kj::Exception::Type::FAILED);
+  CHECK(async::to_exception(Status::InvalidArgument("x")).getType() == kj::Exception::Type::FAILED);
 }
 
 TEST_CASE("foreign exceptions map to a status by their type", "[rpc]") {
   kj::Exception disconnected(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
                              kj::str("peer went away"));
-  CHECK(from_exception(disconnected).code() == StatusCode::kUnavailable);
+  CHECK(async::from_exception(disconnected).code() == StatusCode::kUnavailable);
   kj::Exception overloaded(kj::Exception::Type::OVERLOADED, __FILE__, __LINE__, kj::str("busy"));
-  CHECK(from_exception(overloaded).code() == StatusCode::kResourceExhausted);
+  CHECK(async::from_exception(overloaded).code() == StatusCode::kResourceExhausted);
   kj::Exception failed(kj::Exception::Type::FAILED, __FILE__, __LINE__, kj::str("boom"));
-  CHECK(from_exception(failed).code() == StatusCode::kInternal);
-  CHECK(from_exception(failed).message() == "boom");
+  CHECK(async::from_exception(failed).code() == StatusCode::kInternal);
+  CHECK(async::from_exception(failed).message() == "boom");
   kj::Exception remote(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                        kj::str("remote exception: [capstan:NOT_FOUND] no such variable 'w'"));
-  CHECK(from_exception(remote) == Status::NotFound("no such variable 'w'"));
+  CHECK(async::from_exception(remote) == Status::NotFound("no such variable 'w'"));
 }
 
 TEST_CASE("an optimizer survives the wire field by field; an unknown kind is refused", "[rpc]") {
@@ -228,14 +228,14 @@ TEST_CASE("an optimizer survives the wire field by field; an unknown kind is ref
 TEST_CASE("a status the peer reported is not a transport failure", "[rpc]") {
   kj::Exception remote(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                        kj::str("remote exception: [capstan:UNAVAILABLE] ps:1 is unreachable"));
-  CHECK_FALSE(is_transport_failure(remote));
-  CHECK_FALSE(is_transport_failure(to_exception(Status::Unavailable("x"))));
+  CHECK_FALSE(async::is_transport_failure(remote));
+  CHECK_FALSE(async::is_transport_failure(async::to_exception(Status::Unavailable("x"))));
   kj::Exception reset(kj::Exception::Type::DISCONNECTED, __FILE__, __LINE__,
                       kj::str("Connection reset by peer"));
-  CHECK(is_transport_failure(reset));
+  CHECK(async::is_transport_failure(reset));
   kj::Exception capnp_error(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                             kj::str("message did not contain a valid pointer"));
-  CHECK(is_transport_failure(capnp_error));
+  CHECK(async::is_transport_failure(capnp_error));
 }
 
 // A peer that has closed: writes fail (a broken pipe); `answer` is what it
@@ -269,7 +269,7 @@ TEST_CASE("a peer that answered HTTP and closed before the first write says so, 
   try {
     http.write("login", 5).wait(wait);
   } catch (const kj::Exception& e) {
-    status = from_exception(e);
+    status = async::from_exception(e);
   }
   CHECK(status.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(status.message(), Catch::Contains("127.0.0.1:8080 answers HTTP"));
@@ -315,7 +315,7 @@ TEST_CASE("the codec rejects malformed tensors with InvalidArgument", "[rpc][cod
       read_tensor(tensor.asReader()).wait(wait_scope);
       FAIL("malformed tensor was accepted");
     } catch (const kj::Exception& e) {
-      Status s = from_exception(e);
+      Status s = async::from_exception(e);
       CHECK(s.code() == StatusCode::kInvalidArgument);
       CHECK_THAT(s.message(), Catch::Contains(needle));
     }
@@ -585,7 +585,7 @@ TEST_CASE("chunks of the wrong size are refused, pulled whole or chunk by chunk"
         read_tensor(tensor.asReader(), options).wait(wait_scope);
         FAIL("a chunk of the wrong size was accepted");
       } catch (const kj::Exception& e) {
-        Status s = from_exception(e);
+        Status s = async::from_exception(e);
         CHECK(s.code() == StatusCode::kInvalidArgument);
         CHECK_THAT(s.message(), Catch::Contains("has " + std::to_string(served) + " bytes, expected"));
       }
@@ -647,7 +647,7 @@ TEST_CASE("a byte source refuses chunks over the limit and past the end", "[rpc]
       request.send().wait(wait_scope);
       return Status::Ok();
     } catch (const kj::Exception& e) {
-      return from_exception(e);
+      return async::from_exception(e);
     }
   };
   CHECK(status_of(0, 0).ok());             // the sender's chunk size
@@ -733,7 +733,7 @@ class PoolService : public wire::Node::Server {
   kj::Promise<void> info(InfoContext context) override {
     probe_.running = true;
     probe_.started = true;
-    return run_on_pool(pool_, [this]() {
+    return async::run_on_pool(pool_, [this]() {
              std::this_thread::sleep_for(400ms);
              ++calls_served_;  // touches the service
              probe_.running = false;
@@ -828,7 +828,7 @@ TEST_CASE("a client reconnects after the daemon restarts", "[rpc][reconnect]") {
 TEST_CASE("a failed connection attempt whose first caller was dropped is not reused", "[rpc][reconnect]") {
   HeldPort held;
   const uint16_t port = held.port();
-  LoopThread loop("connection-test");
+  async::LoopThread loop("connection-test");
   kj::Own<Connection> conn;
   loop.run_sync([&loop, &conn, port]() {
     conn = kj::heap<Connection>(loop.io(), loop.timer(), "127.0.0.1:" + std::to_string(port), ConnectOptions{});
@@ -846,7 +846,7 @@ TEST_CASE("a failed connection attempt whose first caller was dropped is not reu
       return conn->node(loop.timer().now() + 5 * kj::SECONDS).then([](wire::Node::Client) { return true; });
     });
   } catch (const kj::Exception& e) {
-    FAIL("node() failed: " << from_exception(e).to_string());
+    FAIL("node() failed: " << async::from_exception(e).to_string());
   }
   CHECK(connected);
   loop.run_sync([&conn]() { conn = nullptr; });
@@ -909,7 +909,7 @@ TEST_CASE("start reports a port that is already in use", "[rpc]") {
 
 TEST_CASE("a malformed request gets an error reply and the server keeps serving", "[rpc][bad-input]") {
   TestServer server;
-  LoopThread loop("test-client");
+  async::LoopThread loop("test-client");
   auto status = loop.run_sync([&]() -> kj::Promise<Status> {
     auto conn = kj::heap<Connection>(loop.io(), loop.timer(), server.address(), ConnectOptions{});
     auto deadline = loop.timer().now() + 5 * kj::SECONDS;
@@ -922,7 +922,7 @@ TEST_CASE("a malformed request gets an error reply and the server keeps serving"
           tensor.initInline(5);  // 3 int32 need 12 bytes
           return request.send().then(
               [](auto&&) { return Status::Internal("accepted"); },
-              [](kj::Exception&& e) { return from_exception(e); });
+              [](kj::Exception&& e) { return async::from_exception(e); });
         })
         .attach(kj::mv(conn));
   });
@@ -935,32 +935,32 @@ TEST_CASE("a malformed request gets an error reply and the server keeps serving"
 
 TEST_CASE("run_on_pool returns results and errors to the loop thread", "[rpc][pool]") {
   boost::asio::thread_pool pool(2);
-  LoopThread loop("test-pool");
+  async::LoopThread loop("test-pool");
   auto loop_thread = loop.run_sync([]() { return std::this_thread::get_id(); });
   auto [value, worker_thread] = loop.run_sync([&pool]() {
-    return run_on_pool(pool, []() { return std::make_pair(42, std::this_thread::get_id()); });
+    return async::run_on_pool(pool, []() { return std::make_pair(42, std::this_thread::get_id()); });
   });
   CHECK(value == 42);
   CHECK(worker_thread != loop_thread);
   try {
     loop.run_sync([&pool]() {
-      return run_on_pool(pool, []() -> int { throw std::runtime_error("pool task failed"); });
+      return async::run_on_pool(pool, []() -> int { throw std::runtime_error("pool task failed"); });
     });
     FAIL("no exception");
   } catch (const kj::Exception& e) {
-    CHECK(from_exception(e).code() == StatusCode::kInternal);
-    CHECK_THAT(from_exception(e).message(), Catch::Contains("pool task failed"));
+    CHECK(async::from_exception(e).code() == StatusCode::kInternal);
+    CHECK_THAT(async::from_exception(e).message(), Catch::Contains("pool task failed"));
   }
   pool.join();
 }
 
 TEST_CASE("run_on_pool hands back many results from many pool threads", "[rpc][pool][mailbox]") {
   boost::asio::thread_pool pool(4);
-  LoopThread loop("test-mailbox");
+  async::LoopThread loop("test-mailbox");
   constexpr int kCalls = 2000;
   int64_t sum = loop.run_sync([&pool]() {
     kj::Vector<kj::Promise<int64_t>> results;
-    for (int i = 0; i < kCalls; ++i) results.add(run_on_pool(pool, [i]() { return int64_t{i}; }));
+    for (int i = 0; i < kCalls; ++i) results.add(async::run_on_pool(pool, [i]() { return int64_t{i}; }));
     return kj::joinPromises(results.releaseAsArray()).then([](kj::Array<int64_t> values) {
       int64_t total = 0;
       for (int64_t v : values) total += v;
@@ -974,19 +974,19 @@ TEST_CASE("run_on_pool hands back many results from many pool threads", "[rpc][p
 TEST_CASE("work a stopped pool drops unrun fails its promise instead of hanging it", "[rpc][pool][mailbox]") {
   auto pool = std::make_unique<boost::asio::thread_pool>(1);
   pool->stop();
-  LoopThread loop("test-dropped");
+  async::LoopThread loop("test-dropped");
   auto status = loop.run_sync([&pool]() {
-    auto result = run_on_pool(*pool, []() { return 1; });
+    auto result = async::run_on_pool(*pool, []() { return 1; });
     pool.reset();  // destroys the queued work unrun
     return result.then([](int) { return Status::Internal("the dropped work ran"); },
-                       [](kj::Exception&& e) { return from_exception(e); });
+                       [](kj::Exception&& e) { return async::from_exception(e); });
   });
   CHECK(status.code() == StatusCode::kUnavailable);
   CHECK_THAT(status.message(), Catch::Contains("dropped the work unrun"));
 }
 
 TEST_CASE("run_sync fails, not hangs, once its loop has stopped", "[rpc][mailbox]") {
-  LoopThread loop("test-stop");
+  async::LoopThread loop("test-stop");
   std::atomic<bool> started{false};
   Status pending;
   // A call whose promise never resolves, waiting when the loop stops.
@@ -998,7 +998,7 @@ TEST_CASE("run_sync fails, not hangs, once its loop has stopped", "[rpc][mailbox
       });
       pending = Status::Internal("returned");
     } catch (const kj::Exception& e) {
-      pending = from_exception(e);
+      pending = async::from_exception(e);
     }
   });
   while (!started) std::this_thread::sleep_for(1ms);
@@ -1010,8 +1010,8 @@ TEST_CASE("run_sync fails, not hangs, once its loop has stopped", "[rpc][mailbox
     loop.run_sync([]() { return 1; });
     FAIL("run_sync after stop() returned");
   } catch (const kj::Exception& e) {
-    CHECK(from_exception(e).code() == StatusCode::kUnavailable);
-    CHECK_THAT(from_exception(e).message(), Catch::Contains("test-stop"));
+    CHECK(async::from_exception(e).code() == StatusCode::kUnavailable);
+    CHECK_THAT(async::from_exception(e).message(), Catch::Contains("test-stop"));
   }
 }
 
@@ -1019,9 +1019,9 @@ TEST_CASE("a thread without an event loop mailbox gets an error that says what t
   Status status;
   std::thread([&]() {
     try {
-      Mailbox::current();
+      async::Mailbox::current();
     } catch (const kj::Exception& e) {
-      status = from_exception(e);
+      status = async::from_exception(e);
     }
   }).join();
   CHECK(status.code() == StatusCode::kInternal);
@@ -1044,7 +1044,7 @@ TEST_CASE("a peer that accepts but never answers does not hang a connect", "[rpc
   getsockname(fd, reinterpret_cast<sockaddr*>(&addr), &len);
   std::string address = "127.0.0.1:" + std::to_string(ntohs(addr.sin_port));
 
-  LoopThread loop("test-hang");
+  async::LoopThread loop("test-hang");
   ConnectOptions options;
   options.attempt_timeout = std::chrono::milliseconds(200);
   auto started = std::chrono::steady_clock::now();
@@ -1053,7 +1053,7 @@ TEST_CASE("a peer that accepts but never answers does not hang a connect", "[rpc
     auto deadline = loop.timer().now() + 1 * kj::SECONDS;
     return conn->node(deadline)
         .then([](wire::Node::Client) { return Status::Internal("connected to a silent peer"); },
-              [](kj::Exception&& e) { return from_exception(e); })
+              [](kj::Exception&& e) { return async::from_exception(e); })
         .attach(kj::mv(conn));
   });
   close(fd);

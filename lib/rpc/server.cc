@@ -9,6 +9,7 @@
 
 #include <map>
 
+#include "async/status_exception.h"
 #include "capstan_schemas/common.capnp.h"
 #include "rpc/counting_stream.h"
 #include "rpc/link_timeout.h"
@@ -68,7 +69,7 @@ class GateImpl : public wire::Gate::Server {
       const bool sent = params.getToken().size() > 0;
       const std::string why = sent ? "wrong cluster token" : "no cluster token was sent";
       if (observer_ != nullptr) observer_->on_login_refused(peer_, why);
-      throw_status(Status::Unauthenticated(
+      async::throw_status(Status::Unauthenticated(
           "login refused: " + why + " from " + peer_ +
           (sent ? " (the client's CAPSTAN_TOKEN or --token-file differs from the daemon's)"
                 : "; this daemon requires one: set CAPSTAN_TOKEN or --token-file on the client")));
@@ -128,7 +129,7 @@ void CallTracker::begin(const Method& method) {
 void CallTracker::end(const Method& method, const kj::Exception* error, Clock::time_point started) {
   --in_flight_;
   if (method.stats != nullptr) {
-    if (error != nullptr) method.stats->on_error(from_exception(*error));
+    if (error != nullptr) method.stats->on_error(async::from_exception(*error));
     method.stats->on_done(std::chrono::duration<double>(Clock::now() - started).count());
   }
   if (in_flight_ == 0) {
@@ -169,7 +170,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
 
   void taskFailed(kj::Exception&& exception) override {
     // A connection or the accept loop failed; the server keeps serving.
-    if (observer != nullptr) observer->on_error("accept", from_exception(exception));
+    if (observer != nullptr) observer->on_error("accept", async::from_exception(exception));
   }
 
   kj::Promise<void> accept_loop() {
@@ -182,7 +183,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
                 // take a connection: the loop must not end, or the port
                 // stays dead after the flood that caused it is gone. Try
                 // again shortly; waiting connections stay in the backlog.
-                if (observer != nullptr) observer->on_error("accept", from_exception(e));
+                if (observer != nullptr) observer->on_error("accept", async::from_exception(e));
                 return timer.afterDelay(50 * kj::MILLISECONDS).then([this]() { return accept_loop(); });
               });
   }
@@ -224,7 +225,7 @@ struct RpcServer::Impl final : private kj::TaskSet::ErrorHandler {
                                  },
                                  [this, peer](kj::Exception&& e) {
                                    if (observer != nullptr) {
-                                     observer->on_error("accept", from_exception(e).with_context(
+                                     observer->on_error("accept", async::from_exception(e).with_context(
                                                                       "TLS handshake with " + peer));
                                    }
                                  })
@@ -330,7 +331,7 @@ Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure)
       try {
         impl_->service = factory(*impl_->tracker);
       } catch (const kj::Exception& e) {
-        service_error = from_exception(e);
+        service_error = async::from_exception(e);
         return uint16_t{0};
       } catch (const std::exception& e) {
         service_error = Status::Internal(e.what());
@@ -342,7 +343,7 @@ Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure)
           .then([this](kj::Own<kj::NetworkAddress>&& address) {
             impl_->listener = address->listen();
             impl_->accepting = impl_->accept_loop().eagerlyEvaluate([this](kj::Exception&& e) {
-              if (observer_ != nullptr) observer_->on_error("accept", from_exception(e));
+              if (observer_ != nullptr) observer_->on_error("accept", async::from_exception(e));
             });
             return static_cast<uint16_t>(impl_->listener->getPort());
           });

@@ -16,7 +16,7 @@
 //   ...
 //   server.stop(std::chrono::seconds(8));  // drain in-flight calls, disconnect
 //
-// The KJ loop runs on the server's own LoopThread; service objects live
+// The KJ loop runs on the server's own async::LoopThread; service objects live
 // there. Heavy work belongs on a thread pool (see pool.h).
 //
 // Thread-safety: start() and stop() from one controlling thread.
@@ -41,7 +41,7 @@
 
 #include "rpc/errors.h"
 #include "rpc/login_guard.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/tls.h"
 
 namespace capstan::rpc {
@@ -209,7 +209,7 @@ class RpcServer {
   void stop(std::chrono::milliseconds grace, boost::asio::thread_pool* pool = nullptr,
             const std::function<void()>& before_release = {});
 
-  LoopThread& loop() { return loop_; }
+  async::LoopThread& loop() { return loop_; }
 
   // The caps on connections waiting to log in: the options' values, lowered
   // to fit the open-file limit at construction.
@@ -221,7 +221,7 @@ class RpcServer {
   const RpcServerOptions options_;
   const PreLoginCaps pre_login_caps_;
   RpcObserver* const observer_;
-  LoopThread loop_;
+  async::LoopThread loop_;
   kj::Own<Impl> impl_;  // created and destroyed on the loop thread
 };
 

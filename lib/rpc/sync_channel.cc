@@ -1,5 +1,6 @@
 #include "rpc/sync_channel.h"
 
+#include "async/status_exception.h"
 #include "wire_names.h"
 
 namespace capstan::rpc {
@@ -45,7 +46,7 @@ Status SyncChannel::connect(std::optional<wire::Role> expected) {
       });
     });
   } catch (const kj::Exception& e) {
-    return from_exception(e);
+    return async::from_exception(e);
   }
 }
 

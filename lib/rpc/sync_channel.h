@@ -1,5 +1,5 @@
 // SyncChannel: the plumbing of a blocking client (NodeClient,
-// ClusterCoordinator): a LoopThread, one Connection to a daemon on it, and
+// ClusterCoordinator): a async::LoopThread, one Connection to a daemon on it, and
 // call(), which runs a request on the loop, bounds it by the client's
 // deadlines and turns exceptions into Status.
 //
@@ -13,8 +13,8 @@
 
 #include "capstan/client.h"
 #include "rpc/connection.h"
-#include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/status_exception.h"
+#include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::rpc {
@@ -33,7 +33,7 @@ class SyncChannel {
   const ClientOptions& options() const { return options_; }
   const ConnectOptions& connect_options() const { return connect_options_; }
   const CodecOptions& codec() const { return codec_; }
-  LoopThread& loop() { return loop_; }
+  async::LoopThread& loop() { return loop_; }
   Connection& connection() { return *connection_; }  // loop thread only
   kj::TimePoint connect_deadline() {
     return loop_.timer().now() + options_.connect_timeout.count() * kj::MILLISECONDS;
@@ -53,7 +53,7 @@ class SyncChannel {
                                 what + " to " + address_);
       });
     } catch (const kj::Exception& e) {
-      return from_exception(e).with_context(what + " " + address_);
+      return async::from_exception(e).with_context(what + " " + address_);
     }
   }
 
@@ -62,7 +62,7 @@ class SyncChannel {
   const ClientOptions options_;
   const ConnectOptions connect_options_;
   const CodecOptions codec_;
-  LoopThread loop_;
+  async::LoopThread loop_;
   kj::Own<Connection> connection_;  // loop thread only
 };
 

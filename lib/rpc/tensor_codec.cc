@@ -10,7 +10,7 @@
 #include <new>
 #include <vector>
 
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/message_stream.h"
 
 namespace capstan::rpc {
@@ -33,12 +33,12 @@ class ByteSourceImpl final : public wire::ByteSource::Server {
     uint64_t chunk_size = context.getParams().getChunkSize();
     if (chunk_size == 0) chunk_size = chunk_size_;
     if (chunk_size > kMaxChunkBytes) {
-      throw_status(Status::InvalidArgument("chunk size " + std::to_string(chunk_size) + " is over the limit of " +
+      async::throw_status(Status::InvalidArgument("chunk size " + std::to_string(chunk_size) + " is over the limit of " +
                                            std::to_string(kMaxChunkBytes) + " bytes; ask for smaller chunks"));
     }
     uint64_t begin = index * chunk_size;
     if (begin >= tensor_.byte_size()) {
-      throw_status(Status::OutOfRange("chunk " + std::to_string(index) + " of " + std::to_string(chunk_size) +
+      async::throw_status(Status::OutOfRange("chunk " + std::to_string(index) + " of " + std::to_string(chunk_size) +
                                       " bytes is past the end of a " + std::to_string(tensor_.byte_size()) +
                                       "-byte buffer"));
     }
@@ -96,7 +96,7 @@ kj::Promise<void> pull_lane(wire::ByteSource::Client source, std::shared_ptr<Ten
     uint64_t begin = index * chunk_size;
     uint64_t expected = std::min<uint64_t>(chunk_size, target->byte_size() - begin);
     if (data.size() != expected) {
-      throw_status(Status::InvalidArgument("tensor chunk " + std::to_string(index) + " has " +
+      async::throw_status(Status::InvalidArgument("tensor chunk " + std::to_string(index) + " has " +
                                            std::to_string(data.size()) + " bytes, expected " +
                                            std::to_string(expected)));
     }
@@ -265,11 +265,11 @@ kj::Promise<Tensor> pull_whole(wire::ByteSource::Client source, DType dtype, Sha
                              -> kj::Promise<Tensor> {
     auto data = response.getData();
     if (data.size() != byte_size) {
-      return to_exception(Status::InvalidArgument("tensor chunk 0 has " + std::to_string(data.size()) +
+      return async::to_exception(Status::InvalidArgument("tensor chunk 0 has " + std::to_string(data.size()) +
                                                   " bytes, expected " + std::to_string(byte_size)));
     }
     auto tensor = receive(dtype, std::move(shape), data);
-    if (!tensor.ok()) return to_exception(tensor.status());
+    if (!tensor.ok()) return async::to_exception(tensor.status());
     return std::move(*tensor);
   });
 }
@@ -351,27 +351,27 @@ kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader, const CodecOptions&
   DType dtype;
   Shape shape;
   Status header = read_header(reader, &dtype, &shape);
-  if (!header.ok()) return to_exception(header);
+  if (!header.ok()) return async::to_exception(header);
   try {
     if (reader.isInline()) {
       auto tensor = receive(dtype, std::move(shape), reader.getInline());
-      if (!tensor.ok()) return to_exception(tensor.status());
+      if (!tensor.ok()) return async::to_exception(tensor.status());
       return std::move(*tensor);
     }
     auto chunked = reader.getChunked();
     uint64_t byte_size = chunked.getByteSize();
     uint32_t chunk_size = chunked.getChunkSize();
     if (chunk_size == 0) {
-      return to_exception(Status::InvalidArgument("chunked tensor has chunk size 0"));
+      return async::to_exception(Status::InvalidArgument("chunked tensor has chunk size 0"));
     }
     uint64_t whole_limit = std::min<uint64_t>(std::max(chunk_size, options.whole_chunk_limit), kMaxChunkBytes);
     if (byte_size > 0 && byte_size <= whole_limit) {
       Status size = check_size(dtype, shape, byte_size);
-      if (!size.ok()) return to_exception(size);
+      if (!size.ok()) return async::to_exception(size);
       return pull_whole(chunked.getSource(), dtype, std::move(shape), byte_size);
     }
     auto raw = allocate_raw(dtype, shape, byte_size);
-    if (!raw.ok()) return to_exception(raw.status());
+    if (!raw.ok()) return async::to_exception(raw.status());
     auto target = std::move(*raw);
     uint64_t count = (byte_size + chunk_size - 1) / chunk_size;
     auto source = chunked.getSource();
@@ -382,11 +382,11 @@ kj::Promise<Tensor> read_tensor(wire::Tensor::Reader reader, const CodecOptions&
     return kj::joinPromises(lanes.finish())
         .then([dtype, shape = std::move(shape), target]() mutable -> kj::Promise<Tensor> {
           auto tensor = finish(dtype, std::move(shape), std::move(target));
-          if (!tensor.ok()) return to_exception(tensor.status());
+          if (!tensor.ok()) return async::to_exception(tensor.status());
           return std::move(*tensor);
         });
   } catch (const std::bad_alloc&) {
-    return to_exception(Status::ResourceExhausted("cannot allocate a tensor of shape " +
+    return async::to_exception(Status::ResourceExhausted("cannot allocate a tensor of shape " +
                                                   shape_string(shape)));
   }
 }
@@ -397,7 +397,7 @@ kj::Promise<Element> read_element(wire::Element::Reader reader, const CodecOptio
   auto components = reader.getComponents();
   auto names = reader.getNames();
   if (names.size() != 0 && names.size() != components.size()) {
-    return to_exception(Status::InvalidArgument(
+    return async::to_exception(Status::InvalidArgument(
         "element has " + std::to_string(names.size()) + " names for " +
         std::to_string(components.size()) + " components"));
   }

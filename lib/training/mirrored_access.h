@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "capstan/mirrored.h"
-#include "training/replica.h"
+#include "types/replica.h"
 
 namespace capstan {
 

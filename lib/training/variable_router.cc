@@ -4,7 +4,7 @@
 #include <cstring>
 
 #include "data/tensor_util.h"
-#include "rpc/errors.h"
+#include "async/status_exception.h"
 #include "rpc/optimizer_codec.h"
 #include "sync/mutex.h"
 
@@ -70,7 +70,7 @@ VariableRouter::PlacementFetcher placements_from(rpc::Connection& connection, kj
   };
 }
 
-VariableRouter::VariableRouter(rpc::LoopThread& loop, rpc::ConnectOptions options,
+VariableRouter::VariableRouter(async::LoopThread& loop, rpc::ConnectOptions options,
                                rpc::CodecOptions codec, std::chrono::milliseconds call_timeout,
                                PlacementFetcher fetch)
     : loop_(loop), options_(std::move(options)), codec_(codec), call_timeout_(call_timeout),
@@ -91,7 +91,7 @@ Result<T> VariableRouter::on_loop(const std::string& what, Make make) {
       return rpc::with_deadline<T>(loop_.timer(), make(), call_timeout_, what);
     });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e).with_context(what);
+    return async::from_exception(e).with_context(what);
   }
 }
 

@@ -25,7 +25,7 @@
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/connection.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "sync/mutex.h"
 
@@ -78,7 +78,7 @@ class VariableRouter final : public VariableAccess {
   // Fetches the current placements; runs on the loop thread.
   using PlacementFetcher = std::function<kj::Promise<std::pair<int64_t, std::vector<VariableLocation>>>()>;
 
-  VariableRouter(rpc::LoopThread& loop, rpc::ConnectOptions options, rpc::CodecOptions codec,
+  VariableRouter(async::LoopThread& loop, rpc::ConnectOptions options, rpc::CodecOptions codec,
                  std::chrono::milliseconds call_timeout, PlacementFetcher fetch);
   ~VariableRouter();
 
@@ -125,7 +125,7 @@ class VariableRouter final : public VariableAccess {
   template <typename T, typename Make>
   Result<T> on_loop(const std::string& what, Make make);
 
-  rpc::LoopThread& loop_;
+  async::LoopThread& loop_;
   const rpc::ConnectOptions options_;
   const rpc::CodecOptions codec_;
   const std::chrono::milliseconds call_timeout_;

@@ -35,6 +35,19 @@ def test_pipeline_ops_iterate_as_tuples_of_numpy_arrays(tmp_path):
     assert cast.dtype == np.float32 and list(cast) == [0, 1, 2, 3, 4]
 
 
+def test_enumerate_pairs_each_element_with_its_index_from_start():
+    xs = np.array([b"a", b"b", b"c"])
+    got = [(int(i), bytes(x.item())) for i, x in Dataset.from_tensor_slices((xs,)).enumerate(start=4)]
+    assert got == [(4, b"a"), (5, b"b"), (6, b"c")]
+    indices, values = next(iter(Dataset.range(10, 15).enumerate().batch(5)))
+    assert indices.dtype == np.int64 and list(indices) == [0, 1, 2, 3, 4]
+    assert list(values) == [10, 11, 12, 13, 14]
+    assert Dataset.range(7).enumerate().cardinality() == 7
+    assert "enumerate(2)" in repr(Dataset.range(3).enumerate(2))
+    with pytest.raises(capstan.OutOfRangeError, match="INT64_MAX"):
+        list(Dataset.range(2).enumerate(start=2**63 - 1))
+
+
 def test_inputs_and_failures_become_values_or_errors_never_a_crash():
     # Big-endian input is converted, not reinterpreted.
     assert [int(x) for (x,) in Dataset.from_tensor_slices(np.arange(3, dtype=">i4"))] == [0, 1, 2]

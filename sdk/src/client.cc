@@ -1,35 +1,9 @@
 #include "capstan/client.h"
 
-#include <cstdlib>
-#include <fstream>
-#include <sstream>
-
 #include "rpc/sync_channel.h"
 #include "wire_names.h"
 
 namespace capstan {
-
-Result<std::string> read_token_file(const std::string& path) {
-  std::ifstream in(path);
-  if (!in) return Status::NotFound("cannot read token file '" + path + "'");
-  std::stringstream buffer;
-  buffer << in.rdbuf();
-  std::string token = buffer.str();
-  size_t begin = token.find_first_not_of(" \t\r\n");
-  size_t end = token.find_last_not_of(" \t\r\n");
-  if (begin == std::string::npos) return Status::InvalidArgument("token file '" + path + "' is empty");
-  return token.substr(begin, end - begin + 1);
-}
-
-Result<std::string> token_from_environment() {
-  if (const char* token = std::getenv("CAPSTAN_TOKEN"); token != nullptr && *token != '\0') {
-    return std::string(token);
-  }
-  if (const char* file = std::getenv("CAPSTAN_TOKEN_FILE"); file != nullptr && *file != '\0') {
-    return read_token_file(file);
-  }
-  return std::string();
-}
 
 const char* version() { return CAPSTAN_VERSION; }
 

@@ -12,7 +12,7 @@
 #include <thread>
 #include <vector>
 
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "data/io/file.h"
 #include "data/io/tfrecord.h"
 #include "data/test_util.h"
@@ -163,7 +163,7 @@ TEST_CASE("the first record is the file_version event, byte for byte as TensorFl
   CHECK(wall_time >= before - 1e-3);
   CHECK(wall_time <= after + 1e-3);
   CHECK(data.substr(9) == std::string("\x1a\x0d") + "brain.Event:2");
-  CHECK(le32_at(bytes, 36) == data::io::crc32c_mask(data::io::crc32c(data.data(), data.size())));
+  CHECK(le32_at(bytes, 36) == capstan::io::crc32c_mask(capstan::io::crc32c(data.data(), data.size())));
 }
 
 // Event { wall_time: W  step: 5  summary { value { tag: "loss"  simple_value: 0.5 } } } is
@@ -187,7 +187,7 @@ TEST_CASE("a scalar's record is TensorFlow's encoding of an Event with a Summary
   CHECK(data[0] == '\x09');
   CHECK(double_at(data, 1) >= double_at(bytes, 13));  // not before the file_version event
   CHECK(data.substr(9) == std::string("\x10\x05\x2a\x0d\x0a\x0b\x0a\x04loss\x15\x00\x00\x00\x3f", 17));
-  CHECK(le32_at(bytes, at + 12 + 26) == data::io::crc32c_mask(data::io::crc32c(data.data(), data.size())));
+  CHECK(le32_at(bytes, at + 12 + 26) == capstan::io::crc32c_mask(capstan::io::crc32c(data.data(), data.size())));
 }
 
 TEST_CASE("events wait in memory until flush(), max_queue or the flush interval") {

@@ -14,8 +14,9 @@
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/worker.capnp.h"
+#include "async/status_exception.h"
 #include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "tests/harness/process.h"
 #include "tests/integration/raw_rpc.h"
@@ -99,7 +100,7 @@ TEST_CASE("a failure among closures sent in batches is raised once and cancels t
 TEST_CASE("bad batch requests get clear errors and the cluster keeps serving", "[training][closures][bad-input]") {
   Training t(1, 1);
   REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
-  rpc::LoopThread loop("test-client");
+  async::LoopThread loop("test-client");
   // Too many entries in one scheduleMany.
   Status too_many = raw_call(loop, t.coordinator->address(), [](wire::Node::Client node) {
     auto request = node.castAs<wire::Coordinator>().scheduleManyRequest();
@@ -131,7 +132,7 @@ TEST_CASE("bad batch requests get clear errors and the cluster keeps serving", "
     auto good = values.fetchRequest();
     good.setIndex(1);
     auto status_of = [](auto promise) {
-      return promise.then([](auto&&) { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); });
+      return promise.then([](auto&&) { return Status::Ok(); }, [](kj::Exception&& e) { return async::from_exception(e); });
     };
     return kj::joinPromises(kj::arr(status_of(past.send()), status_of(bad.send())))
         .then([call = kj::mv(call), good = good.send()](kj::Array<Status> refused) mutable {

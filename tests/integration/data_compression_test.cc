@@ -15,7 +15,7 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "tests/harness/process.h"
 #include "tests/integration/raw_rpc.h"
 
@@ -139,7 +139,7 @@ TEST_CASE("a compression the service does not know is InvalidArgument naming it 
              Catch::Contains("'gzip'") && Catch::Contains("AUTO") && Catch::Contains("NONE") && Catch::Contains("ZSTD"));
 
   // The dispatcher checks too (a client that skipped the check).
-  rpc::LoopThread loop("test-client");
+  async::LoopThread loop("test-client");
   Status status = raw_call(loop, s.address(), [](wire::Node::Client node) {
     auto request = node.castAs<wire::DataDispatcher>().registerDatasetRequest();
     std::string definition = Dataset::range(10).serialize();

@@ -23,7 +23,7 @@
 #include "data/io/tfrecord.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/message_stream.h"
 #include "tests/harness/process.h"
 #include "tests/integration/raw_rpc.h"
@@ -633,7 +633,7 @@ TEST_CASE("DYNAMIC: save, restart the dispatcher and every data worker, restore:
 
 TEST_CASE("bad requests get error replies and the daemons keep serving", "[data-service][bad-input]") {
   DataService s(1);
-  rpc::LoopThread loop("test-client");
+  async::LoopThread loop("test-client");
   auto status_of = [&loop](const std::string& address, auto call) { return raw_call(loop, address, call); };
   // A malformed pipeline definition.
   Status malformed = status_of(s.address(), [](wire::Node::Client node) {

@@ -8,21 +8,21 @@
 #include "capstan/status.h"
 #include "capstan_schemas/common.capnp.h"
 #include "rpc/connection.h"
-#include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/status_exception.h"
+#include "async/loop_thread.h"
 
 namespace capstan::testing {
 
 // Connects to the node at `address` from `loop`, runs `call(node)` (which
 // returns a kj::Promise<void>) and returns the status it ends with.
 template <typename Call>
-Status raw_call(rpc::LoopThread& loop, const std::string& address, Call call) {
+Status raw_call(async::LoopThread& loop, const std::string& address, Call call) {
   return loop.run_sync([&]() -> kj::Promise<Status> {
     auto conn = kj::heap<rpc::Connection>(loop.io(), loop.timer(), address, rpc::ConnectOptions{});
     auto deadline = loop.timer().now() + 10 * kj::SECONDS;
     return conn->node(deadline)
         .then([call](wire::Node::Client node) { return call(node); })
-        .then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return rpc::from_exception(e); })
+        .then([]() { return Status::Ok(); }, [](kj::Exception&& e) { return async::from_exception(e); })
         .attach(kj::mv(conn));
   });
 }

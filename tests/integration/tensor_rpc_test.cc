@@ -6,7 +6,7 @@
 #include "capstan/client.h"
 #include "capstan/training.h"
 #include "capstan_schemas/ps.capnp.h"
-#include "rpc/loop_thread.h"
+#include "async/loop_thread.h"
 #include "rpc/optimizer_codec.h"
 #include "rpc/tensor_codec.h"
 #include "tests/harness/process.h"
@@ -79,7 +79,7 @@ TEST_CASE("a parameter server answers a read inline up to the caller's inline li
           "[tensor][ps]") {
   TestCluster cluster;
   Daemon& ps = cluster.start("ps-server");
-  rpc::LoopThread loop("test-loop");
+  async::LoopThread loop("test-loop");
   const Tensor value = patterned(DType::kFloat32, {768, 1024});  // 3 MiB: past the 256 KiB default
   const rpc::CodecOptions codec = rpc::codec_options_for(64ull << 20);
   Status created = raw_call(loop, ps.address(), [&](wire::Node::Client node) {

@@ -25,8 +25,8 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "checkpoint/checkpoint.h"
 #include "rpc/connection.h"
-#include "rpc/errors.h"
-#include "rpc/loop_thread.h"
+#include "async/status_exception.h"
+#include "async/loop_thread.h"
 #include "data/io/tfrecord.h"
 
 namespace po = boost::program_options;
@@ -168,7 +168,7 @@ int checkpoint_command(const std::vector<std::string>& args) {
 template <typename Interface, typename Ask>
 int ask_daemon(const std::string& command, const std::string& address, const capstan::ClientOptions& options,
                Ask ask) {
-  capstan::rpc::LoopThread loop("capstanctl");
+  capstan::async::LoopThread loop("capstanctl");
   capstan::rpc::ConnectOptions connect;
   connect.token = options.token;
   connect.client_name = "capstanctl";
@@ -181,7 +181,7 @@ int ask_daemon(const std::string& command, const std::string& address, const cap
           .attach(kj::mv(conn));
     });
   } catch (const kj::Exception& e) {
-    std::cerr << "capstanctl " << command << ": " << capstan::rpc::from_exception(e).to_string() << "\n";
+    std::cerr << "capstanctl " << command << ": " << capstan::async::from_exception(e).to_string() << "\n";
     return 1;
   }
 }

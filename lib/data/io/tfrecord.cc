@@ -6,11 +6,15 @@
 #include <memory>
 #include <utility>
 
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "data/io/record_format.h"
 
 namespace capstan::data::io {
 namespace {
+
+using capstan::io::crc32c;
+using capstan::io::crc32c_mask;
+using capstan::io::crc32c_unmask;
 
 // Record data is read into the caller's string in steps of at most this
 // many bytes, so a length that passes its CRC but exceeds what a compressed

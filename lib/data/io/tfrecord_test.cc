@@ -7,12 +7,15 @@
 
 #include "capstan/data/dataset.h"
 #include "capstan/data/tfrecord.h"
-#include "data/io/crc32c.h"
+#include "io/crc32c.h"
 #include "data/io/record_format.h"
 #include "data/test_util.h"
 
 namespace capstan::data::io {
 namespace {
+
+using capstan::io::crc32c;
+using capstan::io::crc32c_mask;
 
 using testing::gunzip_file;
 using testing::gzip;

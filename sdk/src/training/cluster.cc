@@ -4,8 +4,10 @@
 #include <set>
 
 #include "capstan/data/dataset.h"
+#include "async/status_exception.h"
 #include "capstan/training.h"
 #include "capstan_schemas/coordinator.capnp.h"
+#include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
 #include "training/cluster_impl.h"
 
@@ -23,171 +25,7 @@ VariableInfo info_from(const VariableLocation& v) {
   return info;
 }
 
-template <typename T>
-Result<Tensor> fill(DType dtype, Shape shape, const std::function<double()>& next) {
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(dtype, std::move(shape)));
-  for (auto& v : t.mutable_flat<T>()) v = static_cast<T>(next());
-  return t;
-}
-
-Result<Tensor> filled(DType dtype, Shape shape, const std::function<double()>& next) {
-  switch (dtype) {
-    case DType::kFloat32: return fill<float>(dtype, std::move(shape), next);
-    case DType::kFloat64: return fill<double>(dtype, std::move(shape), next);
-    case DType::kInt32: return fill<int32_t>(dtype, std::move(shape), next);
-    case DType::kInt64: return fill<int64_t>(dtype, std::move(shape), next);
-    default:
-      return Status::InvalidArgument("initializers support float32, float64, int32 and int64, not " +
-                                     std::string(dtype_name(dtype)));
-  }
-}
-
 }  // namespace
-
-// ---- Optimizers, partitioners, initializers ---------------------------------------
-
-namespace {
-constexpr std::pair<Optimizer::Kind, const char*> kOptimizerNames[] = {
-    {Optimizer::Kind::kNone, "none"},       {Optimizer::Kind::kSgd, "sgd"},   {Optimizer::Kind::kMomentum, "momentum"},
-    {Optimizer::Kind::kAdagrad, "adagrad"}, {Optimizer::Kind::kAdam, "adam"}, {Optimizer::Kind::kFtrl, "ftrl"},
-};
-}  // namespace
-
-std::string optimizer_name(Optimizer::Kind kind) {
-  for (const auto& [k, name] : kOptimizerNames) {
-    if (k == kind) return name;
-  }
-  return "unknown(" + std::to_string(static_cast<int>(kind)) + ")";
-}
-
-std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name) {
-  for (const auto& [k, n] : kOptimizerNames) {
-    if (name == n) return k;
-  }
-  return std::nullopt;
-}
-
-EmbeddingInitializer EmbeddingInitializer::zeros() {
-  EmbeddingInitializer i;
-  i.kind = "zeros";
-  return i;
-}
-EmbeddingInitializer EmbeddingInitializer::constant(double value) {
-  EmbeddingInitializer i;
-  i.kind = "constant";
-  i.value = value;
-  return i;
-}
-EmbeddingInitializer EmbeddingInitializer::random_normal(double mean, double stddev, uint64_t seed) {
-  EmbeddingInitializer i;
-  i.kind = "random_normal";
-  i.mean = mean;
-  i.stddev = stddev;
-  i.seed = seed;
-  return i;
-}
-
-uint64_t table_key_hash(int64_t key) {
-  // SplitMix64's finalizer: a bijection of 64 bits, so nearby keys spread.
-  uint64_t x = static_cast<uint64_t>(key) + 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
-
-Optimizer Optimizer::none() {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kNone;
-  return o;
-}
-Optimizer Optimizer::sgd(double learning_rate) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kSgd;
-  o.learning_rate = learning_rate;
-  return o;
-}
-Optimizer Optimizer::momentum_sgd(double learning_rate, double momentum, bool nesterov) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kMomentum;
-  o.learning_rate = learning_rate;
-  o.momentum = momentum;
-  o.nesterov = nesterov;
-  return o;
-}
-Optimizer Optimizer::adagrad(double learning_rate, double initial_accumulator_value, double epsilon) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kAdagrad;
-  o.learning_rate = learning_rate;
-  o.initial_accumulator_value = initial_accumulator_value;
-  o.epsilon = epsilon;
-  return o;
-}
-Optimizer Optimizer::adam(double learning_rate, double beta_1, double beta_2, double epsilon) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kAdam;
-  o.learning_rate = learning_rate;
-  o.beta_1 = beta_1;
-  o.beta_2 = beta_2;
-  o.epsilon = epsilon;
-  return o;
-}
-Optimizer Optimizer::ftrl(double learning_rate, double l1, double l2, double learning_rate_power,
-                          double initial_accumulator_value) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kFtrl;
-  o.learning_rate = learning_rate;
-  o.l1 = l1;
-  o.l2 = l2;
-  o.learning_rate_power = learning_rate_power;
-  o.initial_accumulator_value = initial_accumulator_value;
-  return o;
-}
-
-Partitioner Partitioner::none() { return Partitioner{}; }
-Partitioner Partitioner::fixed_shards(int64_t num_shards) {
-  Partitioner p;
-  p.kind = "fixed_shards";
-  p.num_shards = num_shards;
-  return p;
-}
-Partitioner Partitioner::min_size(int64_t min_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
-  Partitioner p;
-  p.kind = "min_size";
-  p.min_shard_bytes = min_shard_bytes;
-  p.max_shards = max_shards;
-  p.bytes_per_string = bytes_per_string;
-  return p;
-}
-Partitioner Partitioner::max_size(int64_t max_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
-  Partitioner p;
-  p.kind = "max_size";
-  p.max_shard_bytes = max_shard_bytes;
-  p.max_shards = max_shards;
-  p.bytes_per_string = bytes_per_string;
-  return p;
-}
-
-Result<Tensor> zeros_initializer(DType dtype, Shape shape) { return Tensor::zeros(dtype, std::move(shape)); }
-
-Result<Tensor> constant_initializer(DType dtype, Shape shape, double value) {
-  return filled(dtype, std::move(shape), [value]() { return value; });
-}
-
-Result<Tensor> random_normal_initializer(DType dtype, Shape shape, double mean, double stddev,
-                                         uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::normal_distribution<double> dist(mean, stddev);
-  return filled(dtype, std::move(shape), [&]() { return dist(rng); });
-}
-
-Result<Tensor> random_uniform_initializer(DType dtype, Shape shape, double minval, double maxval,
-                                          uint64_t seed) {
-  std::mt19937_64 rng(seed);
-  std::uniform_real_distribution<double> dist(minval, maxval);
-  return filled(dtype, std::move(shape), [&]() { return dist(rng); });
-}
-
-Tensor PerWorkerDataset::arg() const { return Tensor::scalar<int64_t>(id); }
 
 // ---- ClusterCoordinator ----------------------------------------------------------
 
@@ -313,8 +151,19 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
   }
   impl->outstanding.fetch_add(1);
   int64_t local = impl->next_local_id.fetch_add(1);
-  bool posted = impl->loop().post([impl, local, function, args]() mutable {
-    impl->enqueue_schedule(local, std::move(function), std::move(args));
+  // Encoded here, on the program's thread: the loop thread and the
+  // coordinator pass the bytes on as they are.
+  Impl::Args payload;
+  const size_t limit = impl->channel.codec().inline_limit;
+  size_t raw = 0;
+  for (const Tensor& t : args.components) raw += t.byte_size();
+  if (raw <= limit) payload.encoded = rpc::element_to_bytes(args);
+  if (payload.encoded.empty() || payload.encoded.size() > limit) {
+    payload.encoded.clear();
+    payload.element = args;
+  }
+  bool posted = impl->loop().post([impl, local, function, payload = std::move(payload)]() mutable {
+    impl->enqueue_schedule(local, std::move(function), std::move(payload));
   });
   if (!posted) {
     impl->outstanding.fetch_sub(1);
@@ -357,7 +206,12 @@ void ClusterCoordinator::Impl::flush_schedules() {
         for (unsigned i = 0; i < batch->size(); ++i) {
           const PendingSchedule& p = (*batch)[i];
           entries[i].setFunction(p.function);
-          rpc::write_element(entries[i].initArgs(), p.args, codec);
+          if (p.args.element) {
+            rpc::write_element(entries[i].initArgs(), *p.args.element, codec);
+          } else {
+            entries[i].setEncodedArgs(
+                kj::arrayPtr(reinterpret_cast<const kj::byte*>(p.args.encoded.data()), p.args.encoded.size()));
+          }
           entries[i].setRequestSeq(p.local);
         }
         auto call = request.send();
@@ -374,7 +228,7 @@ void ClusterCoordinator::Impl::flush_schedules() {
           }
           auto outcomes = r.getOutcomes();
           if (outcomes.size() != batch->size()) {
-            rpc::throw_status(Status::Internal("the coordinator answered " + std::to_string(outcomes.size()) +
+            async::throw_status(Status::Internal("the coordinator answered " + std::to_string(outcomes.size()) +
                                                " outcomes for " + std::to_string(batch->size()) + " closures"));
           }
           for (unsigned i = 0; i < outcomes.size(); ++i) {
@@ -383,7 +237,7 @@ void ClusterCoordinator::Impl::flush_schedules() {
             if (outcomes[i].isClosureId()) {
               id->fulfill(outcomes[i].getClosureId());
             } else {
-              id->reject(rpc::to_exception(rpc::status_from_wire(outcomes[i].getError())));
+              id->reject(async::to_exception(rpc::status_from_wire(outcomes[i].getError())));
             }
           }
         });
@@ -415,7 +269,7 @@ Status ClusterCoordinator::join() {
   try {
     impl->loop().run_sync([impl]() {
       return impl->all_acked().then([impl]() {
-        rpc::check(impl->take_schedule_error());
+        async::check(impl->take_schedule_error());
         // What the program let go goes before the join (a program that
         // joins and then sits idle holds nothing it dropped).
         impl->send_releases(/*heartbeat=*/false);
@@ -428,7 +282,7 @@ Status ClusterCoordinator::join() {
     });
     return Status::Ok();
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e);
+    return async::from_exception(e);
   }
 }
 
@@ -438,7 +292,7 @@ Result<bool> ClusterCoordinator::done() {
     return impl->loop().run_sync([impl]() {
       return impl->all_acked()
           .then([impl]() {
-            rpc::check(impl->take_schedule_error());
+            async::check(impl->take_schedule_error());
             return impl->retrying<bool>([impl]() {
               return impl->connection()
                   .service<wire::Coordinator>(impl->connect_deadline())
@@ -448,7 +302,7 @@ Result<bool> ClusterCoordinator::done() {
           });
     });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e);
+    return async::from_exception(e);
   }
 }
 
@@ -457,7 +311,7 @@ Result<Element> ClusterCoordinator::fetch(const RemoteValue& value) {
   try {
     return impl->loop().run_sync([impl, &value]() { return impl->fetch_value(value.id); });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e);
+    return async::from_exception(e);
   }
 }
 
@@ -472,24 +326,42 @@ Result<Element> ClusterCoordinator::fetch_once(const RemoteValue& value) {
       });
     });
   } catch (const kj::Exception& e) {
-    return rpc::from_exception(e);
+    return async::from_exception(e);
   }
 }
+
+namespace {
+
+// A fetch's answer: the value as the worker encoded it (decoded here, once,
+// on its way to the program), or, past the coordinator's inline limit, an
+// element whose tensors are pulled in chunks.
+template <typename Results>
+kj::Promise<Element> value_of(capnp::Response<Results>&& r) {
+  if (r.hasEncodedValue()) {
+    auto bytes = r.getEncodedValue();
+    auto element = rpc::element_from_bytes(std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size()));
+    if (!element.ok()) return async::to_exception(element.status().with_context("fetch: the value the coordinator sent"));
+    return kj::mv(*element);
+  }
+  return rpc::read_element(r.getValue()).attach(kj::mv(r));
+}
+
+}  // namespace
 
 kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
   auto it = scheduled.find(local);
   if (it == scheduled.end()) {
-    return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
+    return async::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
   }
   if (it->second.released) {
-    return rpc::to_exception(Status::NotFound("closure " + std::to_string(local) +
+    return async::to_exception(Status::NotFound("closure " + std::to_string(local) +
                                               " was released after fetch_once: its value is no longer kept; use "
                                               "fetch() to fetch a value more than once"));
   }
   auto by_id = [this, local]() -> kj::Promise<Element> {
     auto entry = scheduled.find(local);
     if (entry == scheduled.end()) {
-      return rpc::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
+      return async::to_exception(Status::NotFound("no scheduled closure " + std::to_string(local)));
     }
     return entry->second.id_promise.addBranch().then([this](int64_t id) {
       return retrying<Element>([this, id]() {
@@ -498,11 +370,10 @@ kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
             .then([id](wire::Coordinator::Client c) {
               auto request = c.fetchRequest();
               request.setClosureId(id);
+              request.setEncoded(true);
               return request.send();
             })
-            .then([](capnp::Response<wire::Coordinator::FetchResults>&& r) {
-              return rpc::read_element(r.getValue()).attach(kj::mv(r));
-            });
+            .then([](capnp::Response<wire::Coordinator::FetchResults>&& r) { return value_of(kj::mv(r)); });
       });
     });
   };
@@ -518,10 +389,9 @@ kj::Promise<Element> ClusterCoordinator::Impl::fetch_value(int64_t local) {
       // The schedule call has no answer yet: the fetch rides on it.
       auto request = values->fetchRequest();
       request.setIndex(pipe->second.index);
+      request.setEncoded(true);
       return request.send()
-          .then([](capnp::Response<wire::ClosureValues::FetchResults>&& r) {
-            return rpc::read_element(r.getValue()).attach(kj::mv(r));
-          })
+          .then([](capnp::Response<wire::ClosureValues::FetchResults>&& r) { return value_of(kj::mv(r)); })
           .catch_([by_id](kj::Exception&& e) -> kj::Promise<Element> {
             // The link broke under the call (a retry schedules it again):
             // wait for the closure id and fetch by it.

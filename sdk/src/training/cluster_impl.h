@@ -7,12 +7,14 @@
 #include <map>
 #include <random>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "capstan/training.h"
+#include "async/status_exception.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/sync_channel.h"
 #include "sync/mutex.h"
@@ -66,7 +68,7 @@ struct ClusterCoordinator::Impl {
     });
   }
 
-  rpc::LoopThread& loop() { return channel.loop(); }
+  async::LoopThread& loop() { return channel.loop(); }
   rpc::Connection& connection() { return channel.connection(); }
   kj::TimePoint connect_deadline() { return channel.connect_deadline(); }
   template <typename T, typename Make>
@@ -107,15 +109,23 @@ struct ClusterCoordinator::Impl {
   };
   // Closures per scheduleMany call (the coordinator's limit).
   static constexpr uint32_t kMaxSchedulesPerCall = 4096;
+  // A closure's arguments as schedule() hands them to the loop: encoded
+  // (rpc::element_to_bytes, on the calling thread), which the coordinator
+  // keeps and forwards as they are; or, past the inline limit, the element
+  // itself, whose tensors the coordinator pulls in chunks.
+  struct Args {
+    std::string encoded;
+    std::optional<Element> element;
+  };
   struct PendingSchedule {
     int64_t local = 0;
     std::string function;
-    Element args;
+    Args args;
     kj::Own<kj::PromiseFulfiller<int64_t>> id;
     std::shared_ptr<SentBatch> batch;  // the call it goes in
   };
   // Loop thread only.
-  void enqueue_schedule(int64_t local, std::string function, Element args) {
+  void enqueue_schedule(int64_t local, std::string function, Args args) {
     auto paf = kj::newPromiseAndFulfiller<int64_t>();
     ++unacked;
     scheduled.emplace(local, Scheduled{paf.promise.fork()});
@@ -126,7 +136,7 @@ struct ClusterCoordinator::Impl {
           ack();
         },
         [this, local](kj::Exception&& e) {
-          record_schedule_error(rpc::from_exception(e));
+          record_schedule_error(async::from_exception(e));
           schedule_answered(local, 0);
           ack();
         }));

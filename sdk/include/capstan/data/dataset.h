@@ -192,6 +192,9 @@ class Dataset {
   Dataset prefetch(int64_t buffer_size) const;
   Dataset take(int64_t count) const;  // -1: all
   Dataset skip(int64_t count) const;  // -1: all
+  // Each element with its index, counting from `start`, in front as component 0
+  // (an int64 scalar; tf.data's (index, element) pairs, flattened).
+  Dataset enumerate(int64_t start = 0) const;
   Dataset concatenate(const Dataset& other) const;
   // In memory when `filename` is empty, else in that file (reused by later
   // runs once complete).

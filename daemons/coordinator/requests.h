@@ -1,0 +1,94 @@
+// The coordinator's requests and replies in plain C++ (the service converts
+// them to and from schemas/coordinator.capnp): variables and their
+// placement, synchronous strategies and their steps.
+#ifndef CAPSTAN_DAEMONS_COORDINATOR_REQUESTS_H_
+#define CAPSTAN_DAEMONS_COORDINATOR_REQUESTS_H_
+
+#include <cstdint>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "capstan/training.h"
+#include "placement/placement.h"
+#include "types/replica.h"
+
+namespace capstan::coordinator {
+
+struct VariableRequest {
+  std::string name;
+  Tensor initial;  // the whole initial value
+  Optimizer optimizer;  // as the program sent it; the parameter servers check it
+  placement::Partitioner partitioner;
+};
+
+struct ShardLocation {
+  std::string name;  // "w/part_0"
+  int ps_task = 0;
+  std::string ps_address;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+
+struct VariableLocation {
+  std::string name;
+  DType dtype = DType::kInvalid;
+  Shape shape;
+  std::vector<ShardLocation> shards;
+  // An embedding table: one shard per parameter server, by task; key k on
+  // shard table_shard_of(k, shards.size()). shape is [0, dim].
+  std::optional<EmbeddingTableSpec> table;
+};
+
+struct Placements {
+  int64_t version = 0;
+  std::vector<VariableLocation> variables;  // by name
+};
+
+// Synchronous training (MirroredStrategy).
+
+// A worker's answer to a replica call, or that it was lost (the link broke,
+// it was dropped, or it did not answer in time).
+template <typename T>
+struct ReplicaAnswer {
+  Result<T> result = Status::Unknown("no answer");
+  bool lost = false;
+};
+
+struct MirroredVariableInit {
+  std::string name;
+  Tensor initial;
+  Optimizer optimizer;
+};
+
+struct StrategyConfig {
+  int min_replicas = 1;  // a step waits (up to settings.timeout) for this many workers
+  training::CollectiveSettings settings;
+};
+
+struct StepOutcome {
+  std::vector<std::string> values;  // serialized Elements, by replica
+  int64_t steps = 0;                // steps of the strategy run so far
+  int64_t epoch = 0;
+  std::vector<int> task_indexes;    // by replica
+};
+
+struct ReplicaInfo {
+  int64_t worker_id = 0;
+  int task_index = 0;
+  int rank = 0;
+  training::ReplicaReport report;
+  Status status;  // the worker's answer to replica_status
+};
+
+struct StrategyStatus {
+  int64_t epoch = 0;
+  int64_t steps = 0;
+  std::vector<ReplicaInfo> replicas;  // by rank
+};
+
+}  // namespace capstan::coordinator
+
+#endif  // CAPSTAN_DAEMONS_COORDINATOR_REQUESTS_H_

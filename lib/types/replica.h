@@ -1,0 +1,76 @@
+// Synchronous training's shared vocabulary: what the coordinator and a
+// worker-server say about a worker's replica of a strategy's mirrored
+// variables (schemas/worker.capnp has the wire form, rpc/replica_codec.h
+// converts). Plain values; no behaviour.
+#ifndef CAPSTAN_LIB_TYPES_REPLICA_H_
+#define CAPSTAN_LIB_TYPES_REPLICA_H_
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capstan/collectives.h"
+#include "capstan/tensor.h"
+#include "capstan/training.h"
+
+namespace capstan::training {
+
+// A mirrored variable without its value.
+struct MirroredSpec {
+  std::string name;
+  DType dtype = DType::kInvalid;
+  Shape shape;
+  Optimizer optimizer;
+};
+
+struct MirroredValue {
+  std::string name;
+  Tensor value;
+  std::map<std::string, Tensor> slots;  // by the parameter servers' slot names
+};
+
+// Every value and slot of one replica, and its optimizer step.
+struct MirroredState {
+  int64_t step = 0;
+  std::vector<MirroredValue> variables;
+};
+
+struct CollectiveSettings {
+  std::chrono::milliseconds timeout{60000};
+  CollectiveOptions::Transport transport = CollectiveOptions::Transport::kAuto;
+  int tcp_streams = 4;
+
+  CollectiveOptions options() const {
+    CollectiveOptions o;
+    o.timeout = timeout;
+    o.transport = transport;
+    o.tcp_streams = tcp_streams;
+    return o;
+  }
+};
+
+struct ReplicaReport {
+  bool holds = false;
+  int64_t step = 0;
+  uint64_t checksum = 0;
+  std::vector<std::string> transports;  // formReplica only: to each member, by rank
+};
+
+// formReplica's request.
+struct ReplicaForm {
+  std::string strategy;
+  int64_t epoch = 0;
+  int rank = 0;
+  std::vector<std::string> addresses;  // by rank
+  int source = 0;
+  std::vector<MirroredSpec> specs;
+  std::optional<MirroredState> seed;  // only to the source
+  CollectiveSettings settings;
+};
+
+}  // namespace capstan::training
+
+#endif  // CAPSTAN_LIB_TYPES_REPLICA_H_

@@ -1,0 +1,179 @@
+// The value types of capstan/training.h (optimizers, partitioners,
+// initializers): no RPC, so the internal libraries that describe variables
+// (checkpoints, the optimizer codec, the variable router) use them from
+// capstan_base without reaching up to the client.
+#include <functional>
+#include <random>
+
+#include "capstan/training.h"
+
+namespace capstan {
+namespace {
+
+template <typename T>
+Result<Tensor> fill(DType dtype, Shape shape, const std::function<double()>& next) {
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(dtype, std::move(shape)));
+  for (auto& v : t.mutable_flat<T>()) v = static_cast<T>(next());
+  return t;
+}
+
+Result<Tensor> filled(DType dtype, Shape shape, const std::function<double()>& next) {
+  switch (dtype) {
+    case DType::kFloat32: return fill<float>(dtype, std::move(shape), next);
+    case DType::kFloat64: return fill<double>(dtype, std::move(shape), next);
+    case DType::kInt32: return fill<int32_t>(dtype, std::move(shape), next);
+    case DType::kInt64: return fill<int64_t>(dtype, std::move(shape), next);
+    default:
+      return Status::InvalidArgument("initializers support float32, float64, int32 and int64, not " +
+                                     std::string(dtype_name(dtype)));
+  }
+}
+
+}  // namespace
+
+// ---- Optimizers, partitioners, initializers ---------------------------------------
+
+namespace {
+constexpr std::pair<Optimizer::Kind, const char*> kOptimizerNames[] = {
+    {Optimizer::Kind::kNone, "none"},       {Optimizer::Kind::kSgd, "sgd"},   {Optimizer::Kind::kMomentum, "momentum"},
+    {Optimizer::Kind::kAdagrad, "adagrad"}, {Optimizer::Kind::kAdam, "adam"}, {Optimizer::Kind::kFtrl, "ftrl"},
+};
+}  // namespace
+
+std::string optimizer_name(Optimizer::Kind kind) {
+  for (const auto& [k, name] : kOptimizerNames) {
+    if (k == kind) return name;
+  }
+  return "unknown(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
+std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name) {
+  for (const auto& [k, n] : kOptimizerNames) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
+EmbeddingInitializer EmbeddingInitializer::zeros() {
+  EmbeddingInitializer i;
+  i.kind = "zeros";
+  return i;
+}
+EmbeddingInitializer EmbeddingInitializer::constant(double value) {
+  EmbeddingInitializer i;
+  i.kind = "constant";
+  i.value = value;
+  return i;
+}
+EmbeddingInitializer EmbeddingInitializer::random_normal(double mean, double stddev, uint64_t seed) {
+  EmbeddingInitializer i;
+  i.kind = "random_normal";
+  i.mean = mean;
+  i.stddev = stddev;
+  i.seed = seed;
+  return i;
+}
+
+uint64_t table_key_hash(int64_t key) {
+  // SplitMix64's finalizer: a bijection of 64 bits, so nearby keys spread.
+  uint64_t x = static_cast<uint64_t>(key) + 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
+Optimizer Optimizer::none() {
+  Optimizer o;
+  o.kind = Optimizer::Kind::kNone;
+  return o;
+}
+Optimizer Optimizer::sgd(double learning_rate) {
+  Optimizer o;
+  o.kind = Optimizer::Kind::kSgd;
+  o.learning_rate = learning_rate;
+  return o;
+}
+Optimizer Optimizer::momentum_sgd(double learning_rate, double momentum, bool nesterov) {
+  Optimizer o;
+  o.kind = Optimizer::Kind::kMomentum;
+  o.learning_rate = learning_rate;
+  o.momentum = momentum;
+  o.nesterov = nesterov;
+  return o;
+}
+Optimizer Optimizer::adagrad(double learning_rate, double initial_accumulator_value, double epsilon) {
+  Optimizer o;
+  o.kind = Optimizer::Kind::kAdagrad;
+  o.learning_rate = learning_rate;
+  o.initial_accumulator_value = initial_accumulator_value;
+  o.epsilon = epsilon;
+  return o;
+}
+Optimizer Optimizer::adam(double learning_rate, double beta_1, double beta_2, double epsilon) {
+  Optimizer o;
+  o.kind = Optimizer::Kind::kAdam;
+  o.learning_rate = learning_rate;
+  o.beta_1 = beta_1;
+  o.beta_2 = beta_2;
+  o.epsilon = epsilon;
+  return o;
+}
+Optimizer Optimizer::ftrl(double learning_rate, double l1, double l2, double learning_rate_power,
+                          double initial_accumulator_value) {
+  Optimizer o;
+  o.kind = Optimizer::Kind::kFtrl;
+  o.learning_rate = learning_rate;
+  o.l1 = l1;
+  o.l2 = l2;
+  o.learning_rate_power = learning_rate_power;
+  o.initial_accumulator_value = initial_accumulator_value;
+  return o;
+}
+
+Partitioner Partitioner::none() { return Partitioner{}; }
+Partitioner Partitioner::fixed_shards(int64_t num_shards) {
+  Partitioner p;
+  p.kind = "fixed_shards";
+  p.num_shards = num_shards;
+  return p;
+}
+Partitioner Partitioner::min_size(int64_t min_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
+  Partitioner p;
+  p.kind = "min_size";
+  p.min_shard_bytes = min_shard_bytes;
+  p.max_shards = max_shards;
+  p.bytes_per_string = bytes_per_string;
+  return p;
+}
+Partitioner Partitioner::max_size(int64_t max_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
+  Partitioner p;
+  p.kind = "max_size";
+  p.max_shard_bytes = max_shard_bytes;
+  p.max_shards = max_shards;
+  p.bytes_per_string = bytes_per_string;
+  return p;
+}
+
+Result<Tensor> zeros_initializer(DType dtype, Shape shape) { return Tensor::zeros(dtype, std::move(shape)); }
+
+Result<Tensor> constant_initializer(DType dtype, Shape shape, double value) {
+  return filled(dtype, std::move(shape), [value]() { return value; });
+}
+
+Result<Tensor> random_normal_initializer(DType dtype, Shape shape, double mean, double stddev,
+                                         uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::normal_distribution<double> dist(mean, stddev);
+  return filled(dtype, std::move(shape), [&]() { return dist(rng); });
+}
+
+Result<Tensor> random_uniform_initializer(DType dtype, Shape shape, double minval, double maxval,
+                                          uint64_t seed) {
+  std::mt19937_64 rng(seed);
+  std::uniform_real_distribution<double> dist(minval, maxval);
+  return filled(dtype, std::move(shape), [&]() { return dist(rng); });
+}
+
+Tensor PerWorkerDataset::arg() const { return Tensor::scalar<int64_t>(id); }
+
+}  // namespace capstan
