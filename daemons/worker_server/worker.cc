@@ -56,6 +56,13 @@ class Worker::Context final : public ClosureContext {
   std::chrono::system_clock::time_point deadline() const override { return request_.deadline; }
 
   Result<Tensor> read(const std::string& variable) override { return worker_.variables_.read(variable); }
+  Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) override {
+    return worker_.variables_.read_many(variables);
+  }
+  Status apply_gradients_many(const std::vector<std::string>& variables,
+                              const std::vector<Tensor>& gradients) override {
+    return worker_.variables_.apply_dense_many(variables, gradients);
+  }
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {
     return worker_.variables_.gather(variable, ids);
   }

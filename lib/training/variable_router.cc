@@ -156,28 +156,62 @@ Status not_for_tables(const VariableLocation& v, const char* op) {
 
 }  // namespace
 
+kj::Promise<kj::Array<Tensor>> VariableRouter::read_shards(const VariableLocation& v) {
+  auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(v.shards.size());
+  for (const auto& shard : v.shards) {
+    reads.add(ps(shard.address).then([this, name = shard.name](wire::ParameterServer::Client client) {
+      auto request = client.readRequest();
+      request.setName(name);
+      request.setInlineLimit(codec_.whole_chunk_limit);
+      return request.send().then([this](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
+        return rpc::read_tensor(r.getValue(), codec_).attach(kj::mv(r));
+      });
+    }));
+  }
+  return kj::joinPromises(reads.finish());
+}
+
+namespace {
+
+// A variable's value from its shards' parts, in row order.
+Result<Tensor> whole(const kj::Array<Tensor>& parts) {
+  if (parts.size() == 1) return parts[0];
+  std::vector<const Tensor*> pointers;
+  for (const auto& p : parts) pointers.push_back(&p);
+  return data::concat_rows(pointers);
+}
+
+}  // namespace
+
 Result<Tensor> VariableRouter::read(const std::string& variable) {
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
   CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "read"));
-  auto parts = on_loop<kj::Array<Tensor>>("read '" + variable + "'", [this, &v]() {
-    auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(v.shards.size());
-    for (const auto& shard : v.shards) {
-      reads.add(ps(shard.address).then([this, name = shard.name](wire::ParameterServer::Client client) {
-        auto request = client.readRequest();
-        request.setName(name);
-        request.setInlineLimit(codec_.whole_chunk_limit);
-        return request.send().then([this](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
-          return rpc::read_tensor(r.getValue(), codec_).attach(kj::mv(r));
-        });
-      }));
-    }
-    return kj::joinPromises(reads.finish());
-  });
+  auto parts = on_loop<kj::Array<Tensor>>("read '" + variable + "'", [this, &v]() { return read_shards(v); });
   if (!parts.ok()) return parts.status();
-  if (parts->size() == 1) return (*parts)[0];
-  std::vector<const Tensor*> pointers;
-  for (const auto& p : *parts) pointers.push_back(&p);
-  return data::concat_rows(pointers);
+  return whole(*parts);
+}
+
+Result<std::vector<Tensor>> VariableRouter::read_many(const std::vector<std::string>& variables) {
+  std::vector<VariableLocation> located;
+  for (const auto& variable : variables) {
+    CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
+    CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "read"));
+    located.push_back(std::move(v));
+  }
+  // Every shard of every variable at once: one round trip for all of them.
+  auto parts = on_loop<kj::Array<kj::Array<Tensor>>>(
+      "read of " + std::to_string(variables.size()) + " variables", [this, &located]() {
+        auto reads = kj::heapArrayBuilder<kj::Promise<kj::Array<Tensor>>>(located.size());
+        for (const auto& v : located) reads.add(read_shards(v));
+        return kj::joinPromises(reads.finish());
+      });
+  if (!parts.ok()) return parts.status();
+  std::vector<Tensor> values;
+  for (const auto& p : *parts) {
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor value, whole(p));
+    values.push_back(std::move(value));
+  }
+  return values;
 }
 
 Result<Tensor> VariableRouter::gather(const std::string& variable, const Tensor& ids) {
@@ -253,12 +287,10 @@ Result<Tensor> VariableRouter::fetch_rows(const VariableLocation& v, const std::
   return out;
 }
 
-Status VariableRouter::update_rows(const std::string& variable, const Tensor& value, Update kind,
-                                   int64_t step) {
-  CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
+Result<std::vector<Tensor>> VariableRouter::update_parts(const VariableLocation& v, const Tensor& value) {
   CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "assign/apply_gradients"));
   if (value.dtype() != v.dtype || value.shape() != v.shape) {
-    return Status::InvalidArgument("'" + variable + "' is " + std::string(dtype_name(v.dtype)) + shape_string(v.shape) +
+    return Status::InvalidArgument("'" + v.name + "' is " + std::string(dtype_name(v.dtype)) + shape_string(v.shape) +
                                    ", the update is " + std::string(dtype_name(value.dtype())) +
                                    shape_string(value.shape()));
   }
@@ -271,33 +303,71 @@ Status VariableRouter::update_rows(const std::string& variable, const Tensor& va
     CAPSTAN_ASSIGN_OR_RETURN(Tensor part, data::slice_rows(value, shard.first_row, shard.first_row + shard.rows));
     parts.push_back(std::move(part));
   }
+  return parts;
+}
+
+kj::Promise<void> VariableRouter::send_update(const VariableLocation& v, const std::vector<Tensor>& parts,
+                                              Update kind, int64_t step) {
+  auto updates = kj::heapArrayBuilder<kj::Promise<void>>(v.shards.size());
+  for (size_t s = 0; s < v.shards.size(); ++s) {
+    updates.add(ps(v.shards[s].address).then([this, kind, step, name = v.shards[s].name,
+                                               part = parts[s]](wire::ParameterServer::Client client) {
+      if (kind == Update::kAssign) {
+        auto request = client.assignRequest();
+        request.setName(name);
+        rpc::write_tensor(request.initValue(), part, codec_);
+        return request.send().ignoreResult();
+      }
+      if (kind == Update::kAssignAdd) {
+        auto request = client.assignAddRequest();
+        request.setName(name);
+        rpc::write_tensor(request.initDelta(), part, codec_);
+        return request.send().ignoreResult();
+      }
+      auto request = client.applyDenseRequest();
+      request.setName(name);
+      request.setStep(step);
+      rpc::write_tensor(request.initGradient(), part, codec_);
+      return request.send().ignoreResult();
+    }));
+  }
+  return kj::joinPromises(updates.finish());
+}
+
+Status VariableRouter::update_rows(const std::string& variable, const Tensor& value, Update kind,
+                                   int64_t step) {
+  CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> parts, update_parts(v, value));
   const char* what = kind == Update::kAssign ? "assign" : kind == Update::kAssignAdd ? "assign_add" : "apply_gradients";
   auto done = on_loop<bool>(std::string(what) + " '" + variable + "'", [this, &v, &parts, kind, step]() {
-    auto updates = kj::heapArrayBuilder<kj::Promise<void>>(v.shards.size());
-    for (size_t s = 0; s < v.shards.size(); ++s) {
-      updates.add(ps(v.shards[s].address).then([this, kind, step, name = v.shards[s].name,
-                                                 part = parts[s]](wire::ParameterServer::Client client) {
-        if (kind == Update::kAssign) {
-          auto request = client.assignRequest();
-          request.setName(name);
-          rpc::write_tensor(request.initValue(), part, codec_);
-          return request.send().ignoreResult();
-        }
-        if (kind == Update::kAssignAdd) {
-          auto request = client.assignAddRequest();
-          request.setName(name);
-          rpc::write_tensor(request.initDelta(), part, codec_);
-          return request.send().ignoreResult();
-        }
-        auto request = client.applyDenseRequest();
-        request.setName(name);
-        request.setStep(step);
-        rpc::write_tensor(request.initGradient(), part, codec_);
-        return request.send().ignoreResult();
-      }));
-    }
-    return kj::joinPromises(updates.finish()).then([]() { return true; });
+    return send_update(v, parts, kind, step).then([]() { return true; });
   });
+  return done.status();
+}
+
+Status VariableRouter::apply_dense_many(const std::vector<std::string>& variables,
+                                        const std::vector<Tensor>& gradients, int64_t step) {
+  if (variables.size() != gradients.size()) {
+    return Status::InvalidArgument("apply_gradients_many: " + std::to_string(variables.size()) + " variables but " +
+                                   std::to_string(gradients.size()) + " gradients");
+  }
+  // Everything is checked before anything is sent.
+  std::vector<VariableLocation> located;
+  std::vector<std::vector<Tensor>> parts;
+  for (size_t i = 0; i < variables.size(); ++i) {
+    CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variables[i]));
+    CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> p, update_parts(v, gradients[i]));
+    located.push_back(std::move(v));
+    parts.push_back(std::move(p));
+  }
+  auto done = on_loop<bool>("apply_gradients of " + std::to_string(variables.size()) + " variables",
+                            [this, &located, &parts, step]() {
+                              auto updates = kj::heapArrayBuilder<kj::Promise<void>>(located.size());
+                              for (size_t i = 0; i < located.size(); ++i) {
+                                updates.add(send_update(located[i], parts[i], Update::kApplyDense, step));
+                              }
+                              return kj::joinPromises(updates.finish()).then([]() { return true; });
+                            });
   return done.status();
 }
 

@@ -67,6 +67,23 @@ class VariableAccess {
   virtual Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) = 0;
   virtual Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
                               int64_t step = 0) = 0;
+  // Several variables at once (ClosureContext::read_many); this default
+  // reads them one after another.
+  virtual Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) {
+    std::vector<Tensor> values;
+    for (const auto& variable : variables) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor value, read(variable));
+      values.push_back(std::move(value));
+    }
+    return values;
+  }
+  // Dense gradients of several variables (ClosureContext::apply_gradients_many).
+  virtual Status apply_dense_many(const std::vector<std::string>& variables, const std::vector<Tensor>& gradients,
+                                  int64_t step = 0) {
+    if (variables.size() != gradients.size()) return Status::InvalidArgument("apply_gradients_many: sizes differ");
+    for (size_t i = 0; i < variables.size(); ++i) CAPSTAN_RETURN_IF_ERROR(apply_dense(variables[i], gradients[i], step));
+    return Status::Ok();
+  }
   // An embedding table's rows for `ids` (ClosureContext::lookup).
   virtual Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) {
     return Status::Unimplemented("lookup of embedding table '" + table + "'");
@@ -89,6 +106,10 @@ class VariableRouter final : public VariableAccess {
   Result<VariableLocation> locate(const std::string& variable);
 
   Result<Tensor> read(const std::string& variable) override;
+  // Every shard of every variable in parallel: one round trip for all.
+  Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) override;
+  Status apply_dense_many(const std::vector<std::string>& variables, const std::vector<Tensor>& gradients,
+                          int64_t step = 0) override;
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override;
   Status assign(const std::string& variable, const Tensor& value) override;
   Status assign_add(const std::string& variable, const Tensor& delta) override;
@@ -116,6 +137,13 @@ class VariableRouter final : public VariableAccess {
                      const std::vector<std::vector<size_t>>& positions, const Tensor& rows, size_t row_bytes,
                      const Shape& row_shape, int64_t step);
   enum class Update { kAssign, kAssignAdd, kApplyDense };
+  // On the loop: the reads of each shard of `v`, in shard order.
+  kj::Promise<kj::Array<Tensor>> read_shards(const VariableLocation& v);
+  // `value` checked against `v` and cut into its shards' rows.
+  Result<std::vector<Tensor>> update_parts(const VariableLocation& v, const Tensor& value);
+  // On the loop: `parts` sent to their shards.
+  kj::Promise<void> send_update(const VariableLocation& v, const std::vector<Tensor>& parts, Update kind,
+                                int64_t step);
   Status refresh();
   Status update_rows(const std::string& variable, const Tensor& value, Update kind, int64_t step);
   // On the loop thread: the connection to `address`, made on first use.

@@ -206,10 +206,20 @@ PsModule::PsModule(::torch::nn::Module& module, PsOptions options)
 
 Status PsModule::pull(ClosureContext& ctx, bool training) {
   module_.train(training);
-  for (auto& item : module_.named_parameters(/*recurse=*/true)) {
+  auto parameters = module_.named_parameters(/*recurse=*/true);
+  std::vector<std::string> variables;
+  for (const auto& item : parameters) variables.push_back(options_.prefix + item.key());
+  // All of them at once: one round trip, not one per parameter.
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> values, ctx.read_many(variables));
+  if (values.size() != variables.size()) {
+    return Status::Internal("read_many answered " + std::to_string(values.size()) + " values for " +
+                            std::to_string(variables.size()) + " variables");
+  }
+  size_t i = 0;
+  for (auto& item : parameters) {
     ::torch::Tensor& parameter = item.value();
-    const std::string variable = options_.prefix + item.key();
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor value, ctx.read(variable));
+    const Tensor& value = values[i];
+    const std::string& variable = variables[i++];
     CAPSTAN_ASSIGN_OR_RETURN(DType dtype, capstan_dtype(parameter.scalar_type()));
     Shape shape(parameter.sizes().begin(), parameter.sizes().end());
     if (value.dtype() != dtype || value.shape() != shape) {
@@ -243,6 +253,8 @@ Status PsModule::push(ClosureContext& ctx) {
   auto keep_first = [&first](Status status) {
     if (first.ok() && !status.ok()) first = std::move(status);
   };
+  std::vector<std::string> variables;
+  std::vector<Tensor> gradients;
   for (auto& item : module_.named_parameters(/*recurse=*/true)) {
     const ::torch::Tensor& gradient = item.value().grad();
     if (!gradient.defined()) continue;
@@ -251,8 +263,11 @@ Status PsModule::push(ClosureContext& ctx) {
       keep_first(wire.status());
       continue;
     }
-    keep_first(ctx.apply_gradients(options_.prefix + item.key(), *wire)
-                   .with_context("pushing the gradient of parameter '" + item.key() + "'"));
+    variables.push_back(options_.prefix + item.key());
+    gradients.push_back(std::move(*wire));
+  }
+  if (!variables.empty()) {
+    keep_first(ctx.apply_gradients_many(variables, gradients).with_context("pushing the module's gradients"));
   }
   for (auto& [path, embedding] : embeddings_of(module_)) {
     EmbeddingImpl::Step& step = embedding->step_;

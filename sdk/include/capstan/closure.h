@@ -37,6 +37,7 @@
 #include <chrono>
 #include <functional>
 #include <string>
+#include <vector>
 
 #include "capstan/collectives.h"
 #include "capstan/status.h"
@@ -76,12 +77,35 @@ class ClosureContext {
 
   // The whole variable, gathered from its shards.
   virtual Result<Tensor> read(const std::string& variable) = 0;
+  // Several whole variables, read in parallel (all their shards at once):
+  // a model's parameters before a step. The values come in the order of
+  // `variables`; the first error fails the call.
+  virtual Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) {
+    std::vector<Tensor> values;
+    for (const auto& variable : variables) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor value, read(variable));
+      values.push_back(std::move(value));
+    }
+    return values;
+  }
   // Rows `ids` (int32/int64, any shape) of a variable: an embedding lookup.
   virtual Result<Tensor> gather(const std::string& variable, const Tensor& ids) = 0;
   virtual Status assign(const std::string& variable, const Tensor& value) = 0;
   virtual Status assign_add(const std::string& variable, const Tensor& delta) = 0;
   // Applies the variable's optimizer with a dense gradient (its shape).
   virtual Status apply_gradients(const std::string& variable, const Tensor& gradient) = 0;
+  // Dense gradients of several variables (gradients[i] for variables[i]),
+  // sent in parallel after all are checked; each variable's update is atomic,
+  // as with apply_gradients one by one, not the set.
+  virtual Status apply_gradients_many(const std::vector<std::string>& variables,
+                                      const std::vector<Tensor>& gradients) {
+    if (variables.size() != gradients.size()) {
+      return Status::InvalidArgument("apply_gradients_many: " + std::to_string(variables.size()) +
+                                     " variables but " + std::to_string(gradients.size()) + " gradients");
+    }
+    for (size_t i = 0; i < variables.size(); ++i) CAPSTAN_RETURN_IF_ERROR(apply_gradients(variables[i], gradients[i]));
+    return Status::Ok();
+  }
   // Sparse gradient: rows for `ids` (IndexedSlices); duplicates are summed.
   virtual Status apply_sparse_gradients(const std::string& variable, const Tensor& ids,
                                         const Tensor& rows) = 0;

@@ -122,7 +122,7 @@ class [[nodiscard]] Result {
   // Precondition for the unchecked accessors: ok().
   T& operator*() & { return std::get<T>(state_); }
   const T& operator*() const& { return std::get<T>(state_); }
-  T&& operator*() && { return std::get<T>(std::move(state_)); }
+  T operator*() && { return std::get<T>(std::move(state_)); }
   T* operator->() { return &std::get<T>(state_); }
   const T* operator->() const { return &std::get<T>(state_); }
 
@@ -135,7 +135,10 @@ class [[nodiscard]] Result {
     check();
     return std::get<T>(state_);
   }
-  T&& value() && {
+  // On a temporary Result, by value (as operator* above): `for (auto& x :
+  // f().value())` then iterates a value that lives for the loop, not a
+  // reference into the dead temporary.
+  T value() && {
     check();
     return std::get<T>(std::move(state_));
   }
