@@ -1,8 +1,10 @@
 #!/usr/bin/env bash
 # Training throughput of the census example (examples/census) in each mode
-# with 1 and 2 workers (ps: worker-servers fed by the data service; sync and
+# with 1 and 2 workers (ps: worker-servers fed by the data service, the
+# hand-written Eigen model and, when built, the LibTorch one; sync and
 # hybrid: replica processes), on a local cluster: prints examples/s over
-# --epochs epochs (default 2), the median of --runs runs (default 3).
+# --epochs epochs (default 2), the median of --runs runs (default 3), the
+# modes alternating within each run.
 #
 # Usage: bench/census_bench.sh [--epochs N] [--runs N]   (after scripts/build.sh)
 set -euo pipefail
@@ -10,6 +12,14 @@ set -euo pipefail
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 bin_dir=${CAPSTAN_BIN_DIR:-$repo_root/build/bin}
 module=$repo_root/build/lib/libcensus_module.so
+torch_module=$repo_root/build/lib/libcensus_torch_module.so
+modules=(--module "$module")
+variants=(ps:eigen)
+if [[ -e $torch_module ]]; then
+  modules+=(--module "$torch_module")
+  variants+=(ps:torch)
+fi
+variants+=(sync:eigen hybrid:eigen)
 epochs=2
 runs=3
 while [[ $# -gt 0 ]]; do
@@ -28,23 +38,28 @@ cleanup() {
 }
 trap cleanup EXIT
 
-printf '%-8s %8s %14s %10s\n' mode workers examples/s accuracy
+printf '%-10s %8s %14s %10s\n' mode workers examples/s accuracy
 for workers in 1 2; do
-  for mode in ps sync hybrid; do
-    rates=()
-    accuracy=
-    for (( r = 0; r < runs; r++ )); do
+  declare -A rates=() accuracy=()
+  for (( r = 0; r < runs; r++ )); do
+    for variant in "${variants[@]}"; do
+      mode=${variant%%:*} model=${variant#*:}
       cluster down >/dev/null 2>&1 || true
-      cluster up --ps 2 --workers "$workers" --data-workers 2 --module "$module" >/dev/null
+      cluster up --ps 2 --workers "$workers" --data-workers 2 "${modules[@]}" >/dev/null
       # shellcheck disable=SC1091  # written by local-cluster.sh
       . "$run_dir/cluster.env"
       out=$("$bin_dir/census" --coordinator "$COORDINATOR" --dispatcher "$DISPATCHER" --min-workers "$workers" \
-        --data-dir "$repo_root/examples/census/data" --mode "$mode" --replicas "$workers" --epochs "$epochs" \
-        --target-accuracy 0 --target-auc 0 2>&1)
-      rates+=("$(sed -n 's/^census: trained .* (\([0-9]*\) examples\/s)$/\1/p' <<<"$out")")
-      accuracy=$(sed -n 's/^  accuracy  \([0-9.]*\)%.*/\1/p' <<<"$out")
+        --data-dir "$repo_root/examples/census/data" --mode "$mode" --model "$model" --replicas "$workers" \
+        --epochs "$epochs" --target-accuracy 0 --target-auc 0 2>&1)
+      rates[$variant]+="$(sed -n 's/^census: trained .* (\([0-9]*\) examples\/s)$/\1/p' <<<"$out") "
+      accuracy[$variant]=$(sed -n 's/^  accuracy  \([0-9.]*\)%.*/\1/p' <<<"$out")
     done
-    median=$(printf '%s\n' "${rates[@]}" | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
-    printf '%-8s %8d %14s %9s%%\n' "$mode" "$workers" "$median" "$accuracy"
   done
+  for variant in "${variants[@]}"; do
+    median=$(tr ' ' '\n' <<<"${rates[$variant]}" | grep . | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
+    label=${variant%%:*}
+    [[ $label == ps ]] && label="ps-${variant#*:}"
+    printf '%-10s %8d %14s %9s%%\n' "$label" "$workers" "$median" "${accuracy[$variant]}"
+  done
+  unset rates accuracy
 done

@@ -129,9 +129,10 @@ struct Flags {
   std::string dispatcher;
   std::string data_dir = "examples/census/data";
   std::string mode = "ps";
-  // ps mode: "torch" (the LibTorch module, torch_model.h) when this build
-  // has LibTorch, else "eigen" (model.h's hand-written passes). The
-  // synchronous modes run the Eigen model.
+  // ps mode: "torch" (the LibTorch module, torch_model.h) when its plugin
+  // loads (a build with LibTorch, run where LibTorch is installed), else
+  // "eigen" (model.h's hand-written passes). The synchronous modes run the
+  // Eigen model.
   std::string model;
   int64_t epochs = 5;
   int64_t batch_size = 128;
@@ -214,7 +215,8 @@ Flags parse_flags(int argc, char** argv) {
     usage(argv[0], "--model must be torch or eigen, got '" + flags.model + "'");
   }
   if (flags.model == "torch" && !census::torch_available()) {
-    usage(argv[0], "--model torch: this census program was built without LibTorch (CAPSTAN_TORCH=OFF); use --model eigen");
+    usage(argv[0], "--model torch: the LibTorch model does not load (" + census::torch_unavailable_reason() +
+                       "; a build with CAPSTAN_TORCH and LibTorch installed have it); use --model eigen");
   }
   if (flags.model == "torch" && flags.mode != "ps") {
     usage(argv[0], "--model torch runs in --mode ps; the synchronous modes train the Eigen model (--model eigen)");

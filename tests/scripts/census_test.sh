@@ -9,14 +9,16 @@
 # are the replicas of MirroredStrategy::run, fed by the data service) or
 # strategy-hybrid (the same, the tables on the parameter servers);
 # "deterministic" runs sync mode with one replica and --seed twice and
-# checks that the metrics are equal.
+# checks that the metrics are equal; "torch" is ps mode with the LibTorch
+# model (TORCH_MODULE loaded beside MODULE), whose checkpoint names the
+# variables after the module's parameters. ps runs the Eigen model.
 #
-# Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE
+# Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE [TORCH_MODULE]
 #   (run by CTest as examples_census_*)
 set -euo pipefail
 
-if [[ $# -ne 5 ]]; then
-  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic" >&2
+if [[ $# -ne 5 && $# -ne 6 ]]; then
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|torch [TORCH_MODULE]" >&2
   exit 2
 fi
 repo_root=$(cd "$1" && pwd)
@@ -24,6 +26,7 @@ bin_dir=$(cd "$2" && pwd)
 module=$3
 program=$4
 mode=$5
+torch_module=${6:-}
 script=$repo_root/scripts/local-cluster.sh
 
 unset CAPSTAN_RUN_DIR CAPSTAN_BIN_DIR TF_CONFIG
@@ -55,8 +58,13 @@ result() {
   exit 1
 }
 
+modules=(--module "$module")
+if [[ $mode == torch ]]; then
+  [[ -n $torch_module ]] || result fail "mode torch needs TORCH_MODULE"
+  modules+=(--module "$torch_module")
+fi
 if ! bash "$script" up --run-dir "$run_dir" --bin-dir "$bin_dir" --ps 2 --workers 2 --data-workers 2 \
-  --module "$module"; then
+  "${modules[@]}"; then
   result fail "local-cluster.sh up --module $module failed"
 fi
 # shellcheck disable=SC1091  # written by local-cluster.sh
@@ -76,8 +84,17 @@ run_census() {  # OUTPUT_FILE ARGS...
 
 output_file=$run_dir/census.out
 case "$mode" in
+  torch)
+    run_census "$output_file" --mode ps --model torch --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
+      --checkpoint-dir "$run_dir/checkpoints"
+    grep -q "in LibTorch, ps mode" "$output_file" || result fail "the report does not say it trained the LibTorch model"
+    # The checkpoint names each variable after the module's parameters.
+    for name in census/wide.weight census/embeddings.weight census/deep.0.weight census/deep.8.bias; do
+      grep -rqF "$name" "$run_dir"/checkpoints/ || result fail "the checkpoint has no variable '$name'"
+    done
+    ;;
   ps)
-    run_census "$output_file" --mode ps --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
+    run_census "$output_file" --mode ps --model eigen --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
       --checkpoint-dir "$run_dir/checkpoints" --logdir "$run_dir/logs/tensorboard"
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
