@@ -98,6 +98,42 @@ TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's
   for (int64_t row : {0, 10, 19}) CHECK(::torch::equal(after[row], before[row]));
 }
 
+TEST_CASE("A hash-table Embedding trains its rows on the parameter servers as a dense embedding would") {
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto model = std::make_shared<testing::Tower>(true, true);
+  auto local = std::make_shared<testing::Tower>(false);
+  auto infos = create_variables(*t.client, *model, {.prefix = "table/", .optimizer = Optimizer::sgd(kLearningRate)})
+                   .value();
+  REQUIRE(infos.size() == 3);
+  CHECK(infos[2].name == "table/embedding.weight");
+  CHECK(infos[2].embedding_table);
+  {
+    ::torch::NoGradGuard no_grad;
+    local->dense_embedding->weight.zero_();  // the table's rows start at zero
+    local->head->weight.copy_(model->head->weight);
+    local->head->bias.copy_(model->head->bias);
+  }
+  ::torch::optim::SGD sgd(local->parameters(), ::torch::optim::SGDOptions(kLearningRate));
+  // Ids 2, 5 (three times) and 17, 9: any int64 is a key; they live on
+  // both parameter servers by hash.
+  ::torch::Tensor ids = ::torch::tensor({2, 5, 17, 5, 5, 9}, ::torch::kLong).reshape({2, 3});
+  ::torch::Tensor y = ::torch::tensor({0.5f, -2.0f}).reshape({2, 1});
+  for (int step = 0; step < 3; ++step) {
+    Element args{{from_torch(ids).value(), from_torch(y).value()}, {}};
+    t.client->fetch(t.client->schedule("table_step", args).value()).value();
+    sgd.zero_grad();
+    ::torch::mse_loss(local->forward(ids), y).backward();
+    sgd.step();
+  }
+  for (int64_t id : {2, 5, 9, 17}) {
+    INFO("id " << id);
+    Tensor key = Tensor::from_vector<int64_t>({id}, {1}).value();
+    ::torch::Tensor row = to_torch(t.client->lookup("table/embedding.weight", key, /*insert=*/false).value()).value();
+    CHECK(::torch::allclose(row[0], local->dense_embedding->weight[id], 1e-5, 1e-6));
+  }
+  CHECK(::torch::allclose(read(*t.client, "table/head.weight"), local->head->weight, 1e-5, 1e-6));
+}
+
 TEST_CASE("create_variables checks every parameter first: a conflict or an unsupported dtype writes nothing") {
   Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
   auto model = std::make_shared<testing::Mlp>();

@@ -19,8 +19,11 @@ struct Mlp : ::torch::nn::Module {
 // servers, or LibTorch's dense one for the local reference), summed over the
 // ids of an example, then a linear head.
 struct Tower : ::torch::nn::Module {
-  explicit Tower(bool on_ps) {
-    if (on_ps) {
+  // hash_table: the rows in a dynamic embedding table (zeros at first).
+  explicit Tower(bool on_ps, bool hash_table = false) {
+    if (hash_table) {
+      ps_embedding = register_module("embedding", Embedding(EmbeddingOptions{.dim = 3, .stddev = 0, .hash_table = true}));
+    } else if (on_ps) {
       ps_embedding =
           register_module("embedding", Embedding(EmbeddingOptions{.num_embeddings = 20, .dim = 3, .seed = 5}));
     } else {

@@ -30,10 +30,15 @@ Result<Element> mlp_step(ClosureContext& ctx, const Element& args) {
 }
 
 // args: [ids int64[n, 3], y float32[n, 1]]; one step of the tower (a
-// Capstan Embedding under "tower/"); returns the loss.
-Result<Element> tower_step(ClosureContext& ctx, const Element& args) {
-  static auto model = std::make_shared<capstan::torch::testing::Tower>(true);
-  static capstan::torch::PsModule ps(*model, {.prefix = "tower/"});
+// Capstan Embedding under "tower/", or a hash-table one under "table/");
+// returns the loss.
+Result<Element> tower_step(ClosureContext& ctx, const Element& args, bool hash_table) {
+  static auto dense_model = std::make_shared<capstan::torch::testing::Tower>(true);
+  static auto table_model = std::make_shared<capstan::torch::testing::Tower>(true, true);
+  static capstan::torch::PsModule dense_ps(*dense_model, {.prefix = "tower/"});
+  static capstan::torch::PsModule table_ps(*table_model, {.prefix = "table/"});
+  auto& model = hash_table ? table_model : dense_model;
+  auto& ps = hash_table ? table_ps : dense_ps;
   if (args.size() != 2) return capstan::Status::InvalidArgument("tower_step takes [ids, y]");
   CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor ids, capstan::torch::to_torch(args.components[0]));
   CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor y, capstan::torch::to_torch(args.components[1]));
@@ -47,5 +52,10 @@ Result<Element> tower_step(ClosureContext& ctx, const Element& args) {
 
 CAPSTAN_MODULE(registry) {
   registry.register_closure("mlp_step", mlp_step);
-  registry.register_closure("tower_step", tower_step);
+  registry.register_closure("tower_step", [](ClosureContext& ctx, const Element& args) {
+    return tower_step(ctx, args, false);
+  });
+  registry.register_closure("table_step", [](ClosureContext& ctx, const Element& args) {
+    return tower_step(ctx, args, true);
+  });
 }
