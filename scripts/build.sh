@@ -15,6 +15,12 @@ cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 bash scripts/setup.sh
 
+# ccache keys name paths relative to the checkout, and not the build
+# directory (-g would hash it): a fresh clone elsewhere (CI) reuses the
+# objects another clone compiled. Debug info then names that clone's paths.
+export CCACHE_BASEDIR=${CCACHE_BASEDIR:-$PWD}
+export CCACHE_NOHASHDIR=${CCACHE_NOHASHDIR:-true}
+
 build_dir=${CAPSTAN_BUILD_DIR:-build}
 jobs=${CAPSTAN_JOBS:-2}
 
