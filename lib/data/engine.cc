@@ -13,9 +13,8 @@
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
+namespace {
 
 Result<CsvSpec> read_csv_spec(wire::CsvSpec::Reader in) {
   CsvSpec spec;

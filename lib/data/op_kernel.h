@@ -101,6 +101,12 @@ std::span<const OpKernel* const> op_kernels();
 
 // ---- Helpers for kernels -----------------------------------------------------------
 
+// The short names every kernel file uses.
+using Op = wire::Op;
+using Inputs = OpKernel::Inputs;
+constexpr int64_t kInf = kInfiniteCardinality;
+constexpr int64_t kUnk = kUnknownCardinality;
+
 // InvalidArgument "<op>: <message>".
 Status invalid_op(wire::Op::Reader op, const std::string& message);
 std::vector<std::string> texts(capnp::List<capnp::Text>::Reader list);
@@ -109,6 +115,14 @@ Status check_positive(wire::Op::Reader op, int64_t value, const char* name);
 Status check_count(wire::Op::Reader op, int64_t value, const char* name);     // >= -1
 // In [0, kMaxParallelCalls] or AUTOTUNE (each call may become a thread).
 Status check_parallel(wire::Op::Reader op, int64_t value, const char* name);
+// The count argument of take, skip and repeat (-1: all, none, forever), and
+// its kernel fields. kGroup: the op's group (&Op::Reader::getTake).
+template <auto kGroup>
+struct CountArg {
+  static int64_t of(Op::Reader op) { return (op.*kGroup)().getCount(); }
+  static void describe(Op::Reader op, std::ostream& out) { out << of(op); }
+  static Status validate(Op::Reader op, const FunctionRegistry*) { return check_count(op, of(op), "count"); }
+};
 
 // The iterator of op.input, and a factory of fresh ones (repeat, cache,
 // concatenate, snapshot re-create their input).

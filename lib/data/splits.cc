@@ -5,9 +5,8 @@
 #include "sync/mutex.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
+namespace {
 
 // Splits of range(): [begin, end) chunks of element indices.
 class RangeSplitProvider final : public SplitProvider {

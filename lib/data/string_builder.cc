@@ -1,5 +1,7 @@
 #include "data/string_builder.h"
 
+#include <algorithm>
+#include <cstdio>
 #include <cstring>
 #include <memory>
 #include <utility>
@@ -20,6 +22,23 @@ Result<Tensor> StringTensorBuilder::finish(Shape shape) const {
   std::memcpy(data, offsets_.data(), header);
   if (!bytes_.empty()) std::memcpy(data + header, bytes_.data(), bytes_.size());
   return Tensor::from_buffer(DType::kString, std::move(shape), std::move(buffer), data, total);
+}
+
+std::string quoted_prefix(std::string_view text, size_t max_bytes) {
+  std::string out = "'";
+  size_t n = std::min(text.size(), max_bytes);
+  for (size_t i = 0; i < n; ++i) {
+    auto c = static_cast<unsigned char>(text[i]);
+    if (c >= 0x20 && c < 0x7f && c != '\\') {
+      out += static_cast<char>(c);
+    } else {
+      char escaped[8];
+      std::snprintf(escaped, sizeof(escaped), "\\x%02x", c);
+      out += escaped;
+    }
+  }
+  out += "'";
+  return out;
 }
 
 }  // namespace capstan::data

@@ -1,5 +1,6 @@
 // StringTensorBuilder: gathers strings one by one and wraps them as a kString
-// tensor, for ops that produce strings (decode_csv, parse_example).
+// tensor, for ops that produce strings (decode_csv, parse_example); and how
+// those parsers show the bytes they reject.
 //
 // The strings go into two flat buffers, the offsets and the bytes, so n
 // strings cost a few allocations rather than n; finish() lays them out as
@@ -38,6 +39,11 @@ class StringTensorBuilder {
   std::vector<uint64_t> offsets_;  // offsets_[0] == 0; one more per string
   std::string bytes_;
 };
+
+// The first `max_bytes` of `text` as the parsers' error messages show it: in
+// single quotes, bytes outside printable ASCII (and the backslash) escaped as \xNN.
+// Callers say how a longer text was cut short.
+std::string quoted_prefix(std::string_view text, size_t max_bytes);
 
 }  // namespace capstan::data
 

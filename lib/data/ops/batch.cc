@@ -5,37 +5,16 @@
 #include "data/tensor_util.h"
 
 namespace capstan::data::engine {
+
 namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-class BatchIterator final : public IteratorBase {
+class BatchIterator final : public BatchingIterator {
  public:
   BatchIterator(IteratorPtr input, int64_t batch_size, bool drop_remainder, MemoryBudget& memory)
-      : input_(std::move(input)), batch_size_(batch_size), drop_remainder_(drop_remainder), held_(memory, "batch") {}
-  Status get_next(Element* out, bool* end) override {
-    std::vector<Element> batch;
-    // The batch stays counted until the next call (its stacked copy is about
-    // as large).
-    CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end, held_));
-    if (*end) return Status::Ok();
-    if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {
-      *end = true;
-      return Status::Ok();
-    }
-    CAPSTAN_ASSIGN_OR_RETURN(*out, batch_elements(batch));
-    return Status::Ok();
-  }
-  // A batch is collected within one call: only the input has a position.
-  Status save(StateWriter& writer) override { return save_through(writer, "batch", *input_); }
-  Status restore(StateReader& reader) override { return restore_through(reader, "batch", *input_); }
+      : BatchingIterator(std::move(input), batch_size, drop_remainder, memory, "batch") {}
 
  private:
-  IteratorPtr input_;
-  const int64_t batch_size_;
-  const bool drop_remainder_;
-  HeldBytes held_;
+  Result<Element> assemble(const std::vector<Element>& batch) override { return batch_elements(batch); }
 };
 
 }  // namespace

@@ -12,10 +12,8 @@
 #include "sync/mutex.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 // In-memory cache: the first complete pass fills it; later passes (e.g. the
 // epochs of a repeat) read from it. A pass abandoned midway caches nothing.

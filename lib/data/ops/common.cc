@@ -3,6 +3,7 @@
 #include <random>
 
 namespace capstan::data::engine {
+
 namespace {
 
 // make_vector_iterator (common.h).
@@ -133,6 +134,30 @@ Status collect(IteratorBase& input, int64_t n, std::vector<Element>* batch, bool
   }
   *end = batch->empty();
   return Status::Ok();
+}
+
+Status BatchingIterator::get_next(Element* out, bool* end) {
+  std::vector<Element> batch;
+  // The batch stays counted until the next call (its assembled copy is about
+  // as large).
+  CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end, held_));
+  if (*end) return Status::Ok();
+  if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {
+    *end = true;
+    return Status::Ok();
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(*out, assemble(batch));
+  return Status::Ok();
+}
+
+void save_count(StateWriter& writer, const char* op, int64_t count) {
+  writer.begin(op);
+  writer.write_int(count);
+}
+
+Status restore_count(StateReader& reader, const char* op, int64_t* count, int64_t min, const char* what) {
+  CAPSTAN_RETURN_IF_ERROR(reader.begin(op));
+  return reader.read_int_in(count, min, INT64_MAX, what);
 }
 
 IteratorPtr make_vector_iterator(std::vector<Element> elements, const char* op, bool save_elements) {

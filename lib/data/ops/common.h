@@ -67,6 +67,38 @@ Status charge_all(HeldBytes& held, const std::vector<Element>& elements);
 // *end when none came. Over the memory budget, drops them and fails.
 Status collect(IteratorBase& input, int64_t n, std::vector<Element>* batch, bool* end, HeldBytes& held);
 
+// batch and padded_batch: batches of up to batch_size input elements (the
+// last one short unless drop_remainder), each assembled by the op. A batch
+// is collected within one call: only the input has a position.
+class BatchingIterator : public IteratorBase {
+ public:
+  BatchingIterator(IteratorPtr input, int64_t batch_size, bool drop_remainder, MemoryBudget& memory, const char* op)
+      : input_(std::move(input)),
+        batch_size_(batch_size),
+        drop_remainder_(drop_remainder),
+        op_(op),
+        held_(memory, op) {}
+  Status get_next(Element* out, bool* end) final;
+  Status save(StateWriter& writer) final { return save_through(writer, op_, *input_); }
+  Status restore(StateReader& reader) final { return restore_through(reader, op_, *input_); }
+
+ protected:
+  // One output element from a batch's elements (at least one).
+  virtual Result<Element> assemble(const std::vector<Element>& batch) = 0;
+
+ private:
+  IteratorPtr input_;
+  const int64_t batch_size_;
+  const bool drop_remainder_;
+  const char* const op_;
+  HeldBytes held_;
+};
+
+// The first fields of take's, skip's and repeat's state: the op's name, then
+// a count in [min, INT64_MAX] (`what` names it in errors).
+void save_count(StateWriter& writer, const char* op, int64_t count);
+Status restore_count(StateReader& reader, const char* op, int64_t* count, int64_t min, const char* what);
+
 // The elements of a list, saved as an index into it (from_tensors,
 // from_tensor_slices, list_files). `save_elements`: the elements go into the
 // saved state too (list_files, whose order a restored iterator could not

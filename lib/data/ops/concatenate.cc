@@ -4,13 +4,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
+
 namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-constexpr int64_t kInf = kInfiniteCardinality;
-constexpr int64_t kUnk = kUnknownCardinality;
 
 class ConcatenateIterator final : public IteratorBase {
  public:

@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <charconv>
-#include <cstdio>
 #include <cstdlib>
 #include <limits>
 #include <memory>
@@ -24,20 +23,8 @@ constexpr size_t kMaxShownBytes = 80;
 // `text` as an error message shows it: in single quotes, bytes outside
 // printable ASCII escaped, long text cut short.
 std::string shown(std::string_view text) {
-  std::string out = "'";
-  size_t n = std::min(text.size(), kMaxShownBytes);
-  for (size_t i = 0; i < n; ++i) {
-    auto c = static_cast<unsigned char>(text[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof(escaped), "\\x%02x", c);
-      out += escaped;
-    }
-  }
-  out += "'";
-  if (n < text.size()) out += "... (" + std::to_string(text.size()) + " bytes)";
+  std::string out = quoted_prefix(text, kMaxShownBytes);
+  if (text.size() > kMaxShownBytes) out += "... (" + std::to_string(text.size()) + " bytes)";
   return out;
 }
 

@@ -5,12 +5,6 @@
 #include "data/service_reader.h"
 
 namespace capstan::data::engine {
-namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-}  // namespace
 
 CAPSTAN_DATASET_OP(kDataServiceKernel) = {
     .which = Op::DATA_SERVICE,

@@ -4,9 +4,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
+namespace {
 
 class EnumerateIterator final : public IteratorBase {
  public:

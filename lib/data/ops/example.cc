@@ -4,7 +4,6 @@
 
 #include <algorithm>
 #include <climits>
-#include <cstdio>
 #include <cstring>
 #include <set>
 #include <string>
@@ -30,20 +29,8 @@ constexpr size_t kMaxShownBytes = 64;
 constexpr size_t kArenaBlockBytes = 64 * 1024;
 
 std::string shown(std::string_view bytes) {
-  std::string out = "'";
-  size_t n = std::min(bytes.size(), kMaxShownBytes);
-  for (size_t i = 0; i < n; ++i) {
-    auto c = static_cast<unsigned char>(bytes[i]);
-    if (c >= 0x20 && c < 0x7f && c != '\\') {
-      out += static_cast<char>(c);
-    } else {
-      char escaped[8];
-      std::snprintf(escaped, sizeof(escaped), "\\x%02x", c);
-      out += escaped;
-    }
-  }
-  out += "'";
-  if (n < bytes.size()) out += "...";
+  std::string out = quoted_prefix(bytes, kMaxShownBytes);
+  if (bytes.size() > kMaxShownBytes) out += "...";
   return out;
 }
 

@@ -5,10 +5,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 IteratorPtr fixed_length_iterator(FileQueue files, int64_t record_bytes, int64_t header_bytes,
                                   int64_t footer_bytes, Compression compression) {

@@ -5,10 +5,8 @@
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 Result<IteratorPtr> make_from_tensor_slices(const Element& element) {
   if (element.components.empty()) return Status::InvalidArgument("needs at least one component");

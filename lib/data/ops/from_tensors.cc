@@ -4,10 +4,8 @@
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 // An op's tensors, decoded from the definition once for the pipeline.
 // Nothing to save: they are the definition's.

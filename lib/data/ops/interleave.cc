@@ -5,10 +5,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 // TF's interleave order: cycle over up to cycle_length open datasets taking
 // block_length elements from each; a dataset that ends is replaced, in its

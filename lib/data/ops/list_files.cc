@@ -8,10 +8,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 class FileNameIterator final : public IteratorBase {
  public:

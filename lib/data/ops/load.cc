@@ -5,10 +5,8 @@
 #include "data/saved_dataset.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 constexpr OpKernel::FileSource kLoadSource{
     .files = [](Op::Reader op) -> Result<std::vector<std::string>> { return texts(op.getLoad().getShards()); },

@@ -10,10 +10,8 @@
 #include "sync/mutex.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 using Clock = std::chrono::steady_clock;
 

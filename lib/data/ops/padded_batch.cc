@@ -6,30 +6,19 @@
 #include "rpc/tensor_codec.h"
 
 namespace capstan::data::engine {
+
 namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-class PaddedBatchIterator final : public IteratorBase {
+class PaddedBatchIterator final : public BatchingIterator {
  public:
   PaddedBatchIterator(IteratorPtr input, int64_t batch_size, std::vector<Shape> shapes,
                       std::vector<Tensor> padding_values, bool drop_remainder, MemoryBudget& memory)
-      : input_(std::move(input)),
-        batch_size_(batch_size),
+      : BatchingIterator(std::move(input), batch_size, drop_remainder, memory, "padded_batch"),
         shapes_(std::move(shapes)),
-        padding_values_(std::move(padding_values)),
-        drop_remainder_(drop_remainder),
-        held_(memory, "padded_batch") {}
+        padding_values_(std::move(padding_values)) {}
 
-  Status get_next(Element* out, bool* end) override {
-    std::vector<Element> batch;
-    CAPSTAN_RETURN_IF_ERROR(collect(*input_, batch_size_, &batch, end, held_));
-    if (*end) return Status::Ok();
-    if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {
-      *end = true;
-      return Status::Ok();
-    }
+ private:
+  Result<Element> assemble(const std::vector<Element>& batch) override {
     size_t n = batch[0].components.size();
     if (!shapes_.empty() && shapes_.size() != n) {
       return Status::InvalidArgument("padded_batch: " + std::to_string(shapes_.size()) +
@@ -57,19 +46,11 @@ class PaddedBatchIterator final : public IteratorBase {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor stacked, pad_and_stack(rows, shape, padding, static_cast<int>(c)));
       result.components.push_back(std::move(stacked));
     }
-    *out = std::move(result);
-    return Status::Ok();
+    return result;
   }
-  Status save(StateWriter& writer) override { return save_through(writer, "padded_batch", *input_); }
-  Status restore(StateReader& reader) override { return restore_through(reader, "padded_batch", *input_); }
 
- private:
-  IteratorPtr input_;
-  const int64_t batch_size_;
   const std::vector<Shape> shapes_;
   const std::vector<Tensor> padding_values_;
-  const bool drop_remainder_;
-  HeldBytes held_;
 };
 
 }  // namespace

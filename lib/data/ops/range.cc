@@ -4,10 +4,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 class RangeIterator final : public IteratorBase {
  public:

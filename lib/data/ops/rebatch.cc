@@ -7,10 +7,8 @@
 #include "data/tensor_util.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 // Re-slices input batches (dim 0) into batches of batch_size rows.
 class RebatchIterator final : public IteratorBase {

@@ -4,13 +4,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
+
 namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-constexpr int64_t kInf = kInfiniteCardinality;
-constexpr int64_t kUnk = kUnknownCardinality;
 
 int64_t saturating_mul(int64_t a, int64_t b) {
   if (a == 0 || b == 0) return 0;
@@ -43,15 +38,13 @@ class RepeatIterator final : public IteratorBase {
   }
 
   Status save(StateWriter& writer) override {
-    writer.begin("repeat");
-    writer.write_int(epoch_);
+    save_count(writer, "repeat", epoch_);
     writer.write_bool(produced_this_epoch_);
     return save_optional(writer, current_.get());
   }
   Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("repeat"));
     bool has_current = false;
-    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&epoch_, 0, INT64_MAX, "an epoch"));
+    CAPSTAN_RETURN_IF_ERROR(restore_count(reader, "repeat", &epoch_, 0, "an epoch"));
     CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&produced_this_epoch_));
     CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&has_current));
     if (!has_current) return Status::Ok();
@@ -67,33 +60,33 @@ class RepeatIterator final : public IteratorBase {
   IteratorPtr current_;
 };
 
+using Count = CountArg<&Op::Reader::getRepeat>;
+
 }  // namespace
 
 CAPSTAN_DATASET_OP(kRepeatKernel) = {
     .which = Op::REPEAT,
     .name = "repeat",
     .inputs = Inputs::kOne,
-    .describe_args = [](Op::Reader op, std::ostream& out) { out << op.getRepeat().getCount(); },
+    .describe_args = Count::describe,
     .cardinality = [](Op::Reader op) -> int64_t {
       int64_t n = input_cardinality(op);
-      int64_t count = op.getRepeat().getCount();
+      int64_t count = Count::of(op);
       if (count == 0 || n == 0) return 0;
       if (count < 0) return n == kUnk ? kUnk : kInf;
       if (n < 0) return n;
       return saturating_mul(n, count);
     },
-    .validate = [](Op::Reader op, const FunctionRegistry*) -> Status {
-      return check_count(op, op.getRepeat().getCount(), "count");
-    },
+    .validate = Count::validate,
     .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
       // On splits the repetitions come from the split providers (wrap_splits):
       // the input is read once, across all of them.
       if (pipeline.runs_on_splits(op)) return make_input(op, pipeline);
       return IteratorPtr(
-          std::make_unique<RepeatIterator>(input_factory(op.getInput(), pipeline), op.getRepeat().getCount()));
+          std::make_unique<RepeatIterator>(input_factory(op.getInput(), pipeline), Count::of(op)));
     },
     .wrap_splits = [](Op::Reader op, std::vector<std::unique_ptr<SplitProvider>> input) {
-      for (auto& provider : input) provider = make_repeat_split_provider(std::move(provider), op.getRepeat().getCount());
+      for (auto& provider : input) provider = make_repeat_split_provider(std::move(provider), Count::of(op));
       return input;
     },
 };

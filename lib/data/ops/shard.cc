@@ -3,12 +3,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
+
 namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-constexpr int64_t kUnk = kUnknownCardinality;
 
 class ShardIterator final : public IteratorBase {
  public:

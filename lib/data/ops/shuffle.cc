@@ -7,10 +7,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 // TF's shuffle: fill the buffer, then emit a uniformly chosen element and put
 // the next input element in its place.

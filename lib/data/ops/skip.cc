@@ -5,13 +5,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
+
 namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-constexpr int64_t kInf = kInfiniteCardinality;
-constexpr int64_t kUnk = kUnknownCardinality;
 
 class SkipIterator final : public IteratorBase {
  public:
@@ -26,13 +21,11 @@ class SkipIterator final : public IteratorBase {
     return input_->get_next(out, end);
   }
   Status save(StateWriter& writer) override {
-    writer.begin("skip");
-    writer.write_int(to_skip_);
+    save_count(writer, "skip", to_skip_);
     return input_->save(writer);
   }
   Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("skip"));
-    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&to_skip_, -1, INT64_MAX, "the elements left to skip"));
+    CAPSTAN_RETURN_IF_ERROR(restore_count(reader, "skip", &to_skip_, -1, "the elements left to skip"));
     return input_->restore(reader);
   }
 
@@ -41,27 +34,27 @@ class SkipIterator final : public IteratorBase {
   int64_t to_skip_;  // -1: everything
 };
 
+using Count = CountArg<&Op::Reader::getSkip>;
+
 }  // namespace
 
 CAPSTAN_DATASET_OP(kSkipKernel) = {
     .which = Op::SKIP,
     .name = "skip",
     .inputs = Inputs::kOne,
-    .describe_args = [](Op::Reader op, std::ostream& out) { out << op.getSkip().getCount(); },
+    .describe_args = Count::describe,
     .cardinality = [](Op::Reader op) -> int64_t {
       int64_t n = input_cardinality(op);
-      int64_t count = op.getSkip().getCount();
+      int64_t count = Count::of(op);
       if (n == kInf) return kInf;
       if (n == kUnk) return kUnk;
       if (count < 0) return 0;
       return std::max<int64_t>(0, n - count);
     },
-    .validate = [](Op::Reader op, const FunctionRegistry*) -> Status {
-      return check_count(op, op.getSkip().getCount(), "count");
-    },
+    .validate = Count::validate,
     .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
       CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr in, make_input(op, pipeline));
-      return IteratorPtr(std::make_unique<SkipIterator>(std::move(in), op.getSkip().getCount()));
+      return IteratorPtr(std::make_unique<SkipIterator>(std::move(in), Count::of(op)));
     },
 };
 

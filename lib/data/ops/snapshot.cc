@@ -8,12 +8,6 @@
 #include "data/saved_dataset.h"
 
 namespace capstan::data::engine {
-namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-}  // namespace
 
 CAPSTAN_DATASET_OP(kSnapshotKernel) = {
     .which = Op::SNAPSHOT,

@@ -5,13 +5,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
+
 namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-constexpr int64_t kInf = kInfiniteCardinality;
-constexpr int64_t kUnk = kUnknownCardinality;
 
 class TakeIterator final : public IteratorBase {
  public:
@@ -27,14 +22,12 @@ class TakeIterator final : public IteratorBase {
     return Status::Ok();
   }
   Status save(StateWriter& writer) override {
-    writer.begin("take");
-    writer.write_int(remaining_);
+    save_count(writer, "take", remaining_);
     return save_optional(writer, input_.get());
   }
   Status restore(StateReader& reader) override {
-    CAPSTAN_RETURN_IF_ERROR(reader.begin("take"));
     bool has_input = false;
-    CAPSTAN_RETURN_IF_ERROR(reader.read_int_in(&remaining_, -1, INT64_MAX, "the elements left to take"));
+    CAPSTAN_RETURN_IF_ERROR(restore_count(reader, "take", &remaining_, -1, "the elements left to take"));
     CAPSTAN_RETURN_IF_ERROR(reader.read_bool(&has_input));
     if (!has_input) {
       input_ = nullptr;
@@ -48,27 +41,27 @@ class TakeIterator final : public IteratorBase {
   int64_t remaining_;  // -1: all
 };
 
+using Count = CountArg<&Op::Reader::getTake>;
+
 }  // namespace
 
 CAPSTAN_DATASET_OP(kTakeKernel) = {
     .which = Op::TAKE,
     .name = "take",
     .inputs = Inputs::kOne,
-    .describe_args = [](Op::Reader op, std::ostream& out) { out << op.getTake().getCount(); },
+    .describe_args = Count::describe,
     .cardinality = [](Op::Reader op) -> int64_t {
       int64_t n = input_cardinality(op);
-      int64_t count = op.getTake().getCount();
+      int64_t count = Count::of(op);
       if (count < 0) return n;
       if (n == kInf) return count;
       if (n == kUnk) return kUnk;
       return std::min(n, count);
     },
-    .validate = [](Op::Reader op, const FunctionRegistry*) -> Status {
-      return check_count(op, op.getTake().getCount(), "count");
-    },
+    .validate = Count::validate,
     .make = [](Op::Reader op, Pipeline& pipeline) -> Result<IteratorPtr> {
       CAPSTAN_ASSIGN_OR_RETURN(IteratorPtr in, make_input(op, pipeline));
-      return IteratorPtr(std::make_unique<TakeIterator>(std::move(in), op.getTake().getCount()));
+      return IteratorPtr(std::make_unique<TakeIterator>(std::move(in), Count::of(op)));
     },
 };
 

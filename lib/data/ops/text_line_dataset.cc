@@ -4,10 +4,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 IteratorPtr text_line_iterator(FileQueue files, Compression compression) {
   return std::make_unique<FileRecordIterator<io::TextLineReader>>(

@@ -7,10 +7,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
-namespace {
 
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
+namespace {
 
 IteratorPtr tfrecord_iterator(FileQueue files, Compression compression) {
   return std::make_unique<FileRecordIterator<io::TFRecordReader>>(

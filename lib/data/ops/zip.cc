@@ -6,13 +6,8 @@
 #include "data/ops/common.h"
 
 namespace capstan::data::engine {
+
 namespace {
-
-using Op = wire::Op;
-using Inputs = OpKernel::Inputs;
-
-constexpr int64_t kInf = kInfiniteCardinality;
-constexpr int64_t kUnk = kUnknownCardinality;
 
 class ZipIterator final : public IteratorBase {
  public:
