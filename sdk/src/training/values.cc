@@ -54,24 +54,12 @@ std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name) {
   return std::nullopt;
 }
 
-EmbeddingInitializer EmbeddingInitializer::zeros() {
-  EmbeddingInitializer i;
-  i.kind = "zeros";
-  return i;
-}
-EmbeddingInitializer EmbeddingInitializer::constant(double value) {
-  EmbeddingInitializer i;
-  i.kind = "constant";
-  i.value = value;
-  return i;
-}
+// The factories name only the fields they set (designated initializers, in
+// declaration order); the rest keep their defaults.
+EmbeddingInitializer EmbeddingInitializer::zeros() { return {.kind = "zeros"}; }
+EmbeddingInitializer EmbeddingInitializer::constant(double value) { return {.kind = "constant", .value = value}; }
 EmbeddingInitializer EmbeddingInitializer::random_normal(double mean, double stddev, uint64_t seed) {
-  EmbeddingInitializer i;
-  i.kind = "random_normal";
-  i.mean = mean;
-  i.stddev = stddev;
-  i.seed = seed;
-  return i;
+  return {.kind = "random_normal", .mean = mean, .stddev = stddev, .seed = seed};
 }
 
 uint64_t table_key_hash(int64_t key) {
@@ -82,76 +70,43 @@ uint64_t table_key_hash(int64_t key) {
   return x ^ (x >> 31);
 }
 
-Optimizer Optimizer::none() {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kNone;
-  return o;
-}
-Optimizer Optimizer::sgd(double learning_rate) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kSgd;
-  o.learning_rate = learning_rate;
-  return o;
-}
+Optimizer Optimizer::none() { return {.kind = Kind::kNone}; }
+Optimizer Optimizer::sgd(double learning_rate) { return {.kind = Kind::kSgd, .learning_rate = learning_rate}; }
 Optimizer Optimizer::momentum_sgd(double learning_rate, double momentum, bool nesterov) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kMomentum;
-  o.learning_rate = learning_rate;
-  o.momentum = momentum;
-  o.nesterov = nesterov;
-  return o;
+  return {.kind = Kind::kMomentum, .learning_rate = learning_rate, .momentum = momentum, .nesterov = nesterov};
 }
 Optimizer Optimizer::adagrad(double learning_rate, double initial_accumulator_value, double epsilon) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kAdagrad;
-  o.learning_rate = learning_rate;
-  o.initial_accumulator_value = initial_accumulator_value;
-  o.epsilon = epsilon;
-  return o;
+  return {.kind = Kind::kAdagrad,
+          .learning_rate = learning_rate,
+          .initial_accumulator_value = initial_accumulator_value,
+          .epsilon = epsilon};
 }
 Optimizer Optimizer::adam(double learning_rate, double beta_1, double beta_2, double epsilon) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kAdam;
-  o.learning_rate = learning_rate;
-  o.beta_1 = beta_1;
-  o.beta_2 = beta_2;
-  o.epsilon = epsilon;
-  return o;
+  return {.kind = Kind::kAdam, .learning_rate = learning_rate, .epsilon = epsilon, .beta_1 = beta_1, .beta_2 = beta_2};
 }
 Optimizer Optimizer::ftrl(double learning_rate, double l1, double l2, double learning_rate_power,
                           double initial_accumulator_value) {
-  Optimizer o;
-  o.kind = Optimizer::Kind::kFtrl;
-  o.learning_rate = learning_rate;
-  o.l1 = l1;
-  o.l2 = l2;
-  o.learning_rate_power = learning_rate_power;
-  o.initial_accumulator_value = initial_accumulator_value;
-  return o;
+  return {.kind = Kind::kFtrl,
+          .learning_rate = learning_rate,
+          .initial_accumulator_value = initial_accumulator_value,
+          .learning_rate_power = learning_rate_power,
+          .l1 = l1,
+          .l2 = l2};
 }
 
 Partitioner Partitioner::none() { return Partitioner{}; }
-Partitioner Partitioner::fixed_shards(int64_t num_shards) {
-  Partitioner p;
-  p.kind = "fixed_shards";
-  p.num_shards = num_shards;
-  return p;
-}
+Partitioner Partitioner::fixed_shards(int64_t num_shards) { return {.kind = "fixed_shards", .num_shards = num_shards}; }
 Partitioner Partitioner::min_size(int64_t min_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
-  Partitioner p;
-  p.kind = "min_size";
-  p.min_shard_bytes = min_shard_bytes;
-  p.max_shards = max_shards;
-  p.bytes_per_string = bytes_per_string;
-  return p;
+  return {.kind = "min_size",
+          .min_shard_bytes = min_shard_bytes,
+          .max_shards = max_shards,
+          .bytes_per_string = bytes_per_string};
 }
 Partitioner Partitioner::max_size(int64_t max_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
-  Partitioner p;
-  p.kind = "max_size";
-  p.max_shard_bytes = max_shard_bytes;
-  p.max_shards = max_shards;
-  p.bytes_per_string = bytes_per_string;
-  return p;
+  return {.kind = "max_size",
+          .max_shard_bytes = max_shard_bytes,
+          .max_shards = max_shards,
+          .bytes_per_string = bytes_per_string};
 }
 
 Result<Tensor> zeros_initializer(DType dtype, Shape shape) { return Tensor::zeros(dtype, std::move(shape)); }
