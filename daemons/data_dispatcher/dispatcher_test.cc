@@ -10,12 +10,15 @@
 #include <vector>
 
 #include "io/memory_file_system.h"
+#include "io/testing.h"
 #include "sync/mutex.h"
 
 namespace capstan::data_service {
 namespace {
 
 namespace fs = std::filesystem;
+using io::testing::SyncGate;
+using io::testing::TempDir;
 using std::chrono::milliseconds;
 
 class FakeClock final : public DispatcherClock {
@@ -30,23 +33,6 @@ class FakeClock final : public DispatcherClock {
  private:
   std::chrono::steady_clock::time_point steady_{};
   int64_t wall_micros_ = 1'000'000'000;
-};
-
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "dispatcher_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
 };
 
 DispatcherConfig test_config(std::string work_dir = "") {
@@ -529,32 +515,6 @@ TEST_CASE("a missing dataset definition stops the replay with DataLoss") {
 }
 
 // ---- Group commit (the journal through io::MemoryFileSystem) ----------------------
-
-// Holds every file sync until opened; says when the first one arrived.
-class SyncGate {
- public:
-  void pass() LOCKS_EXCLUDED(mutex_) {
-    MutexLock lock(mutex_);
-    ++arrived_;
-    changed_.notify_all();
-    while (!open_) changed_.wait(mutex_);
-  }
-  void wait_for_arrival() LOCKS_EXCLUDED(mutex_) {
-    MutexLock lock(mutex_);
-    while (arrived_ == 0) changed_.wait(mutex_);
-  }
-  void open() LOCKS_EXCLUDED(mutex_) {
-    MutexLock lock(mutex_);
-    open_ = true;
-    changed_.notify_all();
-  }
-
- private:
-  Mutex mutex_;
-  CondVar changed_;
-  int arrived_ GUARDED_BY(mutex_) = 0;
-  bool open_ GUARDED_BY(mutex_) = false;
-};
 
 std::unique_ptr<Dispatcher> open_on(io::MemoryFileSystem& files, FakeClock& clock) {
   auto d = Dispatcher::open(test_config("/work"), nullptr, clock, files);

@@ -13,29 +13,13 @@
 #include <string>
 
 #include "io/memory_file_system.h"
+#include "io/testing.h"
 
 namespace capstan::io {
 namespace {
 
 namespace fs = std::filesystem;
-
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
- public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "durable_file_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+using testing::TempDir;
 
 std::string slurp(const std::string& path) {
   std::ifstream in(path, std::ios::binary);

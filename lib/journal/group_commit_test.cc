@@ -6,36 +6,13 @@
 #include <vector>
 
 #include "io/memory_file_system.h"
+#include "io/testing.h"
 #include "sync/mutex.h"
 
 namespace capstan::journal {
 namespace {
 
-// Holds file syncs "in flight" until opened, and tells who is waiting.
-class SyncGate {
- public:
-  void pass() LOCKS_EXCLUDED(mutex_) {
-    MutexLock lock(mutex_);
-    ++arrived_;
-    changed_.notify_all();
-    while (!open_) changed_.wait(mutex_);
-  }
-  void wait_for_arrival() LOCKS_EXCLUDED(mutex_) {
-    MutexLock lock(mutex_);
-    while (arrived_ == 0) changed_.wait(mutex_);
-  }
-  void open() LOCKS_EXCLUDED(mutex_) {
-    MutexLock lock(mutex_);
-    open_ = true;
-    changed_.notify_all();
-  }
-
- private:
-  Mutex mutex_;
-  CondVar changed_;
-  int arrived_ GUARDED_BY(mutex_) = 0;
-  bool open_ GUARDED_BY(mutex_) = false;
-};
+using io::testing::SyncGate;
 
 std::unique_ptr<GroupCommitter> open_committer(io::MemoryFileSystem& fs) {
   auto writer = JournalWriter::open("/j", /*sync=*/true, 64 << 20, fs);

@@ -14,6 +14,7 @@
 #include <vector>
 
 #include "io/memory_file_system.h"
+#include "io/testing.h"
 #include "journal/journal_format.h"
 
 namespace capstan::journal {
@@ -21,24 +22,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-// A fresh directory under the system temp dir, removed with its contents.
-class TempDir {
+// A scratch directory for a journal.
+class TempDir : public io::testing::TempDir {
  public:
-  TempDir() {
-    std::string pattern = (fs::temp_directory_path() / "journal_test.XXXXXX").string();
-    REQUIRE(::mkdtemp(pattern.data()) != nullptr);
-    path_ = pattern;
-  }
-  ~TempDir() {
-    std::error_code ignored;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ignored);
-    fs::remove_all(path_, ignored);
-  }
-  const std::string& path() const { return path_; }
-  std::string journal() const { return path_ + "/journal"; }
-
- private:
-  std::string path_;
+  TempDir() : io::testing::TempDir("journal_test") {}
+  std::string journal() const { return file("journal"); }
 };
 
 std::string segment(const std::string& dir, uint64_t number) {
