@@ -1,6 +1,7 @@
 // What the census modules' closures share (module.cc: the Eigen model;
-// torch_module.cc: the LibTorch one): checking a batch from the pipeline and
-// running a model over a whole file for evaluation.
+// torch_module.cc: the LibTorch one): taking and checking a batch from the
+// pipeline, the evaluation closures' arguments and running a model over a
+// whole file for evaluation.
 #ifndef CAPSTAN_EXAMPLES_CENSUS_CLOSURES_H_
 #define CAPSTAN_EXAMPLES_CENSUS_CLOSURES_H_
 
@@ -45,6 +46,41 @@ inline capstan::Result<int64_t> check_batch(const capstan::Element& batch) {
     }
   }
   return n;
+}
+
+// The next batch of the per-worker dataset `dataset` (check_batch'ed), and
+// its number of examples in *n.
+inline capstan::Result<capstan::Element> next_batch(capstan::ClosureContext& ctx, const capstan::Tensor& dataset,
+                                                    int64_t* n) {
+  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(dataset));
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<capstan::Element> batch, iterator->get_next());
+  if (!batch) return capstan::Status::OutOfRange("the per-worker dataset is exhausted");
+  CAPSTAN_ASSIGN_OR_RETURN(*n, check_batch(*batch));
+  return std::move(*batch);
+}
+
+// The arguments of an evaluation closure (census_evaluate,
+// census_torch_evaluate, named by `closure` in errors): one shard of a CSV
+// file.
+struct EvalArgs {
+  std::string path;
+  int64_t shards = 0;
+  int64_t index = 0;
+};
+inline capstan::Result<EvalArgs> parse_eval_args(const capstan::Element& args, const std::string& closure) {
+  using capstan::DType;
+  using capstan::Status;
+  if (args.size() != 3 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1 ||
+      args.components[1].dtype() != DType::kInt64 || args.components[2].dtype() != DType::kInt64) {
+    return Status::InvalidArgument(closure + " takes (path string, num_shards int64, index int64)");
+  }
+  EvalArgs parsed{std::string(args.components[0].string_at(0)), args.components[1].flat<int64_t>()[0],
+                  args.components[2].flat<int64_t>()[0]};
+  if (parsed.shards < 1 || parsed.index < 0 || parsed.index >= parsed.shards) {
+    return Status::InvalidArgument(closure + ": shard " + std::to_string(parsed.index) + " of " +
+                                   std::to_string(parsed.shards) + " does not exist");
+  }
+  return parsed;
 }
 
 // The model's probabilities and the labels of every example of `examples`

@@ -100,11 +100,9 @@ Result<Step> run_model(ClosureContext& ctx, const Element& batch, int64_t n, boo
 
 Result<Element> train_step(ClosureContext& ctx, const Element& args) {
   if (args.size() != 1) return Status::InvalidArgument("census_train_step takes one argument: the per-worker dataset");
-  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
-  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
-  if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
-  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, census::check_batch(*batch));
-  CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, *batch, n, /*gradients=*/true));
+  int64_t n = 0;
+  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n));
+  CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, batch, n, /*gradients=*/true));
   // A cancelled step (another closure failed) does not push its update.
   if (ctx.cancelled()) return Status::Cancelled("census_train_step cancelled before its update");
   const census::Output& out = step.output;
@@ -123,17 +121,8 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
 }
 
 Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
-  if (args.size() != 3 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1 ||
-      args.components[1].dtype() != DType::kInt64 || args.components[2].dtype() != DType::kInt64) {
-    return Status::InvalidArgument("census_evaluate takes (path string, num_shards int64, index int64)");
-  }
-  const std::string path(args.components[0].string_at(0));
-  const int64_t shards = args.components[1].flat<int64_t>()[0], index = args.components[2].flat<int64_t>()[0];
-  if (shards < 1 || index < 0 || index >= shards) {
-    return Status::InvalidArgument("census_evaluate: shard " + std::to_string(index) + " of " +
-                                   std::to_string(shards) + " does not exist");
-  }
-  return census::predictions(ctx, census::examples(path, shards, index), loaded_into,
+  CAPSTAN_ASSIGN_OR_RETURN(census::EvalArgs shard, census::parse_eval_args(args, "census_evaluate"));
+  return census::predictions(ctx, census::examples(shard.path, shard.shards, shard.index), loaded_into,
                              [&ctx](const Element& batch, int64_t n) -> Result<std::vector<float>> {
                                CAPSTAN_ASSIGN_OR_RETURN(Step step, run_model(ctx, batch, n, /*gradients=*/false));
                                return std::move(step.output.probabilities);
@@ -158,13 +147,11 @@ Result<Element> sync_step(ClosureContext& ctx, const Element& args) {
     return Status::FailedPrecondition("census_sync_step is a synchronous step: run it with MirroredStrategy::run");
   }
   if (args.size() != 2) return Status::InvalidArgument("census_sync_step takes (per-worker dataset, hybrid)");
-  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
-  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
-  if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
-  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, census::check_batch(*batch));
+  int64_t n = 0;
+  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n));
   const census::Tables tables = context_tables(ctx);
   CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
-                           census::replica_step(*batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
+                           census::replica_step(batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
                                                 /*train=*/true));
   return Element{{Tensor::scalar<float>(static_cast<float>(step.output.loss_sum / static_cast<double>(n))),
                   Tensor::scalar<int64_t>(step.output.correct), Tensor::scalar<int64_t>(n)},

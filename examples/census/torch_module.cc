@@ -26,7 +26,6 @@
 namespace {
 
 using capstan::ClosureContext;
-using capstan::DType;
 using capstan::Element;
 using capstan::Result;
 using capstan::Status;
@@ -62,11 +61,9 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
   if (args.size() != 1) {
     return Status::InvalidArgument("census_torch_train_step takes one argument: the per-worker dataset");
   }
-  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(args.components[0]));
-  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
-  if (!batch) return Status::OutOfRange("the per-worker dataset is exhausted");
-  CAPSTAN_ASSIGN_OR_RETURN(int64_t n, census::check_batch(*batch));
-  CAPSTAN_ASSIGN_OR_RETURN(Batch b, to_torch(*batch));
+  int64_t n = 0;
+  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n));
+  CAPSTAN_ASSIGN_OR_RETURN(Batch b, to_torch(batch));
   Model& m = model();
   std::lock_guard<std::mutex> lock(m.mutex);
   torch::Tensor logits;
@@ -81,20 +78,11 @@ Result<Element> train_step(ClosureContext& ctx, const Element& args) {
 }
 
 Result<Element> evaluate(ClosureContext& ctx, const Element& args) {
-  if (args.size() != 3 || args.components[0].dtype() != DType::kString || args.components[0].num_elements() != 1 ||
-      args.components[1].dtype() != DType::kInt64 || args.components[2].dtype() != DType::kInt64) {
-    return Status::InvalidArgument("census_torch_evaluate takes (path string, num_shards int64, index int64)");
-  }
-  const std::string path(args.components[0].string_at(0));
-  const int64_t shards = args.components[1].flat<int64_t>()[0], index = args.components[2].flat<int64_t>()[0];
-  if (shards < 1 || index < 0 || index >= shards) {
-    return Status::InvalidArgument("census_torch_evaluate: shard " + std::to_string(index) + " of " +
-                                   std::to_string(shards) + " does not exist");
-  }
+  CAPSTAN_ASSIGN_OR_RETURN(census::EvalArgs shard, census::parse_eval_args(args, "census_torch_evaluate"));
   Model& m = model();
   std::lock_guard<std::mutex> lock(m.mutex);
   return census::predictions(
-      ctx, census::examples(path, shards, index), loaded_into,
+      ctx, census::examples(shard.path, shard.shards, shard.index), loaded_into,
       [&](const Element& batch, int64_t n) -> Result<std::vector<float>> {
         CAPSTAN_ASSIGN_OR_RETURN(Batch b, to_torch(batch));
         CAPSTAN_ASSIGN_OR_RETURN(torch::Tensor p, m.ps.eval_step(ctx, [&] {
