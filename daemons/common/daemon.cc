@@ -440,6 +440,13 @@ Result<std::string> peer_address(const Config& config, const std::string& key,
                           "' job in the cluster spec)");
 }
 
+std::function<Result<std::vector<Peer>>(const Config&)> one_peer(wire::Role role, std::string key, std::string job) {
+  return [role, key = std::move(key), job = std::move(job)](const Config& config) -> Result<std::vector<Peer>> {
+    CAPSTAN_ASSIGN_OR_RETURN(std::string address, peer_address(config, key, job));
+    return std::vector<Peer>{{role, address}};
+  };
+}
+
 Result<DaemonSettings> DaemonSettings::from(const RoleSpec& spec, const Config& config) {
   DaemonSettings out;
   const ClusterSpec& cluster = config.cluster();

@@ -199,6 +199,10 @@ std::optional<std::string> local_address_towards(const std::string& peer);
 Result<std::string> peer_address(const Config& config, const std::string& key,
                                  const std::string& job);
 
+// RoleSpec::peers of a role that needs one peer, `role`, found as
+// peer_address(config, key, job) finds it.
+std::function<Result<std::vector<Peer>>(const Config&)> one_peer(wire::Role role, std::string key, std::string job);
+
 }  // namespace capstan::daemon
 
 #endif  // CAPSTAN_DAEMONS_COMMON_DAEMON_H_

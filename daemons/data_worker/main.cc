@@ -2,11 +2,7 @@
 #include "daemons/common/daemon.h"
 #include "daemons/data_worker/service.h"
 
-using capstan::Result;
-using capstan::daemon::Config;
 using capstan::daemon::OptionType;
-using capstan::daemon::Peer;
-using capstan::daemon::peer_address;
 namespace wire = capstan::wire;
 
 int main(int argc, char** argv) {
@@ -37,11 +33,7 @@ int main(int argc, char** argv) {
           "1024"}
           .in_range(1, int64_t{1} << 40),
   };
-  spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
-    CAPSTAN_ASSIGN_OR_RETURN(std::string address,
-                             peer_address(config, "dispatcher", "data_dispatcher"));
-    return std::vector<Peer>{{wire::Role::DATA_DISPATCHER, address}};
-  };
+  spec.peers = capstan::daemon::one_peer(wire::Role::DATA_DISPATCHER, "dispatcher", "data_dispatcher");
   spec.make_service = capstan::daemon::service_factory<capstan::data_service::DataWorkerService>();
   return capstan::daemon::run_daemon(spec, argc, argv);
 }

@@ -2,11 +2,7 @@
 #include "daemons/common/daemon.h"
 #include "daemons/worker_server/service.h"
 
-using capstan::Result;
-using capstan::daemon::Config;
 using capstan::daemon::OptionType;
-using capstan::daemon::Peer;
-using capstan::daemon::peer_address;
 namespace wire = capstan::wire;
 
 int main(int argc, char** argv) {
@@ -30,10 +26,7 @@ int main(int argc, char** argv) {
        "training); a strategy that needs more is refused, naming this key, when its group forms.",
        "4096"},
   };
-  spec.peers = [](const Config& config) -> Result<std::vector<Peer>> {
-    CAPSTAN_ASSIGN_OR_RETURN(std::string address, peer_address(config, "coordinator", "coordinator"));
-    return std::vector<Peer>{{wire::Role::COORDINATOR, address}};
-  };
+  spec.peers = capstan::daemon::one_peer(wire::Role::COORDINATOR, "coordinator", "coordinator");
   spec.make_service = capstan::daemon::service_factory<capstan::worker_server::WorkerService>();
   return capstan::daemon::run_daemon(spec, argc, argv);
 }
