@@ -57,6 +57,14 @@ CreateJob job_of(int64_t id, std::string dataset = "ds", std::string name = "",
   return c;
 }
 
+// Job `id` "rr" of "ds", read round-robin by `consumers` consumers
+// (coordinated reads).
+CreateJob round_robin_job(int64_t id, int64_t consumers) {
+  CreateJob rr = job_of(id, "ds", "rr");
+  rr.num_consumers = consumers;
+  return rr;
+}
+
 // A dataset "ds" (fingerprint 42) and workers w1, w2.
 void setup(DispatcherState& state) {
   ok(state, RegisterDataset{"ds", 42});
@@ -560,9 +568,7 @@ TEST_CASE("a job is finished when all its tasks are finished") {
 TEST_CASE("FinishTask rejects unknown, finished and pending tasks") {
   DispatcherState state;
   setup(state);
-  CreateJob rr = job_of(1, "ds", "rr");
-  rr.num_consumers = 1;
-  ok(state, rr);
+  ok(state, round_robin_job(1, 1));
   ok(state, CreateTask{10, 1, "w1"});
   ok(state, CreatePendingTask{11, 1, "w2", 5});
   rejected(state, FinishTask{99}, StatusCode::kNotFound);
@@ -591,9 +597,7 @@ TEST_CASE("RemoveTask erases a task everywhere") {
 TEST_CASE("RemoveTask drops a pending task from the queue") {
   DispatcherState state;
   setup(state);
-  CreateJob rr = job_of(1, "ds", "rr");
-  rr.num_consumers = 2;
-  ok(state, rr);
+  ok(state, round_robin_job(1, 2));
   ok(state, CreatePendingTask{10, 1, "w1", 3});
   ok(state, CreatePendingTask{11, 1, "w2", 4});
   ok(state, RemoveTask{10});
@@ -607,9 +611,7 @@ TEST_CASE("RemoveTask drops a pending task from the queue") {
 TEST_CASE("a pending task becomes active once every consumer accepts it") {
   DispatcherState state;
   setup(state);
-  CreateJob rr = job_of(1, "ds", "rr");
-  rr.num_consumers = 2;
-  ok(state, rr);
+  ok(state, round_robin_job(1, 2));
   ok(state, CreateTask{10, 1, "w1"});
   ok(state, AcquireJobClient{100, 1});
   ok(state, AcquireJobClient{101, 1});
@@ -644,9 +646,7 @@ TEST_CASE("CreatePendingTask needs a round-robin job and a valid round") {
   DispatcherState state;
   setup(state);
   ok(state, job_of(1));
-  CreateJob rr = job_of(2, "ds", "rr");
-  rr.num_consumers = 2;
-  ok(state, rr);
+  ok(state, round_robin_job(2, 2));
   ok(state, CreateTask{10, 2, "w1"});
   rejected(state, CreatePendingTask{11, 1, "w1", 0}, StatusCode::kFailedPrecondition);
   rejected(state, CreatePendingTask{11, 2, "w2", -1}, StatusCode::kInvalidArgument);
@@ -659,9 +659,7 @@ TEST_CASE("CreatePendingTask needs a round-robin job and a valid round") {
 TEST_CASE("ClientHeartbeat rejects malformed answers, unknown clients and empty queues") {
   DispatcherState state;
   setup(state);
-  CreateJob rr = job_of(1, "ds", "rr");
-  rr.num_consumers = 1;
-  ok(state, rr);
+  ok(state, round_robin_job(1, 1));
   ok(state, AcquireJobClient{100, 1});
   rejected(state, ClientHeartbeat{100, false, std::nullopt}, StatusCode::kInvalidArgument);
   rejected(state, ClientHeartbeat{100, true, int64_t{3}}, StatusCode::kInvalidArgument);
@@ -831,9 +829,7 @@ TEST_CASE("split_state reports errors") {
 TEST_CASE("GarbageCollectJob ends the job's tasks") {
   DispatcherState state;
   setup(state);
-  CreateJob rr = job_of(1, "ds", "rr");
-  rr.num_consumers = 2;
-  ok(state, rr);
+  ok(state, round_robin_job(1, 2));
   ok(state, CreateTask{10, 1, "w1"});
   ok(state, CreatePendingTask{11, 1, "w2", 3});
   ok(state, GarbageCollectJob{1});
