@@ -18,35 +18,13 @@
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "io/testing.h"
 
 namespace capstan::data::testing {
 
-// A fresh directory under $TMPDIR (or /tmp), removed with its contents,
-// including any whose permissions a test took away.
-class TempDir {
- public:
-  TempDir() {
-    const char* tmp = std::getenv("TMPDIR");
-    std::string templ =
-        std::string(tmp != nullptr && *tmp != '\0' ? tmp : "/tmp") + "/capstan_test_XXXXXX";
-    REQUIRE(::mkdtemp(templ.data()) != nullptr);
-    path_ = templ;
-  }
-  ~TempDir() {
-    namespace fs = std::filesystem;
-    std::error_code ignored;
-    fs::permissions(path_, fs::perms::owner_all, fs::perm_options::add, ignored);
-    fs::remove_all(path_, ignored);
-  }
-  TempDir(const TempDir&) = delete;
-  TempDir& operator=(const TempDir&) = delete;
-
-  std::string file(const std::string& name) const { return path_ + "/" + name; }
-  const std::string& path() const { return path_; }
-
- private:
-  std::string path_;
-};
+// A fresh directory under the system temp dir, removed with its contents
+// (io/testing.h).
+using ::capstan::io::testing::TempDir;
 
 inline void write_bytes(const std::string& path, const std::string& bytes) {
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
