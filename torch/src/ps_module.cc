@@ -71,11 +71,48 @@ Result<Tensor> EmbeddingImpl::initial_value() const {
   return random_normal_initializer(DType::kFloat32, shape, options_.mean, options_.stddev, options_.seed);
 }
 
+Status EmbeddingImpl::set_local_rows(::torch::Tensor rows) {
+  if (!rows.defined()) {
+    local_rows_ = ::torch::Tensor();
+    return Status::Ok();
+  }
+  if (options_.hash_table) {
+    return Status::InvalidArgument(
+        "a hash-table capstan::torch::Embedding takes no local rows: its rows are keyed by id, not row number");
+  }
+  const std::vector<int64_t> want{options_.num_embeddings, options_.dim};
+  if (rows.scalar_type() != ::torch::kFloat || rows.sizes().vec() != want) {
+    std::ostringstream got;
+    got << rows.scalar_type() << rows.sizes();
+    return Status::InvalidArgument("capstan::torch::Embedding (" + std::to_string(options_.num_embeddings) + " x " +
+                                   std::to_string(options_.dim) + ") takes local rows float32[" +
+                                   std::to_string(options_.num_embeddings) + ", " + std::to_string(options_.dim) +
+                                   "], not " + got.str());
+  }
+  local_rows_ = std::move(rows);
+  return Status::Ok();
+}
+
 ::torch::Tensor EmbeddingImpl::forward(const ::torch::Tensor& ids) {
+  if (step_.context == nullptr && local_rows_.defined()) {
+    // Serving: the rows load_checkpoint put here, as torch::nn::Embedding reads its weight.
+    TORCH_CHECK(ids.scalar_type() == ::torch::kLong || ids.scalar_type() == ::torch::kInt,
+                "capstan::torch::Embedding: ids must be int32 or int64, not ", ids.scalar_type());
+    ::torch::Tensor flat = ids.reshape({-1}).to(::torch::kLong).to(local_rows_.device());
+    if (flat.numel() > 0) {
+      const int64_t low = flat.min().item<int64_t>(), high = flat.max().item<int64_t>();
+      TORCH_CHECK(low >= 0 && high < options_.num_embeddings, "capstan::torch::Embedding: id ",
+                  low < 0 ? low : high, " is outside its ", options_.num_embeddings, " rows [0, ",
+                  options_.num_embeddings, ")");
+    }
+    std::vector<int64_t> shape(ids.sizes().begin(), ids.sizes().end());
+    shape.push_back(options_.dim);
+    return local_rows_.index_select(0, flat).view(shape);
+  }
   TORCH_CHECK(step_.context != nullptr, "capstan::torch::Embedding (", options_.num_embeddings, " x ",
               options_.dim,
               "): its rows live on the parameter servers; call it inside a step (PsModule::train_step, "
-              "eval_step or pull)");
+              "eval_step or pull), or give it local rows for serving (capstan::torch::load_checkpoint)");
   TORCH_CHECK(ids.scalar_type() == ::torch::kLong || ids.scalar_type() == ::torch::kInt,
               "capstan::torch::Embedding '", step_.variable, "': ids must be int32 or int64, not ",
               ids.scalar_type());

@@ -6,6 +6,10 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include <cstdio>
+#include <cstdlib>
+#include <fstream>
+
 #include "tests/integration/training_cluster.h"
 #include "torch/tests/torch_test_models.h"
 
@@ -96,6 +100,56 @@ TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's
   CHECK(::torch::allclose(after, local->dense_embedding->weight, 1e-5, 1e-6));
   for (int64_t row : {2, 5, 9, 17}) CHECK_FALSE(::torch::equal(after[row], before[row]));
   for (int64_t row : {0, 10, 19}) CHECK(::torch::equal(after[row], before[row]));
+}
+
+// The Python check (tests/scripts/safetensors_read_test.sh) runs this test
+// with CAPSTAN_TORCH_CHECKPOINT_OUT set: the checkpoint goes there, with
+// expected.txt, one line per parameter of the loaded plain module: its
+// name, then its values (%.9g, row-major).
+TEST_CASE("A checkpoint of a module trained on the parameter servers loads into a plain module, which serves alike") {
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto model = std::make_shared<testing::Tower>(true);
+  PsOptions options{.prefix = "tower/", .optimizer = Optimizer::sgd(kLearningRate)};
+  options.partitioners["embedding.weight"] = Partitioner::fixed_shards(2);
+  REQUIRE(create_variables(*t.client, *model, options).value()[2].shards.size() == 2);
+  ::torch::Tensor ids = ::torch::tensor({2, 5, 17, 5, 5, 9}, ::torch::kLong).reshape({2, 3});
+  ::torch::Tensor y = ::torch::tensor({0.5f, -2.0f}).reshape({2, 1});
+  for (int step = 0; step < 2; ++step) {
+    Element args{{from_torch(ids).value(), from_torch(y).value()}, {}};
+    t.client->fetch(t.client->schedule("tower_step", args).value()).value();
+  }
+  const char* out = std::getenv("CAPSTAN_TORCH_CHECKPOINT_OUT");
+  const std::string root = out != nullptr ? std::string(out) : t.cluster.dir() + "/checkpoints";
+  const std::string path = t.client->save_checkpoint(root, 2).value();
+
+  // No cluster from here on: the files alone.
+  testing::Tower plain(/*on_ps=*/false);  // LibTorch's own Embedding
+  LoadedCheckpoint loaded = load_checkpoint(plain, root, {.prefix = "tower/"}).value();
+  CHECK(loaded.path == path);
+  CHECK(loaded.step == 2);
+  CHECK(loaded.loaded == std::vector<std::string>{"embedding.weight", "head.weight", "head.bias"});
+  for (const auto& item : plain.named_parameters()) {
+    INFO(item.key());
+    CHECK(::torch::equal(item.value(), read(*t.client, "tower/" + item.key())));
+  }
+  testing::Tower serving(/*on_ps=*/true);  // the training module, its rows held locally
+  load_checkpoint(serving, path, {.prefix = "tower/"}).value();
+  CHECK(::torch::equal(serving.forward(ids), plain.forward(ids)));
+
+  if (out != nullptr) {
+    std::ofstream expected(root + "/expected.txt");
+    for (const auto& item : plain.named_parameters()) {
+      expected << "tower/" << item.key();
+      ::torch::Tensor flat = item.value().detach().reshape({-1}).contiguous();
+      for (int64_t i = 0; i < flat.numel(); ++i) {
+        char number[32];
+        std::snprintf(number, sizeof number, " %.9g", static_cast<double>(flat[i].item<float>()));
+        expected << number;
+      }
+      expected << "\n";
+    }
+    REQUIRE(expected.good());
+  }
 }
 
 TEST_CASE("A hash-table Embedding trains its rows on the parameter servers as a dense embedding would") {

@@ -88,10 +88,11 @@ struct EmbeddingOptions {
 
 // An embedding whose rows live on the parameter servers. Inside a step
 // (PsModule), forward(ids) gathers the distinct rows `ids` names, once each,
-// and backward's gradient for them is pushed as a sparse update; outside a
-// step there are no rows to read (FailedPrecondition, thrown as a
-// c10::Error like any torch error). ids: int32/int64, any shape; the output
-// is ids.shape() + [dim], float32.
+// and backward's gradient for them is pushed as a sparse update. Outside a
+// step it reads its local rows, where load_checkpoint (or set_local_rows)
+// gave it some, as torch::nn::Embedding does (serving); without them there
+// are no rows to read (thrown as a c10::Error like any torch error). ids:
+// int32/int64, any shape; the output is ids.shape() + [dim], float32.
 class EmbeddingImpl : public ::torch::nn::Module {
  public:
   explicit EmbeddingImpl(EmbeddingOptions options);
@@ -101,6 +102,15 @@ class EmbeddingImpl : public ::torch::nn::Module {
   // The whole initial table [num_embeddings, dim] (what create_variables
   // writes); a plain torch::nn::Embedding given these rows trains the same.
   Result<Tensor> initial_value() const;
+
+  // Rows held in this process, which forward() reads outside a step (a
+  // serving program; load_checkpoint sets them): float32 [num_embeddings,
+  // dim], kept as given (no copy). InvalidArgument for another dtype or
+  // shape, or a hash-table embedding (its rows are keyed by id, not row
+  // number). An undefined tensor drops them. They are not a parameter:
+  // create_variables and PsModule never see them.
+  Status set_local_rows(::torch::Tensor rows);
+  const ::torch::Tensor& local_rows() const { return local_rows_; }
 
  private:
   friend class PsModule;
@@ -115,6 +125,7 @@ class EmbeddingImpl : public ::torch::nn::Module {
   };
   EmbeddingOptions options_;
   Step step_;
+  ::torch::Tensor local_rows_;  // undefined unless set_local_rows
 };
 // TORCH_MODULE(Embedding), spelled out: the macro names torch:: unqualified,
 // which inside capstan:: means this namespace.
@@ -195,6 +206,51 @@ class PsModule {
   ::torch::nn::Module& module_;
   PsOptions options_;
 };
+
+// ---- Loading a checkpoint into a module, without a cluster ----------------------
+
+struct LoadCheckpointOptions {
+  // Variable name = prefix + parameter name: the prefix create_variables
+  // was given (PsOptions::prefix).
+  std::string prefix{};
+  // True: every parameter must be in the checkpoint (NotFound naming the
+  // first missing one); false: missing ones keep their values.
+  bool strict = true;
+  // Parameters (without the prefix) that may be missing even when strict.
+  std::vector<std::string> allow_missing{};
+};
+
+struct LoadedCheckpoint {
+  std::string path;  // the ckpt-<step> directory read
+  int64_t step = 0;
+  std::vector<std::string> loaded;   // parameter names, in ps_parameters order
+  std::vector<std::string> missing;  // parameters the checkpoint lacks (kept as they were)
+  // Variables under the prefix that no parameter names (PyTorch's
+  // unexpected_keys); not an error: a checkpoint holds the whole job.
+  std::vector<std::string> unexpected;
+};
+
+// Loads a Capstan checkpoint into a plain module for serving or evaluation:
+// reads the files alone (no cluster; capstan::CheckpointReader), joins
+// partitioned variables, and copies variable prefix + name into each of
+// ps_parameters(module): every named parameter (wherever it lives: CPU or
+// CUDA) and every capstan::torch::Embedding's rows ("<path>.weight", into
+// set_local_rows). A plain torch::nn::Embedding registered under the same
+// path as the training module's capstan::torch::Embedding loads its rows
+// as well, so a serving module may use LibTorch's own Embedding.
+//
+// `path`: a ckpt-<step> directory, or a checkpoint root (its newest), as
+// ClusterCoordinator::restore_checkpoint accepts. Every file is checked
+// against the manifest (CRC32C), and every parameter against its variable,
+// before anything is copied: on an error the module is unchanged. Errors
+// name the parameter and the fix: NotFound for a missing variable (strict),
+// InvalidArgument for a dtype or shape that differs from the parameter's,
+// FailedPrecondition for a dynamic embedding table (not loadable into a
+// module yet: allow_missing it), DataLoss naming the file for a damaged
+// checkpoint. Buffers (BatchNorm's running statistics) are not variables
+// and are not loaded.
+Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std::string& path,
+                                         const LoadCheckpointOptions& options = {});
 
 }  // namespace capstan::torch
 
