@@ -58,8 +58,11 @@ class MirroredVariables {
 
   // The variables' names, in creation order.
   std::vector<std::string> names() const;
-  // The current value; updated in place by apply_gradients() (copy it to
-  // keep a snapshot). NotFound for an unknown name.
+  // The current value; updated in place by apply_gradients() and
+  // apply_averaged_gradients() (copy it to keep a snapshot; a view of its
+  // buffer follows the training). set_group() and restore_checkpoint()
+  // put new buffers in place: take value() again after them. NotFound for
+  // an unknown name.
   Result<Tensor> value(const std::string& name) const;
   // Updates applied so far.
   int64_t step() const;
@@ -68,6 +71,13 @@ class MirroredVariables {
   // rank's mean loss. They are averaged over the ranks, then every replica
   // applies its variable's optimizer.
   Status apply_gradients(const std::vector<Tensor>& gradients);
+  // The same update, for gradients the caller already averaged over the
+  // ranks (e.g. all-reduced with MEAN in buckets while backward ran, as
+  // capstan::torch::MirroredModule does): no collective here. Every rank
+  // must pass bit-identical gradients, or the replicas diverge
+  // (verify_replicas() tells). InvalidArgument, naming the variable, for a
+  // gradient of the wrong count, dtype or shape; nothing is applied then.
+  Status apply_averaged_gradients(const std::vector<Tensor>& gradients);
 
   // A digest of every value, slot and the step: equal on every rank when the
   // replicas are identical.

@@ -82,6 +82,42 @@ struct MirroredVariables::Impl {
     return out;
   }
 
+  // One dense gradient per variable, in order, of the variable's dtype and
+  // shape; InvalidArgument naming the first that is not.
+  Status check_gradients(const std::vector<Tensor>& gradients, const std::string& what) const {
+    if (gradients.size() != variables.size()) {
+      return Status::InvalidArgument(what + ": " + std::to_string(gradients.size()) + " gradients for " +
+                                     std::to_string(variables.size()) + " mirrored variables (one each, in order)");
+    }
+    for (size_t i = 0; i < gradients.size(); ++i) {
+      const Tensor& g = gradients[i];
+      const Tensor& v = variables[i].value;
+      if (g.dtype() != v.dtype() || g.shape() != v.shape()) {
+        return Status::InvalidArgument(what + ": the gradient of '" + variables[i].name + "' is " +
+                                       std::string(dtype_name(g.dtype())) + shape_string(g.shape()) +
+                                       ", the variable " + std::string(dtype_name(v.dtype())) +
+                                       shape_string(v.shape()));
+      }
+    }
+    return Status::Ok();
+  }
+
+  // The next step: every variable's optimizer applies its gradient (the
+  // ranks' mean, checked) to the value, in place: a view of the value's
+  // buffer (value() shares it) sees the new value.
+  void apply_mean(const std::vector<Tensor>& mean) {
+    const int64_t next = ++step;
+    for (size_t i = 0; i < variables.size(); ++i) {
+      auto& v = variables[i];
+      if (v.optimizer.kind == Optimizer::Kind::kNone) continue;
+      if (v.value.dtype() == DType::kFloat32) {
+        apply<float>(v.optimizer, next, v.value, v.slots, mean[i]);
+      } else {
+        apply<double>(v.optimizer, next, v.value, v.slots, mean[i]);
+      }
+    }
+  }
+
   // Every value, slot and the step from `source`. Received into copies and
   // committed once all arrived: a broadcast that fails midway (a member
   // died) leaves this replica as it was, never half one state and half
@@ -196,31 +232,15 @@ Result<Tensor> MirroredVariables::value(const std::string& name) const {
 int64_t MirroredVariables::step() const { return impl_->step; }
 
 Status MirroredVariables::apply_gradients(const std::vector<Tensor>& gradients) {
-  auto& variables = impl_->variables;
-  if (gradients.size() != variables.size()) {
-    return Status::InvalidArgument("apply_gradients: " + std::to_string(gradients.size()) + " gradients for " +
-                                   std::to_string(variables.size()) + " mirrored variables (one each, in order)");
-  }
-  for (size_t i = 0; i < gradients.size(); ++i) {
-    const Tensor& g = gradients[i];
-    const Tensor& v = variables[i].value;
-    if (g.dtype() != v.dtype() || g.shape() != v.shape()) {
-      return Status::InvalidArgument("apply_gradients: the gradient of '" + variables[i].name + "' is " +
-                                     std::string(dtype_name(g.dtype())) + shape_string(g.shape()) + ", the variable " +
-                                     std::string(dtype_name(v.dtype())) + shape_string(v.shape()));
-    }
-  }
+  CAPSTAN_RETURN_IF_ERROR(impl_->check_gradients(gradients, "apply_gradients"));
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> mean, impl_->group->all_reduce(gradients, ReduceOp::kMean));
-  const int64_t step = ++impl_->step;
-  for (size_t i = 0; i < variables.size(); ++i) {
-    auto& v = variables[i];
-    if (v.optimizer.kind == Optimizer::Kind::kNone) continue;
-    if (v.value.dtype() == DType::kFloat32) {
-      apply<float>(v.optimizer, step, v.value, v.slots, mean[i]);
-    } else {
-      apply<double>(v.optimizer, step, v.value, v.slots, mean[i]);
-    }
-  }
+  impl_->apply_mean(mean);
+  return Status::Ok();
+}
+
+Status MirroredVariables::apply_averaged_gradients(const std::vector<Tensor>& gradients) {
+  CAPSTAN_RETURN_IF_ERROR(impl_->check_gradients(gradients, "apply_averaged_gradients"));
+  impl_->apply_mean(gradients);
   return Status::Ok();
 }
 

@@ -89,6 +89,38 @@ TEST_CASE("synchronous SGD on 2 ranks with batch b ends where 1 rank with batch 
   CHECK(w[kFeatures] == Approx(0.5).margin(0.05));
 }
 
+TEST_CASE("apply_averaged_gradients applies the given mean in place, as apply_gradients does after its all-reduce",
+          "[mirrored]") {
+  Group group = make_group(2);
+  auto results = on_all<Result<std::vector<float>>>(2, [&](int r) -> Result<std::vector<float>> {
+    Tensor w0 = Tensor::from_vector<float>({1, 2}, {2}).value();
+    CAPSTAN_ASSIGN_OR_RETURN(auto reduced, MirroredVariables::create(*group[static_cast<size_t>(r)],
+                                                                    {{"w", w0, Optimizer::adam(0.1)}}));
+    CAPSTAN_ASSIGN_OR_RETURN(auto averaged, MirroredVariables::create(*group[static_cast<size_t>(r)],
+                                                                     {{"w", w0, Optimizer::adam(0.1)}}));
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor view, averaged->value("w"));  // shares the buffer
+    // Rank gradients (1, 3) and (3, 5): their mean is (2, 4).
+    Tensor mine = Tensor::from_vector<float>({r == 0 ? 1.0f : 3.0f, r == 0 ? 3.0f : 5.0f}, {2}).value();
+    CAPSTAN_RETURN_IF_ERROR(reduced->apply_gradients({mine}));
+    CAPSTAN_RETURN_IF_ERROR(averaged->apply_averaged_gradients({Tensor::from_vector<float>({2, 4}, {2}).value()}));
+    if (reduced->checksum() != averaged->checksum()) return Status::Internal("the two paths differ");
+    // Errors: nothing applied.
+    Status count = averaged->apply_averaged_gradients({});
+    Status shape = averaged->apply_averaged_gradients({Tensor::zeros(DType::kFloat32, {3}).value()});
+    if (count.code() != StatusCode::kInvalidArgument || shape.code() != StatusCode::kInvalidArgument ||
+        shape.message().find("'w'") == std::string::npos || averaged->step() != 1) {
+      return Status::Internal("bad gradients: " + count.to_string() + " / " + shape.to_string());
+    }
+    return std::vector<float>(view.flat<float>().begin(), view.flat<float>().end());
+  });
+  for (auto& r : results) {
+    REQUIRE(r.ok());
+    // Adam's first step moves each weight by about the learning rate.
+    CHECK((*r)[0] == Approx(0.9).margin(1e-4));
+    CHECK((*r)[1] == Approx(1.9).margin(1e-4));
+  }
+}
+
 TEST_CASE("ranks that create different mirrored variables are refused", "[mirrored]") {
   Group group = make_group(2);
   auto results = on_all<Status>(2, [&](int r) {

@@ -1,0 +1,474 @@
+// torch::nn::Modules trained data-parallel on Capstan's collectives: module
+// parameters as views of mirrored variables, gradients all-reduced in
+// buckets while backward runs.
+#include <torch/csrc/autograd/functions/accumulate_grad.h>
+
+#include <future>
+#include <mutex>
+#include <optional>
+#include <sstream>
+#include <unordered_set>
+
+#include "capstan/torch.h"
+#include "capstan/torch/mirrored_module.h"
+
+namespace capstan::torch {
+namespace {
+
+std::string sizes_string(c10::IntArrayRef sizes) {
+  std::ostringstream out;
+  out << sizes;
+  return out.str();
+}
+
+std::string torch_error(const std::exception& e) {
+  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
+  return e.what();
+}
+
+// The leaves (parameters, as TensorImpls) whose gradients backward from
+// `loss` will compute: the variables of the AccumulateGrad nodes its graph
+// reaches.
+std::unordered_set<const void*> reached_leaves(const ::torch::Tensor& loss) {
+  std::unordered_set<const void*> leaves;
+  std::unordered_set<const ::torch::autograd::Node*> seen;
+  std::vector<::torch::autograd::Node*> stack;
+  if (loss.grad_fn()) stack.push_back(loss.grad_fn().get());
+  while (!stack.empty()) {
+    ::torch::autograd::Node* node = stack.back();
+    stack.pop_back();
+    if (!seen.insert(node).second) continue;
+    if (const auto* accumulate = dynamic_cast<const ::torch::autograd::AccumulateGrad*>(node)) {
+      leaves.insert(accumulate->variable.unsafeGetTensorImpl());
+      continue;
+    }
+    for (const auto& edge : node->next_edges()) {
+      if (edge.function) stack.push_back(edge.function.get());
+    }
+  }
+  return leaves;
+}
+
+const Optimizer& optimizer_for(const std::string& name, const MirroredOptions& options) {
+  auto it = options.optimizers.find(name);
+  return it != options.optimizers.end() ? it->second : options.optimizer;
+}
+
+}  // namespace
+
+struct MirroredModule::Impl {
+  struct Parameter {
+    std::string name;      // without the prefix
+    ::torch::Tensor tensor;  // the module's parameter: a view of its replica
+    Shape shape;
+    DType dtype = DType::kFloat32;
+    bool trained = false;  // requires grad: has a bucket and a hook
+    size_t bucket = 0;
+    int64_t offset = 0;  // elements into the bucket
+    int64_t numel = 0;
+    std::optional<unsigned> hook;
+    Tensor zeros;  // the "gradient" of a parameter that is not trained
+    bool ready = false;  // GUARDED_BY(mutex): this step's gradient is in its bucket
+  };
+  struct Bucket {
+    DType dtype = DType::kFloat32;
+    std::vector<size_t> parameters;  // in the order their gradients usually come
+    Tensor buffer;                   // this rank's gradients, flat
+    ::torch::Tensor view;            // of `buffer`
+    // GUARDED_BY(mutex):
+    size_t pending = 0;  // gradients still missing this step
+    bool launched = false;
+    std::future<Result<Tensor>> reduced;
+  };
+
+  // Constant after create (but `group` changes with set_group).
+  Communicator* group = nullptr;
+  ::torch::nn::Module* module = nullptr;
+  MirroredOptions options;
+  std::unique_ptr<MirroredVariables> variables;
+  std::vector<Parameter> parameters;  // named_parameters() order, the variables' order
+  std::vector<Bucket> buckets;
+
+  // Hooks run on autograd's threads (for CPU tensors, the thread calling
+  // backward): they and train_step meet under this mutex.
+  std::mutex mutex;
+  bool in_backward = false;  // GUARDED_BY(mutex): hooks act only then
+  size_t next_launch = 0;    // GUARDED_BY(mutex): buckets launch in order
+  Status hook_error;         // GUARDED_BY(mutex)
+  int64_t launched_this_step = 0;  // GUARDED_BY(mutex)
+  MirroredStats stats;
+
+  // Launches the complete buckets from next_launch on, in order.
+  void launch_ready() {
+    while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
+      Bucket& b = buckets[next_launch++];
+      b.launched = true;
+      b.reduced = group->all_reduce_async(b.buffer, ReduceOp::kMean);
+      ++launched_this_step;
+      ++stats.all_reduces;
+      stats.all_reduce_bytes += static_cast<int64_t>(b.buffer.byte_size());
+    }
+  }
+
+  // The hook of parameters[index]: its gradient into its bucket.
+  void on_gradient(size_t index, const ::torch::Tensor& gradient) {
+    std::lock_guard<std::mutex> lock(mutex);
+    if (!in_backward) return;  // a backward of the program's own, outside train_step
+    Parameter& p = parameters[index];
+    Bucket& b = buckets[p.bucket];
+    ::torch::NoGradGuard no_grad;
+    ::torch::Tensor slot = b.view.narrow(0, p.offset, p.numel).view(gradient.sizes());
+    if (p.ready) {
+      // A second gradient for one parameter in one backward (the loss
+      // function ran backward itself, or a graph reached the leaf twice).
+      if (b.launched) {
+        if (hook_error.ok()) {
+          hook_error = Status::FailedPrecondition("train_step: parameter '" + p.name +
+                                                  "' got a second gradient after its bucket was all-reduced");
+        }
+        return;
+      }
+      slot.add_(gradient);
+      return;
+    }
+    slot.copy_(gradient);
+    p.ready = true;
+    --b.pending;
+    launch_ready();
+  }
+
+  // Before a step: the module still has the parameters create saw, of the
+  // same shapes, and each views its replica (set_group and
+  // restore_checkpoint put new buffers in the variables).
+  Status bind() {
+    auto named = module->named_parameters(/*recurse=*/true);
+    if (named.size() != parameters.size()) {
+      return Status::FailedPrecondition("train_step: the module has " + std::to_string(named.size()) +
+                                        " parameters, " + std::to_string(parameters.size()) +
+                                        " when MirroredModule::create mirrored it (parameters were added or removed)");
+    }
+    size_t i = 0;
+    for (const auto& item : named) {
+      Parameter& p = parameters[i++];
+      const ::torch::Tensor& t = item.value();
+      if (item.key() != p.name || !t.is_same(p.tensor)) {
+        return Status::FailedPrecondition("train_step: parameter '" + item.key() + "' is not the one named '" +
+                                          p.name + "' that MirroredModule::create mirrored (a submodule was "
+                                          "replaced?)");
+      }
+      if (Shape(t.sizes().begin(), t.sizes().end()) != p.shape || t.scalar_type() != *torch_dtype(p.dtype)) {
+        std::ostringstream type;
+        type << t.scalar_type();
+        return Status::FailedPrecondition("train_step: parameter '" + p.name + "' is " + type.str() +
+                                          sizes_string(t.sizes()) + "; its mirrored variable '" +
+                                          options.prefix + p.name + "' is " + std::string(dtype_name(p.dtype)) +
+                                          shape_string(p.shape) + " (the module changed since create)");
+      }
+    }
+    for (Parameter& p : parameters) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
+      if (p.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
+      ::torch::NoGradGuard no_grad;
+      p.tensor.set_data(view);
+    }
+    return Status::Ok();
+  }
+
+  // Parameters that got no gradient: zeros in their buckets, which then
+  // launch as they complete. `except`: leaves whose gradients are still to
+  // come (nullptr: none are).
+  void zero_unused(const std::unordered_set<const void*>* except) {
+    ::torch::NoGradGuard no_grad;
+    for (size_t b = next_launch; b < buckets.size(); ++b) {
+      Bucket& bucket = buckets[b];
+      for (size_t i : bucket.parameters) {
+        Parameter& p = parameters[i];
+        if (p.ready || (except != nullptr && except->count(p.tensor.unsafeGetTensorImpl()) > 0)) continue;
+        bucket.view.narrow(0, p.offset, p.numel).zero_();
+        p.ready = true;
+        --bucket.pending;
+      }
+    }
+    launch_ready();
+  }
+
+  // Ready for the next step: no gradient in any bucket, none in .grad.
+  void reset_step() {
+    std::lock_guard<std::mutex> lock(mutex);
+    in_backward = false;
+    next_launch = 0;
+    launched_this_step = 0;
+    hook_error = Status::Ok();
+    for (Bucket& b : buckets) {
+      b.pending = b.parameters.size();
+      b.launched = false;
+    }
+    for (Parameter& p : parameters) {
+      p.ready = false;
+      if (p.tensor.grad().defined()) p.tensor.mutable_grad().reset();
+    }
+  }
+
+  // Waits for every launched bucket; the first failure. `reduced` gets
+  // each bucket's mean (an invalid tensor where none came).
+  Status wait_launched(std::vector<Tensor>* reduced) {
+    Status first;
+    for (Bucket& b : buckets) {
+      Tensor mean;
+      if (b.reduced.valid()) {
+        Result<Tensor> r = b.reduced.get();
+        if (r.ok()) {
+          mean = std::move(*r);
+        } else if (first.ok()) {
+          first = r.status().with_context("train_step: all-reducing the gradients");
+        }
+      }
+      if (reduced != nullptr) reduced->push_back(std::move(mean));
+    }
+    return first;
+  }
+
+  // A failure after buckets were launched: the ranks' collectives no
+  // longer line up, so the group cannot go on.
+  Status fail_launched(Status status) {
+    group->abort(status);
+    (void)wait_launched(nullptr);
+    reset_step();
+    return status;
+  }
+
+  // The bucket layout, in a few numbers every rank must agree on.
+  uint64_t bucket_digest() const {
+    uint64_t h = 14695981039346656037ull;
+    auto mix = [&h](int64_t x) {
+      for (int i = 0; i < 8; ++i) {
+        h ^= static_cast<uint64_t>(x >> (8 * i)) & 0xff;
+        h *= 1099511628211ull;
+      }
+    };
+    for (const Bucket& b : buckets) {
+      mix(static_cast<int64_t>(b.dtype));
+      mix(static_cast<int64_t>(b.buffer.num_elements()));
+      mix(static_cast<int64_t>(b.parameters.size()));
+    }
+    return h;
+  }
+};
+
+MirroredModule::MirroredModule(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+
+MirroredModule::~MirroredModule() {
+  for (auto& p : impl_->parameters) {
+    if (p.hook) p.tensor.remove_hook(*p.hook);
+  }
+}
+
+Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& group, ::torch::nn::Module& module,
+                                                               MirroredOptions options) {
+  if (options.bucket_bytes <= 0 || options.first_bucket_bytes <= 0) {
+    return Status::InvalidArgument("MirroredModule: bucket_bytes (" + std::to_string(options.bucket_bytes) +
+                                   ") and first_bucket_bytes (" + std::to_string(options.first_bucket_bytes) +
+                                   ") must be positive");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->group = &group;
+  impl->module = &module;
+  impl->options = options;
+  std::vector<MirroredVariableSpec> specs;
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    const ::torch::Tensor& t = item.value();
+    auto dtype = capstan_dtype(t.scalar_type());
+    if (!dtype.ok()) return dtype.status().with_context("MirroredModule: parameter '" + item.key() + "'");
+    if (*dtype != DType::kFloat32 && *dtype != DType::kFloat64) {
+      return Status::InvalidArgument("MirroredModule: parameter '" + item.key() + "' is " +
+                                     std::string(dtype_name(*dtype)) + "; mirrored parameters are float32 or float64");
+    }
+    Impl::Parameter p;
+    p.name = item.key();
+    p.tensor = t;
+    p.shape = Shape(t.sizes().begin(), t.sizes().end());
+    p.dtype = *dtype;
+    p.trained = t.requires_grad();
+    p.numel = t.numel();
+    // The initial value, copied (a parameter may be a non-contiguous view).
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor initial, Tensor::uninitialized(p.dtype, p.shape));
+    CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor into, to_torch(initial));
+    {
+      ::torch::NoGradGuard no_grad;
+      into.copy_(t);
+    }
+    Optimizer optimizer = p.trained ? optimizer_for(p.name, options) : Optimizer::none();
+    if (!p.trained) {
+      CAPSTAN_ASSIGN_OR_RETURN(p.zeros, Tensor::zeros(p.dtype, p.shape));
+    }
+    specs.push_back({options.prefix + p.name, std::move(initial), optimizer});
+    impl->parameters.push_back(std::move(p));
+  }
+  for (const auto& [name, optimizer] : options.optimizers) {
+    bool found = false;
+    for (const auto& p : impl->parameters) found = found || p.name == name;
+    if (!found) {
+      return Status::InvalidArgument("MirroredModule: options.optimizers names '" + name +
+                                     "', which is not a parameter of the module");
+    }
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(impl->variables, MirroredVariables::create(group, std::move(specs)));
+
+  // Buckets: trained parameters in reverse order of registration.
+  int64_t bucket_used = 0;
+  for (size_t i = impl->parameters.size(); i-- > 0;) {
+    Impl::Parameter& p = impl->parameters[i];
+    if (!p.trained) continue;
+    const int64_t bytes = p.numel * static_cast<int64_t>(dtype_size(p.dtype));
+    const int64_t cap = impl->buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
+    if (impl->buckets.empty() || impl->buckets.back().dtype != p.dtype ||
+        (bucket_used > 0 && bucket_used + bytes > cap)) {
+      Impl::Bucket b;
+      b.dtype = p.dtype;
+      impl->buckets.push_back(std::move(b));
+      bucket_used = 0;
+    }
+    Impl::Bucket& b = impl->buckets.back();
+    p.bucket = impl->buckets.size() - 1;
+    p.offset = bucket_used / static_cast<int64_t>(dtype_size(p.dtype));
+    b.parameters.push_back(i);
+    bucket_used += bytes;
+  }
+  for (Impl::Bucket& b : impl->buckets) {
+    int64_t elements = 0;
+    for (size_t i : b.parameters) elements += impl->parameters[i].numel;
+    CAPSTAN_ASSIGN_OR_RETURN(b.buffer, Tensor::zeros(b.dtype, {elements}));
+    CAPSTAN_ASSIGN_OR_RETURN(b.view, to_torch(b.buffer));
+    b.pending = b.parameters.size();
+  }
+  // Same buckets everywhere, or the all-reduces would not line up.
+  const uint64_t digest = impl->bucket_digest();
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor digests,
+                           group.all_gather(*Tensor::from_vector<int64_t>({static_cast<int64_t>(digest)}, {1})));
+  for (size_t r = 0; r < static_cast<size_t>(group.size()); ++r) {
+    if (static_cast<uint64_t>(digests.flat<int64_t>()[r]) != digest) {
+      return Status::InvalidArgument("MirroredModule: rank " + std::to_string(r) +
+                                     " packs the gradients into other buckets than rank " +
+                                     std::to_string(group.rank()) +
+                                     " (every rank must pass the same bucket_bytes and first_bucket_bytes)");
+    }
+  }
+  impl->stats.buckets = static_cast<int64_t>(impl->buckets.size());
+
+  // The module's parameters become views of the replicas (rank 0's values).
+  CAPSTAN_RETURN_IF_ERROR(impl->bind());
+  Impl* raw = impl.get();
+  for (size_t i = 0; i < raw->parameters.size(); ++i) {
+    Impl::Parameter& p = raw->parameters[i];
+    if (!p.trained) continue;
+    p.hook = p.tensor.register_hook([raw, i](const ::torch::Tensor& gradient) { raw->on_gradient(i, gradient); });
+  }
+  return std::unique_ptr<MirroredModule>(new MirroredModule(std::move(impl)));
+}
+
+Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::Tensor()>& loss) {
+  Impl& impl = *impl_;
+  CAPSTAN_RETURN_IF_ERROR(impl.bind());
+  impl.reset_step();
+  ::torch::Tensor computed;
+  try {
+    computed = loss();
+  } catch (const std::exception& e) {
+    impl.reset_step();
+    return Status::InvalidArgument("train_step: the loss function threw: " + torch_error(e));
+  }
+  if (!computed.defined() || computed.numel() != 1) {
+    impl.reset_step();
+    return Status::InvalidArgument("train_step: the loss has shape " +
+                                   (computed.defined() ? sizes_string(computed.sizes()) : std::string("(undefined)")) +
+                                   "; it must be one value (reduce it, e.g. with .mean())");
+  }
+  if (!computed.requires_grad()) {
+    impl.reset_step();
+    return Status::InvalidArgument("train_step: the loss does not depend on any trained parameter (no gradient)");
+  }
+
+  {
+    std::lock_guard<std::mutex> lock(impl.mutex);
+    impl.in_backward = true;
+    // Parameters this backward will not reach go now, so that their
+    // buckets do not hold back the others until backward returns.
+    if (impl.options.find_unused_parameters) {
+      const std::unordered_set<const void*> reached = reached_leaves(computed);
+      impl.zero_unused(&reached);
+    }
+  }
+  try {
+    computed.backward();
+  } catch (const std::exception& e) {
+    Status failed = Status::InvalidArgument("train_step: backward threw: " + torch_error(e));
+    bool launched;
+    {
+      std::lock_guard<std::mutex> lock(impl.mutex);
+      impl.in_backward = false;
+      launched = impl.launched_this_step > 0;
+    }
+    if (launched) return impl.fail_launched(failed);
+    impl.reset_step();
+    return failed;
+  }
+  Status hook_error;
+  {
+    std::lock_guard<std::mutex> lock(impl.mutex);
+    impl.in_backward = false;
+    impl.stats.launched_in_backward = impl.launched_this_step;
+    hook_error = impl.hook_error;
+    // Parameters that got no gradient after all: zeros, and every
+    // remaining bucket goes.
+    if (hook_error.ok()) impl.zero_unused(nullptr);
+    impl.stats.launched_after_backward = impl.launched_this_step - impl.stats.launched_in_backward;
+  }
+  if (!hook_error.ok()) return impl.fail_launched(hook_error);
+
+  std::vector<Tensor> reduced;
+  if (Status waited = impl.wait_launched(&reduced); !waited.ok()) {
+    impl.reset_step();
+    return waited;  // the communicator aborted the group
+  }
+  // Each parameter's mean gradient: a view into its bucket's result.
+  std::vector<Tensor> gradients;
+  gradients.reserve(impl.parameters.size());
+  for (const Impl::Parameter& p : impl.parameters) {
+    if (!p.trained) {
+      gradients.push_back(p.zeros);
+      continue;
+    }
+    auto owner = std::make_shared<Tensor>(reduced[p.bucket]);
+    const size_t element = dtype_size(p.dtype);
+    std::byte* data = owner->mutable_data() + static_cast<size_t>(p.offset) * element;
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor g, Tensor::from_buffer(p.dtype, p.shape, std::move(owner), data,
+                                                           static_cast<size_t>(p.numel) * element));
+    gradients.push_back(std::move(g));
+  }
+  Status applied = impl.variables->apply_averaged_gradients(gradients);
+  impl.reset_step();
+  if (!applied.ok()) return applied;
+  ++impl.stats.steps;
+  return computed.detach();
+}
+
+Result<Tensor> MirroredModule::value(const std::string& parameter) const {
+  return impl_->variables->value(impl_->options.prefix + parameter);
+}
+
+uint64_t MirroredModule::checksum() const { return impl_->variables->checksum(); }
+
+Status MirroredModule::verify_replicas() { return impl_->variables->verify_replicas(); }
+
+Status MirroredModule::set_group(Communicator& group, int source) {
+  CAPSTAN_RETURN_IF_ERROR(impl_->variables->set_group(group, source));
+  impl_->group = &group;
+  return impl_->bind();
+}
+
+MirroredVariables& MirroredModule::variables() { return *impl_->variables; }
+
+const MirroredStats& MirroredModule::stats() const { return impl_->stats; }
+
+}  // namespace capstan::torch
