@@ -6,6 +6,7 @@
 
 #include <filesystem>
 #include <sstream>
+#include <unistd.h>
 
 namespace capstan::torch {
 namespace {
@@ -252,7 +253,7 @@ struct Interrupt : Callback {
 };
 
 TEST_CASE("BackupAndRestore: a fit interrupted in epoch 2 resumes at epoch 3 from its backup") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "capstan-fit-test-backup").string();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("capstan-fit-test-backup-" + std::to_string(getpid()))).string();
   std::filesystem::create_directories(dir);  // removed by the finished fit
   ScriptedStrategy strategy;
   BackupAndRestore backup(dir);
@@ -291,7 +292,7 @@ TEST_CASE("ProgressLogger prints one line per epoch, training logs before valida
 }
 
 TEST_CASE("TensorBoard writes each epoch's logs as epoch_ scalars, validation's in their own run") {
-  const std::string dir = (std::filesystem::temp_directory_path() / "capstan-fit-test-tensorboard").string();
+  const std::string dir = (std::filesystem::temp_directory_path() / ("capstan-fit-test-tensorboard-" + std::to_string(getpid()))).string();
   std::filesystem::remove_all(dir);
   ScriptedStrategy strategy;
   strategy.train_losses = {0.9, 0.6};
