@@ -4,6 +4,8 @@
 #include <capstan/functions.h>
 #include <capstan/torch.h>
 
+#include <cstdio>
+
 #include "torch/tests/torch_test_models.h"
 
 namespace {
@@ -48,9 +50,32 @@ Result<Element> tower_step(ClosureContext& ctx, const Element& args, bool hash_t
   return Element{{value}, {}};
 }
 
+// fit's models (fit_cluster_test.cc): the MLP as a binary classifier of
+// [x float32[n, 4], y float32[n, 1]] batches, with sgd (rate 0.5) under
+// "fit/", and with adam under "fitadam/" (whose rate cannot be scaled).
+capstan::Status register_fit_models(capstan::FunctionRegistry& registry) {
+  for (const bool adam : {false, true}) {
+    auto model = std::make_shared<capstan::torch::testing::Mlp>();
+    capstan::torch::ModelSpec spec{
+        .module = model,
+        .forward = [model](const std::vector<::torch::Tensor>& batch) { return model->forward(batch[0]); },
+        .loss = [](const ::torch::Tensor& logits, const ::torch::Tensor& y) {
+          return ::torch::binary_cross_entropy_with_logits(logits, y);
+        },
+        .ps = {.prefix = adam ? "fitadam/" : "fit/",
+               .optimizer = adam ? capstan::Optimizer::adam(0.01) : capstan::Optimizer::sgd(0.5)}};
+    CAPSTAN_RETURN_IF_ERROR(capstan::torch::register_model(registry, adam ? "fit_adam" : "fit_mlp", std::move(spec)));
+  }
+  return capstan::Status::Ok();
+}
+
 }  // namespace
 
 CAPSTAN_MODULE(registry) {
+  if (capstan::Status status = register_fit_models(registry); !status.ok()) {
+    // A module cannot fail its loading: the tests then find no fit closures.
+    std::fprintf(stderr, "torch_test_module: %s\n", status.to_string().c_str());
+  }
   registry.register_closure("mlp_step", mlp_step);
   registry.register_closure("tower_step", [](ClosureContext& ctx, const Element& args) {
     return tower_step(ctx, args, false);

@@ -40,11 +40,13 @@
 #include <cstdint>
 #include <functional>
 #include <map>
+#include <memory>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "capstan/closure.h"
+#include "capstan/functions.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
@@ -251,6 +253,41 @@ struct LoadedCheckpoint {
 // and are not loaded.
 Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std::string& path,
                                          const LoadCheckpointOptions& options = {});
+
+// ---- Models for fit (capstan/fit.h) -----------------------------------------------
+
+// A model as fit trains it: the user's module and loss. Metrics are binary
+// classification's: `probabilities` turns outputs into P(label = 1).
+struct ModelSpec {
+  // The module whose parameters are the variables (PsOptions' prefix); one
+  // per worker process, its values pulled at every step. Required.
+  std::shared_ptr<::torch::nn::Module> module;
+  // The module's forward pass on a batch's components (the dataset
+  // element's tensors as torch tensors, in order). Required.
+  std::function<::torch::Tensor(const std::vector<::torch::Tensor>& batch)> forward;
+  // The loss (a scalar: the batch's mean) of the outputs against the
+  // labels. Required.
+  std::function<::torch::Tensor(const ::torch::Tensor& outputs, const ::torch::Tensor& labels)> loss;
+  // The component holding the labels (0/1); negative counts from the end.
+  int label_component = -1;
+  // Outputs -> probabilities (default: the sigmoid of logits).
+  std::function<::torch::Tensor(const ::torch::Tensor& outputs)> probabilities{};
+  // The variables' prefix and optimizers, as create_variables was given
+  // them: a learning-rate scale other than 1 needs sgd or momentum.
+  PsOptions ps{};
+  int auc_thresholds = 200;  // Keras' AUC num_thresholds (>= 3)
+};
+
+// Registers the closures fit schedules (ParameterServerFitStrategy):
+//   "<name>/train_step" (dataset arg, learning-rate scale float64): one
+//       step on the worker's next batch: pull, forward, loss, backward
+//       (the loss scaled by the rate's scale), push;
+//   "<name>/eval_step" (dataset arg): the same without gradients or push.
+// Both return the batch's metric state ("loss_sum", "examples", "correct",
+// "confusion": see MetricState in capstan/fit.h). Steps of one model on a
+// worker run one at a time (the module is shared). An invalid spec is
+// InvalidArgument naming the field, and nothing is registered.
+Status register_model(FunctionRegistry& registry, const std::string& name, ModelSpec spec);
 
 }  // namespace capstan::torch
 

@@ -1,0 +1,321 @@
+// Keras' Model.fit for Capstan: epochs of steps on a training dataset, a
+// validation pass after each epoch, metrics (loss, accuracy, ROC AUC) and
+// callbacks (progress line, checkpoints, back-up-and-restore, early
+// stopping, learning-rate schedule, TensorBoard).
+//
+// The user's code is the module and the loss, registered on the workers
+// with capstan::torch::register_model (capstan/torch.h), which provides the
+// closures "<model>/train_step" and "<model>/eval_step". The program:
+//
+//   auto cluster = capstan::ClusterCoordinator::connect(address).value();
+//   capstan::torch::create_variables(*cluster, *model, ps_options).value();
+//   auto train = cluster->create_per_worker_dataset("train_data", "train").value();  // repeats
+//   auto val = cluster->create_per_worker_dataset("val_data", "val").value();
+//   capstan::torch::ParameterServerFitStrategy strategy(*cluster);
+//   capstan::torch::ProgressLogger progress;
+//   capstan::torch::EarlyStopping stop({.monitor = "val_loss", .patience = 2});
+//   auto history = capstan::torch::fit(strategy, "mlp", {
+//       .epochs = 10, .steps_per_epoch = 100, .train = train,
+//       .validation = val, .validation_steps = 20,
+//       .callbacks = {&progress, &stop}}).value();
+//   history.history["val_auc"].back();
+//
+// The strategy is one argument (FitStrategy): how an epoch's steps run and
+// where the variables are checkpointed. ParameterServerFitStrategy schedules
+// one closure per step on the ClusterCoordinator's queue (asynchronous
+// training, as Keras with ParameterServerStrategy); a mirrored or hybrid
+// strategy implements the same interface.
+//
+// Datasets: per-worker datasets (a local pipeline or a dataset function on
+// every worker, or a pipeline that reads from the data service). As with
+// Keras on ParameterServerStrategy, steps_per_epoch and validation_steps
+// are required and the datasets should repeat: a step that finds its
+// iterator exhausted fails fit with OutOfRange.
+//
+// Metrics are binary classification's (labels 0/1, outputs turned into
+// probabilities by the model's spec): "loss" (mean over the epoch's
+// examples), "accuracy" (threshold 0.5), "auc" (ROC AUC from confusion
+// counts at 200 thresholds, summed over the epoch's steps: Keras'
+// tf.keras.metrics.AUC); validation's are prefixed "val_". "lr" is the
+// learning rate the epoch ran with.
+//
+// This header needs no LibTorch: a program may drive fit without including
+// torch (the library, libcapstan_torch.so, links it).
+//
+// Thread-safety: fit runs on the calling thread; callbacks are called on it.
+#ifndef CAPSTAN_FIT_H_
+#define CAPSTAN_FIT_H_
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <iosfwd>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "capstan/status.h"
+#include "capstan/summary.h"
+#include "capstan/tensor.h"
+#include "capstan/training.h"
+
+namespace capstan::torch {
+
+// ---- Metrics ---------------------------------------------------------------------
+
+// Keras' AUC thresholds for `num_thresholds` (>= 3): 0 - 1e-7, then
+// i / (num_thresholds - 1) for i in 1 .. num_thresholds - 2, then 1 + 1e-7.
+// A prediction p counts as positive at threshold t when p > t.
+std::vector<double> auc_thresholds(int num_thresholds);
+
+// What steps return, summed over an epoch's steps (and its workers).
+struct MetricState {
+  double loss_sum = 0;   // the loss times the examples of each step
+  int64_t examples = 0;
+  int64_t correct = 0;   // predictions on the right side of 0.5
+  // Confusion counts per threshold (auc_thresholds order); empty until the
+  // first step's counts are added.
+  std::vector<int64_t> tp, fp, tn, fn;
+
+  // Adds a step's result (the closures' Element: "loss_sum" float64,
+  // "examples" int64, "correct" int64, "confusion" int64[4, T] rows tp, fp,
+  // tn, fn). InvalidArgument naming the component that is missing or of
+  // the wrong dtype or shape (a closure that is not register_model's).
+  Status add(const Element& step);
+  void merge(const MetricState& other);
+  // loss, accuracy, auc under `prefix` ("" or "val_"); no auc without
+  // confusion counts; nothing without examples.
+  std::map<std::string, double> logs(const std::string& prefix = "") const;
+};
+
+// ROC AUC from confusion counts at increasing thresholds (Keras' AUC with
+// curve ROC and summation "interpolation"): the true and false positive
+// rates at each threshold, and the trapezoids between neighbours.
+// InvalidArgument for counts of different lengths or fewer than two;
+// 0 when there are no positives or no negatives (the rates are undefined,
+// Keras' divide_no_nan makes them 0).
+Result<double> roc_auc(const std::vector<int64_t>& tp, const std::vector<int64_t>& fp,
+                       const std::vector<int64_t>& tn, const std::vector<int64_t>& fn);
+
+// ---- Strategies -------------------------------------------------------------------
+
+// How fit runs a model's steps and saves its variables.
+class FitStrategy {
+ public:
+  virtual ~FitStrategy() = default;
+  // Runs `steps` training steps of `model` (register_model's name), each on
+  // its worker's next batch of `dataset`, with the learning rate scaled by
+  // `learning_rate_scale`; returns once all have finished, their metrics
+  // summed. The first step's error fails the call.
+  virtual Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
+                                    double learning_rate_scale) = 0;
+  // `steps` evaluation steps (no update).
+  virtual Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset,
+                                       int64_t steps) = 0;
+  // The variables' checkpoints (ClusterCoordinator::save_checkpoint and
+  // restore_checkpoint semantics: a directory of ckpt-<step>; restoring a
+  // directory restores its newest; NotFound when there is none).
+  virtual Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) = 0;
+  virtual Result<int64_t> restore_checkpoint(const std::string& path) = 0;
+};
+
+// Parameter-server training: one closure per step, scheduled on the
+// cluster's queue; the workers take them as they come (asynchronous).
+// `cluster` must outlive this object.
+class ParameterServerFitStrategy : public FitStrategy {
+ public:
+  explicit ParameterServerFitStrategy(ClusterCoordinator& cluster) : cluster_(cluster) {}
+  Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
+                            double learning_rate_scale) override;
+  Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
+  Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
+  Result<int64_t> restore_checkpoint(const std::string& path) override;
+
+ private:
+  Result<MetricState> run(const std::string& function, const Element& args, int64_t steps);
+  ClusterCoordinator& cluster_;
+};
+
+// ---- Callbacks --------------------------------------------------------------------
+
+using Logs = std::map<std::string, double>;
+
+// What callbacks see of a running fit, and may change.
+struct FitState {
+  FitStrategy* strategy = nullptr;
+  int epochs = 0;                // FitOptions::epochs
+  int64_t steps_per_epoch = 0;
+  // The first epoch this call runs (0-based); BackupAndRestore raises it in
+  // on_train_begin when it restored a backup.
+  int initial_epoch = 0;
+  // The learning rate the next epoch's steps use (LearningRateScheduler
+  // sets it in on_epoch_begin); steps scale the optimizers' rate by
+  // learning_rate / FitOptions::learning_rate.
+  double learning_rate = 0;
+  // Set by a callback (EarlyStopping): fit ends after this epoch.
+  bool stop_training = false;
+};
+
+// tf.keras.callbacks.Callback. Epochs are 0-based. An error from a callback
+// ends fit with that error (later callbacks of that hook are not called, nor
+// on_train_end). There is no per-batch hook: an epoch's steps run
+// asynchronously on the workers, and their metrics are known at its end.
+class Callback {
+ public:
+  virtual ~Callback() = default;
+  virtual Status on_train_begin(FitState& /*state*/) { return Status::Ok(); }
+  virtual Status on_epoch_begin(int /*epoch*/, FitState& /*state*/) { return Status::Ok(); }
+  virtual Status on_epoch_end(int /*epoch*/, const Logs& /*logs*/, FitState& /*state*/) { return Status::Ok(); }
+  virtual Status on_train_end(const Logs& /*last_logs*/, FitState& /*state*/) { return Status::Ok(); }
+};
+
+// "min" when the monitored name contains "acc" or "auc" is "max"; Keras'
+// mode "auto".
+enum class MonitorMode { kAuto, kMin, kMax };
+
+// One line per epoch (Keras' verbose=2):
+//   Epoch 3/10 - 100 steps - 1.25s - loss: 0.4123 - accuracy: 0.8125 - auc: 0.8874 - val_loss: ...
+class ProgressLogger : public Callback {
+ public:
+  // `out` must outlive this object; std::cout when null.
+  explicit ProgressLogger(std::ostream* out = nullptr);
+  Status on_epoch_begin(int epoch, FitState& state) override;
+  Status on_epoch_end(int epoch, const Logs& logs, FitState& state) override;
+
+ private:
+  std::ostream* out_;
+  std::chrono::steady_clock::time_point start_;
+};
+
+struct ModelCheckpointOptions {
+  std::string directory;           // ckpt-<epoch + 1> in it (the coordinator's file system)
+  std::string monitor = "val_loss";
+  MonitorMode mode = MonitorMode::kAuto;
+  bool save_best_only = false;     // only epochs that improve `monitor`
+  int max_to_keep = 5;
+};
+// tf.keras.callbacks.ModelCheckpoint through Capstan's checkpoints.
+class ModelCheckpoint : public Callback {
+ public:
+  explicit ModelCheckpoint(ModelCheckpointOptions options);
+  Status on_epoch_end(int epoch, const Logs& logs, FitState& state) override;
+  // The checkpoints saved, in order.
+  const std::vector<std::string>& saved() const { return saved_; }
+
+ private:
+  ModelCheckpointOptions options_;
+  std::optional<double> best_;
+  std::vector<std::string> saved_;
+};
+
+// tf.keras.callbacks.BackupAndRestore: saves the variables into
+// `backup_dir` at every epoch's end (ckpt-<epochs done>); a fit that starts
+// with a backup there restores it and resumes at the next epoch; a fit that
+// finishes removes the backup (std::filesystem, where the program runs:
+// the coordinator's file system must be the same or the backup stays).
+class BackupAndRestore : public Callback {
+ public:
+  explicit BackupAndRestore(std::string backup_dir);
+  Status on_train_begin(FitState& state) override;
+  Status on_epoch_end(int epoch, const Logs& logs, FitState& state) override;
+  Status on_train_end(const Logs& last_logs, FitState& state) override;
+
+ private:
+  std::string backup_dir_;
+};
+
+struct EarlyStoppingOptions {
+  std::string monitor = "val_loss";
+  MonitorMode mode = MonitorMode::kAuto;
+  double min_delta = 0;   // an improvement smaller than this is none
+  int patience = 0;       // epochs without improvement before stopping
+  // Restores the best epoch's variables when stopping (saved into this
+  // directory at each improvement); "" does not (Keras'
+  // restore_best_weights=False).
+  std::string restore_best_weights_dir{};
+};
+// tf.keras.callbacks.EarlyStopping. A monitored name missing from an
+// epoch's logs is InvalidArgument naming it and the names there.
+class EarlyStopping : public Callback {
+ public:
+  explicit EarlyStopping(EarlyStoppingOptions options);
+  Status on_train_begin(FitState& state) override;
+  Status on_epoch_end(int epoch, const Logs& logs, FitState& state) override;
+  // The epoch fit stopped after (0-based), if it did.
+  std::optional<int> stopped_epoch() const { return stopped_epoch_; }
+  std::optional<int> best_epoch() const { return best_epoch_; }
+
+ private:
+  EarlyStoppingOptions options_;
+  std::optional<double> best_;
+  std::optional<int> best_epoch_, stopped_epoch_;
+  int wait_ = 0;
+};
+
+// tf.keras.callbacks.LearningRateScheduler: schedule(epoch, current rate)
+// -> the epoch's rate (> = 0, finite). The parameter servers' optimizers
+// keep their rate; steps scale their gradients by rate / the initial rate,
+// which is exact for sgd and momentum (their update is linear in rate *
+// gradient): a step of a model with another optimizer fails with
+// FailedPrecondition when the scale is not 1.
+class LearningRateScheduler : public Callback {
+ public:
+  explicit LearningRateScheduler(std::function<double(int epoch, double learning_rate)> schedule);
+  Status on_epoch_begin(int epoch, FitState& state) override;
+
+ private:
+  std::function<double(int, double)> schedule_;
+};
+
+// tf.keras.callbacks.TensorBoard, scalars per epoch: "<logdir>/train" gets
+// "epoch_<name>" for every log without "val_" (and epoch_learning_rate),
+// "<logdir>/validation" the "val_" ones without the prefix; the step is the
+// epoch (0-based), as Keras writes them.
+class TensorBoard : public Callback {
+ public:
+  explicit TensorBoard(std::string logdir);
+  Status on_train_begin(FitState& state) override;
+  Status on_epoch_end(int epoch, const Logs& logs, FitState& state) override;
+  Status on_train_end(const Logs& last_logs, FitState& state) override;
+  // The event files (after on_train_begin).
+  std::string train_path() const;
+  std::string validation_path() const;
+
+ private:
+  std::string logdir_;
+  std::unique_ptr<SummaryWriter> train_, validation_;
+};
+
+// ---- fit ----------------------------------------------------------------------------
+
+struct FitOptions {
+  int epochs = 1;
+  int64_t steps_per_epoch = 0;          // required (> 0)
+  PerWorkerDataset train{};
+  // Validation after every epoch when validation_steps > 0.
+  std::optional<PerWorkerDataset> validation{};
+  int64_t validation_steps = 0;
+  // The optimizers' rate as created (PsOptions::optimizer); what
+  // LearningRateScheduler starts from and scales against. 0: unknown, the
+  // scale stays 1 and a scheduler is refused.
+  double learning_rate = 0;
+  // Called in order; not owned (they must outlive the call).
+  std::vector<Callback*> callbacks{};
+};
+
+// Keras' History: the epochs run (0-based) and each log's values by epoch.
+struct History {
+  std::vector<int> epoch;
+  std::map<std::string, std::vector<double>> history;
+};
+
+// Trains `model` (register_model's name) with `strategy`. Errors: invalid
+// options (InvalidArgument naming the field and the fix), a step's error,
+// a callback's error.
+Result<History> fit(FitStrategy& strategy, const std::string& model, const FitOptions& options);
+
+}  // namespace capstan::torch
+
+#endif  // CAPSTAN_FIT_H_

@@ -1,0 +1,162 @@
+// register_model: the closures fit schedules, over a PsModule.
+#include <memory>
+#include <mutex>
+#include <optional>
+#include <sstream>
+
+#include "capstan/data/dataset.h"
+#include "capstan/fit.h"
+#include "capstan/torch.h"
+
+namespace capstan::torch {
+namespace {
+
+// One per registered model, shared by its two closures for the process's
+// life (closures may run until exit).
+struct Model {
+  std::string name;
+  ModelSpec spec;
+  std::unique_ptr<PsModule> ps;
+  ::torch::Tensor thresholds;  // float64 [T]
+  // Whether every optimizer's update is linear in rate * gradient, so that
+  // scaling the loss scales the rate exactly.
+  bool rate_scalable = true;
+  std::string unscalable;  // the first optimizer that is not (for errors)
+  std::mutex mutex;        // guards the module and `ps` while a step runs
+};
+
+bool linear_in_rate(const Optimizer& optimizer) {
+  return optimizer.kind == Optimizer::Kind::kSgd || optimizer.kind == Optimizer::Kind::kMomentum;
+}
+
+// The batch's metric state (capstan/fit.h's MetricState::add reads it).
+Result<Element> metric_state(const Model& m, const ::torch::Tensor& outputs, const ::torch::Tensor& labels,
+                             const ::torch::Tensor& loss) {
+  ::torch::NoGradGuard no_grad;
+  ::torch::Tensor p = m.spec.probabilities(outputs.detach()).reshape({-1}).to(::torch::kDouble);
+  ::torch::Tensor positive = labels.detach().reshape({-1}).to(::torch::kDouble) > 0.5;
+  if (p.numel() != positive.numel()) {
+    return Status::InvalidArgument(m.name + ": " + std::to_string(p.numel()) + " probabilities for " +
+                                   std::to_string(positive.numel()) +
+                                   " labels; fit's metrics want one output per label (binary classification)");
+  }
+  const int64_t n = positive.numel();
+  const int64_t correct = ((p > 0.5) == positive).sum().item<int64_t>();
+  ::torch::Tensor predicted = p.unsqueeze(1) > m.thresholds.unsqueeze(0);  // [n, T]
+  ::torch::Tensor pos = positive.unsqueeze(1), neg = ~pos;
+  ::torch::Tensor confusion = ::torch::stack({(predicted & pos).sum(0), (predicted & neg).sum(0),
+                                              (~predicted & neg).sum(0), (~predicted & pos).sum(0)})
+                                  .to(::torch::kLong)
+                                  .contiguous();
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor wire, from_torch(confusion, "confusion"));
+  return Element{{Tensor::scalar<double>(loss.item<double>() * static_cast<double>(n)), Tensor::scalar<int64_t>(n),
+                  Tensor::scalar<int64_t>(correct), std::move(wire)},
+                 {"loss_sum", "examples", "correct", "confusion"}};
+}
+
+Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool training) {
+  const std::string function = m.name + (training ? "/train_step" : "/eval_step");
+  const size_t want = training ? 2 : 1;
+  if (args.size() != want || (training && (args.components[1].dtype() != DType::kFloat64 ||
+                                           args.components[1].num_elements() != 1))) {
+    return Status::InvalidArgument(function + " takes " +
+                                   (training ? "(per-worker dataset, learning-rate scale float64)"
+                                             : "(per-worker dataset)") +
+                                   "; got " + std::to_string(args.size()) + " arguments (schedule it through fit)");
+  }
+  const double scale = training ? args.components[1].flat<double>()[0] : 1.0;
+  if (training && scale != 1.0 && !m.rate_scalable) {
+    std::ostringstream value;
+    value << scale;
+    return Status::FailedPrecondition(function + ": a learning-rate scale of " + value.str() +
+                                      " needs optimizers linear in the rate (sgd, momentum); " + m.unscalable +
+                                      " is not: drop the LearningRateScheduler or use sgd/momentum");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * iterator, ctx.iterator(args.components[0]));
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
+  if (!batch) {
+    return Status::OutOfRange(function + ": the per-worker dataset is exhausted; repeat() it (fit counts steps)");
+  }
+  const auto size = static_cast<int>(batch->size());
+  const int label = m.spec.label_component < 0 ? size + m.spec.label_component : m.spec.label_component;
+  if (label < 0 || label >= size) {
+    return Status::InvalidArgument(function + ": label_component " + std::to_string(m.spec.label_component) +
+                                   " but a batch has " + std::to_string(size) + " components");
+  }
+  std::vector<::torch::Tensor> inputs;
+  for (int i = 0; i < size; ++i) {
+    const Tensor& component = batch->components[static_cast<size_t>(i)];
+    if (component.dtype() == DType::kString) {
+      if (i == label) return Status::InvalidArgument(function + ": the labels (component " + std::to_string(i) + ") are strings");
+      inputs.emplace_back();  // forward sees an undefined tensor
+      continue;
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor t, to_torch(component));
+    inputs.push_back(std::move(t));
+  }
+  const ::torch::Tensor labels = inputs[static_cast<size_t>(label)];
+
+  std::lock_guard<std::mutex> lock(m.mutex);
+  m.spec.module->train(training);
+  ::torch::Tensor outputs, loss;
+  if (training) {
+    CAPSTAN_RETURN_IF_ERROR(m.ps->train_step(ctx, [&] {
+      outputs = m.spec.forward(inputs);
+      ::torch::Tensor computed = m.spec.loss(outputs, labels);
+      loss = computed.detach();
+      // d(scale * loss) = scale * gradient: the rate times scale, for sgd and momentum.
+      return scale == 1.0 ? computed : computed * scale;
+    }).status());
+  } else {
+    CAPSTAN_ASSIGN_OR_RETURN(loss, m.ps->eval_step(ctx, [&] {
+      outputs = m.spec.forward(inputs);
+      return m.spec.loss(outputs, labels);
+    }));
+  }
+  try {
+    return metric_state(m, outputs, labels, loss);
+  } catch (const std::exception& e) {
+    return Status::InvalidArgument(function + ": metrics of the outputs: " + e.what());
+  }
+}
+
+}  // namespace
+
+Status register_model(FunctionRegistry& registry, const std::string& name, ModelSpec spec) {
+  if (name.empty()) return Status::InvalidArgument("register_model: an empty name; fit names the model by it");
+  if (!spec.module) return Status::InvalidArgument("register_model('" + name + "'): ModelSpec::module is null");
+  if (!spec.forward) return Status::InvalidArgument("register_model('" + name + "'): ModelSpec::forward is empty");
+  if (!spec.loss) return Status::InvalidArgument("register_model('" + name + "'): ModelSpec::loss is empty");
+  if (spec.auc_thresholds < 3) {
+    return Status::InvalidArgument("register_model('" + name + "'): auc_thresholds " +
+                                   std::to_string(spec.auc_thresholds) + "; use 3 or more (Keras: 200)");
+  }
+  if (!spec.probabilities) {
+    spec.probabilities = [](const ::torch::Tensor& outputs) { return ::torch::sigmoid(outputs); };
+  }
+  auto model = std::make_shared<Model>();
+  model->name = name;
+  const std::vector<double> thresholds = auc_thresholds(spec.auc_thresholds);
+  model->thresholds = ::torch::tensor(thresholds, ::torch::kDouble);
+  if (!linear_in_rate(spec.ps.optimizer)) {
+    model->rate_scalable = false;
+    model->unscalable = "the optimizer " + optimizer_name(spec.ps.optimizer.kind);
+  }
+  for (const auto& [parameter, optimizer] : spec.ps.optimizers) {
+    if (model->rate_scalable && !linear_in_rate(optimizer)) {
+      model->rate_scalable = false;
+      model->unscalable = "'" + parameter + "''s optimizer " + optimizer_name(optimizer.kind);
+    }
+  }
+  model->ps = std::make_unique<PsModule>(*spec.module, spec.ps);
+  model->spec = std::move(spec);
+  registry.register_closure(name + "/train_step", [model](ClosureContext& ctx, const Element& args) {
+    return step(*model, ctx, args, true);
+  });
+  registry.register_closure(name + "/eval_step", [model](ClosureContext& ctx, const Element& args) {
+    return step(*model, ctx, args, false);
+  });
+  return Status::Ok();
+}
+
+}  // namespace capstan::torch

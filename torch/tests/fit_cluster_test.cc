@@ -1,0 +1,211 @@
+// fit on real daemons: parameter servers, a coordinator and worker-servers
+// loading torch_test_module.cc, whose register_model'd "fit_mlp" is the
+// test MLP (4 -> 8 -> 1) as a binary classifier trained with sgd (0.5).
+//
+// This file includes no LibTorch (capstan/fit.h needs none, as a training
+// program's need not): the variables are created with the shapes of
+// testing::Mlp's parameters and LibTorch's Linear initialization.
+#include "capstan/fit.h"
+
+#include <catch2/catch.hpp>
+
+#include <algorithm>
+#include <cmath>
+#include <filesystem>
+#include <random>
+#include <sstream>
+#include <unistd.h>
+
+#include "capstan/data/dataset.h"
+#include "tests/integration/training_cluster.h"
+
+namespace capstan::torch {
+namespace {
+
+using capstan::testing::Training;
+
+constexpr double kLearningRate = 0.5;  // the rate torch_test_module gives fit_mlp's optimizer
+
+// testing::Mlp's parameters under "fit/": Linear(4, 8), Linear(8, 1), each
+// drawn from U(-1/sqrt(in), 1/sqrt(in)) as LibTorch's Linear is.
+void create_mlp_variables(ClusterCoordinator& cluster) {
+  struct Parameter {
+    const char* name;
+    Shape shape;
+    double bound;
+  };
+  uint64_t seed = 1;
+  for (const Parameter& p : {Parameter{"first.weight", {8, 4}, 0.5}, Parameter{"first.bias", {8}, 0.5},
+                             Parameter{"second.weight", {1, 8}, 1 / std::sqrt(8.0)},
+                             Parameter{"second.bias", {1}, 1 / std::sqrt(8.0)}}) {
+    Tensor initial = random_uniform_initializer(DType::kFloat32, p.shape, -p.bound, p.bound, seed++).value();
+    cluster.create_variable({std::string("fit/") + p.name, initial, Optimizer::sgd(kLearningRate)}).value();
+  }
+}
+
+// n examples of 4 N(0, 1) features, labelled by a linear rule
+// (x0 + 2 x1 - x2 + 0.5 x3 > 0): separable, so a model that learns it
+// classifies nearly all of them right; chance is about one half.
+data::Dataset examples(int64_t n, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::normal_distribution<float> normal;
+  std::vector<float> x(static_cast<size_t>(n) * 4), y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    float* row = &x[static_cast<size_t>(i) * 4];
+    for (int j = 0; j < 4; ++j) row[j] = normal(random);
+    y[static_cast<size_t>(i)] = row[0] + 2 * row[1] - row[2] + 0.5f * row[3] > 0 ? 1.0f : 0.0f;
+  }
+  return data::Dataset::from_tensor_slices(
+      Element{{Tensor::from_vector(x, {n, 4}).value(), Tensor::from_vector(y, {n, 1}).value()}, {"x", "y"}});
+}
+
+std::string temp_dir(const std::string& name) {
+  auto dir = std::filesystem::temp_directory_path() / ("capstan-fit-" + name + "-" + std::to_string(getpid()));
+  std::filesystem::remove_all(dir);
+  return dir.string();
+}
+
+std::vector<float> read(ClusterCoordinator& cluster, const std::string& name) {
+  Tensor value = cluster.read_variable(name).value();
+  auto flat = value.flat<float>();
+  return {flat.begin(), flat.end()};
+}
+
+TEST_CASE("fit trains a LibTorch classifier on two parameter servers and two workers, and validates it") {
+  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  create_mlp_variables(*t.client);
+  PerWorkerDataset train =
+      t.client->create_per_worker_dataset(examples(4096, 1).shuffle(1024, 2).repeat().batch(64, true)).value();
+  PerWorkerDataset validation =
+      t.client->create_per_worker_dataset(examples(1024, 3).repeat().batch(128, true)).value();
+  const std::string logdir = temp_dir("tensorboard");
+  std::ostringstream lines;
+  ProgressLogger progress(&lines);
+  TensorBoard board(logdir);
+  ParameterServerFitStrategy strategy(*t.client);
+
+  History history = fit(strategy, "fit_mlp",
+                        {.epochs = 5,
+                         .steps_per_epoch = 40,
+                         .train = train,
+                         .validation = validation,
+                         .validation_steps = 8,
+                         .learning_rate = kLearningRate,
+                         .callbacks = {&progress, &board}})
+                        .value();
+  const std::string printed = lines.str();
+  INFO(printed);
+  CHECK(history.epoch == std::vector<int>{0, 1, 2, 3, 4});
+  for (const char* key : {"loss", "accuracy", "auc", "lr", "val_loss", "val_accuracy", "val_auc"}) {
+    INFO(key);
+    REQUIRE(history.history.count(key) == 1);
+    CHECK(history.history.at(key).size() == 5);
+  }
+  const auto& h = history.history;
+  // 40 steps of 64 examples an epoch: a linear rule on 4 features is learnt
+  // within the first epochs; 0.9 leaves room for asynchronous steps' noise
+  // (chance: about 0.5).
+  CHECK(h.at("loss").back() < h.at("loss").front());
+  CHECK(h.at("val_loss").back() < h.at("val_loss").front());
+  CHECK(h.at("val_accuracy").back() > 0.9);
+  CHECK(h.at("val_auc").back() > 0.95);
+  CHECK(std::count(printed.begin(), printed.end(), '\n') == 5);
+
+  // The TensorBoard scalars, read back: what History holds.
+  std::vector<ScalarEvent> events = read_scalar_events(board.validation_path()).value();
+  std::vector<double> val_auc;
+  for (const ScalarEvent& e : events) {
+    if (e.tag == "epoch_auc") val_auc.push_back(e.value);
+  }
+  REQUIRE(val_auc.size() == 5);
+  for (size_t i = 0; i < 5; ++i) CHECK(val_auc[i] == Approx(h.at("val_auc")[i]).epsilon(1e-6));
+  std::filesystem::remove_all(logdir);
+}
+
+// Reads a variable at every epoch's end.
+struct Snapshots : Callback {
+  ClusterCoordinator* cluster;
+  std::vector<std::vector<float>> values;
+  explicit Snapshots(ClusterCoordinator* cluster) : cluster(cluster) {}
+  Status on_epoch_end(int, const Logs&, FitState&) override {
+    values.push_back(read(*cluster, "fit/second.weight"));
+    return Status::Ok();
+  }
+};
+
+TEST_CASE("LearningRateScheduler changes the rate the steps apply: a rate of 0 leaves the variables as they were") {
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  create_mlp_variables(*t.client);
+  PerWorkerDataset train = t.client->create_per_worker_dataset(examples(512, 4).repeat().batch(32, true)).value();
+  ParameterServerFitStrategy strategy(*t.client);
+  LearningRateScheduler schedule([](int epoch, double) { return epoch == 1 ? 0.0 : kLearningRate; });
+  Snapshots snapshots(t.client.get());
+  History history = fit(strategy, "fit_mlp",
+                        {.epochs = 3, .steps_per_epoch = 5, .train = train, .learning_rate = kLearningRate,
+                         .callbacks = {&schedule, &snapshots}})
+                        .value();
+  CHECK(history.history.at("lr") == std::vector<double>{kLearningRate, 0.0, kLearningRate});
+  REQUIRE(snapshots.values.size() == 3);
+  CHECK(snapshots.values[1] == snapshots.values[0]);
+  CHECK(snapshots.values[2] != snapshots.values[1]);
+
+  SECTION("a model whose optimizer is not linear in the rate refuses a scale, naming it") {
+    LearningRateScheduler halve([](int, double rate) { return rate / 2; });
+    Status status = fit(strategy, "fit_adam",
+                        {.epochs = 1, .steps_per_epoch = 1, .train = train, .learning_rate = 0.01,
+                         .callbacks = {&halve}})
+                        .status();
+    CHECK(status.code() == StatusCode::kFailedPrecondition);
+    CHECK_THAT(status.message(), Catch::Contains("adam") && Catch::Contains("fit_adam/train_step"));
+  }
+}
+
+// Ends fit with an error at the end of epoch `at` (a crash of the program).
+struct Interrupt : Callback {
+  int at;
+  explicit Interrupt(int at) : at(at) {}
+  Status on_epoch_end(int epoch, const Logs&, FitState&) override {
+    return epoch == at ? Status::Aborted("interrupted in epoch " + std::to_string(epoch)) : Status::Ok();
+  }
+};
+
+// Reads a variable when an epoch begins.
+struct AtEpochBegin : Callback {
+  ClusterCoordinator* cluster;
+  std::map<int, std::vector<float>> values;
+  explicit AtEpochBegin(ClusterCoordinator* cluster) : cluster(cluster) {}
+  Status on_epoch_begin(int epoch, FitState&) override {
+    values[epoch] = read(*cluster, "fit/second.weight");
+    return Status::Ok();
+  }
+};
+
+TEST_CASE("BackupAndRestore: fit interrupted in its second epoch resumes at the third with the backed-up variables") {
+  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  create_mlp_variables(*t.client);
+  PerWorkerDataset train = t.client->create_per_worker_dataset(examples(512, 5).repeat().batch(32, true)).value();
+  ParameterServerFitStrategy strategy(*t.client);
+  const std::string backup_dir = temp_dir("backup");
+  BackupAndRestore backup(backup_dir);
+  FitOptions options{.epochs = 4, .steps_per_epoch = 6, .train = train, .learning_rate = kLearningRate};
+
+  Interrupt interrupt(1);
+  options.callbacks = {&backup, &interrupt};
+  Status first = fit(strategy, "fit_mlp", options).status();
+  CHECK(first.code() == StatusCode::kAborted);
+  const std::vector<float> backed_up = read(*t.client, "fit/second.weight");
+  // What the interruption lost: the variables move on (a later step, a
+  // parameter server that came back empty).
+  REQUIRE(t.client->assign_variable("fit/second.weight", Tensor::zeros(DType::kFloat32, {1, 8}).value()).ok());
+
+  AtEpochBegin begins(t.client.get());
+  options.callbacks = {&backup, &begins};
+  History second = fit(strategy, "fit_mlp", options).value();
+  CHECK(second.epoch == std::vector<int>{2, 3});
+  REQUIRE(begins.values.count(2) == 1);
+  CHECK(begins.values.at(2) == backed_up);
+  CHECK_FALSE(std::filesystem::exists(backup_dir));  // a finished fit drops its backup
+}
+
+}  // namespace
+}  // namespace capstan::torch
