@@ -188,9 +188,17 @@ def test_torch_adapter_yields_tensors_from_numpy(monkeypatch):
     assert isinstance(adapter.IterableDataset(Dataset.range(1)), fake_data.IterableDataset)
 
 
+SHARED_TESTDATA = pathlib.Path(os.environ.get("CAPSTAN_SHARED_TESTDATA",
+                                              pathlib.Path(__file__).resolve().parents[3] / "shared" / "testdata"))
+
+
+# The checkout's ../shared/testdata (CI has it beside its clone); a clone
+# elsewhere has none, as the C++ shared-testdata tests, which are then not
+# registered at all.
+@pytest.mark.skipif(not (SHARED_TESTDATA / "tfrecord").is_dir(),
+                    reason=f"{SHARED_TESTDATA} not found (the checkout's ../shared/testdata)")
 def test_tfrecord_files_written_by_tensorflow_parse_into_arrays():
-    testdata = pathlib.Path(os.environ.get("CAPSTAN_SHARED_TESTDATA",
-                                           pathlib.Path(__file__).resolve().parents[3] / "shared" / "testdata"))
+    testdata = SHARED_TESTDATA
     features = {"x_float": ("fixed", np.float32, [10]), "x_int": ("fixed", np.int64, [10]),
                 "x_byte": ("fixed", np.bytes_, [1])}
     (batch,) = list(capstan.data.TFRecordDataset(str(testdata / "tfrecord" / "example.tfrecord"))
