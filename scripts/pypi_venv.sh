@@ -1,5 +1,5 @@
 # Sourced by the scripts that need a package from PyPI in a virtual
-# environment of their own (the tensorboard and Kubernetes-manifest tests,
+# environment of their own (the tensorboard, safetensors and Kubernetes-manifest tests,
 # bench/peers/venv.sh):
 #   . "$REPO/scripts/pypi_venv.sh"
 #   make_pypi_venv VENV LOG PACKAGE...
@@ -26,4 +26,39 @@ make_pypi_venv() {
   done
   rm -rf "$venv"
   return 1
+}
+
+# A test's Python interpreter that imports MODULES (comma-separated, as
+# `import` takes them): OVERRIDE when set (a machine without a package
+# index), else BUILD/NAME-venv, made once with `pip install PACKAGE...`
+# (under a lock: ctest -j runs tests at once). Prints the interpreter's
+# path; on failure prints why on stderr and returns 1.
+#   python=$(pypi_test_python "$build_dir" tensorboard tensorboard \
+#              "${CAPSTAN_TENSORBOARD_PYTHON:-}" CAPSTAN_TENSORBOARD_PYTHON tensorboard) || fail ...
+pypi_test_python() {
+  local build=$1 name=$2 modules=$3 override=$4 override_name=$5
+  shift 5
+  local python=$override
+  if [[ -z $python ]]; then
+    local venv=$build/$name-venv
+    python=$venv/bin/python
+    (
+      flock 9
+      if ! "$python" -c "import $modules" 2>/dev/null; then
+        echo "making $venv (pip install $*; once)" >&2
+        if ! make_pypi_venv "$venv" "$build/$name-venv.log" "$@" >&2; then
+          tail -n 20 "$build/$name-venv.log" >&2
+          echo "making $venv with $* failed three times (log above; Debian needs" \
+            "python3-venv); without a package index, set $override_name to a" \
+            "python that has $*" >&2
+          exit 1
+        fi
+      fi
+    ) 9>"$build/$name-venv.lock" || return 1
+  fi
+  if ! "$python" -c "import $modules"; then
+    echo "$python cannot import $modules" >&2
+    return 1
+  fi
+  echo "$python"
 }

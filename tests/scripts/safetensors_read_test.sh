@@ -34,25 +34,8 @@ fail() {
   exit 1
 }
 
-python=${CAPSTAN_SAFETENSORS_PYTHON:-}
-if [[ -z $python ]]; then
-  venv=$build_dir/safetensors-venv
-  python=$venv/bin/python
-  # One test at a time makes the environment (ctest -j).
-  exec 9>"$build_dir/safetensors-venv.lock"
-  flock 9
-  if ! "$python" -c 'import safetensors, numpy' 2>/dev/null; then
-    echo "making $venv (pip install safetensors numpy; once)"
-    if ! make_pypi_venv "$venv" "$build_dir/safetensors-venv.log" safetensors numpy; then
-      tail -n 20 "$build_dir/safetensors-venv.log"
-      fail "making $venv with safetensors failed three times (log above; Debian needs" \
-        "python3-venv); without a package index, set CAPSTAN_SAFETENSORS_PYTHON to a" \
-        "python that has safetensors and numpy"
-    fi
-  fi
-  flock -u 9
-fi
-"$python" -c 'import safetensors, numpy' || fail "$python cannot import safetensors and numpy"
+python=$(pypi_test_python "$build_dir" safetensors "safetensors, numpy" "${CAPSTAN_SAFETENSORS_PYTHON:-}" CAPSTAN_SAFETENSORS_PYTHON safetensors numpy) ||
+  fail "no python with safetensors, numpy (above)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/capstan-safetensors-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT

@@ -31,25 +31,8 @@ fail() {
 }
 
 # An interpreter with tensorboard.
-python=${CAPSTAN_TENSORBOARD_PYTHON:-}
-if [[ -z $python ]]; then
-  venv=$build_dir/tensorboard-venv
-  python=$venv/bin/python
-  # One test at a time makes the environment (ctest -j).
-  exec 9>"$build_dir/tensorboard-venv.lock"
-  flock 9
-  if ! "$python" -c 'import tensorboard' 2>/dev/null; then
-    echo "making $venv (pip install tensorboard; once)"
-    if ! make_pypi_venv "$venv" "$build_dir/tensorboard-venv.log" tensorboard; then
-      tail -n 20 "$build_dir/tensorboard-venv.log"
-      fail "making $venv with tensorboard failed three times (log above; Debian needs" \
-        "python3-venv); without a package index, set CAPSTAN_TENSORBOARD_PYTHON to a" \
-        "python that has tensorboard"
-    fi
-  fi
-  flock -u 9
-fi
-"$python" -c 'import tensorboard' || fail "$python cannot import tensorboard"
+python=$(pypi_test_python "$build_dir" tensorboard "tensorboard" "${CAPSTAN_TENSORBOARD_PYTHON:-}" CAPSTAN_TENSORBOARD_PYTHON tensorboard) ||
+  fail "no python with tensorboard (above)"
 
 work=$(mktemp -d "${TMPDIR:-/tmp}/capstan-tensorboard-test.XXXXXX")
 trap 'rm -rf "$work"' EXIT

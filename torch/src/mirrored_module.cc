@@ -11,20 +11,13 @@
 
 #include "capstan/torch.h"
 #include "capstan/torch/mirrored_module.h"
+#include "errors.h"
 
 namespace capstan::torch {
 namespace {
 
-std::string sizes_string(c10::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
-
-std::string torch_error(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
-  return e.what();
-}
+using internal::sizes_string;
+using internal::torch_error;
 
 // The leaves (parameters, as TensorImpls) whose gradients backward from
 // `loss` will compute: the variables of the AccumulateGrad nodes its graph

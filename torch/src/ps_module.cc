@@ -4,9 +4,12 @@
 #include <sstream>
 
 #include "capstan/torch.h"
+#include "errors.h"
 
 namespace capstan::torch {
 namespace {
+
+using internal::torch_error;
 
 std::string describe(DType dtype, const Shape& shape) {
   return std::string(dtype_name(dtype)) + shape_string(shape);
@@ -15,11 +18,6 @@ std::string describe(DType dtype, const Shape& shape) {
 // The parameter servers apply optimizers to float32 and float64 only
 // (daemons/ps_server/variable_store.cc); other dtypes are assign-only.
 bool takes_gradients(DType dtype) { return dtype == DType::kFloat32 || dtype == DType::kFloat64; }
-
-std::string torch_error(const std::exception& e) {
-  if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
-  return e.what();
-}
 
 // Every capstan::torch::Embedding inside `module`, with its path.
 std::vector<std::pair<std::string, std::shared_ptr<EmbeddingImpl>>> embeddings_of(::torch::nn::Module& module) {

@@ -1,18 +1,12 @@
 // Zero-copy views between capstan::Tensor and torch::Tensor.
 #include "capstan/torch.h"
+#include "errors.h"
 
 #include <sstream>
 
 namespace capstan::torch {
-namespace {
 
-std::string sizes_string(c10::IntArrayRef sizes) {
-  std::ostringstream out;
-  out << sizes;
-  return out.str();
-}
-
-}  // namespace
+using internal::sizes_string;
 
 Result<c10::ScalarType> torch_dtype(DType dtype) {
   switch (dtype) {
