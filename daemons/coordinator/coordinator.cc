@@ -41,8 +41,8 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       timer_(timer),
       pool_(pool),
       log_(std::move(log)),
-      ps_tasks_(static_cast<size_t>(parameter_servers.size())),
-      first_contact_until_(timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS),
+      ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
+                 config_.ps_recovery_timeout),
       incarnation_([] {
         std::random_device random;
         uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
@@ -239,7 +239,7 @@ bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, 
     drop_worker(worker_id, outcome.result.status());
     return false;
   }
-  if (!outcome.result.ok() && (generation != ps_generation_ || !ps_status().ok())) {
+  if (!outcome.result.ok() && (generation != ps_health_.generation() || !ps_health_.status().ok())) {
     // A parameter server was lost or restored while it ran (a restarted one
     // answers NotFound until its shards are back): the run was lost, not
     // failed, and runs again (ClosureQueue re-queues Unavailable).
@@ -265,7 +265,7 @@ bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, 
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
-  if (!ps_status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
+  if (!ps_health_.status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
   int batch = batch_size();
   auto closure = queue_.next(worker_id);
   if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
@@ -289,7 +289,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   }
   int64_t id = closure->id;
   std::string function = closure->function;
-  const int64_t generation = ps_generation_;
+  const int64_t generation = ps_health_.generation();
   auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
     ClosureOutcome lost;
     lost.result = async::from_exception(e);
@@ -335,7 +335,7 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
   std::vector<int64_t> ids;
   ids.reserve(runs.size());
   for (const auto& run : runs) ids.push_back(run.closure_id);
-  const int64_t generation = ps_generation_;
+  const int64_t generation = ps_health_.generation();
   // The peer stays alive while its batch runs, even if the worker is dropped
   // meanwhile (another lane found it lost).
   std::shared_ptr<WorkerPeer> peer = workers_.at(worker_id).peer;
@@ -503,7 +503,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
       return create_variable(std::move(request));
     });
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
   const Tensor& initial = request.initial;
   if (is_mirrored(name)) {
@@ -558,7 +558,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
   if (auto until = first_contact_deadline()) {
     return changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
   if (is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a mirrored variable of a strategy"));
@@ -636,17 +636,11 @@ Coordinator::Overview Coordinator::overview() const {
   for (const auto& [id, w] : workers_) {
     out.workers.push_back({id, w.task_index, w.peer->address(), w.leaving});
   }
-  for (int task = 0; task < static_cast<int>(ps_tasks_.size()); ++task) {
-    const PsTask& ps = ps_tasks_[static_cast<size_t>(task)];
+  for (int task = 0; task < ps_health_.size(); ++task) {
     Overview::PsRow row;
     row.task = task;
     row.address = ps_.address(task);
-    switch (ps.state) {
-      case PsState::kUp: row.state = "up"; break;
-      case PsState::kDown: row.state = ps.ever_up ? "down (unreachable)" : "down (never reached)"; break;
-      case PsState::kRecovering: row.state = "recovering from the last checkpoint"; break;
-      case PsState::kLost: row.state = "lost: " + ps.lost.message(); break;
-    }
+    row.state = ps_health_.describe(task);
     row.shards = shards_on(task).size();
     out.ps.push_back(std::move(row));
   }
@@ -666,7 +660,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   if (journal_ && !journal_->broken().ok()) return journal_->broken();
   if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
-  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_status());
+  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
   if (!workers_.empty() && !any_worker_has(function)) {
     // The name list is only built for the error message, off the hot path.
     std::string names;
@@ -693,7 +687,7 @@ kj::Promise<void> Coordinator::queue_room() {
 
 kj::Promise<Status> Coordinator::join() {
   if (queue_.has_error()) return take_closure_error();
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) {
     // A pause while a parameter server comes back and is recovered.
     auto until = ps_pause_deadline();
@@ -706,8 +700,8 @@ kj::Promise<Status> Coordinator::join() {
 
 Result<bool> Coordinator::done() {
   if (queue_.has_error()) return take_closure_error();
-  if (!ps_status().ok()) {
-    if (!ps_pause_deadline()) return ps_status();
+  if (!ps_health_.status().ok()) {
+    if (!ps_pause_deadline()) return ps_health_.status();
     return false;  // recovering: not done yet
   }
   return queue_.idle();
@@ -724,7 +718,7 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
     if (!journal_) return queue_.value(id);
     return journal_->synced().then([this, id](Status) { return queue_.value(id); });
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) {
     auto until = ps_pause_deadline();
     if (!until) return Result<std::string>(up);
@@ -808,7 +802,7 @@ std::vector<VariableState> Coordinator::layout() const {
 
 kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
   using States = Result<std::vector<VariableState>>;
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return States(up);
   auto states = std::make_shared<std::vector<VariableState>>(layout());
   auto reads = kj::Vector<kj::Promise<Status>>();
@@ -890,7 +884,7 @@ kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::st
     return Rows(Status::InvalidArgument("exportEmbeddingTable: '" + path + "' is inside the coordinator's work_dir " +
                                         config_.work_dir + "; write the export elsewhere"));
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return Rows(up);
   const Variable variable = found->second;
   kj::Promise<Result<int64_t>> generation = Result<int64_t>(int64_t{0});
@@ -1081,9 +1075,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
   }
   // A parameter server that came back empty (lost) is what a restore by
   // hand is for; one that is unreachable or being recovered is not.
-  for (const PsTask& task : ps_tasks_) {
-    if (task.state != PsState::kUp && task.state != PsState::kLost) return Step(ps_status());
-  }
+  if (!ps_health_.up_or_lost()) return Step(ps_health_.status());
   auto resolved = std::make_shared<std::string>();
   return async::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
            CAPSTAN_ASSIGN_OR_RETURN(*resolved, resolve_checkpoint(path));
@@ -1179,7 +1171,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
         set_last_checkpoint(*resolved);
         for (int task = 0; task < ps_.size(); ++task) {
-          if (ps_tasks_[static_cast<size_t>(task)].state == PsState::kLost) {
+          if (ps_health_.state(task) == PsState::kLost) {
             log_->info("parameter server ps:{} at {} has its shards again (restored by hand); dispatch resumes", task,
                        ps_.address(task));
             set_ps_state(task, PsState::kUp);

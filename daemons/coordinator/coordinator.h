@@ -68,6 +68,7 @@
 #include "daemons/coordinator/config.h"
 #include "daemons/coordinator/durable_log.h"
 #include "daemons/coordinator/peers.h"
+#include "daemons/coordinator/ps_health.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
 #include "placement/placement.h"
@@ -379,23 +380,12 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void notify();
   kj::Promise<void> changed();
 
-  // ---- recovery.cc: parameter-server health, recovery, checkpoint policy
-  enum class PsState { kDown, kUp, kRecovering, kLost };
-  struct PsTask {
-    PsState state = PsState::kDown;
-    bool ever_up = false;
-    kj::TimePoint down_since = kj::origin<kj::TimePoint>();
-    Status lost;  // kLost: why, and what fixes it
-  };
-  // Unavailable naming the first parameter server that is not up (DataLoss
-  // for one that came back empty and cannot be recovered), or OK.
-  Status ps_status() const;
-  // While every parameter server that is not up is one that may still come
-  // back or be recovered: when calls stop waiting for it. nullopt: fail now.
+  // ---- recovery.cc: parameter-server health (ps_health_), recovery, checkpoint policy
+  using PsState = PsHealth::State;
+  // ps_health_.pause_deadline(), recoverable when a checkpoint exists to
+  // recover from.
   std::optional<kj::TimePoint> ps_pause_deadline() const;
-  // While a parameter server has not been reached since the coordinator
-  // started, and kFirstContactWindow has not passed: when to stop waiting.
-  std::optional<kj::TimePoint> first_contact_deadline() const;
+  std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
   // Waits for a change, or until the pause ends.
   kj::Promise<void> changed_or(kj::TimePoint deadline);
   kj::Promise<void> watch_ps(int task);
@@ -514,13 +504,11 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   ReportedScalars reported_;
   std::map<int64_t, Worker> workers_;
   int64_t next_worker_id_ = 1;
-  std::vector<PsTask> ps_tasks_;  // by task
-  // Until then, a parameter server not reached yet is waited for (the
-  // coordinator just started, or restarted with its journal).
-  const kj::TimePoint first_contact_until_;
-  // Goes up when a parameter server is lost or recovered: a closure whose
-  // run saw it change failed because of it and runs again.
-  int64_t ps_generation_ = 0;
+  // A parameter server not reached yet is waited for kFirstContactWindow
+  // after the start (or a restart with the journal). Its generation goes up
+  // when one is lost or recovered: a closure whose run saw it change failed
+  // because of it and runs again.
+  PsHealth ps_health_;
   int64_t ps_recoveries_ = 0;
   std::string last_checkpoint_;
   int64_t closures_completed_ = 0;
