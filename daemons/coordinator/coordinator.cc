@@ -50,6 +50,8 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       }()),
       clients_(config_.client_grace),
       placer_(std::max(parameter_servers.size(), 1)),
+      datasets_(config_.expected_workers, log_,
+                [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
@@ -112,7 +114,8 @@ kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::
   log_->info("worker {} (task {}{}) joined; closures: {}", id, task_index, assigned ? ", assigned" : "",
              names.empty() ? "none" : names);
   // Its per-worker iterators first, then closures.
-  return send_datasets(id).then([this, id]() {
+  const Worker& added = workers_.at(id);
+  return datasets_.send_all({id, added.task_index, added.peer.get()}, workers_.size()).then([this, id]() {
     for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
     tasks_.add(watch_worker(id));
     notify();
@@ -378,70 +381,11 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
 
 // ---- Per-worker datasets ----------------------------------------------------------
 
-int Coordinator::num_workers_for_datasets() const {
-  return std::max<int>(config_.expected_workers, static_cast<int>(workers_.size()));
-}
-
-kj::Promise<void> Coordinator::send_dataset(Worker& worker, int64_t id, const PerWorkerDataset& dataset) {
-  int n = std::max(num_workers_for_datasets(), worker.task_index + 1);
-  int64_t worker_id = worker.id;
-  kj::Promise<Status> sent = nullptr;
-  if (!dataset.function.empty()) {
-    sent = worker.peer->create_dataset_from_function(id, dataset.function, n, worker.task_index, dataset.uid);
-  } else {
-    auto parsed = data::Dataset::deserialize(dataset.definition);  // checked when it was created
-    if (!parsed.ok()) {
-      sent = parsed.status();
-    } else {
-      sent = worker.peer->create_dataset(id, parsed->resolve_shard_hint(n, worker.task_index).serialize(), dataset.uid);
-    }
-  }
-  return sent.catch_([](kj::Exception&& e) { return async::from_exception(e); })
-      .then([this, worker_id, id](Status status) {
-        if (!status.ok()) {
-          log_->warn("worker {} could not build per-worker dataset {}: {}", worker_id, id, status.to_string());
-        }
-      });
-}
-
-kj::Promise<void> Coordinator::send_datasets(int64_t worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return kj::READY_NOW;
-  auto sends = kj::heapArrayBuilder<kj::Promise<void>>(datasets_.size());
-  for (const auto& [id, dataset] : datasets_) sends.add(send_dataset(it->second, id, dataset));
-  return kj::joinPromises(sends.finish());
-}
-
-kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) {
-  if (dataset.name.size() > 256) {
-    return Result<int64_t>(Status::InvalidArgument("per-worker dataset name longer than 256 bytes"));
-  }
-  if (!dataset.name.empty()) {
-    for (const auto& [existing_id, existing] : datasets_) {
-      if (existing.name != dataset.name) continue;
-      if (existing.definition != dataset.definition || existing.function != dataset.function) {
-        return Result<int64_t>(Status::AlreadyExists(
-            "per-worker dataset '" + dataset.name + "' exists (id " + std::to_string(existing_id) +
-            ") with another definition; give the new one another name"));
-      }
-      log_->info("per-worker dataset '{}' found again (a reconnecting program): id {}, iterators where they were",
-                 dataset.name, existing_id);
-      return Result<int64_t>(existing_id);
-    }
-  }
-  int64_t id = next_dataset_id_;
-  std::random_device random;
-  do {
-    dataset.uid = (static_cast<uint64_t>(random()) << 32) ^ random();
-  } while (dataset.uid == 0);
-  Status logged = journal_dataset(id, dataset);
-  if (!logged.ok()) return Result<int64_t>(logged);
-  ++next_dataset_id_;
-  const PerWorkerDataset& added = datasets_[id] = std::move(dataset);
-  // Existing workers build theirs now; later ones when they register.
-  auto sends = kj::heapArrayBuilder<kj::Promise<void>>(workers_.size());
-  for (auto& [worker_id, worker] : workers_) sends.add(send_dataset(worker, id, added));
-  return kj::joinPromises(sends.finish()).then([id]() { return Result<int64_t>(id); });
+std::vector<DatasetTarget> Coordinator::dataset_targets() const {
+  std::vector<DatasetTarget> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, worker] : workers_) out.push_back({id, worker.task_index, worker.peer.get()});
+  return out;
 }
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition, std::string name) {
@@ -450,7 +394,7 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string 
   PerWorkerDataset dataset;
   dataset.definition = std::move(definition);
   dataset.name = std::move(name);
-  return add_dataset(std::move(dataset));
+  return datasets_.add(std::move(dataset), dataset_targets());
 }
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function,
@@ -462,7 +406,7 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_functio
   PerWorkerDataset dataset;
   dataset.function = std::move(function);
   dataset.name = std::move(name);
-  return add_dataset(std::move(dataset));
+  return datasets_.add(std::move(dataset), dataset_targets());
 }
 
 // ---- Variables ---------------------------------------------------------------------
@@ -945,7 +889,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
     ready = pause_dispatch()
                 .then([this, saved](std::shared_ptr<void> pause) {
                   saved->pause = std::move(pause);
-                  return iterator_states();
+                  return datasets_.iterator_states(dataset_targets());
                 })
                 .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
   }
@@ -992,50 +936,6 @@ kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
            return true;
          })
       .then([guard = std::move(guard)]() mutable { return std::move(guard); });
-}
-
-kj::Promise<std::map<std::string, std::string>> Coordinator::iterator_states() {
-  using States = std::map<std::string, std::string>;
-  auto states = std::make_shared<States>();
-  auto reads = kj::Vector<kj::Promise<void>>();
-  for (const auto& [id, dataset] : datasets_) {
-    for (auto& [worker_id, worker] : workers_) {
-      std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
-      reads.add(worker.peer->save_iterator(id)
-                    .catch_([](kj::Exception&& e) { return Result<std::string>(async::from_exception(e)); })
-                    .then([this, states, name](Result<std::string> state) {
-                      if (state.ok()) {
-                        (*states)[name] = std::move(*state);
-                      } else {
-                        log_->warn("checkpoint without the position of {}: {}", name, state.status().to_string());
-                      }
-                    }));
-    }
-  }
-  return kj::joinPromises(reads.releaseAsArray()).then([states]() { return std::move(*states); });
-}
-
-kj::Promise<Result<int>> Coordinator::restore_iterators(std::map<std::string, std::string> states) {
-  auto restores = kj::Vector<kj::Promise<Status>>();
-  int count = 0;
-  for (const auto& [id, dataset] : datasets_) {
-    for (auto& [worker_id, worker] : workers_) {
-      std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
-      auto found = states.find(name);
-      if (found == states.end()) {
-        if (!states.empty()) log_->warn("the checkpoint has no position for {}: that iterator goes on where it is", name);
-        continue;
-      }
-      ++count;
-      restores.add(worker.peer->restore_iterator(id, found->second)
-                       .catch_([](kj::Exception&& e) { return async::from_exception(e); })
-                       .then([name](Status status) { return status.with_context("restoring " + name); }));
-    }
-  }
-  return first_error(restores.releaseAsArray()).then([count](Status status) -> Result<int> {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return count;
-  });
 }
 
 kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states) {
@@ -1157,10 +1057,11 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
             })
             .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;
-              return restore_iterators(std::move(iterators)).then([out](Result<int> restored) {
-                if (restored.ok()) out->iterators = *restored;
-                return restored.status();
-              });
+              return datasets_.restore_iterators(std::move(iterators), dataset_targets())
+                  .then([out](Result<int> restored) {
+                    if (restored.ok()) out->iterators = *restored;
+                    return restored.status();
+                  });
             })
             .then([out](Status status) mutable -> Step {
               CAPSTAN_RETURN_IF_ERROR(status);

@@ -68,6 +68,7 @@
 #include "daemons/coordinator/config.h"
 #include "daemons/coordinator/durable_log.h"
 #include "daemons/coordinator/peers.h"
+#include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_health.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
@@ -317,14 +318,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     Optimizer optimizer;
     std::optional<EmbeddingTableSpec> table;  // an embedding table: shard i on task i
   };
-  // A per-worker dataset: a definition (SHARD_HINT resolved per worker) or
-  // the name of a dataset function in the workers' modules.
-  struct PerWorkerDataset {
-    std::string definition;
-    std::string function;
-    std::string name;  // "": anonymous
-    uint64_t uid = 0;  // random, journaled: the same dataset after a restart
-  };
 
   struct Strategy {
     std::string name;
@@ -454,10 +447,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void cancel_runs();
   kj::Promise<void> watch_worker(int64_t worker_id);
   void drop_worker(int64_t worker_id, const Status& why);
-  int num_workers_for_datasets() const;
-  kj::Promise<void> send_dataset(Worker& worker, int64_t id, const PerWorkerDataset& dataset);
-  kj::Promise<void> send_datasets(int64_t worker_id);
-  kj::Promise<Result<int64_t>> add_dataset(PerWorkerDataset dataset);
+  // The registered workers, as datasets_ reaches them (by id).
+  std::vector<DatasetTarget> dataset_targets() const;
 
   VariableLocation location(const Variable& variable) const;
   Result<Variable> place(const std::string& name, DType dtype, const Shape& shape,
@@ -479,14 +470,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // promise resolves once none runs, so that the variables saved hold the
   // effect of every element the saved iterators have handed out.
   kj::Promise<std::shared_ptr<void>> pause_dispatch();
-  // Each registered worker's iterator position of each per-worker dataset,
-  // by iterator_tensor_name(); a position a worker cannot give (a dataset
-  // read through the data service, a worker lost meanwhile) is left out and
-  // logged.
-  kj::Promise<std::map<std::string, std::string>> iterator_states();
-  // Puts each registered worker's iterators back where `states` has them;
-  // resolves to how many. A worker that rejects a state fails the restore.
-  kj::Promise<Result<int>> restore_iterators(std::map<std::string, std::string> states);
   kj::Promise<Result<std::string>> wait_for_value(int64_t id);
   // `client_id` made a call now (0: nobody).
   void client_seen(uint64_t client_id);
@@ -527,8 +510,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;
-  std::map<int64_t, PerWorkerDataset> datasets_;
-  int64_t next_dataset_id_ = 1;
+  PerWorkerDatasets datasets_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
   std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiters_;
