@@ -510,7 +510,7 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   auto group = cluster.join_group(flags.group, flags.replicas, flags.rank, "127.0.0.1", collective);
   if (!group.ok()) return failed("joining group '" + flags.group + "'", group.status());
 
-  // Every replica draws the same initial values; rank 0's are mirrored.
+  // Rank 0's initial values become every replica's (with --seed, all draw the same).
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
   const bool torch = flags.model == "torch";
   // --model torch: the LibTorch module (its plugin: the tables, the
@@ -574,7 +574,8 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   if (chief) {
     std::printf("census: Wide & Deep in %s, %s mode: %d replicas (processes) in collective group '%s' "
                 "(generation %lld); %s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
-                torch ? "LibTorch" : "Eigen", flags.mode.c_str(), flags.replicas, flags.group.c_str(), static_cast<long long>((*group)->generation()),
+                torch ? "LibTorch" : "Eigen", flags.mode.c_str(), flags.replicas, flags.group.c_str(),
+                static_cast<long long>((*group)->generation()),
                 hybrid ? "wide table and embeddings on the parameter servers, the MLP mirrored"
                        : "every variable mirrored",
                 static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),

@@ -85,8 +85,9 @@ class Replica final : public census::TorchReplica {
         // that exists (an earlier run) gets its initial values again.
         const capstan::torch::PsOptions ps = table_options(options);
         CAPSTAN_RETURN_IF_ERROR(capstan::torch::create_variables(cluster, *replica->tables_, ps).status());
+        const census::WideDeepImpl& model = *replica->model_;
         for (const auto& [name, embedding] :
-             {std::pair{"wide.weight", replica->model_->wide}, std::pair{"embeddings.weight", replica->model_->embeddings}}) {
+             {std::pair{"wide.weight", model.wide}, std::pair{"embeddings.weight", model.embeddings}}) {
           CAPSTAN_ASSIGN_OR_RETURN(capstan::Tensor initial, embedding->initial_value());
           CAPSTAN_RETURN_IF_ERROR(cluster.assign_variable(ps.prefix + name, initial)
                                       .with_context("initializing " + ps.prefix + name));
@@ -99,7 +100,8 @@ class Replica final : public census::TorchReplica {
     mirrored.optimizer = capstan::Optimizer::adam(options.deep_learning_rate);
     mirrored.optimizers["bias"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
     if (!options.hybrid) mirrored.optimizers["wide.weight"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
-    CAPSTAN_ASSIGN_OR_RETURN(replica->mirrored_, capstan::torch::MirroredModule::create(group, *replica->model_, mirrored));
+    CAPSTAN_ASSIGN_OR_RETURN(replica->mirrored_,
+                             capstan::torch::MirroredModule::create(group, *replica->model_, mirrored));
     return replica;
   }
 
