@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Training throughput of the census example (examples/census) in each mode
-# with 1 and 2 workers (ps: worker-servers fed by the data service, the
-# hand-written Eigen model and, when built, the LibTorch one; sync and
-# hybrid: replica processes), on a local cluster: prints examples/s over
+# with 1 and 2 workers (ps: worker-servers fed by the data service; sync and
+# hybrid: replica processes; each with the hand-written Eigen model and,
+# when built, the LibTorch one), on a local cluster: prints examples/s over
 # --epochs epochs (default 2), the median of --runs runs (default 3), the
 # modes alternating within each run.
 #
@@ -20,6 +20,10 @@ if [[ -e $torch_module ]]; then
   variants+=(ps:torch)
 fi
 variants+=(sync:eigen hybrid:eigen)
+# The replicas' LibTorch part (the census program's plugin).
+if [[ -e $repo_root/build/lib/libcensus_torch_program.so ]]; then
+  variants+=(sync:torch hybrid:torch)
+fi
 epochs=2
 runs=3
 while [[ $# -gt 0 ]]; do
@@ -58,7 +62,7 @@ for workers in 1 2; do
   for variant in "${variants[@]}"; do
     median=$(tr ' ' '\n' <<<"${rates[$variant]}" | grep . | sort -n | sed -n "$(( (runs + 1) / 2 ))p")
     label=${variant%%:*}
-    [[ $label == ps ]] && label="ps-${variant#*:}"
+    label="$label-${variant#*:}"
     printf '%-10s %8d %14s %9s%%\n' "$label" "$workers" "$median" "${accuracy[$variant]}"
   done
   unset rates accuracy
