@@ -698,7 +698,7 @@ void EmbeddingTable::apply_typed(const std::vector<int64_t>& keys, std::span<con
     }
     for (size_t p = 1; p < l.planes; ++p) slots[p - 1] = {planes.data() + p * k * dim, k * dim};
     training::apply_sparse_update<T>(config_.optimizer, step, static_cast<int64_t>(dim),
-                           std::span<T>(planes.data(), k * dim), slots, local_ids, grads);
+                                     std::span<T>(planes.data(), k * dim), slots, local_ids, grads);
     for (size_t r = 0; r < k; ++r) {
       T* dst = reinterpret_cast<T*>(s.data(rows[r]));
       for (size_t p = 0; p < l.planes; ++p) {
@@ -806,9 +806,9 @@ Status EmbeddingTable::import_rows(const TableRows& rows, bool replace) {
   CAPSTAN_RETURN_IF_ERROR(rows.keys.validate().with_context("import_rows keys"));
   CAPSTAN_RETURN_IF_ERROR(check("values", rows.values, config_.dtype, row_shape));
   if (rows.slots.size() != l.planes - 1) {
-    return Status::InvalidArgument("import_rows: " + std::to_string(rows.slots.size()) +
-                                   " slots given, the table's " + training::optimizer_debug_string(config_.optimizer) +
-                                   " keeps " + std::to_string(l.planes - 1));
+    return Status::InvalidArgument("import_rows: " + std::to_string(rows.slots.size()) + " slots given, the table's " +
+                                   training::optimizer_debug_string(config_.optimizer) + " keeps " +
+                                   std::to_string(l.planes - 1));
   }
   for (const Tensor& slot : rows.slots) CAPSTAN_RETURN_IF_ERROR(check("slot", slot, config_.dtype, row_shape));
   CAPSTAN_RETURN_IF_ERROR(check("meta", rows.meta, DType::kInt64, {n, kMetaColumns}));

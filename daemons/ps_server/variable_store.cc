@@ -335,11 +335,11 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
   if (shard->dtype == DType::kFloat32) {
     auto slots = slot_spans<float>(shard->slot);
     training::apply_dense_update<float>(shard->optimizer, t, shard->value.mutable_flat<float>(), slots,
-                              gradient.flat<float>());
+                                        gradient.flat<float>());
   } else {
     auto slots = slot_spans<double>(shard->slot);
     training::apply_dense_update<double>(shard->optimizer, t, shard->value.mutable_flat<double>(), slots,
-                               gradient.flat<double>());
+                                         gradient.flat<double>());
   }
   shard->step = std::max(shard->step, t);
   count_dense_update(gradient);
@@ -379,13 +379,13 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
     if (shard->dtype == DType::kFloat32) {
       auto slots = slot_spans<float>(shard->slot);
       training::apply_sparse_update<float>(shard->optimizer, t, row_size,
-                                 shard->value.mutable_flat<float>(), slots, id_list,
-                                 rows.flat<float>());
+                                           shard->value.mutable_flat<float>(), slots, id_list,
+                                           rows.flat<float>());
     } else {
       auto slots = slot_spans<double>(shard->slot);
       training::apply_sparse_update<double>(shard->optimizer, t, row_size,
-                                  shard->value.mutable_flat<double>(), slots, id_list,
-                                  rows.flat<double>());
+                                            shard->value.mutable_flat<double>(), slots, id_list,
+                                            rows.flat<double>());
     }
   }
   shard->step = std::max(shard->step, t);

@@ -40,7 +40,8 @@ void apply(const Optimizer& optimizer, int64_t step, Tensor& value, std::vector<
   std::vector<std::span<T>> slot_spans;
   for (Tensor& s : slots) slot_spans.push_back(s.mutable_flat<T>());
   training::apply_dense_update<T>(optimizer, step, value.mutable_flat<T>(),
-                            std::span<const std::span<T>>(slot_spans.data(), slot_spans.size()), gradient.flat<T>());
+                                  std::span<const std::span<T>>(slot_spans.data(), slot_spans.size()),
+                                  gradient.flat<T>());
 }
 
 }  // namespace
