@@ -3,7 +3,7 @@
 #include "fuzz/fuzz_util.h"
 
 extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, size_t size) {
-  using namespace capstan::data_service;
+  using namespace capstan::data_dispatcher;
   auto update = decode(capstan::fuzz::as_string(data, size));
   if (!update.ok()) return 0;
   // A decoded record must apply or be refused, never crash the state.

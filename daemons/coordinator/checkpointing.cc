@@ -115,7 +115,7 @@ Status read_table_into(const checkpoint::CheckpointReader& reader, const checkpo
                                    std::string(dtype_name(saved.dtype)) + "[*, " + std::to_string(saved.table->dim) +
                                    "]");
   }
-  if (saved.slots != ps::slot_names(v->optimizer.kind)) {
+  if (saved.slots != training::slot_names(v->optimizer.kind)) {
     return Status::InvalidArgument("embedding table '" + v->name + "' uses " + optimizer_name(v->optimizer.kind) +
                                    " but the checkpoint's has other optimizer slots");
   }
@@ -193,7 +193,7 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
     mv.optimizer = v.optimizer;
     if (v.table) {
       mv.table = checkpoint::ManifestTable{v.table->dim, v.table->initializer, v.table->options, v.generation};
-      mv.slots = ps::slot_names(v.optimizer.kind);
+      mv.slots = training::slot_names(v.optimizer.kind);
       int64_t first_row = 0;
       for (const auto& s : v.shards) {
         std::string file = "ps-" + std::to_string(s.ps_task) + ".safetensors";

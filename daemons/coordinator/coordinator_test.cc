@@ -834,7 +834,7 @@ TEST_CASE("an embedding table: a shard on every parameter server, saved with its
     EmbeddingTableSpec other = spec;
     other.dim = 3;
     CHECK(h.coordinator->create_table(other).wait(h.io.waitScope).status().code() == StatusCode::kAlreadyExists);
-    by_shard(h.ps, keys, [&](ps::EmbeddingTable& t, const std::vector<int64_t>& mine) {
+    by_shard(h.ps, keys, [&](ps_server::EmbeddingTable& t, const std::vector<int64_t>& mine) {
       REQUIRE(t.lookup(ids(mine), true).ok());
       std::vector<float> grad(mine.size() * 2, 0.5f);
       REQUIRE(t.apply_gradients(ids(mine), Tensor::from_vector<float>(grad, {static_cast<int64_t>(mine.size()), 2}).value(), 0).ok());
@@ -851,7 +851,7 @@ TEST_CASE("an embedding table: a shard on every parameter server, saved with its
     // After the save: 5 keys updated; the export since the checkpoint has
     // exactly them.
     std::vector<int64_t> changed(keys.begin(), keys.begin() + 5);
-    by_shard(h.ps, changed, [&](ps::EmbeddingTable& t, const std::vector<int64_t>& mine) {
+    by_shard(h.ps, changed, [&](ps_server::EmbeddingTable& t, const std::vector<int64_t>& mine) {
       std::vector<float> grad(mine.size() * 2, 1.0f);
       REQUIRE(t.apply_gradients(ids(mine), Tensor::from_vector<float>(grad, {static_cast<int64_t>(mine.size()), 2}).value(), 0).ok());
     });
@@ -866,7 +866,7 @@ TEST_CASE("an embedding table: a shard on every parameter server, saved with its
   Harness h({}, /*num_ps=*/3);
   REQUIRE(h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).ok());
   int64_t rows = 0;
-  by_shard(h.ps, keys, [&](ps::EmbeddingTable& t, const std::vector<int64_t>& mine) {
+  by_shard(h.ps, keys, [&](ps_server::EmbeddingTable& t, const std::vector<int64_t>& mine) {
     rows += t.stats().rows.load();
     Tensor got = t.lookup(ids(mine), false).value();
     for (size_t i = 0; i < mine.size(); ++i) {

@@ -122,7 +122,7 @@ Status Coordinator::create_strategy(const std::string& name, std::vector<Mirrore
                                      std::string(dtype_name(v.initial.dtype())) +
                                      "; mirrored variables are float32 or float64");
     }
-    CAPSTAN_RETURN_IF_ERROR(ps::validate(v.optimizer).with_context("mirrored variable '" + v.name + "'"));
+    CAPSTAN_RETURN_IF_ERROR(training::validate(v.optimizer).with_context("mirrored variable '" + v.name + "'"));
     if (variables_.count(v.name) != 0) {
       return Status::AlreadyExists("createStrategy '" + name + "': '" + v.name +
                                    "' is a parameter-server variable; a variable lives in one place");

@@ -153,7 +153,7 @@ class FakeParameterServers : public ParameterServers {
     bool up = true;
     std::map<std::string, ShardContents> shards;
     std::map<std::string, Optimizer> optimizers;
-    std::map<std::string, std::shared_ptr<ps::EmbeddingTable>> tables;  // the real table core
+    std::map<std::string, std::shared_ptr<ps_server::EmbeddingTable>> tables;  // the real table core
     std::vector<std::string> reads;   // shard names, in order
     std::vector<std::string> writes;  // shard names, in order
     std::vector<std::string> assigned;  // the writes that carried a value
@@ -240,7 +240,8 @@ class FakeParameterServers : public ParameterServers {
   kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) override {
     Task& t = tasks[static_cast<size_t>(task)];
     if (!t.up) return Status::Unavailable(t.address + " is down");
-    auto table = ps::EmbeddingTable::create({spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options});
+    auto table =
+        ps_server::EmbeddingTable::create({spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options});
     if (!table.ok()) return table.status();
     t.tables[name] = std::move(*table);
     return Status::Ok();

@@ -6,7 +6,7 @@
 #include "data/sharding.h"
 #include "io/durable_file.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 namespace {
 
 // FNV-1a: a stable fingerprint of a definition's bytes (the same across runs).
@@ -537,4 +537,4 @@ void Dispatcher::collect() {
   }
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher

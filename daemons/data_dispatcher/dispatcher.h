@@ -61,7 +61,7 @@
 #include "io/file_system.h"
 #include "journal/group_commit.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 
 // Built once at start from the daemon's configuration.
 struct DispatcherConfig {
@@ -303,6 +303,6 @@ class Dispatcher {
   std::map<std::tuple<int64_t, int64_t, int64_t>, Splits> replays_;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher
 
 #endif  // CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_H_

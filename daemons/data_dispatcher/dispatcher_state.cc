@@ -13,7 +13,7 @@
 #include "capstan_schemas/dispatcher_journal.capnp.h"
 #include "data/compression.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 
 namespace {
 
@@ -937,4 +937,4 @@ std::string DispatcherState::debug_string() const {
   return s;
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher

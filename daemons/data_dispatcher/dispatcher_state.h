@@ -29,7 +29,7 @@
 #include "capstan/status.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 
 // How a job's data is divided among workers (TF's ShardingPolicy).
 enum class ProcessingMode : uint8_t {
@@ -387,6 +387,6 @@ class DispatcherState {
   int64_t next_available_task_id_ = 4000;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher
 
 #endif  // CAPSTAN_DAEMONS_DATA_DISPATCHER_DISPATCHER_STATE_H_

@@ -12,7 +12,7 @@
 
 #include "capstan_schemas/dispatcher_journal.capnp.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 namespace {
 
 using Job = DispatcherState::Job;
@@ -1017,4 +1017,4 @@ TEST_CASE("replaying the encoded journal rebuilds identical state") {
 }
 
 }  // namespace
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher

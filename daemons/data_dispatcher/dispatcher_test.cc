@@ -13,7 +13,7 @@
 #include "io/testing.h"
 #include "sync/mutex.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 namespace {
 
 namespace fs = std::filesystem;
@@ -602,4 +602,4 @@ TEST_CASE("after a failed fsync the dispatcher refuses changes and every wait fa
 }
 
 }  // namespace
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher

@@ -33,6 +33,6 @@ int main(int argc, char** argv) {
           .at_least(1),
   };
   spec.peers = nullptr;  // data workers and clients come to the dispatcher
-  spec.make_service = capstan::daemon::service_factory<capstan::data_service::DispatcherService>();
+  spec.make_service = capstan::daemon::service_factory<capstan::data_dispatcher::DispatcherService>();
   return capstan::daemon::run_daemon(spec, argc, argv);
 }

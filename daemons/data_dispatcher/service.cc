@@ -9,7 +9,7 @@
 #include "async/pool.h"
 #include "rpc/tensor_codec.h"
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 namespace {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
@@ -390,4 +390,4 @@ kj::Promise<void> DispatcherService::gc_loop() {
       .then([this](bool) { return gc_loop(); });
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher

@@ -28,7 +28,7 @@ namespace capstan::daemon {
 class Config;
 }
 
-namespace capstan::data_service {
+namespace capstan::data_dispatcher {
 
 // The typed configuration, read once from the daemon's keys.
 DispatcherConfig dispatcher_config_from(const daemon::Config& config);
@@ -73,6 +73,6 @@ class DispatcherService : public daemon::NodeService<wire::DataDispatcher::Serve
   kj::TaskSet tasks_;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_dispatcher
 
 #endif  // CAPSTAN_DAEMONS_DATA_DISPATCHER_SERVICE_H_

@@ -15,7 +15,7 @@
 #include "async/pool.h"
 #include "sync/mutex.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 // Shared-memory regions: at most this many consumers at once, each region
@@ -681,4 +681,4 @@ kj::Promise<Result<ElementsReply>> DataWorker::get_elements(ElementsRequest requ
       .catch_([](kj::Exception&& e) { return Result<ElementsReply>(async::from_exception(e)); });
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

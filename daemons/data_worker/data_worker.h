@@ -64,7 +64,7 @@ namespace capstan::daemon {
 class Config;
 }  // namespace capstan::daemon
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 class SplitBridge;
 struct SplitCall;
@@ -281,6 +281,6 @@ class DataWorker final : private kj::TaskSet::ErrorHandler {
   kj::TaskSet background_;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
 #endif  // CAPSTAN_DAEMONS_DATA_WORKER_DATA_WORKER_H_

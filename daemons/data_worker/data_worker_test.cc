@@ -6,7 +6,7 @@
 
 #include "daemons/data_worker/test_fakes.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 using testing::Harness;
@@ -282,4 +282,4 @@ TEST_CASE("a consumer's numbered requests in flight reach the runner in their or
   CHECK(last > 0);
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

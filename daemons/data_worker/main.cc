@@ -34,6 +34,6 @@ int main(int argc, char** argv) {
           .in_range(1, int64_t{1} << 40),
   };
   spec.peers = capstan::daemon::one_peer(wire::Role::DATA_DISPATCHER, "dispatcher", "data_dispatcher");
-  spec.make_service = capstan::daemon::service_factory<capstan::data_service::DataWorkerService>();
+  spec.make_service = capstan::daemon::service_factory<capstan::data_worker::DataWorkerService>();
   return capstan::daemon::run_daemon(spec, argc, argv);
 }

@@ -5,7 +5,7 @@
 #include "async/status_exception.h"
 #include "rpc/tensor_codec.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 kj::Duration to_kj(std::chrono::milliseconds ms) { return ms.count() * kj::MILLISECONDS; }
@@ -98,4 +98,4 @@ kj::Promise<Status> RemoteDispatcher::finish_task(std::string worker_address, in
             [](kj::Exception&& e) { return async::from_exception(e); });
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

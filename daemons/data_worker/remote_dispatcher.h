@@ -16,7 +16,7 @@
 #include "async/status_exception.h"
 #include "rpc/connection.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 class RemoteDispatcher final : public DispatcherPeer {
  public:
@@ -41,6 +41,6 @@ class RemoteDispatcher final : public DispatcherPeer {
   kj::Own<rpc::Connection> connection_;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
 #endif  // CAPSTAN_DAEMONS_DATA_WORKER_REMOTE_DISPATCHER_H_

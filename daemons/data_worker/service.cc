@@ -11,7 +11,7 @@
 #include "rpc/errors.h"
 #include "rpc/tensor_codec.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
@@ -215,4 +215,4 @@ kj::Promise<void> DataWorkerService::getElements(GetElementsContext context) {
       });
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

@@ -23,7 +23,7 @@
 #include "daemons/data_worker/data_worker.h"
 #include "daemons/data_worker/remote_dispatcher.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
                           private kj::TaskSet::ErrorHandler {
@@ -72,6 +72,6 @@ class DataWorkerService : public daemon::NodeService<wire::DataWorker::Server>,
   kj::TaskSet background_;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
 #endif  // CAPSTAN_DAEMONS_DATA_WORKER_SERVICE_H_

@@ -3,7 +3,7 @@
 
 #include <algorithm>
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 TaskRunner::TaskRunner(std::unique_ptr<data::Iterator> iterator, Options options)
     : options_(options), iterator_(std::move(iterator)) {
@@ -320,4 +320,4 @@ Result<TaskRunner::Reply> TaskRunner::get_cached(const Request& request) {
   return reply;
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

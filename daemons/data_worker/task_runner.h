@@ -38,7 +38,7 @@
 #include "capstan/data/dataset.h"
 #include "sync/mutex.h"
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 class TaskRunner {
  public:
@@ -151,6 +151,6 @@ class TaskRunner {
   std::thread producer_;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
 #endif  // CAPSTAN_DAEMONS_DATA_WORKER_TASK_RUNNER_H_

@@ -2,7 +2,7 @@
 
 #include <catch2/catch.hpp>
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 using data::Dataset;
@@ -232,11 +232,11 @@ TEST_CASE("destroying a runner mid-stream stops its producer", "[data-service][t
   SUCCEED("destroyed");
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
 // ---- Requests in flight (a window of numbered requests) ------------------------
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 // A numbered request of a consumer with several in flight: number
@@ -345,9 +345,9 @@ TEST_CASE("a rebuilt task gets the count right when the reply before its first o
   CHECK(values(runner.get(windowed(182, 181, 222)).value()) == std::vector<int64_t>{222, 223});
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 TEST_CASE("the end goes to a windowed consumer only once every earlier reply is acknowledged",
           "[data-service][task]") {
@@ -370,4 +370,4 @@ TEST_CASE("the end goes to a windowed consumer only once every earlier reply is 
   CHECK(runner.get(last).value().end_of_sequence);
 }
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

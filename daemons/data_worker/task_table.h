@@ -29,7 +29,7 @@
 #include <set>
 #include <vector>
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 
 template <typename Task>
 class TaskTable {
@@ -183,6 +183,6 @@ class HeartbeatBackoff {
   bool down_ = false;
 };
 
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker
 
 #endif  // CAPSTAN_DAEMONS_DATA_WORKER_TASK_TABLE_H_

@@ -5,7 +5,7 @@
 
 #include <string>
 
-namespace capstan::data_service {
+namespace capstan::data_worker {
 namespace {
 
 using namespace std::chrono_literals;
@@ -137,4 +137,4 @@ TEST_CASE("heartbeat backoff: doubles while the dispatcher is away, up to the ca
 }
 
 }  // namespace
-}  // namespace capstan::data_service
+}  // namespace capstan::data_worker

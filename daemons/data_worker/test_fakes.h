@@ -22,7 +22,7 @@
 #include "daemons/data_worker/data_worker.h"
 #include "async/mailbox.h"
 
-namespace capstan::data_service::testing {
+namespace capstan::data_worker::testing {
 
 // Loop thread only, as the DataWorker that calls it.
 class FakeDispatcher : public DispatcherPeer {
@@ -230,6 +230,6 @@ struct Harness {
   std::unique_ptr<DataWorker> worker;
 };
 
-}  // namespace capstan::data_service::testing
+}  // namespace capstan::data_worker::testing
 
 #endif  // CAPSTAN_DAEMONS_DATA_WORKER_TEST_FAKES_H_

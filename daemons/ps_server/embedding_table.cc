@@ -13,7 +13,7 @@
 #include "sync/mutex.h"
 #include "training/optimizer.h"
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 namespace {
 
 using Kind = Optimizer::Kind;
@@ -165,7 +165,7 @@ struct EmbeddingTable::Layout {
   explicit Layout(const TableConfig& c)
       : dtype(c.dtype),
         dim(static_cast<size_t>(c.dim)),
-        planes(1 + slot_names(c.optimizer.kind).size()),
+        planes(1 + training::slot_names(c.optimizer.kind).size()),
         value_bytes(dim * dtype_size(dtype)),
         stride((kMetaBytes + planes * value_bytes + 7) / 8 * 8),
         initializer(c.initializer),
@@ -183,7 +183,7 @@ struct EmbeddingTable::Layout {
     initial_row(initializer, 0, row);  // every key's row, unless random
     store_as(dtype, row, initial_data.data());
     for (size_t i = 1; i < planes; ++i) {
-      std::fill(row.begin(), row.end(), slot_initial_value(c.optimizer, i - 1));
+      std::fill(row.begin(), row.end(), training::slot_initial_value(c.optimizer, i - 1));
       store_as(dtype, row, initial_data.data() + i * value_bytes);
     }
   }
@@ -425,7 +425,7 @@ Status validate_table_config(const TableConfig& config) {
                format_double(init.value) + " mean=" + format_double(init.mean) +
                " stddev=" + format_double(init.stddev));
   }
-  CAPSTAN_RETURN_IF_ERROR(validate(config.optimizer).with_context("embedding table"));
+  CAPSTAN_RETURN_IF_ERROR(training::validate(config.optimizer).with_context("embedding table"));
   const EmbeddingTableOptions& o = config.options;
   if (o.min_count < 1 || o.min_count > std::numeric_limits<uint16_t>::max()) {
     return bad("min_count must be in [1, 65535], got " + std::to_string(o.min_count));
@@ -448,7 +448,7 @@ Status validate_table_config(const TableConfig& config) {
 
 std::string table_config_debug_string(const TableConfig& c) {
   std::string s = std::string(dtype_name(c.dtype)) + "[*, " + std::to_string(c.dim) + "] " +
-                  optimizer_debug_string(c.optimizer) + " " + c.initializer.kind;
+                  training::optimizer_debug_string(c.optimizer) + " " + c.initializer.kind;
   if (c.initializer.kind == "constant") s += "(" + format_double(c.initializer.value) + ")";
   if (c.initializer.kind == "random_normal") {
     s += "(mean=" + format_double(c.initializer.mean) + ", stddev=" +
@@ -697,8 +697,8 @@ void EmbeddingTable::apply_typed(const std::vector<int64_t>& keys, std::span<con
       }
     }
     for (size_t p = 1; p < l.planes; ++p) slots[p - 1] = {planes.data() + p * k * dim, k * dim};
-    apply_sparse_update<T>(config_.optimizer, step, static_cast<int64_t>(dim),
-                           std::span<T>(planes.data(), k * dim), slots, local_ids, grads);
+    training::apply_sparse_update<T>(config_.optimizer, step, static_cast<int64_t>(dim),
+                                     std::span<T>(planes.data(), k * dim), slots, local_ids, grads);
     for (size_t r = 0; r < k; ++r) {
       T* dst = reinterpret_cast<T*>(s.data(rows[r]));
       for (size_t p = 0; p < l.planes; ++p) {
@@ -806,9 +806,9 @@ Status EmbeddingTable::import_rows(const TableRows& rows, bool replace) {
   CAPSTAN_RETURN_IF_ERROR(rows.keys.validate().with_context("import_rows keys"));
   CAPSTAN_RETURN_IF_ERROR(check("values", rows.values, config_.dtype, row_shape));
   if (rows.slots.size() != l.planes - 1) {
-    return Status::InvalidArgument("import_rows: " + std::to_string(rows.slots.size()) +
-                                   " slots given, the table's " + optimizer_debug_string(config_.optimizer) +
-                                   " keeps " + std::to_string(l.planes - 1));
+    return Status::InvalidArgument("import_rows: " + std::to_string(rows.slots.size()) + " slots given, the table's " +
+                                   training::optimizer_debug_string(config_.optimizer) + " keeps " +
+                                   std::to_string(l.planes - 1));
   }
   for (const Tensor& slot : rows.slots) CAPSTAN_RETURN_IF_ERROR(check("slot", slot, config_.dtype, row_shape));
   CAPSTAN_RETURN_IF_ERROR(check("meta", rows.meta, DType::kInt64, {n, kMetaColumns}));
@@ -953,4 +953,4 @@ size_t EmbeddingTable::bytes_per_row() const {
   return layout_->stride + (sizeof(IndexSlot) * 10 + 6) / 7;
 }
 
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server

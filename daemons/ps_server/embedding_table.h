@@ -48,7 +48,7 @@
 #include "capstan/training.h"
 #include "types/table_rows.h"
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 
 struct TableConfig {
   DType dtype = DType::kFloat32;
@@ -76,6 +76,8 @@ void initial_row(const EmbeddingInitializer& init, int64_t key, std::span<double
 
 // TableRows (rows with their state, as exported and imported) and
 // kMetaColumns come from types/table_rows.h.
+using ps::kMetaColumns;
+using ps::TableRows;
 
 class EmbeddingTable {
  public:
@@ -198,6 +200,6 @@ class EmbeddingTable {
   std::atomic<uint64_t> sweep_cursor_{0};
 };
 
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server
 
 #endif  // CAPSTAN_DAEMONS_PS_SERVER_EMBEDDING_TABLE_H_

@@ -11,7 +11,7 @@
 
 #include "training/optimizer.h"
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 namespace {
 
 using Kind = Optimizer::Kind;
@@ -667,4 +667,4 @@ TEST_CASE("a checkpoint's snapshot tags later changes above it; a restore re-tag
 }
 
 }  // namespace
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server

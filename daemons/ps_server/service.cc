@@ -15,8 +15,8 @@ std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size())
 }  // namespace
 
 PsService::PsService(daemon::DaemonContext& ctx)
-    : NodeService(ctx), store_(std::make_shared<ps::VariableStore>()) {
-  using S = ps::VariableStore::Stats;
+    : NodeService(ctx), store_(std::make_shared<VariableStore>()) {
+  using S = VariableStore::Stats;
   auto read = [stats = store_->stats()](const std::atomic<int64_t> S::*field) {
     return daemon::stat_reader(stats, field);
   };
@@ -43,7 +43,7 @@ PsService::PsService(daemon::DaemonContext& ctx)
   ctx.status.plot("MB/s of updates received", Plot::kRate, [stats = store_->stats()]() {
     return static_cast<double>(stats->update_bytes.load()) / 1e6;
   });
-  std::weak_ptr<ps::VariableStore> store = store_;
+  std::weak_ptr<VariableStore> store = store_;
   m.callback_gauge("capstan_ps_shards", "Variable shards held.", [store] {
     auto held = store.lock();
     return held ? static_cast<double>(held->names().size()) : 0.0;
@@ -56,8 +56,8 @@ PsService::PsService(daemon::DaemonContext& ctx)
 }
 
 void PsService::add_table_metrics() {
-  using S = ps::EmbeddingTable::Stats;
-  std::weak_ptr<ps::TableStore> tables = tables_;
+  using S = EmbeddingTable::Stats;
+  std::weak_ptr<TableStore> tables = tables_;
   daemon::MetricsRegistry& m = ctx_.metrics;
   auto sum = [tables](const std::atomic<int64_t> S::*field) {
     return [tables, field]() {
@@ -91,7 +91,9 @@ kj::Promise<void> PsService::createShard(CreateShardContext context) {
   auto decoded = rpc::optimizer_from_wire(params.getOptimizer());
   check(decoded.status().with_context("createShard '" + name + "'"));
   Optimizer optimizer = *decoded;
-  if (optimizer.kind != Optimizer::Kind::kNone) check(ps::validate(optimizer).with_context("createShard '" + name + "'"));
+  if (optimizer.kind != Optimizer::Kind::kNone) {
+    check(training::validate(optimizer).with_context("createShard '" + name + "'"));
+  }
   return rpc::read_tensor(params.getInitial(), ctx_.codec)
       .then([this, name, optimizer](Tensor&& initial) {
         auto store = store_;
@@ -192,7 +194,7 @@ kj::Promise<void> PsService::listShards(ListShardsContext context) {
   // Embedding tables are listed after the variables, as table shards.
   struct Listed {
     std::string name;
-    ps::VariableStore::Info info;
+    VariableStore::Info info;
     bool table = false;
   };
   auto store = store_;
@@ -201,7 +203,7 @@ kj::Promise<void> PsService::listShards(ListShardsContext context) {
            std::vector<Listed> out;
            for (auto& [name, info] : store->list()) out.push_back({name, std::move(info), false});
            for (const auto& [name, table] : tables->list()) {
-             const ps::TableConfig& c = table->config();
+             const TableConfig& c = table->config();
              out.push_back({name,
                             {c.dtype, {table->stats().rows.load(), c.dim}, c.optimizer, table->step(), table->bytes()},
                             true});
@@ -277,8 +279,8 @@ kj::Promise<void> PsService::removeShard(RemoveShardContext context) {
 
 namespace {
 
-ps::TableConfig table_config(const EmbeddingTableSpec& spec) {
-  return ps::TableConfig{spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options};
+TableConfig table_config(const EmbeddingTableSpec& spec) {
+  return TableConfig{spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options};
 }
 
 }  // namespace
@@ -339,7 +341,7 @@ kj::Promise<void> PsService::exportTable(ExportTableContext context) {
   check(table.status());
   int64_t since = params.getSinceVersion();
   int64_t mark = params.getBeginVersion();
-  using Snapshot = ps::EmbeddingTable::Snapshot;
+  using Snapshot = EmbeddingTable::Snapshot;
   return async::run_on_pool(ctx_.pool, [table = *table, since, mark]() { return table->snapshot(since, mark); })
       .then([this, context](Result<Snapshot> exported) mutable {
         check(exported.status());

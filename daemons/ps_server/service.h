@@ -38,8 +38,8 @@ class PsService : public daemon::NodeService<wire::ParameterServer::Server> {
  private:
   void add_table_metrics();
 
-  std::shared_ptr<ps::VariableStore> store_;
-  std::shared_ptr<ps::TableStore> tables_ = std::make_shared<ps::TableStore>();
+  std::shared_ptr<VariableStore> store_;
+  std::shared_ptr<TableStore> tables_ = std::make_shared<TableStore>();
 };
 
 }  // namespace capstan::ps_server

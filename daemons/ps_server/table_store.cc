@@ -2,7 +2,7 @@
 
 #include <algorithm>
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 
 Status TableStore::create(const std::string& name, const TableConfig& config) {
   if (name.empty()) return Status::InvalidArgument("createTable: empty table name");
@@ -66,4 +66,4 @@ size_t TableStore::total_bytes() const {
   return sum;
 }
 
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server

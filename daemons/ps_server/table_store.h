@@ -16,7 +16,7 @@
 #include "daemons/ps_server/embedding_table.h"
 #include "sync/mutex.h"
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 
 class TableStore {
  public:
@@ -42,6 +42,6 @@ class TableStore {
   std::map<std::string, std::shared_ptr<EmbeddingTable>> tables_ GUARDED_BY(mu_);
 };
 
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server
 
 #endif  // CAPSTAN_DAEMONS_PS_SERVER_TABLE_STORE_H_

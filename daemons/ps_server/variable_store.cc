@@ -7,7 +7,7 @@
 #include <type_traits>
 #include <utility>
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 namespace {
 
 using Kind = Optimizer::Kind;
@@ -123,7 +123,7 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
                                    std::string(dtype_name(initial.dtype())) + " tensor");
   }
   CAPSTAN_RETURN_IF_ERROR(initial.validate().with_context("create " + quoted(name)));
-  CAPSTAN_RETURN_IF_ERROR(validate(optimizer).with_context("create " + quoted(name)));
+  CAPSTAN_RETURN_IF_ERROR(training::validate(optimizer).with_context("create " + quoted(name)));
 
   // Same dtype, shape and optimizer: the re-create of a reconnecting
   // coordinator, which keeps what the shard has learned.
@@ -134,9 +134,9 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
     }
     return Status::AlreadyExists("create: " + quoted(name) + " already exists as " +
                                  describe(existing.dtype, existing.shape) + " with " +
-                                 optimizer_debug_string(existing.optimizer) + ", not " +
+                                 training::optimizer_debug_string(existing.optimizer) + ", not " +
                                  describe(initial) + " with " +
-                                 optimizer_debug_string(optimizer));
+                                 training::optimizer_debug_string(optimizer));
   };
   {
     ReaderMutexLock lock(map_mu_);
@@ -149,10 +149,10 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
   CAPSTAN_ASSIGN_OR_RETURN(Tensor value, copy_of(initial));
   std::vector<Tensor> slots;
   if (takes_updates(initial.dtype())) {
-    std::vector<std::string> slot_list = slot_names(optimizer.kind);
+    std::vector<std::string> slot_list = training::slot_names(optimizer.kind);
     for (size_t i = 0; i < slot_list.size(); ++i) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor slot, Tensor::zeros(initial.dtype(), initial.shape()));
-      double init = slot_initial_value(optimizer, i);
+      double init = training::slot_initial_value(optimizer, i);
       if (init != 0.0) {
         if (initial.dtype() == DType::kFloat32) {
           fill<float>(slot, init);
@@ -334,12 +334,12 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
   int64_t t = step > 0 ? step : shard->step + 1;
   if (shard->dtype == DType::kFloat32) {
     auto slots = slot_spans<float>(shard->slot);
-    apply_dense_update<float>(shard->optimizer, t, shard->value.mutable_flat<float>(), slots,
-                              gradient.flat<float>());
+    training::apply_dense_update<float>(shard->optimizer, t, shard->value.mutable_flat<float>(), slots,
+                                        gradient.flat<float>());
   } else {
     auto slots = slot_spans<double>(shard->slot);
-    apply_dense_update<double>(shard->optimizer, t, shard->value.mutable_flat<double>(), slots,
-                               gradient.flat<double>());
+    training::apply_dense_update<double>(shard->optimizer, t, shard->value.mutable_flat<double>(), slots,
+                                         gradient.flat<double>());
   }
   shard->step = std::max(shard->step, t);
   count_dense_update(gradient);
@@ -378,14 +378,14 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
   if (row_size > 0) {  // rows of no elements: nothing to move, but the step counts
     if (shard->dtype == DType::kFloat32) {
       auto slots = slot_spans<float>(shard->slot);
-      apply_sparse_update<float>(shard->optimizer, t, row_size,
-                                 shard->value.mutable_flat<float>(), slots, id_list,
-                                 rows.flat<float>());
+      training::apply_sparse_update<float>(shard->optimizer, t, row_size,
+                                           shard->value.mutable_flat<float>(), slots, id_list,
+                                           rows.flat<float>());
     } else {
       auto slots = slot_spans<double>(shard->slot);
-      apply_sparse_update<double>(shard->optimizer, t, row_size,
-                                  shard->value.mutable_flat<double>(), slots, id_list,
-                                  rows.flat<double>());
+      training::apply_sparse_update<double>(shard->optimizer, t, row_size,
+                                            shard->value.mutable_flat<double>(), slots, id_list,
+                                            rows.flat<double>());
     }
   }
   shard->step = std::max(shard->step, t);
@@ -420,7 +420,7 @@ std::vector<std::pair<std::string, VariableStore::Info>> VariableStore::list() c
 
 Result<std::map<std::string, Tensor>> VariableStore::slots(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
-  std::vector<std::string> slot_list = slot_names(shard->optimizer.kind);
+  std::vector<std::string> slot_list = training::slot_names(shard->optimizer.kind);
   std::map<std::string, Tensor> out;
   MutexLock lock(shard->mu);
   for (size_t i = 0; i < shard->slot.size(); ++i) {
@@ -434,7 +434,7 @@ Status VariableStore::set_slot(const std::string& name, const std::string& slot,
                                const Tensor& value) {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   std::vector<std::string> slot_list;
-  if (takes_updates(shard->dtype)) slot_list = slot_names(shard->optimizer.kind);
+  if (takes_updates(shard->dtype)) slot_list = training::slot_names(shard->optimizer.kind);
   auto it = std::find(slot_list.begin(), slot_list.end(), slot);
   if (it == slot_list.end()) {
     std::string known;
@@ -476,4 +476,4 @@ size_t VariableStore::total_bytes() const {
   return total;
 }
 
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server

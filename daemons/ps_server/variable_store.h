@@ -55,7 +55,7 @@
 #include "training/optimizer.h"
 #include "sync/mutex.h"
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 
 class VariableStore {
  public:
@@ -182,6 +182,6 @@ class VariableStore {
   std::map<std::string, std::shared_ptr<Shard>> shards_ GUARDED_BY(map_mu_);
 };
 
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server
 
 #endif  // CAPSTAN_DAEMONS_PS_SERVER_VARIABLE_STORE_H_

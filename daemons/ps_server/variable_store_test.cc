@@ -7,7 +7,7 @@
 #include <thread>
 #include <vector>
 
-namespace capstan::ps {
+namespace capstan::ps_server {
 namespace {
 
 using Kind = Optimizer::Kind;
@@ -666,4 +666,4 @@ TEST_CASE("readers never see a half-applied update") {
 }
 
 }  // namespace
-}  // namespace capstan::ps
+}  // namespace capstan::ps_server

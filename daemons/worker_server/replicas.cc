@@ -28,7 +28,7 @@ Status check_budget(const std::vector<training::MirroredSpec>& specs, int64_t bu
       }
       elements *= d;
     }
-    const int64_t copies = 1 + static_cast<int64_t>(ps::slot_names(spec.optimizer.kind).size());
+    const int64_t copies = 1 + static_cast<int64_t>(training::slot_names(spec.optimizer.kind).size());
     total += elements * static_cast<int64_t>(dtype_size(spec.dtype)) * copies;
     if (total > budget) {
       return Status::ResourceExhausted("the mirrored variables (values and optimizer slots) need more than " +

@@ -5,9 +5,9 @@
 //
 // Unlike the host collectives (algorithms.h over transport.h), a device
 // backend runs whole collectives: NCCL schedules its own rings on the GPU.
-// What the two share is the group: the backend is made from the host
-// communicator (its rank, size, and the exchange of NCCL's unique id), and
-// Communicator::abort interrupts both.
+// What the two share is the group: the backend is made over the host group
+// (HostGroup below: its rank, size, and the exchange of NCCL's unique id),
+// and Communicator::abort interrupts both.
 #ifndef CAPSTAN_LIB_COLLECTIVES_DEVICE_BACKEND_H_
 #define CAPSTAN_LIB_COLLECTIVES_DEVICE_BACKEND_H_
 
@@ -17,9 +17,24 @@
 
 #include "capstan/collectives.h"
 #include "capstan/status.h"
+#include "capstan/tensor.h"
 #include "sync/mutex.h"
 
 namespace capstan::collectives {
+
+// What a device backend needs of the host group it is made over: the
+// ranks, and host collectives that run in order with the group's other
+// operations (the public Communicator's, in sdk/src/collectives). Each call
+// is collective: every rank makes it.
+class HostGroup {
+ public:
+  virtual ~HostGroup() = default;
+
+  virtual int rank() const = 0;
+  virtual int size() const = 0;
+  [[nodiscard]] virtual Result<Tensor> all_reduce(const Tensor& tensor, ReduceOp op) = 0;
+  [[nodiscard]] virtual Result<Tensor> broadcast(const Tensor& tensor, int root) = 0;
+};
 
 // Thread-safe: operations are issued one at a time in the order callers
 // reach them; interrupt() from any thread.

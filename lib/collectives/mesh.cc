@@ -317,37 +317,4 @@ Status connect_mesh(Mesh& mesh, tcp::acceptor& acceptor, int64_t generation, con
 }
 
 }  // namespace collectives
-
-// ---- Endpoint ----------------------------------------------------------------------
-
-CollectiveEndpoint::CollectiveEndpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
-CollectiveEndpoint::~CollectiveEndpoint() = default;
-const std::string& CollectiveEndpoint::address() const { return impl_->address; }
-
-Result<std::unique_ptr<CollectiveEndpoint>> CollectiveEndpoint::listen(const std::string& host, int port) {
-  namespace asio = boost::asio;
-  using tcp = asio::ip::tcp;
-  if (port < 0 || port > 65535) return Status::InvalidArgument("port " + std::to_string(port) + " is not in [0, 65535]");
-  boost::system::error_code ec;
-  auto ip = asio::ip::make_address(host, ec);
-  if (ec) {
-    return Status::InvalidArgument("collective host '" + host + "' is not an IP address of this machine's interfaces");
-  }
-  auto impl = std::make_unique<Impl>();
-  tcp::endpoint at(ip, static_cast<uint16_t>(port));
-  impl->acceptor.open(at.protocol(), ec);
-  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
-  if (!ec) impl->acceptor.bind(at, ec);
-  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
-  if (ec) {
-    return Status::Unavailable("listening for collective peers on " + host + ":" + std::to_string(port) + ": " +
-                               ec.message());
-  }
-  auto bound = impl->acceptor.local_endpoint();
-  std::string h = bound.address().to_string();
-  if (bound.address().is_v6()) h = "[" + h + "]";
-  impl->address = h + ":" + std::to_string(bound.port());
-  return std::make_unique<CollectiveEndpoint>(std::move(impl));
-}
-
 }  // namespace capstan

@@ -243,7 +243,7 @@ int NcclBackend::device() const { return impl_->device; }
   impl_->interrupted.store(true, std::memory_order_release);
 }
 
-Result<std::unique_ptr<DeviceBackend>> NcclBackend::create(Communicator& host, int device,
+Result<std::unique_ptr<DeviceBackend>> NcclBackend::create(HostGroup& host, int device,
                                                            std::chrono::milliseconds timeout) {
   // Every rank learns first whether all of them can: one that cannot must
   // not leave the others waiting for an id that never comes.
@@ -342,7 +342,7 @@ NcclBackend::NcclBackend(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 NcclBackend::~NcclBackend() = default;
 int NcclBackend::device() const { return -1; }
                         void NcclBackend::interrupt(const Status&) {}
-                        Result<std::unique_ptr<DeviceBackend>> NcclBackend::create(Communicator&, int, std::chrono::milliseconds) {
+                        Result<std::unique_ptr<DeviceBackend>> NcclBackend::create(HostGroup&, int, std::chrono::milliseconds) {
   return device_collectives_status();
 }
 Status NcclBackend::all_reduce(const void*, void*, int64_t, DType, ReduceOp, void*) { return device_collectives_status(); }

@@ -1,8 +1,8 @@
 // The collectives on CUDA device buffers, through NCCL: the DeviceBackend
 // of a Communicator (rank for rank), made on its first device call; the
 // unique id goes from rank 0 to the others over the group's own (host)
-// broadcast, and the group was formed through the coordinator's
-// rendezvous, so the coordinator is where the ranks met.
+// broadcast (HostGroup, device_backend.h), and the group was formed through
+// the coordinator's rendezvous, so the coordinator is where the ranks met.
 //
 // libnccl.so.2 is loaded with dlopen() on first use, not linked: a CPU-only
 // deployment runs the same binaries, and a process that never touches a GPU
@@ -43,7 +43,7 @@ class NcclBackend : public DeviceBackend {
   // `host` carries the unique id (its rank and size are NCCL's); `device`
   // is the CUDA ordinal this rank uses. Collective: every rank of `host`
   // calls it.
-  static Result<std::unique_ptr<DeviceBackend>> create(Communicator& host, int device,
+  static Result<std::unique_ptr<DeviceBackend>> create(HostGroup& host, int device,
                                                        std::chrono::milliseconds timeout);
   ~NcclBackend() override;
 

@@ -16,8 +16,8 @@
 // when a sleeper is registered, so a busy link makes no system calls.
 // Futexes on a shared mapping work across processes.
 //
-// Setting up (collectives/communicator.cc does this over the TCP
-// connection it already has to the peer):
+// Setting up (connect_mesh, mesh.cc, does this over the TCP connection it
+// already has to the peer):
 //   creator: auto link = ShmLink::create(4 << 20).value();  send link->name(), link->token()
 //   peer:    auto link = ShmLink::open(name, token, 4 << 20).value();  reply "ok"
 //   creator: link->unlink();   // the name goes; both mappings stay

@@ -9,7 +9,7 @@
 
 #include "rpc/optimizer_codec.h"
 
-namespace capstan::ps {
+namespace capstan::training {
 namespace {
 
 using Kind = Optimizer::Kind;
@@ -306,4 +306,4 @@ template void apply_sparse_update<double>(const Optimizer&, int64_t, int64_t,
                                           std::span<double>, std::span<const std::span<double>>,
                                           std::span<const int64_t>, std::span<const double>);
 
-}  // namespace capstan::ps
+}  // namespace capstan::training

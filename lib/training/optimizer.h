@@ -48,7 +48,7 @@
 #include "capstan/status.h"
 #include "capstan/training.h"
 
-namespace capstan::ps {
+namespace capstan::training {
 
 // Checks the fields the kind uses (others are ignored): learning_rate > 0
 // (all but none); momentum in [0, 1); epsilon > 0 (adagrad, adam);
@@ -117,6 +117,6 @@ extern template void apply_sparse_update<double>(const Optimizer&, int64_t, int6
                                                  std::span<const int64_t>,
                                                  std::span<const double>);
 
-}  // namespace capstan::ps
+}  // namespace capstan::training
 
 #endif  // CAPSTAN_LIB_TRAINING_OPTIMIZER_H_

@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-namespace capstan::ps {
+namespace capstan::training {
 namespace {
 
 using Kind = Optimizer::Kind;
@@ -437,4 +437,4 @@ TEST_CASE("sparse adam decays m and v of every row and moves every row") {
 }
 
 }  // namespace
-}  // namespace capstan::ps
+}  // namespace capstan::training

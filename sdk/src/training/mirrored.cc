@@ -39,8 +39,9 @@ template <typename T>
 void apply(const Optimizer& optimizer, int64_t step, Tensor& value, std::vector<Tensor>& slots, const Tensor& gradient) {
   std::vector<std::span<T>> slot_spans;
   for (Tensor& s : slots) slot_spans.push_back(s.mutable_flat<T>());
-  ps::apply_dense_update<T>(optimizer, step, value.mutable_flat<T>(),
-                            std::span<const std::span<T>>(slot_spans.data(), slot_spans.size()), gradient.flat<T>());
+  training::apply_dense_update<T>(optimizer, step, value.mutable_flat<T>(),
+                                  std::span<const std::span<T>>(slot_spans.data(), slot_spans.size()),
+                                  gradient.flat<T>());
 }
 
 }  // namespace
@@ -50,7 +51,7 @@ struct MirroredVariables::Impl {
     std::string name;
     Optimizer optimizer;
     Tensor value;
-    std::vector<Tensor> slots;  // ps::slot_names() order
+    std::vector<Tensor> slots;  // training::slot_names() order
   };
   Communicator* group = nullptr;
   std::vector<Variable> variables;
@@ -198,14 +199,14 @@ Result<std::unique_ptr<MirroredVariables::Impl>> local_variables(Communicator& g
                                      std::string(dtype_name(spec.initial.dtype())) +
                                      "; mirrored variables are float32 or float64");
     }
-    CAPSTAN_RETURN_IF_ERROR(ps::validate(spec.optimizer));
+    CAPSTAN_RETURN_IF_ERROR(training::validate(spec.optimizer));
     MirroredVariables::Impl::Variable v;
     v.name = spec.name;
     v.optimizer = spec.optimizer;
     CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(spec.initial));
-    auto slot_names = ps::slot_names(spec.optimizer.kind);
+    auto slot_names = training::slot_names(spec.optimizer.kind);
     for (size_t i = 0; i < slot_names.size(); ++i) {
-      auto slot = filled(v.value.dtype(), v.value.shape(), ps::slot_initial_value(spec.optimizer, i));
+      auto slot = filled(v.value.dtype(), v.value.shape(), training::slot_initial_value(spec.optimizer, i));
       if (!slot.ok()) return slot.status();
       v.slots.push_back(std::move(*slot));
     }
@@ -341,7 +342,8 @@ Result<int64_t> MirroredVariables::restore_checkpoint(ClusterCoordinator& cluste
   for (auto& v : impl_->variables) {
     CAPSTAN_ASSIGN_OR_RETURN(v.value, group.broadcast(v.value, 0));
     for (size_t i = 0; i < v.slots.size(); ++i) {
-      CAPSTAN_ASSIGN_OR_RETURN(v.slots[i], filled(v.value.dtype(), v.value.shape(), ps::slot_initial_value(v.optimizer, i)));
+      CAPSTAN_ASSIGN_OR_RETURN(v.slots[i],
+                               filled(v.value.dtype(), v.value.shape(), training::slot_initial_value(v.optimizer, i)));
     }
   }
   CAPSTAN_ASSIGN_OR_RETURN(Tensor shared_step, group.broadcast(Tensor::scalar<int64_t>(step), 0));
@@ -358,7 +360,7 @@ training::MirroredState MirroredVariables::Access::state(const MirroredVariables
     training::MirroredValue value;
     value.name = v.name;
     value.value = *copy_of(v.value);
-    auto names = ps::slot_names(v.optimizer.kind);
+    auto names = training::slot_names(v.optimizer.kind);
     for (size_t i = 0; i < v.slots.size() && i < names.size(); ++i) value.slots[names[i]] = *copy_of(v.slots[i]);
     out.variables.push_back(std::move(value));
   }
@@ -397,7 +399,7 @@ Result<std::unique_ptr<MirroredVariables>> MirroredVariables::Access::seeded(
                                          std::string(dtype_name(v.value.dtype())) + shape_string(v.value.shape()));
         }
         CAPSTAN_ASSIGN_OR_RETURN(v.value, copy_of(value));
-        auto names = ps::slot_names(v.optimizer.kind);
+        auto names = training::slot_names(v.optimizer.kind);
         for (size_t i = 0; i < names.size() && i < v.slots.size(); ++i) {
           auto slot = it->second->slots.find(names[i]);
           if (slot == it->second->slots.end()) continue;  // starts afresh

@@ -1,11 +1,13 @@
-// The communicator: wiring. The group's connections are a Mesh (mesh.h),
-// formed once; its failures go through GroupFailure (failure.h); bytes move
-// through a MeshTransport (mesh_transport.h: TCP and shared memory behind
-// the Transport seam, transport.h); the host collectives are Algorithms
-// (algorithms.h) over that seam; device buffers go to a DeviceBackend
-// (device_backend.h: NCCL), made on first use. Operations run one at a time,
-// in call order, on the communicator's own thread, which also drives the
-// mesh's io_context.
+// The public Communicator and CollectiveEndpoint (capstan/collectives.h),
+// wired from lib/collectives' pieces. The group's connections are a Mesh
+// (mesh.h), formed once; its failures go through GroupFailure (failure.h);
+// bytes move through a MeshTransport (mesh_transport.h: TCP and shared
+// memory behind the Transport seam, transport.h); the host collectives are
+// Algorithms (algorithms.h) over that seam; device buffers go to a
+// DeviceBackend (device_backend.h: NCCL), made on first use over the
+// communicator itself (HostGroup). Operations run one at a time, in call
+// order, on the communicator's own thread, which also drives the mesh's
+// io_context.
 #include <deque>
 #include <functional>
 #include <future>
@@ -21,22 +23,58 @@
 #include "sync/mutex.h"
 
 namespace capstan {
+namespace {
 
-std::string_view collective_transport_name(CollectiveOptions::Transport transport) {
-  switch (transport) {
-    case CollectiveOptions::Transport::kAuto: return "auto";
-    case CollectiveOptions::Transport::kTcp: return "tcp";
-    case CollectiveOptions::Transport::kSharedMemory: return "shm";
+// The host group a device backend is made over: the communicator's own
+// operations, in order with the others.
+class CommunicatorHostGroup final : public collectives::HostGroup {
+ public:
+  explicit CommunicatorHostGroup(Communicator& group) : group_(group) {}
+
+  int rank() const override { return group_.rank(); }
+  int size() const override { return group_.size(); }
+  Result<Tensor> all_reduce(const Tensor& tensor, ReduceOp op) override { return group_.all_reduce(tensor, op); }
+  Result<Tensor> broadcast(const Tensor& tensor, int root) override { return group_.broadcast(tensor, root); }
+
+ private:
+  Communicator& group_;
+};
+
+}  // namespace
+
+// ---- Endpoint ----------------------------------------------------------------------
+
+CollectiveEndpoint::CollectiveEndpoint(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
+CollectiveEndpoint::~CollectiveEndpoint() = default;
+const std::string& CollectiveEndpoint::address() const { return impl_->address; }
+
+Result<std::unique_ptr<CollectiveEndpoint>> CollectiveEndpoint::listen(const std::string& host, int port) {
+  namespace asio = boost::asio;
+  using tcp = asio::ip::tcp;
+  if (port < 0 || port > 65535) return Status::InvalidArgument("port " + std::to_string(port) + " is not in [0, 65535]");
+  boost::system::error_code ec;
+  auto ip = asio::ip::make_address(host, ec);
+  if (ec) {
+    return Status::InvalidArgument("collective host '" + host + "' is not an IP address of this machine's interfaces");
   }
-  return "?";
+  auto impl = std::make_unique<Impl>();
+  tcp::endpoint at(ip, static_cast<uint16_t>(port));
+  impl->acceptor.open(at.protocol(), ec);
+  if (!ec) impl->acceptor.set_option(tcp::acceptor::reuse_address(true), ec);
+  if (!ec) impl->acceptor.bind(at, ec);
+  if (!ec) impl->acceptor.listen(asio::socket_base::max_listen_connections, ec);
+  if (ec) {
+    return Status::Unavailable("listening for collective peers on " + host + ":" + std::to_string(port) + ": " +
+                               ec.message());
+  }
+  auto bound = impl->acceptor.local_endpoint();
+  std::string h = bound.address().to_string();
+  if (bound.address().is_v6()) h = "[" + h + "]";
+  impl->address = h + ":" + std::to_string(bound.port());
+  return std::make_unique<CollectiveEndpoint>(std::move(impl));
 }
 
-Result<CollectiveOptions::Transport> collective_transport_from_name(std::string_view name) {
-  if (name == "auto") return CollectiveOptions::Transport::kAuto;
-  if (name == "tcp") return CollectiveOptions::Transport::kTcp;
-  if (name == "shm") return CollectiveOptions::Transport::kSharedMemory;
-  return Status::InvalidArgument("collective transport '" + std::string(name) + "' is not one of auto, tcp, shm");
-}
+// ---- Communicator ------------------------------------------------------------------
 
 // Fields constant after construction first; `mesh`, `failure`'s
 // operations-thread side, `transport` and `algorithms` belong to `thread`.
@@ -51,7 +89,10 @@ struct Communicator::Impl {
         transport(mesh, failure, options),
         algorithms(transport, options),
         // NCCL's unique id goes from rank 0 over the group itself.
-        device([this](int ordinal) { return collectives::NcclBackend::create(*owner, ordinal, options.timeout); }) {}
+        device([this](int ordinal) {
+          CommunicatorHostGroup host(*owner);
+          return collectives::NcclBackend::create(host, ordinal, options.timeout);
+        }) {}
 
   ~Impl() {
     {
