@@ -73,7 +73,12 @@ else
 fi
 python=$repo_root/bench/peers/.venv/bin/python
 if (( tf )); then
-  bash "$repo_root/bench/peers/venv.sh" >&2
+  # Its last line names TensorFlow's version; the rest is TensorFlow's start-up noise.
+  if ! venv_out=$(TF_CPP_MIN_LOG_LEVEL=3 bash "$repo_root/bench/peers/venv.sh" 2>&1); then
+    echo "$venv_out" >&2
+    exit 1
+  fi
+  tail -n 1 <<<"$venv_out" >&2
   variants+=(tf:ps)
 fi
 run_dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-census-bench.XXXXXX")
