@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Training throughput of the census example (examples/census) in each mode
-# with 1 and 2 workers (ps: worker-servers fed by the data service, the
-# hand-written Eigen model and, when built, the LibTorch one; sync and
-# hybrid: replica processes), on a local cluster: prints examples/s over
+# with 1 and 2 workers (ps: worker-servers fed by the data service; sync and
+# hybrid: replica processes; each with the hand-written Eigen model and,
+# when built, the LibTorch one), on a local cluster: prints examples/s over
 # --epochs epochs (default 2), the median of --runs runs (default 3), the
 # modes alternating within each run.
 #
@@ -17,11 +17,13 @@
 #   (after scripts/build.sh)
 #   --workers  the worker counts to measure (default 1,2)
 #   --only     the variants to run, of ps:eigen, ps:torch (when built),
-#              sync:eigen, hybrid:eigen and tf:ps (TensorFlow; as --tf)
-#              (default: all but tf:ps)
+#              sync:eigen, hybrid:eigen, sync:torch and hybrid:torch (when
+#              the census program's LibTorch plugin is built) and tf:ps
+#              (TensorFlow; as --tf) (default: all but tf:ps)
 # Besides the table, prints one line per median for bench/compare:
 #   RESULT census_<variant>_<W>w <examples/s> examples/s
-# (variant ps_eigen, ps_torch, sync_eigen, hybrid_eigen, tf_ps).
+# (variant ps_eigen, ps_torch, sync_eigen, hybrid_eigen, sync_torch,
+# hybrid_torch, tf_ps).
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -36,6 +38,10 @@ if [[ -e $torch_module ]]; then
   built+=(ps:torch)
 fi
 built+=(sync:eigen hybrid:eigen)
+# The replicas' LibTorch part (the census program's plugin).
+if [[ -e $lib_dir/libcensus_torch_program.so ]]; then
+  built+=(sync:torch hybrid:torch)
+fi
 usage() {
   echo "usage: $0 [--epochs N] [--runs N] [--workers 1,2] [--only VARIANT,...] [--tf]" >&2
   exit 2
@@ -90,12 +96,8 @@ cleanup() {
 }
 trap cleanup EXIT
 
-label_of() {  # ps:torch -> ps-torch, sync:eigen -> sync, tf:ps -> tf-ps
-  local mode=${1%%:*} model=${1#*:}
-  case "$mode" in
-    ps|tf) echo "$mode-$model" ;;
-    *) echo "$mode" ;;
-  esac
+label_of() {  # ps:torch -> ps-torch, tf:ps -> tf-ps: every row names its model
+  echo "${1%%:*}-${1#*:}"
 }
 
 median_of() {  # the median of space-separated integers; nothing when there are none

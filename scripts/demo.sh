@@ -24,15 +24,19 @@
 #      running, to look at its status pages), says where the logs are and
 #      what to try next.
 #
-# --mode sync trains the same model (in Eigen, for now) synchronously instead: 2 replica
-# processes (started by the census program, torchrun-style) form a
-# collective group through the coordinator, hold every variable mirrored and
-# all-reduce the gradients each step; --mode hybrid keeps the wide table and
-# the embeddings on the parameter servers and mirrors the MLP. --mode
-# strategy trains synchronously on the 2 worker-servers instead, driven by
-# this one program (MirroredStrategy: each step runs on both workers at once
-# as the replicas of one group); --mode strategy-hybrid keeps the tables on
-# the parameter servers.
+# --mode sync trains the same LibTorch module synchronously instead: 2
+# replica processes (started by the census program, torchrun-style) form a
+# collective group through the coordinator, and each trains the module with
+# capstan::torch::MirroredModule: every parameter (the wide table and the
+# embeddings too) mirrored, the gradients all-reduced in buckets during
+# backward; --mode hybrid keeps the wide table and the embeddings on the
+# parameter servers (capstan::torch::Embedding, pulled and pushed each step)
+# and mirrors the MLP, in one backward. --model eigen trains the Eigen model
+# in these modes too. --mode strategy trains (the Eigen model)
+# synchronously on the 2 worker-servers instead, driven by this one program
+# (MirroredStrategy: each step runs on both workers at once as the replicas
+# of one group); --mode strategy-hybrid keeps the tables on the parameter
+# servers. Where LibTorch is not installed, every mode trains the Eigen model.
 #
 # The exit status is the census program's: 0 when the test accuracy is at
 # least 85.0% and the AUC at least 0.90.

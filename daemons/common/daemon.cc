@@ -767,8 +767,12 @@ Status Daemon::start() {
 
   context_.loop = &server_.loop();
   rpc::RpcServer::StartFailure failure = rpc::RpcServer::StartFailure::kNone;
+  // The identity has this daemon's address before its service exists: a
+  // worker-server registers with the coordinator as its service starts, and
+  // sent an empty address when that beat this thread.
   Result<uint16_t> bound = server_.start(
-      [this](rpc::CallTracker& tracker) { return spec_.make_service(context_, tracker); }, &failure);
+      [this](rpc::CallTracker& tracker) { return spec_.make_service(context_, tracker); }, &failure,
+      [this, &http_started](uint16_t port) { identity_.set_addresses(advertised_address(port), http_started.port); });
   if (!bound.ok()) {
     // The kind of failure, not its text, says which key to blame.
     switch (failure) {
@@ -781,8 +785,7 @@ Status Daemon::start() {
         return Status::InvalidArgument("host: " + bound.status().message());
     }
   }
-  const std::string advertised = advertised_address(*bound);
-  identity_.set_addresses(advertised, http_started.port);
+  const std::string advertised = identity_.rpc_address();
   status_.set_facts({{"role", spec_.program},
                      {"version", capstan::version()},
                      {"address", advertised},

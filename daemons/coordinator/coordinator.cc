@@ -41,8 +41,8 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       timer_(timer),
       pool_(pool),
       log_(std::move(log)),
-      ps_tasks_(static_cast<size_t>(parameter_servers.size())),
-      first_contact_until_(timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS),
+      ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
+                 config_.ps_recovery_timeout),
       incarnation_([] {
         std::random_device random;
         uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
@@ -50,6 +50,8 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       }()),
       clients_(config_.client_grace),
       placer_(std::max(parameter_servers.size(), 1)),
+      datasets_(config_.expected_workers, log_,
+                [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
@@ -112,7 +114,8 @@ kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::
   log_->info("worker {} (task {}{}) joined; closures: {}", id, task_index, assigned ? ", assigned" : "",
              names.empty() ? "none" : names);
   // Its per-worker iterators first, then closures.
-  return send_datasets(id).then([this, id]() {
+  const Worker& added = workers_.at(id);
+  return datasets_.send_all({id, added.task_index, added.peer.get()}, workers_.size()).then([this, id]() {
     for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
     tasks_.add(watch_worker(id));
     notify();
@@ -239,7 +242,7 @@ bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, 
     drop_worker(worker_id, outcome.result.status());
     return false;
   }
-  if (!outcome.result.ok() && (generation != ps_generation_ || !ps_status().ok())) {
+  if (!outcome.result.ok() && (generation != ps_health_.generation() || !ps_health_.status().ok())) {
     // A parameter server was lost or restored while it ran (a restarted one
     // answers NotFound until its shards are back): the run was lost, not
     // failed, and runs again (ClosureQueue re-queues Unavailable).
@@ -265,7 +268,7 @@ bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, 
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
   if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
-  if (!ps_status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
+  if (!ps_health_.status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
   int batch = batch_size();
   auto closure = queue_.next(worker_id);
   if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
@@ -289,7 +292,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   }
   int64_t id = closure->id;
   std::string function = closure->function;
-  const int64_t generation = ps_generation_;
+  const int64_t generation = ps_health_.generation();
   auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
     ClosureOutcome lost;
     lost.result = async::from_exception(e);
@@ -335,7 +338,7 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
   std::vector<int64_t> ids;
   ids.reserve(runs.size());
   for (const auto& run : runs) ids.push_back(run.closure_id);
-  const int64_t generation = ps_generation_;
+  const int64_t generation = ps_health_.generation();
   // The peer stays alive while its batch runs, even if the worker is dropped
   // meanwhile (another lane found it lost).
   std::shared_ptr<WorkerPeer> peer = workers_.at(worker_id).peer;
@@ -378,70 +381,11 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
 
 // ---- Per-worker datasets ----------------------------------------------------------
 
-int Coordinator::num_workers_for_datasets() const {
-  return std::max<int>(config_.expected_workers, static_cast<int>(workers_.size()));
-}
-
-kj::Promise<void> Coordinator::send_dataset(Worker& worker, int64_t id, const PerWorkerDataset& dataset) {
-  int n = std::max(num_workers_for_datasets(), worker.task_index + 1);
-  int64_t worker_id = worker.id;
-  kj::Promise<Status> sent = nullptr;
-  if (!dataset.function.empty()) {
-    sent = worker.peer->create_dataset_from_function(id, dataset.function, n, worker.task_index, dataset.uid);
-  } else {
-    auto parsed = data::Dataset::deserialize(dataset.definition);  // checked when it was created
-    if (!parsed.ok()) {
-      sent = parsed.status();
-    } else {
-      sent = worker.peer->create_dataset(id, parsed->resolve_shard_hint(n, worker.task_index).serialize(), dataset.uid);
-    }
-  }
-  return sent.catch_([](kj::Exception&& e) { return async::from_exception(e); })
-      .then([this, worker_id, id](Status status) {
-        if (!status.ok()) {
-          log_->warn("worker {} could not build per-worker dataset {}: {}", worker_id, id, status.to_string());
-        }
-      });
-}
-
-kj::Promise<void> Coordinator::send_datasets(int64_t worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return kj::READY_NOW;
-  auto sends = kj::heapArrayBuilder<kj::Promise<void>>(datasets_.size());
-  for (const auto& [id, dataset] : datasets_) sends.add(send_dataset(it->second, id, dataset));
-  return kj::joinPromises(sends.finish());
-}
-
-kj::Promise<Result<int64_t>> Coordinator::add_dataset(PerWorkerDataset dataset) {
-  if (dataset.name.size() > 256) {
-    return Result<int64_t>(Status::InvalidArgument("per-worker dataset name longer than 256 bytes"));
-  }
-  if (!dataset.name.empty()) {
-    for (const auto& [existing_id, existing] : datasets_) {
-      if (existing.name != dataset.name) continue;
-      if (existing.definition != dataset.definition || existing.function != dataset.function) {
-        return Result<int64_t>(Status::AlreadyExists(
-            "per-worker dataset '" + dataset.name + "' exists (id " + std::to_string(existing_id) +
-            ") with another definition; give the new one another name"));
-      }
-      log_->info("per-worker dataset '{}' found again (a reconnecting program): id {}, iterators where they were",
-                 dataset.name, existing_id);
-      return Result<int64_t>(existing_id);
-    }
-  }
-  int64_t id = next_dataset_id_;
-  std::random_device random;
-  do {
-    dataset.uid = (static_cast<uint64_t>(random()) << 32) ^ random();
-  } while (dataset.uid == 0);
-  Status logged = journal_dataset(id, dataset);
-  if (!logged.ok()) return Result<int64_t>(logged);
-  ++next_dataset_id_;
-  const PerWorkerDataset& added = datasets_[id] = std::move(dataset);
-  // Existing workers build theirs now; later ones when they register.
-  auto sends = kj::heapArrayBuilder<kj::Promise<void>>(workers_.size());
-  for (auto& [worker_id, worker] : workers_) sends.add(send_dataset(worker, id, added));
-  return kj::joinPromises(sends.finish()).then([id]() { return Result<int64_t>(id); });
+std::vector<DatasetTarget> Coordinator::dataset_targets() const {
+  std::vector<DatasetTarget> out;
+  out.reserve(workers_.size());
+  for (const auto& [id, worker] : workers_) out.push_back({id, worker.task_index, worker.peer.get()});
+  return out;
 }
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition, std::string name) {
@@ -450,7 +394,7 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string 
   PerWorkerDataset dataset;
   dataset.definition = std::move(definition);
   dataset.name = std::move(name);
-  return add_dataset(std::move(dataset));
+  return datasets_.add(std::move(dataset), dataset_targets());
 }
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function,
@@ -462,7 +406,7 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_functio
   PerWorkerDataset dataset;
   dataset.function = std::move(function);
   dataset.name = std::move(name);
-  return add_dataset(std::move(dataset));
+  return datasets_.add(std::move(dataset), dataset_targets());
 }
 
 // ---- Variables ---------------------------------------------------------------------
@@ -503,7 +447,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
       return create_variable(std::move(request));
     });
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
   const Tensor& initial = request.initial;
   if (is_mirrored(name)) {
@@ -558,7 +502,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
   if (auto until = first_contact_deadline()) {
     return changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
   if (is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a mirrored variable of a strategy"));
@@ -636,17 +580,11 @@ Coordinator::Overview Coordinator::overview() const {
   for (const auto& [id, w] : workers_) {
     out.workers.push_back({id, w.task_index, w.peer->address(), w.leaving});
   }
-  for (int task = 0; task < static_cast<int>(ps_tasks_.size()); ++task) {
-    const PsTask& ps = ps_tasks_[static_cast<size_t>(task)];
+  for (int task = 0; task < ps_health_.size(); ++task) {
     Overview::PsRow row;
     row.task = task;
     row.address = ps_.address(task);
-    switch (ps.state) {
-      case PsState::kUp: row.state = "up"; break;
-      case PsState::kDown: row.state = ps.ever_up ? "down (unreachable)" : "down (never reached)"; break;
-      case PsState::kRecovering: row.state = "recovering from the last checkpoint"; break;
-      case PsState::kLost: row.state = "lost: " + ps.lost.message(); break;
-    }
+    row.state = ps_health_.describe(task);
     row.shards = shards_on(task).size();
     out.ps.push_back(std::move(row));
   }
@@ -666,7 +604,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   if (journal_ && !journal_->broken().ok()) return journal_->broken();
   if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
-  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_status());
+  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
   if (!workers_.empty() && !any_worker_has(function)) {
     // The name list is only built for the error message, off the hot path.
     std::string names;
@@ -693,7 +631,7 @@ kj::Promise<void> Coordinator::queue_room() {
 
 kj::Promise<Status> Coordinator::join() {
   if (queue_.has_error()) return take_closure_error();
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) {
     // A pause while a parameter server comes back and is recovered.
     auto until = ps_pause_deadline();
@@ -706,8 +644,8 @@ kj::Promise<Status> Coordinator::join() {
 
 Result<bool> Coordinator::done() {
   if (queue_.has_error()) return take_closure_error();
-  if (!ps_status().ok()) {
-    if (!ps_pause_deadline()) return ps_status();
+  if (!ps_health_.status().ok()) {
+    if (!ps_pause_deadline()) return ps_health_.status();
     return false;  // recovering: not done yet
   }
   return queue_.idle();
@@ -724,7 +662,7 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
     if (!journal_) return queue_.value(id);
     return journal_->synced().then([this, id](Status) { return queue_.value(id); });
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) {
     auto until = ps_pause_deadline();
     if (!until) return Result<std::string>(up);
@@ -808,7 +746,7 @@ std::vector<VariableState> Coordinator::layout() const {
 
 kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
   using States = Result<std::vector<VariableState>>;
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return States(up);
   auto states = std::make_shared<std::vector<VariableState>>(layout());
   auto reads = kj::Vector<kj::Promise<Status>>();
@@ -890,7 +828,7 @@ kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::st
     return Rows(Status::InvalidArgument("exportEmbeddingTable: '" + path + "' is inside the coordinator's work_dir " +
                                         config_.work_dir + "; write the export elsewhere"));
   }
-  Status up = ps_status();
+  Status up = ps_health_.status();
   if (!up.ok()) return Rows(up);
   const Variable variable = found->second;
   kj::Promise<Result<int64_t>> generation = Result<int64_t>(int64_t{0});
@@ -951,7 +889,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
     ready = pause_dispatch()
                 .then([this, saved](std::shared_ptr<void> pause) {
                   saved->pause = std::move(pause);
-                  return iterator_states();
+                  return datasets_.iterator_states(dataset_targets());
                 })
                 .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
   }
@@ -1000,50 +938,6 @@ kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
       .then([guard = std::move(guard)]() mutable { return std::move(guard); });
 }
 
-kj::Promise<std::map<std::string, std::string>> Coordinator::iterator_states() {
-  using States = std::map<std::string, std::string>;
-  auto states = std::make_shared<States>();
-  auto reads = kj::Vector<kj::Promise<void>>();
-  for (const auto& [id, dataset] : datasets_) {
-    for (auto& [worker_id, worker] : workers_) {
-      std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
-      reads.add(worker.peer->save_iterator(id)
-                    .catch_([](kj::Exception&& e) { return Result<std::string>(async::from_exception(e)); })
-                    .then([this, states, name](Result<std::string> state) {
-                      if (state.ok()) {
-                        (*states)[name] = std::move(*state);
-                      } else {
-                        log_->warn("checkpoint without the position of {}: {}", name, state.status().to_string());
-                      }
-                    }));
-    }
-  }
-  return kj::joinPromises(reads.releaseAsArray()).then([states]() { return std::move(*states); });
-}
-
-kj::Promise<Result<int>> Coordinator::restore_iterators(std::map<std::string, std::string> states) {
-  auto restores = kj::Vector<kj::Promise<Status>>();
-  int count = 0;
-  for (const auto& [id, dataset] : datasets_) {
-    for (auto& [worker_id, worker] : workers_) {
-      std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
-      auto found = states.find(name);
-      if (found == states.end()) {
-        if (!states.empty()) log_->warn("the checkpoint has no position for {}: that iterator goes on where it is", name);
-        continue;
-      }
-      ++count;
-      restores.add(worker.peer->restore_iterator(id, found->second)
-                       .catch_([](kj::Exception&& e) { return async::from_exception(e); })
-                       .then([name](Status status) { return status.with_context("restoring " + name); }));
-    }
-  }
-  return first_error(restores.releaseAsArray()).then([count](Status status) -> Result<int> {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return count;
-  });
-}
-
 kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states) {
   auto writes = kj::Vector<kj::Promise<Status>>();
   for (auto& v : states) {
@@ -1081,9 +975,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
   }
   // A parameter server that came back empty (lost) is what a restore by
   // hand is for; one that is unreachable or being recovered is not.
-  for (const PsTask& task : ps_tasks_) {
-    if (task.state != PsState::kUp && task.state != PsState::kLost) return Step(ps_status());
-  }
+  if (!ps_health_.up_or_lost()) return Step(ps_health_.status());
   auto resolved = std::make_shared<std::string>();
   return async::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
            CAPSTAN_ASSIGN_OR_RETURN(*resolved, resolve_checkpoint(path));
@@ -1165,10 +1057,11 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
             })
             .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;
-              return restore_iterators(std::move(iterators)).then([out](Result<int> restored) {
-                if (restored.ok()) out->iterators = *restored;
-                return restored.status();
-              });
+              return datasets_.restore_iterators(std::move(iterators), dataset_targets())
+                  .then([out](Result<int> restored) {
+                    if (restored.ok()) out->iterators = *restored;
+                    return restored.status();
+                  });
             })
             .then([out](Status status) mutable -> Step {
               CAPSTAN_RETURN_IF_ERROR(status);
@@ -1179,7 +1072,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
         set_last_checkpoint(*resolved);
         for (int task = 0; task < ps_.size(); ++task) {
-          if (ps_tasks_[static_cast<size_t>(task)].state == PsState::kLost) {
+          if (ps_health_.state(task) == PsState::kLost) {
             log_->info("parameter server ps:{} at {} has its shards again (restored by hand); dispatch resumes", task,
                        ps_.address(task));
             set_ps_state(task, PsState::kUp);

@@ -68,6 +68,8 @@
 #include "daemons/coordinator/config.h"
 #include "daemons/coordinator/durable_log.h"
 #include "daemons/coordinator/peers.h"
+#include "daemons/coordinator/per_worker_datasets.h"
+#include "daemons/coordinator/ps_health.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
 #include "placement/placement.h"
@@ -316,14 +318,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     Optimizer optimizer;
     std::optional<EmbeddingTableSpec> table;  // an embedding table: shard i on task i
   };
-  // A per-worker dataset: a definition (SHARD_HINT resolved per worker) or
-  // the name of a dataset function in the workers' modules.
-  struct PerWorkerDataset {
-    std::string definition;
-    std::string function;
-    std::string name;  // "": anonymous
-    uint64_t uid = 0;  // random, journaled: the same dataset after a restart
-  };
 
   struct Strategy {
     std::string name;
@@ -379,23 +373,12 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void notify();
   kj::Promise<void> changed();
 
-  // ---- recovery.cc: parameter-server health, recovery, checkpoint policy
-  enum class PsState { kDown, kUp, kRecovering, kLost };
-  struct PsTask {
-    PsState state = PsState::kDown;
-    bool ever_up = false;
-    kj::TimePoint down_since = kj::origin<kj::TimePoint>();
-    Status lost;  // kLost: why, and what fixes it
-  };
-  // Unavailable naming the first parameter server that is not up (DataLoss
-  // for one that came back empty and cannot be recovered), or OK.
-  Status ps_status() const;
-  // While every parameter server that is not up is one that may still come
-  // back or be recovered: when calls stop waiting for it. nullopt: fail now.
+  // ---- recovery.cc: parameter-server health (ps_health_), recovery, checkpoint policy
+  using PsState = PsHealth::State;
+  // ps_health_.pause_deadline(), recoverable when a checkpoint exists to
+  // recover from.
   std::optional<kj::TimePoint> ps_pause_deadline() const;
-  // While a parameter server has not been reached since the coordinator
-  // started, and kFirstContactWindow has not passed: when to stop waiting.
-  std::optional<kj::TimePoint> first_contact_deadline() const;
+  std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
   // Waits for a change, or until the pause ends.
   kj::Promise<void> changed_or(kj::TimePoint deadline);
   kj::Promise<void> watch_ps(int task);
@@ -464,10 +447,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void cancel_runs();
   kj::Promise<void> watch_worker(int64_t worker_id);
   void drop_worker(int64_t worker_id, const Status& why);
-  int num_workers_for_datasets() const;
-  kj::Promise<void> send_dataset(Worker& worker, int64_t id, const PerWorkerDataset& dataset);
-  kj::Promise<void> send_datasets(int64_t worker_id);
-  kj::Promise<Result<int64_t>> add_dataset(PerWorkerDataset dataset);
+  // The registered workers, as datasets_ reaches them (by id).
+  std::vector<DatasetTarget> dataset_targets() const;
 
   VariableLocation location(const Variable& variable) const;
   Result<Variable> place(const std::string& name, DType dtype, const Shape& shape,
@@ -489,14 +470,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // promise resolves once none runs, so that the variables saved hold the
   // effect of every element the saved iterators have handed out.
   kj::Promise<std::shared_ptr<void>> pause_dispatch();
-  // Each registered worker's iterator position of each per-worker dataset,
-  // by iterator_tensor_name(); a position a worker cannot give (a dataset
-  // read through the data service, a worker lost meanwhile) is left out and
-  // logged.
-  kj::Promise<std::map<std::string, std::string>> iterator_states();
-  // Puts each registered worker's iterators back where `states` has them;
-  // resolves to how many. A worker that rejects a state fails the restore.
-  kj::Promise<Result<int>> restore_iterators(std::map<std::string, std::string> states);
   kj::Promise<Result<std::string>> wait_for_value(int64_t id);
   // `client_id` made a call now (0: nobody).
   void client_seen(uint64_t client_id);
@@ -514,13 +487,11 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   ReportedScalars reported_;
   std::map<int64_t, Worker> workers_;
   int64_t next_worker_id_ = 1;
-  std::vector<PsTask> ps_tasks_;  // by task
-  // Until then, a parameter server not reached yet is waited for (the
-  // coordinator just started, or restarted with its journal).
-  const kj::TimePoint first_contact_until_;
-  // Goes up when a parameter server is lost or recovered: a closure whose
-  // run saw it change failed because of it and runs again.
-  int64_t ps_generation_ = 0;
+  // A parameter server not reached yet is waited for kFirstContactWindow
+  // after the start (or a restart with the journal). Its generation goes up
+  // when one is lost or recovered: a closure whose run saw it change failed
+  // because of it and runs again.
+  PsHealth ps_health_;
   int64_t ps_recoveries_ = 0;
   std::string last_checkpoint_;
   int64_t closures_completed_ = 0;
@@ -539,8 +510,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   placement::Placer placer_;
   std::map<std::string, Variable> variables_;
   int64_t placement_version_ = 0;
-  std::map<int64_t, PerWorkerDataset> datasets_;
-  int64_t next_dataset_id_ = 1;
+  PerWorkerDatasets datasets_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
   std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;
   kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiters_;

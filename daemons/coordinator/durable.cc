@@ -96,7 +96,7 @@ void Coordinator::journal_closure_change(std::string record) {
 std::vector<std::string> Coordinator::snapshot_records() const {
   std::vector<std::string> out;
   for (const auto& [name, variable] : variables_) out.push_back(variable_record(variable));
-  for (const auto& [id, dataset] : datasets_) out.push_back(dataset_record(id, dataset));
+  for (const auto& [id, dataset] : datasets_.all()) out.push_back(dataset_record(id, dataset));
   if (!last_checkpoint_.empty()) {
     capnp::MallocMessageBuilder message;
     message.initRoot<Update>().setLastCheckpoint(last_checkpoint_);
@@ -220,8 +220,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         d.function = text(in.getFunction());
         d.name = text(in.getName());
         d.uid = in.getUid();
-        datasets_[in.getId()] = std::move(d);
-        next_dataset_id_ = std::max(next_dataset_id_, in.getId() + 1);
+        datasets_.restore(in.getId(), std::move(d));
         return Status::Ok();
       }
       case Update::LAST_CHECKPOINT:

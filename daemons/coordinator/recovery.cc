@@ -14,8 +14,9 @@
 //   -> link breaks again: kDown
 // Only the shards that were lost go back to the checkpoint; the others keep
 // their newer values (asynchronous training tolerates the staleness, as it
-// tolerates stale gradients). Every change of state bumps ps_generation_; a
-// closure whose run saw it change, and failed, runs again.
+// tolerates stale gradients). The states are PsHealth's (ps_health.h); every
+// change into or out of kUp bumps its generation: a closure whose run saw it
+// change, and failed, runs again.
 #include <algorithm>
 #include <filesystem>
 
@@ -44,55 +45,11 @@ int64_t milliseconds(kj::Duration d) { return d / kj::MILLISECONDS; }
 
 }  // namespace
 
-Status Coordinator::ps_status() const {
-  // On every dispatch: no string is built while all are up.
-  for (size_t i = 0; i < ps_tasks_.size(); ++i) {
-    const PsTask& task = ps_tasks_[i];
-    if (task.state == PsState::kUp) continue;
-    if (task.state == PsState::kLost) return task.lost;
-    std::string who = "parameter server ps:" + std::to_string(i) + " at " + ps_.address(static_cast<int>(i));
-    if (task.state == PsState::kRecovering) return Status::Unavailable(who + " is being restored from a checkpoint");
-    if (task.ever_up) return Status::Unavailable(who + " is unreachable");
-    return Status::Unavailable(who + " is unreachable: not reached since the coordinator started (is it running, "
-                               "and is --ps right?)");
-  }
-  return Status::Ok();
-}
-
 std::optional<kj::TimePoint> Coordinator::ps_pause_deadline() const {
   // Something to recover from, should a parameter server come back empty.
   const bool recoverable =
       config_.ps_recovery && (!last_checkpoint_.empty() || !config_.checkpoint_dir.empty());
-  std::optional<kj::TimePoint> until;
-  for (const PsTask& task : ps_tasks_) {
-    switch (task.state) {
-      case PsState::kUp: break;
-      case PsState::kLost: return std::nullopt;
-      case PsState::kDown:
-        if (!task.ever_up) {
-          // Not reached yet: waited for a while after the start.
-          until = until ? std::min(*until, first_contact_until_) : first_contact_until_;
-          break;
-        }
-        if (!recoverable) return std::nullopt;
-        [[fallthrough]];
-      case PsState::kRecovering: {
-        kj::TimePoint end = task.down_since + config_.ps_recovery_timeout.count() * kj::MILLISECONDS;
-        until = until ? std::min(*until, end) : end;
-        break;
-      }
-    }
-  }
-  if (until && timer_.now() >= *until) return std::nullopt;
-  return until;
-}
-
-std::optional<kj::TimePoint> Coordinator::first_contact_deadline() const {
-  if (timer_.now() >= first_contact_until_) return std::nullopt;
-  for (const PsTask& task : ps_tasks_) {
-    if (task.state == PsState::kDown && !task.ever_up) return first_contact_until_;
-  }
-  return std::nullopt;
+  return ps_health_.pause_deadline(recoverable, timer_.now());
 }
 
 kj::Promise<void> Coordinator::changed_or(kj::TimePoint deadline) {
@@ -100,12 +57,7 @@ kj::Promise<void> Coordinator::changed_or(kj::TimePoint deadline) {
 }
 
 void Coordinator::set_ps_state(int task, PsState state, Status lost) {
-  PsTask& t = ps_tasks_[static_cast<size_t>(task)];
-  if (state == PsState::kDown && t.state != PsState::kDown) t.down_since = timer_.now();
-  if (state == PsState::kUp) t.ever_up = true;
-  if ((state == PsState::kUp) != (t.state == PsState::kUp)) ++ps_generation_;
-  t.state = state;
-  t.lost = std::move(lost);
+  ps_health_.set(task, state, std::move(lost), timer_.now());
   notify();
 }
 
@@ -151,7 +103,7 @@ kj::Promise<void> Coordinator::check_ps(int task) {
         std::set_difference(expected.begin(), expected.end(), held->begin(), held->end(),
                             std::inserter(missing, missing.end()));
         if (missing.empty()) {
-          if (ps_tasks_[static_cast<size_t>(task)].ever_up) {
+          if (ps_health_.ever_up(task)) {
             log_->info("parameter server ps:{} at {} is back with its shards; dispatch resumes", task,
                        ps_.address(task));
           }
@@ -170,7 +122,7 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
     set_ps_state(task, PsState::kLost,
                  Status::DataLoss(lost_what + "; ps_recovery is off: restore a checkpoint (restoreCheckpoint "
                                               "creates them again)"));
-    log_->error("{}", ps_tasks_[static_cast<size_t>(task)].lost.message());
+    log_->error("{}", ps_health_.lost(task).message());
     return kj::READY_NOW;
   }
   std::string from = !last_checkpoint_.empty() ? last_checkpoint_ : config_.checkpoint_dir;
@@ -179,7 +131,7 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
                  Status::DataLoss(lost_what + " and there is no checkpoint to restore them from: set checkpoint_dir "
                                               "with checkpoint_every_steps or checkpoint_every_seconds, or save "
                                               "checkpoints from the program (CheckpointManager)"));
-    log_->error("{}", ps_tasks_[static_cast<size_t>(task)].lost.message());
+    log_->error("{}", ps_health_.lost(task).message());
     return kj::READY_NOW;
   }
   set_ps_state(task, PsState::kRecovering);
@@ -219,17 +171,16 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
             });
       })
       .then([this, task, who, lost_what](Result<Read> read) {
-        const PsTask& t = ps_tasks_[static_cast<size_t>(task)];
-        if (t.state != PsState::kRecovering) return;  // lost again meanwhile: watch_ps starts over
+        if (ps_health_.state(task) != PsState::kRecovering) return;  // lost again meanwhile: watch_ps starts over
         if (!read.ok()) {
           Status why = read.status();
           set_ps_state(task, PsState::kLost,
                        Status::DataLoss(lost_what + " and restoring them failed: " + why.to_string() +
                                         "; restore a checkpoint by hand (restoreCheckpoint creates them again)"));
-          log_->error("{}", ps_tasks_[static_cast<size_t>(task)].lost.message());
+          log_->error("{}", ps_health_.lost(task).message());
           return;
         }
-        int64_t down_ms = milliseconds(timer_.now() - t.down_since);
+        int64_t down_ms = milliseconds(timer_.now() - ps_health_.down_since(task));
         size_t shards = 0;
         for (const auto& v : read->states) shards += v.shards.size();
         set_last_checkpoint(read->path);
@@ -309,7 +260,7 @@ int64_t Coordinator::policy_step() {
 }
 
 void Coordinator::save_by_policy() {
-  if (checkpointing_ || !ps_status().ok()) return;
+  if (checkpointing_ || !ps_health_.status().ok()) return;
   tasks_.add(save_own_checkpoint().then([this](Result<std::string> saved) {
     if (!saved.ok()) log_->warn("checkpoint policy: {}", saved.status().to_string());
   }));

@@ -34,7 +34,14 @@
 // gradients (global batch --batch-size) and applies the same optimizers, so
 // the replicas stay identical. --mode hybrid keeps the wide table and the
 // embeddings on the parameter servers (sparse, asynchronous) while the MLP is
-// mirrored and all-reduced: the recommender layout. Rank 0 evaluates.
+// mirrored and all-reduced: the recommender layout. Rank 0 evaluates. With
+// --model torch (the default when the LibTorch part loads) each replica
+// builds torch_model.h's module and trains it with
+// capstan::torch::MirroredModule (the plugin's TorchReplica): in sync mode
+// every parameter is mirrored, the tables as torch::nn::Embeddings (dense:
+// census's are small); in hybrid mode the tables are capstan::torch::
+// Embeddings on the parameter servers, pulled and pushed by a PsModule
+// around the same one backward that all-reduces the MLP's gradients.
 //
 // --mode strategy is the same synchronous training driven from this one
 // program (MirroredStrategy, capstan/strategy.h): the worker-servers are the
@@ -54,8 +61,9 @@
 //                            examples/census/data under the current directory)
 //   --mode M                 ps (default), sync, hybrid, strategy or
 //                            strategy-hybrid (see above)
-//   --model torch|eigen      the model in ps mode (default torch when built
-//                            with LibTorch); the other modes run eigen
+//   --model torch|eigen      the model in ps, sync and hybrid modes (default
+//                            torch when its plugin loads); the strategy
+//                            modes run eigen
 //   --replicas N             processes in sync and hybrid modes (default 2)
 //   --rank R --group NAME    run as rank R of the group NAME (sync, hybrid:
 //                            what the launcher passes to the others)
@@ -94,6 +102,7 @@
 #include <cstdlib>
 #include <deque>
 #include <filesystem>
+#include <functional>
 #include <iostream>
 #include <optional>
 #include <random>
@@ -129,10 +138,10 @@ struct Flags {
   std::string dispatcher;
   std::string data_dir = "examples/census/data";
   std::string mode = "ps";
-  // ps mode: "torch" (the LibTorch module, torch_model.h) when its plugin
-  // loads (a build with LibTorch, run where LibTorch is installed), else
-  // "eigen" (model.h's hand-written passes). The synchronous modes run the
-  // Eigen model.
+  // ps, sync and hybrid modes: "torch" (the LibTorch module, torch_model.h)
+  // when its plugin loads (a build with LibTorch, run where LibTorch is
+  // installed), else "eigen" (model.h's hand-written passes). The strategy
+  // modes run the Eigen model.
   std::string model;
   int64_t epochs = 5;
   int64_t batch_size = 128;
@@ -210,7 +219,8 @@ Flags parse_flags(int argc, char** argv) {
       flags.mode != "strategy-hybrid") {
     usage(argv[0], "--mode must be ps, sync, hybrid, strategy or strategy-hybrid, got '" + flags.mode + "'");
   }
-  if (flags.model.empty()) flags.model = flags.mode == "ps" && census::torch_available() ? "torch" : "eigen";
+  const bool torch_mode = flags.mode == "ps" || flags.mode == "sync" || flags.mode == "hybrid";
+  if (flags.model.empty()) flags.model = torch_mode && census::torch_available() ? "torch" : "eigen";
   if (flags.model != "torch" && flags.model != "eigen") {
     usage(argv[0], "--model must be torch or eigen, got '" + flags.model + "'");
   }
@@ -218,8 +228,9 @@ Flags parse_flags(int argc, char** argv) {
     usage(argv[0], "--model torch: the LibTorch model does not load (" + census::torch_unavailable_reason() +
                        "; a build with CAPSTAN_TORCH and LibTorch installed have it); use --model eigen");
   }
-  if (flags.model == "torch" && flags.mode != "ps") {
-    usage(argv[0], "--model torch runs in --mode ps; the synchronous modes train the Eigen model (--model eigen)");
+  if (flags.model == "torch" && !torch_mode) {
+    usage(argv[0], "--model torch runs in --mode ps, sync or hybrid; --mode " + flags.mode +
+                       " trains the Eigen model (--model eigen)");
   }
   if (flags.rank >= 0 && (flags.group.empty() || flags.rank >= flags.replicas)) {
     usage(argv[0], "--rank needs --group and must be below --replicas");
@@ -461,17 +472,19 @@ capstan::Result<StepOutput> replica_step(const Element& batch, capstan::Mirrored
   return census::replica_step(batch, vars, hybrid ? &tables : nullptr, train);
 }
 
+// P(label = 1) for each example of a batch, with this replica's model.
+using Predict = std::function<capstan::Result<std::vector<float>>(const Element& batch)>;
+
 // Rank 0's evaluation: all of adult.test through the pipeline, in process.
 capstan::Result<Metrics> replica_evaluate(const std::string& path, const capstan::FunctionRegistry& functions,
-                                          capstan::MirroredVariables& vars, capstan::ClusterCoordinator& cluster,
-                                          bool hybrid) {
+                                          const Predict& predict) {
   CAPSTAN_ASSIGN_OR_RETURN(auto it, census::examples(path, 1, 0).batch(1024).make_iterator(&functions));
   std::vector<float> probabilities, labels;
   while (true) {
     CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, it->get_next());
     if (!batch) break;
-    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(*batch, vars, cluster, hybrid, /*train=*/false));
-    probabilities.insert(probabilities.end(), step.output.probabilities.begin(), step.output.probabilities.end());
+    CAPSTAN_ASSIGN_OR_RETURN(std::vector<float> p, predict(*batch));
+    probabilities.insert(probabilities.end(), p.begin(), p.end());
     auto y = batch->components.at(2).flat<float>();
     labels.insert(labels.end(), y.begin(), y.end());
   }
@@ -497,20 +510,45 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   auto group = cluster.join_group(flags.group, flags.replicas, flags.rank, "127.0.0.1", collective);
   if (!group.ok()) return failed("joining group '" + flags.group + "'", group.status());
 
+  // Rank 0's initial values become every replica's (with --seed, all draw the same).
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
-  Layout variables = layout(flags, seed, hybrid);
-  if (hybrid) {
-    // The tables on the parameter servers: rank 0 creates them.
-    if (chief) {
-      Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
-      if (!created.ok()) return failed("creating the tables", created);
+  const bool torch = flags.model == "torch";
+  // --model torch: the LibTorch module (its plugin: the tables, the
+  // mirrored parameters, the steps). --model eigen: model.h's variables.
+  std::unique_ptr<census::TorchReplica> torch_model;
+  std::unique_ptr<capstan::MirroredVariables> eigen_variables;
+  if (torch) {
+    census::TorchReplicaOptions torch_options{hybrid, flags.wide_learning_rate, flags.deep_learning_rate, seed};
+    auto created = census::create_torch_replica(**group, cluster, torch_options);
+    if (!created.ok()) return failed("building the LibTorch model", created.status());
+    torch_model = std::move(*created);
+  } else {
+    Layout variables = layout(flags, seed, hybrid);
+    if (hybrid) {
+      // The tables on the parameter servers: rank 0 creates them.
+      if (chief) {
+        Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
+        if (!created.ok()) return failed("creating the tables", created);
+      }
+      Status ready = (*group)->barrier();
+      if (!ready.ok()) return failed("waiting for rank 0's tables", ready);
     }
-    Status ready = (*group)->barrier();
-    if (!ready.ok()) return failed("waiting for rank 0's tables", ready);
+    auto created = capstan::MirroredVariables::create(**group, variables.mirrored);
+    if (!created.ok()) return failed("creating the mirrored variables", created.status());
+    eigen_variables = std::move(*created);
   }
-  const auto& specs = variables.mirrored;
-  auto vars = capstan::MirroredVariables::create(**group, specs);
-  if (!vars.ok()) return failed("creating the mirrored variables", vars.status());
+  capstan::MirroredVariables& vars = torch ? torch_model->variables() : *eigen_variables;
+  // One step on this replica's batch, and its predictions, whichever the model.
+  auto train_step = [&](const Element& batch) -> capstan::Result<census::StepFigures> {
+    if (torch) return torch_model->train_step(batch);
+    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(batch, vars, cluster, hybrid, /*train=*/true));
+    return census::StepFigures{step.output.loss_sum / static_cast<double>(step.n), step.output.correct, step.n};
+  };
+  const Predict predict = [&](const Element& batch) -> capstan::Result<std::vector<float>> {
+    if (torch) return torch_model->predict(batch);
+    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(batch, vars, cluster, hybrid, /*train=*/false));
+    return std::move(step.output.probabilities);
+  };
 
   capstan::FunctionRegistry functions;
   census::register_pipeline_functions(functions);
@@ -534,9 +572,10 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   const int64_t global_batch = local_batch * flags.replicas;
   const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
   if (chief) {
-    std::printf("census: Wide & Deep, %s mode: %d replicas (processes) in collective group '%s' (generation %lld); "
-                "%s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
-                flags.mode.c_str(), flags.replicas, flags.group.c_str(), static_cast<long long>((*group)->generation()),
+    std::printf("census: Wide & Deep in %s, %s mode: %d replicas (processes) in collective group '%s' "
+                "(generation %lld); %s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
+                torch ? "LibTorch" : "Eigen", flags.mode.c_str(), flags.replicas, flags.group.c_str(),
+                static_cast<long long>((*group)->generation()),
                 hybrid ? "wide table and embeddings on the parameter servers, the MLP mirrored"
                        : "every variable mirrored",
                 static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),
@@ -563,12 +602,11 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
       auto batch = (*iterator)->get_next();
       if (!batch.ok()) return failed("reading a batch", batch.status());
       if (!batch->has_value()) return failed("reading a batch", Status::OutOfRange("the repeated pipeline ended"));
-      auto step = replica_step(**batch, **vars, cluster, hybrid, /*train=*/true);
+      auto step = train_step(**batch);
       if (!step.ok()) return failed("step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch), step.status());
       // Rank 0 shows its own batches' loss and accuracy, times the replicas.
       if (chief) {
-        Status shown = progress.step_done(step->output.loss_sum / static_cast<double>(step->n),
-                                          step->output.correct * flags.replicas, step->n * flags.replicas);
+        Status shown = progress.step_done(step->loss, step->correct * flags.replicas, step->n * flags.replicas);
         if (!shown.ok()) return failed("writing TensorBoard events", shown);
       }
     }
@@ -576,19 +614,19 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
     train_seconds += progress.seconds();
     trained += progress.examples();
     if (chief) {
-      auto evaluated = replica_evaluate(test_path, functions, **vars, cluster, hybrid);
+      auto evaluated = replica_evaluate(test_path, functions, predict);
       if (!evaluated.ok()) return failed("evaluating on " + test_path, evaluated.status());
       metrics = *evaluated;
       Status shown = print_epoch_metrics(epoch, flags.epochs, metrics, summaries.get(), epoch * steps_per_epoch);
       if (!shown.ok()) return failed("writing TensorBoard events", shown);
     }
   }
-  Status same = (*vars)->verify_replicas();
+  Status same = vars.verify_replicas();
   if (!same.ok()) return failed("checking the replicas", same);
   std::string saved;
   if (!flags.checkpoint_dir.empty()) {
     // The parameter servers' format: restorable into --mode ps, and back.
-    auto path = (*vars)->save_checkpoint(cluster, flags.checkpoint_dir, (*vars)->step(), /*max_to_keep=*/3);
+    auto path = vars.save_checkpoint(cluster, flags.checkpoint_dir, vars.step(), /*max_to_keep=*/3);
     if (!path.ok()) return failed("saving a checkpoint", path.status());
     saved = *path;
   }
@@ -597,8 +635,8 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
     std::printf("census: saved checkpoint %s (inspect: capstanctl checkpoint inspect %s)\n", saved.c_str(), saved.c_str());
   }
   std::printf("census: the %d replicas' mirrored variables are identical after %lld steps (checksum %016llx)\n",
-              flags.replicas, static_cast<long long>((*vars)->step()),
-              static_cast<unsigned long long>((*vars)->checksum()));
+              flags.replicas, static_cast<long long>(vars.step()),
+              static_cast<unsigned long long>(vars.checksum()));
   return report(flags, metrics, trained, train_seconds) ? 0 : 1;
 }
 

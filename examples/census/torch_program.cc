@@ -15,9 +15,13 @@ namespace census {
 namespace {
 
 using CreateVariables = int (*)(capstan::ClusterCoordinator*, double, double, uint64_t, std::string*);
+// Returns a new replica (the caller owns it), or null with `error` set.
+using CreateReplica = TorchReplica* (*)(capstan::Communicator*, capstan::ClusterCoordinator*,
+                                        const TorchReplicaOptions*, capstan::Status*);
 
 struct Plugin {
   CreateVariables create = nullptr;
+  CreateReplica create_replica = nullptr;
   std::string error;  // why it did not load
 };
 
@@ -43,7 +47,13 @@ const Plugin& plugin() {
       return p;
     }
     p.create = reinterpret_cast<CreateVariables>(dlsym(handle, "census_create_torch_variables"));
-    if (p.create == nullptr) p.error = path + " has no census_create_torch_variables";
+    p.create_replica = reinterpret_cast<CreateReplica>(dlsym(handle, "census_create_torch_replica"));
+    if (p.create == nullptr || p.create_replica == nullptr) {
+      // A plugin of another build: rebuild census_torch_program beside this program.
+      p.create = nullptr;
+      p.error = path + " lacks census_create_torch_variables or census_create_torch_replica (a plugin of an "
+                       "older build? rebuild the census_torch_program target)";
+    }
     return p;
   }();
   return loaded;
@@ -64,6 +74,18 @@ capstan::Status create_torch_variables(capstan::ClusterCoordinator& cluster, dou
     return capstan::Status::Internal(error);
   }
   return capstan::Status::Ok();
+}
+
+capstan::Result<std::unique_ptr<TorchReplica>> create_torch_replica(capstan::Communicator& group,
+                                                                    capstan::ClusterCoordinator& cluster,
+                                                                    const TorchReplicaOptions& options) {
+  if (!torch_available()) {
+    return capstan::Status::FailedPrecondition("the LibTorch model is not available: " + plugin().error);
+  }
+  capstan::Status error;
+  std::unique_ptr<TorchReplica> replica(plugin().create_replica(&group, &cluster, &options, &error));
+  if (replica == nullptr) return error.ok() ? capstan::Status::Internal("census_create_torch_replica failed") : error;
+  return replica;
 }
 
 }  // namespace census

@@ -3,10 +3,14 @@
 #ifndef CAPSTAN_EXAMPLES_CENSUS_TORCH_PROGRAM_H_
 #define CAPSTAN_EXAMPLES_CENSUS_TORCH_PROGRAM_H_
 
+#include <capstan/collectives.h>
+#include <capstan/mirrored.h>
 #include <capstan/training.h>
 
 #include <cstdint>
+#include <memory>
 #include <string>
+#include <vector>
 
 namespace census {
 
@@ -18,6 +22,53 @@ std::string torch_unavailable_reason();
 // servers (torch_model.h: ps_options), its initial values from `seed`.
 capstan::Status create_torch_variables(capstan::ClusterCoordinator& cluster, double wide_learning_rate,
                                        double deep_learning_rate, uint64_t seed);
+
+// ---- The synchronous modes' replicas (one process each) -----------------------
+
+struct TorchReplicaOptions {
+  // false (sync): every parameter mirrored, the tables as dense parameters
+  // (torch_model.h: Tables::kMirrored). true (hybrid): the wide table and
+  // the embeddings on the parameter servers (pulled and pushed each step,
+  // sparse), the MLP and the bias mirrored.
+  bool hybrid = false;
+  double wide_learning_rate = 0.05;  // Adagrad's: the wide table and the bias
+  double deep_learning_rate = 0.0005;  // Adam's: the embeddings and the MLP
+  uint64_t seed = 0;  // the initial weights (rank 0's are every replica's)
+};
+
+// One training step's figures, this replica's batch.
+struct StepFigures {
+  double loss = 0;  // mean over the batch
+  int64_t correct = 0;
+  int64_t n = 0;
+};
+
+// This process's replica of the LibTorch model, trained with
+// capstan::torch::MirroredModule (variable names "census/" + the module's
+// parameter names). Not thread-safe: one training loop uses it.
+class TorchReplica {
+ public:
+  virtual ~TorchReplica() = default;
+  // Collective: one step on `batch` (wide_ids int64[n, 15], numeric
+  // float32[n, 5], label float32[n]): forward, one backward whose dense
+  // gradients are all-reduced while it runs, the same update on every
+  // replica; in hybrid mode the tables' sparse gradients go to the
+  // parameter servers.
+  virtual capstan::Result<StepFigures> train_step(const capstan::Element& batch) = 0;
+  // P(label = 1) of each example of `batch`, with this replica's values
+  // (and, in hybrid mode, the parameter servers' rows). Not collective.
+  virtual capstan::Result<std::vector<float>> predict(const capstan::Element& batch) = 0;
+  // The mirrored parameters: checksum, verify_replicas, save_checkpoint.
+  virtual capstan::MirroredVariables& variables() = 0;
+};
+
+// Collective over `group`: every replica builds the model and mirrors it;
+// in hybrid mode rank 0 first creates the tables on the parameter servers
+// (kept as they are when they exist). `group` and `cluster` must outlive
+// the replica. FailedPrecondition when the LibTorch part does not load.
+capstan::Result<std::unique_ptr<TorchReplica>> create_torch_replica(capstan::Communicator& group,
+                                                                    capstan::ClusterCoordinator& cluster,
+                                                                    const TorchReplicaOptions& options);
 
 }  // namespace census
 

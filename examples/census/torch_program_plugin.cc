@@ -1,11 +1,179 @@
 // libcensus_torch_program.so: what the census program needs of LibTorch
-// (torch_program.cc loads it), the model's variables on the parameter
-// servers.
+// (torch_program.cc loads it): the model's variables on the parameter
+// servers (ps mode), and the replicas of the synchronous modes, each a
+// process of the program training the module with
+// capstan::torch::MirroredModule.
+#include <capstan/closure.h>
 #include <capstan/torch.h>
+#include <capstan/torch/mirrored_module.h>
 
+#include <memory>
 #include <string>
+#include <vector>
 
 #include "torch_model.h"
+#include "torch_program.h"
+
+namespace {
+
+using capstan::Element;
+using capstan::Result;
+using capstan::Status;
+
+// What a closure's context offers, from the program's own connection: the
+// parameter servers for PsModule outside a worker (hybrid mode's tables).
+// No per-worker datasets and no embedding hash tables.
+class ProgramContext final : public capstan::ClosureContext {
+ public:
+  // `cluster` must outlive this object.
+  explicit ProgramContext(capstan::ClusterCoordinator& cluster) : cluster_(cluster) {}
+  int worker_index() const override { return 0; }
+  int num_workers() const override { return 1; }
+  int attempt() const override { return 1; }
+  Result<capstan::Tensor> read(const std::string& variable) override { return cluster_.read_variable(variable); }
+  Result<capstan::Tensor> gather(const std::string& variable, const capstan::Tensor& ids) override {
+    return cluster_.gather(variable, ids);
+  }
+  Status assign(const std::string& variable, const capstan::Tensor& value) override {
+    return cluster_.assign_variable(variable, value);
+  }
+  Status assign_add(const std::string& variable, const capstan::Tensor&) override {
+    return Status::Unimplemented("assign_add('" + variable + "'): not offered to the census program's replicas");
+  }
+  Status apply_gradients(const std::string& variable, const capstan::Tensor& gradient) override {
+    return cluster_.apply_gradients(variable, gradient);
+  }
+  Status apply_sparse_gradients(const std::string& variable, const capstan::Tensor& ids,
+                                const capstan::Tensor& rows) override {
+    return cluster_.apply_sparse_gradients(variable, ids, rows);
+  }
+  Result<capstan::data::Iterator*> iterator(const capstan::Tensor&) override {
+    return Status::Unimplemented("the census program's replicas read their own pipelines, not a per-worker dataset");
+  }
+
+ private:
+  capstan::ClusterCoordinator& cluster_;
+};
+
+// The model's two tables alone, under the model's names ("wide",
+// "embeddings"): what hybrid mode's PsModule pulls and pushes, while
+// MirroredModule mirrors the model's parameters (bias, deep.*).
+struct TablesImpl : torch::nn::Module {
+  explicit TablesImpl(census::WideDeepImpl& model) {
+    register_module("wide", model.wide);
+    register_module("embeddings", model.embeddings);
+  }
+};
+
+capstan::torch::PsOptions table_options(const census::TorchReplicaOptions& options) {
+  capstan::torch::PsOptions ps = census::ps_options(options.wide_learning_rate, options.deep_learning_rate);
+  ps.optimizers.erase("bias");  // mirrored
+  return ps;
+}
+
+class Replica final : public census::TorchReplica {
+ public:
+  // Collective (see create_torch_replica).
+  static Result<std::unique_ptr<Replica>> create(capstan::Communicator& group, capstan::ClusterCoordinator& cluster,
+                                                 const census::TorchReplicaOptions& options) {
+    auto replica = std::unique_ptr<Replica>(new Replica(cluster, options));
+    if (options.hybrid) {
+      replica->tables_ = std::make_shared<TablesImpl>(*replica->model_);
+      replica->ps_ = std::make_unique<capstan::torch::PsModule>(*replica->tables_, table_options(options));
+      if (group.rank() == 0) {
+        // Fresh rows each run, as the Eigen model's hybrid mode: a table
+        // that exists (an earlier run) gets its initial values again.
+        const capstan::torch::PsOptions ps = table_options(options);
+        CAPSTAN_RETURN_IF_ERROR(capstan::torch::create_variables(cluster, *replica->tables_, ps).status());
+        const census::WideDeepImpl& model = *replica->model_;
+        for (const auto& [name, embedding] :
+             {std::pair{"wide.weight", model.wide}, std::pair{"embeddings.weight", model.embeddings}}) {
+          CAPSTAN_ASSIGN_OR_RETURN(capstan::Tensor initial, embedding->initial_value());
+          CAPSTAN_RETURN_IF_ERROR(cluster.assign_variable(ps.prefix + name, initial)
+                                      .with_context("initializing " + ps.prefix + name));
+        }
+      }
+      CAPSTAN_RETURN_IF_ERROR(group.barrier().with_context("waiting for rank 0's tables"));
+    }
+    capstan::torch::MirroredOptions mirrored;
+    mirrored.prefix = "census/";
+    mirrored.optimizer = capstan::Optimizer::adam(options.deep_learning_rate);
+    mirrored.optimizers["bias"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
+    if (!options.hybrid) mirrored.optimizers["wide.weight"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
+    CAPSTAN_ASSIGN_OR_RETURN(replica->mirrored_,
+                             capstan::torch::MirroredModule::create(group, *replica->model_, mirrored));
+    return replica;
+  }
+
+  Result<census::StepFigures> train_step(const Element& batch) override {
+    CAPSTAN_ASSIGN_OR_RETURN(Batch b, to_torch(batch));
+    if (ps_ != nullptr) CAPSTAN_RETURN_IF_ERROR(ps_->pull(context_, /*training=*/true));
+    torch::Tensor logits;
+    // One backward: the dense gradients all-reduced as it produces them,
+    // the tables' rows' gradients left for push.
+    CAPSTAN_ASSIGN_OR_RETURN(torch::Tensor loss, mirrored_->train_step([&] {
+      logits = model_->forward(b.ids, b.numeric);
+      return torch::binary_cross_entropy_with_logits(logits, b.labels);
+    }));
+    if (ps_ != nullptr) CAPSTAN_RETURN_IF_ERROR(ps_->push(context_));
+    const int64_t correct = ((logits.detach() > 0) == (b.labels > 0.5)).sum().item<int64_t>();
+    return census::StepFigures{loss.item<double>(), correct, b.ids.size(0)};
+  }
+
+  Result<std::vector<float>> predict(const Element& batch) override {
+    CAPSTAN_ASSIGN_OR_RETURN(Batch b, to_torch(batch));
+    auto probabilities = [&] { return torch::sigmoid(model_->forward(b.ids, b.numeric)).contiguous(); };
+    torch::Tensor p;
+    if (ps_ != nullptr) {
+      CAPSTAN_ASSIGN_OR_RETURN(p, ps_->eval_step(context_, probabilities));
+    } else {
+      torch::NoGradGuard no_grad;
+      try {
+        p = probabilities();
+      } catch (const std::exception& e) {
+        return Status::InvalidArgument(std::string("evaluating the census module: ") + e.what());
+      }
+    }
+    const float* values = p.data_ptr<float>();
+    return std::vector<float>(values, values + p.numel());
+  }
+
+  capstan::MirroredVariables& variables() override { return mirrored_->variables(); }
+
+ private:
+  struct Batch {
+    torch::Tensor ids, numeric, labels;
+  };
+  static Result<Batch> to_torch(const Element& batch) {
+    if (batch.size() != 3) {
+      return Status::InvalidArgument("a census batch has 3 components (wide_ids, numeric, label), got " +
+                                     std::to_string(batch.size()));
+    }
+    Batch b;
+    CAPSTAN_ASSIGN_OR_RETURN(b.ids, capstan::torch::to_torch(batch.components[0]));
+    CAPSTAN_ASSIGN_OR_RETURN(b.numeric, capstan::torch::to_torch(batch.components[1]));
+    CAPSTAN_ASSIGN_OR_RETURN(b.labels, capstan::torch::to_torch(batch.components[2]));
+    return b;
+  }
+
+  Replica(capstan::ClusterCoordinator& cluster, const census::TorchReplicaOptions& options)
+      : context_(cluster), model_(seeded_model(options)) {}
+
+  // The MLP's initial weights from torch's generator, seeded first.
+  static census::WideDeep seeded_model(const census::TorchReplicaOptions& options) {
+    torch::manual_seed(options.seed);
+    return census::WideDeep(options.seed,
+                            options.hybrid ? census::Tables::kParameterServers : census::Tables::kMirrored);
+  }
+
+  ProgramContext context_;
+  census::WideDeep model_;
+  std::shared_ptr<TablesImpl> tables_;               // hybrid
+  std::unique_ptr<capstan::torch::PsModule> ps_;     // hybrid: the tables
+  std::unique_ptr<capstan::torch::MirroredModule> mirrored_;  // after model_: references it
+};
+
+}  // namespace
 
 extern "C" __attribute__((visibility("default"))) int census_create_torch_variables(
     capstan::ClusterCoordinator* cluster, double wide_learning_rate, double deep_learning_rate, uint64_t seed,
@@ -17,4 +185,21 @@ extern "C" __attribute__((visibility("default"))) int census_create_torch_variab
           .status();
   if (!status.ok()) *error = status.to_string();
   return status.ok() ? 0 : 1;
+}
+
+// A new replica, owned by the caller, or null with *error set.
+extern "C" __attribute__((visibility("default"))) census::TorchReplica* census_create_torch_replica(
+    capstan::Communicator* group, capstan::ClusterCoordinator* cluster, const census::TorchReplicaOptions* options,
+    capstan::Status* error) {
+  try {
+    auto replica = Replica::create(*group, *cluster, *options);
+    if (!replica.ok()) {
+      *error = replica.status();
+      return nullptr;
+    }
+    return replica->release();
+  } catch (const std::exception& e) {
+    *error = Status::Internal(std::string("building the census module: ") + e.what());
+    return nullptr;
+  }
 }

@@ -317,35 +317,41 @@ RpcServer::RpcServer(RpcServerOptions options, RpcObserver* observer)
 
 RpcServer::~RpcServer() { stop(std::chrono::milliseconds(0)); }
 
-Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure) {
+Result<uint16_t> RpcServer::start(ServiceFactory factory, StartFailure* failure,
+                                  const std::function<void(uint16_t)>& on_listening) {
   StartFailure ignored;
   if (failure == nullptr) failure = &ignored;
   *failure = StartFailure::kNone;
   std::string where = options_.host + ":" + std::to_string(options_.port);
   try {
     Status service_error;
-    auto port = loop_.run_sync([this, &factory, &service_error]() -> kj::Promise<uint16_t> {
+    auto port = loop_.run_sync([this, &factory, &on_listening, &service_error]() -> kj::Promise<uint16_t> {
       impl_ = kj::heap<Impl>(options_, pre_login_caps_, loop_.timer(), observer_);
-      // A service that cannot start (e.g. a damaged journal) is a startup
-      // error of its own, not a listening error.
-      try {
-        impl_->service = factory(*impl_->tracker);
-      } catch (const kj::Exception& e) {
-        service_error = async::from_exception(e);
-        return uint16_t{0};
-      } catch (const std::exception& e) {
-        service_error = Status::Internal(e.what());
-        return uint16_t{0};
-      }
       return loop_.io()
           .getNetwork()
           .parseAddress(kj::StringPtr(options_.host.c_str()), options_.port)
-          .then([this](kj::Own<kj::NetworkAddress>&& address) {
+          .then([this, &factory, &on_listening, &service_error](kj::Own<kj::NetworkAddress>&& address) {
             impl_->listener = address->listen();
+            const auto port = static_cast<uint16_t>(impl_->listener->getPort());
+            // The port is known before the service exists, so a service
+            // that announces this server's address at once (a worker
+            // registering with the coordinator) never finds it unset.
+            if (on_listening) on_listening(port);
+            // A service that cannot start (e.g. a damaged journal) is a
+            // startup error of its own, not a listening error.
+            try {
+              impl_->service = factory(*impl_->tracker);
+            } catch (const kj::Exception& e) {
+              service_error = async::from_exception(e);
+              return uint16_t{0};
+            } catch (const std::exception& e) {
+              service_error = Status::Internal(e.what());
+              return uint16_t{0};
+            }
             impl_->accepting = impl_->accept_loop().eagerlyEvaluate([this](kj::Exception&& e) {
               if (observer_ != nullptr) observer_->on_error("accept", async::from_exception(e));
             });
-            return static_cast<uint16_t>(impl_->listener->getPort());
+            return port;
           });
     });
     if (!service_error.ok()) {

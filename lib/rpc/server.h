@@ -189,10 +189,13 @@ class RpcServer {
     kAddress,       // host:port cannot be listened on for another reason
   };
 
-  // Creates the service on the loop thread and starts listening. Returns the
-  // bound port, or an error naming host:port (e.g. address in use); sets
-  // `*failure` (when given) to the kind of failure.
-  Result<uint16_t> start(ServiceFactory factory, StartFailure* failure = nullptr);
+  // Listens, calls `on_listening` (when given) with the bound port, then
+  // creates the service on the loop thread and accepts connections. Returns
+  // the bound port, or an error naming host:port (e.g. address in use);
+  // sets `*failure` (when given) to the kind of failure. A service that
+  // fails to start closes the port again.
+  Result<uint16_t> start(ServiceFactory factory, StartFailure* failure = nullptr,
+                         const std::function<void(uint16_t)>& on_listening = {});
 
   // Stops accepting connections, waits up to `grace` for calls in flight to
   // finish, then disconnects everyone and destroys the service. Idempotent.

@@ -11,14 +11,17 @@
 # "deterministic" runs sync mode with one replica and --seed twice and
 # checks that the metrics are equal; "torch" is ps mode with the LibTorch
 # model (TORCH_MODULE loaded beside MODULE), whose checkpoint names the
-# variables after the module's parameters. ps runs the Eigen model.
+# variables after the module's parameters; "torch-sync" and "torch-hybrid"
+# are sync and hybrid modes with the LibTorch model (each replica trains it
+# with capstan::torch::MirroredModule; the program's plugin, no module on
+# the workers). ps, sync, hybrid and deterministic run the Eigen model.
 #
 # Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE [TORCH_MODULE]
 #   (run by CTest as examples_census_*)
 set -euo pipefail
 
 if [[ $# -ne 5 && $# -ne 6 ]]; then
-  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|torch [TORCH_MODULE]" >&2
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|torch|torch-sync|torch-hybrid [TORCH_MODULE]" >&2
   exit 2
 fi
 repo_root=$(cd "$1" && pwd)
@@ -122,14 +125,28 @@ case "$mode" in
       result fail "the evaluator's accuracy '$evaluator_accuracy' over '$evaluator_examples' examples is not the program's '$program_accuracy' over 16281"
     fi
     ;;
-  sync | hybrid)
+  sync | hybrid | torch-sync | torch-hybrid)
     # sync runs the pipeline in each replica; hybrid reads from the data service.
+    model=eigen
+    sync_mode=$mode
+    if [[ $mode == torch-* ]]; then
+      model=torch
+      sync_mode=${mode#torch-}
+    fi
     extra=()
-    if [[ $mode == hybrid ]]; then extra=(--dispatcher "$DISPATCHER"); fi
-    run_census "$output_file" --mode "$mode" --replicas 2 --seed 1 --checkpoint-dir "$run_dir/checkpoints" \
-      --logdir "$run_dir/logs/tensorboard" "${extra[@]}"
+    if [[ $sync_mode == hybrid ]]; then extra=(--dispatcher "$DISPATCHER"); fi
+    run_census "$output_file" --mode "$sync_mode" --model "$model" --replicas 2 --seed 1 \
+      --checkpoint-dir "$run_dir/checkpoints" --logdir "$run_dir/logs/tensorboard" "${extra[@]}"
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
+    fi
+    if [[ $model == torch ]]; then
+      grep -q "in LibTorch, $sync_mode mode" "$output_file" ||
+        result fail "the report does not say it trained the LibTorch model in $sync_mode mode"
+      # Named after the module's parameters, as ps mode's checkpoint.
+      for name in census/wide.weight census/bias census/embeddings.weight census/deep.0.weight census/deep.8.bias; do
+        grep -rqF "$name" "$run_dir"/checkpoints/ || result fail "the checkpoint has no variable '$name'"
+      done
     fi
     # --logdir: rank 0 alone writes events.
     events=("$run_dir"/logs/tensorboard/events.out.tfevents.*)
@@ -151,8 +168,8 @@ case "$mode" in
     fi
     ;;
   deterministic)
-    run_census "$run_dir/first.out" --mode sync --replicas 1 --seed 7
-    run_census "$run_dir/second.out" --mode sync --replicas 1 --seed 7
+    run_census "$run_dir/first.out" --mode sync --model eigen --replicas 1 --seed 7
+    run_census "$run_dir/second.out" --mode sync --model eigen --replicas 1 --seed 7
     first=$(grep -E '^(  accuracy|  AUC|  log-loss|epoch .* test:)' "$run_dir/first.out")
     second=$(grep -E '^(  accuracy|  AUC|  log-loss|epoch .* test:)' "$run_dir/second.out")
     if [[ -z $first || $first != "$second" ]]; then
