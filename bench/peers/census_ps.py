@@ -65,9 +65,9 @@ What differs from Capstan's census, and why:
   - In flight: TensorFlow's coordinator runs one closure per worker at a
     time; census keeps 32 steps scheduled ahead. That is each system's
     design, and part of what is compared.
-  - Timing: this script times after a warm-up; census times every epoch
-    from its first step (its tracing-free first steps included), which
-    favours TensorFlow a little.
+  - Timing: this script times after --warmup steps (its function traced,
+    the shuffle buffers filled); census times every epoch from its first
+    step, its start included, which favours TensorFlow a little.
   - Initial values come from TensorFlow's generators (torch's for the MLP in
     Capstan): the same distributions, not the same numbers.
   - Adam's step counter is one variable for all of Adam's variables (as in
