@@ -15,7 +15,7 @@ fail() { echo "FAIL: $*" >&2; exit 1; }
 
 CAPSTAN_BUILD_DIR=$(dirname "$bin") "$repo/bench/compare" --list > "$out" 2>&1 || { cat "$out"; fail "bench/compare --list failed"; }
 for workload in closures closure_latency ps_pull sparse_gather tfrecord shuffle parse_example \
-                data_service_small data_service_large; do
+                data_service_small data_service_large census_ps; do
   grep -q "^$workload " "$out" || { cat "$out"; fail "bench/compare --list does not name '$workload'"; }
 done
 key=$(awk '$1 == "parse_example" {print $2}' "$out")
@@ -24,4 +24,4 @@ key=$(awk '$1 == "parse_example" {print $2}' "$out")
 "$bin/pipeline_bench" --only parse_example > "$out" 2>&1 || { cat "$out"; fail "pipeline_bench --only parse_example failed"; }
 grep -Eq "^RESULT $key [0-9.e+]+ examples/s$" "$out" ||
   { cat "$out"; fail "pipeline_bench printed no 'RESULT $key <value> examples/s' line for bench/compare"; }
-echo "ok: bench/compare lists 9 workloads; pipeline_bench prints the RESULT line '$key' it reads"
+echo "ok: bench/compare lists 10 workloads; pipeline_bench prints the RESULT line '$key' it reads"
