@@ -200,6 +200,36 @@ inline void print_results() {
   std::exit(1);
 }
 
+// Ranks as processes: fork_ranks runs body(rank) in `ranks` forked
+// children (each exits with what body returns) and returns their pids;
+// wait_ranks waits for them all and returns how many failed (a non-zero
+// exit, or a signal, which it names after `program`). A caller closes what
+// the children took over (their endpoints) between the two.
+template <typename Body>
+std::vector<pid_t> fork_ranks(int ranks, Body body) {
+  std::fflush(stdout);  // or each child prints what is buffered again
+  std::vector<pid_t> children;
+  for (int r = 0; r < ranks; ++r) {
+    pid_t pid = fork();
+    if (pid == 0) _exit(body(r));
+    children.push_back(pid);
+  }
+  return children;
+}
+
+inline int wait_ranks(const std::vector<pid_t>& children, const char* program) {
+  int failed = 0;
+  for (pid_t pid : children) {
+    int status = 0;
+    waitpid(pid, &status, 0);
+    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
+      ++failed;
+      if (WIFSIGNALED(status)) std::fprintf(stderr, "%s: a rank died of signal %d\n", program, WTERMSIG(status));
+    }
+  }
+  return failed;
+}
+
 }  // namespace capstan::bench
 
 #endif  // CAPSTAN_BENCH_BENCH_UTIL_H_

@@ -29,6 +29,7 @@
 #include <thread>
 #include <vector>
 
+#include "bench_util.h"
 #include "capstan/collectives.h"
 
 namespace {
@@ -262,26 +263,12 @@ int main(int argc, char** argv) {
       endpoints.push_back(capstan::CollectiveEndpoint::listen().value());
       addresses.push_back(endpoints.back()->address());
     }
-    std::vector<pid_t> children;
-    std::fflush(stdout);  // or each child prints what is buffered again
-    for (int r = 0; r < n; ++r) {
-      pid_t pid = fork();
-      if (pid == 0) {
-        _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, min_bytes, max_bytes, op,
-                        direct_max, transport, tcp_streams, segment_bytes));
-      }
-      children.push_back(pid);
-    }
+    std::vector<pid_t> children = capstan::bench::fork_ranks(n, [&](int r) {
+      return rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, min_bytes, max_bytes, op,
+                       direct_max, transport, tcp_streams, segment_bytes);
+    });
     endpoints.clear();
-    int failed = 0;
-    for (pid_t pid : children) {
-      int status = 0;
-      waitpid(pid, &status, 0);
-      if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) {
-        ++failed;
-        if (WIFSIGNALED(status)) std::fprintf(stderr, "collective_bench: a rank died of signal %d\n", WTERMSIG(status));
-      }
-    }
+    const int failed = capstan::bench::wait_ranks(children, "collective_bench");
     if (failed > 0) {
       std::fprintf(stderr, "collective_bench: %d rank(s) failed with %d ranks\n", failed, n);
       return 1;

@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "capstan/collectives.h"
 #include "capstan/torch.h"
 #include "capstan/torch/mirrored_module.h"
@@ -136,19 +137,11 @@ int main(int argc, char** argv) {
     endpoints.push_back(capstan::CollectiveEndpoint::listen().value());
     addresses.push_back(endpoints.back()->address());
   }
-  std::vector<pid_t> children;
-  for (int r = 0; r < flags.ranks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, flags));
-    children.push_back(pid);
-  }
+  std::vector<pid_t> children = capstan::bench::fork_ranks(flags.ranks, [&](int r) {
+    return rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, flags);
+  });
   endpoints.clear();
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-  }
+  const int failed = capstan::bench::wait_ranks(children, "ddp_bench");
   if (failed > 0) std::fprintf(stderr, "ddp_bench: %d rank(s) failed\n", failed);
   return failed > 0 ? 1 : 0;
 }
