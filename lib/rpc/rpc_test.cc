@@ -176,6 +176,23 @@ Tensor make_tensor(DType dtype, Shape shape) {
 
 }  // namespace
 
+TEST_CASE("start() reports the bound port before it makes the service, which can announce it at once", "[rpc]") {
+  RecordingObserver observer;
+  RpcServer server({}, &observer);
+  uint16_t announced = 0;
+  uint16_t seen_by_service = 0;
+  auto bound = server.start(
+      [&](CallTracker& tracker) -> capnp::Capability::Client {
+        seen_by_service = announced;  // a worker-server registers with its address here
+        return kj::heap<Instrumented<TestService>>(tracker, server.loop().timer(), 0ms);
+      },
+      nullptr, [&](uint16_t port) { announced = port; });
+  REQUIRE(bound.ok());
+  CHECK(*bound != 0);
+  CHECK(announced == *bound);
+  CHECK(seen_by_service == *bound);
+}
+
 TEST_CASE("status codes survive the trip through kj::Exception", "[rpc]") {
   for (int c = 1; c <= 16; ++c) {
     Status original(static_cast<StatusCode>(c), "message with [brackets] and: colons");
