@@ -30,26 +30,39 @@ bash scripts/check-thread-safety.sh "${CAPSTAN_BUILD_DIR:-build}"
 build_dir=${CAPSTAN_BUILD_DIR:-build}
 test_jobs=${CAPSTAN_TEST_JOBS:-2}
 status=0
-ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 "$@" || status=$?
-bash scripts/check-leftovers.sh "$build_dir" || status=1
+failed=()  # the stages that failed, named again at the end (CI keeps the tail)
+# Names a failed stage; for a ctest stage, also the tests that failed there.
+stage_failed() {
+  status=1
+  failed+=("$1")
+  local log=${2:-}/Testing/Temporary/LastTestsFailed.log
+  if [[ -n ${2:-} && -s $log ]]; then
+    failed+=("$(sed 's/^/    /' "$log")")
+  fi
+}
+ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 "$@" ||
+  stage_failed "ctest in $build_dir" "$build_dir"
+bash scripts/check-leftovers.sh "$build_dir" || stage_failed "check-leftovers.sh $build_dir"
 echo "test.sh: build and tests took $SECONDS s"
 if [[ $# -eq 0 ]]; then
   # The image and the compose cluster end to end (Docker; fixed host ports,
   # so not inside ctest's parallel run).
   started=$SECONDS
-  bash scripts/container-test.sh || status=1
+  bash scripts/container-test.sh || stage_failed container-test.sh
   echo "test.sh: container-test.sh took $((SECONDS - started)) s"
   for kind in ${CAPSTAN_SANITIZERS-address thread}; do
     started=$SECONDS
-    bash scripts/sanitize.sh "$kind" || status=1
+    bash scripts/sanitize.sh "$kind" ||
+      stage_failed "sanitize.sh $kind" "build-$([[ $kind == address ]] && echo asan || echo tsan)"
     echo "test.sh: sanitize.sh $kind took $((SECONDS - started)) s"
   done
   fuzz_runs=${CAPSTAN_FUZZ_RUNS:-20000}
   if [[ $fuzz_runs != 0 ]]; then
     started=$SECONDS
-    bash scripts/fuzz.sh --runs "$fuzz_runs" --seed 1 || status=1
+    bash scripts/fuzz.sh --runs "$fuzz_runs" --seed 1 || stage_failed fuzz.sh
     echo "test.sh: fuzz.sh took $((SECONDS - started)) s"
   fi
 fi
+for f in "${failed[@]}"; do echo "test.sh: FAILED: $f"; done
 echo "test.sh: $SECONDS s in all, exit $status"
 exit "$status"
