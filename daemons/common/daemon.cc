@@ -774,16 +774,17 @@ Status Daemon::start() {
       [this](rpc::CallTracker& tracker) { return spec_.make_service(context_, tracker); }, &failure,
       [this, &http_started](uint16_t port) { identity_.set_addresses(advertised_address(port), http_started.port); });
   if (!bound.ok()) {
-    // The kind of failure, not its text, says which key to blame.
-    switch (failure) {
-      case rpc::RpcServer::StartFailure::kService:
-        log_->critical("{}", bound.status().message());
-        return bound.status();
-      case rpc::RpcServer::StartFailure::kAddressInUse:
-        return Status::InvalidArgument("port: " + bound.status().message());
-      default:
-        return Status::InvalidArgument("host: " + bound.status().message());
+    // The kind of failure, not its text, says which key to blame. No
+    // temporaries inside switch cases here: clang 14's ASan build destroyed
+    // a case's temporary Status at the switch's end, on a path that never
+    // made it (stack-use-after-scope, and a crash now and then).
+    const Status error = bound.status();
+    if (failure == rpc::RpcServer::StartFailure::kService) {
+      log_->critical("{}", error.message());
+      return error;
     }
+    const char* key = failure == rpc::RpcServer::StartFailure::kAddressInUse ? "port: " : "host: ";
+    return Status::InvalidArgument(key + error.message());
   }
   const std::string advertised = identity_.rpc_address();
   status_.set_facts({{"role", spec_.program},
