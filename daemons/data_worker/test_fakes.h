@@ -53,6 +53,7 @@ class FakeDispatcher : public DispatcherPeer {
   // again gets the same split.
   std::map<int64_t, std::vector<Element>> splits;  // by job
   std::deque<Status> split_failures;               // answers for the next calls, before any lease
+  bool splits_down = false;                        // every call fails with Unavailable while true
   std::vector<SplitRequest> split_calls;           // in order
 
   // The splits of range(n), `chunk` elements each, as the real dispatcher
@@ -74,7 +75,9 @@ class FakeDispatcher : public DispatcherPeer {
 
   kj::Promise<Result<std::optional<Element>>> get_split(SplitRequest request) override {
     split_calls.push_back(request);
-    if (down) return Result<std::optional<Element>>(Status::Unavailable("dispatcher:5050 is down"));
+    if (down || splits_down) {
+      return Result<std::optional<Element>>(Status::Unavailable("dispatcher:5050 is down"));
+    }
     if (!split_failures.empty()) {
       Status failure = split_failures.front();
       split_failures.pop_front();
