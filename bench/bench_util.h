@@ -1,6 +1,7 @@
-// What the benchmark programs share: a wall clock, this run's scratch
-// directory, daemons started from the directory of the bench binary (on free
-// ports, stopped together), the CPU time of a process and the raw loopback TCP
+// What the benchmark programs share: their command line (FlagParser, as the
+// example programs read theirs), a wall clock, this run's scratch directory,
+// daemons started from the directory of the bench binary (on free ports,
+// stopped together), the CPU time of a process and the raw loopback TCP
 // figure the transfers are measured against.
 #ifndef CAPSTAN_BENCH_BENCH_UTIL_H_
 #define CAPSTAN_BENCH_BENCH_UTIL_H_
@@ -27,8 +28,11 @@
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "common/flag_parser.h"
 
 namespace capstan::bench {
+
+using ::capstan::examples::FlagParser;
 
 using Clock = std::chrono::steady_clock;
 
@@ -102,6 +106,30 @@ struct Daemon {
   std::string address;
   std::string program;
 };
+
+// The positive numbers of a comma-separated list ("1,2,4"); others are
+// dropped.
+inline std::vector<int> positive_counts(const std::string& list) {
+  std::vector<int> out;
+  for (size_t pos = 0; pos < list.size();) {
+    size_t comma = std::min(list.find(',', pos), list.size());
+    int n = std::stoi(list.substr(pos, comma - pos));
+    if (n > 0) out.push_back(n);
+    pos = comma + 1;
+  }
+  return out;
+}
+
+// The HTTP port in a daemon's port file (start()'s RUN_DIR/<label>.port); 0
+// when it has none.
+inline int http_port_of(const std::string& label) {
+  std::ifstream in(run_dir() + "/" + label + ".port");
+  std::string key, value;
+  while (in >> key >> value) {
+    if (key == "http_port:") return std::stoi(value);
+  }
+  return 0;
+}
 
 // The daemons started so far and not stopped, in the order they started.
 inline std::vector<Daemon>& daemons() {

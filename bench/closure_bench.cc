@@ -207,25 +207,17 @@ int main(int argc, char** argv) {
   int samples = 2000;
   std::string module;
   std::string only_configs;  // empty: every row
-  bool breakdown = true;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--closures" && i + 1 < argc) {
-      closures = std::stoi(argv[++i]);
-    } else if (arg == "--latency-samples" && i + 1 < argc) {
-      samples = std::stoi(argv[++i]);
-    } else if (arg == "--module" && i + 1 < argc) {
-      module = argv[++i];
-    } else if (arg == "--configs" && i + 1 < argc) {
-      only_configs = argv[++i];
-    } else if (arg == "--no-breakdown") {
-      breakdown = false;
-    } else {
-      std::fprintf(stderr,
-                   "usage: closure_bench [--closures N] [--latency-samples N] [--module PATH] "
-                   "[--configs 2x1,2x4,2x1d] [--no-breakdown]\n");
-      return 2;
+  bool no_breakdown = false;
+  bench::FlagParser args(argc, argv,
+                        "[--closures N] [--latency-samples N] [--module PATH] [--configs 2x1,2x4,2x1d] "
+                        "[--no-breakdown]");
+  while (args.next()) {
+    if (args.flag("--closures", &closures) || args.flag("--latency-samples", &samples) ||
+        args.flag("--module", &module) || args.flag("--configs", &only_configs) ||
+        args.flag("--no-breakdown", &no_breakdown)) {
+      continue;
     }
+    args.unknown();
   }
   signal(SIGPIPE, SIG_IGN);
   Setup setup;
@@ -287,7 +279,7 @@ int main(int argc, char** argv) {
   std::printf("\nThe coordinator's memory (/proc/<pid>/status VmRSS; each RemoteValue dropped at schedule):\n");
   for (const auto& line : rss_lines) std::printf("  %s\n", line.c_str());
 
-  if (!breakdown) {
+  if (no_breakdown) {
     bench::print_results();
     return 0;
   }

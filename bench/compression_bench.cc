@@ -231,15 +231,6 @@ double wire_bytes(const std::string& host, int http_port) {
          counter(m, "capstan_data_worker_compressed_wire_bytes_total");
 }
 
-int http_port_of(const std::string& label) {
-  std::ifstream in(bench::run_dir() + "/" + label + ".port");
-  std::string key, value;
-  while (in >> key >> value) {
-    if (key == "http_port:") return std::stoi(value);
-  }
-  return 0;
-}
-
 struct Run {
   double elements_per_s = 0;
   double mb_per_s = 0;        // raw bytes
@@ -361,7 +352,7 @@ int main(int argc, char** argv) {
     bench::start(bin, "data-worker", "compression-worker", {"--host", worker_host, "--dispatcher", dispatcher.address},
                  0, {"ip", "netns", "exec", netns});
   }
-  int worker_http = http_port_of("compression-worker");
+  int worker_http = bench::http_port_of("compression-worker");
   // Registered: a first tiny read goes through.
   auto warm = service::distribute(Dataset::range(1), dispatcher.address);
   if (!warm.ok()) fail("distribute", warm.status());

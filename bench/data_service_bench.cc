@@ -250,27 +250,14 @@ int main(int argc, char** argv) {
   int64_t large = 2000;      // 1 MiB elements per worker
   int64_t rtt_samples = 20000;
   std::vector<int> worker_counts = {1, 2};
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--small" && i + 1 < argc) {
-      small = std::stoll(argv[++i]);
-    } else if (arg == "--large" && i + 1 < argc) {
-      large = std::stoll(argv[++i]);
-    } else if (arg == "--per-request-samples" && i + 1 < argc) {
-      rtt_samples = std::stoll(argv[++i]);
-    } else if (arg == "--workers" && i + 1 < argc) {
-      worker_counts.clear();
-      std::string list = argv[++i];
-      for (size_t pos = 0; pos < list.size();) {
-        size_t comma = std::min(list.find(',', pos), list.size());
-        int n = std::stoi(list.substr(pos, comma - pos));
-        if (n > 0) worker_counts.push_back(n);
-        pos = comma + 1;
-      }
-    } else {
-      std::fprintf(stderr,
-                   "usage: data_service_bench [--small N] [--large M] [--per-request-samples N] [--workers 1,2]\n");
-      return 2;
+  std::string workers;
+  bench::FlagParser args(argc, argv, "[--small N] [--large M] [--per-request-samples N] [--workers 1,2]");
+  while (args.next()) {
+    if (args.flag("--workers", &workers)) {
+      worker_counts = bench::positive_counts(workers);
+    } else if (!args.flag("--small", &small) && !args.flag("--large", &large) &&
+               !args.flag("--per-request-samples", &rtt_samples)) {
+      args.unknown();
     }
   }
   signal(SIGPIPE, SIG_IGN);

@@ -169,16 +169,6 @@ double metric(const std::string& text, const std::string& name) {
   return 0;
 }
 
-// The HTTP port a daemon wrote to its port file (bench::start's RUN_DIR/<label>.port).
-int http_port(const std::string& label) {
-  std::ifstream in(bench::run_dir() + "/" + label + ".port");
-  std::string key, value;
-  while (in >> key >> value) {
-    if (key == "http_port:") return std::stoi(value);
-  }
-  return 0;
-}
-
 struct Config {
   int64_t rows = 1000000;
   int64_t dim = 64;
@@ -190,22 +180,10 @@ struct Config {
 
 void run(const std::string& bin_dir, const Config& cfg) {
   const int num_ps = 2;
-  std::string ps_list;
-  std::vector<std::string> ps_labels;
-  for (int i = 0; i < num_ps; ++i) {
-    ps_labels.push_back("ps_" + std::to_string(i));
-    ps_list += (i > 0 ? "," : "") + bench::start(bin_dir, "ps-server", ps_labels.back(),
-                                                 {"--task-index", std::to_string(i)}).address;
-  }
-  bench::Daemon coordinator = bench::start(bin_dir, "coordinator", "coordinator", {"--ps", ps_list});
-  capstan::ClientOptions options;
-  options.client_name = "embedding_bench";
-  options.call_timeout = std::chrono::milliseconds(120000);
-  auto client = capstan::ClusterCoordinator::connect(coordinator.address, options);
-  if (!client.ok()) fail("connect to the coordinator", client.status());
-  auto router_owner = std::make_unique<bench::Router>(coordinator.address, options.max_message_bytes, "embedding_bench");
-  bench::Router& router = *router_owner;
-  std::printf("2 parameter servers (%s), coordinator %s\n", ps_list.c_str(), coordinator.address.c_str());
+  bench::PsCluster cluster(bin_dir, num_ps, "", "embedding_bench");
+  capstan::ClusterCoordinator& client = *cluster.client;
+  bench::Router& router = *cluster.router;
+  std::printf("2 parameter servers (%s), coordinator %s\n", cluster.ps_list.c_str(), cluster.coordinator.c_str());
 
   const bool adagrad = cfg.optimizer == "adagrad";
   const capstan::Optimizer optimizer = adagrad ? capstan::Optimizer::adagrad(0.01) : capstan::Optimizer::sgd(0.01);
@@ -215,7 +193,7 @@ void run(const std::string& bin_dir, const Config& cfg) {
   auto start = Clock::now();
   capstan::VariableSpec fixed_spec{"fixed", filled(cfg.rows, cfg.dim, 0.25f), optimizer,
                                    capstan::Partitioner::fixed_shards(num_ps)};
-  if (auto info = (*client)->create_variable(fixed_spec); !info.ok()) fail("create_variable fixed", info.status());
+  if (auto info = client.create_variable(fixed_spec); !info.ok()) fail("create_variable fixed", info.status());
   std::printf("fixed variable float32[%lld, %lld] in 2 shards, %s: created in %.2f s\n",
               static_cast<long long>(cfg.rows), static_cast<long long>(cfg.dim), cfg.optimizer.c_str(),
               seconds_since(start));
@@ -223,7 +201,7 @@ void run(const std::string& bin_dir, const Config& cfg) {
   // The dynamic table, filled with `rows` keys.
   capstan::EmbeddingTableSpec table_spec{"table", cfg.dim, DType::kFloat32,
                                          capstan::EmbeddingInitializer::random_normal(0, 0.05, 7), optimizer, {}};
-  if (auto info = (*client)->create_embedding_table(table_spec); !info.ok()) {
+  if (auto info = client.create_embedding_table(table_spec); !info.ok()) {
     fail("create_embedding_table", info.status());
   }
   std::vector<int64_t> keys(static_cast<size_t>(cfg.rows));
@@ -242,8 +220,8 @@ void run(const std::string& bin_dir, const Config& cfg) {
 
   // Memory, now that the table holds `rows` keys (before the new keys below).
   double table_bytes = 0, table_rows = 0;
-  for (const auto& label : ps_labels) {
-    std::string text = get_metrics(http_port(label));
+  for (const auto& label : cluster.ps_labels) {
+    std::string text = get_metrics(bench::http_port_of(label));
     table_bytes += metric(text, "capstan_ps_table_bytes");
     table_rows += metric(text, "capstan_ps_table_rows");
   }
@@ -339,9 +317,6 @@ void run(const std::string& bin_dir, const Config& cfg) {
     std::printf("\ntable memory: no capstan_ps_table_bytes / _rows in the parameter servers' /metrics\n");
   }
   std::fflush(stdout);
-  router_owner.reset();
-  client->reset();
-  bench::stop_all();
 }
 
 }  // namespace
@@ -350,32 +325,22 @@ int main(int argc, char** argv) {
   Config cfg;
   bool quick = false;
   bool batches_set = false, rows_set = false, rounds_set = false;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    bool has_value = i + 1 < argc;
-    if (arg == "--rows" && has_value) {
-      cfg.rows = std::stoll(argv[++i]);
+  bench::FlagParser args(argc, argv,
+                         "[--rows N] [--dim N] [--batch N] [--batches N] [--rounds N] [--optimizer sgd|adagrad] "
+                         "[--quick]");
+  while (args.next()) {
+    if (args.flag("--rows", &cfg.rows)) {
       rows_set = true;
-    } else if (arg == "--dim" && has_value) {
-      cfg.dim = std::stoll(argv[++i]);
-    } else if (arg == "--batch" && has_value) {
-      cfg.batch = std::stoll(argv[++i]);
-    } else if (arg == "--batches" && has_value) {
-      cfg.batches = std::stoi(argv[++i]);
+    } else if (args.flag("--batches", &cfg.batches)) {
       batches_set = true;
-    } else if (arg == "--rounds" && has_value) {
-      cfg.rounds = std::stoi(argv[++i]);
+    } else if (args.flag("--rounds", &cfg.rounds)) {
       rounds_set = true;
-    } else if (arg == "--optimizer" && has_value && (std::string(argv[i + 1]) == "sgd" ||
-                                                    std::string(argv[i + 1]) == "adagrad")) {
-      cfg.optimizer = argv[++i];
-    } else if (arg == "--quick") {
-      quick = true;
-    } else {
-      std::fprintf(stderr,
-                   "usage: embedding_bench [--rows N] [--dim N] [--batch N] [--batches N] [--rounds N] "
-                   "[--optimizer sgd|adagrad] [--quick]\n");
-      return 2;
+    } else if (args.flag("--optimizer", &cfg.optimizer)) {
+      if (cfg.optimizer != "sgd" && cfg.optimizer != "adagrad") {
+        args.usage("--optimizer must be sgd or adagrad, got '" + cfg.optimizer + "'");
+      }
+    } else if (!args.flag("--dim", &cfg.dim) && !args.flag("--batch", &cfg.batch) && !args.flag("--quick", &quick)) {
+      args.unknown();
     }
   }
   if (quick) {

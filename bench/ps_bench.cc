@@ -83,25 +83,12 @@ struct DenseCase {
 // run; each cluster's fractions use the figure measured beside them).
 void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>& cases, bool with_gather,
            int64_t emb_rows, int batches, int rounds, bool report_loopback) {
-  std::string ps_list;
-  std::vector<bench::Daemon> ps;
-  for (int i = 0; i < num_ps; ++i) {
-    ps.push_back(bench::start(bin_dir, "ps-server", "ps" + std::to_string(num_ps) + "_" + std::to_string(i),
-                              {"--task-index", std::to_string(i)}));
-    ps_list += (i > 0 ? "," : "") + ps.back().address;
-  }
-  bench::Daemon coordinator =
-      bench::start(bin_dir, "coordinator", "coordinator" + std::to_string(num_ps), {"--ps", ps_list});
-  capstan::ClientOptions options;
-  options.client_name = "ps_bench";
-  options.call_timeout = std::chrono::milliseconds(120000);
-  auto client = capstan::ClusterCoordinator::connect(coordinator.address, options);
-  if (!client.ok()) fail("connect to the coordinator", client.status());
-  auto router_owner = std::make_unique<bench::Router>(coordinator.address, options.max_message_bytes, "ps_bench");
-  bench::Router& router = *router_owner;
+  bench::PsCluster cluster(bin_dir, num_ps, std::to_string(num_ps), "ps_bench");
+  capstan::ClusterCoordinator& client = *cluster.client;
+  bench::Router& router = *cluster.router;
 
-  std::printf("\n%d parameter server%s (%s), coordinator %s\n", num_ps, num_ps > 1 ? "s" : "", ps_list.c_str(),
-              coordinator.address.c_str());
+  std::printf("\n%d parameter server%s (%s), coordinator %s\n", num_ps, num_ps > 1 ? "s" : "",
+              cluster.ps_list.c_str(), cluster.coordinator.c_str());
   std::printf("%-8s %-6s %-7s %-22s %-29s %-29s %-22s\n", "variable", "reps", "shards", "raw loopback TCP",
               "pull (read_variable)", "push (assign)", "apply (sgd gradient)");
   const int64_t cols = 256;  // 1 KiB rows
@@ -111,7 +98,7 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     capstan::VariableSpec spec{name, filled(rows, cols, 1.0f), capstan::Optimizer::sgd(0.001),
                                num_ps > 1 ? capstan::Partitioner::fixed_shards(num_ps)
                                           : capstan::Partitioner::none()};
-    auto info = (*client)->create_variable(spec);
+    auto info = client.create_variable(spec);
     if (!info.ok()) fail("create_variable " + name, info.status());
     std::string placed;
     for (const auto& s : info->shards) placed += (placed.empty() ? "" : "+") + std::string("ps") + std::to_string(s.ps_task);
@@ -120,8 +107,8 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     Tensor gradient = filled(rows, cols, 0.5f);
 
     // Warm up each path once (connections, buffer caches).
-    if (auto r = (*client)->read_variable(name); !r.ok()) fail("read_variable", r.status());
-    if (auto s = (*client)->assign_variable(name, value); !s.ok()) fail("assign_variable", s);
+    if (auto r = client.read_variable(name); !r.ok()) fail("read_variable", r.status());
+    if (auto s = client.assign_variable(name, value); !s.ok()) fail("assign_variable", s);
     if (auto s = router->apply_dense(name, gradient); !s.ok()) fail("apply_dense", s);
 
     // `rounds` rounds, each timing raw TCP, pull, push and apply back to back
@@ -135,13 +122,13 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
       floors.push_back(static_cast<double>(bytes) / tcp.gb_per_s() / 1e9);  // seconds per variable
       auto start_time = Clock::now();
       for (int r = 0; r < c.reps; ++r) {
-        auto read = (*client)->read_variable(name);
+        auto read = client.read_variable(name);
         if (!read.ok() || read->byte_size() != bytes) fail("read_variable", read.status());
       }
       pulls.push_back(seconds_since(start_time) / c.reps);
       start_time = Clock::now();
       for (int r = 0; r < c.reps; ++r) {
-        if (auto s = (*client)->assign_variable(name, value); !s.ok()) fail("assign_variable", s);
+        if (auto s = client.assign_variable(name, value); !s.ok()) fail("assign_variable", s);
       }
       assigns.push_back(seconds_since(start_time) / c.reps);
       start_time = Clock::now();
@@ -178,7 +165,7 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     auto create_start = Clock::now();
     capstan::VariableSpec spec{name, filled(emb_rows, dim, 0.25f), capstan::Optimizer::sgd(0.01),
                                capstan::Partitioner::fixed_shards(num_ps)};
-    auto info = (*client)->create_variable(spec);
+    auto info = client.create_variable(spec);
     if (!info.ok()) fail("create_variable " + name, info.status());
     double create = seconds_since(create_start);
     std::string placed;
@@ -222,9 +209,6 @@ void dense(const std::string& bin_dir, int num_ps, const std::vector<DenseCase>&
     bench::result(tag + "_p50", latencies[latencies.size() / 2], "ms");
   }
   std::fflush(stdout);
-  router_owner.reset();
-  client->reset();
-  bench::stop_all();
 }
 
 }  // namespace
@@ -235,37 +219,19 @@ int main(int argc, char** argv) {
   bool quick = false;
   int rounds = 0;  // 0: 3, or 1 with --quick
   std::vector<int> ps_counts = {1, 2};
-  std::vector<size_t> sizes = {1, 16, 64};
-  auto numbers = [](const std::string& list) {
-    std::vector<size_t> out;
-    size_t pos = 0;
-    while (pos < list.size()) {
-      size_t comma = list.find(',', pos);
-      if (comma == std::string::npos) comma = list.size();
-      size_t n = std::stoul(list.substr(pos, comma - pos));
-      if (n > 0) out.push_back(n);
-      pos = comma + 1;
-    }
-    return out;
-  };
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--rows" && i + 1 < argc) {
-      emb_rows = std::stoll(argv[++i]);
-    } else if (arg == "--batches" && i + 1 < argc) {
-      batches = std::stoi(argv[++i]);
-    } else if (arg == "--quick") {
-      quick = true;
-    } else if (arg == "--rounds" && i + 1 < argc) {
-      rounds = std::max(1, std::stoi(argv[++i]));
-    } else if (arg == "--ps" && i + 1 < argc) {
-      ps_counts.clear();
-      for (size_t n : numbers(argv[++i])) ps_counts.push_back(static_cast<int>(n));
-    } else if (arg == "--mib" && i + 1 < argc) {
-      sizes = numbers(argv[++i]);
+  std::vector<int> sizes = {1, 16, 64};
+  std::string list;
+  bench::FlagParser args(argc, argv, "[--rows N] [--batches N] [--quick] [--rounds N] [--ps 1,2] [--mib 1,16,64]");
+  while (args.next()) {
+    if (args.flag("--rows", &emb_rows) || args.flag("--batches", &batches) || args.flag("--quick", &quick)) continue;
+    if (args.flag("--rounds", &rounds)) {
+      rounds = std::max(1, rounds);
+    } else if (args.flag("--ps", &list)) {
+      ps_counts = bench::positive_counts(list);
+    } else if (args.flag("--mib", &list)) {
+      sizes = bench::positive_counts(list);
     } else {
-      std::fprintf(stderr, "usage: ps_bench [--rows N] [--batches N] [--quick] [--rounds N] [--ps 1,2] [--mib 1,16,64]\n");
-      return 2;
+      args.unknown();
     }
   }
   if (rounds == 0) rounds = quick ? 1 : 3;

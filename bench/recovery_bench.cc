@@ -79,18 +79,10 @@ int main(int argc, char** argv) {
   int64_t mib = 1024;
   int runs = 3;
   std::string dir;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--mib" && i + 1 < argc) {
-      mib = std::stoll(argv[++i]);
-    } else if (arg == "--runs" && i + 1 < argc) {
-      runs = std::stoi(argv[++i]);
-    } else if (arg == "--dir" && i + 1 < argc) {
-      dir = argv[++i];
-    } else {
-      std::fprintf(stderr, "usage: recovery_bench [--mib N] [--runs N] [--dir DIR]\n");
-      return 2;
-    }
+  bench::FlagParser args(argc, argv, "[--mib N] [--runs N] [--dir DIR]");
+  while (args.next()) {
+    if (args.flag("--mib", &mib) || args.flag("--runs", &runs) || args.flag("--dir", &dir)) continue;
+    args.unknown();
   }
   if (mib < 1 || runs < 1) {
     std::fprintf(stderr, "recovery_bench: --mib and --runs must be at least 1\n");

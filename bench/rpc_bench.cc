@@ -34,16 +34,10 @@ capstan::Element filled(size_t bytes) {
 int main(int argc, char** argv) {
   std::string address;
   int calls = 5000;
-  for (int i = 1; i < argc; ++i) {
-    std::string arg = argv[i];
-    if (arg == "--address" && i + 1 < argc) {
-      address = argv[++i];
-    } else if (arg == "--calls" && i + 1 < argc) {
-      calls = std::stoi(argv[++i]);
-    } else {
-      std::fprintf(stderr, "usage: rpc_bench [--address HOST:PORT] [--calls N]\n");
-      return 2;
-    }
+  bench::FlagParser args(argc, argv, "[--address HOST:PORT] [--calls N]");
+  while (args.next()) {
+    if (args.flag("--address", &address) || args.flag("--calls", &calls)) continue;
+    args.unknown();
   }
   if (address.empty()) {
     address = bench::start(bench::bin_dir(), "ps-server", "ps", {}).address;

@@ -1,5 +1,6 @@
-// What the example programs share: connecting to the cluster and waiting for
-// its workers, and their TensorBoard logs (--logdir).
+// What the example programs share: reading their flags (flag_parser.h),
+// connecting to the cluster and waiting for its workers, and their
+// TensorBoard logs (--logdir).
 #ifndef CAPSTAN_EXAMPLES_COMMON_EXAMPLE_UTIL_H_
 #define CAPSTAN_EXAMPLES_COMMON_EXAMPLE_UTIL_H_
 
@@ -13,6 +14,8 @@
 #include <string>
 #include <thread>
 #include <utility>
+
+#include "common/flag_parser.h"
 
 namespace capstan::examples {
 

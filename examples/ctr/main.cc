@@ -91,67 +91,25 @@ struct Flags {
   int64_t min_count = 1;
 };
 
-[[noreturn]] void usage(const char* program, const std::string& error) {
-  if (!error.empty()) std::cerr << program << ": " << error << "\n";
-  // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
-  (error.empty() ? std::cout : std::cerr) << "usage: " << program
-            << " [--coordinator HOST:PORT] [--steps N] [--eval-steps N] [--learning-rate X]"
-               " [--min-workers N] [--log-every N] [--max-gap PERCENT] [--checkpoint-dir DIR]"
-               " [--dispatcher HOST:PORT] [--logdir DIR] [--dynamic] [--min-count N]\n";
-  std::exit(error.empty() ? 0 : 2);
-}
-
 Flags parse_flags(int argc, char** argv) {
   Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    std::string name = argv[i];
-    if (name == "-h" || name == "--help") usage(argv[0], "");
-    if (name == "--dynamic") {
-      flags.dynamic = true;
+  capstan::examples::FlagParser args(argc, argv,
+                                     "[--coordinator HOST:PORT] [--steps N] [--eval-steps N] [--learning-rate X]"
+                                     " [--min-workers N] [--log-every N] [--max-gap PERCENT] [--checkpoint-dir DIR]"
+                                     " [--dispatcher HOST:PORT] [--logdir DIR] [--dynamic] [--min-count N]");
+  while (args.next()) {
+    if (args.flag("--coordinator", &flags.coordinator) || args.flag("--checkpoint-dir", &flags.checkpoint_dir) ||
+        args.flag("--logdir", &flags.logdir) || args.flag("--dispatcher", &flags.dispatcher) ||
+        args.flag("--steps", &flags.steps) || args.flag("--eval-steps", &flags.eval_steps) ||
+        args.flag("--learning-rate", &flags.learning_rate) || args.flag("--min-workers", &flags.min_workers) ||
+        args.flag("--log-every", &flags.log_every) || args.flag("--max-gap", &flags.max_gap_percent) ||
+        args.flag("--min-count", &flags.min_count) || args.flag("--dynamic", &flags.dynamic)) {
       continue;
     }
-    if (i + 1 >= argc) usage(argv[0], "option " + name + " needs a value");
-    std::string value = argv[++i];
-    auto integer = [&]() -> int64_t {
-      char* end = nullptr;
-      long long n = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || n < 0) usage(argv[0], name + " needs a non-negative integer, got '" + value + "'");
-      return n;
-    };
-    auto real = [&]() -> double {
-      char* end = nullptr;
-      double x = std::strtod(value.c_str(), &end);
-      if (value.empty() || *end != '\0' || !(x > 0)) usage(argv[0], name + " needs a positive number, got '" + value + "'");
-      return x;
-    };
-    if (name == "--coordinator") {
-      flags.coordinator = value;
-    } else if (name == "--checkpoint-dir") {
-      flags.checkpoint_dir = value;
-    } else if (name == "--logdir") {
-      flags.logdir = value;
-    } else if (name == "--dispatcher") {
-      flags.dispatcher = value;
-    } else if (name == "--steps") {
-      flags.steps = integer();
-    } else if (name == "--eval-steps") {
-      flags.eval_steps = integer();
-    } else if (name == "--learning-rate") {
-      flags.learning_rate = real();
-    } else if (name == "--min-workers") {
-      flags.min_workers = static_cast<int>(integer());
-    } else if (name == "--log-every") {
-      flags.log_every = integer();
-    } else if (name == "--max-gap") {
-      flags.max_gap_percent = real();
-    } else if (name == "--min-count") {
-      flags.min_count = integer();
-    } else {
-      usage(argv[0], "unknown option '" + name + "'");
-    }
+    args.unknown();
   }
-  if (flags.eval_steps < 1) usage(argv[0], "--eval-steps must be at least 1");
-  if (flags.log_every < 1) usage(argv[0], "--log-every must be at least 1");
+  if (flags.eval_steps < 1) args.usage("--eval-steps must be at least 1");
+  if (flags.log_every < 1) args.usage("--log-every must be at least 1");
   return flags;
 }
 

@@ -53,45 +53,20 @@ struct Flags {
   std::string logdir;  // empty: no TensorBoard events
 };
 
-[[noreturn]] void usage(const char* program, const std::string& error) {
-  if (!error.empty()) std::cerr << program << ": " << error << "\n";
-  // --help is an answer (stdout, exit 0); a bad flag is an error (stderr, 2).
-  (error.empty() ? std::cout : std::cerr) << "usage: " << program
-            << " [--coordinator HOST:PORT] [--epochs N] [--steps-per-epoch N] [--min-workers N] [--seed N]"
-               " [--logdir DIR]\n";
-  std::exit(error.empty() ? 0 : 2);
-}
-
 Flags parse_flags(int argc, char** argv) {
   Flags flags;
-  for (int i = 1; i < argc; ++i) {
-    std::string name = argv[i];
-    if (name == "-h" || name == "--help") usage(argv[0], "");
-    if (i + 1 >= argc) usage(argv[0], "option " + name + " needs a value");
-    std::string value = argv[++i];
-    auto number = [&]() -> long long {
-      char* end = nullptr;
-      long long n = std::strtoll(value.c_str(), &end, 10);
-      if (value.empty() || *end != '\0' || n < 0) usage(argv[0], name + " needs a non-negative integer, got '" + value + "'");
-      return n;
-    };
-    if (name == "--coordinator") {
-      flags.coordinator = value;
-    } else if (name == "--epochs") {
-      flags.epochs = static_cast<int>(number());
-    } else if (name == "--steps-per-epoch") {
-      flags.steps_per_epoch = static_cast<int>(number());
-    } else if (name == "--min-workers") {
-      flags.min_workers = static_cast<int>(number());
-    } else if (name == "--seed") {
-      flags.seed = static_cast<uint64_t>(number());
-    } else if (name == "--logdir") {
-      flags.logdir = value;
-    } else {
-      usage(argv[0], "unknown option '" + name + "'");
+  capstan::examples::FlagParser args(
+      argc, argv,
+      "[--coordinator HOST:PORT] [--epochs N] [--steps-per-epoch N] [--min-workers N] [--seed N] [--logdir DIR]");
+  while (args.next()) {
+    if (args.flag("--coordinator", &flags.coordinator) || args.flag("--epochs", &flags.epochs) ||
+        args.flag("--steps-per-epoch", &flags.steps_per_epoch) || args.flag("--min-workers", &flags.min_workers) ||
+        args.flag("--seed", &flags.seed) || args.flag("--logdir", &flags.logdir)) {
+      continue;
     }
+    args.unknown();
   }
-  if (flags.steps_per_epoch < 1) usage(argv[0], "--steps-per-epoch must be at least 1");
+  if (flags.steps_per_epoch < 1) args.usage("--steps-per-epoch must be at least 1");
   return flags;
 }
 

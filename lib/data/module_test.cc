@@ -3,22 +3,12 @@
 
 #include "capstan/data/dataset.h"
 #include "capstan/functions.h"
+#include "data/test_util.h"
 
 namespace capstan::data {
 namespace {
 
-std::vector<int64_t> drain_ints(const Dataset& ds, const FunctionRegistry& fns) {
-  auto it = ds.make_iterator(&fns);
-  REQUIRE(it.ok());
-  std::vector<int64_t> out;
-  while (true) {
-    auto next = (*it)->get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.push_back((*next)->components[0].flat<int64_t>()[0]);
-  }
-  return out;
-}
+using testing::drain_ints;
 
 }  // namespace
 
@@ -28,7 +18,7 @@ TEST_CASE("a module's functions run in pipelines", "[data][module]") {
   CHECK(fns.names() == std::vector<std::string>{"filter:below_five", "interleave:twice", "map:plus_one"});
   auto ds = Dataset::range(6).map(Fn::named("plus_one")).filter(Fn::named("below_five"))
                 .interleave(Fn::named("twice"), 1);
-  CHECK(drain_ints(ds, fns) == std::vector<int64_t>{1, 1, 2, 2, 3, 3, 4, 4});
+  CHECK(drain_ints(ds, &fns) == std::vector<int64_t>{1, 1, 2, 2, 3, 3, 4, 4});
 }
 
 TEST_CASE("loading a missing module names the path", "[data][module]") {

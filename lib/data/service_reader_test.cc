@@ -21,6 +21,7 @@
 #include "capstan_schemas/data_worker.capnp.h"
 #include "data/definition.h"
 #include "data/service_reader.h"
+#include "data/test_util.h"
 #include "async/status_exception.h"
 #include "rpc/server.h"
 #include "rpc/tensor_codec.h"
@@ -250,18 +251,25 @@ uint16_t free_port() {
   return probe.port();
 }
 
+// A fake dispatcher that lists one task (id 1) of one fake worker. The test
+// sets up `w`, then calls start_worker().
+struct OneTask {
+  void start_worker() {
+    worker = std::make_unique<WorkerServer>(&w);
+    state.tasks = {{1, worker->address()}};
+  }
+
+  DispatcherState state;
+  DispatcherServer dispatcher{&state};
+  WorkerState w;
+  std::unique_ptr<WorkerServer> worker;
+};
+
 int64_t as_int(const Element& e) { return e.components.at(0).flat<int64_t>()[0]; }
 
 // Reads `it` to its end (or `limit` elements); every error fails the test.
 std::vector<int64_t> drain(Iterator& it, size_t limit = SIZE_MAX) {
-  std::vector<int64_t> out;
-  while (out.size() < limit) {
-    auto next = it.get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.push_back(as_int(**next));
-  }
-  return out;
+  return testing::int64_scalars(testing::drain(it, limit));
 }
 
 std::vector<int64_t> drain(engine::IteratorBase& it, size_t limit = SIZE_MAX) {
@@ -275,6 +283,13 @@ std::vector<int64_t> drain(engine::IteratorBase& it, size_t limit = SIZE_MAX) {
     out.push_back(as_int(e));
   }
   return out;
+}
+
+// What the next get_next of `it` returns (its element is dropped).
+Status next_status(engine::IteratorBase& it) {
+  Element e;
+  bool end = false;
+  return it.get_next(&e, &end);
 }
 
 std::vector<int64_t> iota(int64_t from, int64_t to) {
@@ -512,36 +527,21 @@ TEST_CASE("OFF mode reads the whole dataset from every worker's task", "[data][s
   }
 }
 
-TEST_CASE("ops applied to a distributed dataset run locally", "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+TEST_CASE_METHOD(OneTask, "ops applied to a distributed dataset run locally", "[data][service][rpc]") {
+  start_worker();
   auto ds = distribute(Dataset::range(10), dispatcher.address());
   REQUIRE(ds.ok());
-  auto it = ds->batch(4).make_iterator();
-  REQUIRE(it.ok());
   std::vector<int64_t> sizes;
-  while (true) {
-    auto next = (*it)->get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    sizes.push_back((*next)->components[0].shape()[0]);
-  }
+  for (const Element& e : testing::drain(ds->batch(4))) sizes.push_back(e.components[0].shape()[0]);
   CHECK(sizes == std::vector<int64_t>{4, 4, 2});
 }
 
-TEST_CASE("the reader waits for the dispatcher to report the job finished", "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+TEST_CASE_METHOD(OneTask, "the reader waits for the dispatcher to report the job finished", "[data][service][rpc]") {
+  start_worker();
   state.job_finished = false;
   auto reader = make_service_reader(fast_config(dispatcher.address()));
   CHECK(drain(*reader, 10) == iota(0, 10));
-  std::thread finisher([&state]() {
+  std::thread finisher([this]() {
     std::this_thread::sleep_for(300ms);
     std::lock_guard<std::mutex> lock(state.mutex);
     state.job_finished = true;
@@ -613,12 +613,8 @@ TEST_CASE("coordinated reads take round r from task r % tasks with the consumer 
   CHECK(state.jobs.at(0).job_name == "train");
 }
 
-TEST_CASE("the cross-trainer cache passes the trainer id", "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+TEST_CASE_METHOD(OneTask, "the cross-trainer cache passes the trainer id", "[data][service][rpc]") {
+  start_worker();
   ReadOptions options;
   options.job_name = "shared";
   options.cross_trainer_cache = true;
@@ -647,10 +643,8 @@ TEST_CASE("an unreachable dispatcher is Unavailable after the connect timeout", 
   ReaderConfig config = fast_config("127.0.0.1:" + std::to_string(free_port()));
   config.connect_timeout = 300ms;
   auto reader = make_service_reader(config);
-  Element e;
-  bool end = false;
   auto started = std::chrono::steady_clock::now();
-  Status s = reader->get_next(&e, &end);
+  Status s = next_status(*reader);
   CHECK(s.code() == StatusCode::kUnavailable);
   CHECK_THAT(s.message(), Catch::Contains("getOrCreateJob"));
   CHECK(std::chrono::steady_clock::now() - started < 5s);
@@ -705,9 +699,7 @@ TEST_CASE("a listed task is kept while its worker is unreachable", "[data][servi
   auto reader = make_service_reader(fast_config(dispatcher.address()));
   std::atomic<bool> done{false};
   std::thread reading([&reader, &done]() {
-    Element e;
-    bool end = false;
-    (void)reader->get_next(&e, &end);
+    (void)next_status(*reader);
     done = true;
   });
   std::this_thread::sleep_for(800ms);  // longer than worker_drop_after
@@ -720,30 +712,20 @@ TEST_CASE("a listed task is kept while its worker is unreachable", "[data][servi
   CHECK(done);
 }
 
-TEST_CASE("a worker's element error is returned once and reading continues", "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
+TEST_CASE_METHOD(OneTask, "a worker's element error is returned once and reading continues", "[data][service][rpc]") {
   w.fail_once = Status::InvalidArgument("bad record 3");
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+  start_worker();
   auto reader = make_service_reader(fast_config(dispatcher.address()));
-  Element e;
-  bool end = false;
-  Status s = reader->get_next(&e, &end);
+  Status s = next_status(*reader);
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(s.message(), Catch::Contains("bad record 3"));
   CHECK(drain(*reader) == iota(0, 10));
 }
 
-TEST_CASE("the reader keeps max_outstanding_requests numbered requests in flight per task",
-          "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
+TEST_CASE_METHOD(OneTask, "the reader keeps max_outstanding_requests numbered requests in flight per task",
+                 "[data][service][rpc]") {
   w.elements = 20;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+  start_worker();
   ReadOptions options;
   options.max_elements_per_request = 2;
   options.max_outstanding_requests = 3;
@@ -764,15 +746,11 @@ TEST_CASE("the reader keeps max_outstanding_requests numbered requests in flight
   }
 }
 
-TEST_CASE("a reply lost mid-window is asked for again: nothing lost, nothing twice, in order",
-          "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
+TEST_CASE_METHOD(OneTask, "a reply lost mid-window is asked for again: nothing lost, nothing twice, in order",
+                 "[data][service][rpc]") {
   w.elements = 20;
   w.fail_sequence = 3;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+  start_worker();
   ReadOptions options;
   options.max_elements_per_request = 2;
   options.max_outstanding_requests = 4;
@@ -784,18 +762,12 @@ TEST_CASE("a reply lost mid-window is asked for again: nothing lost, nothing twi
   CHECK(asked_for_3 == 2);
 }
 
-TEST_CASE("a reply naming shared memory the reader never mapped is an error, and reading goes on",
-          "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
+TEST_CASE_METHOD(OneTask, "a reply naming shared memory the reader never mapped is an error, and reading goes on",
+                 "[data][service][rpc]") {
   w.bogus_shm_once = true;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+  start_worker();
   auto reader = make_service_reader(fast_config(dispatcher.address()));
-  Element e;
-  bool end = false;
-  Status s = reader->get_next(&e, &end);
+  Status s = next_status(*reader);
   CHECK(s.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(s.message(), Catch::Contains("shared memory"));
   // The worker keeps the reply; asked again, it sends it without the bogus part.
@@ -816,13 +788,9 @@ TEST_CASE("max_outstanding_requests is checked", "[data][service]") {
              Catch::Contains("shared_memory_bytes"));
 }
 
-TEST_CASE("a worker that has not heard of the task yet is asked again", "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
+TEST_CASE_METHOD(OneTask, "a worker that has not heard of the task yet is asked again", "[data][service][rpc]") {
   w.fail_once = Status::NotFound("task 1 not found");
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+  start_worker();
   auto reader = make_service_reader(fast_config(dispatcher.address()));
   CHECK(drain(*reader) == iota(0, 10));
 }
@@ -832,20 +800,14 @@ TEST_CASE("a heartbeat refused for good ends the reader with that error", "[data
   state.heartbeat_error = Status::NotFound("job client 100 is unknown");
   DispatcherServer dispatcher(&state);
   auto reader = make_service_reader(fast_config(dispatcher.address()));
-  Element e;
-  bool end = false;
-  Status s = reader->get_next(&e, &end);
+  Status s = next_status(*reader);
   CHECK(s.code() == StatusCode::kNotFound);
   CHECK_THAT(s.message(), Catch::Contains("clientHeartbeat"));
-  CHECK(reader->get_next(&e, &end).code() == StatusCode::kNotFound);
+  CHECK(next_status(*reader).code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("the reader releases its job client when destroyed", "[data][service][rpc]") {
-  DispatcherState state;
-  DispatcherServer dispatcher(&state);
-  WorkerState w;
-  WorkerServer worker(&w);
-  state.tasks = {{1, worker.address()}};
+TEST_CASE_METHOD(OneTask, "the reader releases its job client when destroyed", "[data][service][rpc]") {
+  start_worker();
   {
     auto reader = make_service_reader(fast_config(dispatcher.address()));
     CHECK(drain(*reader, 2).size() == 2);

@@ -12,33 +12,9 @@
 namespace capstan::data {
 namespace {
 
+using testing::drain_ints;
+using testing::drain_strings;
 using testing::TempDir;
-
-std::vector<std::string> strings_of(const Dataset& ds) {
-  auto it = ds.make_iterator();
-  REQUIRE(it.ok());
-  std::vector<std::string> out;
-  while (true) {
-    auto next = (*it)->get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.emplace_back((*next)->components[0].string_at(0));
-  }
-  return out;
-}
-
-std::vector<int64_t> ints_of(const Dataset& ds) {
-  auto it = ds.make_iterator();
-  REQUIRE(it.ok());
-  std::vector<int64_t> out;
-  while (true) {
-    auto next = (*it)->get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.push_back((*next)->components[0].flat<int64_t>()[0]);
-  }
-  return out;
-}
 
 std::vector<std::string> write_files(const TempDir& dir, int n) {
   std::vector<std::string> files;
@@ -58,13 +34,13 @@ std::vector<std::string> write_files(const TempDir& dir, int n) {
 TEST_CASE("DATA sharding keeps every num_workers-th element", "[data][sharding]") {
   auto ds = apply_sharding(Dataset::range(10), ShardingPolicy::kData, 3, 1);
   REQUIRE(ds.ok());
-  CHECK(ints_of(*ds) == std::vector<int64_t>{1, 4, 7});
+  CHECK(drain_ints(*ds) == std::vector<int64_t>{1, 4, 7});
 }
 
 TEST_CASE("HINT sharding fills in SHARD_HINT", "[data][sharding]") {
   auto ds = apply_sharding(Dataset::range(10).shard(kShardHint, kShardHint), ShardingPolicy::kHint, 4, 3);
   REQUIRE(ds.ok());
-  CHECK(ints_of(*ds) == std::vector<int64_t>{3, 7});
+  CHECK(drain_ints(*ds) == std::vector<int64_t>{3, 7});
 }
 
 TEST_CASE("FILE sharding gives each worker its own files", "[data][sharding]") {
@@ -74,8 +50,8 @@ TEST_CASE("FILE sharding gives each worker its own files", "[data][sharding]") {
   auto w1 = apply_sharding(Dataset::tfrecord_dataset(files), ShardingPolicy::kFile, 2, 1);
   REQUIRE(w0.ok());
   REQUIRE(w1.ok());
-  CHECK(strings_of(*w0) == std::vector<std::string>{"f0r0", "f0r1", "f2r0", "f2r1"});
-  CHECK(strings_of(*w1) == std::vector<std::string>{"f1r0", "f1r1", "f3r0", "f3r1"});
+  CHECK(drain_strings(*w0) == std::vector<std::string>{"f0r0", "f0r1", "f2r0", "f2r1"});
+  CHECK(drain_strings(*w1) == std::vector<std::string>{"f1r0", "f1r1", "f3r0", "f3r1"});
 }
 
 TEST_CASE("FILE sharding of list_files shards the file names, even when shuffled", "[data][sharding]") {
@@ -86,7 +62,7 @@ TEST_CASE("FILE sharding of list_files shards the file names, even when shuffled
   for (int i = 0; i < 3; ++i) {
     auto ds = apply_sharding(pipeline, ShardingPolicy::kFile, 3, i);
     REQUIRE(ds.ok());
-    auto got = strings_of(*ds);
+    auto got = drain_strings(*ds);
     CHECK(got.size() == 2);  // one file each
     all.insert(got.begin(), got.end());
   }
@@ -107,13 +83,13 @@ TEST_CASE("FILE sharding needs files; FILE_OR_DATA falls back to DATA", "[data][
         StatusCode::kFailedPrecondition);
   auto ds = apply_sharding(Dataset::range(6), ShardingPolicy::kFileOrData, 2, 1);
   REQUIRE(ds.ok());
-  CHECK(ints_of(*ds) == std::vector<int64_t>{1, 3, 5});
+  CHECK(drain_ints(*ds) == std::vector<int64_t>{1, 3, 5});
 }
 
 TEST_CASE("sharding arguments are checked", "[data][sharding]") {
   CHECK(apply_sharding(Dataset::range(6), ShardingPolicy::kData, 0, 0).status().code() == StatusCode::kInvalidArgument);
   CHECK(apply_sharding(Dataset::range(6), ShardingPolicy::kData, 2, 2).status().code() == StatusCode::kInvalidArgument);
-  CHECK(ints_of(apply_sharding(Dataset::range(3), ShardingPolicy::kOff, 2, 1).value()) == std::vector<int64_t>{0, 1, 2});
+  CHECK(drain_ints(apply_sharding(Dataset::range(3), ShardingPolicy::kOff, 2, 1).value()) == std::vector<int64_t>{0, 1, 2});
 }
 
 }  // namespace capstan::data

@@ -1,12 +1,14 @@
 // Helpers shared by the SDK's unit tests (data engine, file formats, parsers
-// and tensors); only tests include this header. Each fails the running test
-// case through Catch2 when its own setup fails.
+// and tensors) and the integration tests that read datasets; only tests
+// include this header. Each fails the running test case through Catch2 when
+// its own setup fails.
 #ifndef CAPSTAN_LIB_DATA_TEST_UTIL_H_
 #define CAPSTAN_LIB_DATA_TEST_UTIL_H_
 
 #include <zlib.h>
 
 #include <catch2/catch.hpp>
+#include <cstdint>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
@@ -16,6 +18,8 @@
 #include <utility>
 #include <vector>
 
+#include "capstan/data/dataset.h"
+#include "capstan/functions.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "io/testing.h"
@@ -79,6 +83,51 @@ std::vector<std::string> read_records(Reader& reader) {
     records.push_back(record);
   }
   return records;
+}
+
+// Every element `it` yields until the end of its sequence (or `limit`
+// elements); any error fails the test, naming its status.
+inline std::vector<Element> drain(Iterator& it, size_t limit = SIZE_MAX) {
+  std::vector<Element> out;
+  while (out.size() < limit) {
+    auto next = it.get_next();
+    INFO(next.status().to_string());
+    REQUIRE(next.ok());
+    if (!next->has_value()) break;
+    out.push_back(std::move(**next));
+  }
+  return out;
+}
+
+// Every element of `ds`, read through a fresh iterator.
+inline std::vector<Element> drain(const Dataset& ds, const FunctionRegistry* fns = nullptr) {
+  auto it = ds.make_iterator(fns);
+  REQUIRE(it.ok());
+  return drain(**it);
+}
+
+// Component 0 of each element, an int64 scalar.
+inline std::vector<int64_t> int64_scalars(const std::vector<Element>& elements) {
+  std::vector<int64_t> out;
+  for (const Element& e : elements) out.push_back(e.components.at(0).flat<int64_t>()[0]);
+  return out;
+}
+
+// Every element of `ds` as an int64 scalar (component 0).
+inline std::vector<int64_t> drain_ints(const Dataset& ds, const FunctionRegistry* fns = nullptr) {
+  return int64_scalars(drain(ds, fns));
+}
+
+// Component 0 of each element, a string scalar.
+inline std::vector<std::string> string_scalars(const std::vector<Element>& elements) {
+  std::vector<std::string> out;
+  for (const Element& e : elements) out.emplace_back(e.components.at(0).string_at(0));
+  return out;
+}
+
+// Every element of `ds` as a string scalar (component 0).
+inline std::vector<std::string> drain_strings(const Dataset& ds, const FunctionRegistry* fns = nullptr) {
+  return string_scalars(drain(ds, fns));
 }
 
 inline bool message_contains(const Status& status, const std::string& part) {

@@ -101,6 +101,46 @@ void require_data_loss(const std::string& dir, const std::vector<std::string>& f
   for (const std::string& f : fragments) CHECK(records.status().message().find(f) != std::string::npos);
 }
 
+// Reads the journal in `dir` back: expects `records`, then its end, having
+// dropped a torn tail of `dropped` bytes. Returns the reader, at its end.
+std::unique_ptr<JournalReader> require_records(const std::string& dir, const std::vector<std::string>& records,
+                                               uint64_t dropped) {
+  auto reader = JournalReader::open(dir);
+  REQUIRE(reader.ok());
+  std::string record;
+  for (const std::string& expected : records) {
+    auto more = (*reader)->read(&record);
+    REQUIRE(more.ok());
+    REQUIRE(*more);
+    REQUIRE(record == expected);
+  }
+  auto more = (*reader)->read(&record);
+  REQUIRE(more.ok());
+  CHECK_FALSE(*more);
+  CHECK((*reader)->dropped_tail_bytes() == dropped);
+  return *std::move(reader);
+}
+
+// A journal of three_records() in one segment, `path`.
+struct ThreeRecords {
+  ThreeRecords() { write_records(tmp.journal(), records); }
+  TempDir tmp;
+  const std::vector<std::string> records = three_records();
+  const std::string path = segment(tmp.journal(), 1);
+};
+
+// A journal of 30 records ("record number 1" ...) across at least three
+// segments of 128 bytes.
+struct ThirtyRecords {
+  ThirtyRecords() {
+    for (int i = 1; i <= 30; ++i) records.push_back("record number " + std::to_string(i));
+    write_records(tmp.journal(), records, /*max_segment_bytes=*/128);
+    REQUIRE(count_segments(tmp.journal()) >= 3);
+  }
+  TempDir tmp;
+  std::vector<std::string> records;
+};
+
 TEST_CASE("journal_format: a record is masked crc, little-endian length, payload") {
   TempDir tmp;
   write_records(tmp.journal(), {"abc"});
@@ -123,21 +163,10 @@ TEST_CASE("journal: many records round trip across several segments") {
   CHECK(segments > 10);
   for (size_t n = 1; n <= segments; ++n) CHECK(fs::file_size(segment(tmp.journal(), n)) <= 1024);
 
-  auto reader = JournalReader::open(tmp.journal());
-  REQUIRE(reader.ok());
-  std::string record;
-  for (const std::string& want : records) {
-    auto more = (*reader)->read(&record);
-    REQUIRE(more.ok());
-    REQUIRE(*more);
-    REQUIRE(record == want);
-  }
-  auto more = (*reader)->read(&record);
-  REQUIRE(more.ok());
-  CHECK_FALSE(*more);
-  CHECK((*reader)->dropped_tail_bytes() == 0);
+  auto reader = require_records(tmp.journal(), records, 0);
   // The end is sticky.
-  more = (*reader)->read(&record);
+  std::string record;
+  auto more = reader->read(&record);
   REQUIRE(more.ok());
   CHECK_FALSE(*more);
 }
@@ -205,13 +234,7 @@ TEST_CASE("journal: a missing directory is an empty journal") {
 
 TEST_CASE("journal: an empty directory is an empty journal") {
   TempDir tmp;
-  auto reader = JournalReader::open(tmp.path());
-  REQUIRE(reader.ok());
-  std::string record;
-  auto more = (*reader)->read(&record);
-  REQUIRE(more.ok());
-  CHECK_FALSE(*more);
-  CHECK((*reader)->dropped_tail_bytes() == 0);
+  require_records(tmp.path(), {}, 0);
 }
 
 TEST_CASE("journal: a new writer creates the directory and one empty segment") {
@@ -239,11 +262,7 @@ TEST_CASE("journal: files that are not canonical segment names are ignored") {
   CHECK(*all == std::vector<std::string>{"one", "two"});
 }
 
-TEST_CASE("journal: a cut at every byte of the last record is a torn tail") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a cut at every byte of the last record is a torn tail") {
   const std::string whole = read_file(path);
   const uint64_t start = offset_of(records, 2);
   REQUIRE(whole.size() == start + kHeaderBytes + records[2].size());
@@ -251,19 +270,7 @@ TEST_CASE("journal: a cut at every byte of the last record is a torn tail") {
   for (uint64_t cut = start; cut < whole.size(); ++cut) {
     INFO("cut at " << cut);
     write_file(path, whole.substr(0, cut));
-    auto reader = JournalReader::open(tmp.journal());
-    REQUIRE(reader.ok());
-    std::string record;
-    for (size_t i = 0; i < 2; ++i) {
-      auto more = (*reader)->read(&record);
-      REQUIRE(more.ok());
-      REQUIRE(*more);
-      REQUIRE(record == records[i]);
-    }
-    auto more = (*reader)->read(&record);
-    REQUIRE(more.ok());
-    CHECK_FALSE(*more);
-    CHECK((*reader)->dropped_tail_bytes() == cut - start);
+    require_records(tmp.journal(), {records[0], records[1]}, cut - start);
   }
 }
 
@@ -284,44 +291,17 @@ TEST_CASE("journal: a torn tail in the last of several segments ends the log") {
   CHECK(*all == records);
 }
 
-TEST_CASE("journal: a checksum mismatch in the record that ends the file is a torn tail") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  flip_byte(segment(tmp.journal(), 1), offset_of(records, 2) + kHeaderBytes + 3);
-
-  auto reader = JournalReader::open(tmp.journal());
-  REQUIRE(reader.ok());
-  std::string record;
-  for (int i = 0; i < 2; ++i) REQUIRE(*(*reader)->read(&record));
-  auto more = (*reader)->read(&record);
-  REQUIRE(more.ok());
-  CHECK_FALSE(*more);
-  CHECK((*reader)->dropped_tail_bytes() == kHeaderBytes + records[2].size());
+TEST_CASE_METHOD(ThreeRecords, "journal: a checksum mismatch in the record that ends the file is a torn tail") {
+  flip_byte(path, offset_of(records, 2) + kHeaderBytes + 3);
+  require_records(tmp.journal(), {records[0], records[1]}, kHeaderBytes + records[2].size());
 }
 
-TEST_CASE("journal: a zero-filled tail is a torn tail") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a zero-filled tail is a torn tail") {
   write_file(path, read_file(path) + std::string(100, '\0'));
-
-  auto reader = JournalReader::open(tmp.journal());
-  REQUIRE(reader.ok());
-  std::string record;
-  for (int i = 0; i < 3; ++i) REQUIRE(*(*reader)->read(&record));
-  auto more = (*reader)->read(&record);
-  REQUIRE(more.ok());
-  CHECK_FALSE(*more);
-  CHECK((*reader)->dropped_tail_bytes() == 100);
+  require_records(tmp.journal(), records, 100);
 }
 
-TEST_CASE("journal: an impossible length in a header that ends the file is a torn tail") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: an impossible length in a header that ends the file is a torn tail") {
   write_file(path, read_file(path) + std::string("\x01\x02\x03\x04\xff\xff\xff\xff", 8));
 
   auto all = read_all(tmp.journal());
@@ -329,11 +309,7 @@ TEST_CASE("journal: an impossible length in a header that ends the file is a tor
   CHECK(*all == records);
 }
 
-TEST_CASE("journal: a writer reopened after a torn tail truncates it and appends") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a writer reopened after a torn tail truncates it and appends") {
   const uint64_t good = offset_of(records, 2);
   fs::resize_file(path, good + 5);
 
@@ -345,18 +321,7 @@ TEST_CASE("journal: a writer reopened after a torn tail truncates it and appends
     REQUIRE((*writer)->append("fifth").ok());
     CHECK((*writer)->records_written() == 2);
   }
-  auto reader = JournalReader::open(tmp.journal());
-  REQUIRE(reader.ok());
-  std::vector<std::string> all;
-  std::string record;
-  while (true) {
-    auto more = (*reader)->read(&record);
-    REQUIRE(more.ok());
-    if (!*more) break;
-    all.push_back(record);
-  }
-  CHECK(all == std::vector<std::string>{"first record", "second record", "fourth", "fifth"});
-  CHECK((*reader)->dropped_tail_bytes() == 0);
+  require_records(tmp.journal(), {"first record", "second record", "fourth", "fifth"}, 0);
 }
 
 TEST_CASE("journal: a writer reopened on a clean journal continues the last segment") {
@@ -372,11 +337,7 @@ TEST_CASE("journal: a writer reopened on a clean journal continues the last segm
   CHECK(*all == std::vector<std::string>{"a", "b", "c", std::string(2000, 'd'), "e"});
 }
 
-TEST_CASE("journal: a flipped byte in the middle record is DataLoss with file and offset") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a flipped byte in the middle record is DataLoss with file and offset") {
   const uint64_t middle = offset_of(records, 1);
   flip_byte(path, middle + kHeaderBytes + 4);
 
@@ -399,21 +360,12 @@ TEST_CASE("journal: a flipped byte in the middle record is DataLoss with file an
   CHECK((*reader)->dropped_tail_bytes() == 0);
 }
 
-TEST_CASE("journal: a flipped checksum byte in the middle record is DataLoss") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a flipped checksum byte in the middle record is DataLoss") {
   flip_byte(path, offset_of(records, 1) + 1);
   require_data_loss(tmp.journal(), {path + ":" + std::to_string(offset_of(records, 1)), "checksum mismatch"});
 }
 
-TEST_CASE("journal: a flipped byte in a segment that is not the last is DataLoss") {
-  TempDir tmp;
-  std::vector<std::string> records;
-  for (int i = 1; i <= 30; ++i) records.push_back("record number " + std::to_string(i));
-  write_records(tmp.journal(), records, /*max_segment_bytes=*/128);
-  REQUIRE(count_segments(tmp.journal()) >= 3);
+TEST_CASE_METHOD(ThirtyRecords, "journal: a flipped byte in a segment that is not the last is DataLoss") {
   const std::string first = segment(tmp.journal(), 1);
 
   SECTION("in a middle record") {
@@ -427,12 +379,7 @@ TEST_CASE("journal: a flipped byte in a segment that is not the last is DataLoss
   }
 }
 
-TEST_CASE("journal: a truncated segment that is not the last is DataLoss") {
-  TempDir tmp;
-  std::vector<std::string> records;
-  for (int i = 1; i <= 30; ++i) records.push_back("record number " + std::to_string(i));
-  write_records(tmp.journal(), records, /*max_segment_bytes=*/128);
-  REQUIRE(count_segments(tmp.journal()) >= 3);
+TEST_CASE_METHOD(ThirtyRecords, "journal: a truncated segment that is not the last is DataLoss") {
   const std::string first = segment(tmp.journal(), 1);
   const uint64_t second = kHeaderBytes + records[0].size();
 
@@ -450,12 +397,7 @@ TEST_CASE("journal: a truncated segment that is not the last is DataLoss") {
   }
 }
 
-TEST_CASE("journal: a missing middle segment is DataLoss naming it") {
-  TempDir tmp;
-  std::vector<std::string> records;
-  for (int i = 1; i <= 30; ++i) records.push_back("record number " + std::to_string(i));
-  write_records(tmp.journal(), records, /*max_segment_bytes=*/128);
-  REQUIRE(count_segments(tmp.journal()) >= 3);
+TEST_CASE_METHOD(ThirtyRecords, "journal: a missing middle segment is DataLoss naming it") {
   fs::remove(segment(tmp.journal(), 2));
 
   auto reader = JournalReader::open(tmp.journal());
@@ -477,11 +419,7 @@ TEST_CASE("journal: a missing first segment is DataLoss") {
   require_data_loss(tmp.journal(), {"missing segment", "journal-000001.log"});
 }
 
-TEST_CASE("journal: a huge length mid-file is DataLoss without allocating it") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a huge length mid-file is DataLoss without allocating it") {
   const uint64_t middle = offset_of(records, 1);
 
   SECTION("0xffffffff") {
@@ -494,11 +432,7 @@ TEST_CASE("journal: a huge length mid-file is DataLoss without allocating it") {
   }
 }
 
-TEST_CASE("journal: a writer does not open a journal whose last segment is corrupted") {
-  TempDir tmp;
-  const std::vector<std::string> records = three_records();
-  write_records(tmp.journal(), records);
-  const std::string path = segment(tmp.journal(), 1);
+TEST_CASE_METHOD(ThreeRecords, "journal: a writer does not open a journal whose last segment is corrupted") {
   flip_byte(path, offset_of(records, 1) + kHeaderBytes);
   const uint64_t size = fs::file_size(path);
 

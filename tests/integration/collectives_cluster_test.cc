@@ -25,14 +25,19 @@ struct Coordinated {
     coordinator = &cluster.start("coordinator", {"--ps", ps.address()});
   }
   std::unique_ptr<ClusterCoordinator> client() { return ClusterCoordinator::connect(coordinator->address()).value(); }
+  // `n` clients, one a rank.
+  std::vector<std::unique_ptr<ClusterCoordinator>> clients(int n) {
+    std::vector<std::unique_ptr<ClusterCoordinator>> out;
+    for (int i = 0; i < n; ++i) out.push_back(client());
+    return out;
+  }
   TestCluster cluster;
   Daemon* coordinator = nullptr;
 };
 
 TEST_CASE("ranks join a group through the coordinator and all-reduce", "[collectives][cluster]") {
   Coordinated c;
-  std::vector<std::unique_ptr<ClusterCoordinator>> clients;
-  for (int i = 0; i < 3; ++i) clients.push_back(c.client());
+  auto clients = c.clients(3);
   CollectiveOptions options;
   options.timeout = 20s;
   auto groups = on_all<Result<std::unique_ptr<Communicator>>>(3, [&](int i) {
@@ -63,8 +68,7 @@ TEST_CASE("ranks join a group through the coordinator and all-reduce", "[collect
 TEST_CASE("a rank is lost: the survivors get Unavailable naming it and re-form the next generation",
           "[collectives][cluster][fault]") {
   Coordinated c;
-  std::vector<std::unique_ptr<ClusterCoordinator>> clients;
-  for (int i = 0; i < 3; ++i) clients.push_back(c.client());
+  auto clients = c.clients(3);
   CollectiveOptions options;
   options.timeout = 3s;
   auto groups = on_all<Result<std::unique_ptr<Communicator>>>(3, [&](int i) {
@@ -120,8 +124,7 @@ TEST_CASE("a parameter-server checkpoint restores into mirrored training, and ba
   REQUIRE(ps_client->assign_variable("w", trained).ok());
   REQUIRE(ps_client->save_checkpoint(dir.file("ps"), 10).ok());
 
-  std::vector<std::unique_ptr<ClusterCoordinator>> clients;
-  for (int i = 0; i < 2; ++i) clients.push_back(c.client());
+  auto clients = c.clients(2);
   auto restored = on_all<Result<std::pair<Tensor, int64_t>>>(2, [&](int r) -> Result<std::pair<Tensor, int64_t>> {
     ClusterCoordinator& client = *clients[static_cast<size_t>(r)];
     CAPSTAN_ASSIGN_OR_RETURN(auto group, client.join_group("ckpt", 2, r));

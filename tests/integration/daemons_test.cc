@@ -33,6 +33,13 @@ std::vector<std::string> with(std::vector<std::string> args, const std::vector<s
   return args;
 }
 
+// Expects `r` to have exited 2 (a configuration error), its output naming
+// each of `parts`.
+void check_refused(const RunResult& r, const std::vector<std::string>& parts) {
+  CHECK(r.exit_code == 2);
+  for (const std::string& part : parts) CHECK_THAT(r.output, Catch::Contains(part));
+}
+
 }  // namespace
 
 TEST_CASE("every daemon documents its keys in --help and exits 0", "[daemons]") {
@@ -55,9 +62,7 @@ TEST_CASE("an unknown key in the config file exits 2 naming the key", "[daemons]
   for (const auto& role : roles()) {
     INFO(role.program);
     auto r = cluster.run(role.program, with({"--config", file}, role.needs));
-    CHECK(r.exit_code == 2);
-    CHECK_THAT(r.output, Catch::Contains("prot"));
-    CHECK_THAT(r.output, Catch::Contains("bad.yaml"));
+    check_refused(r, {"prot", "bad.yaml"});
   }
 }
 
@@ -66,33 +71,23 @@ TEST_CASE("a value of the wrong type exits 2 naming the key and value", "[daemon
   for (const auto& role : roles()) {
     INFO(role.program);
     auto flag = cluster.run(role.program, with({"--port", "seventy"}, role.needs));
-    CHECK(flag.exit_code == 2);
-    CHECK_THAT(flag.output, Catch::Contains("port"));
-    CHECK_THAT(flag.output, Catch::Contains("seventy"));
+    check_refused(flag, {"port", "seventy"});
     auto env = cluster.run(role.program, role.needs, {{"CAPSTAN_HTTP_PORT", "8o8o"}});
-    CHECK(env.exit_code == 2);
-    CHECK_THAT(env.output, Catch::Contains("CAPSTAN_HTTP_PORT"));
-    CHECK_THAT(env.output, Catch::Contains("8o8o"));
+    check_refused(env, {"CAPSTAN_HTTP_PORT", "8o8o"});
     std::string file = cluster.write_file("type.yaml", "threads: many\n");
     auto yaml = cluster.run(role.program, with({"--config", file}, role.needs));
-    CHECK(yaml.exit_code == 2);
-    CHECK_THAT(yaml.output, Catch::Contains("threads"));
-    CHECK_THAT(yaml.output, Catch::Contains("many"));
+    check_refused(yaml, {"threads", "many"});
   }
 }
 
 TEST_CASE("out-of-range values exit 2 naming the key", "[daemons][config]") {
   TestCluster cluster;
   auto port = cluster.run("ps-server", {"--port", "70000"});
-  CHECK(port.exit_code == 2);
-  CHECK_THAT(port.output, Catch::Contains("port: 70000"));
+  check_refused(port, {"port: 70000"});
   auto level = cluster.run("ps-server", {"--log-level", "loud"});
-  CHECK(level.exit_code == 2);
-  CHECK_THAT(level.output, Catch::Contains("log_level: 'loud'"));
+  check_refused(level, {"log_level: 'loud'"});
   auto token = cluster.run("ps-server", {"--token-file", cluster.dir() + "/missing-token"});
-  CHECK(token.exit_code == 2);
-  CHECK_THAT(token.output, Catch::Contains("token_file"));
-  CHECK_THAT(token.output, Catch::Contains("missing-token"));
+  check_refused(token, {"token_file", "missing-token"});
 }
 
 TEST_CASE("an integer outside its option's range exits 2 naming the key, the value and the range",
@@ -100,25 +95,19 @@ TEST_CASE("an integer outside its option's range exits 2 naming the key, the val
   TestCluster cluster;
   // A common key, from each source.
   auto flag = cluster.run("ps-server", {"--max-message-mib", "0"});
-  CHECK(flag.exit_code == 2);
-  CHECK_THAT(flag.output, Catch::Contains("--max-message-mib: 0 is not in 1..4096"));
+  check_refused(flag, {"--max-message-mib: 0 is not in 1..4096"});
   auto env = cluster.run("worker-server", {"--coordinator", "127.0.0.1:1"}, {{"CAPSTAN_THREADS", "5000"}});
-  CHECK(env.exit_code == 2);
-  CHECK_THAT(env.output, Catch::Contains("CAPSTAN_THREADS: 5000 is not in 0..1024"));
+  check_refused(env, {"CAPSTAN_THREADS: 5000 is not in 0..1024"});
   std::string file = cluster.write_file("range.yaml", "shutdown_grace_ms: -1\n");
   auto yaml = cluster.run("ps-server", {"--config", file});
-  CHECK(yaml.exit_code == 2);
-  CHECK_THAT(yaml.output, Catch::Contains("key 'shutdown_grace_ms': -1 is below the minimum 0"));
+  check_refused(yaml, {"key 'shutdown_grace_ms': -1 is below the minimum 0"});
   // A role's own keys.
   auto batch = cluster.run("coordinator", {"--closure-batch", "1025"});
-  CHECK(batch.exit_code == 2);
-  CHECK_THAT(batch.output, Catch::Contains("--closure-batch: 1025 is not in 1..1024"));
+  check_refused(batch, {"--closure-batch: 1025 is not in 1..1024"});
   auto ping = cluster.run("coordinator", {"--worker-ping-timeout-ms", "0"});
-  CHECK(ping.exit_code == 2);
-  CHECK_THAT(ping.output, Catch::Contains("--worker-ping-timeout-ms: 0 is below the minimum 1"));
+  check_refused(ping, {"--worker-ping-timeout-ms: 0 is below the minimum 1"});
   auto dispatcher = cluster.run("data-dispatcher", {}, {{"CAPSTAN_WORKER_TIMEOUT_MS", "0"}});
-  CHECK(dispatcher.exit_code == 2);
-  CHECK_THAT(dispatcher.output, Catch::Contains("CAPSTAN_WORKER_TIMEOUT_MS: 0 is below the minimum 1"));
+  check_refused(dispatcher, {"CAPSTAN_WORKER_TIMEOUT_MS: 0 is below the minimum 1"});
   // --help states the range next to the default.
   auto help = cluster.run("coordinator", {"--help"});
   CHECK(help.exit_code == 0);
@@ -129,51 +118,39 @@ TEST_CASE("unparsable YAML exits 2 naming the file", "[daemons][config]") {
   TestCluster cluster;
   std::string file = cluster.write_file("broken.yaml", "port: [1,\nhost: x\n");
   auto r = cluster.run("coordinator", {"--config", file});
-  CHECK(r.exit_code == 2);
-  CHECK_THAT(r.output, Catch::Contains("broken.yaml"));
+  check_refused(r, {"broken.yaml"});
   auto missing = cluster.run("coordinator", {"--config", cluster.dir() + "/nope.yaml"});
-  CHECK(missing.exit_code == 2);
-  CHECK_THAT(missing.output, Catch::Contains("nope.yaml"));
+  check_refused(missing, {"nope.yaml"});
 }
 
 TEST_CASE("a missing required peer address exits 2 naming the key", "[daemons][config]") {
   TestCluster cluster;
   auto worker = cluster.run("worker-server", {});
-  CHECK(worker.exit_code == 2);
-  CHECK_THAT(worker.output, Catch::Contains("coordinator"));
+  check_refused(worker, {"coordinator"});
   auto data_worker = cluster.run("data-worker", {});
-  CHECK(data_worker.exit_code == 2);
-  CHECK_THAT(data_worker.output, Catch::Contains("dispatcher"));
+  check_refused(data_worker, {"dispatcher"});
   auto bad_address = cluster.run("worker-server", {"--coordinator", "nohost"});
-  CHECK(bad_address.exit_code == 2);
-  CHECK_THAT(bad_address.output, Catch::Contains("nohost"));
+  check_refused(bad_address, {"nohost"});
 }
 
 TEST_CASE("an unparsable or mismatched TF_CONFIG exits 2", "[daemons][config]") {
   TestCluster cluster;
   auto bad = cluster.run("ps-server", {}, {{"TF_CONFIG", "{\"cluster\": {"}});
-  CHECK(bad.exit_code == 2);
-  CHECK_THAT(bad.output, Catch::Contains("TF_CONFIG"));
+  check_refused(bad, {"TF_CONFIG"});
   auto mismatch = cluster.run(
       "ps-server", {},
       {{"TF_CONFIG", R"({"cluster": {"ps": ["127.0.0.1:1"], "worker": ["127.0.0.1:2"]},
                         "task": {"type": "worker", "index": 0}})"}});
-  CHECK(mismatch.exit_code == 2);
-  CHECK_THAT(mismatch.output, Catch::Contains("'worker'"));
+  check_refused(mismatch, {"'worker'"});
 }
 
 TEST_CASE("a port already in use exits 2 naming the port", "[daemons][config]") {
   TestCluster cluster;
   Daemon& first = cluster.start("ps-server");
   auto rpc = cluster.run("ps-server", {"--port", std::to_string(first.rpc_port())});
-  CHECK(rpc.exit_code == 2);
-  CHECK_THAT(rpc.output, Catch::Contains("port"));
-  CHECK_THAT(rpc.output, Catch::Contains(std::to_string(first.rpc_port())));
-  CHECK_THAT(rpc.output, Catch::Contains("in use"));
+  check_refused(rpc, {"port", std::to_string(first.rpc_port()), "in use"});
   auto http = cluster.run("ps-server", {"--port", "0", "--http-port", std::to_string(first.http_port())});
-  CHECK(http.exit_code == 2);
-  CHECK_THAT(http.output, Catch::Contains("http_port"));
-  CHECK_THAT(http.output, Catch::Contains(std::to_string(first.http_port())));
+  check_refused(http, {"http_port", std::to_string(first.http_port())});
 }
 
 TEST_CASE("every daemon serves /healthz and /metrics and exits 0 on SIGTERM", "[daemons]") {

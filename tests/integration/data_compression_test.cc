@@ -13,6 +13,7 @@
 #include "capstan/data/dataset.h"
 #include "capstan/data/service.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
+#include "data/test_util.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "async/loop_thread.h"
@@ -69,19 +70,6 @@ Dataset census_batches(const std::string& dir) {
   return Dataset::zip({Dataset::text_line_dataset({path}), Dataset::range(3000)}).batch(128);
 }
 
-std::vector<Element> read_all(const Dataset& ds) {
-  auto it = ds.make_iterator();
-  REQUIRE(it.ok());
-  std::vector<Element> out;
-  while (true) {
-    auto next = (*it)->get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.push_back(std::move(**next));
-  }
-  return out;
-}
-
 bool same_elements(const std::vector<Element>& a, const std::vector<Element>& b) {
   if (a.size() != b.size()) return false;
   for (size_t i = 0; i < a.size(); ++i) {
@@ -99,7 +87,7 @@ TEST_CASE("compression NONE, AUTO and ZSTD read back the same elements; only ZST
           "[data-service][compression]") {
   CompressionService s;
   Dataset ds = census_batches(s.cluster.dir());
-  std::vector<Element> local = read_all(ds);
+  std::vector<Element> local = data::testing::drain(ds);
   REQUIRE(local.size() == 24);
 
   for (const char* compression : {"NONE", "AUTO"}) {
@@ -108,7 +96,7 @@ TEST_CASE("compression NONE, AUTO and ZSTD read back the same elements; only ZST
     options.compression = compression;
     auto distributed = service::distribute(ds, s.address(), options);
     REQUIRE(distributed.ok());
-    CHECK(same_elements(read_all(*distributed), local));
+    CHECK(same_elements(data::testing::drain(*distributed), local));
     // Nothing compressed: NONE never, AUTO not to a consumer on the
     // worker's host.
     CHECK(s.worker_counter(kRaw) == 0);
@@ -119,7 +107,7 @@ TEST_CASE("compression NONE, AUTO and ZSTD read back the same elements; only ZST
   auto id = service::register_dataset(s.address(), ds, {}, "zstd");
   REQUIRE(id.ok());
   s.restart_dispatcher();
-  CHECK(same_elements(read_all(service::from_dataset_id(s.address(), *id)), local));
+  CHECK(same_elements(data::testing::drain(service::from_dataset_id(s.address(), *id)), local));
   double raw = s.worker_counter(kRaw);
   double wire = s.worker_counter(kWire);
   CHECK(raw > 0);
@@ -152,7 +140,7 @@ TEST_CASE("a compression the service does not know is InvalidArgument naming it 
   // The dispatcher keeps serving.
   auto fine = service::distribute(Dataset::range(3), s.address());
   REQUIRE(fine.ok());
-  CHECK(read_all(*fine).size() == 3);
+  CHECK(data::testing::drain(*fine).size() == 3);
 }
 
 }  // namespace capstan::testing

@@ -9,7 +9,6 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
-#include <map>
 #include <numeric>
 #include <random>
 #include <set>
@@ -21,6 +20,7 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "capstan_schemas/data_worker.capnp.h"
 #include "data/io/tfrecord.h"
+#include "data/test_util.h"
 #include "rpc/connection.h"
 #include "rpc/errors.h"
 #include "async/loop_thread.h"
@@ -34,6 +34,9 @@ namespace {
 using namespace std::chrono_literals;
 using data::Dataset;
 namespace service = data::service;
+using data::testing::drain;
+using data::testing::drain_ints;
+using data::testing::int64_scalars;
 
 struct DataService {
   explicit DataService(int workers, std::vector<std::string> dispatcher_flags = {},
@@ -73,17 +76,11 @@ struct DataService {
   std::vector<Daemon*> workers;
 };
 
-std::vector<int64_t> read_all(const Dataset& ds) {
-  auto it = ds.make_iterator();
-  REQUIRE(it.ok());
-  std::vector<int64_t> out;
-  while (true) {
-    auto next = (*it)->get_next();
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.push_back((*next)->components.at(0).flat<int64_t>()[0]);
-  }
-  return out;
+// Expects `got` to hold each of 0 .. n-1 exactly `times` times, in any order.
+void check_each(const std::vector<int64_t>& got, int64_t n, size_t times = 1) {
+  std::multiset<int64_t> seen(got.begin(), got.end());
+  CHECK(got.size() == static_cast<size_t>(n) * times);
+  for (int64_t v = 0; v < n; ++v) CHECK(seen.count(v) == times);
 }
 
 std::string registered(const DataService& s, const Dataset& ds) {
@@ -97,7 +94,7 @@ std::string registered(const DataService& s, const Dataset& ds) {
 TEST_CASE("one worker, OFF: range(10) arrives as 0..9 in order", "[data-service]") {
   DataService s(1);
   service::ReadOptions options;
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(10)), options));
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(10)), options));
   CHECK(got == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
@@ -116,21 +113,16 @@ TEST_CASE("the same definition gets the same id; unknown ids are NotFound", "[da
 
 TEST_CASE("three workers, OFF: every worker yields the whole dataset", "[data-service]") {
   DataService s(3);
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(10))));
-  std::map<int64_t, int> counts;
-  for (int64_t v : got) ++counts[v];
-  CHECK(got.size() == 30);
-  for (int64_t v = 0; v < 10; ++v) CHECK(counts[v] == 3);
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(10))));
+  check_each(got, 10, 3);
 }
 
 TEST_CASE("DYNAMIC over two workers: every element exactly once", "[data-service]") {
   DataService s(2);
   service::ReadOptions options;
   options.processing_mode = service::ProcessingMode::kDynamic;
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(100)), options));
-  std::multiset<int64_t> seen(got.begin(), got.end());
-  CHECK(got.size() == 100);
-  for (int64_t v = 0; v < 100; ++v) CHECK(seen.count(v) == 1);
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(100)), options));
+  check_each(got, 100);
 }
 
 TEST_CASE("DYNAMIC with repeat over three workers: every element of every repetition exactly once",
@@ -139,11 +131,9 @@ TEST_CASE("DYNAMIC with repeat over three workers: every element of every repeti
   service::ReadOptions options;
   options.processing_mode = service::ProcessingMode::kDynamic;
   // TF resets the split provider per repetition: 5 x 20 elements, not 20.
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(20).repeat(5)), options));
-  std::multiset<int64_t> seen(got.begin(), got.end());
-  CHECK(got.size() == 100);
-  for (int64_t v = 0; v < 20; ++v) CHECK(seen.count(v) == 5);
-  auto small = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(3).repeat(2)), options));
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(20).repeat(5)), options));
+  check_each(got, 20, 5);
+  auto small = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(3).repeat(2)), options));
   std::sort(small.begin(), small.end());
   CHECK(small == std::vector<int64_t>{0, 0, 1, 1, 2, 2});
 }
@@ -153,11 +143,8 @@ TEST_CASE("DYNAMIC with zip and concatenate: one split provider per source", "[d
   service::ReadOptions options;
   options.processing_mode = service::ProcessingMode::kDynamic;
   auto concatenated = Dataset::range(100).concatenate(Dataset::range(100, 200));
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, concatenated), options));
-  std::sort(got.begin(), got.end());
-  std::vector<int64_t> expected(200);
-  for (int64_t v = 0; v < 200; ++v) expected[static_cast<size_t>(v)] = v;
-  CHECK(got == expected);
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, concatenated), options));
+  check_each(got, 200);
 
   auto zipped = Dataset::zip({Dataset::range(10), Dataset::range(100, 110)});
   auto it = service::from_dataset_id(s.address(), registered(s, zipped), options).make_iterator();
@@ -189,11 +176,8 @@ TEST_CASE("a saved dataset served with DYNAMIC sharding: each shard once, every 
   REQUIRE(loaded.ok());
   service::ReadOptions options;
   options.processing_mode = service::ProcessingMode::kDynamic;
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, *loaded), options));
-  std::sort(got.begin(), got.end());
-  std::vector<int64_t> expected(50);
-  for (int64_t v = 0; v < 50; ++v) expected[static_cast<size_t>(v)] = v;
-  CHECK(got == expected);
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, *loaded), options));
+  check_each(got, 50);
   std::filesystem::remove_all(dir_template);
 }
 
@@ -239,10 +223,9 @@ TEST_CASE("two consumers of one named job split the elements between them", "[da
       if (n->has_value()) from_b.push_back((*n)->components[0].flat<int64_t>()[0]); else b_done = true;
     }
   }
-  std::multiset<int64_t> all(from_a.begin(), from_a.end());
-  all.insert(from_b.begin(), from_b.end());
-  CHECK(all.size() == 200);
-  for (int64_t v = 0; v < 200; ++v) CHECK(all.count(v) == 1);
+  std::vector<int64_t> all = from_a;
+  all.insert(all.end(), from_b.begin(), from_b.end());
+  check_each(all, 200);
   CHECK(!from_a.empty());
   CHECK(!from_b.empty());
 }
@@ -354,26 +337,14 @@ TEST_CASE("restarting the dispatcher mid-job in fault-tolerant mode duplicates n
     options.processing_mode = mode;
     auto it = service::from_dataset_id(s.address(), registered(s, Dataset::range(100)), options).make_iterator();
     REQUIRE(it.ok());
-    std::vector<int64_t> got;
-    for (int i = 0; i < 30; ++i) {
-      auto next = (*it)->get_next();
-      REQUIRE(next.ok());
-      REQUIRE(next->has_value());
-      got.push_back((*next)->components[0].flat<int64_t>()[0]);
-    }
+    std::vector<int64_t> got = int64_scalars(drain(**it, 30));
+    REQUIRE(got.size() == 30);
     s.dispatcher->kill_now();
     s.dispatcher = &s.cluster.restart_on_port("data-dispatcher", {"--port", std::to_string(port), "--work-dir", work_dir});
     CHECK_THAT(s.dispatcher->log(), Catch::Contains("replayed"));
-    while (true) {
-      auto next = (*it)->get_next();
-      REQUIRE(next.ok());
-      if (!next->has_value()) break;
-      got.push_back((*next)->components[0].flat<int64_t>()[0]);
-    }
-    std::sort(got.begin(), got.end());
-    std::vector<int64_t> expected(100);
-    std::iota(expected.begin(), expected.end(), 0);
-    CHECK(got == expected);
+    std::vector<int64_t> rest = int64_scalars(drain(**it));
+    got.insert(got.end(), rest.begin(), rest.end());
+    check_each(got, 100);
   }
 }
 
@@ -675,7 +646,7 @@ TEST_CASE("bad requests get error replies and the daemons keep serving", "[data-
     if (!next->has_value()) break;
   }
   CHECK(saw_error);
-  CHECK(read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(3)))) ==
+  CHECK(drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(3)))) ==
         std::vector<int64_t>{0, 1, 2});
   auto listing = s.cluster.run("capstanctl", {"data", "jobs", s.address()});
   CHECK(listing.exit_code == 0);
@@ -734,14 +705,14 @@ TEST_CASE("hostile dataset sizes fail their job, not the data worker", "[data-se
   // Under AddressSanitizer freed memory waits in its quarantine (256 MiB)
   // and every byte has shadow memory: a larger bound there.
   CHECK(rss < (kUnderAddressSanitizer ? 1024 : 512));
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(10))));
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(10))));
   CHECK(got == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
 TEST_CASE("capstanctl data lists datasets, jobs and workers", "[data-service]") {
   DataService s(2);
   std::string id = registered(s, Dataset::range(10));
-  CHECK(read_all(service::from_dataset_id(s.address(), id)).size() == 20);
+  CHECK(drain_ints(service::from_dataset_id(s.address(), id)).size() == 20);
   auto datasets = s.cluster.run("capstanctl", {"data", "datasets", s.address()});
   CHECK(datasets.exit_code == 0);
   CHECK_THAT(datasets.output, Catch::Contains(id));
@@ -784,10 +755,8 @@ TEST_CASE("DATA sharding over two workers: every element once", "[data-service]"
   DataService s(2);
   service::ReadOptions options;
   options.processing_mode = service::ProcessingMode::kData;
-  auto got = read_all(service::from_dataset_id(s.address(), registered(s, Dataset::range(50)), options));
-  std::multiset<int64_t> seen(got.begin(), got.end());
-  CHECK(got.size() == 50);
-  for (int64_t v = 0; v < 50; ++v) CHECK(seen.count(v) == 1);
+  auto got = drain_ints(service::from_dataset_id(s.address(), registered(s, Dataset::range(50)), options));
+  check_each(got, 50);
 }
 
 TEST_CASE("FILE sharding with fewer files than workers is refused", "[data-service]") {
@@ -811,23 +780,6 @@ TEST_CASE("FILE sharding with fewer files than workers is refused", "[data-servi
 }  // namespace capstan::testing
 
 namespace capstan::testing {
-namespace {
-
-std::vector<Element> read_elements(const Dataset& ds) {
-  auto it = ds.make_iterator();
-  REQUIRE(it.ok());
-  std::vector<Element> out;
-  while (true) {
-    auto next = (*it)->get_next();
-    INFO(next.status().to_string());
-    REQUIRE(next.ok());
-    if (!next->has_value()) break;
-    out.push_back(**next);
-  }
-  return out;
-}
-
-}  // namespace
 
 // The shared-memory path (data/shm_region.h) against the real worker: the
 // same elements, in the same order, as over TCP; large tensors go through
@@ -848,14 +800,14 @@ TEST_CASE("OFF mode over shared memory and over TCP: identical elements", "[data
 
   service::ReadOptions tcp;
   tcp.shared_memory_bytes = 0;
-  std::vector<Element> over_tcp = read_elements(service::from_dataset_id(s.address(), id, tcp));
+  std::vector<Element> over_tcp = drain(service::from_dataset_id(s.address(), id, tcp));
   CHECK(metric(*s.workers[0], "capstan_data_worker_shm_bytes_total") == 0);
 
   service::ReadOptions shm;
   shm.shared_memory_bytes = 8 << 20;  // smaller than the data: the ring wraps, records are reused
   shm.max_outstanding_requests = 3;
   shm.max_elements_per_request = 4;  // many replies: the first three only get the offer
-  std::vector<Element> over_shm = read_elements(service::from_dataset_id(s.address(), id, shm));
+  std::vector<Element> over_shm = drain(service::from_dataset_id(s.address(), id, shm));
 
   REQUIRE(over_tcp.size() == static_cast<size_t>(3 * kRows));
   REQUIRE(over_shm.size() == over_tcp.size());
@@ -887,7 +839,7 @@ TEST_CASE("replies of many mid-size tensors, and of large ones, arrive whole ove
   service::ReadOptions options;
   options.shared_memory_bytes = 0;
   options.max_elements_per_request = 300;
-  std::vector<Element> got = read_elements(service::from_dataset_id(s.address(), mid, options));
+  std::vector<Element> got = drain(service::from_dataset_id(s.address(), mid, options));
   REQUIRE(got.size() == static_cast<size_t>(kRows));
   for (size_t i = 0; i < got.size(); ++i) {
     INFO("element " << i);
@@ -905,7 +857,7 @@ TEST_CASE("replies of many mid-size tensors, and of large ones, arrive whole ove
   auto tensor = Tensor::from_vector<int64_t>(big, {kBigInts});
   REQUIRE(tensor.ok());
   const std::string large = registered(s, Dataset::from_tensors(Element{{*tensor}, {}}).repeat(40));
-  got = read_elements(service::from_dataset_id(s.address(), large, options));
+  got = drain(service::from_dataset_id(s.address(), large, options));
   REQUIRE(got.size() == 40);
   for (const Element& e : got) REQUIRE(e.components.at(0).equals(*tensor));
   auto buffer_of = [](const Element& e) {

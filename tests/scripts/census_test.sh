@@ -24,42 +24,12 @@ if [[ $# -ne 5 && $# -ne 6 ]]; then
   echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|torch|torch-sync|torch-hybrid [TORCH_MODULE]" >&2
   exit 2
 fi
-repo_root=$(cd "$1" && pwd)
-bin_dir=$(cd "$2" && pwd)
+# shellcheck source=tests/scripts/local_cluster.sh
+. "$(dirname "$0")/local_cluster.sh" "$1" "$2"
 module=$3
 program=$4
 mode=$5
 torch_module=${6:-}
-script=$repo_root/scripts/local-cluster.sh
-
-unset CAPSTAN_RUN_DIR CAPSTAN_BIN_DIR TF_CONFIG
-
-run_dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-census-test.XXXXXX")
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  local status=$?
-  bash "$script" down --run-dir "$run_dir" --bin-dir "$bin_dir" >/dev/null 2>&1 || true
-  rm -rf "$run_dir"
-  exit "$status"
-}
-trap cleanup EXIT
-
-result() {
-  if [[ $1 == pass ]]; then
-    echo "PASS: $2"
-    echo "census_test: 1 passed, 0 failed"
-    exit 0
-  fi
-  echo "FAIL: $2"
-  local log
-  for log in "$run_dir"/logs/*.log; do
-    [[ -e "$log" ]] || continue
-    echo "--- $log (last lines)"
-    tail -n 15 "$log"
-  done
-  echo "census_test: 0 passed, 1 failed"
-  exit 1
-}
 
 modules=(--module "$module")
 if [[ $mode == torch ]]; then

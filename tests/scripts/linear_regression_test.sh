@@ -11,44 +11,10 @@ if [[ $# -ne 4 ]]; then
   echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM" >&2
   exit 2
 fi
-repo_root=$(cd "$1" && pwd)
-bin_dir=$(cd "$2" && pwd)
+# shellcheck source=tests/scripts/local_cluster.sh
+. "$(dirname "$0")/local_cluster.sh" "$1" "$2"
 module=$3
 program=$4
-script=$repo_root/scripts/local-cluster.sh
-
-unset CAPSTAN_RUN_DIR CAPSTAN_BIN_DIR TF_CONFIG
-
-run_dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-linear-regression-test.XXXXXX")
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  local status=$?
-  bash "$script" down --run-dir "$run_dir" --bin-dir "$bin_dir" >/dev/null 2>&1 || true
-  rm -rf "$run_dir"
-  exit "$status"
-}
-trap cleanup EXIT
-
-show_logs() {
-  local log
-  for log in "$run_dir"/logs/*.log; do
-    [[ -e "$log" ]] || continue
-    echo "--- $log (last lines)"
-    tail -n 15 "$log"
-  done
-}
-
-result() {
-  if [[ $1 == pass ]]; then
-    echo "PASS: $2"
-    echo "linear_regression_test: 1 passed, 0 failed"
-    exit 0
-  fi
-  echo "FAIL: $2"
-  show_logs
-  echo "linear_regression_test: 0 passed, 1 failed"
-  exit 1
-}
 
 if ! bash "$script" up --run-dir "$run_dir" --bin-dir "$bin_dir" --ps 2 --workers 2 --data-workers 0 \
   --module "$module"; then

@@ -9,36 +9,14 @@ if [[ $# -ne 2 ]]; then
   echo "usage: $0 REPO_ROOT BIN_DIR" >&2
   exit 2
 fi
-repo_root=$(cd "$1" && pwd)
-bin_dir=$(cd "$2" && pwd)
-script=$repo_root/scripts/local-cluster.sh
+# shellcheck source=tests/scripts/local_cluster.sh
+. "$(dirname "$0")/local_cluster.sh" "$1" "$2"
 ctl=$bin_dir/capstanctl
-
-# The script's own settings must not leak in from the caller's environment.
-unset CAPSTAN_RUN_DIR CAPSTAN_BIN_DIR TF_CONFIG
-
-run_dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-local-cluster-test.XXXXXX")
-cleanup() {
-  local status=$?
-  bash "$script" down --run-dir "$run_dir" --bin-dir "$bin_dir" >/dev/null 2>&1 || true
-  rm -rf "$run_dir"
-  exit "$status"
-}
-trap cleanup EXIT
 
 passed=0
 failed=0
 pass() { echo "PASS: $1"; passed=$(( passed + 1 )); }
 fail() { echo "FAIL: $1"; failed=$(( failed + 1 )); }
-
-show_logs() {
-  local log
-  for log in "$run_dir"/logs/*.log; do
-    [[ -e "$log" ]] || continue
-    echo "--- $log (last lines)"
-    tail -n 15 "$log"
-  done
-}
 
 # Alive, and not a zombie waiting for a parent (or an init) to reap it.
 running() {

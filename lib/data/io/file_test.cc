@@ -94,6 +94,14 @@ std::string permission_denied_path(const TempDir& dir, bool for_write) {
   return "";
 }
 
+// Expects `opened` to have failed with `code`, its message naming `part`.
+template <typename T>
+void require_error(const Result<T>& opened, StatusCode code, const std::string& part = "") {
+  REQUIRE_FALSE(opened.ok());
+  CHECK(opened.status().code() == code);
+  CHECK(message_contains(opened.status(), part));
+}
+
 TEST_CASE("compression_from_name accepts TensorFlow's names in any case") {
   CHECK(compression_from_name("") == Compression::kNone);
   CHECK(compression_from_name("NONE") == Compression::kNone);
@@ -202,10 +210,7 @@ TEST_CASE("opening a missing file is NotFound naming the path") {
   TempDir dir;
   std::string path = dir.file("missing.txt");
   for (auto compression : {Compression::kNone, Compression::kGzip}) {
-    auto stream = open_input(path, compression);
-    REQUIRE_FALSE(stream.ok());
-    CHECK(stream.status().code() == StatusCode::kNotFound);
-    CHECK(message_contains(stream.status(), "'" + path + "'"));
+    require_error(open_input(path, compression), StatusCode::kNotFound, "'" + path + "'");
   }
   auto under_file = open_input(dir.file("missing.txt/child"), Compression::kNone);
   CHECK(under_file.status().code() == StatusCode::kNotFound);
@@ -213,19 +218,13 @@ TEST_CASE("opening a missing file is NotFound naming the path") {
 
 TEST_CASE("opening a directory for reading is FailedPrecondition") {
   TempDir dir;
-  auto stream = open_input(dir.path(), Compression::kNone);
-  REQUIRE_FALSE(stream.ok());
-  CHECK(stream.status().code() == StatusCode::kFailedPrecondition);
-  CHECK(message_contains(stream.status(), dir.path()));
+  require_error(open_input(dir.path(), Compression::kNone), StatusCode::kFailedPrecondition, dir.path());
 }
 
 TEST_CASE("opening an unreadable file is PermissionDenied") {
   TempDir dir;
   std::string path = permission_denied_path(dir, /*for_write=*/false);
-  auto stream = open_input(path, Compression::kNone);
-  REQUIRE_FALSE(stream.ok());
-  CHECK(stream.status().code() == StatusCode::kPermissionDenied);
-  CHECK(message_contains(stream.status(), path));
+  require_error(open_input(path, Compression::kNone), StatusCode::kPermissionDenied, path);
 }
 
 TEST_CASE("an I/O error while reading is DataLoss naming the path and offset") {
@@ -364,26 +363,20 @@ TEST_CASE("a gzip file cut short is DataLoss, at every cut point of a member") {
 TEST_CASE("creating a file in a missing directory is NotFound") {
   TempDir dir;
   for (auto compression : {Compression::kNone, Compression::kGzip}) {
-    auto stream = open_output(dir.file("no/such/dir/f"), compression);
-    REQUIRE_FALSE(stream.ok());
-    CHECK(stream.status().code() == StatusCode::kNotFound);
-    CHECK(message_contains(stream.status(), "cannot create '" + dir.file("no/such/dir/f") + "'"));
+    const std::string path = dir.file("no/such/dir/f");
+    require_error(open_output(path, compression), StatusCode::kNotFound, "cannot create '" + path + "'");
   }
 }
 
 TEST_CASE("creating an unwritable file is PermissionDenied") {
   TempDir dir;
   std::string path = permission_denied_path(dir, /*for_write=*/true);
-  auto stream = open_output(path, Compression::kNone);
-  REQUIRE_FALSE(stream.ok());
-  CHECK(stream.status().code() == StatusCode::kPermissionDenied);
+  require_error(open_output(path, Compression::kNone), StatusCode::kPermissionDenied);
 }
 
 TEST_CASE("creating a file over a directory is FailedPrecondition") {
   TempDir dir;
-  auto stream = open_output(dir.path(), Compression::kNone);
-  REQUIRE_FALSE(stream.ok());
-  CHECK(stream.status().code() == StatusCode::kFailedPrecondition);
+  require_error(open_output(dir.path(), Compression::kNone), StatusCode::kFailedPrecondition);
 }
 
 TEST_CASE("open_output truncates an existing file") {

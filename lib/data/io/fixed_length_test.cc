@@ -57,6 +57,13 @@ Records read_fixed(const TempDir& dir, const std::string& content, Layout layout
   return records;
 }
 
+// TF's message for "HH0123456789F" read as records of 4 bytes between a
+// 2-byte header and a 1-byte footer.
+std::string not_whole_records(const TempDir& dir) {
+  return "Excluding the header (2 bytes) and footer (1 bytes), input file '" + dir.file("records.bin") +
+         "' has body length 10 bytes, which is not an exact multiple of the record length (4 bytes)";
+}
+
 // TensorFlow's documentation example for FixedLengthRecordDataset.
 TEST_CASE("fixed-length records skip the header and stop before the footer") {
   TempDir dir;
@@ -115,10 +122,7 @@ TEST_CASE("an uncompressed body that is not whole records fails at open, as in T
   Records records = read_fixed(dir, "HH0123456789F", {4, 2, 1}, Compression::kNone, &error);
   CHECK(records.empty());
   CHECK(error.code() == StatusCode::kInvalidArgument);
-  CHECK(error.message() == "Excluding the header (2 bytes) and footer (1 bytes), input file '" +
-                               dir.file("records.bin") +
-                               "' has body length 10 bytes, which is not an exact multiple of "
-                               "the record length (4 bytes)");
+  CHECK(error.message() == not_whole_records(dir));
 }
 
 TEST_CASE("a gzip body that is not whole records gives the records, then DataLoss, as in TF") {
@@ -127,10 +131,7 @@ TEST_CASE("a gzip body that is not whole records gives the records, then DataLos
   Records records = read_fixed(dir, "HH0123456789F", {4, 2, 1}, Compression::kGzip, &error);
   CHECK(records == Records{"0123", "4567"});
   CHECK(error.code() == StatusCode::kDataLoss);
-  CHECK(error.message() == "Excluding the header (2 bytes) and footer (1 bytes), input file '" +
-                               dir.file("records.bin") +
-                               "' has body length 10 bytes, which is not an exact multiple of "
-                               "the record length (4 bytes)");
+  CHECK(error.message() == not_whole_records(dir));
 }
 
 TEST_CASE("a file shorter than its header and footer is an error") {

@@ -143,30 +143,29 @@ TEST_CASE("TFRecordReader reads the bytes TensorFlow wrote") {
   CHECK((*reader)->offset() == 35);
 }
 
-TEST_CASE("records written to a plain file read back byte-identical") {
-  TempDir dir;
-  std::string path = dir.file("data.tfrecord");
+// Writes 200 sample records to `path` with `compression`: the file, as
+// `uncompressed` reads it, must be their encodings back to back, and they
+// must read back.
+void check_byte_identical(const std::string& path, Compression compression,
+                          std::string (*uncompressed)(const std::string& path)) {
   auto records = sample_records(200);
-  write_records(path, Compression::kNone, records);
+  write_records(path, compression, records);
   std::string expected_bytes;
   for (const auto& record : records) expected_bytes += encode_record(record);
-  CHECK(read_bytes(path) == expected_bytes);
+  CHECK(uncompressed(path) == expected_bytes);
   std::vector<std::string> got;
-  REQUIRE(read_records(path, Compression::kNone, &got).ok());
+  REQUIRE(read_records(path, compression, &got).ok());
   CHECK(got == records);
+}
+
+TEST_CASE("records written to a plain file read back byte-identical") {
+  TempDir dir;
+  check_byte_identical(dir.file("data.tfrecord"), Compression::kNone, read_bytes);
 }
 
 TEST_CASE("records written to a gzip file read back byte-identical") {
   TempDir dir;
-  std::string path = dir.file("data.tfrecord.gz");
-  auto records = sample_records(200);
-  write_records(path, Compression::kGzip, records);
-  std::string expected_bytes;
-  for (const auto& record : records) expected_bytes += encode_record(record);
-  CHECK(gunzip_file(path) == expected_bytes);
-  std::vector<std::string> got;
-  REQUIRE(read_records(path, Compression::kGzip, &got).ok());
-  CHECK(got == records);
+  check_byte_identical(dir.file("data.tfrecord.gz"), Compression::kGzip, gunzip_file);
 }
 
 TEST_CASE("read_tensor across 2 MiB chunks: records of every size, tensors kept or dropped, stay intact") {

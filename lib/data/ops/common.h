@@ -15,9 +15,11 @@
 #include <thread>
 #include <vector>
 
+#include "data/definition.h"
 #include "data/engine.h"
 #include "data/io/file.h"
 #include "data/iterator_state.h"
+#include "data/op_kernel.h"
 #include "sync/mutex.h"
 
 namespace capstan::data::engine {
@@ -246,6 +248,22 @@ class FileRecordIterator final : public IteratorBase {
   const char* const op_;
   std::unique_ptr<Reader> reader_;
   int64_t records_ = 0;  // read from reader_'s file
+};
+
+// The FileSource of a source op whose group holds a `files` list
+// (text_line_dataset, tfrecord_dataset, fixed_length_record_dataset):
+// kReader and kBuilder get the group (&Op::Reader::getTextLine,
+// &Op::Builder::getTextLine); kRead makes the op's iterator over a queue of
+// files.
+template <auto kReader, auto kBuilder, IteratorPtr (*kRead)(Op::Reader op, FileQueue files)>
+constexpr OpKernel::FileSource kFileListSource{
+    .files = [](Op::Reader op) -> Result<std::vector<std::string>> { return texts((op.*kReader)().getFiles()); },
+    .keep_share =
+        [](Op::Builder op, int64_t num_workers, int64_t index) {
+          auto mine = share_of((op.asReader().*kReader)().getFiles(), num_workers, index);
+          set_texts((op.*kBuilder)().initFiles(static_cast<unsigned>(mine.size())), mine);
+        },
+    .read_splits = [](Op::Reader op, SplitProvider* splits) { return kRead(op, FileQueue(splits)); },
 };
 
 // ---- Background producers (map, prefetch, interleave) ------------------------------

@@ -8,8 +8,12 @@ namespace capstan::data::engine {
 
 namespace {
 
-IteratorPtr fixed_length_iterator(FileQueue files, int64_t record_bytes, int64_t header_bytes,
-                                  int64_t footer_bytes, Compression compression) {
+// The records of `files`, laid out and decompressed as `op` says.
+IteratorPtr read_fixed_length(Op::Reader op, FileQueue files) {
+  auto f = op.getFixedLength();
+  const int64_t record_bytes = f.getRecordBytes(), header_bytes = f.getHeaderBytes(),
+                footer_bytes = f.getFooterBytes();
+  const Compression compression = from_wire(f.getCompression());
   return std::make_unique<FileRecordIterator<io::FixedLengthRecordReader>>(
       std::move(files),
       [=](const std::string& file) {
@@ -18,23 +22,6 @@ IteratorPtr fixed_length_iterator(FileQueue files, int64_t record_bytes, int64_t
       },
       "fixed_length");
 }
-
-constexpr OpKernel::FileSource kFixedLengthSource{
-    .files = [](Op::Reader op) -> Result<std::vector<std::string>> {
-      return texts(op.getFixedLength().getFiles());
-    },
-    .keep_share =
-        [](Op::Builder op, int64_t num_workers, int64_t index) {
-          auto mine = share_of(op.asReader().getFixedLength().getFiles(), num_workers, index);
-          set_texts(op.getFixedLength().initFiles(static_cast<unsigned>(mine.size())), mine);
-        },
-    .read_splits =
-        [](Op::Reader op, SplitProvider* splits) {
-          auto f = op.getFixedLength();
-          return fixed_length_iterator(FileQueue(splits), f.getRecordBytes(), f.getHeaderBytes(), f.getFooterBytes(),
-                                       from_wire(f.getCompression()));
-        },
-};
 
 }  // namespace
 
@@ -52,11 +39,9 @@ CAPSTAN_DATASET_OP(kFixedLengthKernel) = {
       return Status::Ok();
     },
     .make = [](Op::Reader op, Pipeline&) -> Result<IteratorPtr> {
-      auto f = op.getFixedLength();
-      return fixed_length_iterator(FileQueue(texts(f.getFiles())), f.getRecordBytes(), f.getHeaderBytes(),
-                                   f.getFooterBytes(), from_wire(f.getCompression()));
+      return read_fixed_length(op, FileQueue(texts(op.getFixedLength().getFiles())));
     },
-    .file_source = &kFixedLengthSource,
+    .file_source = &kFileListSource<&Op::Reader::getFixedLength, &Op::Builder::getFixedLength, read_fixed_length>,
 };
 
 }  // namespace capstan::data::engine

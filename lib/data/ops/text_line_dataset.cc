@@ -7,25 +7,14 @@ namespace capstan::data::engine {
 
 namespace {
 
-IteratorPtr text_line_iterator(FileQueue files, Compression compression) {
+// The lines of `files`, decompressed as `op` says.
+IteratorPtr read_text_lines(Op::Reader op, FileQueue files) {
+  const Compression compression = from_wire(op.getTextLine().getCompression());
   return std::make_unique<FileRecordIterator<io::TextLineReader>>(
       std::move(files),
       [compression](const std::string& file) { return io::TextLineReader::open(file, to_io(compression)); },
       "text_line");
 }
-
-constexpr OpKernel::FileSource kTextLineSource{
-    .files = [](Op::Reader op) -> Result<std::vector<std::string>> { return texts(op.getTextLine().getFiles()); },
-    .keep_share =
-        [](Op::Builder op, int64_t num_workers, int64_t index) {
-          auto mine = share_of(op.asReader().getTextLine().getFiles(), num_workers, index);
-          set_texts(op.getTextLine().initFiles(static_cast<unsigned>(mine.size())), mine);
-        },
-    .read_splits =
-        [](Op::Reader op, SplitProvider* splits) {
-          return text_line_iterator(FileQueue(splits), from_wire(op.getTextLine().getCompression()));
-        },
-};
 
 }  // namespace
 
@@ -35,10 +24,9 @@ CAPSTAN_DATASET_OP(kTextLineKernel) = {
     .inputs = Inputs::kNone,
     .describe_args = [](Op::Reader op, std::ostream& out) { describe_files(op.getTextLine().getFiles(), out); },
     .make = [](Op::Reader op, Pipeline&) -> Result<IteratorPtr> {
-      auto t = op.getTextLine();
-      return text_line_iterator(FileQueue(texts(t.getFiles())), from_wire(t.getCompression()));
+      return read_text_lines(op, FileQueue(texts(op.getTextLine().getFiles())));
     },
-    .file_source = &kTextLineSource,
+    .file_source = &kFileListSource<&Op::Reader::getTextLine, &Op::Builder::getTextLine, read_text_lines>,
 };
 
 }  // namespace capstan::data::engine

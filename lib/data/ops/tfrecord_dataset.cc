@@ -17,18 +17,10 @@ IteratorPtr tfrecord_iterator(FileQueue files, Compression compression) {
       "tfrecord");
 }
 
-constexpr OpKernel::FileSource kTfRecordSource{
-    .files = [](Op::Reader op) -> Result<std::vector<std::string>> { return texts(op.getTfRecord().getFiles()); },
-    .keep_share =
-        [](Op::Builder op, int64_t num_workers, int64_t index) {
-          auto mine = share_of(op.asReader().getTfRecord().getFiles(), num_workers, index);
-          set_texts(op.getTfRecord().initFiles(static_cast<unsigned>(mine.size())), mine);
-        },
-    .read_splits =
-        [](Op::Reader op, SplitProvider* splits) {
-          return tfrecord_iterator(FileQueue(splits), from_wire(op.getTfRecord().getCompression()));
-        },
-};
+// The records of `files`, one file after another, decompressed as `op` says.
+IteratorPtr read_tfrecords(Op::Reader op, FileQueue files) {
+  return tfrecord_iterator(std::move(files), from_wire(op.getTfRecord().getCompression()));
+}
 
 Result<IteratorPtr> make_tfrecord_source(Op::Reader op, Pipeline& pipeline) {
   auto t = op.getTfRecord();
@@ -65,7 +57,7 @@ CAPSTAN_DATASET_OP(kTfRecordKernel) = {
       return check_parallel(op, op.getTfRecord().getNumParallelReads(), "num_parallel_reads");
     },
     .make = make_tfrecord_source,
-    .file_source = &kTfRecordSource,
+    .file_source = &kFileListSource<&Op::Reader::getTfRecord, &Op::Builder::getTfRecord, read_tfrecords>,
 };
 
 }  // namespace capstan::data::engine
