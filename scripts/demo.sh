@@ -32,11 +32,14 @@
 # backward; --mode hybrid keeps the wide table and the embeddings on the
 # parameter servers (capstan::torch::Embedding, pulled and pushed each step)
 # and mirrors the MLP, in one backward. --model eigen trains the Eigen model
-# in these modes too. --mode strategy trains (the Eigen model)
+# in these modes too. --mode strategy trains the same LibTorch module
 # synchronously on the 2 worker-servers instead, driven by this one program
 # (MirroredStrategy: each step runs on both workers at once as the replicas
-# of one group); --mode strategy-hybrid keeps the tables on the parameter
-# servers. Where LibTorch is not installed, every mode trains the Eigen model.
+# of one group; each worker's module is attached to its replicas with
+# capstan::torch::MirroredModule::attach and all-reduces its gradients
+# during backward); --mode strategy-hybrid keeps the wide table and the
+# embeddings on the parameter servers and mirrors the MLP. Where LibTorch
+# is not installed, every mode trains the Eigen model.
 #
 # The exit status is the census program's: 0 when the test accuracy is at
 # least 85.0% and the AUC at least 0.90.

@@ -23,6 +23,13 @@
 //   closure "census_sync_evaluate" (path, hybrid int64): this replica's shard of
 //                                a CSV file (replica id of replicas in sync)
 //
+// These closures train model.h's hand-written Eigen model (the census
+// program's --model eigen). The default model, the LibTorch module of
+// torch_model.h, has its closures in torch_module.cc
+// (libcensus_torch_module.so, loaded beside this module): census_torch_train_step
+// and census_torch_evaluate in ps mode, census_torch_sync_step and
+// census_torch_sync_evaluate in the strategy modes.
+//
 // Variables (created by the program, on the parameter servers; in the
 // strategy modes mirrored on the workers, the tables on the parameter
 // servers with strategy-hybrid):

@@ -94,6 +94,18 @@ struct WideDeepImpl : torch::nn::Module {
 };
 TORCH_MODULE(WideDeep);
 
+// The model's two tables alone, under the model's names ("wide",
+// "embeddings"), of a model built with Tables::kParameterServers: what the
+// hybrid modes' PsModule pulls and pushes (and the program creates on the
+// parameter servers), while capstan::torch::MirroredModule mirrors the
+// model's parameters (bias, deep.*).
+struct TablesImpl : torch::nn::Module {
+  explicit TablesImpl(WideDeepImpl& model) {
+    register_module("wide", model.wide);
+    register_module("embeddings", model.embeddings);
+  }
+};
+
 // What the program creates: prefix "census/", Adagrad on the wide part (the
 // table and the bias), Adam on the deep part, both tables in two shards.
 inline capstan::torch::PsOptions ps_options(double wide_learning_rate, double deep_learning_rate) {

@@ -88,4 +88,31 @@ capstan::Result<std::unique_ptr<TorchReplica>> create_torch_replica(capstan::Com
   return replica;
 }
 
+// The strategy modes' entry point, looked up apart from plugin()'s (an
+// older plugin without it still serves the other modes).
+capstan::Result<std::vector<capstan::MirroredVariableSpec>> torch_strategy_variables(
+    capstan::ClusterCoordinator& cluster, const TorchReplicaOptions& options) {
+  using StrategyVariables = int (*)(capstan::ClusterCoordinator*, const TorchReplicaOptions*,
+                                    std::vector<capstan::MirroredVariableSpec>*, capstan::Status*);
+  if (!torch_available()) {
+    return capstan::Status::FailedPrecondition("the LibTorch model is not available: " + plugin().error);
+  }
+  // plugin() loaded it: this only finds the handle.
+  void* handle = dlopen(plugin_path().c_str(), RTLD_NOW | RTLD_LOCAL | RTLD_NOLOAD);
+  auto variables = handle == nullptr ? nullptr
+                                     : reinterpret_cast<StrategyVariables>(
+                                           dlsym(handle, "census_torch_strategy_variables"));
+  if (variables == nullptr) {
+    return capstan::Status::FailedPrecondition(plugin_path() +
+                                               " lacks census_torch_strategy_variables (a plugin of an older build? "
+                                               "rebuild the census_torch_program target)");
+  }
+  std::vector<capstan::MirroredVariableSpec> specs;
+  capstan::Status error;
+  if (variables(&cluster, &options, &specs, &error) != 0) {
+    return error.ok() ? capstan::Status::Internal("census_torch_strategy_variables failed") : error;
+  }
+  return specs;
+}
+
 }  // namespace census

@@ -70,6 +70,21 @@ capstan::Result<std::unique_ptr<TorchReplica>> create_torch_replica(capstan::Com
                                                                     capstan::ClusterCoordinator& cluster,
                                                                     const TorchReplicaOptions& options);
 
+// ---- The strategy modes (MirroredStrategy: the worker-servers are the replicas)
+
+// The LibTorch model's mirrored variables, for MirroredStrategy::create:
+// "census/" + the module's parameter names, the initial values from
+// options.seed, the synchronous modes' optimizers (Adagrad on the wide
+// part, Adam on the deep part). With options.hybrid the wide table and the
+// embeddings go to the parameter servers first (created, or given their
+// initial rows again) and the mirrored variables are the MLP and the bias;
+// without, every parameter is mirrored, the tables included. The
+// worker-servers train them with libcensus_torch_module.so's
+// census_torch_sync_step. FailedPrecondition when the LibTorch part does
+// not load.
+capstan::Result<std::vector<capstan::MirroredVariableSpec>> torch_strategy_variables(
+    capstan::ClusterCoordinator& cluster, const TorchReplicaOptions& options);
+
 }  // namespace census
 
 #endif  // CAPSTAN_EXAMPLES_CENSUS_TORCH_PROGRAM_H_

@@ -1,8 +1,9 @@
 // libcensus_torch_program.so: what the census program needs of LibTorch
 // (torch_program.cc loads it): the model's variables on the parameter
-// servers (ps mode), and the replicas of the synchronous modes, each a
+// servers (ps mode), the replicas of the synchronous modes, each a
 // process of the program training the module with
-// capstan::torch::MirroredModule.
+// capstan::torch::MirroredModule, and the strategy modes' mirrored
+// variables (the worker-servers train them: torch_module.cc).
 #include <capstan/closure.h>
 #include <capstan/torch.h>
 #include <capstan/torch/mirrored_module.h>
@@ -55,20 +56,60 @@ class ProgramContext final : public capstan::ClosureContext {
   capstan::ClusterCoordinator& cluster_;
 };
 
-// The model's two tables alone, under the model's names ("wide",
-// "embeddings"): what hybrid mode's PsModule pulls and pushes, while
-// MirroredModule mirrors the model's parameters (bias, deep.*).
-struct TablesImpl : torch::nn::Module {
-  explicit TablesImpl(census::WideDeepImpl& model) {
-    register_module("wide", model.wide);
-    register_module("embeddings", model.embeddings);
-  }
-};
+using census::TablesImpl;
 
 capstan::torch::PsOptions table_options(const census::TorchReplicaOptions& options) {
   capstan::torch::PsOptions ps = census::ps_options(options.wide_learning_rate, options.deep_learning_rate);
   ps.optimizers.erase("bias");  // mirrored
   return ps;
+}
+
+// The hybrid modes' tables on the parameter servers, with their initial
+// rows: fresh each run, as the Eigen model's hybrid mode (a table that
+// exists from an earlier run gets its initial values again).
+Status create_tables(capstan::ClusterCoordinator& cluster, census::WideDeepImpl& model,
+                     const census::TorchReplicaOptions& options) {
+  auto tables = std::make_shared<TablesImpl>(model);
+  const capstan::torch::PsOptions ps = table_options(options);
+  CAPSTAN_RETURN_IF_ERROR(capstan::torch::create_variables(cluster, *tables, ps).status());
+  for (const auto& [name, embedding] :
+       {std::pair{"wide.weight", model.wide}, std::pair{"embeddings.weight", model.embeddings}}) {
+    CAPSTAN_ASSIGN_OR_RETURN(capstan::Tensor initial, embedding->initial_value());
+    CAPSTAN_RETURN_IF_ERROR(cluster.assign_variable(ps.prefix + name, initial)
+                                .with_context("initializing " + ps.prefix + name));
+  }
+  return Status::Ok();
+}
+
+// The mirrored parameters' optimizers: Adagrad on the wide part (the bias,
+// and the wide table when it is mirrored), Adam on the rest.
+capstan::torch::MirroredOptions mirrored_options(const census::TorchReplicaOptions& options) {
+  capstan::torch::MirroredOptions mirrored;
+  mirrored.prefix = "census/";
+  mirrored.optimizer = capstan::Optimizer::adam(options.deep_learning_rate);
+  mirrored.optimizers["bias"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
+  if (!options.hybrid) mirrored.optimizers["wide.weight"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
+  return mirrored;
+}
+
+// The strategy modes' mirrored variables (see torch_strategy_variables in
+// torch_program.h).
+Result<std::vector<capstan::MirroredVariableSpec>> strategy_variables(capstan::ClusterCoordinator& cluster,
+                                                                      const census::TorchReplicaOptions& options) {
+  torch::manual_seed(options.seed);
+  census::WideDeep model(options.seed,
+                         options.hybrid ? census::Tables::kParameterServers : census::Tables::kMirrored);
+  if (options.hybrid) CAPSTAN_RETURN_IF_ERROR(create_tables(cluster, *model, options));
+  const capstan::torch::MirroredOptions mirrored = mirrored_options(options);
+  std::vector<capstan::MirroredVariableSpec> specs;
+  for (const auto& item : model->named_parameters(/*recurse=*/true)) {
+    auto it = mirrored.optimizers.find(item.key());
+    CAPSTAN_ASSIGN_OR_RETURN(capstan::Tensor initial,
+                             capstan::torch::from_torch(item.value().detach().clone().contiguous()));
+    specs.push_back({mirrored.prefix + item.key(), std::move(initial),
+                     it != mirrored.optimizers.end() ? it->second : mirrored.optimizer});
+  }
+  return specs;
 }
 
 class Replica final : public census::TorchReplica {
@@ -80,28 +121,11 @@ class Replica final : public census::TorchReplica {
     if (options.hybrid) {
       replica->tables_ = std::make_shared<TablesImpl>(*replica->model_);
       replica->ps_ = std::make_unique<capstan::torch::PsModule>(*replica->tables_, table_options(options));
-      if (group.rank() == 0) {
-        // Fresh rows each run, as the Eigen model's hybrid mode: a table
-        // that exists (an earlier run) gets its initial values again.
-        const capstan::torch::PsOptions ps = table_options(options);
-        CAPSTAN_RETURN_IF_ERROR(capstan::torch::create_variables(cluster, *replica->tables_, ps).status());
-        const census::WideDeepImpl& model = *replica->model_;
-        for (const auto& [name, embedding] :
-             {std::pair{"wide.weight", model.wide}, std::pair{"embeddings.weight", model.embeddings}}) {
-          CAPSTAN_ASSIGN_OR_RETURN(capstan::Tensor initial, embedding->initial_value());
-          CAPSTAN_RETURN_IF_ERROR(cluster.assign_variable(ps.prefix + name, initial)
-                                      .with_context("initializing " + ps.prefix + name));
-        }
-      }
+      if (group.rank() == 0) CAPSTAN_RETURN_IF_ERROR(create_tables(cluster, *replica->model_, options));
       CAPSTAN_RETURN_IF_ERROR(group.barrier().with_context("waiting for rank 0's tables"));
     }
-    capstan::torch::MirroredOptions mirrored;
-    mirrored.prefix = "census/";
-    mirrored.optimizer = capstan::Optimizer::adam(options.deep_learning_rate);
-    mirrored.optimizers["bias"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
-    if (!options.hybrid) mirrored.optimizers["wide.weight"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
-    CAPSTAN_ASSIGN_OR_RETURN(replica->mirrored_,
-                             capstan::torch::MirroredModule::create(group, *replica->model_, mirrored));
+    CAPSTAN_ASSIGN_OR_RETURN(replica->mirrored_, capstan::torch::MirroredModule::create(group, *replica->model_,
+                                                                                        mirrored_options(options)));
     return replica;
   }
 
@@ -201,5 +225,24 @@ extern "C" __attribute__((visibility("default"))) census::TorchReplica* census_c
   } catch (const std::exception& e) {
     *error = Status::Internal(std::string("building the census module: ") + e.what());
     return nullptr;
+  }
+}
+
+// The strategy modes' mirrored variables into *variables, or 1 with *error
+// set (torch_program.h: torch_strategy_variables).
+extern "C" __attribute__((visibility("default"))) int census_torch_strategy_variables(
+    capstan::ClusterCoordinator* cluster, const census::TorchReplicaOptions* options,
+    std::vector<capstan::MirroredVariableSpec>* variables, capstan::Status* error) {
+  try {
+    auto specs = strategy_variables(*cluster, *options);
+    if (!specs.ok()) {
+      *error = specs.status();
+      return 1;
+    }
+    *variables = std::move(*specs);
+    return 0;
+  } catch (const std::exception& e) {
+    *error = Status::Internal(std::string("building the census module: ") + e.what());
+    return 1;
   }
 }

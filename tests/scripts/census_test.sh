@@ -7,7 +7,9 @@
 # processes, every variable mirrored and all-reduced) or hybrid (tables on
 # the parameter servers, the MLP mirrored), strategy (the 2 worker-servers
 # are the replicas of MirroredStrategy::run, fed by the data service) or
-# strategy-hybrid (the same, the tables on the parameter servers);
+# strategy-hybrid (the same, the tables on the parameter servers), both
+# with the LibTorch model when TORCH_MODULE is given (the workers load it;
+# MirroredModule attached to each worker's replicas), else the Eigen one;
 # "deterministic" runs sync mode with one replica and --seed twice and
 # checks that the metrics are equal; "torch" is ps mode with the LibTorch
 # model (TORCH_MODULE loaded beside MODULE), whose checkpoint names the
@@ -34,6 +36,8 @@ torch_module=${6:-}
 modules=(--module "$module")
 if [[ $mode == torch ]]; then
   [[ -n $torch_module ]] || result fail "mode torch needs TORCH_MODULE"
+fi
+if [[ -n $torch_module ]]; then
   modules+=(--module "$torch_module")
 fi
 if ! bash "$script" up --run-dir "$run_dir" --bin-dir "$bin_dir" --ps 2 --workers 2 --data-workers 2 \
@@ -128,10 +132,20 @@ case "$mode" in
     fi
     ;;
   strategy | strategy-hybrid)
-    run_census "$output_file" --mode "$mode" --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
+    model=eigen
+    [[ -n $torch_module ]] && model=torch
+    run_census "$output_file" --mode "$mode" --model "$model" --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
       --checkpoint-dir "$run_dir/checkpoints"
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
+    fi
+    if [[ $model == torch ]]; then
+      grep -q "in LibTorch, $mode mode" "$output_file" ||
+        result fail "the report does not say it trained the LibTorch model in $mode mode"
+      # Named after the module's parameters, as the other modes' checkpoints.
+      for name in census/wide.weight census/bias census/embeddings.weight census/deep.0.weight census/deep.8.bias; do
+        grep -rqF "$name" "$run_dir"/checkpoints/ || result fail "the checkpoint has no variable '$name'"
+      done
     fi
     if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
       result fail "the report does not say that the 2 replicas are identical"

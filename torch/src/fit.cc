@@ -2,6 +2,8 @@
 // are register_model's closures (model.cc).
 #include "capstan/fit.h"
 
+#include "capstan/strategy.h"
+
 #include <cmath>
 #include <filesystem>
 #include <iomanip>
@@ -170,6 +172,42 @@ Result<std::string> ParameterServerFitStrategy::save_checkpoint(const std::strin
 
 Result<int64_t> ParameterServerFitStrategy::restore_checkpoint(const std::string& path) {
   return cluster_.restore_checkpoint(path);
+}
+
+// ---- Mirrored strategy ------------------------------------------------------------
+
+Result<MetricState> MirroredFitStrategy::run(const std::string& function, const Element& args, int64_t steps) {
+  MetricState state;
+  for (int64_t i = 0; i < steps; ++i) {
+    Result<PerReplica> replicas = strategy_.run(function, args);
+    if (!replicas.ok()) {
+      return replicas.status().with_context(function + ": step " + std::to_string(i + 1) + " of " +
+                                            std::to_string(steps));
+    }
+    for (const Element& replica : replicas->values) CAPSTAN_RETURN_IF_ERROR(state.add(replica));
+  }
+  return state;
+}
+
+Result<MetricState> MirroredFitStrategy::train(const std::string& model, const PerWorkerDataset& dataset,
+                                               int64_t steps, double learning_rate_scale) {
+  Element args{{dataset.arg(), Tensor::scalar<double>(learning_rate_scale)}, {"dataset", "learning_rate_scale"}};
+  return run(model + "/train_step", args, steps);
+}
+
+Result<MetricState> MirroredFitStrategy::evaluate(const std::string& model, const PerWorkerDataset& dataset,
+                                                  int64_t steps) {
+  Element args{{dataset.arg()}, {"dataset"}};
+  return run(model + "/eval_step", args, steps);
+}
+
+Result<std::string> MirroredFitStrategy::save_checkpoint(const std::string& directory, int64_t step,
+                                                         int max_to_keep) {
+  return strategy_.save_checkpoint(directory, step, max_to_keep);
+}
+
+Result<int64_t> MirroredFitStrategy::restore_checkpoint(const std::string& path) {
+  return strategy_.restore_checkpoint(path);
 }
 
 // ---- Callbacks --------------------------------------------------------------------

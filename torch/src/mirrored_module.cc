@@ -4,6 +4,7 @@
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
 #include <future>
+#include <map>
 #include <mutex>
 #include <optional>
 #include <sstream>
@@ -74,12 +75,18 @@ struct MirroredModule::Impl {
     std::future<Result<Tensor>> reduced;
   };
 
-  // Constant after create (but `group` changes with set_group).
-  Communicator* group = nullptr;
+  // Constant after create or attach (but `group` changes with set_group
+  // and train_step(group, ...); `variables` is owned_variables after
+  // create, the caller's replicas after attach).
+  Communicator* group = nullptr;  // null after attach until a step names one
   ::torch::nn::Module* module = nullptr;
   MirroredOptions options;
-  std::unique_ptr<MirroredVariables> variables;
-  std::vector<Parameter> parameters;  // named_parameters() order, the variables' order
+  std::unique_ptr<MirroredVariables> owned_variables;
+  MirroredVariables* variables = nullptr;
+  std::vector<Parameter> parameters;  // named_parameters() order
+  // For each variable, in the variables' creation order (the order
+  // apply_averaged_gradients takes), the index of its parameter.
+  std::vector<size_t> variable_parameters;
   std::vector<Bucket> buckets;
 
   // Hooks run on autograd's threads (for CPU tensors, the thread calling
@@ -90,6 +97,32 @@ struct MirroredModule::Impl {
   Status hook_error;         // GUARDED_BY(mutex)
   int64_t launched_this_step = 0;  // GUARDED_BY(mutex)
   MirroredStats stats;
+
+  // A parameter of the module, described (no bucket yet); InvalidArgument
+  // for a dtype that cannot be mirrored.
+  static Result<Parameter> describe(const std::string& name, const ::torch::Tensor& t) {
+    auto dtype = capstan_dtype(t.scalar_type());
+    if (!dtype.ok()) return dtype.status().with_context("MirroredModule: parameter '" + name + "'");
+    if (*dtype != DType::kFloat32 && *dtype != DType::kFloat64) {
+      return Status::InvalidArgument("MirroredModule: parameter '" + name + "' is " +
+                                     std::string(dtype_name(*dtype)) + "; mirrored parameters are float32 or float64");
+    }
+    Parameter p;
+    p.name = name;
+    p.tensor = t;
+    p.shape = Shape(t.sizes().begin(), t.sizes().end());
+    p.dtype = *dtype;
+    p.trained = t.requires_grad();
+    p.numel = t.numel();
+    if (!p.trained) {
+      CAPSTAN_ASSIGN_OR_RETURN(p.zeros, Tensor::zeros(p.dtype, p.shape));
+    }
+    return p;
+  }
+
+  // Packs the trained parameters into buckets (the same on every rank
+  // that has the same parameters and options).
+  Status make_buckets();
 
   // Launches the complete buckets from next_launch on, in order.
   void launch_ready() {
@@ -271,19 +304,7 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
   std::vector<MirroredVariableSpec> specs;
   for (const auto& item : module.named_parameters(/*recurse=*/true)) {
     const ::torch::Tensor& t = item.value();
-    auto dtype = capstan_dtype(t.scalar_type());
-    if (!dtype.ok()) return dtype.status().with_context("MirroredModule: parameter '" + item.key() + "'");
-    if (*dtype != DType::kFloat32 && *dtype != DType::kFloat64) {
-      return Status::InvalidArgument("MirroredModule: parameter '" + item.key() + "' is " +
-                                     std::string(dtype_name(*dtype)) + "; mirrored parameters are float32 or float64");
-    }
-    Impl::Parameter p;
-    p.name = item.key();
-    p.tensor = t;
-    p.shape = Shape(t.sizes().begin(), t.sizes().end());
-    p.dtype = *dtype;
-    p.trained = t.requires_grad();
-    p.numel = t.numel();
+    CAPSTAN_ASSIGN_OR_RETURN(Impl::Parameter p, Impl::describe(item.key(), t));
     // The initial value, copied (a parameter may be a non-contiguous view).
     CAPSTAN_ASSIGN_OR_RETURN(Tensor initial, Tensor::uninitialized(p.dtype, p.shape));
     CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor into, to_torch(initial));
@@ -292,9 +313,6 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
       into.copy_(t);
     }
     Optimizer optimizer = p.trained ? optimizer_for(p.name, options) : Optimizer::none();
-    if (!p.trained) {
-      CAPSTAN_ASSIGN_OR_RETURN(p.zeros, Tensor::zeros(p.dtype, p.shape));
-    }
     specs.push_back({options.prefix + p.name, std::move(initial), optimizer});
     impl->parameters.push_back(std::move(p));
   }
@@ -306,35 +324,10 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
                                      "', which is not a parameter of the module");
     }
   }
-  CAPSTAN_ASSIGN_OR_RETURN(impl->variables, MirroredVariables::create(group, std::move(specs)));
-
-  // Buckets: trained parameters in reverse order of registration.
-  int64_t bucket_used = 0;
-  for (size_t i = impl->parameters.size(); i-- > 0;) {
-    Impl::Parameter& p = impl->parameters[i];
-    if (!p.trained) continue;
-    const int64_t bytes = p.numel * static_cast<int64_t>(dtype_size(p.dtype));
-    const int64_t cap = impl->buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
-    if (impl->buckets.empty() || impl->buckets.back().dtype != p.dtype ||
-        (bucket_used > 0 && bucket_used + bytes > cap)) {
-      Impl::Bucket b;
-      b.dtype = p.dtype;
-      impl->buckets.push_back(std::move(b));
-      bucket_used = 0;
-    }
-    Impl::Bucket& b = impl->buckets.back();
-    p.bucket = impl->buckets.size() - 1;
-    p.offset = bucket_used / static_cast<int64_t>(dtype_size(p.dtype));
-    b.parameters.push_back(i);
-    bucket_used += bytes;
-  }
-  for (Impl::Bucket& b : impl->buckets) {
-    int64_t elements = 0;
-    for (size_t i : b.parameters) elements += impl->parameters[i].numel;
-    CAPSTAN_ASSIGN_OR_RETURN(b.buffer, Tensor::zeros(b.dtype, {elements}));
-    CAPSTAN_ASSIGN_OR_RETURN(b.view, to_torch(b.buffer));
-    b.pending = b.parameters.size();
-  }
+  CAPSTAN_ASSIGN_OR_RETURN(impl->owned_variables, MirroredVariables::create(group, std::move(specs)));
+  impl->variables = impl->owned_variables.get();
+  for (size_t i = 0; i < impl->parameters.size(); ++i) impl->variable_parameters.push_back(i);
+  CAPSTAN_RETURN_IF_ERROR(impl->make_buckets());
   // Same buckets everywhere, or the all-reduces would not line up.
   const uint64_t digest = impl->bucket_digest();
   CAPSTAN_ASSIGN_OR_RETURN(Tensor digests,
@@ -347,8 +340,88 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
                                      " (every rank must pass the same bucket_bytes and first_bucket_bytes)");
     }
   }
-  impl->stats.buckets = static_cast<int64_t>(impl->buckets.size());
+  return finish(std::move(impl));
+}
 
+Status MirroredModule::Impl::make_buckets() {
+  // Trained parameters in reverse order of registration.
+  int64_t bucket_used = 0;
+  for (size_t i = parameters.size(); i-- > 0;) {
+    Parameter& p = parameters[i];
+    if (!p.trained) continue;
+    const int64_t bytes = p.numel * static_cast<int64_t>(dtype_size(p.dtype));
+    const int64_t cap = buckets.size() <= 1 ? options.first_bucket_bytes : options.bucket_bytes;
+    if (buckets.empty() || buckets.back().dtype != p.dtype || (bucket_used > 0 && bucket_used + bytes > cap)) {
+      Bucket b;
+      b.dtype = p.dtype;
+      buckets.push_back(std::move(b));
+      bucket_used = 0;
+    }
+    Bucket& b = buckets.back();
+    p.bucket = buckets.size() - 1;
+    p.offset = bucket_used / static_cast<int64_t>(dtype_size(p.dtype));
+    b.parameters.push_back(i);
+    bucket_used += bytes;
+  }
+  for (Bucket& b : buckets) {
+    int64_t elements = 0;
+    for (size_t i : b.parameters) elements += parameters[i].numel;
+    CAPSTAN_ASSIGN_OR_RETURN(b.buffer, Tensor::zeros(b.dtype, {elements}));
+    CAPSTAN_ASSIGN_OR_RETURN(b.view, to_torch(b.buffer));
+    b.pending = b.parameters.size();
+  }
+  stats.buckets = static_cast<int64_t>(buckets.size());
+  return Status::Ok();
+}
+
+Result<std::unique_ptr<MirroredModule>> MirroredModule::attach(MirroredVariables& replicas,
+                                                               ::torch::nn::Module& module, MirroredOptions options) {
+  if (options.bucket_bytes <= 0 || options.first_bucket_bytes <= 0) {
+    return Status::InvalidArgument("MirroredModule: bucket_bytes (" + std::to_string(options.bucket_bytes) +
+                                   ") and first_bucket_bytes (" + std::to_string(options.first_bucket_bytes) +
+                                   ") must be positive");
+  }
+  auto impl = std::make_unique<Impl>();
+  impl->module = &module;
+  impl->options = options;
+  impl->variables = &replicas;
+  std::map<std::string, size_t> by_variable;  // prefix + parameter name -> parameter
+  for (const auto& item : module.named_parameters(/*recurse=*/true)) {
+    CAPSTAN_ASSIGN_OR_RETURN(Impl::Parameter p, Impl::describe(item.key(), item.value()));
+    by_variable[options.prefix + p.name] = impl->parameters.size();
+    impl->parameters.push_back(std::move(p));
+  }
+  // Every parameter has its replica, of its dtype and shape...
+  for (const Impl::Parameter& p : impl->parameters) {
+    const std::string name = options.prefix + p.name;
+    auto replica = replicas.value(name);
+    if (!replica.ok()) {
+      return Status::InvalidArgument("MirroredModule::attach: parameter '" + p.name + "' (" +
+                                     std::string(dtype_name(p.dtype)) + shape_string(p.shape) +
+                                     ") has no mirrored variable '" + name + "' among the replicas");
+    }
+    if (replica->dtype() != p.dtype || replica->shape() != p.shape) {
+      return Status::InvalidArgument("MirroredModule::attach: parameter '" + p.name + "' is " +
+                                     std::string(dtype_name(p.dtype)) + shape_string(p.shape) +
+                                     "; its mirrored variable '" + name + "' is " +
+                                     std::string(dtype_name(replica->dtype())) + shape_string(replica->shape()));
+    }
+  }
+  // ...and every replica is a parameter: a step applies a gradient to each.
+  for (const std::string& name : replicas.names()) {
+    auto it = by_variable.find(name);
+    if (it == by_variable.end()) {
+      return Status::InvalidArgument("MirroredModule::attach: mirrored variable '" + name +
+                                     "' is no parameter of the module (prefix '" + options.prefix +
+                                     "'); every replica must be one");
+    }
+    impl->variable_parameters.push_back(it->second);
+  }
+  CAPSTAN_RETURN_IF_ERROR(impl->make_buckets());
+  return finish(std::move(impl));
+}
+
+Result<std::unique_ptr<MirroredModule>> MirroredModule::finish(std::unique_ptr<Impl> impl) {
   // The module's parameters become views of the replicas (rank 0's values).
   CAPSTAN_RETURN_IF_ERROR(impl->bind());
   Impl* raw = impl.get();
@@ -360,8 +433,19 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
   return std::unique_ptr<MirroredModule>(new MirroredModule(std::move(impl)));
 }
 
+Result<::torch::Tensor> MirroredModule::train_step(Communicator& group,
+                                                   const std::function<::torch::Tensor()>& loss) {
+  impl_->group = &group;
+  return train_step(loss);
+}
+
 Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::Tensor()>& loss) {
   Impl& impl = *impl_;
+  if (impl.group == nullptr) {
+    return Status::FailedPrecondition(
+        "train_step: this MirroredModule was attached to replicas without a group; pass the step's group "
+        "(train_step(group, loss))");
+  }
   CAPSTAN_RETURN_IF_ERROR(impl.bind());
   impl.reset_step();
   ::torch::Tensor computed;
@@ -425,11 +509,11 @@ Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::
     return waited;  // the communicator aborted the group
   }
   // Each parameter's mean gradient: a view into its bucket's result.
-  std::vector<Tensor> gradients;
-  gradients.reserve(impl.parameters.size());
+  std::vector<Tensor> by_parameter;
+  by_parameter.reserve(impl.parameters.size());
   for (const Impl::Parameter& p : impl.parameters) {
     if (!p.trained) {
-      gradients.push_back(p.zeros);
+      by_parameter.push_back(p.zeros);
       continue;
     }
     auto owner = std::make_shared<Tensor>(reduced[p.bucket]);
@@ -437,8 +521,11 @@ Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::
     std::byte* data = owner->mutable_data() + static_cast<size_t>(p.offset) * element;
     CAPSTAN_ASSIGN_OR_RETURN(Tensor g, Tensor::from_buffer(p.dtype, p.shape, std::move(owner), data,
                                                            static_cast<size_t>(p.numel) * element));
-    gradients.push_back(std::move(g));
+    by_parameter.push_back(std::move(g));
   }
+  std::vector<Tensor> gradients;  // in the variables' order
+  gradients.reserve(by_parameter.size());
+  for (size_t i : impl.variable_parameters) gradients.push_back(by_parameter[i]);
   Status applied = impl.variables->apply_averaged_gradients(gradients);
   impl.reset_step();
   if (!applied.ok()) return applied;

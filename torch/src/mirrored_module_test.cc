@@ -6,6 +6,8 @@
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <string>
+#include <vector>
 #include <stdexcept>
 
 #include "capstan/torch.h"
@@ -382,6 +384,129 @@ TEST_CASE("ranks that pack gradients into different buckets, or bad options, are
   Status unknown = MirroredModule::create(*one[0], *model, {.optimizers = {{"fc9.weight", Optimizer::sgd(1)}}}).status();
   CHECK(unknown.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(unknown.message(), Catch::Contains("fc9.weight"));
+}
+
+
+// Replicas as a MirroredStrategy's worker holds them: made by
+// MirroredVariables::create (here in reverse order of the module's
+// parameters), with the model's initial values and `optimizer`.
+std::vector<MirroredVariableSpec> replica_specs(const std::string& prefix, const Optimizer& optimizer) {
+  Mlp model = make_mlp();
+  std::vector<MirroredVariableSpec> specs;
+  for (const auto& item : model->named_parameters()) {
+    Tensor initial = Tensor::uninitialized(DType::kFloat32, Shape(item.value().sizes().begin(), item.value().sizes().end())).value();
+    ::torch::NoGradGuard no_grad;
+    to_torch(initial).value().copy_(item.value());
+    specs.insert(specs.begin(), MirroredVariableSpec{prefix + item.key(), initial, optimizer});
+  }
+  return specs;
+}
+
+TEST_CASE("a module attached to existing replicas trains on 2 ranks as create() does, bit for bit", "[mirrored_module]") {
+  constexpr int kRanks = 2, kSteps = 5;
+  constexpr int64_t kLocalBatch = 3;
+  const Optimizer adam = Optimizer::adam(0.01);
+  const std::vector<Trained> created = train(kRanks, kLocalBatch, kSteps, {.prefix = "m/", .optimizer = adam});
+
+  Group group = make_group(kRanks);
+  // Modules of other values: attach makes them views of the replicas.
+  std::vector<Mlp> models{Mlp(), Mlp()};
+  auto results = on_all<Result<Trained>>(kRanks, [&](int r) -> Result<Trained> {
+    Communicator& comm = *group[static_cast<size_t>(r)];
+    Mlp& model = models[static_cast<size_t>(r)];
+    CAPSTAN_ASSIGN_OR_RETURN(auto replicas, MirroredVariables::create(comm, replica_specs("m/", adam)));
+    // The optimizer passed here is not the replicas': it is ignored.
+    CAPSTAN_ASSIGN_OR_RETURN(auto ddp, MirroredModule::attach(*replicas, *model,
+                                                              {.prefix = "m/", .optimizer = Optimizer::sgd(5)}));
+    for (int s = 0; s < kSteps; ++s) {
+      const int64_t first = (static_cast<int64_t>(s) * kRanks + r) * kLocalBatch;
+      CAPSTAN_RETURN_IF_ERROR(ddp->train_step(comm, [&] { return mse(model, first, kLocalBatch); }).status());
+    }
+    CAPSTAN_RETURN_IF_ERROR(replicas->verify_replicas());
+    if (replicas->step() != kSteps) return Status::Internal("step " + std::to_string(replicas->step()));
+    Trained out;
+    for (const auto& p : model->parameters()) out.parameters.push_back(p.detach().clone());
+    // The module's parameters view the replicas.
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor bias, replicas->value("m/out.bias"));
+    if (model->out->bias.data_ptr() != static_cast<const void*>(bias.data())) {
+      return Status::Internal("out.bias is not a view of its replica");
+    }
+    return out;
+  });
+  for (size_t r = 0; r < results.size(); ++r) {
+    INFO("rank " << r << ": " << results[r].status().to_string());
+    REQUIRE(results[r].ok());
+    const Trained& attached = *results[r];
+    REQUIRE(attached.parameters.size() == created[r].parameters.size());
+    for (size_t i = 0; i < attached.parameters.size(); ++i) {
+      INFO("parameter " << i);
+      CHECK(::torch::equal(attached.parameters[i], created[r].parameters[i]));
+    }
+  }
+}
+
+TEST_CASE("attach refuses a parameter without a replica or of another shape, and a replica that is no parameter",
+          "[mirrored_module]") {
+  Group group = make_group(1);
+  Mlp model = make_mlp();
+  const Optimizer sgd = Optimizer::sgd(0.1);
+
+  std::vector<MirroredVariableSpec> missing = replica_specs("m/", sgd);
+  std::erase_if(missing, [](const MirroredVariableSpec& s) { return s.name == "m/fc2.bias"; });
+  auto replicas = MirroredVariables::create(*group[0], missing).value();
+  Status no_replica = MirroredModule::attach(*replicas, *model, {.prefix = "m/"}).status();
+  CHECK(no_replica.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(no_replica.message(), Catch::Contains("'fc2.bias'") && Catch::Contains("m/fc2.bias"));
+
+  std::vector<MirroredVariableSpec> reshaped = replica_specs("m/", sgd);
+  for (auto& spec : reshaped) {
+    if (spec.name == "m/fc1.weight") spec.initial = Tensor::zeros(DType::kFloat32, {kHidden, kIn + 1}).value();
+  }
+  replicas = MirroredVariables::create(*group[0], reshaped).value();
+  Status shape = MirroredModule::attach(*replicas, *model, {.prefix = "m/"}).status();
+  CHECK(shape.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(shape.message(),
+             Catch::Contains("'fc1.weight'") && Catch::Contains("[8, 4]") && Catch::Contains("[8, 5]"));
+
+  std::vector<MirroredVariableSpec> wide = replica_specs("m/", sgd);
+  for (auto& spec : wide) {
+    if (spec.name == "m/out.bias") spec.initial = Tensor::zeros(DType::kFloat64, {1}).value();
+  }
+  replicas = MirroredVariables::create(*group[0], wide).value();
+  Status dtype = MirroredModule::attach(*replicas, *model, {.prefix = "m/"}).status();
+  CHECK(dtype.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(dtype.message(), Catch::Contains("'out.bias'") && Catch::Contains("float64"));
+
+  std::vector<MirroredVariableSpec> extra = replica_specs("m/", sgd);
+  extra.push_back({"m/extra", Tensor::zeros(DType::kFloat32, {2}).value(), sgd});
+  replicas = MirroredVariables::create(*group[0], extra).value();
+  Status no_parameter = MirroredModule::attach(*replicas, *model, {.prefix = "m/"}).status();
+  CHECK(no_parameter.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(no_parameter.message(), Catch::Contains("m/extra"));
+
+  // The wrong prefix: no parameter finds its replica.
+  replicas = MirroredVariables::create(*group[0], replica_specs("m/", sgd)).value();
+  CHECK(MirroredModule::attach(*replicas, *model, {.prefix = "n/"}).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("an attached module steps only on a group it is given, and follows the group of each step",
+          "[mirrored_module]") {
+  Group first = make_group(1);
+  Mlp model = make_mlp();
+  auto replicas = MirroredVariables::create(*first[0], replica_specs("", Optimizer::sgd(0.1))).value();
+  auto ddp = MirroredModule::attach(*replicas, *model).value();
+  Status no_group = ddp->train_step([&] { return mse(model, 0, 4); }).status();
+  CHECK(no_group.code() == StatusCode::kFailedPrecondition);
+  CHECK(replicas->step() == 0);
+  REQUIRE(ddp->train_step(*first[0], [&] { return mse(model, 0, 4); }).ok());
+  // A re-formed group (the next generation): the replicas move to it, and
+  // the module's next step runs on it.
+  Group second = make_group(1, {}, /*generation=*/2);
+  REQUIRE(replicas->set_group(*second[0], 0).ok());
+  first.clear();
+  REQUIRE(ddp->train_step(*second[0], [&] { return mse(model, 4, 4); }).ok());
+  CHECK(replicas->step() == 2);
+  CHECK(model->fc1->weight.data_ptr() == static_cast<const void*>(replicas->value("fc1.weight").value().data()));
 }
 
 }  // namespace

@@ -1,4 +1,6 @@
-// register_model: the closures fit schedules, over a PsModule.
+// register_model: the closures fit schedules, over a PsModule, or, in a
+// synchronous step (MirroredStrategy::run: MirroredFitStrategy), over a
+// MirroredModule attached to the worker's replicas.
 #include <memory>
 #include <mutex>
 #include <optional>
@@ -6,7 +8,9 @@
 
 #include "capstan/data/dataset.h"
 #include "capstan/fit.h"
+#include "capstan/mirrored.h"
 #include "capstan/torch.h"
+#include "capstan/torch/mirrored_module.h"
 
 namespace capstan::torch {
 namespace {
@@ -17,6 +21,11 @@ struct Model {
   std::string name;
   ModelSpec spec;
   std::unique_ptr<PsModule> ps;
+  // Synchronous steps: the module attached to the worker's replicas
+  // (ctx.mirrored()), re-attached when they change. GUARDED_BY(mutex).
+  std::unique_ptr<MirroredModule> mirrored;
+  MirroredVariables* attached = nullptr;
+  std::vector<std::string> attached_names;
   ::torch::Tensor thresholds;  // float64 [T]
   // Whether every optimizer's update is linear in rate * gradient, so that
   // scaling the loss scales the rate exactly.
@@ -52,6 +61,29 @@ Result<Element> metric_state(const Model& m, const ::torch::Tensor& outputs, con
   return Element{{Tensor::scalar<double>(loss.item<double>() * static_cast<double>(n)), Tensor::scalar<int64_t>(n),
                   Tensor::scalar<int64_t>(correct), std::move(wire)},
                  {"loss_sum", "examples", "correct", "confusion"}};
+}
+
+// The module attached to this synchronous step's replicas. `reattach`:
+// even to the same ones (an evaluation reads the parameters without a
+// train_step pointing them at buffers the worker may have replaced). The
+// caller holds m.mutex.
+Status attach(Model& m, ClosureContext& ctx, bool reattach) {
+  MirroredVariables* replicas = ctx.mirrored();
+  if (!reattach && m.mirrored != nullptr && m.attached == replicas && m.attached_names == replicas->names()) {
+    return Status::Ok();
+  }
+  m.mirrored.reset();  // its hooks go before the new ones come
+  m.attached = nullptr;
+  auto attached = MirroredModule::attach(*replicas, *m.spec.module, {.prefix = m.spec.ps.prefix});
+  if (!attached.ok()) {
+    return attached.status().with_context(m.name + ": attaching the module to the strategy's mirrored variables "
+                                                   "(create the strategy with the module's parameters, named "
+                                                   "ModelSpec::ps.prefix + the parameter's name)");
+  }
+  m.mirrored = std::move(*attached);
+  m.attached = replicas;
+  m.attached_names = replicas->names();
+  return Status::Ok();
 }
 
 Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool training) {
@@ -99,7 +131,26 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
   std::lock_guard<std::mutex> lock(m.mutex);
   m.spec.module->train(training);
   ::torch::Tensor outputs, loss;
-  if (training) {
+  const bool synchronous = ctx.mirrored() != nullptr && ctx.group() != nullptr;
+  if (synchronous) {
+    CAPSTAN_RETURN_IF_ERROR(attach(m, ctx, /*reattach=*/!training));
+  }
+  if (synchronous && training) {
+    CAPSTAN_RETURN_IF_ERROR(m.mirrored->train_step(*ctx.group(), [&] {
+      outputs = m.spec.forward(inputs);
+      ::torch::Tensor computed = m.spec.loss(outputs, labels);
+      loss = computed.detach();
+      return scale == 1.0 ? computed : computed * scale;
+    }).status());
+  } else if (synchronous) {
+    ::torch::NoGradGuard no_grad;
+    try {
+      outputs = m.spec.forward(inputs);
+      loss = m.spec.loss(outputs, labels);
+    } catch (const std::exception& e) {
+      return Status::InvalidArgument(function + ": the forward or loss threw: " + e.what());
+    }
+  } else if (training) {
     CAPSTAN_RETURN_IF_ERROR(m.ps->train_step(ctx, [&] {
       outputs = m.spec.forward(inputs);
       ::torch::Tensor computed = m.spec.loss(outputs, labels);

@@ -17,6 +17,7 @@
 #include <unistd.h>
 
 #include "capstan/data/dataset.h"
+#include "capstan/strategy.h"
 #include "tests/integration/training_cluster.h"
 
 namespace capstan::torch {
@@ -27,20 +28,37 @@ using capstan::testing::Training;
 constexpr double kLearningRate = 0.5;  // the rate torch_test_module gives fit_mlp's optimizer
 
 // testing::Mlp's parameters under "fit/": Linear(4, 8), Linear(8, 1), each
-// drawn from U(-1/sqrt(in), 1/sqrt(in)) as LibTorch's Linear is.
-void create_mlp_variables(ClusterCoordinator& cluster) {
+// drawn from U(-1/sqrt(in), 1/sqrt(in)) as LibTorch's Linear is; sgd as
+// fit_mlp's spec says.
+std::vector<MirroredVariableSpec> mlp_parameters() {
   struct Parameter {
     const char* name;
     Shape shape;
     double bound;
   };
+  std::vector<MirroredVariableSpec> specs;
   uint64_t seed = 1;
   for (const Parameter& p : {Parameter{"first.weight", {8, 4}, 0.5}, Parameter{"first.bias", {8}, 0.5},
                              Parameter{"second.weight", {1, 8}, 1 / std::sqrt(8.0)},
                              Parameter{"second.bias", {1}, 1 / std::sqrt(8.0)}}) {
     Tensor initial = random_uniform_initializer(DType::kFloat32, p.shape, -p.bound, p.bound, seed++).value();
-    cluster.create_variable({std::string("fit/") + p.name, initial, Optimizer::sgd(kLearningRate)}).value();
+    specs.push_back({std::string("fit/") + p.name, initial, Optimizer::sgd(kLearningRate)});
   }
+  return specs;
+}
+
+void create_mlp_variables(ClusterCoordinator& cluster) {
+  for (const MirroredVariableSpec& p : mlp_parameters()) {
+    cluster.create_variable({p.name, p.initial, p.optimizer}).value();
+  }
+}
+
+StrategyOptions strategy_options(const std::string& name) {
+  StrategyOptions options;
+  options.name = name;
+  options.min_replicas = 2;
+  options.collective.timeout = std::chrono::seconds(30);
+  return options;
 }
 
 // n examples of 4 N(0, 1) features, labelled by a linear rule
@@ -205,6 +223,62 @@ TEST_CASE("BackupAndRestore: fit interrupted in its second epoch resumes at the 
   REQUIRE(begins.values.count(2) == 1);
   CHECK(begins.values.at(2) == backed_up);
   CHECK_FALSE(std::filesystem::exists(backup_dir));  // a finished fit drops its backup
+}
+
+TEST_CASE("MirroredFitStrategy trains the classifier synchronously on two worker-servers as replicas") {
+  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto mirrored = MirroredStrategy::create(*t.client, mlp_parameters(), strategy_options("fit")).value();
+  // Each replica its shard of the examples (2 x 32 a step).
+  PerWorkerDataset train =
+      mirrored->distribute_dataset(examples(4096, 1).shuffle(1024, 2).repeat().batch(32, true)).value();
+  PerWorkerDataset validation = mirrored->distribute_dataset(examples(1024, 3).repeat().batch(64, true)).value();
+  MirroredFitStrategy strategy(*mirrored);
+  History history = fit(strategy, "fit_mlp",
+                        {.epochs = 4,
+                         .steps_per_epoch = 30,
+                         .train = train,
+                         .validation = validation,
+                         .validation_steps = 4,
+                         .learning_rate = kLearningRate})
+                        .value();
+  CHECK(history.epoch == std::vector<int>{0, 1, 2, 3});
+  const auto& h = history.history;
+  for (const char* key : {"loss", "accuracy", "auc", "val_loss", "val_accuracy", "val_auc"}) {
+    INFO(key);
+    REQUIRE(h.count(key) == 1);
+    CHECK(h.at(key).size() == 4);
+  }
+  CHECK(h.at("loss").back() < h.at("loss").front());
+  CHECK(h.at("val_accuracy").back() > 0.9);
+  CHECK(h.at("val_auc").back() > 0.95);
+  // Both replicas ran every step, and hold the same variables after 4 x 30
+  // synchronous updates.
+  CHECK(mirrored->num_replicas_in_sync() == 2);
+  REQUIRE(mirrored->verify_replicas().ok());
+  std::vector<ReplicaStatus> replicas = mirrored->replicas().value();
+  REQUIRE(replicas.size() == 2);
+  CHECK(replicas[0].step == 120);
+
+  // Checkpoints through the strategy: fit's callbacks save and restore them.
+  const std::string directory = temp_dir("mirrored");
+  std::string saved = strategy.save_checkpoint(directory, 120, 1).value();
+  CHECK(saved.find("ckpt-120") != std::string::npos);
+  CHECK(strategy.restore_checkpoint(directory).value() == 120);
+  std::filesystem::remove_all(directory);
+}
+
+TEST_CASE("MirroredFitStrategy over a strategy whose variables are not the module's fails, naming the parameter") {
+  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  std::vector<MirroredVariableSpec> specs = mlp_parameters();
+  specs.erase(specs.begin() + 1);  // fit/first.bias
+  auto mirrored = MirroredStrategy::create(*t.client, specs, strategy_options("partial")).value();
+  PerWorkerDataset train = mirrored->distribute_dataset(examples(512, 4).repeat().batch(32, true)).value();
+  MirroredFitStrategy strategy(*mirrored);
+  Status status =
+      fit(strategy, "fit_mlp", {.epochs = 1, .steps_per_epoch = 2, .train = train, .learning_rate = kLearningRate})
+          .status();
+  CHECK_FALSE(status.ok());
+  CHECK_THAT(status.message(), Catch::Contains("first.bias") && Catch::Contains("fit_mlp"));
 }
 
 }  // namespace

@@ -23,8 +23,10 @@
 // The strategy is one argument (FitStrategy): how an epoch's steps run and
 // where the variables are checkpointed. ParameterServerFitStrategy schedules
 // one closure per step on the ClusterCoordinator's queue (asynchronous
-// training, as Keras with ParameterServerStrategy); a mirrored or hybrid
-// strategy implements the same interface.
+// training, as Keras with ParameterServerStrategy); MirroredFitStrategy runs
+// each step on every worker-server at once as the replicas of a
+// MirroredStrategy (synchronous training, as Keras with
+// MultiWorkerMirroredStrategy).
 //
 // Datasets: per-worker datasets (a local pipeline or a dataset function on
 // every worker, or a pipeline that reads from the data service). As with
@@ -60,6 +62,10 @@
 #include "capstan/summary.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
+
+namespace capstan {
+class MirroredStrategy;  // capstan/strategy.h
+}
 
 namespace capstan::torch {
 
@@ -136,6 +142,36 @@ class ParameterServerFitStrategy : public FitStrategy {
  private:
   Result<MetricState> run(const std::string& function, const Element& args, int64_t steps);
   ClusterCoordinator& cluster_;
+};
+
+// Synchronous training on the worker-servers (Keras' fit under
+// MultiWorkerMirroredStrategy): each step is one MirroredStrategy::run of
+// register_model's closure on every replica at once, each on its worker's
+// next batch of the dataset (MirroredStrategy::distribute_dataset); in
+// those steps the closures train a MirroredModule attached to the worker's
+// replicas (ctx.mirrored()), so the strategy must be created with the
+// module's parameters as its variables: ModelSpec::ps.prefix + each
+// parameter's name, its shape and dtype, and the optimizers ModelSpec::ps
+// names (which decide whether a learning-rate scale is allowed). A step's
+// metrics are the sum of its replicas'. Modules with capstan::torch::
+// Embeddings (rows on the parameter servers) are not supported here. A
+// step that fails (a worker lost: Unavailable) fails the call; the
+// variables stay at the last step every replica finished. `strategy` must
+// outlive this object.
+class MirroredFitStrategy : public FitStrategy {
+ public:
+  explicit MirroredFitStrategy(MirroredStrategy& strategy) : strategy_(strategy) {}
+  Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
+                            double learning_rate_scale) override;
+  Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
+  // MirroredStrategy::save_checkpoint / restore_checkpoint (the cluster's
+  // checkpoint, the mirrored variables included).
+  Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
+  Result<int64_t> restore_checkpoint(const std::string& path) override;
+
+ private:
+  Result<MetricState> run(const std::string& function, const Element& args, int64_t steps);
+  MirroredStrategy& strategy_;
 };
 
 // ---- Callbacks --------------------------------------------------------------------

@@ -285,7 +285,11 @@ struct ModelSpec {
 //   "<name>/eval_step" (dataset arg): the same without gradients or push.
 // Both return the batch's metric state ("loss_sum", "examples", "correct",
 // "confusion": see MetricState in capstan/fit.h). Steps of one model on a
-// worker run one at a time (the module is shared). An invalid spec is
+// worker run one at a time (the module is shared). Run as a synchronous
+// step (MirroredStrategy::run, as MirroredFitStrategy does), a closure
+// trains the module with a MirroredModule attached to the worker's
+// replicas (ctx.mirrored(), variables named ps.prefix + parameter name) on
+// the step's group instead of pulling and pushing. An invalid spec is
 // InvalidArgument naming the field, and nothing is registered.
 Status register_model(FunctionRegistry& registry, const std::string& name, ModelSpec spec);
 

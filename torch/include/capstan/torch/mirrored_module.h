@@ -47,6 +47,15 @@
 //            with a zero gradient (SGD: no change; Adam: its moments decay
 //            and the value moves by them).
 //
+// Replicas that already exist (MirroredStrategy, capstan/strategy.h: the
+// worker-server holds them and hands them to each step's closure as
+// ctx.mirrored(), the group as ctx.group(), which may be another after a
+// worker was lost): attach() binds the module to them without a
+// collective, and each step names its group.
+//
+//   auto ddp = capstan::torch::MirroredModule::attach(*ctx.mirrored(), *model, {.prefix = "census/"}).value();
+//   auto loss = ddp->train_step(*ctx.group(), [&] { return ...; }).value();
+//
 // Parameters that do not require grad are mirrored (rank 0's values at
 // create) and never updated. Buffers (BatchNorm's running statistics) are
 // not mirrored. Every rank must call train_step the same number of times.
@@ -113,6 +122,21 @@ class MirroredModule {
   // object.
   static Result<std::unique_ptr<MirroredModule>> create(Communicator& group, ::torch::nn::Module& module,
                                                         MirroredOptions options = {});
+  // Not collective: binds `module` to `replicas` that exist already and are
+  // identical on every rank (a MirroredStrategy made them so): each
+  // parameter becomes a view of the replica named options.prefix + its
+  // name. The replicas' own optimizers apply (options.optimizer and
+  // options.optimizers are ignored); the bucket options must be the same
+  // on every rank (not checked here: no collective). InvalidArgument,
+  // naming the parameter and both dtypes and shapes, for a parameter
+  // without a replica or whose replica differs in dtype or shape, and for
+  // a replica that is no parameter (a step updates every replica). There
+  // is no group until a step names one: train_step(group, loss).
+  // `replicas` and `module` must outlive this object, or the object must
+  // not be used once they are gone (destroying it is fine; it touches only
+  // the module's hooks).
+  static Result<std::unique_ptr<MirroredModule>> attach(MirroredVariables& replicas, ::torch::nn::Module& module,
+                                                        MirroredOptions options = {});
   ~MirroredModule();
   MirroredModule(const MirroredModule&) = delete;
   MirroredModule& operator=(const MirroredModule&) = delete;
@@ -133,6 +157,11 @@ class MirroredModule {
   // unless the program calls group.abort(). A failure once buckets were
   // launched (backward threw, a collective failed) aborts the group.
   Result<::torch::Tensor> train_step(const std::function<::torch::Tensor()>& loss);
+  // The same step on `group`, which becomes this module's group from now
+  // on (a strategy's step: ctx.group(), re-formed after a worker loss, with
+  // the replicas already moved to it). FailedPrecondition from the plain
+  // train_step(loss) of an attached module that was never given a group.
+  Result<::torch::Tensor> train_step(Communicator& group, const std::function<::torch::Tensor()>& loss);
 
   // A parameter's replica (name without the prefix): the buffer the
   // module's parameter views. NotFound for an unknown name.
@@ -155,6 +184,8 @@ class MirroredModule {
 
  private:
   explicit MirroredModule(std::unique_ptr<Impl> impl);
+  // create and attach's common end: the views and the hooks.
+  static Result<std::unique_ptr<MirroredModule>> finish(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
 
