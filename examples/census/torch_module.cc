@@ -39,7 +39,9 @@ struct Model {
   std::mutex mutex;  // a worker with several lanes runs closures at once
   census::WideDeep module;
   capstan::torch::PsModule ps;
-  Model() : module(census::WideDeep()), ps(*module, census::ps_options(0, 0)) {}
+  Model()
+      : module(census::WideDeep()),
+        ps(*module, census::ps_options(capstan::Optimizer::none(), capstan::Optimizer::none())) {}
 };
 Model& model() {
   static Model* instance = new Model();  // never destroyed: closures may run until exit
