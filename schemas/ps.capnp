@@ -20,6 +20,21 @@ struct OptimizerConfig {
   l2 @10 :Float64;
   l2Shrinkage @11 :Float64;
   beta @12 :Float64;
+  # Unset, or kind "": the constant rate (what a peer older than schedules
+  # sends). Such a peer ignores a schedule it receives, so upgrade parameter
+  # servers and workers (mirrored variables) before programs that use one.
+  schedule @13 :LearningRateSchedule;
+}
+
+# capstan::LearningRateSchedule (capstan/training.h): Keras' schedules.
+struct LearningRateSchedule {
+  kind @0 :Text;               # "constant", "exponential_decay", "piecewise_constant_decay", "cosine_decay"
+  decaySteps @1 :Int64;        # exponential_decay, cosine_decay
+  decayRate @2 :Float64;       # exponential_decay
+  staircase @3 :Bool;          # exponential_decay
+  alpha @4 :Float64;           # cosine_decay
+  boundaries @5 :List(Int64);  # piecewise_constant_decay
+  values @6 :List(Float64);    # piecewise_constant_decay: boundaries + 1 rates
 }
 
 struct ShardInfo {

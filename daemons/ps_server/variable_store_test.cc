@@ -156,6 +156,34 @@ TEST_CASE("re-creating a shard differently is AlreadyExists naming both") {
         StatusCode::kAlreadyExists);
 }
 
+TEST_CASE("a shard's updates follow its optimizer's schedule by the shard's step") {
+  VariableStore store;
+  // Rate 1 for the first two updates, then 0.5.
+  const Optimizer sgd =
+      Optimizer::sgd(1).with_schedule(LearningRateSchedule::piecewise_constant_decay({1}, {1.0, 0.5}));
+  REQUIRE(store.create("w", f32({0, 0}, {2, 1}), sgd).ok());
+  REQUIRE(store.apply_dense("w", f32({1, 1}, {2, 1})).ok());
+  REQUIRE(store.apply_sparse("w", make<int64_t>({0}, {1}), f32({1}, {1, 1})).ok());
+  REQUIRE(store.apply_dense("w", f32({1, 1}, {2, 1})).ok());
+  CHECK(read_f32(store, "w") == std::vector<float>{-2.5f, -1.5f});
+  CHECK(store.info("w")->step == 3);
+  CHECK(store.info("w")->optimizer == sgd);
+
+  // The same optimizer with another schedule is another optimizer.
+  Status other = store.create("w", f32({0, 0}, {2, 1}), Optimizer::sgd(1));
+  CHECK(other.code() == StatusCode::kAlreadyExists);
+  CHECK_THAT(other.message(), Catch::Contains("schedule=piecewise_constant_decay(boundaries=[1], values=[1, 0.5])"));
+  CHECK(store.create("w", f32({0, 0}, {2, 1}), sgd).ok());
+}
+
+TEST_CASE("create rejects a bad schedule naming its field") {
+  VariableStore store;
+  Status s = store.create("w", f32({1}), Optimizer::adam(0.1).with_schedule(LearningRateSchedule::cosine_decay(0)));
+  CHECK(s.code() == StatusCode::kInvalidArgument);
+  CHECK(s.message() == "create 'w': optimizer adam: cosine_decay schedule: decay_steps must be > 0, got 0");
+  CHECK_FALSE(store.info("w").ok());
+}
+
 TEST_CASE("create rejects an invalid optimizer, string and invalid tensors") {
   VariableStore store;
   Optimizer bad = optimizer(Kind::kAdam);

@@ -154,6 +154,9 @@ struct Flags {
   double wide_learning_rate = 0.05;
   bool wide_learning_rate_given = false;  // --wide-learning-rate was passed
   double deep_learning_rate = 0.0005;
+  // The parameter servers' deep (Adam) rate over the run: "cosine" decays
+  // it to 0 over the run's updates (a Keras CosineDecay), "none" keeps it.
+  std::string lr_decay = "cosine";
   int min_workers = 1;
   int64_t eval_shards = 8;
   double target_accuracy = 0.85;
@@ -173,6 +176,7 @@ struct Flags {
             << " [--coordinator HOST:PORT] [--dispatcher HOST:PORT] [--data-dir DIR]"
                " [--mode ps|sync|hybrid|strategy|strategy-hybrid] [--model torch|eigen]"
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
+               " [--lr-decay cosine|none]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
                " [--checkpoint-dir DIR] [--logdir DIR] [--replicas N] [--rank R --group NAME]\n";
   std::exit(error.empty() ? 0 : 2);
@@ -209,6 +213,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--seed") flags.seed = static_cast<uint64_t>(integer(0));
     else if (name == "--wide-learning-rate") flags.wide_learning_rate = real(), flags.wide_learning_rate_given = true;
     else if (name == "--deep-learning-rate") flags.deep_learning_rate = real();
+    else if (name == "--lr-decay") flags.lr_decay = value;
     else if (name == "--min-workers") flags.min_workers = static_cast<int>(integer(1));
     else if (name == "--eval-shards") flags.eval_shards = integer(1);
     else if (name == "--target-accuracy") flags.target_accuracy = real();
@@ -224,6 +229,9 @@ Flags parse_flags(int argc, char** argv) {
   if (flags.mode != "ps" && flags.mode != "sync" && flags.mode != "hybrid" && flags.mode != "strategy" &&
       flags.mode != "strategy-hybrid") {
     usage(argv[0], "--mode must be ps, sync, hybrid, strategy or strategy-hybrid, got '" + flags.mode + "'");
+  }
+  if (flags.lr_decay != "cosine" && flags.lr_decay != "none") {
+    usage(argv[0], "--lr-decay must be cosine or none, got '" + flags.lr_decay + "'");
   }
   if (flags.model.empty()) flags.model = census::torch_available() ? "torch" : "eigen";
   if (flags.model != "torch" && flags.model != "eigen") {
@@ -411,17 +419,33 @@ std::string run_job_name(const std::string& prefix) {
          std::to_string(std::chrono::system_clock::now().time_since_epoch().count());
 }
 
-// The model's variables with their initial values and optimizers: the wide
-// table and the embeddings (partitioned in 2 on the parameter servers),
-// then the MLP.
-std::vector<capstan::VariableSpec> model_variables(const Flags& flags, uint64_t seed) {
-  return {{"census_wide", *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1}),
-           capstan::Optimizer::adagrad(flags.wide_learning_rate), capstan::Partitioner::fixed_shards(2)},
+// The optimizers of the model's parts at the flags' rates: Adagrad on the
+// wide part, Adam on the deep part. `updates` is the number of updates each
+// variable gets over the run (0: unknown); with --lr-decay cosine and
+// updates > 0, Adam's rate decays to 0 over them (Keras' CosineDecay), so
+// that the last steps, asynchronous ones above all, move the model less
+// and the final accuracy does not wobble with the last batches. Adagrad's
+// rate already shrinks as its accumulator grows.
+census::Optimizers optimizers(const Flags& flags, int64_t updates) {
+  census::Optimizers out{capstan::Optimizer::adagrad(flags.wide_learning_rate),
+                         capstan::Optimizer::adam(flags.deep_learning_rate)};
+  if (flags.lr_decay == "cosine" && updates > 0) {
+    out.deep = out.deep.with_schedule(capstan::LearningRateSchedule::cosine_decay(updates));
+  }
+  return out;
+}
+
+// The model's variables with their initial values and `optimizers`: the
+// wide table and the embeddings (partitioned in 2 on the parameter
+// servers), then the MLP.
+std::vector<capstan::VariableSpec> model_variables(const census::Optimizers& optimizers, uint64_t seed) {
+  return {{"census_wide", *capstan::zeros_initializer(DType::kFloat32, {census::wide_rows(), 1}), optimizers.wide,
+           capstan::Partitioner::fixed_shards(2)},
           {"census_embeddings",
            *Tensor::from_vector<float>(census::initial_embeddings(seed), {census::embedding_rows(), census::kEmbeddingDim}),
-           capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::fixed_shards(2)},
+           optimizers.deep, capstan::Partitioner::fixed_shards(2)},
           {"census_dnn", *Tensor::from_vector<float>(census::initial_dnn(seed + 1), {census::dnn_parameters()}),
-           capstan::Optimizer::adam(flags.deep_learning_rate), capstan::Partitioner::none()}};
+           optimizers.deep, capstan::Partitioner::none()}};
 }
 
 // Creates `specs` on the parameter servers with their initial values. The
@@ -443,10 +467,13 @@ struct Layout {
   std::vector<capstan::MirroredVariableSpec> mirrored;
 };
 
-Layout layout(const Flags& flags, uint64_t seed, bool hybrid) {
+// `tables`: the optimizers of the tables on the parameter servers (hybrid);
+// the mirrored variables keep constant rates.
+Layout layout(const Flags& flags, uint64_t seed, bool hybrid, const census::Optimizers& tables) {
   Layout out;
-  for (auto& v : model_variables(flags, seed)) {
+  for (auto& v : model_variables(optimizers(flags, /*updates=*/0), seed)) {
     if (hybrid && v.name != "census_dnn") {
+      v.optimizer = v.name == "census_wide" ? tables.wide : tables.deep;
       out.on_parameter_servers.push_back(std::move(v));
     } else {
       out.mirrored.push_back({v.name, v.initial, v.optimizer});
@@ -514,17 +541,23 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   // Rank 0's initial values become every replica's (with --seed, all draw the same).
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
   const bool torch = flags.model == "torch";
+  const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.replicas);
+  const int64_t global_batch = local_batch * flags.replicas;
+  const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
+  // Hybrid: every replica pushes its own batch's updates to the tables, so a
+  // table gets `replicas` updates a step.
+  const census::Optimizers tables = optimizers(flags, flags.replicas * flags.epochs * steps_per_epoch);
   // --model torch: the LibTorch module (its plugin: the tables, the
   // mirrored parameters, the steps). --model eigen: model.h's variables.
   std::unique_ptr<census::TorchReplica> torch_model;
   std::unique_ptr<capstan::MirroredVariables> eigen_variables;
   if (torch) {
-    census::TorchReplicaOptions torch_options{hybrid, flags.wide_learning_rate, flags.deep_learning_rate, seed};
+    census::TorchReplicaOptions torch_options{hybrid, optimizers(flags, /*updates=*/0), tables, seed};
     auto created = census::create_torch_replica(**group, cluster, torch_options);
     if (!created.ok()) return failed("building the LibTorch model", created.status());
     torch_model = std::move(*created);
   } else {
-    Layout variables = layout(flags, seed, hybrid);
+    Layout variables = layout(flags, seed, hybrid, tables);
     if (hybrid) {
       // The tables on the parameter servers: rank 0 creates them.
       if (chief) {
@@ -553,7 +586,6 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
 
   capstan::FunctionRegistry functions;
   census::register_pipeline_functions(functions);
-  const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.replicas);
   // Each replica runs the pipeline on its shard of adult.data, or, with
   // --dispatcher, reads its batches from one data-service job that the data
   // workers feed (whichever replica asks next gets the next batch).
@@ -570,8 +602,6 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   }
   auto iterator = pipeline.make_iterator(&functions);
   if (!iterator.ok()) return failed("starting the input pipeline", iterator.status());
-  const int64_t global_batch = local_batch * flags.replicas;
-  const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
   if (chief) {
     std::printf("census: Wide & Deep in %s, %s mode: %d replicas (processes) in collective group '%s' "
                 "(generation %lld); %s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
@@ -705,15 +735,17 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   // --model torch: the module's parameters (the plugin makes their specs,
   // and with strategy-hybrid creates the tables). --model eigen: model.h's.
   std::vector<capstan::MirroredVariableSpec> mirrored;
+  // A table's updates come from however many workers each step runs on:
+  // constant rates (--lr-decay does not apply).
   if (torch) {
-    const double wide_learning_rate =
-        flags.wide_learning_rate_given ? flags.wide_learning_rate : kStrategyTorchWideLearningRate;
-    census::TorchReplicaOptions torch_options{hybrid, wide_learning_rate, flags.deep_learning_rate, seed};
+    census::Optimizers rates = optimizers(flags, /*updates=*/0);
+    if (!flags.wide_learning_rate_given) rates.wide = capstan::Optimizer::adagrad(kStrategyTorchWideLearningRate);
+    census::TorchReplicaOptions torch_options{hybrid, rates, rates, seed};
     auto specs = census::torch_strategy_variables(cluster, torch_options);
     if (!specs.ok()) return fail("creating the LibTorch model's variables", specs.status());
     mirrored = std::move(*specs);
   } else {
-    Layout variables = layout(flags, seed, hybrid);
+    Layout variables = layout(flags, seed, hybrid, optimizers(flags, /*updates=*/0));
     Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
     if (!created.ok()) return fail("creating the tables", created);
     mirrored = variables.mirrored;
@@ -840,9 +872,11 @@ int main(int argc, char** argv) {
 
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
   const bool torch = flags.model == "torch";
-  Status created = torch ? census::create_torch_variables(cluster, flags.wide_learning_rate,
-                                                          flags.deep_learning_rate, seed)
-                         : create_on_parameter_servers(cluster, model_variables(flags, seed));
+  // Each closure updates every variable once.
+  const int64_t steps_per_epoch = (kTrainingExamples + flags.batch_size - 1) / flags.batch_size;
+  const census::Optimizers ps_optimizers = optimizers(flags, flags.epochs * steps_per_epoch);
+  Status created = torch ? census::create_torch_variables(cluster, ps_optimizers, seed)
+                         : create_on_parameter_servers(cluster, model_variables(ps_optimizers, seed));
   if (!created.ok()) return fail("creating the variables", created);
 
   // One job per run: every training worker reads its batches from it.
@@ -852,7 +886,6 @@ int main(int argc, char** argv) {
   auto dataset = cluster.create_per_worker_dataset(*pipeline);
   if (!dataset.ok()) return fail("creating the per-worker dataset", dataset.status());
 
-  const int64_t steps_per_epoch = (kTrainingExamples + flags.batch_size - 1) / flags.batch_size;
   std::printf("census: Wide & Deep (wide: %lld ids; deep: %d embedded columns x %d + %d numeric -> 100-75-50-25) "
               "in %s, %s mode, %d worker(s), %lld epochs of %lld steps of %lld examples\n",
               static_cast<long long>(census::wide_rows()), census::kDeepFields, census::kEmbeddingDim,

@@ -106,14 +106,15 @@ struct TablesImpl : torch::nn::Module {
   }
 };
 
-// What the program creates: prefix "census/", Adagrad on the wide part (the
-// table and the bias), Adam on the deep part, both tables in two shards.
-inline capstan::torch::PsOptions ps_options(double wide_learning_rate, double deep_learning_rate) {
+// What the program creates: prefix "census/", `wide` (Adagrad) on the wide
+// part (the table and the bias), `deep` (Adam) on the deep part, both tables
+// in two shards. A worker's PsModule uses only the prefix.
+inline capstan::torch::PsOptions ps_options(const capstan::Optimizer& wide, const capstan::Optimizer& deep) {
   capstan::torch::PsOptions options;
   options.prefix = "census/";
-  options.optimizer = capstan::Optimizer::adam(deep_learning_rate);
-  options.optimizers["wide.weight"] = capstan::Optimizer::adagrad(wide_learning_rate);
-  options.optimizers["bias"] = capstan::Optimizer::adagrad(wide_learning_rate);
+  options.optimizer = deep;
+  options.optimizers["wide.weight"] = wide;
+  options.optimizers["bias"] = wide;
   options.partitioners["wide.weight"] = capstan::Partitioner::fixed_shards(2);
   options.partitioners["embeddings.weight"] = capstan::Partitioner::fixed_shards(2);
   return options;

@@ -61,7 +61,9 @@ struct Model {
   std::mutex mutex;  // a worker with several lanes runs closures at once
   census::WideDeep module;
   capstan::torch::PsModule ps;
-  Model() : module(census::WideDeep()), ps(*module, census::ps_options(0, 0)) {}
+  Model()
+      : module(census::WideDeep()),
+        ps(*module, census::ps_options(capstan::Optimizer::none(), capstan::Optimizer::none())) {}
 };
 Model& model() {
   static Model* instance = new Model();  // never destroyed: closures may run until exit
@@ -128,7 +130,9 @@ struct SyncModel {
         module(census::WideDeep(0, hybrid ? census::Tables::kParameterServers : census::Tables::kMirrored)) {
     if (hybrid) {
       tables = std::make_shared<census::TablesImpl>(*module);
-      ps = std::make_unique<capstan::torch::PsModule>(*tables, census::ps_options(0, 0));
+      // A worker's PsModule uses only the names (the program made the tables).
+      ps = std::make_unique<capstan::torch::PsModule>(
+          *tables, census::ps_options(capstan::Optimizer::none(), capstan::Optimizer::none()));
     }
   }
   const bool hybrid;

@@ -14,7 +14,7 @@
 namespace census {
 namespace {
 
-using CreateVariables = int (*)(capstan::ClusterCoordinator*, double, double, uint64_t, std::string*);
+using CreateVariables = int (*)(capstan::ClusterCoordinator*, const Optimizers*, uint64_t, std::string*);
 // Returns a new replica (the caller owns it), or null with `error` set.
 using CreateReplica = TorchReplica* (*)(capstan::Communicator*, capstan::ClusterCoordinator*,
                                         const TorchReplicaOptions*, capstan::Status*);
@@ -64,13 +64,13 @@ const Plugin& plugin() {
 bool torch_available() { return plugin().create != nullptr; }
 std::string torch_unavailable_reason() { return plugin().error; }
 
-capstan::Status create_torch_variables(capstan::ClusterCoordinator& cluster, double wide_learning_rate,
-                                       double deep_learning_rate, uint64_t seed) {
+capstan::Status create_torch_variables(capstan::ClusterCoordinator& cluster, const Optimizers& optimizers,
+                                       uint64_t seed) {
   if (!torch_available()) {
     return capstan::Status::FailedPrecondition("the LibTorch model is not available: " + plugin().error);
   }
   std::string error;
-  if (plugin().create(&cluster, wide_learning_rate, deep_learning_rate, seed, &error) != 0) {
+  if (plugin().create(&cluster, &optimizers, seed, &error) != 0) {
     return capstan::Status::Internal(error);
   }
   return capstan::Status::Ok();

@@ -14,14 +14,22 @@
 
 namespace census {
 
+// The optimizers of the model's two parts: the wide part (the wide table
+// and the bias) and the deep part (the embeddings and the MLP).
+struct Optimizers {
+  capstan::Optimizer wide = capstan::Optimizer::adagrad(0.05);
+  capstan::Optimizer deep = capstan::Optimizer::adam(0.0005);
+};
+
 // Whether the LibTorch part loads (built with CAPSTAN_TORCH, and LibTorch
 // installed where this runs); if not, why.
 bool torch_available();
 std::string torch_unavailable_reason();
 // Creates the LibTorch Wide & Deep model's variables on the parameter
-// servers (torch_model.h: ps_options), its initial values from `seed`.
-capstan::Status create_torch_variables(capstan::ClusterCoordinator& cluster, double wide_learning_rate,
-                                       double deep_learning_rate, uint64_t seed);
+// servers (torch_model.h: ps_options) with `optimizers`, its initial values
+// from `seed`.
+capstan::Status create_torch_variables(capstan::ClusterCoordinator& cluster, const Optimizers& optimizers,
+                                       uint64_t seed);
 
 // ---- The synchronous modes' replicas (one process each) -----------------------
 
@@ -31,8 +39,8 @@ struct TorchReplicaOptions {
   // the embeddings on the parameter servers (pulled and pushed each step,
   // sparse), the MLP and the bias mirrored.
   bool hybrid = false;
-  double wide_learning_rate = 0.05;  // Adagrad's: the wide table and the bias
-  double deep_learning_rate = 0.0005;  // Adam's: the embeddings and the MLP
+  Optimizers mirrored;  // the mirrored parameters'
+  Optimizers tables;    // hybrid: the tables' on the parameter servers
   uint64_t seed = 0;  // the initial weights (rank 0's are every replica's)
 };
 

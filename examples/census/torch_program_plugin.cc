@@ -59,7 +59,7 @@ class ProgramContext final : public capstan::ClosureContext {
 using census::TablesImpl;
 
 capstan::torch::PsOptions table_options(const census::TorchReplicaOptions& options) {
-  capstan::torch::PsOptions ps = census::ps_options(options.wide_learning_rate, options.deep_learning_rate);
+  capstan::torch::PsOptions ps = census::ps_options(options.tables.wide, options.tables.deep);
   ps.optimizers.erase("bias");  // mirrored
   return ps;
 }
@@ -86,9 +86,9 @@ Status create_tables(capstan::ClusterCoordinator& cluster, census::WideDeepImpl&
 capstan::torch::MirroredOptions mirrored_options(const census::TorchReplicaOptions& options) {
   capstan::torch::MirroredOptions mirrored;
   mirrored.prefix = "census/";
-  mirrored.optimizer = capstan::Optimizer::adam(options.deep_learning_rate);
-  mirrored.optimizers["bias"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
-  if (!options.hybrid) mirrored.optimizers["wide.weight"] = capstan::Optimizer::adagrad(options.wide_learning_rate);
+  mirrored.optimizer = options.mirrored.deep;
+  mirrored.optimizers["bias"] = options.mirrored.wide;
+  if (!options.hybrid) mirrored.optimizers["wide.weight"] = options.mirrored.wide;
   return mirrored;
 }
 
@@ -200,12 +200,11 @@ class Replica final : public census::TorchReplica {
 }  // namespace
 
 extern "C" __attribute__((visibility("default"))) int census_create_torch_variables(
-    capstan::ClusterCoordinator* cluster, double wide_learning_rate, double deep_learning_rate, uint64_t seed,
-    std::string* error) {
+    capstan::ClusterCoordinator* cluster, const census::Optimizers* optimizers, uint64_t seed, std::string* error) {
   torch::manual_seed(seed);
   census::WideDeep model(seed);
   capstan::Status status =
-      capstan::torch::create_variables(*cluster, *model, census::ps_options(wide_learning_rate, deep_learning_rate))
+      capstan::torch::create_variables(*cluster, *model, census::ps_options(optimizers->wide, optimizers->deep))
           .status();
   if (!status.ok()) *error = status.to_string();
   return status.ok() ? 0 : 1;

@@ -562,6 +562,9 @@ std::string describe(const CheckpointReader& reader) {
         out += " " + std::string(field.name) + "=" + format_double(var.optimizer.*field.value);
       }
       if (var.optimizer.nesterov) out += " nesterov";
+      if (var.optimizer.schedule.kind != LearningRateSchedule::Kind::kConstant) {
+        out += " schedule=" + rpc::schedule_debug_string(var.optimizer.schedule);
+      }
       out += "  step " + std::to_string(var.optimizer_step) + "\n";
     }
     out += "    slots:";

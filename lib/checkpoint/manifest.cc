@@ -184,6 +184,31 @@ std::string json_string_list(const std::vector<std::string>& values) {
   return out + "]";
 }
 
+// {"kind": "cosine_decay", "decay_steps": 1000, "alpha": 0}: the fields
+// the kind uses.
+std::string schedule_json(const LearningRateSchedule& s) {
+  using ScheduleKind = LearningRateSchedule::Kind;
+  std::string out = "{\"kind\": " + json_quote(learning_rate_schedule_name(s.kind));
+  switch (s.kind) {
+    case ScheduleKind::kConstant:
+      break;
+    case ScheduleKind::kExponentialDecay:
+      out += ", \"decay_steps\": " + std::to_string(s.decay_steps) + ", \"decay_rate\": " + json_double(s.decay_rate) +
+             ", \"staircase\": " + (s.staircase ? "true" : "false");
+      break;
+    case ScheduleKind::kPiecewiseConstantDecay: {
+      out += ", \"boundaries\": " + json_int_list(s.boundaries) + ", \"values\": [";
+      for (size_t i = 0; i < s.values.size(); ++i) out += (i ? ", " : "") + json_double(s.values[i]);
+      out += "]";
+      break;
+    }
+    case ScheduleKind::kCosineDecay:
+      out += ", \"decay_steps\": " + std::to_string(s.decay_steps) + ", \"alpha\": " + json_double(s.alpha);
+      break;
+  }
+  return out + "}";
+}
+
 // ---------------------------------------------------------------- parsing
 
 // Typed access to a parsed JSON tree; every error is DataLoss naming the
@@ -256,6 +281,16 @@ class Fields {
     std::vector<int64_t> out;
     for (size_t i = 0; i < node->size(); ++i) {
       CAPSTAN_ASSIGN_OR_RETURN(int64_t v, int64(&(*node)[i], field + "[" + std::to_string(i) + "]"));
+      out.push_back(v);
+    }
+    return out;
+  }
+
+  Result<std::vector<double>> number_list(const Json* node, const std::string& field) const {
+    if (!node->is_array()) return error(field, "expected a list of numbers");
+    std::vector<double> out;
+    for (size_t i = 0; i < node->size(); ++i) {
+      CAPSTAN_ASSIGN_OR_RETURN(double v, number(&(*node)[i], field + "[" + std::to_string(i) + "]"));
       out.push_back(v);
     }
     return out;
@@ -340,6 +375,53 @@ Result<ManifestTable> parse_table(const Json& node, const std::string& at, const
   return t;
 }
 
+// The optimizer's "schedule": the fields its kind uses, all of them, and no
+// other.
+Result<LearningRateSchedule> parse_schedule(const Json& node, const std::string& at, const Fields& f) {
+  using ScheduleKind = LearningRateSchedule::Kind;
+  if (!node.is_object()) return f.error(at, "expected an object");
+  CAPSTAN_ASSIGN_OR_RETURN(auto kind_node, f.member(node, at, "kind"));
+  CAPSTAN_ASSIGN_OR_RETURN(std::string kind_name, f.string(kind_node, at + ".kind"));
+  auto kind = learning_rate_schedule_kind_from_name(kind_name);
+  if (!kind) return f.error(at + ".kind", "unknown learning rate schedule " + in_quotes(kind_name));
+  LearningRateSchedule s;
+  s.kind = *kind;
+  auto get = [&](const char* key) { return f.member(node, at, key); };
+  const std::string dot = at + ".";
+  switch (s.kind) {
+    case ScheduleKind::kConstant:
+      CAPSTAN_RETURN_IF_ERROR(f.object(node, at, {"kind"}));
+      break;
+    case ScheduleKind::kExponentialDecay: {
+      CAPSTAN_RETURN_IF_ERROR(f.object(node, at, {"kind", "decay_steps", "decay_rate", "staircase"}));
+      CAPSTAN_ASSIGN_OR_RETURN(auto steps, get("decay_steps"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.decay_steps, f.int64(steps, dot + "decay_steps"));
+      CAPSTAN_ASSIGN_OR_RETURN(auto rate, get("decay_rate"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.decay_rate, f.number(rate, dot + "decay_rate"));
+      CAPSTAN_ASSIGN_OR_RETURN(auto staircase, get("staircase"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.staircase, f.boolean(staircase, dot + "staircase"));
+      break;
+    }
+    case ScheduleKind::kPiecewiseConstantDecay: {
+      CAPSTAN_RETURN_IF_ERROR(f.object(node, at, {"kind", "boundaries", "values"}));
+      CAPSTAN_ASSIGN_OR_RETURN(auto boundaries, get("boundaries"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.boundaries, f.int_list(boundaries, dot + "boundaries"));
+      CAPSTAN_ASSIGN_OR_RETURN(auto values, get("values"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.values, f.number_list(values, dot + "values"));
+      break;
+    }
+    case ScheduleKind::kCosineDecay: {
+      CAPSTAN_RETURN_IF_ERROR(f.object(node, at, {"kind", "decay_steps", "alpha"}));
+      CAPSTAN_ASSIGN_OR_RETURN(auto steps, get("decay_steps"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.decay_steps, f.int64(steps, dot + "decay_steps"));
+      CAPSTAN_ASSIGN_OR_RETURN(auto alpha, get("alpha"));
+      CAPSTAN_ASSIGN_OR_RETURN(s.alpha, f.number(alpha, dot + "alpha"));
+      break;
+    }
+  }
+  return s;
+}
+
 Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
                                         const Fields& f) {
   CAPSTAN_RETURN_IF_ERROR(f.object(node, at,
@@ -380,7 +462,7 @@ Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
 
   const std::string oat = at + ".optimizer";
   CAPSTAN_ASSIGN_OR_RETURN(auto optimizer, f.member(node, at, "optimizer"));
-  CAPSTAN_RETURN_IF_ERROR(f.object(*optimizer, oat, {"kind", "hyperparameters", "nesterov"}));
+  CAPSTAN_RETURN_IF_ERROR(f.object(*optimizer, oat, {"kind", "hyperparameters", "nesterov", "schedule"}));
   CAPSTAN_ASSIGN_OR_RETURN(auto kind, f.member(*optimizer, oat, "kind"));
   CAPSTAN_ASSIGN_OR_RETURN(std::string kind_name, f.string(kind, oat + ".kind"));
   auto parsed_kind = kind_name.empty() ? Optimizer::Kind::kNone : optimizer_kind_from_name(kind_name);
@@ -399,6 +481,9 @@ Result<ManifestVariable> parse_variable(const Json& node, const std::string& at,
   }
   CAPSTAN_ASSIGN_OR_RETURN(auto nesterov, f.member(*optimizer, oat, "nesterov"));
   CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.nesterov, f.boolean(nesterov, oat + ".nesterov"));
+  if (auto schedule = optimizer->find("schedule"); schedule != optimizer->end()) {  // absent: constant
+    CAPSTAN_ASSIGN_OR_RETURN(var.optimizer.schedule, parse_schedule(*schedule, oat + ".schedule", f));
+  }
 
   CAPSTAN_ASSIGN_OR_RETURN(auto slots, f.member(node, at, "slots"));
   CAPSTAN_ASSIGN_OR_RETURN(var.slots, f.string_list(slots, at + ".slots"));
@@ -469,7 +554,13 @@ std::string to_json(const Manifest& m) {
       first = false;
       out += json_quote(field.name) + ": " + json_double(var.optimizer.*field.value);
     }
-    out += std::string("}, \"nesterov\": ") + (var.optimizer.nesterov ? "true" : "false") + "},\n";
+    out += std::string("}, \"nesterov\": ") + (var.optimizer.nesterov ? "true" : "false");
+    // Only a schedule other than constant: a manifest without one reads
+    // in versions older than schedules.
+    if (var.optimizer.schedule.kind != LearningRateSchedule::Kind::kConstant) {
+      out += ", \"schedule\": " + schedule_json(var.optimizer.schedule);
+    }
+    out += "},\n";
     out += "      \"slots\": " + json_string_list(var.slots) + ",\n";
     out += "      \"optimizer_step\": " + std::to_string(var.optimizer_step);
     if (var.table) {

@@ -46,6 +46,12 @@
 //                 "v"): each shard's slot is the tensor "<shard>/slot/<slot>"
 //                 in the shard's file, of the same dtype and shape as the
 //                 shard.
+//   schedule      the optimizer's learning rate schedule, when it has one
+//                 other than constant: {"kind": "cosine_decay",
+//                 "decay_steps": 1275, "alpha": 0}, with the fields its kind
+//                 uses (exponential_decay: decay_steps, decay_rate,
+//                 staircase; piecewise_constant_decay: boundaries, values).
+//                 Absent: constant (every manifest written before schedules).
 //   files         every data file of the checkpoint with its size and
 //                 CRC32C, which readers verify.
 //   manifest_crc32c  the CRC32C of the manifest itself: of to_json() of what

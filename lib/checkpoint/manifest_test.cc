@@ -186,6 +186,57 @@ TEST_CASE("manifest: an unknown optimizer or hyperparameter is refused") {
                       "variables[0].optimizer.hyperparameters.rho: unknown hyperparameter");
 }
 
+TEST_CASE("manifest: every learning rate schedule round-trips, through the checksum too") {
+  using S = LearningRateSchedule;
+  for (const S& schedule : {S::cosine_decay(1275, 0.25), S::exponential_decay(10, 0.96, true),
+                            S::piecewise_constant_decay({100, 200}, {0.1, 0.05, 1.0 / 3.0}),
+                            S::piecewise_constant_decay({}, {0.1})}) {
+    Manifest m = sample_manifest();
+    m.variables[0].optimizer = m.variables[0].optimizer.with_schedule(schedule);
+    INFO(to_json(m));
+    CHECK(parse_ok(to_json(m)) == m);
+    CHECK(parse_ok(to_json_with_checksum(m)) == m);
+  }
+}
+
+TEST_CASE("manifest: a schedule is written with the fields its kind uses; a constant one is not written") {
+  Manifest m = sample_manifest();
+  CHECK_THAT(to_json(m), !Catch::Contains("\"schedule\""));
+  m.variables[0].optimizer = m.variables[0].optimizer.with_schedule(LearningRateSchedule::cosine_decay(1275));
+  CHECK_THAT(to_json(m), Catch::Contains("\"nesterov\": false, \"schedule\": {\"kind\": \"cosine_decay\", "
+                                         "\"decay_steps\": 1275, \"alpha\": 0}},"));
+  m.variables[0].optimizer = m.variables[0].optimizer.with_schedule(
+      LearningRateSchedule::piecewise_constant_decay({100}, {0.1, 0.01}));
+  CHECK_THAT(to_json(m), Catch::Contains("\"schedule\": {\"kind\": \"piecewise_constant_decay\", "
+                                         "\"boundaries\": [100], \"values\": [0.1, 0.01]}}"));
+}
+
+TEST_CASE("manifest: a manifest written before schedules reads with constant rates") {
+  // The documented layout's optimizer, as every earlier version wrote it.
+  const std::string json = to_json(sample_manifest());
+  REQUIRE(json.find("\"nesterov\": false},") != std::string::npos);
+  for (const ManifestVariable& v : parse_ok(json).variables) {
+    CHECK(v.optimizer.schedule == LearningRateSchedule::constant());
+  }
+}
+
+TEST_CASE("manifest parse: a bad schedule is refused naming its field") {
+  Manifest m = sample_manifest();
+  m.variables[0].optimizer = m.variables[0].optimizer.with_schedule(LearningRateSchedule::cosine_decay(1275));
+  const std::string good = to_json(m);
+  require_parse_error(replace(good, "\"kind\": \"cosine_decay\"", "\"kind\": \"polynomial_decay\""),
+                      "variables[0].optimizer.schedule.kind: unknown learning rate schedule 'polynomial_decay'");
+  require_parse_error(replace(good, "\"alpha\": 0", "\"alpha\": 0, \"warmup_steps\": 5"),
+                      "variables[0].optimizer.schedule.warmup_steps: unknown field");
+  require_parse_error(replace(good, ", \"alpha\": 0", ""), "variables[0].optimizer.schedule.alpha: missing");
+  require_parse_error(replace(good, "\"decay_steps\": 1275", "\"decay_steps\": 12.5"),
+                      "variables[0].optimizer.schedule.decay_steps: expected an integer");
+  require_parse_error(replace(good, "\"decay_steps\": 1275", "\"decay_steps\": 1275, \"decay_rate\": 0.5"),
+                      "variables[0].optimizer.schedule.decay_rate: unknown field");
+  require_parse_error(replace(good, "{\"kind\": \"cosine_decay\", \"decay_steps\": 1275, \"alpha\": 0}", "\"cosine\""),
+                      "variables[0].optimizer.schedule: expected an object");
+}
+
 TEST_CASE("manifest: names that need escaping round-trip") {
   Manifest m = sample_manifest();
   m.variables[0].name = "layer \"1\"\\kernel\n\t\xc3\xa9";

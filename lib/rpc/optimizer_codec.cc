@@ -1,5 +1,6 @@
 #include "rpc/optimizer_codec.h"
 
+#include <charconv>
 #include <string>
 #include <vector>
 
@@ -19,7 +20,44 @@ void optimizer_to_wire(const Optimizer& in, wire::OptimizerConfig::Builder out) 
   out.setL2(in.l2);
   out.setL2Shrinkage(in.l2_shrinkage);
   out.setBeta(in.beta);
+  // A constant schedule stays unset: the message an older peer sends.
+  if (in.schedule.kind != LearningRateSchedule::Kind::kConstant) {
+    const LearningRateSchedule& s = in.schedule;
+    auto schedule = out.initSchedule();
+    schedule.setKind(learning_rate_schedule_name(s.kind));
+    schedule.setDecaySteps(s.decay_steps);
+    schedule.setDecayRate(s.decay_rate);
+    schedule.setStaircase(s.staircase);
+    schedule.setAlpha(s.alpha);
+    auto boundaries = schedule.initBoundaries(static_cast<unsigned>(s.boundaries.size()));
+    for (unsigned i = 0; i < s.boundaries.size(); ++i) boundaries.set(i, s.boundaries[i]);
+    auto values = schedule.initValues(static_cast<unsigned>(s.values.size()));
+    for (unsigned i = 0; i < s.values.size(); ++i) values.set(i, s.values[i]);
+  }
 }
+
+namespace {
+
+Result<LearningRateSchedule> schedule_from_wire(wire::LearningRateSchedule::Reader in) {
+  std::string name(in.getKind().cStr(), in.getKind().size());
+  LearningRateSchedule out;
+  if (name.empty()) return out;  // unset: constant
+  auto kind = learning_rate_schedule_kind_from_name(name);
+  if (!kind) {
+    return Status::InvalidArgument("unknown learning rate schedule '" + name +
+                                   "' (known: constant, exponential_decay, piecewise_constant_decay, cosine_decay)");
+  }
+  out.kind = *kind;
+  out.decay_steps = in.getDecaySteps();
+  out.decay_rate = in.getDecayRate();
+  out.staircase = in.getStaircase();
+  out.alpha = in.getAlpha();
+  for (int64_t boundary : in.getBoundaries()) out.boundaries.push_back(boundary);
+  for (double value : in.getValues()) out.values.push_back(value);
+  return out;
+}
+
+}  // namespace
 
 Result<Optimizer> optimizer_from_wire(wire::OptimizerConfig::Reader in) {
   std::string name(in.getKind().cStr(), in.getKind().size());
@@ -42,6 +80,7 @@ Result<Optimizer> optimizer_from_wire(wire::OptimizerConfig::Reader in) {
   out.l2 = in.getL2();
   out.l2_shrinkage = in.getL2Shrinkage();
   out.beta = in.getBeta();
+  CAPSTAN_ASSIGN_OR_RETURN(out.schedule, schedule_from_wire(in.getSchedule()));
   return out;
 }
 
@@ -113,6 +152,14 @@ kj::Promise<ps::TableRows> read_table_rows(wire::TableRows::Reader in) {
 
 namespace {
 
+// The shortest text that reads back as `value` ("0.01", "1e-07").
+std::string shortest(double value) {
+  char buf[64];
+  auto [end, ec] = std::to_chars(buf, buf + sizeof(buf), value);
+  if (ec != std::errc()) return "?";
+  return std::string(buf, end);
+}
+
 constexpr OptimizerField kFields[] = {
     {"learning_rate", &Optimizer::learning_rate},
     {"momentum", &Optimizer::momentum},
@@ -135,6 +182,28 @@ OptimizerField field(std::string_view name) {
 }
 
 }  // namespace
+
+std::string schedule_debug_string(const LearningRateSchedule& s) {
+  using ScheduleKind = LearningRateSchedule::Kind;
+  std::string out = learning_rate_schedule_name(s.kind);
+  switch (s.kind) {
+    case ScheduleKind::kConstant:
+      return out;
+    case ScheduleKind::kExponentialDecay:
+      return out + "(decay_steps=" + std::to_string(s.decay_steps) + ", decay_rate=" + shortest(s.decay_rate) +
+             ", staircase=" + (s.staircase ? "true" : "false") + ")";
+    case ScheduleKind::kPiecewiseConstantDecay: {
+      out += "(boundaries=[";
+      for (size_t i = 0; i < s.boundaries.size(); ++i) out += (i ? ", " : "") + std::to_string(s.boundaries[i]);
+      out += "], values=[";
+      for (size_t i = 0; i < s.values.size(); ++i) out += (i ? ", " : "") + shortest(s.values[i]);
+      return out + "])";
+    }
+    case ScheduleKind::kCosineDecay:
+      return out + "(decay_steps=" + std::to_string(s.decay_steps) + ", alpha=" + shortest(s.alpha) + ")";
+  }
+  return out;
+}
 
 std::span<const OptimizerField> optimizer_fields() { return kFields; }
 

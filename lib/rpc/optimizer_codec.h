@@ -5,6 +5,7 @@
 #define CAPSTAN_LIB_RPC_OPTIMIZER_CODEC_H_
 
 #include <span>
+#include <string>
 #include <vector>
 #include <string_view>
 
@@ -17,8 +18,10 @@
 namespace capstan::rpc {
 
 void optimizer_to_wire(const Optimizer& in, wire::OptimizerConfig::Builder out);
-// InvalidArgument naming an unknown kind (a peer may send any text); the
-// values are not range-checked here (the parameter server validates them).
+// InvalidArgument naming an unknown kind or schedule kind (a peer may send
+// any text); the values are not range-checked here (the parameter server
+// validates them: training::validate). A message without a schedule (an
+// older peer's) reads as the constant schedule.
 Result<Optimizer> optimizer_from_wire(wire::OptimizerConfig::Reader in);
 
 // An embedding table's configuration (EmbeddingTableSpec without its name)
@@ -40,6 +43,10 @@ struct OptimizerField {
 std::span<const OptimizerField> optimizer_fields();
 // The hyperparameters `kind` uses, in a fixed order (learning_rate first).
 std::vector<OptimizerField> optimizer_fields(Optimizer::Kind kind);
+
+// The arguments `schedule`'s kind uses, for messages and listings:
+// "cosine_decay(decay_steps=1000, alpha=0)", "constant".
+std::string schedule_debug_string(const LearningRateSchedule& schedule);
 
 }  // namespace capstan::rpc
 

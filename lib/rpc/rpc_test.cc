@@ -242,6 +242,55 @@ TEST_CASE("an optimizer survives the wire field by field; an unknown kind is ref
   CHECK_THAT(refused.status().message(), Catch::Contains("rmsprop"));
 }
 
+TEST_CASE("an optimizer's schedule survives the wire; a constant one is not sent", "[rpc]") {
+  using S = LearningRateSchedule;
+  for (const Optimizer& o :
+       {Optimizer::adam(1e-3).with_schedule(S::cosine_decay(1275, 0.25)),
+        Optimizer::sgd(0.5).with_schedule(S::exponential_decay(10, 0.96, true)),
+        Optimizer::ftrl(0.1).with_schedule(S::piecewise_constant_decay({100, 200}, {0.1, 0.05, 0.01})),
+        Optimizer::adagrad(0.05).with_schedule(S::piecewise_constant_decay({}, {0.05}))}) {
+    capnp::MallocMessageBuilder message;
+    auto wire = message.initRoot<wire::OptimizerConfig>();
+    optimizer_to_wire(o, wire);
+    CHECK(wire.hasSchedule());
+    auto back = optimizer_from_wire(wire.asReader());
+    REQUIRE(back.ok());
+    CHECK(*back == o);
+  }
+  // A constant schedule leaves the field unset, as an older peer sends it,
+  // and an unset one reads as constant.
+  capnp::MallocMessageBuilder message;
+  auto wire = message.initRoot<wire::OptimizerConfig>();
+  optimizer_to_wire(Optimizer::adam(1e-3), wire);
+  CHECK_FALSE(wire.hasSchedule());
+  auto back = optimizer_from_wire(wire.asReader());
+  REQUIRE(back.ok());
+  CHECK(back->schedule == S::constant());
+}
+
+TEST_CASE("an unknown schedule kind is refused naming it; bad arguments are left to validate", "[rpc]") {
+  capnp::MallocMessageBuilder message;
+  auto wire = message.initRoot<wire::OptimizerConfig>();
+  optimizer_to_wire(Optimizer::adam(1e-3).with_schedule(LearningRateSchedule::cosine_decay(100)), wire);
+  wire.getSchedule().setKind("polynomial_decay");
+  auto refused = optimizer_from_wire(wire.asReader());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("unknown learning rate schedule 'polynomial_decay'"));
+  // Out-of-range values decode as they are (training::validate refuses them
+  // where the optimizer is used).
+  wire.getSchedule().setKind("cosine_decay");
+  wire.getSchedule().setDecaySteps(-3);
+  auto decoded = optimizer_from_wire(wire.asReader());
+  REQUIRE(decoded.ok());
+  CHECK(decoded->schedule.decay_steps == -3);
+}
+
+TEST_CASE("schedule_debug_string shows the arguments the kind uses", "[rpc]") {
+  CHECK(schedule_debug_string(LearningRateSchedule::constant()) == "constant");
+  CHECK(schedule_debug_string(LearningRateSchedule::cosine_decay(1275, 0.25)) ==
+        "cosine_decay(decay_steps=1275, alpha=0.25)");
+}
+
 TEST_CASE("a status the peer reported is not a transport failure", "[rpc]") {
   kj::Exception remote(kj::Exception::Type::FAILED, __FILE__, __LINE__,
                        kj::str("remote exception: [capstan:UNAVAILABLE] ps:1 is unreachable"));

@@ -55,15 +55,18 @@ struct Coefficients {
   double l2_shrinkage;
 };
 
+// The 1-based `step` is Keras' iterations + 1: the schedule is evaluated at
+// step - 1 (Keras' _decayed_lr), Adam's bias correction at step (its
+// local_step).
 Coefficients coefficients_for(const Optimizer& c, int64_t step) {
-  Coefficients k{c.kind,   c.learning_rate,       c.momentum, c.nesterov, c.epsilon,
-                 c.beta_1, c.beta_2, c.learning_rate_power, c.l1,       c.l2,
-                 c.l2_shrinkage};
+  const double lr = learning_rate_at(c, step - 1);
+  Coefficients k{c.kind,   lr,       c.momentum,           c.nesterov, c.epsilon,   c.beta_1,
+                 c.beta_2, c.learning_rate_power, c.l1, c.l2,       c.l2_shrinkage};
   if (c.kind == Kind::kAdam) {
     double t = static_cast<double>(step);
-    k.lr = c.learning_rate * std::sqrt(1 - std::pow(c.beta_2, t)) / (1 - std::pow(c.beta_1, t));
+    k.lr = lr * std::sqrt(1 - std::pow(c.beta_2, t)) / (1 - std::pow(c.beta_1, t));
   }
-  if (c.kind == Kind::kFtrl) k.l2 = c.l2 + c.beta / (2 * c.learning_rate);
+  if (c.kind == Kind::kFtrl) k.l2 = c.l2 + c.beta / (2 * lr);
   return k;
 }
 
@@ -114,6 +117,10 @@ void update_run(const Coefficients& k, size_t n, T* w, T* s0, T* s1, const G* gr
       }
       return;
     case Kind::kFtrl:  // ResourceApplyFtrlV2 (ApplyFtrl when l2_shrinkage is 0)
+      // FTRL divides by the rate. validate() keeps every schedule's rate
+      // above 0, but an exponential_decay can underflow to 0 after very
+      // many steps: such an update leaves the variable and its slots alone.
+      if (!(k.lr > 0)) return;
       for (size_t i = 0; i < n; ++i) {
         double g = static_cast<double>(grad[i]);
         double var = w[i];
@@ -140,10 +147,73 @@ T* slot_data(std::span<const std::span<T>> slots, size_t i) {
   return i < slots.size() ? slots[i].data() : nullptr;
 }
 
-}  // namespace
+Status schedule_error(const Optimizer& c, const std::string& what) {
+  return Status::InvalidArgument("optimizer " + optimizer_name(c.kind) + ": " +
+                                 learning_rate_schedule_name(c.schedule.kind) + " schedule: " + what);
+}
 
+// The schedule's arguments (see LearningRateSchedule), each check written so
+// that NaN fails it.
+Status validate_schedule(const Optimizer& c) {
+  using ScheduleKind = LearningRateSchedule::Kind;
+  const LearningRateSchedule& s = c.schedule;
+  switch (s.kind) {
+    case ScheduleKind::kConstant:
+      return Status::Ok();
+    case ScheduleKind::kExponentialDecay:
+      if (s.decay_steps <= 0) {
+        return schedule_error(c, "decay_steps must be > 0, got " + std::to_string(s.decay_steps));
+      }
+      if (!(s.decay_rate > 0) || !std::isfinite(s.decay_rate)) {
+        return schedule_error(c, "decay_rate must be > 0, got " + format_double(s.decay_rate));
+      }
+      return Status::Ok();
+    case ScheduleKind::kPiecewiseConstantDecay:
+      if (s.values.size() != s.boundaries.size() + 1) {
+        return schedule_error(c, "values must have one more entry than boundaries (" +
+                                     std::to_string(s.boundaries.size()) + "), got " +
+                                     std::to_string(s.values.size()));
+      }
+      for (size_t i = 0; i < s.boundaries.size(); ++i) {
+        if (i == 0 && s.boundaries[0] < 0) {
+          return schedule_error(c, "boundaries[0] must be >= 0, got " + std::to_string(s.boundaries[0]));
+        }
+        if (i > 0 && s.boundaries[i] <= s.boundaries[i - 1]) {
+          return schedule_error(c, "boundaries must increase, got boundaries[" + std::to_string(i) +
+                                       "] = " + std::to_string(s.boundaries[i]) + " after " +
+                                       std::to_string(s.boundaries[i - 1]));
+        }
+      }
+      for (size_t i = 0; i < s.values.size(); ++i) {
+        if (!(s.values[i] > 0) || !std::isfinite(s.values[i])) {
+          return schedule_error(c, "values[" + std::to_string(i) + "] must be > 0, got " +
+                                       format_double(s.values[i]));
+        }
+      }
+      if (c.learning_rate != s.values[0]) {
+        return schedule_error(c, "learning_rate " + format_double(c.learning_rate) +
+                                     " must equal values[0] " + format_double(s.values[0]) +
+                                     " (the rate of the first update; with_schedule sets it)");
+      }
+      return Status::Ok();
+    case ScheduleKind::kCosineDecay:
+      if (s.decay_steps <= 0) {
+        return schedule_error(c, "decay_steps must be > 0, got " + std::to_string(s.decay_steps));
+      }
+      if (!(s.alpha >= 0 && s.alpha <= 1)) {
+        return schedule_error(c, "alpha must be in [0, 1], got " + format_double(s.alpha));
+      }
+      if (c.kind == Kind::kFtrl && !(s.alpha > 0)) {
+        return schedule_error(c, "alpha must be > 0 for ftrl, which divides by the rate, got " +
+                                     format_double(s.alpha));
+      }
+      return Status::Ok();
+  }
+  return Status::InvalidArgument("optimizer " + optimizer_name(c.kind) + ": unknown schedule kind " +
+                                 std::to_string(static_cast<int>(s.kind)));
+}
 
-Status validate(const Optimizer& c) {
+Status validate_hyperparameters(const Optimizer& c) {
   switch (c.kind) {
     case Kind::kNone:
       return Status::Ok();
@@ -179,6 +249,15 @@ Status validate(const Optimizer& c) {
                                  std::to_string(static_cast<int>(c.kind)));
 }
 
+}  // namespace
+
+Status validate(const Optimizer& c) {
+  CAPSTAN_RETURN_IF_ERROR(validate_hyperparameters(c));
+  if (c.kind == Kind::kNone) return Status::Ok();
+  return validate_schedule(c);
+}
+
+
 std::string optimizer_debug_string(const Optimizer& c) {
   std::string out = optimizer_name(c.kind);
   if (c.kind == Kind::kNone) return out;
@@ -190,6 +269,9 @@ std::string optimizer_debug_string(const Optimizer& c) {
     out += std::string(field.name) + "=" + format_double(c.*field.value);
   }
   if (c.kind == Kind::kMomentum) out += c.nesterov ? ", nesterov=true" : ", nesterov=false";
+  if (c.schedule.kind != LearningRateSchedule::Kind::kConstant) {
+    out += ", schedule=" + rpc::schedule_debug_string(c.schedule);
+  }
   out += ")";
   return out;
 }

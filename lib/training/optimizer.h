@@ -25,7 +25,11 @@
 //                                 / (new_acc^-p / lr + 2 * l2') : 0
 //             accumulator = new_acc
 //
-// t is the 1-based step of the update (see VariableStore::apply_dense).
+// t is the 1-based step of the update (see VariableStore::apply_dense), and
+// lr is the optimizer's schedule at t - 1 (learning_rate_at in
+// capstan/training.h: Keras evaluates it at iterations, the updates before
+// this one); FTRL's beta term and Adam's lr_t use that rate too, as Keras'
+// _decayed_lr feeds them.
 // Sparse gradients (ids + rows) follow TF's sparse resource ops; see
 // apply_sparse_update().
 //
@@ -54,12 +58,18 @@ namespace capstan::training {
 // (all but none); momentum in [0, 1); epsilon > 0 (adagrad, adam);
 // initial_accumulator_value >= 0 (adagrad, ftrl); beta_1, beta_2 in [0, 1);
 // learning_rate_power <= 0, l1, l2, l2_shrinkage, beta >= 0 (ftrl). NaN and
-// infinities are rejected. InvalidArgument naming the field and the value:
-// "optimizer adam: beta_1 must be in [0, 1), got 1.5".
+// infinities are rejected. Then the schedule (kinds but none): decay_steps
+// > 0 (exponential, cosine); decay_rate > 0 (exponential); values one more
+// than boundaries, boundaries increasing from >= 0, values > 0 and
+// learning_rate == values[0] (piecewise); alpha in [0, 1], and > 0 for
+// ftrl, which divides by the rate (cosine). InvalidArgument naming the
+// field and the value: "optimizer adam: beta_1 must be in [0, 1), got 1.5",
+// "optimizer adam: cosine_decay schedule: decay_steps must be > 0, got 0".
 Status validate(const Optimizer& config);
 
 // "adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-07)": the
-// fields the kind uses, for messages and logs.
+// fields the kind uses, for messages and logs, and a schedule other than
+// constant: ", schedule=cosine_decay(decay_steps=1000, alpha=0))".
 std::string optimizer_debug_string(const Optimizer& config);
 
 // The slots the kind keeps, in a fixed order (Keras' names): none, sgd: {};

@@ -436,5 +436,156 @@ TEST_CASE("sparse adam decays m and v of every row and moves every row") {
   CHECK(sparse.var[2] == 3);                            // never had momentum
 }
 
+
+// ---- Learning rate schedules ---------------------------------------------------
+
+using ScheduleKind = LearningRateSchedule::Kind;
+
+TEST_CASE("validate accepts every schedule with arguments in range") {
+  for (const LearningRateSchedule& s :
+       {LearningRateSchedule::constant(), LearningRateSchedule::exponential_decay(1, 0.96),
+        LearningRateSchedule::exponential_decay(100, 1.5, true),
+        LearningRateSchedule::piecewise_constant_decay({}, {0.1}),
+        LearningRateSchedule::piecewise_constant_decay({0, 10}, {0.1, 0.01, 0.001}),
+        LearningRateSchedule::cosine_decay(1), LearningRateSchedule::cosine_decay(1000, 1.0)}) {
+    for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam}) {
+      Optimizer c = config_of(kind, 0.1).with_schedule(s);
+      INFO(optimizer_debug_string(c));
+      CHECK(validate(c).ok());
+    }
+  }
+}
+
+TEST_CASE("validate names a bad schedule's field and value") {
+  using S = LearningRateSchedule;
+  struct Case {
+    Kind kind;
+    LearningRateSchedule schedule;
+    std::string message;
+  };
+  const double nan = std::numeric_limits<double>::quiet_NaN();
+  const std::vector<Case> cases = {
+      {Kind::kAdam, S::cosine_decay(0), "optimizer adam: cosine_decay schedule: decay_steps must be > 0, got 0"},
+      {Kind::kSgd, S::exponential_decay(-5, 0.5),
+       "optimizer sgd: exponential_decay schedule: decay_steps must be > 0, got -5"},
+      {Kind::kSgd, S::exponential_decay(10, -0.5),
+       "optimizer sgd: exponential_decay schedule: decay_rate must be > 0, got -0.5"},
+      {Kind::kSgd, S::exponential_decay(10, 0), "optimizer sgd: exponential_decay schedule: decay_rate must be > 0, got 0"},
+      {Kind::kSgd, S::exponential_decay(10, nan),
+       "optimizer sgd: exponential_decay schedule: decay_rate must be > 0, got nan"},
+      {Kind::kAdagrad, S::piecewise_constant_decay({10}, {0.1}),
+       "optimizer adagrad: piecewise_constant_decay schedule: values must have one more entry than boundaries "
+       "(1), got 1"},
+      {Kind::kAdagrad, S::piecewise_constant_decay({10, 10}, {0.1, 0.01, 0.001}),
+       "optimizer adagrad: piecewise_constant_decay schedule: boundaries must increase, got boundaries[1] = 10 "
+       "after 10"},
+      {Kind::kAdagrad, S::piecewise_constant_decay({-1}, {0.1, 0.01}),
+       "optimizer adagrad: piecewise_constant_decay schedule: boundaries[0] must be >= 0, got -1"},
+      {Kind::kMomentum, S::piecewise_constant_decay({10}, {0.1, -0.01}),
+       "optimizer momentum: piecewise_constant_decay schedule: values[1] must be > 0, got -0.01"},
+      {Kind::kAdam, S::cosine_decay(100, 1.5), "optimizer adam: cosine_decay schedule: alpha must be in [0, 1], got 1.5"},
+      {Kind::kAdam, S::cosine_decay(100, -0.1),
+       "optimizer adam: cosine_decay schedule: alpha must be in [0, 1], got -0.1"},
+      {Kind::kAdam, S::cosine_decay(100, nan), "optimizer adam: cosine_decay schedule: alpha must be in [0, 1], got nan"},
+      {Kind::kFtrl, S::cosine_decay(100),
+       "optimizer ftrl: cosine_decay schedule: alpha must be > 0 for ftrl, which divides by the rate, got 0"},
+  };
+  for (const auto& [kind, schedule, message] : cases) {
+    Optimizer c = config_of(kind, 0.1).with_schedule(schedule);
+    Status s = validate(c);
+    INFO(message);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK(s.message() == message);
+  }
+}
+
+TEST_CASE("validate wants learning_rate to be a piecewise schedule's first value") {
+  Optimizer c = config_of(Kind::kSgd, 0.1);
+  c.schedule = LearningRateSchedule::piecewise_constant_decay({10}, {0.5, 0.05});  // not through with_schedule
+  CHECK(validate(c).message() ==
+        "optimizer sgd: piecewise_constant_decay schedule: learning_rate 0.1 must equal values[0] 0.5 (the rate "
+        "of the first update; with_schedule sets it)");
+  CHECK(validate(c.with_schedule(c.schedule)).ok());
+}
+
+TEST_CASE("validate rejects an unknown schedule kind; none ignores its schedule") {
+  Optimizer c = config_of(Kind::kAdam, 0.1);
+  c.schedule.kind = static_cast<ScheduleKind>(99);
+  CHECK(validate(c).message() == "optimizer adam: unknown schedule kind 99");
+  Optimizer none = Optimizer::none();
+  none.schedule = LearningRateSchedule::cosine_decay(0);
+  CHECK(validate(none).ok());
+}
+
+TEST_CASE("optimizer_debug_string shows a schedule other than constant") {
+  CHECK(optimizer_debug_string(Optimizer::adam(0.001).with_schedule(LearningRateSchedule::cosine_decay(1000))) ==
+        "adam(learning_rate=0.001, beta_1=0.9, beta_2=0.999, epsilon=1e-07, "
+        "schedule=cosine_decay(decay_steps=1000, alpha=0))");
+  CHECK(optimizer_debug_string(
+            Optimizer::sgd(1).with_schedule(LearningRateSchedule::piecewise_constant_decay({5, 9}, {1, 0.5, 0.25}))) ==
+        "sgd(learning_rate=1, schedule=piecewise_constant_decay(boundaries=[5, 9], values=[1, 0.5, 0.25]))");
+  CHECK(optimizer_debug_string(Optimizer::sgd(1).with_schedule(LearningRateSchedule::exponential_decay(10, 0.5))) ==
+        "sgd(learning_rate=1, schedule=exponential_decay(decay_steps=10, decay_rate=0.5, staircase=false))");
+}
+
+TEST_CASE("an update at step t uses the schedule's rate at t - 1 (Keras' iterations)") {
+  // Rate 1 for iterations 0 and 1, then 0.1: steps 1 and 2 move by 1 x g,
+  // step 3 by 0.1 x g.
+  Optimizer c = Optimizer::sgd(1).with_schedule(LearningRateSchedule::piecewise_constant_decay({1}, {1.0, 0.1}));
+  State<double> s(c, {0.0});
+  s.dense(c, 1, {1.0});
+  CHECK(s.var[0] == Approx(-1.0));
+  s.dense(c, 2, {1.0});
+  CHECK(s.var[0] == Approx(-2.0));
+  s.dense(c, 3, {1.0});
+  CHECK(s.var[0] == Approx(-2.1));
+  s.sparse(c, 4, 1, {0}, {1.0});
+  CHECK(s.var[0] == Approx(-2.2));
+}
+
+TEST_CASE("adam at step t takes the scheduled rate at t - 1 and its bias correction at t") {
+  // CosineDecay(0.1, 100) at iterations 50: 0.05.
+  Optimizer c = Optimizer::adam(0.1).with_schedule(LearningRateSchedule::cosine_decay(100));
+  State<double> s(c, {1.0});
+  s.dense(c, 51, {0.5});
+  double lr_t = 0.05 * std::sqrt(1 - std::pow(0.999, 51)) / (1 - std::pow(0.9, 51));
+  CHECK(s.var[0] == Approx(1 - lr_t * 0.05 / (std::sqrt(0.00025) + 1e-7)));
+}
+
+TEST_CASE("with a schedule, every kind updates as with the constant rate the schedule gives, dense and sparse") {
+  // ExponentialDecay(0.1, 2, 0.5) at iterations 4 (step 5): 0.025.
+  const LearningRateSchedule decay = LearningRateSchedule::exponential_decay(2, 0.5);
+  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam, Kind::kFtrl}) {
+    Optimizer scheduled = config_of(kind, 0.1).with_schedule(decay);
+    Optimizer constant = config_of(kind, 0.025);
+    for (Optimizer* c : {&scheduled, &constant}) {
+      c->momentum = 0.5;
+      c->l2 = 0.2;
+      c->beta = 0.04;  // ftrl: beta / (2 * lr) with the scheduled rate
+    }
+    INFO(optimizer_name(kind));
+    State<double> a(scheduled, {1.0, 2.0}), b(constant, {1.0, 2.0});
+    a.dense(scheduled, 5, {0.5, -0.25});
+    b.dense(constant, 5, {0.5, -0.25});
+    a.sparse(scheduled, 5, 1, {1}, {0.3});
+    b.sparse(constant, 5, 1, {1}, {0.3});
+    for (size_t i = 0; i < 2; ++i) {
+      CHECK(a.var[i] == Approx(b.var[i]));
+      for (size_t j = 0; j < a.slots.size(); ++j) CHECK(a.slots[j][i] == Approx(b.slots[j][i]));
+    }
+    CHECK(a.var[0] != 1.0);
+  }
+}
+
+TEST_CASE("ftrl leaves the variable alone once an exponential decay underflows to 0") {
+  Optimizer c = config_of(Kind::kFtrl, 0.1).with_schedule(LearningRateSchedule::exponential_decay(1, 1e-300));
+  REQUIRE(validate(c).ok());
+  State<double> s(c, {1.0});
+  s.dense(c, 3, {0.5});  // rate 0.1 * 1e-600: 0
+  CHECK(s.var[0] == 1.0);
+  CHECK(s.slots[0][0] == 0.1);
+  CHECK(s.slots[1][0] == 0.0);
+}
+
 }  // namespace
 }  // namespace capstan::training

@@ -33,6 +33,7 @@ from ._capstan import (  # noqa: F401
     FailedPreconditionError,
     InternalError,
     InvalidArgumentError,
+    LearningRateSchedule,
     NotFoundError,
     Optimizer,
     OutOfRangeError,

@@ -46,6 +46,18 @@ struct PyRemoteValue {
 
 void init_training(py::module_& m) {
   // ---- Optimizers, partitioners, initializers
+  py::class_<LearningRateSchedule>(m, "LearningRateSchedule")
+      .def_static("constant", &LearningRateSchedule::constant)
+      .def_static("exponential_decay", &LearningRateSchedule::exponential_decay, py::arg("decay_steps"),
+                  py::arg("decay_rate"), py::arg("staircase") = false)
+      .def_static("piecewise_constant_decay", &LearningRateSchedule::piecewise_constant_decay,
+                  py::arg("boundaries"), py::arg("values"))
+      .def_static("cosine_decay", &LearningRateSchedule::cosine_decay, py::arg("decay_steps"),
+                  py::arg("alpha") = 0.0)
+      .def_property_readonly("kind", [](const LearningRateSchedule& s) { return learning_rate_schedule_name(s.kind); })
+      .def("__repr__", [](const LearningRateSchedule& s) {
+        return "LearningRateSchedule." + learning_rate_schedule_name(s.kind) + "()";
+      });
   py::class_<Optimizer>(m, "Optimizer")
       .def_static("none", &Optimizer::none)
       .def_static("sgd", &Optimizer::sgd, py::arg("learning_rate"))
@@ -59,6 +71,9 @@ void init_training(py::module_& m) {
                   py::arg("learning_rate_power") = -0.5, py::arg("initial_accumulator_value") = 0.1)
       .def_property_readonly("kind", [](const Optimizer& o) { return optimizer_name(o.kind); })
       .def_readonly("learning_rate", &Optimizer::learning_rate)
+      .def_readonly("schedule", &Optimizer::schedule)
+      .def("with_schedule", &Optimizer::with_schedule, py::arg("schedule"))
+      .def("learning_rate_at", &learning_rate_at, py::arg("iterations"))
       .def("__repr__", [](const Optimizer& o) {
         return "Optimizer." + optimizer_name(o.kind) + "(learning_rate=" + std::to_string(o.learning_rate) + ")";
       });

@@ -211,3 +211,16 @@ def test_dropped_and_fetched_once_values_are_released(cluster):
     # The 39 dropped and the one fetched once go; the 10 held stay.
     assert wait_until(lambda: kept() == 10, timeout=20), kept()
     assert all(v.fetch()[0].item() == 0 for v in held)
+
+
+def test_an_optimizer_with_a_learning_rate_schedule():
+    schedules = capstan.LearningRateSchedule
+    adam = capstan.Optimizer.adam(0.001).with_schedule(schedules.cosine_decay(100, alpha=0.1))
+    assert adam.schedule.kind == "cosine_decay"
+    assert adam.learning_rate_at(0) == pytest.approx(0.001)
+    assert adam.learning_rate_at(50) == pytest.approx(0.001 * (0.9 * 0.5 + 0.1))
+    assert adam.learning_rate_at(1000) == pytest.approx(0.0001)
+    # piecewise_constant_decay's first value becomes the learning rate.
+    sgd = capstan.Optimizer.sgd(1.0).with_schedule(schedules.piecewise_constant_decay([10], [0.5, 0.1]))
+    assert sgd.learning_rate == 0.5
+    assert (sgd.learning_rate_at(10), sgd.learning_rate_at(11)) == (0.5, 0.1)

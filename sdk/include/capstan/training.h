@@ -42,10 +42,54 @@ class Iterator;
 }  // namespace data
 class MirroredStrategy;
 
+// A learning rate that changes as training goes (Keras'
+// tf.keras.optimizers.schedules), part of an Optimizer. It is evaluated at
+// the variable's `iterations`: the number of updates applied to it before
+// this one (TF's optimizer.iterations; 0 for the first update). The rate at
+// iterations 0 is always the optimizer's learning_rate (Keras'
+// initial_learning_rate; values[0] for piecewise_constant_decay).
+//
+//   constant                  lr = learning_rate
+//   exponential_decay         lr = learning_rate * decay_rate ^ (iterations / decay_steps)
+//                             (staircase: the exponent's integer part)
+//   piecewise_constant_decay  lr = values[0] while iterations <= boundaries[0],
+//                             values[i] while boundaries[i-1] < iterations <= boundaries[i],
+//                             values.back() after boundaries.back()
+//   cosine_decay              lr = learning_rate * ((1 - alpha) * 0.5 *
+//                                  (1 + cos(pi * min(iterations, decay_steps) / decay_steps)) + alpha)
+//
+// Only the fields its kind uses matter; the factories leave the others at
+// their defaults.
+struct LearningRateSchedule {
+  enum class Kind { kConstant, kExponentialDecay, kPiecewiseConstantDecay, kCosineDecay };
+  Kind kind = Kind::kConstant;
+  int64_t decay_steps = 0;            // exponential_decay, cosine_decay: > 0
+  double decay_rate = 0;              // exponential_decay: > 0
+  bool staircase = false;             // exponential_decay
+  double alpha = 0;                   // cosine_decay: the final fraction of the rate, in [0, 1]
+  std::vector<int64_t> boundaries{};  // piecewise_constant_decay: increasing iteration counts >= 0
+  std::vector<double> values{};       // piecewise_constant_decay: boundaries.size() + 1 rates > 0
+
+  bool operator==(const LearningRateSchedule&) const = default;
+
+  static LearningRateSchedule constant();
+  static LearningRateSchedule exponential_decay(int64_t decay_steps, double decay_rate, bool staircase = false);
+  static LearningRateSchedule piecewise_constant_decay(std::vector<int64_t> boundaries, std::vector<double> values);
+  static LearningRateSchedule cosine_decay(int64_t decay_steps, double alpha = 0);
+};
+
+// Keras' names in snake case: "constant", "exponential_decay",
+// "piecewise_constant_decay", "cosine_decay".
+std::string learning_rate_schedule_name(LearningRateSchedule::Kind kind);
+// Inverse of learning_rate_schedule_name(); nullopt for an unknown name.
+std::optional<LearningRateSchedule::Kind> learning_rate_schedule_kind_from_name(std::string_view name);
+
 // An optimizer applied on the parameter servers (Keras semantics).
 // The one description of an optimizer, everywhere in Capstan: the program
 // creates variables with it, the parameter servers apply it, checkpoints
 // record it. Only the fields its kind uses matter.
+//
+//   Optimizer::adam(0.001).with_schedule(LearningRateSchedule::cosine_decay(10000))
 struct Optimizer {
   // kNone: an assign-only variable (no gradients applied).
   enum class Kind { kNone, kSgd, kMomentum, kAdagrad, kAdam, kFtrl };
@@ -59,9 +103,16 @@ struct Optimizer {
   double beta_2 = 0.999;
   double learning_rate_power = -0.5;
   double l1 = 0, l2 = 0, l2_shrinkage = 0, beta = 0;
+  // How learning_rate changes with the variable's updates (every kind but none).
+  LearningRateSchedule schedule{};
 
   // Field by field (a re-created variable must ask for the same optimizer).
   bool operator==(const Optimizer&) const = default;
+
+  // This optimizer with `schedule`. A piecewise_constant_decay schedule
+  // also sets learning_rate to its values[0] (when it has values), as the
+  // rate of the first update is the learning_rate.
+  Optimizer with_schedule(LearningRateSchedule schedule) const;
 
   static Optimizer none();
   static Optimizer sgd(double learning_rate);
@@ -74,6 +125,10 @@ struct Optimizer {
                         double learning_rate_power = -0.5,
                         double initial_accumulator_value = 0.1);
 };
+
+// The rate of the update that follows `iterations` (>= 0) earlier updates:
+// `optimizer`'s schedule at `iterations`, from its learning_rate.
+double learning_rate_at(const Optimizer& optimizer, int64_t iterations);
 
 // Keras' identifiers: "none", "sgd", "momentum", "adagrad", "adam", "ftrl".
 std::string optimizer_name(Optimizer::Kind kind);

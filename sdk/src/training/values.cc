@@ -2,7 +2,10 @@
 // initializers): no RPC, so the internal libraries that describe variables
 // (checkpoints, the optimizer codec, the variable router) use them from
 // capstan_base without reaching up to the client.
+#include <algorithm>
+#include <cmath>
 #include <functional>
+#include <numbers>
 #include <random>
 
 #include "capstan/training.h"
@@ -52,6 +55,81 @@ std::optional<Optimizer::Kind> optimizer_kind_from_name(std::string_view name) {
     if (name == n) return k;
   }
   return std::nullopt;
+}
+
+namespace {
+constexpr std::pair<LearningRateSchedule::Kind, const char*> kScheduleNames[] = {
+    {LearningRateSchedule::Kind::kConstant, "constant"},
+    {LearningRateSchedule::Kind::kExponentialDecay, "exponential_decay"},
+    {LearningRateSchedule::Kind::kPiecewiseConstantDecay, "piecewise_constant_decay"},
+    {LearningRateSchedule::Kind::kCosineDecay, "cosine_decay"},
+};
+}  // namespace
+
+std::string learning_rate_schedule_name(LearningRateSchedule::Kind kind) {
+  for (const auto& [k, name] : kScheduleNames) {
+    if (k == kind) return name;
+  }
+  return "unknown(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
+std::optional<LearningRateSchedule::Kind> learning_rate_schedule_kind_from_name(std::string_view name) {
+  for (const auto& [k, n] : kScheduleNames) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
+LearningRateSchedule LearningRateSchedule::constant() { return {}; }
+LearningRateSchedule LearningRateSchedule::exponential_decay(int64_t decay_steps, double decay_rate, bool staircase) {
+  return {.kind = Kind::kExponentialDecay, .decay_steps = decay_steps, .decay_rate = decay_rate, .staircase = staircase};
+}
+LearningRateSchedule LearningRateSchedule::piecewise_constant_decay(std::vector<int64_t> boundaries,
+                                                                   std::vector<double> values) {
+  return {.kind = Kind::kPiecewiseConstantDecay, .boundaries = std::move(boundaries), .values = std::move(values)};
+}
+LearningRateSchedule LearningRateSchedule::cosine_decay(int64_t decay_steps, double alpha) {
+  return {.kind = Kind::kCosineDecay, .decay_steps = decay_steps, .alpha = alpha};
+}
+
+Optimizer Optimizer::with_schedule(LearningRateSchedule s) const {
+  Optimizer out = *this;
+  if (s.kind == LearningRateSchedule::Kind::kPiecewiseConstantDecay && !s.values.empty()) {
+    out.learning_rate = s.values.front();
+  }
+  out.schedule = std::move(s);
+  return out;
+}
+
+// Keras' formulas (tf.keras.optimizers.schedules), in double. The
+// optimizer's validate() keeps the arguments in range; out of range they
+// give whatever the formula gives, never a crash.
+double learning_rate_at(const Optimizer& optimizer, int64_t iterations) {
+  const LearningRateSchedule& s = optimizer.schedule;
+  const double step = static_cast<double>(std::max<int64_t>(iterations, 0));
+  switch (s.kind) {
+    case LearningRateSchedule::Kind::kConstant:
+      return optimizer.learning_rate;
+    case LearningRateSchedule::Kind::kExponentialDecay: {
+      double p = step / static_cast<double>(s.decay_steps);
+      if (s.staircase) p = std::floor(p);
+      return optimizer.learning_rate * std::pow(s.decay_rate, p);
+    }
+    case LearningRateSchedule::Kind::kPiecewiseConstantDecay: {
+      // The first boundary not below `iterations` picks the value before it.
+      auto above = std::lower_bound(s.boundaries.begin(), s.boundaries.end(), iterations);
+      auto i = static_cast<size_t>(above - s.boundaries.begin());
+      if (s.values.empty()) return optimizer.learning_rate;
+      return s.values[std::min(i, s.values.size() - 1)];
+    }
+    case LearningRateSchedule::Kind::kCosineDecay: {
+      const double decay_steps = static_cast<double>(s.decay_steps);
+      const double completed = std::min(step, decay_steps) / decay_steps;
+      const double cosine = 0.5 * (1 + std::cos(std::numbers::pi * completed));
+      return optimizer.learning_rate * ((1 - s.alpha) * cosine + s.alpha);
+    }
+  }
+  return optimizer.learning_rate;
 }
 
 // The factories name only the fields they set (designated initializers, in
