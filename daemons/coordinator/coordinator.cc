@@ -41,6 +41,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       timer_(timer),
       pool_(pool),
       log_(std::move(log)),
+      changes_(timer, [this]() { update_stats(); }),
       ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
                  config_.ps_recovery_timeout),
       incarnation_([] {
@@ -74,19 +75,6 @@ void Coordinator::update_stats() {
   stats_->clients = static_cast<int64_t>(clients_.size());
 }
 
-void Coordinator::notify() {
-  update_stats();
-  auto waiters = kj::mv(waiters_);
-  waiters_ = kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>();
-  for (auto& w : waiters) w->fulfill();
-}
-
-kj::Promise<void> Coordinator::changed() {
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  waiters_.add(kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
-}
-
 // ---- Workers ---------------------------------------------------------------------
 
 kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::string> functions,
@@ -118,7 +106,7 @@ kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::
   return datasets_.send_all({id, added.task_index, added.peer.get()}, workers_.size()).then([this, id]() {
     for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
     tasks_.add(watch_worker(id));
-    notify();
+    changes_.notify();
     return id;
   });
 }
@@ -178,7 +166,7 @@ void Coordinator::drop_worker(int64_t worker_id, const Status& why) {
     for (auto& w : waiting->second) w->fulfill();
     drop_waiters_.erase(waiting);
   }
-  notify();
+  changes_.notify();
 }
 
 void Coordinator::cancel_runs() {
@@ -267,11 +255,11 @@ bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, 
 
 kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
-  if (!ps_health_.status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
+  if (it == workers_.end() || it->second.leaving || gate_.draining()) return kj::READY_NOW;
+  if (!ps_health_.status().ok() || gate_.paused()) return changes_.changed().then([this, worker_id]() { return lane(worker_id); });
   int batch = batch_size();
   auto closure = queue_.next(worker_id);
-  if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
+  if (!closure) return changes_.changed().then([this, worker_id]() { return lane(worker_id); });
   if (batch > 1) {
     std::vector<ClosureRun> runs;
     runs.push_back(make_run(it->second, *closure));
@@ -328,7 +316,7 @@ kj::Promise<void> Coordinator::lane(int64_t worker_id) {
   return kj::mv(outcome).then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
     if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
     cancel_runs();
-    notify();
+    changes_.notify();
     return lane(worker_id);
   });
 }
@@ -374,7 +362,7 @@ kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureR
           finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]));
         }
         cancel_runs();
-        notify();
+        changes_.notify();
         return lane(worker_id);
       });
 }
@@ -443,7 +431,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
         "createVariable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
   }
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, request = std::move(request)]() mutable {
+    return changes_.changed_or(*until).then([this, request = std::move(request)]() mutable {
       return create_variable(std::move(request));
     });
   }
@@ -500,7 +488,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
         "createEmbeddingTable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
   }
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
+    return changes_.changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
@@ -602,7 +590,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   if (auto seen = clients_.find(client_id, request_seq)) return *seen;  // a retry: already scheduled
   if (queue_.has_error()) return take_closure_error();
   if (journal_ && !journal_->broken().ok()) return journal_->broken();
-  if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
+  if (gate_.draining()) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
   if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
   if (!workers_.empty() && !any_worker_has(function)) {
@@ -620,13 +608,13 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   if (!id.ok()) return id;
   clients_.remember(client_id, request_seq, *id);
   ++stats_->closures_scheduled;
-  notify();
+  changes_.notify();
   return id;
 }
 
 kj::Promise<void> Coordinator::queue_room() {
   if (queue_.queued() < config_.max_queued_closures) return kj::READY_NOW;
-  return changed().then([this]() { return queue_room(); });
+  return changes_.changed().then([this]() { return queue_room(); });
 }
 
 kj::Promise<Status> Coordinator::join() {
@@ -636,10 +624,10 @@ kj::Promise<Status> Coordinator::join() {
     // A pause while a parameter server comes back and is recovered.
     auto until = ps_pause_deadline();
     if (!until) return up;
-    return changed_or(*until).then([this]() { return join(); });
+    return changes_.changed_or(*until).then([this]() { return join(); });
   }
   if (queue_.idle()) return Status::Ok();
-  return changed().then([this]() { return join(); });
+  return changes_.changed().then([this]() { return join(); });
 }
 
 Result<bool> Coordinator::done() {
@@ -666,9 +654,9 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   if (!up.ok()) {
     auto until = ps_pause_deadline();
     if (!until) return Result<std::string>(up);
-    return changed_or(*until).then([this, id]() { return wait_for_value(id); });
+    return changes_.changed_or(*until).then([this, id]() { return wait_for_value(id); });
   }
-  return changed().then([this, id]() { return wait_for_value(id); });
+  return changes_.changed().then([this, id]() { return wait_for_value(id); });
 }
 
 Status Coordinator::release(const std::vector<int64_t>& closure_ids, uint64_t client_id, uint64_t incarnation) {
@@ -809,7 +797,7 @@ kj::Promise<Status> Coordinator::snapshot_table(std::shared_ptr<std::vector<Vari
 kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::string since, std::string path) {
   using Rows = Result<int64_t>;
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, name = std::move(name), since = std::move(since),
+    return changes_.changed_or(*until).then([this, name = std::move(name), since = std::move(since),
                                     path = std::move(path)]() mutable {
       return export_table(std::move(name), std::move(since), std::move(path));
     });
@@ -873,7 +861,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
   using Path = Result<std::string>;
   if (directory.empty()) return Path(Status::InvalidArgument("saveCheckpoint: empty directory"));
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, directory = std::move(directory), step, max_to_keep]() mutable {
+    return changes_.changed_or(*until).then([this, directory = std::move(directory), step, max_to_keep]() mutable {
       return save_checkpoint(std::move(directory), step, max_to_keep);
     });
   }
@@ -923,12 +911,8 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
 }
 
 kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
-  ++dispatch_pauses_;
-  std::shared_ptr<void> guard(this, [](Coordinator* coordinator) {
-    --coordinator->dispatch_pauses_;
-    coordinator->notify();
-  });
-  return until([this]() {
+  std::shared_ptr<void> guard = gate_.pause([this]() { changes_.notify(); });
+  return changes_.until([this]() {
            if (queue_.running() > 0) return false;
            for (const auto& [name, strategy] : strategies_) {
              if (*strategy.busy) return false;
@@ -969,7 +953,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
   using Restored = Result<Read>;
   using Step = Result<Coordinator::Restored>;
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, path = std::move(path), strict]() mutable {
+    return changes_.changed_or(*until).then([this, path = std::move(path), strict]() mutable {
       return restore_checkpoint(std::move(path), strict);
     });
   }

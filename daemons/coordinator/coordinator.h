@@ -66,12 +66,15 @@
 #include "daemons/coordinator/client_table.h"
 #include "daemons/coordinator/closure_queue.h"
 #include "daemons/coordinator/config.h"
+#include "daemons/coordinator/dispatch_gate.h"
 #include "daemons/coordinator/durable_log.h"
+#include "daemons/coordinator/loop_context.h"
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_health.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
+#include "daemons/coordinator/stats.h"
 #include "placement/placement.h"
 #include "types/replica.h"
 
@@ -159,22 +162,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // once when so). The service answers a schedule after it.
   kj::Promise<void> queue_room();
 
-  // Totals and levels for /metrics, read from any thread (the loop thread
-  // writes them). Shared, so a metrics callback may outlive the coordinator.
-  struct Stats {
-    std::atomic<int64_t> closures_scheduled{0};
-    std::atomic<int64_t> closures_succeeded{0};
-    std::atomic<int64_t> closures_failed{0};  // ended with an error (not re-run)
-    std::atomic<int64_t> closures_queued{0};
-    std::atomic<int64_t> closures_running{0};
-    std::atomic<int64_t> workers{0};
-    std::atomic<int64_t> checkpoints_saved{0};
-    std::atomic<int64_t> ps_recoveries{0};
-    std::atomic<int64_t> steps_completed{0};  // synchronous steps (run_step) that succeeded
-    std::atomic<int64_t> closures_released{0};  // results (or closures in flight) the programs let go
-    std::atomic<int64_t> results_kept{0};       // finished closures whose values are kept for fetch
-    std::atomic<int64_t> clients{0};            // program clients heard from within client_grace
-  };
+  // Totals and levels for /metrics (stats.h).
+  using Stats = CoordinatorStats;
   std::shared_ptr<const Stats> stats() const { return stats_; }
 
   // ---- The status page (loop thread, as everything here)
@@ -369,18 +358,12 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
                                                           const std::map<std::string, std::vector<training::MirroredSpec>>& specs);
   kj::Promise<Status> seed_strategies(MirroredRestore restore);
 
-  // Wakes everything waiting for a change (join, fetch, idle lanes).
-  void notify();
-  kj::Promise<void> changed();
-
   // ---- recovery.cc: parameter-server health (ps_health_), recovery, checkpoint policy
   using PsState = PsHealth::State;
   // ps_health_.pause_deadline(), recoverable when a checkpoint exists to
   // recover from.
   std::optional<kj::TimePoint> ps_pause_deadline() const;
   std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
-  // Waits for a change, or until the pause ends.
-  kj::Promise<void> changed_or(kj::TimePoint deadline);
   kj::Promise<void> watch_ps(int task);
   // On reconnecting: up when it has its shards; else recovered or lost.
   kj::Promise<void> check_ps(int task);
@@ -427,8 +410,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // The step of the coordinator's next own checkpoint: the newest step in
   // checkpoint_dir when it started, plus the closures completed since.
   int64_t policy_step();
-  // leave_worker/drain: resolves when `idle()` holds (checked at every change).
-  kj::Promise<void> until(std::function<bool()> idle);
   // With checkpoint_dir and checkpoint_on_preemption: saves one now.
   kj::Promise<void> checkpoint_before_leaving(std::string why);
 
@@ -483,6 +464,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   boost::asio::thread_pool& pool_;
   const std::shared_ptr<spdlog::logger> log_;
 
+  // Wakes everything waiting for a change (join, fetch, idle lanes), after
+  // update_stats().
+  ChangeSignal changes_;
   ClosureQueue queue_;
   ReportedScalars reported_;
   std::map<int64_t, Worker> workers_;
@@ -499,8 +483,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
   int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
   bool checkpointing_ = false;
-  bool draining_ = false;  // drain(): nothing more is dispatched
-  int dispatch_pauses_ = 0;  // pause_dispatch() guards alive
+  DispatchGate gate_;  // closed by drain() and pause_dispatch()
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::unique_ptr<DurableLog> journal_;  // null without work_dir
   const uint64_t incarnation_;
@@ -513,7 +496,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   PerWorkerDatasets datasets_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
   std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;
-  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiters_;
   kj::TaskSet tasks_;  // last: its promises use everything above
 };
 

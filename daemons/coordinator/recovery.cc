@@ -52,13 +52,9 @@ std::optional<kj::TimePoint> Coordinator::ps_pause_deadline() const {
   return ps_health_.pause_deadline(recoverable, timer_.now());
 }
 
-kj::Promise<void> Coordinator::changed_or(kj::TimePoint deadline) {
-  return changed().exclusiveJoin(timer_.atTime(deadline));
-}
-
 void Coordinator::set_ps_state(int task, PsState state, Status lost) {
   ps_health_.set(task, state, std::move(lost), timer_.now());
-  notify();
+  changes_.notify();
 }
 
 std::set<std::string> Coordinator::shards_on(int task) const {
@@ -274,7 +270,7 @@ kj::Promise<Result<std::string>> Coordinator::save_own_checkpoint() {
       .then([this, step](Result<std::string> saved) {
         checkpointing_ = false;
         if (saved.ok()) saved_step_ = step;
-        notify();            // a leave or drain waiting for this save
+        changes_.notify();   // a leave or drain waiting for this save
         maybe_checkpoint();  // another one came due meanwhile
         return saved;
       });
@@ -282,15 +278,10 @@ kj::Promise<Result<std::string>> Coordinator::save_own_checkpoint() {
 
 // ---- Preemption ------------------------------------------------------------------------
 
-kj::Promise<void> Coordinator::until(std::function<bool()> idle) {
-  if (idle()) return kj::READY_NOW;
-  return changed().then([this, idle = std::move(idle)]() mutable { return until(std::move(idle)); });
-}
-
 kj::Promise<void> Coordinator::checkpoint_before_leaving(std::string why) {
   if (config_.checkpoint_dir.empty() || !config_.checkpoint_on_preemption) return kj::READY_NOW;
   // After a policy save in flight, which holds the same step otherwise.
-  return until([this]() { return !checkpointing_; })
+  return changes_.until([this]() { return !checkpointing_; })
       .then([this]() -> kj::Promise<Result<std::string>> {
         // Nothing completed since the last one: it is current.
         if (policy_step() == saved_step_) return Result<std::string>(last_checkpoint_);
@@ -315,7 +306,7 @@ kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string rea
   it->second.leaving = true;
   log_->info("worker {} (task {}) is leaving ({}): no more closures; waiting for its {} running closure(s)", worker_id,
              it->second.task_index, reason, queue_.running_on(worker_id));
-  notify();  // its idle lanes end
+  changes_.notify();  // its idle lanes end
   auto idle = [this, worker_id]() {
     if (workers_.count(worker_id) == 0) return true;  // dropped meanwhile
     if (queue_.running_on(worker_id) > 0) return false;
@@ -327,7 +318,7 @@ kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string rea
     return true;
   };
   std::string why = "worker " + std::to_string(worker_id) + " leaving";
-  return until(idle)
+  return changes_.until(idle)
       .then([this, why]() { return checkpoint_before_leaving(why); })
       .then([this, worker_id, reason]() {
         auto found = workers_.find(worker_id);
@@ -340,19 +331,19 @@ kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string rea
           drop_waiters_.erase(waiting);
         }
         log_->info("worker {} (task {}) left ({}); its closures finished", worker_id, task, reason);
-        notify();
+        changes_.notify();
         return Status::Ok();
       });
 }
 
 kj::Promise<void> Coordinator::drain(std::string reason) {
-  draining_ = true;
+  gate_.drain();
   log_->info("{}: no more dispatch; waiting for {} running closure(s); {} queued closure(s) {}", reason,
              queue_.running(), queue_.queued(),
              durable() ? "stay in the journal and run when the coordinator restarts with its work_dir"
                        : "will not run (no work_dir)");
-  notify();
-  return until([this]() {
+  changes_.notify();
+  return changes_.until([this]() {
            if (queue_.running() > 0) return false;
            for (const auto& [name, strategy] : strategies_) {
              if (*strategy.busy) return false;

@@ -179,15 +179,15 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
   auto found = find_strategy(name);
   if (!found.ok()) return Out(found.status());
   Strategy& s = **found;
-  if (draining_) return Out(Status::Unavailable("runStep: the coordinator is shutting down (SIGTERM)"));
+  if (gate_.draining()) return Out(Status::Unavailable("runStep: the coordinator is shutting down (SIGTERM)"));
   if (!workers_.empty() && !any_worker_has(function)) {
     return Out(Status::NotFound("runStep: no worker has a closure named '" + function + "'"));
   }
-  if (*s.busy || dispatch_pauses_ > 0) {
+  if (*s.busy || gate_.paused()) {
     // One step of a strategy at a time, none while a checkpoint reads the
     // per-worker iterators; the next waits (and looks again now and then, in
     // case the one before was abandoned by its caller).
-    return changed()
+    return changes_.changed()
         .exclusiveJoin(timer_.afterDelay(200 * kj::MILLISECONDS))
         .then([this, name = std::move(name), function = std::move(function), args = std::move(args)]() mutable {
           return run_step(std::move(name), std::move(function), std::move(args));
@@ -204,7 +204,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
       .then([this, busy = s.busy](Out out) {
         *busy = false;
         if (out.ok()) ++stats_->steps_completed;
-        notify();
+        changes_.notify();
         return out;
       })
       // Also when the caller goes away mid-step (the promise is dropped).
@@ -219,7 +219,7 @@ kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function,
                                  " worker(s) with closure '" + function + "'; " + std::to_string(members.size()) +
                                  " registered within " + std::to_string(s.config.settings.timeout.count()) + " ms");
     }
-    return changed()
+    return changes_.changed()
         .exclusiveJoin(timer_.afterDelay(500 * kj::MILLISECONDS))
         .then([this, &s, function, give_up]() { return ensure_group(s, function, give_up); });
   }
