@@ -8,7 +8,6 @@
 #include <utility>
 
 #include "capstan/data/dataset.h"
-#include "data/tensor_util.h"
 #include "journal/journal.h"
 #include "rpc/connection.h"
 #include "async/status_exception.h"
@@ -16,16 +15,6 @@
 
 namespace capstan::coordinator {
 namespace {
-
-// The first error among `statuses`, or OK.
-kj::Promise<Status> first_error(kj::Array<kj::Promise<Status>> statuses) {
-  return kj::joinPromises(kj::mv(statuses)).then([](kj::Array<Status> results) {
-    for (auto& status : results) {
-      if (!status.ok()) return status;
-    }
-    return Status::Ok();
-  });
-}
 
 bool finished(ClosureQueue::State state) {
   return state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed ||
@@ -44,13 +33,14 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       changes_(timer, [this]() { update_stats(); }),
       ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
                  config_.ps_recovery_timeout),
+      variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
+                 [this](const PlacedVariable& variable) { return journal_variable(variable); }),
       incarnation_([] {
         std::random_device random;
         uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
         return id == 0 ? 1 : id;
       }()),
       clients_(config_.client_grace),
-      placer_(std::max(parameter_servers.size(), 1)),
       datasets_(config_.expected_workers, log_,
                 [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
       tasks_(*this) {
@@ -209,7 +199,7 @@ ClosureRun Coordinator::make_run(const Worker& worker, const ClosureQueue::Closu
   run.closure_id = closure.id;
   run.function = closure.function;
   run.args = closure.args;
-  run.placement_version = placement_version_;
+  run.placement_version = variables_.version();
   run.attempt = static_cast<uint32_t>(closure.attempts);
   run.num_workers = static_cast<uint32_t>(workers_.size());
   run.worker_index = worker.task_index;
@@ -399,29 +389,6 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_functio
 
 // ---- Variables ---------------------------------------------------------------------
 
-VariableLocation Coordinator::location(const Variable& variable) const {
-  VariableLocation out;
-  out.name = variable.name;
-  out.dtype = variable.dtype;
-  out.shape = variable.shape;
-  for (const auto& s : variable.shards) {
-    out.shards.push_back({s.name, s.ps_task, ps_.address(s.ps_task), s.first_row, s.rows});
-  }
-  out.table = variable.table;
-  return out;
-}
-
-Result<Coordinator::Variable> Coordinator::place(const std::string& name, DType dtype, const Shape& shape,
-                                                 const placement::Partitioner& partitioner) {
-  CAPSTAN_ASSIGN_OR_RETURN(auto placed, placer_.place(name, shape, dtype, partitioner));
-  Variable variable;
-  variable.name = name;
-  variable.dtype = dtype;
-  variable.shape = shape;
-  for (const auto& p : placed) variable.shards.push_back({p.name, p.ps_task, p.first_row, p.rows});
-  return variable;
-}
-
 kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableRequest request) {
   using Placed = Result<VariableLocation>;
   const std::string name = request.name;
@@ -437,48 +404,12 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
-  const Tensor& initial = request.initial;
   if (is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createVariable: '" + name +
                                         "' is a mirrored variable of a strategy; a variable lives in one place"));
   }
-  auto existing = variables_.find(name);
-  if (existing != variables_.end()) {
-    // A reconnecting program creates its variables again: hand back the
-    // ones that exist (their values stay on the parameter servers).
-    const Variable& v = existing->second;
-    if (v.table) {
-      return Placed(Status::AlreadyExists("createVariable: '" + name + "' is an embedding table"));
-    }
-    if (v.dtype != initial.dtype() || v.shape != initial.shape()) {
-      return Placed(Status::AlreadyExists("variable '" + name + "' exists as " + std::string(dtype_name(v.dtype)) +
-                                          shape_string(v.shape) + ", not " +
-                                          std::string(dtype_name(initial.dtype())) + shape_string(initial.shape())));
-    }
-    return Placed(location(v));
-  }
-  auto variable = place(name, initial.dtype(), initial.shape(), request.partitioner);
-  if (!variable.ok()) return Placed(variable.status().with_context("createVariable '" + name + "'"));
-  variable->optimizer = std::move(request.optimizer);
-  return create_shards(std::move(*variable), std::move(request.initial)).then([this, name](Status status) -> Placed {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return location(variables_.at(name));
-  });
+  return variables_.create(std::move(request));
 }
-
-Coordinator::Variable Coordinator::place_table(EmbeddingTableSpec spec) const {
-  Variable variable;
-  variable.name = spec.name;
-  variable.dtype = spec.dtype;
-  variable.shape = {0, spec.dim};
-  variable.optimizer = spec.optimizer;
-  for (int task = 0; task < ps_.size(); ++task) {
-    variable.shards.push_back({checkpoint::shard_name(spec.name, static_cast<size_t>(task)), task, 0, 0});
-  }
-  variable.table = std::move(spec);
-  return variable;
-}
-
 kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSpec spec) {
   using Placed = Result<VariableLocation>;
   const std::string name = spec.name;
@@ -495,71 +426,10 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
   if (is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a mirrored variable of a strategy"));
   }
-  if (spec.dim < 1 || spec.dim > (int64_t{1} << 16)) {
-    return Placed(Status::InvalidArgument("createEmbeddingTable '" + name + "': dim " + std::to_string(spec.dim) +
-                                          " must be in [1, 65536]"));
-  }
-  auto existing = variables_.find(name);
-  if (existing != variables_.end()) {
-    const Variable& v = existing->second;
-    if (!v.table) {
-      return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a variable " +
-                                          std::string(dtype_name(v.dtype)) + shape_string(v.shape) +
-                                          ", not an embedding table"));
-    }
-    if (!(*v.table == spec)) {
-      return Placed(Status::AlreadyExists("embedding table '" + name + "' exists with another spec (dtype " +
-                                          std::string(dtype_name(v.table->dtype)) + ", dim " +
-                                          std::to_string(v.table->dim) + ", optimizer " +
-                                          optimizer_name(v.table->optimizer.kind) +
-                                          "); create it with the same spec, or use another name"));
-    }
-    return Placed(location(v));
-  }
-  return create_shards(place_table(std::move(spec)), Tensor()).then([this, name](Status status) -> Placed {
-    CAPSTAN_RETURN_IF_ERROR(status.with_context("createEmbeddingTable '" + name + "'"));
-    return location(variables_.at(name));
-  });
+  return variables_.create_table(std::move(spec));
 }
 
-kj::Promise<Status> Coordinator::create_shards(Variable variable, Tensor initial) {
-  auto creates = kj::heapArrayBuilder<kj::Promise<Status>>(variable.shards.size());
-  for (const auto& shard : variable.shards) {
-    if (variable.table) {
-      creates.add(ps_.create_table(shard.ps_task, shard.name, *variable.table));
-      continue;
-    }
-    Tensor part = initial;
-    if (initial.rank() > 0 && variable.shards.size() > 1) {
-      auto slice = data::slice_rows(initial, shard.first_row, shard.first_row + shard.rows);
-      if (!slice.ok()) return slice.status();
-      part = *slice;
-    }
-    creates.add(ps_.create_shard(shard.ps_task, shard.name, std::move(part), variable.optimizer));
-  }
-  return first_error(creates.finish()).then([this, variable = std::move(variable)](Status status) mutable {
-    if (!status.ok()) return status;
-    CAPSTAN_RETURN_IF_ERROR(journal_variable(variable));
-    ++placement_version_;
-    if (variable.table) {
-      log_->info("embedding table '{}' {}[*, {}] placed on {} parameter server(s)", variable.name,
-                 dtype_name(variable.dtype), variable.table->dim, variable.shards.size());
-    } else {
-      log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
-                 shape_string(variable.shape), variable.shards.size());
-    }
-    std::string name = variable.name;
-    variables_[name] = std::move(variable);
-    return Status::Ok();
-  });
-}
-
-Placements Coordinator::placements() const {
-  Placements out;
-  out.version = placement_version_;
-  for (const auto& [name, variable] : variables_) out.variables.push_back(location(variable));
-  return out;
-}
+Placements Coordinator::placements() const { return variables_.placements(); }
 
 // ---- The status page ---------------------------------------------------------------
 
@@ -573,7 +443,7 @@ Coordinator::Overview Coordinator::overview() const {
     row.task = task;
     row.address = ps_.address(task);
     row.state = ps_health_.describe(task);
-    row.shards = shards_on(task).size();
+    row.shards = variables_.shards_on(task).size();
     out.ps.push_back(std::move(row));
   }
   out.placements = placements();
@@ -709,151 +579,14 @@ kj::Promise<void> Coordinator::client_expiry_timer() {
 
 // ---- Checkpoints -------------------------------------------------------------------
 
-std::vector<VariableState> Coordinator::layout() const {
-  std::vector<VariableState> states;
-  for (const auto& [name, variable] : variables_) {
-    VariableState state;
-    state.name = name;
-    state.dtype = variable.dtype;
-    state.shape = variable.shape;
-    state.optimizer = variable.optimizer;
-    state.table = variable.table;
-    state.table_shards = static_cast<int>(variable.shards.size());
-    for (const auto& shard : variable.shards) {
-      ShardState s;
-      s.name = shard.name;
-      s.ps_task = shard.ps_task;
-      s.first_row = shard.first_row;
-      s.rows = shard.rows;
-      state.shards.push_back(std::move(s));
-    }
-    states.push_back(std::move(state));
-  }
-  return states;
-}
-
-kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
-  using States = Result<std::vector<VariableState>>;
-  Status up = ps_health_.status();
-  if (!up.ok()) return States(up);
-  auto states = std::make_shared<std::vector<VariableState>>(layout());
-  auto reads = kj::Vector<kj::Promise<Status>>();
-  for (size_t v = 0; v < states->size(); ++v) {
-    if ((*states)[v].table) {
-      reads.add(snapshot_table(states, v));
-      continue;
-    }
-    for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
-      const ShardState& shard = (*states)[v].shards[k];
-      reads.add(ps_.read_shard(shard.ps_task, shard.name).then([states, v, k](Result<ShardContents> contents) {
-        CAPSTAN_RETURN_IF_ERROR(contents.status());
-        ShardState& s = (*states)[v].shards[k];
-        s.value = std::move(contents->value);
-        s.slots = std::move(contents->slots);
-        s.step = contents->step;
-        return Status::Ok();
-      }));
-    }
-  }
-  return first_error(reads.releaseAsArray()).then([states](Status status) -> States {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return std::move(*states);
-  });
-}
-
-kj::Promise<Status> Coordinator::snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v) {
-  // Two rounds: every shard's version, then the rows, with later changes
-  // tagged above the highest version of any shard (the checkpoint's
-  // generation), so that "changed since this checkpoint" is one comparison.
-  auto versions = kj::Vector<kj::Promise<Result<TableContents>>>();
-  for (const ShardState& shard : (*states)[v].shards) {
-    versions.add(ps_.export_table(shard.ps_task, shard.name, INT64_MAX, 0));
-  }
-  return kj::joinPromises(versions.releaseAsArray())
-      .then([this, states, v](kj::Array<Result<TableContents>> answers) -> kj::Promise<Status> {
-        int64_t generation = 0;
-        for (auto& a : answers) {
-          if (!a.ok()) return a.status();
-          generation = std::max(generation, a->version);
-        }
-        (*states)[v].generation = generation;
-        auto reads = kj::Vector<kj::Promise<Status>>();
-        for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
-          const ShardState& shard = (*states)[v].shards[k];
-          reads.add(ps_.export_table(shard.ps_task, shard.name, 0, generation + 1)
-                        .then([states, v, k](Result<TableContents> contents) {
-                          CAPSTAN_RETURN_IF_ERROR(contents.status());
-                          ShardState& s = (*states)[v].shards[k];
-                          s.table_rows = std::move(contents->rows);
-                          s.step = contents->step;
-                          s.version = contents->version;
-                          return Status::Ok();
-                        }));
-        }
-        return first_error(reads.releaseAsArray());
-      });
-}
-
 kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::string since, std::string path) {
-  using Rows = Result<int64_t>;
   if (auto until = first_contact_deadline()) {
     return changes_.changed_or(*until).then([this, name = std::move(name), since = std::move(since),
-                                    path = std::move(path)]() mutable {
+                                             path = std::move(path)]() mutable {
       return export_table(std::move(name), std::move(since), std::move(path));
     });
   }
-  auto found = variables_.find(name);
-  if (found == variables_.end() || !found->second.table) {
-    return Rows(Status::NotFound("exportEmbeddingTable: no embedding table '" + name + "'"));
-  }
-  if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0) {
-    return Rows(Status::InvalidArgument("exportEmbeddingTable: the output path '" + path +
-                                        "' must name a .safetensors file"));
-  }
-  if (!config_.work_dir.empty() &&
-      std::filesystem::weakly_canonical(path).string().starts_with(
-          std::filesystem::weakly_canonical(config_.work_dir).string() + "/")) {
-    return Rows(Status::InvalidArgument("exportEmbeddingTable: '" + path + "' is inside the coordinator's work_dir " +
-                                        config_.work_dir + "; write the export elsewhere"));
-  }
-  Status up = ps_health_.status();
-  if (!up.ok()) return Rows(up);
-  const Variable variable = found->second;
-  kj::Promise<Result<int64_t>> generation = Result<int64_t>(int64_t{0});
-  if (!since.empty()) {
-    generation = async::run_on_pool(pool_, [since, name]() -> Result<int64_t> {
-      CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(since));
-      CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
-      const auto* saved = reader->manifest().find_variable(name);
-      if (saved == nullptr || !saved->table) {
-        return Status::NotFound("checkpoint " + resolved + " has no embedding table '" + name +
-                                "': export every row (no --since)");
-      }
-      return saved->table->generation;
-    });
-  }
-  return generation.then([this, variable, path](Result<int64_t> since_version) -> kj::Promise<Rows> {
-    if (!since_version.ok()) return Rows(since_version.status());
-    auto exports = kj::Vector<kj::Promise<Result<TableContents>>>();
-    for (const Shard& shard : variable.shards) {
-      exports.add(ps_.export_table(shard.ps_task, shard.name, *since_version, 0));
-    }
-    return kj::joinPromises(exports.releaseAsArray())
-        .then([this, variable, path](kj::Array<Result<TableContents>> answers) -> kj::Promise<Rows> {
-          VariableState state;
-          state.name = variable.name;
-          state.dtype = variable.dtype;
-          state.table = variable.table;
-          for (size_t k = 0; k < answers.size(); ++k) {
-            if (!answers[k].ok()) return Rows(answers[k].status());
-            ShardState s;
-            s.name = variable.shards[k].name;
-            s.table_rows = std::move(answers[k]->rows);
-            state.shards.push_back(std::move(s));
-          }
-          return async::run_on_pool(pool_, [state = std::move(state), path]() { return write_table_export(state, path); });
-        });
-  });
+  return variables_.export_table(std::move(name), std::move(since), std::move(path));
 }
 
 kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string directory, int64_t step,
@@ -881,7 +614,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
                 })
                 .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
   }
-  return ready.then([this]() { return snapshot(); })
+  return ready.then([this]() { return variables_.snapshot(); })
       .then([this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
         // The strategies' mirrored variables go into the same checkpoint.
         if (!states.ok() || strategies_.empty()) return kj::mv(states);
@@ -922,25 +655,6 @@ kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
       .then([guard = std::move(guard)]() mutable { return std::move(guard); });
 }
 
-kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states) {
-  auto writes = kj::Vector<kj::Promise<Status>>();
-  for (auto& v : states) {
-    for (auto& s : v.shards) {
-      if (v.table) {
-        writes.add(ps_.import_table(s.ps_task, s.name, TableContents{std::move(s.table_rows), s.step, s.version},
-                                    /*clear=*/true));
-        continue;
-      }
-      ShardContents contents;
-      contents.value = std::move(s.value);
-      contents.slots = std::move(s.slots);
-      contents.step = s.step;
-      writes.add(ps_.write_shard(s.ps_task, s.name, std::move(contents)));
-    }
-  }
-  return first_error(writes.releaseAsArray());
-}
-
 kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::string path, bool strict) {
   using Reader = std::shared_ptr<checkpoint::CheckpointReader>;
   struct Read {
@@ -970,40 +684,18 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         if (!reader.ok()) return Result<Reader>(reader.status());
         // Variables the program has not created (again) get the
         // checkpoint's number of shards on the current parameter servers.
-        auto creates = kj::Vector<kj::Promise<Status>>();
-        for (const auto& saved : (*reader)->manifest().variables) {
-          if (variables_.count(saved.name) != 0 || is_mirrored(saved.name)) continue;
-          if (saved.table) {
-            if (ps_.size() == 0) {
-              return Result<Reader>(Status::FailedPrecondition(
-                  "the checkpoint has embedding table '" + saved.name +
-                  "' but the coordinator has no parameter servers (set --ps or a 'ps' job)"));
-            }
-            creates.add(create_shards(place_table({saved.name, saved.table->dim, saved.dtype,
-                                                   saved.table->initializer, saved.optimizer, saved.table->options}),
-                                      Tensor()));
-            continue;
-          }
-          auto zeros = Tensor::zeros(saved.dtype, saved.shape);
-          if (!zeros.ok()) return Result<Reader>(zeros.status());
-          placement::Partitioner partitioner =
-              saved.shape.empty() ? placement::Partitioner::none()
-                                  : placement::Partitioner::fixed_shards(static_cast<int64_t>(saved.shards.size()));
-          auto variable = place(saved.name, saved.dtype, saved.shape, partitioner);
-          if (!variable.ok()) return Result<Reader>(variable.status());
-          variable->optimizer = saved.optimizer;
-          creates.add(create_shards(std::move(*variable), std::move(*zeros)));
-        }
-        return first_error(creates.releaseAsArray()).then([reader = *reader](Status status) -> Result<Reader> {
-          CAPSTAN_RETURN_IF_ERROR(status);
-          return reader;
-        });
+        auto is_mirrored_variable = [this](const std::string& name) { return is_mirrored(name); };
+        return variables_.create_absent((*reader)->manifest(), is_mirrored_variable)
+            .then([reader = *reader](Status status) -> Result<Reader> {
+              CAPSTAN_RETURN_IF_ERROR(status);
+              return reader;
+            });
       })
       .then([this, strict](Result<Reader> reader) -> kj::Promise<Restored> {
         if (!reader.ok()) return Restored(reader.status());
         std::map<std::string, std::vector<training::MirroredSpec>> mirrored;
         for (const auto& [name, strategy] : strategies_) mirrored[name] = strategy.specs;
-        return async::run_on_pool(pool_, [reader = *reader, states = layout(), strict,
+        return async::run_on_pool(pool_, [reader = *reader, states = variables_.layout(), strict,
                                         mirrored = std::move(mirrored)]() mutable -> Restored {
           std::vector<std::string> missing;
           CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));
@@ -1030,10 +722,10 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         auto iterators = std::move(restored->iterators);
         auto states = std::make_shared<std::vector<VariableState>>(std::move(restored->states));
         // A parameter server that restarted gets its shards back first.
-        return recreate_missing(states.get())
+        return variables_.recreate_missing(states.get())
             .then([this, states](Status status) -> kj::Promise<Status> {
               if (!status.ok()) return status;
-              return write_shards(std::move(*states));
+              return variables_.write_shards(std::move(*states));
             })
             .then([this, mirrored = std::move(mirrored)](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;

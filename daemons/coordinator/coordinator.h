@@ -72,6 +72,7 @@
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_health.h"
+#include "daemons/coordinator/ps_variables.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
 #include "daemons/coordinator/stats.h"
@@ -293,20 +294,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     std::set<std::string> functions;
     bool leaving = false;  // leave_worker(): no more closures or steps
   };
-  struct Shard {
-    std::string name;
-    int ps_task = 0;
-    int64_t first_row = 0;
-    int64_t rows = 0;
-  };
-  struct Variable {
-    std::string name;
-    DType dtype = DType::kInvalid;
-    Shape shape;
-    std::vector<Shard> shards;
-    Optimizer optimizer;
-    std::optional<EmbeddingTableSpec> table;  // an embedding table: shard i on task i
-  };
 
   struct Strategy {
     std::string name;
@@ -369,17 +356,10 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<void> check_ps(int task);
   kj::Promise<void> recover_ps(int task, std::set<std::string> missing);
   void set_ps_state(int task, PsState state, Status lost = Status::Ok());
-  // Names of the shards placed on `task`.
-  std::set<std::string> shards_on(int task) const;
-  // Creates, on each parameter server, the shards of `states` it lacks
-  // (it restarted), with the values in `states`.
-  // Their values go with the create; those are cleared from `states`, so
-  // that write_shards sends only the slots and steps of those shards.
-  kj::Promise<Status> recreate_missing(std::vector<VariableState>* states);
   // ---- durable.cc: the journal (config.work_dir)
   Status apply_journal_record(const std::string& record);
   // Appends before the change is applied; OK without a journal.
-  Status journal_variable(const Variable& variable);
+  Status journal_variable(const PlacedVariable& variable);
   Status journal_dataset(int64_t id, const PerWorkerDataset& dataset);
   // The closure queue's records go out in batches, one fsync each, on the
   // pool (group commit): enqueued here in the order of the changes.
@@ -396,7 +376,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   Status take_closure_error();
   // The state as journal records (a compacted journal).
   std::vector<std::string> snapshot_records() const;
-  std::string variable_record(const Variable& variable) const;
+  std::string variable_record(const PlacedVariable& variable) const;
   std::string dataset_record(int64_t id, const PerWorkerDataset& dataset) const;
   // Remembers (and journals) the checkpoint a lost PS is restored from.
   void set_last_checkpoint(const std::string& path);
@@ -431,21 +411,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // The registered workers, as datasets_ reaches them (by id).
   std::vector<DatasetTarget> dataset_targets() const;
 
-  VariableLocation location(const Variable& variable) const;
-  Result<Variable> place(const std::string& name, DType dtype, const Shape& shape,
-                         const placement::Partitioner& partitioner);
-  // An embedding table: shard i ("name/part_i") on parameter server i.
-  Variable place_table(EmbeddingTableSpec spec) const;
-  // Creates the shards of a new variable on the parameter servers, then
-  // records it (bumping the placement version).
-  kj::Promise<Status> create_shards(Variable variable, Tensor initial);
-  // The variables as placed now, without values.
-  std::vector<VariableState> layout() const;
-  // Values, slots and steps of every shard, read from the parameter servers.
-  kj::Promise<Result<std::vector<VariableState>>> snapshot();
-  kj::Promise<Status> write_shards(std::vector<VariableState> states);
-  // Fills the table (*states)[v]'s shards and generation (see snapshot_table in coordinator.cc).
-  kj::Promise<Status> snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v);
   // Model checkpoints with per-worker iterators: no new closure or step
   // starts while a save reads them (until the returned guard goes), and the
   // promise resolves once none runs, so that the variables saved hold the
@@ -476,6 +441,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // when one is lost or recovered: a closure whose run saw it change failed
   // because of it and runs again.
   PsHealth ps_health_;
+  PsVariables variables_;  // placement, and the shards on the parameter servers
   int64_t ps_recoveries_ = 0;
   std::string last_checkpoint_;
   int64_t closures_completed_ = 0;
@@ -490,9 +456,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Schedule requests seen (retries answer the same closure) and when each
   // client was last heard from (expire_clients releases a silent one's).
   ClientTable clients_;
-  placement::Placer placer_;
-  std::map<std::string, Variable> variables_;
-  int64_t placement_version_ = 0;
   PerWorkerDatasets datasets_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
   std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;

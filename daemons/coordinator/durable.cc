@@ -95,7 +95,7 @@ void Coordinator::journal_closure_change(std::string record) {
 
 std::vector<std::string> Coordinator::snapshot_records() const {
   std::vector<std::string> out;
-  for (const auto& [name, variable] : variables_) out.push_back(variable_record(variable));
+  for (const auto& [name, variable] : variables_.all()) out.push_back(variable_record(variable));
   for (const auto& [id, dataset] : datasets_.all()) out.push_back(dataset_record(id, dataset));
   if (!last_checkpoint_.empty()) {
     capnp::MallocMessageBuilder message;
@@ -190,7 +190,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
     switch (update.which()) {
       case Update::CREATE_VARIABLE: {
         auto in = update.getCreateVariable();
-        Variable v;
+        PlacedVariable v;
         v.name = text(in.getName());
         v.dtype = rpc::from_wire(in.getDtype());
         for (int64_t d : in.getShape()) v.shape.push_back(d);
@@ -208,9 +208,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
           spec.name = v.name;
           v.table = std::move(spec);
         }
-        placer_.set_counter(std::max(placer_.counter(), in.getPlacerCounter()));
-        ++placement_version_;
-        variables_[v.name] = std::move(v);
+        variables_.restore(std::move(v), in.getPlacerCounter());
         return Status::Ok();
       }
       case Update::ADD_DATASET: {
@@ -293,12 +291,12 @@ Status Coordinator::apply_journal_record(const std::string& record) {
   }
 }
 
-Status Coordinator::journal_variable(const Variable& variable) {
+Status Coordinator::journal_variable(const PlacedVariable& variable) {
   if (!journal_) return Status::Ok();
   return journal_->append_now(variable_record(variable)).with_context("journaling variable '" + variable.name + "'");
 }
 
-std::string Coordinator::variable_record(const Variable& variable) const {
+std::string Coordinator::variable_record(const PlacedVariable& variable) const {
   capnp::MallocMessageBuilder message;
   auto out = message.initRoot<Update>().initCreateVariable();
   out.setName(variable.name);
@@ -317,7 +315,7 @@ std::string Coordinator::variable_record(const Variable& variable) const {
     shards[i].setFirstRow(variable.shards[i].first_row);
     shards[i].setRows(variable.shards[i].rows);
   }
-  out.setPlacerCounter(placer_.counter());
+  out.setPlacerCounter(variables_.placer_counter());
   return serialize(message);
 }
 

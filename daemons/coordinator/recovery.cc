@@ -57,16 +57,6 @@ void Coordinator::set_ps_state(int task, PsState state, Status lost) {
   changes_.notify();
 }
 
-std::set<std::string> Coordinator::shards_on(int task) const {
-  std::set<std::string> names;
-  for (const auto& [name, variable] : variables_) {
-    for (const auto& shard : variable.shards) {
-      if (shard.ps_task == task) names.insert(shard.name);
-    }
-  }
-  return names;
-}
-
 kj::Promise<void> Coordinator::watch_ps(int task) {
   return ps_.reachable(task)
       .then([this, task]() { return check_ps(task); })
@@ -79,7 +69,7 @@ kj::Promise<void> Coordinator::watch_ps(int task) {
 }
 
 kj::Promise<void> Coordinator::check_ps(int task) {
-  std::set<std::string> expected = shards_on(task);
+  std::set<std::string> expected = variables_.shards_on(task);
   if (expected.empty()) {
     set_ps_state(task, PsState::kUp);
     return kj::READY_NOW;
@@ -133,7 +123,7 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
   set_ps_state(task, PsState::kRecovering);
   log_->warn("{}; restoring them from the latest checkpoint", lost_what);
   // The shards as placed, to be filled from the checkpoint.
-  std::vector<VariableState> layout_now = layout();
+  std::vector<VariableState> layout_now = variables_.layout();
   for (auto& v : layout_now) {
     std::erase_if(v.shards, [&](const ShardState& s) { return s.ps_task != task || missing.count(s.name) == 0; });
   }
@@ -156,10 +146,10 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
         if (!read.ok()) return kj::mv(read);
         auto shared = std::make_shared<Read>(std::move(*read));
         // Created with their values; then their slots and optimizer steps.
-        return recreate_missing(&shared->states)
+        return variables_.recreate_missing(&shared->states)
             .then([this, shared](Status status) -> kj::Promise<Status> {
               if (!status.ok()) return status;
-              return write_shards(shared->states);
+              return variables_.write_shards(shared->states);
             })
             .then([shared](Status status) -> Result<Read> {
               CAPSTAN_RETURN_IF_ERROR(status);
@@ -186,45 +176,6 @@ kj::Promise<void> Coordinator::recover_ps(int task, std::set<std::string> missin
         log_->warn("{}: restored {} shard(s) from checkpoint {} (step {}); {} ms after it was lost; dispatch resumes",
                    who, shards, read->path, read->step, down_ms);
       });
-}
-
-kj::Promise<Status> Coordinator::recreate_missing(std::vector<VariableState>* states) {
-  // What each task should hold, of `states`.
-  std::map<int, std::vector<std::pair<const VariableState*, ShardState*>>> by_task;
-  for (auto& v : *states) {
-    for (auto& s : v.shards) by_task[s.ps_task].emplace_back(&v, &s);
-  }
-  auto steps = kj::Vector<kj::Promise<Status>>();
-  for (auto& [task, shards] : by_task) {
-    int t = task;
-    steps.add(ps_.list_shards(t).then(
-        [this, t, shards = std::move(shards)](Result<std::set<std::string>> held) -> kj::Promise<Status> {
-          if (!held.ok()) return held.status();
-          auto creates = kj::Vector<kj::Promise<Status>>();
-          for (const auto& [v, s] : shards) {
-            if (held->count(s->name) != 0) continue;
-            if (v->table) {
-              creates.add(ps_.create_table(t, s->name, *v->table));
-              continue;
-            }
-            creates.add(ps_.create_shard(t, s->name, s->value, v->optimizer));
-            // Sent with the create: write_shards sets only its slots and step.
-            s->value = Tensor();
-          }
-          return kj::joinPromises(creates.releaseAsArray()).then([](kj::Array<Status> statuses) {
-            for (auto& status : statuses) {
-              if (!status.ok()) return status;
-            }
-            return Status::Ok();
-          });
-        }));
-  }
-  return kj::joinPromises(steps.releaseAsArray()).then([](kj::Array<Status> statuses) {
-    for (auto& status : statuses) {
-      if (!status.ok()) return status;
-    }
-    return Status::Ok();
-  });
 }
 
 // ---- The checkpoint policy ----------------------------------------------------------

@@ -123,7 +123,7 @@ Status Coordinator::create_strategy(const std::string& name, std::vector<Mirrore
                                      "; mirrored variables are float32 or float64");
     }
     CAPSTAN_RETURN_IF_ERROR(training::validate(v.optimizer).with_context("mirrored variable '" + v.name + "'"));
-    if (variables_.count(v.name) != 0) {
+    if (variables_.contains(v.name)) {
       return Status::AlreadyExists("createStrategy '" + name + "': '" + v.name +
                                    "' is a parameter-server variable; a variable lives in one place");
     }
@@ -428,7 +428,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
     ClosureRun run;
     run.function = function;
     run.args = args;
-    run.placement_version = placement_version_;
+    run.placement_version = variables_.version();
     run.num_workers = static_cast<uint32_t>(members.size());
     run.worker_index = it->second.task_index;
     run.strategy = name;
