@@ -30,16 +30,21 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       timer_(timer),
       pool_(pool),
       log_(std::move(log)),
-      changes_(timer, [this]() { update_stats(); }),
-      ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
-                 config_.ps_recovery_timeout),
-      variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
-                 [this](const PlacedVariable& variable) { return journal_variable(variable); }),
       incarnation_([] {
         std::random_device random;
         uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
         return id == 0 ? 1 : id;
       }()),
+      changes_(timer, [this]() { update_stats(); }),
+      loop_{timer, tasks_, changes_, *stats_, log_},
+      workers_(log_, changes_, [this](int64_t worker_id) { return queue_.worker_failed(worker_id).size(); }),
+      ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
+                 config_.ps_recovery_timeout),
+      variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
+                 [this](const PlacedVariable& variable) { return journal_variable(variable); }),
+      lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
+             {[this]() { update_stats(); },
+              [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
       clients_(config_.client_grace),
       datasets_(config_.expected_workers, log_,
                 [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
@@ -69,302 +74,33 @@ void Coordinator::update_stats() {
 
 kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::string> functions,
                                                   std::unique_ptr<WorkerPeer> peer) {
-  bool assigned = task_index < 0;
-  std::set<int> taken;
-  for (const auto& [id, w] : workers_) taken.insert(w.task_index);
-  if (assigned) {
-    task_index = 0;
-    while (taken.count(task_index) != 0) ++task_index;
-  } else if (taken.count(task_index) != 0) {
-    log_->warn("a worker registers with task index {}, which a registered worker has: both read the same shard "
-               "of each per-worker dataset (give each worker its own --task-index, or none)",
-               task_index);
-  }
-  Worker worker;
-  worker.id = next_worker_id_++;
-  worker.task_index = task_index;
-  worker.peer = std::move(peer);
-  worker.functions = std::move(functions);
-  std::string names;
-  for (const auto& f : worker.functions) names += (names.empty() ? "" : ", ") + f;
-  int64_t id = worker.id;
-  workers_.emplace(id, std::move(worker));
-  log_->info("worker {} (task {}{}) joined; closures: {}", id, task_index, assigned ? ", assigned" : "",
-             names.empty() ? "none" : names);
+  const Worker& added = workers_.add(task_index, std::move(functions), std::move(peer));
+  int64_t id = added.id;
   // Its per-worker iterators first, then closures.
-  const Worker& added = workers_.at(id);
   return datasets_.send_all({id, added.task_index, added.peer.get()}, workers_.size()).then([this, id]() {
-    for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
-    tasks_.add(watch_worker(id));
+    lanes_.start(id);
     changes_.notify();
     return id;
   });
 }
 
-int Coordinator::worker_task_index(int64_t worker_id) const {
-  auto it = workers_.find(worker_id);
-  return it == workers_.end() ? -1 : it->second.task_index;
-}
+int Coordinator::worker_task_index(int64_t worker_id) const { return workers_.task_index(worker_id); }
 
-bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.count(worker_id) != 0; }
+bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.alive(worker_id); }
 
-std::set<std::string> Coordinator::closure_names() const {
-  std::set<std::string> all;
-  for (const auto& [id, worker] : workers_) all.insert(worker.functions.begin(), worker.functions.end());
-  return all;
-}
+std::set<std::string> Coordinator::closure_names() const { return workers_.functions(); }
 
-bool Coordinator::any_worker_has(const std::string& name) const {
-  for (const auto& [id, worker] : workers_) {
-    if (worker.functions.count(name) != 0) return true;
+void Coordinator::closure_ended(int64_t id, ClosureQueue::State state, const Status& error) {
+  if (state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed) journal_finished(id, error);
+  if (state == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
+  if (state == ClosureQueue::State::kFailed) ++stats_->closures_failed;
+  if (state == ClosureQueue::State::kDone) {
+    ++closures_completed_;
+    maybe_checkpoint();
   }
-  return false;
-}
-
-// Pings a worker every interval; one that does not answer in time (hung, or
-// cut off without the link breaking) is dropped.
-kj::Promise<void> Coordinator::watch_worker(int64_t worker_id) {
-  return timer_.afterDelay(config_.worker_ping_interval.count() * kj::MILLISECONDS)
-      .then([this, worker_id]() -> kj::Promise<void> {
-        auto it = workers_.find(worker_id);
-        if (it == workers_.end()) return kj::READY_NOW;
-        auto timeout = config_.worker_ping_timeout;
-        auto late = timer_.afterDelay(timeout.count() * kj::MILLISECONDS).then([timeout]() {
-          return Status::DeadlineExceeded("ping did not finish within " + std::to_string(timeout.count()) +
-                                          " ms");
-        });
-        auto ping = it->second.peer->ping().catch_([](kj::Exception&& e) { return async::from_exception(e); });
-        return ping.exclusiveJoin(kj::mv(late)).then([this, worker_id](Status status) -> kj::Promise<void> {
-          if (!status.ok()) {
-            drop_worker(worker_id, status.with_context("no answer to a ping"));
-            return kj::READY_NOW;
-          }
-          return watch_worker(worker_id);
-        });
-      });
-}
-
-void Coordinator::drop_worker(int64_t worker_id, const Status& why) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
-  auto requeued = queue_.worker_failed(worker_id);
-  log_->warn("worker {} (task {}) lost ({}); {} running closure(s) re-queued", worker_id, it->second.task_index,
-             why.message(), requeued.size());
-  workers_.erase(it);
-  auto waiting = drop_waiters_.find(worker_id);
-  if (waiting != drop_waiters_.end()) {
-    for (auto& w : waiting->second) w->fulfill();
-    drop_waiters_.erase(waiting);
-  }
-  changes_.notify();
-}
-
-void Coordinator::cancel_runs() {
-  for (auto [closure_id, worker_id] : queue_.take_cancelled_runs()) {
-    auto it = workers_.find(worker_id);
-    if (it == workers_.end()) continue;
-    int64_t id = closure_id;
-    tasks_.add(it->second.peer->cancel_closure(id).then([this, id](Status status) {
-      if (!status.ok()) log_->debug("cancelling closure {}: {}", id, status.to_string());
-    }));
-  }
-}
-
-kj::Promise<std::vector<ClosureOutcome>> WorkerPeer::run_closures(std::vector<ClosureRun> runs) {
-  struct Batch {
-    std::vector<ClosureRun> runs;
-    std::vector<ClosureOutcome> outcomes;
-  };
-  auto batch = std::make_shared<Batch>();
-  batch->runs = std::move(runs);
-  kj::Promise<void> chain = kj::READY_NOW;
-  for (size_t i = 0; i < batch->runs.size(); ++i) {
-    chain = chain.then([this, batch, i]() -> kj::Promise<void> {
-      bool failed = !batch->outcomes.empty() && !batch->outcomes.back().result.ok();
-      if (failed) {
-        batch->outcomes.push_back(ClosureOutcome{
-            Status::Aborted("not run: an earlier closure of its batch failed"), batch->outcomes.back().worker_lost});
-        return kj::READY_NOW;
-      }
-      return run_closure(std::move(batch->runs[i])).then([batch](ClosureOutcome outcome) {
-        batch->outcomes.push_back(std::move(outcome));
-      });
-    });
-  }
-  return chain.then([batch]() { return std::move(batch->outcomes); });
-}
-
-ClosureRun Coordinator::make_run(const Worker& worker, const ClosureQueue::Closure& closure) const {
-  ClosureRun run;
-  run.closure_id = closure.id;
-  run.function = closure.function;
-  run.args = closure.args;
-  run.placement_version = variables_.version();
-  run.attempt = static_cast<uint32_t>(closure.attempts);
-  run.num_workers = static_cast<uint32_t>(workers_.size());
-  run.worker_index = worker.task_index;
-  return run;
-}
-
-int Coordinator::batch_size() const {
-  if (config_.closure_batch <= 1 || config_.closure_timeout.count() > 0) return 1;
-  // Deep enough that every lane gets a full batch and some are left: the
-  // workers stay balanced up to one batch at the end of a burst.
-  int64_t lanes = std::max<int64_t>(1, static_cast<int64_t>(workers_.size()) * config_.closures_per_worker);
-  int64_t share = queue_.queued() / (2 * lanes);
-  return static_cast<int>(std::clamp<int64_t>(share, 1, config_.closure_batch));
-}
-
-bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome) {
-  if (outcome.worker_lost) {
-    drop_worker(worker_id, outcome.result.status());
-    return false;
-  }
-  if (!outcome.result.ok() && (generation != ps_health_.generation() || !ps_health_.status().ok())) {
-    // A parameter server was lost or restored while it ran (a restarted one
-    // answers NotFound until its shards are back): the run was lost, not
-    // failed, and runs again (ClosureQueue re-queues Unavailable).
-    outcome.result = Status::Unavailable("the run overlapped a parameter server's outage: " +
-                                         outcome.result.status().to_string());
-  }
-  bool succeeded = outcome.result.ok();
-  // Journaled from here when the program released the closure meanwhile
-  // (its record goes as it completes).
-  Status error = outcome.result.status();
-  if (auto ended = queue_.complete(id, worker_id, std::move(outcome.result))) {
-    if (*ended == ClosureQueue::State::kDone || *ended == ClosureQueue::State::kFailed) journal_finished(id, error);
-    if (*ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
-    if (*ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
-    if (succeeded) {
-      ++closures_completed_;
-      maybe_checkpoint();
-    }
-  }
-  return true;
-}
-
-kj::Promise<void> Coordinator::lane(int64_t worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.leaving || gate_.draining()) return kj::READY_NOW;
-  if (!ps_health_.status().ok() || gate_.paused()) return changes_.changed().then([this, worker_id]() { return lane(worker_id); });
-  int batch = batch_size();
-  auto closure = queue_.next(worker_id);
-  if (!closure) return changes_.changed().then([this, worker_id]() { return lane(worker_id); });
-  if (batch > 1) {
-    std::vector<ClosureRun> runs;
-    runs.push_back(make_run(it->second, *closure));
-    while (static_cast<int>(runs.size()) < batch) {
-      auto more = queue_.next(worker_id);
-      if (!more) break;
-      runs.push_back(make_run(it->second, *more));
-    }
-    if (runs.size() > 1) return run_batch(worker_id, std::move(runs));
-  }
-  update_stats();
-  ClosureRun run = make_run(it->second, *closure);
-  std::optional<std::chrono::system_clock::time_point> deadline;
-  if (config_.closure_timeout.count() > 0) {
-    deadline = std::chrono::system_clock::now() + config_.closure_timeout;
-    run.deadline_unix_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
-  }
-  int64_t id = closure->id;
-  std::string function = closure->function;
-  const int64_t generation = ps_health_.generation();
-  auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
-    ClosureOutcome lost;
-    lost.result = async::from_exception(e);
-    lost.worker_lost = true;
-    return lost;
-  });
-  if (config_.closure_timeout.count() > 0) {
-    auto timeout = config_.closure_timeout;
-    auto timed_out = [id, function, timeout]() {
-      return Status::DeadlineExceeded("closure " + std::to_string(id) + " (" + function +
-                                      ") did not finish within closure_timeout_ms " + std::to_string(timeout.count()));
-    };
-    outcome = outcome
-                  .then([deadline, timed_out](ClosureOutcome finished) {
-                    // The worker saw the deadline pass (its context's
-                    // cancelled()) before this loop's timer fired: the run
-                    // timed out all the same.
-                    if (!finished.worker_lost && std::chrono::system_clock::now() >= *deadline) {
-                      finished.result = timed_out();
-                    }
-                    return finished;
-                  })
-                  .exclusiveJoin(timer_.afterDelay(timeout.count() * kj::MILLISECONDS)
-                                     .then([this, worker_id, id, timed_out]() {
-                                       // The worker is told to stop; the lane moves on meanwhile.
-                                       auto found = workers_.find(worker_id);
-                                       if (found != workers_.end()) {
-                                         tasks_.add(found->second.peer->cancel_closure(id).then([](Status) {}));
-                                       }
-                                       return ClosureOutcome{timed_out(), false};
-                                     }));
-  }
-  return kj::mv(outcome).then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
-    if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
-    cancel_runs();
-    changes_.notify();
-    return lane(worker_id);
-  });
-}
-
-kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureRun> runs) {
-  update_stats();
-  std::vector<int64_t> ids;
-  ids.reserve(runs.size());
-  for (const auto& run : runs) ids.push_back(run.closure_id);
-  const int64_t generation = ps_health_.generation();
-  // The peer stays alive while its batch runs, even if the worker is dropped
-  // meanwhile (another lane found it lost).
-  std::shared_ptr<WorkerPeer> peer = workers_.at(worker_id).peer;
-  size_t n = runs.size();
-  return peer->run_closures(std::move(runs))
-      .attach(kj::mv(peer))
-      .catch_([n](kj::Exception&& e) {
-        return std::vector<ClosureOutcome>(n, ClosureOutcome{async::from_exception(e), true});
-      })
-      .then([this, worker_id, ids = std::move(ids), generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
-        if (outcomes.size() != ids.size()) {
-          // A peer that answered the wrong number of outcomes cannot be
-          // trusted with the others either.
-          drop_worker(worker_id, Status::Internal("worker answered " + std::to_string(outcomes.size()) +
-                                                  " outcomes for a batch of " + std::to_string(ids.size()) +
-                                                  " closures"));
-          return kj::READY_NOW;
-        }
-        // Values first, in order. Errors after them, last run first: the
-        // runs lost (not started after a failure, or overlapping a PS outage)
-        // go back to the front of the queue one by one, so the last to go
-        // back (the first of them) is the first to run again.
-        std::vector<size_t> errors;
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (!outcomes[i].worker_lost && !outcomes[i].result.ok()) {
-            errors.push_back(i);
-            continue;
-          }
-          // A lost worker re-queues what is left of the batch (drop_worker).
-          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]))) return kj::READY_NOW;
-        }
-        for (auto it = errors.rbegin(); it != errors.rend(); ++it) {
-          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]));
-        }
-        cancel_runs();
-        changes_.notify();
-        return lane(worker_id);
-      });
 }
 
 // ---- Per-worker datasets ----------------------------------------------------------
-
-std::vector<DatasetTarget> Coordinator::dataset_targets() const {
-  std::vector<DatasetTarget> out;
-  out.reserve(workers_.size());
-  for (const auto& [id, worker] : workers_) out.push_back({id, worker.task_index, worker.peer.get()});
-  return out;
-}
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition, std::string name) {
   Status valid = data::Dataset::deserialize(definition).status();
@@ -372,19 +108,19 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string 
   PerWorkerDataset dataset;
   dataset.definition = std::move(definition);
   dataset.name = std::move(name);
-  return datasets_.add(std::move(dataset), dataset_targets());
+  return datasets_.add(std::move(dataset), workers_.targets());
 }
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function,
                                                                                    std::string name) {
-  if (!workers_.empty() && !any_worker_has("dataset:" + function)) {
+  if (!workers_.empty() && !workers_.any_has("dataset:" + function)) {
     return Result<int64_t>(Status::NotFound("create_per_worker_dataset: no worker has a dataset function named '" +
                                             function + "'"));
   }
   PerWorkerDataset dataset;
   dataset.function = std::move(function);
   dataset.name = std::move(name);
-  return datasets_.add(std::move(dataset), dataset_targets());
+  return datasets_.add(std::move(dataset), workers_.targets());
 }
 
 // ---- Variables ---------------------------------------------------------------------
@@ -435,7 +171,7 @@ Placements Coordinator::placements() const { return variables_.placements(); }
 
 Coordinator::Overview Coordinator::overview() const {
   Overview out;
-  for (const auto& [id, w] : workers_) {
+  for (const auto& [id, w] : workers_.all()) {
     out.workers.push_back({id, w.task_index, w.peer->address(), w.leaving});
   }
   for (int task = 0; task < ps_health_.size(); ++task) {
@@ -463,7 +199,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   if (gate_.draining()) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
   if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
-  if (!workers_.empty() && !any_worker_has(function)) {
+  if (!workers_.empty() && !workers_.any_has(function)) {
     // The name list is only built for the error message, off the hot path.
     std::string names;
     for (const auto& n : closure_names()) names += (names.empty() ? "" : ", ") + n;
@@ -610,7 +346,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
     ready = pause_dispatch()
                 .then([this, saved](std::shared_ptr<void> pause) {
                   saved->pause = std::move(pause);
-                  return datasets_.iterator_states(dataset_targets());
+                  return datasets_.iterator_states(workers_.targets());
                 })
                 .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
   }
@@ -733,7 +469,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
             })
             .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;
-              return datasets_.restore_iterators(std::move(iterators), dataset_targets())
+              return datasets_.restore_iterators(std::move(iterators), workers_.targets())
                   .then([out](Result<int> restored) {
                     if (restored.ok()) out->iterators = *restored;
                     return restored.status();

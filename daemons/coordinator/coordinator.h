@@ -64,6 +64,7 @@
 #include "capstan/training.h"
 #include "daemons/coordinator/checkpointing.h"
 #include "daemons/coordinator/client_table.h"
+#include "daemons/coordinator/closure_lanes.h"
 #include "daemons/coordinator/closure_queue.h"
 #include "daemons/coordinator/config.h"
 #include "daemons/coordinator/dispatch_gate.h"
@@ -76,6 +77,7 @@
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
 #include "daemons/coordinator/stats.h"
+#include "daemons/coordinator/workers.h"
 #include "placement/placement.h"
 #include "types/replica.h"
 
@@ -287,14 +289,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Result<StrategyStatus>> strategy_status(std::string strategy);
 
  private:
-  struct Worker {
-    int64_t id = 0;
-    int task_index = 0;
-    std::shared_ptr<WorkerPeer> peer;  // shared: a batch in flight keeps it
-    std::set<std::string> functions;
-    bool leaving = false;  // leave_worker(): no more closures or steps
-  };
-
   struct Strategy {
     std::string name;
     std::vector<training::MirroredSpec> specs;
@@ -317,13 +311,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // ---- strategies.cc
   Result<Strategy*> find_strategy(const std::string& name);
   bool is_mirrored(const std::string& variable) const;
-  // The live workers that have `function`, by task index.
-  std::vector<int64_t> replica_candidates(const std::string& function) const;
   kj::Promise<Status> ensure_group(Strategy& strategy, std::string function, kj::TimePoint give_up);
   kj::Promise<Status> form_group(Strategy& strategy, std::vector<int64_t> members);
   kj::Promise<Result<StepOutcome>> dispatch_step(Strategy& strategy, std::string function, std::string args);
-  // Resolves when `worker_id` is dropped (at once if it is not registered).
-  kj::Promise<void> dropped(int64_t worker_id);
   // A replica call to `worker_id` that counts as lost when its link breaks,
   // the worker is dropped, or it does not answer within `limit`.
   template <typename T>
@@ -393,23 +383,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // With checkpoint_dir and checkpoint_on_preemption: saves one now.
   kj::Promise<void> checkpoint_before_leaving(std::string why);
 
-  bool any_worker_has(const std::string& name) const;
-  kj::Promise<void> lane(int64_t worker_id);
-  // Sends `runs` (taken from the queue for the worker) in one call.
-  kj::Promise<void> run_batch(int64_t worker_id, std::vector<ClosureRun> runs);
-  // How many closures a lane takes for its next call (1 unless the queue is
-  // deep and batching is on).
-  int batch_size() const;
-  ClosureRun make_run(const Worker& worker, const ClosureQueue::Closure& closure) const;
-  // Records a run's outcome in the queue; false when it says the worker is
-  // lost (then dropped, its closures re-queued).
-  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome);
-  // Tells the workers of runs the queue cancelled to stop them.
-  void cancel_runs();
-  kj::Promise<void> watch_worker(int64_t worker_id);
-  void drop_worker(int64_t worker_id, const Status& why);
-  // The registered workers, as datasets_ reaches them (by id).
-  std::vector<DatasetTarget> dataset_targets() const;
+  // ClosureLanes' hook: the queue ended closure `id` (see ClosureLanes::Hooks).
+  void closure_ended(int64_t id, ClosureQueue::State state, const Status& error);
 
   // Model checkpoints with per-worker iterators: no new closure or step
   // starts while a save reads them (until the returned guard goes), and the
@@ -428,20 +403,24 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Timer& timer_;
   boost::asio::thread_pool& pool_;
   const std::shared_ptr<spdlog::logger> log_;
+  const uint64_t incarnation_;
+  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 
   // Wakes everything waiting for a change (join, fetch, idle lanes), after
   // update_stats().
   ChangeSignal changes_;
+  const LoopContext loop_;  // the above and tasks_, as the parts share them
+  DispatchGate gate_;       // closed by drain() and pause_dispatch()
   ClosureQueue queue_;
   ReportedScalars reported_;
-  std::map<int64_t, Worker> workers_;
-  int64_t next_worker_id_ = 1;
+  Workers workers_;
   // A parameter server not reached yet is waited for kFirstContactWindow
   // after the start (or a restart with the journal). Its generation goes up
   // when one is lost or recovered: a closure whose run saw it change failed
   // because of it and runs again.
   PsHealth ps_health_;
   PsVariables variables_;  // placement, and the shards on the parameter servers
+  ClosureLanes lanes_;
   int64_t ps_recoveries_ = 0;
   std::string last_checkpoint_;
   int64_t closures_completed_ = 0;
@@ -449,16 +428,12 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
   int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
   bool checkpointing_ = false;
-  DispatchGate gate_;  // closed by drain() and pause_dispatch()
-  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   std::unique_ptr<DurableLog> journal_;  // null without work_dir
-  const uint64_t incarnation_;
   // Schedule requests seen (retries answer the same closure) and when each
   // client was last heard from (expire_clients releases a silent one's).
   ClientTable clients_;
   PerWorkerDatasets datasets_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
-  std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;
   kj::TaskSet tasks_;  // last: its promises use everything above
 };
 

@@ -249,17 +249,17 @@ kj::Promise<void> Coordinator::checkpoint_before_leaving(std::string why) {
 
 kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string reason) {
   if (reason.size() > 1024) return Status::InvalidArgument("leaveWorker: reason longer than 1 KiB");
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) {
+  Worker* worker = workers_.find(worker_id);
+  if (worker == nullptr) {
     return Status::NotFound("leaveWorker: no worker " + std::to_string(worker_id) +
                             " (it was dropped, or registered with another coordinator)");
   }
-  it->second.leaving = true;
+  worker->leaving = true;
   log_->info("worker {} (task {}) is leaving ({}): no more closures; waiting for its {} running closure(s)", worker_id,
-             it->second.task_index, reason, queue_.running_on(worker_id));
+             worker->task_index, reason, queue_.running_on(worker_id));
   changes_.notify();  // its idle lanes end
   auto idle = [this, worker_id]() {
-    if (workers_.count(worker_id) == 0) return true;  // dropped meanwhile
+    if (!workers_.alive(worker_id)) return true;  // dropped meanwhile
     if (queue_.running_on(worker_id) > 0) return false;
     for (const auto& [name, strategy] : strategies_) {
       if (*strategy.busy && std::count(strategy.members.begin(), strategy.members.end(), worker_id) > 0) {
@@ -272,15 +272,10 @@ kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string rea
   return changes_.until(idle)
       .then([this, why]() { return checkpoint_before_leaving(why); })
       .then([this, worker_id, reason]() {
-        auto found = workers_.find(worker_id);
-        if (found == workers_.end()) return Status::Ok();
-        int task = found->second.task_index;
-        workers_.erase(found);
-        auto waiting = drop_waiters_.find(worker_id);
-        if (waiting != drop_waiters_.end()) {
-          for (auto& w : waiting->second) w->fulfill();
-          drop_waiters_.erase(waiting);
-        }
+        const Worker* found = workers_.find(worker_id);
+        if (found == nullptr) return Status::Ok();
+        int task = found->task_index;
+        workers_.remove(worker_id);
         log_->info("worker {} (task {}) left ({}); its closures finished", worker_id, task, reason);
         changes_.notify();
         return Status::Ok();

@@ -73,32 +73,6 @@ bool Coordinator::is_mirrored(const std::string& variable) const {
   return false;
 }
 
-std::vector<int64_t> Coordinator::replica_candidates(const std::string& function) const {
-  std::vector<std::pair<int, int64_t>> found;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.functions.count(function) != 0 && !worker.leaving) found.emplace_back(worker.task_index, id);
-  }
-  std::sort(found.begin(), found.end());
-  std::vector<int64_t> ids;
-  for (const auto& [task, id] : found) ids.push_back(id);
-  return ids;
-}
-
-kj::Promise<void> Coordinator::dropped(int64_t worker_id) {
-  if (workers_.count(worker_id) == 0) return kj::READY_NOW;
-  auto& waiting = drop_waiters_[worker_id];
-  // Each step waits on this once per member, and most steps end without a
-  // drop: forget the waits that were given up (their promise is gone).
-  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> live;
-  for (auto& w : waiting) {
-    if (w->isWaiting()) live.add(kj::mv(w));
-  }
-  waiting = kj::mv(live);
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  waiting.add(kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
-}
-
 Status Coordinator::create_strategy(const std::string& name, std::vector<MirroredVariableInit> variables,
                                     StrategyConfig config) {
   if (name.empty() || name.size() > kMaxStrategyName) {
@@ -180,7 +154,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
   if (!found.ok()) return Out(found.status());
   Strategy& s = **found;
   if (gate_.draining()) return Out(Status::Unavailable("runStep: the coordinator is shutting down (SIGTERM)"));
-  if (!workers_.empty() && !any_worker_has(function)) {
+  if (!workers_.empty() && !workers_.any_has(function)) {
     return Out(Status::NotFound("runStep: no worker has a closure named '" + function + "'"));
   }
   if (*s.busy || gate_.paused()) {
@@ -212,7 +186,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
 }
 
 kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function, kj::TimePoint give_up) {
-  auto members = replica_candidates(function);
+  auto members = workers_.replica_candidates(function);
   if (static_cast<int>(members.size()) < s.config.min_replicas) {
     if (timer_.now() >= give_up) {
       return Status::Unavailable("strategy '" + s.name + "' needs " + std::to_string(s.config.min_replicas) +
@@ -228,7 +202,7 @@ kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function,
     if (status.ok() || status.code() != StatusCode::kUnavailable || timer_.now() >= give_up) return status;
     // A member was lost while the group formed: once more with the others.
     log_->warn("strategy '{}': forming the group failed ({}); forming it again", s.name, status.message());
-    return form_group(s, replica_candidates(function)).then([&s](Status again) -> kj::Promise<Status> {
+    return form_group(s, workers_.replica_candidates(function)).then([&s](Status again) -> kj::Promise<Status> {
       if (again.ok() || again.code() != StatusCode::kUnavailable) return again;
       return Status::Unavailable("strategy '" + s.name + "': the group did not form: " + again.message());
     });
@@ -239,7 +213,7 @@ kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function,
 template <typename T>
 kj::Promise<Answer<T>> Coordinator::ask(int64_t worker_id, kj::Promise<Result<T>> call,
                                          std::chrono::milliseconds limit) {
-  return answer(kj::mv(call), dropped(worker_id), timer_.afterDelay(limit.count() * kj::MILLISECONDS), limit);
+  return answer(kj::mv(call), workers_.dropped(worker_id), timer_.afterDelay(limit.count() * kj::MILLISECONDS), limit);
 }
 
 kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> members) {
@@ -255,11 +229,11 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
   // Every member must still be registered; its peer is looked up again at
   // each stage (a member dropped meanwhile fails the formation).
   auto peer_of = [this](int64_t id) -> WorkerPeer* {
-    auto it = workers_.find(id);
-    return it == workers_.end() ? nullptr : it->second.peer.get();
+    Worker* worker = workers_.find(id);
+    return worker == nullptr ? nullptr : worker->peer.get();
   };
   auto lost = [this, &s](int64_t id, const Status& why) {
-    drop_worker(id, why.with_context("strategy '" + s.name + "'"));
+    workers_.drop(id, why.with_context("strategy '" + s.name + "'"));
     return Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
                                " was lost while the group formed: " + why.message());
   };
@@ -400,7 +374,7 @@ kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> me
             std::string who;
             for (size_t r = 0; r < ids.size(); ++r) {
               who += (who.empty() ? "" : ", ") + std::to_string(r) + "=worker " + std::to_string(ids[r]) + " (task " +
-                     std::to_string(worker_task_index(ids[r])) + ")";
+                     std::to_string(workers_.task_index(ids[r])) + ")";
             }
             log_->info("strategy '{}': group of {} formed (epoch {}): {}; state from rank {} (step {})", s.name,
                        ids.size(), epoch, who, *source, reports[static_cast<size_t>(*source)].result->step);
@@ -420,8 +394,8 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
   auto arrivals = std::make_shared<std::vector<size_t>>();
   for (size_t r = 0; r < members.size(); ++r) {
     const int64_t id = members[r];
-    auto it = workers_.find(id);
-    if (it == workers_.end()) {
+    const Worker* worker = workers_.find(id);
+    if (worker == nullptr) {
       outcomes.add(ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) + " was dropped"), true});
       continue;
     }
@@ -430,14 +404,14 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
     run.args = args;
     run.placement_version = variables_.version();
     run.num_workers = static_cast<uint32_t>(members.size());
-    run.worker_index = it->second.task_index;
+    run.worker_index = worker->task_index;
     run.strategy = name;
     run.epoch = epoch;
-    auto outcome = it->second.peer->run_closure(std::move(run))
+    auto outcome = worker->peer->run_closure(std::move(run))
                        .catch_([](kj::Exception&& e) {
                          return ClosureOutcome{async::from_exception(e), true};
                        })
-                       .exclusiveJoin(dropped(id).then([id]() {
+                       .exclusiveJoin(workers_.dropped(id).then([id]() {
                          return ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) +
                                                                    " was dropped (it stopped answering pings)"),
                                                true};
@@ -454,9 +428,9 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
                                                 (o.worker_lost ? "was lost: " : "failed: ") +
                                                 o.result.status().message();
                            for (size_t k = 0; k < members.size(); ++k) {
-                             auto other = workers_.find(members[k]);
-                             if (k == r || other == workers_.end()) continue;
-                             tasks_.add(other->second.peer->abort_replica(name, epoch, reason).then([](Status) {},
+                             const Worker* other = workers_.find(members[k]);
+                             if (k == r || other == nullptr) continue;
+                             tasks_.add(other->peer->abort_replica(name, epoch, reason).then([](Status) {},
                                                                                                    [](kj::Exception&&) {}));
                            }
                          }
@@ -489,9 +463,9 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
       const auto& o = all[r];
       if (o.worker_lost) {
         lost.push_back("worker " + std::to_string(members[r]) + " (task " +
-                       std::to_string(worker_task_index(members[r])) + ", replica " + std::to_string(r) + ")");
+                       std::to_string(workers_.task_index(members[r])) + ", replica " + std::to_string(r) + ")");
         if (first_lost.ok()) first_lost = o.result.status();
-        drop_worker(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
+        workers_.drop(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
       } else if (!o.result.ok()) {
         if (first_error.ok() || (consequence(first_error) && !consequence(o.result.status()))) {
           first_error = o.result.status();
@@ -504,7 +478,7 @@ kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::st
       out.epoch = epoch;
       for (size_t r = 0; r < all.size(); ++r) {
         out.values.push_back(*all[r].result);
-        out.task_indexes.push_back(worker_task_index(members[r]));
+        out.task_indexes.push_back(workers_.task_index(members[r]));
       }
       return out;
     }
@@ -540,9 +514,9 @@ kj::Promise<Result<training::MirroredState>> Coordinator::read_state_from(std::s
                                                                        Status last) {
   using Out = Result<training::MirroredState>;
   for (; i < members.size(); ++i) {
-    auto it = workers_.find(members[i]);
-    if (it == workers_.end()) continue;
-    return ask(members[i], it->second.peer->read_replica(name), limit)
+    const Worker* worker = workers_.find(members[i]);
+    if (worker == nullptr) continue;
+    return ask(members[i], worker->peer->read_replica(name), limit)
         .then([this, name, members, i, limit](Answer<training::MirroredState> a) mutable -> kj::Promise<Out> {
           if (a.result.ok()) return kj::mv(a.result);
           return read_state_from(kj::mv(name), kj::mv(members), i + 1, limit, a.result.status());
@@ -580,16 +554,16 @@ kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string str
   for (size_t r = 0; r < s.members.size(); ++r) {
     ReplicaInfo info;
     info.worker_id = s.members[r];
-    info.task_index = worker_task_index(s.members[r]);
+    info.task_index = workers_.task_index(s.members[r]);
     info.rank = static_cast<int>(r);
     status->replicas.push_back(info);
-    auto it = workers_.find(s.members[r]);
-    if (it == workers_.end()) {
+    const Worker* worker = workers_.find(s.members[r]);
+    if (worker == nullptr) {
       status->replicas.back().status = Status::Unavailable("worker " + std::to_string(s.members[r]) + " was lost");
       asks.add(kj::READY_NOW);
       continue;
     }
-    asks.add(ask(s.members[r], it->second.peer->replica_status(strategy), s.config.settings.timeout)
+    asks.add(ask(s.members[r], worker->peer->replica_status(strategy), s.config.settings.timeout)
                  .then([status, r](Answer<training::ReplicaReport> a) {
       auto& info = status->replicas[r];
       if (a.result.ok()) {
