@@ -45,6 +45,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
              {[this]() { update_stats(); },
               [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
+      strategies_(workers_, variables_, gate_, loop_),
       clients_(config_.client_grace),
       datasets_(config_.expected_workers, log_,
                 [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
@@ -140,7 +141,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
-  if (is_mirrored(name)) {
+  if (strategies_.is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createVariable: '" + name +
                                         "' is a mirrored variable of a strategy; a variable lives in one place"));
   }
@@ -159,7 +160,7 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
-  if (is_mirrored(name)) {
+  if (strategies_.is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a mirrored variable of a strategy"));
   }
   return variables_.create_table(std::move(spec));
@@ -354,7 +355,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
       .then([this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
         // The strategies' mirrored variables go into the same checkpoint.
         if (!states.ok() || strategies_.empty()) return kj::mv(states);
-        return mirrored_snapshot().then(
+        return strategies_.snapshot().then(
             [states = std::move(*states)](Result<std::vector<VariableState>> mirrored) mutable
             -> Result<std::vector<VariableState>> {
               CAPSTAN_RETURN_IF_ERROR(mirrored.status());
@@ -381,13 +382,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
 
 kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
   std::shared_ptr<void> guard = gate_.pause([this]() { changes_.notify(); });
-  return changes_.until([this]() {
-           if (queue_.running() > 0) return false;
-           for (const auto& [name, strategy] : strategies_) {
-             if (*strategy.busy) return false;
-           }
-           return true;
-         })
+  return changes_.until([this]() { return queue_.running() == 0 && !strategies_.busy(); })
       .then([guard = std::move(guard)]() mutable { return std::move(guard); });
 }
 
@@ -397,7 +392,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
     int64_t step;
     std::vector<VariableState> states;
     std::vector<std::string> missing;
-    MirroredRestore mirrored;
+    Strategies::Restore mirrored;
     std::map<std::string, std::string> iterators;
   };
   using Restored = Result<Read>;
@@ -420,7 +415,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
         if (!reader.ok()) return Result<Reader>(reader.status());
         // Variables the program has not created (again) get the
         // checkpoint's number of shards on the current parameter servers.
-        auto is_mirrored_variable = [this](const std::string& name) { return is_mirrored(name); };
+        auto is_mirrored_variable = [this](const std::string& name) { return strategies_.is_mirrored(name); };
         return variables_.create_absent((*reader)->manifest(), is_mirrored_variable)
             .then([reader = *reader](Status status) -> Result<Reader> {
               CAPSTAN_RETURN_IF_ERROR(status);
@@ -429,13 +424,11 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
       })
       .then([this, strict](Result<Reader> reader) -> kj::Promise<Restored> {
         if (!reader.ok()) return Restored(reader.status());
-        std::map<std::string, std::vector<training::MirroredSpec>> mirrored;
-        for (const auto& [name, strategy] : strategies_) mirrored[name] = strategy.specs;
         return async::run_on_pool(pool_, [reader = *reader, states = variables_.layout(), strict,
-                                        mirrored = std::move(mirrored)]() mutable -> Restored {
+                                        mirrored = strategies_.specs()]() mutable -> Restored {
           std::vector<std::string> missing;
           CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));
-          CAPSTAN_ASSIGN_OR_RETURN(MirroredRestore from, read_mirrored_checkpoint(*reader, mirrored));
+          CAPSTAN_ASSIGN_OR_RETURN(Strategies::Restore from, Strategies::read_checkpoint(*reader, mirrored));
           if (strict && !from.missing.empty()) {
             std::string names;
             for (const auto& n : from.missing) names += (names.empty() ? "'" : ", '") + n + "'";
@@ -465,7 +458,7 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
             })
             .then([this, mirrored = std::move(mirrored)](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;
-              return seed_strategies(std::move(mirrored));
+              return strategies_.seed(std::move(mirrored));
             })
             .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
               if (!status.ok()) return status;
@@ -496,6 +489,25 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
                    restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
         return restored;
       });
+}
+
+// ---- Synchronous training -----------------------------------------------------------
+
+Status Coordinator::create_strategy(const std::string& name, std::vector<MirroredVariableInit> variables,
+                                    StrategyConfig config) {
+  return strategies_.create(name, std::move(variables), config);
+}
+
+kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string strategy, std::string function, std::string args) {
+  return strategies_.run_step(std::move(strategy), std::move(function), std::move(args));
+}
+
+kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::string strategy, std::string variable) {
+  return strategies_.read_mirrored(std::move(strategy), std::move(variable));
+}
+
+kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string strategy) {
+  return strategies_.status(std::move(strategy));
 }
 
 Result<std::vector<std::string>> ps_addresses_of_service(const std::string& service, int64_t n) {

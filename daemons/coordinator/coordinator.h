@@ -77,6 +77,7 @@
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
 #include "daemons/coordinator/stats.h"
+#include "daemons/coordinator/strategies.h"
 #include "daemons/coordinator/workers.h"
 #include "placement/placement.h"
 #include "types/replica.h"
@@ -264,7 +265,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Parameter servers restored from a checkpoint after coming back empty.
   int64_t ps_recoveries() const { return ps_recoveries_; }
 
-  // ---- Synchronous training (strategies.cc): TF's MultiWorkerMirroredStrategy
+  // ---- Synchronous training (strategies.h): TF's MultiWorkerMirroredStrategy
   // with the worker-servers as replicas. A strategy is a named set of
   // mirrored variables held in the workers' memory. Each step runs a closure
   // on every live worker that has it, at once, as the ranks of one
@@ -289,51 +290,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Result<StrategyStatus>> strategy_status(std::string strategy);
 
  private:
-  struct Strategy {
-    std::string name;
-    std::vector<training::MirroredSpec> specs;
-    StrategyConfig config;
-    // A state no replica holds yet (initial values, a restored checkpoint):
-    // the next group starts from it.
-    std::optional<training::MirroredState> seed;
-    bool seed_is_initial = false;  // the seed is create()'s values, not a checkpoint's
-    int64_t epoch = 0;              // of the last group formed
-    std::vector<int64_t> members;   // worker ids by rank
-    bool formed = false;            // false after a failed step: form again
-    // A step or a formation runs. Shared with the step's promise, which
-    // clears it even when dropped.
-    std::shared_ptr<bool> busy = std::make_shared<bool>(false);
-    int64_t steps = 0;
-  };
-
   void taskFailed(kj::Exception&& exception) override;
-
-  // ---- strategies.cc
-  Result<Strategy*> find_strategy(const std::string& name);
-  bool is_mirrored(const std::string& variable) const;
-  kj::Promise<Status> ensure_group(Strategy& strategy, std::string function, kj::TimePoint give_up);
-  kj::Promise<Status> form_group(Strategy& strategy, std::vector<int64_t> members);
-  kj::Promise<Result<StepOutcome>> dispatch_step(Strategy& strategy, std::string function, std::string args);
-  // A replica call to `worker_id` that counts as lost when its link breaks,
-  // the worker is dropped, or it does not answer within `limit`.
-  template <typename T>
-  kj::Promise<ReplicaAnswer<T>> ask(int64_t worker_id, kj::Promise<Result<T>> call, std::chrono::milliseconds limit);
-  // The state to checkpoint: the seed, or replica 0's.
-  kj::Promise<Result<training::MirroredState>> mirrored_state(Strategy& strategy);
-  kj::Promise<Result<training::MirroredState>> read_state_from(std::string name, std::vector<int64_t> members, size_t i,
-                                                               std::chrono::milliseconds limit, Status last);
-  // Every strategy's variables as checkpoint entries (one shard on task 0).
-  kj::Promise<Result<std::vector<VariableState>>> mirrored_snapshot();
-  // The mirrored variables a checkpoint holds, read (on the pool) for the
-  // strategies as they are now; then seed_strategies() makes them the
-  // strategies' seeds (the next step's group starts from them).
-  struct MirroredRestore {
-    std::map<std::string, training::MirroredState> states;  // by strategy: only the variables present
-    std::vector<std::string> missing;
-  };
-  static Result<MirroredRestore> read_mirrored_checkpoint(const checkpoint::CheckpointReader& reader,
-                                                          const std::map<std::string, std::vector<training::MirroredSpec>>& specs);
-  kj::Promise<Status> seed_strategies(MirroredRestore restore);
 
   // ---- recovery.cc: parameter-server health (ps_health_), recovery, checkpoint policy
   using PsState = PsHealth::State;
@@ -421,6 +378,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   PsHealth ps_health_;
   PsVariables variables_;  // placement, and the shards on the parameter servers
   ClosureLanes lanes_;
+  Strategies strategies_;
   int64_t ps_recoveries_ = 0;
   std::string last_checkpoint_;
   int64_t closures_completed_ = 0;
@@ -433,7 +391,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // client was last heard from (expire_clients releases a silent one's).
   ClientTable clients_;
   PerWorkerDatasets datasets_;
-  std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
   kj::TaskSet tasks_;  // last: its promises use everything above
 };
 

@@ -260,13 +260,7 @@ kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string rea
   changes_.notify();  // its idle lanes end
   auto idle = [this, worker_id]() {
     if (!workers_.alive(worker_id)) return true;  // dropped meanwhile
-    if (queue_.running_on(worker_id) > 0) return false;
-    for (const auto& [name, strategy] : strategies_) {
-      if (*strategy.busy && std::count(strategy.members.begin(), strategy.members.end(), worker_id) > 0) {
-        return false;
-      }
-    }
-    return true;
+    return queue_.running_on(worker_id) == 0 && !strategies_.busy_with(worker_id);
   };
   std::string why = "worker " + std::to_string(worker_id) + " leaving";
   return changes_.until(idle)
@@ -289,13 +283,7 @@ kj::Promise<void> Coordinator::drain(std::string reason) {
              durable() ? "stay in the journal and run when the coordinator restarts with its work_dir"
                        : "will not run (no work_dir)");
   changes_.notify();
-  return changes_.until([this]() {
-           if (queue_.running() > 0) return false;
-           for (const auto& [name, strategy] : strategies_) {
-             if (*strategy.busy) return false;
-           }
-           return true;
-         })
+  return changes_.until([this]() { return queue_.running() == 0 && !strategies_.busy(); })
       // The ends of the closures that finished are in the journal before
       // the process goes, so that a restart does not run them again.
       .then([this]() { return journal_synced().ignoreResult(); })
