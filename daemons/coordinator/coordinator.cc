@@ -41,14 +41,14 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
                  config_.ps_recovery_timeout),
       variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
-                 [this](const PlacedVariable& variable) { return journal_variable(variable); }),
+                 [this](const PlacedVariable& variable) { return journal_.variable(variable, variables_.placer_counter()); }),
       lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
              {[this]() { update_stats(); },
               [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
       strategies_(workers_, variables_, gate_, loop_),
       clients_(config_.client_grace),
       datasets_(config_.expected_workers, log_,
-                [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
+                [this](int64_t id, const PerWorkerDataset& dataset) { return journal_.dataset(id, dataset); }),
       tasks_(*this) {
   for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
   if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
@@ -92,7 +92,9 @@ bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.alive(
 std::set<std::string> Coordinator::closure_names() const { return workers_.functions(); }
 
 void Coordinator::closure_ended(int64_t id, ClosureQueue::State state, const Status& error) {
-  if (state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed) journal_finished(id, error);
+  if (state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed) {
+    journal_.finished(id, error, queue_);
+  }
   if (state == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
   if (state == ClosureQueue::State::kFailed) ++stats_->closures_failed;
   if (state == ClosureQueue::State::kDone) {
@@ -196,7 +198,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   client_seen(client_id);
   if (auto seen = clients_.find(client_id, request_seq)) return *seen;  // a retry: already scheduled
   if (queue_.has_error()) return take_closure_error();
-  if (journal_ && !journal_->broken().ok()) return journal_->broken();
+  if (Status broken = journal_.broken(); !broken.ok()) return broken;
   if (gate_.draining()) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
   if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
@@ -210,7 +212,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   // Journaled first, then queued (the queue has no pending error now, so
   // the closure gets the next id): the arguments go to the journal as they
   // are, then move into the queue.
-  journal_scheduled(queue_.next_id(), function, args, client_id, request_seq);
+  journal_.scheduled(queue_.next_id(), function, args, {client_id, request_seq});
   auto id = queue_.schedule(function, std::move(args), {client_id, request_seq});
   if (!id.ok()) return id;
   clients_.remember(client_id, request_seq, *id);
@@ -254,8 +256,8 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   if (finished(*state)) {
     // A value goes out once its closure's end is in the journal: a program
     // never holds a value whose closure a restart would run again.
-    if (!journal_) return queue_.value(id);
-    return journal_->synced().then([this, id](Status) { return queue_.value(id); });
+    if (!journal_.durable()) return queue_.value(id);
+    return journal_.synced().then([this, id](Status) { return queue_.value(id); });
   }
   Status up = ps_health_.status();
   if (!up.ok()) {
@@ -289,7 +291,7 @@ void Coordinator::released(int64_t id) {
   ++stats_->closures_released;
   // Journaled for a queued or running closure too: a restarted coordinator
   // drops its value when it finishes there.
-  journal_released(id);
+  journal_.released(id);
 }
 
 void Coordinator::client_seen(uint64_t client_id) { clients_.seen(client_id, timer_.now()); }

@@ -67,6 +67,7 @@
 #include "daemons/coordinator/closure_lanes.h"
 #include "daemons/coordinator/closure_queue.h"
 #include "daemons/coordinator/config.h"
+#include "daemons/coordinator/coordinator_journal.h"
 #include "daemons/coordinator/dispatch_gate.h"
 #include "daemons/coordinator/durable_log.h"
 #include "daemons/coordinator/loop_context.h"
@@ -161,7 +162,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // results, errors raised, releases) is in the journal, fsynced, or to
   // the journal's failure. Without: at once.
   kj::Promise<Status> journal_synced();
-  bool durable() const { return journal_ != nullptr; }
+  bool durable() const { return journal_.durable(); }
   // Resolves once fewer than max_queued_closures closures are queued (at
   // once when so). The service answers a schedule after it.
   kj::Promise<void> queue_room();
@@ -230,7 +231,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // ids start again at 1 when it restarts (a program's releases of ids of
   // the one before would hit other closures); 0 with a journal, whose ids
   // outlive a restart.
-  uint64_t incarnation() const { return journal_ ? 0 : incarnation_; }
+  uint64_t incarnation() const { return journal_.durable() ? 0 : incarnation_; }
   static constexpr size_t kMaxReleasePerCall = 1 << 16;
   // How often a live SDK client calls the coordinator at least (a
   // heartbeat); client_grace must be well above it.
@@ -303,28 +304,13 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<void> check_ps(int task);
   kj::Promise<void> recover_ps(int task, std::set<std::string> missing);
   void set_ps_state(int task, PsState state, Status lost = Status::Ok());
-  // ---- durable.cc: the journal (config.work_dir)
+  // ---- durable.cc: the journal (config.work_dir; coordinator_journal.h)
+  // A replayed record, applied to the parts it concerns.
   Status apply_journal_record(const std::string& record);
-  // Appends before the change is applied; OK without a journal.
-  Status journal_variable(const PlacedVariable& variable);
-  Status journal_dataset(int64_t id, const PerWorkerDataset& dataset);
-  // The closure queue's records go out in batches, one fsync each, on the
-  // pool (group commit): enqueued here in the order of the changes.
-  void journal_closure_change(std::string record);
-  void journal_scheduled(int64_t id, const std::string& function, const std::string& args, uint64_t client_id,
-                         int64_t request_seq);
-  // After queue_.complete() ended closure `id` (kDone or kFailed, with
-  // `error`): journals its value or error. A closure the program released
-  // has no record left: its end is journaled without a value, so a
-  // restarted coordinator neither runs it again nor keeps anything for it.
-  void journal_finished(int64_t id, const Status& error);
-  void journal_released(int64_t id);
-  // queue_.take_error(), journaled when it raises one.
-  Status take_closure_error();
   // The state as journal records (a compacted journal).
   std::vector<std::string> snapshot_records() const;
-  std::string variable_record(const PlacedVariable& variable) const;
-  std::string dataset_record(int64_t id, const PerWorkerDataset& dataset) const;
+  // queue_.take_error(), journaled when it raises one.
+  Status take_closure_error();
   // Remembers (and journals) the checkpoint a lost PS is restored from.
   void set_last_checkpoint(const std::string& path);
 
@@ -368,6 +354,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   ChangeSignal changes_;
   const LoopContext loop_;  // the above and tasks_, as the parts share them
   DispatchGate gate_;       // closed by drain() and pause_dispatch()
+  CoordinatorJournal journal_;  // closed without work_dir
   ClosureQueue queue_;
   ReportedScalars reported_;
   Workers workers_;
@@ -386,7 +373,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
   int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
   bool checkpointing_ = false;
-  std::unique_ptr<DurableLog> journal_;  // null without work_dir
   // Schedule requests seen (retries answer the same closure) and when each
   // client was last heard from (expire_clients releases a silent one's).
   ClientTable clients_;
