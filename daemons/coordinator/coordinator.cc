@@ -46,14 +46,17 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
              {[this]() { update_stats(); },
               [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
       strategies_(workers_, variables_, gate_, loop_),
+      policy_(config_, loop_, ps_health_, journal_,
+              [this](std::string directory, int64_t step, int max_to_keep) {
+                return save_checkpoint(std::move(directory), step, max_to_keep);
+              }),
+      recovery_(config_, parameter_servers, ps_health_, variables_, policy_, pool, loop_),
       clients_(config_.client_grace),
       datasets_(config_.expected_workers, log_,
                 [this](int64_t id, const PerWorkerDataset& dataset) { return journal_.dataset(id, dataset); }),
       tasks_(*this) {
-  for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
-  if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
-    tasks_.add(checkpoint_timer());
-  }
+  recovery_.start();
+  policy_.start();
   if (config_.client_grace.count() > 0) tasks_.add(client_expiry_timer());
 }
 
@@ -91,16 +94,56 @@ bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.alive(
 
 std::set<std::string> Coordinator::closure_names() const { return workers_.functions(); }
 
+kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string reason) {
+  if (reason.size() > 1024) return Status::InvalidArgument("leaveWorker: reason longer than 1 KiB");
+  Worker* worker = workers_.find(worker_id);
+  if (worker == nullptr) {
+    return Status::NotFound("leaveWorker: no worker " + std::to_string(worker_id) +
+                            " (it was dropped, or registered with another coordinator)");
+  }
+  worker->leaving = true;
+  log_->info("worker {} (task {}) is leaving ({}): no more closures; waiting for its {} running closure(s)", worker_id,
+             worker->task_index, reason, queue_.running_on(worker_id));
+  changes_.notify();  // its idle lanes end
+  auto idle = [this, worker_id]() {
+    if (!workers_.alive(worker_id)) return true;  // dropped meanwhile
+    return queue_.running_on(worker_id) == 0 && !strategies_.busy_with(worker_id);
+  };
+  std::string why = "worker " + std::to_string(worker_id) + " leaving";
+  return changes_.until(idle)
+      .then([this, why]() { return policy_.before_leaving(why); })
+      .then([this, worker_id, reason]() {
+        const Worker* found = workers_.find(worker_id);
+        if (found == nullptr) return Status::Ok();
+        int task = found->task_index;
+        workers_.remove(worker_id);
+        log_->info("worker {} (task {}) left ({}); its closures finished", worker_id, task, reason);
+        changes_.notify();
+        return Status::Ok();
+      });
+}
+
+kj::Promise<void> Coordinator::drain(std::string reason) {
+  gate_.drain();
+  log_->info("{}: no more dispatch; waiting for {} running closure(s); {} queued closure(s) {}", reason,
+             queue_.running(), queue_.queued(),
+             durable() ? "stay in the journal and run when the coordinator restarts with its work_dir"
+                       : "will not run (no work_dir)");
+  changes_.notify();
+  return changes_.until([this]() { return queue_.running() == 0 && !strategies_.busy(); })
+      // The ends of the closures that finished are in the journal before
+      // the process goes, so that a restart does not run them again.
+      .then([this]() { return journal_synced().ignoreResult(); })
+      .then([this, reason]() { return policy_.before_leaving(reason); });
+}
+
 void Coordinator::closure_ended(int64_t id, ClosureQueue::State state, const Status& error) {
   if (state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed) {
     journal_.finished(id, error, queue_);
   }
   if (state == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
   if (state == ClosureQueue::State::kFailed) ++stats_->closures_failed;
-  if (state == ClosureQueue::State::kDone) {
-    ++closures_completed_;
-    maybe_checkpoint();
-  }
+  if (state == ClosureQueue::State::kDone) policy_.closure_succeeded();
 }
 
 // ---- Per-worker datasets ----------------------------------------------------------
@@ -187,7 +230,7 @@ Coordinator::Overview Coordinator::overview() const {
   }
   out.placements = placements();
   out.per_worker_datasets = datasets_.size();
-  out.last_checkpoint = last_checkpoint_;
+  out.last_checkpoint = policy_.last();
   return out;
 }
 
@@ -201,7 +244,7 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   if (Status broken = journal_.broken(); !broken.ok()) return broken;
   if (gate_.draining()) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
-  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
+  if (!recovery_.pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
   if (!workers_.empty() && !workers_.any_has(function)) {
     // The name list is only built for the error message, off the hot path.
     std::string names;
@@ -231,7 +274,7 @@ kj::Promise<Status> Coordinator::join() {
   Status up = ps_health_.status();
   if (!up.ok()) {
     // A pause while a parameter server comes back and is recovered.
-    auto until = ps_pause_deadline();
+    auto until = recovery_.pause_deadline();
     if (!until) return up;
     return changes_.changed_or(*until).then([this]() { return join(); });
   }
@@ -242,7 +285,7 @@ kj::Promise<Status> Coordinator::join() {
 Result<bool> Coordinator::done() {
   if (queue_.has_error()) return take_closure_error();
   if (!ps_health_.status().ok()) {
-    if (!ps_pause_deadline()) return ps_health_.status();
+    if (!recovery_.pause_deadline()) return ps_health_.status();
     return false;  // recovering: not done yet
   }
   return queue_.idle();
@@ -261,7 +304,7 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   }
   Status up = ps_health_.status();
   if (!up.ok()) {
-    auto until = ps_pause_deadline();
+    auto until = recovery_.pause_deadline();
     if (!until) return Result<std::string>(up);
     return changes_.changed_or(*until).then([this, id]() { return wait_for_value(id); });
   }
@@ -377,7 +420,7 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
         CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
         log_->info("saved checkpoint {}", *path);
         ++stats_->checkpoints_saved;
-        set_last_checkpoint(*path);
+        policy_.set_last(*path);
         return path;
       });
 }
@@ -477,14 +520,8 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
       })
       .then([this, path, resolved](Step restored) -> Step {
         CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
-        set_last_checkpoint(*resolved);
-        for (int task = 0; task < ps_.size(); ++task) {
-          if (ps_health_.state(task) == PsState::kLost) {
-            log_->info("parameter server ps:{} at {} has its shards again (restored by hand); dispatch resumes", task,
-                       ps_.address(task));
-            set_ps_state(task, PsState::kUp);
-          }
-        }
+        policy_.set_last(*resolved);
+        recovery_.restored_by_hand();
         std::string missing;
         for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
         log_->info("restored checkpoint {} (step {}, {} per-worker iterator position(s)){}", path, restored->step,

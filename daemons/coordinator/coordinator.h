@@ -15,7 +15,7 @@
 // A worker whose link breaks, or that stops answering pings, is dropped: its
 // running closures go back to the queue (ClosureQueue::worker_failed).
 //
-// Parameter servers (recovery.cc): dispatch pauses while one is
+// Parameter servers (ps_recovery.h): dispatch pauses while one is
 // unreachable. When a checkpoint exists to recover from (one saved by the
 // checkpoint policy or the program, or the newest in checkpoint_dir),
 // join/fetch/schedule wait through the outage (up to ps_recovery_timeout);
@@ -62,6 +62,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
+#include "daemons/coordinator/checkpoint_policy.h"
 #include "daemons/coordinator/checkpointing.h"
 #include "daemons/coordinator/client_table.h"
 #include "daemons/coordinator/closure_lanes.h"
@@ -74,6 +75,7 @@
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_health.h"
+#include "daemons/coordinator/ps_recovery.h"
 #include "daemons/coordinator/ps_variables.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
@@ -262,9 +264,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // The checkpoint a lost parameter server would be restored from: the last
   // one saved or restored here, else "" (checkpoint_dir's newest is looked
   // up when needed).
-  const std::string& last_checkpoint() const { return last_checkpoint_; }
+  const std::string& last_checkpoint() const { return policy_.last(); }
   // Parameter servers restored from a checkpoint after coming back empty.
-  int64_t ps_recoveries() const { return ps_recoveries_; }
+  int64_t ps_recoveries() const { return recovery_.recoveries(); }
 
   // ---- Synchronous training (strategies.h): TF's MultiWorkerMirroredStrategy
   // with the worker-servers as replicas. A strategy is a named set of
@@ -293,17 +295,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
  private:
   void taskFailed(kj::Exception&& exception) override;
 
-  // ---- recovery.cc: parameter-server health (ps_health_), recovery, checkpoint policy
-  using PsState = PsHealth::State;
-  // ps_health_.pause_deadline(), recoverable when a checkpoint exists to
-  // recover from.
-  std::optional<kj::TimePoint> ps_pause_deadline() const;
   std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
-  kj::Promise<void> watch_ps(int task);
-  // On reconnecting: up when it has its shards; else recovered or lost.
-  kj::Promise<void> check_ps(int task);
-  kj::Promise<void> recover_ps(int task, std::set<std::string> missing);
-  void set_ps_state(int task, PsState state, Status lost = Status::Ok());
   // ---- durable.cc: the journal (config.work_dir; coordinator_journal.h)
   // A replayed record, applied to the parts it concerns.
   Status apply_journal_record(const std::string& record);
@@ -311,20 +303,6 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   std::vector<std::string> snapshot_records() const;
   // queue_.take_error(), journaled when it raises one.
   Status take_closure_error();
-  // Remembers (and journals) the checkpoint a lost PS is restored from.
-  void set_last_checkpoint(const std::string& path);
-
-  // The checkpoint policy: saves when one is due by steps, or by time.
-  void maybe_checkpoint();
-  kj::Promise<void> checkpoint_timer();
-  void save_by_policy();
-  // Saves into checkpoint_dir now, as step policy_step(); its path.
-  kj::Promise<Result<std::string>> save_own_checkpoint();
-  // The step of the coordinator's next own checkpoint: the newest step in
-  // checkpoint_dir when it started, plus the closures completed since.
-  int64_t policy_step();
-  // With checkpoint_dir and checkpoint_on_preemption: saves one now.
-  kj::Promise<void> checkpoint_before_leaving(std::string why);
 
   // ClosureLanes' hook: the queue ended closure `id` (see ClosureLanes::Hooks).
   void closure_ended(int64_t id, ClosureQueue::State state, const Status& error);
@@ -366,13 +344,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   PsVariables variables_;  // placement, and the shards on the parameter servers
   ClosureLanes lanes_;
   Strategies strategies_;
-  int64_t ps_recoveries_ = 0;
-  std::string last_checkpoint_;
-  int64_t closures_completed_ = 0;
-  int64_t completed_at_checkpoint_ = 0;
-  int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
-  int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
-  bool checkpointing_ = false;
+  CheckpointPolicy policy_;  // saves on its own; the last checkpoint
+  PsRecovery recovery_;      // watches the parameter servers, recovers one that comes back empty
   // Schedule requests seen (retries answer the same closure) and when each
   // client was last heard from (expire_clients releases a silent one's).
   ClientTable clients_;

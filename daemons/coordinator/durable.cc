@@ -35,7 +35,7 @@ Status Coordinator::open_journal() {
     log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s), {} closure(s) queued again, "
                "{} result(s) kept{}",
                config_.work_dir, variables_.size(), datasets_.size(), queue_.queued(), queue_.finished(),
-               last_checkpoint_.empty() ? "" : ", last checkpoint " + last_checkpoint_);
+               policy_.last().empty() ? "" : ", last checkpoint " + policy_.last());
   }
   return Status::Ok();
 }
@@ -46,7 +46,7 @@ std::vector<std::string> Coordinator::snapshot_records() const {
     out.push_back(variable_record(variable, variables_.placer_counter()));
   }
   for (const auto& [id, dataset] : datasets_.all()) out.push_back(dataset_record(id, dataset));
-  if (!last_checkpoint_.empty()) out.push_back(last_checkpoint_record(last_checkpoint_));
+  if (!policy_.last().empty()) out.push_back(last_checkpoint_record(policy_.last()));
   ClosureQueue::Snapshot queue = queue_.snapshot();
   for (const auto& entry : queue.entries) out.push_back(closure_state_record(entry));
   out.push_back(queue_state_record(queue.pending_error, queue.next_id));
@@ -71,7 +71,7 @@ Status Coordinator::apply_journal_record(const std::string& record) {
         } else if constexpr (std::is_same_v<Record, DatasetAdded>) {
           datasets_.restore(r.id, std::move(r.dataset));
         } else if constexpr (std::is_same_v<Record, LastCheckpointSet>) {
-          last_checkpoint_ = std::move(r.path);
+          policy_.restore_last(std::move(r.path));
         } else if constexpr (std::is_same_v<Record, ClosureScheduled>) {
           queue_.restore_scheduled(r.id, std::move(r.function), std::move(r.args), r.owner);
           if (r.owner.client != 0) {
@@ -101,16 +101,6 @@ Status Coordinator::apply_journal_record(const std::string& record) {
       },
       decoded);
   return Status::Ok();
-}
-
-void Coordinator::set_last_checkpoint(const std::string& path) {
-  if (path == last_checkpoint_) return;
-  last_checkpoint_ = path;
-  Status logged = journal_.last_checkpoint(path);
-  if (!logged.ok()) {
-    // Recovery after a restart falls back to checkpoint_dir's newest.
-    log_->warn("journaling the last checkpoint {}: {}", path, logged.to_string());
-  }
 }
 
 }  // namespace capstan::coordinator
