@@ -54,6 +54,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       clients_(config_.client_grace),
       datasets_(config_.expected_workers, log_,
                 [this](int64_t id, const PerWorkerDataset& dataset) { return journal_.dataset(id, dataset); }),
+      checkpoints_(variables_, strategies_, datasets_, workers_, pool, [this]() { return pause_dispatch(); }),
       tasks_(*this) {
   recovery_.start();
   policy_.start();
@@ -380,49 +381,13 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
       return save_checkpoint(std::move(directory), step, max_to_keep);
     });
   }
-  struct Saved {
-    std::shared_ptr<void> pause;  // dispatch resumes when it goes
-    std::map<std::string, std::string> iterators;
-  };
-  auto saved = std::make_shared<Saved>();
-  // Without per-worker datasets there is nothing to keep in step with the
-  // variables: closures go on running meanwhile, as in TF.
-  kj::Promise<void> ready = kj::READY_NOW;
-  if (!datasets_.empty()) {
-    ready = pause_dispatch()
-                .then([this, saved](std::shared_ptr<void> pause) {
-                  saved->pause = std::move(pause);
-                  return datasets_.iterator_states(workers_.targets());
-                })
-                .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
-  }
-  return ready.then([this]() { return variables_.snapshot(); })
-      .then([this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
-        // The strategies' mirrored variables go into the same checkpoint.
-        if (!states.ok() || strategies_.empty()) return kj::mv(states);
-        return strategies_.snapshot().then(
-            [states = std::move(*states)](Result<std::vector<VariableState>> mirrored) mutable
-            -> Result<std::vector<VariableState>> {
-              CAPSTAN_RETURN_IF_ERROR(mirrored.status());
-              for (auto& m : *mirrored) states.push_back(std::move(m));
-              return std::move(states);
-            });
-      })
-      .then([this, directory, step, max_to_keep, saved](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
-        saved->pause = nullptr;  // everything is read: dispatch resumes while the files are written
-        if (!states.ok()) return Path(states.status());
-        return async::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states),
-                                        iterators = std::move(saved->iterators)]() {
-          return write_checkpoint(directory, step, max_to_keep, states, iterators);
-        });
-      })
-      .then([this](Path path) -> Path {
-        CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
-        log_->info("saved checkpoint {}", *path);
-        ++stats_->checkpoints_saved;
-        policy_.set_last(*path);
-        return path;
-      });
+  return checkpoints_.save(std::move(directory), step, max_to_keep).then([this](Path path) -> Path {
+    CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
+    log_->info("saved checkpoint {}", *path);
+    ++stats_->checkpoints_saved;
+    policy_.set_last(*path);
+    return path;
+  });
 }
 
 kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
@@ -432,16 +397,7 @@ kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
 }
 
 kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::string path, bool strict) {
-  using Reader = std::shared_ptr<checkpoint::CheckpointReader>;
-  struct Read {
-    int64_t step;
-    std::vector<VariableState> states;
-    std::vector<std::string> missing;
-    Strategies::Restore mirrored;
-    std::map<std::string, std::string> iterators;
-  };
-  using Restored = Result<Read>;
-  using Step = Result<Coordinator::Restored>;
+  using Out = Result<Restored>;
   if (auto until = first_contact_deadline()) {
     return changes_.changed_or(*until).then([this, path = std::move(path), strict]() mutable {
       return restore_checkpoint(std::move(path), strict);
@@ -449,85 +405,17 @@ kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::
   }
   // A parameter server that came back empty (lost) is what a restore by
   // hand is for; one that is unreachable or being recovered is not.
-  if (!ps_health_.up_or_lost()) return Step(ps_health_.status());
-  auto resolved = std::make_shared<std::string>();
-  return async::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
-           CAPSTAN_ASSIGN_OR_RETURN(*resolved, resolve_checkpoint(path));
-           CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(*resolved));
-           return Reader(std::move(reader));
-         })
-      .then([this](Result<Reader> reader) -> kj::Promise<Result<Reader>> {
-        if (!reader.ok()) return Result<Reader>(reader.status());
-        // Variables the program has not created (again) get the
-        // checkpoint's number of shards on the current parameter servers.
-        auto is_mirrored_variable = [this](const std::string& name) { return strategies_.is_mirrored(name); };
-        return variables_.create_absent((*reader)->manifest(), is_mirrored_variable)
-            .then([reader = *reader](Status status) -> Result<Reader> {
-              CAPSTAN_RETURN_IF_ERROR(status);
-              return reader;
-            });
-      })
-      .then([this, strict](Result<Reader> reader) -> kj::Promise<Restored> {
-        if (!reader.ok()) return Restored(reader.status());
-        return async::run_on_pool(pool_, [reader = *reader, states = variables_.layout(), strict,
-                                        mirrored = strategies_.specs()]() mutable -> Restored {
-          std::vector<std::string> missing;
-          CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));
-          CAPSTAN_ASSIGN_OR_RETURN(Strategies::Restore from, Strategies::read_checkpoint(*reader, mirrored));
-          if (strict && !from.missing.empty()) {
-            std::string names;
-            for (const auto& n : from.missing) names += (names.empty() ? "'" : ", '") + n + "'";
-            return Status::NotFound("the checkpoint has no mirrored variable " + names +
-                                    " (strict restore; the default restores the variables it has and leaves these "
-                                    "as they are)");
-          }
-          missing.insert(missing.end(), from.missing.begin(), from.missing.end());
-          CAPSTAN_ASSIGN_OR_RETURN(auto iterators, read_iterator_states(*reader));
-          return Read{reader->manifest().step, std::move(states), std::move(missing), std::move(from),
-                      std::move(iterators)};
-        });
-      })
-      .then([this](Restored restored) -> kj::Promise<Step> {
-        if (!restored.ok()) return Step(restored.status());
-        auto out = std::make_shared<Coordinator::Restored>();
-        out->step = restored->step;
-        out->not_in_checkpoint = std::move(restored->missing);
-        auto mirrored = std::move(restored->mirrored);
-        auto iterators = std::move(restored->iterators);
-        auto states = std::make_shared<std::vector<VariableState>>(std::move(restored->states));
-        // A parameter server that restarted gets its shards back first.
-        return variables_.recreate_missing(states.get())
-            .then([this, states](Status status) -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return variables_.write_shards(std::move(*states));
-            })
-            .then([this, mirrored = std::move(mirrored)](Status status) mutable -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return strategies_.seed(std::move(mirrored));
-            })
-            .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return datasets_.restore_iterators(std::move(iterators), workers_.targets())
-                  .then([out](Result<int> restored) {
-                    if (restored.ok()) out->iterators = *restored;
-                    return restored.status();
-                  });
-            })
-            .then([out](Status status) mutable -> Step {
-              CAPSTAN_RETURN_IF_ERROR(status);
-              return std::move(*out);
-            });
-      })
-      .then([this, path, resolved](Step restored) -> Step {
-        CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
-        policy_.set_last(*resolved);
-        recovery_.restored_by_hand();
-        std::string missing;
-        for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
-        log_->info("restored checkpoint {} (step {}, {} per-worker iterator position(s)){}", path, restored->step,
-                   restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
-        return restored;
-      });
+  if (!ps_health_.up_or_lost()) return Out(ps_health_.status());
+  return checkpoints_.restore(path, strict).then([this, path](Out restored) -> Out {
+    CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
+    policy_.set_last(restored->path);
+    recovery_.restored_by_hand();
+    std::string missing;
+    for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
+    log_->info("restored checkpoint {} (step {}, {} per-worker iterator position(s)){}", path, restored->step,
+               restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
+    return restored;
+  });
 }
 
 // ---- Synchronous training -----------------------------------------------------------

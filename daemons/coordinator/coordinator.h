@@ -12,21 +12,31 @@
 //   placement  where each shard of each variable lives (ps task, rows); its
 //              version goes up with every variable created.
 //
+// Coordinator is a facade: it checks each call, makes it wait where it must
+// (for a parameter server), and forwards it to the part that does the work,
+// each with its own header and unit tests:
+//   Workers            who is registered; dropping one (workers.h)
+//   ClosureQueue       TF's closure semantics (closure_queue.h)
+//   ClosureLanes       closures from the queue to the workers (closure_lanes.h)
+//   PsVariables        the variables on the parameter servers (ps_variables.h)
+//   PsHealth           the parameter servers' states (ps_health.h)
+//   PsRecovery         watching them, recovering one that comes back empty
+//   Strategies         synchronous training (strategies.h)
+//   ModelCheckpoints   saving and restoring the whole model
+//   CheckpointPolicy   the coordinator's own saves; the last checkpoint
+//   CoordinatorJournal what survives a restart (coordinator_journal.h)
+//   PerWorkerDatasets, ClientTable, ReportedScalars, DispatchGate, ChangeSignal
+//
 // A worker whose link breaks, or that stops answering pings, is dropped: its
 // running closures go back to the queue (ClosureQueue::worker_failed).
 //
 // Parameter servers (ps_recovery.h): dispatch pauses while one is
-// unreachable. When a checkpoint exists to recover from (one saved by the
-// checkpoint policy or the program, or the newest in checkpoint_dir),
-// join/fetch/schedule wait through the outage (up to ps_recovery_timeout);
-// a parameter server that comes back without its shards (it restarted) has
-// them recreated and restored from that checkpoint, and the closures that
-// failed because of it run again. Without a checkpoint, calls fail with
-// Unavailable naming it until it is back, and one that came back empty
-// fails them with DataLoss saying so until a checkpoint is restored by hand.
-// A parameter server not reached yet since the coordinator started (or
-// restarted from its journal) is waited for, up to kFirstContactWindow:
-// calls made in the moments before the first contact do not fail.
+// unreachable. With a checkpoint to recover from, join/fetch/schedule wait
+// through the outage (up to ps_recovery_timeout) and one that comes back
+// empty is restored from it; without, calls fail with Unavailable naming
+// it, or DataLoss for one that came back empty, until a checkpoint is
+// restored by hand. One not reached yet since the start is waited for, up to
+// kFirstContactWindow.
 //
 // Example (a test's view):
 //   Coordinator c(config, parameter_servers, timer, pool, log);
@@ -43,35 +53,30 @@
 #include <boost/asio/thread_pool.hpp>
 #include <kj/async.h>
 #include <kj/timer.h>
-#include <kj/vector.h>
 #include <spdlog/logger.h>
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
-#include <atomic>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
-#include "capstan/training.h"
 #include "daemons/coordinator/checkpoint_policy.h"
-#include "daemons/coordinator/checkpointing.h"
 #include "daemons/coordinator/client_table.h"
 #include "daemons/coordinator/closure_lanes.h"
 #include "daemons/coordinator/closure_queue.h"
 #include "daemons/coordinator/config.h"
 #include "daemons/coordinator/coordinator_journal.h"
 #include "daemons/coordinator/dispatch_gate.h"
-#include "daemons/coordinator/durable_log.h"
 #include "daemons/coordinator/loop_context.h"
+#include "daemons/coordinator/model_checkpoints.h"
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_health.h"
@@ -82,8 +87,6 @@
 #include "daemons/coordinator/stats.h"
 #include "daemons/coordinator/strategies.h"
 #include "daemons/coordinator/workers.h"
-#include "placement/placement.h"
-#include "types/replica.h"
 
 namespace capstan::coordinator {
 
@@ -190,26 +193,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     return reported_.add(scalars, unix_seconds);
   }
   const std::map<std::string, std::deque<ReportedPoint>>& reported() const { return reported_.points(); }
-  // Members and state for the page.
-  struct Overview {
-    struct WorkerRow {
-      int64_t id = 0;
-      int task_index = 0;
-      std::string address;
-      bool leaving = false;
-    };
-    struct PsRow {
-      int task = 0;
-      std::string address;
-      std::string state;  // "up", "down (since 12 s)", "recovering", "lost: ..."
-      size_t shards = 0;
-    };
-    std::vector<WorkerRow> workers;
-    std::vector<PsRow> ps;
-    Placements placements;
-    size_t per_worker_datasets = 0;
-    std::string last_checkpoint;
-  };
+  // Members and state for the page (requests.h).
+  using Overview = CoordinatorOverview;
   Overview overview() const;
   void update_stats();  // the levels, from the queue and the workers
   // OK once nothing is queued or running; the pending error, or
@@ -255,11 +240,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Result<std::string>> save_checkpoint(std::string directory, int64_t step, int max_to_keep);
   // TF's default: the variables the checkpoint has are restored, the others
   // (created since) keep their values and are listed; `strict` refuses them.
-  struct Restored {
-    int64_t step = 0;
-    std::vector<std::string> not_in_checkpoint;
-    int iterators = 0;  // per-worker iterators put back where the checkpoint has them
-  };
+  using Restored = RestoredCheckpoint;
   kj::Promise<Result<Restored>> restore_checkpoint(std::string path, bool strict = false);
   // The checkpoint a lost parameter server would be restored from: the last
   // one saved or restored here, else "" (checkpoint_dir's newest is looked
@@ -268,17 +249,10 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Parameter servers restored from a checkpoint after coming back empty.
   int64_t ps_recoveries() const { return recovery_.recoveries(); }
 
-  // ---- Synchronous training (strategies.h): TF's MultiWorkerMirroredStrategy
-  // with the worker-servers as replicas. A strategy is a named set of
-  // mirrored variables held in the workers' memory. Each step runs a closure
-  // on every live worker that has it, at once, as the ranks of one
-  // collective group; the group is (re-)formed at a step boundary when the
-  // workers changed or the last step failed: survivors keep their
-  // variables (the one with the fewest steps applied is the source all
-  // take the state from, so every replica is at the last step all of them
-  // finished), a returning worker receives them by broadcast.
-  //
-  // Creates it (the values are held here until the first group forms and
+  // ---- Synchronous training: TF's MultiWorkerMirroredStrategy with the
+  // worker-servers as replicas (strategies.h). The group is (re-)formed at a
+  // step boundary when the workers changed or the last step failed.
+  // Creates a strategy (the values are held here until the first group forms and
   // takes them), or hands back the one of that name with the same
   // variables (a reconnecting program); AlreadyExists when they differ or
   // a parameter-server variable has one of the names.
@@ -295,22 +269,19 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
  private:
   void taskFailed(kj::Exception&& exception) override;
 
+  // While a parameter server not reached yet is waited for: until when.
   std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
-  // ---- durable.cc: the journal (config.work_dir; coordinator_journal.h)
-  // A replayed record, applied to the parts it concerns.
+  // durable.cc: a replayed journal record, applied to the part it concerns;
+  // the state as records (a compacted journal).
   Status apply_journal_record(const std::string& record);
-  // The state as journal records (a compacted journal).
   std::vector<std::string> snapshot_records() const;
   // queue_.take_error(), journaled when it raises one.
   Status take_closure_error();
-
-  // ClosureLanes' hook: the queue ended closure `id` (see ClosureLanes::Hooks).
+  // ClosureLanes' hook: the queue ended closure `id` (the journal, the
+  // stats and the checkpoint policy hear of it).
   void closure_ended(int64_t id, ClosureQueue::State state, const Status& error);
-
-  // Model checkpoints with per-worker iterators: no new closure or step
-  // starts while a save reads them (until the returned guard goes), and the
-  // promise resolves once none runs, so that the variables saved hold the
-  // effect of every element the saved iterators have handed out.
+  // ModelCheckpoints' pause: no closure or step starts until the guard goes;
+  // resolves once none runs.
   kj::Promise<std::shared_ptr<void>> pause_dispatch();
   kj::Promise<Result<std::string>> wait_for_value(int64_t id);
   // `client_id` made a call now (0: nobody).
@@ -327,8 +298,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   const uint64_t incarnation_;
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 
-  // Wakes everything waiting for a change (join, fetch, idle lanes), after
-  // update_stats().
+  // The parts (see the header comment), each given what it uses of those
+  // before it. Waiters wake at changes_.notify(), after update_stats().
   ChangeSignal changes_;
   const LoopContext loop_;  // the above and tasks_, as the parts share them
   DispatchGate gate_;       // closed by drain() and pause_dispatch()
@@ -336,20 +307,15 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   ClosureQueue queue_;
   ReportedScalars reported_;
   Workers workers_;
-  // A parameter server not reached yet is waited for kFirstContactWindow
-  // after the start (or a restart with the journal). Its generation goes up
-  // when one is lost or recovered: a closure whose run saw it change failed
-  // because of it and runs again.
   PsHealth ps_health_;
-  PsVariables variables_;  // placement, and the shards on the parameter servers
+  PsVariables variables_;
   ClosureLanes lanes_;
   Strategies strategies_;
-  CheckpointPolicy policy_;  // saves on its own; the last checkpoint
-  PsRecovery recovery_;      // watches the parameter servers, recovers one that comes back empty
-  // Schedule requests seen (retries answer the same closure) and when each
-  // client was last heard from (expire_clients releases a silent one's).
-  ClientTable clients_;
+  CheckpointPolicy policy_;
+  PsRecovery recovery_;
+  ClientTable clients_;  // schedule retries; clients silent for client_grace
   PerWorkerDatasets datasets_;
+  ModelCheckpoints checkpoints_;
   kj::TaskSet tasks_;  // last: its promises use everything above
 };
 
