@@ -57,13 +57,14 @@ kj::Promise<Result<std::string>> CheckpointPolicy::save_own() {
   saving_ = true;
   completed_at_checkpoint_ = closures_completed_;
   const int64_t step = policy_step();
-  return save_(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep).then([this, step](Result<std::string> saved) {
-    saving_ = false;
-    if (saved.ok()) saved_step_ = step;
-    loop_.changes.notify();  // a leave or drain waiting for this save
-    maybe_save();            // another one came due meanwhile
-    return saved;
-  });
+  return save_(config_.checkpoint_dir, step, config_.checkpoint_max_to_keep)
+      .then([this, step](Result<std::string> saved) {
+        saving_ = false;
+        if (saved.ok()) saved_step_ = step;
+        loop_.changes.notify();  // a leave or drain waiting for this save
+        maybe_save();            // another one came due meanwhile
+        return saved;
+      });
 }
 
 kj::Promise<void> CheckpointPolicy::before_leaving(std::string why) {

@@ -195,12 +195,13 @@ kj::Promise<ClosureOutcome> ClosureLanes::bounded(kj::Promise<ClosureOutcome> ou
         if (!finished.worker_lost && std::chrono::system_clock::now() >= deadline) finished.result = timed_out();
         return finished;
       })
-      .exclusiveJoin(loop_.timer.afterDelay(timeout.count() * kj::MILLISECONDS).then([this, worker_id, id, timed_out]() {
-        // The worker is told to stop; the lane moves on meanwhile.
-        const Worker* found = workers_.find(worker_id);
-        if (found != nullptr) loop_.tasks.add(found->peer->cancel_closure(id).then([](Status) {}));
-        return ClosureOutcome{timed_out(), false};
-      }));
+      .exclusiveJoin(
+          loop_.timer.afterDelay(timeout.count() * kj::MILLISECONDS).then([this, worker_id, id, timed_out]() {
+            // The worker is told to stop; the lane moves on meanwhile.
+            const Worker* found = workers_.find(worker_id);
+            if (found != nullptr) loop_.tasks.add(found->peer->cancel_closure(id).then([](Status) {}));
+            return ClosureOutcome{timed_out(), false};
+          }));
 }
 
 kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<ClosureRun> runs) {
@@ -218,7 +219,8 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
       .catch_([n](kj::Exception&& e) {
         return std::vector<ClosureOutcome>(n, ClosureOutcome{async::from_exception(e), true});
       })
-      .then([this, worker_id, ids = std::move(ids), generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
+      .then([this, worker_id, ids = std::move(ids),
+             generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
         if (outcomes.size() != ids.size()) {
           // A peer that answered the wrong number of outcomes cannot be
           // trusted with the others either.

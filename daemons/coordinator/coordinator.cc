@@ -1,17 +1,12 @@
 #include "daemons/coordinator/coordinator.h"
 
 #include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <optional>
 #include <random>
 #include <utility>
 
-#include "capstan/data/dataset.h"
-#include "journal/journal.h"
-#include "rpc/connection.h"
 #include "async/status_exception.h"
-#include "async/pool.h"
+#include "capstan/data/dataset.h"
+#include "rpc/connection.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -41,7 +36,9 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
                  config_.ps_recovery_timeout),
       variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
-                 [this](const PlacedVariable& variable) { return journal_.variable(variable, variables_.placer_counter()); }),
+                 [this](const PlacedVariable& variable) {
+                   return journal_.variable(variable, variables_.placer_counter());
+                 }),
       lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
              {[this]() { update_stats(); },
               [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
@@ -202,7 +199,8 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
         "createEmbeddingTable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
   }
   if (auto until = first_contact_deadline()) {
-    return changes_.changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
+    return changes_.changed_or(*until).then(
+        [this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
@@ -353,7 +351,8 @@ void Coordinator::expire_clients() {
 }
 
 kj::Promise<void> Coordinator::client_expiry_timer() {
-  const auto period = std::clamp(config_.client_grace / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+  const auto period =
+      std::clamp(config_.client_grace / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
   return timer_.afterDelay(period.count() * kj::MILLISECONDS).then([this]() {
     expire_clients();
     return client_expiry_timer();

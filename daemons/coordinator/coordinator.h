@@ -270,7 +270,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   void taskFailed(kj::Exception&& exception) override;
 
   // While a parameter server not reached yet is waited for: until when.
-  std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
+  std::optional<kj::TimePoint> first_contact_deadline() const {
+    return ps_health_.first_contact_deadline(timer_.now());
+  }
   // durable.cc: a replayed journal record, applied to the part it concerns;
   // the state as records (a compacted journal).
   Status apply_journal_record(const std::string& record);

@@ -239,7 +239,8 @@ Status CoordinatorJournal::variable(const PlacedVariable& variable, int64_t plac
 
 Status CoordinatorJournal::dataset(int64_t id, const PerWorkerDataset& dataset) {
   if (!log_) return Status::Ok();
-  return log_->append_now(dataset_record(id, dataset)).with_context("journaling per-worker dataset " + std::to_string(id));
+  return log_->append_now(dataset_record(id, dataset))
+      .with_context("journaling per-worker dataset " + std::to_string(id));
 }
 
 Status CoordinatorJournal::last_checkpoint(const std::string& path) {

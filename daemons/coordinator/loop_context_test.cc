@@ -37,7 +37,9 @@ TEST_CASE("notify wakes every waiter once, after the refresh", "[coordinator][lo
 TEST_CASE("changed_or resolves at the deadline when nothing changes", "[coordinator][loop]") {
   Loop l;
   bool woken = false;
-  auto w = l.changes.changed_or(l.timer.now() + 500 * kj::MILLISECONDS).then([&]() { woken = true; }).eagerlyEvaluate(nullptr);
+  auto w = l.changes.changed_or(l.timer.now() + 500 * kj::MILLISECONDS)
+               .then([&]() { woken = true; })
+               .eagerlyEvaluate(nullptr);
   l.timer.advanceTo(l.timer.now() + 499 * kj::MILLISECONDS);
   l.ws.poll();
   CHECK_FALSE(woken);

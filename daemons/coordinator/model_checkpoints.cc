@@ -32,7 +32,9 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
                   saved->pause = std::move(pause);
                   return datasets_.iterator_states(workers_.targets());
                 })
-                .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
+                .then([saved](std::map<std::string, std::string> iterators) {
+                  saved->iterators = std::move(iterators);
+                });
   }
   return ready.then([this]() { return snapshot(); })
       .then([this, directory = std::move(directory), step, max_to_keep,
@@ -51,12 +53,13 @@ kj::Promise<Result<std::vector<VariableState>>> ModelCheckpoints::snapshot() {
       [this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
         // The strategies' mirrored variables go into the same checkpoint.
         if (!states.ok() || strategies_.empty()) return kj::mv(states);
-        return strategies_.snapshot().then([states = std::move(*states)](Result<std::vector<VariableState>> mirrored) mutable
-                                           -> Result<std::vector<VariableState>> {
-          CAPSTAN_RETURN_IF_ERROR(mirrored.status());
-          for (auto& m : *mirrored) states.push_back(std::move(m));
-          return std::move(states);
-        });
+        return strategies_.snapshot().then(
+            [states = std::move(*states)](
+                Result<std::vector<VariableState>> mirrored) mutable -> Result<std::vector<VariableState>> {
+              CAPSTAN_RETURN_IF_ERROR(mirrored.status());
+              for (auto& m : *mirrored) states.push_back(std::move(m));
+              return std::move(states);
+            });
       });
 }
 

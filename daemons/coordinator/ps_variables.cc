@@ -403,7 +403,8 @@ kj::Promise<Result<int64_t>> PsVariables::export_rows(PlacedVariable variable, i
           s.table_rows = std::move(answers[k]->rows);
           state.shards.push_back(std::move(s));
         }
-        return async::run_on_pool(pool_, [state = std::move(state), path]() { return write_table_export(state, path); });
+        return async::run_on_pool(pool_,
+                                  [state = std::move(state), path]() { return write_table_export(state, path); });
       });
 }
 

@@ -140,7 +140,8 @@ TEST_CASE("no snapshot while a parameter server is not up", "[coordinator][ps_va
   CHECK(states.status().code() == StatusCode::kUnavailable);
 }
 
-TEST_CASE("a restore creates the checkpoint's variables that do not exist, zero-filled", "[coordinator][ps_variables]") {
+TEST_CASE("a restore creates the checkpoint's variables that do not exist, zero-filled",
+          "[coordinator][ps_variables]") {
   Fixture f;
   REQUIRE(f.create("w", floats({1, 2}, {2}), 1).ok());
   checkpoint::Manifest manifest;

@@ -312,9 +312,11 @@ kj::Promise<Status> Strategies::form_group(Strategy& s, std::vector<int64_t> mem
       .then([this, &s, formation](kj::Array<Answer<std::string>> addresses) {
         return form(s, *formation, kj::mv(addresses));
       })
-      .then([this, &s, formation](
-                kj::Array<Answer<training::ReplicaReport>> reports) { return conclude(s, *formation, kj::mv(reports)); },
-            [](kj::Exception&& e) { return async::from_exception(e); });
+      .then(
+          [this, &s, formation](kj::Array<Answer<training::ReplicaReport>> reports) {
+            return conclude(s, *formation, kj::mv(reports));
+          },
+          [](kj::Exception&& e) { return async::from_exception(e); });
 }
 
 Result<int> Strategies::choose_source(Strategy& s, const std::vector<int64_t>& ids,
@@ -479,7 +481,8 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
           for (size_t k = 0; k < members.size(); ++k) {
             const Worker* other = workers_.find(members[k]);
             if (k == r || other == nullptr) continue;
-            loop_.tasks.add(other->peer->abort_replica(name, epoch, reason).then([](Status) {}, [](kj::Exception&&) {}));
+            loop_.tasks.add(
+                other->peer->abort_replica(name, epoch, reason).then([](Status) {}, [](kj::Exception&&) {}));
           }
         }
         return o;
@@ -675,9 +678,10 @@ Result<Strategies::Restore> Strategies::read_checkpoint(const checkpoint::Checkp
         continue;
       }
       if (saved->dtype != spec.dtype || saved->shape != spec.shape) {
-        return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " + std::string(dtype_name(spec.dtype)) +
-                                       shape_string(spec.shape) + " but the checkpoint has " +
-                                       std::string(dtype_name(saved->dtype)) + shape_string(saved->shape));
+        return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " +
+                                       std::string(dtype_name(spec.dtype)) + shape_string(spec.shape) +
+                                       " but the checkpoint has " + std::string(dtype_name(saved->dtype)) +
+                                       shape_string(saved->shape));
       }
       training::MirroredValue value;
       value.name = spec.name;
