@@ -20,10 +20,12 @@
 //   ClosureLanes       closures from the queue to the workers (closure_lanes.h)
 //   PsVariables        the variables on the parameter servers (ps_variables.h)
 //   PsHealth           the parameter servers' states (ps_health.h)
-//   PsRecovery         watching them, recovering one that comes back empty
+//   PsRecovery         watching them; recovering one that comes back empty
+//                      (ps_recovery.h)
 //   Strategies         synchronous training (strategies.h)
-//   ModelCheckpoints   saving and restoring the whole model
+//   ModelCheckpoints   saving and restoring the model (model_checkpoints.h)
 //   CheckpointPolicy   the coordinator's own saves; the last checkpoint
+//                      (checkpoint_policy.h)
 //   CoordinatorJournal what survives a restart (coordinator_journal.h)
 //   PerWorkerDatasets, ClientTable, ReportedScalars, DispatchGate, ChangeSignal
 //
@@ -32,11 +34,11 @@
 //
 // Parameter servers (ps_recovery.h): dispatch pauses while one is
 // unreachable. With a checkpoint to recover from, join/fetch/schedule wait
-// through the outage (up to ps_recovery_timeout) and one that comes back
-// empty is restored from it; without, calls fail with Unavailable naming
-// it, or DataLoss for one that came back empty, until a checkpoint is
-// restored by hand. One not reached yet since the start is waited for, up to
-// kFirstContactWindow.
+// through the outage (up to ps_recovery_timeout), and one that comes back
+// empty is restored from it. Without, calls fail with Unavailable naming it
+// until it is back, and with DataLoss once it came back empty until a
+// checkpoint is restored by hand. One not reached yet since the start (or a
+// restart from the journal) is waited for, up to kFirstContactWindow.
 //
 // Example (a test's view):
 //   Coordinator c(config, parameter_servers, timer, pool, log);
