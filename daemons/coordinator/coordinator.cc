@@ -1,31 +1,15 @@
 #include "daemons/coordinator/coordinator.h"
 
 #include <algorithm>
-#include <cmath>
-#include <filesystem>
-#include <optional>
 #include <random>
 #include <utility>
 
-#include "capstan/data/dataset.h"
-#include "data/tensor_util.h"
-#include "journal/journal.h"
-#include "rpc/connection.h"
 #include "async/status_exception.h"
-#include "async/pool.h"
+#include "capstan/data/dataset.h"
+#include "rpc/connection.h"
 
 namespace capstan::coordinator {
 namespace {
-
-// The first error among `statuses`, or OK.
-kj::Promise<Status> first_error(kj::Array<kj::Promise<Status>> statuses) {
-  return kj::joinPromises(kj::mv(statuses)).then([](kj::Array<Status> results) {
-    for (auto& status : results) {
-      if (!status.ok()) return status;
-    }
-    return Status::Ok();
-  });
-}
 
 bool finished(ClosureQueue::State state) {
   return state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed ||
@@ -41,22 +25,36 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       timer_(timer),
       pool_(pool),
       log_(std::move(log)),
-      ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
-                 config_.ps_recovery_timeout),
       incarnation_([] {
         std::random_device random;
         uint64_t id = (static_cast<uint64_t>(random()) << 32) | random();
         return id == 0 ? 1 : id;
       }()),
+      changes_(timer, [this]() { update_stats(); }),
+      loop_{timer, tasks_, changes_, *stats_, log_},
+      workers_(log_, changes_, [this](int64_t worker_id) { return queue_.worker_failed(worker_id).size(); }),
+      ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
+                 config_.ps_recovery_timeout),
+      variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
+                 [this](const PlacedVariable& variable) {
+                   return journal_.variable(variable, variables_.placer_counter());
+                 }),
+      lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
+             {[this]() { update_stats(); },
+              [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
+      strategies_(workers_, variables_, gate_, loop_),
+      policy_(config_, loop_, ps_health_, journal_,
+              [this](std::string directory, int64_t step, int max_to_keep) {
+                return save_checkpoint(std::move(directory), step, max_to_keep);
+              }),
+      recovery_(config_, parameter_servers, ps_health_, variables_, policy_, pool, loop_),
       clients_(config_.client_grace),
-      placer_(std::max(parameter_servers.size(), 1)),
       datasets_(config_.expected_workers, log_,
-                [this](int64_t id, const PerWorkerDataset& dataset) { return journal_dataset(id, dataset); }),
+                [this](int64_t id, const PerWorkerDataset& dataset) { return journal_.dataset(id, dataset); }),
+      checkpoints_(variables_, strategies_, datasets_, workers_, pool, [this]() { return pause_dispatch(); }),
       tasks_(*this) {
-  for (int task = 0; task < ps_.size(); ++task) tasks_.add(watch_ps(task));
-  if (!config_.checkpoint_dir.empty() && config_.checkpoint_every_seconds.count() > 0) {
-    tasks_.add(checkpoint_timer());
-  }
+  recovery_.start();
+  policy_.start();
   if (config_.client_grace.count() > 0) tasks_.add(client_expiry_timer());
 }
 
@@ -74,319 +72,79 @@ void Coordinator::update_stats() {
   stats_->clients = static_cast<int64_t>(clients_.size());
 }
 
-void Coordinator::notify() {
-  update_stats();
-  auto waiters = kj::mv(waiters_);
-  waiters_ = kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>();
-  for (auto& w : waiters) w->fulfill();
-}
-
-kj::Promise<void> Coordinator::changed() {
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  waiters_.add(kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
-}
-
 // ---- Workers ---------------------------------------------------------------------
 
 kj::Promise<int64_t> Coordinator::register_worker(int task_index, std::set<std::string> functions,
                                                   std::unique_ptr<WorkerPeer> peer) {
-  bool assigned = task_index < 0;
-  std::set<int> taken;
-  for (const auto& [id, w] : workers_) taken.insert(w.task_index);
-  if (assigned) {
-    task_index = 0;
-    while (taken.count(task_index) != 0) ++task_index;
-  } else if (taken.count(task_index) != 0) {
-    log_->warn("a worker registers with task index {}, which a registered worker has: both read the same shard "
-               "of each per-worker dataset (give each worker its own --task-index, or none)",
-               task_index);
-  }
-  Worker worker;
-  worker.id = next_worker_id_++;
-  worker.task_index = task_index;
-  worker.peer = std::move(peer);
-  worker.functions = std::move(functions);
-  std::string names;
-  for (const auto& f : worker.functions) names += (names.empty() ? "" : ", ") + f;
-  int64_t id = worker.id;
-  workers_.emplace(id, std::move(worker));
-  log_->info("worker {} (task {}{}) joined; closures: {}", id, task_index, assigned ? ", assigned" : "",
-             names.empty() ? "none" : names);
+  const Worker& added = workers_.add(task_index, std::move(functions), std::move(peer));
+  int64_t id = added.id;
   // Its per-worker iterators first, then closures.
-  const Worker& added = workers_.at(id);
   return datasets_.send_all({id, added.task_index, added.peer.get()}, workers_.size()).then([this, id]() {
-    for (int i = 0; i < config_.closures_per_worker; ++i) tasks_.add(lane(id));
-    tasks_.add(watch_worker(id));
-    notify();
+    lanes_.start(id);
+    changes_.notify();
     return id;
   });
 }
 
-int Coordinator::worker_task_index(int64_t worker_id) const {
-  auto it = workers_.find(worker_id);
-  return it == workers_.end() ? -1 : it->second.task_index;
-}
+int Coordinator::worker_task_index(int64_t worker_id) const { return workers_.task_index(worker_id); }
 
-bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.count(worker_id) != 0; }
+bool Coordinator::worker_alive(int64_t worker_id) const { return workers_.alive(worker_id); }
 
-std::set<std::string> Coordinator::closure_names() const {
-  std::set<std::string> all;
-  for (const auto& [id, worker] : workers_) all.insert(worker.functions.begin(), worker.functions.end());
-  return all;
-}
+std::set<std::string> Coordinator::closure_names() const { return workers_.functions(); }
 
-bool Coordinator::any_worker_has(const std::string& name) const {
-  for (const auto& [id, worker] : workers_) {
-    if (worker.functions.count(name) != 0) return true;
+kj::Promise<Status> Coordinator::leave_worker(int64_t worker_id, std::string reason) {
+  if (reason.size() > 1024) return Status::InvalidArgument("leaveWorker: reason longer than 1 KiB");
+  Worker* worker = workers_.find(worker_id);
+  if (worker == nullptr) {
+    return Status::NotFound("leaveWorker: no worker " + std::to_string(worker_id) +
+                            " (it was dropped, or registered with another coordinator)");
   }
-  return false;
-}
-
-// Pings a worker every interval; one that does not answer in time (hung, or
-// cut off without the link breaking) is dropped.
-kj::Promise<void> Coordinator::watch_worker(int64_t worker_id) {
-  return timer_.afterDelay(config_.worker_ping_interval.count() * kj::MILLISECONDS)
-      .then([this, worker_id]() -> kj::Promise<void> {
-        auto it = workers_.find(worker_id);
-        if (it == workers_.end()) return kj::READY_NOW;
-        auto timeout = config_.worker_ping_timeout;
-        auto late = timer_.afterDelay(timeout.count() * kj::MILLISECONDS).then([timeout]() {
-          return Status::DeadlineExceeded("ping did not finish within " + std::to_string(timeout.count()) +
-                                          " ms");
-        });
-        auto ping = it->second.peer->ping().catch_([](kj::Exception&& e) { return async::from_exception(e); });
-        return ping.exclusiveJoin(kj::mv(late)).then([this, worker_id](Status status) -> kj::Promise<void> {
-          if (!status.ok()) {
-            drop_worker(worker_id, status.with_context("no answer to a ping"));
-            return kj::READY_NOW;
-          }
-          return watch_worker(worker_id);
-        });
-      });
-}
-
-void Coordinator::drop_worker(int64_t worker_id, const Status& why) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end()) return;
-  auto requeued = queue_.worker_failed(worker_id);
-  log_->warn("worker {} (task {}) lost ({}); {} running closure(s) re-queued", worker_id, it->second.task_index,
-             why.message(), requeued.size());
-  workers_.erase(it);
-  auto waiting = drop_waiters_.find(worker_id);
-  if (waiting != drop_waiters_.end()) {
-    for (auto& w : waiting->second) w->fulfill();
-    drop_waiters_.erase(waiting);
-  }
-  notify();
-}
-
-void Coordinator::cancel_runs() {
-  for (auto [closure_id, worker_id] : queue_.take_cancelled_runs()) {
-    auto it = workers_.find(worker_id);
-    if (it == workers_.end()) continue;
-    int64_t id = closure_id;
-    tasks_.add(it->second.peer->cancel_closure(id).then([this, id](Status status) {
-      if (!status.ok()) log_->debug("cancelling closure {}: {}", id, status.to_string());
-    }));
-  }
-}
-
-kj::Promise<std::vector<ClosureOutcome>> WorkerPeer::run_closures(std::vector<ClosureRun> runs) {
-  struct Batch {
-    std::vector<ClosureRun> runs;
-    std::vector<ClosureOutcome> outcomes;
+  worker->leaving = true;
+  log_->info("worker {} (task {}) is leaving ({}): no more closures; waiting for its {} running closure(s)", worker_id,
+             worker->task_index, reason, queue_.running_on(worker_id));
+  changes_.notify();  // its idle lanes end
+  auto idle = [this, worker_id]() {
+    if (!workers_.alive(worker_id)) return true;  // dropped meanwhile
+    return queue_.running_on(worker_id) == 0 && !strategies_.busy_with(worker_id);
   };
-  auto batch = std::make_shared<Batch>();
-  batch->runs = std::move(runs);
-  kj::Promise<void> chain = kj::READY_NOW;
-  for (size_t i = 0; i < batch->runs.size(); ++i) {
-    chain = chain.then([this, batch, i]() -> kj::Promise<void> {
-      bool failed = !batch->outcomes.empty() && !batch->outcomes.back().result.ok();
-      if (failed) {
-        batch->outcomes.push_back(ClosureOutcome{
-            Status::Aborted("not run: an earlier closure of its batch failed"), batch->outcomes.back().worker_lost});
-        return kj::READY_NOW;
-      }
-      return run_closure(std::move(batch->runs[i])).then([batch](ClosureOutcome outcome) {
-        batch->outcomes.push_back(std::move(outcome));
+  std::string why = "worker " + std::to_string(worker_id) + " leaving";
+  return changes_.until(idle)
+      .then([this, why]() { return policy_.before_leaving(why); })
+      .then([this, worker_id, reason]() {
+        const Worker* found = workers_.find(worker_id);
+        if (found == nullptr) return Status::Ok();
+        int task = found->task_index;
+        workers_.remove(worker_id);
+        log_->info("worker {} (task {}) left ({}); its closures finished", worker_id, task, reason);
+        changes_.notify();
+        return Status::Ok();
       });
-    });
-  }
-  return chain.then([batch]() { return std::move(batch->outcomes); });
 }
 
-ClosureRun Coordinator::make_run(const Worker& worker, const ClosureQueue::Closure& closure) const {
-  ClosureRun run;
-  run.closure_id = closure.id;
-  run.function = closure.function;
-  run.args = closure.args;
-  run.placement_version = placement_version_;
-  run.attempt = static_cast<uint32_t>(closure.attempts);
-  run.num_workers = static_cast<uint32_t>(workers_.size());
-  run.worker_index = worker.task_index;
-  return run;
+kj::Promise<void> Coordinator::drain(std::string reason) {
+  gate_.drain();
+  log_->info("{}: no more dispatch; waiting for {} running closure(s); {} queued closure(s) {}", reason,
+             queue_.running(), queue_.queued(),
+             durable() ? "stay in the journal and run when the coordinator restarts with its work_dir"
+                       : "will not run (no work_dir)");
+  changes_.notify();
+  return changes_.until([this]() { return queue_.running() == 0 && !strategies_.busy(); })
+      // The ends of the closures that finished are in the journal before
+      // the process goes, so that a restart does not run them again.
+      .then([this]() { return journal_synced().ignoreResult(); })
+      .then([this, reason]() { return policy_.before_leaving(reason); });
 }
 
-int Coordinator::batch_size() const {
-  if (config_.closure_batch <= 1 || config_.closure_timeout.count() > 0) return 1;
-  // Deep enough that every lane gets a full batch and some are left: the
-  // workers stay balanced up to one batch at the end of a burst.
-  int64_t lanes = std::max<int64_t>(1, static_cast<int64_t>(workers_.size()) * config_.closures_per_worker);
-  int64_t share = queue_.queued() / (2 * lanes);
-  return static_cast<int>(std::clamp<int64_t>(share, 1, config_.closure_batch));
-}
-
-bool Coordinator::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome) {
-  if (outcome.worker_lost) {
-    drop_worker(worker_id, outcome.result.status());
-    return false;
+void Coordinator::closure_ended(int64_t id, ClosureQueue::State state, const Status& error) {
+  if (state == ClosureQueue::State::kDone || state == ClosureQueue::State::kFailed) {
+    journal_.finished(id, error, queue_);
   }
-  if (!outcome.result.ok() && (generation != ps_health_.generation() || !ps_health_.status().ok())) {
-    // A parameter server was lost or restored while it ran (a restarted one
-    // answers NotFound until its shards are back): the run was lost, not
-    // failed, and runs again (ClosureQueue re-queues Unavailable).
-    outcome.result = Status::Unavailable("the run overlapped a parameter server's outage: " +
-                                         outcome.result.status().to_string());
-  }
-  bool succeeded = outcome.result.ok();
-  // Journaled from here when the program released the closure meanwhile
-  // (its record goes as it completes).
-  Status error = outcome.result.status();
-  if (auto ended = queue_.complete(id, worker_id, std::move(outcome.result))) {
-    if (*ended == ClosureQueue::State::kDone || *ended == ClosureQueue::State::kFailed) journal_finished(id, error);
-    if (*ended == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
-    if (*ended == ClosureQueue::State::kFailed) ++stats_->closures_failed;
-    if (succeeded) {
-      ++closures_completed_;
-      maybe_checkpoint();
-    }
-  }
-  return true;
-}
-
-kj::Promise<void> Coordinator::lane(int64_t worker_id) {
-  auto it = workers_.find(worker_id);
-  if (it == workers_.end() || it->second.leaving || draining_) return kj::READY_NOW;
-  if (!ps_health_.status().ok() || dispatch_pauses_ > 0) return changed().then([this, worker_id]() { return lane(worker_id); });
-  int batch = batch_size();
-  auto closure = queue_.next(worker_id);
-  if (!closure) return changed().then([this, worker_id]() { return lane(worker_id); });
-  if (batch > 1) {
-    std::vector<ClosureRun> runs;
-    runs.push_back(make_run(it->second, *closure));
-    while (static_cast<int>(runs.size()) < batch) {
-      auto more = queue_.next(worker_id);
-      if (!more) break;
-      runs.push_back(make_run(it->second, *more));
-    }
-    if (runs.size() > 1) return run_batch(worker_id, std::move(runs));
-  }
-  update_stats();
-  ClosureRun run = make_run(it->second, *closure);
-  std::optional<std::chrono::system_clock::time_point> deadline;
-  if (config_.closure_timeout.count() > 0) {
-    deadline = std::chrono::system_clock::now() + config_.closure_timeout;
-    run.deadline_unix_ms =
-        std::chrono::duration_cast<std::chrono::milliseconds>(deadline->time_since_epoch()).count();
-  }
-  int64_t id = closure->id;
-  std::string function = closure->function;
-  const int64_t generation = ps_health_.generation();
-  auto outcome = it->second.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
-    ClosureOutcome lost;
-    lost.result = async::from_exception(e);
-    lost.worker_lost = true;
-    return lost;
-  });
-  if (config_.closure_timeout.count() > 0) {
-    auto timeout = config_.closure_timeout;
-    auto timed_out = [id, function, timeout]() {
-      return Status::DeadlineExceeded("closure " + std::to_string(id) + " (" + function +
-                                      ") did not finish within closure_timeout_ms " + std::to_string(timeout.count()));
-    };
-    outcome = outcome
-                  .then([deadline, timed_out](ClosureOutcome finished) {
-                    // The worker saw the deadline pass (its context's
-                    // cancelled()) before this loop's timer fired: the run
-                    // timed out all the same.
-                    if (!finished.worker_lost && std::chrono::system_clock::now() >= *deadline) {
-                      finished.result = timed_out();
-                    }
-                    return finished;
-                  })
-                  .exclusiveJoin(timer_.afterDelay(timeout.count() * kj::MILLISECONDS)
-                                     .then([this, worker_id, id, timed_out]() {
-                                       // The worker is told to stop; the lane moves on meanwhile.
-                                       auto found = workers_.find(worker_id);
-                                       if (found != workers_.end()) {
-                                         tasks_.add(found->second.peer->cancel_closure(id).then([](Status) {}));
-                                       }
-                                       return ClosureOutcome{timed_out(), false};
-                                     }));
-  }
-  return kj::mv(outcome).then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
-    if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
-    cancel_runs();
-    notify();
-    return lane(worker_id);
-  });
-}
-
-kj::Promise<void> Coordinator::run_batch(int64_t worker_id, std::vector<ClosureRun> runs) {
-  update_stats();
-  std::vector<int64_t> ids;
-  ids.reserve(runs.size());
-  for (const auto& run : runs) ids.push_back(run.closure_id);
-  const int64_t generation = ps_health_.generation();
-  // The peer stays alive while its batch runs, even if the worker is dropped
-  // meanwhile (another lane found it lost).
-  std::shared_ptr<WorkerPeer> peer = workers_.at(worker_id).peer;
-  size_t n = runs.size();
-  return peer->run_closures(std::move(runs))
-      .attach(kj::mv(peer))
-      .catch_([n](kj::Exception&& e) {
-        return std::vector<ClosureOutcome>(n, ClosureOutcome{async::from_exception(e), true});
-      })
-      .then([this, worker_id, ids = std::move(ids), generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
-        if (outcomes.size() != ids.size()) {
-          // A peer that answered the wrong number of outcomes cannot be
-          // trusted with the others either.
-          drop_worker(worker_id, Status::Internal("worker answered " + std::to_string(outcomes.size()) +
-                                                  " outcomes for a batch of " + std::to_string(ids.size()) +
-                                                  " closures"));
-          return kj::READY_NOW;
-        }
-        // Values first, in order. Errors after them, last run first: the
-        // runs lost (not started after a failure, or overlapping a PS outage)
-        // go back to the front of the queue one by one, so the last to go
-        // back (the first of them) is the first to run again.
-        std::vector<size_t> errors;
-        for (size_t i = 0; i < ids.size(); ++i) {
-          if (!outcomes[i].worker_lost && !outcomes[i].result.ok()) {
-            errors.push_back(i);
-            continue;
-          }
-          // A lost worker re-queues what is left of the batch (drop_worker).
-          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]))) return kj::READY_NOW;
-        }
-        for (auto it = errors.rbegin(); it != errors.rend(); ++it) {
-          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]));
-        }
-        cancel_runs();
-        notify();
-        return lane(worker_id);
-      });
+  if (state == ClosureQueue::State::kDone) ++stats_->closures_succeeded;
+  if (state == ClosureQueue::State::kFailed) ++stats_->closures_failed;
+  if (state == ClosureQueue::State::kDone) policy_.closure_succeeded();
 }
 
 // ---- Per-worker datasets ----------------------------------------------------------
-
-std::vector<DatasetTarget> Coordinator::dataset_targets() const {
-  std::vector<DatasetTarget> out;
-  out.reserve(workers_.size());
-  for (const auto& [id, worker] : workers_) out.push_back({id, worker.task_index, worker.peer.get()});
-  return out;
-}
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string definition, std::string name) {
   Status valid = data::Dataset::deserialize(definition).status();
@@ -394,45 +152,22 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset(std::string 
   PerWorkerDataset dataset;
   dataset.definition = std::move(definition);
   dataset.name = std::move(name);
-  return datasets_.add(std::move(dataset), dataset_targets());
+  return datasets_.add(std::move(dataset), workers_.targets());
 }
 
 kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_function(std::string function,
                                                                                    std::string name) {
-  if (!workers_.empty() && !any_worker_has("dataset:" + function)) {
+  if (!workers_.empty() && !workers_.any_has("dataset:" + function)) {
     return Result<int64_t>(Status::NotFound("create_per_worker_dataset: no worker has a dataset function named '" +
                                             function + "'"));
   }
   PerWorkerDataset dataset;
   dataset.function = std::move(function);
   dataset.name = std::move(name);
-  return datasets_.add(std::move(dataset), dataset_targets());
+  return datasets_.add(std::move(dataset), workers_.targets());
 }
 
 // ---- Variables ---------------------------------------------------------------------
-
-VariableLocation Coordinator::location(const Variable& variable) const {
-  VariableLocation out;
-  out.name = variable.name;
-  out.dtype = variable.dtype;
-  out.shape = variable.shape;
-  for (const auto& s : variable.shards) {
-    out.shards.push_back({s.name, s.ps_task, ps_.address(s.ps_task), s.first_row, s.rows});
-  }
-  out.table = variable.table;
-  return out;
-}
-
-Result<Coordinator::Variable> Coordinator::place(const std::string& name, DType dtype, const Shape& shape,
-                                                 const placement::Partitioner& partitioner) {
-  CAPSTAN_ASSIGN_OR_RETURN(auto placed, placer_.place(name, shape, dtype, partitioner));
-  Variable variable;
-  variable.name = name;
-  variable.dtype = dtype;
-  variable.shape = shape;
-  for (const auto& p : placed) variable.shards.push_back({p.name, p.ps_task, p.first_row, p.rows});
-  return variable;
-}
 
 kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableRequest request) {
   using Placed = Result<VariableLocation>;
@@ -443,54 +178,18 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableReque
         "createVariable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
   }
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, request = std::move(request)]() mutable {
+    return changes_.changed_or(*until).then([this, request = std::move(request)]() mutable {
       return create_variable(std::move(request));
     });
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
-  const Tensor& initial = request.initial;
-  if (is_mirrored(name)) {
+  if (strategies_.is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createVariable: '" + name +
                                         "' is a mirrored variable of a strategy; a variable lives in one place"));
   }
-  auto existing = variables_.find(name);
-  if (existing != variables_.end()) {
-    // A reconnecting program creates its variables again: hand back the
-    // ones that exist (their values stay on the parameter servers).
-    const Variable& v = existing->second;
-    if (v.table) {
-      return Placed(Status::AlreadyExists("createVariable: '" + name + "' is an embedding table"));
-    }
-    if (v.dtype != initial.dtype() || v.shape != initial.shape()) {
-      return Placed(Status::AlreadyExists("variable '" + name + "' exists as " + std::string(dtype_name(v.dtype)) +
-                                          shape_string(v.shape) + ", not " +
-                                          std::string(dtype_name(initial.dtype())) + shape_string(initial.shape())));
-    }
-    return Placed(location(v));
-  }
-  auto variable = place(name, initial.dtype(), initial.shape(), request.partitioner);
-  if (!variable.ok()) return Placed(variable.status().with_context("createVariable '" + name + "'"));
-  variable->optimizer = std::move(request.optimizer);
-  return create_shards(std::move(*variable), std::move(request.initial)).then([this, name](Status status) -> Placed {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return location(variables_.at(name));
-  });
+  return variables_.create(std::move(request));
 }
-
-Coordinator::Variable Coordinator::place_table(EmbeddingTableSpec spec) const {
-  Variable variable;
-  variable.name = spec.name;
-  variable.dtype = spec.dtype;
-  variable.shape = {0, spec.dim};
-  variable.optimizer = spec.optimizer;
-  for (int task = 0; task < ps_.size(); ++task) {
-    variable.shards.push_back({checkpoint::shard_name(spec.name, static_cast<size_t>(task)), task, 0, 0});
-  }
-  variable.table = std::move(spec);
-  return variable;
-}
-
 kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSpec spec) {
   using Placed = Result<VariableLocation>;
   const std::string name = spec.name;
@@ -500,84 +199,24 @@ kj::Promise<Result<VariableLocation>> Coordinator::create_table(EmbeddingTableSp
         "createEmbeddingTable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));
   }
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
+    return changes_.changed_or(*until).then(
+        [this, spec = std::move(spec)]() mutable { return create_table(std::move(spec)); });
   }
   Status up = ps_health_.status();
   if (!up.ok()) return Placed(up);
-  if (is_mirrored(name)) {
+  if (strategies_.is_mirrored(name)) {
     return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a mirrored variable of a strategy"));
   }
-  if (spec.dim < 1 || spec.dim > (int64_t{1} << 16)) {
-    return Placed(Status::InvalidArgument("createEmbeddingTable '" + name + "': dim " + std::to_string(spec.dim) +
-                                          " must be in [1, 65536]"));
-  }
-  auto existing = variables_.find(name);
-  if (existing != variables_.end()) {
-    const Variable& v = existing->second;
-    if (!v.table) {
-      return Placed(Status::AlreadyExists("createEmbeddingTable: '" + name + "' is a variable " +
-                                          std::string(dtype_name(v.dtype)) + shape_string(v.shape) +
-                                          ", not an embedding table"));
-    }
-    if (!(*v.table == spec)) {
-      return Placed(Status::AlreadyExists("embedding table '" + name + "' exists with another spec (dtype " +
-                                          std::string(dtype_name(v.table->dtype)) + ", dim " +
-                                          std::to_string(v.table->dim) + ", optimizer " +
-                                          optimizer_name(v.table->optimizer.kind) +
-                                          "); create it with the same spec, or use another name"));
-    }
-    return Placed(location(v));
-  }
-  return create_shards(place_table(std::move(spec)), Tensor()).then([this, name](Status status) -> Placed {
-    CAPSTAN_RETURN_IF_ERROR(status.with_context("createEmbeddingTable '" + name + "'"));
-    return location(variables_.at(name));
-  });
+  return variables_.create_table(std::move(spec));
 }
 
-kj::Promise<Status> Coordinator::create_shards(Variable variable, Tensor initial) {
-  auto creates = kj::heapArrayBuilder<kj::Promise<Status>>(variable.shards.size());
-  for (const auto& shard : variable.shards) {
-    if (variable.table) {
-      creates.add(ps_.create_table(shard.ps_task, shard.name, *variable.table));
-      continue;
-    }
-    Tensor part = initial;
-    if (initial.rank() > 0 && variable.shards.size() > 1) {
-      auto slice = data::slice_rows(initial, shard.first_row, shard.first_row + shard.rows);
-      if (!slice.ok()) return slice.status();
-      part = *slice;
-    }
-    creates.add(ps_.create_shard(shard.ps_task, shard.name, std::move(part), variable.optimizer));
-  }
-  return first_error(creates.finish()).then([this, variable = std::move(variable)](Status status) mutable {
-    if (!status.ok()) return status;
-    CAPSTAN_RETURN_IF_ERROR(journal_variable(variable));
-    ++placement_version_;
-    if (variable.table) {
-      log_->info("embedding table '{}' {}[*, {}] placed on {} parameter server(s)", variable.name,
-                 dtype_name(variable.dtype), variable.table->dim, variable.shards.size());
-    } else {
-      log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
-                 shape_string(variable.shape), variable.shards.size());
-    }
-    std::string name = variable.name;
-    variables_[name] = std::move(variable);
-    return Status::Ok();
-  });
-}
-
-Placements Coordinator::placements() const {
-  Placements out;
-  out.version = placement_version_;
-  for (const auto& [name, variable] : variables_) out.variables.push_back(location(variable));
-  return out;
-}
+Placements Coordinator::placements() const { return variables_.placements(); }
 
 // ---- The status page ---------------------------------------------------------------
 
 Coordinator::Overview Coordinator::overview() const {
   Overview out;
-  for (const auto& [id, w] : workers_) {
+  for (const auto& [id, w] : workers_.all()) {
     out.workers.push_back({id, w.task_index, w.peer->address(), w.leaving});
   }
   for (int task = 0; task < ps_health_.size(); ++task) {
@@ -585,12 +224,12 @@ Coordinator::Overview Coordinator::overview() const {
     row.task = task;
     row.address = ps_.address(task);
     row.state = ps_health_.describe(task);
-    row.shards = shards_on(task).size();
+    row.shards = variables_.shards_on(task).size();
     out.ps.push_back(std::move(row));
   }
   out.placements = placements();
   out.per_worker_datasets = datasets_.size();
-  out.last_checkpoint = last_checkpoint_;
+  out.last_checkpoint = policy_.last();
   return out;
 }
 
@@ -601,11 +240,11 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   client_seen(client_id);
   if (auto seen = clients_.find(client_id, request_seq)) return *seen;  // a retry: already scheduled
   if (queue_.has_error()) return take_closure_error();
-  if (journal_ && !journal_->broken().ok()) return journal_->broken();
-  if (draining_) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
+  if (Status broken = journal_.broken(); !broken.ok()) return broken;
+  if (gate_.draining()) return Status::Unavailable("schedule: the coordinator is shutting down (SIGTERM)");
   // Queued through a parameter server's outage when it can be recovered.
-  if (!ps_pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
-  if (!workers_.empty() && !any_worker_has(function)) {
+  if (!recovery_.pause_deadline()) CAPSTAN_RETURN_IF_ERROR(ps_health_.status());
+  if (!workers_.empty() && !workers_.any_has(function)) {
     // The name list is only built for the error message, off the hot path.
     std::string names;
     for (const auto& n : closure_names()) names += (names.empty() ? "" : ", ") + n;
@@ -615,18 +254,18 @@ Result<int64_t> Coordinator::schedule(const std::string& function, std::string a
   // Journaled first, then queued (the queue has no pending error now, so
   // the closure gets the next id): the arguments go to the journal as they
   // are, then move into the queue.
-  journal_scheduled(queue_.next_id(), function, args, client_id, request_seq);
+  journal_.scheduled(queue_.next_id(), function, args, {client_id, request_seq});
   auto id = queue_.schedule(function, std::move(args), {client_id, request_seq});
   if (!id.ok()) return id;
   clients_.remember(client_id, request_seq, *id);
   ++stats_->closures_scheduled;
-  notify();
+  changes_.notify();
   return id;
 }
 
 kj::Promise<void> Coordinator::queue_room() {
   if (queue_.queued() < config_.max_queued_closures) return kj::READY_NOW;
-  return changed().then([this]() { return queue_room(); });
+  return changes_.changed().then([this]() { return queue_room(); });
 }
 
 kj::Promise<Status> Coordinator::join() {
@@ -634,18 +273,18 @@ kj::Promise<Status> Coordinator::join() {
   Status up = ps_health_.status();
   if (!up.ok()) {
     // A pause while a parameter server comes back and is recovered.
-    auto until = ps_pause_deadline();
+    auto until = recovery_.pause_deadline();
     if (!until) return up;
-    return changed_or(*until).then([this]() { return join(); });
+    return changes_.changed_or(*until).then([this]() { return join(); });
   }
   if (queue_.idle()) return Status::Ok();
-  return changed().then([this]() { return join(); });
+  return changes_.changed().then([this]() { return join(); });
 }
 
 Result<bool> Coordinator::done() {
   if (queue_.has_error()) return take_closure_error();
   if (!ps_health_.status().ok()) {
-    if (!ps_pause_deadline()) return ps_health_.status();
+    if (!recovery_.pause_deadline()) return ps_health_.status();
     return false;  // recovering: not done yet
   }
   return queue_.idle();
@@ -659,16 +298,16 @@ kj::Promise<Result<std::string>> Coordinator::wait_for_value(int64_t id) {
   if (finished(*state)) {
     // A value goes out once its closure's end is in the journal: a program
     // never holds a value whose closure a restart would run again.
-    if (!journal_) return queue_.value(id);
-    return journal_->synced().then([this, id](Status) { return queue_.value(id); });
+    if (!journal_.durable()) return queue_.value(id);
+    return journal_.synced().then([this, id](Status) { return queue_.value(id); });
   }
   Status up = ps_health_.status();
   if (!up.ok()) {
-    auto until = ps_pause_deadline();
+    auto until = recovery_.pause_deadline();
     if (!until) return Result<std::string>(up);
-    return changed_or(*until).then([this, id]() { return wait_for_value(id); });
+    return changes_.changed_or(*until).then([this, id]() { return wait_for_value(id); });
   }
-  return changed().then([this, id]() { return wait_for_value(id); });
+  return changes_.changed().then([this, id]() { return wait_for_value(id); });
 }
 
 Status Coordinator::release(const std::vector<int64_t>& closure_ids, uint64_t client_id, uint64_t incarnation) {
@@ -694,7 +333,7 @@ void Coordinator::released(int64_t id) {
   ++stats_->closures_released;
   // Journaled for a queued or running closure too: a restarted coordinator
   // drops its value when it finishes there.
-  journal_released(id);
+  journal_.released(id);
 }
 
 void Coordinator::client_seen(uint64_t client_id) { clients_.seen(client_id, timer_.now()); }
@@ -712,7 +351,8 @@ void Coordinator::expire_clients() {
 }
 
 kj::Promise<void> Coordinator::client_expiry_timer() {
-  const auto period = std::clamp(config_.client_grace / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
+  const auto period =
+      std::clamp(config_.client_grace / 4, std::chrono::milliseconds(100), std::chrono::milliseconds(10000));
   return timer_.afterDelay(period.count() * kj::MILLISECONDS).then([this]() {
     expire_clients();
     return client_expiry_timer();
@@ -721,151 +361,14 @@ kj::Promise<void> Coordinator::client_expiry_timer() {
 
 // ---- Checkpoints -------------------------------------------------------------------
 
-std::vector<VariableState> Coordinator::layout() const {
-  std::vector<VariableState> states;
-  for (const auto& [name, variable] : variables_) {
-    VariableState state;
-    state.name = name;
-    state.dtype = variable.dtype;
-    state.shape = variable.shape;
-    state.optimizer = variable.optimizer;
-    state.table = variable.table;
-    state.table_shards = static_cast<int>(variable.shards.size());
-    for (const auto& shard : variable.shards) {
-      ShardState s;
-      s.name = shard.name;
-      s.ps_task = shard.ps_task;
-      s.first_row = shard.first_row;
-      s.rows = shard.rows;
-      state.shards.push_back(std::move(s));
-    }
-    states.push_back(std::move(state));
-  }
-  return states;
-}
-
-kj::Promise<Result<std::vector<VariableState>>> Coordinator::snapshot() {
-  using States = Result<std::vector<VariableState>>;
-  Status up = ps_health_.status();
-  if (!up.ok()) return States(up);
-  auto states = std::make_shared<std::vector<VariableState>>(layout());
-  auto reads = kj::Vector<kj::Promise<Status>>();
-  for (size_t v = 0; v < states->size(); ++v) {
-    if ((*states)[v].table) {
-      reads.add(snapshot_table(states, v));
-      continue;
-    }
-    for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
-      const ShardState& shard = (*states)[v].shards[k];
-      reads.add(ps_.read_shard(shard.ps_task, shard.name).then([states, v, k](Result<ShardContents> contents) {
-        CAPSTAN_RETURN_IF_ERROR(contents.status());
-        ShardState& s = (*states)[v].shards[k];
-        s.value = std::move(contents->value);
-        s.slots = std::move(contents->slots);
-        s.step = contents->step;
-        return Status::Ok();
-      }));
-    }
-  }
-  return first_error(reads.releaseAsArray()).then([states](Status status) -> States {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return std::move(*states);
-  });
-}
-
-kj::Promise<Status> Coordinator::snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v) {
-  // Two rounds: every shard's version, then the rows, with later changes
-  // tagged above the highest version of any shard (the checkpoint's
-  // generation), so that "changed since this checkpoint" is one comparison.
-  auto versions = kj::Vector<kj::Promise<Result<TableContents>>>();
-  for (const ShardState& shard : (*states)[v].shards) {
-    versions.add(ps_.export_table(shard.ps_task, shard.name, INT64_MAX, 0));
-  }
-  return kj::joinPromises(versions.releaseAsArray())
-      .then([this, states, v](kj::Array<Result<TableContents>> answers) -> kj::Promise<Status> {
-        int64_t generation = 0;
-        for (auto& a : answers) {
-          if (!a.ok()) return a.status();
-          generation = std::max(generation, a->version);
-        }
-        (*states)[v].generation = generation;
-        auto reads = kj::Vector<kj::Promise<Status>>();
-        for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
-          const ShardState& shard = (*states)[v].shards[k];
-          reads.add(ps_.export_table(shard.ps_task, shard.name, 0, generation + 1)
-                        .then([states, v, k](Result<TableContents> contents) {
-                          CAPSTAN_RETURN_IF_ERROR(contents.status());
-                          ShardState& s = (*states)[v].shards[k];
-                          s.table_rows = std::move(contents->rows);
-                          s.step = contents->step;
-                          s.version = contents->version;
-                          return Status::Ok();
-                        }));
-        }
-        return first_error(reads.releaseAsArray());
-      });
-}
-
 kj::Promise<Result<int64_t>> Coordinator::export_table(std::string name, std::string since, std::string path) {
-  using Rows = Result<int64_t>;
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, name = std::move(name), since = std::move(since),
-                                    path = std::move(path)]() mutable {
+    return changes_.changed_or(*until).then([this, name = std::move(name), since = std::move(since),
+                                             path = std::move(path)]() mutable {
       return export_table(std::move(name), std::move(since), std::move(path));
     });
   }
-  auto found = variables_.find(name);
-  if (found == variables_.end() || !found->second.table) {
-    return Rows(Status::NotFound("exportEmbeddingTable: no embedding table '" + name + "'"));
-  }
-  if (path.size() < 12 || path.compare(path.size() - 12, 12, ".safetensors") != 0) {
-    return Rows(Status::InvalidArgument("exportEmbeddingTable: the output path '" + path +
-                                        "' must name a .safetensors file"));
-  }
-  if (!config_.work_dir.empty() &&
-      std::filesystem::weakly_canonical(path).string().starts_with(
-          std::filesystem::weakly_canonical(config_.work_dir).string() + "/")) {
-    return Rows(Status::InvalidArgument("exportEmbeddingTable: '" + path + "' is inside the coordinator's work_dir " +
-                                        config_.work_dir + "; write the export elsewhere"));
-  }
-  Status up = ps_health_.status();
-  if (!up.ok()) return Rows(up);
-  const Variable variable = found->second;
-  kj::Promise<Result<int64_t>> generation = Result<int64_t>(int64_t{0});
-  if (!since.empty()) {
-    generation = async::run_on_pool(pool_, [since, name]() -> Result<int64_t> {
-      CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(since));
-      CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
-      const auto* saved = reader->manifest().find_variable(name);
-      if (saved == nullptr || !saved->table) {
-        return Status::NotFound("checkpoint " + resolved + " has no embedding table '" + name +
-                                "': export every row (no --since)");
-      }
-      return saved->table->generation;
-    });
-  }
-  return generation.then([this, variable, path](Result<int64_t> since_version) -> kj::Promise<Rows> {
-    if (!since_version.ok()) return Rows(since_version.status());
-    auto exports = kj::Vector<kj::Promise<Result<TableContents>>>();
-    for (const Shard& shard : variable.shards) {
-      exports.add(ps_.export_table(shard.ps_task, shard.name, *since_version, 0));
-    }
-    return kj::joinPromises(exports.releaseAsArray())
-        .then([this, variable, path](kj::Array<Result<TableContents>> answers) -> kj::Promise<Rows> {
-          VariableState state;
-          state.name = variable.name;
-          state.dtype = variable.dtype;
-          state.table = variable.table;
-          for (size_t k = 0; k < answers.size(); ++k) {
-            if (!answers[k].ok()) return Rows(answers[k].status());
-            ShardState s;
-            s.name = variable.shards[k].name;
-            s.table_rows = std::move(answers[k]->rows);
-            state.shards.push_back(std::move(s));
-          }
-          return async::run_on_pool(pool_, [state = std::move(state), path]() { return write_table_export(state, path); });
-        });
-  });
+  return variables_.export_table(std::move(name), std::move(since), std::move(path));
 }
 
 kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string directory, int64_t step,
@@ -873,217 +376,64 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
   using Path = Result<std::string>;
   if (directory.empty()) return Path(Status::InvalidArgument("saveCheckpoint: empty directory"));
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, directory = std::move(directory), step, max_to_keep]() mutable {
+    return changes_.changed_or(*until).then([this, directory = std::move(directory), step, max_to_keep]() mutable {
       return save_checkpoint(std::move(directory), step, max_to_keep);
     });
   }
-  struct Saved {
-    std::shared_ptr<void> pause;  // dispatch resumes when it goes
-    std::map<std::string, std::string> iterators;
-  };
-  auto saved = std::make_shared<Saved>();
-  // Without per-worker datasets there is nothing to keep in step with the
-  // variables: closures go on running meanwhile, as in TF.
-  kj::Promise<void> ready = kj::READY_NOW;
-  if (!datasets_.empty()) {
-    ready = pause_dispatch()
-                .then([this, saved](std::shared_ptr<void> pause) {
-                  saved->pause = std::move(pause);
-                  return datasets_.iterator_states(dataset_targets());
-                })
-                .then([saved](std::map<std::string, std::string> iterators) { saved->iterators = std::move(iterators); });
-  }
-  return ready.then([this]() { return snapshot(); })
-      .then([this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
-        // The strategies' mirrored variables go into the same checkpoint.
-        if (!states.ok() || strategies_.empty()) return kj::mv(states);
-        return mirrored_snapshot().then(
-            [states = std::move(*states)](Result<std::vector<VariableState>> mirrored) mutable
-            -> Result<std::vector<VariableState>> {
-              CAPSTAN_RETURN_IF_ERROR(mirrored.status());
-              for (auto& m : *mirrored) states.push_back(std::move(m));
-              return std::move(states);
-            });
-      })
-      .then([this, directory, step, max_to_keep, saved](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
-        saved->pause = nullptr;  // everything is read: dispatch resumes while the files are written
-        if (!states.ok()) return Path(states.status());
-        return async::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states),
-                                        iterators = std::move(saved->iterators)]() {
-          return write_checkpoint(directory, step, max_to_keep, states, iterators);
-        });
-      })
-      .then([this](Path path) -> Path {
-        CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
-        log_->info("saved checkpoint {}", *path);
-        ++stats_->checkpoints_saved;
-        set_last_checkpoint(*path);
-        return path;
-      });
+  return checkpoints_.save(std::move(directory), step, max_to_keep).then([this](Path path) -> Path {
+    CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
+    log_->info("saved checkpoint {}", *path);
+    ++stats_->checkpoints_saved;
+    policy_.set_last(*path);
+    return path;
+  });
 }
 
 kj::Promise<std::shared_ptr<void>> Coordinator::pause_dispatch() {
-  ++dispatch_pauses_;
-  std::shared_ptr<void> guard(this, [](Coordinator* coordinator) {
-    --coordinator->dispatch_pauses_;
-    coordinator->notify();
-  });
-  return until([this]() {
-           if (queue_.running() > 0) return false;
-           for (const auto& [name, strategy] : strategies_) {
-             if (*strategy.busy) return false;
-           }
-           return true;
-         })
+  std::shared_ptr<void> guard = gate_.pause([this]() { changes_.notify(); });
+  return changes_.until([this]() { return queue_.running() == 0 && !strategies_.busy(); })
       .then([guard = std::move(guard)]() mutable { return std::move(guard); });
 }
 
-kj::Promise<Status> Coordinator::write_shards(std::vector<VariableState> states) {
-  auto writes = kj::Vector<kj::Promise<Status>>();
-  for (auto& v : states) {
-    for (auto& s : v.shards) {
-      if (v.table) {
-        writes.add(ps_.import_table(s.ps_task, s.name, TableContents{std::move(s.table_rows), s.step, s.version},
-                                    /*clear=*/true));
-        continue;
-      }
-      ShardContents contents;
-      contents.value = std::move(s.value);
-      contents.slots = std::move(s.slots);
-      contents.step = s.step;
-      writes.add(ps_.write_shard(s.ps_task, s.name, std::move(contents)));
-    }
-  }
-  return first_error(writes.releaseAsArray());
-}
-
 kj::Promise<Result<Coordinator::Restored>> Coordinator::restore_checkpoint(std::string path, bool strict) {
-  using Reader = std::shared_ptr<checkpoint::CheckpointReader>;
-  struct Read {
-    int64_t step;
-    std::vector<VariableState> states;
-    std::vector<std::string> missing;
-    MirroredRestore mirrored;
-    std::map<std::string, std::string> iterators;
-  };
-  using Restored = Result<Read>;
-  using Step = Result<Coordinator::Restored>;
+  using Out = Result<Restored>;
   if (auto until = first_contact_deadline()) {
-    return changed_or(*until).then([this, path = std::move(path), strict]() mutable {
+    return changes_.changed_or(*until).then([this, path = std::move(path), strict]() mutable {
       return restore_checkpoint(std::move(path), strict);
     });
   }
   // A parameter server that came back empty (lost) is what a restore by
   // hand is for; one that is unreachable or being recovered is not.
-  if (!ps_health_.up_or_lost()) return Step(ps_health_.status());
-  auto resolved = std::make_shared<std::string>();
-  return async::run_on_pool(pool_, [path, resolved]() -> Result<Reader> {
-           CAPSTAN_ASSIGN_OR_RETURN(*resolved, resolve_checkpoint(path));
-           CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(*resolved));
-           return Reader(std::move(reader));
-         })
-      .then([this](Result<Reader> reader) -> kj::Promise<Result<Reader>> {
-        if (!reader.ok()) return Result<Reader>(reader.status());
-        // Variables the program has not created (again) get the
-        // checkpoint's number of shards on the current parameter servers.
-        auto creates = kj::Vector<kj::Promise<Status>>();
-        for (const auto& saved : (*reader)->manifest().variables) {
-          if (variables_.count(saved.name) != 0 || is_mirrored(saved.name)) continue;
-          if (saved.table) {
-            if (ps_.size() == 0) {
-              return Result<Reader>(Status::FailedPrecondition(
-                  "the checkpoint has embedding table '" + saved.name +
-                  "' but the coordinator has no parameter servers (set --ps or a 'ps' job)"));
-            }
-            creates.add(create_shards(place_table({saved.name, saved.table->dim, saved.dtype,
-                                                   saved.table->initializer, saved.optimizer, saved.table->options}),
-                                      Tensor()));
-            continue;
-          }
-          auto zeros = Tensor::zeros(saved.dtype, saved.shape);
-          if (!zeros.ok()) return Result<Reader>(zeros.status());
-          placement::Partitioner partitioner =
-              saved.shape.empty() ? placement::Partitioner::none()
-                                  : placement::Partitioner::fixed_shards(static_cast<int64_t>(saved.shards.size()));
-          auto variable = place(saved.name, saved.dtype, saved.shape, partitioner);
-          if (!variable.ok()) return Result<Reader>(variable.status());
-          variable->optimizer = saved.optimizer;
-          creates.add(create_shards(std::move(*variable), std::move(*zeros)));
-        }
-        return first_error(creates.releaseAsArray()).then([reader = *reader](Status status) -> Result<Reader> {
-          CAPSTAN_RETURN_IF_ERROR(status);
-          return reader;
-        });
-      })
-      .then([this, strict](Result<Reader> reader) -> kj::Promise<Restored> {
-        if (!reader.ok()) return Restored(reader.status());
-        std::map<std::string, std::vector<training::MirroredSpec>> mirrored;
-        for (const auto& [name, strategy] : strategies_) mirrored[name] = strategy.specs;
-        return async::run_on_pool(pool_, [reader = *reader, states = layout(), strict,
-                                        mirrored = std::move(mirrored)]() mutable -> Restored {
-          std::vector<std::string> missing;
-          CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, strict, &missing));
-          CAPSTAN_ASSIGN_OR_RETURN(MirroredRestore from, read_mirrored_checkpoint(*reader, mirrored));
-          if (strict && !from.missing.empty()) {
-            std::string names;
-            for (const auto& n : from.missing) names += (names.empty() ? "'" : ", '") + n + "'";
-            return Status::NotFound("the checkpoint has no mirrored variable " + names +
-                                    " (strict restore; the default restores the variables it has and leaves these "
-                                    "as they are)");
-          }
-          missing.insert(missing.end(), from.missing.begin(), from.missing.end());
-          CAPSTAN_ASSIGN_OR_RETURN(auto iterators, read_iterator_states(*reader));
-          return Read{reader->manifest().step, std::move(states), std::move(missing), std::move(from),
-                      std::move(iterators)};
-        });
-      })
-      .then([this](Restored restored) -> kj::Promise<Step> {
-        if (!restored.ok()) return Step(restored.status());
-        auto out = std::make_shared<Coordinator::Restored>();
-        out->step = restored->step;
-        out->not_in_checkpoint = std::move(restored->missing);
-        auto mirrored = std::move(restored->mirrored);
-        auto iterators = std::move(restored->iterators);
-        auto states = std::make_shared<std::vector<VariableState>>(std::move(restored->states));
-        // A parameter server that restarted gets its shards back first.
-        return recreate_missing(states.get())
-            .then([this, states](Status status) -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return write_shards(std::move(*states));
-            })
-            .then([this, mirrored = std::move(mirrored)](Status status) mutable -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return seed_strategies(std::move(mirrored));
-            })
-            .then([this, iterators = std::move(iterators), out](Status status) mutable -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return datasets_.restore_iterators(std::move(iterators), dataset_targets())
-                  .then([out](Result<int> restored) {
-                    if (restored.ok()) out->iterators = *restored;
-                    return restored.status();
-                  });
-            })
-            .then([out](Status status) mutable -> Step {
-              CAPSTAN_RETURN_IF_ERROR(status);
-              return std::move(*out);
-            });
-      })
-      .then([this, path, resolved](Step restored) -> Step {
-        CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
-        set_last_checkpoint(*resolved);
-        for (int task = 0; task < ps_.size(); ++task) {
-          if (ps_health_.state(task) == PsState::kLost) {
-            log_->info("parameter server ps:{} at {} has its shards again (restored by hand); dispatch resumes", task,
-                       ps_.address(task));
-            set_ps_state(task, PsState::kUp);
-          }
-        }
-        std::string missing;
-        for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
-        log_->info("restored checkpoint {} (step {}, {} per-worker iterator position(s)){}", path, restored->step,
-                   restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
-        return restored;
-      });
+  if (!ps_health_.up_or_lost()) return Out(ps_health_.status());
+  return checkpoints_.restore(path, strict).then([this, path](Out restored) -> Out {
+    CAPSTAN_RETURN_IF_ERROR(restored.status().with_context("restoreCheckpoint"));
+    policy_.set_last(restored->path);
+    recovery_.restored_by_hand();
+    std::string missing;
+    for (const auto& n : restored->not_in_checkpoint) missing += (missing.empty() ? "" : ", ") + n;
+    log_->info("restored checkpoint {} (step {}, {} per-worker iterator position(s)){}", path, restored->step,
+               restored->iterators, missing.empty() ? "" : "; not in it, left as they were: " + missing);
+    return restored;
+  });
+}
+
+// ---- Synchronous training -----------------------------------------------------------
+
+Status Coordinator::create_strategy(const std::string& name, std::vector<MirroredVariableInit> variables,
+                                    StrategyConfig config) {
+  return strategies_.create(name, std::move(variables), config);
+}
+
+kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string strategy, std::string function, std::string args) {
+  return strategies_.run_step(std::move(strategy), std::move(function), std::move(args));
+}
+
+kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::string strategy, std::string variable) {
+  return strategies_.read_mirrored(std::move(strategy), std::move(variable));
+}
+
+kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string strategy) {
+  return strategies_.status(std::move(strategy));
 }
 
 Result<std::vector<std::string>> ps_addresses_of_service(const std::string& service, int64_t n) {

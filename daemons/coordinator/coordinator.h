@@ -12,21 +12,33 @@
 //   placement  where each shard of each variable lives (ps task, rows); its
 //              version goes up with every variable created.
 //
+// Coordinator is a facade: it checks each call, makes it wait where it must
+// (for a parameter server), and forwards it to the part that does the work,
+// each with its own header and unit tests:
+//   Workers            who is registered; dropping one (workers.h)
+//   ClosureQueue       TF's closure semantics (closure_queue.h)
+//   ClosureLanes       closures from the queue to the workers (closure_lanes.h)
+//   PsVariables        the variables on the parameter servers (ps_variables.h)
+//   PsHealth           the parameter servers' states (ps_health.h)
+//   PsRecovery         watching them; recovering one that comes back empty
+//                      (ps_recovery.h)
+//   Strategies         synchronous training (strategies.h)
+//   ModelCheckpoints   saving and restoring the model (model_checkpoints.h)
+//   CheckpointPolicy   the coordinator's own saves; the last checkpoint
+//                      (checkpoint_policy.h)
+//   CoordinatorJournal what survives a restart (coordinator_journal.h)
+//   PerWorkerDatasets, ClientTable, ReportedScalars, DispatchGate, ChangeSignal
+//
 // A worker whose link breaks, or that stops answering pings, is dropped: its
 // running closures go back to the queue (ClosureQueue::worker_failed).
 //
-// Parameter servers (recovery.cc): dispatch pauses while one is
-// unreachable. When a checkpoint exists to recover from (one saved by the
-// checkpoint policy or the program, or the newest in checkpoint_dir),
-// join/fetch/schedule wait through the outage (up to ps_recovery_timeout);
-// a parameter server that comes back without its shards (it restarted) has
-// them recreated and restored from that checkpoint, and the closures that
-// failed because of it run again. Without a checkpoint, calls fail with
-// Unavailable naming it until it is back, and one that came back empty
-// fails them with DataLoss saying so until a checkpoint is restored by hand.
-// A parameter server not reached yet since the coordinator started (or
-// restarted from its journal) is waited for, up to kFirstContactWindow:
-// calls made in the moments before the first contact do not fail.
+// Parameter servers (ps_recovery.h): dispatch pauses while one is
+// unreachable. With a checkpoint to recover from, join/fetch/schedule wait
+// through the outage (up to ps_recovery_timeout), and one that comes back
+// empty is restored from it. Without, calls fail with Unavailable naming it
+// until it is back, and with DataLoss once it came back empty until a
+// checkpoint is restored by hand. One not reached yet since the start (or a
+// restart from the journal) is waited for, up to kFirstContactWindow.
 //
 // Example (a test's view):
 //   Coordinator c(config, parameter_servers, timer, pool, log);
@@ -43,37 +55,40 @@
 #include <boost/asio/thread_pool.hpp>
 #include <kj/async.h>
 #include <kj/timer.h>
-#include <kj/vector.h>
 #include <spdlog/logger.h>
 
 #include <chrono>
 #include <cstdint>
-#include <functional>
-#include <atomic>
 #include <deque>
 #include <map>
-#include <mutex>
 #include <memory>
 #include <optional>
 #include <set>
 #include <string>
+#include <utility>
 #include <vector>
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
-#include "capstan/training.h"
-#include "daemons/coordinator/checkpointing.h"
+#include "daemons/coordinator/checkpoint_policy.h"
 #include "daemons/coordinator/client_table.h"
+#include "daemons/coordinator/closure_lanes.h"
 #include "daemons/coordinator/closure_queue.h"
 #include "daemons/coordinator/config.h"
-#include "daemons/coordinator/durable_log.h"
+#include "daemons/coordinator/coordinator_journal.h"
+#include "daemons/coordinator/dispatch_gate.h"
+#include "daemons/coordinator/loop_context.h"
+#include "daemons/coordinator/model_checkpoints.h"
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_health.h"
+#include "daemons/coordinator/ps_recovery.h"
+#include "daemons/coordinator/ps_variables.h"
 #include "daemons/coordinator/reported_scalars.h"
 #include "daemons/coordinator/requests.h"
-#include "placement/placement.h"
-#include "types/replica.h"
+#include "daemons/coordinator/stats.h"
+#include "daemons/coordinator/strategies.h"
+#include "daemons/coordinator/workers.h"
 
 namespace capstan::coordinator {
 
@@ -154,27 +169,13 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // results, errors raised, releases) is in the journal, fsynced, or to
   // the journal's failure. Without: at once.
   kj::Promise<Status> journal_synced();
-  bool durable() const { return journal_ != nullptr; }
+  bool durable() const { return journal_.durable(); }
   // Resolves once fewer than max_queued_closures closures are queued (at
   // once when so). The service answers a schedule after it.
   kj::Promise<void> queue_room();
 
-  // Totals and levels for /metrics, read from any thread (the loop thread
-  // writes them). Shared, so a metrics callback may outlive the coordinator.
-  struct Stats {
-    std::atomic<int64_t> closures_scheduled{0};
-    std::atomic<int64_t> closures_succeeded{0};
-    std::atomic<int64_t> closures_failed{0};  // ended with an error (not re-run)
-    std::atomic<int64_t> closures_queued{0};
-    std::atomic<int64_t> closures_running{0};
-    std::atomic<int64_t> workers{0};
-    std::atomic<int64_t> checkpoints_saved{0};
-    std::atomic<int64_t> ps_recoveries{0};
-    std::atomic<int64_t> steps_completed{0};  // synchronous steps (run_step) that succeeded
-    std::atomic<int64_t> closures_released{0};  // results (or closures in flight) the programs let go
-    std::atomic<int64_t> results_kept{0};       // finished closures whose values are kept for fetch
-    std::atomic<int64_t> clients{0};            // program clients heard from within client_grace
-  };
+  // Totals and levels for /metrics (stats.h).
+  using Stats = CoordinatorStats;
   std::shared_ptr<const Stats> stats() const { return stats_; }
 
   // ---- The status page (loop thread, as everything here)
@@ -194,26 +195,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
     return reported_.add(scalars, unix_seconds);
   }
   const std::map<std::string, std::deque<ReportedPoint>>& reported() const { return reported_.points(); }
-  // Members and state for the page.
-  struct Overview {
-    struct WorkerRow {
-      int64_t id = 0;
-      int task_index = 0;
-      std::string address;
-      bool leaving = false;
-    };
-    struct PsRow {
-      int task = 0;
-      std::string address;
-      std::string state;  // "up", "down (since 12 s)", "recovering", "lost: ..."
-      size_t shards = 0;
-    };
-    std::vector<WorkerRow> workers;
-    std::vector<PsRow> ps;
-    Placements placements;
-    size_t per_worker_datasets = 0;
-    std::string last_checkpoint;
-  };
+  // Members and state for the page (requests.h).
+  using Overview = CoordinatorOverview;
   Overview overview() const;
   void update_stats();  // the levels, from the queue and the workers
   // OK once nothing is queued or running; the pending error, or
@@ -237,7 +220,7 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // ids start again at 1 when it restarts (a program's releases of ids of
   // the one before would hit other closures); 0 with a journal, whose ids
   // outlive a restart.
-  uint64_t incarnation() const { return journal_ ? 0 : incarnation_; }
+  uint64_t incarnation() const { return journal_.durable() ? 0 : incarnation_; }
   static constexpr size_t kMaxReleasePerCall = 1 << 16;
   // How often a live SDK client calls the coordinator at least (a
   // heartbeat); client_grace must be well above it.
@@ -259,30 +242,19 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Result<std::string>> save_checkpoint(std::string directory, int64_t step, int max_to_keep);
   // TF's default: the variables the checkpoint has are restored, the others
   // (created since) keep their values and are listed; `strict` refuses them.
-  struct Restored {
-    int64_t step = 0;
-    std::vector<std::string> not_in_checkpoint;
-    int iterators = 0;  // per-worker iterators put back where the checkpoint has them
-  };
+  using Restored = RestoredCheckpoint;
   kj::Promise<Result<Restored>> restore_checkpoint(std::string path, bool strict = false);
   // The checkpoint a lost parameter server would be restored from: the last
   // one saved or restored here, else "" (checkpoint_dir's newest is looked
   // up when needed).
-  const std::string& last_checkpoint() const { return last_checkpoint_; }
+  const std::string& last_checkpoint() const { return policy_.last(); }
   // Parameter servers restored from a checkpoint after coming back empty.
-  int64_t ps_recoveries() const { return ps_recoveries_; }
+  int64_t ps_recoveries() const { return recovery_.recoveries(); }
 
-  // ---- Synchronous training (strategies.cc): TF's MultiWorkerMirroredStrategy
-  // with the worker-servers as replicas. A strategy is a named set of
-  // mirrored variables held in the workers' memory. Each step runs a closure
-  // on every live worker that has it, at once, as the ranks of one
-  // collective group; the group is (re-)formed at a step boundary when the
-  // workers changed or the last step failed: survivors keep their
-  // variables (the one with the fewest steps applied is the source all
-  // take the state from, so every replica is at the last step all of them
-  // finished), a returning worker receives them by broadcast.
-  //
-  // Creates it (the values are held here until the first group forms and
+  // ---- Synchronous training: TF's MultiWorkerMirroredStrategy with the
+  // worker-servers as replicas (strategies.h). The group is (re-)formed at a
+  // step boundary when the workers changed or the last step failed.
+  // Creates a strategy (the values are held here until the first group forms and
   // takes them), or hands back the one of that name with the same
   // variables (a reconnecting program); AlreadyExists when they differ or
   // a parameter-server variable has one of the names.
@@ -297,178 +269,23 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Promise<Result<StrategyStatus>> strategy_status(std::string strategy);
 
  private:
-  struct Worker {
-    int64_t id = 0;
-    int task_index = 0;
-    std::shared_ptr<WorkerPeer> peer;  // shared: a batch in flight keeps it
-    std::set<std::string> functions;
-    bool leaving = false;  // leave_worker(): no more closures or steps
-  };
-  struct Shard {
-    std::string name;
-    int ps_task = 0;
-    int64_t first_row = 0;
-    int64_t rows = 0;
-  };
-  struct Variable {
-    std::string name;
-    DType dtype = DType::kInvalid;
-    Shape shape;
-    std::vector<Shard> shards;
-    Optimizer optimizer;
-    std::optional<EmbeddingTableSpec> table;  // an embedding table: shard i on task i
-  };
-
-  struct Strategy {
-    std::string name;
-    std::vector<training::MirroredSpec> specs;
-    StrategyConfig config;
-    // A state no replica holds yet (initial values, a restored checkpoint):
-    // the next group starts from it.
-    std::optional<training::MirroredState> seed;
-    bool seed_is_initial = false;  // the seed is create()'s values, not a checkpoint's
-    int64_t epoch = 0;              // of the last group formed
-    std::vector<int64_t> members;   // worker ids by rank
-    bool formed = false;            // false after a failed step: form again
-    // A step or a formation runs. Shared with the step's promise, which
-    // clears it even when dropped.
-    std::shared_ptr<bool> busy = std::make_shared<bool>(false);
-    int64_t steps = 0;
-  };
-
   void taskFailed(kj::Exception&& exception) override;
 
-  // ---- strategies.cc
-  Result<Strategy*> find_strategy(const std::string& name);
-  bool is_mirrored(const std::string& variable) const;
-  // The live workers that have `function`, by task index.
-  std::vector<int64_t> replica_candidates(const std::string& function) const;
-  kj::Promise<Status> ensure_group(Strategy& strategy, std::string function, kj::TimePoint give_up);
-  kj::Promise<Status> form_group(Strategy& strategy, std::vector<int64_t> members);
-  kj::Promise<Result<StepOutcome>> dispatch_step(Strategy& strategy, std::string function, std::string args);
-  // Resolves when `worker_id` is dropped (at once if it is not registered).
-  kj::Promise<void> dropped(int64_t worker_id);
-  // A replica call to `worker_id` that counts as lost when its link breaks,
-  // the worker is dropped, or it does not answer within `limit`.
-  template <typename T>
-  kj::Promise<ReplicaAnswer<T>> ask(int64_t worker_id, kj::Promise<Result<T>> call, std::chrono::milliseconds limit);
-  // The state to checkpoint: the seed, or replica 0's.
-  kj::Promise<Result<training::MirroredState>> mirrored_state(Strategy& strategy);
-  kj::Promise<Result<training::MirroredState>> read_state_from(std::string name, std::vector<int64_t> members, size_t i,
-                                                               std::chrono::milliseconds limit, Status last);
-  // Every strategy's variables as checkpoint entries (one shard on task 0).
-  kj::Promise<Result<std::vector<VariableState>>> mirrored_snapshot();
-  // The mirrored variables a checkpoint holds, read (on the pool) for the
-  // strategies as they are now; then seed_strategies() makes them the
-  // strategies' seeds (the next step's group starts from them).
-  struct MirroredRestore {
-    std::map<std::string, training::MirroredState> states;  // by strategy: only the variables present
-    std::vector<std::string> missing;
-  };
-  static Result<MirroredRestore> read_mirrored_checkpoint(const checkpoint::CheckpointReader& reader,
-                                                          const std::map<std::string, std::vector<training::MirroredSpec>>& specs);
-  kj::Promise<Status> seed_strategies(MirroredRestore restore);
-
-  // Wakes everything waiting for a change (join, fetch, idle lanes).
-  void notify();
-  kj::Promise<void> changed();
-
-  // ---- recovery.cc: parameter-server health (ps_health_), recovery, checkpoint policy
-  using PsState = PsHealth::State;
-  // ps_health_.pause_deadline(), recoverable when a checkpoint exists to
-  // recover from.
-  std::optional<kj::TimePoint> ps_pause_deadline() const;
-  std::optional<kj::TimePoint> first_contact_deadline() const { return ps_health_.first_contact_deadline(timer_.now()); }
-  // Waits for a change, or until the pause ends.
-  kj::Promise<void> changed_or(kj::TimePoint deadline);
-  kj::Promise<void> watch_ps(int task);
-  // On reconnecting: up when it has its shards; else recovered or lost.
-  kj::Promise<void> check_ps(int task);
-  kj::Promise<void> recover_ps(int task, std::set<std::string> missing);
-  void set_ps_state(int task, PsState state, Status lost = Status::Ok());
-  // Names of the shards placed on `task`.
-  std::set<std::string> shards_on(int task) const;
-  // Creates, on each parameter server, the shards of `states` it lacks
-  // (it restarted), with the values in `states`.
-  // Their values go with the create; those are cleared from `states`, so
-  // that write_shards sends only the slots and steps of those shards.
-  kj::Promise<Status> recreate_missing(std::vector<VariableState>* states);
-  // ---- durable.cc: the journal (config.work_dir)
+  // While a parameter server not reached yet is waited for: until when.
+  std::optional<kj::TimePoint> first_contact_deadline() const {
+    return ps_health_.first_contact_deadline(timer_.now());
+  }
+  // durable.cc: a replayed journal record, applied to the part it concerns;
+  // the state as records (a compacted journal).
   Status apply_journal_record(const std::string& record);
-  // Appends before the change is applied; OK without a journal.
-  Status journal_variable(const Variable& variable);
-  Status journal_dataset(int64_t id, const PerWorkerDataset& dataset);
-  // The closure queue's records go out in batches, one fsync each, on the
-  // pool (group commit): enqueued here in the order of the changes.
-  void journal_closure_change(std::string record);
-  void journal_scheduled(int64_t id, const std::string& function, const std::string& args, uint64_t client_id,
-                         int64_t request_seq);
-  // After queue_.complete() ended closure `id` (kDone or kFailed, with
-  // `error`): journals its value or error. A closure the program released
-  // has no record left: its end is journaled without a value, so a
-  // restarted coordinator neither runs it again nor keeps anything for it.
-  void journal_finished(int64_t id, const Status& error);
-  void journal_released(int64_t id);
+  std::vector<std::string> snapshot_records() const;
   // queue_.take_error(), journaled when it raises one.
   Status take_closure_error();
-  // The state as journal records (a compacted journal).
-  std::vector<std::string> snapshot_records() const;
-  std::string variable_record(const Variable& variable) const;
-  std::string dataset_record(int64_t id, const PerWorkerDataset& dataset) const;
-  // Remembers (and journals) the checkpoint a lost PS is restored from.
-  void set_last_checkpoint(const std::string& path);
-
-  // The checkpoint policy: saves when one is due by steps, or by time.
-  void maybe_checkpoint();
-  kj::Promise<void> checkpoint_timer();
-  void save_by_policy();
-  // Saves into checkpoint_dir now, as step policy_step(); its path.
-  kj::Promise<Result<std::string>> save_own_checkpoint();
-  // The step of the coordinator's next own checkpoint: the newest step in
-  // checkpoint_dir when it started, plus the closures completed since.
-  int64_t policy_step();
-  // leave_worker/drain: resolves when `idle()` holds (checked at every change).
-  kj::Promise<void> until(std::function<bool()> idle);
-  // With checkpoint_dir and checkpoint_on_preemption: saves one now.
-  kj::Promise<void> checkpoint_before_leaving(std::string why);
-
-  bool any_worker_has(const std::string& name) const;
-  kj::Promise<void> lane(int64_t worker_id);
-  // Sends `runs` (taken from the queue for the worker) in one call.
-  kj::Promise<void> run_batch(int64_t worker_id, std::vector<ClosureRun> runs);
-  // How many closures a lane takes for its next call (1 unless the queue is
-  // deep and batching is on).
-  int batch_size() const;
-  ClosureRun make_run(const Worker& worker, const ClosureQueue::Closure& closure) const;
-  // Records a run's outcome in the queue; false when it says the worker is
-  // lost (then dropped, its closures re-queued).
-  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome);
-  // Tells the workers of runs the queue cancelled to stop them.
-  void cancel_runs();
-  kj::Promise<void> watch_worker(int64_t worker_id);
-  void drop_worker(int64_t worker_id, const Status& why);
-  // The registered workers, as datasets_ reaches them (by id).
-  std::vector<DatasetTarget> dataset_targets() const;
-
-  VariableLocation location(const Variable& variable) const;
-  Result<Variable> place(const std::string& name, DType dtype, const Shape& shape,
-                         const placement::Partitioner& partitioner);
-  // An embedding table: shard i ("name/part_i") on parameter server i.
-  Variable place_table(EmbeddingTableSpec spec) const;
-  // Creates the shards of a new variable on the parameter servers, then
-  // records it (bumping the placement version).
-  kj::Promise<Status> create_shards(Variable variable, Tensor initial);
-  // The variables as placed now, without values.
-  std::vector<VariableState> layout() const;
-  // Values, slots and steps of every shard, read from the parameter servers.
-  kj::Promise<Result<std::vector<VariableState>>> snapshot();
-  kj::Promise<Status> write_shards(std::vector<VariableState> states);
-  // Fills the table (*states)[v]'s shards and generation (see snapshot_table in coordinator.cc).
-  kj::Promise<Status> snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v);
-  // Model checkpoints with per-worker iterators: no new closure or step
-  // starts while a save reads them (until the returned guard goes), and the
-  // promise resolves once none runs, so that the variables saved hold the
-  // effect of every element the saved iterators have handed out.
+  // ClosureLanes' hook: the queue ended closure `id` (the journal, the
+  // stats and the checkpoint policy hear of it).
+  void closure_ended(int64_t id, ClosureQueue::State state, const Status& error);
+  // ModelCheckpoints' pause: no closure or step starts until the guard goes;
+  // resolves once none runs.
   kj::Promise<std::shared_ptr<void>> pause_dispatch();
   kj::Promise<Result<std::string>> wait_for_value(int64_t id);
   // `client_id` made a call now (0: nobody).
@@ -482,38 +299,27 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   kj::Timer& timer_;
   boost::asio::thread_pool& pool_;
   const std::shared_ptr<spdlog::logger> log_;
+  const uint64_t incarnation_;
+  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
 
+  // The parts (see the header comment), each given what it uses of those
+  // before it. Waiters wake at changes_.notify(), after update_stats().
+  ChangeSignal changes_;
+  const LoopContext loop_;  // the above and tasks_, as the parts share them
+  DispatchGate gate_;       // closed by drain() and pause_dispatch()
+  CoordinatorJournal journal_;  // closed without work_dir
   ClosureQueue queue_;
   ReportedScalars reported_;
-  std::map<int64_t, Worker> workers_;
-  int64_t next_worker_id_ = 1;
-  // A parameter server not reached yet is waited for kFirstContactWindow
-  // after the start (or a restart with the journal). Its generation goes up
-  // when one is lost or recovered: a closure whose run saw it change failed
-  // because of it and runs again.
+  Workers workers_;
   PsHealth ps_health_;
-  int64_t ps_recoveries_ = 0;
-  std::string last_checkpoint_;
-  int64_t closures_completed_ = 0;
-  int64_t completed_at_checkpoint_ = 0;
-  int64_t policy_step_base_ = -1;  // the newest step in checkpoint_dir; -1: not looked up
-  int64_t saved_step_ = -1;        // of the last checkpoint saved by save_own_checkpoint()
-  bool checkpointing_ = false;
-  bool draining_ = false;  // drain(): nothing more is dispatched
-  int dispatch_pauses_ = 0;  // pause_dispatch() guards alive
-  std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
-  std::unique_ptr<DurableLog> journal_;  // null without work_dir
-  const uint64_t incarnation_;
-  // Schedule requests seen (retries answer the same closure) and when each
-  // client was last heard from (expire_clients releases a silent one's).
-  ClientTable clients_;
-  placement::Placer placer_;
-  std::map<std::string, Variable> variables_;
-  int64_t placement_version_ = 0;
+  PsVariables variables_;
+  ClosureLanes lanes_;
+  Strategies strategies_;
+  CheckpointPolicy policy_;
+  PsRecovery recovery_;
+  ClientTable clients_;  // schedule retries; clients silent for client_grace
   PerWorkerDatasets datasets_;
-  std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
-  std::map<int64_t, kj::Vector<kj::Own<kj::PromiseFulfiller<void>>>> drop_waiters_;
-  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> waiters_;
+  ModelCheckpoints checkpoints_;
   kj::TaskSet tasks_;  // last: its promises use everything above
 };
 

@@ -1,6 +1,6 @@
 // PsHealth: the parameter servers' health as the coordinator sees it, one
 // state per task, and what it means for calls (see "Parameter servers" in
-// coordinator.h, and recovery.cc for the transitions):
+// coordinator.h, and ps_recovery.h for the transitions):
 //   kDown        unreachable (at start, or its link broke): dispatch pauses
 //   kUp          reachable with its shards
 //   kRecovering  came back without some shards; they are being restored

@@ -1,4 +1,4 @@
-// Parameter-server recovery and the checkpoint policy (recovery.cc), over
+// Parameter-server recovery and the checkpoint policy (ps_recovery.h, checkpoint_policy.h), over
 // fake workers and parameter servers.
 #include <catch2/catch.hpp>
 #include <boost/asio/post.hpp>

@@ -70,6 +70,18 @@ class GroupRendezvous {
   };
 
   void drop_abandoned(Forming& forming);
+  // join()'s argument checks (InvalidArgument).
+  static Status check_join(const std::string& name, int size, int rank, const std::string& address,
+                           std::chrono::milliseconds timeout);
+  // Room for group `name` among the groups forming: abandoned ones go first;
+  // ResourceExhausted when kMaxFormingGroups others still form.
+  Status make_room(const std::string& name);
+  // Every member of the forming group `name` has joined: each learns the
+  // group, and it forms.
+  void form(const std::string& name, Forming& forming);
+  // When `timeout` passes first: `rank` leaves the forming group, and its
+  // join fails naming the ranks still missing.
+  kj::Promise<Result<GroupMembership>> expire(std::string name, int rank, int size, std::chrono::milliseconds timeout);
 
   kj::Timer& timer_;
   std::map<std::string, Forming> forming_;

@@ -1,6 +1,7 @@
 // The coordinator's requests and replies in plain C++ (the service converts
 // them to and from schemas/coordinator.capnp): variables and their
-// placement, synchronous strategies and their steps.
+// placement, the status page's overview, a restored checkpoint, synchronous
+// strategies and their steps.
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_REQUESTS_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_REQUESTS_H_
 
@@ -45,6 +46,35 @@ struct VariableLocation {
 struct Placements {
   int64_t version = 0;
   std::vector<VariableLocation> variables;  // by name
+};
+
+// The coordinator's members and state, for its status page.
+struct CoordinatorOverview {
+  struct WorkerRow {
+    int64_t id = 0;
+    int task_index = 0;
+    std::string address;
+    bool leaving = false;
+  };
+  struct PsRow {
+    int task = 0;
+    std::string address;
+    std::string state;  // "up", "down (since 12 s)", "recovering", "lost: ..."
+    size_t shards = 0;
+  };
+  std::vector<WorkerRow> workers;
+  std::vector<PsRow> ps;
+  Placements placements;
+  size_t per_worker_datasets = 0;
+  std::string last_checkpoint;
+};
+
+// A checkpoint restored (Coordinator::restore_checkpoint).
+struct RestoredCheckpoint {
+  std::string path;  // the checkpoint (a directory's newest)
+  int64_t step = 0;
+  std::vector<std::string> not_in_checkpoint;
+  int iterators = 0;  // per-worker iterators put back where the checkpoint has them
 };
 
 // Synchronous training (MirroredStrategy).

@@ -1,26 +1,10 @@
-// Synchronous training in the coordinator: strategies, their groups and
-// steps (see "Synchronous training" in coordinator.h).
-//
-// A step's life:
-//   ensure_group  the live workers that have the function, by task index,
-//                 are the replicas; when they differ from the last group's,
-//                 or the last step failed, or a seed waits, form_group:
-//                   replica_status on each (what it holds, at which step)
-//                   -> the source: rank 0 with the seed, else the member of
-//                      the last group with the fewest steps applied
-//                   -> prepare_replica on each (its address for this epoch)
-//                   -> form_replica on each (connect, take the source's state)
-//   dispatch_step the closure on every member at once; a member lost
-//                 mid-step (link broken, or dropped for missing pings) makes
-//                 the coordinator abort the others' group so that they fail
-//                 at once; the step fails, the next one re-forms.
+#include "daemons/coordinator/strategies.h"
+
 #include <algorithm>
 #include <set>
+#include <utility>
 
-#include "checkpoint/checkpoint.h"
-#include "daemons/coordinator/coordinator.h"
 #include "async/status_exception.h"
-#include "async/pool.h"
 #include "training/optimizer.h"
 
 namespace capstan::coordinator {
@@ -29,23 +13,21 @@ namespace {
 constexpr size_t kMaxStrategyName = 256;
 constexpr size_t kMaxStrategies = 64;
 
-template <typename T>
-using Answer = ReplicaAnswer<T>;
-
 // A worker's answer; a broken link, the worker being dropped meanwhile (it
 // stopped answering pings: its calls never return) or no answer within
 // `limit` count as lost. Never waits forever.
 template <typename T>
-kj::Promise<Answer<T>> answer(kj::Promise<Result<T>> call, kj::Promise<void> dropped, kj::Promise<void> late,
-                              std::chrono::milliseconds limit) {
+kj::Promise<ReplicaAnswer<T>> answer(kj::Promise<Result<T>> call, kj::Promise<void> dropped, kj::Promise<void> late,
+                                     std::chrono::milliseconds limit) {
+  using Answer = ReplicaAnswer<T>;
   return call
-      .then([](Result<T> r) { return Answer<T>{std::move(r), false}; },
-            [](kj::Exception&& e) { return Answer<T>{async::from_exception(e), true}; })
+      .then([](Result<T> r) { return Answer{std::move(r), false}; },
+            [](kj::Exception&& e) { return Answer{async::from_exception(e), true}; })
       .exclusiveJoin(dropped.then([]() {
-        return Answer<T>{Status::Unavailable("the worker was dropped (it stopped answering pings)"), true};
+        return Answer{Status::Unavailable("the worker was dropped (it stopped answering pings)"), true};
       }))
       .exclusiveJoin(late.then([limit]() {
-        return Answer<T>{Status::Unavailable("no answer within " + std::to_string(limit.count()) + " ms"), true};
+        return Answer{Status::Unavailable("no answer within " + std::to_string(limit.count()) + " ms"), true};
       }));
 }
 
@@ -54,9 +36,45 @@ std::string spec_text(const training::MirroredSpec& s) {
          optimizer_name(s.optimizer.kind) + ")";
 }
 
+std::string specs_text(const std::vector<training::MirroredSpec>& specs) {
+  std::string described;
+  for (const auto& s : specs) described += (described.empty() ? "" : ", ") + spec_text(s);
+  return described;
+}
+
+bool same_specs(const std::vector<training::MirroredSpec>& have, const std::vector<training::MirroredSpec>& specs) {
+  bool same = have.size() == specs.size();
+  for (size_t i = 0; same && i < specs.size(); ++i) {
+    same = have[i].name == specs[i].name && have[i].dtype == specs[i].dtype && have[i].shape == specs[i].shape &&
+           have[i].optimizer == specs[i].optimizer;
+  }
+  return same;
+}
+
+// The member whose state everyone takes. Fewest steps wins: members of the
+// last group that hold the variables are at the last step all of them
+// finished, or one past it. `last_group`: only its members count (else any
+// member that holds a replica past step 0). -1 when none qualifies.
+int fewest_steps(const std::vector<int64_t>& ids, const kj::Array<ReplicaAnswer<training::ReplicaReport>>& reports,
+                 const std::vector<int64_t>* last_group) {
+  std::set<int64_t> last;
+  if (last_group != nullptr) last.insert(last_group->begin(), last_group->end());
+  int best = -1;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    const auto& report = *reports[r].result;
+    if (!report.holds || (last_group != nullptr && last.count(ids[r]) == 0)) continue;
+    if (last_group == nullptr && report.step == 0) continue;
+    if (best < 0 || report.step < reports[static_cast<size_t>(best)].result->step) best = static_cast<int>(r);
+  }
+  return best;
+}
+
 }  // namespace
 
-Result<Coordinator::Strategy*> Coordinator::find_strategy(const std::string& name) {
+Strategies::Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop)
+    : workers_(workers), variables_(variables), gate_(gate), loop_(std::move(loop)) {}
+
+Result<Strategies::Strategy*> Strategies::find(const std::string& name) {
   auto it = strategies_.find(name);
   if (it == strategies_.end()) {
     return Status::NotFound("no strategy named '" + name + "' (MirroredStrategy::create makes one)");
@@ -64,7 +82,7 @@ Result<Coordinator::Strategy*> Coordinator::find_strategy(const std::string& nam
   return &it->second;
 }
 
-bool Coordinator::is_mirrored(const std::string& variable) const {
+bool Strategies::is_mirrored(const std::string& variable) const {
   for (const auto& [name, strategy] : strategies_) {
     for (const auto& spec : strategy.specs) {
       if (spec.name == variable) return true;
@@ -73,43 +91,30 @@ bool Coordinator::is_mirrored(const std::string& variable) const {
   return false;
 }
 
-std::vector<int64_t> Coordinator::replica_candidates(const std::string& function) const {
-  std::vector<std::pair<int, int64_t>> found;
-  for (const auto& [id, worker] : workers_) {
-    if (worker.functions.count(function) != 0 && !worker.leaving) found.emplace_back(worker.task_index, id);
+bool Strategies::busy() const {
+  for (const auto& [name, strategy] : strategies_) {
+    if (*strategy.busy) return true;
   }
-  std::sort(found.begin(), found.end());
-  std::vector<int64_t> ids;
-  for (const auto& [task, id] : found) ids.push_back(id);
-  return ids;
+  return false;
 }
 
-kj::Promise<void> Coordinator::dropped(int64_t worker_id) {
-  if (workers_.count(worker_id) == 0) return kj::READY_NOW;
-  auto& waiting = drop_waiters_[worker_id];
-  // Each step waits on this once per member, and most steps end without a
-  // drop: forget the waits that were given up (their promise is gone).
-  kj::Vector<kj::Own<kj::PromiseFulfiller<void>>> live;
-  for (auto& w : waiting) {
-    if (w->isWaiting()) live.add(kj::mv(w));
+bool Strategies::busy_with(int64_t worker_id) const {
+  for (const auto& [name, strategy] : strategies_) {
+    if (*strategy.busy && std::count(strategy.members.begin(), strategy.members.end(), worker_id) > 0) return true;
   }
-  waiting = kj::mv(live);
-  auto paf = kj::newPromiseAndFulfiller<void>();
-  waiting.add(kj::mv(paf.fulfiller));
-  return kj::mv(paf.promise);
+  return false;
 }
 
-Status Coordinator::create_strategy(const std::string& name, std::vector<MirroredVariableInit> variables,
-                                    StrategyConfig config) {
-  if (name.empty() || name.size() > kMaxStrategyName) {
-    return Status::InvalidArgument("createStrategy: a name of 1 to " + std::to_string(kMaxStrategyName) +
-                                   " characters, not " + std::to_string(name.size()));
-  }
-  if (variables.empty()) return Status::InvalidArgument("createStrategy '" + name + "': no mirrored variables");
-  if (config.min_replicas < 1 || config.min_replicas > 4096) {
-    return Status::InvalidArgument("createStrategy '" + name + "': min_replicas " +
-                                   std::to_string(config.min_replicas) + " is not in [1, 4096]");
-  }
+Strategies::Specs Strategies::specs() const {
+  Specs out;
+  for (const auto& [name, strategy] : strategies_) out[name] = strategy.specs;
+  return out;
+}
+
+// ---- Creating a strategy -------------------------------------------------------------
+
+Result<std::vector<training::MirroredSpec>> Strategies::check_variables(
+    const std::string& name, const std::vector<MirroredVariableInit>& variables) const {
   std::vector<training::MirroredSpec> specs;
   std::set<std::string> names;
   for (const auto& v : variables) {
@@ -123,7 +128,7 @@ Status Coordinator::create_strategy(const std::string& name, std::vector<Mirrore
                                      "; mirrored variables are float32 or float64");
     }
     CAPSTAN_RETURN_IF_ERROR(training::validate(v.optimizer).with_context("mirrored variable '" + v.name + "'"));
-    if (variables_.count(v.name) != 0) {
+    if (variables_.contains(v.name)) {
       return Status::AlreadyExists("createStrategy '" + name + "': '" + v.name +
                                    "' is a parameter-server variable; a variable lives in one place");
     }
@@ -138,20 +143,28 @@ Status Coordinator::create_strategy(const std::string& name, std::vector<Mirrore
     }
     specs.push_back({v.name, v.initial.dtype(), v.initial.shape(), v.optimizer});
   }
+  return specs;
+}
+
+Status Strategies::create(const std::string& name, std::vector<MirroredVariableInit> variables,
+                          StrategyConfig config) {
+  if (name.empty() || name.size() > kMaxStrategyName) {
+    return Status::InvalidArgument("createStrategy: a name of 1 to " + std::to_string(kMaxStrategyName) +
+                                   " characters, not " + std::to_string(name.size()));
+  }
+  if (variables.empty()) return Status::InvalidArgument("createStrategy '" + name + "': no mirrored variables");
+  if (config.min_replicas < 1 || config.min_replicas > 4096) {
+    return Status::InvalidArgument("createStrategy '" + name + "': min_replicas " +
+                                   std::to_string(config.min_replicas) + " is not in [1, 4096]");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<training::MirroredSpec> specs, check_variables(name, variables));
   auto existing = strategies_.find(name);
   if (existing != strategies_.end()) {
     // A reconnecting program creates its strategy again: hand back the one
     // that exists (its replicas keep their values).
-    const auto& have = existing->second.specs;
-    bool same = have.size() == specs.size();
-    for (size_t i = 0; same && i < specs.size(); ++i) {
-      same = have[i].name == specs[i].name && have[i].dtype == specs[i].dtype && have[i].shape == specs[i].shape &&
-             have[i].optimizer == specs[i].optimizer;
-    }
-    if (!same) {
-      std::string described;
-      for (const auto& s : have) described += (described.empty() ? "" : ", ") + spec_text(s);
-      return Status::AlreadyExists("strategy '" + name + "' exists with other variables: " + described);
+    if (!same_specs(existing->second.specs, specs)) {
+      return Status::AlreadyExists("strategy '" + name + "' exists with other variables: " +
+                                   specs_text(existing->second.specs));
     }
     existing->second.config = config;
     return Status::Ok();
@@ -167,34 +180,35 @@ Status Coordinator::create_strategy(const std::string& name, std::vector<Mirrore
   for (auto& v : variables) seed.variables.push_back({v.name, std::move(v.initial), {}});
   strategy.seed = std::move(seed);
   strategy.seed_is_initial = true;
-  std::string described;
-  for (const auto& s : strategy.specs) described += (described.empty() ? "" : ", ") + spec_text(s);
-  log_->info("strategy '{}' created: {} mirrored variable(s): {}", name, strategy.specs.size(), described);
+  loop_.log->info("strategy '{}' created: {} mirrored variable(s): {}", name, strategy.specs.size(),
+                  specs_text(strategy.specs));
   strategies_.emplace(name, std::move(strategy));
   return Status::Ok();
 }
 
-kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::string function, std::string args) {
+// ---- Steps -------------------------------------------------------------------------------
+
+kj::Promise<Result<StepOutcome>> Strategies::run_step(std::string name, std::string function, std::string args) {
   using Out = Result<StepOutcome>;
-  auto found = find_strategy(name);
+  auto found = find(name);
   if (!found.ok()) return Out(found.status());
   Strategy& s = **found;
-  if (draining_) return Out(Status::Unavailable("runStep: the coordinator is shutting down (SIGTERM)"));
-  if (!workers_.empty() && !any_worker_has(function)) {
+  if (gate_.draining()) return Out(Status::Unavailable("runStep: the coordinator is shutting down (SIGTERM)"));
+  if (!workers_.empty() && !workers_.any_has(function)) {
     return Out(Status::NotFound("runStep: no worker has a closure named '" + function + "'"));
   }
-  if (*s.busy || dispatch_pauses_ > 0) {
+  if (*s.busy || gate_.paused()) {
     // One step of a strategy at a time, none while a checkpoint reads the
     // per-worker iterators; the next waits (and looks again now and then, in
     // case the one before was abandoned by its caller).
-    return changed()
-        .exclusiveJoin(timer_.afterDelay(200 * kj::MILLISECONDS))
+    return loop_.changes.changed()
+        .exclusiveJoin(loop_.timer.afterDelay(200 * kj::MILLISECONDS))
         .then([this, name = std::move(name), function = std::move(function), args = std::move(args)]() mutable {
           return run_step(std::move(name), std::move(function), std::move(args));
         });
   }
   *s.busy = true;
-  auto give_up = timer_.now() + s.config.settings.timeout.count() * kj::MILLISECONDS;
+  auto give_up = loop_.timer.now() + s.config.settings.timeout.count() * kj::MILLISECONDS;
   Strategy* strategy = &s;
   return ensure_group(s, function, give_up)
       .then([this, strategy, function, args = std::move(args)](Status formed) mutable -> kj::Promise<Out> {
@@ -203,32 +217,32 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string name, std::st
       })
       .then([this, busy = s.busy](Out out) {
         *busy = false;
-        if (out.ok()) ++stats_->steps_completed;
-        notify();
+        if (out.ok()) ++loop_.stats.steps_completed;
+        loop_.changes.notify();
         return out;
       })
       // Also when the caller goes away mid-step (the promise is dropped).
       .attach(kj::defer([busy = s.busy]() { *busy = false; }));
 }
 
-kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function, kj::TimePoint give_up) {
-  auto members = replica_candidates(function);
+kj::Promise<Status> Strategies::ensure_group(Strategy& s, std::string function, kj::TimePoint give_up) {
+  auto members = workers_.replica_candidates(function);
   if (static_cast<int>(members.size()) < s.config.min_replicas) {
-    if (timer_.now() >= give_up) {
+    if (loop_.timer.now() >= give_up) {
       return Status::Unavailable("strategy '" + s.name + "' needs " + std::to_string(s.config.min_replicas) +
                                  " worker(s) with closure '" + function + "'; " + std::to_string(members.size()) +
                                  " registered within " + std::to_string(s.config.settings.timeout.count()) + " ms");
     }
-    return changed()
-        .exclusiveJoin(timer_.afterDelay(500 * kj::MILLISECONDS))
+    return loop_.changes.changed()
+        .exclusiveJoin(loop_.timer.afterDelay(500 * kj::MILLISECONDS))
         .then([this, &s, function, give_up]() { return ensure_group(s, function, give_up); });
   }
   if (s.formed && members == s.members && !s.seed.has_value()) return Status::Ok();
   return form_group(s, members).then([this, &s, function, give_up](Status status) -> kj::Promise<Status> {
-    if (status.ok() || status.code() != StatusCode::kUnavailable || timer_.now() >= give_up) return status;
+    if (status.ok() || status.code() != StatusCode::kUnavailable || loop_.timer.now() >= give_up) return status;
     // A member was lost while the group formed: once more with the others.
-    log_->warn("strategy '{}': forming the group failed ({}); forming it again", s.name, status.message());
-    return form_group(s, replica_candidates(function)).then([&s](Status again) -> kj::Promise<Status> {
+    loop_.log->warn("strategy '{}': forming the group failed ({}); forming it again", s.name, status.message());
+    return form_group(s, workers_.replica_candidates(function)).then([&s](Status again) -> kj::Promise<Status> {
       if (again.ok() || again.code() != StatusCode::kUnavailable) return again;
       return Status::Unavailable("strategy '" + s.name + "': the group did not form: " + again.message());
     });
@@ -237,294 +251,304 @@ kj::Promise<Status> Coordinator::ensure_group(Strategy& s, std::string function,
 
 // A replica call to `worker_id`, bounded: see answer().
 template <typename T>
-kj::Promise<Answer<T>> Coordinator::ask(int64_t worker_id, kj::Promise<Result<T>> call,
-                                         std::chrono::milliseconds limit) {
-  return answer(kj::mv(call), dropped(worker_id), timer_.afterDelay(limit.count() * kj::MILLISECONDS), limit);
+kj::Promise<ReplicaAnswer<T>> Strategies::ask(int64_t worker_id, kj::Promise<Result<T>> call,
+                                              std::chrono::milliseconds limit) {
+  return answer(kj::mv(call), workers_.dropped(worker_id), loop_.timer.afterDelay(limit.count() * kj::MILLISECONDS),
+                limit);
 }
 
-kj::Promise<Status> Coordinator::form_group(Strategy& s, std::vector<int64_t> members) {
-  const int64_t epoch = ++s.epoch;
+template <typename T, typename Call>
+kj::Promise<kj::Array<ReplicaAnswer<T>>> Strategies::ask_each(const std::vector<int64_t>& ids, Call call,
+                                                              std::chrono::milliseconds limit) {
+  auto asks = kj::heapArrayBuilder<kj::Promise<Answer<T>>>(ids.size());
+  for (size_t r = 0; r < ids.size(); ++r) {
+    // Every member must still be registered; its peer is looked up again at
+    // each stage (a member dropped meanwhile fails the formation).
+    Worker* worker = workers_.find(ids[r]);
+    asks.add(worker == nullptr ? kj::Promise<Answer<T>>(Answer<T>{Status::Unavailable("dropped"), true})
+                               : ask(ids[r], call(*worker->peer, r), limit));
+  }
+  return kj::joinPromises(asks.finish());
+}
+
+Status Strategies::lost_while_forming(Strategy& s, int64_t worker_id, const Status& why) {
+  workers_.drop(worker_id, why.with_context("strategy '" + s.name + "'"));
+  return Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(worker_id) +
+                             " was lost while the group formed: " + why.message());
+}
+
+template <typename T>
+Status Strategies::check_answers(Strategy& s, const std::vector<int64_t>& ids, const kj::Array<Answer<T>>& answers,
+                                 const char* stage) {
+  for (size_t r = 0; r < answers.size(); ++r) {
+    if (answers[r].lost) return lost_while_forming(s, ids[r], answers[r].result.status());
+    if (!answers[r].result.ok()) {
+      return answers[r].result.status().with_context("strategy '" + s.name + "': worker " + std::to_string(ids[r]) +
+                                                     " (" + stage + ")");
+    }
+  }
+  return Status::Ok();
+}
+
+kj::Promise<Status> Strategies::form_group(Strategy& s, std::vector<int64_t> members) {
+  auto formation = std::make_shared<Formation>();
+  formation->epoch = ++s.epoch;
   // Status and prepare answer at once; forming waits for every member to
   // connect (the collective deadline) and then moves the state.
-  const auto quick = s.config.settings.timeout;
-  const auto forming = 2 * s.config.settings.timeout + std::chrono::milliseconds(5000);
+  formation->quick = s.config.settings.timeout;
+  formation->forming = 2 * s.config.settings.timeout + std::chrono::milliseconds(5000);
   s.formed = false;
   if (members.empty()) {
     return Status::Unavailable("strategy '" + s.name + "': no worker to form a group with");
   }
-  // Every member must still be registered; its peer is looked up again at
-  // each stage (a member dropped meanwhile fails the formation).
-  auto peer_of = [this](int64_t id) -> WorkerPeer* {
-    auto it = workers_.find(id);
-    return it == workers_.end() ? nullptr : it->second.peer.get();
-  };
-  auto lost = [this, &s](int64_t id, const Status& why) {
-    drop_worker(id, why.with_context("strategy '" + s.name + "'"));
-    return Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
-                               " was lost while the group formed: " + why.message());
-  };
-  auto statuses = kj::heapArrayBuilder<kj::Promise<Answer<training::ReplicaReport>>>(members.size());
-  for (int64_t id : members) {
-    WorkerPeer* peer = peer_of(id);
-    statuses.add(peer == nullptr ? kj::Promise<Answer<training::ReplicaReport>>(
-                                       Answer<training::ReplicaReport>{Status::Unavailable("dropped"), true})
-                                 : ask(id, peer->replica_status(s.name), quick));
-  }
-  auto shared_members = std::make_shared<std::vector<int64_t>>(std::move(members));
-  auto source = std::make_shared<int>(0);
-  return kj::joinPromises(statuses.finish())
-      .then([this, &s, shared_members, source, peer_of, lost, epoch,
-             quick](kj::Array<Answer<training::ReplicaReport>> reports) -> kj::Promise<kj::Array<Answer<std::string>>> {
-        const auto& ids = *shared_members;
-        for (size_t r = 0; r < reports.size(); ++r) {
-          if (reports[r].lost) {
-            return async::to_exception(lost(ids[r], reports[r].result.status()));
-          }
-          if (!reports[r].result.ok()) {
-            return async::to_exception(reports[r].result.status().with_context(
-                "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (replica status)"));
-          }
-        }
-        // The member whose state everyone takes. Fewest steps wins: members
-        // of the last group that hold the variables are at the last step
-        // all of them finished, or one past it.
-        auto fewest_steps = [&](bool of_last_group) {
-          std::set<int64_t> last(s.members.begin(), s.members.end());
-          int best = -1;
-          for (size_t r = 0; r < reports.size(); ++r) {
-            const auto& report = *reports[r].result;
-            if (!report.holds || (of_last_group && last.count(ids[r]) == 0)) continue;
-            if (!of_last_group && report.step == 0) continue;
-            if (best < 0 || report.step < reports[static_cast<size_t>(best)].result->step) best = static_cast<int>(r);
-          }
-          return best;
-        };
-        if (s.seed.has_value() && s.seed_is_initial && s.members.empty()) {
-          // A strategy this coordinator never formed whose workers already
-          // hold trained replicas (the coordinator restarted under a running
-          // job): their values win over the initial ones.
-          int best = fewest_steps(/*of_last_group=*/false);
-          if (best >= 0) {
-            log_->warn("strategy '{}': worker {} already holds its variables at step {} (the coordinator restarted "
-                       "under a running job?): training goes on from them, not from the initial values",
-                       s.name, ids[static_cast<size_t>(best)], reports[static_cast<size_t>(best)].result->step);
-            s.seed.reset();
-            *source = best;
-          }
-        }
-        if (s.seed.has_value()) {
-          *source = 0;
-        } else if (!s.members.empty()) {
-          int best = fewest_steps(/*of_last_group=*/true);
-          if (best < 0) {
-            return async::to_exception(Status::FailedPrecondition(
-                "strategy '" + s.name + "': no live worker holds its mirrored variables (every replica of the last "
-                "group was lost); restore a checkpoint (restore_checkpoint) to go on"));
-          }
-          *source = best;
-        }
-        auto prepared = kj::heapArrayBuilder<kj::Promise<Answer<std::string>>>(ids.size());
-        for (int64_t id : ids) {
-          WorkerPeer* peer = peer_of(id);
-          prepared.add(peer == nullptr ? kj::Promise<Answer<std::string>>(
-                                             Answer<std::string>{Status::Unavailable("dropped"), true})
-                                       : ask(id, peer->prepare_replica(s.name, epoch), quick));
-        }
-        return kj::joinPromises(prepared.finish());
+  formation->ids = std::move(members);
+  const std::string name = s.name;
+  return ask_each<training::ReplicaReport>(
+             formation->ids, [name](WorkerPeer& peer, size_t) { return peer.replica_status(name); },
+             formation->quick)
+      .then([this, &s, formation](kj::Array<Answer<training::ReplicaReport>> reports) {
+        return prepare(s, *formation, kj::mv(reports));
       })
-      .then([this, &s, shared_members, source, peer_of, lost, epoch,
-             forming](kj::Array<Answer<std::string>> addresses) -> kj::Promise<kj::Array<Answer<training::ReplicaReport>>> {
-        const auto& ids = *shared_members;
-        std::vector<std::string> by_rank;
-        for (size_t r = 0; r < addresses.size(); ++r) {
-          if (addresses[r].lost) {
-            return async::to_exception(lost(ids[r], addresses[r].result.status()));
-          }
-          if (!addresses[r].result.ok()) {
-            return async::to_exception(addresses[r].result.status().with_context(
-                "strategy '" + s.name + "': worker " + std::to_string(ids[r]) + " (prepare)"));
-          }
-          by_rank.push_back(*addresses[r].result);
-        }
-        // A member dropped since it answered would leave the others waiting
-        // for it until the deadline: form without it instead.
-        for (int64_t id : ids) {
-          if (peer_of(id) == nullptr) {
-            return async::to_exception(Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
-                                                         " was lost while the group formed"));
-          }
-        }
-        auto formed = kj::heapArrayBuilder<kj::Promise<Answer<training::ReplicaReport>>>(ids.size());
-        for (size_t r = 0; r < ids.size(); ++r) {
-          training::ReplicaForm form;
-          form.strategy = s.name;
-          form.epoch = epoch;
-          form.rank = static_cast<int>(r);
-          form.addresses = by_rank;
-          form.source = *source;
-          form.specs = s.specs;
-          if (static_cast<int>(r) == *source && s.seed.has_value()) form.seed = *s.seed;
-          form.settings = s.config.settings;
-          WorkerPeer* peer = peer_of(ids[r]);
-          formed.add(peer == nullptr ? kj::Promise<Answer<training::ReplicaReport>>(
-                                           Answer<training::ReplicaReport>{Status::Unavailable("dropped"), true})
-                                     : ask(ids[r], peer->form_replica(std::move(form)), forming));
-        }
-        return kj::joinPromises(formed.finish());
+      .then([this, &s, formation](kj::Array<Answer<std::string>> addresses) {
+        return form(s, *formation, kj::mv(addresses));
       })
       .then(
-          [this, &s, shared_members, source, lost, epoch](kj::Array<Answer<training::ReplicaReport>> reports) -> Status {
-            const auto& ids = *shared_members;
-            Status first;
-            std::set<uint64_t> checksums;
-            for (size_t r = 0; r < reports.size(); ++r) {
-              if (reports[r].lost) {
-                Status why = lost(ids[r], reports[r].result.status());
-                if (first.ok()) first = why;
-              } else if (!reports[r].result.ok() && first.ok()) {
-                first = reports[r].result.status().with_context("strategy '" + s.name + "': worker " +
-                                                                std::to_string(ids[r]) + " (forming epoch " +
-                                                                std::to_string(epoch) + ")");
-              } else if (reports[r].result.ok()) {
-                checksums.insert(reports[r].result->checksum);
-              }
-            }
-            if (!first.ok()) return first;
-            if (checksums.size() != 1) {
-              return Status::DataLoss("strategy '" + s.name + "': the replicas of epoch " + std::to_string(epoch) +
-                                      " differ after taking the source's state");
-            }
-            s.members = ids;
-            s.formed = true;
-            s.seed.reset();
-            std::string who;
-            for (size_t r = 0; r < ids.size(); ++r) {
-              who += (who.empty() ? "" : ", ") + std::to_string(r) + "=worker " + std::to_string(ids[r]) + " (task " +
-                     std::to_string(worker_task_index(ids[r])) + ")";
-            }
-            log_->info("strategy '{}': group of {} formed (epoch {}): {}; state from rank {} (step {})", s.name,
-                       ids.size(), epoch, who, *source, reports[static_cast<size_t>(*source)].result->step);
-            return Status::Ok();
+          [this, &s, formation](kj::Array<Answer<training::ReplicaReport>> reports) {
+            return conclude(s, *formation, kj::mv(reports));
           },
           [](kj::Exception&& e) { return async::from_exception(e); });
 }
 
-kj::Promise<Result<StepOutcome>> Coordinator::dispatch_step(Strategy& s, std::string function, std::string args) {
-  using Out = Result<StepOutcome>;
+Result<int> Strategies::choose_source(Strategy& s, const std::vector<int64_t>& ids,
+                                      const kj::Array<Answer<training::ReplicaReport>>& reports) {
+  int source = 0;
+  if (s.seed.has_value() && s.seed_is_initial && s.members.empty()) {
+    // A strategy this coordinator never formed whose workers already hold
+    // trained replicas (the coordinator restarted under a running job):
+    // their values win over the initial ones.
+    int best = fewest_steps(ids, reports, /*last_group=*/nullptr);
+    if (best >= 0) {
+      loop_.log->warn("strategy '{}': worker {} already holds its variables at step {} (the coordinator restarted "
+                      "under a running job?): training goes on from them, not from the initial values",
+                      s.name, ids[static_cast<size_t>(best)], reports[static_cast<size_t>(best)].result->step);
+      s.seed.reset();
+      source = best;
+    }
+  }
+  if (s.seed.has_value()) {
+    source = 0;
+  } else if (!s.members.empty()) {
+    int best = fewest_steps(ids, reports, &s.members);
+    if (best < 0) {
+      return Status::FailedPrecondition(
+          "strategy '" + s.name + "': no live worker holds its mirrored variables (every replica of the last "
+          "group was lost); restore a checkpoint (restore_checkpoint) to go on");
+    }
+    source = best;
+  }
+  return source;
+}
+
+kj::Promise<kj::Array<ReplicaAnswer<std::string>>> Strategies::prepare(
+    Strategy& s, Formation& formation, kj::Array<Answer<training::ReplicaReport>> reports) {
+  const auto& ids = formation.ids;
+  Status answered = check_answers(s, ids, reports, "replica status");
+  if (!answered.ok()) return async::to_exception(answered);
+  auto source = choose_source(s, ids, reports);
+  if (!source.ok()) return async::to_exception(source.status());
+  formation.source = *source;
+  const std::string name = s.name;
+  const int64_t epoch = formation.epoch;
+  return ask_each<std::string>(
+      ids, [name, epoch](WorkerPeer& peer, size_t) { return peer.prepare_replica(name, epoch); }, formation.quick);
+}
+
+kj::Promise<kj::Array<ReplicaAnswer<training::ReplicaReport>>> Strategies::form(
+    Strategy& s, const Formation& formation, kj::Array<Answer<std::string>> addresses) {
+  const auto& ids = formation.ids;
+  Status answered = check_answers(s, ids, addresses, "prepare");
+  if (!answered.ok()) return async::to_exception(answered);
+  std::vector<std::string> by_rank;
+  for (const auto& address : addresses) by_rank.push_back(*address.result);
+  // A member dropped since it answered would leave the others waiting for it
+  // until the deadline: form without it instead.
+  for (int64_t id : ids) {
+    if (workers_.find(id) == nullptr) {
+      return async::to_exception(Status::Unavailable("strategy '" + s.name + "': worker " + std::to_string(id) +
+                                                     " was lost while the group formed"));
+    }
+  }
+  auto make_form = [&s, &formation, by_rank = std::move(by_rank)](WorkerPeer& peer, size_t r) {
+    training::ReplicaForm form;
+    form.strategy = s.name;
+    form.epoch = formation.epoch;
+    form.rank = static_cast<int>(r);
+    form.addresses = by_rank;
+    form.source = formation.source;
+    form.specs = s.specs;
+    if (static_cast<int>(r) == formation.source && s.seed.has_value()) form.seed = *s.seed;
+    form.settings = s.config.settings;
+    return peer.form_replica(std::move(form));
+  };
+  return ask_each<training::ReplicaReport>(ids, make_form, formation.forming);
+}
+
+Status Strategies::conclude(Strategy& s, const Formation& formation,
+                            kj::Array<Answer<training::ReplicaReport>> reports) {
+  const auto& ids = formation.ids;
+  Status first;
+  std::set<uint64_t> checksums;
+  for (size_t r = 0; r < reports.size(); ++r) {
+    if (reports[r].lost) {
+      Status why = lost_while_forming(s, ids[r], reports[r].result.status());
+      if (first.ok()) first = why;
+    } else if (!reports[r].result.ok() && first.ok()) {
+      first = reports[r].result.status().with_context("strategy '" + s.name + "': worker " + std::to_string(ids[r]) +
+                                                      " (forming epoch " + std::to_string(formation.epoch) + ")");
+    } else if (reports[r].result.ok()) {
+      checksums.insert(reports[r].result->checksum);
+    }
+  }
+  if (!first.ok()) return first;
+  if (checksums.size() != 1) {
+    return Status::DataLoss("strategy '" + s.name + "': the replicas of epoch " + std::to_string(formation.epoch) +
+                            " differ after taking the source's state");
+  }
+  s.members = ids;
+  s.formed = true;
+  s.seed.reset();
+  std::string who;
+  for (size_t r = 0; r < ids.size(); ++r) {
+    who += (who.empty() ? "" : ", ") + std::to_string(r) + "=worker " + std::to_string(ids[r]) + " (task " +
+           std::to_string(workers_.task_index(ids[r])) + ")";
+  }
+  loop_.log->info("strategy '{}': group of {} formed (epoch {}): {}; state from rank {} (step {})", s.name, ids.size(),
+                  formation.epoch, who, formation.source,
+                  reports[static_cast<size_t>(formation.source)].result->step);
+  return Status::Ok();
+}
+
+kj::Promise<Result<StepOutcome>> Strategies::dispatch_step(Strategy& s, std::string function, std::string args) {
   const std::vector<int64_t> members = s.members;
   const int64_t epoch = s.epoch;
-  const std::string name = s.name;
   auto outcomes = kj::heapArrayBuilder<kj::Promise<ClosureOutcome>>(members.size());
   // The order the members' answers arrive in: the first error is the cause,
   // the later ones mostly its consequences.
   auto arrivals = std::make_shared<std::vector<size_t>>();
   for (size_t r = 0; r < members.size(); ++r) {
-    const int64_t id = members[r];
-    auto it = workers_.find(id);
-    if (it == workers_.end()) {
-      outcomes.add(ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) + " was dropped"), true});
-      continue;
-    }
-    ClosureRun run;
-    run.function = function;
-    run.args = args;
-    run.placement_version = placement_version_;
-    run.num_workers = static_cast<uint32_t>(members.size());
-    run.worker_index = it->second.task_index;
-    run.strategy = name;
-    run.epoch = epoch;
-    auto outcome = it->second.peer->run_closure(std::move(run))
-                       .catch_([](kj::Exception&& e) {
-                         return ClosureOutcome{async::from_exception(e), true};
-                       })
-                       .exclusiveJoin(dropped(id).then([id]() {
-                         return ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) +
-                                                                   " was dropped (it stopped answering pings)"),
-                                               true};
-                       }))
-                       .then([this, members, name, epoch, r, arrivals](ClosureOutcome o) {
-                         arrivals->push_back(r);
-                         if (!o.result.ok()) {
-                           // The others may wait for this one in a collective:
-                           // abort their group so that they fail now (a
-                           // replica whose closure failed aborted it itself;
-                           // one that failed before it ran, or was lost, not).
-                           std::string reason = "worker " + std::to_string(members[r]) + " (replica " +
-                                                std::to_string(r) + ") " +
-                                                (o.worker_lost ? "was lost: " : "failed: ") +
-                                                o.result.status().message();
-                           for (size_t k = 0; k < members.size(); ++k) {
-                             auto other = workers_.find(members[k]);
-                             if (k == r || other == workers_.end()) continue;
-                             tasks_.add(other->second.peer->abort_replica(name, epoch, reason).then([](Status) {},
-                                                                                                   [](kj::Exception&&) {}));
-                           }
-                         }
-                         return o;
-                       })
-                       // Runs as soon as this member answers (not when the
-                       // last one does): the abort must not wait.
-                       .eagerlyEvaluate(nullptr);
-    outcomes.add(kj::mv(outcome));
+    outcomes.add(run_replica(s.name, members, epoch, r, function, args, arrivals));
   }
   Strategy* strategy = &s;
-  return kj::joinPromises(outcomes.finish()).then([this, strategy, members, epoch, arrivals](
-                                                       kj::Array<ClosureOutcome> all) -> Out {
-    Strategy& s = *strategy;
-    std::vector<std::string> lost;
-    Status first_lost, first_error;
-    // A closure's own error beats what its peers saw because of it: their
-    // group aborted mid-operation (Unavailable, Aborted) or before their
-    // next one (Aborted: a call on an aborted group). Among equals, the one
-    // that arrived first.
-    auto consequence = [](const Status& e) {
-      return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted;
-    };
-    // Members that had no answer to wait for (dropped before the step) last.
-    std::vector<size_t> order = *arrivals;
-    for (size_t r = 0; r < all.size(); ++r) {
-      if (std::find(order.begin(), order.end(), r) == order.end()) order.push_back(r);
-    }
-    for (size_t r : order) {
-      const auto& o = all[r];
-      if (o.worker_lost) {
-        lost.push_back("worker " + std::to_string(members[r]) + " (task " +
-                       std::to_string(worker_task_index(members[r])) + ", replica " + std::to_string(r) + ")");
-        if (first_lost.ok()) first_lost = o.result.status();
-        drop_worker(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
-      } else if (!o.result.ok()) {
-        if (first_error.ok() || (consequence(first_error) && !consequence(o.result.status()))) {
-          first_error = o.result.status();
-        }
-      }
-    }
-    if (lost.empty() && first_error.ok()) {
-      StepOutcome out;
-      out.steps = ++s.steps;
-      out.epoch = epoch;
-      for (size_t r = 0; r < all.size(); ++r) {
-        out.values.push_back(*all[r].result);
-        out.task_indexes.push_back(worker_task_index(members[r]));
-      }
-      return out;
-    }
-    s.formed = false;
-    if (!lost.empty()) {
-      std::string names;
-      for (const auto& l : lost) names += (names.empty() ? "" : ", ") + l;
-      const size_t left = workers_.size();
-      log_->warn("strategy '{}': step {} failed: {} lost ({}); the next step re-forms the group", s.name,
-                 s.steps + 1, names, first_lost.message());
-      return Status::Unavailable("step " + std::to_string(s.steps + 1) + " of strategy '" + s.name + "' failed: " +
-                                 names + " lost (" + first_lost.message() + "); the next step goes on with the " +
-                                 std::to_string(left) + " live worker(s), from the last step every replica finished");
-    }
-    log_->warn("strategy '{}': step {} failed: {}", s.name, s.steps + 1, first_error.to_string());
-    return first_error.with_context("step " + std::to_string(s.steps + 1) + " of strategy '" + s.name + "'");
-  });
+  return kj::joinPromises(outcomes.finish())
+      .then([this, strategy, members, epoch, arrivals](kj::Array<ClosureOutcome> all) {
+        return step_result(*strategy, members, epoch, *arrivals, kj::mv(all));
+      });
 }
 
-kj::Promise<Result<training::MirroredState>> Coordinator::mirrored_state(Strategy& s) {
+kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, const std::vector<int64_t>& members,
+                                                    int64_t epoch, size_t r, const std::string& function,
+                                                    const std::string& args,
+                                                    std::shared_ptr<std::vector<size_t>> arrivals) {
+  const int64_t id = members[r];
+  const Worker* worker = workers_.find(id);
+  if (worker == nullptr) {
+    return ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) + " was dropped"), true};
+  }
+  ClosureRun run;
+  run.function = function;
+  run.args = args;
+  run.placement_version = variables_.version();
+  run.num_workers = static_cast<uint32_t>(members.size());
+  run.worker_index = worker->task_index;
+  run.strategy = name;
+  run.epoch = epoch;
+  return worker->peer->run_closure(std::move(run))
+      .catch_([](kj::Exception&& e) { return ClosureOutcome{async::from_exception(e), true}; })
+      .exclusiveJoin(workers_.dropped(id).then([id]() {
+        return ClosureOutcome{Status::Unavailable("worker " + std::to_string(id) +
+                                                  " was dropped (it stopped answering pings)"),
+                              true};
+      }))
+      .then([this, members, name, epoch, r, arrivals](ClosureOutcome o) {
+        arrivals->push_back(r);
+        if (!o.result.ok()) {
+          // The others may wait for this one in a collective: abort their
+          // group so that they fail now (a replica whose closure failed
+          // aborted it itself; one that failed before it ran, or was lost,
+          // not).
+          std::string reason = "worker " + std::to_string(members[r]) + " (replica " + std::to_string(r) + ") " +
+                               (o.worker_lost ? "was lost: " : "failed: ") + o.result.status().message();
+          for (size_t k = 0; k < members.size(); ++k) {
+            const Worker* other = workers_.find(members[k]);
+            if (k == r || other == nullptr) continue;
+            loop_.tasks.add(
+                other->peer->abort_replica(name, epoch, reason).then([](Status) {}, [](kj::Exception&&) {}));
+          }
+        }
+        return o;
+      })
+      // Runs as soon as this member answers (not when the last one does):
+      // the abort must not wait.
+      .eagerlyEvaluate(nullptr);
+}
+
+Result<StepOutcome> Strategies::step_result(Strategy& s, const std::vector<int64_t>& members, int64_t epoch,
+                                            const std::vector<size_t>& arrivals, kj::Array<ClosureOutcome> all) {
+  std::vector<std::string> lost;
+  Status first_lost, first_error;
+  // A closure's own error beats what its peers saw because of it: their
+  // group aborted mid-operation (Unavailable, Aborted) or before their next
+  // one (Aborted: a call on an aborted group). Among equals, the one that
+  // arrived first.
+  auto consequence = [](const Status& e) {
+    return e.code() == StatusCode::kUnavailable || e.code() == StatusCode::kAborted;
+  };
+  // Members that had no answer to wait for (dropped before the step) last.
+  std::vector<size_t> order = arrivals;
+  for (size_t r = 0; r < all.size(); ++r) {
+    if (std::find(order.begin(), order.end(), r) == order.end()) order.push_back(r);
+  }
+  for (size_t r : order) {
+    const auto& o = all[r];
+    if (o.worker_lost) {
+      lost.push_back("worker " + std::to_string(members[r]) + " (task " +
+                     std::to_string(workers_.task_index(members[r])) + ", replica " + std::to_string(r) + ")");
+      if (first_lost.ok()) first_lost = o.result.status();
+      workers_.drop(members[r], o.result.status().with_context("strategy '" + s.name + "' step"));
+    } else if (!o.result.ok()) {
+      if (first_error.ok() || (consequence(first_error) && !consequence(o.result.status()))) {
+        first_error = o.result.status();
+      }
+    }
+  }
+  if (lost.empty() && first_error.ok()) {
+    StepOutcome out;
+    out.steps = ++s.steps;
+    out.epoch = epoch;
+    for (size_t r = 0; r < all.size(); ++r) {
+      out.values.push_back(*all[r].result);
+      out.task_indexes.push_back(workers_.task_index(members[r]));
+    }
+    return out;
+  }
+  s.formed = false;
+  if (!lost.empty()) {
+    std::string names;
+    for (const auto& l : lost) names += (names.empty() ? "" : ", ") + l;
+    const size_t left = workers_.size();
+    loop_.log->warn("strategy '{}': step {} failed: {} lost ({}); the next step re-forms the group", s.name,
+                    s.steps + 1, names, first_lost.message());
+    return Status::Unavailable("step " + std::to_string(s.steps + 1) + " of strategy '" + s.name + "' failed: " +
+                               names + " lost (" + first_lost.message() + "); the next step goes on with the " +
+                               std::to_string(left) + " live worker(s), from the last step every replica finished");
+  }
+  loop_.log->warn("strategy '{}': step {} failed: {}", s.name, s.steps + 1, first_error.to_string());
+  return first_error.with_context("step " + std::to_string(s.steps + 1) + " of strategy '" + s.name + "'");
+}
+
+// ---- Reading replicas ------------------------------------------------------------------------
+
+kj::Promise<Result<training::MirroredState>> Strategies::mirrored_state(Strategy& s) {
   using Out = Result<training::MirroredState>;
   if (s.seed.has_value()) return Out(*s.seed);
   if (s.members.empty()) {
@@ -535,14 +559,14 @@ kj::Promise<Result<training::MirroredState>> Coordinator::mirrored_state(Strateg
 
 // Replica `i` of `members` first, then the next ones; each worker looked up
 // again when its turn comes (it may have been dropped meanwhile).
-kj::Promise<Result<training::MirroredState>> Coordinator::read_state_from(std::string name, std::vector<int64_t> members,
-                                                                       size_t i, std::chrono::milliseconds limit,
-                                                                       Status last) {
+kj::Promise<Result<training::MirroredState>> Strategies::read_state_from(std::string name, std::vector<int64_t> members,
+                                                                      size_t i, std::chrono::milliseconds limit,
+                                                                      Status last) {
   using Out = Result<training::MirroredState>;
   for (; i < members.size(); ++i) {
-    auto it = workers_.find(members[i]);
-    if (it == workers_.end()) continue;
-    return ask(members[i], it->second.peer->read_replica(name), limit)
+    const Worker* worker = workers_.find(members[i]);
+    if (worker == nullptr) continue;
+    return ask(members[i], worker->peer->read_replica(name), limit)
         .then([this, name, members, i, limit](Answer<training::MirroredState> a) mutable -> kj::Promise<Out> {
           if (a.result.ok()) return kj::mv(a.result);
           return read_state_from(kj::mv(name), kj::mv(members), i + 1, limit, a.result.status());
@@ -552,9 +576,9 @@ kj::Promise<Result<training::MirroredState>> Coordinator::read_state_from(std::s
                                         (last.ok() ? std::string() : " (last: " + last.to_string() + ")")));
 }
 
-kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::string strategy, std::string variable) {
+kj::Promise<Result<std::pair<Tensor, int64_t>>> Strategies::read_mirrored(std::string strategy, std::string variable) {
   using Out = Result<std::pair<Tensor, int64_t>>;
-  auto found = find_strategy(strategy);
+  auto found = find(strategy);
   if (!found.ok()) return Out(found.status());
   Strategy& s = **found;
   bool known = std::any_of(s.specs.begin(), s.specs.end(), [&](const auto& spec) { return spec.name == variable; });
@@ -568,9 +592,9 @@ kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::
   });
 }
 
-kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string strategy) {
+kj::Promise<Result<StrategyStatus>> Strategies::status(std::string strategy) {
   using Out = Result<StrategyStatus>;
-  auto found = find_strategy(strategy);
+  auto found = find(strategy);
   if (!found.ok()) return Out(found.status());
   Strategy& s = **found;
   auto status = std::make_shared<StrategyStatus>();
@@ -580,31 +604,31 @@ kj::Promise<Result<StrategyStatus>> Coordinator::strategy_status(std::string str
   for (size_t r = 0; r < s.members.size(); ++r) {
     ReplicaInfo info;
     info.worker_id = s.members[r];
-    info.task_index = worker_task_index(s.members[r]);
+    info.task_index = workers_.task_index(s.members[r]);
     info.rank = static_cast<int>(r);
     status->replicas.push_back(info);
-    auto it = workers_.find(s.members[r]);
-    if (it == workers_.end()) {
+    const Worker* worker = workers_.find(s.members[r]);
+    if (worker == nullptr) {
       status->replicas.back().status = Status::Unavailable("worker " + std::to_string(s.members[r]) + " was lost");
       asks.add(kj::READY_NOW);
       continue;
     }
-    asks.add(ask(s.members[r], it->second.peer->replica_status(strategy), s.config.settings.timeout)
+    asks.add(ask(s.members[r], worker->peer->replica_status(strategy), s.config.settings.timeout)
                  .then([status, r](Answer<training::ReplicaReport> a) {
-      auto& info = status->replicas[r];
-      if (a.result.ok()) {
-        info.report = *a.result;
-      } else {
-        info.status = a.result.status();
-      }
-    }));
+                   auto& info = status->replicas[r];
+                   if (a.result.ok()) {
+                     info.report = *a.result;
+                   } else {
+                     info.status = a.result.status();
+                   }
+                 }));
   }
   return kj::joinPromises(asks.finish()).then([status]() -> Out { return std::move(*status); });
 }
 
 // ---- Checkpoints of mirrored variables ---------------------------------------------
 
-kj::Promise<Result<std::vector<VariableState>>> Coordinator::mirrored_snapshot() {
+kj::Promise<Result<std::vector<VariableState>>> Strategies::snapshot() {
   using Out = Result<std::vector<VariableState>>;
   auto states = std::make_shared<std::vector<VariableState>>();
   auto reads = kj::Vector<kj::Promise<Status>>();
@@ -642,10 +666,9 @@ kj::Promise<Result<std::vector<VariableState>>> Coordinator::mirrored_snapshot()
   });
 }
 
-Result<Coordinator::MirroredRestore> Coordinator::read_mirrored_checkpoint(
-    const checkpoint::CheckpointReader& reader,
-    const std::map<std::string, std::vector<training::MirroredSpec>>& specs) {
-  MirroredRestore out;
+Result<Strategies::Restore> Strategies::read_checkpoint(const checkpoint::CheckpointReader& reader,
+                                                        const Specs& specs) {
+  Restore out;
   for (const auto& [name, list] : specs) {
     training::MirroredState state;
     for (const auto& spec : list) {
@@ -655,9 +678,10 @@ Result<Coordinator::MirroredRestore> Coordinator::read_mirrored_checkpoint(
         continue;
       }
       if (saved->dtype != spec.dtype || saved->shape != spec.shape) {
-        return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " + std::string(dtype_name(spec.dtype)) +
-                                       shape_string(spec.shape) + " but the checkpoint has " +
-                                       std::string(dtype_name(saved->dtype)) + shape_string(saved->shape));
+        return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " +
+                                       std::string(dtype_name(spec.dtype)) + shape_string(spec.shape) +
+                                       " but the checkpoint has " + std::string(dtype_name(saved->dtype)) +
+                                       shape_string(saved->shape));
       }
       training::MirroredValue value;
       value.name = spec.name;
@@ -677,10 +701,10 @@ Result<Coordinator::MirroredRestore> Coordinator::read_mirrored_checkpoint(
   return out;
 }
 
-kj::Promise<Status> Coordinator::seed_strategies(MirroredRestore restore) {
+kj::Promise<Status> Strategies::seed(Restore restore) {
   auto seeds = kj::Vector<kj::Promise<Status>>();
   for (auto& [name, partial] : restore.states) {
-    auto found = find_strategy(name);
+    auto found = find(name);
     if (!found.ok()) continue;  // gone meanwhile (strategies are never erased)
     Strategy* s = *found;
     auto state = std::make_shared<training::MirroredState>(std::move(partial));

@@ -1,6 +1,12 @@
 // The coordinator's synchronous training over fake workers: who forms the
 // group, which member is the source of the state, what a step sends, and
 // what happens when a member is lost.
+#include "daemons/coordinator/strategies.h"
+
+#include <kj/async.h>
+#include <kj/timer.h>
+#include <spdlog/sinks/null_sink.h>
+
 #include <catch2/catch.hpp>
 
 #include "daemons/coordinator/coordinator.h"
@@ -223,4 +229,97 @@ TEST_CASE("a replica's own error is the step's, not the aborted-group errors its
   CHECK_THAT(outcome.status().message(), Catch::Contains("refuses its batch"));
 }
 
+}  // namespace capstan::coordinator
+
+// Strategies alone: a worker table, a variable table and a gate of their own,
+// on a manual clock.
+namespace capstan::coordinator {
+namespace {
+
+using testing::FakeParameterServers;
+using testing::FakeWorker;
+
+struct Alone : private kj::TaskSet::ErrorHandler {
+  Alone() { health.set(0, PsHealth::State::kUp, Status::Ok(), kj::origin<kj::TimePoint>()); }
+  ~Alone() { pool.join(); }
+  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
+
+  int64_t add_worker(WorkerRecord& record, int task_index) {
+    return workers.add(task_index, {"sync_step"}, std::make_unique<FakeWorker>(record)).id;
+  }
+
+  std::shared_ptr<spdlog::logger> log =
+      std::make_shared<spdlog::logger>("strategies_test", std::make_shared<spdlog::sinks::null_sink_mt>());
+  kj::EventLoop loop;
+  kj::WaitScope ws{loop};
+  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
+  kj::TaskSet tasks{*this};
+  ChangeSignal changes{timer};
+  CoordinatorStats stats;
+  boost::asio::thread_pool pool{1};
+  FakeParameterServers ps{1};
+  PsHealth health{ps, kj::origin<kj::TimePoint>(), std::chrono::milliseconds(30000)};
+  PsVariables variables{ps, health, pool, log, "", [](const PlacedVariable&) { return Status::Ok(); }};
+  DispatchGate gate;
+  Workers workers{log, changes, [](int64_t) { return size_t{0}; }};
+  Strategies strategies{workers, variables, gate, LoopContext{timer, tasks, changes, stats, log}};
+};
+
+TEST_CASE("Strategies alone: a variable lives in one place, and each strategy says what it mirrors",
+          "[coordinator][strategy]") {
+  Alone f;
+  PlacedVariable ps_variable;
+  ps_variable.name = "b";
+  ps_variable.dtype = DType::kFloat32;
+  ps_variable.shape = {2};
+  ps_variable.shards = {{"b/part_0", 0, 0, 2}};
+  f.variables.restore(ps_variable, 1);
+  std::vector<MirroredVariableInit> on_ps = {{"b", Tensor::zeros(DType::kFloat32, {2}).value(), Optimizer::sgd(0.1)}};
+  auto refused = f.strategies.create("s", on_ps, config());
+  CHECK(refused.code() == StatusCode::kAlreadyExists);
+  CHECK(refused.message() == "createStrategy 's': 'b' is a parameter-server variable; a variable lives in one place");
+  CHECK(f.strategies.empty());
+  REQUIRE(f.strategies.create("s", model(), config()).ok());
+  CHECK(f.strategies.is_mirrored("w"));
+  CHECK_FALSE(f.strategies.is_mirrored("b"));
+  auto specs = f.strategies.specs();
+  REQUIRE(specs.count("s") == 1);
+  REQUIRE(specs["s"].size() == 1);
+  CHECK(specs["s"][0].name == "w");
+  CHECK(specs["s"][0].shape == Shape{2});
+}
+
+TEST_CASE("Strategies alone: a step keeps its strategy busy with its members until it ends; draining refuses steps",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b, idle;
+  Alone f;
+  int64_t id_a = f.add_worker(a, 0);
+  int64_t id_b = f.add_worker(b, 1);
+  int64_t id_idle = f.workers.add(2, {"other"}, std::make_unique<FakeWorker>(idle)).id;
+  REQUIRE(f.strategies.create("s", model(), config(2)).ok());
+  auto running = f.strategies.run_step("s", "sync_step", "args");
+  f.ws.poll();
+  REQUIRE(a.runs.size() == 1);
+  REQUIRE(b.runs.size() == 1);
+  CHECK(f.strategies.busy());
+  CHECK(f.strategies.busy_with(id_a));
+  CHECK(f.strategies.busy_with(id_b));
+  CHECK_FALSE(f.strategies.busy_with(id_idle));
+  a.reply(0, std::string("a"));
+  b.reply(0, std::string("b"));
+  auto outcome = running.wait(f.ws);
+  REQUIRE(outcome.ok());
+  CHECK(outcome->epoch == 1);
+  CHECK_FALSE(f.strategies.busy());
+  CHECK(f.stats.steps_completed == 1);
+  auto status = f.strategies.status("s").wait(f.ws);
+  REQUIRE(status.ok());
+  REQUIRE(status->replicas.size() == 2);
+  CHECK(status->replicas[1].worker_id == id_b);
+  f.gate.drain();
+  auto refused = f.strategies.run_step("s", "sync_step", "args").wait(f.ws);
+  CHECK(refused.status().code() == StatusCode::kUnavailable);
+}
+
+}  // namespace
 }  // namespace capstan::coordinator

@@ -1,0 +1,195 @@
+// The coordinator's journal records alone: each kind read back as written,
+// each way a record can be bad, and the journal over a real work_dir.
+#include "daemons/coordinator/coordinator_journal.h"
+
+#include <capnp/message.h>
+#include <capnp/serialize.h>
+#include <spdlog/sinks/null_sink.h>
+
+#include <catch2/catch.hpp>
+#include <chrono>
+#include <thread>
+
+#include "async/mailbox.h"
+#include "capstan_schemas/coordinator_journal.capnp.h"
+#include "data/test_util.h"
+
+namespace capstan::coordinator {
+namespace {
+
+using Update = wire::journal::CoordinatorUpdate;
+
+std::string serialize(capnp::MessageBuilder& message) {
+  auto words = capnp::messageToFlatArray(message);
+  auto bytes = words.asBytes();
+  return std::string(reinterpret_cast<const char*>(bytes.begin()), bytes.size());
+}
+
+template <typename T>
+T decoded(const std::string& record, int num_ps = 2) {
+  auto out = decode_record(record, num_ps);
+  REQUIRE(out.ok());
+  REQUIRE(std::holds_alternative<T>(*out));
+  return std::get<T>(std::move(*out));
+}
+
+TEST_CASE("a variable's record reads back with its shards, optimizer, table and the placer's counter",
+          "[coordinator][journal]") {
+  PlacedVariable v;
+  v.name = "emb";
+  v.dtype = DType::kFloat32;
+  v.shape = {0, 8};
+  v.optimizer = Optimizer::sgd(0.5);
+  v.shards = {{"emb/part_0", 0, 0, 0}, {"emb/part_1", 1, 0, 0}};
+  EmbeddingTableSpec spec;
+  spec.name = "emb";
+  spec.dim = 8;
+  v.table = spec;
+  auto read = decoded<VariableCreated>(variable_record(v, 7));
+  CHECK(read.placer_counter == 7);
+  CHECK(read.variable.name == "emb");
+  CHECK(read.variable.shape == Shape{0, 8});
+  REQUIRE(read.variable.shards.size() == 2);
+  CHECK(read.variable.shards[1].name == "emb/part_1");
+  CHECK(read.variable.shards[1].ps_task == 1);
+  CHECK(read.variable.optimizer == v.optimizer);
+  REQUIRE(read.variable.table.has_value());
+  CHECK(*read.variable.table == spec);
+
+  // A shard beyond the parameter servers there are: another ps list.
+  auto fewer = decode_record(variable_record(v, 7), 1);
+  CHECK(fewer.status().code() == StatusCode::kFailedPrecondition);
+  CHECK(fewer.status().message() == "variable 'emb' has a shard on ps:1 but this coordinator has 1 parameter "
+                                    "server(s): start it with the same ps list");
+}
+
+TEST_CASE("dataset, checkpoint and queue snapshot records read back as written", "[coordinator][journal]") {
+  PerWorkerDataset d;
+  d.definition = std::string("\0def", 4);
+  d.function = "make_input";
+  d.name = "train";
+  d.uid = 99;
+  auto dataset = decoded<DatasetAdded>(dataset_record(3, d));
+  CHECK(dataset.id == 3);
+  CHECK(dataset.dataset.definition == d.definition);
+  CHECK(dataset.dataset.function == "make_input");
+  CHECK(dataset.dataset.name == "train");
+  CHECK(dataset.dataset.uid == 99);
+
+  CHECK(decoded<LastCheckpointSet>(last_checkpoint_record("/ckpt/ckpt-5")).path == "/ckpt/ckpt-5");
+
+  ClosureQueue::Snapshot::Entry entry;
+  entry.closure = {12, "train_step", "args", 0};
+  entry.state = ClosureQueue::State::kFailed;
+  entry.error = Status::InvalidArgument("bad input");
+  entry.owner = {5, 6};
+  entry.released = true;
+  auto closure = decoded<ClosureSnapshot>(closure_state_record(entry)).entry;
+  CHECK(closure.closure.id == 12);
+  CHECK(closure.closure.function == "train_step");
+  CHECK(closure.closure.args == "args");
+  CHECK(closure.state == ClosureQueue::State::kFailed);
+  CHECK(closure.error.code() == StatusCode::kInvalidArgument);
+  CHECK(closure.error.message() == "bad input");
+  CHECK(closure.owner.client == 5);
+  CHECK(closure.owner.request_seq == 6);
+  CHECK(closure.released);
+
+  auto queue = decoded<QueueSnapshot>(queue_state_record(Status::Cancelled("stop"), 40));
+  CHECK(queue.pending_error.code() == StatusCode::kCancelled);
+  CHECK(queue.next_id == 40);
+}
+
+TEST_CASE("a bad record is DataLoss, saying what is wrong", "[coordinator][journal]") {
+  CHECK(decode_record("abc", 1).status().message() == "a journal record is not whole words");
+  auto junk = decode_record(std::string(16, '\xff'), 1);
+  CHECK(junk.status().code() == StatusCode::kDataLoss);
+  CHECK(junk.status().message().starts_with("a journal record does not parse: "));
+  {
+    capnp::MallocMessageBuilder message;
+    message.initRoot<Update>().initScheduleClosure().setId(0);
+    CHECK(decode_record(serialize(message), 1).status().message() == "a journaled closure has id 0");
+  }
+  {
+    capnp::MallocMessageBuilder message;
+    message.initRoot<Update>().initClosureState().setState(1);
+    CHECK(decode_record(serialize(message), 1).status().message() == "a journaled closure has state 1");
+  }
+  {
+    capnp::MallocMessageBuilder message;
+    auto finished = message.initRoot<Update>().initClosureFinished();
+    finished.setId(1);
+    finished.setErrorCode(17);
+    CHECK(decode_record(serialize(message), 1).status().message() == "a journaled error has code 17");
+  }
+}
+
+struct Loop {
+  Loop() : io(kj::setupAsyncIo()), mailbox(*io.lowLevelProvider), pool(1) {}
+  ~Loop() { pool.join(); }
+  // Runs the loop until `promise` resolves (the pool answers through the
+  // mailbox), for up to 10 s.
+  Status wait(kj::Promise<Status> promise) {
+    for (int i = 0; i < 1000 && !promise.poll(io.waitScope); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return promise.wait(io.waitScope);
+  }
+  kj::AsyncIoContext io;
+  async::Mailbox mailbox;
+  boost::asio::thread_pool pool;
+  std::shared_ptr<spdlog::logger> log =
+      std::make_shared<spdlog::logger>("coordinator_journal_test", std::make_shared<spdlog::sinks::null_sink_mt>());
+};
+
+TEST_CASE("without a work_dir the journal writes nothing and is always synced", "[coordinator][journal]") {
+  Loop loop;
+  CoordinatorJournal journal;
+  ClosureQueue queue;
+  CHECK_FALSE(journal.durable());
+  CHECK(journal.variable(PlacedVariable{}, 0).ok());
+  CHECK(journal.last_checkpoint("/ckpt").ok());
+  journal.scheduled(1, "f", "", {});
+  journal.finished(1, Status::Ok(), queue);
+  CHECK(journal.broken().ok());
+  CHECK(loop.wait(journal.synced()).ok());
+}
+
+TEST_CASE("the closure changes come back in their order after the journal is reopened", "[coordinator][journal]") {
+  data::testing::TempDir dir;
+  Loop loop;
+  ClosureQueue queue;
+  {
+    CoordinatorJournal journal;
+    std::vector<std::string> replay;
+    REQUIRE(journal.open(dir.path(), loop.pool, loop.log, {}, &replay).ok());
+    CHECK(replay.empty());
+    CHECK(journal.durable());
+    int64_t id = queue.next_id();
+    journal.scheduled(id, "train_step", "args", {7, 1});
+    REQUIRE(queue.schedule("train_step", "args", {7, 1}).ok());
+    REQUIRE(queue.next(/*worker=*/1).has_value());
+    REQUIRE(queue.complete(id, 1, std::string("value")) == ClosureQueue::State::kDone);
+    journal.finished(id, Status::Ok(), queue);
+    journal.released(id);
+    journal.error_taken();
+    REQUIRE(loop.wait(journal.synced()).ok());
+    // Written at once (the closure records above go in batches).
+    REQUIRE(journal.last_checkpoint("/ckpt/ckpt-1").ok());
+  }
+  CoordinatorJournal journal;
+  std::vector<std::string> replay;
+  REQUIRE(journal.open(dir.path(), loop.pool, loop.log, {}, &replay).ok());
+  REQUIRE(replay.size() == 5);
+  auto scheduled = decoded<ClosureScheduled>(replay[0]);
+  CHECK(scheduled.function == "train_step");
+  CHECK(scheduled.owner.client == 7);
+  auto finished = decoded<ClosureFinished>(replay[1]);
+  CHECK(finished.result.value() == "value");
+  CHECK(decoded<ClosureReleased>(replay[2]).id == scheduled.id);
+  decoded<ErrorTaken>(replay[3]);
+  CHECK(decoded<LastCheckpointSet>(replay[4]).path == "/ckpt/ckpt-1");
+}
+
+}  // namespace
+}  // namespace capstan::coordinator

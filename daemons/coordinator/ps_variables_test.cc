@@ -1,0 +1,186 @@
+#include "daemons/coordinator/ps_variables.h"
+
+#include <kj/async.h>
+#include <spdlog/sinks/null_sink.h>
+
+#include <catch2/catch.hpp>
+
+#include "daemons/coordinator/test_fakes.h"
+
+namespace capstan::coordinator {
+namespace {
+
+using testing::FakeParameterServers;
+using testing::floats;
+using testing::values_of;
+
+const kj::TimePoint kStart = kj::origin<kj::TimePoint>();
+
+// Two parameter servers, up; the journal records what it is given and
+// answers `journal_answer`.
+struct Fixture {
+  kj::EventLoop loop;
+  kj::WaitScope ws{loop};
+  boost::asio::thread_pool pool{1};
+  FakeParameterServers ps{2};
+  PsHealth health{ps, kStart, std::chrono::milliseconds(30000)};
+  std::vector<std::string> journaled;
+  Status journal_answer;
+  PsVariables variables{ps, health, pool,
+                        std::make_shared<spdlog::logger>("ps_variables_test",
+                                                         std::make_shared<spdlog::sinks::null_sink_mt>()),
+                        "", [this](const PlacedVariable& v) {
+                          journaled.push_back(v.name);
+                          return journal_answer;
+                        }};
+  Fixture() {
+    health.set(0, PsHealth::State::kUp, Status::Ok(), kStart);
+    health.set(1, PsHealth::State::kUp, Status::Ok(), kStart);
+  }
+  ~Fixture() { pool.join(); }
+
+  Result<VariableLocation> create(const std::string& name, Tensor initial, int shards) {
+    VariableRequest request{name, std::move(initial), Optimizer::sgd(0.1),
+                            placement::Partitioner::fixed_shards(shards)};
+    return variables.create(std::move(request)).wait(ws);
+  }
+};
+
+TEST_CASE("a variable is split into shards on the parameter servers, journaled, then recorded",
+          "[coordinator][ps_variables]") {
+  Fixture f;
+  auto w = f.create("w", floats({1, 2, 3, 4}, {4}), 2);
+  REQUIRE(w.ok());
+  REQUIRE(w->shards.size() == 2);
+  CHECK(w->shards[0].ps_task != w->shards[1].ps_task);
+  CHECK(w->shards[0].rows + w->shards[1].rows == 4);
+  CHECK(f.journaled == std::vector<std::string>{"w"});
+  CHECK(f.variables.version() == 1);
+  CHECK(f.variables.placements().variables.size() == 1);
+  const auto& first = f.ps.tasks[static_cast<size_t>(w->shards[0].ps_task)].shards.at(w->shards[0].name);
+  CHECK(values_of(first.value) == std::vector<float>{1, 2});
+  CHECK(f.variables.shards_on(w->shards[1].ps_task) == std::set<std::string>{w->shards[1].name});
+
+  // Created again alike (a reconnecting program): handed back as it is.
+  auto again = f.create("w", floats({9, 9, 9, 9}, {4}), 2);
+  REQUIRE(again.ok());
+  CHECK(again->shards[0].name == w->shards[0].name);
+  CHECK(f.variables.version() == 1);
+  CHECK(f.journaled.size() == 1);
+  CHECK(values_of(first.value) == std::vector<float>{1, 2});
+  // Otherwise: AlreadyExists, saying what it is.
+  auto other = f.create("w", floats({1, 2}, {2}), 1);
+  CHECK(other.status().code() == StatusCode::kAlreadyExists);
+  CHECK(other.status().message() == "variable 'w' exists as float32[4], not float32[2]");
+}
+
+TEST_CASE("a variable the journal refuses is not recorded", "[coordinator][ps_variables]") {
+  Fixture f;
+  f.journal_answer = Status::DataLoss("disk full");
+  auto w = f.create("w", floats({1, 2}, {2}), 1);
+  CHECK(w.status().code() == StatusCode::kDataLoss);
+  CHECK_FALSE(f.variables.contains("w"));
+  CHECK(f.variables.version() == 0);
+}
+
+TEST_CASE("an embedding table has one shard per parameter server and keeps its spec", "[coordinator][ps_variables]") {
+  Fixture f;
+  EmbeddingTableSpec spec;
+  spec.name = "emb";
+  spec.dim = 8;
+  auto table = f.variables.create_table(spec).wait(f.ws);
+  REQUIRE(table.ok());
+  REQUIRE(table->shards.size() == 2);
+  CHECK(table->shards[1].ps_task == 1);
+  CHECK(f.ps.tasks[1].tables.count(table->shards[1].name) == 1);
+  CHECK(f.variables.create_table(spec).wait(f.ws).ok());
+  spec.dim = 16;
+  CHECK(f.variables.create_table(spec).wait(f.ws).status().code() == StatusCode::kAlreadyExists);
+  spec.dim = 0;
+  CHECK(f.variables.create_table(spec).wait(f.ws).status().code() == StatusCode::kInvalidArgument);
+  REQUIRE(f.create("w", floats({1}, {1}), 1).ok());
+  spec.name = "w";
+  spec.dim = 8;
+  auto clash = f.variables.create_table(spec).wait(f.ws);
+  CHECK(clash.status().message() == "createEmbeddingTable: 'w' is a variable float32[1], not an embedding table");
+  VariableRequest request{"emb", floats({1}, {1}), Optimizer::sgd(0.1), placement::Partitioner::none()};
+  CHECK(f.variables.create(std::move(request)).wait(f.ws).status().message() ==
+        "createVariable: 'emb' is an embedding table");
+}
+
+TEST_CASE("a snapshot reads every shard, and a restarted parameter server gets its shards back",
+          "[coordinator][ps_variables]") {
+  Fixture f;
+  auto w = f.create("w", floats({1, 2, 3, 4}, {4}), 2);
+  REQUIRE(w.ok());
+  auto states = f.variables.snapshot().wait(f.ws);
+  REQUIRE(states.ok());
+  REQUIRE(states->size() == 1);
+  REQUIRE((*states)[0].shards.size() == 2);
+  CHECK(values_of((*states)[0].shards[0].value) == std::vector<float>{1, 2});
+
+  const int lost = w->shards[1].ps_task;
+  const std::string lost_shard = w->shards[1].name;
+  f.ps.restart_empty(lost);
+  REQUIRE(f.variables.recreate_missing(&*states).wait(f.ws).ok());
+  CHECK(values_of(f.ps.tasks[static_cast<size_t>(lost)].shards.at(lost_shard).value) == std::vector<float>{3, 4});
+  // Its value went with the create; the other shard's stays for write_shards.
+  CHECK_FALSE((*states)[0].shards[1].value.valid());
+  CHECK((*states)[0].shards[0].value.valid());
+  (*states)[0].shards[1].step = 7;
+  REQUIRE(f.variables.write_shards(std::move(*states)).wait(f.ws).ok());
+  CHECK(f.ps.tasks[static_cast<size_t>(lost)].shards.at(lost_shard).step == 7);
+  CHECK(values_of(f.ps.tasks[static_cast<size_t>(lost)].shards.at(lost_shard).value) == std::vector<float>{3, 4});
+}
+
+TEST_CASE("no snapshot while a parameter server is not up", "[coordinator][ps_variables]") {
+  Fixture f;
+  f.health.set(1, PsHealth::State::kDown, Status::Ok(), kStart);
+  auto states = f.variables.snapshot().wait(f.ws);
+  CHECK(states.status().code() == StatusCode::kUnavailable);
+}
+
+TEST_CASE("a restore creates the checkpoint's variables that do not exist, zero-filled",
+          "[coordinator][ps_variables]") {
+  Fixture f;
+  REQUIRE(f.create("w", floats({1, 2}, {2}), 1).ok());
+  checkpoint::Manifest manifest;
+  for (std::string name : {"w", "b", "mirrored"}) {
+    checkpoint::ManifestVariable v;
+    v.name = name;
+    v.dtype = DType::kFloat32;
+    v.shape = {4};
+    v.shards = {{name + "/part_0", "ps-0.safetensors", 0, 2}, {name + "/part_1", "ps-1.safetensors", 2, 2}};
+    manifest.variables.push_back(v);
+  }
+  auto skip = [](const std::string& name) { return name == "mirrored"; };
+  REQUIRE(f.variables.create_absent(manifest, skip).wait(f.ws).ok());
+  CHECK(f.variables.contains("b"));
+  CHECK_FALSE(f.variables.contains("mirrored"));
+  // "w" exists: left as it was (one shard of 2 values).
+  auto placements = f.variables.placements();
+  REQUIRE(placements.variables.size() == 2);
+  CHECK(placements.variables[0].name == "b");
+  CHECK(placements.variables[0].shards.size() == 2);
+  CHECK(placements.variables[1].shards.size() == 1);
+}
+
+TEST_CASE("a variable read back from the journal keeps the placer's round robin going", "[coordinator][ps_variables]") {
+  Fixture f;
+  PlacedVariable v;
+  v.name = "w";
+  v.dtype = DType::kFloat32;
+  v.shape = {2};
+  v.shards = {{"w/part_0", 1, 0, 2}};
+  f.variables.restore(v, 5);
+  CHECK(f.variables.placer_counter() == 5);
+  CHECK(f.variables.version() == 1);
+  v.name = "b";
+  f.variables.restore(v, 3);
+  CHECK(f.variables.placer_counter() == 5);
+  CHECK(f.variables.version() == 2);
+  CHECK(f.journaled.empty());
+}
+
+}  // namespace
+}  // namespace capstan::coordinator

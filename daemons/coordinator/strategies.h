@@ -1,0 +1,186 @@
+// Strategies: synchronous training in the coordinator, TF's
+// MultiWorkerMirroredStrategy with the worker-servers as replicas (see
+// "Synchronous training" in coordinator.h). A strategy is a named set of
+// mirrored variables held in the workers' memory. Each step runs a closure
+// on every live worker that has it, at once, as the ranks of one collective
+// group.
+//
+// A step's life:
+//   ensure_group  the live workers that have the function, by task index,
+//                 are the replicas; when they differ from the last group's,
+//                 or the last step failed, or a seed waits, form_group:
+//                   replica_status on each (what it holds, at which step)
+//                   -> the source: rank 0 with the seed, else the member of
+//                      the last group with the fewest steps applied
+//                   -> prepare_replica on each (its address for this epoch)
+//                   -> form_replica on each (connect, take the source's state)
+//   dispatch_step the closure on every member at once; a member lost
+//                 mid-step (link broken, or dropped for missing pings) makes
+//                 the coordinator abort the others' group so that they fail
+//                 at once; the step fails, the next one re-forms.
+//
+// Glossary:
+//   seed    a state no replica holds yet (the initial values, or a restored
+//           checkpoint's): the next group starts from it.
+//   epoch   the number of the last group formed; each formation is the next.
+//   busy    a step or a formation of the strategy runs; steps of one
+//           strategy run one at a time.
+//
+// Example:
+//   Strategies strategies(workers, variables, gate, loop);
+//   strategies.create("dense", {{"w", initial, Optimizer::sgd(0.1)}}, {});
+//   auto out = strategies.run_step("dense", "train_step", args).wait(ws);  // a value per replica
+//
+// Not thread-safe: the Coordinator uses it on its loop thread.
+#ifndef CAPSTAN_DAEMONS_COORDINATOR_STRATEGIES_H_
+#define CAPSTAN_DAEMONS_COORDINATOR_STRATEGIES_H_
+
+#include <kj/async.h>
+
+#include <chrono>
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "checkpoint/checkpoint.h"
+#include "daemons/coordinator/checkpointing.h"
+#include "daemons/coordinator/dispatch_gate.h"
+#include "daemons/coordinator/loop_context.h"
+#include "daemons/coordinator/peers.h"
+#include "daemons/coordinator/ps_variables.h"
+#include "daemons/coordinator/requests.h"
+#include "daemons/coordinator/workers.h"
+#include "types/replica.h"
+
+namespace capstan::coordinator {
+
+class Strategies {
+ public:
+  // Everything given must outlive this.
+  Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop);
+
+  // Creates a strategy (its values are held here until the first group
+  // forms and takes them), or hands back the one of that name with the same
+  // variables (a reconnecting program); AlreadyExists when they differ or a
+  // parameter-server variable has one of the names.
+  Status create(const std::string& name, std::vector<MirroredVariableInit> variables, StrategyConfig config);
+  // One synchronous step (Coordinator::run_step).
+  kj::Promise<Result<StepOutcome>> run_step(std::string strategy, std::string function, std::string args);
+  // Replica 0's value of a mirrored variable, and the optimizer step.
+  kj::Promise<Result<std::pair<Tensor, int64_t>>> read_mirrored(std::string strategy, std::string variable);
+  kj::Promise<Result<StrategyStatus>> status(std::string strategy);
+
+  bool is_mirrored(const std::string& variable) const;
+  bool empty() const { return strategies_.empty(); }
+  // A step or a formation runs: of any strategy, or with `worker_id` a member.
+  bool busy() const;
+  bool busy_with(int64_t worker_id) const;
+
+  // ---- Checkpoints
+  // Every strategy's variables as checkpoint entries (one shard on task 0:
+  // the format of a parameter-server variable, so either kind restores
+  // into the other).
+  kj::Promise<Result<std::vector<VariableState>>> snapshot();
+  // Each strategy's variables, by strategy.
+  using Specs = std::map<std::string, std::vector<training::MirroredSpec>>;
+  Specs specs() const;
+  // The mirrored variables a checkpoint holds, read (on the pool) for the
+  // strategies as they are now (specs()); then seed() makes them the
+  // strategies' seeds (the next step's group starts from them).
+  struct Restore {
+    std::map<std::string, training::MirroredState> states;  // by strategy: only the variables present
+    std::vector<std::string> missing;
+  };
+  static Result<Restore> read_checkpoint(const checkpoint::CheckpointReader& reader, const Specs& specs);
+  kj::Promise<Status> seed(Restore restore);
+
+ private:
+  struct Strategy {
+    std::string name;
+    std::vector<training::MirroredSpec> specs;
+    StrategyConfig config;
+    std::optional<training::MirroredState> seed;
+    bool seed_is_initial = false;  // the seed is create()'s values, not a checkpoint's
+    int64_t epoch = 0;              // of the last group formed
+    std::vector<int64_t> members;   // worker ids by rank
+    bool formed = false;            // false after a failed step: form again
+    // A step or a formation runs. Shared with the step's promise, which
+    // clears it even when dropped.
+    std::shared_ptr<bool> busy = std::make_shared<bool>(false);
+    int64_t steps = 0;
+  };
+  // One formation of a group (form_group's stages share it).
+  struct Formation {
+    std::vector<int64_t> ids;  // by rank
+    int64_t epoch = 0;
+    int source = 0;  // the rank whose state every member takes
+    std::chrono::milliseconds quick{0};    // replica_status, prepare_replica
+    std::chrono::milliseconds forming{0};  // form_replica: connect, then move the state
+  };
+  template <typename T>
+  using Answer = ReplicaAnswer<T>;
+
+  Result<Strategy*> find(const std::string& name);
+  // The specs of `variables`, or why they cannot be strategy `name`'s.
+  Result<std::vector<training::MirroredSpec>> check_variables(const std::string& name,
+                                                              const std::vector<MirroredVariableInit>& variables) const;
+
+  kj::Promise<Status> ensure_group(Strategy& strategy, std::string function, kj::TimePoint give_up);
+  kj::Promise<Status> form_group(Strategy& strategy, std::vector<int64_t> members);
+  // form_group's stages, after each round of answers.
+  kj::Promise<kj::Array<Answer<std::string>>> prepare(Strategy& strategy, Formation& formation,
+                                                      kj::Array<Answer<training::ReplicaReport>> reports);
+  kj::Promise<kj::Array<Answer<training::ReplicaReport>>> form(Strategy& strategy, const Formation& formation,
+                                                               kj::Array<Answer<std::string>> addresses);
+  Status conclude(Strategy& strategy, const Formation& formation, kj::Array<Answer<training::ReplicaReport>> reports);
+  // The rank whose state the group takes (see the header comment).
+  Result<int> choose_source(Strategy& strategy, const std::vector<int64_t>& ids,
+                            const kj::Array<Answer<training::ReplicaReport>>& reports);
+  // The first answer that is not OK as the formation's failure: a lost
+  // member is dropped (Unavailable), another error names the member and
+  // `stage`.
+  template <typename T>
+  Status check_answers(Strategy& strategy, const std::vector<int64_t>& ids, const kj::Array<Answer<T>>& answers,
+                       const char* stage);
+  // Drops a member lost while the group formed; the formation's failure.
+  Status lost_while_forming(Strategy& strategy, int64_t worker_id, const Status& why);
+
+  kj::Promise<Result<StepOutcome>> dispatch_step(Strategy& strategy, std::string function, std::string args);
+  // Member `r`'s run of the step; its failure aborts the others' group.
+  kj::Promise<ClosureOutcome> run_replica(const std::string& name, const std::vector<int64_t>& members,
+                                          int64_t epoch, size_t r, const std::string& function,
+                                          const std::string& args, std::shared_ptr<std::vector<size_t>> arrivals);
+  // The step's outcome from every member's answer (`arrivals`: the order
+  // they came in).
+  Result<StepOutcome> step_result(Strategy& strategy, const std::vector<int64_t>& members, int64_t epoch,
+                                  const std::vector<size_t>& arrivals, kj::Array<ClosureOutcome> all);
+
+  // One call to each of `ids` (a member already dropped answers lost).
+  template <typename T, typename Call>
+  kj::Promise<kj::Array<Answer<T>>> ask_each(const std::vector<int64_t>& ids, Call call,
+                                             std::chrono::milliseconds limit);
+  // A replica call to `worker_id` that counts as lost when its link breaks,
+  // the worker is dropped, or it does not answer within `limit`.
+  template <typename T>
+  kj::Promise<Answer<T>> ask(int64_t worker_id, kj::Promise<Result<T>> call, std::chrono::milliseconds limit);
+  // The state to checkpoint: the seed, or replica 0's.
+  kj::Promise<Result<training::MirroredState>> mirrored_state(Strategy& strategy);
+  kj::Promise<Result<training::MirroredState>> read_state_from(std::string name, std::vector<int64_t> members, size_t i,
+                                                               std::chrono::milliseconds limit, Status last);
+
+  Workers& workers_;
+  const PsVariables& variables_;
+  const DispatchGate& gate_;
+  const LoopContext loop_;
+  std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
+};
+
+}  // namespace capstan::coordinator
+
+#endif  // CAPSTAN_DAEMONS_COORDINATOR_STRATEGIES_H_
