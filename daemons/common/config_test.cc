@@ -151,7 +151,7 @@ TEST_CASE("a scalar flag given twice is an error") {
         "--port: given more than once ('1', '2')");
 }
 
-TEST_CASE("an unknown CAPSTAN_ variable is a warning; reserved ones are silent") {
+TEST_CASE("an unknown CAPSTAN_ variable is a warning, reserved ones are silent") {
   ParseResult unknown = parse({}, {{"CAPSTAN_PROT", "8080"}});
   REQUIRE(unknown.action == Action::kRun);
   REQUIRE(unknown.warnings.size() == 1);

@@ -9,7 +9,7 @@ const kj::TimePoint kStart = kj::origin<kj::TimePoint>() + 1000 * kj::SECONDS;
 
 kj::TimePoint at_ms(int64_t ms) { return kStart + ms * kj::MILLISECONDS; }
 
-TEST_CASE("a retried schedule request finds the closure it scheduled; another client's does not",
+TEST_CASE("a retried schedule request finds the closure it scheduled, another client's does not",
           "[coordinator][clients]") {
   ClientTable clients(std::chrono::milliseconds(1000));
   clients.remember(7, 1, 41);
@@ -37,7 +37,7 @@ TEST_CASE("past kRememberedRequests a client's lowest request is forgotten", "[c
   CHECK(clients.find(3, n + 1) == std::optional<int64_t>(101 + n));
 }
 
-TEST_CASE("a client silent for the grace expires with its requests; one heard from since stays",
+TEST_CASE("a client silent for the grace expires with its requests, one heard from since stays",
           "[coordinator][clients]") {
   ClientTable clients(std::chrono::milliseconds(1000));
   clients.seen(1, at_ms(0));

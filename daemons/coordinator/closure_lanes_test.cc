@@ -128,7 +128,7 @@ TEST_CASE("a run that failed while a parameter server was lost runs again", "[co
   CHECK(record.runs[1].run.closure_id == id);
 }
 
-TEST_CASE("nothing starts while the gate is paused; a drained gate ends the lanes", "[coordinator][lanes]") {
+TEST_CASE("nothing starts while the gate is paused, a drained gate ends the lanes", "[coordinator][lanes]") {
   WorkerRecord record;  // outlives the fixture's peers
   Fixture f;
   f.add_worker(record);

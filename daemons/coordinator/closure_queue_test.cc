@@ -50,7 +50,7 @@ TEST_CASE("the first error is raised once by the next schedule, then cleared", "
   CHECK(q.schedule("f", "").ok());
 }
 
-TEST_CASE("a failure cancels the closures running elsewhere; their late results are dropped", "[closures]") {
+TEST_CASE("a failure cancels the closures running elsewhere, their late results are dropped", "[closures]") {
   ClosureQueue q;
   int64_t slow = q.schedule("long", "").value();
   int64_t failing = q.schedule("f", "").value();
@@ -180,7 +180,7 @@ TEST_CASE("the error of a released closure is still raised, and the closures it 
   CHECK(q.take_error().code() == StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("release refuses ids never handed out; a second release of one is no change", "[closures]") {
+TEST_CASE("release refuses ids never handed out, a second release of one is no change", "[closures]") {
   ClosureQueue q;
   int64_t a = q.schedule("f", "").value();
   for (int64_t bad : {int64_t{0}, int64_t{-3}, a + 1}) {
@@ -211,7 +211,7 @@ TEST_CASE("release_client releases what one client scheduled, finished or not", 
   CHECK(q.size() == 3);  // theirs, anonymous and mine_queued until it finishes
 }
 
-TEST_CASE("a snapshot keeps owners and closures released in flight; a restore drops them as they finish",
+TEST_CASE("a snapshot keeps owners and closures released in flight, a restore drops them as they finish",
           "[closures]") {
   ClosureQueue q;
   int64_t a = q.schedule("f", "a", {7, 1}).value();

@@ -42,7 +42,7 @@ VariableRequest variable(std::string name, Tensor initial,
   return request;
 }
 
-TEST_CASE("ps_service names the StatefulSet's pods in task order; bad values are named", "[coordinator][ps_service]") {
+TEST_CASE("ps_service names the StatefulSet's pods in task order, bad values are named", "[coordinator][ps_service]") {
   auto two = ps_addresses_of_service("ps.capstan.svc.cluster.local:7100", 2);
   REQUIRE(two.ok());
   CHECK(two.value() == std::vector<std::string>{"ps-0.ps.capstan.svc.cluster.local:7100",
@@ -60,7 +60,7 @@ TEST_CASE("ps_service names the StatefulSet's pods in task order; bad values are
 
 // ---- Membership ----------------------------------------------------------------------
 
-TEST_CASE("reported scalars: kept per tag up to the last 600; a refused call keeps none of its scalars",
+TEST_CASE("reported scalars: kept per tag up to the last 600, a refused call keeps none of its scalars",
           "[coordinator][status]") {
   Harness h;
   Coordinator& c = *h.coordinator;
@@ -538,7 +538,7 @@ TEST_CASE("creating a variable places its shards on the parameter servers and bu
   CHECK(all.variables[1].name == "w");
 }
 
-TEST_CASE("creating an existing variable hands it back; another dtype or shape is AlreadyExists",
+TEST_CASE("creating an existing variable hands it back, another dtype or shape is AlreadyExists",
           "[coordinator]") {
   Harness h;
   h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
@@ -726,7 +726,7 @@ TEST_CASE("release refuses ids never handed out and over-long lists, releasing n
   CHECK(h.coordinator->release({}).ok());
 }
 
-TEST_CASE("the values of a client gone longer than client_grace are released; a client that calls keeps its own",
+TEST_CASE("the values of a client gone longer than client_grace are released, a client that calls keeps its own",
           "[coordinator][release]") {
   CoordinatorConfig config;
   config.client_grace = std::chrono::milliseconds(2000);
@@ -995,7 +995,7 @@ TEST_CASE("restore_checkpoint writes each shard to the parameter server that hol
   CHECK(restored.step == 5);
 }
 
-TEST_CASE("restoring a checkpoint older than a variable restores the rest and lists it; strict refuses",
+TEST_CASE("restoring a checkpoint older than a variable restores the rest and lists it, strict refuses",
           "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/1);
@@ -1079,7 +1079,7 @@ TEST_CASE("a per-worker dataset with a bad definition is InvalidArgument", "[coo
   CHECK(id.status().code() == StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("a named per-worker dataset is found again under its name; unnamed ones are new each time",
+TEST_CASE("a named per-worker dataset is found again under its name, unnamed ones are new each time",
           "[coordinator]") {
   WorkerRecord a;
   Harness h;

@@ -81,7 +81,7 @@ TEST_CASE("a saved checkpoint restores the variables' values, and names the chec
   CHECK(values_of(f.ps.tasks[0].shards.at("w").value) == std::vector<float>{1, 2});
 }
 
-TEST_CASE("a variable the checkpoint lacks keeps its value and is listed; a strict restore refuses it",
+TEST_CASE("a variable the checkpoint lacks keeps its value and is listed, a strict restore refuses it",
           "[coordinator][model_checkpoints]") {
   data::testing::TempDir dir;
   Fixture f;

@@ -54,7 +54,7 @@ struct Fixture : private kj::TaskSet::ErrorHandler {
   PsRecovery recovery{config, ps, health, variables, policy, pool, context};
 };
 
-TEST_CASE("a parameter server that comes back with its shards is up; one that restarted empty, with nothing to "
+TEST_CASE("a parameter server that comes back with its shards is up, one that restarted empty, with nothing to "
           "restore from, is lost saying so",
           "[coordinator][ps_recovery]") {
   Fixture f;

@@ -279,7 +279,7 @@ TEST_CASE("a checkpoint that lacks a lost shard's variable cannot recover it: Da
                                    Catch::Contains("restore a checkpoint by hand"));
 }
 
-TEST_CASE("the checkpoint policy saves every N closures completed; a restarted coordinator goes on from the "
+TEST_CASE("the checkpoint policy saves every N closures completed, a restarted coordinator goes on from the "
           "newest step",
           "[coordinator][recovery]") {
   data::testing::TempDir dir;
@@ -469,7 +469,7 @@ TEST_CASE("a coordinator restarted with its work_dir knows its variables, datase
         StatusCode::kAlreadyExists);
 }
 
-TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and errors; retried schedules run once",
+TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and errors, retried schedules run once",
           "[coordinator][durable]") {
   data::testing::TempDir work;
   CoordinatorConfig config;
@@ -574,7 +574,7 @@ TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot wit
   CHECK(b.runs[0].run.closure_id == 21);
 }
 
-TEST_CASE("released values stay released across restarts, replayed and compacted; one released as it ran is not "
+TEST_CASE("released values stay released across restarts, replayed and compacted, one released as it ran is not "
           "run again",
           "[coordinator][durable][release]") {
   data::testing::TempDir work;
@@ -710,7 +710,7 @@ TEST_CASE("a journal naming a parameter server this coordinator lacks stops it w
 }
 
 
-TEST_CASE("a policy save that comes due while another runs happens when it ends; a leave waiting for it goes on",
+TEST_CASE("a policy save that comes due while another runs happens when it ends, a leave waiting for it goes on",
           "[coordinator][preemption]") {
   data::testing::TempDir dir;
   CoordinatorConfig config;

@@ -21,7 +21,7 @@ struct Harness {
   GroupRendezvous rendezvous;
 };
 
-TEST_CASE("a group forms once all its ranks joined; each learns every address and the generation",
+TEST_CASE("a group forms once all its ranks joined, each learns every address and the generation",
           "[coordinator][rendezvous]") {
   Harness h;
   auto a = h.rendezvous.join("dense", 3, 2, "c:3", 10s);

@@ -30,7 +30,7 @@ TEST_CASE("a batch with a bad scalar is refused whole, naming it", "[coordinator
   CHECK(scalars.points().empty());
 }
 
-TEST_CASE("a new tag past kTags is ResourceExhausted; the tags kept take more points", "[coordinator][status]") {
+TEST_CASE("a new tag past kTags is ResourceExhausted, the tags kept take more points", "[coordinator][status]") {
   ReportedScalars scalars;
   for (size_t i = 0; i < ReportedScalars::kTags; ++i) {
     REQUIRE(scalars.add({{"t" + std::to_string(i), 1, 1}}, 0).ok());

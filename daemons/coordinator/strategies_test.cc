@@ -122,7 +122,7 @@ TEST_CASE("a member lost mid-step: the others' group is aborted, the step fails 
   CHECK(next.wait(h.io.waitScope).ok());
 }
 
-TEST_CASE("a worker that comes back holding an old replica is not the source; with no survivor, a step says "
+TEST_CASE("a worker that comes back holding an old replica is not the source, with no survivor, a step says "
           "to restore a checkpoint",
           "[coordinator][strategy]") {
   WorkerRecord a, b, back;
@@ -289,7 +289,7 @@ TEST_CASE("Strategies alone: a variable lives in one place, and each strategy sa
   CHECK(specs["s"][0].shape == Shape{2});
 }
 
-TEST_CASE("Strategies alone: a step keeps its strategy busy with its members until it ends; draining refuses steps",
+TEST_CASE("Strategies alone: a step keeps its strategy busy with its members until it ends, draining refuses steps",
           "[coordinator][strategy]") {
   WorkerRecord a, b, idle;
   Alone f;

@@ -70,7 +70,7 @@ GetOrCreateJobRequest job(std::string dataset_id, std::string name = "",
   return r;
 }
 
-TEST_CASE("the same definition gets the same dataset id; a bad one is refused") {
+TEST_CASE("the same definition gets the same dataset id, a bad one is refused") {
   FakeClock clock;
   auto d = open(clock);
   std::string a = register_range(*d, 10);
@@ -279,7 +279,7 @@ TEST_CASE("silent clients are released and their job collected after job_gc_time
   CHECK(fresh->job_id != j->job_id);
 }
 
-TEST_CASE("a released client's job is collected; a job with clients is not") {
+TEST_CASE("a released client's job is collected, a job with clients is not") {
   FakeClock clock;
   auto d = open(clock);
   std::string ds = register_range(*d, 10);
@@ -561,7 +561,7 @@ TEST_CASE("updates made while an fsync is in flight share the next fsync, and ea
   for (const JobClient& c : clients) CHECK(restarted->client_heartbeat(c.job_client_id).ok());
 }
 
-TEST_CASE("a change not yet acknowledged may be lost in a crash; an acknowledged one is not") {
+TEST_CASE("a change not yet acknowledged may be lost in a crash, an acknowledged one is not") {
   io::MemoryFileSystem files;
   FakeClock clock;
   auto d = open_on(files, clock);

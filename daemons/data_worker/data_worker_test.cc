@@ -28,7 +28,7 @@ std::vector<int64_t> sequences_of(const std::vector<SplitRequest>& calls, int64_
 
 }  // namespace
 
-TEST_CASE("a heartbeat reply's new tasks are built, served and reported; its deletions drop them",
+TEST_CASE("a heartbeat reply's new tasks are built, served and reported, its deletions drop them",
           "[data-service][data-worker]") {
   Harness h;
   h.dispatcher.replies.push_back({{range_task(1, 7, 5)}, {}});

@@ -49,7 +49,7 @@ void wait_buffered(const TaskRunner& runner, int64_t n) {
 
 }  // namespace
 
-TEST_CASE("a numbered request asked again gets the same reply; the next number gets new elements",
+TEST_CASE("a numbered request asked again gets the same reply, the next number gets new elements",
           "[data-service][task]") {
   TaskRunner runner(iterate(Dataset::range(20)), {});
   wait_buffered(runner, 20);  // full batches

@@ -31,7 +31,7 @@ TEST_CASE("task table: an assigned task is built once, then serves", "[data_work
   CHECK(t.size() == 1);
 }
 
-TEST_CASE("task table: a heartbeat deletion destroys a serving task; an unknown one is a no-op", "[data_worker]") {
+TEST_CASE("task table: a heartbeat deletion destroys a serving task, an unknown one is a no-op", "[data_worker]") {
   Table t;
   t.assign(1);
   t.built(1, task("one"));

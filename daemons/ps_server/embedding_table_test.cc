@@ -633,7 +633,7 @@ TEST_CASE("garbage tensors get errors, never a crash", "[embedding_table]") {
   CHECK(lookup(*table, {}).empty());
 }
 
-TEST_CASE("a checkpoint's snapshot tags later changes above it; a restore re-tags its rows and sets the step",
+TEST_CASE("a checkpoint's snapshot tags later changes above it, a restore re-tags its rows and sets the step",
           "[embedding_table]") {
   auto table = make_table(table_config(1, Optimizer::sgd(0.1)));
   lookup(*table, {1, 2, 3});

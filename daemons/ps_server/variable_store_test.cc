@@ -85,7 +85,7 @@ TEST_CASE("a read value is a snapshot that no later update changes") {
   CHECK(read_f32(store, "w") == std::vector<float>{7, 8});
 }
 
-TEST_CASE("reads share the shard's buffer; an update copies it only while a reader holds it") {
+TEST_CASE("reads share the shard's buffer, an update copies it only while a reader holds it") {
   VariableStore store;
   REQUIRE(store.create("w", f32({1, 2}), optimizer(Kind::kSgd, 1)).ok());
   Tensor a = *store.read("w");
@@ -106,7 +106,7 @@ TEST_CASE("reads share the shard's buffer; an update copies it only while a read
   CHECK(values<float>(d) == std::vector<float>{-1, 0});
 }
 
-TEST_CASE("assign_owned takes the value's buffer; assign copies it") {
+TEST_CASE("assign_owned takes the value's buffer, assign copies it") {
   VariableStore store;
   REQUIRE(store.create("w", f32({1, 2}), optimizer(Kind::kSgd, 1)).ok());
   Tensor copied = f32({3, 4});
@@ -225,7 +225,7 @@ TEST_CASE("an unknown shard is NotFound for every operation") {
   is_not_found(store.remove("x"));
 }
 
-TEST_CASE("remove drops a shard; a later create starts afresh") {
+TEST_CASE("remove drops a shard, a later create starts afresh") {
   VariableStore store;
   REQUIRE(store.create("w", f32({1}), optimizer(Kind::kSgd)).ok());
   REQUIRE(store.apply_dense("w", f32({1})).ok());
@@ -540,7 +540,7 @@ TEST_CASE("apply_sparse rejects bad ids and rows and changes nothing") {
   CHECK(s.message() == "apply_sparse: 's' is a scalar float32[]; sparse updates need rank >= 1");
 }
 
-TEST_CASE("info reports dtype, shape, optimizer, step and bytes; total_bytes sums them") {
+TEST_CASE("info reports dtype, shape, optimizer, step and bytes, total_bytes sums them") {
   VariableStore store;
   Optimizer adam = optimizer(Kind::kAdam, 0.001);
   REQUIRE(store.create("w", *Tensor::zeros(DType::kFloat32, {2, 3}), adam).ok());

@@ -123,7 +123,7 @@ TEST_CASE("worker: a closure sees its attempt, the number of workers and this wo
   CHECK(scalar(*result, 2) == 3);
 }
 
-TEST_CASE("worker: variable calls go to the variables; placements are refreshed to the closure's version",
+TEST_CASE("worker: variable calls go to the variables, placements are refreshed to the closure's version",
           "[worker]") {
   Fixture f;
   {
@@ -138,7 +138,7 @@ TEST_CASE("worker: variable calls go to the variables; placements are refreshed 
   CHECK(f.variables.calls == std::vector<std::string>{"apply_dense w", "apply_sparse table", "assign_add count"});
 }
 
-TEST_CASE("worker: an unknown closure is NotFound naming it; a closure's error names the closure", "[worker]") {
+TEST_CASE("worker: an unknown closure is NotFound naming it, a closure's error names the closure", "[worker]") {
   Fixture f;
   CHECK(f.worker.check_closure("nope").code() == StatusCode::kNotFound);
   auto missing = f.run("nope");
@@ -153,7 +153,7 @@ TEST_CASE("worker: an unknown closure is NotFound naming it; a closure's error n
   CHECK(f.run("context").ok());
 }
 
-TEST_CASE("worker: a batch runs in order; after a failure the rest do not start", "[worker]") {
+TEST_CASE("worker: a batch runs in order, after a failure the rest do not start", "[worker]") {
   Fixture f;
   auto request = [](const std::string& function) {
     RunClosureRequest r;
@@ -276,7 +276,7 @@ TEST_CASE("worker: a dataset function gets TF's input context", "[worker]") {
   CHECK(f.worker.create_dataset_from_function(5, "missing", InputContext{}).code() == StatusCode::kNotFound);
 }
 
-TEST_CASE("worker: closures running at once share an iterator; each element is read once", "[worker]") {
+TEST_CASE("worker: closures running at once share an iterator, each element is read once", "[worker]") {
   Fixture f;
   REQUIRE(f.worker.create_dataset(1, data::Dataset::range(400).serialize()).ok());
   Mutex mutex;
@@ -325,7 +325,7 @@ TEST_CASE("worker: a cancelled closure sees cancelled() and its result is abando
   CHECK(f.worker.run_closure(request).ok());
 }
 
-TEST_CASE("worker: a closure sees its deadline; past it, cancelled() is true", "[worker]") {
+TEST_CASE("worker: a closure sees its deadline, past it, cancelled() is true", "[worker]") {
   Fixture f;
   f.functions.register_closure("deadline", [](ClosureContext& ctx, const Element&) -> Result<Element> {
     auto ms = std::chrono::duration_cast<std::chrono::milliseconds>(ctx.deadline().time_since_epoch()).count();

@@ -84,7 +84,7 @@ TEST_CASE("a known row's vocabulary ids, bucket, hashes and normalised numbers",
   CHECK(f.label == 0.0f);
 }
 
-TEST_CASE("unknown and missing values get the out-of-vocabulary id; adult.test's labels end with a period",
+TEST_CASE("unknown and missing values get the out-of-vocabulary id, adult.test's labels end with a period",
           "[census]") {
   Row r = first_training_row();
   r.workclass = "";  // "?" in the file: decode_csv's default

@@ -78,7 +78,7 @@ TEST_CASE("manifest: to_json and parse_manifest round-trip") {
   CHECK(parse_ok(to_json(m)) == m);
 }
 
-TEST_CASE("manifest: the checksum covers every value; a changed byte is DataLoss naming the file") {
+TEST_CASE("manifest: the checksum covers every value, a changed byte is DataLoss naming the file") {
   const Manifest m = sample_manifest();
   const std::string text = to_json_with_checksum(m);
   REQUIRE(text.rfind("{\n  \"manifest_crc32c\": ", 0) == 0);
@@ -199,7 +199,7 @@ TEST_CASE("manifest: every learning rate schedule round-trips, through the check
   }
 }
 
-TEST_CASE("manifest: a schedule is written with the fields its kind uses; a constant one is not written") {
+TEST_CASE("manifest: a schedule is written with the fields its kind uses, a constant one is not written") {
   Manifest m = sample_manifest();
   CHECK_THAT(to_json(m), !Catch::Contains("\"schedule\""));
   m.variables[0].optimizer = m.variables[0].optimizer.with_schedule(LearningRateSchedule::cosine_decay(1275));

@@ -160,7 +160,7 @@ TEST_CASE("a 64 MiB all_reduce over the ring", "[collectives]") {
   CHECK(results[0]->equals(*results[1]));
 }
 
-TEST_CASE("broadcast from every root; all_gather of differing row counts; reduce_scatter; barrier",
+TEST_CASE("broadcast from every root, all_gather of differing row counts, reduce_scatter, barrier",
           "[collectives]") {
   const CollectiveOptions options = GENERATE(with_transport(Transport::kTcp), with_transport(Transport::kSharedMemory));
   INFO("transport " << transport_label(options));
@@ -338,7 +338,7 @@ TEST_CASE("abort() from another thread interrupts this rank's running operation"
   CHECK(took < std::chrono::seconds(10));
 }
 
-TEST_CASE("transport shm between processes that cannot share memory fails naming them; auto falls back to TCP",
+TEST_CASE("transport shm between processes that cannot share memory fails naming them, auto falls back to TCP",
           "[collectives]") {
   // A segment too large for this machine's /dev/shm cannot be offered: the
   // pair keeps to TCP under auto, and shm refuses to form.
@@ -417,7 +417,7 @@ TEST_CASE("the device (NCCL) collectives say why they cannot run in this process
   CHECK(one[0]->barrier().ok());
 }
 
-TEST_CASE("strings cannot be reduced; a single rank is its own group", "[collectives]") {
+TEST_CASE("strings cannot be reduced, a single rank is its own group", "[collectives]") {
   Group one = make_group(1);
   auto s = one[0]->all_reduce(Tensor::from_strings({"a"}, {1}).value(), ReduceOp::kSum);
   CHECK(s.status().code() == StatusCode::kInvalidArgument);

@@ -18,7 +18,7 @@ Notice notice_from(int from, StatusCode code, const std::string& message, std::v
   return n;
 }
 
-TEST_CASE("a suspect that stayed silent is named; one that sent a notice is not") {
+TEST_CASE("a suspect that stayed silent is named, one that sent a notice is not") {
   // Rank 0 timed out waiting for ranks 1 and 2; rank 1 answered (it was
   // waiting for 2 as well), rank 2 said nothing.
   std::vector<std::optional<Notice>> notices(3);

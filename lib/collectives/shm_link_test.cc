@@ -91,7 +91,7 @@ TEST_CASE("a ring carries bytes across its wrap, in order, in both directions", 
   CHECK(b->outgoing().writable() == 4096 - 128);
 }
 
-TEST_CASE("opening checks the token and size; the name goes with unlink", "[shm]") {
+TEST_CASE("opening checks the token and size, the name goes with unlink", "[shm]") {
   auto a = ShmLink::create(1 << 16).value();
   CHECK(ShmLink::open(a->name(), a->token() + 1, a->capacity()).status().code() == StatusCode::kNotFound);
   CHECK(ShmLink::open(a->name(), a->token(), a->capacity() * 2).status().code() == StatusCode::kNotFound);

@@ -114,7 +114,7 @@ TEST_CASE("range with step 0 is an error naming the op", "[data][source]") {
   CHECK_THAT(s.message(), Catch::Contains("range: step must not be 0"));
 }
 
-TEST_CASE("from_tensors yields the element once; from_tensor_slices row by row", "[data][source]") {
+TEST_CASE("from_tensors yields the element once, from_tensor_slices row by row", "[data][source]") {
   auto whole = rows(Dataset::from_tensors(ints_element({1, 2, 3, 4, 5, 6}, {3, 2})));
   REQUIRE(whole.size() == 1);
   CHECK(whole[0] == std::vector<int64_t>{1, 2, 3, 4, 5, 6});
@@ -193,7 +193,7 @@ TEST_CASE("filter keeps matching elements and has unknown cardinality", "[data][
   CHECK(Dataset::range(7).filter(Fn::named("even")).cardinality() == kUnknownCardinality);
 }
 
-TEST_CASE("batch groups consecutive elements; drop_remainder drops the short batch", "[data][batch]") {
+TEST_CASE("batch groups consecutive elements, drop_remainder drops the short batch", "[data][batch]") {
   CHECK(rows(Dataset::range(8).batch(3)) == std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5}, {6, 7}});
   CHECK(rows(Dataset::range(8).batch(3, true)) == std::vector<std::vector<int64_t>>{{0, 1, 2}, {3, 4, 5}});
   CHECK(Dataset::range(8).batch(3).cardinality() == 3);
@@ -251,7 +251,7 @@ TEST_CASE("rebatch re-slices batches", "[data][batch]") {
   CHECK(make_error(Dataset::range(3).rebatch(0)).code() == StatusCode::kInvalidArgument);
 }
 
-TEST_CASE("shuffle permutes the input; a seed makes it reproducible", "[data][shuffle]") {
+TEST_CASE("shuffle permutes the input, a seed makes it reproducible", "[data][shuffle]") {
   auto a = drain_ints(Dataset::range(100).shuffle(20, 42));
   auto b = drain_ints(Dataset::range(100).shuffle(20, 42));
   CHECK(a == b);
@@ -447,7 +447,7 @@ TEST_CASE("zip pairs elements and stops at the shortest", "[data][zip]") {
   CHECK(Dataset::zip({Dataset::range(3), Dataset::range(1).repeat()}).cardinality() == 3);
 }
 
-TEST_CASE("concatenate appends; different element types are an error", "[data][concatenate]") {
+TEST_CASE("concatenate appends, different element types are an error", "[data][concatenate]") {
   CHECK(drain_ints(Dataset::range(3).concatenate(Dataset::range(10, 12))) == std::vector<int64_t>{0, 1, 2, 10, 11});
   CHECK(Dataset::range(3).concatenate(Dataset::range(10, 12)).cardinality() == 5);
   Element floats;
@@ -893,7 +893,7 @@ TEST_CASE("save then load gives back the elements in order, in shards, compresse
   }
 }
 
-TEST_CASE("save refuses an existing path; load names what is missing or damaged", "[data][save]") {
+TEST_CASE("save refuses an existing path, load names what is missing or damaged", "[data][save]") {
   TempDir dir;
   REQUIRE(Dataset::range(3).save(dir.file("a")).ok());
   Status again = Dataset::range(3).save(dir.file("a"));

@@ -555,7 +555,7 @@ TEST_CASE_METHOD(OneTask, "the reader waits for the dispatcher to report the job
   finisher.join();
 }
 
-TEST_CASE("tasks that appear later are read too; empty replies mean not ready", "[data][service][rpc]") {
+TEST_CASE("tasks that appear later are read too, empty replies mean not ready", "[data][service][rpc]") {
   DispatcherState state;
   DispatcherServer dispatcher(&state);
   WorkerState w1, w2;

@@ -78,7 +78,7 @@ TEST_CASE("FILE sharding with fewer files than workers is an error", "[data][sha
   CHECK_THAT(ds.status().message(), Catch::Contains("2 file(s), fewer than the 3 workers"));
 }
 
-TEST_CASE("FILE sharding needs files; FILE_OR_DATA falls back to DATA", "[data][sharding]") {
+TEST_CASE("FILE sharding needs files, FILE_OR_DATA falls back to DATA", "[data][sharding]") {
   CHECK(apply_sharding(Dataset::range(6), ShardingPolicy::kFile, 2, 0).status().code() ==
         StatusCode::kFailedPrecondition);
   auto ds = apply_sharding(Dataset::range(6), ShardingPolicy::kFileOrData, 2, 1);

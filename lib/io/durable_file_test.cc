@@ -107,7 +107,7 @@ TEST_CASE("parent_dir") {
   CHECK(parent_dir("c") == ".");
 }
 
-TEST_CASE("a durable write survives a crash whole; a failed one leaves the old file") {
+TEST_CASE("a durable write survives a crash whole, a failed one leaves the old file") {
   MemoryFileSystem mem;
   REQUIRE(mem.create_dir("/d").ok());
   REQUIRE(mem.sync_dir("/").ok());

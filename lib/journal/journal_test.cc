@@ -462,7 +462,7 @@ TEST_CASE("journal: a failed fsync breaks the writer") {
   CHECK((*writer)->records_written() == 1);
 }
 
-TEST_CASE("journal: acknowledged records survive a crash; with sync=false they need not") {
+TEST_CASE("journal: acknowledged records survive a crash, with sync=false they need not") {
   io::MemoryFileSystem fs;
   {
     // Small segments: the directory entries of new segments must be durable too.

@@ -146,7 +146,7 @@ TEST_CASE("a frame of 512 segments or more is refused", "[rpc][message-stream][b
              Catch::Contains("too many segments"));
 }
 
-TEST_CASE("end of stream between messages is the end; inside one it is an error", "[rpc][message-stream][bad-input]") {
+TEST_CASE("end of stream between messages is the end, inside one it is an error", "[rpc][message-stream][bad-input]") {
   {
     Pipe p;
     p.pipe.ends[0]->shutdownWrite();

@@ -222,7 +222,7 @@ TEST_CASE("foreign exceptions map to a status by their type", "[rpc]") {
   CHECK(async::from_exception(remote) == Status::NotFound("no such variable 'w'"));
 }
 
-TEST_CASE("an optimizer survives the wire field by field; an unknown kind is refused", "[rpc]") {
+TEST_CASE("an optimizer survives the wire field by field, an unknown kind is refused", "[rpc]") {
   for (const Optimizer& o : {Optimizer::none(), Optimizer::sgd(0.5), Optimizer::momentum_sgd(0.1, 0.9, true),
                              Optimizer::adagrad(0.05, 0.2, 1e-6), Optimizer::adam(1e-3, 0.8, 0.99, 1e-8),
                              Optimizer::ftrl(0.1, 0.01, 0.02, -0.25, 0.3)}) {
@@ -242,7 +242,7 @@ TEST_CASE("an optimizer survives the wire field by field; an unknown kind is ref
   CHECK_THAT(refused.status().message(), Catch::Contains("rmsprop"));
 }
 
-TEST_CASE("an optimizer's schedule survives the wire; a constant one is not sent", "[rpc]") {
+TEST_CASE("an optimizer's schedule survives the wire, a constant one is not sent", "[rpc]") {
   using S = LearningRateSchedule;
   for (const Optimizer& o :
        {Optimizer::adam(1e-3).with_schedule(S::cosine_decay(1275, 0.25)),
@@ -268,7 +268,7 @@ TEST_CASE("an optimizer's schedule survives the wire; a constant one is not sent
   CHECK(back->schedule == S::constant());
 }
 
-TEST_CASE("an unknown schedule kind is refused naming it; bad arguments are left to validate", "[rpc]") {
+TEST_CASE("an unknown schedule kind is refused naming it, bad arguments are left to validate", "[rpc]") {
   capnp::MallocMessageBuilder message;
   auto wire = message.initRoot<wire::OptimizerConfig>();
   optimizer_to_wire(Optimizer::adam(1e-3).with_schedule(LearningRateSchedule::cosine_decay(100)), wire);
@@ -1129,7 +1129,7 @@ TEST_CASE("a peer that accepts but never answers does not hang a connect", "[rpc
 }
 
 
-TEST_CASE("a TCP link between two loopback addresses gets the loopback congestion control; others keep theirs",
+TEST_CASE("a TCP link between two loopback addresses gets the loopback congestion control, others keep theirs",
           "[rpc][loopback]") {
   const std::string algorithm = loopback_congestion_control();
   // An unprivileged process may set only the algorithms the kernel allows

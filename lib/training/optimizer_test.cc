@@ -508,7 +508,7 @@ TEST_CASE("validate wants learning_rate to be a piecewise schedule's first value
   CHECK(validate(c.with_schedule(c.schedule)).ok());
 }
 
-TEST_CASE("validate rejects an unknown schedule kind; none ignores its schedule") {
+TEST_CASE("validate rejects an unknown schedule kind, none ignores its schedule") {
   Optimizer c = config_of(Kind::kAdam, 0.1);
   c.schedule.kind = static_cast<ScheduleKind>(99);
   CHECK(validate(c).message() == "optimizer adam: unknown schedule kind 99");

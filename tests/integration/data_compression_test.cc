@@ -83,7 +83,7 @@ constexpr const char* kWire = "capstan_data_worker_compressed_wire_bytes_total";
 
 }  // namespace
 
-TEST_CASE("compression NONE, AUTO and ZSTD read back the same elements; only ZSTD compresses on loopback",
+TEST_CASE("compression NONE, AUTO and ZSTD read back the same elements, only ZSTD compresses on loopback",
           "[data-service][compression]") {
   CompressionService s;
   Dataset ds = census_batches(s.cluster.dir());

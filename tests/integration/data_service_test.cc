@@ -98,7 +98,7 @@ TEST_CASE("one worker, OFF: range(10) arrives as 0..9 in order", "[data-service]
   CHECK(got == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6, 7, 8, 9});
 }
 
-TEST_CASE("the same definition gets the same id; unknown ids are NotFound", "[data-service]") {
+TEST_CASE("the same definition gets the same id, unknown ids are NotFound", "[data-service]") {
   DataService s(1);
   CHECK(registered(s, Dataset::range(7)) == registered(s, Dataset::range(7)));
   CHECK(registered(s, Dataset::range(7)) != registered(s, Dataset::range(8)));

@@ -90,8 +90,8 @@ TEST_CASE("kill -9 a parameter server holding table rows: every row of the last 
         Approx(expected).epsilon(0.001));
 }
 
-TEST_CASE("an embedding table's checkpoint restores into 3 PS instead of 2, rows and slots identical; "
-          "capstanctl shows its rows; a delta export holds only the rows changed since",
+TEST_CASE("an embedding table's checkpoint restores into 3 PS instead of 2, rows and slots identical, "
+          "capstanctl shows its rows, a delta export holds only the rows changed since",
           "[embedding][checkpoint]") {
   TestCluster keep;
   const std::string dir = keep.dir() + "/ckpts";

@@ -92,7 +92,7 @@ std::pair<std::vector<float>, std::vector<float>> train_linear(int n, int steps)
   return {values(strategy->read_variable("w").value()), values(strategy->read_variable("b").value())};
 }
 
-TEST_CASE("strategy.run on 2 workers ends where 1 worker with twice the batch does; replicas bit-identical",
+TEST_CASE("strategy.run on 2 workers ends where 1 worker with twice the batch does, replicas bit-identical",
           "[strategy]") {
   const int steps = 25;
   auto [w2, b2] = train_linear(2, steps);
@@ -190,7 +190,7 @@ TEST_CASE("a worker stopped mid-step (SIGSTOP): the step fails within the deadli
   kill(r.workers[1]->pid(), SIGCONT);
 }
 
-TEST_CASE("a replica's own error fails the step at once with that error; the next step re-forms",
+TEST_CASE("a replica's own error fails the step at once with that error, the next step re-forms",
           "[strategy]") {
   Replicated r(2);
   auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::sgd(0.1)), options(2, 30s)).value();

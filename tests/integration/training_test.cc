@@ -44,7 +44,7 @@ float counter(ClusterCoordinator& client) { return client.read_variable("counter
 
 }  // namespace
 
-TEST_CASE("schedule returns at once; join waits; fetch delivers each value", "[training]") {
+TEST_CASE("schedule returns at once, join waits, fetch delivers each value", "[training]") {
   Training t;
   REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
   std::vector<RemoteValue> values;
@@ -171,7 +171,7 @@ TEST_CASE("killing one of two workers mid-training: every closure's result arriv
   CHECK_THAT(t.coordinator->log(), Catch::Contains("lost"));
 }
 
-TEST_CASE("a closure sees the number of workers and its attempt; a re-run after a worker dies is attempt 2",
+TEST_CASE("a closure sees the number of workers and its attempt, a re-run after a worker dies is attempt 2",
           "[training][fault]") {
   Training t(1, 2);
   REQUIRE(t.client->create_variable({"started", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());

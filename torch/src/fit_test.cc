@@ -223,7 +223,7 @@ TEST_CASE("EarlyStopping names a monitored metric missing from the logs, and the
   CHECK_THAT(status.message(), Catch::Contains("'val_auc'") && Catch::Contains("(loss)"));
 }
 
-TEST_CASE("LearningRateScheduler sets each epoch's rate; steps get it as a scale of the initial rate") {
+TEST_CASE("LearningRateScheduler sets each epoch's rate, steps get it as a scale of the initial rate") {
   ScriptedStrategy strategy;
   LearningRateScheduler schedule([](int epoch, double rate) { return epoch < 2 ? rate : rate / 2; });
   History history = fit(strategy, "m", options(4, {&schedule})).value();

@@ -481,7 +481,7 @@ TEST_CASE("public TFRecordWriter: what it writes, plain or GZIP, tfrecord_datase
   }
 }
 
-TEST_CASE("public TFRecordWriter: writing after close fails; a missing directory is NotFound naming the path",
+TEST_CASE("public TFRecordWriter: writing after close fails, a missing directory is NotFound naming the path",
           "[tfrecord]") {
   testing::TempDir dir;
   auto writer = data::TFRecordWriter::open(dir.file("w.tfrecord"));
