@@ -154,8 +154,9 @@ struct Flags {
   double wide_learning_rate = 0.05;
   bool wide_learning_rate_given = false;  // --wide-learning-rate was passed
   double deep_learning_rate = 0.0005;
-  // The parameter servers' deep (Adam) rate over the run: "cosine" decays
-  // it to 0 over the run's updates (a Keras CosineDecay), "none" keeps it.
+  // The deep (Adam) rate over the run, on the parameter servers and on the
+  // mirrored replicas of sync and hybrid modes: "cosine" decays it to 0
+  // over the run's updates (a Keras CosineDecay), "none" keeps it.
   std::string lr_decay = "cosine";
   int min_workers = 1;
   int64_t eval_shards = 8;
@@ -468,10 +469,12 @@ struct Layout {
 };
 
 // `tables`: the optimizers of the tables on the parameter servers (hybrid);
-// the mirrored variables keep constant rates.
-Layout layout(const Flags& flags, uint64_t seed, bool hybrid, const census::Optimizers& tables) {
+// the mirrored variables' optimizers decay over `mirrored_updates` updates
+// (one a step; 0: constant rates).
+Layout layout(const Flags& flags, uint64_t seed, bool hybrid, const census::Optimizers& tables,
+              int64_t mirrored_updates) {
   Layout out;
-  for (auto& v : model_variables(optimizers(flags, /*updates=*/0), seed)) {
+  for (auto& v : model_variables(optimizers(flags, mirrored_updates), seed)) {
     if (hybrid && v.name != "census_dnn") {
       v.optimizer = v.name == "census_wide" ? tables.wide : tables.deep;
       out.on_parameter_servers.push_back(std::move(v));
@@ -552,12 +555,12 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   std::unique_ptr<census::TorchReplica> torch_model;
   std::unique_ptr<capstan::MirroredVariables> eigen_variables;
   if (torch) {
-    census::TorchReplicaOptions torch_options{hybrid, optimizers(flags, /*updates=*/0), tables, seed};
+    census::TorchReplicaOptions torch_options{hybrid, optimizers(flags, flags.epochs * steps_per_epoch), tables, seed};
     auto created = census::create_torch_replica(**group, cluster, torch_options);
     if (!created.ok()) return failed("building the LibTorch model", created.status());
     torch_model = std::move(*created);
   } else {
-    Layout variables = layout(flags, seed, hybrid, tables);
+    Layout variables = layout(flags, seed, hybrid, tables, flags.epochs * steps_per_epoch);
     if (hybrid) {
       // The tables on the parameter servers: rank 0 creates them.
       if (chief) {
@@ -745,7 +748,7 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
     if (!specs.ok()) return fail("creating the LibTorch model's variables", specs.status());
     mirrored = std::move(*specs);
   } else {
-    Layout variables = layout(flags, seed, hybrid, optimizers(flags, /*updates=*/0));
+    Layout variables = layout(flags, seed, hybrid, optimizers(flags, /*updates=*/0), /*mirrored_updates=*/0);
     Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
     if (!created.ok()) return fail("creating the tables", created);
     mirrored = variables.mirrored;
