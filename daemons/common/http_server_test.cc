@@ -112,6 +112,14 @@ class RawClient {
   std::string received_;
 };
 
+// Sends `request` on a connection of its own and returns all the server
+// answers before it closes the connection.
+std::string round_trip(uint16_t port, std::string_view request) {
+  RawClient client(port);
+  client.send(request);
+  return client.read_until_closed();
+}
+
 bool starts_with(const std::string& s, std::string_view prefix) {
   return s.compare(0, prefix.size(), prefix) == 0;
 }
@@ -165,10 +173,9 @@ TEST_CASE("HttpServer answers 404 for an unknown path", "[http]") {
 
 TEST_CASE("HttpServer answers 405 to other methods and closes", "[http]") {
   TestServer t;
-  RawClient client(t.port);
-  client.send(
+  std::string response = round_trip(
+      t.port,
       "POST /healthz HTTP/1.1\r\nHost: x\r\nContent-Length: 5\r\n\r\nhello");
-  std::string response = client.read_until_closed();
   CHECK(starts_with(response, "HTTP/1.1 405 Method Not Allowed\r\n"));
   CHECK(response.find("Allow: GET, HEAD\r\n") != std::string::npos);
   CHECK(response.find("Connection: close\r\n") != std::string::npos);
@@ -177,9 +184,8 @@ TEST_CASE("HttpServer answers 405 to other methods and closes", "[http]") {
 TEST_CASE("HttpServer answers HEAD with Content-Length and no body",
           "[http]") {
   TestServer t;
-  RawClient client(t.port);
-  client.send("HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
-  std::string response = client.read_until_closed();
+  std::string response = round_trip(
+      t.port, "HEAD /healthz HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n");
   CHECK(starts_with(response, "HTTP/1.1 200 OK\r\n"));
   CHECK(response.find("Content-Length: 3\r\n") != std::string::npos);
   CHECK(response.size() == response.find("\r\n\r\n") + 4);  // nothing after
@@ -233,9 +239,7 @@ TEST_CASE("HttpServer closes HTTP/1.0 connections unless asked not to",
           "[http]") {
   TestServer t;
   {
-    RawClient client(t.port);
-    client.send("GET /healthz HTTP/1.0\r\n\r\n");
-    std::string response = client.read_until_closed();
+    std::string response = round_trip(t.port, "GET /healthz HTTP/1.0\r\n\r\n");
     CHECK(starts_with(response, "HTTP/1.1 200 OK\r\n"));
     CHECK(body_of(response) == "ok\n");
   }
@@ -263,9 +267,7 @@ TEST_CASE("HttpServer answers 400 to a malformed request and closes",
   };
   for (const char* request : requests) {
     INFO(request);
-    RawClient client(t.port);
-    client.send(request);
-    std::string response = client.read_until_closed();
+    std::string response = round_trip(t.port, request);
     CHECK(starts_with(response, "HTTP/1.1 400 Bad Request\r\n"));
     CHECK(response.find("Connection: close\r\n") != std::string::npos);
   }
@@ -273,10 +275,9 @@ TEST_CASE("HttpServer answers 400 to a malformed request and closes",
 
 TEST_CASE("HttpServer answers 400 to headers over 8 KiB", "[http]") {
   TestServer t;
-  RawClient client(t.port);
-  client.send("GET /healthz HTTP/1.1\r\nX-Big: " + std::string(9000, 'a') +
-              "\r\n\r\n");
-  std::string response = client.read_until_closed();
+  std::string response = round_trip(
+      t.port,
+      "GET /healthz HTTP/1.1\r\nX-Big: " + std::string(9000, 'a') + "\r\n\r\n");
   CHECK(starts_with(response, "HTTP/1.1 400 Bad Request\r\n"));
   CHECK(body_of(response).find("8 KiB") != std::string::npos);
 

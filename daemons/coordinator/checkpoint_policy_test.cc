@@ -2,10 +2,6 @@
 // answers when the test says, on a manual clock.
 #include "daemons/coordinator/checkpoint_policy.h"
 
-#include <kj/async.h>
-#include <kj/timer.h>
-#include <spdlog/sinks/null_sink.h>
-
 #include <catch2/catch.hpp>
 #include <filesystem>
 
@@ -22,40 +18,31 @@ struct Save {
   kj::Own<kj::PromiseFulfiller<Result<std::string>>> answer;
 };
 
-struct Fixture : private kj::TaskSet::ErrorHandler {
-  explicit Fixture(CoordinatorConfig c) : config(std::move(c)) {
-    health.set(0, PsHealth::State::kUp, Status::Ok(), kj::origin<kj::TimePoint>());
-    policy.start();
-  }
-  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
+struct Fixture : testing::CoordinatorParts {
+  explicit Fixture(CoordinatorConfig c) : config(std::move(c)) { policy.start(); }
 
+  // `n` closures succeed.
+  void succeed(int n = 1) {
+    for (int i = 0; i < n; ++i) policy.closure_succeeded();
+  }
+  // The policy asked for save `i`, the last so far, at `step`: answers it.
+  void saved(size_t i, int64_t step) {
+    REQUIRE(saves.size() == i + 1);
+    CHECK(saves[i].step == step);
+    finish(i);
+  }
   // Answers save `i` with its path ("dir/ckpt-<step>").
   void finish(size_t i) {
     REQUIRE(i < saves.size());
     saves[i].answer->fulfill(Result<std::string>(saves[i].directory + "/ckpt-" + std::to_string(saves[i].step)));
     ws.poll();
   }
-  void advance(kj::Duration d) {
-    timer.advanceTo(timer.now() + d);
-    ws.poll();
-  }
 
   CoordinatorConfig config;
-  kj::EventLoop loop;
-  kj::WaitScope ws{loop};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  kj::TaskSet tasks{*this};
-  ChangeSignal changes{timer};
-  CoordinatorStats stats;
-  testing::FakeParameterServers ps{1};
-  PsHealth health{ps, kj::origin<kj::TimePoint>(), std::chrono::milliseconds(30000)};
   CoordinatorJournal journal;  // closed
   std::vector<Save> saves;
-  CheckpointPolicy policy{config,
-                          LoopContext{timer, tasks, changes, stats,
-                                      std::make_shared<spdlog::logger>(
-                                          "checkpoint_policy_test", std::make_shared<spdlog::sinks::null_sink_mt>())},
-                          health, journal, [this](std::string directory, int64_t step, int max_to_keep) {
+  CheckpointPolicy policy{config, context, health, journal,
+                          [this](std::string directory, int64_t step, int max_to_keep) {
                             auto paf = kj::newPromiseAndFulfiller<Result<std::string>>();
                             saves.push_back({std::move(directory), step, max_to_keep, kj::mv(paf.fulfiller)});
                             return kj::mv(paf.promise);
@@ -74,57 +61,44 @@ TEST_CASE("the policy saves every checkpoint_every_steps closures, numbered by c
           "[coordinator][policy]") {
   io::testing::TempDir dir;
   Fixture f(every_steps(dir.path(), 2));
-  f.policy.closure_succeeded();
+  f.succeed();
   CHECK(f.saves.empty());
-  f.policy.closure_succeeded();
+  f.succeed();
   REQUIRE(f.saves.size() == 1);
   CHECK(f.saves[0].directory == dir.path());
-  CHECK(f.saves[0].step == 2);
   CHECK(f.saves[0].max_to_keep == 2);
-  f.finish(0);
-  f.policy.closure_succeeded();
+  f.saved(0, 2);
+  f.succeed();
   CHECK(f.saves.size() == 1);
-  f.policy.closure_succeeded();
-  REQUIRE(f.saves.size() == 2);
-  CHECK(f.saves[1].step == 4);
-  f.finish(1);
+  f.succeed();
+  f.saved(1, 4);
 }
 
 TEST_CASE("a save that comes due while one runs starts when it ends", "[coordinator][policy]") {
   io::testing::TempDir dir;
   Fixture f(every_steps(dir.path(), 1));
-  f.policy.closure_succeeded();
-  f.policy.closure_succeeded();
-  f.policy.closure_succeeded();
-  REQUIRE(f.saves.size() == 1);
-  CHECK(f.saves[0].step == 1);
-  f.finish(0);
-  REQUIRE(f.saves.size() == 2);
-  CHECK(f.saves[1].step == 3);
-  f.finish(1);
+  f.succeed(3);
+  f.saved(0, 1);
+  f.saved(1, 3);
 }
 
 TEST_CASE("no policy save while a parameter server is not up", "[coordinator][policy]") {
   io::testing::TempDir dir;
   Fixture f(every_steps(dir.path(), 1));
   f.health.set(0, PsHealth::State::kDown, Status::Ok(), f.timer.now());
-  f.policy.closure_succeeded();
+  f.succeed();
   CHECK(f.saves.empty());
   f.health.set(0, PsHealth::State::kUp, Status::Ok(), f.timer.now());
-  f.policy.closure_succeeded();
-  REQUIRE(f.saves.size() == 1);
-  CHECK(f.saves[0].step == 2);
-  f.finish(0);
+  f.succeed();
+  f.saved(0, 2);
 }
 
 TEST_CASE("policy steps go on from the newest checkpoint in checkpoint_dir", "[coordinator][policy]") {
   io::testing::TempDir dir;
   std::filesystem::create_directories(dir.path() + "/ckpt-40");
   Fixture f(every_steps(dir.path(), 1));
-  f.policy.closure_succeeded();
-  REQUIRE(f.saves.size() == 1);
-  CHECK(f.saves[0].step == 41);
-  f.finish(0);
+  f.succeed();
+  f.saved(0, 41);
 }
 
 TEST_CASE("the timer saves only when closures completed since the last save", "[coordinator][policy]") {
@@ -135,12 +109,10 @@ TEST_CASE("the timer saves only when closures completed since the last save", "[
   Fixture f(config);
   f.advance(10 * kj::SECONDS);
   CHECK(f.saves.empty());
-  f.policy.closure_succeeded();
+  f.succeed();
   CHECK(f.saves.empty());  // not by steps
   f.advance(10 * kj::SECONDS);
-  REQUIRE(f.saves.size() == 1);
-  CHECK(f.saves[0].step == 1);
-  f.finish(0);
+  f.saved(0, 1);
   f.advance(10 * kj::SECONDS);
   CHECK(f.saves.size() == 1);
 }

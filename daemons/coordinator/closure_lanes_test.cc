@@ -2,10 +2,6 @@
 // manual clock.
 #include "daemons/coordinator/closure_lanes.h"
 
-#include <kj/async.h>
-#include <kj/timer.h>
-#include <spdlog/sinks/null_sink.h>
-
 #include <catch2/catch.hpp>
 
 #include "daemons/coordinator/test_fakes.h"
@@ -13,8 +9,6 @@
 namespace capstan::coordinator {
 namespace {
 
-using testing::FakeParameterServers;
-using testing::FakeWorker;
 using testing::WorkerRecord;
 
 struct Ended {
@@ -23,15 +17,13 @@ struct Ended {
   Status error;
 };
 
-struct Fixture : private kj::TaskSet::ErrorHandler {
+struct Fixture : testing::CoordinatorParts {
   explicit Fixture(CoordinatorConfig c = {}) : config(std::move(c)) {
-    health.set(0, PsHealth::State::kUp, Status::Ok(), kStart);
+    requeue = [this](int64_t id) { return queue.worker_failed(id).size(); };
   }
-  ~Fixture() { pool.join(); }
-  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
 
   int64_t add_worker(WorkerRecord& record) {
-    int64_t id = workers.add(-1, {"train_step"}, std::make_unique<FakeWorker>(record)).id;
+    int64_t id = CoordinatorParts::add_worker(record);
     lanes.start(id);
     ws.poll();
     return id;
@@ -42,33 +34,13 @@ struct Fixture : private kj::TaskSet::ErrorHandler {
     ws.poll();
     return id;
   }
-  void advance(kj::Duration d) {
-    for (int i = 0; i < 10; ++i) {
-      timer.advanceTo(timer.now() + d / 10);
-      ws.poll();
-    }
-  }
+  void advance(kj::Duration d) { CoordinatorParts::advance(d, 10); }
 
-  static inline const kj::TimePoint kStart = kj::origin<kj::TimePoint>();
   CoordinatorConfig config;
-  std::shared_ptr<spdlog::logger> log =
-      std::make_shared<spdlog::logger>("closure_lanes_test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  kj::EventLoop loop;
-  kj::WaitScope ws{loop};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  kj::TaskSet tasks{*this};
-  ChangeSignal changes{timer};
-  CoordinatorStats stats;
-  boost::asio::thread_pool pool{1};
-  FakeParameterServers ps{1};
-  PsHealth health{ps, kStart, std::chrono::milliseconds(30000)};
-  PsVariables variables{ps, health, pool, log, "", [](const PlacedVariable&) { return Status::Ok(); }};
   ClosureQueue queue;
-  DispatchGate gate;
-  Workers workers{log, changes, [this](int64_t id) { return queue.worker_failed(id).size(); }};
   std::vector<Ended> ended;
   int stats_updates = 0;
-  ClosureLanes lanes{config, queue, workers, health, variables, gate, LoopContext{timer, tasks, changes, stats, log},
+  ClosureLanes lanes{config, queue, workers, health, variables, gate, context,
                      ClosureLanes::Hooks{[this]() { ++stats_updates; },
                                          [this](int64_t id, ClosureQueue::State state, const Status& error) {
                                            ended.push_back({id, state, error});

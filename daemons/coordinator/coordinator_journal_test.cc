@@ -4,14 +4,11 @@
 
 #include <capnp/message.h>
 #include <capnp/serialize.h>
-#include <spdlog/sinks/null_sink.h>
 
 #include <catch2/catch.hpp>
-#include <chrono>
-#include <thread>
 
-#include "async/mailbox.h"
 #include "capstan_schemas/coordinator_journal.capnp.h"
+#include "daemons/coordinator/test_fakes.h"
 #include "data/test_util.h"
 
 namespace capstan::coordinator {
@@ -124,23 +121,7 @@ TEST_CASE("a bad record is DataLoss, saying what is wrong", "[coordinator][journ
   }
 }
 
-struct Loop {
-  Loop() : io(kj::setupAsyncIo()), mailbox(*io.lowLevelProvider), pool(1) {}
-  ~Loop() { pool.join(); }
-  // Runs the loop until `promise` resolves (the pool answers through the
-  // mailbox), for up to 10 s.
-  Status wait(kj::Promise<Status> promise) {
-    for (int i = 0; i < 1000 && !promise.poll(io.waitScope); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return promise.wait(io.waitScope);
-  }
-  kj::AsyncIoContext io;
-  async::Mailbox mailbox;
-  boost::asio::thread_pool pool;
-  std::shared_ptr<spdlog::logger> log =
-      std::make_shared<spdlog::logger>("coordinator_journal_test", std::make_shared<spdlog::sinks::null_sink_mt>());
-};
+using Loop = testing::CoordinatorParts;
 
 TEST_CASE("without a work_dir the journal writes nothing and is always synced", "[coordinator][journal]") {
   Loop loop;

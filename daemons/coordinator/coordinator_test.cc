@@ -25,11 +25,17 @@ using testing::WorkerRecord;
 using testing::floats;
 using testing::values_of;
 
-// Schedules `n` "train_step" closures with args "0", "1", ...; their ids.
-std::vector<int64_t> schedule_steps(Harness& h, int n) {
-  std::vector<int64_t> ids;
-  for (int i = 0; i < n; ++i) ids.push_back(h.coordinator->schedule("train_step", std::to_string(i)).value());
-  return ids;
+// A config that sends a worker up to `n` closures in one call.
+CoordinatorConfig batched(int n) {
+  CoordinatorConfig config;
+  config.closure_batch = n;
+  return config;
+}
+// A config that runs up to `n` closures at once on each worker.
+CoordinatorConfig per_worker(int n) {
+  CoordinatorConfig config;
+  config.closures_per_worker = n;
+  return config;
 }
 
 VariableRequest variable(std::string name, Tensor initial,
@@ -147,8 +153,7 @@ TEST_CASE("a dropped worker that registers again is counted again under a new id
   h.coordinator->schedule("train_step", "x").value();
   h.settle();
   REQUIRE(first.runs.size() == 1);
-  first.reply(0, Status::Unavailable("connection reset"), /*worker_lost=*/true);
-  h.settle();
+  h.answer(first, 0, Status::Unavailable("connection reset"), /*worker_lost=*/true);
   CHECK_FALSE(h.coordinator->worker_alive(old_id));
   CHECK(h.coordinator->num_workers() == 0);
 
@@ -161,18 +166,13 @@ TEST_CASE("a dropped worker that registers again is counted again under a new id
 // ---- Lanes and dispatch ---------------------------------------------------------------
 
 TEST_CASE("each worker runs closures_per_worker closures at once", "[coordinator]") {
-  CoordinatorConfig config;
-  config.closures_per_worker = 2;
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
-  for (int i = 0; i < 5; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
-  h.settle();
+  Harness h(a, per_worker(2));
+  h.schedule_steps(5);
   CHECK(a.runs.size() == 2);
   CHECK(a.open_runs() == 2);
 
-  a.reply(0, std::string("r0"));
-  h.settle();
+  h.answer(a, 0, std::string("r0"));
   CHECK(a.runs.size() == 3);
   CHECK(a.open_runs() == 2);
   CHECK(a.runs[2].run.args == "2");
@@ -180,111 +180,88 @@ TEST_CASE("each worker runs closures_per_worker closures at once", "[coordinator
 
 TEST_CASE("with closure_batch a deep queue goes to a worker in batches, run one at a time, each value fetched",
           "[coordinator]") {
-  CoordinatorConfig config;
-  config.closure_batch = 4;
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
-  std::vector<int64_t> ids = schedule_steps(h, 20);
-  h.settle();
+  Harness h(a, batched(4));
+  std::vector<int64_t> ids = h.schedule_steps(20);
   // 20 queued for one lane: a full batch of 4, of which one runs.
   CHECK(a.batches == std::vector<size_t>{4});
   REQUIRE(a.runs.size() == 1);
   for (size_t i = 0; i < 4; ++i) {
     REQUIRE(a.runs.size() == i + 1);
     CHECK(a.runs[i].run.args == std::to_string(i));
-    a.reply(i, "v" + std::to_string(i));
-    h.settle();
+    h.answer(a, i, "v" + std::to_string(i));
   }
   // The next call only after the batch's last answer.
   CHECK(a.batches == std::vector<size_t>{4, 4});
   for (size_t i = 4; i < 20; ++i) {
     REQUIRE(a.runs.size() == i + 1);
-    a.reply(i, "v" + std::to_string(i));
-    h.settle();
+    h.answer(a, i, "v" + std::to_string(i));
   }
   // The queue grows shallow: the batches shrink to one closure per call
   // (those go through run_closure, not counted here).
   CHECK(a.batches.size() < 20);
   CHECK(a.batches.back() <= 4);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.joined().ok());
   for (int i = 0; i < 20; ++i) {
-    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).value() == "v" + std::to_string(i));
+    CHECK(h.fetched(ids[i]).value() == "v" + std::to_string(i));
   }
 }
 
 TEST_CASE("a closure failing in a batch stops the rest of its batch, which its error cancels", "[coordinator]") {
-  CoordinatorConfig config;
-  config.closure_batch = 4;
   WorkerRecord a;
-  Harness h(config);
+  Harness h(batched(4));
   int64_t worker = h.add_worker(a);
-  std::vector<int64_t> ids = schedule_steps(h, 10);
-  h.settle();
+  std::vector<int64_t> ids = h.schedule_steps(10);
   REQUIRE(a.batches == std::vector<size_t>{4});
-  a.reply(0, std::string("v0"));
-  h.settle();
-  a.reply(1, Status::InvalidArgument("bad input"));
-  h.settle();
+  h.answer(a, 0, std::string("v0"));
+  h.answer(a, 1, Status::InvalidArgument("bad input"));
   // Closures 2 and 3 of the batch never started.
   CHECK(a.runs.size() == 2);
   CHECK(h.coordinator->worker_alive(worker));
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
-  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "v0");
-  CHECK(h.coordinator->fetch(ids[1]).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
+  CHECK(h.joined().code() == StatusCode::kInvalidArgument);
+  CHECK(h.fetched(ids[0]).value() == "v0");
+  CHECK(h.fetched(ids[1]).status().code() == StatusCode::kInvalidArgument);
   for (int i = 2; i < 10; ++i) {
-    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+    CHECK(h.fetched(ids[i]).status().code() == StatusCode::kCancelled);
   }
   // The lane takes new work afterwards.
   int64_t next = h.coordinator->schedule("train_step", "next").value();
   h.settle();
   REQUIRE(a.runs.size() == 3);
   a.reply(2, std::string("ok"));
-  CHECK(h.coordinator->fetch(next).wait(h.io.waitScope).value() == "ok");
+  CHECK(h.fetched(next).value() == "ok");
 }
 
 TEST_CASE("runs of a batch lost to a retryable failure go back to the queue in their order", "[coordinator]") {
-  CoordinatorConfig config;
-  config.closure_batch = 4;
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
-  std::vector<int64_t> ids = schedule_steps(h, 12);
-  h.settle();
+  Harness h(a, batched(4));
+  std::vector<int64_t> ids = h.schedule_steps(12);
   REQUIRE(a.batches == std::vector<size_t>{4});
-  a.reply(0, std::string("v0"));
-  h.settle();
+  h.answer(a, 0, std::string("v0"));
   // A retryable failure: closures 1 (failed) and 2, 3 (not started) run again.
-  a.reply(1, Status::Unavailable("parameter server restarting"));
-  h.settle();
+  h.answer(a, 1, Status::Unavailable("parameter server restarting"));
   std::vector<std::string> order;
   for (size_t i = 2; i < 20 && a.open_runs() > 0; ++i) {
     REQUIRE(a.runs.size() == i + 1);
     order.push_back(a.runs[i].run.args);
-    a.reply(i, "v" + a.runs[i].run.args);
-    h.settle();
+    h.answer(a, i, "v" + a.runs[i].run.args);
   }
   REQUIRE(order.size() >= 3);
   CHECK(std::vector<std::string>(order.begin(), order.begin() + 3) == std::vector<std::string>{"1", "2", "3"});
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.joined().ok());
   for (int i = 0; i < 12; ++i) {
-    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).value() == "v" + std::to_string(i));
+    CHECK(h.fetched(ids[i]).value() == "v" + std::to_string(i));
   }
 }
 
 TEST_CASE("a worker lost in the middle of a batch has the whole rest of it run elsewhere", "[coordinator]") {
-  CoordinatorConfig config;
-  config.closure_batch = 4;
   WorkerRecord a, b;
-  Harness h(config);
+  Harness h(batched(4));
   int64_t lost = h.add_worker(a);
-  std::vector<int64_t> ids = schedule_steps(h, 8);
-  h.settle();
+  std::vector<int64_t> ids = h.schedule_steps(8);
   REQUIRE(a.batches == std::vector<size_t>{4});
-  a.reply(0, std::string("a0"));
-  h.settle();
-  a.reply(1, Status::Unavailable("connection reset"), /*worker_lost=*/true);
-  h.settle();
+  h.answer(a, 0, std::string("a0"));
+  h.answer(a, 1, Status::Unavailable("connection reset"), /*worker_lost=*/true);
   CHECK_FALSE(h.coordinator->worker_alive(lost));
   CHECK(a.runs.size() == 2);
   h.add_worker(b);
@@ -294,16 +271,15 @@ TEST_CASE("a worker lost in the middle of a batch has the whole rest of it run e
   for (size_t i = 0; i < 7; ++i) {
     REQUIRE(b.runs.size() == i + 1);
     attempts[b.runs[i].run.args] = static_cast<int>(b.runs[i].run.attempt);
-    b.reply(i, "b" + b.runs[i].run.args);
-    h.settle();
+    h.answer(b, i, "b" + b.runs[i].run.args);
   }
   CHECK(b.runs.size() == 7);
   CHECK(attempts.size() == 7);
   CHECK(attempts["1"] == 2);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
-  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "a0");
+  CHECK(h.joined().ok());
+  CHECK(h.fetched(ids[0]).value() == "a0");
   for (int i = 1; i < 8; ++i) {
-    CHECK(h.coordinator->fetch(ids[i]).wait(h.io.waitScope).value() == "b" + std::to_string(i));
+    CHECK(h.fetched(ids[i]).value() == "b" + std::to_string(i));
   }
 }
 
@@ -312,10 +288,8 @@ TEST_CASE("closures with closure_timeout are never batched", "[coordinator]") {
   config.closure_batch = 4;
   config.closure_timeout = std::chrono::milliseconds(60000);
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
-  for (int i = 0; i < 20; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
-  h.settle();
+  Harness h(a, config);
+  h.schedule_steps(20);
   CHECK(a.batches.empty());
   REQUIRE(a.runs.size() == 1);
   CHECK(a.runs[0].run.deadline_unix_ms > 0);
@@ -323,10 +297,9 @@ TEST_CASE("closures with closure_timeout are never batched", "[coordinator]") {
 
 TEST_CASE("a dispatched closure carries attempt 1, the worker count and the placement version", "[coordinator]") {
   WorkerRecord a, b;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   h.add_worker(b);
-  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  h.create_variable(variable("w", floats({1, 2}, {2})));
   h.coordinator->schedule("train_step", "x").value();
   h.settle();
   REQUIRE(a.runs.size() + b.runs.size() == 1);
@@ -339,8 +312,7 @@ TEST_CASE("a dispatched closure carries attempt 1, the worker count and the plac
 
 TEST_CASE("a closure's value is fetched once its worker answers, and join waits for it", "[coordinator]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   int64_t id = h.coordinator->schedule("train_step", "x").value();
   auto join = h.coordinator->join();
   auto fetch = h.coordinator->fetch(id);
@@ -351,7 +323,7 @@ TEST_CASE("a closure's value is fetched once its worker answers, and join waits 
   CHECK(join.wait(h.io.waitScope).ok());
   CHECK(fetch.wait(h.io.waitScope).value() == "loss");
   CHECK(h.coordinator->done().value() == true);
-  CHECK(h.coordinator->fetch(id + 100).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(h.fetched(id + 100).status().code() == StatusCode::kNotFound);
 }
 
 TEST_CASE("an error a worker reports fails the closure, keeps the worker and is raised by join once",
@@ -361,19 +333,17 @@ TEST_CASE("an error a worker reports fails the closure, keeps the worker and is 
   int64_t worker = h.add_worker(a);
   int64_t id = h.coordinator->schedule("train_step", "x").value();
   h.settle();
-  a.reply(0, Status::InvalidArgument("bad input"));
-  h.settle();
+  h.answer(a, 0, Status::InvalidArgument("bad input"));
   CHECK(h.coordinator->worker_alive(worker));
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
-  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
+  CHECK(h.joined().code() == StatusCode::kInvalidArgument);
+  CHECK(h.joined().ok());
+  CHECK(h.fetched(id).status().code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("a failing closure cancels the closures running on other workers and tells those workers",
           "[coordinator]") {
   WorkerRecord a, b;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   h.add_worker(b);
   int64_t slow = h.coordinator->schedule("train_step", "slow").value();
   int64_t failing = h.coordinator->schedule("train_step", "fails").value();
@@ -382,23 +352,21 @@ TEST_CASE("a failing closure cancels the closures running on other workers and t
   WorkerRecord& slow_worker = a.runs.size() == 1 && a.runs[0].run.closure_id == slow ? a : b;
   WorkerRecord& failing_worker = &slow_worker == &a ? b : a;
   REQUIRE(failing_worker.runs.at(0).run.closure_id == failing);
-  failing_worker.reply(0, Status::InvalidArgument("bad input"));
-  h.settle();
+  h.answer(failing_worker, 0, Status::InvalidArgument("bad input"));
   CHECK(slow_worker.cancels == std::vector<int64_t>{slow});
   CHECK(failing_worker.cancels.empty());
   // join raises the failure without waiting for the cancelled run.
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
-  CHECK(h.coordinator->fetch(slow).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  CHECK(h.joined().code() == StatusCode::kInvalidArgument);
+  CHECK(h.fetched(slow).status().code() == StatusCode::kCancelled);
   // The cancelled run answers late: dropped, and its lane takes new work.
-  slow_worker.reply(0, std::string("late value"));
-  h.settle();
-  CHECK(h.coordinator->fetch(slow).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
+  h.answer(slow_worker, 0, std::string("late value"));
+  CHECK(h.fetched(slow).status().code() == StatusCode::kCancelled);
   int64_t next = h.coordinator->schedule("train_step", "next").value();
   h.settle();
   CHECK(a.runs.size() + b.runs.size() == 3);
   (a.runs.size() == 2 ? a : b).reply(1, std::string("ok"));
   h.settle();
-  CHECK(h.coordinator->fetch(next).wait(h.io.waitScope).value() == "ok");
+  CHECK(h.fetched(next).value() == "ok");
 }
 
 TEST_CASE("a run past closure_timeout fails with DeadlineExceeded, is cancelled and cancels the rest",
@@ -406,8 +374,7 @@ TEST_CASE("a run past closure_timeout fails with DeadlineExceeded, is cancelled 
   CoordinatorConfig config;
   config.closure_timeout = std::chrono::milliseconds(300);
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
+  Harness h(a, config);
   int64_t stuck = h.coordinator->schedule("train_step", "stuck").value();
   int64_t queued = h.coordinator->schedule("train_step", "queued").value();
   h.settle();
@@ -417,17 +384,16 @@ TEST_CASE("a run past closure_timeout fails with DeadlineExceeded, is cancelled 
   CHECK(a.cancels.empty());
   h.advance(std::chrono::milliseconds(200));
   CHECK(a.cancels == std::vector<int64_t>{stuck});
-  auto failed = h.coordinator->fetch(stuck).wait(h.io.waitScope);
+  auto failed = h.fetched(stuck);
   CHECK(failed.status().code() == StatusCode::kDeadlineExceeded);
   CHECK_THAT(failed.status().message(), Catch::Contains("closure_timeout_ms 300"));
-  CHECK(h.coordinator->fetch(queued).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kDeadlineExceeded);
+  CHECK(h.fetched(queued).status().code() == StatusCode::kCancelled);
+  CHECK(h.joined().code() == StatusCode::kDeadlineExceeded);
 }
 
 TEST_CASE("without closure_timeout a run has no deadline", "[coordinator]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   h.coordinator->schedule("train_step", "x").value();
   h.settle();
   REQUIRE(a.runs.size() == 1);
@@ -447,8 +413,7 @@ TEST_CASE("a worker whose link breaks is dropped and its closures run again else
   h.settle();
   CHECK(b.runs.empty());
 
-  a.reply(0, Status::Unavailable("connection reset"), /*worker_lost=*/true);
-  h.settle();
+  h.answer(a, 0, Status::Unavailable("connection reset"), /*worker_lost=*/true);
   CHECK_FALSE(h.coordinator->worker_alive(id_a));
   CHECK(h.coordinator->worker_alive(id_b));
   REQUIRE(b.runs.size() == 1);
@@ -458,7 +423,7 @@ TEST_CASE("a worker whose link breaks is dropped and its closures run again else
   CHECK(a.runs.size() == 1);  // nothing more went to the dropped worker
 
   b.reply(0, std::string("done"));
-  CHECK(h.coordinator->fetch(closure).wait(h.io.waitScope).value() == "done");
+  CHECK(h.fetched(closure).value() == "done");
 }
 
 TEST_CASE("a worker whose run promise breaks counts as lost", "[coordinator]") {
@@ -508,11 +473,8 @@ TEST_CASE("creating a variable places its shards on the parameter servers and bu
           "[coordinator]") {
   Harness h({}, /*num_ps=*/2);
   CHECK(h.coordinator->placements().version == 0);
-  auto w = h.coordinator
-               ->create_variable(variable("w", floats({1, 2, 3, 4, 5, 6}, {3, 2}),
-                                          placement::Partitioner::fixed_shards(2)))
-               .wait(h.io.waitScope)
-               .value();
+  auto w =
+      h.create_variable(variable("w", floats({1, 2, 3, 4, 5, 6}, {3, 2}), placement::Partitioner::fixed_shards(2)));
   REQUIRE(w.shards.size() == 2);
   CHECK(w.shards[0].name == "w/part_0");
   CHECK(w.shards[0].ps_task == 0);
@@ -528,7 +490,7 @@ TEST_CASE("creating a variable places its shards on the parameter servers and bu
   CHECK(h.coordinator->placements().version == 1);
 
   // Round-robin continues across variables.
-  auto b = h.coordinator->create_variable(variable("b", floats({0}, {1}))).wait(h.io.waitScope).value();
+  auto b = h.create_variable(variable("b", floats({0}, {1})));
   REQUIRE(b.shards.size() == 1);
   CHECK(b.shards[0].ps_task == 0);
   auto all = h.coordinator->placements();
@@ -541,7 +503,7 @@ TEST_CASE("creating a variable places its shards on the parameter servers and bu
 TEST_CASE("creating an existing variable hands it back, another dtype or shape is AlreadyExists",
           "[coordinator]") {
   Harness h;
-  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  h.create_variable(variable("w", floats({1, 2}, {2})));
   auto again = h.coordinator->create_variable(variable("w", floats({9, 9}, {2}))).wait(h.io.waitScope);
   REQUIRE(again.ok());
   CHECK(again->shards.size() == 1);
@@ -567,8 +529,7 @@ TEST_CASE("creating a variable without parameter servers is FailedPrecondition",
 TEST_CASE("an unreachable parameter server makes calls fail with Unavailable naming it until it is back",
           "[coordinator]") {
   WorkerRecord a;
-  Harness h({}, /*num_ps=*/2);
-  h.add_worker(a);
+  Harness h(a, {}, /*num_ps=*/2);
   h.ps.go_down(1);
   h.settle();
 
@@ -576,27 +537,25 @@ TEST_CASE("an unreachable parameter server makes calls fail with Unavailable nam
   CHECK(created.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(created.status().message(), Catch::Contains("ps:1") && Catch::Contains("ps1:7000"));
   CHECK(h.coordinator->schedule("train_step", "x").status().code() == StatusCode::kUnavailable);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kUnavailable);
+  CHECK(h.joined().code() == StatusCode::kUnavailable);
   CHECK(h.coordinator->done().status().code() == StatusCode::kUnavailable);
 
   h.ps.come_up(1);
   h.settle();
   CHECK(h.coordinator->create_variable(variable("w", floats({1}, {1}))).wait(h.io.waitScope).ok());
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.joined().ok());
 }
 
 TEST_CASE("dispatch pauses while a parameter server is unreachable", "[coordinator]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   h.coordinator->schedule("train_step", "1").value();
   h.coordinator->schedule("train_step", "2").value();
   h.settle();
   REQUIRE(a.runs.size() == 1);
   h.ps.go_down(0);
   h.settle();
-  a.reply(0, std::string("v"));
-  h.settle();
+  h.answer(a, 0, std::string("v"));
   CHECK(a.runs.size() == 1);  // the second waits for the parameter server
   h.ps.come_up(0);
   h.settle();
@@ -606,8 +565,7 @@ TEST_CASE("dispatch pauses while a parameter server is unreachable", "[coordinat
 
 TEST_CASE("the coordinator's stats count closures by how they end, and what waits and runs", "[coordinator]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   auto stats = h.coordinator->stats();
   for (int i = 0; i < 3; ++i) h.coordinator->schedule("train_step", "x").value();
   h.settle();
@@ -615,15 +573,13 @@ TEST_CASE("the coordinator's stats count closures by how they end, and what wait
   CHECK(stats->closures_running == 1);
   CHECK(stats->closures_queued == 2);
   CHECK(stats->workers == 1);
-  a.reply(0, std::string("v"));
-  h.settle();
+  h.answer(a, 0, std::string("v"));
   a.reply(1, Status::Unavailable("lost run"));  // re-run: not an end
   h.settle();
   CHECK(stats->closures_succeeded == 1);
   CHECK(stats->closures_failed == 0);
   REQUIRE(a.runs.size() == 3);
-  a.reply(2, Status::InvalidArgument("bad"));
-  h.settle();
+  h.answer(a, 2, Status::InvalidArgument("bad"));
   CHECK(stats->closures_failed == 1);
   CHECK(stats->closures_queued + stats->closures_running == 0);  // the last one was cancelled
 }
@@ -633,10 +589,9 @@ TEST_CASE("the coordinator's stats count closures by how they end, and what wait
 TEST_CASE("a value the program dropped is released: the coordinator keeps only what the program holds",
           "[coordinator][release]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   auto stats = h.coordinator->stats();
-  std::vector<int64_t> ids = schedule_steps(h, 3);
+  std::vector<int64_t> ids = h.schedule_steps(3, /*run=*/false);
   // Dropped while still queued: goes when it finishes.
   REQUIRE(h.coordinator->release({ids[2]}).ok());
   for (size_t run = 0; run < 3; ++run) {
@@ -644,14 +599,14 @@ TEST_CASE("a value the program dropped is released: the coordinator keeps only w
     REQUIRE(a.runs.size() == run + 1);
     a.reply(run, "v" + std::to_string(run));
   }
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.joined().ok());
   CHECK(stats->results_kept == 2);
   REQUIRE(h.coordinator->release({ids[0]}).ok());
   CHECK(stats->results_kept == 1);
   CHECK(stats->closures_released == 2);
-  CHECK(h.coordinator->fetch(ids[1]).wait(h.io.waitScope).value() == "v1");
+  CHECK(h.fetched(ids[1]).value() == "v1");
   for (int64_t gone : {ids[0], ids[2]}) {
-    Status fetched = h.coordinator->fetch(gone).wait(h.io.waitScope).status();
+    Status fetched = h.fetched(gone).status();
     CHECK(fetched.code() == StatusCode::kNotFound);
     CHECK_THAT(fetched.message(), Catch::Contains("closure " + std::to_string(gone) + " was released"));
   }
@@ -659,8 +614,7 @@ TEST_CASE("a value the program dropped is released: the coordinator keeps only w
 
 TEST_CASE("fetch, then release: the value is gone and a second fetch says it was released", "[coordinator][release]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   int64_t id = h.coordinator->schedule("train_step", "x", /*client_id=*/9, /*request_seq=*/1).value();
   auto fetch = h.coordinator->fetch(id);
   h.settle();
@@ -669,7 +623,7 @@ TEST_CASE("fetch, then release: the value is gone and a second fetch says it was
   REQUIRE(h.coordinator->release({id}, 9).ok());
   REQUIRE(h.coordinator->release({id}, 9).ok());  // a retried release: no change
   CHECK(h.coordinator->stats()->closures_released == 1);
-  Status again = h.coordinator->fetch(id).wait(h.io.waitScope).status();
+  Status again = h.fetched(id).status();
   CHECK(again.code() == StatusCode::kNotFound);
   CHECK_THAT(again.message(), Catch::Contains(std::to_string(id)) && Catch::Contains("released"));
 }
@@ -677,8 +631,7 @@ TEST_CASE("fetch, then release: the value is gone and a second fetch says it was
 TEST_CASE("a fetch waiting on a closure that is released meanwhile ends saying it was released",
           "[coordinator][release]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   int64_t id = h.coordinator->schedule("train_step", "x").value();
   auto fetch = h.coordinator->fetch(id);
   h.settle();
@@ -689,40 +642,35 @@ TEST_CASE("a fetch waiting on a closure that is released meanwhile ends saying i
 
 TEST_CASE("releases of ids from another coordinator process are ignored", "[coordinator][release]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
+  Harness h(a);
   int64_t id = h.coordinator->schedule("train_step", "x").value();
   h.settle();
-  a.reply(0, std::string("v"));
-  h.settle();
+  h.answer(a, 0, std::string("v"));
   const uint64_t mine = h.coordinator->incarnation();
   REQUIRE(mine != 0);  // no journal: its ids start at 1 again after a restart
   REQUIRE(h.coordinator->release({id}, 0, mine + 1).ok());
-  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).value() == "v");
+  CHECK(h.fetched(id).value() == "v");
   REQUIRE(h.coordinator->release({id}, 0, mine).ok());
-  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(h.fetched(id).status().code() == StatusCode::kNotFound);
 }
 
 TEST_CASE("release refuses ids never handed out and over-long lists, releasing none of them",
           "[coordinator][release]") {
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
-  std::vector<int64_t> ids = schedule_steps(h, 2);
-  h.settle();
-  a.reply(0, std::string("v"));
-  h.settle();
+  Harness h(a);
+  std::vector<int64_t> ids = h.schedule_steps(2);
+  h.answer(a, 0, std::string("v"));
   for (int64_t bad : {int64_t{-1}, int64_t{0}, ids[1] + 1, std::numeric_limits<int64_t>::max()}) {
     Status refused = h.coordinator->release({ids[0], bad});
     CHECK(refused.code() == StatusCode::kInvalidArgument);
     CHECK_THAT(refused.message(), Catch::Contains(std::to_string(bad)));
   }
-  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "v");  // all or none
+  CHECK(h.fetched(ids[0]).value() == "v");  // all or none
   std::vector<int64_t> huge(Coordinator::kMaxReleasePerCall + 1, ids[0]);
   Status too_many = h.coordinator->release(huge);
   CHECK(too_many.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(too_many.message(), Catch::Contains(std::to_string(huge.size())));
-  CHECK(h.coordinator->fetch(ids[0]).wait(h.io.waitScope).value() == "v");
+  CHECK(h.fetched(ids[0]).value() == "v");
   CHECK(h.coordinator->release({}).ok());
 }
 
@@ -731,8 +679,7 @@ TEST_CASE("the values of a client gone longer than client_grace are released, a 
   CoordinatorConfig config;
   config.client_grace = std::chrono::milliseconds(2000);
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
+  Harness h(a, config);
   const uint64_t gone = 1, alive = 2;
   int64_t gone_done = h.coordinator->schedule("train_step", "a", gone, 1).value();
   int64_t alive_done = h.coordinator->schedule("train_step", "b", alive, 1).value();
@@ -752,14 +699,13 @@ TEST_CASE("the values of a client gone longer than client_grace are released, a 
     h.advance(std::chrono::milliseconds(1000));
     REQUIRE(h.coordinator->release({}, alive).ok());
   }
-  CHECK(h.coordinator->fetch(alive_done).wait(h.io.waitScope).value() == "v");
-  CHECK(h.coordinator->fetch(anonymous).wait(h.io.waitScope).value() == "v");  // no client: kept
-  Status fetched = h.coordinator->fetch(gone_done).wait(h.io.waitScope).status();
+  CHECK(h.fetched(alive_done).value() == "v");
+  CHECK(h.fetched(anonymous).value() == "v");  // no client: kept
+  Status fetched = h.fetched(gone_done).status();
   CHECK(fetched.code() == StatusCode::kNotFound);
   CHECK_THAT(fetched.message(), Catch::Contains("released"));
-  a.reply(3, std::string("late"));
-  h.settle();
-  CHECK(h.coordinator->fetch(gone_running).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  h.answer(a, 3, std::string("late"));
+  CHECK(h.fetched(gone_running).status().code() == StatusCode::kNotFound);
   CHECK(h.coordinator->stats()->results_kept == 2);
   CHECK(h.coordinator->stats()->clients == 1);
   // The gone client's requests are forgotten too: a schedule from it now
@@ -771,14 +717,13 @@ TEST_CASE("with client_grace 0 a silent client's values stay", "[coordinator][re
   CoordinatorConfig config;
   config.client_grace = std::chrono::milliseconds(0);
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
+  Harness h(a, config);
   int64_t id = h.coordinator->schedule("train_step", "a", 1, 1).value();
   h.settle();
   a.reply(0, std::string("v"));
   h.advance(std::chrono::milliseconds(5000));
   h.coordinator->expire_clients();
-  CHECK(h.coordinator->fetch(id).wait(h.io.waitScope).value() == "v");
+  CHECK(h.fetched(id).value() == "v");
 }
 
 // ---- Checkpoints -------------------------------------------------------------------------
@@ -786,10 +731,7 @@ TEST_CASE("with client_grace 0 a silent client's values stay", "[coordinator][re
 TEST_CASE("save_checkpoint reads every shard from the parameter server that holds it", "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/2);
-  h.coordinator
-      ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
-      .wait(h.io.waitScope)
-      .value();
+  h.create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)));
   h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
   h.ps.tasks[1].shards.at("w/part_1").step = 5;
 
@@ -881,10 +823,7 @@ TEST_CASE("an embedding table: a shard on every parameter server, saved with its
 TEST_CASE("save_checkpoint fails when a shard cannot be read or the directory is empty", "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/2);
-  h.coordinator
-      ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
-      .wait(h.io.waitScope)
-      .value();
+  h.create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)));
   h.ps.tasks[1].shards.erase("w/part_1");
   auto saved = h.coordinator->save_checkpoint(dir.path(), 1, 3).wait(h.io.waitScope);
   CHECK(saved.status().code() == StatusCode::kNotFound);
@@ -898,7 +837,7 @@ TEST_CASE("a checkpoint holds each worker's iterator positions, and restoring it
   Harness h;
   h.add_worker(a, {"train_step"}, /*task_index=*/0);
   h.add_worker(b, {"train_step"}, /*task_index=*/1);
-  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  h.create_variable(variable("w", floats({1, 2}, {2})));
   std::string definition = data::Dataset::range(10).serialize();
   int64_t train = h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value();
   int64_t unnamed = h.coordinator->create_per_worker_dataset(definition).wait(h.io.waitScope).value();
@@ -930,9 +869,8 @@ TEST_CASE("a checkpoint holds each worker's iterator positions, and restoring it
 TEST_CASE("a save with per-worker datasets reads the iterators while no closure runs", "[coordinator]") {
   data::testing::TempDir dir;
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
-  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  Harness h(a);
+  h.create_variable(variable("w", floats({1, 2}, {2})));
   int64_t train =
       h.coordinator->create_per_worker_dataset(data::Dataset::range(10).serialize(), "train").wait(h.io.waitScope).value();
   a.iterator_positions = {{train, "position"}};
@@ -944,8 +882,7 @@ TEST_CASE("a save with per-worker datasets reads the iterators while no closure 
   auto saving = h.coordinator->save_checkpoint(dir.path(), 1, 3);
   h.settle();
   CHECK(h.ps.tasks[0].reads.empty());  // waits for the running closure
-  a.reply(0, std::string("v"));
-  h.settle();
+  h.answer(a, 0, std::string("v"));
   // Read after the first closure finished and before the second started;
   // then dispatch goes on.
   CHECK(h.ps.tasks[0].reads == std::vector<std::string>{"w"});
@@ -958,9 +895,8 @@ TEST_CASE("a save with per-worker datasets reads the iterators while no closure 
 TEST_CASE("without per-worker datasets a save does not wait for running closures", "[coordinator]") {
   data::testing::TempDir dir;
   WorkerRecord a;
-  Harness h;
-  h.add_worker(a);
-  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}))).wait(h.io.waitScope).value();
+  Harness h(a);
+  h.create_variable(variable("w", floats({1, 2}, {2})));
   h.coordinator->schedule("train_step", "1").value();
   h.settle();
   REQUIRE(a.open_runs() == 1);
@@ -972,10 +908,7 @@ TEST_CASE("without per-worker datasets a save does not wait for running closures
 TEST_CASE("restore_checkpoint writes each shard to the parameter server that holds it", "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/2);
-  h.coordinator
-      ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
-      .wait(h.io.waitScope)
-      .value();
+  h.create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)));
   h.ps.tasks[0].shards.at("w/part_0").slots["accumulator"] = floats({5, 6}, {2});
   h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
   h.ps.tasks[1].shards.at("w/part_1").step = 5;
@@ -999,14 +932,10 @@ TEST_CASE("restoring a checkpoint older than a variable restores the rest and li
           "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/1);
-  h.coordinator->create_variable(variable("w", floats({1, 2}, {2}), placement::Partitioner::none()))
-      .wait(h.io.waitScope)
-      .value();
+  h.create_variable(variable("w", floats({1, 2}, {2}), placement::Partitioner::none()));
   std::string path = h.coordinator->save_checkpoint(dir.path(), 4, 3).wait(h.io.waitScope).value();
   // Created after the checkpoint; training moves on.
-  h.coordinator->create_variable(variable("later", floats({9, 9}, {2}), placement::Partitioner::none()))
-      .wait(h.io.waitScope)
-      .value();
+  h.create_variable(variable("later", floats({9, 9}, {2}), placement::Partitioner::none()));
   h.ps.tasks[0].shards.at("w") = ShardContents{floats({0, 0}, {2}), {}, 0};
 
   auto strict = h.coordinator->restore_checkpoint(path, /*strict=*/true).wait(h.io.waitScope);
@@ -1027,10 +956,7 @@ TEST_CASE("restore_checkpoint creates variables the program has not created, wit
   data::testing::TempDir dir;
   {
     Harness before({}, /*num_ps=*/2);
-    before.coordinator
-        ->create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)))
-        .wait(before.io.waitScope)
-        .value();
+    before.create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)));
     before.coordinator->save_checkpoint(dir.path(), 3, 3).wait(before.io.waitScope).value();
   }
   Harness h({}, /*num_ps=*/2);

@@ -1,20 +1,13 @@
 #include "daemons/coordinator/loop_context.h"
 
-#include <kj/async.h>
-#include <kj/timer.h>
-
 #include <catch2/catch.hpp>
+
+#include "daemons/coordinator/test_fakes.h"
 
 namespace capstan::coordinator {
 namespace {
 
-struct Loop {
-  kj::EventLoop loop;
-  kj::WaitScope ws{loop};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  int refreshed = 0;
-  ChangeSignal changes{timer, [this]() { ++refreshed; }};
-};
+using Loop = testing::CoordinatorParts;  // `notified` counts the refreshes
 
 TEST_CASE("notify wakes every waiter once, after the refresh", "[coordinator][loop]") {
   Loop l;
@@ -26,12 +19,12 @@ TEST_CASE("notify wakes every waiter once, after the refresh", "[coordinator][lo
   l.changes.notify();
   l.ws.poll();
   CHECK(woken == 2);
-  CHECK(l.refreshed == 1);
+  CHECK(l.notified == 1);
   // A later notify has nobody left to wake.
   l.changes.notify();
   l.ws.poll();
   CHECK(woken == 2);
-  CHECK(l.refreshed == 2);
+  CHECK(l.notified == 2);
 }
 
 TEST_CASE("changed_or resolves at the deadline when nothing changes", "[coordinator][loop]") {

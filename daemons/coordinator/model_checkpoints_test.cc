@@ -2,59 +2,27 @@
 // temporary directory written and read on a real pool.
 #include "daemons/coordinator/model_checkpoints.h"
 
-#include <kj/async-io.h>
-#include <spdlog/sinks/null_sink.h>
-
 #include <catch2/catch.hpp>
-#include <chrono>
-#include <thread>
 
-#include "async/mailbox.h"
 #include "daemons/coordinator/test_fakes.h"
 #include "data/test_util.h"
 
 namespace capstan::coordinator {
 namespace {
 
-using testing::FakeParameterServers;
 using testing::floats;
 using testing::values_of;
 
-struct Fixture : private kj::TaskSet::ErrorHandler {
-  Fixture() { health.set(0, PsHealth::State::kUp, Status::Ok(), kj::origin<kj::TimePoint>()); }
-  ~Fixture() { pool.join(); }
-  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
+struct Fixture : testing::CoordinatorParts {
+  ~Fixture() { pool.join(); }  // before the parts below go
 
-  // Runs the loop until `promise` resolves (the pool answers through the
-  // mailbox), for up to 10 s.
-  template <typename T>
-  T wait(kj::Promise<T> promise) {
-    for (int i = 0; i < 1000 && !promise.poll(io.waitScope); ++i) {
-      std::this_thread::sleep_for(std::chrono::milliseconds(10));
-    }
-    return promise.wait(io.waitScope);
-  }
   void create(const std::string& name, std::vector<float> values) {
     auto n = static_cast<int64_t>(values.size());
     VariableRequest request{name, floats(std::move(values), {n}), Optimizer::sgd(0.1), placement::Partitioner::none()};
     REQUIRE(wait(variables.create(std::move(request))).ok());
   }
 
-  std::shared_ptr<spdlog::logger> log =
-      std::make_shared<spdlog::logger>("model_checkpoints_test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  kj::AsyncIoContext io = kj::setupAsyncIo();
-  async::Mailbox mailbox{*io.lowLevelProvider};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  kj::TaskSet tasks{*this};
-  ChangeSignal changes{timer};
-  CoordinatorStats stats;
-  boost::asio::thread_pool pool{1};
-  FakeParameterServers ps{1};
-  PsHealth health{ps, kj::origin<kj::TimePoint>(), std::chrono::milliseconds(30000)};
-  PsVariables variables{ps, health, pool, log, "", [](const PlacedVariable&) { return Status::Ok(); }};
-  DispatchGate gate;
-  Workers workers{log, changes, [](int64_t) { return size_t{0}; }};
-  Strategies strategies{workers, variables, gate, LoopContext{timer, tasks, changes, stats, log}};
+  Strategies strategies{workers, variables, gate, context};
   PerWorkerDatasets datasets{0, log, [](int64_t, const PerWorkerDataset&) { return Status::Ok(); }};
   int pauses = 0;
   ModelCheckpoints checkpoints{variables, strategies, datasets, workers, pool, [this]() {

@@ -3,10 +3,6 @@
 // clock. (Recovering shards from a real checkpoint: recovery_test.cc.)
 #include "daemons/coordinator/ps_recovery.h"
 
-#include <kj/async.h>
-#include <kj/timer.h>
-#include <spdlog/sinks/null_sink.h>
-
 #include <catch2/catch.hpp>
 
 #include "daemons/coordinator/test_fakes.h"
@@ -15,40 +11,20 @@ namespace capstan::coordinator {
 namespace {
 
 using State = PsHealth::State;
-using testing::FakeParameterServers;
 
-struct Fixture : private kj::TaskSet::ErrorHandler {
-  explicit Fixture(CoordinatorConfig c = {}) : config(std::move(c)) {
+struct Fixture : testing::CoordinatorParts {
+  explicit Fixture(CoordinatorConfig c = {})
+      : CoordinatorParts(1, /*ps_up=*/false, 10 * kj::SECONDS), config(std::move(c)) {
     // A variable with its one shard on ps:0, which holds it.
-    PlacedVariable w;
-    w.name = "w";
-    w.dtype = DType::kFloat32;
-    w.shape = {2};
-    w.shards = {{"w/part_0", 0, 0, 2}};
-    variables.restore(w, 1);
+    restore_variable("w", 2, 0);
     ps.tasks[0].shards["w/part_0"].value = testing::floats({1, 2}, {2});
     recovery.start();
     ws.poll();
   }
-  ~Fixture() { pool.join(); }
-  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
+  ~Fixture() { pool.join(); }  // before the parts below go
 
   CoordinatorConfig config;
-  std::shared_ptr<spdlog::logger> log =
-      std::make_shared<spdlog::logger>("ps_recovery_test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  kj::EventLoop loop;
-  kj::WaitScope ws{loop};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  kj::TaskSet tasks{*this};
-  int notified = 0;
-  ChangeSignal changes{timer, [this]() { ++notified; }};
-  CoordinatorStats stats;
-  boost::asio::thread_pool pool{1};
-  FakeParameterServers ps{1, /*up=*/false};
-  PsHealth health{ps, kj::origin<kj::TimePoint>() + 10 * kj::SECONDS, std::chrono::milliseconds(30000)};
-  PsVariables variables{ps, health, pool, log, "", [](const PlacedVariable&) { return Status::Ok(); }};
   CoordinatorJournal journal;  // closed
-  LoopContext context{timer, tasks, changes, stats, log};
   CheckpointPolicy policy{config, context, health, journal,
                           [](std::string, int64_t, int) { return Result<std::string>(Status::Unimplemented("save")); }};
   PsRecovery recovery{config, ps, health, variables, policy, pool, context};

@@ -31,6 +31,30 @@ VariableRequest partitioned(std::string name, Tensor initial, int shards) {
   return request;
 }
 
+// A config that saves checkpoints in `dir` (or keeps its journal there).
+CoordinatorConfig checkpoints_in(const io::testing::TempDir& dir) {
+  CoordinatorConfig config;
+  config.checkpoint_dir = dir.path();
+  return config;
+}
+CoordinatorConfig journal_in(const io::testing::TempDir& dir) {
+  CoordinatorConfig config;
+  config.work_dir = dir.path();
+  return config;
+}
+
+// A coordinator that has replayed the journal in its config's work_dir.
+struct Journaled : Harness {
+  explicit Journaled(const CoordinatorConfig& config, int num_ps = 1) : Harness(config, num_ps) { open(); }
+  // With a first worker (running "train_step"), `worker`, which must
+  // outlive this.
+  Journaled(const CoordinatorConfig& config, WorkerRecord& worker) : Harness(config) {
+    open();
+    add_worker(worker);
+  }
+  void open() { REQUIRE(coordinator->open_journal().ok()); }
+};
+
 // Checkpoint reads and writes run on the pool: polls the loop until `done`
 // (or 10 s pass).
 template <typename Done>
@@ -65,7 +89,7 @@ std::vector<int64_t> steps_in(const std::string& dir) {
 struct Trained {
   explicit Trained(CoordinatorConfig config = {}, bool save = true) : h(std::move(config), /*num_ps=*/2) {
     h.add_worker(worker);
-    h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2)).wait(h.io.waitScope).value();
+    h.create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2));
     h.ps.tasks[0].shards.at("w/part_0").slots["accumulator"] = floats({5, 6}, {2});
     h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
     h.ps.tasks[0].shards.at("w/part_0").step = 7;
@@ -118,7 +142,7 @@ TEST_CASE("a parameter server that restarts empty gets its shards back from the 
   h.settle();
   REQUIRE(joined.poll(h.io.waitScope));
   CHECK(joined.wait(h.io.waitScope).ok());
-  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v");
+  CHECK(h.fetched(1).value() == "v");
 }
 
 TEST_CASE("a parameter server back with its shards (an outage, not a restart) is not restored",
@@ -164,8 +188,7 @@ TEST_CASE("calls made before a parameter server is first reached wait for it, wi
   // As after a coordinator's restart: its link to the parameter servers is
   // still being made when the program's calls arrive.
   WorkerRecord worker;
-  Harness h({}, /*num_ps=*/2, /*ps_up=*/false);
-  h.add_worker(worker);
+  Harness h(worker, {}, /*num_ps=*/2, /*ps_up=*/false);
   h.ps.come_up(0);
   h.settle();
   auto created = h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2));
@@ -201,7 +224,7 @@ TEST_CASE("a parameter server never reached fails calls after the first-contact 
   CHECK(created.wait(h.io.waitScope).status().code() == StatusCode::kUnavailable);
   // From then on, at once.
   CHECK(h.coordinator->schedule("train_step", "1").status().code() == StatusCode::kUnavailable);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kUnavailable);
+  CHECK(h.joined().code() == StatusCode::kUnavailable);
 }
 
 TEST_CASE("without a checkpoint, a parameter server back empty fails calls with DataLoss saying so until a "
@@ -212,12 +235,12 @@ TEST_CASE("without a checkpoint, a parameter server back empty fails calls with 
   // Without a checkpoint an outage is not waited through: Unavailable at once.
   h.ps.go_down(1);
   h.settle();
-  CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kUnavailable);
+  CHECK(h.joined().code() == StatusCode::kUnavailable);
   h.ps.tasks[1].shards.clear();
   h.ps.come_up(1);
   h.settle();
 
-  Status joined = h.coordinator->join().wait(h.io.waitScope);
+  Status joined = h.joined();
   CHECK(joined.code() == StatusCode::kDataLoss);
   CHECK_THAT(joined.message(), Catch::Contains("ps:1") && Catch::Contains("w/part_1") &&
                                    Catch::Contains("no checkpoint") && Catch::Contains("checkpoint_dir"));
@@ -240,7 +263,7 @@ TEST_CASE("without a checkpoint, a parameter server back empty fails calls with 
   CHECK(h.ps.tasks[0].assigned == std::vector<std::string>{"w/part_0"});
   CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.joined().ok());
   h.coordinator->schedule("train_step", "2").value();
   h.settle();
   REQUIRE(t.worker.runs.size() == 1);
@@ -254,7 +277,7 @@ TEST_CASE("with ps_recovery off, a parameter server back empty waits for a resto
   Harness& h = t.h;
   h.ps.restart_empty(1);
   h.settle();
-  Status joined = h.coordinator->join().wait(h.io.waitScope);
+  Status joined = h.joined();
   CHECK(joined.code() == StatusCode::kDataLoss);
   CHECK_THAT(joined.message(), Catch::Contains("ps_recovery is off"));
   CHECK(h.coordinator->ps_recoveries() == 0);
@@ -264,14 +287,14 @@ TEST_CASE("with ps_recovery off, a parameter server back empty waits for a resto
   CHECK(restored->step == 7);
   CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
   CHECK(h.ps.tasks[1].shards.at("w/part_1").step == 7);
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
+  CHECK(h.joined().ok());
 }
 
 TEST_CASE("a checkpoint that lacks a lost shard's variable cannot recover it: DataLoss naming both",
           "[coordinator][recovery]") {
   Trained t;
   Harness& h = t.h;
-  h.coordinator->create_variable(partitioned("later", floats({1, 2}, {2}), 2)).wait(h.io.waitScope).value();
+  h.create_variable(partitioned("later", floats({1, 2}, {2}), 2));
   h.ps.restart_empty(1);
   REQUIRE(settle_until(h, [&]() { return h.coordinator->done().status().code() == StatusCode::kDataLoss; }));
   Status status = h.coordinator->done().status();
@@ -283,24 +306,21 @@ TEST_CASE("the checkpoint policy saves every N closures completed, a restarted c
           "newest step",
           "[coordinator][recovery]") {
   data::testing::TempDir dir;
-  CoordinatorConfig config;
-  config.checkpoint_dir = dir.path();
+  CoordinatorConfig config = checkpoints_in(dir);
   config.checkpoint_every_steps = 2;
   config.checkpoint_max_to_keep = 5;
   auto run_closures = [](Harness& h, WorkerRecord& worker, int n) {
     for (int i = 0; i < n; ++i) {
       h.coordinator->schedule("train_step", std::to_string(i)).value();
       h.settle();
-      worker.reply(worker.runs.size() - 1, std::string("v"));
-      h.settle();
+      h.answer(worker, worker.runs.size() - 1, std::string("v"));
     }
   };
   auto steps_saved = [&dir]() { return steps_in(dir.path()); };
   {
     WorkerRecord worker;
-    Harness h(config);
-    h.add_worker(worker);
-    h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+    Harness h(worker, config);
+    h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
     run_closures(h, worker, 1);
     REQUIRE(settle_until(h, [&]() { return steps_saved().empty(); }));
     run_closures(h, worker, 1);
@@ -313,22 +333,19 @@ TEST_CASE("the checkpoint policy saves every N closures completed, a restarted c
     }));
   }
   WorkerRecord worker;
-  Harness h(config);
-  h.add_worker(worker);
-  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  Harness h(worker, config);
+  h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
   run_closures(h, worker, 2);
   CHECK(settle_until(h, [&]() { return steps_saved() == std::vector<int64_t>{2, 4, 6}; }));
 }
 
 TEST_CASE("checkpoint_every_seconds saves when closures completed since the last one", "[coordinator][recovery]") {
   data::testing::TempDir dir;
-  CoordinatorConfig config;
-  config.checkpoint_dir = dir.path();
+  CoordinatorConfig config = checkpoints_in(dir);
   config.checkpoint_every_seconds = std::chrono::seconds(10);
   WorkerRecord worker;
-  Harness h(config);
-  h.add_worker(worker);
-  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  Harness h(worker, config);
+  h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
   auto saved = [&dir]() { return checkpoint::list_checkpoints(dir.path()).value().size(); };
   h.advance(std::chrono::milliseconds(10100));
   h.settle();
@@ -349,14 +366,12 @@ TEST_CASE("checkpoint_every_seconds saves when closures completed since the last
 TEST_CASE("a leaving worker finishes its running closures, gets no more, and is then no longer counted",
           "[coordinator][preemption]") {
   data::testing::TempDir dir;
-  CoordinatorConfig config;
-  config.checkpoint_dir = dir.path();
+  CoordinatorConfig config = checkpoints_in(dir);
   WorkerRecord a, b;
   Harness h(config);
   int64_t id_a = h.add_worker(a);
-  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
-  for (int i = 0; i < 3; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
-  h.settle();
+  h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
+  h.schedule_steps(3);
   REQUIRE(a.runs.size() == 1);
 
   auto left = h.coordinator->leave_worker(id_a, "SIGTERM");
@@ -367,7 +382,7 @@ TEST_CASE("a leaving worker finishes its running closures, gets no more, and is 
   CHECK(left.wait(h.io.waitScope).ok());
   CHECK(a.runs.size() == 1);  // nothing more was sent to it
   CHECK_FALSE(h.coordinator->worker_alive(id_a));
-  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v0");
+  CHECK(h.fetched(1).value() == "v0");
   // The checkpoint taken on its way out, after its closure finished.
   auto saved = checkpoint::list_checkpoints(dir.path()).value();
   REQUIRE(saved.size() == 1);
@@ -388,22 +403,18 @@ TEST_CASE("a leaving worker finishes its running closures, gets no more, and is 
 TEST_CASE("a draining coordinator lets running closures finish, refuses new ones and checkpoints",
           "[coordinator][preemption]") {
   data::testing::TempDir dir;
-  CoordinatorConfig config;
-  config.checkpoint_dir = dir.path();
+  CoordinatorConfig config = checkpoints_in(dir);
   config.closures_per_worker = 2;
   WorkerRecord a;
-  Harness h(config);
-  h.add_worker(a);
-  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
-  for (int i = 0; i < 4; ++i) h.coordinator->schedule("train_step", std::to_string(i)).value();
-  h.settle();
+  Harness h(a, config);
+  h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
+  h.schedule_steps(4);
   REQUIRE(a.runs.size() == 2);
 
   auto drained = h.coordinator->drain("SIGTERM");
   h.settle();
   CHECK(h.coordinator->schedule("train_step", "late").status().code() == StatusCode::kUnavailable);
-  a.reply(0, std::string("v0"));
-  h.settle();
+  h.answer(a, 0, std::string("v0"));
   CHECK(a.runs.size() == 2);  // no new dispatch
   CHECK_FALSE(drained.poll(h.io.waitScope));
   a.reply(1, std::string("v1"));
@@ -428,18 +439,16 @@ TEST_CASE("a coordinator restarted with its work_dir knows its variables, datase
   Placements before;
   {
     WorkerRecord a;
-    Harness h(config, /*num_ps=*/2);
-    REQUIRE(h.coordinator->open_journal().ok());
+    Journaled h(config, /*num_ps=*/2);
     h.add_worker(a);
-    h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2)).wait(h.io.waitScope).value();
-    h.coordinator->create_variable(partitioned("b", floats({1}, {1}), 1)).wait(h.io.waitScope).value();
+    h.create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2));
+    h.create_variable(partitioned("b", floats({1}, {1}), 1));
     dataset = h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value();
     saved = h.coordinator->save_checkpoint(checkpoints.path(), 5, 3).wait(h.io.waitScope).value();
     before = h.coordinator->placements();
   }
   WorkerRecord a;
-  Harness h(config, /*num_ps=*/2);
-  REQUIRE(h.coordinator->open_journal().ok());
+  Journaled h(config, /*num_ps=*/2);
   Placements after = h.coordinator->placements();
   CHECK(after.version == before.version);
   REQUIRE(after.variables.size() == 2);
@@ -461,7 +470,7 @@ TEST_CASE("a coordinator restarted with its work_dir knows its variables, datase
   CHECK(h.coordinator->create_per_worker_dataset(definition, "train").wait(h.io.waitScope).value() == dataset);
   CHECK(h.coordinator->create_per_worker_dataset(definition).wait(h.io.waitScope).value() == dataset + 1);
   // The round robin goes on: w/part_0 on 0, w/part_1 on 1, b on 0; next on 1.
-  auto next = h.coordinator->create_variable(partitioned("c", floats({1}, {1}), 1)).wait(h.io.waitScope).value();
+  auto next = h.create_variable(partitioned("c", floats({1}, {1}), 1));
   CHECK(next.shards.at(0).ps_task == 1);
   // A program creating a variable again finds it.
   CHECK(h.coordinator->create_variable(partitioned("w", floats({0, 0, 0, 0}, {4}), 2)).wait(h.io.waitScope).ok());
@@ -472,14 +481,11 @@ TEST_CASE("a coordinator restarted with its work_dir knows its variables, datase
 TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and errors, retried schedules run once",
           "[coordinator][durable]") {
   data::testing::TempDir work;
-  CoordinatorConfig config;
-  config.work_dir = work.path();
+  CoordinatorConfig config = journal_in(work);
   const uint64_t client = 77;
   {
     WorkerRecord a;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
-    h.add_worker(a);
+    Journaled h(config, a);
     for (int64_t seq = 1; seq <= 4; ++seq) {
       CHECK(h.coordinator->schedule("train_step", "args" + std::to_string(seq), client, seq).value() == seq);
     }
@@ -487,16 +493,14 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
     CHECK(h.coordinator->schedule("train_step", "args2", client, 2).value() == 2);
     h.settle();
     REQUIRE(a.runs.size() == 1);
-    a.reply(0, std::string("v1"));
-    h.settle();
+    h.answer(a, 0, std::string("v1"));
     REQUIRE(a.runs.size() == 2);  // closure 2 runs when the coordinator dies
     CHECK(sync_journal(h).ok());
   }
   {
     WorkerRecord b;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
-    CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
+    Journaled h(config);
+    CHECK(h.fetched(1).value() == "v1");
     // The retry of a schedule whose answer was lost with the old process.
     CHECK(h.coordinator->schedule("train_step", "args3", client, 3).value() == 3);
     CHECK(h.coordinator->schedule("train_step", "args5", client, 5).value() == 5);
@@ -505,40 +509,35 @@ TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and
     REQUIRE(b.runs.size() == 1);
     CHECK(b.runs[0].run.closure_id == 2);  // the run lost with the old coordinator, first
     CHECK(b.runs[0].run.args == "args2");
-    b.reply(0, Status::InvalidArgument("bad batch"));
-    h.settle();
+    h.answer(b, 0, Status::InvalidArgument("bad batch"));
     // The error is pending: join raises it once.
-    CHECK(h.coordinator->join().wait(h.io.waitScope).code() == StatusCode::kInvalidArgument);
+    CHECK(h.joined().code() == StatusCode::kInvalidArgument);
     (void)sync_journal(h);
   }
   WorkerRecord c;
-  Harness h(config);
-  REQUIRE(h.coordinator->open_journal().ok());
+  Journaled h(config);
   // Raised once, before the restart: not again. The closures queued when it
   // happened were cancelled, as TF does.
-  CHECK(h.coordinator->join().wait(h.io.waitScope).ok());
-  CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kInvalidArgument);
-  CHECK(h.coordinator->fetch(4).wait(h.io.waitScope).status().code() == StatusCode::kCancelled);
-  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
+  CHECK(h.joined().ok());
+  CHECK(h.fetched(2).status().code() == StatusCode::kInvalidArgument);
+  CHECK(h.fetched(4).status().code() == StatusCode::kCancelled);
+  CHECK(h.fetched(1).value() == "v1");
   REQUIRE(h.coordinator->release({1}).ok());
   (void)sync_journal(h);
-  CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  CHECK(h.fetched(1).status().code() == StatusCode::kNotFound);
   CHECK(h.coordinator->schedule("train_step", "new", client, 6).value() == 6);
 }
 
 TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot with the same state",
           "[coordinator][durable]") {
   data::testing::TempDir work;
-  CoordinatorConfig config;
-  config.work_dir = work.path();
+  CoordinatorConfig config = journal_in(work);
   config.journal_compact_records = 20;
   const uint64_t client = 5;
   {
     WorkerRecord a;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
-    h.add_worker(a);
-    h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+    Journaled h(config, a);
+    h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
     for (int64_t seq = 1; seq <= 30; ++seq) h.coordinator->schedule("train_step", "a", client, seq).value();
     for (size_t run = 0; run < 20; ++run) {
       h.settle();
@@ -560,12 +559,11 @@ TEST_CASE("a journal past journal_compact_records is rewritten as a snapshot wit
   CHECK(journals == 1);
 
   WorkerRecord b;
-  Harness h(config);
-  REQUIRE(h.coordinator->open_journal().ok());
+  Journaled h(config);
   CHECK(h.coordinator->placements().variables.size() == 1);
-  CHECK(h.coordinator->fetch(16).wait(h.io.waitScope).value() == "v16");
-  CHECK(h.coordinator->fetch(20).wait(h.io.waitScope).value() == "v20");
-  CHECK(h.coordinator->fetch(3).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);  // released
+  CHECK(h.fetched(16).value() == "v16");
+  CHECK(h.fetched(20).value() == "v20");
+  CHECK(h.fetched(3).status().code() == StatusCode::kNotFound);  // released
   CHECK(h.coordinator->schedule("train_step", "a", client, 22).value() == 22);  // a retry
   CHECK(h.coordinator->schedule("train_step", "a", client, 31).value() == 31);
   h.add_worker(b);
@@ -578,22 +576,17 @@ TEST_CASE("released values stay released across restarts, replayed and compacted
           "run again",
           "[coordinator][durable][release]") {
   data::testing::TempDir work;
-  CoordinatorConfig config;
-  config.work_dir = work.path();
+  CoordinatorConfig config = journal_in(work);
   const uint64_t client = 7;
   {
     WorkerRecord a;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
-    h.add_worker(a);
+    Journaled h(config, a);
     for (int64_t seq = 1; seq <= 4; ++seq) h.coordinator->schedule("train_step", "a", client, seq).value();
     h.settle();
-    a.reply(0, std::string("v1"));
-    h.settle();
+    h.answer(a, 0, std::string("v1"));
     REQUIRE(a.runs.size() == 2);
     REQUIRE(h.coordinator->release({1, 2 + 1}, client).ok());  // 1 done, 3 queued
-    a.reply(1, std::string("v2"));
-    h.settle();
+    h.answer(a, 1, std::string("v2"));
     REQUIRE(a.runs.size() == 3);
     CHECK(a.runs[2].run.closure_id == 3);
     a.reply(2, std::string("v3"));  // released: dropped as it ends
@@ -605,11 +598,11 @@ TEST_CASE("released values stay released across restarts, replayed and compacted
   auto check_state = [&](Harness& h, WorkerRecord& worker) {
     CHECK(h.coordinator->incarnation() == 0);  // durable: its ids outlive restarts
     for (int64_t gone : {1, 3, 4}) {
-      Status fetched = h.coordinator->fetch(gone).wait(h.io.waitScope).status();
+      Status fetched = h.fetched(gone).status();
       CHECK(fetched.code() == StatusCode::kNotFound);
       CHECK_THAT(fetched.message(), Catch::Contains("released"));
     }
-    CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).value() == "v2");
+    CHECK(h.fetched(2).value() == "v2");
     // Closure 4 had not finished: it runs again (at-least-once), and its
     // value is not kept. Closure 3 finished: it does not run again.
     h.add_worker(worker);
@@ -620,8 +613,7 @@ TEST_CASE("released values stay released across restarts, replayed and compacted
   {
     // Replayed record by record.
     WorkerRecord b;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
+    Journaled h(config);
     check_state(h, b);
   }
   // Compacted at the start (the journal is past the limit and holds more
@@ -630,26 +622,22 @@ TEST_CASE("released values stay released across restarts, replayed and compacted
   config.journal_compact_records = 4;
   {
     WorkerRecord c;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
+    Journaled h(config);
     CHECK(std::filesystem::exists(work.file("CURRENT")));
     check_state(h, c);
   }
   {
     WorkerRecord d;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
+    Journaled h(config);
     check_state(h, d);
-    d.reply(0, std::string("v4"));
-    h.settle();
-    CHECK(h.coordinator->fetch(4).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+    h.answer(d, 0, std::string("v4"));
+    CHECK(h.fetched(4).status().code() == StatusCode::kNotFound);
     REQUIRE(h.coordinator->release({2}, client).ok());
     REQUIRE(sync_journal(h).ok());
   }
   // Everything released and finished: the compacted journal keeps no closure.
-  Harness h(config);
-  REQUIRE(h.coordinator->open_journal().ok());
-  CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+  Journaled h(config);
+  CHECK(h.fetched(2).status().code() == StatusCode::kNotFound);
   CHECK(h.coordinator->stats()->results_kept == 0);
   CHECK(h.coordinator->schedule("train_step", "a", client, 5).value() == 5);
 }
@@ -657,51 +645,42 @@ TEST_CASE("released values stay released across restarts, replayed and compacted
 TEST_CASE("a restarted coordinator gives each client of its journal client_grace from the restart to come back",
           "[coordinator][durable][release]") {
   data::testing::TempDir work;
-  CoordinatorConfig config;
-  config.work_dir = work.path();
+  CoordinatorConfig config = journal_in(work);
   config.client_grace = std::chrono::milliseconds(2000);
   {
     WorkerRecord a;
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
-    h.add_worker(a);
+    Journaled h(config, a);
     h.coordinator->schedule("train_step", "a", /*client_id=*/7, 1).value();
     h.coordinator->schedule("train_step", "b", /*client_id=*/8, 1).value();
     h.settle();
-    a.reply(0, std::string("v1"));
-    h.settle();
-    a.reply(1, std::string("v2"));
-    h.settle();
+    h.answer(a, 0, std::string("v1"));
+    h.answer(a, 1, std::string("v2"));
     REQUIRE(sync_journal(h).ok());
   }
   {
-    Harness h(config);
-    REQUIRE(h.coordinator->open_journal().ok());
+    Journaled h(config);
     h.advance(std::chrono::milliseconds(1500));
     // Client 7 reconnects and calls; client 8 never comes back.
     REQUIRE(h.coordinator->release({}, 7).ok());
-    CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).value() == "v2");
+    CHECK(h.fetched(2).value() == "v2");
     h.advance(std::chrono::milliseconds(1500));
-    CHECK(h.coordinator->fetch(1).wait(h.io.waitScope).value() == "v1");
-    CHECK(h.coordinator->fetch(2).wait(h.io.waitScope).status().code() == StatusCode::kNotFound);
+    CHECK(h.fetched(1).value() == "v1");
+    CHECK(h.fetched(2).status().code() == StatusCode::kNotFound);
     REQUIRE(sync_journal(h).ok());
   }
   // The release of client 8's value was journaled.
-  Harness again(config);
-  REQUIRE(again.coordinator->open_journal().ok());
-  CHECK(again.coordinator->fetch(2).wait(again.io.waitScope).status().code() == StatusCode::kNotFound);
-  CHECK(again.coordinator->fetch(1).wait(again.io.waitScope).value() == "v1");
+  Journaled again(config);
+  CHECK(again.fetched(2).status().code() == StatusCode::kNotFound);
+  CHECK(again.fetched(1).value() == "v1");
 }
 
 TEST_CASE("a journal naming a parameter server this coordinator lacks stops it with the reason",
           "[coordinator][durable]") {
   data::testing::TempDir work;
-  CoordinatorConfig config;
-  config.work_dir = work.path();
+  CoordinatorConfig config = journal_in(work);
   {
-    Harness h(config, /*num_ps=*/2);
-    REQUIRE(h.coordinator->open_journal().ok());
-    h.coordinator->create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2)).wait(h.io.waitScope).value();
+    Journaled h(config, /*num_ps=*/2);
+    h.create_variable(partitioned("w", floats({1, 2, 3, 4}, {4}), 2));
   }
   Harness h(config, /*num_ps=*/1);
   Status opened = h.coordinator->open_journal();
@@ -713,14 +692,13 @@ TEST_CASE("a journal naming a parameter server this coordinator lacks stops it w
 TEST_CASE("a policy save that comes due while another runs happens when it ends, a leave waiting for it goes on",
           "[coordinator][preemption]") {
   data::testing::TempDir dir;
-  CoordinatorConfig config;
-  config.checkpoint_dir = dir.path();
+  CoordinatorConfig config = checkpoints_in(dir);
   config.checkpoint_every_steps = 1;
   config.closures_per_worker = 2;
   WorkerRecord a;
   Harness h(config);
   int64_t id = h.add_worker(a);
-  h.coordinator->create_variable(partitioned("w", floats({1, 2}, {2}), 1)).wait(h.io.waitScope).value();
+  h.create_variable(partitioned("w", floats({1, 2}, {2}), 1));
   // The pool (one thread) is held: the first save waits in it.
   std::promise<void> release;
   std::shared_future<void> gate = release.get_future().share();

@@ -3,10 +3,6 @@
 // what happens when a member is lost.
 #include "daemons/coordinator/strategies.h"
 
-#include <kj/async.h>
-#include <kj/timer.h>
-#include <spdlog/sinks/null_sink.h>
-
 #include <catch2/catch.hpp>
 
 #include "daemons/coordinator/coordinator.h"
@@ -236,44 +232,20 @@ TEST_CASE("a replica's own error is the step's, not the aborted-group errors its
 namespace capstan::coordinator {
 namespace {
 
-using testing::FakeParameterServers;
 using testing::FakeWorker;
 
-struct Alone : private kj::TaskSet::ErrorHandler {
-  Alone() { health.set(0, PsHealth::State::kUp, Status::Ok(), kj::origin<kj::TimePoint>()); }
-  ~Alone() { pool.join(); }
-  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
-
+struct Alone : testing::CoordinatorParts {
   int64_t add_worker(WorkerRecord& record, int task_index) {
-    return workers.add(task_index, {"sync_step"}, std::make_unique<FakeWorker>(record)).id;
+    return CoordinatorParts::add_worker(record, task_index, {"sync_step"});
   }
 
-  std::shared_ptr<spdlog::logger> log =
-      std::make_shared<spdlog::logger>("strategies_test", std::make_shared<spdlog::sinks::null_sink_mt>());
-  kj::EventLoop loop;
-  kj::WaitScope ws{loop};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  kj::TaskSet tasks{*this};
-  ChangeSignal changes{timer};
-  CoordinatorStats stats;
-  boost::asio::thread_pool pool{1};
-  FakeParameterServers ps{1};
-  PsHealth health{ps, kj::origin<kj::TimePoint>(), std::chrono::milliseconds(30000)};
-  PsVariables variables{ps, health, pool, log, "", [](const PlacedVariable&) { return Status::Ok(); }};
-  DispatchGate gate;
-  Workers workers{log, changes, [](int64_t) { return size_t{0}; }};
-  Strategies strategies{workers, variables, gate, LoopContext{timer, tasks, changes, stats, log}};
+  Strategies strategies{workers, variables, gate, context};
 };
 
 TEST_CASE("Strategies alone: a variable lives in one place, and each strategy says what it mirrors",
           "[coordinator][strategy]") {
   Alone f;
-  PlacedVariable ps_variable;
-  ps_variable.name = "b";
-  ps_variable.dtype = DType::kFloat32;
-  ps_variable.shape = {2};
-  ps_variable.shards = {{"b/part_0", 0, 0, 2}};
-  f.variables.restore(ps_variable, 1);
+  f.restore_variable("b", 2, 0);
   std::vector<MirroredVariableInit> on_ps = {{"b", Tensor::zeros(DType::kFloat32, {2}).value(), Optimizer::sgd(0.1)}};
   auto refused = f.strategies.create("s", on_ps, config());
   CHECK(refused.code() == StatusCode::kAlreadyExists);

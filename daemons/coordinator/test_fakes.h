@@ -1,6 +1,8 @@
 // Fakes for the coordinator's unit tests: workers and parameter servers
-// that record what the coordinator asked and answer as the test says, and a
-// Harness (an event loop, a manual clock, a coordinator over the fakes).
+// that record what the coordinator asked and answer as the test says,
+// CoordinatorParts (what the coordinator's parts share, for testing one part
+// alone) and a Harness (an event loop, a manual clock, a coordinator over the
+// fakes).
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_TEST_FAKES_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_TEST_FAKES_H_
 
@@ -9,10 +11,12 @@
 #include <spdlog/sinks/null_sink.h>
 
 #include <catch2/catch.hpp>
+#include <functional>
 #include <map>
 #include <memory>
 #include <set>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -264,6 +268,82 @@ class FakeParameterServers : public ParameterServers {
   std::vector<Task> tasks;
 };
 
+// What the coordinator's parts share, for a test of one part alone: an
+// event loop, a manual clock, the task set (a failed task fails the test),
+// the change signal, the stats and a silent log (a LoopContext over them), a
+// pool, fake parameter servers with their health and variable table, a gate
+// and a worker table. A test's fixture derives from it and adds the part it
+// tests.
+struct CoordinatorParts : private kj::TaskSet::ErrorHandler {
+  // ps_up: the parameter servers answer and are marked up from the start;
+  // otherwise first contact may take until `first_contact` after the start.
+  explicit CoordinatorParts(int num_ps = 1, bool ps_up = true, kj::Duration first_contact = 0 * kj::SECONDS)
+      : ps(num_ps, ps_up), health(ps, kStart + first_contact, std::chrono::milliseconds(30000)) {
+    if (!ps_up) return;
+    for (int task = 0; task < num_ps; ++task) health.set(task, PsHealth::State::kUp, Status::Ok(), kStart);
+  }
+  ~CoordinatorParts() { pool.join(); }
+  void taskFailed(kj::Exception&& exception) override { FAIL(exception.getDescription().cStr()); }
+
+  // Moves the clock forward by `d` in `steps` steps, running what becomes
+  // ready.
+  void advance(kj::Duration d, int steps = 1) {
+    for (int i = 0; i < steps; ++i) {
+      timer.advanceTo(timer.now() + d / steps);
+      ws.poll();
+    }
+  }
+  // Registers a fake worker over `record` (which must outlive the parts).
+  int64_t add_worker(WorkerRecord& record, int task_index = -1, std::set<std::string> functions = {"train_step"}) {
+    return workers.add(task_index, std::move(functions), std::make_unique<FakeWorker>(record)).id;
+  }
+  // Records a float variable of `size` values in one shard, "<name>/part_0"
+  // on parameter server `task`, as the journal would bring it back.
+  void restore_variable(const std::string& name, int64_t size, int task) {
+    PlacedVariable v;
+    v.name = name;
+    v.dtype = DType::kFloat32;
+    v.shape = {size};
+    v.shards = {{name + "/part_0", task, 0, size}};
+    variables.restore(v, 1);
+  }
+  // Runs the loop until `promise` resolves (the pool answers through the
+  // mailbox), for up to 10 s.
+  template <typename T>
+  T wait(kj::Promise<T>& promise) {
+    for (int i = 0; i < 1000 && !promise.poll(ws); ++i) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    }
+    return promise.wait(ws);
+  }
+  template <typename T>
+  T wait(kj::Promise<T>&& promise) {
+    return wait(promise);
+  }
+
+  static inline const kj::TimePoint kStart = kj::origin<kj::TimePoint>();
+  std::shared_ptr<spdlog::logger> log =
+      std::make_shared<spdlog::logger>("coordinator_parts", std::make_shared<spdlog::sinks::null_sink_mt>());
+  kj::AsyncIoContext io = kj::setupAsyncIo();
+  kj::WaitScope& ws = io.waitScope;
+  async::Mailbox mailbox{*io.lowLevelProvider};  // run_on_pool hands results back through it
+  kj::TimerImpl timer{kStart};
+  kj::TaskSet tasks{*this};
+  int notified = 0;  // the change signal's notify() calls
+  ChangeSignal changes{timer, [this]() { ++notified; }};
+  CoordinatorStats stats;
+  LoopContext context{timer, tasks, changes, stats, log};
+  boost::asio::thread_pool pool{1};
+  FakeParameterServers ps;
+  PsHealth health;
+  PsVariables variables{ps, health, pool, log, "", [](const PlacedVariable&) { return Status::Ok(); }};
+  DispatchGate gate;
+  // What a failed worker's closures come to (the closure queue's requeue);
+  // none by default.
+  std::function<size_t(int64_t)> requeue = [](int64_t) { return size_t{0}; };
+  Workers workers{log, changes, [this](int64_t id) { return requeue(id); }};
+};
+
 // An event loop, a manual clock and a coordinator over fakes.
 struct Harness {
   // ps_up: whether the parameter servers answer from the start.
@@ -277,6 +357,12 @@ struct Harness {
             config, ps, timer, pool,
             std::make_shared<spdlog::logger>("coordinator_test", std::make_shared<spdlog::sinks::null_sink_mt>()))) {
     settle();
+  }
+  // With a first worker (running "train_step"), `worker`, which must
+  // outlive this.
+  explicit Harness(WorkerRecord& worker, CoordinatorConfig config = {}, int num_ps = 1, bool ps_up = true)
+      : Harness(std::move(config), num_ps, ps_up) {
+    add_worker(worker);
   }
   ~Harness() {
     coordinator.reset();
@@ -297,6 +383,27 @@ struct Harness {
   int64_t add_worker(WorkerRecord& record, std::set<std::string> functions = {"train_step"}, int task_index = 0) {
     return coordinator->register_worker(task_index, std::move(functions), std::make_unique<FakeWorker>(record))
         .wait(io.waitScope);
+  }
+  // Schedules `n` "train_step" closures with args "0", "1", ... and (with
+  // `run`) runs what follows; their ids.
+  std::vector<int64_t> schedule_steps(int n, bool run = true) {
+    std::vector<int64_t> ids;
+    for (int i = 0; i < n; ++i) ids.push_back(coordinator->schedule("train_step", std::to_string(i)).value());
+    if (run) settle();
+    return ids;
+  }
+  // Answers `record`'s closure dispatched `index`-th and runs what follows.
+  void answer(WorkerRecord& record, size_t index, Result<std::string> result, bool worker_lost = false) {
+    record.reply(index, std::move(result), worker_lost);
+    settle();
+  }
+  // What join() answers, waiting for it.
+  Status joined() { return coordinator->join().wait(io.waitScope); }
+  // Closure `id`'s value (or error), waiting for it.
+  Result<std::string> fetched(int64_t id) { return coordinator->fetch(id).wait(io.waitScope); }
+  // Creates a variable that must be created.
+  auto create_variable(VariableRequest request) {
+    return coordinator->create_variable(std::move(request)).wait(io.waitScope).value();
   }
 
   kj::AsyncIoContext io;

@@ -1,9 +1,5 @@
 #include "daemons/coordinator/workers.h"
 
-#include <kj/async.h>
-#include <kj/timer.h>
-#include <spdlog/sinks/null_sink.h>
-
 #include <catch2/catch.hpp>
 
 #include "daemons/coordinator/test_fakes.h"
@@ -11,26 +7,21 @@
 namespace capstan::coordinator {
 namespace {
 
-using testing::FakeWorker;
 using testing::WorkerRecord;
 
-struct Fixture {
-  kj::EventLoop loop;
-  kj::WaitScope ws{loop};
-  kj::TimerImpl timer{kj::origin<kj::TimePoint>()};
-  int notified = 0;
-  ChangeSignal changes{timer, [this]() { ++notified; }};
-  std::vector<int64_t> requeued_for;
-  WorkerRecord record;  // outlives the peers
-  Workers workers{std::make_shared<spdlog::logger>("workers_test", std::make_shared<spdlog::sinks::null_sink_mt>()),
-                  changes, [this](int64_t id) {
-                    requeued_for.push_back(id);
-                    return size_t{2};
-                  }};
-
-  int64_t add(int task_index, std::set<std::string> functions = {"train_step"}) {
-    return workers.add(task_index, std::move(functions), std::make_unique<FakeWorker>(record)).id;
+struct Fixture : testing::CoordinatorParts {
+  Fixture() {
+    requeue = [this](int64_t id) {
+      requeued_for.push_back(id);
+      return size_t{2};
+    };
   }
+  int64_t add(int task_index, std::set<std::string> functions = {"train_step"}) {
+    return add_worker(record, task_index, std::move(functions));
+  }
+
+  std::vector<int64_t> requeued_for;
+  WorkerRecord record;  // every peer's; they hold it and never touch it as they go
 };
 
 TEST_CASE("a worker without a task index gets the lowest one no registered worker has", "[coordinator][workers]") {

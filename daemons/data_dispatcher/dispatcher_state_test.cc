@@ -7,6 +7,7 @@
 #include <cstring>
 
 #include <algorithm>
+#include <initializer_list>
 #include <string>
 #include <vector>
 
@@ -65,11 +66,20 @@ CreateJob round_robin_job(int64_t id, int64_t consumers) {
   return rr;
 }
 
-// A dataset "ds" (fingerprint 42) and workers w1, w2.
-void setup(DispatcherState& state) {
+// Job `id` of "ds", sharded dynamically over `providers` split providers.
+CreateJob dynamic_job(int64_t id, int64_t providers) {
+  CreateJob job = job_of(id, "ds", "", ProcessingMode::kDynamic);
+  job.num_split_providers = providers;
+  return job;
+}
+
+// A dataset "ds" (fingerprint 42) and workers w1, w2, then `more` (a
+// test's set-up), each of which must apply.
+void setup(DispatcherState& state, std::initializer_list<Update> more = {}) {
   ok(state, RegisterDataset{"ds", 42});
   ok(state, RegisterWorker{"w1", "w1:t", {"a"}});
   ok(state, RegisterWorker{"w2", "", {}});
+  for (const Update& update : more) ok(state, update);
 }
 
 // One of each update kind, with non-trivial field values.
@@ -292,9 +302,7 @@ TEST_CASE("RegisterWorker lists workers by address") {
 
 TEST_CASE("re-registering a known worker is idempotent and keeps its tasks") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, CreateTask{10, 1, "w1"});
+  setup(state, {job_of(1), CreateTask{10, 1, "w1"}});
   ok(state, RegisterWorker{"w1", "w1:t", {"a"}});
   const std::string once = state.debug_string();
   ok(state, RegisterWorker{"w1", "w1:t", {"a"}});
@@ -420,8 +428,7 @@ TEST_CASE("job queries report NotFound") {
 
 TEST_CASE("named jobs are found by name and the name is unique while the job lives") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1, "ds", "shared"));
+  setup(state, {job_of(1, "ds", "shared")});
   ok(state, job_of(2));  // anonymous
   auto named = state.job_for_name("shared");
   REQUIRE(named.ok());
@@ -437,8 +444,7 @@ TEST_CASE("named jobs are found by name and the name is unique while the job liv
 
 TEST_CASE("a garbage-collected job's name can be taken by a new job") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1, "ds", "shared"));
+  setup(state, {job_of(1, "ds", "shared")});
   ok(state, GarbageCollectJob{1});
   auto old = state.job_for_name("shared");
   REQUIRE(old.ok());
@@ -454,9 +460,7 @@ TEST_CASE("a garbage-collected job's name can be taken by a new job") {
 
 TEST_CASE("AcquireJobClient and ReleaseJobClient track a job's clients") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, job_of(2));
+  setup(state, {job_of(1), job_of(2)});
   ok(state, AcquireJobClient{state.next_available_job_client_id(), 1});
   ok(state, AcquireJobClient{3005, 1});
   ok(state, AcquireJobClient{3001, 2});
@@ -480,9 +484,7 @@ TEST_CASE("AcquireJobClient and ReleaseJobClient track a job's clients") {
 
 TEST_CASE("AcquireJobClient rejects bad ids, unknown and collected jobs") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, job_of(2));
+  setup(state, {job_of(1), job_of(2)});
   ok(state, AcquireJobClient{10, 1});
   rejected(state, AcquireJobClient{-1, 1}, StatusCode::kInvalidArgument);
   rejected(state, AcquireJobClient{10, 2}, StatusCode::kAlreadyExists);
@@ -493,9 +495,7 @@ TEST_CASE("AcquireJobClient rejects bad ids, unknown and collected jobs") {
 
 TEST_CASE("ReleaseJobClient rejects unknown clients and negative times") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, AcquireJobClient{10, 1});
+  setup(state, {job_of(1), AcquireJobClient{10, 1}});
   rejected(state, ReleaseJobClient{10, -5}, StatusCode::kInvalidArgument);
   rejected(state, ReleaseJobClient{11, 5}, StatusCode::kNotFound);
   ok(state, ReleaseJobClient{10, 5});
@@ -506,9 +506,7 @@ TEST_CASE("ReleaseJobClient rejects unknown clients and negative times") {
 
 TEST_CASE("CreateTask assigns a task to a worker") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, job_of(2));
+  setup(state, {job_of(1), job_of(2)});
   ok(state, CreateTask{state.next_available_task_id(), 1, "w1"});
   ok(state, CreateTask{4007, 1, "w2"});
   ok(state, CreateTask{4003, 2, "w1"});
@@ -528,10 +526,7 @@ TEST_CASE("CreateTask assigns a task to a worker") {
 
 TEST_CASE("CreateTask rejects bad ids, unknown jobs and workers, and dead jobs") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, job_of(2));
-  ok(state, job_of(3));
+  setup(state, {job_of(1), job_of(2), job_of(3)});
   ok(state, CreateTask{10, 1, "w1"});
   rejected(state, CreateTask{-1, 1, "w2"}, StatusCode::kInvalidArgument);
   rejected(state, CreateTask{10, 1, "w2"}, StatusCode::kAlreadyExists);
@@ -550,10 +545,7 @@ TEST_CASE("CreateTask rejects bad ids, unknown jobs and workers, and dead jobs")
 
 TEST_CASE("a job is finished when all its tasks are finished") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, CreateTask{10, 1, "w1"});
-  ok(state, CreateTask{11, 1, "w2"});
+  setup(state, {job_of(1), CreateTask{10, 1, "w1"}, CreateTask{11, 1, "w2"}});
   ok(state, FinishTask{10});
   CHECK((*state.task_from_id(10))->finished);
   CHECK_FALSE((*state.job_from_id(1))->finished);
@@ -567,10 +559,7 @@ TEST_CASE("a job is finished when all its tasks are finished") {
 
 TEST_CASE("FinishTask rejects unknown, finished and pending tasks") {
   DispatcherState state;
-  setup(state);
-  ok(state, round_robin_job(1, 1));
-  ok(state, CreateTask{10, 1, "w1"});
-  ok(state, CreatePendingTask{11, 1, "w2", 5});
+  setup(state, {round_robin_job(1, 1), CreateTask{10, 1, "w1"}, CreatePendingTask{11, 1, "w2", 5}});
   rejected(state, FinishTask{99}, StatusCode::kNotFound);
   rejected(state, FinishTask{11}, StatusCode::kFailedPrecondition);
   ok(state, FinishTask{10});
@@ -579,10 +568,7 @@ TEST_CASE("FinishTask rejects unknown, finished and pending tasks") {
 
 TEST_CASE("RemoveTask erases a task everywhere") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, CreateTask{10, 1, "w1"});
-  ok(state, CreateTask{11, 1, "w2"});
+  setup(state, {job_of(1), CreateTask{10, 1, "w1"}, CreateTask{11, 1, "w2"}});
   ok(state, FinishTask{10});
   ok(state, RemoveTask{11});
   CHECK(state.task_from_id(11).status().code() == StatusCode::kNotFound);
@@ -596,10 +582,7 @@ TEST_CASE("RemoveTask erases a task everywhere") {
 
 TEST_CASE("RemoveTask drops a pending task from the queue") {
   DispatcherState state;
-  setup(state);
-  ok(state, round_robin_job(1, 2));
-  ok(state, CreatePendingTask{10, 1, "w1", 3});
-  ok(state, CreatePendingTask{11, 1, "w2", 4});
+  setup(state, {round_robin_job(1, 2), CreatePendingTask{10, 1, "w1", 3}, CreatePendingTask{11, 1, "w2", 4}});
   ok(state, RemoveTask{10});
   CHECK(ids_of(*state.pending_tasks_for_job(1)) == std::vector<int64_t>{11});
   CHECK(state.tasks_for_worker("w1")->empty());
@@ -610,12 +593,11 @@ TEST_CASE("RemoveTask drops a pending task from the queue") {
 
 TEST_CASE("a pending task becomes active once every consumer accepts it") {
   DispatcherState state;
-  setup(state);
-  ok(state, round_robin_job(1, 2));
-  ok(state, CreateTask{10, 1, "w1"});
-  ok(state, AcquireJobClient{100, 1});
-  ok(state, AcquireJobClient{101, 1});
-  ok(state, CreatePendingTask{11, 1, "w2", 5});
+  setup(state, {round_robin_job(1, 2),
+                CreateTask{10, 1, "w1"},
+                AcquireJobClient{100, 1},
+                AcquireJobClient{101, 1},
+                CreatePendingTask{11, 1, "w2", 5}});
 
   CHECK(ids_of(*state.pending_tasks_for_job(1)) == std::vector<int64_t>{11});
   CHECK(ids_of(*state.tasks_for_job(1)) == std::vector<int64_t>{10});
@@ -644,10 +626,7 @@ TEST_CASE("a pending task becomes active once every consumer accepts it") {
 
 TEST_CASE("CreatePendingTask needs a round-robin job and a valid round") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, round_robin_job(2, 2));
-  ok(state, CreateTask{10, 2, "w1"});
+  setup(state, {job_of(1), round_robin_job(2, 2), CreateTask{10, 2, "w1"}});
   rejected(state, CreatePendingTask{11, 1, "w1", 0}, StatusCode::kFailedPrecondition);
   rejected(state, CreatePendingTask{11, 2, "w2", -1}, StatusCode::kInvalidArgument);
   rejected(state, CreatePendingTask{10, 2, "w2", 0}, StatusCode::kAlreadyExists);
@@ -658,9 +637,7 @@ TEST_CASE("CreatePendingTask needs a round-robin job and a valid round") {
 
 TEST_CASE("ClientHeartbeat rejects malformed answers, unknown clients and empty queues") {
   DispatcherState state;
-  setup(state);
-  ok(state, round_robin_job(1, 1));
-  ok(state, AcquireJobClient{100, 1});
+  setup(state, {round_robin_job(1, 1), AcquireJobClient{100, 1}});
   rejected(state, ClientHeartbeat{100, false, std::nullopt}, StatusCode::kInvalidArgument);
   rejected(state, ClientHeartbeat{100, true, int64_t{3}}, StatusCode::kInvalidArgument);
   rejected(state, ClientHeartbeat{100, false, int64_t{-3}}, StatusCode::kInvalidArgument);
@@ -672,10 +649,7 @@ TEST_CASE("ClientHeartbeat rejects malformed answers, unknown clients and empty 
 
 TEST_CASE("ProduceSplit counts splits per provider across repetitions") {
   DispatcherState state;
-  setup(state);
-  CreateJob c = job_of(1, "ds", "", ProcessingMode::kDynamic);
-  c.num_split_providers = 2;
-  ok(state, c);
+  setup(state, {dynamic_job(1, 2)});
   CHECK(*state.split_state(1, 0) == SplitState{0, 0});
 
   for (int i = 0; i < 3; ++i) ok(state, ProduceSplit{1, 0, 0, false});
@@ -697,8 +671,7 @@ TEST_CASE("ProduceSplit counts splits per provider across repetitions") {
 
 TEST_CASE("ProduceSplit for a later repetition restarts the count there") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1, "ds", "", ProcessingMode::kDynamic));
+  setup(state, {job_of(1, "ds", "", ProcessingMode::kDynamic)});
   ok(state, ProduceSplit{1, 0, 0, false});
   ok(state, ProduceSplit{1, 0, 0, false});
   ok(state, ProduceSplit{1, 2, 0, false});
@@ -708,11 +681,7 @@ TEST_CASE("ProduceSplit for a later repetition restarts the count there") {
 
 TEST_CASE("ProduceSplit rejects unknown, non-dynamic and collected jobs and bad indices") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  CreateJob d = job_of(2, "ds", "", ProcessingMode::kDynamic);
-  d.num_split_providers = 2;
-  ok(state, d);
+  setup(state, {job_of(1), dynamic_job(2, 2)});
   ok(state, job_of(3, "ds", "", ProcessingMode::kDynamic));
   rejected(state, ProduceSplit{99, 0, 0, false}, StatusCode::kNotFound);
   rejected(state, ProduceSplit{1, 0, 0, false}, StatusCode::kFailedPrecondition);
@@ -736,10 +705,7 @@ TEST_CASE("CreateJob with more split providers than any pipeline has is InvalidA
 
 TEST_CASE("ProduceSplit leases a split to a running task of its job, in order") {
   DispatcherState state;
-  setup(state);
-  CreateJob c = job_of(1, "ds", "", ProcessingMode::kDynamic);
-  c.num_split_providers = 2;
-  ok(state, c);
+  setup(state, {dynamic_job(1, 2)});
   ok(state, job_of(2, "ds", "", ProcessingMode::kDynamic));
   ok(state, CreateTask{10, 1, "w1"});
   ok(state, CreateTask{11, 1, "w2"});
@@ -776,10 +742,7 @@ TEST_CASE("ProduceSplit leases a split to a running task of its job, in order") 
 
 TEST_CASE("ReassignTask moves a task with its leases to another worker, even one running the same job") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1, "ds", "", ProcessingMode::kDynamic));
-  ok(state, CreateTask{10, 1, "w1"});
-  ok(state, CreateTask{11, 1, "w2"});
+  setup(state, {job_of(1, "ds", "", ProcessingMode::kDynamic), CreateTask{10, 1, "w1"}, CreateTask{11, 1, "w2"}});
   ok(state, ProduceSplit{1, 0, 0, false, 10});
   ok(state, ProduceSplit{1, 0, 0, false, 11});
   ok(state, ProduceSplit{1, 0, 0, false, 10});
@@ -815,9 +778,7 @@ TEST_CASE("ReassignTask rejects unknown, finished and pending tasks, unknown wor
 
 TEST_CASE("split_state reports errors") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, job_of(2, "ds", "", ProcessingMode::kDynamic));
+  setup(state, {job_of(1), job_of(2, "ds", "", ProcessingMode::kDynamic)});
   CHECK(state.split_state(99, 0).status().code() == StatusCode::kNotFound);
   CHECK(state.split_state(1, 0).status().code() == StatusCode::kFailedPrecondition);
   CHECK(state.split_state(2, 1).status().code() == StatusCode::kInvalidArgument);
@@ -828,10 +789,7 @@ TEST_CASE("split_state reports errors") {
 
 TEST_CASE("GarbageCollectJob ends the job's tasks") {
   DispatcherState state;
-  setup(state);
-  ok(state, round_robin_job(1, 2));
-  ok(state, CreateTask{10, 1, "w1"});
-  ok(state, CreatePendingTask{11, 1, "w2", 3});
+  setup(state, {round_robin_job(1, 2), CreateTask{10, 1, "w1"}, CreatePendingTask{11, 1, "w2", 3}});
   ok(state, GarbageCollectJob{1});
   const Job& job = **state.job_from_id(1);
   CHECK(job.finished);
@@ -847,10 +805,7 @@ TEST_CASE("GarbageCollectJob ends the job's tasks") {
 
 TEST_CASE("GarbageCollectJob rejects unknown, collected and attended jobs") {
   DispatcherState state;
-  setup(state);
-  ok(state, job_of(1));
-  ok(state, job_of(2));
-  ok(state, AcquireJobClient{100, 2});
+  setup(state, {job_of(1), job_of(2), AcquireJobClient{100, 2}});
   rejected(state, GarbageCollectJob{99}, StatusCode::kNotFound);
   rejected(state, GarbageCollectJob{2}, StatusCode::kFailedPrecondition);
   ok(state, GarbageCollectJob{1});

@@ -522,12 +522,20 @@ std::unique_ptr<Dispatcher> open_on(io::MemoryFileSystem& files, FakeClock& cloc
   return std::move(*d);
 }
 
-TEST_CASE("updates made while an fsync is in flight share the next fsync, and each is durable when acknowledged") {
+// A dispatcher `d` journaling into the in-memory `files`.
+struct OnMemory {
+  // Waits until every change so far is durable.
+  void durable() { REQUIRE(d->wait_durable(d->journal_ticket()).ok()); }
+
   io::MemoryFileSystem files;
   FakeClock clock;
-  auto d = open_on(files, clock);
+  std::unique_ptr<Dispatcher> d = open_on(files, clock);
+};
+
+TEST_CASE_METHOD(OnMemory,
+                 "updates made while an fsync is in flight share the next fsync, and each is durable when acknowledged") {
   const std::string dataset = register_range(*d, 1000);
-  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  durable();
   const int64_t syncs_before = files.file_syncs();
 
   // As DispatcherService runs it: calls one after another on the dispatcher
@@ -561,15 +569,12 @@ TEST_CASE("updates made while an fsync is in flight share the next fsync, and ea
   for (const JobClient& c : clients) CHECK(restarted->client_heartbeat(c.job_client_id).ok());
 }
 
-TEST_CASE("a change not yet acknowledged may be lost in a crash, an acknowledged one is not") {
-  io::MemoryFileSystem files;
-  FakeClock clock;
-  auto d = open_on(files, clock);
+TEST_CASE_METHOD(OnMemory, "a change not yet acknowledged may be lost in a crash, an acknowledged one is not") {
   const std::string dataset = register_range(*d, 10);
-  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  durable();
   auto client = d->get_or_create_job(job(dataset, "acknowledged"));
   REQUIRE(client.ok());
-  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  durable();
   REQUIRE(d->get_or_create_job(job(dataset, "never acknowledged")).ok());
   CHECK_FALSE(d->is_durable(d->journal_ticket()));
 
@@ -582,12 +587,9 @@ TEST_CASE("a change not yet acknowledged may be lost in a crash, an acknowledged
   CHECK(jobs[0].job_name == "acknowledged");
 }
 
-TEST_CASE("after a failed fsync the dispatcher refuses changes and every wait fails") {
-  io::MemoryFileSystem files;
-  FakeClock clock;
-  auto d = open_on(files, clock);
+TEST_CASE_METHOD(OnMemory, "after a failed fsync the dispatcher refuses changes and every wait fails") {
   const std::string dataset = register_range(*d, 10);
-  REQUIRE(d->wait_durable(d->journal_ticket()).ok());
+  durable();
 
   files.fail_next_sync(Status::DataLoss("Input/output error"));
   REQUIRE(d->get_or_create_job(job(dataset)).ok());  // applied, queued

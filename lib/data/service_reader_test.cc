@@ -251,20 +251,6 @@ uint16_t free_port() {
   return probe.port();
 }
 
-// A fake dispatcher that lists one task (id 1) of one fake worker. The test
-// sets up `w`, then calls start_worker().
-struct OneTask {
-  void start_worker() {
-    worker = std::make_unique<WorkerServer>(&w);
-    state.tasks = {{1, worker->address()}};
-  }
-
-  DispatcherState state;
-  DispatcherServer dispatcher{&state};
-  WorkerState w;
-  std::unique_ptr<WorkerServer> worker;
-};
-
 int64_t as_int(const Element& e) { return e.components.at(0).flat<int64_t>()[0]; }
 
 // Reads `it` to its end (or `limit` elements); every error fails the test.
@@ -309,6 +295,42 @@ ReaderConfig fast_config(const std::string& address, ReadOptions options = {}) {
   config.max_idle_backoff = 20ms;
   return config;
 }
+
+// Two elements a request, `outstanding` requests in flight per task.
+ReadOptions windowed(int64_t outstanding) {
+  ReadOptions options;
+  options.max_elements_per_request = 2;
+  options.max_outstanding_requests = outstanding;
+  return options;
+}
+
+// A fake dispatcher that lists one task (id 1) of one fake worker. The test
+// sets up `w`, then calls start_worker() (or start_reading()).
+struct OneTask {
+  void start_worker() {
+    worker = std::make_unique<WorkerServer>(&w);
+    state.tasks = {{1, worker->address()}};
+  }
+  // Starts the worker and a reader of the task.
+  std::unique_ptr<engine::IteratorBase> start_reading(ReadOptions options = {}) {
+    start_worker();
+    return make_service_reader(fast_config(dispatcher.address(), options));
+  }
+  // The reader's first answer is the worker's InvalidArgument naming `what`;
+  // then it reads all 10 elements.
+  void check_error_then_all(const std::string& what) {
+    auto reader = start_reading();
+    Status s = next_status(*reader);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), Catch::Contains(what));
+    CHECK(drain(*reader) == iota(0, 10));
+  }
+
+  DispatcherState state;
+  DispatcherServer dispatcher{&state};
+  WorkerState w;
+  std::unique_ptr<WorkerServer> worker;
+};
 
 Status make_error(const Dataset& ds) { return ds.make_iterator().status(); }
 
@@ -361,6 +383,12 @@ TEST_CASE("from_dataset_id arguments are checked by make_iterator, naming the ba
   auto error = [](const std::string& address, ReadOptions options, const std::string& dataset_id = "1") {
     return make_error(from_dataset_id(address, dataset_id, options));
   };
+  // `o` with a good address is refused as InvalidArgument; the message matches `names`.
+  auto refused = [&error](const ReadOptions& o, const auto& names) {
+    Status s = error("127.0.0.1:5050", o);
+    CHECK(s.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(s.message(), names);
+  };
   SECTION("a dispatcher address that is not host:port") {
     for (const char* address : {"localhost", "localhost:", ":5050", "host:99999", "host:port", ""}) {
       Status s = error(address, {});
@@ -377,9 +405,7 @@ TEST_CASE("from_dataset_id arguments are checked by make_iterator, naming the ba
     ReadOptions o;
     o.job_name = "j";
     o.num_consumers = -2;
-    Status s = error("127.0.0.1:5050", o);
-    CHECK(s.code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(s.message(), Catch::Contains("num_consumers") && Catch::Contains("-2"));
+    refused(o, Catch::Contains("num_consumers") && Catch::Contains("-2"));
   }
   SECTION("consumer_index out of range") {
     ReadOptions o;
@@ -387,25 +413,19 @@ TEST_CASE("from_dataset_id arguments are checked by make_iterator, naming the ba
     o.num_consumers = 2;
     for (int64_t index : {int64_t{-1}, int64_t{2}, int64_t{7}}) {
       o.consumer_index = index;
-      Status s = error("127.0.0.1:5050", o);
-      CHECK(s.code() == StatusCode::kInvalidArgument);
-      CHECK_THAT(s.message(), Catch::Contains("consumer_index") && Catch::Contains("[0, 2)"));
+      refused(o, Catch::Contains("consumer_index") && Catch::Contains("[0, 2)"));
     }
   }
   SECTION("consumer_index without num_consumers") {
     ReadOptions o;
     o.consumer_index = 0;
-    Status s = error("127.0.0.1:5050", o);
-    CHECK(s.code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(s.message(), Catch::Contains("consumer_index"));
+    refused(o, Catch::Contains("consumer_index"));
   }
   SECTION("coordinated reads without a job name") {
     ReadOptions o;
     o.num_consumers = 2;
     o.consumer_index = 0;
-    Status s = error("127.0.0.1:5050", o);
-    CHECK(s.code() == StatusCode::kInvalidArgument);
-    CHECK_THAT(s.message(), Catch::Contains("job_name"));
+    refused(o, Catch::Contains("job_name"));
   }
   SECTION("the cross-trainer cache without a trainer id or job name") {
     ReadOptions o;
@@ -714,22 +734,13 @@ TEST_CASE("a listed task is kept while its worker is unreachable", "[data][servi
 
 TEST_CASE_METHOD(OneTask, "a worker's element error is returned once and reading continues", "[data][service][rpc]") {
   w.fail_once = Status::InvalidArgument("bad record 3");
-  start_worker();
-  auto reader = make_service_reader(fast_config(dispatcher.address()));
-  Status s = next_status(*reader);
-  CHECK(s.code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(s.message(), Catch::Contains("bad record 3"));
-  CHECK(drain(*reader) == iota(0, 10));
+  check_error_then_all("bad record 3");
 }
 
 TEST_CASE_METHOD(OneTask, "the reader keeps max_outstanding_requests numbered requests in flight per task",
                  "[data][service][rpc]") {
   w.elements = 20;
-  start_worker();
-  ReadOptions options;
-  options.max_elements_per_request = 2;
-  options.max_outstanding_requests = 3;
-  auto reader = make_service_reader(fast_config(dispatcher.address(), options));
+  auto reader = start_reading(windowed(3));
   CHECK(drain(*reader) == iota(0, 20));
   std::lock_guard<std::mutex> lock(w.mutex);
   REQUIRE(w.requests.size() >= 10);
@@ -750,11 +761,7 @@ TEST_CASE_METHOD(OneTask, "a reply lost mid-window is asked for again: nothing l
                  "[data][service][rpc]") {
   w.elements = 20;
   w.fail_sequence = 3;
-  start_worker();
-  ReadOptions options;
-  options.max_elements_per_request = 2;
-  options.max_outstanding_requests = 4;
-  auto reader = make_service_reader(fast_config(dispatcher.address(), options));
+  auto reader = start_reading(windowed(4));
   CHECK(drain(*reader) == iota(0, 20));
   std::lock_guard<std::mutex> lock(w.mutex);
   int asked_for_3 = 0;
@@ -765,13 +772,8 @@ TEST_CASE_METHOD(OneTask, "a reply lost mid-window is asked for again: nothing l
 TEST_CASE_METHOD(OneTask, "a reply naming shared memory the reader never mapped is an error, and reading goes on",
                  "[data][service][rpc]") {
   w.bogus_shm_once = true;
-  start_worker();
-  auto reader = make_service_reader(fast_config(dispatcher.address()));
-  Status s = next_status(*reader);
-  CHECK(s.code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(s.message(), Catch::Contains("shared memory"));
   // The worker keeps the reply; asked again, it sends it without the bogus part.
-  CHECK(drain(*reader) == iota(0, 10));
+  check_error_then_all("shared memory");
 }
 
 TEST_CASE("max_outstanding_requests is checked", "[data][service]") {

@@ -60,6 +60,16 @@ Result<int64_t> byte_count(int64_t count, int64_t element_size, const Shape& sha
 
 int64_t ceil_div(int64_t a, int64_t b) { return a / b + (a % b != 0 ? 1 : 0); }
 
+// What min_size and max_size share: the kind, the cap on shards, the bytes
+// counted per string element.
+Partitioner by_size(Partitioner::Kind kind, int64_t max_shards, int64_t bytes_per_string) {
+  Partitioner p;
+  p.kind = kind;
+  p.max_shards = max_shards;
+  p.bytes_per_string = bytes_per_string;
+  return p;
+}
+
 }  // namespace
 
 Partitioner Partitioner::fixed_shards(int64_t n) {
@@ -69,23 +79,15 @@ Partitioner Partitioner::fixed_shards(int64_t n) {
   return p;
 }
 
-Partitioner Partitioner::min_size(int64_t min_shard_bytes, int64_t max_shards,
-                                  int64_t bytes_per_string) {
-  Partitioner p;
-  p.kind = Kind::kMinSize;
+Partitioner Partitioner::min_size(int64_t min_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
+  Partitioner p = by_size(Kind::kMinSize, max_shards, bytes_per_string);
   p.min_shard_bytes = min_shard_bytes;
-  p.max_shards = max_shards;
-  p.bytes_per_string = bytes_per_string;
   return p;
 }
 
-Partitioner Partitioner::max_size(int64_t max_shard_bytes, int64_t max_shards,
-                                  int64_t bytes_per_string) {
-  Partitioner p;
-  p.kind = Kind::kMaxSize;
+Partitioner Partitioner::max_size(int64_t max_shard_bytes, int64_t max_shards, int64_t bytes_per_string) {
+  Partitioner p = by_size(Kind::kMaxSize, max_shards, bytes_per_string);
   p.max_shard_bytes = max_shard_bytes;
-  p.max_shards = max_shards;
-  p.bytes_per_string = bytes_per_string;
   return p;
 }
 

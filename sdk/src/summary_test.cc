@@ -8,6 +8,7 @@
 #include <chrono>
 #include <cstring>
 #include <filesystem>
+#include <initializer_list>
 #include <string>
 #include <thread>
 #include <vector>
@@ -53,11 +54,37 @@ std::vector<std::string> files_in(const std::string& dir) {
   return names;
 }
 
+// read_scalar_events(path) is DataLoss, its message holding each of `parts`.
+void check_data_loss(const std::string& path, std::initializer_list<std::string> parts) {
+  auto events = read_scalar_events(path);
+  CHECK(events.status().code() == StatusCode::kDataLoss);
+  for (const std::string& part : parts) CHECK_THAT(events.status().message(), Catch::Contains(part));
+}
+
+// Writes a TFRecord file at `path` of one record, `record`.
+void write_record(const std::string& path, const std::string& record) {
+  auto records = data::io::TFRecordWriter::open(path, data::io::Compression::kNone);
+  REQUIRE(records.ok());
+  REQUIRE((*records)->write(record).ok());
+  REQUIRE((*records)->close().ok());
+}
+
 std::unique_ptr<SummaryWriter> make_writer(const std::string& logdir, const SummaryWriterOptions& options = {}) {
   auto writer = SummaryWriter::create(logdir, options);
   INFO(writer.status().to_string());
   REQUIRE(writer.ok());
   return std::move(*writer);
+}
+
+// A writer in `logdir` that keeps up to `max_queue` events in memory and
+// writes them at least every `flush_interval`.
+std::unique_ptr<SummaryWriter> make_writer(
+    const std::string& logdir, int max_queue,
+    std::chrono::milliseconds flush_interval = SummaryWriterOptions{}.flush_interval) {
+  SummaryWriterOptions options;
+  options.max_queue = max_queue;
+  options.flush_interval = flush_interval;
+  return make_writer(logdir, options);
 }
 
 std::vector<ScalarEvent> read_all(const std::string& path) {
@@ -192,10 +219,7 @@ TEST_CASE("a scalar's record is TensorFlow's encoding of an Event with a Summary
 
 TEST_CASE("events wait in memory until flush(), max_queue or the flush interval") {
   TempDir dir;
-  SummaryWriterOptions options;
-  options.max_queue = 3;
-  options.flush_interval = std::chrono::hours(1);
-  auto writer = make_writer(dir.path(), options);
+  auto writer = make_writer(dir.path(), 3, std::chrono::hours(1));
   REQUIRE(writer->scalar("x", 1, 1).ok());
   REQUIRE(writer->scalar("x", 2, 2).ok());
   CHECK(read_all(writer->path()).empty());
@@ -208,10 +232,7 @@ TEST_CASE("events wait in memory until flush(), max_queue or the flush interval"
 
   SECTION("a zero flush interval writes every event at once") {
     TempDir other;
-    SummaryWriterOptions eager;
-    eager.max_queue = 100;
-    eager.flush_interval = std::chrono::milliseconds(0);
-    auto each = make_writer(other.path(), eager);
+    auto each = make_writer(other.path(), 100, std::chrono::milliseconds(0));
     REQUIRE(each->scalar("y", 1, 1).ok());
     CHECK(read_all(each->path()).size() == 1);
   }
@@ -221,9 +242,7 @@ TEST_CASE("the destructor writes the waiting events and closes the file") {
   TempDir dir;
   std::string path;
   {
-    SummaryWriterOptions options;
-    options.max_queue = 1000;
-    auto writer = make_writer(dir.path(), options);
+    auto writer = make_writer(dir.path(), 1000);
     path = writer->path();
     for (int64_t step = 0; step < 10; ++step) REQUIRE(writer->scalar("loss", 0.25, step).ok());
     CHECK(read_all(path).empty());
@@ -235,9 +254,7 @@ TEST_CASE("the destructor writes the waiting events and closes the file") {
 
 TEST_CASE("scalars from several threads at once all reach the file whole") {
   TempDir dir;
-  SummaryWriterOptions options;
-  options.max_queue = 7;
-  auto writer = make_writer(dir.path(), options);
+  auto writer = make_writer(dir.path(), 7);
   constexpr int kThreads = 4, kEach = 250;
   std::vector<std::thread> threads;
   for (int t = 0; t < kThreads; ++t) {
@@ -303,9 +320,7 @@ TEST_CASE("create() on a file is FailedPrecondition naming it, under a file the 
 
 TEST_CASE("a write error (file size limit) is ResourceExhausted naming the file, and it sticks") {
   TempDir dir;
-  SummaryWriterOptions options;
-  options.max_queue = 1000;
-  auto writer = make_writer(dir.path(), options);
+  auto writer = make_writer(dir.path(), 1000);
   // The file holds its 40-byte first record; allow 100 bytes in all.
   struct rlimit saved {};
   REQUIRE(::getrlimit(RLIMIT_FSIZE, &saved) == 0);
@@ -336,25 +351,17 @@ TEST_CASE("a damaged record is DataLoss naming the file and the record's offset"
     std::string bad = good;
     bad[40 + 12 + 20] ^= 0x01;  // inside "loss"
     write_bytes(path, bad);
-    auto events = read_scalar_events(path);
-    CHECK(events.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(events.status().message(), Catch::Contains("offset 40 in '" + path + "'"));
-    CHECK_THAT(events.status().message(), Catch::Contains("data checksum mismatch"));
+    check_data_loss(path, {"offset 40 in '" + path + "'", "data checksum mismatch"});
   }
   SECTION("a byte of the first record's length") {
     std::string bad = good;
     bad[0] ^= 0x40;
     write_bytes(path, bad);
-    auto events = read_scalar_events(path);
-    CHECK(events.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(events.status().message(), Catch::Contains("offset 0 in '" + path + "'"));
-    CHECK_THAT(events.status().message(), Catch::Contains("length checksum mismatch"));
+    check_data_loss(path, {"offset 0 in '" + path + "'", "length checksum mismatch"});
   }
   SECTION("a record cut short") {
     write_bytes(path, good.substr(0, good.size() - 3));
-    auto events = read_scalar_events(path);
-    CHECK(events.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(events.status().message(), Catch::Contains("truncated record at offset 40 in '" + path + "'"));
+    check_data_loss(path, {"truncated record at offset 40 in '" + path + "'"});
   }
 }
 
@@ -363,28 +370,16 @@ TEST_CASE("a file that does not start with the file_version event is not an even
   const std::string path = dir.file("events.out.tfevents.0.fake");
 
   SECTION("records that are not Events") {
-    auto records = data::io::TFRecordWriter::open(path, data::io::Compression::kNone);
-    REQUIRE(records.ok());
-    REQUIRE((*records)->write(std::string("\xff\xff\xff", 3)).ok());
-    REQUIRE((*records)->close().ok());
-    auto events = read_scalar_events(path);
-    CHECK(events.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(events.status().message(), Catch::Contains("offset 0 in '" + path + "' is not an Event"));
+    write_record(path, std::string("\xff\xff\xff", 3));
+    check_data_loss(path, {"offset 0 in '" + path + "' is not an Event"});
   }
   SECTION("an Event that is not the file_version event") {
-    auto records = data::io::TFRecordWriter::open(path, data::io::Compression::kNone);
-    REQUIRE(records.ok());
-    REQUIRE((*records)->write(std::string("\x10\x05", 2)).ok());  // Event { step: 5 }
-    REQUIRE((*records)->close().ok());
-    auto events = read_scalar_events(path);
-    CHECK(events.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(events.status().message(), Catch::Contains("'" + path + "' is not a TensorBoard event file"));
+    write_record(path, std::string("\x10\x05", 2));  // Event { step: 5 }
+    check_data_loss(path, {"'" + path + "' is not a TensorBoard event file"});
   }
   SECTION("an empty file") {
     write_bytes(path, "");
-    auto events = read_scalar_events(path);
-    CHECK(events.status().code() == StatusCode::kDataLoss);
-    CHECK_THAT(events.status().message(), Catch::Contains("'" + path + "' is empty"));
+    check_data_loss(path, {"'" + path + "' is empty"});
   }
 }
 

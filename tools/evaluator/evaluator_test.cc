@@ -113,6 +113,12 @@ double metric(const Metrics& m, const std::string& name) {
 struct Fixture {
   Fixture() : path(write_model(dir.path())) { register_functions(functions); }
   Result<Metrics> evaluate(const EvaluatorOptions& options) { return evaluate_checkpoint(functions, path, options); }
+  // Evaluates with `closure` and the other options' defaults.
+  Result<Metrics> evaluate(const std::string& closure) {
+    EvaluatorOptions options;
+    options.closure = closure;
+    return evaluate(options);
+  }
 
   data::testing::TempDir dir;
   std::string path;
@@ -143,18 +149,14 @@ TEST_CASE("the evaluator runs a closure against a checkpoint in memory and sums 
 TEST_CASE("the evaluator gathers as the parameter servers do: the ids' shape, then the row's",
           "[evaluator]") {
   Fixture f;
-  EvaluatorOptions options;
-  options.closure = "gather_2d";
-  auto m = f.evaluate(options);
+  auto m = f.evaluate("gather_2d");
   REQUIRE(m.ok());
   CHECK(metric(*m, "ok") == 1);
 }
 
 TEST_CASE("the evaluator looks embedding tables up in the checkpoint, never inserting", "[evaluator]") {
   Fixture f;
-  EvaluatorOptions options;
-  options.closure = "lookup_table";
-  auto m = f.evaluate(options);
+  auto m = f.evaluate("lookup_table");
   INFO(m.status().to_string());
   REQUIRE(m.ok());
   CHECK(metric(*m, "ok") == 1);
