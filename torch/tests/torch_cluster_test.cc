@@ -321,5 +321,31 @@ TEST_CASE("Each parameter-server optimizer through PsModule updates a module's p
 }
 
 
+TEST_CASE("A module that changes a parameter's shape between steps fails the step naming it, and writes nothing") {
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto model = std::make_shared<testing::Mlp>();
+  create_variables(*t.client, *model, {.prefix = "grow/", .optimizer = Optimizer::sgd(kLearningRate)}).value();
+  ::torch::Tensor x = ::torch::randn({16, 4});
+  ::torch::Tensor y = x.sum(1, true);
+  auto step = [&](int64_t grow) {
+    Element args{{from_torch(x).value(), from_torch(y).value(), Tensor::from_vector<int64_t>({grow}, {1}).value()},
+                 {}};
+    return t.client->fetch(t.client->schedule("grow_step", args).value());
+  };
+  REQUIRE(step(0).ok());  // as created: a step trains
+  std::map<std::string, ::torch::Tensor> before;
+  for (const auto& item : model->named_parameters()) before[item.key()] = read(*t.client, "grow/" + item.key()).clone();
+
+  Status grown = step(1).status();  // the worker's module now has second = Linear(8, 2)
+  CHECK(grown.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(grown.message(), Catch::Contains("'second.weight'") && Catch::Contains("[2, 8]") &&
+                                  Catch::Contains("[1, 8]") && Catch::Contains("changed shape"));
+  for (const auto& [name, value] : before) {
+    INFO(name);
+    CHECK(::torch::equal(read(*t.client, "grow/" + name), value));
+  }
+}
+
+
 }  // namespace
 }  // namespace capstan::torch
