@@ -347,5 +347,28 @@ TEST_CASE("A module that changes a parameter's shape between steps fails the ste
 }
 
 
+// PsOptions' defaults (torch.h): a parameter of partition_min_bytes (1 MiB)
+// or more with two or more rows is split by rows into shards of at least a
+// quarter of that, at most max_shards (8); a smaller one, or one row however
+// large, stays whole.
+TEST_CASE("create_variables partitions a large parameter by rows by default and keeps a small one whole") {
+  Training t(/*num_ps=*/2, /*num_workers=*/0, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  ::torch::nn::Module module;
+  module.register_parameter("large", ::torch::zeros({1024, 256}));       // 1 MiB of float32: the threshold
+  module.register_parameter("just_under", ::torch::zeros({1023, 256}));  // 1 KiB under it
+  module.register_parameter("one_row", ::torch::zeros({1, 1 << 18}));    // 1 MiB, but one row
+  module.register_parameter("small", ::torch::zeros({8, 4}));
+  const std::vector<VariableInfo> infos = create_variables(*t.client, module, {.prefix = "part/"}).value();
+  REQUIRE(infos.size() == 4);
+  CHECK(infos[0].name == "part/large");
+  // MinSizePartitioner(256 KiB, 8): 1 MiB / 256 KiB = 4 shards of 256 rows.
+  REQUIRE(infos[0].shards.size() == 4);
+  for (const auto& shard : infos[0].shards) CHECK(shard.rows == 256);
+  for (size_t i = 1; i < infos.size(); ++i) {
+    INFO(infos[i].name);
+    CHECK(infos[i].shards.size() == 1);
+  }
+}
+
 }  // namespace
 }  // namespace capstan::torch
