@@ -17,13 +17,15 @@
 # are sync and hybrid modes with the LibTorch model (each replica trains it
 # with capstan::torch::MirroredModule; the program's plugin, no module on
 # the workers). ps, sync, hybrid and deterministic run the Eigen model.
+# "below-target" runs sync mode with one replica and a target accuracy no
+# epoch reaches (99%): the program must print its FAIL line and exit 1.
 #
 # Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE [TORCH_MODULE]
 #   (run by CTest as examples_census_*)
 set -euo pipefail
 
 if [[ $# -ne 5 && $# -ne 6 ]]; then
-  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|torch|torch-sync|torch-hybrid [TORCH_MODULE]" >&2
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|below-target|torch|torch-sync|torch-hybrid [TORCH_MODULE]" >&2
   exit 2
 fi
 # shellcheck source=tests/scripts/local_cluster.sh
@@ -160,6 +162,23 @@ case "$mode" in
       result fail "two runs with --seed 7 gave different metrics: '$first' vs '$second'"
     fi
     result pass "two runs with --seed 7 gave the same metrics: $(echo "$first" | tr '\n' ' ')"
+    ;;
+  below-target)
+    rc=0
+    timeout 240 "$program" --coordinator "$COORDINATOR" --data-dir "$repo_root/examples/census/data" --epochs 1 \
+      --mode sync --model eigen --replicas 1 --seed 7 --target-accuracy 0.99 --target-auc 0.5 \
+      >"$output_file" 2>&1 || rc=$?
+    cat "$output_file"
+    if [[ $rc -ne 1 ]]; then
+      result fail "census below its target accuracy exited with status $rc, not 1"
+    fi
+    if ! grep -qE '^  accuracy  [0-9.]+%   \(target: at least 99\.0%\) FAIL$' "$output_file"; then
+      result fail "census below its target accuracy printed no FAIL line for it"
+    fi
+    if ! grep -qE '^  AUC .*\(target: at least 0\.50\) PASS$' "$output_file"; then
+      result fail "census printed no PASS line for the AUC target it met"
+    fi
+    result pass "below-target: census exits 1 and prints FAIL when its accuracy is below --target-accuracy 0.99"
     ;;
   *)
     result fail "unknown mode '$mode'"

@@ -284,40 +284,77 @@ Status PsModule::unbind() {
 }
 
 Status PsModule::push(ClosureContext& ctx) {
+  // Every gradient is put on the wire before any is pushed: a gradient that
+  // cannot be (a layout or dtype the parameter servers do not take) fails
+  // the push naming its parameter, and nothing of the step is written.
+  struct SparseUpdate {
+    std::string variable;
+    Tensor ids, rows;
+  };
+  std::vector<std::string> variables;
+  std::vector<Tensor> gradients;
+  std::vector<SparseUpdate> sparse;
+  Status converted = [&]() -> Status {
+    for (auto& item : module_.named_parameters(/*recurse=*/true)) {
+      const ::torch::Tensor& gradient = item.value().grad();
+      if (!gradient.defined()) continue;
+      const std::string what = "the gradient of parameter '" + item.key() + "'";
+      const std::string variable = options_.prefix + item.key();
+      try {
+        if (gradient.is_sparse()) {
+          // torch::nn::Embedding(sparse=true): a COO tensor that may name a
+          // row once per use; coalesced, each touched row once, its
+          // gradients summed, pushed as the rows it touched (IndexedSlices).
+          if (gradient.sparse_dim() != 1) {
+            return Status::InvalidArgument(what + " is sparse in " + std::to_string(gradient.sparse_dim()) +
+                                           " dimensions; the parameter servers take sparse updates by row "
+                                           "(sparse in the first dimension) only");
+          }
+          ::torch::Tensor coalesced = gradient.coalesce();
+          CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, from_torch(coalesced.indices()[0].contiguous(), what + "'s row ids"));
+          CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, from_torch(coalesced.values().contiguous(), what + "'s rows"));
+          sparse.push_back({variable, std::move(ids), std::move(rows)});
+          continue;
+        }
+        CAPSTAN_ASSIGN_OR_RETURN(Tensor wire, from_torch(gradient.contiguous(), what));
+        variables.push_back(variable);
+        gradients.push_back(std::move(wire));
+      } catch (const std::exception& e) {
+        return Status::InvalidArgument(what + ": " + torch_error(e));
+      }
+    }
+    for (auto& [path, embedding] : embeddings_of(module_)) {
+      EmbeddingImpl::Step& step = embedding->step_;
+      for (size_t i = 0; i < step.rows.size(); ++i) {
+        const ::torch::Tensor& gradient = step.rows[i].grad();
+        if (!gradient.defined()) continue;
+        const std::string what = "the gradient of embedding '" + step.variable + "'";
+        try {
+          CAPSTAN_ASSIGN_OR_RETURN(Tensor ids, from_torch(step.ids[i], "embedding ids"));
+          CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, from_torch(gradient.contiguous(), what));
+          sparse.push_back({step.variable, std::move(ids), std::move(rows)});
+        } catch (const std::exception& e) {
+          return Status::InvalidArgument(what + ": " + torch_error(e));
+        }
+      }
+    }
+    return Status::Ok();
+  }();
+  if (!converted.ok()) {
+    (void)unbind();
+    return converted;
+  }
+
   Status first;
   auto keep_first = [&first](Status status) {
     if (first.ok() && !status.ok()) first = std::move(status);
   };
-  std::vector<std::string> variables;
-  std::vector<Tensor> gradients;
-  for (auto& item : module_.named_parameters(/*recurse=*/true)) {
-    const ::torch::Tensor& gradient = item.value().grad();
-    if (!gradient.defined()) continue;
-    auto wire = from_torch(gradient.contiguous(), "the gradient of parameter '" + item.key() + "'");
-    if (!wire.ok()) {
-      keep_first(wire.status());
-      continue;
-    }
-    variables.push_back(options_.prefix + item.key());
-    gradients.push_back(std::move(*wire));
-  }
   if (!variables.empty()) {
     keep_first(ctx.apply_gradients_many(variables, gradients).with_context("pushing the module's gradients"));
   }
-  for (auto& [path, embedding] : embeddings_of(module_)) {
-    EmbeddingImpl::Step& step = embedding->step_;
-    for (size_t i = 0; i < step.rows.size(); ++i) {
-      const ::torch::Tensor& gradient = step.rows[i].grad();
-      if (!gradient.defined()) continue;
-      auto ids = from_torch(step.ids[i], "embedding ids");
-      auto rows = from_torch(gradient.contiguous(), "the gradient of embedding '" + step.variable + "'");
-      if (!ids.ok() || !rows.ok()) {
-        keep_first(!ids.ok() ? ids.status() : rows.status());
-        continue;
-      }
-      keep_first(ctx.apply_sparse_gradients(step.variable, *ids, *rows)
-                     .with_context("pushing the gradient of embedding '" + step.variable + "'"));
-    }
+  for (const SparseUpdate& update : sparse) {
+    keep_first(ctx.apply_sparse_gradients(update.variable, update.ids, update.rows)
+                   .with_context("pushing the sparse gradient of '" + update.variable + "'"));
   }
   Status unbound = unbind();
   return first.ok() ? unbound : first;

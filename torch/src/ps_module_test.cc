@@ -19,6 +19,8 @@ class SgdContext : public ClosureContext {
  public:
   std::map<std::string, ::torch::Tensor> variables;
   int pushes = 0;
+  // The ids of each variable's last sparse push.
+  std::map<std::string, ::torch::Tensor> sparse_ids;
 
   int worker_index() const override { return 0; }
   int num_workers() const override { return 1; }
@@ -44,6 +46,7 @@ class SgdContext : public ClosureContext {
   }
   Status apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows) override {
     ++pushes;
+    sparse_ids[name] = to_torch(ids).value().clone();
     ::torch::Tensor& value = variables.at(name);
     value.index_add_(0, to_torch(ids).value(), to_torch(rows).value() * -kLearningRate);
     return Status::Ok();
@@ -194,6 +197,88 @@ TEST_CASE("ps_parameters lists dense parameters, then embeddings, with their sha
   CHECK(parameters[2].name == "embedding.weight");
   CHECK(parameters[2].shape == Shape{20, 3});
   CHECK(parameters[2].embedding);
+}
+
+
+// LibTorch's own embedding with sparse=true: PsModule reads its weight whole,
+// and its gradient is a sparse COO tensor.
+struct SparseTower : ::torch::nn::Module {
+  explicit SparseTower(bool sparse) {
+    embedding =
+        register_module("embedding", ::torch::nn::Embedding(::torch::nn::EmbeddingOptions(20, 3).sparse(sparse)));
+    head = register_module("head", ::torch::nn::Linear(3, 1));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& ids) { return head(embedding(ids).sum(1)); }
+  ::torch::nn::Embedding embedding{nullptr};
+  ::torch::nn::Linear head{nullptr};
+};
+
+TEST_CASE("torch::nn::Embedding with sparse gradients pushes only its touched rows, updated as the dense one is") {
+  ::torch::manual_seed(2);
+  auto remote = std::make_shared<SparseTower>(true);
+  auto local = std::make_shared<SparseTower>(false);
+  {
+    ::torch::NoGradGuard no_grad;
+    for (auto& item : local->named_parameters()) item.value().copy_(remote->named_parameters()[item.key()]);
+  }
+  SgdContext ctx;
+  ctx.create_from(*remote);
+  const ::torch::Tensor before = ctx.variables.at("embedding.weight").clone();
+  // Id 3 three times, across examples: its rows' gradients are summed.
+  ::torch::Tensor ids = ::torch::tensor({3, 7, 3, 11, 3, 0}, ::torch::kLong).reshape({2, 3});
+  ::torch::Tensor target = ::torch::tensor({1.0f, -1.0f}).reshape({2, 1});
+
+  PsModule ps(*remote);
+  auto loss = ps.train_step(ctx, [&] { return ::torch::mse_loss(remote->forward(ids), target); });
+  REQUIRE(loss.ok());
+  ::torch::optim::SGD sgd(local->parameters(), ::torch::optim::SGDOptions(kLearningRate));
+  ::torch::Tensor expected = ::torch::mse_loss(local->forward(ids), target);
+  expected.backward();
+  sgd.step();
+
+  CHECK(loss->item<float>() == Approx(expected.item<float>()).epsilon(1e-6));
+  const ::torch::Tensor& after = ctx.variables.at("embedding.weight");
+  CHECK(::torch::allclose(after, local->embedding->weight, 1e-5, 1e-6));
+  for (int64_t row : {0, 3, 7, 11}) CHECK_FALSE(::torch::equal(after[row], before[row]));
+  for (int64_t row : {1, 2, 19}) CHECK(::torch::equal(after[row], before[row]));
+  // The embedding was pushed as its 4 distinct rows, once each, and the
+  // head's two parameters densely.
+  REQUIRE(ctx.sparse_ids.count("embedding.weight") == 1);
+  CHECK(::torch::equal(ctx.sparse_ids.at("embedding.weight"), ::torch::tensor({0, 3, 7, 11}, ::torch::kLong)));
+  CHECK(ctx.pushes == 3);
+  for (const auto& item : local->named_parameters()) {
+    INFO(item.key());
+    CHECK(::torch::allclose(ctx.variables.at(item.key()), item.value(), 1e-5, 1e-6));
+  }
+}
+
+TEST_CASE("push: a gradient the parameter servers cannot take is an error naming its parameter, and nothing is pushed") {
+  auto model = std::make_shared<Mlp>();
+  SgdContext ctx;
+  ctx.create_from(*model);
+  PsModule ps(*model);
+  ::torch::Tensor x = ::torch::randn({2, 4});
+
+  SECTION("sparse in two dimensions") {
+    REQUIRE(ps.pull(ctx).ok());
+    model->second->bias.mutable_grad() = ::torch::ones({1});
+    model->first->weight.mutable_grad() = ::torch::ones({8, 4}).to_sparse();
+    Status status = ps.push(ctx);
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("'first.weight'") && Catch::Contains("2 dimensions"));
+  }
+  SECTION("a layout torch cannot make contiguous (sparse CSR), a torch error") {
+    REQUIRE(ps.pull(ctx).ok());
+    model->second->bias.mutable_grad() = ::torch::ones({1});
+    model->first->weight.mutable_grad() = ::torch::ones({8, 4}).to_sparse_csr();
+    Status status = ps.push(ctx);
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("'first.weight'"));
+  }
+  CHECK(ctx.pushes == 0);
+  CHECK_FALSE(model->first->weight.grad().defined());  // cleared: the next step starts afresh
+  CHECK(ps.train_step(ctx, [&] { return model->forward(x).pow(2).mean(); }).ok());
+  CHECK(ctx.pushes == 4);
 }
 
 }  // namespace

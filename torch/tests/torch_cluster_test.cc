@@ -6,9 +6,13 @@
 #undef CHECK
 #include <catch2/catch.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <fstream>
+#include <functional>
+#include <map>
+#include <memory>
 
 #include "tests/integration/training_cluster.h"
 #include "torch/tests/torch_test_models.h"
@@ -220,6 +224,149 @@ TEST_CASE("create_variables checks every parameter first: a conflict or an unsup
     auto again = create_variables(*t.client, *model, {.prefix = "mlp/"}).value();
     CHECK(again.size() == 4);
     CHECK(read(*t.client, "mlp/second.bias").item<float>() == 42.0f);
+  }
+}
+
+
+// The optimizers the parameter servers apply (lib/training/optimizer.h:
+// Keras' update rules) against LibTorch's own where it has one, with the
+// hyper-parameters mapped: torch::optim::SGD with momentum (its buffer is
+// Keras' velocity / -lr), Adagrad (same accumulator and epsilon), Adam
+// (Keras' epsilon is PyTorch's times sqrt(1 - beta_2^t), so the reference's
+// epsilon is set at every step), and FTRL against its formula.
+TEST_CASE("Each parameter-server optimizer through PsModule updates a module's parameters as its definition says") {
+  ::torch::manual_seed(4);
+  auto model = std::make_shared<testing::Mlp>();
+  auto local = std::make_shared<testing::Mlp>();
+  copy_parameters(*model, *local);
+  Optimizer optimizer;
+  std::unique_ptr<::torch::optim::Optimizer> reference;
+  // Runs before reference->step(); t is the 1-based step.
+  std::function<void(int)> before_step = [](int) {};
+  bool ftrl = false;
+
+  SECTION("momentum") {
+    optimizer = Optimizer::momentum_sgd(kLearningRate, 0.9);
+    reference = std::make_unique<::torch::optim::SGD>(local->parameters(),
+                                                      ::torch::optim::SGDOptions(kLearningRate).momentum(0.9));
+  }
+  SECTION("adagrad") {
+    optimizer = Optimizer::adagrad(kLearningRate, /*initial_accumulator_value=*/0.2, /*epsilon=*/0.01);
+    reference = std::make_unique<::torch::optim::Adagrad>(
+        local->parameters(), ::torch::optim::AdagradOptions(kLearningRate).initial_accumulator_value(0.2).eps(0.01));
+  }
+  SECTION("adam") {
+    double epsilon = 0.01, beta_1 = 0.8, beta_2 = 0.95;
+    optimizer = Optimizer::adam(kLearningRate, beta_1, beta_2, epsilon);
+    auto adam = std::make_unique<::torch::optim::Adam>(
+        local->parameters(), ::torch::optim::AdamOptions(kLearningRate).betas({beta_1, beta_2}));
+    ::torch::optim::Adam* raw = adam.get();
+    before_step = [raw, epsilon, beta_2](int step) {
+      auto& options = static_cast<::torch::optim::AdamOptions&>(raw->param_groups()[0].options());
+      options.eps(epsilon / std::sqrt(1 - std::pow(beta_2, step)));
+    };
+    reference = std::move(adam);
+  }
+  SECTION("ftrl") {
+    optimizer = Optimizer::ftrl(kLearningRate, /*l1=*/0.01, /*l2=*/0.02, /*learning_rate_power=*/-0.5,
+                                /*initial_accumulator_value=*/0.1);
+    ftrl = true;
+  }
+  INFO(optimizer_name(optimizer.kind));
+
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  create_variables(*t.client, *model, {.prefix = "mlp/", .optimizer = optimizer}).value();
+  // FTRL's slots, per parameter, in double: accumulator and linear.
+  std::map<std::string, std::pair<::torch::Tensor, ::torch::Tensor>> slots;
+  for (const auto& item : local->named_parameters()) {
+    slots[item.key()] = {::torch::full(item.value().sizes(), 0.1, ::torch::kDouble),
+                         ::torch::zeros(item.value().sizes(), ::torch::kDouble)};
+  }
+
+  for (int step = 1; step <= 3; ++step) {
+    ::torch::Tensor x = ::torch::randn({16, 4});
+    ::torch::Tensor y = x.sum(1, true);
+    Element args{{from_torch(x).value(), from_torch(y).value()}, {}};
+    Element result = t.client->fetch(t.client->schedule("mlp_step", args).value()).value();
+
+    for (auto& parameter : local->parameters()) parameter.mutable_grad() = ::torch::Tensor();
+    ::torch::Tensor expected = ::torch::mse_loss(local->forward(x), y);
+    expected.backward();
+    if (ftrl) {
+      ::torch::NoGradGuard no_grad;
+      const double lr = kLearningRate, l1 = 0.01, l2 = 0.02;
+      for (auto& item : local->named_parameters()) {
+        auto& [accumulator, linear] = slots.at(item.key());
+        ::torch::Tensor w = item.value().detach().to(::torch::kDouble);
+        ::torch::Tensor g = item.value().grad().to(::torch::kDouble);
+        ::torch::Tensor new_accumulator = accumulator + g * g;
+        linear = linear + g - (new_accumulator.sqrt() - accumulator.sqrt()) / lr * w;
+        ::torch::Tensor quadratic = new_accumulator.sqrt() / lr + 2 * l2;
+        ::torch::Tensor updated = ::torch::where(linear.abs() > l1, (linear.sign() * l1 - linear) / quadratic,
+                                                 ::torch::zeros_like(linear));
+        accumulator = new_accumulator;
+        item.value().copy_(updated);
+      }
+    } else {
+      before_step(step);
+      reference->step();
+    }
+    CHECK(result.components[0].flat<float>()[0] == Approx(expected.item<float>()).epsilon(1e-5));
+    for (const auto& item : local->named_parameters()) {
+      INFO("step " << step << ", " << item.key());
+      ::torch::Tensor remote = read(*t.client, "mlp/" + item.key());
+      CHECK(::torch::allclose(remote, item.value(), 1e-5, 1e-6));
+    }
+  }
+}
+
+
+TEST_CASE("A module that changes a parameter's shape between steps fails the step naming it, and writes nothing") {
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto model = std::make_shared<testing::Mlp>();
+  create_variables(*t.client, *model, {.prefix = "grow/", .optimizer = Optimizer::sgd(kLearningRate)}).value();
+  ::torch::Tensor x = ::torch::randn({16, 4});
+  ::torch::Tensor y = x.sum(1, true);
+  auto step = [&](int64_t grow) {
+    Element args{{from_torch(x).value(), from_torch(y).value(), Tensor::from_vector<int64_t>({grow}, {1}).value()},
+                 {}};
+    return t.client->fetch(t.client->schedule("grow_step", args).value());
+  };
+  REQUIRE(step(0).ok());  // as created: a step trains
+  std::map<std::string, ::torch::Tensor> before;
+  for (const auto& item : model->named_parameters()) before[item.key()] = read(*t.client, "grow/" + item.key()).clone();
+
+  Status grown = step(1).status();  // the worker's module now has second = Linear(8, 2)
+  CHECK(grown.code() == StatusCode::kFailedPrecondition);
+  CHECK_THAT(grown.message(), Catch::Contains("'second.weight'") && Catch::Contains("[2, 8]") &&
+                                  Catch::Contains("[1, 8]") && Catch::Contains("changed shape"));
+  for (const auto& [name, value] : before) {
+    INFO(name);
+    CHECK(::torch::equal(read(*t.client, "grow/" + name), value));
+  }
+}
+
+
+// PsOptions' defaults (torch.h): a parameter of partition_min_bytes (1 MiB)
+// or more with two or more rows is split by rows into shards of at least a
+// quarter of that, at most max_shards (8); a smaller one, or one row however
+// large, stays whole.
+TEST_CASE("create_variables partitions a large parameter by rows by default and keeps a small one whole") {
+  Training t(/*num_ps=*/2, /*num_workers=*/0, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  ::torch::nn::Module module;
+  module.register_parameter("large", ::torch::zeros({1024, 256}));       // 1 MiB of float32: the threshold
+  module.register_parameter("just_under", ::torch::zeros({1023, 256}));  // 1 KiB under it
+  module.register_parameter("one_row", ::torch::zeros({1, 1 << 18}));    // 1 MiB, but one row
+  module.register_parameter("small", ::torch::zeros({8, 4}));
+  const std::vector<VariableInfo> infos = create_variables(*t.client, module, {.prefix = "part/"}).value();
+  REQUIRE(infos.size() == 4);
+  CHECK(infos[0].name == "part/large");
+  // MinSizePartitioner(256 KiB, 8): 1 MiB / 256 KiB = 4 shards of 256 rows.
+  REQUIRE(infos[0].shards.size() == 4);
+  for (const auto& shard : infos[0].shards) CHECK(shard.rows == 256);
+  for (size_t i = 1; i < infos.size(); ++i) {
+    INFO(infos[i].name);
+    CHECK(infos[i].shards.size() == 1);
   }
 }
 

@@ -50,6 +50,30 @@ Result<Element> tower_step(ClosureContext& ctx, const Element& args, bool hash_t
   return Element{{value}, {}};
 }
 
+// args: [x float32[n, 4], y float32[n, 1], grow int64[1]]; one SGD step of
+// the MLP under "grow/" -- but once grow is non-zero, its last layer has 2
+// outputs instead of 1 first: a module that changed a parameter's shape
+// between steps, which the step must refuse (torch_cluster_test.cc).
+Result<Element> grow_step(ClosureContext& ctx, const Element& args) {
+  static auto model = std::make_shared<capstan::torch::testing::Mlp>();
+  static capstan::torch::PsModule ps(*model, {.prefix = "grow/"});
+  if (args.size() != 3 || args.components[2].num_elements() != 1) {
+    return capstan::Status::InvalidArgument("grow_step takes [x, y, grow (one int64)]");
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor x, capstan::torch::to_torch(args.components[0]));
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor y, capstan::torch::to_torch(args.components[1]));
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor grow, capstan::torch::to_torch(args.components[2]));
+  if (grow.item<int64_t>() != 0 && model->second->options.out_features() == 1) {
+    model->second = ::torch::nn::Linear(8, 2);
+    model->replace_module("second", model->second);
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor loss, ps.train_step(ctx, [&] {
+    return ::torch::mse_loss(model->forward(x).sum(1, /*keepdim=*/true), y);
+  }));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor value, capstan::torch::from_torch(loss));
+  return Element{{value}, {}};
+}
+
 // fit's models (fit_cluster_test.cc): the MLP as a binary classifier of
 // [x float32[n, 4], y float32[n, 1]] batches, with sgd (rate 0.5) under
 // "fit/", and with adam under "fitadam/" (whose rate cannot be scaled).
@@ -77,6 +101,7 @@ CAPSTAN_MODULE(registry) {
     std::fprintf(stderr, "torch_test_module: %s\n", status.to_string().c_str());
   }
   registry.register_closure("mlp_step", mlp_step);
+  registry.register_closure("grow_step", grow_step);
   registry.register_closure("tower_step", [](ClosureContext& ctx, const Element& args) {
     return tower_step(ctx, args, false);
   });

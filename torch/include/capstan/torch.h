@@ -28,7 +28,9 @@
 // embedding that should gather only a batch's rows is a capstan::torch::
 // Embedding (not torch::nn::Embedding, whose weight would be read whole):
 // its rows live on the parameter servers, a step reads the rows its ids
-// name and pushes their gradient as a sparse update (IndexedSlices).
+// name and pushes their gradient as a sparse update (IndexedSlices). A
+// torch::nn::Embedding with sparse=true is read whole but pushed as the
+// rows its batch touched.
 //
 // Thread-safety: a PsModule, like the module it wraps, is used by one
 // closure at a time.
@@ -192,8 +194,13 @@ class PsModule {
   Status pull(ClosureContext& ctx, bool training = true);
   // Pushes the gradients of the last backward(): dense ones with
   // apply_gradients, an embedding's rows with apply_sparse_gradients of the
-  // rows its forward gathered; then clears them and unbinds the embeddings.
-  // A parameter without a gradient is not pushed.
+  // rows its forward gathered, and a parameter's sparse (COO) gradient --
+  // torch::nn::Embedding(sparse=true) -- coalesced, with
+  // apply_sparse_gradients of the rows it names; then clears them and
+  // unbinds the embeddings. A parameter without a gradient is not pushed.
+  // Every gradient is converted before any is pushed: one the parameter
+  // servers cannot take (another sparse layout, a torch error) is
+  // InvalidArgument naming its parameter, and nothing is pushed.
   Status push(ClosureContext& ctx);
   // One training step: pull, `loss` (the user's forward and loss, a scalar),
   // backward, push. The loss's value (detached). A torch error thrown by
