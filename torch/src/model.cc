@@ -305,7 +305,7 @@ struct MultiWorkerMirroredFitStrategy::Impl {
   }
 
   Result<PerWorkerDataset> add(const data::Dataset& dataset) {
-    CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<data::Iterator> iterator, dataset.make_iterator());
+    CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<data::Iterator> iterator, dataset.make_iterator(options.functions));
     PerWorkerDataset handle;
     handle.id = static_cast<int64_t>(iterators.size()) + 1;
     iterators.emplace(handle.id, std::move(iterator));

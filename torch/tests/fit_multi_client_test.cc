@@ -94,8 +94,8 @@ TEST_CASE("MultiWorkerMirroredFitStrategy: two processes' fits see the same Hist
                                                   *group[static_cast<size_t>(rank)], "mc_mlp", spec,
                                                   {.cluster = cluster.get()}));
       // Each rank every other batch of the same shuffled pipeline.
-      CAPSTAN_ASSIGN_OR_RETURN(PerWorkerDataset train, strategy->distribute_dataset(
-                                                           examples(4096, 1).shuffle(1024, 2).repeat().batch(32, true)));
+      const data::Dataset shuffled = examples(4096, 1).shuffle(1024, 2).repeat().batch(32, true);
+      CAPSTAN_ASSIGN_OR_RETURN(PerWorkerDataset train, strategy->distribute_dataset(shuffled));
       CAPSTAN_ASSIGN_OR_RETURN(PerWorkerDataset validation,
                                strategy->distribute_dataset(examples(1024, 3).repeat().batch(64, true)));
       ModelCheckpoint checkpoints({.directory = directory, .max_to_keep = 2});

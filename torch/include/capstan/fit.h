@@ -79,6 +79,7 @@
 namespace capstan {
 class MirroredStrategy;  // capstan/strategy.h
 class Communicator;      // capstan/collectives.h
+class FunctionRegistry;  // capstan/functions.h
 namespace data {
 class Dataset;  // capstan/data/dataset.h
 }
@@ -246,6 +247,10 @@ struct MultiWorkerMirroredFitOptions {
   // (only rank 0's is used); none: save_checkpoint and restore_checkpoint
   // are FailedPrecondition on every rank. Must outlive the strategy.
   ClusterCoordinator* cluster = nullptr;
+  // The functions the datasets' map / filter / interleave name
+  // (Dataset::make_iterator's); null: only built-in ones. Must outlive the
+  // strategy.
+  const FunctionRegistry* functions = nullptr;
   // MirroredModule's gradient buckets (MirroredOptions); the same on every rank.
   int64_t bucket_bytes = 25 << 20;
   int64_t first_bucket_bytes = 1 << 20;
