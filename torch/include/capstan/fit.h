@@ -222,11 +222,12 @@ class MirroredFitStrategy : public FitStrategy {
 //                                                          .train = train, ...}).value();
 //
 // Input: distribute_dataset(d) iterates d.shard(group size, rank) in this
-// process (each rank every size-th element, as TF's auto-sharding by data;
-// shard before batching to give each rank whole batches of its own);
-// create_per_worker_dataset(d) iterates d as given (a dataset already
-// this process's own: its files, its data-service consumer index). The
-// handles are this strategy's: another strategy does not know them.
+// process: each rank every size-th element of d (as TF's auto-sharding by
+// data); of a batched d, every size-th batch, so a step's global batch is
+// size times d's. create_per_worker_dataset(d) iterates d as given (a
+// dataset already this process's own: its files, its data-service
+// consumer index). The handles are this strategy's: another strategy does
+// not know them.
 //
 // Every rank must run the same fit (epochs, steps, callbacks): a step is a
 // collective. Metrics: each rank's epoch sums are gathered from every rank
@@ -237,7 +238,8 @@ class MirroredFitStrategy : public FitStrategy {
 // save_checkpoint: rank 0 puts the replicas into parameter-server
 // variables and has the coordinator save; the other ranks wait for its
 // outcome and get the same path, or its error's code); restore_checkpoint
-// is read by rank 0 and broadcast to every rank. A rank whose step fails
+// is read by rank 0 and broadcast to every rank (the optimizer slots start
+// afresh: MirroredVariables' checkpoints do not carry them). A rank whose step fails
 // (its dataset ended, its loss threw) aborts the group, so the others'
 // step fails at once (Unavailable) instead of at the collective timeout.
 //
