@@ -75,7 +75,7 @@ struct RankOutcome {
   Status replicas;
 };
 
-TEST_CASE("MultiWorkerMirroredFitStrategy: two processes' fits see the same History, and rank 0's checkpoint "
+TEST_CASE("MultiWorkerMirroredFitStrategy: two ranks' fits see the same History, and rank 0's checkpoint "
           "restores on both") {
   Training t(/*num_ps=*/1, /*num_workers=*/0, {}, true, CAPSTAN_TORCH_TEST_MODULE);
   CollectiveOptions collective;
