@@ -2,6 +2,7 @@
 #include <map>
 #include <memory>
 #include <sstream>
+#include <vector>
 
 #include "capstan/torch.h"
 #include "errors.h"
@@ -165,6 +166,9 @@ Result<std::vector<VariableInfo>> create_variables(ClusterCoordinator& cluster, 
 
   // Check everything before writing anything.
   std::vector<bool> create(parameters.size(), true);
+  if (options.embeddings_only) {
+    std::erase_if(parameters, [](const PsParameter& p) { return !p.embedding; });
+  }
   for (size_t i = 0; i < parameters.size(); ++i) {
     const PsParameter& p = parameters[i];
     const std::string variable = options.prefix + p.name;
@@ -241,11 +245,15 @@ PsModule::PsModule(::torch::nn::Module& module, PsOptions options)
 
 Status PsModule::pull(ClosureContext& ctx, bool training) {
   module_.train(training);
-  auto parameters = module_.named_parameters(/*recurse=*/true);
+  auto parameters = options_.embeddings_only ? ::torch::OrderedDict<std::string, ::torch::Tensor>()
+                                             : module_.named_parameters(/*recurse=*/true);
   std::vector<std::string> variables;
   for (const auto& item : parameters) variables.push_back(options_.prefix + item.key());
   // All of them at once: one round trip, not one per parameter.
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> values, ctx.read_many(variables));
+  std::vector<Tensor> values;
+  if (!variables.empty()) {
+    CAPSTAN_ASSIGN_OR_RETURN(values, ctx.read_many(variables));
+  }
   if (values.size() != variables.size()) {
     return Status::Internal("read_many answered " + std::to_string(values.size()) + " values for " +
                             std::to_string(variables.size()) + " variables");
@@ -297,7 +305,7 @@ Status PsModule::push(ClosureContext& ctx) {
   Status converted = [&]() -> Status {
     for (auto& item : module_.named_parameters(/*recurse=*/true)) {
       const ::torch::Tensor& gradient = item.value().grad();
-      if (!gradient.defined()) continue;
+      if (!gradient.defined() || options_.embeddings_only) continue;
       const std::string what = "the gradient of parameter '" + item.key() + "'";
       const std::string variable = options_.prefix + item.key();
       try {

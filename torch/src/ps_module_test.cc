@@ -187,6 +187,27 @@ TEST_CASE("eval_step reads the variables and pushes nothing") {
   CHECK(ctx.pushes == 0);
 }
 
+TEST_CASE("embeddings_only: PsModule reads and pushes only the embeddings' rows, the head is someone else's") {
+  auto model = std::make_shared<Tower>(true);
+  SgdContext ctx;
+  ctx.create_from(*model);
+  // The head is not on the parameter servers (a MirroredModule's, in hybrid).
+  ctx.variables.erase("head.weight");
+  ctx.variables.erase("head.bias");
+  const ::torch::Tensor head = model->head->weight.detach().clone();
+  const ::torch::Tensor before = ctx.variables.at("embedding.weight").clone();
+  ::torch::Tensor ids = ::torch::tensor({3, 7, 3, 11, 3, 0}, ::torch::kLong).reshape({2, 3});
+  ::torch::Tensor target = ::torch::tensor({1.0f, -1.0f}).reshape({2, 1});
+
+  PsModule ps(*model, {.embeddings_only = true});
+  REQUIRE(ps.train_step(ctx, [&] { return ::torch::mse_loss(model->forward(ids), target); }).ok());
+  CHECK(ctx.pushes == 1);  // the rows' sparse update alone
+  CHECK_FALSE(::torch::equal(ctx.variables.at("embedding.weight")[3], before[3]));
+  CHECK(::torch::equal(ctx.variables.at("embedding.weight")[1], before[1]));
+  CHECK(::torch::equal(model->head->weight.detach(), head));  // not read, not pushed
+  CHECK(model->head->weight.grad().defined() == false);         // cleared as a step ends
+}
+
 TEST_CASE("ps_parameters lists dense parameters, then embeddings, with their shapes") {
   auto model = std::make_shared<Tower>(true);
   auto parameters = ps_parameters(*model).value();

@@ -1,6 +1,9 @@
 // fit on real daemons: parameter servers, a coordinator and worker-servers
 // loading torch_test_module.cc, whose register_model'd "fit_mlp" is the
-// test MLP (4 -> 8 -> 1) as a binary classifier trained with sgd (0.5).
+// test MLP (4 -> 8 -> 1) as a binary classifier trained with sgd (0.5), and
+// "fit_hybrid" the Tower (an embedding on the parameter servers, a mirrored
+// head). The multi-client strategy's tests, whose programs hold the module
+// themselves, are in fit_multi_client_test.cc.
 //
 // This file includes no LibTorch (capstan/fit.h needs none, as a training
 // program's need not): the variables are created with the shapes of
@@ -16,6 +19,7 @@
 #include <sstream>
 #include <unistd.h>
 
+#include "capstan/checkpoint.h"
 #include "capstan/data/dataset.h"
 #include "capstan/strategy.h"
 #include "tests/integration/training_cluster.h"
@@ -279,6 +283,88 @@ TEST_CASE("MirroredFitStrategy over a strategy whose variables are not the modul
           .status();
   CHECK_FALSE(status.ok());
   CHECK_THAT(status.message(), Catch::Contains("first.bias") && Catch::Contains("fit_mlp"));
+}
+
+// testing::Tower under "hyb/" as fit_hybrid trains it: the embedding's
+// 20 x 3 rows (N(0, 0.05), seed 5, as capstan::torch::Embedding draws
+// them) on the parameter servers with sgd (0.5), and the head's
+// parameters (LibTorch's Linear(3, 1) initialization) as the mirrored
+// strategy's variables.
+std::vector<MirroredVariableSpec> tower_head() {
+  const double bound = 1 / std::sqrt(3.0);
+  return {{"hyb/head.weight", random_uniform_initializer(DType::kFloat32, {1, 3}, -bound, bound, 11).value(),
+           Optimizer::sgd(kLearningRate)},
+          {"hyb/head.bias", random_uniform_initializer(DType::kFloat32, {1}, -bound, bound, 12).value(),
+           Optimizer::sgd(kLearningRate)}};
+}
+
+Tensor tower_rows() { return random_normal_initializer(DType::kFloat32, {20, 3}, 0, 0.05, 5).value(); }
+
+// n examples of 3 ids in [0, 20), labelled 1 when more of them are even
+// than odd: a rule the rows (one number per id, in effect) and the head
+// learn together.
+data::Dataset id_examples(int64_t n, uint64_t seed) {
+  std::mt19937_64 random(seed);
+  std::uniform_int_distribution<int64_t> id(0, 19);
+  std::vector<int64_t> ids(static_cast<size_t>(n) * 3);
+  std::vector<float> y(static_cast<size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    int even = 0;
+    for (int j = 0; j < 3; ++j) {
+      int64_t& v = ids[static_cast<size_t>(i * 3 + j)];
+      v = id(random);
+      even += v % 2 == 0 ? 1 : 0;
+    }
+    y[static_cast<size_t>(i)] = even >= 2 ? 1.0f : 0.0f;
+  }
+  return data::Dataset::from_tensor_slices(
+      Element{{Tensor::from_vector(ids, {n, 3}).value(), Tensor::from_vector(y, {n, 1}).value()}, {"ids", "y"}});
+}
+
+TEST_CASE("MirroredFitStrategy trains a hybrid module: embedding rows on the parameter servers, the head mirrored") {
+  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  const Tensor rows = tower_rows();
+  t.client->create_variable({"hyb/embedding.weight", rows, Optimizer::sgd(kLearningRate)}).value();
+  auto mirrored = MirroredStrategy::create(*t.client, tower_head(), strategy_options("hybrid")).value();
+  PerWorkerDataset train =
+      mirrored->distribute_dataset(id_examples(4096, 1).shuffle(1024, 2).repeat().batch(32, true)).value();
+  PerWorkerDataset validation = mirrored->distribute_dataset(id_examples(1024, 3).repeat().batch(64, true)).value();
+  MirroredFitStrategy strategy(*mirrored);
+  // The same fit call as on the parameter servers; only the strategy differs.
+  History history = fit(strategy, "fit_hybrid",
+                        {.epochs = 4,
+                         .steps_per_epoch = 30,
+                         .train = train,
+                         .validation = validation,
+                         .validation_steps = 4,
+                         .learning_rate = kLearningRate})
+                        .value();
+  const auto& h = history.history;
+  INFO("loss " << h.at("loss").front() << " -> " << h.at("loss").back() << ", val_accuracy "
+               << h.at("val_accuracy").back());
+  CHECK(history.epoch == std::vector<int>{0, 1, 2, 3});
+  CHECK(h.at("loss").back() < h.at("loss").front());
+  // Chance is one half; the rule is learnt only if both halves train.
+  CHECK(h.at("val_accuracy").back() > 0.9);
+  CHECK(h.at("val_auc").back() > 0.95);
+
+  // The rows moved on the parameter servers (sparse updates), the head on
+  // the replicas, which still agree after 4 x 30 steps.
+  const std::vector<float> before(rows.flat<float>().begin(), rows.flat<float>().end());
+  CHECK(read(*t.client, "hyb/embedding.weight") != before);
+  REQUIRE(mirrored->verify_replicas().ok());
+  std::vector<ReplicaStatus> replicas = mirrored->replicas().value();
+  REQUIRE(replicas.size() == 2);
+  CHECK(replicas[0].step == 120);
+
+  // One checkpoint holds both halves, under the module's names.
+  const std::string directory = temp_dir("hybrid");
+  std::string saved = strategy.save_checkpoint(directory, 120, 1).value();
+  auto reader = CheckpointReader::open(saved).value();
+  CHECK(reader->read_variable("hyb/embedding.weight").value().flat<float>().size() == 60);
+  CHECK(reader->read_variable("hyb/head.weight").value().flat<float>().size() == 3);
+  CHECK(strategy.restore_checkpoint(directory).value() == 120);
+  std::filesystem::remove_all(directory);
 }
 
 }  // namespace

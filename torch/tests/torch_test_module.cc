@@ -76,7 +76,8 @@ Result<Element> grow_step(ClosureContext& ctx, const Element& args) {
 
 // fit's models (fit_cluster_test.cc): the MLP as a binary classifier of
 // [x float32[n, 4], y float32[n, 1]] batches, with sgd (rate 0.5) under
-// "fit/", and with adam under "fitadam/" (whose rate cannot be scaled).
+// "fit/", and with adam under "fitadam/" (whose rate cannot be scaled);
+// and the hybrid Tower.
 capstan::Status register_fit_models(capstan::FunctionRegistry& registry) {
   for (const bool adam : {false, true}) {
     auto model = std::make_shared<capstan::torch::testing::Mlp>();
@@ -90,7 +91,19 @@ capstan::Status register_fit_models(capstan::FunctionRegistry& registry) {
                .optimizer = adam ? capstan::Optimizer::adam(0.01) : capstan::Optimizer::sgd(0.5)}};
     CAPSTAN_RETURN_IF_ERROR(capstan::torch::register_model(registry, adam ? "fit_adam" : "fit_mlp", std::move(spec)));
   }
-  return capstan::Status::Ok();
+  // Hybrid: the Tower (a capstan::torch::Embedding of 20 x 3, then a
+  // Linear(3, 1)) as a binary classifier of [ids int64[n, 3], y float32[n,
+  // 1]] batches under "hyb/": the rows on the parameter servers, the head
+  // mirrored by the strategy (fit_cluster_test.cc creates both).
+  auto tower = std::make_shared<capstan::torch::testing::Tower>(true);
+  capstan::torch::ModelSpec hybrid{
+      .module = tower,
+      .forward = [tower](const std::vector<::torch::Tensor>& batch) { return tower->forward(batch[0]); },
+      .loss = [](const ::torch::Tensor& logits, const ::torch::Tensor& y) {
+        return ::torch::binary_cross_entropy_with_logits(logits, y);
+      },
+      .ps = {.prefix = "hyb/", .optimizer = capstan::Optimizer::sgd(0.5)}};
+  return capstan::torch::register_model(registry, "fit_hybrid", std::move(hybrid));
 }
 
 }  // namespace

@@ -21,12 +21,25 @@
 //   history.history["val_auc"].back();
 //
 // The strategy is one argument (FitStrategy): how an epoch's steps run and
-// where the variables are checkpointed. ParameterServerFitStrategy schedules
-// one closure per step on the ClusterCoordinator's queue (asynchronous
-// training, as Keras with ParameterServerStrategy); MirroredFitStrategy runs
-// each step on every worker-server at once as the replicas of a
-// MirroredStrategy (synchronous training, as Keras with
-// MultiWorkerMirroredStrategy).
+// where the variables are checkpointed; the fit call is the same on all
+// four:
+//   ParameterServerFitStrategy      one closure per step on the
+//                                   ClusterCoordinator's queue (asynchronous
+//                                   training, Keras with
+//                                   ParameterServerStrategy);
+//   MirroredFitStrategy             each step on every worker-server at
+//                                   once as the replicas of a
+//                                   MirroredStrategy (synchronous, Keras with
+//                                   MultiWorkerMirroredStrategy, one client);
+//     hybrid: the same strategy with a module holding capstan::torch::
+//                                   Embeddings: their rows on the parameter
+//                                   servers, the rest mirrored, in one step;
+//   MultiWorkerMirroredFitStrategy  multi-client: every process of a
+//                                   collective group runs its own fit on its
+//                                   own input (Keras' MultiWorkerMirrored-
+//                                   Strategy with a client per worker); logs
+//                                   and History are the same on every rank,
+//                                   rank 0 writes the checkpoints.
 //
 // Datasets: per-worker datasets (a local pipeline or a dataset function on
 // every worker, or a pipeline that reads from the data service). As with
@@ -65,9 +78,16 @@
 
 namespace capstan {
 class MirroredStrategy;  // capstan/strategy.h
+class Communicator;      // capstan/collectives.h
+class FunctionRegistry;  // capstan/functions.h
+namespace data {
+class Dataset;  // capstan/data/dataset.h
 }
+}  // namespace capstan
 
 namespace capstan::torch {
+
+struct ModelSpec;  // capstan/torch.h (MultiWorkerMirroredFitStrategy::create)
 
 // ---- Metrics ---------------------------------------------------------------------
 
@@ -145,19 +165,31 @@ class ParameterServerFitStrategy : public FitStrategy {
 };
 
 // Synchronous training on the worker-servers (Keras' fit under
-// MultiWorkerMirroredStrategy): each step is one MirroredStrategy::run of
-// register_model's closure on every replica at once, each on its worker's
-// next batch of the dataset (MirroredStrategy::distribute_dataset); in
-// those steps the closures train a MirroredModule attached to the worker's
-// replicas (ctx.mirrored()), so the strategy must be created with the
-// module's parameters as its variables: ModelSpec::ps.prefix + each
-// parameter's name, its shape and dtype, and the optimizers ModelSpec::ps
-// names (which decide whether a learning-rate scale is allowed). A step's
-// metrics are the sum of its replicas'. Modules with capstan::torch::
-// Embeddings (rows on the parameter servers) are not supported here. A
-// step that fails (a worker lost: Unavailable) fails the call; the
-// variables stay at the last step every replica finished. `strategy` must
-// outlive this object.
+// MultiWorkerMirroredStrategy, driven by one program): each step is one
+// MirroredStrategy::run of register_model's closure on every replica at
+// once, each on its worker's next batch of the dataset
+// (MirroredStrategy::distribute_dataset); in those steps the closures train
+// a MirroredModule attached to the worker's replicas (ctx.mirrored()), so
+// the strategy must be created with the module's dense parameters as its
+// variables: ModelSpec::ps.prefix + each parameter's name, its shape and
+// dtype, and the optimizers ModelSpec::ps names (which decide whether a
+// learning-rate scale is allowed). A step's metrics are the sum of its
+// replicas'. A step that fails (a worker lost: Unavailable) fails the call;
+// the variables stay at the last step every replica finished. `strategy`
+// must outlive this object.
+//
+// Hybrid (strategy-hybrid: a module with capstan::torch::Embeddings): the
+// embeddings' rows stay on the parameter servers and everything else is
+// mirrored, in one step. The program creates the rows' variables
+// (create_variables with PsOptions::embeddings_only, or create_variable /
+// create_embedding_table under ModelSpec::ps.prefix + "<path>.weight") and
+// the strategy with the dense parameters alone. Each replica's step
+// gathers the rows its batch names, runs one backward that all-reduces the
+// dense gradients (MEAN) and leaves the rows' gradients, and pushes those
+// as a sparse update: the parameter servers apply one update per replica
+// and step, each of its replica's batch (as asynchronous workers' would),
+// not one of the replicas' mean. The checkpoint (save_checkpoint) holds
+// both: the cluster's variables and the mirrored ones.
 class MirroredFitStrategy : public FitStrategy {
  public:
   explicit MirroredFitStrategy(MirroredStrategy& strategy) : strategy_(strategy) {}
@@ -172,6 +204,95 @@ class MirroredFitStrategy : public FitStrategy {
  private:
   Result<MetricState> run(const std::string& function, const Element& args, int64_t steps);
   MirroredStrategy& strategy_;
+};
+
+// Multi-client synchronous training (Keras' fit under
+// MultiWorkerMirroredStrategy with one client per worker: every process
+// runs the same program and its own fit): each process of a collective
+// group is a replica, holds the module (ModelSpec, as register_model takes
+// it) and trains it with a MirroredModule on the group: the gradients are
+// all-reduced (MEAN) in every step, so the replicas stay identical. No
+// worker-server runs the steps; each process reads its own input:
+//
+//   auto group = capstan::Communicator::create(std::move(endpoint), addresses, rank).value();
+//   auto strategy = capstan::torch::MultiWorkerMirroredFitStrategy::create(
+//       *group, "mlp", spec, {.cluster = cluster.get()}).value();          // collective
+//   auto train = strategy->distribute_dataset(examples.repeat().batch(64)).value();  // this rank's shard
+//   auto history = capstan::torch::fit(*strategy, "mlp", {.epochs = 5, .steps_per_epoch = 100,
+//                                                          .train = train, ...}).value();
+//
+// Input: distribute_dataset(d) iterates d.shard(group size, rank) in this
+// process: each rank every size-th element of d (as TF's auto-sharding by
+// data); of a batched d, every size-th batch, so a step's global batch is
+// size times d's. create_per_worker_dataset(d) iterates d as given (a
+// dataset already this process's own: its files, its data-service
+// consumer index). The handles are this strategy's: another strategy does
+// not know them.
+//
+// Every rank must run the same fit (epochs, steps, callbacks): a step is a
+// collective. Metrics: each rank's epoch sums are gathered from every rank
+// (all_gather) and added up in rank order, so every rank gets bit-identical
+// logs and History, and callbacks that decide from the logs
+// (EarlyStopping, ModelCheckpoint's save_best_only) decide the same on
+// every rank. Checkpoints go through `cluster` (MirroredVariables::
+// save_checkpoint: rank 0 puts the replicas into parameter-server
+// variables and has the coordinator save; the other ranks wait for its
+// outcome and get the same path, or its error's code); restore_checkpoint
+// is read by rank 0 and broadcast to every rank (the optimizer slots start
+// afresh: MirroredVariables' checkpoints do not carry them). A rank whose step fails
+// (its dataset ended, its loss threw) aborts the group, so the others'
+// step fails at once (Unavailable) instead of at the collective timeout.
+//
+// Thread-safety: one thread (the rank's training loop), like fit.
+struct MultiWorkerMirroredFitOptions {
+  // Where checkpoints go (see above). Every rank passes one or none alike
+  // (only rank 0's is used); none: save_checkpoint and restore_checkpoint
+  // are FailedPrecondition on every rank. Must outlive the strategy.
+  ClusterCoordinator* cluster = nullptr;
+  // The functions the datasets' map / filter / interleave name
+  // (Dataset::make_iterator's); null: only built-in ones. Must outlive the
+  // strategy.
+  const FunctionRegistry* functions = nullptr;
+  // MirroredModule's gradient buckets (MirroredOptions); the same on every rank.
+  int64_t bucket_bytes = 25 << 20;
+  int64_t first_bucket_bytes = 1 << 20;
+};
+class MultiWorkerMirroredFitStrategy : public FitStrategy {
+ public:
+  // Collective: every rank of `group` calls it with a model of the same
+  // parameters and ModelSpec::ps (prefix, optimizers); rank 0's parameter
+  // values become every replica's (MirroredModule::create). `model` is the
+  // name fit is then called with. InvalidArgument for an invalid spec
+  // (register_model's checks) or a module with capstan::torch::Embeddings
+  // (their rows live on parameter servers: use MirroredFitStrategy's
+  // hybrid). `group` must outlive the strategy; the strategy keeps the
+  // spec (and so the module) alive.
+  static Result<std::unique_ptr<MultiWorkerMirroredFitStrategy>> create(Communicator& group, const std::string& model,
+                                                                        const ModelSpec& spec,
+                                                                        MultiWorkerMirroredFitOptions options = {});
+  ~MultiWorkerMirroredFitStrategy() override;
+
+  Result<PerWorkerDataset> distribute_dataset(const data::Dataset& dataset);
+  Result<PerWorkerDataset> create_per_worker_dataset(const data::Dataset& dataset);
+
+  int rank() const;
+  int num_replicas_in_sync() const;
+
+  Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
+                            double learning_rate_scale) override;
+  Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
+  Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
+  Result<int64_t> restore_checkpoint(const std::string& path) override;
+
+  // Collective: OK when every rank's replicas (values, optimizer slots,
+  // step) are identical (MirroredModule::verify_replicas).
+  Status verify_replicas();
+
+  struct Impl;
+
+ private:
+  explicit MultiWorkerMirroredFitStrategy(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
 };
 
 // ---- Callbacks --------------------------------------------------------------------

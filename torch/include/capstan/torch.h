@@ -155,6 +155,12 @@ struct PsOptions {
   std::map<std::string, Partitioner> partitioners{};
   int64_t partition_min_bytes = 1 << 20;
   int64_t max_shards = 8;
+  // Only the capstan::torch::Embeddings' rows are on the parameter servers;
+  // the dense parameters are someone else's (strategy-hybrid: a
+  // MirroredModule mirrors them on the replicas). create_variables creates
+  // only the embeddings' variables; PsModule's pull reads no dense
+  // parameter and push pushes none.
+  bool embeddings_only = false;
 };
 
 // The parameters a module puts on the parameter servers, in a stable order:
@@ -208,10 +214,12 @@ class PsModule {
   Result<::torch::Tensor> train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss);
   // pull(ctx, false), then `fn` without gradients; nothing is pushed.
   Result<::torch::Tensor> eval_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& fn);
-
- private:
+  // Ends a step without pushing (a step that failed between pull and
+  // push): unbinds the embeddings from the context and clears the
+  // gradients.
   Status unbind();
 
+ private:
   ::torch::nn::Module& module_;
   PsOptions options_;
 };
@@ -296,8 +304,13 @@ struct ModelSpec {
 // step (MirroredStrategy::run, as MirroredFitStrategy does), a closure
 // trains the module with a MirroredModule attached to the worker's
 // replicas (ctx.mirrored(), variables named ps.prefix + parameter name) on
-// the step's group instead of pulling and pushing. An invalid spec is
-// InvalidArgument naming the field, and nothing is registered.
+// the step's group instead of pulling and pushing; a module with
+// capstan::torch::Embeddings is hybrid there: their rows are still
+// gathered from and pushed to the parameter servers (a PsModule with
+// embeddings_only), in the same step. An invalid spec is InvalidArgument
+// naming the field, and nothing is registered. The same spec trains in a
+// program's own process, multi-client: MultiWorkerMirroredFitStrategy
+// (capstan/fit.h).
 Status register_model(FunctionRegistry& registry, const std::string& name, ModelSpec spec);
 
 }  // namespace capstan::torch
