@@ -19,15 +19,13 @@
 #include "capstan/tensor.h"
 #include "checkpoint/checkpoint.h"
 #include "io/file_system.h"
+#include "types/shard_location.h"
 #include "types/table_rows.h"
 
 namespace capstan::coordinator {
 
-struct ShardState {
-  std::string name;
-  int ps_task = 0;
-  int64_t first_row = 0;
-  int64_t rows = 0;
+// A shard (where it lives: ps_address stays "") and what it holds.
+struct ShardState : ps::ShardLocation {
   Tensor value;
   std::map<std::string, Tensor> slots;
   int64_t step = 0;
