@@ -1,7 +1,6 @@
 #include "daemons/coordinator/checkpointing.h"
 
 #include <cstring>
-#include <filesystem>
 
 #include "training/optimizer.h"
 
@@ -136,7 +135,7 @@ std::string iterator_tensor_name(const std::string& dataset_name, int64_t datase
          std::to_string(task_index);
 }
 
-Result<int64_t> write_table_export(const VariableState& state, const std::string& path) {
+Result<int64_t> write_table_export(const VariableState& state, const std::string& path, io::FileSystem& fs) {
   int64_t n = 0;
   for (const auto& s : state.shards) n += s.table_rows.keys.num_elements();
   const int64_t dim = state.table->dim;
@@ -158,7 +157,7 @@ Result<int64_t> write_table_export(const VariableState& state, const std::string
   }
   CAPSTAN_RETURN_IF_ERROR(checkpoint::write_safetensors(
       path, {{"keys", k}, {"values", v}, {"meta", m}},
-      {{"capstan.table", state.name}, {"capstan.dim", std::to_string(dim)}}));
+      {{"capstan.table", state.name}, {"capstan.dim", std::to_string(dim)}}, fs));
   return n;
 }
 
@@ -181,8 +180,8 @@ Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint
 
 Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
                                      const std::vector<VariableState>& variables,
-                                     const std::map<std::string, std::string>& iterators) {
-  CAPSTAN_ASSIGN_OR_RETURN(auto writer, checkpoint::CheckpointWriter::begin(dir, step, max_to_keep));
+                                     const std::map<std::string, std::string>& iterators, io::FileSystem& fs) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto writer, checkpoint::CheckpointWriter::begin(dir, step, max_to_keep, fs));
   std::map<int, std::vector<std::pair<std::string, Tensor>>> files;  // ps task -> tensors
   checkpoint::Manifest manifest;
   for (const auto& v : variables) {
@@ -247,12 +246,13 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
   return path;
 }
 
-Result<std::string> resolve_checkpoint(const std::string& path) {
-  if (std::filesystem::exists(std::filesystem::path(path) / "manifest.json")) return path;
-  if (!std::filesystem::is_directory(path)) {
+Result<std::string> resolve_checkpoint(const std::string& path, io::FileSystem& fs) {
+  if (fs.stat(io::join_path(path, checkpoint::kManifestFileName)).ok()) return path;
+  Result<io::FileInfo> info = fs.stat(path);
+  if (!info.ok() || !info->is_directory) {
     return Status::NotFound("no checkpoint at '" + path + "'");
   }
-  return checkpoint::latest_checkpoint(path);
+  return checkpoint::latest_checkpoint(path, fs);
 }
 
 Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables, bool strict,

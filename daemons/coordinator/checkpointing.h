@@ -18,15 +18,14 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "checkpoint/checkpoint.h"
+#include "io/file_system.h"
+#include "types/shard_location.h"
 #include "types/table_rows.h"
 
 namespace capstan::coordinator {
 
-struct ShardState {
-  std::string name;
-  int ps_task = 0;
-  int64_t first_row = 0;
-  int64_t rows = 0;
+// A shard (where it lives: ps_address stays "") and what it holds.
+struct ShardState : ps::ShardLocation {
   Tensor value;
   std::map<std::string, Tensor> slots;
   int64_t step = 0;
@@ -58,22 +57,25 @@ inline constexpr const char* kIteratorsFile = "iterators.safetensors";
 std::string iterator_tensor_name(const std::string& dataset_name, int64_t dataset_id, int task_index);
 
 // Writes dir/ckpt-<step> (keeping `max_to_keep`) with the variables and the
-// iterator positions (none: no iterators file); returns its path.
+// iterator positions (none: no iterators file), through `fs`; returns its
+// path.
 Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
                                      const std::vector<VariableState>& variables,
-                                     const std::map<std::string, std::string>& iterators = {});
+                                     const std::map<std::string, std::string>& iterators = {},
+                                     io::FileSystem& fs = io::local_file_system());
 
 // Writes a table's rows (state.shards[*].rows) as one safetensors file at
 // `path`, durably: "keys" int64[n], "values" dtype[n, dim], "meta"
 // int64[n, 4], metadata capstan.table (its name) and capstan.dim. The rows.
-Result<int64_t> write_table_export(const VariableState& state, const std::string& path);
+Result<int64_t> write_table_export(const VariableState& state, const std::string& path,
+                                   io::FileSystem& fs = io::local_file_system());
 
 // The iterator positions of a checkpoint, by tensor name (none when it has
 // no iterators file).
 Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint::CheckpointReader& reader);
 
 // A checkpoint path, or a directory of checkpoints (its latest).
-Result<std::string> resolve_checkpoint(const std::string& path);
+Result<std::string> resolve_checkpoint(const std::string& path, io::FileSystem& fs = io::local_file_system());
 
 // Fills value, slots and step of every shard in `variables` (whose layout
 // is the current placement) from the checkpoint at `path`. An embedding

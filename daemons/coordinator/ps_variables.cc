@@ -34,14 +34,8 @@ PsVariables::PsVariables(ParameterServers& ps, const PsHealth& health, boost::as
       placer_(std::max(ps.size(), 1)) {}
 
 VariableLocation PsVariables::location(const PlacedVariable& variable) const {
-  VariableLocation out;
-  out.name = variable.name;
-  out.dtype = variable.dtype;
-  out.shape = variable.shape;
-  for (const auto& s : variable.shards) {
-    out.shards.push_back({s.name, s.ps_task, ps_.address(s.ps_task), s.first_row, s.rows});
-  }
-  out.table = variable.table;
+  VariableLocation out = variable;
+  for (ShardLocation& s : out.shards) s.ps_address = ps_.address(s.ps_task);
   return out;
 }
 
@@ -52,7 +46,7 @@ Result<PlacedVariable> PsVariables::place(const std::string& name, DType dtype, 
   variable.name = name;
   variable.dtype = dtype;
   variable.shape = shape;
-  for (const auto& p : placed) variable.shards.push_back({p.name, p.ps_task, p.first_row, p.rows});
+  for (const placement::ShardPlacement& p : placed) variable.shards.push_back(p);  // without its shape
   return variable;
 }
 
@@ -386,7 +380,7 @@ kj::Promise<Result<int64_t>> PsVariables::export_rows(PlacedVariable variable, i
                                                       std::string path) {
   using Rows = Result<int64_t>;
   auto exports = kj::Vector<kj::Promise<Result<TableContents>>>();
-  for (const PlacedShard& shard : variable.shards) {
+  for (const ShardLocation& shard : variable.shards) {
     exports.add(ps_.export_table(shard.ps_task, shard.name, since_version, 0));
   }
   return kj::joinPromises(exports.releaseAsArray())

@@ -48,20 +48,11 @@
 
 namespace capstan::coordinator {
 
-struct PlacedShard {
-  std::string name;
-  int ps_task = 0;
-  int64_t first_row = 0;
-  int64_t rows = 0;
-};
-
-struct PlacedVariable {
-  std::string name;
-  DType dtype = DType::kInvalid;
-  Shape shape;
-  std::vector<PlacedShard> shards;
+// A variable as the coordinator records and journals it: where its shards
+// live (by task: their ps_address stays "") and the optimizer the parameter
+// servers apply to it.
+struct PlacedVariable : VariableLocation {
   Optimizer optimizer;
-  std::optional<EmbeddingTableSpec> table;  // an embedding table: shard i on task i
 };
 
 class PsVariables {

@@ -255,8 +255,8 @@ TEST_CASE("without a checkpoint, a parameter server back empty fails calls with 
   w.dtype = DType::kFloat32;
   w.shape = {4};
   w.optimizer = Optimizer::adagrad(0.1);
-  w.shards.push_back({"w/part_0", 0, 0, 2, floats({1, 2}, {2}), {}, 3, {}, 0});
-  w.shards.push_back({"w/part_1", 1, 2, 2, floats({3, 4}, {2}), {}, 3, {}, 0});
+  w.shards.push_back({{"w/part_0", 0, 0, 2}, floats({1, 2}, {2}), {}, 3, {}, 0});
+  w.shards.push_back({{"w/part_1", 1, 2, 2}, floats({3, 4}, {2}), {}, 3, {}, 0});
   REQUIRE(write_checkpoint(other.path(), 3, 3, {w}).ok());
   REQUIRE(h.coordinator->restore_checkpoint(other.path()).wait(h.io.waitScope).ok());
   CHECK(h.ps.tasks[1].assigned.empty());  // recreated with its value

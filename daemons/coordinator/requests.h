@@ -15,6 +15,7 @@
 #include "capstan/training.h"
 #include "placement/placement.h"
 #include "types/replica.h"
+#include "types/shard_location.h"
 
 namespace capstan::coordinator {
 
@@ -25,23 +26,10 @@ struct VariableRequest {
   placement::Partitioner partitioner;
 };
 
-struct ShardLocation {
-  std::string name;  // "w/part_0"
-  int ps_task = 0;
-  std::string ps_address;
-  int64_t first_row = 0;
-  int64_t rows = 0;
-};
-
-struct VariableLocation {
-  std::string name;
-  DType dtype = DType::kInvalid;
-  Shape shape;
-  std::vector<ShardLocation> shards;
-  // An embedding table: one shard per parameter server, by task; key k on
-  // shard table_shard_of(k, shards.size()). shape is [0, dim].
-  std::optional<EmbeddingTableSpec> table;
-};
+// A variable as the coordinator hands it out: each shard's ps_address is the
+// task's address now.
+using ps::ShardLocation;
+using ps::VariableLocation;
 
 struct Placements {
   int64_t version = 0;

@@ -7,6 +7,7 @@
 #include "async/status_exception.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/placement_codec.h"
 #include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
 #include "wire_names.h"
@@ -28,26 +29,6 @@ Result<placement::Partitioner> partitioner_from_wire(wire::Partitioner::Reader i
     return placement::Partitioner::max_size(in.getMaxShardBytes(), in.getMaxShards(), in.getBytesPerString());
   }
   return Status::InvalidArgument("unknown partitioner '" + kind + "'");
-}
-
-void placement_to_wire(const VariableLocation& variable, wire::VariablePlacement::Builder out) {
-  out.setName(variable.name);
-  out.setDtype(rpc::to_wire(variable.dtype));
-  auto shape = out.initShape(static_cast<unsigned>(variable.shape.size()));
-  for (unsigned d = 0; d < variable.shape.size(); ++d) shape.set(d, variable.shape[d]);
-  auto shards = out.initShards(static_cast<unsigned>(variable.shards.size()));
-  for (unsigned i = 0; i < variable.shards.size(); ++i) {
-    const ShardLocation& s = variable.shards[i];
-    shards[i].setName(s.name);
-    shards[i].setPsTask(s.ps_task);
-    shards[i].setPsAddress(s.ps_address);
-    shards[i].setFirstRow(s.first_row);
-    shards[i].setRows(s.rows);
-  }
-  if (variable.table) {
-    out.setIsTable(true);
-    rpc::table_to_wire(*variable.table, out.initTable());
-  }
 }
 
 }  // namespace
@@ -378,7 +359,7 @@ kj::Promise<void> CoordinatorService::createVariable(CreateVariableContext conte
       })
       .then([context](Result<VariableLocation> placed) mutable {
         async::check(placed.status());
-        placement_to_wire(*placed, context.getResults().initPlacement());
+        rpc::location_to_wire(*placed, context.getResults().initPlacement());
       });
 }
 
@@ -390,7 +371,7 @@ kj::Promise<void> CoordinatorService::createEmbeddingTable(CreateEmbeddingTableC
   spec->name = name;
   return core_.create_table(std::move(*spec)).then([context](Result<VariableLocation> placed) mutable {
     async::check(placed.status());
-    placement_to_wire(*placed, context.getResults().initPlacement());
+    rpc::location_to_wire(*placed, context.getResults().initPlacement());
   });
 }
 
@@ -408,7 +389,7 @@ kj::Promise<void> CoordinatorService::placements(PlacementsContext context) {
   auto out = context.getResults().initPlacements();
   out.setVersion(all.version);
   auto list = out.initVariables(static_cast<unsigned>(all.variables.size()));
-  for (unsigned i = 0; i < all.variables.size(); ++i) placement_to_wire(all.variables[i], list[i]);
+  for (unsigned i = 0; i < all.variables.size(); ++i) rpc::location_to_wire(all.variables[i], list[i]);
   return kj::READY_NOW;
 }
 

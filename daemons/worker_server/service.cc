@@ -5,6 +5,7 @@
 
 #include "async/status_exception.h"
 #include "rpc/errors.h"
+#include "rpc/placement_codec.h"
 #include "async/pool.h"
 #include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
@@ -104,7 +105,7 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx)
         return coordinator->service<wire::Coordinator>(deadline).then([](wire::Coordinator::Client c) {
           return c.placementsRequest().send().then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
             std::vector<VariableLocation> variables;
-            for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
+            for (auto v : r.getPlacements().getVariables()) variables.push_back(rpc::location_from_wire(v));
             return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
           });
         });

@@ -1,15 +1,10 @@
 #include "checkpoint/checkpoint.h"
 
-#include <sys/stat.h>
-
 #include <algorithm>
-#include <cerrno>
 #include <charconv>
 #include <cstdio>
-#include <filesystem>
 #include <optional>
 #include <set>
-#include <system_error>
 
 #include "io/crc32c.h"
 #include "io/durable_file.h"
@@ -18,9 +13,6 @@
 
 namespace capstan::checkpoint {
 namespace {
-
-namespace fs = std::filesystem;
-using io::errno_to_status;
 
 constexpr std::string_view kCheckpointPrefix = "ckpt-";
 constexpr std::string_view kTmpSuffix = ".tmp";
@@ -34,6 +26,12 @@ std::string strip_trailing_slashes(std::string path) {
 
 std::string join(const std::string& dir, std::string_view name) {
   return dir + "/" + std::string(name);
+}
+
+// The last part of "dir/name".
+std::string base_name(const std::string& path) {
+  const size_t slash = path.find_last_of('/');
+  return slash == std::string::npos ? path : path.substr(slash + 1);
 }
 
 std::string hex32(uint32_t value) {
@@ -65,17 +63,13 @@ bool is_plain_file_name(const std::string& name) {
   return !name.empty() && name != "." && name != ".." && name.find('/') == std::string::npos;
 }
 
-Status filesystem_status(const std::error_code& error, const std::string& context) {
-  return errno_to_status(error.value(), context);
-}
-
 struct SizeAndCrc {
   uint64_t size = 0;
   uint32_t crc = 0;
 };
 
-Result<SizeAndCrc> checksum_file(const std::string& path) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<io::RandomAccessFile> file, io::local_file_system().open_readable(path));
+Result<SizeAndCrc> checksum_file(io::FileSystem& fs, const std::string& path) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<io::RandomAccessFile> file, fs.open_readable(path));
   std::vector<char> buf(size_t{1} << 20);
   SizeAndCrc out;
   while (out.size < file->size()) {
@@ -139,40 +133,36 @@ std::string checkpoint_name(int64_t step) {
 
 // ---------------------------------------------------------------- writing
 
-CheckpointWriter::CheckpointWriter(std::string dir, int64_t step, int max_to_keep)
-    : dir_(std::move(dir)),
+CheckpointWriter::CheckpointWriter(io::FileSystem& fs, std::string dir, int64_t step, int max_to_keep)
+    : fs_(fs),
+      dir_(std::move(dir)),
       step_(step),
       max_to_keep_(max_to_keep),
       tmp_path_(join(dir_, checkpoint_name(step) + std::string(kTmpSuffix))),
       final_path_(join(dir_, checkpoint_name(step))) {}
 
 Result<std::unique_ptr<CheckpointWriter>> CheckpointWriter::begin(const std::string& dir,
-                                                                  int64_t step, int max_to_keep) {
+                                                                  int64_t step, int max_to_keep,
+                                                                  io::FileSystem& fs) {
   if (step < 0) {
     return Status::InvalidArgument("checkpoint step must be >= 0, got " + std::to_string(step));
   }
   std::unique_ptr<CheckpointWriter> writer(
-      new CheckpointWriter(strip_trailing_slashes(dir), step, max_to_keep));
-  std::error_code error;
-  fs::create_directories(writer->dir_, error);
-  if (error) return filesystem_status(error, "cannot create checkpoint directory '" + dir + "'");
-  struct stat st;
-  if (::lstat(writer->final_path_.c_str(), &st) == 0) {
+      new CheckpointWriter(fs, strip_trailing_slashes(dir), step, max_to_keep));
+  CAPSTAN_RETURN_IF_ERROR(io::create_dirs(fs, writer->dir_, /*sync=*/false)
+                              .with_context("cannot create checkpoint directory '" + dir + "'"));
+  if (fs.stat(writer->final_path_).ok()) {
     return Status::AlreadyExists("checkpoint '" + writer->final_path_ + "' already exists");
   }
   // What a crashed save of this step left.
-  fs::remove_all(writer->tmp_path_, error);
-  if (error) return filesystem_status(error, "cannot remove '" + writer->tmp_path_ + "'");
-  if (::mkdir(writer->tmp_path_.c_str(), 0755) != 0) {
-    return errno_to_status(errno, "cannot create '" + writer->tmp_path_ + "'");
-  }
+  CAPSTAN_RETURN_IF_ERROR(fs.remove_all(writer->tmp_path_));
+  CAPSTAN_RETURN_IF_ERROR(fs.create_dir(writer->tmp_path_));
   return writer;
 }
 
 CheckpointWriter::~CheckpointWriter() {
   // Nothing is left there once commit() renamed it.
-  std::error_code ignored;
-  fs::remove_all(tmp_path_, ignored);
+  (void)fs_.remove_all(tmp_path_);
 }
 
 Status CheckpointWriter::add_file(const std::string& name,
@@ -188,7 +178,7 @@ Status CheckpointWriter::add_file(const std::string& name,
   if (std::find(added_.begin(), added_.end(), name) != added_.end()) {
     return Status::InvalidArgument("checkpoint file " + in_quotes(name) + " was already added");
   }
-  CAPSTAN_RETURN_IF_ERROR(write_safetensors(join(tmp_path_, name), tensors, metadata));
+  CAPSTAN_RETURN_IF_ERROR(write_safetensors(join(tmp_path_, name), tensors, metadata, fs_));
   added_.push_back(name);
   return Status::Ok();
 }
@@ -201,22 +191,23 @@ Status CheckpointWriter::commit(Manifest manifest) {
 
   // Every data file in the directory, however it got there.
   std::vector<std::string> names;
-  std::error_code error;
-  for (fs::directory_iterator it(tmp_path_, error), end; !error && it != end; it.increment(error)) {
-    const std::string name = it->path().filename().string();
+  Result<std::vector<std::string>> listed = fs_.list_dir(tmp_path_);
+  if (!listed.ok()) return listed.status().with_context(context);
+  for (const std::string& name : *listed) {
     if (name == kManifestFileName || name.ends_with(kTmpSuffix)) continue;
-    if (!it->is_regular_file()) {
+    Result<io::FileInfo> info = fs_.stat(join(tmp_path_, name));
+    if (!info.ok()) return info.status().with_context(context);
+    if (!info->is_regular_file) {
       return Status::FailedPrecondition(context + ": " + in_quotes(name) +
                                         " is not a regular file");
     }
     names.push_back(name);
   }
-  if (error) return filesystem_status(error, context + ": cannot list '" + tmp_path_ + "'");
   std::sort(names.begin(), names.end());
   manifest.step = step_;
   manifest.files.clear();
   for (const auto& name : names) {
-    CAPSTAN_ASSIGN_OR_RETURN(SizeAndCrc sum, checksum_file(join(tmp_path_, name)));
+    CAPSTAN_ASSIGN_OR_RETURN(SizeAndCrc sum, checksum_file(fs_, join(tmp_path_, name)));
     manifest.files.push_back(ManifestFile{name, sum.size, sum.crc});
   }
   CAPSTAN_RETURN_IF_ERROR(validate_manifest(manifest).with_context(context));
@@ -227,7 +218,7 @@ Status CheckpointWriter::commit(Manifest manifest) {
   for (const auto& var : manifest.variables) {
     for (const auto& shard : var.shards) {
       if (readers.count(shard.file) != 0) continue;
-      auto reader = SafetensorsReader::open(join(tmp_path_, shard.file));
+      auto reader = SafetensorsReader::open(join(tmp_path_, shard.file), fs_);
       if (!reader.ok()) return reader.status().with_context(context);
       views[shard.file] = reader->get();
       readers[shard.file] = std::move(*reader);
@@ -239,27 +230,26 @@ Status CheckpointWriter::commit(Manifest manifest) {
   readers.clear();
 
   done_ = true;
-  io::FileSystem& files = io::local_file_system();
-  for (const auto& name : names) CAPSTAN_RETURN_IF_ERROR(files.sync_file(join(tmp_path_, name)));
+  for (const auto& name : names) CAPSTAN_RETURN_IF_ERROR(fs_.sync_file(join(tmp_path_, name)));
   const std::string json = to_json_with_checksum(manifest);
-  CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(join(tmp_path_, kManifestFileName), json));
-  if (Status renamed = files.rename_no_replace(tmp_path_, final_path_); !renamed.ok()) {
+  CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(fs_, join(tmp_path_, kManifestFileName), json));
+  if (Status renamed = fs_.rename_no_replace(tmp_path_, final_path_); !renamed.ok()) {
     if (renamed.code() == StatusCode::kAlreadyExists) return Status::AlreadyExists(context + ": it already exists");
     return renamed.with_context(context);
   }
-  CAPSTAN_RETURN_IF_ERROR(files.sync_dir(dir_));
+  CAPSTAN_RETURN_IF_ERROR(fs_.sync_dir(dir_));
   return apply_retention();
 }
 
 Status CheckpointWriter::apply_retention() {
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> all, list_checkpoints(dir_));
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> all, list_checkpoints(dir_, fs_));
   size_t drop = 0;
   if (max_to_keep_ > 0 && all.size() > static_cast<size_t>(max_to_keep_)) {
     drop = all.size() - static_cast<size_t>(max_to_keep_);
   }
   CheckpointIndex index;
   for (size_t i = drop; i < all.size(); ++i) {
-    index.kept.push_back(fs::path(all[i]).filename().string());
+    index.kept.push_back(base_name(all[i]));
   }
   if (index.kept.empty()) {
     return Status::Internal("checkpoint '" + final_path_ + "' vanished right after its commit");
@@ -268,38 +258,35 @@ Status CheckpointWriter::apply_retention() {
   // The index first: a crash before the deletions leaves extra checkpoints
   // (deleted by the next commit), never an index naming deleted ones.
   const std::string json = to_json(index);
-  CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(join(dir_, kIndexFileName), json));
-  std::error_code error;
+  CAPSTAN_RETURN_IF_ERROR(io::write_file_durably(fs_, join(dir_, kIndexFileName), json));
   for (size_t i = 0; i < drop; ++i) {
-    fs::remove_all(all[i], error);
-    if (error) return filesystem_status(error, "cannot delete old checkpoint '" + all[i] + "'");
+    CAPSTAN_RETURN_IF_ERROR(fs_.remove_all(all[i]).with_context("cannot delete old checkpoint '" + all[i] + "'"));
   }
-  std::vector<std::string> stale;
-  for (fs::directory_iterator it(dir_, error), end; !error && it != end; it.increment(error)) {
-    if (is_stale_tmp(it->path().filename().string())) stale.push_back(it->path().string());
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> names, fs_.list_dir(dir_));
+  for (const auto& name : names) {
+    if (!is_stale_tmp(name)) continue;
+    const std::string path = join(dir_, name);
+    CAPSTAN_RETURN_IF_ERROR(fs_.remove_all(path).with_context("cannot delete '" + path + "'"));
   }
-  if (error) return filesystem_status(error, "cannot list '" + dir_ + "'");
-  for (const auto& path : stale) {
-    fs::remove_all(path, error);
-    if (error) return filesystem_status(error, "cannot delete '" + path + "'");
-  }
-  return io::fsync_dir(dir_);
+  return fs_.sync_dir(dir_);
 }
 
-Result<std::vector<std::string>> list_checkpoints(const std::string& dir) {
+Result<std::vector<std::string>> list_checkpoints(const std::string& dir, io::FileSystem& fs) {
   const std::string root = strip_trailing_slashes(dir);
-  std::vector<std::pair<int64_t, std::string>> found;
-  std::error_code error;
-  for (fs::directory_iterator it(root, error), end; !error && it != end; it.increment(error)) {
-    auto step = checkpoint_step(it->path().filename().string());
-    std::error_code ignored;
-    if (step && it->is_directory(ignored)) found.emplace_back(*step, it->path().string());
-  }
-  if (error) {
-    if (error.value() == ENOENT) {
+  Result<std::vector<std::string>> names = fs.list_dir(root);
+  if (!names.ok()) {
+    if (names.status().code() == StatusCode::kNotFound) {
       return Status::NotFound("no checkpoint directory '" + root + "'");
     }
-    return filesystem_status(error, "cannot list checkpoint directory '" + root + "'");
+    return names.status().with_context("cannot list checkpoint directory '" + root + "'");
+  }
+  std::vector<std::pair<int64_t, std::string>> found;
+  for (const std::string& name : *names) {
+    auto step = checkpoint_step(name);
+    if (!step) continue;
+    const std::string path = join(root, name);
+    Result<io::FileInfo> info = fs.stat(path);
+    if (info.ok() && info->is_directory) found.emplace_back(*step, path);
   }
   std::sort(found.begin(), found.end());
   std::vector<std::string> paths;
@@ -307,15 +294,15 @@ Result<std::vector<std::string>> list_checkpoints(const std::string& dir) {
   return paths;
 }
 
-Result<std::string> latest_checkpoint(const std::string& dir) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> all, list_checkpoints(dir));
+Result<std::string> latest_checkpoint(const std::string& dir, io::FileSystem& fs) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<std::string> all, list_checkpoints(dir, fs));
   if (all.empty()) return Status::NotFound("no checkpoint in '" + dir + "'");
   return all.back();
 }
 
-Result<CheckpointIndex> read_checkpoint_index(const std::string& dir) {
+Result<CheckpointIndex> read_checkpoint_index(const std::string& dir, io::FileSystem& fs) {
   const std::string path = join(strip_trailing_slashes(dir), kIndexFileName);
-  CAPSTAN_ASSIGN_OR_RETURN(std::string json, io::read_file(io::local_file_system(), path));
+  CAPSTAN_ASSIGN_OR_RETURN(std::string json, io::read_file(fs, path));
   return parse_checkpoint_index(json, path);
 }
 
@@ -326,20 +313,23 @@ Status CheckpointReader::damaged(const std::string& why) const {
 }
 
 Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::string& checkpoint_dir,
-                                                                 CheckpointReaderOptions options) {
-  std::unique_ptr<CheckpointReader> reader(new CheckpointReader());
+                                                                 CheckpointReaderOptions options,
+                                                                 io::FileSystem& fs) {
+  std::unique_ptr<CheckpointReader> reader(new CheckpointReader(fs));
   reader->path_ = strip_trailing_slashes(checkpoint_dir);
-  struct stat st;
-  if (::stat(reader->path_.c_str(), &st) != 0) {
-    if (errno == ENOENT) return Status::NotFound("no checkpoint at '" + reader->path_ + "'");
-    return errno_to_status(errno, "cannot open checkpoint '" + reader->path_ + "'");
+  Result<io::FileInfo> dir_info = fs.stat(reader->path_);
+  if (!dir_info.ok()) {
+    if (dir_info.status().code() == StatusCode::kNotFound) {
+      return Status::NotFound("no checkpoint at '" + reader->path_ + "'");
+    }
+    return dir_info.status().with_context("cannot open checkpoint '" + reader->path_ + "'");
   }
-  if (!S_ISDIR(st.st_mode)) {
+  if (!dir_info->is_directory) {
     return Status::FailedPrecondition("checkpoint '" + reader->path_ + "' is not a directory");
   }
 
   const std::string manifest_path = join(reader->path_, kManifestFileName);
-  auto json = io::read_file(io::local_file_system(), manifest_path);
+  auto json = io::read_file(fs, manifest_path);
   if (!json.ok()) {
     if (json.status().code() == StatusCode::kNotFound) {
       return reader->damaged(std::string(kManifestFileName) + " is missing");
@@ -357,14 +347,15 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
 
   for (const auto& entry : reader->manifest_.files) {
     const std::string path = join(reader->path_, entry.name);
-    if (::stat(path.c_str(), &st) != 0) {
-      if (errno == ENOENT) return reader->damaged("file " + entry.name + " is missing");
-      return errno_to_status(errno, "cannot open '" + path + "'");
+    Result<io::FileInfo> info = fs.stat(path);
+    if (!info.ok()) {
+      if (info.status().code() == StatusCode::kNotFound) return reader->damaged("file " + entry.name + " is missing");
+      return info.status().with_context("cannot open '" + path + "'");
     }
-    if (!S_ISREG(st.st_mode))
+    if (!info->is_regular_file)
       return reader->damaged("file " + entry.name + " is not a regular file");
-    if (static_cast<uint64_t>(st.st_size) != entry.size) {
-      return reader->damaged("file " + entry.name + " has " + std::to_string(st.st_size) +
+    if (info->size != entry.size) {
+      return reader->damaged("file " + entry.name + " has " + std::to_string(info->size) +
                              " bytes; the manifest says " + std::to_string(entry.size));
     }
     auto file = std::make_unique<File>();
@@ -372,7 +363,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
     if (options.verify_checksums_on_open) {
       // Marks the lazy check done (and passed).
       std::call_once(file->verify_once, [] {});
-      CAPSTAN_ASSIGN_OR_RETURN(SizeAndCrc sum, checksum_file(path));
+      CAPSTAN_ASSIGN_OR_RETURN(SizeAndCrc sum, checksum_file(fs, path));
       if (sum.size != entry.size || sum.crc != entry.crc32c) {
         return reader->damaged("file " + entry.name + " has crc32c " + hex32(sum.crc) + " (" +
                                std::to_string(sum.size) + " bytes); the manifest says " +
@@ -387,7 +378,7 @@ Result<std::unique_ptr<CheckpointReader>> CheckpointReader::open(const std::stri
     for (const auto& shard : var.shards) {
       File& file = *reader->files_.at(shard.file);
       if (file.reader != nullptr) continue;
-      auto opened = SafetensorsReader::open(join(reader->path_, shard.file));
+      auto opened = SafetensorsReader::open(join(reader->path_, shard.file), fs);
       if (!opened.ok()) {
         if (opened.status().code() == StatusCode::kDataLoss) {
           return reader->damaged("file " + shard.file + ": " + opened.status().message());
@@ -410,7 +401,7 @@ Result<const SafetensorsReader*> CheckpointReader::file(const std::string& name)
   File& entry = *found->second;
   std::call_once(entry.open_once, [this, &entry, &name] {
     if (entry.reader != nullptr) return;  // a shard's file: opened by open()
-    auto opened = SafetensorsReader::open(join(path_, name));
+    auto opened = SafetensorsReader::open(join(path_, name), fs_);
     if (opened.ok()) {
       entry.reader = std::move(*opened);
     } else if (opened.status().code() == StatusCode::kDataLoss) {
@@ -426,7 +417,7 @@ Result<const SafetensorsReader*> CheckpointReader::file(const std::string& name)
 Result<const SafetensorsReader*> CheckpointReader::file_reader(const std::string& name) const {
   File& file = *files_.at(name);  // validate_manifest: shards name listed files
   std::call_once(file.verify_once, [this, &file] {
-    auto sum = checksum_file(join(path_, file.entry.name));
+    auto sum = checksum_file(fs_, join(path_, file.entry.name));
     if (!sum.ok()) {
       file.verified = sum.status();
     } else if (sum->size != file.entry.size || sum->crc != file.entry.crc32c) {

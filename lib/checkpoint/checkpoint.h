@@ -38,6 +38,11 @@
 // One CheckpointWriter at a time per root directory (the coordinator's);
 // readers may run alongside it, but a reader of a checkpoint that
 // max_to_keep deletes will fail.
+//
+// Every file and directory is reached through an io::FileSystem, the local
+// one unless a test hands in io::MemoryFileSystem (to fail an fsync or a
+// write, or to crash); the writer and readers keep a reference to it, so it
+// must outlive them.
 #ifndef CAPSTAN_LIB_CHECKPOINT_CHECKPOINT_H_
 #define CAPSTAN_LIB_CHECKPOINT_CHECKPOINT_H_
 
@@ -53,6 +58,7 @@
 #include "capstan/tensor.h"
 #include "checkpoint/manifest.h"
 #include "checkpoint/safetensors.h"
+#include "io/file_system.h"
 
 namespace capstan::checkpoint {
 
@@ -70,7 +76,8 @@ class CheckpointWriter {
   // max_to_keep: how many checkpoints commit() keeps, newest by step; 0 or
   // less keeps all (TensorFlow's max_to_keep=None).
   static Result<std::unique_ptr<CheckpointWriter>> begin(const std::string& dir, int64_t step,
-                                                         int max_to_keep);
+                                                         int max_to_keep,
+                                                         io::FileSystem& fs = io::local_file_system());
   // Removes the .tmp directory of a save that was not committed.
   ~CheckpointWriter();
   CheckpointWriter(const CheckpointWriter&) = delete;
@@ -100,9 +107,10 @@ class CheckpointWriter {
   Status commit(Manifest manifest);
 
  private:
-  CheckpointWriter(std::string dir, int64_t step, int max_to_keep);
+  CheckpointWriter(io::FileSystem& fs, std::string dir, int64_t step, int max_to_keep);
   Status apply_retention();
 
+  io::FileSystem& fs_;
   const std::string dir_;
   const int64_t step_;
   const int max_to_keep_;
@@ -115,15 +123,17 @@ class CheckpointWriter {
 // The committed checkpoints in `dir` (directories ckpt-<step>), as paths
 // "dir/ckpt-<step>", oldest (lowest step) first; .tmp directories are not
 // checkpoints. NotFound when `dir` does not exist.
-Result<std::vector<std::string>> list_checkpoints(const std::string& dir);
+Result<std::vector<std::string>> list_checkpoints(const std::string& dir,
+                                                  io::FileSystem& fs = io::local_file_system());
 // The step of a committed checkpoint's directory name "ckpt-<step>";
 // nullopt for anything else (".tmp" directories included).
 std::optional<int64_t> checkpoint_step(std::string_view name);
 // The last of list_checkpoints(); NotFound when there is none.
-Result<std::string> latest_checkpoint(const std::string& dir);
+Result<std::string> latest_checkpoint(const std::string& dir, io::FileSystem& fs = io::local_file_system());
 // The index file dir/checkpoint; NotFound when there is none, DataLoss when
 // it is damaged.
-Result<CheckpointIndex> read_checkpoint_index(const std::string& dir);
+Result<CheckpointIndex> read_checkpoint_index(const std::string& dir,
+                                              io::FileSystem& fs = io::local_file_system());
 
 struct CheckpointReaderOptions {
   // True: open() reads every file to check its CRC32C. False: open() checks
@@ -143,7 +153,8 @@ struct CheckpointReaderOptions {
 class CheckpointReader {
  public:
   static Result<std::unique_ptr<CheckpointReader>> open(const std::string& checkpoint_dir,
-                                                        CheckpointReaderOptions options = {});
+                                                        CheckpointReaderOptions options = {},
+                                                        io::FileSystem& fs = io::local_file_system());
   CheckpointReader(const CheckpointReader&) = delete;
   CheckpointReader& operator=(const CheckpointReader&) = delete;
 
@@ -174,7 +185,7 @@ class CheckpointReader {
     Status opened;
   };
 
-  CheckpointReader() = default;
+  explicit CheckpointReader(io::FileSystem& fs) : fs_(fs) {}
   Status damaged(const std::string& why) const;
   // The reader of `file`, after its CRC check where that was deferred.
   Result<const SafetensorsReader*> file_reader(const std::string& file) const;
@@ -184,6 +195,7 @@ class CheckpointReader {
                            int64_t end) const;
 
   // All constant after open(), but for the lazy verification state in files_.
+  io::FileSystem& fs_;
   std::string path_;
   Manifest manifest_;
   std::map<std::string, std::unique_ptr<File>> files_;

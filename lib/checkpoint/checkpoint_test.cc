@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "io/crc32c.h"
+#include "io/memory_file_system.h"
 #include "data/tensor_util.h"
 #include "data/test_util.h"
 
@@ -39,11 +40,10 @@ struct Variable {
   std::map<std::string, Tensor> slots;
 };
 
-// Saves `variables` as checkpoint `step` of `dir`, shard i of each in file
-// ps-<i % num_ps>.safetensors, as PS tasks would.
-Status save(const std::string& dir, int64_t step, int max_to_keep,
-            const std::vector<Variable>& variables, int num_ps = 2) {
-  CAPSTAN_ASSIGN_OR_RETURN(auto writer, CheckpointWriter::begin(dir, step, max_to_keep));
+// Adds the files of `variables` to `writer`, shard i of each in file
+// ps-<i % num_ps>.safetensors, as PS tasks would; the manifest to commit.
+Result<Manifest> add_files(CheckpointWriter& writer, int64_t step, const std::vector<Variable>& variables,
+                           int num_ps) {
   Manifest manifest;
   std::map<std::string, std::vector<std::pair<std::string, Tensor>>> files;
   for (const auto& v : variables) {
@@ -74,8 +74,17 @@ Status save(const std::string& dir, int64_t step, int max_to_keep,
     manifest.variables.push_back(std::move(mv));
   }
   for (const auto& [file, tensors] : files) {
-    CAPSTAN_RETURN_IF_ERROR(writer->add_file(file, tensors, {{"step", std::to_string(step)}}));
+    CAPSTAN_RETURN_IF_ERROR(writer.add_file(file, tensors, {{"step", std::to_string(step)}}));
   }
+  return manifest;
+}
+
+// Saves `variables` as checkpoint `step` of `dir` (see add_files), through `fs`.
+Status save(const std::string& dir, int64_t step, int max_to_keep,
+            const std::vector<Variable>& variables, int num_ps = 2,
+            io::FileSystem& fs = io::local_file_system()) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto writer, CheckpointWriter::begin(dir, step, max_to_keep, fs));
+  CAPSTAN_ASSIGN_OR_RETURN(Manifest manifest, add_files(*writer, step, variables, num_ps));
   return writer->commit(std::move(manifest));
 }
 
@@ -477,6 +486,73 @@ TEST_CASE("checkpoint: files that other processes wrote into path() are checksum
 }
 
 // ------------------------------------------------------------ damage
+
+// ---- Through io::MemoryFileSystem: the disk's failures and a crash.
+
+TEST_CASE("checkpoint: a failed fsync fails the commit and leaves the previous checkpoint the latest, readable") {
+  io::MemoryFileSystem fs;
+  REQUIRE(save("/ckpt", 1, 0, {sample_w()}, 2, fs).ok());
+
+  Variable newer = sample_w();
+  newer.value = iota({13, 4}, 500);
+  {
+    auto writer = CheckpointWriter::begin("/ckpt", 2, 0, fs);
+    REQUIRE(writer.ok());
+    auto manifest = add_files(**writer, 2, {newer}, 2);
+    REQUIRE(manifest.ok());
+    fs.fail_next_sync(Status::DataLoss("the disk lost the write"));
+    Status failed = (*writer)->commit(std::move(*manifest));
+    INFO(failed.to_string());
+    CHECK(failed.code() == StatusCode::kDataLoss);
+    CHECK(message_contains(failed, "the disk lost the write"));
+    CHECK(fs.stat("/ckpt/ckpt-2.tmp").ok());
+  }
+
+  CHECK(latest_checkpoint("/ckpt", fs).value() == "/ckpt/ckpt-1");
+  CHECK(list_checkpoints("/ckpt", fs).value() == std::vector<std::string>{"/ckpt/ckpt-1"});
+  CHECK_FALSE(fs.stat("/ckpt/ckpt-2.tmp").ok());  // the failed writer removed its save
+  auto reader = CheckpointReader::open("/ckpt/ckpt-1", {}, fs);
+  INFO(reader.status().to_string());
+  REQUIRE(reader.ok());
+  CHECK((*reader)->read_variable("w").value().equals(sample_w().value));
+  CHECK(read_checkpoint_index("/ckpt", fs).value().latest == "ckpt-1");
+}
+
+TEST_CASE("checkpoint: a full disk fails add_file and the save, not the previous checkpoint") {
+  io::MemoryFileSystem fs;
+  REQUIRE(save("/ckpt", 1, 0, {sample_w()}, 2, fs).ok());
+
+  auto writer = CheckpointWriter::begin("/ckpt", 2, 0, fs);
+  REQUIRE(writer.ok());
+  fs.fail_writes_after(100, Status::ResourceExhausted("disk full"));
+  Status added = (*writer)->add_file("ps-0.safetensors", {{"w", iota({13, 4}, 0)}});
+  CHECK(added.code() == StatusCode::kResourceExhausted);
+  CHECK(message_contains(added, "disk full"));
+  fs.allow_writes();
+  writer->reset();
+
+  CHECK(list_checkpoints("/ckpt", fs).value() == std::vector<std::string>{"/ckpt/ckpt-1"});
+  CHECK(fs.list_dir("/ckpt").value().size() == 2);  // ckpt-1 and the index, no .tmp left
+  CHECK(CheckpointReader::open("/ckpt/ckpt-1", {}, fs).ok());
+}
+
+TEST_CASE("checkpoint: a committed checkpoint survives a crash, a save in progress does not") {
+  io::MemoryFileSystem fs;
+  REQUIRE(io::create_dirs(fs, "/ckpt", /*sync=*/true).ok());
+  REQUIRE(save("/ckpt", 1, 0, {sample_w()}, 2, fs).ok());
+  auto in_progress = CheckpointWriter::begin("/ckpt", 2, 0, fs);
+  REQUIRE(in_progress.ok());
+  REQUIRE((*in_progress)->add_file("ps-0.safetensors", {{"w", iota({13, 4}, 0)}}).ok());
+
+  fs.crash();
+
+  CHECK(latest_checkpoint("/ckpt", fs).value() == "/ckpt/ckpt-1");
+  auto reader = CheckpointReader::open("/ckpt/ckpt-1", {}, fs);
+  INFO(reader.status().to_string());
+  REQUIRE(reader.ok());
+  CHECK((*reader)->read_variable("w").value().equals(sample_w().value));
+  CHECK((*reader)->read_slot("w", "accumulator").value().equals(sample_w().slots.at("accumulator")));
+}
 
 TEST_CASE("checkpoint reader: a missing checkpoint is NotFound") {
   TempDir dir;

@@ -141,7 +141,7 @@ std::optional<std::string_view> safetensors_dtype_name(DType dtype) {
 
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
-                         const std::map<std::string, std::string>& metadata) {
+                         const std::map<std::string, std::string>& metadata, io::FileSystem& fs) {
   auto invalid = [&path](const std::string& why) {
     return Status::InvalidArgument("cannot write safetensors file '" + path + "': " + why);
   };
@@ -210,13 +210,13 @@ Status write_safetensors(const std::string& path,
   const std::string length = le64(header.size());
   pieces[0] = length;
   pieces[1] = header;
-  return io::write_file_durably(path, pieces);
+  return io::write_file_durably(fs, path, pieces);
 }
 
 // ---------------------------------------------------------------- reading
 
-Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path) {
-  Result<std::unique_ptr<io::RandomAccessFile>> file = io::local_file_system().open_readable(path);
+Result<std::unique_ptr<SafetensorsReader>> SafetensorsReader::open(const std::string& path, io::FileSystem& fs) {
+  Result<std::unique_ptr<io::RandomAccessFile>> file = fs.open_readable(path);
   if (file.status().code() == StatusCode::kFailedPrecondition) {
     return Status::FailedPrecondition("safetensors file '" + path + "' is not a regular file");
   }

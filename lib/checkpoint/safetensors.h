@@ -80,9 +80,12 @@ std::optional<std::string_view> safetensors_dtype_name(DType dtype);
 // not "__metadata__"; metadata must be valid UTF-8 and avoid the reserved
 // prefixes. Those mistakes are InvalidArgument; I/O errors carry the code of
 // the failed call (see io::errno_to_status).
+// The file goes through `fs` (the local file system unless a test hands in
+// another).
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
-                         const std::map<std::string, std::string>& metadata);
+                         const std::map<std::string, std::string>& metadata,
+                         io::FileSystem& fs = io::local_file_system());
 
 // What the header says about one tensor.
 struct SafetensorsTensorInfo {
@@ -105,7 +108,9 @@ class SafetensorsReader {
   // NotFound / PermissionDenied when the file cannot be opened,
   // FailedPrecondition when it is not a regular file, DataLoss when the
   // header is damaged in any way this header describes.
-  static Result<std::unique_ptr<SafetensorsReader>> open(const std::string& path);
+  // `fs` must outlive the reader.
+  static Result<std::unique_ptr<SafetensorsReader>> open(const std::string& path,
+                                                         io::FileSystem& fs = io::local_file_system());
   ~SafetensorsReader();
   SafetensorsReader(const SafetensorsReader&) = delete;
   SafetensorsReader& operator=(const SafetensorsReader&) = delete;

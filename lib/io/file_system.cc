@@ -8,6 +8,8 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <filesystem>
+#include <system_error>
 
 #include "io/durable_file.h"
 
@@ -182,6 +184,13 @@ class PosixFileSystem final : public FileSystem {
     return Status::Ok();
   }
 
+  Status remove_all(const std::string& path) override {
+    std::error_code error;
+    std::filesystem::remove_all(path, error);
+    if (error) return errno_to_status(error.value(), "cannot remove " + quoted(path));
+    return Status::Ok();
+  }
+
   Status truncate(const std::string& path, uint64_t size) override {
     if (::truncate(path.c_str(), static_cast<off_t>(size)) != 0) {
       return errno_to_status(errno, "cannot truncate " + quoted(path) + " to " + std::to_string(size) + " bytes");
@@ -214,6 +223,7 @@ class PosixFileSystem final : public FileSystem {
     if (::stat(path.c_str(), &st) != 0) return errno_to_status(errno, "cannot stat " + quoted(path));
     FileInfo info;
     info.is_directory = S_ISDIR(st.st_mode);
+    info.is_regular_file = S_ISREG(st.st_mode);
     info.size = static_cast<uint64_t>(st.st_size);
     return info;
   }

@@ -67,6 +67,7 @@ enum class WriteMode {
 
 struct FileInfo {
   bool is_directory = false;
+  bool is_regular_file = false;  // neither a directory nor a device, FIFO or socket
   uint64_t size = 0;  // regular files
 };
 
@@ -90,6 +91,9 @@ class FileSystem {
   [[nodiscard]] virtual Status rename_no_replace(const std::string& from, const std::string& to) = 0;
   // A file or an empty directory.
   [[nodiscard]] virtual Status remove(const std::string& path) = 0;
+  // rm -r: `path` and, for a directory, everything under it (a symbolic link
+  // is removed, not followed). OK when nothing is there.
+  [[nodiscard]] virtual Status remove_all(const std::string& path) = 0;
   [[nodiscard]] virtual Status truncate(const std::string& path, uint64_t size) = 0;
   // One directory; its parent must exist. kAlreadyExists when the name is taken.
   [[nodiscard]] virtual Status create_dir(const std::string& dir) = 0;

@@ -125,6 +125,28 @@ TEST_CASE("file systems: directories are created, listed, renamed and removed") 
   }
 }
 
+TEST_CASE("file systems: remove_all removes a tree, a file, or nothing") {
+  for (bool local : {true, false}) {
+    INFO((local ? "local" : "memory"));
+    Subject s(local);
+    FileSystem& fs = *s.fs;
+    REQUIRE(fs.create_dir(s.path("tree")).ok());
+    REQUIRE(fs.create_dir(s.path("tree/sub")).ok());
+    write(fs, s.path("tree/a"), WriteMode::kCreateNew, "a");
+    write(fs, s.path("tree/sub/b"), WriteMode::kCreateNew, "b");
+    write(fs, s.path("file"), WriteMode::kCreateNew, "f");
+    CHECK(fs.stat(s.path("file"))->is_regular_file);
+    CHECK_FALSE(fs.stat(s.path("tree"))->is_regular_file);
+
+    CHECK(fs.remove_all(s.path("tree")).ok());
+    CHECK(fs.stat(s.path("tree")).status().code() == StatusCode::kNotFound);
+    CHECK(fs.remove_all(s.path("file")).ok());
+    CHECK(fs.stat(s.path("file")).status().code() == StatusCode::kNotFound);
+    CHECK(fs.remove_all(s.path("missing")).ok());
+    CHECK(fs.list_dir(s.root).value().empty());
+  }
+}
+
 TEST_CASE("file systems: truncate shortens a file") {
   for (bool local : {true, false}) {
     INFO((local ? "local" : "memory"));
@@ -230,6 +252,26 @@ TEST_CASE("memory file system: fail_writes_after writes up to the limit, then fa
   mem.allow_writes();
   REQUIRE((*file)->append("z").ok());
   CHECK(*mem.contents("/f") == "abcdez");
+}
+
+TEST_CASE("memory file system: remove_all is durable once the parent directory is synced") {
+  MemoryFileSystem mem;
+  REQUIRE(mem.create_dir("/d").ok());
+  REQUIRE(mem.create_dir("/d/sub").ok());
+  write(mem, "/d/sub/f", WriteMode::kCreateNew, "bytes");
+  REQUIRE(mem.sync_file("/d/sub/f").ok());
+  REQUIRE(mem.sync_dir("/d/sub").ok());
+  REQUIRE(mem.sync_dir("/d").ok());
+  REQUIRE(mem.sync_dir("/").ok());
+
+  REQUIRE(mem.remove_all("/d/sub").ok());
+  mem.crash();  // the removal was not synced: the tree is back
+  CHECK(mem.contents("/d/sub/f").value() == "bytes");
+  REQUIRE(mem.remove_all("/d/sub").ok());
+  REQUIRE(mem.sync_dir("/d").ok());
+  mem.crash();
+  CHECK(mem.stat("/d/sub").status().code() == StatusCode::kNotFound);
+  CHECK(mem.remove_all("/").code() == StatusCode::kInvalidArgument);
 }
 
 TEST_CASE("memory file system: a crash releases the crashed process's locks") {

@@ -257,6 +257,17 @@ Status MemoryFileSystem::remove(const std::string& raw_path) {
   return Status::Ok();
 }
 
+Status MemoryFileSystem::remove_all(const std::string& raw_path) {
+  const std::string path = normalize(raw_path);
+  MutexLock lock(mutex_);
+  if (path == "/") return Status::InvalidArgument("cannot remove '/'");
+  if (find(path) == nullptr) return Status::Ok();
+  // Dropping the entry drops the subtree with it (nodes are shared_ptrs).
+  CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Node> parent, parent_of(path));
+  parent->entries.erase(base_name(path));
+  return Status::Ok();
+}
+
 Status MemoryFileSystem::truncate(const std::string& raw_path, uint64_t size) {
   const std::string path = normalize(raw_path);
   MutexLock lock(mutex_);
@@ -299,6 +310,7 @@ Result<FileInfo> MemoryFileSystem::stat(const std::string& raw_path) {
   if (node == nullptr) return Status::NotFound("cannot stat " + quoted(path) + ": no such file");
   FileInfo info;
   info.is_directory = node->is_directory;
+  info.is_regular_file = !node->is_directory;
   info.size = node->data.size();
   return info;
 }

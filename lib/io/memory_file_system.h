@@ -41,6 +41,7 @@ class MemoryFileSystem final : public FileSystem {
   Status rename(const std::string& from, const std::string& to) override;
   Status rename_no_replace(const std::string& from, const std::string& to) override;
   Status remove(const std::string& path) override;
+  Status remove_all(const std::string& path) override;
   Status truncate(const std::string& path, uint64_t size) override;
   Status create_dir(const std::string& dir) override;
   Result<std::vector<std::string>> list_dir(const std::string& dir) override;

@@ -36,7 +36,7 @@ Result<std::vector<ShardPlacement>> Placer::place(const std::string& name, const
 
   std::vector<ShardPlacement> shards;
   if (num_shards <= 1) {
-    shards.push_back(ShardPlacement{name, static_cast<int>(counter_ % num_ps_), 0, rows, shape});
+    shards.push_back(ShardPlacement{{name, static_cast<int>(counter_ % num_ps_), 0, rows}, shape});
   } else {
     CAPSTAN_ASSIGN_OR_RETURN(std::vector<int64_t> sizes, shard_rows(rows, num_shards));
     const std::vector<int64_t> offsets = shard_offsets(sizes);
@@ -45,8 +45,8 @@ Result<std::vector<ShardPlacement>> Placer::place(const std::string& name, const
       Shape shard_shape = shape;
       shard_shape[0] = sizes[i];
       const int64_t task = (counter_ + static_cast<int64_t>(i)) % num_ps_;
-      shards.push_back(ShardPlacement{name + "/part_" + std::to_string(i), static_cast<int>(task),
-                                      offsets[i], sizes[i], std::move(shard_shape)});
+      shards.push_back(ShardPlacement{{name + "/part_" + std::to_string(i), static_cast<int>(task), offsets[i], sizes[i]},
+                                      std::move(shard_shape)});
     }
   }
   counter_ += static_cast<int64_t>(shards.size());

@@ -24,16 +24,14 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "placement/partitioner.h"
+#include "types/shard_location.h"
 
 namespace capstan::placement {
 
-// One shard of a logical variable and the PS task that holds it.
-struct ShardPlacement {
-  std::string name;       // "name" or "name/part_i"
-  int ps_task = 0;        // index into the cluster's "ps" job
-  int64_t first_row = 0;  // offset of this shard along axis 0 of the variable
-  int64_t rows = 0;       // shape[0] of the shard; 1 for a scalar variable
-  Shape shape;            // the shard's full shape
+// One shard of a logical variable and the PS task that holds it (no
+// ps_address: the placer knows tasks only), with the shard's full shape.
+struct ShardPlacement : ps::ShardLocation {
+  Shape shape;
 };
 
 class Placer {

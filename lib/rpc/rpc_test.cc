@@ -29,6 +29,7 @@
 #include "rpc/link_timeout.h"
 #include "async/loop_thread.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/placement_codec.h"
 #include "async/mailbox.h"
 #include "rpc/message_stream.h"
 #include "async/pool.h"
@@ -240,6 +241,52 @@ TEST_CASE("an optimizer survives the wire field by field, an unknown kind is ref
   auto refused = optimizer_from_wire(wire.asReader());
   CHECK(refused.status().code() == StatusCode::kInvalidArgument);
   CHECK_THAT(refused.status().message(), Catch::Contains("rmsprop"));
+}
+
+TEST_CASE("a variable's placement survives the wire shard by shard, a table's too", "[rpc]") {
+  ps::VariableLocation w;
+  w.name = "w";
+  w.dtype = DType::kFloat32;
+  w.shape = {5, 3};
+  w.shards = {{"w/part_0", 1, 0, 3, "10.0.0.2:7001"}, {"w/part_1", 0, 3, 2, "10.0.0.1:7000"}};
+  capnp::MallocMessageBuilder message;
+  auto wire = message.initRoot<wire::VariablePlacement>();
+  location_to_wire(w, wire);
+  REQUIRE(wire.getShards().size() == 2);
+  CHECK(wire.getShards()[1].getPsTask() == 0);
+  CHECK(wire.getShards()[1].getPsAddress() == "10.0.0.1:7000");
+  CHECK(wire.getShards()[1].getFirstRow() == 3);
+  CHECK(wire.getShards()[1].getRows() == 2);
+  CHECK_FALSE(wire.getIsTable());
+  ps::VariableLocation back = location_from_wire(wire.asReader());
+  CHECK(back.name == w.name);
+  CHECK(back.dtype == w.dtype);
+  CHECK(back.shape == w.shape);
+  CHECK(back.shards == w.shards);
+  CHECK_FALSE(back.table.has_value());
+
+  ps::VariableLocation table;
+  table.name = "emb";
+  table.dtype = DType::kFloat32;
+  table.shape = {0, 8};
+  table.shards = {{"emb/part_0", 0, 0, 0, "a:1"}, {"emb/part_1", 1, 0, 0, "b:2"}};
+  table.table = EmbeddingTableSpec{"emb", 8, DType::kFloat32, EmbeddingInitializer::zeros(), Optimizer::adagrad(0.1),
+                                   EmbeddingTableOptions{}};
+  capnp::MallocMessageBuilder table_message;
+  auto table_wire = table_message.initRoot<wire::VariablePlacement>();
+  location_to_wire(table, table_wire);
+  back = location_from_wire(table_wire.asReader());
+  CHECK(back.shards == table.shards);
+  REQUIRE(back.table.has_value());
+  CHECK(*back.table == *table.table);
+
+  // An optimizer this build does not know keeps what routing needs.
+  table_wire.getTable().getOptimizer().setKind("rmsprop");
+  back = location_from_wire(table_wire.asReader());
+  REQUIRE(back.table.has_value());
+  CHECK(back.table->name == "emb");
+  CHECK(back.table->dtype == DType::kFloat32);
+  CHECK(back.table->dim == 8);
 }
 
 TEST_CASE("an optimizer's schedule survives the wire, a constant one is not sent", "[rpc]") {

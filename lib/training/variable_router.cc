@@ -6,12 +6,11 @@
 #include "data/tensor_util.h"
 #include "async/status_exception.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/placement_codec.h"
 #include "sync/mutex.h"
 
 namespace capstan {
 namespace {
-
-std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
 
 Result<std::vector<int64_t>> ids_of(const Tensor& ids) {
   std::vector<int64_t> out;
@@ -38,33 +37,13 @@ size_t shard_of(const VariableLocation& v, int64_t row) {
 
 }  // namespace
 
-VariableLocation location_from_wire(wire::VariablePlacement::Reader in) {
-  VariableLocation v;
-  v.name = text(in.getName());
-  v.dtype = rpc::from_wire(in.getDtype());
-  for (int64_t d : in.getShape()) v.shape.push_back(d);
-  for (auto s : in.getShards()) {
-    v.shards.push_back({text(s.getName()), text(s.getPsAddress()), s.getPsTask(), s.getFirstRow(), s.getRows()});
-  }
-  if (in.getIsTable()) {
-    // Routing needs the dtype and dim only: an optimizer this build does not
-    // know (a newer coordinator) leaves the rest at its defaults.
-    auto spec = rpc::table_from_wire(in.getTable());
-    v.table = spec.ok() ? std::move(*spec) : EmbeddingTableSpec{};
-    v.table->name = v.name;
-    v.table->dtype = rpc::from_wire(in.getTable().getDtype());
-    v.table->dim = in.getTable().getDim();
-  }
-  return v;
-}
-
 VariableRouter::PlacementFetcher placements_from(rpc::Connection& connection, kj::Timer& timer) {
   return [conn = &connection, timer = &timer]() {
     return conn->service<wire::Coordinator>(timer->now() + 10 * kj::SECONDS)
         .then([](wire::Coordinator::Client c) { return c.placementsRequest().send(); })
         .then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
           std::vector<VariableLocation> variables;
-          for (auto v : r.getPlacements().getVariables()) variables.push_back(location_from_wire(v));
+          for (auto v : r.getPlacements().getVariables()) variables.push_back(rpc::location_from_wire(v));
           return std::make_pair(r.getPlacements().getVersion(), std::move(variables));
         });
   };
@@ -159,7 +138,7 @@ Status not_for_tables(const VariableLocation& v, const char* op) {
 kj::Promise<kj::Array<Tensor>> VariableRouter::read_shards(const VariableLocation& v) {
   auto reads = kj::heapArrayBuilder<kj::Promise<Tensor>>(v.shards.size());
   for (const auto& shard : v.shards) {
-    reads.add(ps(shard.address).then([this, name = shard.name](wire::ParameterServer::Client client) {
+    reads.add(ps(shard.ps_address).then([this, name = shard.name](wire::ParameterServer::Client client) {
       auto request = client.readRequest();
       request.setName(name);
       request.setInlineLimit(codec_.whole_chunk_limit);
@@ -261,7 +240,7 @@ Result<Tensor> VariableRouter::fetch_rows(const VariableLocation& v, const std::
   auto parts = on_loop<kj::Array<Tensor>>(what, [this, &v, &requests, &used, &ask]() {
     auto calls = kj::heapArrayBuilder<kj::Promise<Tensor>>(used.size());
     for (size_t s : used) {
-      calls.add(ps(v.shards[s].address).then([&ask, name = v.shards[s].name, ids = requests[s]](
+      calls.add(ps(v.shards[s].ps_address).then([&ask, name = v.shards[s].name, ids = requests[s]](
                                                  wire::ParameterServer::Client client) {
         return ask(kj::mv(client), name, ids);
       }));
@@ -277,7 +256,7 @@ Result<Tensor> VariableRouter::fetch_rows(const VariableLocation& v, const std::
     const Tensor& part = (*parts)[k];
     const auto& where = positions[used[k]];
     if (part.dtype() != v.dtype || part.byte_size() != where.size() * row) {
-      return Status::Internal(what + ": " + v.shards[used[k]].address + " answered " + part.debug_string(0) +
+      return Status::Internal(what + ": " + v.shards[used[k]].ps_address + " answered " + part.debug_string(0) +
                               " for " + std::to_string(where.size()) + " ids");
     }
     for (size_t j = 0; j < where.size(); ++j) {
@@ -310,7 +289,7 @@ kj::Promise<void> VariableRouter::send_update(const VariableLocation& v, const s
                                               Update kind, int64_t step) {
   auto updates = kj::heapArrayBuilder<kj::Promise<void>>(v.shards.size());
   for (size_t s = 0; s < v.shards.size(); ++s) {
-    updates.add(ps(v.shards[s].address).then([this, kind, step, name = v.shards[s].name,
+    updates.add(ps(v.shards[s].ps_address).then([this, kind, step, name = v.shards[s].name,
                                                part = parts[s]](wire::ParameterServer::Client client) {
       if (kind == Update::kAssign) {
         auto request = client.assignRequest();
@@ -502,7 +481,7 @@ Status VariableRouter::send_sparse(const VariableLocation& v, const std::vector<
   auto done = on_loop<bool>("apply_sparse_gradients '" + v.name + "'", [this, &v, &updates, &used, step, table]() {
     auto calls = kj::heapArrayBuilder<kj::Promise<void>>(used.size());
     for (size_t s : used) {
-      calls.add(ps(v.shards[s].address).then([this, step, table, name = v.shards[s].name,
+      calls.add(ps(v.shards[s].ps_address).then([this, step, table, name = v.shards[s].name,
                                                update = updates[s]](wire::ParameterServer::Client client) {
         if (table) {
           auto request = client.applyTableRequest();

@@ -28,28 +28,13 @@
 #include "async/loop_thread.h"
 #include "rpc/tensor_codec.h"
 #include "sync/mutex.h"
+#include "types/shard_location.h"
 
 namespace capstan {
 
-struct ShardLocation {
-  std::string name;     // "w/part_0"
-  std::string address;  // its parameter server
-  int ps_task = 0;
-  int64_t first_row = 0;
-  int64_t rows = 0;
-};
-
-struct VariableLocation {
-  std::string name;
-  DType dtype = DType::kInvalid;
-  Shape shape;
-  std::vector<ShardLocation> shards;
-  // An embedding table: shard i (on ps task i) holds the keys k with
-  // table_shard_of(k, shards.size()) == i.
-  std::optional<EmbeddingTableSpec> table;
-};
-
-VariableLocation location_from_wire(wire::VariablePlacement::Reader in);
+// Each shard's ps_address is set: it is where the router sends.
+using ps::ShardLocation;
+using ps::VariableLocation;
 
 // What a closure does to variables, wherever they live. VariableRouter
 // reaches the parameter servers; tests use an in-memory fake.

@@ -18,13 +18,13 @@ std::string write_model(const std::string& dir) {
   w.name = "w";
   w.dtype = DType::kFloat32;
   w.shape = {2};
-  w.shards.push_back({"w", 0, 0, 2, floats({0.5f, -1}, {2}), {}, 9, {}, 0});
+  w.shards.push_back({{"w", 0, 0, 2}, floats({0.5f, -1}, {2}), {}, 9, {}, 0});
   coordinator::VariableState emb;
   emb.name = "emb";
   emb.dtype = DType::kFloat32;
   emb.shape = {3, 2};
-  emb.shards.push_back({"emb/part_0", 0, 0, 2, floats({0, 1, 2, 3}, {2, 2}), {}, 9, {}, 0});
-  emb.shards.push_back({"emb/part_1", 1, 2, 1, floats({4, 5}, {1, 2}), {}, 9, {}, 0});
+  emb.shards.push_back({{"emb/part_0", 0, 0, 2}, floats({0, 1, 2, 3}, {2, 2}), {}, 9, {}, 0});
+  emb.shards.push_back({{"emb/part_1", 1, 2, 1}, floats({4, 5}, {1, 2}), {}, 9, {}, 0});
   // "users": an embedding table of dim 2 (default value -1) with keys 7
   // and 1 << 40 on two parameter servers.
   coordinator::VariableState users;

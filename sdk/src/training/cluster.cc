@@ -9,6 +9,7 @@
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/placement_codec.h"
 #include "training/cluster_impl.h"
 
 namespace capstan {
@@ -20,7 +21,7 @@ VariableInfo info_from(const VariableLocation& v) {
   info.name = v.name;
   info.dtype = v.dtype;
   info.shape = v.shape;
-  for (const auto& s : v.shards) info.shards.push_back({s.name, s.ps_task, s.address, s.first_row, s.rows});
+  for (const auto& s : v.shards) info.shards.push_back({s.name, s.ps_task, s.ps_address, s.first_row, s.rows});
   info.embedding_table = v.table.has_value();
   return info;
 }
@@ -59,7 +60,7 @@ Result<VariableInfo> ClusterCoordinator::create_variable(const VariableSpec& spe
     p.setMaxShards(spec.partitioner.max_shards);
     p.setBytesPerString(spec.partitioner.bytes_per_string);
     return request.send().then([](capnp::Response<wire::Coordinator::CreateVariableResults>&& r) {
-      return location_from_wire(r.getPlacement());
+      return rpc::location_from_wire(r.getPlacement());
     });
   });
   if (!location.ok()) return location.status();
@@ -75,7 +76,7 @@ Result<VariableInfo> ClusterCoordinator::create_embedding_table(const EmbeddingT
     request.setName(spec.name);
     rpc::table_to_wire(spec, request.initConfig());
     return request.send().then([](capnp::Response<wire::Coordinator::CreateEmbeddingTableResults>&& r) {
-      return location_from_wire(r.getPlacement());
+      return rpc::location_from_wire(r.getPlacement());
     });
   });
   if (!location.ok()) return location.status();
@@ -110,7 +111,7 @@ Result<std::vector<VariableInfo>> ClusterCoordinator::variables() {
   return impl_->call<std::vector<VariableInfo>>("variables", [](wire::Coordinator::Client c) {
     return c.placementsRequest().send().then([](capnp::Response<wire::Coordinator::PlacementsResults>&& r) {
       std::vector<VariableInfo> out;
-      for (auto v : r.getPlacements().getVariables()) out.push_back(info_from(location_from_wire(v)));
+      for (auto v : r.getPlacements().getVariables()) out.push_back(info_from(rpc::location_from_wire(v)));
       return out;
     });
   });
