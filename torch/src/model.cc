@@ -27,16 +27,8 @@ struct Model {
   MirroredVariables* attached = nullptr;
   std::vector<std::string> attached_names;
   ::torch::Tensor thresholds;  // float64 [T]
-  // Whether every optimizer's update is linear in rate * gradient, so that
-  // scaling the loss scales the rate exactly.
-  bool rate_scalable = true;
-  std::string unscalable;  // the first optimizer that is not (for errors)
-  std::mutex mutex;        // guards the module and `ps` while a step runs
+  std::mutex mutex;            // guards the module and `ps` while a step runs
 };
-
-bool linear_in_rate(const Optimizer& optimizer) {
-  return optimizer.kind == Optimizer::Kind::kSgd || optimizer.kind == Optimizer::Kind::kMomentum;
-}
 
 // The batch's metric state (capstan/fit.h's MetricState::add reads it).
 Result<Element> metric_state(const Model& m, const ::torch::Tensor& outputs, const ::torch::Tensor& labels,
@@ -90,20 +82,18 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
   const std::string function = m.name + (training ? "/train_step" : "/eval_step");
   const size_t want = training ? 2 : 1;
   if (args.size() != want || (training && (args.components[1].dtype() != DType::kFloat64 ||
-                                           args.components[1].num_elements() != 1))) {
+                                           args.components[1].num_elements() > 1))) {
     return Status::InvalidArgument(function + " takes " +
-                                   (training ? "(per-worker dataset, learning-rate scale float64)"
+                                   (training ? "(per-worker dataset, learning rate float64 [] or [0] for none)"
                                              : "(per-worker dataset)") +
                                    "; got " + std::to_string(args.size()) + " arguments (schedule it through fit)");
   }
-  const double scale = training ? args.components[1].flat<double>()[0] : 1.0;
-  if (training && scale != 1.0 && !m.rate_scalable) {
-    std::ostringstream value;
-    value << scale;
-    return Status::FailedPrecondition(function + ": a learning-rate scale of " + value.str() +
-                                      " needs optimizers linear in the rate (sgd, momentum); " + m.unscalable +
-                                      " is not: drop the LearningRateScheduler or use sgd/momentum");
-  }
+  // The rate fit's LearningRateScheduler set, applied by the optimizers
+  // wherever they run (the parameter servers, or the replicas) instead of
+  // their own: exact for every optimizer, as Keras' optimizer.learning_rate.
+  // The servers check it (finite, >= 0).
+  ApplyOptions apply;
+  if (training && args.components[1].num_elements() == 1) apply.learning_rate = args.components[1].flat<double>()[0];
   CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * iterator, ctx.iterator(args.components[0]));
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, iterator->get_next());
   if (!batch) {
@@ -140,8 +130,8 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
       outputs = m.spec.forward(inputs);
       ::torch::Tensor computed = m.spec.loss(outputs, labels);
       loss = computed.detach();
-      return scale == 1.0 ? computed : computed * scale;
-    }).status());
+      return computed;
+    }, apply).status());
   } else if (synchronous) {
     ::torch::NoGradGuard no_grad;
     try {
@@ -155,9 +145,8 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
       outputs = m.spec.forward(inputs);
       ::torch::Tensor computed = m.spec.loss(outputs, labels);
       loss = computed.detach();
-      // d(scale * loss) = scale * gradient: the rate times scale, for sgd and momentum.
-      return scale == 1.0 ? computed : computed * scale;
-    }).status());
+      return computed;
+    }, apply).status());
   } else {
     CAPSTAN_ASSIGN_OR_RETURN(loss, m.ps->eval_step(ctx, [&] {
       outputs = m.spec.forward(inputs);
@@ -189,16 +178,6 @@ Status register_model(FunctionRegistry& registry, const std::string& name, Model
   model->name = name;
   const std::vector<double> thresholds = auc_thresholds(spec.auc_thresholds);
   model->thresholds = ::torch::tensor(thresholds, ::torch::kDouble);
-  if (!linear_in_rate(spec.ps.optimizer)) {
-    model->rate_scalable = false;
-    model->unscalable = "the optimizer " + optimizer_name(spec.ps.optimizer.kind);
-  }
-  for (const auto& [parameter, optimizer] : spec.ps.optimizers) {
-    if (model->rate_scalable && !linear_in_rate(optimizer)) {
-      model->rate_scalable = false;
-      model->unscalable = "'" + parameter + "''s optimizer " + optimizer_name(optimizer.kind);
-    }
-  }
   model->ps = std::make_unique<PsModule>(*spec.module, spec.ps);
   model->spec = std::move(spec);
   registry.register_closure(name + "/train_step", [model](ClosureContext& ctx, const Element& args) {

@@ -283,7 +283,7 @@ Status PsModule::unbind() {
   return Status::Ok();
 }
 
-Status PsModule::push(ClosureContext& ctx) {
+Status PsModule::push(ClosureContext& ctx, const ApplyOptions& options) {
   Status first;
   auto keep_first = [&first](Status status) {
     if (first.ok() && !status.ok()) first = std::move(status);
@@ -302,7 +302,7 @@ Status PsModule::push(ClosureContext& ctx) {
     gradients.push_back(std::move(*wire));
   }
   if (!variables.empty()) {
-    keep_first(ctx.apply_gradients_many(variables, gradients).with_context("pushing the module's gradients"));
+    keep_first(ctx.apply_gradients_many(variables, gradients, options).with_context("pushing the module's gradients"));
   }
   for (auto& [path, embedding] : embeddings_of(module_)) {
     EmbeddingImpl::Step& step = embedding->step_;
@@ -315,7 +315,7 @@ Status PsModule::push(ClosureContext& ctx) {
         keep_first(!ids.ok() ? ids.status() : rows.status());
         continue;
       }
-      keep_first(ctx.apply_sparse_gradients(step.variable, *ids, *rows)
+      keep_first(ctx.apply_sparse_gradients(step.variable, *ids, *rows, options)
                      .with_context("pushing the gradient of embedding '" + step.variable + "'"));
     }
   }
@@ -323,7 +323,8 @@ Status PsModule::push(ClosureContext& ctx) {
   return first.ok() ? unbound : first;
 }
 
-Result<::torch::Tensor> PsModule::train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss) {
+Result<::torch::Tensor> PsModule::train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss,
+                                             const ApplyOptions& options) {
   if (Status pulled = pull(ctx, /*training=*/true); !pulled.ok()) {
     (void)unbind();
     return pulled;
@@ -345,7 +346,7 @@ Result<::torch::Tensor> PsModule::train_step(ClosureContext& ctx, const std::fun
     (void)unbind();
     return Status::InvalidArgument("train_step: " + torch_error(e));
   }
-  CAPSTAN_RETURN_IF_ERROR(push(ctx));
+  CAPSTAN_RETURN_IF_ERROR(push(ctx, options));
   return value;
 }
 

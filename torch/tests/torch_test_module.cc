@@ -52,7 +52,7 @@ Result<Element> tower_step(ClosureContext& ctx, const Element& args, bool hash_t
 
 // fit's models (fit_cluster_test.cc): the MLP as a binary classifier of
 // [x float32[n, 4], y float32[n, 1]] batches, with sgd (rate 0.5) under
-// "fit/", and with adam under "fitadam/" (whose rate cannot be scaled).
+// "fit/", and with adam (0.01) under "fitadam/".
 capstan::Status register_fit_models(capstan::FunctionRegistry& registry) {
   for (const bool adam : {false, true}) {
     auto model = std::make_shared<capstan::torch::testing::Mlp>();
