@@ -175,7 +175,7 @@ TEST_CASE("LearningRateScheduler changes the rate the steps apply: a rate of 0 l
       p.name = "fitadam/" + p.name.substr(4);
       REQUIRE(t.client->create_variable({p.name, p.initial, Optimizer::adam(0.01)}).ok());
     }
-    LearningRateScheduler adam_schedule([](int epoch, double rate) { return epoch == 1 ? 0.0 : rate; });
+    LearningRateScheduler adam_schedule([](int epoch, double) { return epoch == 1 ? 0.0 : 0.01; });
     Snapshots adam_snapshots(t.client.get(), "fitadam/second.weight");
     History adam = fit(strategy, "fit_adam",
                        {.epochs = 3, .steps_per_epoch = 5, .train = train, .learning_rate = 0.01,
