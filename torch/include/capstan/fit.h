@@ -191,10 +191,10 @@ struct FitState {
   // on_train_begin when it restored a backup.
   int initial_epoch = 0;
   // The learning rate the next epoch's steps use (LearningRateScheduler
-  // sets it in on_epoch_begin). While it is FitOptions::learning_rate the
-  // optimizers apply their own rates (and schedules); once a callback
-  // changes it, every step's updates carry it and the optimizers apply it
-  // instead (FitStrategy::train's learning_rate).
+  // sets it in on_epoch_begin). In an epoch where it equals
+  // FitOptions::learning_rate the optimizers apply their own rates (and
+  // schedules); in one where it differs, every step's updates carry it and
+  // the optimizers apply it instead (FitStrategy::train's learning_rate).
   double learning_rate = 0;
   // Set by a callback (EarlyStopping): fit ends after this epoch.
   bool stop_training = false;
