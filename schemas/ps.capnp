@@ -93,8 +93,13 @@ interface ParameterServer extends(Common.Node) {
   gather @2 (name :Text, ids :Common.Tensor, inlineLimit :UInt64) -> (rows :Common.Tensor);
   assign @3 (name :Text, value :Common.Tensor) -> ();
   assignAdd @4 (name :Text, delta :Common.Tensor) -> ();
-  applyDense @5 (name :Text, gradient :Common.Tensor, step :Int64) -> ();
-  applySparse @6 (name :Text, ids :Common.Tensor, rows :Common.Tensor, step :Int64) -> ();
+  # hasLearningRate: the update uses learningRate (finite, >= 0) instead of
+  # the optimizer's rate and schedule (capstan::ApplyOptions); unset (older
+  # callers): the optimizer's own. A bad rate fails the call, nothing applied.
+  applyDense @5 (name :Text, gradient :Common.Tensor, step :Int64,
+                 hasLearningRate :Bool, learningRate :Float64) -> ();
+  applySparse @6 (name :Text, ids :Common.Tensor, rows :Common.Tensor, step :Int64,
+                  hasLearningRate :Bool, learningRate :Float64) -> ();
   listShards @7 () -> (shards :List(ShardInfo));
   readSlots @8 (name :Text) -> (slots :List(NamedTensor));
   # Restores slots and the optimizer step of a shard.
@@ -107,7 +112,9 @@ interface ParameterServer extends(Common.Node) {
   # ids: int64[n]. insert=false never inserts (evaluation).
   # `inlineLimit` as in read.
   lookupTable @12 (name :Text, ids :Common.Tensor, insert :Bool, inlineLimit :UInt64) -> (rows :Common.Tensor);
-  applyTable @13 (name :Text, ids :Common.Tensor, gradients :Common.Tensor, step :Int64) -> ();
+  # hasLearningRate, learningRate as in applyDense.
+  applyTable @13 (name :Text, ids :Common.Tensor, gradients :Common.Tensor, step :Int64,
+                  hasLearningRate :Bool, learningRate :Float64) -> ();
   # The rows whose version > sinceVersion. beginVersion > 0: first tag the
   # changes from now on with max(beginVersion, version + 1) (a checkpoint's
   # mark). version: the version in force before the mark.

@@ -621,7 +621,8 @@ Result<int64_t> EmbeddingTable::advance_step(int64_t step) {
   }
 }
 
-Status EmbeddingTable::apply_gradients(const Tensor& ids, const Tensor& gradients, int64_t step) {
+Status EmbeddingTable::apply_gradients(const Tensor& ids, const Tensor& gradients, int64_t step,
+                                       std::optional<double> learning_rate) {
   if (config_.optimizer.kind == Kind::kNone) {
     return Status::FailedPrecondition(
         "apply_gradients: the table's optimizer is none, so its rows take no gradients; "
@@ -635,19 +636,22 @@ Status EmbeddingTable::apply_gradients(const Tensor& ids, const Tensor& gradient
                                    " ids of the table: expected " + describe(config_.dtype, expected));
   }
   CAPSTAN_RETURN_IF_ERROR(gradients.validate().with_context("apply_gradients gradients"));
+  if (learning_rate) {
+    CAPSTAN_RETURN_IF_ERROR(training::validate_learning_rate_override(*learning_rate).with_context("apply_gradients"));
+  }
   maybe_sweep();
   CAPSTAN_ASSIGN_OR_RETURN(int64_t t, advance_step(step));
   if (config_.dtype == DType::kFloat32) {
-    apply_typed<float>(keys, gradients.flat<float>(), t);
+    apply_typed<float>(keys, gradients.flat<float>(), t, learning_rate);
   } else {
-    apply_typed<double>(keys, gradients.flat<double>(), t);
+    apply_typed<double>(keys, gradients.flat<double>(), t, learning_rate);
   }
   return Status::Ok();
 }
 
 template <typename T>
 void EmbeddingTable::apply_typed(const std::vector<int64_t>& keys, std::span<const T> gradients,
-                                 int64_t step) {
+                                 int64_t step, std::optional<double> learning_rate) {
   const Layout& l = *layout_;
   const size_t dim = l.dim;
   const std::vector<Entry> entries = sorted_entries(keys);
@@ -698,7 +702,8 @@ void EmbeddingTable::apply_typed(const std::vector<int64_t>& keys, std::span<con
     }
     for (size_t p = 1; p < l.planes; ++p) slots[p - 1] = {planes.data() + p * k * dim, k * dim};
     training::apply_sparse_update<T>(config_.optimizer, step, static_cast<int64_t>(dim),
-                                     std::span<T>(planes.data(), k * dim), slots, local_ids, grads);
+                                     std::span<T>(planes.data(), k * dim), slots, local_ids, grads,
+                                     learning_rate);
     for (size_t r = 0; r < k; ++r) {
       T* dst = reinterpret_cast<T*>(s.data(rows[r]));
       for (size_t p = 0; p < l.planes; ++p) {

@@ -39,6 +39,7 @@
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -108,7 +109,10 @@ class EmbeddingTable {
   // VariableStore::apply_dense (<= 0: the shard's step + 1). Marks the
   // rows updated (step, time, version). InvalidArgument for mismatched
   // shapes or dtypes, FailedPrecondition for a table whose optimizer is none.
-  Status apply_gradients(const Tensor& ids, const Tensor& gradients, int64_t step);
+  // `learning_rate` as in VariableStore::apply_dense (an override of the
+  // optimizer's rate; InvalidArgument naming it when not finite or < 0).
+  Status apply_gradients(const Tensor& ids, const Tensor& gradients, int64_t step,
+                         std::optional<double> learning_rate = std::nullopt);
 
   // Evicts the rows past ttl_steps / ttl_seconds now; how many. A row is
   // past them when more than ttl_steps steps (step() minus its last update
@@ -187,7 +191,8 @@ class EmbeddingTable {
   // counter to it; OutOfRange when the counter cannot go up.
   Result<int64_t> advance_step(int64_t step);
   template <typename T>
-  void apply_typed(const std::vector<int64_t>& keys, std::span<const T> gradients, int64_t step);
+  void apply_typed(const std::vector<int64_t>& keys, std::span<const T> gradients, int64_t step,
+                   std::optional<double> learning_rate);
 
   const TableConfig config_;
   const Clock clock_;

@@ -213,6 +213,28 @@ TEST_CASE("adam on a table is lazy: other rows' m and v stay", "[embedding_table
   CHECK(values<double>(after_second.slots[1])[1] == Approx(v));
 }
 
+TEST_CASE("a learning-rate override r updates a table's rows as a table created with rate r", "[embedding_table]") {
+  auto over = make_table(table_config(2, Optimizer::adam(0.1)));
+  auto made = make_table(table_config(2, Optimizer::adam(0.02)));
+  for (EmbeddingTable* table : {over.get(), made.get()}) lookup(*table, {4, 9});
+  for (int step = 0; step < 2; ++step) {
+    REQUIRE(over->apply_gradients(ids({4, 9, 4}), rows_of<float>({0.5f, -1, 2, 0.25f, 1, 1}, 2), 0, 0.02).ok());
+    apply(*made, {4, 9, 4}, {0.5f, -1, 2, 0.25f, 1, 1});
+  }
+  CHECK(values(export_all(*over).values) == values(export_all(*made).values));
+  CHECK(values(export_all(*over).slots[1]) == values(export_all(*made).slots[1]));
+
+  // Rate 0: the rows stay; a bad rate is InvalidArgument naming it, nothing applied.
+  const std::vector<float> before = values(export_all(*over).values);
+  REQUIRE(over->apply_gradients(ids({4}), rows_of<float>({3, 3}, 2), 0, 0.0).ok());
+  CHECK(values(export_all(*over).values) == before);
+  const int64_t step = over->step();
+  Status bad = over->apply_gradients(ids({4}), rows_of<float>({3, 3}, 2), 0, std::nan(""));
+  CHECK(bad.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.message(), Catch::Contains("learning_rate override") && Catch::Contains("nan"));
+  CHECK(over->step() == step);
+}
+
 TEST_CASE("ftrl updates one row as computed by hand", "[embedding_table]") {
   auto table = make_table(table_config(1, Optimizer::ftrl(0.1, 0.01, 0.02, -0.5, 0.1),
                                        EmbeddingInitializer::constant(0.5), {}, DType::kFloat64));

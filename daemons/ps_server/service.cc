@@ -5,12 +5,22 @@
 #include "async/pool.h"
 #include "rpc/tensor_codec.h"
 
+#include <optional>
+
 namespace capstan::ps_server {
 namespace {
 
 void check(const Status& status) { async::check(status); }
 
 std::string text(capnp::Text::Reader t) { return std::string(t.cStr(), t.size()); }
+
+// An update's learning-rate override: absent unless the caller set
+// hasLearningRate (older callers never do). The store checks the value.
+template <typename Params>
+std::optional<double> learning_rate_of(Params params) {
+  if (!params.getHasLearningRate()) return std::nullopt;
+  return params.getLearningRate();
+}
 
 }  // namespace
 
@@ -159,11 +169,12 @@ kj::Promise<void> PsService::assignAdd(AssignAddContext context) {
 kj::Promise<void> PsService::applyDense(ApplyDenseContext context) {
   std::string name = text(context.getParams().getName());
   int64_t step = context.getParams().getStep();
+  std::optional<double> rate = learning_rate_of(context.getParams());
   return rpc::read_tensor(context.getParams().getGradient(), ctx_.codec)
-      .then([this, name, step](Tensor&& gradient) {
+      .then([this, name, step, rate](Tensor&& gradient) {
         auto store = store_;
-        return async::run_on_pool(ctx_.pool, [store, name, step, gradient = std::move(gradient)]() {
-          return store->apply_dense(name, gradient, step);
+        return async::run_on_pool(ctx_.pool, [store, name, step, rate, gradient = std::move(gradient)]() {
+          return store->apply_dense(name, gradient, step, rate);
         });
       })
       .then([](Status status) { check(status); });
@@ -173,6 +184,7 @@ kj::Promise<void> PsService::applySparse(ApplySparseContext context) {
   auto params = context.getParams();
   std::string name = text(params.getName());
   int64_t step = params.getStep();
+  std::optional<double> rate = learning_rate_of(params);
   auto ids = rpc::read_tensor(params.getIds(), ctx_.codec);
   auto rows = rpc::read_tensor(params.getRows(), ctx_.codec);
   return ids.then([rows = kj::mv(rows)](Tensor&& ids) mutable {
@@ -180,10 +192,10 @@ kj::Promise<void> PsService::applySparse(ApplySparseContext context) {
                 return std::make_pair(std::move(ids), std::move(rows));
               });
             })
-      .then([this, name, step](std::pair<Tensor, Tensor>&& update) {
+      .then([this, name, step, rate](std::pair<Tensor, Tensor>&& update) {
         auto store = store_;
-        return async::run_on_pool(ctx_.pool, [store, name, step, update = std::move(update)]() {
-          return store->apply_sparse(name, update.first, update.second, step);
+        return async::run_on_pool(ctx_.pool, [store, name, step, rate, update = std::move(update)]() {
+          return store->apply_sparse(name, update.first, update.second, step, rate);
         });
       })
       .then([](Status status) { check(status); });
@@ -320,6 +332,7 @@ kj::Promise<void> PsService::applyTable(ApplyTableContext context) {
   auto table = tables_->find(text(params.getName()));
   check(table.status());
   int64_t step = params.getStep();
+  std::optional<double> rate = learning_rate_of(params);
   auto ids = rpc::read_tensor(params.getIds(), ctx_.codec);
   auto gradients = rpc::read_tensor(params.getGradients(), ctx_.codec);
   return ids.then([gradients = kj::mv(gradients)](Tensor&& ids) mutable {
@@ -327,9 +340,9 @@ kj::Promise<void> PsService::applyTable(ApplyTableContext context) {
                 return std::make_pair(std::move(ids), std::move(gradients));
               });
             })
-      .then([this, table = *table, step](std::pair<Tensor, Tensor>&& update) {
-        return async::run_on_pool(ctx_.pool, [table, step, update = std::move(update)]() {
-          return table->apply_gradients(update.first, update.second, step);
+      .then([this, table = *table, step, rate](std::pair<Tensor, Tensor>&& update) {
+        return async::run_on_pool(ctx_.pool, [table, step, rate, update = std::move(update)]() {
+          return table->apply_gradients(update.first, update.second, step, rate);
         });
       })
       .then([](Status status) { check(status); });

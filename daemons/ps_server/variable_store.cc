@@ -320,9 +320,14 @@ Status VariableStore::assign_add(const std::string& name, const Tensor& delta) {
   return Status::Ok();
 }
 
-Status VariableStore::apply_dense(const std::string& name, const Tensor& gradient, int64_t step) {
+Status VariableStore::apply_dense(const std::string& name, const Tensor& gradient, int64_t step,
+                                  std::optional<double> learning_rate) {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   CAPSTAN_RETURN_IF_ERROR(check_trainable("apply_dense", name, shard->dtype, shard->optimizer));
+  if (learning_rate) {
+    CAPSTAN_RETURN_IF_ERROR(training::validate_learning_rate_override(*learning_rate)
+                                .with_context("apply_dense " + quoted(name)));
+  }
   if (gradient.dtype() != shard->dtype || gradient.shape() != shard->shape) {
     return Status::InvalidArgument("apply_dense: gradient " + describe(gradient) +
                                    " does not match " + quoted(name) + " " +
@@ -335,11 +340,11 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
   if (shard->dtype == DType::kFloat32) {
     auto slots = slot_spans<float>(shard->slot);
     training::apply_dense_update<float>(shard->optimizer, t, shard->value.mutable_flat<float>(), slots,
-                                        gradient.flat<float>());
+                                        gradient.flat<float>(), learning_rate);
   } else {
     auto slots = slot_spans<double>(shard->slot);
     training::apply_dense_update<double>(shard->optimizer, t, shard->value.mutable_flat<double>(), slots,
-                                         gradient.flat<double>());
+                                         gradient.flat<double>(), learning_rate);
   }
   shard->step = std::max(shard->step, t);
   count_dense_update(gradient);
@@ -347,9 +352,13 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
 }
 
 Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, const Tensor& rows,
-                                   int64_t step) {
+                                   int64_t step, std::optional<double> learning_rate) {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   CAPSTAN_RETURN_IF_ERROR(check_trainable("apply_sparse", name, shard->dtype, shard->optimizer));
+  if (learning_rate) {
+    CAPSTAN_RETURN_IF_ERROR(training::validate_learning_rate_override(*learning_rate)
+                                .with_context("apply_sparse " + quoted(name)));
+  }
   if (shard->shape.empty()) {
     return Status::InvalidArgument("apply_sparse: " + quoted(name) + " is a scalar " +
                                    describe(shard->dtype, shard->shape) +
@@ -380,12 +389,12 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
       auto slots = slot_spans<float>(shard->slot);
       training::apply_sparse_update<float>(shard->optimizer, t, row_size,
                                            shard->value.mutable_flat<float>(), slots, id_list,
-                                           rows.flat<float>());
+                                           rows.flat<float>(), learning_rate);
     } else {
       auto slots = slot_spans<double>(shard->slot);
       training::apply_sparse_update<double>(shard->optimizer, t, row_size,
                                             shard->value.mutable_flat<double>(), slots, id_list,
-                                            rows.flat<double>());
+                                            rows.flat<double>(), learning_rate);
     }
   }
   shard->step = std::max(shard->step, t);

@@ -47,6 +47,7 @@
 #include <atomic>
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -95,15 +96,19 @@ class VariableStore {
   // One optimizer update. `step` is the optimizer's iteration count for this
   // update, 1-based (Adam's bias correction); <= 0 uses the shard's counter
   // + 1. The counter becomes max(counter, step). The gradient has the
-  // shard's dtype and shape.
-  Status apply_dense(const std::string& name, const Tensor& gradient, int64_t step = 0);
+  // shard's dtype and shape. `learning_rate`: the rate of this update
+  // instead of the optimizer's own (and its schedule's), as
+  // ApplyOptions::learning_rate; not finite or < 0 -> InvalidArgument
+  // naming it, nothing applied.
+  Status apply_dense(const std::string& name, const Tensor& gradient, int64_t step = 0,
+                     std::optional<double> learning_rate = std::nullopt);
   // A sparse gradient of a variable of rank >= 1: `ids` (int32 or int64,
   // rank 1) name rows, `rows` ([len(ids)] + row shape, the shard's dtype)
   // hold their gradients. Repeated ids are summed first; see
   // apply_sparse_update() in optimizer.h for which rows each optimizer moves.
   // An out-of-range id rejects the whole update.
   Status apply_sparse(const std::string& name, const Tensor& ids, const Tensor& rows,
-                      int64_t step = 0);
+                      int64_t step = 0, std::optional<double> learning_rate = std::nullopt);
 
   struct Info {
     DType dtype;

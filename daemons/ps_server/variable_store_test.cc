@@ -176,6 +176,56 @@ TEST_CASE("a shard's updates follow its optimizer's schedule by the shard's step
   CHECK(store.create("w", f32({0, 0}, {2, 1}), sgd).ok());
 }
 
+TEST_CASE("an adam update with a learning-rate override r equals the update of a shard created with rate r") {
+  VariableStore store;
+  const Optimizer scheduled =
+      Optimizer::adam(0.1).with_schedule(LearningRateSchedule::exponential_decay(1, 0.5));
+  REQUIRE(store.create("over", f32({1, 2, 3, 4}, {2, 2}), scheduled).ok());
+  REQUIRE(store.create("made", f32({1, 2, 3, 4}, {2, 2}), Optimizer::adam(0.02)).ok());
+  for (int step = 0; step < 3; ++step) {
+    REQUIRE(store.apply_dense("over", f32({0.5f, -1, 2, 0.25f}, {2, 2}), 0, 0.02).ok());
+    REQUIRE(store.apply_dense("made", f32({0.5f, -1, 2, 0.25f}, {2, 2})).ok());
+  }
+  REQUIRE(store.apply_sparse("over", make<int64_t>({1}, {1}), f32({1, -1}, {1, 2}), 0, 0.02).ok());
+  REQUIRE(store.apply_sparse("made", make<int64_t>({1}, {1}), f32({1, -1}, {1, 2})).ok());
+  CHECK(read_f32(store, "over") == read_f32(store, "made"));
+  CHECK(values<float>(store.slots("over")->at("m")) == values<float>(store.slots("made")->at("m")));
+  CHECK(values<float>(store.slots("over")->at("v")) == values<float>(store.slots("made")->at("v")));
+  CHECK(store.info("over")->step == 4);
+  CHECK(store.info("over")->optimizer == scheduled);  // the override changes no configuration
+
+  // Without the override the shard's own schedule applies again.
+  REQUIRE(store.apply_dense("over", f32({1, 1, 1, 1}, {2, 2})).ok());
+  REQUIRE(store.apply_dense("made", f32({1, 1, 1, 1}, {2, 2})).ok());
+  CHECK(read_f32(store, "over") != read_f32(store, "made"));
+}
+
+TEST_CASE("a learning-rate override of 0 leaves an adam shard's value unchanged") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({1, 2}), Optimizer::adam(0.1)).ok());
+  REQUIRE(store.apply_dense("w", f32({0.5f, -3}), 0, 0.0).ok());
+  REQUIRE(store.apply_sparse("w", make<int64_t>({0}, {1}), f32({1}, {1}), 0, 0.0).ok());
+  CHECK(read_f32(store, "w") == std::vector<float>{1, 2});
+  CHECK(store.info("w")->step == 2);
+}
+
+TEST_CASE("a bad learning-rate override is InvalidArgument naming it, and nothing is applied") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({1, 2}), Optimizer::adam(0.1)).ok());
+  for (double bad : {-1.0, std::nan(""), HUGE_VAL}) {
+    Status dense = store.apply_dense("w", f32({1, 1}), 0, bad);
+    Status sparse = store.apply_sparse("w", make<int64_t>({0}, {1}), f32({1}, {1}), 0, bad);
+    for (const Status& status : {dense, sparse}) {
+      CHECK(status.code() == StatusCode::kInvalidArgument);
+      CHECK_THAT(status.message(), Catch::Contains("learning_rate override") && Catch::Contains("'w'"));
+    }
+  }
+  CHECK_THAT(store.apply_dense("w", f32({1, 1}), 0, -1.0).message(), Catch::Contains("got -1"));
+  CHECK(read_f32(store, "w") == std::vector<float>{1, 2});
+  CHECK(store.info("w")->step == 0);
+  CHECK(values<float>(store.slots("w")->at("m")) == std::vector<float>{0, 0});
+}
+
 TEST_CASE("create rejects a bad schedule naming its field") {
   VariableStore store;
   Status s = store.create("w", f32({1}), Optimizer::adam(0.1).with_schedule(LearningRateSchedule::cosine_decay(0)));

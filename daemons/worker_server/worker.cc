@@ -59,9 +59,9 @@ class Worker::Context final : public ClosureContext {
   Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) override {
     return worker_.variables_.read_many(variables);
   }
-  Status apply_gradients_many(const std::vector<std::string>& variables,
-                              const std::vector<Tensor>& gradients) override {
-    return worker_.variables_.apply_dense_many(variables, gradients);
+  Status apply_gradients_many(const std::vector<std::string>& variables, const std::vector<Tensor>& gradients,
+                              const ApplyOptions& options = {}) override {
+    return worker_.variables_.apply_dense_many(variables, gradients, 0, options.learning_rate);
   }
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {
     return worker_.variables_.gather(variable, ids);
@@ -72,11 +72,13 @@ class Worker::Context final : public ClosureContext {
   Status assign_add(const std::string& variable, const Tensor& delta) override {
     return worker_.variables_.assign_add(variable, delta);
   }
-  Status apply_gradients(const std::string& variable, const Tensor& gradient) override {
-    return worker_.variables_.apply_dense(variable, gradient);
+  Status apply_gradients(const std::string& variable, const Tensor& gradient,
+                         const ApplyOptions& options = {}) override {
+    return worker_.variables_.apply_dense(variable, gradient, 0, options.learning_rate);
   }
-  Status apply_sparse_gradients(const std::string& variable, const Tensor& ids, const Tensor& rows) override {
-    return worker_.variables_.apply_sparse(variable, ids, rows);
+  Status apply_sparse_gradients(const std::string& variable, const Tensor& ids, const Tensor& rows,
+                                const ApplyOptions& options = {}) override {
+    return worker_.variables_.apply_sparse(variable, ids, rows, 0, options.learning_rate);
   }
   Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override {
     return worker_.variables_.lookup(table, ids, insert);

@@ -43,12 +43,14 @@ class FakeVariables final : public VariableAccess {
     calls.push_back("assign_add " + variable);
     return Status::Ok();
   }
-  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t) override {
+  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t,
+                     std::optional<double>) override {
     MutexLock lock(mutex_);
     calls.push_back("apply_dense " + variable);
     return Status::Ok();
   }
-  Status apply_sparse(const std::string& variable, const Tensor&, const Tensor&, int64_t) override {
+  Status apply_sparse(const std::string& variable, const Tensor&, const Tensor&, int64_t,
+                      std::optional<double>) override {
     MutexLock lock(mutex_);
     calls.push_back("apply_sparse " + variable);
     return Status::Ok();

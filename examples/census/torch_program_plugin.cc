@@ -41,12 +41,20 @@ class ProgramContext final : public capstan::ClosureContext {
   Status assign_add(const std::string& variable, const capstan::Tensor&) override {
     return Status::Unimplemented("assign_add('" + variable + "'): not offered to the census program's replicas");
   }
-  Status apply_gradients(const std::string& variable, const capstan::Tensor& gradient) override {
+  // The program's ClusterCoordinator applies the optimizers' own rates.
+  Status apply_gradients(const std::string& variable, const capstan::Tensor& gradient,
+                         const capstan::ApplyOptions& options = {}) override {
+    if (options.learning_rate) return no_rate_override(variable);
     return cluster_.apply_gradients(variable, gradient);
   }
-  Status apply_sparse_gradients(const std::string& variable, const capstan::Tensor& ids,
-                                const capstan::Tensor& rows) override {
+  Status apply_sparse_gradients(const std::string& variable, const capstan::Tensor& ids, const capstan::Tensor& rows,
+                                const capstan::ApplyOptions& options = {}) override {
+    if (options.learning_rate) return no_rate_override(variable);
     return cluster_.apply_sparse_gradients(variable, ids, rows);
+  }
+  static Status no_rate_override(const std::string& variable) {
+    return Status::Unimplemented("apply_gradients('" + variable +
+                                 "'): the census program's replicas apply the optimizers' own learning rates");
   }
   Result<capstan::data::Iterator*> iterator(const capstan::Tensor&) override {
     return Status::Unimplemented("the census program's replicas read their own pipelines, not a per-worker dataset");

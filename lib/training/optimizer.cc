@@ -58,8 +58,9 @@ struct Coefficients {
 // The 1-based `step` is Keras' iterations + 1: the schedule is evaluated at
 // step - 1 (Keras' _decayed_lr), Adam's bias correction at step (its
 // local_step).
-Coefficients coefficients_for(const Optimizer& c, int64_t step) {
-  const double lr = learning_rate_at(c, step - 1);
+// An override replaces the schedule's rate everywhere the rate enters.
+Coefficients coefficients_for(const Optimizer& c, int64_t step, std::optional<double> override_rate) {
+  const double lr = override_rate ? *override_rate : learning_rate_at(c, step - 1);
   Coefficients k{c.kind,   lr,       c.momentum,           c.nesterov, c.epsilon,   c.beta_1,
                  c.beta_2, c.learning_rate_power, c.l1, c.l2,       c.l2_shrinkage};
   if (c.kind == Kind::kAdam) {
@@ -119,7 +120,8 @@ void update_run(const Coefficients& k, size_t n, T* w, T* s0, T* s1, const G* gr
     case Kind::kFtrl:  // ResourceApplyFtrlV2 (ApplyFtrl when l2_shrinkage is 0)
       // FTRL divides by the rate. validate() keeps every schedule's rate
       // above 0, but an exponential_decay can underflow to 0 after very
-      // many steps: such an update leaves the variable and its slots alone.
+      // many steps, and an override may be 0: such an update leaves the
+      // variable and its slots alone.
       if (!(k.lr > 0)) return;
       for (size_t i = 0; i < n; ++i) {
         double g = static_cast<double>(grad[i]);
@@ -276,6 +278,12 @@ std::string optimizer_debug_string(const Optimizer& c) {
   return out;
 }
 
+Status validate_learning_rate_override(double learning_rate) {
+  if (learning_rate >= 0 && std::isfinite(learning_rate)) return Status::Ok();
+  return Status::InvalidArgument("learning_rate override must be finite and >= 0, got " +
+                                 format_double(learning_rate));
+}
+
 std::vector<std::string> slot_names(Kind kind) {
   switch (kind) {
     case Kind::kNone:
@@ -303,12 +311,14 @@ double slot_initial_value(const Optimizer& config, size_t index) {
 
 template <typename T>
 void apply_dense_update(const Optimizer& config, int64_t step, std::span<T> var,
-                        std::span<const std::span<T>> slots, std::span<const T> gradient) {
+                        std::span<const std::span<T>> slots, std::span<const T> gradient,
+                        std::optional<double> learning_rate) {
   assert(config.kind != Kind::kNone && step >= 1);
+  assert(!learning_rate || validate_learning_rate_override(*learning_rate).ok());
   assert(gradient.size() == var.size());
   assert(slots.size() == slot_names(config.kind).size());
   for ([[maybe_unused]] const auto& slot : slots) assert(slot.size() == var.size());
-  Coefficients k = coefficients_for(config, step);
+  Coefficients k = coefficients_for(config, step, learning_rate);
   update_run(k, var.size(), var.data(), slot_data(slots, 0), slot_data(slots, 1),
              gradient.data());
 }
@@ -316,8 +326,10 @@ void apply_dense_update(const Optimizer& config, int64_t step, std::span<T> var,
 template <typename T>
 void apply_sparse_update(const Optimizer& config, int64_t step, int64_t row_size,
                          std::span<T> var, std::span<const std::span<T>> slots,
-                         std::span<const int64_t> ids, std::span<const T> rows) {
+                         std::span<const int64_t> ids, std::span<const T> rows,
+                         std::optional<double> learning_rate) {
   assert(config.kind != Kind::kNone && step >= 1 && row_size >= 1);
+  assert(!learning_rate || validate_learning_rate_override(*learning_rate).ok());
   const size_t width = static_cast<size_t>(row_size);
   assert(var.size() % width == 0);
   assert(rows.size() == ids.size() * width);
@@ -342,7 +354,7 @@ void apply_sparse_update(const Optimizer& config, int64_t step, int64_t row_size
     for (size_t i = 0; i < width; ++i) out[i] += static_cast<double>(in[i]);
   }
 
-  Coefficients k = coefficients_for(config, step);
+  Coefficients k = coefficients_for(config, step, learning_rate);
   T* s0 = slot_data(slots, 0);
   T* s1 = slot_data(slots, 1);
   if (config.kind != Kind::kAdam) {
@@ -377,15 +389,17 @@ void apply_sparse_update(const Optimizer& config, int64_t step, int64_t row_size
 
 template void apply_dense_update<float>(const Optimizer&, int64_t, std::span<float>,
                                         std::span<const std::span<float>>,
-                                        std::span<const float>);
+                                        std::span<const float>, std::optional<double>);
 template void apply_dense_update<double>(const Optimizer&, int64_t, std::span<double>,
                                          std::span<const std::span<double>>,
-                                         std::span<const double>);
+                                         std::span<const double>, std::optional<double>);
 template void apply_sparse_update<float>(const Optimizer&, int64_t, int64_t,
                                          std::span<float>, std::span<const std::span<float>>,
-                                         std::span<const int64_t>, std::span<const float>);
+                                         std::span<const int64_t>, std::span<const float>,
+                                         std::optional<double>);
 template void apply_sparse_update<double>(const Optimizer&, int64_t, int64_t,
                                           std::span<double>, std::span<const std::span<double>>,
-                                          std::span<const int64_t>, std::span<const double>);
+                                          std::span<const int64_t>, std::span<const double>,
+                                          std::optional<double>);
 
 }  // namespace capstan::training

@@ -29,7 +29,12 @@
 // lr is the optimizer's schedule at t - 1 (learning_rate_at in
 // capstan/training.h: Keras evaluates it at iterations, the updates before
 // this one); FTRL's beta term and Adam's lr_t use that rate too, as Keras'
-// _decayed_lr feeds them.
+// _decayed_lr feeds them. An update given a learning-rate override
+// (`learning_rate` below: ApplyOptions in capstan/training.h, a rate set
+// from outside, as Keras' optimizer.learning_rate = r) uses it as lr
+// instead of the schedule's, and is then exactly the update of an optimizer
+// created with rate r (at the same step: Adam's bias correction is the
+// step's).
 // Sparse gradients (ids + rows) follow TF's sparse resource ops; see
 // apply_sparse_update().
 //
@@ -72,6 +77,12 @@ Status validate(const Optimizer& config);
 // constant: ", schedule=cosine_decay(decay_steps=1000, alpha=0))".
 std::string optimizer_debug_string(const Optimizer& config);
 
+// Checks a learning-rate override (ApplyOptions::learning_rate): finite and
+// >= 0 (0 leaves the variable where it is: sgd, momentum's new velocity,
+// adagrad, adam; ftrl skips the whole update). InvalidArgument naming it:
+// "learning_rate override must be finite and >= 0, got nan".
+Status validate_learning_rate_override(double learning_rate);
+
 // The slots the kind keeps, in a fixed order (Keras' names): none, sgd: {};
 // momentum: {"momentum"}; adagrad: {"accumulator"}; adam: {"m", "v"};
 // ftrl: {"accumulator", "linear"}.
@@ -82,11 +93,14 @@ double slot_initial_value(const Optimizer& config, size_t index);
 
 // Updates `var` in place by `gradient` (same number of elements), and the
 // slots, which are given in slot_names() order, each with var's size.
-// T is float or double. Preconditions (the caller checks them; they are
-// asserted here): validate(config) is OK, kind is not kNone, step >= 1.
+// T is float or double. `learning_rate`: the override, if any (see above).
+// Preconditions (the caller checks them; they are asserted here):
+// validate(config) is OK, kind is not kNone, step >= 1, and
+// validate_learning_rate_override(*learning_rate) is OK.
 template <typename T>
 void apply_dense_update(const Optimizer& config, int64_t step, std::span<T> var,
-                        std::span<const std::span<T>> slots, std::span<const T> gradient);
+                        std::span<const std::span<T>> slots, std::span<const T> gradient,
+                        std::optional<double> learning_rate = std::nullopt);
 
 // Updates the rows of `var` (viewed as [var.size() / row_size, row_size])
 // named by `ids`; `rows` holds one gradient row per id ([ids.size(),
@@ -108,24 +122,26 @@ void apply_dense_update(const Optimizer& config, int64_t step, std::span<T> var,
 template <typename T>
 void apply_sparse_update(const Optimizer& config, int64_t step, int64_t row_size,
                          std::span<T> var, std::span<const std::span<T>> slots,
-                         std::span<const int64_t> ids, std::span<const T> rows);
+                         std::span<const int64_t> ids, std::span<const T> rows,
+                         std::optional<double> learning_rate = std::nullopt);
 
 extern template void apply_dense_update<float>(const Optimizer&, int64_t, std::span<float>,
                                                std::span<const std::span<float>>,
-                                               std::span<const float>);
+                                               std::span<const float>, std::optional<double>);
 extern template void apply_dense_update<double>(const Optimizer&, int64_t,
                                                 std::span<double>,
                                                 std::span<const std::span<double>>,
-                                                std::span<const double>);
+                                                std::span<const double>, std::optional<double>);
 extern template void apply_sparse_update<float>(const Optimizer&, int64_t, int64_t,
                                                 std::span<float>,
                                                 std::span<const std::span<float>>,
-                                                std::span<const int64_t>, std::span<const float>);
+                                                std::span<const int64_t>, std::span<const float>,
+                                                std::optional<double>);
 extern template void apply_sparse_update<double>(const Optimizer&, int64_t, int64_t,
                                                  std::span<double>,
                                                  std::span<const std::span<double>>,
                                                  std::span<const int64_t>,
-                                                 std::span<const double>);
+                                                 std::span<const double>, std::optional<double>);
 
 }  // namespace capstan::training
 

@@ -3,6 +3,7 @@
 #include <catch2/catch.hpp>
 #include <cmath>
 #include <limits>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -28,14 +29,16 @@ struct State {
     for (auto& slot : slots) out.emplace_back(slot);
     return out;
   }
-  void dense(const Optimizer& config, int64_t step, const std::vector<T>& gradient) {
+  void dense(const Optimizer& config, int64_t step, const std::vector<T>& gradient,
+             std::optional<double> learning_rate = std::nullopt) {
     auto s = spans();
-    apply_dense_update<T>(config, step, var, s, gradient);
+    apply_dense_update<T>(config, step, var, s, gradient, learning_rate);
   }
   void sparse(const Optimizer& config, int64_t step, int64_t row_size,
-              const std::vector<int64_t>& ids, const std::vector<T>& rows) {
+              const std::vector<int64_t>& ids, const std::vector<T>& rows,
+              std::optional<double> learning_rate = std::nullopt) {
     auto s = spans();
-    apply_sparse_update<T>(config, step, row_size, var, s, ids, rows);
+    apply_sparse_update<T>(config, step, row_size, var, s, ids, rows, learning_rate);
   }
 };
 
@@ -585,6 +588,54 @@ TEST_CASE("ftrl leaves the variable alone once an exponential decay underflows t
   CHECK(s.var[0] == 1.0);
   CHECK(s.slots[0][0] == 0.1);
   CHECK(s.slots[1][0] == 0.0);
+}
+
+TEST_CASE("a learning-rate override r updates every kind as an optimizer created with rate r, dense and sparse") {
+  // The override replaces the schedule too: a cosine-decayed optimizer at
+  // step 7 given r updates as the constant rate r does.
+  const LearningRateSchedule cosine = LearningRateSchedule::cosine_decay(10, 0.1);
+  for (Kind kind : {Kind::kSgd, Kind::kMomentum, Kind::kAdagrad, Kind::kAdam, Kind::kFtrl}) {
+    Optimizer overridden = config_of(kind, 0.1).with_schedule(cosine);
+    Optimizer created = config_of(kind, 0.03);
+    for (Optimizer* c : {&overridden, &created}) {
+      c->momentum = 0.5;
+      c->l2 = 0.2;
+      c->beta = 0.04;  // ftrl: beta / (2 * lr) with the override
+    }
+    INFO(optimizer_name(kind));
+    State<double> a(overridden, {1.0, 2.0}), b(created, {1.0, 2.0});
+    a.dense(overridden, 7, {0.5, -0.25}, 0.03);
+    b.dense(created, 7, {0.5, -0.25});
+    a.sparse(overridden, 8, 1, {1}, {0.3}, 0.03);
+    b.sparse(created, 8, 1, {1}, {0.3});
+    for (size_t i = 0; i < 2; ++i) {
+      CHECK(a.var[i] == b.var[i]);
+      for (size_t j = 0; j < a.slots.size(); ++j) CHECK(a.slots[j][i] == b.slots[j][i]);
+    }
+    CHECK(a.var[0] != 1.0);
+  }
+}
+
+TEST_CASE("an override of rate 0 leaves adam's variable where it is, its moments still move") {
+  const Optimizer adam = config_of(Kind::kAdam, 0.1);
+  State<float> s(adam, {1.0f, -2.0f});
+  s.dense(adam, 1, {0.5f, 3.0f}, 0.0);
+  s.sparse(adam, 2, 1, {0}, {0.25f}, 0.0);
+  CHECK(s.var == std::vector<float>{1.0f, -2.0f});
+  CHECK(s.slots[0][1] != 0.0f);  // m
+  CHECK(s.slots[1][1] != 0.0f);  // v
+}
+
+TEST_CASE("validate_learning_rate_override wants a finite rate >= 0 and names the bad one") {
+  CHECK(validate_learning_rate_override(0).ok());
+  CHECK(validate_learning_rate_override(0.5).ok());
+  for (double bad : {-0.1, std::numeric_limits<double>::quiet_NaN(), std::numeric_limits<double>::infinity()}) {
+    Status status = validate_learning_rate_override(bad);
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("learning_rate override"));
+  }
+  CHECK_THAT(validate_learning_rate_override(-0.1).message(), Catch::Contains("-0.1"));
+  CHECK_THAT(validate_learning_rate_override(std::nan("")).message(), Catch::Contains("nan"));
 }
 
 }  // namespace

@@ -286,10 +286,10 @@ Result<std::vector<Tensor>> VariableRouter::update_parts(const VariableLocation&
 }
 
 kj::Promise<void> VariableRouter::send_update(const VariableLocation& v, const std::vector<Tensor>& parts,
-                                              Update kind, int64_t step) {
+                                              Update kind, int64_t step, std::optional<double> learning_rate) {
   auto updates = kj::heapArrayBuilder<kj::Promise<void>>(v.shards.size());
   for (size_t s = 0; s < v.shards.size(); ++s) {
-    updates.add(ps(v.shards[s].ps_address).then([this, kind, step, name = v.shards[s].name,
+    updates.add(ps(v.shards[s].ps_address).then([this, kind, step, learning_rate, name = v.shards[s].name,
                                                part = parts[s]](wire::ParameterServer::Client client) {
       if (kind == Update::kAssign) {
         auto request = client.assignRequest();
@@ -306,6 +306,10 @@ kj::Promise<void> VariableRouter::send_update(const VariableLocation& v, const s
       auto request = client.applyDenseRequest();
       request.setName(name);
       request.setStep(step);
+      if (learning_rate) {
+        request.setHasLearningRate(true);
+        request.setLearningRate(*learning_rate);
+      }
       rpc::write_tensor(request.initGradient(), part, codec_);
       return request.send().ignoreResult();
     }));
@@ -314,18 +318,19 @@ kj::Promise<void> VariableRouter::send_update(const VariableLocation& v, const s
 }
 
 Status VariableRouter::update_rows(const std::string& variable, const Tensor& value, Update kind,
-                                   int64_t step) {
+                                   int64_t step, std::optional<double> learning_rate) {
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> parts, update_parts(v, value));
   const char* what = kind == Update::kAssign ? "assign" : kind == Update::kAssignAdd ? "assign_add" : "apply_gradients";
-  auto done = on_loop<bool>(std::string(what) + " '" + variable + "'", [this, &v, &parts, kind, step]() {
-    return send_update(v, parts, kind, step).then([]() { return true; });
+  auto done = on_loop<bool>(std::string(what) + " '" + variable + "'", [this, &v, &parts, kind, step, learning_rate]() {
+    return send_update(v, parts, kind, step, learning_rate).then([]() { return true; });
   });
   return done.status();
 }
 
 Status VariableRouter::apply_dense_many(const std::vector<std::string>& variables,
-                                        const std::vector<Tensor>& gradients, int64_t step) {
+                                        const std::vector<Tensor>& gradients, int64_t step,
+                                        std::optional<double> learning_rate) {
   if (variables.size() != gradients.size()) {
     return Status::InvalidArgument("apply_gradients_many: " + std::to_string(variables.size()) + " variables but " +
                                    std::to_string(gradients.size()) + " gradients");
@@ -340,10 +345,11 @@ Status VariableRouter::apply_dense_many(const std::vector<std::string>& variable
     parts.push_back(std::move(p));
   }
   auto done = on_loop<bool>("apply_gradients of " + std::to_string(variables.size()) + " variables",
-                            [this, &located, &parts, step]() {
+                            [this, &located, &parts, step, learning_rate]() {
                               auto updates = kj::heapArrayBuilder<kj::Promise<void>>(located.size());
                               for (size_t i = 0; i < located.size(); ++i) {
-                                updates.add(send_update(located[i], parts[i], Update::kApplyDense, step));
+                                updates.add(send_update(located[i], parts[i], Update::kApplyDense, step,
+                                                        learning_rate));
                               }
                               return kj::joinPromises(updates.finish()).then([]() { return true; });
                             });
@@ -351,19 +357,20 @@ Status VariableRouter::apply_dense_many(const std::vector<std::string>& variable
 }
 
 Status VariableRouter::assign(const std::string& variable, const Tensor& value) {
-  return update_rows(variable, value, Update::kAssign, 0);
+  return update_rows(variable, value, Update::kAssign, 0, std::nullopt);
 }
 
 Status VariableRouter::assign_add(const std::string& variable, const Tensor& delta) {
-  return update_rows(variable, delta, Update::kAssignAdd, 0);
+  return update_rows(variable, delta, Update::kAssignAdd, 0, std::nullopt);
 }
 
-Status VariableRouter::apply_dense(const std::string& variable, const Tensor& gradient, int64_t step) {
-  return update_rows(variable, gradient, Update::kApplyDense, step);
+Status VariableRouter::apply_dense(const std::string& variable, const Tensor& gradient, int64_t step,
+                                   std::optional<double> learning_rate) {
+  return update_rows(variable, gradient, Update::kApplyDense, step, learning_rate);
 }
 
 Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
-                                    int64_t step) {
+                                    int64_t step, std::optional<double> learning_rate) {
   CAPSTAN_ASSIGN_OR_RETURN(VariableLocation v, locate(variable));
   if (v.shape.empty()) return Status::InvalidArgument("apply_sparse_gradients: '" + variable + "' is a scalar");
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<int64_t> all, ids_of(ids));
@@ -379,7 +386,7 @@ Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& i
     if (v.shards.empty()) {
       return Status::FailedPrecondition("apply_sparse_gradients: embedding table '" + variable + "' has no shards");
     }
-    return apply_table(v, all, rows, step);
+    return apply_table(v, all, rows, step, learning_rate);
   }
   Shape expected{static_cast<int64_t>(all.size())};
   expected.insert(expected.end(), v.shape.begin() + 1, v.shape.end());
@@ -402,7 +409,7 @@ Status VariableRouter::apply_sparse(const std::string& variable, const Tensor& i
     positions[s].push_back(i);
   }
   Shape row_shape(expected.begin() + 1, expected.end());
-  return send_sparse(v, local, positions, rows, row, row_shape, step);
+  return send_sparse(v, local, positions, rows, row, row_shape, step, learning_rate);
 }
 
 Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& ids, bool insert) {
@@ -446,7 +453,7 @@ Result<Tensor> VariableRouter::lookup(const std::string& table, const Tensor& id
 }
 
 Status VariableRouter::apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows,
-                                   int64_t step) {
+                                   int64_t step, std::optional<double> learning_rate) {
   const int parts = static_cast<int>(v.shards.size());
   const size_t row = static_cast<size_t>(v.table->dim) * dtype_size(v.dtype);
   std::vector<std::vector<int64_t>> local(v.shards.size());
@@ -456,12 +463,13 @@ Status VariableRouter::apply_table(const VariableLocation& v, const std::vector<
     local[s].push_back(keys[i]);
     positions[s].push_back(i);
   }
-  return send_sparse(v, local, positions, rows, row, {v.table->dim}, step);
+  return send_sparse(v, local, positions, rows, row, {v.table->dim}, step, learning_rate);
 }
 
 Status VariableRouter::send_sparse(const VariableLocation& v, const std::vector<std::vector<int64_t>>& local,
                                    const std::vector<std::vector<size_t>>& positions, const Tensor& rows,
-                                   size_t row_bytes, const Shape& row_shape, int64_t step) {
+                                   size_t row_bytes, const Shape& row_shape, int64_t step,
+                                   std::optional<double> learning_rate) {
   std::vector<std::pair<Tensor, Tensor>> updates(v.shards.size());
   std::vector<size_t> used;
   for (size_t s = 0; s < v.shards.size(); ++s) {
@@ -478,15 +486,20 @@ Status VariableRouter::send_sparse(const VariableLocation& v, const std::vector<
     used.push_back(s);
   }
   const bool table = v.table.has_value();
-  auto done = on_loop<bool>("apply_sparse_gradients '" + v.name + "'", [this, &v, &updates, &used, step, table]() {
+  auto done = on_loop<bool>("apply_sparse_gradients '" + v.name + "'", [this, &v, &updates, &used, step, table,
+                                                                         learning_rate]() {
     auto calls = kj::heapArrayBuilder<kj::Promise<void>>(used.size());
     for (size_t s : used) {
-      calls.add(ps(v.shards[s].ps_address).then([this, step, table, name = v.shards[s].name,
+      calls.add(ps(v.shards[s].ps_address).then([this, step, table, learning_rate, name = v.shards[s].name,
                                                update = updates[s]](wire::ParameterServer::Client client) {
         if (table) {
           auto request = client.applyTableRequest();
           request.setName(name);
           request.setStep(step);
+          if (learning_rate) {
+            request.setHasLearningRate(true);
+            request.setLearningRate(*learning_rate);
+          }
           rpc::write_tensor(request.initIds(), update.first, codec_);
           rpc::write_tensor(request.initGradients(), update.second, codec_);
           return request.send().ignoreResult();
@@ -494,6 +507,10 @@ Status VariableRouter::send_sparse(const VariableLocation& v, const std::vector<
         auto request = client.applySparseRequest();
         request.setName(name);
         request.setStep(step);
+        if (learning_rate) {
+          request.setHasLearningRate(true);
+          request.setLearningRate(*learning_rate);
+        }
         rpc::write_tensor(request.initIds(), update.first, codec_);
         rpc::write_tensor(request.initRows(), update.second, codec_);
         return request.send().ignoreResult();

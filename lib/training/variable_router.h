@@ -49,9 +49,12 @@ class VariableAccess {
   virtual Result<Tensor> gather(const std::string& variable, const Tensor& ids) = 0;
   virtual Status assign(const std::string& variable, const Tensor& value) = 0;
   virtual Status assign_add(const std::string& variable, const Tensor& delta) = 0;
-  virtual Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) = 0;
+  // `learning_rate`: ApplyOptions::learning_rate, carried to the parameter
+  // servers with each shard's update (which check it).
+  virtual Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0,
+                             std::optional<double> learning_rate = std::nullopt) = 0;
   virtual Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
-                              int64_t step = 0) = 0;
+                              int64_t step = 0, std::optional<double> learning_rate = std::nullopt) = 0;
   // Several variables at once (ClosureContext::read_many); this default
   // reads them one after another.
   virtual Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) {
@@ -64,9 +67,11 @@ class VariableAccess {
   }
   // Dense gradients of several variables (ClosureContext::apply_gradients_many).
   virtual Status apply_dense_many(const std::vector<std::string>& variables, const std::vector<Tensor>& gradients,
-                                  int64_t step = 0) {
+                                  int64_t step = 0, std::optional<double> learning_rate = std::nullopt) {
     if (variables.size() != gradients.size()) return Status::InvalidArgument("apply_gradients_many: sizes differ");
-    for (size_t i = 0; i < variables.size(); ++i) CAPSTAN_RETURN_IF_ERROR(apply_dense(variables[i], gradients[i], step));
+    for (size_t i = 0; i < variables.size(); ++i) {
+      CAPSTAN_RETURN_IF_ERROR(apply_dense(variables[i], gradients[i], step, learning_rate));
+    }
     return Status::Ok();
   }
   // An embedding table's rows for `ids` (ClosureContext::lookup).
@@ -94,20 +99,22 @@ class VariableRouter final : public VariableAccess {
   // Every shard of every variable in parallel: one round trip for all.
   Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) override;
   Status apply_dense_many(const std::vector<std::string>& variables, const std::vector<Tensor>& gradients,
-                          int64_t step = 0) override;
+                          int64_t step = 0, std::optional<double> learning_rate = std::nullopt) override;
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override;
   Status assign(const std::string& variable, const Tensor& value) override;
   Status assign_add(const std::string& variable, const Tensor& delta) override;
-  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0) override;
-  Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows,
-                      int64_t step = 0) override;
+  Status apply_dense(const std::string& variable, const Tensor& gradient, int64_t step = 0,
+                     std::optional<double> learning_rate = std::nullopt) override;
+  Status apply_sparse(const std::string& variable, const Tensor& ids, const Tensor& rows, int64_t step = 0,
+                      std::optional<double> learning_rate = std::nullopt) override;
   // Each id goes to the shard that holds its key (which looks a repeated
   // key up once); all shards at once. The rows come back in the order of
   // `ids`: shape ids.shape() + [dim].
   Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override;
 
  private:
-  Status apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows, int64_t step);
+  Status apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows, int64_t step,
+                     std::optional<double> learning_rate);
   // Asks each shard s with ids local[s] (ask: one request on the loop) and
   // puts the rows it answers at positions[s] of a tensor of `shape`
   // (gather, lookup); a shard that answers another size is Internal.
@@ -120,7 +127,7 @@ class VariableRouter final : public VariableAccess {
   // row_shape) for ids local[s]: applySparse, or applyTable for a table.
   Status send_sparse(const VariableLocation& v, const std::vector<std::vector<int64_t>>& local,
                      const std::vector<std::vector<size_t>>& positions, const Tensor& rows, size_t row_bytes,
-                     const Shape& row_shape, int64_t step);
+                     const Shape& row_shape, int64_t step, std::optional<double> learning_rate);
   enum class Update { kAssign, kAssignAdd, kApplyDense };
   // On the loop: the reads of each shard of `v`, in shard order.
   kj::Promise<kj::Array<Tensor>> read_shards(const VariableLocation& v);
@@ -128,9 +135,10 @@ class VariableRouter final : public VariableAccess {
   Result<std::vector<Tensor>> update_parts(const VariableLocation& v, const Tensor& value);
   // On the loop: `parts` sent to their shards.
   kj::Promise<void> send_update(const VariableLocation& v, const std::vector<Tensor>& parts, Update kind,
-                                int64_t step);
+                                int64_t step, std::optional<double> learning_rate);
   Status refresh();
-  Status update_rows(const std::string& variable, const Tensor& value, Update kind, int64_t step);
+  Status update_rows(const std::string& variable, const Tensor& value, Update kind, int64_t step,
+                     std::optional<double> learning_rate);
   // On the loop thread: the connection to `address`, made on first use.
   rpc::Connection& connection(const std::string& address);
   kj::Promise<wire::ParameterServer::Client> ps(const std::string& address);

@@ -71,8 +71,11 @@ class CheckpointContext final : public ClosureContext {
 
   Status assign(const std::string& variable, const Tensor&) override { return read_only(variable); }
   Status assign_add(const std::string& variable, const Tensor&) override { return read_only(variable); }
-  Status apply_gradients(const std::string& variable, const Tensor&) override { return read_only(variable); }
-  Status apply_sparse_gradients(const std::string& variable, const Tensor&, const Tensor&) override {
+  Status apply_gradients(const std::string& variable, const Tensor&, const ApplyOptions& = {}) override {
+    return read_only(variable);
+  }
+  Status apply_sparse_gradients(const std::string& variable, const Tensor&, const Tensor&,
+                                const ApplyOptions& = {}) override {
     return read_only(variable);
   }
 

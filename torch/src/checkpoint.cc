@@ -29,6 +29,13 @@ struct Planned {
   std::string variable;
 };
 
+// What one buffer receives.
+struct PlannedBuffer {
+  std::string name;  // named_buffers()'
+  std::string variable;
+  ::torch::Tensor buffer;
+};
+
 }  // namespace
 
 Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std::string& path,
@@ -97,8 +104,32 @@ Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std:
     }
     plan.push_back(Planned{parameter, name});
   }
+  std::vector<PlannedBuffer> buffer_plan;
+  std::set<std::string> buffer_names;
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    buffer_names.insert(item.key());
+    if (!item.value().defined()) continue;
+    const std::string name = options.prefix + item.key();
+    const CheckpointVariable* variable = reader.find_variable(name);
+    if (variable == nullptr) {
+      result.missing_buffers.push_back(item.key());
+      continue;
+    }
+    auto dtype = capstan_dtype(item.value().scalar_type());
+    if (!dtype.ok()) return dtype.status().with_context("buffer '" + item.key() + "'");
+    const Shape shape(item.value().sizes().begin(), item.value().sizes().end());
+    if (variable->embedding_table || variable->dtype != *dtype || variable->shape != shape) {
+      return Status::InvalidArgument("buffer '" + item.key() + "' is " + describe(*dtype, shape) + " but variable '" +
+                                     name + "' of checkpoint " + reader.path() + " is " +
+                                     (variable->embedding_table ? std::string("an embedding table")
+                                                                : describe(variable->dtype, variable->shape)) +
+                                     "; build the module as it was trained");
+    }
+    buffer_plan.push_back(PlannedBuffer{item.key(), name, item.value()});
+  }
   for (const auto& name : under_prefix) {
-    if (names.count(name.substr(options.prefix.size())) == 0) result.unexpected.push_back(name);
+    const std::string key = name.substr(options.prefix.size());
+    if (names.count(key) == 0 && buffer_names.count(key) == 0) result.unexpected.push_back(name);
   }
 
   // Read every value first, so that a read error leaves the module as it was.
@@ -110,6 +141,14 @@ Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std:
     auto view = to_torch(*value);
     if (!view.ok()) return view.status().with_context("parameter '" + planned.parameter.name + "'");
     values.push_back(std::move(*view));
+  }
+  std::vector<::torch::Tensor> buffer_values;
+  for (const auto& planned : buffer_plan) {
+    auto value = reader.read_variable(planned.variable);
+    if (!value.ok()) return value.status().with_context("buffer '" + planned.name + "'");
+    auto view = to_torch(*value);
+    if (!view.ok()) return view.status().with_context("buffer '" + planned.name + "'");
+    buffer_values.push_back(std::move(*view));
   }
 
   std::map<std::string, std::shared_ptr<EmbeddingImpl>> embeddings;
@@ -129,6 +168,10 @@ Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std:
       dense[parameter.name].copy_(values[i]);
     }
     result.loaded.push_back(parameter.name);
+  }
+  for (size_t i = 0; i < buffer_plan.size(); ++i) {
+    buffer_plan[i].buffer.copy_(buffer_values[i]);
+    result.buffers.push_back(buffer_plan[i].name);
   }
   return result;
 }

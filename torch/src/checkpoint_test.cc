@@ -35,13 +35,19 @@ struct TempDir {
 // with the layout the coordinator writes: a parameter in `partitioning`
 // is split by rows into shards "<name>/part_<i>", shard i in file
 // ps-<i % 2>.safetensors; the others are whole, in ps-0.
+// With `buffers`, the module's named_buffers() too, as a MirroredModule's
+// checkpoint holds them.
 Result<std::string> save(::torch::nn::Module& module, const std::string& dir, int64_t step, const std::string& prefix,
-                         const std::map<std::string, std::vector<int64_t>>& partitioning = {}) {
+                         const std::map<std::string, std::vector<int64_t>>& partitioning = {}, bool buffers = false) {
   using namespace capstan::checkpoint;
   CAPSTAN_ASSIGN_OR_RETURN(auto writer, CheckpointWriter::begin(dir, step, 0));
   Manifest manifest;
   std::map<std::string, std::vector<std::pair<std::string, Tensor>>> files;
-  for (const auto& item : module.named_parameters()) {
+  auto items = module.named_parameters();
+  if (buffers) {
+    for (const auto& item : module.named_buffers()) items.insert(item.key(), item.value());
+  }
+  for (const auto& item : items) {
     // A copy: the file must not see later changes to the module.
     CAPSTAN_ASSIGN_OR_RETURN(Tensor value, from_torch(item.value().detach().clone()));
     ManifestVariable variable;
@@ -56,7 +62,8 @@ Result<std::string> save(::torch::nn::Module& module, const std::string& dir, in
       const int64_t rows = variable.partitioning[i];
       const std::string file = "ps-" + std::to_string(i % 2) + ".safetensors";
       const std::string name = variable.partitioning.size() == 1 ? variable.name : shard_name(variable.name, i);
-      ::torch::Tensor piece = item.value().detach().narrow(0, first_row, rows).contiguous().clone();
+      ::torch::Tensor piece = item.value().dim() == 0 ? item.value().detach().clone()
+                                                      : item.value().detach().narrow(0, first_row, rows).contiguous().clone();
       CAPSTAN_ASSIGN_OR_RETURN(Tensor shard, from_torch(piece));
       files[file].emplace_back(name, shard);
       variable.shards.push_back(ManifestShard{name, file, first_row, rows});
@@ -111,6 +118,76 @@ TEST_CASE("load_checkpoint fills a fresh module from a checkpoint, partitioned p
   CHECK(first->shards == 3);
   CHECK(first->shape == Shape{8, 4});
   CHECK(::torch::equal(to_torch(reader->read_variable("mlp/first.weight").value()).value(), trained.first->weight));
+}
+
+// A model with BatchNorm's buffers (running_mean, running_var float32,
+// num_batches_tracked int64).
+struct Normed : ::torch::nn::Module {
+  Normed() {
+    fc = register_module("fc", ::torch::nn::Linear(4, 6));
+    bn = register_module("bn", ::torch::nn::BatchNorm1d(6));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return bn(fc(x)); }
+  ::torch::nn::Linear fc{nullptr};
+  ::torch::nn::BatchNorm1d bn{nullptr};
+};
+
+TEST_CASE("load_checkpoint restores buffers under their named_buffers() names, so a served module normalizes alike") {
+  TempDir dir;
+  ::torch::manual_seed(3);
+  Normed trained;
+  randomize(trained);
+  trained.train();
+  for (int i = 0; i < 3; ++i) (void)trained.forward(::torch::randn({8, 4}) * 2 + 1);  // running statistics
+  save(trained, dir.path, 4, "n/", {}, /*buffers=*/true).value();
+
+  Normed served;
+  LoadedCheckpoint loaded = load_checkpoint(served, dir.path, {.prefix = "n/"}).value();
+  CHECK(loaded.buffers == std::vector<std::string>{"bn.running_mean", "bn.running_var", "bn.num_batches_tracked"});
+  CHECK(loaded.missing_buffers.empty());
+  CHECK(loaded.unexpected.empty());
+  CHECK(::torch::equal(served.bn->running_mean, trained.bn->running_mean));
+  CHECK(::torch::equal(served.bn->running_var, trained.bn->running_var));
+  CHECK(served.bn->num_batches_tracked.item<int64_t>() == 3);
+  trained.eval();
+  served.eval();
+  ::torch::Tensor x = ::torch::randn({5, 4});
+  CHECK(::torch::equal(served.forward(x), trained.forward(x)));
+
+  SECTION("a checkpoint without buffers loads the parameters and keeps the buffers, even when strict") {
+    TempDir plain;
+    save(trained, plain.path, 1, "n/").value();
+    Normed fresh;
+    LoadedCheckpoint parameters_only = load_checkpoint(fresh, plain.path, {.prefix = "n/"}).value();
+    CHECK(parameters_only.buffers.empty());
+    CHECK(parameters_only.missing_buffers.size() == 3);
+    CHECK(::torch::equal(fresh.bn->running_mean, ::torch::zeros({6})));
+  }
+  SECTION("a buffer of another shape is InvalidArgument naming it, nothing copied") {
+    // A checkpoint whose "bn.running_mean" has 7 elements, the parameters as Normed's.
+    struct OddNorm : ::torch::nn::Module {
+      OddNorm() {
+        register_parameter("weight", ::torch::ones({6}));
+        register_parameter("bias", ::torch::zeros({6}));
+        register_buffer("running_mean", ::torch::ones({7}));
+      }
+    };
+    struct Odd : ::torch::nn::Module {
+      Odd() {
+        register_module("fc", ::torch::nn::Linear(4, 6));
+        register_module("bn", std::make_shared<OddNorm>());
+      }
+    };
+    Odd seven;
+    TempDir odd;
+    save(seven, odd.path, 1, "n/", {}, /*buffers=*/true).value();
+    Normed target;
+    const ::torch::Tensor weight = target.fc->weight.detach().clone();
+    Status status = load_checkpoint(target, odd.path, {.prefix = "n/"}).status();
+    CHECK(status.code() == StatusCode::kInvalidArgument);
+    CHECK_THAT(status.message(), Catch::Contains("'bn.running_mean'") && Catch::Contains("[7]"));
+    CHECK(::torch::equal(target.fc->weight, weight));
+  }
 }
 
 TEST_CASE("load_checkpoint puts a Capstan Embedding's rows into a plain torch::nn::Embedding or into its local rows") {

@@ -153,9 +153,23 @@ Result<MetricState> ParameterServerFitStrategy::run(const std::string& function,
   return state;
 }
 
+namespace {
+
+// register_model's train_step arguments: the dataset, and the rate (a
+// float64 scalar) or none (float64 [0]).
+Result<Element> train_args(const PerWorkerDataset& dataset, std::optional<double> learning_rate) {
+  Tensor rate = Tensor::scalar<double>(learning_rate.value_or(0));
+  if (!learning_rate) {
+    CAPSTAN_ASSIGN_OR_RETURN(rate, Tensor::zeros(DType::kFloat64, {0}));
+  }
+  return Element{{dataset.arg(), std::move(rate)}, {"dataset", "learning_rate"}};
+}
+
+}  // namespace
+
 Result<MetricState> ParameterServerFitStrategy::train(const std::string& model, const PerWorkerDataset& dataset,
-                                                      int64_t steps, double learning_rate_scale) {
-  Element args{{dataset.arg(), Tensor::scalar<double>(learning_rate_scale)}, {"dataset", "learning_rate_scale"}};
+                                                      int64_t steps, std::optional<double> learning_rate) {
+  CAPSTAN_ASSIGN_OR_RETURN(Element args, train_args(dataset, learning_rate));
   return run(model + "/train_step", args, steps);
 }
 
@@ -190,8 +204,8 @@ Result<MetricState> MirroredFitStrategy::run(const std::string& function, const 
 }
 
 Result<MetricState> MirroredFitStrategy::train(const std::string& model, const PerWorkerDataset& dataset,
-                                               int64_t steps, double learning_rate_scale) {
-  Element args{{dataset.arg(), Tensor::scalar<double>(learning_rate_scale)}, {"dataset", "learning_rate_scale"}};
+                                               int64_t steps, std::optional<double> learning_rate) {
+  CAPSTAN_ASSIGN_OR_RETURN(Element args, train_args(dataset, learning_rate));
   return run(model + "/train_step", args, steps);
 }
 
@@ -401,15 +415,15 @@ Result<History> fit(FitStrategy& strategy, const std::string& model, const FitOp
   Logs logs;
   for (int epoch = state.initial_epoch; epoch < options.epochs && !state.stop_training; ++epoch) {
     for (Callback* callback : options.callbacks) CAPSTAN_RETURN_IF_ERROR(callback->on_epoch_begin(epoch, state));
-    double scale = 1;
+    std::optional<double> rate;  // none: the optimizers' own rates and schedules
     if (state.learning_rate != options.learning_rate) {
       if (options.learning_rate == 0) {
         return Status::InvalidArgument(
             "fit: a callback set the learning rate but FitOptions::learning_rate is 0; give the optimizers' rate");
       }
-      scale = state.learning_rate / options.learning_rate;
+      rate = state.learning_rate;
     }
-    CAPSTAN_ASSIGN_OR_RETURN(MetricState train, strategy.train(model, options.train, options.steps_per_epoch, scale));
+    CAPSTAN_ASSIGN_OR_RETURN(MetricState train, strategy.train(model, options.train, options.steps_per_epoch, rate));
     logs = train.logs();
     if (options.learning_rate > 0) logs["lr"] = state.learning_rate;
     if (options.validation) {

@@ -21,26 +21,26 @@ MetricState state(double loss, double accuracy = 0.5, int64_t examples = 100) {
 }
 
 // Trains nothing: each epoch's train loss and validation loss come from
-// scripts; records the scales and checkpoints it was asked for.
+// scripts; records the rates (-1: none) and checkpoints it was asked for.
 class ScriptedStrategy : public FitStrategy {
  public:
   std::vector<double> train_losses, val_losses;
-  std::vector<double> scales;
+  std::vector<double> rates;
   std::vector<std::pair<std::string, int64_t>> saved;
   std::vector<std::string> restored;
   std::map<std::string, int64_t> latest;  // directory -> newest step
 
   Result<MetricState> train(const std::string& model, const PerWorkerDataset&, int64_t steps,
-                            double learning_rate_scale) override {
+                            std::optional<double> learning_rate) override {
     CHECK(model == "m");
     CHECK(steps == 10);
-    scales.push_back(learning_rate_scale);
-    const size_t epoch = scales.size() - 1;
+    rates.push_back(learning_rate.value_or(-1));
+    const size_t epoch = rates.size() - 1;
     return state(epoch < train_losses.size() ? train_losses[epoch] : 1.0);
   }
   Result<MetricState> evaluate(const std::string&, const PerWorkerDataset&, int64_t steps) override {
     CHECK(steps == 3);
-    const size_t epoch = scales.size() - 1;
+    const size_t epoch = rates.size() - 1;
     return state(epoch < val_losses.size() ? val_losses[epoch] : 1.0, 0.75);
   }
   Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int) override {
@@ -158,7 +158,7 @@ TEST_CASE("fit runs the epochs, validates each and returns Keras' History") {
   for (const char* key : {"loss", "accuracy", "val_loss", "val_accuracy", "lr"}) CHECK(history.history.count(key));
   CHECK(recorder.begun == std::vector<int>{0, 1, 2});
   CHECK(recorder.ended == std::vector<int>{0, 1, 2});
-  CHECK(strategy.scales == std::vector<double>{1, 1, 1});
+  CHECK(strategy.rates == std::vector<double>{-1, -1, -1});
 }
 
 TEST_CASE("fit refuses invalid options, naming the field and the fix") {
@@ -181,7 +181,7 @@ TEST_CASE("fit refuses invalid options, naming the field and the fix") {
     o.callbacks = {nullptr};
     CHECK_THAT(fit(strategy, "m", o).status().message(), Catch::Contains("callbacks[0]"));
   }
-  CHECK(strategy.scales.empty());
+  CHECK(strategy.rates.empty());
 }
 
 TEST_CASE("EarlyStopping stops once the monitored loss has not improved for `patience` epochs") {
@@ -223,11 +223,12 @@ TEST_CASE("EarlyStopping names a monitored metric missing from the logs, and the
   CHECK_THAT(status.message(), Catch::Contains("'val_auc'") && Catch::Contains("(loss)"));
 }
 
-TEST_CASE("LearningRateScheduler sets each epoch's rate, steps get it as a scale of the initial rate") {
+TEST_CASE("LearningRateScheduler sets each epoch's rate, steps carry it once it differs from the initial rate") {
   ScriptedStrategy strategy;
   LearningRateScheduler schedule([](int epoch, double rate) { return epoch < 2 ? rate : rate / 2; });
   History history = fit(strategy, "m", options(4, {&schedule})).value();
-  CHECK(strategy.scales == std::vector<double>{1, 1, 0.5, 0.25});
+  // The first two epochs keep the optimizers' own rate (and schedule).
+  CHECK(strategy.rates == std::vector<double>{-1, -1, 0.05, 0.025});
   CHECK(history.history.at("lr") == std::vector<double>{0.1, 0.1, 0.05, 0.025});
 
   SECTION("a negative rate is refused, naming the epoch and the rate") {
@@ -235,7 +236,7 @@ TEST_CASE("LearningRateScheduler sets each epoch's rate, steps get it as a scale
     CHECK_THAT(fit(strategy, "m", options(1, {&bad})).status().message(),
                Catch::Contains("epoch 0") && Catch::Contains("-1"));
   }
-  SECTION("without the optimizers' rate, fit cannot scale it") {
+  SECTION("without the optimizers' rate, a schedule has nothing to start from") {
     LearningRateScheduler fixed([](int, double) { return 0.05; });
     FitOptions o = options(1, {&fixed});
     o.learning_rate = 0;

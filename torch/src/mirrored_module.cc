@@ -3,6 +3,7 @@
 // buckets while backward runs.
 #include <torch/csrc/autograd/functions/accumulate_grad.h>
 
+#include <cmath>
 #include <future>
 #include <map>
 #include <mutex>
@@ -64,6 +65,14 @@ struct MirroredModule::Impl {
     Tensor zeros;  // the "gradient" of a parameter that is not trained
     bool ready = false;  // GUARDED_BY(mutex): this step's gradient is in its bucket
   };
+  // A buffer of the module (named_buffers()): broadcast from rank 0 each
+  // step; `mirrored` ones also view a replica (Optimizer::none()).
+  struct Buffer {
+    std::string name;        // without the prefix
+    ::torch::Tensor tensor;  // the module's buffer
+    bool mirrored = false;
+    Tensor zeros;            // its "gradient" when mirrored
+  };
   struct Bucket {
     DType dtype = DType::kFloat32;
     std::vector<size_t> parameters;  // in the order their gradients usually come
@@ -84,9 +93,15 @@ struct MirroredModule::Impl {
   std::unique_ptr<MirroredVariables> owned_variables;
   MirroredVariables* variables = nullptr;
   std::vector<Parameter> parameters;  // named_parameters() order
+  std::vector<Buffer> buffers;        // named_buffers() order
   // For each variable, in the variables' creation order (the order
-  // apply_averaged_gradients takes), the index of its parameter.
-  std::vector<size_t> variable_parameters;
+  // apply_averaged_gradients takes), its parameter's index, or its
+  // buffer's.
+  struct Source {
+    bool buffer = false;
+    size_t index = 0;
+  };
+  std::vector<Source> variable_sources;
   std::vector<Bucket> buckets;
 
   // Hooks run on autograd's threads (for CPU tensors, the thread calling
@@ -118,6 +133,40 @@ struct MirroredModule::Impl {
       CAPSTAN_ASSIGN_OR_RETURN(p.zeros, Tensor::zeros(p.dtype, p.shape));
     }
     return p;
+  }
+
+  // A buffer of the module; mirrorable when float32 or float64.
+  static Buffer describe_buffer(const std::string& name, const ::torch::Tensor& t) {
+    Buffer b;
+    b.name = name;
+    b.tensor = t;
+    if (!t.defined() || !t.device().is_cpu()) return b;
+    auto dtype = capstan_dtype(t.scalar_type());
+    b.mirrored = dtype.ok() && (*dtype == DType::kFloat32 || *dtype == DType::kFloat64);
+    return b;
+  }
+  Status make_zeros(Buffer& b) {
+    CAPSTAN_ASSIGN_OR_RETURN(DType dtype, capstan_dtype(b.tensor.scalar_type()));
+    CAPSTAN_ASSIGN_OR_RETURN(b.zeros, Tensor::zeros(dtype, Shape(b.tensor.sizes().begin(), b.tensor.sizes().end())));
+    return Status::Ok();
+  }
+
+  // After a step's update: every buffer takes rank 0's value (DDP's
+  // broadcast_buffers), in named_buffers() order on every rank. A mirrored
+  // buffer views its replica, so the replica takes it too.
+  Status broadcast_buffers() {
+    if (!options.broadcast_buffers || group->size() <= 1) return Status::Ok();
+    ::torch::NoGradGuard no_grad;
+    for (Buffer& b : buffers) {
+      if (!b.tensor.defined()) continue;
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor mine, from_torch(b.tensor.contiguous(), "buffer '" + b.name + "'"));
+      Result<Tensor> root = group->broadcast(mine, 0);
+      if (!root.ok()) return root.status().with_context("train_step: broadcasting buffer '" + b.name + "'");
+      if (group->rank() == 0) continue;
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(*root));
+      b.tensor.copy_(view);
+    }
+    return Status::Ok();
   }
 
   // Packs the trained parameters into buckets (the same on every rank
@@ -190,6 +239,34 @@ struct MirroredModule::Impl {
                                           options.prefix + p.name + "' is " + std::string(dtype_name(p.dtype)) +
                                           shape_string(p.shape) + " (the module changed since create)");
       }
+    }
+    auto named_buffers = module->named_buffers(/*recurse=*/true);
+    if (named_buffers.size() != buffers.size()) {
+      return Status::FailedPrecondition("train_step: the module has " + std::to_string(named_buffers.size()) +
+                                        " buffers, " + std::to_string(buffers.size()) +
+                                        " when MirroredModule bound it (buffers were added or removed)");
+    }
+    i = 0;
+    for (const auto& item : named_buffers) {
+      Buffer& b = buffers[i++];
+      if (item.key() != b.name || !item.value().is_same(b.tensor)) {
+        return Status::FailedPrecondition("train_step: buffer '" + item.key() + "' is not the one named '" + b.name +
+                                          "' that MirroredModule bound (a buffer or submodule was replaced?)");
+      }
+    }
+    for (Buffer& b : buffers) {
+      if (!b.mirrored) continue;
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + b.name));
+      if (b.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
+      if (Shape(b.tensor.sizes().begin(), b.tensor.sizes().end()) != replica.shape()) {
+        return Status::FailedPrecondition("train_step: buffer '" + b.name + "' is " +
+                                          sizes_string(b.tensor.sizes()) + "; its mirrored variable '" +
+                                          options.prefix + b.name + "' is " + shape_string(replica.shape()) +
+                                          " (the module changed since it was bound)");
+      }
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
+      ::torch::NoGradGuard no_grad;
+      b.tensor.set_data(view);
     }
     for (Parameter& p : parameters) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
@@ -316,6 +393,22 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
     specs.push_back({options.prefix + p.name, std::move(initial), optimizer});
     impl->parameters.push_back(std::move(p));
   }
+  // Float buffers become mirrored variables that take no gradient (their
+  // initial values: rank 0's, as the parameters').
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    Impl::Buffer b = Impl::describe_buffer(item.key(), item.value());
+    if (b.mirrored) {
+      CAPSTAN_RETURN_IF_ERROR(impl->make_zeros(b));
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor initial, Tensor::uninitialized(b.zeros.dtype(), b.zeros.shape()));
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor into, to_torch(initial));
+      {
+        ::torch::NoGradGuard no_grad;
+        into.copy_(b.tensor);
+      }
+      specs.push_back({options.prefix + b.name, std::move(initial), Optimizer::none()});
+    }
+    impl->buffers.push_back(std::move(b));
+  }
   for (const auto& [name, optimizer] : options.optimizers) {
     bool found = false;
     for (const auto& p : impl->parameters) found = found || p.name == name;
@@ -326,7 +419,10 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
   }
   CAPSTAN_ASSIGN_OR_RETURN(impl->owned_variables, MirroredVariables::create(group, std::move(specs)));
   impl->variables = impl->owned_variables.get();
-  for (size_t i = 0; i < impl->parameters.size(); ++i) impl->variable_parameters.push_back(i);
+  for (size_t i = 0; i < impl->parameters.size(); ++i) impl->variable_sources.push_back({false, i});
+  for (size_t i = 0; i < impl->buffers.size(); ++i) {
+    if (impl->buffers[i].mirrored) impl->variable_sources.push_back({true, i});
+  }
   CAPSTAN_RETURN_IF_ERROR(impl->make_buckets());
   // Same buckets everywhere, or the all-reduces would not line up.
   const uint64_t digest = impl->bucket_digest();
@@ -391,6 +487,29 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::attach(MirroredVariables
     by_variable[options.prefix + p.name] = impl->parameters.size();
     impl->parameters.push_back(std::move(p));
   }
+  // Buffers with a replica of their name are mirrored (it must match them);
+  // the others are only broadcast.
+  const std::vector<std::string> replica_names = replicas.names();
+  std::map<std::string, size_t> by_buffer;  // prefix + buffer name -> buffer
+  for (const auto& item : module.named_buffers(/*recurse=*/true)) {
+    Impl::Buffer b = Impl::describe_buffer(item.key(), item.value());
+    const std::string name = options.prefix + b.name;
+    auto replica = replicas.value(name);
+    b.mirrored = replica.ok();
+    if (b.mirrored) {
+      auto dtype = capstan_dtype(b.tensor.scalar_type());
+      const Shape shape(b.tensor.sizes().begin(), b.tensor.sizes().end());
+      if (!dtype.ok() || *dtype != replica->dtype() || shape != replica->shape()) {
+        return Status::InvalidArgument("MirroredModule::attach: buffer '" + b.name + "' is " +
+                                       (dtype.ok() ? std::string(dtype_name(*dtype)) : std::string("?")) +
+                                       shape_string(shape) + "; its mirrored variable '" + name + "' is " +
+                                       std::string(dtype_name(replica->dtype())) + shape_string(replica->shape()));
+      }
+      CAPSTAN_RETURN_IF_ERROR(impl->make_zeros(b));
+      by_buffer[name] = impl->buffers.size();
+    }
+    impl->buffers.push_back(std::move(b));
+  }
   // Every parameter has its replica, of its dtype and shape...
   for (const Impl::Parameter& p : impl->parameters) {
     const std::string name = options.prefix + p.name;
@@ -407,15 +526,20 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::attach(MirroredVariables
                                      std::string(dtype_name(replica->dtype())) + shape_string(replica->shape()));
     }
   }
-  // ...and every replica is a parameter: a step applies a gradient to each.
-  for (const std::string& name : replicas.names()) {
+  // ...and every replica is a parameter or a buffer: a step applies a
+  // gradient to each.
+  for (const std::string& name : replica_names) {
+    if (auto buffer = by_buffer.find(name); buffer != by_buffer.end()) {
+      impl->variable_sources.push_back({true, buffer->second});
+      continue;
+    }
     auto it = by_variable.find(name);
     if (it == by_variable.end()) {
       return Status::InvalidArgument("MirroredModule::attach: mirrored variable '" + name +
-                                     "' is no parameter of the module (prefix '" + options.prefix +
+                                     "' is no parameter or buffer of the module (prefix '" + options.prefix +
                                      "'); every replica must be one");
     }
-    impl->variable_parameters.push_back(it->second);
+    impl->variable_sources.push_back({false, it->second});
   }
   CAPSTAN_RETURN_IF_ERROR(impl->make_buckets());
   return finish(std::move(impl));
@@ -434,17 +558,24 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::finish(std::unique_ptr<I
 }
 
 Result<::torch::Tensor> MirroredModule::train_step(Communicator& group,
-                                                   const std::function<::torch::Tensor()>& loss) {
+                                                   const std::function<::torch::Tensor()>& loss,
+                                                   const ApplyOptions& options) {
   impl_->group = &group;
-  return train_step(loss);
+  return train_step(loss, options);
 }
 
-Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::Tensor()>& loss) {
+Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::Tensor()>& loss,
+                                                   const ApplyOptions& options) {
   Impl& impl = *impl_;
   if (impl.group == nullptr) {
     return Status::FailedPrecondition(
         "train_step: this MirroredModule was attached to replicas without a group; pass the step's group "
         "(train_step(group, loss))");
+  }
+  if (options.learning_rate && !(std::isfinite(*options.learning_rate) && *options.learning_rate >= 0)) {
+    std::ostringstream rate;
+    rate << *options.learning_rate;
+    return Status::InvalidArgument("train_step: learning_rate override must be finite and >= 0, got " + rate.str());
   }
   CAPSTAN_RETURN_IF_ERROR(impl.bind());
   impl.reset_step();
@@ -524,11 +655,15 @@ Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::
     by_parameter.push_back(std::move(g));
   }
   std::vector<Tensor> gradients;  // in the variables' order
-  gradients.reserve(by_parameter.size());
-  for (size_t i : impl.variable_parameters) gradients.push_back(by_parameter[i]);
-  Status applied = impl.variables->apply_averaged_gradients(gradients);
+  gradients.reserve(impl.variable_sources.size());
+  for (const Impl::Source& source : impl.variable_sources) {
+    gradients.push_back(source.buffer ? impl.buffers[source.index].zeros : by_parameter[source.index]);
+  }
+  Status applied = impl.variables->apply_averaged_gradients(gradients, options);
   impl.reset_step();
   if (!applied.ok()) return applied;
+  // A failure here is a collective's: the group is gone, as after any.
+  CAPSTAN_RETURN_IF_ERROR(impl.broadcast_buffers());
   ++impl.stats.steps;
   return computed.detach();
 }

@@ -41,6 +41,20 @@ struct HeadsImpl : ::torch::nn::Module {
 };
 TORCH_MODULE(Heads);
 
+// A model with buffers: BatchNorm's running_mean, running_var (float32)
+// and num_batches_tracked (int64).
+struct NormedImpl : ::torch::nn::Module {
+  NormedImpl()
+      : fc(register_module("fc", ::torch::nn::Linear(kIn, kHidden))),
+        bn(register_module("bn", ::torch::nn::BatchNorm1d(kHidden))),
+        out(register_module("out", ::torch::nn::Linear(kHidden, 1))) {}
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return out(::torch::tanh(bn(fc(x)))); }
+  ::torch::nn::Linear fc;
+  ::torch::nn::BatchNorm1d bn;
+  ::torch::nn::Linear out;
+};
+TORCH_MODULE(Normed);
+
 }  // namespace mirrored_module_test
 
 namespace capstan::torch {
@@ -53,6 +67,7 @@ using mirrored_module_test::Heads;
 using mirrored_module_test::kHidden;
 using mirrored_module_test::kIn;
 using mirrored_module_test::Mlp;
+using mirrored_module_test::Normed;
 
 
 // The same initial values in every model, without the global RNG (ranks
@@ -509,6 +524,97 @@ TEST_CASE("an attached module steps only on a group it is given, and follows the
   REQUIRE(ddp->train_step(*second[0], [&] { return mse(model, 4, 4); }).ok());
   CHECK(replicas->step() == 2);
   CHECK(model->fc1->weight.data_ptr() == static_cast<const void*>(replicas->value("fc1.weight").value().data()));
+}
+
+Normed make_normed() {
+  Normed model;
+  initialize(*model);
+  return model;
+}
+
+::torch::Tensor normed_mse(Normed& model, int64_t first, int64_t n) {
+  auto [x, y] = batch(first, n);
+  return ::torch::mse_loss(model->forward(x), y);
+}
+
+TEST_CASE("BatchNorm: 2 replicas with different batches end a step with rank 0's running statistics",
+          "[mirrored_module]") {
+  constexpr int kRanks = 2;
+  constexpr int64_t kLocalBatch = 5;
+  Group group = make_group(kRanks);
+  std::vector<Normed> models{make_normed(), make_normed()};
+  // Rank 0's batch through a plain module: the statistics every rank should end with.
+  Normed plain = make_normed();
+  plain->train();
+  {
+    ::torch::NoGradGuard no_grad;
+    (void)normed_mse(plain, 0, kLocalBatch);
+  }
+  auto results = on_all<Status>(kRanks, [&](int r) -> Status {
+    Normed& model = models[static_cast<size_t>(r)];
+    CAPSTAN_ASSIGN_OR_RETURN(auto ddp, MirroredModule::create(*group[static_cast<size_t>(r)], *model,
+                                                              {.optimizer = Optimizer::adam(0.01)}));
+    // Rank r's batch: examples [r * kLocalBatch, ...), unlike the other's.
+    CAPSTAN_RETURN_IF_ERROR(ddp->train_step([&] { return normed_mse(model, r * kLocalBatch, kLocalBatch); }).status());
+    // The float buffers are mirrored variables, viewed by the module.
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor mean, ddp->variables().value("bn.running_mean"));
+    if (model->bn->running_mean.data_ptr() != static_cast<const void*>(mean.data())) {
+      return Status::Internal("bn.running_mean is not a view of its replica");
+    }
+    return ddp->verify_replicas();  // values, slots and the buffers' replicas
+  });
+  for (size_t r = 0; r < results.size(); ++r) {
+    INFO("rank " << r << ": " << results[r].to_string());
+    REQUIRE(results[r].ok());
+  }
+  for (const Normed& model : models) {
+    CHECK(::torch::equal(model->bn->running_mean, plain->bn->running_mean));
+    CHECK(::torch::equal(model->bn->running_var, plain->bn->running_var));
+    CHECK(model->bn->num_batches_tracked.item<int64_t>() == 1);
+  }
+  CHECK_FALSE(::torch::equal(plain->bn->running_mean, ::torch::zeros({kHidden})));
+
+  SECTION("without broadcast_buffers each replica keeps its own batch's statistics") {
+    Group other = make_group(kRanks);
+    std::vector<Normed> apart{make_normed(), make_normed()};
+    auto done = on_all<Status>(kRanks, [&](int r) -> Status {
+      Normed& model = apart[static_cast<size_t>(r)];
+      CAPSTAN_ASSIGN_OR_RETURN(auto ddp, MirroredModule::create(*other[static_cast<size_t>(r)], *model,
+                                                                {.broadcast_buffers = false}));
+      return ddp->train_step([&] { return normed_mse(model, r * kLocalBatch, kLocalBatch); }).status();
+    });
+    for (const Status& status : done) REQUIRE(status.ok());
+    CHECK_FALSE(::torch::equal(apart[0]->bn->running_mean, apart[1]->bn->running_mean));
+  }
+}
+
+TEST_CASE("a step's learning-rate override is the rate the replicas apply: 0 leaves Adam's parameters unchanged",
+          "[mirrored_module]") {
+  Group group = make_group(1);
+  Mlp model = make_mlp();
+  auto ddp = MirroredModule::create(*group[0], *model, {.optimizer = Optimizer::adam(0.1)}).value();
+  const ::torch::Tensor before = model->fc1->weight.detach().clone();
+  REQUIRE(ddp->train_step([&] { return mse(model, 0, 4); }, {.learning_rate = 0.0}).ok());
+  CHECK(::torch::equal(model->fc1->weight, before));
+  CHECK(ddp->variables().step() == 1);
+
+  Status bad = ddp->train_step([&] { return mse(model, 0, 4); }, {.learning_rate = std::nan("")}).status();
+  CHECK(bad.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(bad.message(), Catch::Contains("learning_rate") && Catch::Contains("nan"));
+  CHECK(ddp->variables().step() == 1);
+
+  // The same step at rate r as with an optimizer created with rate r.
+  Group other = make_group(1);
+  Mlp a = make_mlp(), b = make_mlp();
+  auto over = MirroredModule::create(*other[0], *a, {.optimizer = Optimizer::adam(0.1)}).value();
+  Group third = make_group(1);
+  auto made = MirroredModule::create(*third[0], *b, {.optimizer = Optimizer::adam(0.003)}).value();
+  for (int s = 0; s < 3; ++s) {
+    REQUIRE(over->train_step([&] { return mse(a, 4 * s, 4); }, {.learning_rate = 0.003}).ok());
+    REQUIRE(made->train_step([&] { return mse(b, 4 * s, 4); }).ok());
+  }
+  CHECK(::torch::equal(a->fc1->weight, b->fc1->weight));
+  CHECK(::torch::equal(a->out->bias, b->out->bias));
 }
 
 }  // namespace

@@ -35,15 +35,8 @@ struct Model {
   MirroredVariables* attached = nullptr;
   std::vector<std::string> attached_names;
   ::torch::Tensor thresholds;  // float64 [T]
-  // The first optimizer whose update is not linear in rate * gradient (for
-  // errors); "" when scaling the loss scales the rate exactly.
-  std::string unscalable;
   std::mutex mutex;        // guards the module and `ps` while a step runs
 };
-
-bool linear_in_rate(const Optimizer& optimizer) {
-  return optimizer.kind == Optimizer::Kind::kSgd || optimizer.kind == Optimizer::Kind::kMomentum;
-}
 
 // The batch's metric state (capstan/fit.h's MetricState::add reads it).
 Result<Element> metric_state(const std::string& name, const ModelSpec& spec, const ::torch::Tensor& thresholds,
@@ -121,25 +114,6 @@ Status check_spec(const std::string& caller, ModelSpec& spec) {
   return Status::Ok();
 }
 
-// The first optimizer of `ps` whose update is not linear in the rate, or ""
-// when all are (a learning-rate scale is exact).
-std::string unscalable_optimizer(const PsOptions& ps) {
-  if (!linear_in_rate(ps.optimizer)) return "the optimizer " + optimizer_name(ps.optimizer.kind);
-  for (const auto& [parameter, optimizer] : ps.optimizers) {
-    if (!linear_in_rate(optimizer)) return "'" + parameter + "''s optimizer " + optimizer_name(optimizer.kind);
-  }
-  return "";
-}
-
-Status check_scale(const std::string& function, double scale, const std::string& unscalable) {
-  if (scale == 1.0 || unscalable.empty()) return Status::Ok();
-  std::ostringstream value;
-  value << scale;
-  return Status::FailedPrecondition(function + ": a learning-rate scale of " + value.str() +
-                                    " needs optimizers linear in the rate (sgd, momentum); " + unscalable +
-                                    " is not: drop the LearningRateScheduler or use sgd/momentum");
-}
-
 bool has_embeddings(::torch::nn::Module& module) {
   for (const auto& item : module.named_modules(/*name_prefix=*/"", /*include_self=*/false)) {
     if (std::dynamic_pointer_cast<EmbeddingImpl>(item.value()) != nullptr) return true;
@@ -174,14 +148,18 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
   const std::string function = m.name + (training ? "/train_step" : "/eval_step");
   const size_t want = training ? 2 : 1;
   if (args.size() != want || (training && (args.components[1].dtype() != DType::kFloat64 ||
-                                           args.components[1].num_elements() != 1))) {
+                                           args.components[1].num_elements() > 1))) {
     return Status::InvalidArgument(function + " takes " +
-                                   (training ? "(per-worker dataset, learning-rate scale float64)"
+                                   (training ? "(per-worker dataset, learning rate float64 [] or [0] for none)"
                                              : "(per-worker dataset)") +
                                    "; got " + std::to_string(args.size()) + " arguments (schedule it through fit)");
   }
-  const double scale = training ? args.components[1].flat<double>()[0] : 1.0;
-  if (training) CAPSTAN_RETURN_IF_ERROR(check_scale(function, scale, m.unscalable));
+  // The rate fit's LearningRateScheduler set, applied by the optimizers
+  // wherever they run (the parameter servers, or the replicas) instead of
+  // their own: exact for every optimizer, as Keras' optimizer.learning_rate.
+  // The servers check it (finite, >= 0).
+  ApplyOptions apply;
+  if (training && args.components[1].num_elements() == 1) apply.learning_rate = args.components[1].flat<double>()[0];
   CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * iterator, ctx.iterator(args.components[0]));
   CAPSTAN_ASSIGN_OR_RETURN(Batch batch, next_batch(function, m.spec, *iterator));
   const std::vector<::torch::Tensor>& inputs = batch.inputs;
@@ -207,13 +185,13 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
       outputs = m.spec.forward(inputs);
       ::torch::Tensor computed = m.spec.loss(outputs, labels);
       loss = computed.detach();
-      return scale == 1.0 ? computed : computed * scale;
-    });
+      return computed;
+    }, apply);
     if (!trained.ok()) {
       if (m.tables != nullptr) (void)m.tables->unbind();
       return trained.status();
     }
-    if (m.tables != nullptr) CAPSTAN_RETURN_IF_ERROR(m.tables->push(ctx).with_context(function));
+    if (m.tables != nullptr) CAPSTAN_RETURN_IF_ERROR(m.tables->push(ctx, apply).with_context(function));
   } else if (synchronous && m.tables != nullptr) {
     CAPSTAN_ASSIGN_OR_RETURN(loss, m.tables->eval_step(ctx, [&] {
       outputs = m.spec.forward(inputs);
@@ -232,9 +210,8 @@ Result<Element> step(Model& m, ClosureContext& ctx, const Element& args, bool tr
       outputs = m.spec.forward(inputs);
       ::torch::Tensor computed = m.spec.loss(outputs, labels);
       loss = computed.detach();
-      // d(scale * loss) = scale * gradient: the rate times scale, for sgd and momentum.
-      return scale == 1.0 ? computed : computed * scale;
-    }).status());
+      return computed;
+    }, apply).status());
   } else {
     CAPSTAN_ASSIGN_OR_RETURN(loss, m.ps->eval_step(ctx, [&] {
       outputs = m.spec.forward(inputs);
@@ -257,7 +234,6 @@ Status register_model(FunctionRegistry& registry, const std::string& name, Model
   model->name = name;
   const std::vector<double> thresholds = auc_thresholds(spec.auc_thresholds);
   model->thresholds = ::torch::tensor(thresholds, ::torch::kDouble);
-  model->unscalable = unscalable_optimizer(spec.ps);
   model->ps = std::make_unique<PsModule>(*spec.module, spec.ps);
   if (has_embeddings(*spec.module)) {
     PsOptions tables = spec.ps;
@@ -283,7 +259,6 @@ struct MultiWorkerMirroredFitStrategy::Impl {
   ModelSpec spec;
   MultiWorkerMirroredFitOptions options;
   ::torch::Tensor thresholds;  // float64 [T]
-  std::string unscalable;      // see Model::unscalable
   std::unique_ptr<MirroredModule> mirrored;  // the module's parameters: views of its replicas
   // This process's iterators, by PerWorkerDataset id (1, 2, ...).
   std::map<int64_t, std::unique_ptr<data::Iterator>> iterators;
@@ -313,7 +288,7 @@ struct MultiWorkerMirroredFitStrategy::Impl {
   }
 
   // One step on this rank's next batch; its metric state.
-  Result<Element> step(data::Iterator& iterator, bool training, double scale) {
+  Result<Element> step(data::Iterator& iterator, bool training, const ApplyOptions& apply) {
     const std::string function = name + (training ? "/train_step" : "/eval_step");
     CAPSTAN_ASSIGN_OR_RETURN(Batch batch, next_batch(function, spec, iterator));
     spec.module->train(training);
@@ -323,8 +298,8 @@ struct MultiWorkerMirroredFitStrategy::Impl {
         outputs = spec.forward(batch.inputs);
         ::torch::Tensor computed = spec.loss(outputs, batch.labels);
         loss = computed.detach();
-        return scale == 1.0 ? computed : computed * scale;
-      }).status().with_context(function));
+        return computed;
+      }, apply).status().with_context(function));
     } else {
       ::torch::NoGradGuard no_grad;
       try {
@@ -344,12 +319,12 @@ struct MultiWorkerMirroredFitStrategy::Impl {
   // `steps` steps; then every rank's sums, added in rank order (the same
   // bits on every rank). A rank's failure aborts the group, so the others
   // do not wait for it until the collective timeout.
-  Result<MetricState> run(const PerWorkerDataset& dataset, int64_t steps, bool training, double scale) {
+  Result<MetricState> run(const PerWorkerDataset& dataset, int64_t steps, bool training, const ApplyOptions& apply) {
     MetricState local;
     Status failed = [&]() -> Status {
       CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * it, iterator(dataset));
       for (int64_t i = 0; i < steps; ++i) {
-        Result<Element> result = step(*it, training, scale);
+        Result<Element> result = step(*it, training, apply);
         if (!result.ok()) {
           return result.status().with_context("step " + std::to_string(i + 1) + " of " + std::to_string(steps) +
                                               " on rank " + std::to_string(group->rank()));
@@ -436,7 +411,6 @@ Result<std::unique_ptr<MultiWorkerMirroredFitStrategy>> MultiWorkerMirroredFitSt
   }
   const std::vector<double> thresholds = auc_thresholds(impl->spec.auc_thresholds);
   impl->thresholds = ::torch::tensor(thresholds, ::torch::kDouble);
-  impl->unscalable = unscalable_optimizer(impl->spec.ps);
   MirroredOptions mirrored{.prefix = impl->spec.ps.prefix,
                            .optimizer = impl->spec.ps.optimizer,
                            .optimizers = impl->spec.ps.optimizers,
@@ -458,17 +432,15 @@ int MultiWorkerMirroredFitStrategy::rank() const { return impl_->group->rank(); 
 int MultiWorkerMirroredFitStrategy::num_replicas_in_sync() const { return impl_->group->size(); }
 
 Result<MetricState> MultiWorkerMirroredFitStrategy::train(const std::string& model, const PerWorkerDataset& dataset,
-                                                          int64_t steps, double learning_rate_scale) {
+                                                          int64_t steps, std::optional<double> learning_rate) {
   CAPSTAN_RETURN_IF_ERROR(impl_->check_model(model));
-  // Every rank runs the same fit, so every rank refuses alike: no abort.
-  CAPSTAN_RETURN_IF_ERROR(check_scale(model + "/train_step", learning_rate_scale, impl_->unscalable));
-  return impl_->run(dataset, steps, /*training=*/true, learning_rate_scale);
+  return impl_->run(dataset, steps, /*training=*/true, ApplyOptions{.learning_rate = learning_rate});
 }
 
 Result<MetricState> MultiWorkerMirroredFitStrategy::evaluate(const std::string& model, const PerWorkerDataset& dataset,
                                                              int64_t steps) {
   CAPSTAN_RETURN_IF_ERROR(impl_->check_model(model));
-  return impl_->run(dataset, steps, /*training=*/false, 1.0);
+  return impl_->run(dataset, steps, /*training=*/false, ApplyOptions{});
 }
 
 Result<std::string> MultiWorkerMirroredFitStrategy::save_checkpoint(const std::string& directory, int64_t step,

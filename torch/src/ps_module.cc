@@ -291,7 +291,7 @@ Status PsModule::unbind() {
   return Status::Ok();
 }
 
-Status PsModule::push(ClosureContext& ctx) {
+Status PsModule::push(ClosureContext& ctx, const ApplyOptions& options) {
   // Every gradient is put on the wire before any is pushed: a gradient that
   // cannot be (a layout or dtype the parameter servers do not take) fails
   // the push naming its parameter, and nothing of the step is written.
@@ -358,17 +358,18 @@ Status PsModule::push(ClosureContext& ctx) {
     if (first.ok() && !status.ok()) first = std::move(status);
   };
   if (!variables.empty()) {
-    keep_first(ctx.apply_gradients_many(variables, gradients).with_context("pushing the module's gradients"));
+    keep_first(ctx.apply_gradients_many(variables, gradients, options).with_context("pushing the module's gradients"));
   }
   for (const SparseUpdate& update : sparse) {
-    keep_first(ctx.apply_sparse_gradients(update.variable, update.ids, update.rows)
+    keep_first(ctx.apply_sparse_gradients(update.variable, update.ids, update.rows, options)
                    .with_context("pushing the sparse gradient of '" + update.variable + "'"));
   }
   Status unbound = unbind();
   return first.ok() ? unbound : first;
 }
 
-Result<::torch::Tensor> PsModule::train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss) {
+Result<::torch::Tensor> PsModule::train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss,
+                                             const ApplyOptions& options) {
   if (Status pulled = pull(ctx, /*training=*/true); !pulled.ok()) {
     (void)unbind();
     return pulled;
@@ -390,7 +391,7 @@ Result<::torch::Tensor> PsModule::train_step(ClosureContext& ctx, const std::fun
     (void)unbind();
     return Status::InvalidArgument("train_step: " + torch_error(e));
   }
-  CAPSTAN_RETURN_IF_ERROR(push(ctx));
+  CAPSTAN_RETURN_IF_ERROR(push(ctx, options));
   return value;
 }
 

@@ -38,17 +38,19 @@ class SgdContext : public ClosureContext {
   }
   Status assign(const std::string&, const Tensor&) override { return Status::Unimplemented("assign"); }
   Status assign_add(const std::string&, const Tensor&) override { return Status::Unimplemented("assign_add"); }
-  Status apply_gradients(const std::string& name, const Tensor& gradient) override {
+  // SGD at kLearningRate, or at the update's override.
+  Status apply_gradients(const std::string& name, const Tensor& gradient, const ApplyOptions& options = {}) override {
     ++pushes;
     ::torch::Tensor& value = variables.at(name);
-    value.sub_(to_torch(gradient).value() * kLearningRate);
+    value.sub_(to_torch(gradient).value() * options.learning_rate.value_or(kLearningRate));
     return Status::Ok();
   }
-  Status apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows) override {
+  Status apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows,
+                                const ApplyOptions& options = {}) override {
     ++pushes;
     sparse_ids[name] = to_torch(ids).value().clone();
     ::torch::Tensor& value = variables.at(name);
-    value.index_add_(0, to_torch(ids).value(), to_torch(rows).value() * -kLearningRate);
+    value.index_add_(0, to_torch(ids).value(), to_torch(rows).value() * -options.learning_rate.value_or(kLearningRate));
     return Status::Ok();
   }
   Result<data::Iterator*> iterator(const Tensor&) override { return Status::Unimplemented("iterator"); }
@@ -97,6 +99,25 @@ TEST_CASE("A module's steps through PsModule equal plain LibTorch SGD, step by s
     }
   }
   CHECK(ctx.pushes == 5 * 4);  // every step pushed each of the four parameters once
+}
+
+TEST_CASE("A step's learning rate goes with every push, dense and sparse: rate 0 changes nothing") {
+  auto remote = std::make_shared<Tower>(true);
+  SgdContext ctx;
+  ctx.create_from(*remote);
+  std::map<std::string, ::torch::Tensor> before;
+  for (const auto& [name, value] : ctx.variables) before[name] = value.clone();
+  ::torch::Tensor ids = ::torch::tensor({3, 7}, ::torch::kLong).reshape({1, 2});
+  ::torch::Tensor target = ::torch::tensor({1.0f}).reshape({1, 1});
+  PsModule ps(*remote);
+  REQUIRE(ps.train_step(ctx, [&] { return ::torch::mse_loss(remote->forward(ids), target); },
+                        {.learning_rate = 0.0})
+              .ok());
+  CHECK(ctx.pushes == 3);  // the head's two parameters, the embedding's rows
+  for (const auto& [name, value] : ctx.variables) {
+    INFO(name);
+    CHECK(::torch::equal(value, before.at(name)));
+  }
 }
 
 TEST_CASE("An Embedding's sparse gradient equals torch::nn::Embedding's dense one on the rows it touched") {

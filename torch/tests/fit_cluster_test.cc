@@ -147,10 +147,12 @@ TEST_CASE("fit trains a LibTorch classifier on two parameter servers and two wor
 // Reads a variable at every epoch's end.
 struct Snapshots : Callback {
   ClusterCoordinator* cluster;
+  std::string variable;
   std::vector<std::vector<float>> values;
-  explicit Snapshots(ClusterCoordinator* cluster) : cluster(cluster) {}
+  explicit Snapshots(ClusterCoordinator* cluster, std::string variable = "fit/second.weight")
+      : cluster(cluster), variable(std::move(variable)) {}
   Status on_epoch_end(int, const Logs&, FitState&) override {
-    values.push_back(read(*cluster, "fit/second.weight"));
+    values.push_back(read(*cluster, variable));
     return Status::Ok();
   }
 };
@@ -171,14 +173,24 @@ TEST_CASE("LearningRateScheduler changes the rate the steps apply: a rate of 0 l
   CHECK(snapshots.values[1] == snapshots.values[0]);
   CHECK(snapshots.values[2] != snapshots.values[1]);
 
-  SECTION("a model whose optimizer is not linear in the rate refuses a scale, naming it") {
-    LearningRateScheduler halve([](int, double rate) { return rate / 2; });
-    Status status = fit(strategy, "fit_adam",
-                        {.epochs = 1, .steps_per_epoch = 1, .train = train, .learning_rate = 0.01,
-                         .callbacks = {&halve}})
-                        .status();
-    CHECK(status.code() == StatusCode::kFailedPrecondition);
-    CHECK_THAT(status.message(), Catch::Contains("adam") && Catch::Contains("fit_adam/train_step"));
+  SECTION("under Adam the parameter servers apply the scheduled rate itself: 0 leaves the variables as they were") {
+    // fit_adam's variables: the MLP's under "fitadam/", with adam(0.01).
+    for (MirroredVariableSpec p : mlp_parameters()) {
+      p.name = "fitadam/" + p.name.substr(4);
+      REQUIRE(t.client->create_variable({p.name, p.initial, Optimizer::adam(0.01)}).ok());
+    }
+    LearningRateScheduler adam_schedule([](int epoch, double) { return epoch == 1 ? 0.0 : 0.01; });
+    Snapshots adam_snapshots(t.client.get(), "fitadam/second.weight");
+    History adam = fit(strategy, "fit_adam",
+                       {.epochs = 3, .steps_per_epoch = 5, .train = train, .learning_rate = 0.01,
+                        .callbacks = {&adam_schedule, &adam_snapshots}})
+                       .value();
+    CHECK(adam.history.at("lr") == std::vector<double>{0.01, 0.0, 0.01});
+    REQUIRE(adam_snapshots.values.size() == 3);
+    const Tensor initial = mlp_parameters()[2].initial;  // second.weight
+    CHECK(adam_snapshots.values[0] != std::vector<float>(initial.flat<float>().begin(), initial.flat<float>().end()));
+    CHECK(adam_snapshots.values[1] == adam_snapshots.values[0]);
+    CHECK(adam_snapshots.values[2] != adam_snapshots.values[1]);
   }
 }
 

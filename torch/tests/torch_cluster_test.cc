@@ -2,6 +2,7 @@
 // and a worker-server loading torch_test_module.cc), compared with the same
 // models trained by plain LibTorch in this process.
 #include <capstan/torch.h>
+#include <capstan/torch/mirrored_module.h>
 // LibTorch includes glog, whose CHECK would stand for Catch's.
 #undef CHECK
 #include <catch2/catch.hpp>
@@ -154,6 +155,45 @@ TEST_CASE("A checkpoint of a module trained on the parameter servers loads into 
     }
     REQUIRE(expected.good());
   }
+}
+
+// Linear, then BatchNorm: buffers running_mean, running_var (float32) and
+// num_batches_tracked (int64).
+struct Normed : ::torch::nn::Module {
+  Normed() {
+    fc = register_module("fc", ::torch::nn::Linear(4, 6));
+    bn = register_module("bn", ::torch::nn::BatchNorm1d(6));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return bn(fc(x)); }
+  ::torch::nn::Linear fc{nullptr};
+  ::torch::nn::BatchNorm1d bn{nullptr};
+};
+
+TEST_CASE("A MirroredModule's checkpoint holds BatchNorm's running statistics, which a served module loads") {
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  auto group = t.client->join_group("normed", 1, 0).value();
+  ::torch::manual_seed(4);
+  Normed model;
+  auto ddp = MirroredModule::create(*group, model, {.prefix = "normed/", .optimizer = Optimizer::sgd(0.1)}).value();
+  for (int step = 0; step < 3; ++step) {
+    ::torch::Tensor x = ::torch::randn({8, 4}) * 2 + 1;
+    REQUIRE(ddp->train_step([&] { return model.forward(x).pow(2).mean(); }).ok());
+  }
+  const std::string root = t.cluster.dir() + "/mirrored-checkpoints";
+  REQUIRE_FALSE(ddp->variables().save_checkpoint(*t.client, root, 3).value().empty());
+
+  Normed served;
+  LoadedCheckpoint loaded = load_checkpoint(served, root, {.prefix = "normed/"}).value();
+  CHECK(loaded.buffers == std::vector<std::string>{"bn.running_mean", "bn.running_var"});
+  // An int64 buffer is broadcast each step but is no mirrored variable.
+  CHECK(loaded.missing_buffers == std::vector<std::string>{"bn.num_batches_tracked"});
+  CHECK(::torch::equal(served.bn->running_mean, model.bn->running_mean));
+  CHECK(::torch::equal(served.bn->running_var, model.bn->running_var));
+  CHECK_FALSE(::torch::equal(served.bn->running_mean, ::torch::zeros({6})));
+  model.eval();
+  served.eval();
+  ::torch::Tensor x = ::torch::randn({5, 4});
+  CHECK(::torch::equal(served.forward(x), model.forward(x)));
 }
 
 TEST_CASE("A hash-table Embedding trains its rows on the parameter servers as a dense embedding would") {

@@ -76,8 +76,7 @@ Result<Element> grow_step(ClosureContext& ctx, const Element& args) {
 
 // fit's models (fit_cluster_test.cc): the MLP as a binary classifier of
 // [x float32[n, 4], y float32[n, 1]] batches, with sgd (rate 0.5) under
-// "fit/", and with adam under "fitadam/" (whose rate cannot be scaled);
-// and the hybrid Tower.
+// "fit/", and with adam (0.01) under "fitadam/"; and the hybrid Tower.
 capstan::Status register_fit_models(capstan::FunctionRegistry& registry) {
   for (const bool adam : {false, true}) {
     auto model = std::make_shared<capstan::torch::testing::Mlp>();

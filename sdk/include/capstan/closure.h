@@ -42,6 +42,7 @@
 #include "capstan/collectives.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "capstan/training.h"
 
 namespace capstan CAPSTAN_API {
 
@@ -93,22 +94,30 @@ class ClosureContext {
   virtual Status assign(const std::string& variable, const Tensor& value) = 0;
   virtual Status assign_add(const std::string& variable, const Tensor& delta) = 0;
   // Applies the variable's optimizer with a dense gradient (its shape).
-  virtual Status apply_gradients(const std::string& variable, const Tensor& gradient) = 0;
+  // `options.learning_rate` travels with the update to the parameter servers,
+  // whose optimizer uses it instead of its own rate (Keras: setting
+  // optimizer.learning_rate before apply_gradients); a context that cannot
+  // carry it answers Unimplemented rather than apply the wrong rate.
+  // Overrides repeat the default `= {}`.
+  virtual Status apply_gradients(const std::string& variable, const Tensor& gradient,
+                                 const ApplyOptions& options = {}) = 0;
   // Dense gradients of several variables (gradients[i] for variables[i]),
   // sent in parallel after all are checked; each variable's update is atomic,
   // as with apply_gradients one by one, not the set.
   virtual Status apply_gradients_many(const std::vector<std::string>& variables,
-                                      const std::vector<Tensor>& gradients) {
+                                      const std::vector<Tensor>& gradients, const ApplyOptions& options = {}) {
     if (variables.size() != gradients.size()) {
       return Status::InvalidArgument("apply_gradients_many: " + std::to_string(variables.size()) +
                                      " variables but " + std::to_string(gradients.size()) + " gradients");
     }
-    for (size_t i = 0; i < variables.size(); ++i) CAPSTAN_RETURN_IF_ERROR(apply_gradients(variables[i], gradients[i]));
+    for (size_t i = 0; i < variables.size(); ++i) {
+      CAPSTAN_RETURN_IF_ERROR(apply_gradients(variables[i], gradients[i], options));
+    }
     return Status::Ok();
   }
   // Sparse gradient: rows for `ids` (IndexedSlices); duplicates are summed.
-  virtual Status apply_sparse_gradients(const std::string& variable, const Tensor& ids,
-                                        const Tensor& rows) = 0;
+  virtual Status apply_sparse_gradients(const std::string& variable, const Tensor& ids, const Tensor& rows,
+                                        const ApplyOptions& options = {}) = 0;
   // An embedding table's rows for `ids` (int64 or int32, any shape): a
   // tensor of ids.shape() + [dim] (EmbeddingTableSpec in capstan/training.h).
   // insert (training): missing keys that pass admission are inserted with

@@ -71,6 +71,10 @@ class MirroredVariables {
   // rank's mean loss. They are averaged over the ranks, then every replica
   // applies its variable's optimizer.
   Status apply_gradients(const std::vector<Tensor>& gradients);
+  // The same at options.learning_rate instead of the optimizers' own rates
+  // (every variable's; InvalidArgument naming it, before any collective,
+  // when not finite or < 0).
+  Status apply_gradients(const std::vector<Tensor>& gradients, const ApplyOptions& options);
   // The same update, for gradients the caller already averaged over the
   // ranks (e.g. all-reduced with MEAN in buckets while backward ran, as
   // capstan::torch::MirroredModule does): no collective here. Every rank
@@ -78,6 +82,7 @@ class MirroredVariables {
   // (verify_replicas() tells). InvalidArgument, naming the variable, for a
   // gradient of the wrong count, dtype or shape; nothing is applied then.
   Status apply_averaged_gradients(const std::vector<Tensor>& gradients);
+  Status apply_averaged_gradients(const std::vector<Tensor>& gradients, const ApplyOptions& options);
 
   // A digest of every value, slot and the step: equal on every rank when the
   // replicas are identical.

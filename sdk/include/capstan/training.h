@@ -130,6 +130,19 @@ struct Optimizer {
 // `optimizer`'s schedule at `iterations`, from its learning_rate.
 double learning_rate_at(const Optimizer& optimizer, int64_t iterations);
 
+// How one optimizer update is applied (ClosureContext::apply_gradients,
+// MirroredVariables::apply_averaged_gradients).
+struct ApplyOptions {
+  // The rate of this update instead of the optimizer's own learning_rate
+  // and schedule: Keras' optimizer.learning_rate, set before
+  // apply_gradients (tf.keras.callbacks.LearningRateScheduler does). Used
+  // as the schedule's value would be: Adam's bias correction and FTRL's
+  // beta term take it; FTRL, which divides by the rate, leaves the
+  // variable and its slots alone at 0. Finite and >= 0 (InvalidArgument
+  // naming it otherwise, nothing applied). nullopt: the optimizer's own.
+  std::optional<double> learning_rate{};
+};
+
 // Keras' identifiers: "none", "sgd", "momentum", "adagrad", "adam", "ftrl".
 std::string optimizer_name(Optimizer::Kind kind);
 // Inverse of optimizer_name(); nullopt for an unknown name.

@@ -2,6 +2,7 @@
 
 #include <cstring>
 #include <map>
+#include <optional>
 #include <span>
 
 #include "training/mirrored_access.h"
@@ -36,12 +37,13 @@ Result<Tensor> filled(DType dtype, const Shape& shape, double value) {
 }
 
 template <typename T>
-void apply(const Optimizer& optimizer, int64_t step, Tensor& value, std::vector<Tensor>& slots, const Tensor& gradient) {
+void apply(const Optimizer& optimizer, int64_t step, Tensor& value, std::vector<Tensor>& slots, const Tensor& gradient,
+           std::optional<double> learning_rate) {
   std::vector<std::span<T>> slot_spans;
   for (Tensor& s : slots) slot_spans.push_back(s.mutable_flat<T>());
   training::apply_dense_update<T>(optimizer, step, value.mutable_flat<T>(),
                                   std::span<const std::span<T>>(slot_spans.data(), slot_spans.size()),
-                                  gradient.flat<T>());
+                                  gradient.flat<T>(), learning_rate);
 }
 
 }  // namespace
@@ -105,16 +107,17 @@ struct MirroredVariables::Impl {
 
   // The next step: every variable's optimizer applies its gradient (the
   // ranks' mean, checked) to the value, in place: a view of the value's
-  // buffer (value() shares it) sees the new value.
-  void apply_mean(const std::vector<Tensor>& mean) {
+  // buffer (value() shares it) sees the new value. `learning_rate`: the
+  // override every optimizer uses instead of its own rate (checked).
+  void apply_mean(const std::vector<Tensor>& mean, std::optional<double> learning_rate) {
     const int64_t next = ++step;
     for (size_t i = 0; i < variables.size(); ++i) {
       auto& v = variables[i];
       if (v.optimizer.kind == Optimizer::Kind::kNone) continue;
       if (v.value.dtype() == DType::kFloat32) {
-        apply<float>(v.optimizer, next, v.value, v.slots, mean[i]);
+        apply<float>(v.optimizer, next, v.value, v.slots, mean[i], learning_rate);
       } else {
-        apply<double>(v.optimizer, next, v.value, v.slots, mean[i]);
+        apply<double>(v.optimizer, next, v.value, v.slots, mean[i], learning_rate);
       }
     }
   }
@@ -233,15 +236,32 @@ Result<Tensor> MirroredVariables::value(const std::string& name) const {
 int64_t MirroredVariables::step() const { return impl_->step; }
 
 Status MirroredVariables::apply_gradients(const std::vector<Tensor>& gradients) {
+  return apply_gradients(gradients, ApplyOptions{});
+}
+
+Status MirroredVariables::apply_gradients(const std::vector<Tensor>& gradients, const ApplyOptions& options) {
   CAPSTAN_RETURN_IF_ERROR(impl_->check_gradients(gradients, "apply_gradients"));
+  if (options.learning_rate) {
+    CAPSTAN_RETURN_IF_ERROR(
+        training::validate_learning_rate_override(*options.learning_rate).with_context("apply_gradients"));
+  }
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> mean, impl_->group->all_reduce(gradients, ReduceOp::kMean));
-  impl_->apply_mean(mean);
+  impl_->apply_mean(mean, options.learning_rate);
   return Status::Ok();
 }
 
 Status MirroredVariables::apply_averaged_gradients(const std::vector<Tensor>& gradients) {
+  return apply_averaged_gradients(gradients, ApplyOptions{});
+}
+
+Status MirroredVariables::apply_averaged_gradients(const std::vector<Tensor>& gradients,
+                                                   const ApplyOptions& options) {
   CAPSTAN_RETURN_IF_ERROR(impl_->check_gradients(gradients, "apply_averaged_gradients"));
-  impl_->apply_mean(gradients);
+  if (options.learning_rate) {
+    CAPSTAN_RETURN_IF_ERROR(
+        training::validate_learning_rate_override(*options.learning_rate).with_context("apply_averaged_gradients"));
+  }
+  impl_->apply_mean(gradients, options.learning_rate);
   return Status::Ok();
 }
 

@@ -132,11 +132,13 @@ class FitStrategy {
  public:
   virtual ~FitStrategy() = default;
   // Runs `steps` training steps of `model` (register_model's name), each on
-  // its worker's next batch of `dataset`, with the learning rate scaled by
-  // `learning_rate_scale`; returns once all have finished, their metrics
-  // summed. The first step's error fails the call.
+  // its worker's next batch of `dataset`; `learning_rate`, when set, is the
+  // rate every step's updates apply instead of the optimizers' own
+  // (ApplyOptions::learning_rate: it travels with the updates to where the
+  // optimizers run). Returns once all have finished, their metrics summed.
+  // The first step's error fails the call.
   virtual Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
-                                    double learning_rate_scale) = 0;
+                                    std::optional<double> learning_rate) = 0;
   // `steps` evaluation steps (no update).
   virtual Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset,
                                        int64_t steps) = 0;
@@ -154,7 +156,7 @@ class ParameterServerFitStrategy : public FitStrategy {
  public:
   explicit ParameterServerFitStrategy(ClusterCoordinator& cluster) : cluster_(cluster) {}
   Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
-                            double learning_rate_scale) override;
+                            std::optional<double> learning_rate) override;
   Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
   Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
   Result<int64_t> restore_checkpoint(const std::string& path) override;
@@ -172,9 +174,10 @@ class ParameterServerFitStrategy : public FitStrategy {
 // a MirroredModule attached to the worker's replicas (ctx.mirrored()), so
 // the strategy must be created with the module's dense parameters as its
 // variables: ModelSpec::ps.prefix + each parameter's name, its shape and
-// dtype, and the optimizers ModelSpec::ps names (which decide whether a
-// learning-rate scale is allowed). A step's metrics are the sum of its
-// replicas'. A step that fails (a worker lost: Unavailable) fails the call;
+// dtype, and the optimizers ModelSpec::ps names (float buffers, BatchNorm's
+// running statistics, may be added as variables of their named_buffers()
+// names with Optimizer::none(): they are then checkpointed; see
+// MirroredModule). A step's metrics are the sum of its replicas'. A step that fails (a worker lost: Unavailable) fails the call;
 // the variables stay at the last step every replica finished. `strategy`
 // must outlive this object.
 //
@@ -194,7 +197,7 @@ class MirroredFitStrategy : public FitStrategy {
  public:
   explicit MirroredFitStrategy(MirroredStrategy& strategy) : strategy_(strategy) {}
   Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
-                            double learning_rate_scale) override;
+                            std::optional<double> learning_rate) override;
   Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
   // MirroredStrategy::save_checkpoint / restore_checkpoint (the cluster's
   // checkpoint, the mirrored variables included).
@@ -279,7 +282,7 @@ class MultiWorkerMirroredFitStrategy : public FitStrategy {
   int num_replicas_in_sync() const;
 
   Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
-                            double learning_rate_scale) override;
+                            std::optional<double> learning_rate) override;
   Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
   Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
   Result<int64_t> restore_checkpoint(const std::string& path) override;
@@ -308,8 +311,10 @@ struct FitState {
   // on_train_begin when it restored a backup.
   int initial_epoch = 0;
   // The learning rate the next epoch's steps use (LearningRateScheduler
-  // sets it in on_epoch_begin); steps scale the optimizers' rate by
-  // learning_rate / FitOptions::learning_rate.
+  // sets it in on_epoch_begin). In an epoch where it equals
+  // FitOptions::learning_rate the optimizers apply their own rates (and
+  // schedules); in one where it differs, every step's updates carry it and
+  // the optimizers apply it instead (FitStrategy::train's learning_rate).
   double learning_rate = 0;
   // Set by a callback (EarlyStopping): fit ends after this epoch.
   bool stop_training = false;
@@ -412,11 +417,14 @@ class EarlyStopping : public Callback {
 };
 
 // tf.keras.callbacks.LearningRateScheduler: schedule(epoch, current rate)
-// -> the epoch's rate (> = 0, finite). The parameter servers' optimizers
-// keep their rate; steps scale their gradients by rate / the initial rate,
-// which is exact for sgd and momentum (their update is linear in rate *
-// gradient): a step of a model with another optimizer fails with
-// FailedPrecondition when the scale is not 1.
+// -> the epoch's rate (>= 0, finite). As Keras sets optimizer.learning_rate,
+// the rate is exact for every optimizer (sgd, momentum, adagrad, adam,
+// ftrl): each step's updates carry it to where the optimizers run (the
+// parameter servers, or each replica of a MirroredFitStrategy), which
+// apply it instead of their own rate and schedule (Adam's bias correction
+// and FTRL's beta term included; FTRL skips an update at rate 0). An epoch
+// whose rate equals FitOptions::learning_rate carries none: the
+// optimizers' own rates and schedules apply.
 class LearningRateScheduler : public Callback {
  public:
   explicit LearningRateScheduler(std::function<double(int epoch, double learning_rate)> schedule);
@@ -455,8 +463,8 @@ struct FitOptions {
   std::optional<PerWorkerDataset> validation{};
   int64_t validation_steps = 0;
   // The optimizers' rate as created (PsOptions::optimizer); what
-  // LearningRateScheduler starts from and scales against. 0: unknown, the
-  // scale stays 1 and a scheduler is refused.
+  // LearningRateScheduler starts from. 0: unknown, and a scheduler is
+  // refused (its schedule would start from 0).
   double learning_rate = 0;
   // Called in order; not owned (they must outlive the call).
   std::vector<Callback*> callbacks{};

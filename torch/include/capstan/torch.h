@@ -206,12 +206,17 @@ class PsModule {
   // unbinds the embeddings. A parameter without a gradient is not pushed.
   // Every gradient is converted before any is pushed: one the parameter
   // servers cannot take (another sparse layout, a torch error) is
-  // InvalidArgument naming its parameter, and nothing is pushed.
-  Status push(ClosureContext& ctx);
+  // InvalidArgument naming its parameter, and nothing is pushed. `options`
+  // go with every update: options.learning_rate is the rate the parameter
+  // servers' optimizers apply to them instead of their own (fit's
+  // LearningRateScheduler), for every optimizer.
+  Status push(ClosureContext& ctx, const ApplyOptions& options = {});
   // One training step: pull, `loss` (the user's forward and loss, a scalar),
-  // backward, push. The loss's value (detached). A torch error thrown by
-  // `loss` becomes InvalidArgument with its message; nothing is pushed then.
-  Result<::torch::Tensor> train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss);
+  // backward, push(ctx, options). The loss's value (detached). A torch
+  // error thrown by `loss` becomes InvalidArgument with its message;
+  // nothing is pushed then.
+  Result<::torch::Tensor> train_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& loss,
+                                     const ApplyOptions& options = {});
   // pull(ctx, false), then `fn` without gradients; nothing is pushed.
   Result<::torch::Tensor> eval_step(ClosureContext& ctx, const std::function<::torch::Tensor()>& fn);
   // Ends a step without pushing (a step that failed between pull and
@@ -242,9 +247,13 @@ struct LoadedCheckpoint {
   int64_t step = 0;
   std::vector<std::string> loaded;   // parameter names, in ps_parameters order
   std::vector<std::string> missing;  // parameters the checkpoint lacks (kept as they were)
-  // Variables under the prefix that no parameter names (PyTorch's
+  // Variables under the prefix that no parameter or buffer names (PyTorch's
   // unexpected_keys); not an error: a checkpoint holds the whole job.
   std::vector<std::string> unexpected;
+  // Buffers (named_buffers() names) loaded, and those the checkpoint lacks
+  // (kept as they were), in named_buffers() order.
+  std::vector<std::string> buffers;
+  std::vector<std::string> missing_buffers;
 };
 
 // Loads a Capstan checkpoint into a plain module for serving or evaluation:
@@ -264,8 +273,15 @@ struct LoadedCheckpoint {
 // InvalidArgument for a dtype or shape that differs from the parameter's,
 // FailedPrecondition for a dynamic embedding table (not loadable into a
 // module yet: allow_missing it), DataLoss naming the file for a damaged
-// checkpoint. Buffers (BatchNorm's running statistics) are not variables
-// and are not loaded.
+// checkpoint.
+//
+// Buffers (named_buffers(): BatchNorm's running statistics) load from the
+// variables of their names (prefix + name), which a MirroredModule's
+// checkpoint holds (see capstan/torch/mirrored_module.h), checked like the
+// parameters (InvalidArgument for another dtype or shape). A buffer the
+// checkpoint lacks keeps its value whatever `strict` says (a module trained
+// on the parameter servers checkpoints no buffers): missing_buffers lists
+// it.
 Result<LoadedCheckpoint> load_checkpoint(::torch::nn::Module& module, const std::string& path,
                                          const LoadCheckpointOptions& options = {});
 
@@ -288,15 +304,17 @@ struct ModelSpec {
   // Outputs -> probabilities (default: the sigmoid of logits).
   std::function<::torch::Tensor(const ::torch::Tensor& outputs)> probabilities{};
   // The variables' prefix and optimizers, as create_variables was given
-  // them: a learning-rate scale other than 1 needs sgd or momentum.
+  // them.
   PsOptions ps{};
   int auc_thresholds = 200;  // Keras' AUC num_thresholds (>= 3)
 };
 
 // Registers the closures fit schedules (ParameterServerFitStrategy):
-//   "<name>/train_step" (dataset arg, learning-rate scale float64): one
-//       step on the worker's next batch: pull, forward, loss, backward
-//       (the loss scaled by the rate's scale), push;
+//   "<name>/train_step" (dataset arg, learning rate float64: [] a rate,
+//       [0] none): one step on the worker's next batch: pull, forward,
+//       loss, backward, push; a rate goes with every update
+//       (ApplyOptions::learning_rate: the optimizers apply it instead of
+//       their own rate and schedule, whatever their kind);
 //   "<name>/eval_step" (dataset arg): the same without gradients or push.
 // Both return the batch's metric state ("loss_sum", "examples", "correct",
 // "confusion": see MetricState in capstan/fit.h). Steps of one model on a

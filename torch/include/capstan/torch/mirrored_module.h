@@ -57,8 +57,25 @@
 //   auto loss = ddp->train_step(*ctx.group(), [&] { return ...; }).value();
 //
 // Parameters that do not require grad are mirrored (rank 0's values at
-// create) and never updated. Buffers (BatchNorm's running statistics) are
-// not mirrored. Every rank must call train_step the same number of times.
+// create) and never updated. Every rank must call train_step the same
+// number of times.
+//
+// Buffers (named_buffers(): BatchNorm's running_mean, running_var,
+// num_batches_tracked) change in each rank's forward, from its own batch.
+// As PyTorch's DDP with broadcast_buffers=True, rank 0's buffers are
+// broadcast to every rank in each step (here at its end, after the update:
+// every rank then ends the step, and starts the next forward, with rank
+// 0's statistics, which is also what checkpoints and verify_replicas see).
+// Broadcast rather than averaged: it is what DDP does, exact for every
+// dtype (num_batches_tracked is int64), and a mean of the ranks' running
+// variances is not the variance of the global batch either (use a
+// synchronized batch norm for that). A float32/float64 buffer is also
+// mirrored: create() makes it a mirrored variable (prefix + its
+// named_buffers() name, Optimizer::none()) that the buffer views, as a
+// parameter views its replica, so save_checkpoint/restore_checkpoint and
+// load_checkpoint (capstan/torch.h) carry the running statistics. attach()
+// binds a buffer to a replica of its name when the replicas have one
+// (created with Optimizer::none()); other buffers are only broadcast.
 //
 // Thread-safety: one thread at a time (a training loop), like the module.
 #ifndef CAPSTAN_TORCH_MIRRORED_MODULE_H_
@@ -96,6 +113,9 @@ struct MirroredOptions {
   // a bucket holding an unused parameter (and every bucket after it) waits
   // until backward returns.
   bool find_unused_parameters = true;
+  // Broadcast rank 0's buffers at the end of every step (DDP's
+  // broadcast_buffers; see "Buffers" above). Every rank must pass the same.
+  bool broadcast_buffers = true;
 };
 
 // What the steps did, for tests and logs.
@@ -156,12 +176,19 @@ class MirroredModule {
   // their step's all-reduce until CollectiveOptions::timeout (Unavailable),
   // unless the program calls group.abort(). A failure once buckets were
   // launched (backward threw, a collective failed) aborts the group.
-  Result<::torch::Tensor> train_step(const std::function<::torch::Tensor()>& loss);
+  //
+  // options.learning_rate: the rate every replica's optimizer applies in
+  // this step instead of its own rate and schedule (fit's
+  // LearningRateScheduler; MirroredVariables::apply_averaged_gradients).
+  // Not finite or < 0: InvalidArgument naming it, before any collective.
+  Result<::torch::Tensor> train_step(const std::function<::torch::Tensor()>& loss,
+                                     const ApplyOptions& options = {});
   // The same step on `group`, which becomes this module's group from now
   // on (a strategy's step: ctx.group(), re-formed after a worker loss, with
   // the replicas already moved to it). FailedPrecondition from the plain
   // train_step(loss) of an attached module that was never given a group.
-  Result<::torch::Tensor> train_step(Communicator& group, const std::function<::torch::Tensor()>& loss);
+  Result<::torch::Tensor> train_step(Communicator& group, const std::function<::torch::Tensor()>& loss,
+                                     const ApplyOptions& options = {});
 
   // A parameter's replica (name without the prefix): the buffer the
   // module's parameter views. NotFound for an unknown name.
