@@ -3,7 +3,9 @@
 // test MLP (4 -> 8 -> 1) as a binary classifier trained with sgd (0.5), and
 // "fit_hybrid" the Tower (an embedding on the parameter servers, a mirrored
 // head). The multi-client strategy's tests, whose programs hold the module
-// themselves, are in fit_multi_client_test.cc.
+// themselves, are in fit_multi_client_test.cc. One case reads its training
+// batches through the tf.data service (a data-dispatcher and two data
+// workers beside the cluster).
 //
 // This file includes no LibTorch (capstan/fit.h needs none, as a training
 // program's need not): the variables are created with the shapes of
@@ -21,13 +23,17 @@
 
 #include "capstan/checkpoint.h"
 #include "capstan/data/dataset.h"
+#include "capstan/data/service.h"
 #include "capstan/strategy.h"
 #include "tests/integration/training_cluster.h"
 
 namespace capstan::torch {
 namespace {
 
+using capstan::testing::Daemon;
+using capstan::testing::TestCluster;
 using capstan::testing::Training;
+using capstan::testing::wait_until;
 
 constexpr double kLearningRate = 0.5;  // the rate torch_test_module gives fit_mlp's optimizer
 
@@ -239,6 +245,202 @@ TEST_CASE("BackupAndRestore: fit interrupted in its second epoch resumes at the 
   REQUIRE(begins.values.count(2) == 1);
   CHECK(begins.values.at(2) == backed_up);
   CHECK_FALSE(std::filesystem::exists(backup_dir));  // a finished fit drops its backup
+}
+
+// The tf.data service beside the training cluster: a data-dispatcher and two
+// data workers that have registered with it.
+struct DataService {
+  explicit DataService(TestCluster& cluster) {
+    dispatcher = &cluster.start("data-dispatcher");
+    for (int i = 0; i < 2; ++i) {
+      workers.push_back(&cluster.start("data-worker", {"--dispatcher", dispatcher->address(), "--task-index",
+                                                       std::to_string(i)}));
+    }
+    REQUIRE(wait_until([this]() {
+      std::string log = dispatcher->log();
+      for (Daemon* w : workers) {
+        if (log.find("data worker " + w->address() + " registered") == std::string::npos) return false;
+      }
+      return true;
+    }, std::chrono::seconds(15)));
+  }
+  Daemon* dispatcher = nullptr;
+  std::vector<Daemon*> workers;
+};
+
+TEST_CASE("fit trains the classifier on a per-worker dataset that each worker reads from the tf.data service") {
+  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  DataService service(t.cluster);
+  create_mlp_variables(*t.client);
+  // The pipeline runs on the data workers; each training worker's iterator
+  // reads its batches from them (the definition the worker-servers get is
+  // from_dataset_id's).
+  const data::Dataset pipeline = examples(4096, 1).shuffle(1024, 2).repeat().batch(64, true);
+  const std::string id = data::service::register_dataset(service.dispatcher->address(), pipeline).value();
+  data::service::ReadOptions read;
+  std::string mode;
+  // (Not kDynamic: from_tensor_slices has no split provider here, only
+  // range and file sources do.)
+  SECTION("a shared job, each data worker its shard of the elements (kData)") {
+    read.processing_mode = data::service::ProcessingMode::kData;
+    read.job_name = "fit-train-data";
+    mode = "DATA";
+  }
+  SECTION("parallel epochs: a shared job, each data worker running the whole pipeline (kOff)") {
+    read.processing_mode = data::service::ProcessingMode::kOff;
+    read.job_name = "fit-train-off";
+    mode = "OFF";
+  }
+  PerWorkerDataset train = t.client
+                               ->create_per_worker_dataset(
+                                   data::service::from_dataset_id(service.dispatcher->address(), id, read))
+                               .value();
+  PerWorkerDataset validation =
+      t.client->create_per_worker_dataset(examples(1024, 3).repeat().batch(128, true)).value();
+  ParameterServerFitStrategy strategy(*t.client);
+  History history = fit(strategy, "fit_mlp",
+                        {.epochs = 5,
+                         .steps_per_epoch = 40,
+                         .train = train,
+                         .validation = validation,
+                         .validation_steps = 8,
+                         .learning_rate = kLearningRate})
+                        .value();
+  CHECK(history.epoch == std::vector<int>{0, 1, 2, 3, 4});
+  const auto& h = history.history;
+  for (const char* key : {"loss", "accuracy", "auc", "val_loss", "val_accuracy", "val_auc"}) {
+    INFO(key);
+    REQUIRE(h.count(key) == 1);
+    CHECK(h.at(key).size() == 5);
+  }
+  // The bar of "fit trains a LibTorch classifier ...".
+  CHECK(h.at("loss").back() < h.at("loss").front());
+  CHECK(h.at("val_loss").back() < h.at("val_loss").front());
+  CHECK(h.at("val_accuracy").back() > 0.9);
+  CHECK(h.at("val_auc").back() > 0.95);
+  // The batches came through the service: the dispatcher made the job, and
+  // the data workers served its tasks.
+  const std::string dispatcher_log = service.dispatcher->log();
+  INFO(dispatcher_log);
+  CHECK(dispatcher_log.find("created job") != std::string::npos);
+  CHECK(dispatcher_log.find("mode " + mode) != std::string::npos);
+  int serving = 0;
+  for (Daemon* w : service.workers) serving += w->log().find(": serving") != std::string::npos ? 1 : 0;
+  CHECK(serving == 2);
+}
+
+// Makes an epoch worse than the ones before, deterministically: when epoch
+// `at` begins it negates the output layer (every prediction flips), and the
+// LearningRateScheduler beside it runs that epoch and the later ones at
+// rate 0, so no step repairs it.
+struct Sabotage : Callback {
+  ClusterCoordinator* cluster;
+  int at;
+  Sabotage(ClusterCoordinator* cluster, int at) : cluster(cluster), at(at) {}
+  Status on_epoch_begin(int epoch, FitState&) override {
+    if (epoch != at) return Status::Ok();
+    for (const char* name : {"fit/second.weight", "fit/second.bias"}) {
+      std::vector<float> value = read(*cluster, name);
+      for (float& v : value) v = -v;
+      const int64_t n = static_cast<int64_t>(value.size());
+      CAPSTAN_RETURN_IF_ERROR(cluster->assign_variable(
+          name, Tensor::from_vector(value, std::string(name) == "fit/second.bias" ? Shape{1} : Shape{1, n}).value()));
+    }
+    return Status::Ok();
+  }
+};
+
+// Every variable of the MLP, by name.
+std::map<std::string, std::vector<float>> read_all(ClusterCoordinator& cluster) {
+  std::map<std::string, std::vector<float>> values;
+  for (const MirroredVariableSpec& p : mlp_parameters()) values[p.name] = read(cluster, p.name);
+  return values;
+}
+
+// The variables at every epoch's end.
+struct AllSnapshots : Callback {
+  ClusterCoordinator* cluster;
+  std::vector<std::map<std::string, std::vector<float>>> values;
+  explicit AllSnapshots(ClusterCoordinator* cluster) : cluster(cluster) {}
+  Status on_epoch_end(int, const Logs&, FitState&) override {
+    values.push_back(read_all(*cluster));
+    return Status::Ok();
+  }
+};
+
+TEST_CASE("ModelCheckpoint save_best_only and EarlyStopping restore_best_weights on a real cluster") {
+  // One worker: the validation pass (8 x 128 = the 1024 examples once) and
+  // its loss are the same whenever the variables are.
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  create_mlp_variables(*t.client);
+  PerWorkerDataset train =
+      t.client->create_per_worker_dataset(examples(4096, 1).shuffle(1024, 2).repeat().batch(64, true)).value();
+  PerWorkerDataset validation =
+      t.client->create_per_worker_dataset(examples(1024, 3).repeat().batch(128, true)).value();
+  ParameterServerFitStrategy strategy(*t.client);
+  const std::string checkpoints = temp_dir("best");
+  const std::string best_weights = temp_dir("early");
+  // Epochs 0 and 1 train (val_loss improves); epoch 2 begins with the output
+  // layer negated and 2.. train at rate 0: val_loss is far worse from then on.
+  LearningRateScheduler schedule([](int epoch, double) { return epoch >= 2 ? 0.0 : kLearningRate; });
+  Sabotage sabotage(t.client.get(), 2);
+  ModelCheckpoint checkpoint({.directory = checkpoints, .monitor = "val_loss", .save_best_only = true});
+  EarlyStopping stop({.monitor = "val_loss", .patience = 2, .restore_best_weights_dir = best_weights});
+  AllSnapshots snapshots(t.client.get());
+  History history = fit(strategy, "fit_mlp",
+                        {.epochs = 6,
+                         .steps_per_epoch = 20,
+                         .train = train,
+                         .validation = validation,
+                         .validation_steps = 8,
+                         .learning_rate = kLearningRate,
+                         .callbacks = {&schedule, &sabotage, &snapshots, &checkpoint, &stop}})
+                        .value();
+  const std::vector<double>& val_loss = history.history.at("val_loss");
+  INFO("val_loss " << ::Catch::Detail::stringify(val_loss));
+  REQUIRE(val_loss.size() >= 3);
+  REQUIRE(val_loss[1] < val_loss[0]);
+  REQUIRE(val_loss[2] > val_loss[1]);
+
+  // EarlyStopping: epochs 2 and 3 without improvement (patience 2), so fit
+  // stops after epoch 3, and the variables are epoch 1's again.
+  CHECK(history.epoch == std::vector<int>{0, 1, 2, 3});
+  CHECK(stop.best_epoch() == 1);
+  CHECK(stop.stopped_epoch() == 3);
+  REQUIRE(snapshots.values.size() == 4);
+  CHECK(snapshots.values[3] != snapshots.values[1]);
+  CHECK(read_all(*t.client) == snapshots.values[1]);
+  CHECK(std::filesystem::exists(std::filesystem::path(best_weights) / "ckpt-2"));
+  // evaluate on the restored variables: the best epoch's val_loss.
+  MetricState restored = strategy.evaluate("fit_mlp", validation, 8).value();
+  CHECK(restored.logs("val_").at("val_loss") == Approx(val_loss[1]).epsilon(1e-5));
+
+  // ModelCheckpoint: only the improving epochs, 0 and 1, were saved
+  // (ckpt-<epoch + 1>), as checkpoint directories on disk.
+  REQUIRE(checkpoint.saved().size() == 2);
+  CHECK(checkpoint.saved()[0].find("ckpt-1") != std::string::npos);
+  CHECK(checkpoint.saved()[1].find("ckpt-2") != std::string::npos);
+  std::vector<std::string> on_disk;
+  for (const auto& entry : std::filesystem::directory_iterator(checkpoints)) {
+    if (entry.path().filename().string().rfind("ckpt-", 0) == 0) on_disk.push_back(entry.path().filename().string());
+  }
+  std::sort(on_disk.begin(), on_disk.end());
+  CHECK(on_disk == std::vector<std::string>{"ckpt-1", "ckpt-2"});
+  // Restoring each gives its epoch's variables and val_loss back.
+  for (int epoch : {0, 1}) {
+    INFO("epoch " << epoch);
+    // Move away from it first (the sabotaged variables of epoch 3).
+    for (const auto& [name, value] : snapshots.values[3]) {
+      const Tensor current = t.client->read_variable(name).value();
+      REQUIRE(t.client->assign_variable(name, Tensor::from_vector(value, current.shape()).value()).ok());
+    }
+    CHECK(strategy.restore_checkpoint(checkpoint.saved()[static_cast<size_t>(epoch)]).value() == epoch + 1);
+    CHECK(read_all(*t.client) == snapshots.values[static_cast<size_t>(epoch)]);
+    MetricState evaluated = strategy.evaluate("fit_mlp", validation, 8).value();
+    CHECK(evaluated.logs("val_").at("val_loss") == Approx(val_loss[static_cast<size_t>(epoch)]).epsilon(1e-5));
+  }
+  std::filesystem::remove_all(checkpoints);
+  std::filesystem::remove_all(best_weights);
 }
 
 TEST_CASE("MirroredFitStrategy trains the classifier synchronously on two worker-servers as replicas") {
