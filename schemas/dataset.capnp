@@ -196,5 +196,8 @@ struct Op {
     enumerate :group {
       start @70 :Int64;
     }
+    # Each input element split along the first dimension of its components
+    # (all the same size) into that many elements (tf.data's unbatch).
+    unbatch @71 :Void;
   }
 }

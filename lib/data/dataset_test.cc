@@ -436,6 +436,109 @@ TEST_CASE("enumerate resumes its count from a saved iterator", "[data][enumerate
   CHECK(rest_restored == rest_first);
 }
 
+// ---- unbatch ---------------------------------------------------------------------
+
+// An element of an int64 [rows, 2] matrix and a string vector of `rows`.
+Element pair_batch(int64_t first, int64_t rows) {
+  std::vector<int64_t> m;
+  std::vector<std::string> s;
+  for (int64_t r = 0; r < rows; ++r) {
+    m.push_back(first + r);
+    m.push_back(10 * (first + r));
+    s.push_back("s" + std::to_string(first + r));
+  }
+  Element e;
+  e.components.push_back(*Tensor::from_vector<int64_t>(m, {rows, 2}));
+  e.components.push_back(*Tensor::from_strings(s, {rows}));
+  e.names = {"m", "s"};
+  return e;
+}
+
+TEST_CASE("unbatch splits every component along its first dimension", "[data][unbatch]") {
+  auto elements = drain(Dataset::from_tensors(pair_batch(4, 3)).unbatch());
+  REQUIRE(elements.size() == 3);
+  for (int64_t r = 0; r < 3; ++r) {
+    const Element& e = elements[static_cast<size_t>(r)];
+    REQUIRE(e.components.size() == 2);
+    CHECK(e.names == std::vector<std::string>{"m", "s"});
+    CHECK(e.components[0].shape() == Shape{2});
+    CHECK(testing::values<int64_t>(e.components[0]) == std::vector<int64_t>{4 + r, 10 * (4 + r)});
+    CHECK(e.components[1].rank() == 0);
+    CHECK(e.components[1].string_at(0) == "s" + std::to_string(4 + r));
+  }
+  // Input elements of different batch sizes, an empty one among them.
+  CHECK(drain_ints(Dataset::range(7).batch(3).unbatch()) == std::vector<int64_t>{0, 1, 2, 3, 4, 5, 6});
+  CHECK(drain_ints(Dataset::from_tensors(ints_element({}, {0})).concatenate(Dataset::range(2).batch(2)).unbatch()) ==
+        std::vector<int64_t>{0, 1});
+  CHECK(Dataset::range(3).batch(2).unbatch().debug_string() == "range(0, 3, 1).batch(2).unbatch()");
+}
+
+TEST_CASE("batch then unbatch gives back the input, and unbatch then batch the batches", "[data][unbatch]") {
+  for (int64_t k : {1, 2, 3, 5, 17}) {
+    INFO("batch size " << k);
+    CHECK(drain_ints(Dataset::range(17).batch(k).unbatch()) == drain_ints(Dataset::range(17)));
+    CHECK(rows(Dataset::range(17).batch(k).unbatch().batch(k)) == rows(Dataset::range(17).batch(k)));
+  }
+  // With drop_remainder only the whole batches come back.
+  CHECK(drain_ints(Dataset::range(7).batch(3, true).unbatch()) == std::vector<int64_t>{0, 1, 2, 3, 4, 5});
+}
+
+TEST_CASE("unbatch refuses scalars and components of different first dimensions", "[data][unbatch]") {
+  Element mismatched = pair_batch(0, 3);
+  mismatched.components[1] = *Tensor::from_strings({"a", "b"}, {2});
+  auto it = Dataset::from_tensors(mismatched).unbatch().make_iterator();
+  REQUIRE(it.ok());
+  auto next = (*it)->get_next();
+  REQUIRE_FALSE(next.ok());
+  CHECK(next.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(next.status().message(), Catch::Contains("Component 0 had size 3 but component 1 had size 2"));
+
+  auto scalars = Dataset::range(3).unbatch().make_iterator();
+  REQUIRE(scalars.ok());
+  auto first = (*scalars)->get_next();
+  REQUIRE_FALSE(first.ok());
+  CHECK(first.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(first.status().message(), Catch::Contains("non-scalar") && Catch::Contains("component 0"));
+  // The bad element is dropped with its error; the next one is read.
+  auto second = (*scalars)->get_next();
+  CHECK_FALSE(second.ok());
+}
+
+TEST_CASE("unbatch cardinality is known only under a drop_remainder batch", "[data][unbatch]") {
+  CHECK(Dataset::range(10).batch(3, true).unbatch().cardinality() == 9);
+  CHECK(Dataset::range(10).batch(3).unbatch().cardinality() == kUnknownCardinality);
+  CHECK(Dataset::range(10).batch(3, true).repeat().unbatch().cardinality() == kUnknownCardinality);
+  CHECK(Dataset::range(10).repeat().batch(3, true).unbatch().cardinality() == kInfiniteCardinality);
+  CHECK(Dataset::from_tensors(pair_batch(0, 3)).unbatch().cardinality() == kUnknownCardinality);
+}
+
+TEST_CASE("unbatch resumes in the middle of an input element", "[data][unbatch]") {
+  Dataset ds = Dataset::from_tensors(pair_batch(0, 4)).concatenate(Dataset::from_tensors(pair_batch(100, 3))).unbatch();
+  auto strings = [](const std::vector<Element>& elements) {
+    std::vector<std::string> out;
+    for (const Element& e : elements) out.emplace_back(e.components.at(1).string_at(0));
+    return out;
+  };
+  auto whole = strings(drain(ds));
+  REQUIRE(whole.size() == 7);
+  for (size_t k : {0, 1, 2, 4, 5, 7}) {
+    INFO("saved after " << k);
+    auto saved = ds.make_iterator();
+    REQUIRE(saved.ok());
+    auto head = strings(testing::drain(**saved, k));
+    auto state = (*saved)->save();
+    REQUIRE(state.ok());
+    auto rest = strings(testing::drain(**saved));
+    auto restored = ds.make_iterator();
+    REQUIRE(restored.ok());
+    REQUIRE((*restored)->restore(*state).ok());
+    auto resumed = strings(testing::drain(**restored));
+    CHECK(resumed == rest);
+    head.insert(head.end(), resumed.begin(), resumed.end());
+    CHECK(head == whole);
+  }
+}
+
 TEST_CASE("zip pairs elements and stops at the shortest", "[data][zip]") {
   std::vector<std::pair<int64_t, int64_t>> pairs;
   for (const Element& e : drain(Dataset::zip({Dataset::range(3), Dataset::range(10, 15)}))) {

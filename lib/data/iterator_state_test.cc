@@ -162,6 +162,9 @@ TEST_CASE("Element-wise and structural ops resume", "[iterator_state]") {
   check_resumes(Dataset::range(1, 8).map(Fn::named("range_of_x")).padded_batch(3, {{-1}}), &f.registry, {1});
   // Partial input batches stay in rebatch's state.
   check_resumes(Dataset::range(23).batch(5).rebatch(3), nullptr, {1, 2, 5});
+  // Rows of the input element being split stay in unbatch's state.
+  check_resumes(Dataset::range(23).batch(5).unbatch(), nullptr, {1, 3, 5, 7, 22});
+  check_resumes(Dataset::range(23).batch(5).unbatch().batch(3), nullptr, {1, 2, 7});
   check_resumes(Dataset::range(30).shard(4, 1), nullptr, {0, 1, 5});
   check_resumes(Dataset::range(30).skip(7).take(12), nullptr, {1, 11});
   check_resumes(Dataset::zip({Dataset::range(10), Dataset::range(100, 108)}), nullptr, {4});

@@ -320,6 +320,7 @@ void init_data(py::module_& m) {
       .def("take", &data::Dataset::take, py::arg("count"))
       .def("skip", &data::Dataset::skip, py::arg("count"))
       .def("enumerate", &data::Dataset::enumerate, py::arg("start") = 0)
+      .def("unbatch", &data::Dataset::unbatch)
       .def("concatenate", &data::Dataset::concatenate, py::arg("dataset"))
       .def("cache", &data::Dataset::cache, py::arg("filename") = "")
       .def("snapshot", [](const data::Dataset& d, std::string path, const std::string& c) {

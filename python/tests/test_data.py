@@ -48,6 +48,18 @@ def test_enumerate_pairs_each_element_with_its_index_from_start():
         list(Dataset.range(2).enumerate(start=2**63 - 1))
 
 
+def test_unbatch_splits_batches_back_into_elements():
+    assert [int(x) for (x,) in Dataset.range(7).batch(3).unbatch()] == list(range(7))
+    xs = np.array([[1, 2], [3, 4], [5, 6]], dtype=np.int64)
+    ys = np.array([b"a", b"b", b"c"])
+    got = [(list(x), bytes(y.item())) for x, y in Dataset.from_tensors((xs, ys)).unbatch()]
+    assert got == [([1, 2], b"a"), ([3, 4], b"b"), ([5, 6], b"c")]
+    assert Dataset.range(10).batch(5, drop_remainder=True).unbatch().cardinality() == 10
+    assert "unbatch()" in repr(Dataset.range(3).batch(2).unbatch())
+    with pytest.raises(capstan.InvalidArgumentError, match="Component 0 had size 3 but component 1 had size 2"):
+        list(Dataset.from_tensors((xs, ys[:2])).unbatch())
+
+
 def test_inputs_and_failures_become_values_or_errors_never_a_crash():
     # Big-endian input is converted, not reinterpreted.
     assert [int(x) for (x,) in Dataset.from_tensor_slices(np.arange(3, dtype=">i4"))] == [0, 1, 2]

@@ -218,6 +218,10 @@ Dataset Dataset::enumerate(int64_t start) const {
   return derive_dataset(*this, [&](Op::Builder op) { op.initEnumerate().setStart(start); });
 }
 
+Dataset Dataset::unbatch() const {
+  return derive_dataset(*this, [](Op::Builder op) { op.setUnbatch(); });
+}
+
 Dataset Dataset::concatenate(const Dataset& other) const {
   return build_dataset(this, [&](Op::Builder op) {
     op.setConcatenate();

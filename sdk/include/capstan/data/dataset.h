@@ -195,6 +195,13 @@ class Dataset {
   // Each element with its index, counting from `start`, in front as component 0
   // (an int64 scalar; tf.data's (index, element) pairs, flattened).
   Dataset enumerate(int64_t start = 0) const;
+  // tf.data's unbatch: each input element split along the first dimension of
+  // its components into that many elements (component i of element j is row j
+  // of component i). Every component needs rank >= 1 and the same first
+  // dimension (InvalidArgument naming the sizes otherwise); an input element
+  // with first dimension 0 yields nothing. batch(k).unbatch() gives back the
+  // input.
+  Dataset unbatch() const;
   Dataset concatenate(const Dataset& other) const;
   // In memory when `filename` is empty, else in that file (reused by later
   // runs once complete).
