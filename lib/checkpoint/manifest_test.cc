@@ -72,6 +72,17 @@ void require_parse_error(const std::string& json, const std::string& field,
   CHECK(message_contains(m.status(), field));
 }
 
+// An edit of the sample manifest's JSON (`from` replaced by `to`) and the
+// field the parse error it makes names.
+struct Edit {
+  std::string from, to, field;
+};
+
+// Each of `edits`, made alone to `good`, fails the parse naming its field.
+void require_edit_errors(const std::string& good, const std::vector<Edit>& edits) {
+  for (const Edit& edit : edits) require_parse_error(replace(good, edit.from, edit.to), edit.field);
+}
+
 TEST_CASE("manifest: to_json and parse_manifest round-trip") {
   const Manifest m = sample_manifest();
   REQUIRE(validate_manifest(m).ok());
@@ -275,119 +286,105 @@ TEST_CASE("manifest parse: an unknown format version is InvalidArgument") {
 }
 
 TEST_CASE("manifest parse: missing fields are named") {
-  const std::string good = to_json(sample_manifest());
-  require_parse_error(replace(good, "\"step\": 1200,", ""), "step: missing");
-  require_parse_error(replace(good, "\"name\": \"w\",", ""), "variables[0].name: missing");
-  require_parse_error(replace(good, "\"dtype\": \"float32\",", ""), "variables[0].dtype: missing");
-  require_parse_error(replace(good, ", \"rows\": 3}", "}"), "variables[0].shards[0].rows: missing");
-  require_parse_error(replace(good, ", \"nesterov\": false", ""),
-                      "variables[0].optimizer.nesterov: missing");
-  require_parse_error(replace(good, "\"slots\": [\"accumulator\"],", ""),
-                      "variables[0].slots: missing");
-  require_parse_error(replace(good, ", \"crc32c\": 3735928559", ""), "files[0].crc32c: missing");
+  require_edit_errors(to_json(sample_manifest()),
+                      {
+                          {"\"step\": 1200,", "", "step: missing"},
+                          {"\"name\": \"w\",", "", "variables[0].name: missing"},
+                          {"\"dtype\": \"float32\",", "", "variables[0].dtype: missing"},
+                          {", \"rows\": 3}", "}", "variables[0].shards[0].rows: missing"},
+                          {", \"nesterov\": false", "", "variables[0].optimizer.nesterov: missing"},
+                          {"\"slots\": [\"accumulator\"],", "", "variables[0].slots: missing"},
+                          {", \"crc32c\": 3735928559", "", "files[0].crc32c: missing"},
+                      });
 }
 
 TEST_CASE("manifest parse: unknown and repeated fields") {
-  const std::string good = to_json(sample_manifest());
-  require_parse_error(replace(good, "\"step\": 1200,", "\"step\": 1200, \"extra\": 1,"),
-                      "extra: unknown field");
-  require_parse_error(replace(good, "\"step\": 1200,", "\"step\": 1200, \"step\": 1201,"),
-                      "step: appears twice");
-  require_parse_error(replace(good, "\"rows\": 3}", "\"rows\": 3, \"bytes\": 1}"),
-                      "variables[0].shards[0].bytes: unknown field");
-  require_parse_error(
-      replace(good, "\"learning_rate\": 0.1", "\"learning_rate\": 0.1, \"learning_rate\": 0.2"),
-      "variables[0].optimizer.hyperparameters.learning_rate: appears twice");
+  require_edit_errors(to_json(sample_manifest()),
+                      {
+                          {"\"step\": 1200,", "\"step\": 1200, \"extra\": 1,", "extra: unknown field"},
+                          {"\"step\": 1200,", "\"step\": 1200, \"step\": 1201,", "step: appears twice"},
+                          {"\"rows\": 3}", "\"rows\": 3, \"bytes\": 1}", "variables[0].shards[0].bytes: unknown field"},
+                          {"\"learning_rate\": 0.1", "\"learning_rate\": 0.1, \"learning_rate\": 0.2",
+                           "variables[0].optimizer.hyperparameters.learning_rate: appears twice"},
+                      });
 }
 
 TEST_CASE("manifest parse: mistyped fields are named") {
-  const std::string good = to_json(sample_manifest());
-  require_parse_error(replace(good, "\"step\": 1200", "\"step\": \"1200\""),
-                      "step: expected an integer");
-  require_parse_error(replace(good, "\"step\": 1200", "\"step\": 1200.5"),
-                      "step: expected an integer");
   require_parse_error("{\"format_version\": 1, \"step\": 1, \"variables\": {}, \"files\": []}",
                       "variables: expected a list");
-  require_parse_error(replace(good, "\"name\": \"w\"", "\"name\": 5"),
-                      "variables[0].name: expected a string");
-  require_parse_error(replace(good, "\"dtype\": \"float32\"", "\"dtype\": \"float33\""),
-                      "variables[0].dtype: unknown dtype 'float33'");
-  require_parse_error(replace(good, "\"shape\": [13, 4]", "\"shape\": 13"),
-                      "variables[0].shape: expected a list of integers");
-  require_parse_error(replace(good, "\"shape\": [13, 4]", "\"shape\": [13, true]"),
-                      "variables[0].shape[1]: expected an integer");
-  require_parse_error(replace(good, "\"shards\": [", "\"shards\": [7, "),
-                      "variables[0].shards[0]: expected an object");
-  require_parse_error(replace(good, "\"first_row\": 0", "\"first_row\": null"),
-                      "variables[0].shards[0].first_row: expected an integer");
-  require_parse_error(replace(good, "\"kind\": \"adagrad\"", "\"kind\": [\"adagrad\"]"),
-                      "variables[0].optimizer.kind: expected a string");
-  require_parse_error(replace(good, "\"learning_rate\": 0.1", "\"learning_rate\": \"fast\""),
-                      "variables[0].optimizer.hyperparameters.learning_rate: expected a number");
-  require_parse_error(replace(good,
-                              "\"hyperparameters\": {\"learning_rate\": 0.1, "
-                              "\"initial_accumulator_value\": 1e-07, \"epsilon\": 1e-07}",
-                              "\"hyperparameters\": 0.1"),
-                      "variables[0].optimizer.hyperparameters: expected an object");
-  require_parse_error(replace(good, "\"nesterov\": false", "\"nesterov\": 0"),
-                      "variables[0].optimizer.nesterov: expected true or false");
-  require_parse_error(replace(good, "\"slots\": [\"accumulator\"]", "\"slots\": [1]"),
-                      "variables[0].slots[0]: expected a string");
-  require_parse_error(replace(good, "\"size\": 4096", "\"size\": -1"),
-                      "files[0].size: expected a non-negative integer");
-  require_parse_error(replace(good, "\"crc32c\": 3735928559", "\"crc32c\": 4294967296"),
-                      "files[0].crc32c: does not fit 32 bits");
   require_parse_error("{\"format_version\": 1, \"step\": 1, \"variables\": [], \"files\": 3}",
                       "files: expected a list");
-  require_parse_error(replace(good, "{\"name\": \"ps-0.safetensors\", \"size\"",
-                              "[], {\"name\": \"ps-0.safetensors\", \"size\""),
-                      "files[0]: expected an object");
+  require_edit_errors(to_json(sample_manifest()),
+                      {
+                          {"\"step\": 1200", "\"step\": \"1200\"", "step: expected an integer"},
+                          {"\"step\": 1200", "\"step\": 1200.5", "step: expected an integer"},
+                          {"\"name\": \"w\"", "\"name\": 5", "variables[0].name: expected a string"},
+                          {"\"dtype\": \"float32\"", "\"dtype\": \"float33\"",
+                           "variables[0].dtype: unknown dtype 'float33'"},
+                          {"\"shape\": [13, 4]", "\"shape\": 13", "variables[0].shape: expected a list of integers"},
+                          {"\"shape\": [13, 4]", "\"shape\": [13, true]", "variables[0].shape[1]: expected an integer"},
+                          {"\"shards\": [", "\"shards\": [7, ", "variables[0].shards[0]: expected an object"},
+                          {"\"first_row\": 0", "\"first_row\": null",
+                           "variables[0].shards[0].first_row: expected an integer"},
+                          {"\"kind\": \"adagrad\"", "\"kind\": [\"adagrad\"]",
+                           "variables[0].optimizer.kind: expected a string"},
+                          {"\"learning_rate\": 0.1", "\"learning_rate\": \"fast\"",
+                           "variables[0].optimizer.hyperparameters.learning_rate: expected a number"},
+                          {"\"hyperparameters\": {\"learning_rate\": 0.1, "
+                           "\"initial_accumulator_value\": 1e-07, \"epsilon\": 1e-07}",
+                           "\"hyperparameters\": 0.1",
+                           "variables[0].optimizer.hyperparameters: expected an object"},
+                          {"\"nesterov\": false", "\"nesterov\": 0",
+                           "variables[0].optimizer.nesterov: expected true or false"},
+                          {"\"slots\": [\"accumulator\"]", "\"slots\": [1]",
+                           "variables[0].slots[0]: expected a string"},
+                          {"\"size\": 4096", "\"size\": -1", "files[0].size: expected a non-negative integer"},
+                          {"\"crc32c\": 3735928559", "\"crc32c\": 4294967296", "files[0].crc32c: does not fit 32 bits"},
+                          {"{\"name\": \"ps-0.safetensors\", \"size\"",
+                           "[], {\"name\": \"ps-0.safetensors\", \"size\"",
+                           "files[0]: expected an object"},
+                      });
 }
 
 TEST_CASE("manifest parse: inconsistent partitioning and shards are named") {
-  const std::string good = to_json(sample_manifest());
-  require_parse_error(replace(good, "[3, 3, 3, 2, 2]", "[3, 3, 3, 2, 3]"),
-                      "variables[0].partitioning: covers 14 rows in 5 shards, but shape [13, 4] "
-                      "has 13");
-  require_parse_error(replace(good, "[3, 3, 3, 2, 2]", "[3, 3, 3, 6, -2]"),
-                      "variables[0].partitioning: has a negative");
-  require_parse_error(replace(good, "\"partitioning\": [1]", "\"partitioning\": []"),
-                      "variables[1].partitioning: is empty");
-  require_parse_error(replace(good, "\"partitioning\": [1]", "\"partitioning\": [2]"),
-                      "variables[1].partitioning: covers 2 rows");
-  require_parse_error(replace(good, "[3, 3, 3, 2, 2]", "[3, 3, 3, 4]"),
-                      "variables[0].shards: has 5 entries for 4 partitions");
-  require_parse_error(replace(good, "\"first_row\": 3", "\"first_row\": 4"),
-                      "variables[0].shards[1].first_row: is 4; the partitioning puts it at 3");
-  require_parse_error(
-      replace(good, "\"first_row\": 0, \"rows\": 3", "\"first_row\": 0, \"rows\": 2"),
-      "variables[0].shards[0].rows: is 2; the partitioning says 3");
-  require_parse_error(
-      replace(good, "\"file\": \"ps-1.safetensors\"", "\"file\": \"ps-9.safetensors\""),
-      "variables[0].shards[1].file: 'ps-9.safetensors' is not in files");
+  require_edit_errors(to_json(sample_manifest()),
+                      {
+                          {"[3, 3, 3, 2, 2]", "[3, 3, 3, 2, 3]",
+                           "variables[0].partitioning: covers 14 rows in 5 shards, but shape [13, 4] has 13"},
+                          {"[3, 3, 3, 2, 2]", "[3, 3, 3, 6, -2]", "variables[0].partitioning: has a negative"},
+                          {"\"partitioning\": [1]", "\"partitioning\": []", "variables[1].partitioning: is empty"},
+                          {"\"partitioning\": [1]", "\"partitioning\": [2]",
+                           "variables[1].partitioning: covers 2 rows"},
+                          {"[3, 3, 3, 2, 2]", "[3, 3, 3, 4]", "variables[0].shards: has 5 entries for 4 partitions"},
+                          {"\"first_row\": 3", "\"first_row\": 4",
+                           "variables[0].shards[1].first_row: is 4; the partitioning puts it at 3"},
+                          {"\"first_row\": 0, \"rows\": 3", "\"first_row\": 0, \"rows\": 2",
+                           "variables[0].shards[0].rows: is 2; the partitioning says 3"},
+                          {"\"file\": \"ps-1.safetensors\"", "\"file\": \"ps-9.safetensors\"",
+                           "variables[0].shards[1].file: 'ps-9.safetensors' is not in files"},
+                      });
 }
 
 TEST_CASE("manifest parse: values out of range and repeated names are named") {
-  const std::string good = to_json(sample_manifest());
-  require_parse_error(replace(good, "\"step\": 1200", "\"step\": -1"), "step: is negative");
-  require_parse_error(replace(good, "\"shape\": [13, 4]", "\"shape\": [13, -4]"),
-                      "variables[0].shape: [13, -4] has a negative dimension");
-  require_parse_error(replace(good, "\"optimizer_step\": 1200", "\"optimizer_step\": -3"),
-                      "variables[0].optimizer_step: is negative");
-  require_parse_error(replace(good, "\"name\": \"global_step\"", "\"name\": \"w\""),
-                      "variables[1].name: variable 'w' is listed twice");
-  require_parse_error(replace(good, "\"name\": \"w\"", "\"name\": \"\""),
-                      "variables[0].name: is empty");
-  require_parse_error(replace(good, "[\"accumulator\"]", "[\"accumulator\", \"accumulator\"]"),
-                      "variables[0].slots[1]: 'accumulator' is listed twice");
-  require_parse_error(replace(good, "{\"name\": \"ps-1.safetensors\"", "{\"name\": \"../x\""),
-                      "files[1].name: '../x' is not a data file name");
-  require_parse_error(
-      replace(good, "{\"name\": \"ps-1.safetensors\"", "{\"name\": \"manifest.json\""),
-      "files[1].name: 'manifest.json' is not a data file name");
-  require_parse_error(
-      replace(good, "{\"name\": \"ps-1.safetensors\"", "{\"name\": \"ps-0.safetensors\""),
-      "files[1].name: 'ps-0.safetensors' is listed twice");
+  require_edit_errors(to_json(sample_manifest()),
+                      {
+                          {"\"step\": 1200", "\"step\": -1", "step: is negative"},
+                          {"\"shape\": [13, 4]", "\"shape\": [13, -4]",
+                           "variables[0].shape: [13, -4] has a negative dimension"},
+                          {"\"optimizer_step\": 1200", "\"optimizer_step\": -3",
+                           "variables[0].optimizer_step: is negative"},
+                          {"\"name\": \"global_step\"", "\"name\": \"w\"",
+                           "variables[1].name: variable 'w' is listed twice"},
+                          {"\"name\": \"w\"", "\"name\": \"\"", "variables[0].name: is empty"},
+                          {"[\"accumulator\"]", "[\"accumulator\", \"accumulator\"]",
+                           "variables[0].slots[1]: 'accumulator' is listed twice"},
+                          {"{\"name\": \"ps-1.safetensors\"", "{\"name\": \"../x\"",
+                           "files[1].name: '../x' is not a data file name"},
+                          {"{\"name\": \"ps-1.safetensors\"", "{\"name\": \"manifest.json\"",
+                           "files[1].name: 'manifest.json' is not a data file name"},
+                          {"{\"name\": \"ps-1.safetensors\"", "{\"name\": \"ps-0.safetensors\"",
+                           "files[1].name: 'ps-0.safetensors' is listed twice"},
+                      });
 }
 
 TEST_CASE("manifest parse: a shard name repeated within one file") {

@@ -111,7 +111,15 @@ void reap(std::vector<Rank>& ranks) {
   }
 }
 
-void check_survivors_name(std::vector<Rank>& ranks, int culprit, std::chrono::milliseconds timeout) {
+// Starts 3 ranks (collective deadline `timeout`), sends `signal` to rank
+// `culprit` once they have formed and are reducing, and checks that the
+// others report Unavailable naming it.
+void fault_one_of_three(CollectiveOptions::Transport transport, std::chrono::milliseconds timeout, int signal,
+                        int culprit) {
+  INFO("transport " << collective_transport_name(transport));
+  auto ranks = start_ranks(3, timeout, transport);
+  std::this_thread::sleep_for(700ms);  // formed and reducing
+  kill(ranks[static_cast<size_t>(culprit)].pid, signal);
   const std::string unavailable = std::to_string(static_cast<int>(StatusCode::kUnavailable)) + " ";
   for (int r = 0; r < static_cast<int>(ranks.size()); ++r) {
     if (r == culprit) continue;
@@ -121,30 +129,19 @@ void check_survivors_name(std::vector<Rank>& ranks, int culprit, std::chrono::mi
     CHECK_THAT(report, Catch::StartsWith(unavailable));
     CHECK_THAT(report, Catch::Contains("rank(s) " + std::to_string(culprit) + " "));
   }
+  reap(ranks);
 }
 
 TEST_CASE("kill -9 of one of 3 ranks during 64 MiB all-reduces: the others get Unavailable naming it",
           "[collectives][fault]") {
   const auto transport = GENERATE(CollectiveOptions::Transport::kTcp, CollectiveOptions::Transport::kSharedMemory);
-  INFO("transport " << collective_transport_name(transport));
-  const auto timeout = 3000ms;
-  auto ranks = start_ranks(3, timeout, transport);
-  std::this_thread::sleep_for(700ms);  // formed and reducing
-  kill(ranks[1].pid, SIGKILL);
-  check_survivors_name(ranks, 1, timeout);
-  reap(ranks);
+  fault_one_of_three(transport, 3000ms, SIGKILL, 1);
 }
 
 TEST_CASE("SIGSTOP of one of 3 ranks (alive but stuck): the others get Unavailable naming it",
           "[collectives][fault]") {
   const auto transport = GENERATE(CollectiveOptions::Transport::kTcp, CollectiveOptions::Transport::kSharedMemory);
-  INFO("transport " << collective_transport_name(transport));
-  const auto timeout = 2000ms;
-  auto ranks = start_ranks(3, timeout, transport);
-  std::this_thread::sleep_for(700ms);
-  kill(ranks[2].pid, SIGSTOP);
-  check_survivors_name(ranks, 2, timeout);
-  reap(ranks);
+  fault_one_of_three(transport, 2000ms, SIGSTOP, 2);
 }
 
 std::vector<MirroredVariableSpec> specs() {

@@ -120,17 +120,7 @@ TEST_CASE("load_checkpoint fills a fresh module from a checkpoint, partitioned p
   CHECK(::torch::equal(to_torch(reader->read_variable("mlp/first.weight").value()).value(), trained.first->weight));
 }
 
-// A model with BatchNorm's buffers (running_mean, running_var float32,
-// num_batches_tracked int64).
-struct Normed : ::torch::nn::Module {
-  Normed() {
-    fc = register_module("fc", ::torch::nn::Linear(4, 6));
-    bn = register_module("bn", ::torch::nn::BatchNorm1d(6));
-  }
-  ::torch::Tensor forward(const ::torch::Tensor& x) { return bn(fc(x)); }
-  ::torch::nn::Linear fc{nullptr};
-  ::torch::nn::BatchNorm1d bn{nullptr};
-};
+using testing::Normed;  // BatchNorm's buffers: running_mean, running_var, num_batches_tracked
 
 TEST_CASE("load_checkpoint restores buffers under their named_buffers() names, so a served module normalizes alike") {
   TempDir dir;

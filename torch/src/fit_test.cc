@@ -6,10 +6,14 @@
 
 #include <filesystem>
 #include <sstream>
-#include <unistd.h>
+
+#include "torch/tests/fit_test_util.h"
 
 namespace capstan::torch {
 namespace {
+
+using testing::Interrupt;
+using testing::temp_dir;
 
 // Metric state of `examples` examples with loss `loss` (accuracy `accuracy`).
 MetricState state(double loss, double accuracy = 0.5, int64_t examples = 100) {
@@ -244,17 +248,8 @@ TEST_CASE("LearningRateScheduler sets each epoch's rate, steps carry it once it 
   }
 }
 
-// Ends fit with an error at the end of epoch `at`.
-struct Interrupt : Callback {
-  int at;
-  explicit Interrupt(int at) : at(at) {}
-  Status on_epoch_end(int epoch, const Logs&, FitState&) override {
-    return epoch == at ? Status::Aborted("interrupted in epoch " + std::to_string(epoch)) : Status::Ok();
-  }
-};
-
 TEST_CASE("BackupAndRestore: a fit interrupted in epoch 2 resumes at epoch 3 from its backup") {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("capstan-fit-test-backup-" + std::to_string(getpid()))).string();
+  const std::string dir = temp_dir("test-backup");
   std::filesystem::create_directories(dir);  // removed by the finished fit
   ScriptedStrategy strategy;
   BackupAndRestore backup(dir);
@@ -293,8 +288,7 @@ TEST_CASE("ProgressLogger prints one line per epoch, training logs before valida
 }
 
 TEST_CASE("TensorBoard writes each epoch's logs as epoch_ scalars, validation's in their own run") {
-  const std::string dir = (std::filesystem::temp_directory_path() / ("capstan-fit-test-tensorboard-" + std::to_string(getpid()))).string();
-  std::filesystem::remove_all(dir);
+  const std::string dir = temp_dir("test-tensorboard");
   ScriptedStrategy strategy;
   strategy.train_losses = {0.9, 0.6};
   strategy.val_losses = {0.8, 0.7};

@@ -17,15 +17,16 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <random>
 #include <sstream>
-#include <unistd.h>
 
 #include "capstan/checkpoint.h"
 #include "capstan/data/dataset.h"
 #include "capstan/data/service.h"
 #include "capstan/strategy.h"
 #include "tests/integration/training_cluster.h"
+#include "torch/tests/fit_test_util.h"
 
 namespace capstan::torch {
 namespace {
@@ -34,6 +35,9 @@ using capstan::testing::Daemon;
 using capstan::testing::TestCluster;
 using capstan::testing::Training;
 using capstan::testing::wait_until;
+using testing::examples;
+using testing::Interrupt;
+using testing::temp_dir;
 
 constexpr double kLearningRate = 0.5;  // the rate torch_test_module gives fit_mlp's optimizer
 
@@ -69,28 +73,6 @@ StrategyOptions strategy_options(const std::string& name) {
   options.min_replicas = 2;
   options.collective.timeout = std::chrono::seconds(30);
   return options;
-}
-
-// n examples of 4 N(0, 1) features, labelled by a linear rule
-// (x0 + 2 x1 - x2 + 0.5 x3 > 0): separable, so a model that learns it
-// classifies nearly all of them right; chance is about one half.
-data::Dataset examples(int64_t n, uint64_t seed) {
-  std::mt19937_64 random(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(static_cast<size_t>(n) * 4), y(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = &x[static_cast<size_t>(i) * 4];
-    for (int j = 0; j < 4; ++j) row[j] = normal(random);
-    y[static_cast<size_t>(i)] = row[0] + 2 * row[1] - row[2] + 0.5f * row[3] > 0 ? 1.0f : 0.0f;
-  }
-  return data::Dataset::from_tensor_slices(
-      Element{{Tensor::from_vector(x, {n, 4}).value(), Tensor::from_vector(y, {n, 1}).value()}, {"x", "y"}});
-}
-
-std::string temp_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("capstan-fit-" + name + "-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  return dir.string();
 }
 
 std::vector<float> read(ClusterCoordinator& cluster, const std::string& name) {
@@ -150,15 +132,21 @@ TEST_CASE("fit trains a LibTorch classifier on two parameter servers and two wor
   std::filesystem::remove_all(logdir);
 }
 
-// Reads a variable at every epoch's end.
+// Reads a variable, by epoch, at every epoch's end (or, at_begin, when
+// each epoch begins).
 struct Snapshots : Callback {
   ClusterCoordinator* cluster;
   std::string variable;
-  std::vector<std::vector<float>> values;
-  explicit Snapshots(ClusterCoordinator* cluster, std::string variable = "fit/second.weight")
-      : cluster(cluster), variable(std::move(variable)) {}
-  Status on_epoch_end(int, const Logs&, FitState&) override {
-    values.push_back(read(*cluster, variable));
+  bool at_begin;
+  std::map<int, std::vector<float>> values;
+  explicit Snapshots(ClusterCoordinator* cluster, std::string variable = "fit/second.weight", bool at_begin = false)
+      : cluster(cluster), variable(std::move(variable)), at_begin(at_begin) {}
+  Status on_epoch_begin(int epoch, FitState&) override {
+    if (at_begin) values[epoch] = read(*cluster, variable);
+    return Status::Ok();
+  }
+  Status on_epoch_end(int epoch, const Logs&, FitState&) override {
+    if (!at_begin) values[epoch] = read(*cluster, variable);
     return Status::Ok();
   }
 };
@@ -200,26 +188,6 @@ TEST_CASE("LearningRateScheduler changes the rate the steps apply: a rate of 0 l
   }
 }
 
-// Ends fit with an error at the end of epoch `at` (a crash of the program).
-struct Interrupt : Callback {
-  int at;
-  explicit Interrupt(int at) : at(at) {}
-  Status on_epoch_end(int epoch, const Logs&, FitState&) override {
-    return epoch == at ? Status::Aborted("interrupted in epoch " + std::to_string(epoch)) : Status::Ok();
-  }
-};
-
-// Reads a variable when an epoch begins.
-struct AtEpochBegin : Callback {
-  ClusterCoordinator* cluster;
-  std::map<int, std::vector<float>> values;
-  explicit AtEpochBegin(ClusterCoordinator* cluster) : cluster(cluster) {}
-  Status on_epoch_begin(int epoch, FitState&) override {
-    values[epoch] = read(*cluster, "fit/second.weight");
-    return Status::Ok();
-  }
-};
-
 TEST_CASE("BackupAndRestore: fit interrupted in its second epoch resumes at the third with the backed-up variables") {
   Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
   create_mlp_variables(*t.client);
@@ -238,7 +206,7 @@ TEST_CASE("BackupAndRestore: fit interrupted in its second epoch resumes at the 
   // parameter server that came back empty).
   REQUIRE(t.client->assign_variable("fit/second.weight", Tensor::zeros(DType::kFloat32, {1, 8}).value()).ok());
 
-  AtEpochBegin begins(t.client.get());
+  Snapshots begins(t.client.get(), "fit/second.weight", /*at_begin=*/true);
   options.callbacks = {&backup, &begins};
   History second = fit(strategy, "fit_mlp", options).value();
   CHECK(second.epoch == std::vector<int>{2, 3});
@@ -443,22 +411,36 @@ TEST_CASE("ModelCheckpoint save_best_only and EarlyStopping restore_best_weights
   std::filesystem::remove_all(best_weights);
 }
 
+// fit of `model` through `mirrored` for 4 epochs of 30 steps, each replica
+// its shard of make(4096, 1) shuffled (2 x 32 a step), validated on 4
+// batches of make(1024, 3).
+History fit_mirrored(MirroredStrategy& mirrored, MirroredFitStrategy& strategy, const std::string& model,
+                     data::Dataset (*make)(int64_t, uint64_t)) {
+  PerWorkerDataset train = mirrored.distribute_dataset(make(4096, 1).shuffle(1024, 2).repeat().batch(32, true)).value();
+  PerWorkerDataset validation = mirrored.distribute_dataset(make(1024, 3).repeat().batch(64, true)).value();
+  return fit(strategy, model,
+             {.epochs = 4,
+              .steps_per_epoch = 30,
+              .train = train,
+              .validation = validation,
+              .validation_steps = 4,
+              .learning_rate = kLearningRate})
+      .value();
+}
+
+// Both replicas ran all 4 x 30 steps and still hold the same variables.
+void check_replicas_agree(MirroredStrategy& mirrored) {
+  REQUIRE(mirrored.verify_replicas().ok());
+  std::vector<ReplicaStatus> replicas = mirrored.replicas().value();
+  REQUIRE(replicas.size() == 2);
+  CHECK(replicas[0].step == 120);
+}
+
 TEST_CASE("MirroredFitStrategy trains the classifier synchronously on two worker-servers as replicas") {
   Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
   auto mirrored = MirroredStrategy::create(*t.client, mlp_parameters(), strategy_options("fit")).value();
-  // Each replica its shard of the examples (2 x 32 a step).
-  PerWorkerDataset train =
-      mirrored->distribute_dataset(examples(4096, 1).shuffle(1024, 2).repeat().batch(32, true)).value();
-  PerWorkerDataset validation = mirrored->distribute_dataset(examples(1024, 3).repeat().batch(64, true)).value();
   MirroredFitStrategy strategy(*mirrored);
-  History history = fit(strategy, "fit_mlp",
-                        {.epochs = 4,
-                         .steps_per_epoch = 30,
-                         .train = train,
-                         .validation = validation,
-                         .validation_steps = 4,
-                         .learning_rate = kLearningRate})
-                        .value();
+  History history = fit_mirrored(*mirrored, strategy, "fit_mlp", examples);
   CHECK(history.epoch == std::vector<int>{0, 1, 2, 3});
   const auto& h = history.history;
   for (const char* key : {"loss", "accuracy", "auc", "val_loss", "val_accuracy", "val_auc"}) {
@@ -472,10 +454,7 @@ TEST_CASE("MirroredFitStrategy trains the classifier synchronously on two worker
   // Both replicas ran every step, and hold the same variables after 4 x 30
   // synchronous updates.
   CHECK(mirrored->num_replicas_in_sync() == 2);
-  REQUIRE(mirrored->verify_replicas().ok());
-  std::vector<ReplicaStatus> replicas = mirrored->replicas().value();
-  REQUIRE(replicas.size() == 2);
-  CHECK(replicas[0].step == 120);
+  check_replicas_agree(*mirrored);
 
   // Checkpoints through the strategy: fit's callbacks save and restore them.
   const std::string directory = temp_dir("mirrored");
@@ -540,19 +519,9 @@ TEST_CASE("MirroredFitStrategy trains a hybrid module: embedding rows on the par
   const Tensor rows = tower_rows();
   t.client->create_variable({"hyb/embedding.weight", rows, Optimizer::sgd(kLearningRate)}).value();
   auto mirrored = MirroredStrategy::create(*t.client, tower_head(), strategy_options("hybrid")).value();
-  PerWorkerDataset train =
-      mirrored->distribute_dataset(id_examples(4096, 1).shuffle(1024, 2).repeat().batch(32, true)).value();
-  PerWorkerDataset validation = mirrored->distribute_dataset(id_examples(1024, 3).repeat().batch(64, true)).value();
   MirroredFitStrategy strategy(*mirrored);
-  // The same fit call as on the parameter servers; only the strategy differs.
-  History history = fit(strategy, "fit_hybrid",
-                        {.epochs = 4,
-                         .steps_per_epoch = 30,
-                         .train = train,
-                         .validation = validation,
-                         .validation_steps = 4,
-                         .learning_rate = kLearningRate})
-                        .value();
+  // The same fit call as for fit_mlp; only the module and its data differ.
+  History history = fit_mirrored(*mirrored, strategy, "fit_hybrid", id_examples);
   const auto& h = history.history;
   INFO("loss " << h.at("loss").front() << " -> " << h.at("loss").back() << ", val_accuracy "
                << h.at("val_accuracy").back());
@@ -566,10 +535,7 @@ TEST_CASE("MirroredFitStrategy trains a hybrid module: embedding rows on the par
   // the replicas, which still agree after 4 x 30 steps.
   const std::vector<float> before(rows.flat<float>().begin(), rows.flat<float>().end());
   CHECK(read(*t.client, "hyb/embedding.weight") != before);
-  REQUIRE(mirrored->verify_replicas().ok());
-  std::vector<ReplicaStatus> replicas = mirrored->replicas().value();
-  REQUIRE(replicas.size() == 2);
-  CHECK(replicas[0].step == 120);
+  check_replicas_agree(*mirrored);
 
   // One checkpoint holds both halves, under the module's names.
   const std::string directory = temp_dir("hybrid");

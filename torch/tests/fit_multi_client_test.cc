@@ -13,15 +13,14 @@
 #include <chrono>
 #include <filesystem>
 #include <optional>
-#include <random>
 #include <string>
-#include <unistd.h>
 #include <vector>
 
 #include "capstan/data/dataset.h"
 #include "capstan/fit.h"
 #include "lib/collectives/test_group.h"
 #include "tests/integration/training_cluster.h"
+#include "torch/tests/fit_test_util.h"
 
 namespace capstan::torch {
 namespace {
@@ -30,21 +29,8 @@ using capstan::testing::Group;
 using capstan::testing::make_group;
 using capstan::testing::on_all;
 using capstan::testing::Training;
-
-// The same data as fit_cluster_test.cc's: 4 N(0, 1) features labelled by a
-// linear rule (chance is about one half).
-data::Dataset examples(int64_t n, uint64_t seed) {
-  std::mt19937_64 random(seed);
-  std::normal_distribution<float> normal;
-  std::vector<float> x(static_cast<size_t>(n) * 4), y(static_cast<size_t>(n));
-  for (int64_t i = 0; i < n; ++i) {
-    float* row = &x[static_cast<size_t>(i) * 4];
-    for (int j = 0; j < 4; ++j) row[j] = normal(random);
-    y[static_cast<size_t>(i)] = row[0] + 2 * row[1] - row[2] + 0.5f * row[3] > 0 ? 1.0f : 0.0f;
-  }
-  return data::Dataset::from_tensor_slices(
-      Element{{Tensor::from_vector(x, {n, 4}).value(), Tensor::from_vector(y, {n, 1}).value()}, {"x", "y"}});
-}
+using testing::examples;
+using testing::temp_dir;
 
 // The classifier every rank builds (its own module; rank 0's initial
 // values become every replica's).
@@ -56,12 +42,6 @@ ModelSpec mlp_spec() {
                      return ::torch::binary_cross_entropy_with_logits(logits, y);
                    },
                    .ps = {.prefix = "mc/", .optimizer = Optimizer::sgd(0.5)}};
-}
-
-std::string temp_dir(const std::string& name) {
-  auto dir = std::filesystem::temp_directory_path() / ("capstan-fit-" + name + "-" + std::to_string(getpid()));
-  std::filesystem::remove_all(dir);
-  return dir.string();
 }
 
 // What one rank saw (Catch's assertions are checked on the main thread).

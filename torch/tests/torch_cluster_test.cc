@@ -72,6 +72,22 @@ TEST_CASE("A LibTorch module on the parameter servers, one worker, trains as pla
   }
 }
 
+// Three steps of the closure `step` on the cluster, and the same three of
+// sgd on `local` (the dense reference), on one batch of ids 2, 5 (three
+// times), 17 and 9.
+void train_alongside(Training& t, const std::string& step, testing::Tower& local) {
+  ::torch::optim::SGD sgd(local.parameters(), ::torch::optim::SGDOptions(kLearningRate));
+  ::torch::Tensor ids = ::torch::tensor({2, 5, 17, 5, 5, 9}, ::torch::kLong).reshape({2, 3});
+  ::torch::Tensor y = ::torch::tensor({0.5f, -2.0f}).reshape({2, 1});
+  for (int i = 0; i < 3; ++i) {
+    Element args{{from_torch(ids).value(), from_torch(y).value()}, {}};
+    t.client->fetch(t.client->schedule(step, args).value()).value();
+    sgd.zero_grad();
+    ::torch::mse_loss(local.forward(ids), y).backward();
+    sgd.step();
+  }
+}
+
 TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's rows, as a dense embedding would") {
   Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
   auto model = std::make_shared<testing::Tower>(true);
@@ -89,18 +105,8 @@ TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's
     local->head->bias.copy_(model->head->bias);
   }
   const ::torch::Tensor before = read(*t.client, "tower/embedding.weight").clone();
-  ::torch::optim::SGD sgd(local->parameters(), ::torch::optim::SGDOptions(kLearningRate));
-
   // Rows 2 and 17 sit in different shards (10 rows each); 5 repeats.
-  ::torch::Tensor ids = ::torch::tensor({2, 5, 17, 5, 5, 9}, ::torch::kLong).reshape({2, 3});
-  ::torch::Tensor y = ::torch::tensor({0.5f, -2.0f}).reshape({2, 1});
-  for (int step = 0; step < 3; ++step) {
-    Element args{{from_torch(ids).value(), from_torch(y).value()}, {}};
-    t.client->fetch(t.client->schedule("tower_step", args).value()).value();
-    sgd.zero_grad();
-    ::torch::mse_loss(local->forward(ids), y).backward();
-    sgd.step();
-  }
+  train_alongside(t, "tower_step", *local);
   ::torch::Tensor after = read(*t.client, "tower/embedding.weight");
   CHECK(::torch::allclose(after, local->dense_embedding->weight, 1e-5, 1e-6));
   for (int64_t row : {2, 5, 9, 17}) CHECK_FALSE(::torch::equal(after[row], before[row]));
@@ -157,17 +163,7 @@ TEST_CASE("A checkpoint of a module trained on the parameter servers loads into 
   }
 }
 
-// Linear, then BatchNorm: buffers running_mean, running_var (float32) and
-// num_batches_tracked (int64).
-struct Normed : ::torch::nn::Module {
-  Normed() {
-    fc = register_module("fc", ::torch::nn::Linear(4, 6));
-    bn = register_module("bn", ::torch::nn::BatchNorm1d(6));
-  }
-  ::torch::Tensor forward(const ::torch::Tensor& x) { return bn(fc(x)); }
-  ::torch::nn::Linear fc{nullptr};
-  ::torch::nn::BatchNorm1d bn{nullptr};
-};
+using testing::Normed;  // BatchNorm's buffers: running_mean, running_var, num_batches_tracked
 
 TEST_CASE("A MirroredModule's checkpoint holds BatchNorm's running statistics, which a served module loads") {
   Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
@@ -211,18 +207,8 @@ TEST_CASE("A hash-table Embedding trains its rows on the parameter servers as a 
     local->head->weight.copy_(model->head->weight);
     local->head->bias.copy_(model->head->bias);
   }
-  ::torch::optim::SGD sgd(local->parameters(), ::torch::optim::SGDOptions(kLearningRate));
-  // Ids 2, 5 (three times) and 17, 9: any int64 is a key; they live on
-  // both parameter servers by hash.
-  ::torch::Tensor ids = ::torch::tensor({2, 5, 17, 5, 5, 9}, ::torch::kLong).reshape({2, 3});
-  ::torch::Tensor y = ::torch::tensor({0.5f, -2.0f}).reshape({2, 1});
-  for (int step = 0; step < 3; ++step) {
-    Element args{{from_torch(ids).value(), from_torch(y).value()}, {}};
-    t.client->fetch(t.client->schedule("table_step", args).value()).value();
-    sgd.zero_grad();
-    ::torch::mse_loss(local->forward(ids), y).backward();
-    sgd.step();
-  }
+  // Any int64 is a key; they live on both parameter servers by hash.
+  train_alongside(t, "table_step", *local);
   for (int64_t id : {2, 5, 9, 17}) {
     INFO("id " << id);
     Tensor key = Tensor::from_vector<int64_t>({id}, {1}).value();

@@ -40,6 +40,18 @@ struct Tower : ::torch::nn::Module {
   ::torch::nn::Linear head{nullptr};
 };
 
+// Linear, then BatchNorm: buffers running_mean, running_var (float32) and
+// num_batches_tracked (int64).
+struct Normed : ::torch::nn::Module {
+  Normed() {
+    fc = register_module("fc", ::torch::nn::Linear(4, 6));
+    bn = register_module("bn", ::torch::nn::BatchNorm1d(6));
+  }
+  ::torch::Tensor forward(const ::torch::Tensor& x) { return bn(fc(x)); }
+  ::torch::nn::Linear fc{nullptr};
+  ::torch::nn::BatchNorm1d bn{nullptr};
+};
+
 }  // namespace capstan::torch::testing
 
 #endif  // CAPSTAN_TORCH_TESTS_TORCH_TEST_MODELS_H_
