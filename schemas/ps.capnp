@@ -82,6 +82,41 @@ struct NamedTensor {
   tensor @1 :Common.Tensor;
 }
 
+# Checkpoints the parameter server writes and reads itself (beginSave,
+# finishSave, restoreShards): the coordinator only says what and where.
+struct SaveShard {
+  name @0 :Text;
+  table @1 :Bool;             # an embedding table's shard
+  beginVersion @2 :Int64;     # a table: tag later changes >= this (exportTable's)
+}
+
+# What a shard's snapshot holds (beginSave's answer, in request order).
+struct SavedShard {
+  name @0 :Text;
+  dtype @1 :Common.DType;
+  shape @2 :List(Int64);      # a table's: [rows, dim]
+  slots @3 :List(Text);       # the optimizer's slots written, in order
+  step @4 :Int64;
+  version @5 :Int64;          # a table: the version before the mark
+}
+
+# A shard to fill from a checkpoint (restoreShards).
+struct RestoreShard {
+  name @0 :Text;              # the shard, created first when absent
+  variable @1 :Text;          # the checkpoint's variable
+  firstRow @2 :Int64;         # rows [firstRow, firstRow + rows) of it
+  rows @3 :Int64;
+  dtype @4 :Common.DType;     # the shard as placed now (checked against the checkpoint)
+  shape @5 :List(Int64);
+  optimizer @6 :OptimizerConfig;
+  # An embedding table: this is shard `tablePart` of `tableParts`; its keys
+  # are those table_shard_of maps here, from every saved shard.
+  table @7 :TableConfig;
+  isTable @8 :Bool;
+  tablePart @9 :Int32;
+  tableParts @10 :Int32;
+}
+
 interface ParameterServer extends(Common.Node) {
   # Idempotent for an identical shard (a reconnecting coordinator).
   createShard @0 (name :Text, initial :Common.Tensor, optimizer :OptimizerConfig) -> ();
@@ -123,4 +158,19 @@ interface ParameterServer extends(Common.Node) {
   # Inserts or overwrites rows (clear: drop every row first), sets the step
   # counter and makes later changes tagged > version.
   importTable @15 (name :Text, rows :TableRows, clear :Bool, step :Int64, version :Int64) -> ();
+
+  # Takes a consistent snapshot of each shard (copy-on-write values, copied
+  # slots; a table's rows, marked as exportTable's beginVersion does), answers,
+  # and writes the snapshot as the safetensors file `directory`/`file` in the
+  # background, fsynced. `directory` is a checkpoint's "ckpt-<step>.tmp"
+  # directory and `file` a plain "*.safetensors" name that must not exist.
+  beginSave @16 (directory :Text, file :Text, shards :List(SaveShard))
+      -> (saveId :UInt64, shards :List(SavedShard));
+  # Waits for save `saveId` to be on disk: the file's size and CRC32C. Once
+  # per save (NotFound after, or for an unknown id).
+  finishSave @17 (saveId :UInt64) -> (size :UInt64, crc32c :UInt32);
+  # Fills (creating where absent) each shard from the committed checkpoint at
+  # `checkpoint`, reading only the files and rows it needs: value, slots of
+  # the same optimizer kind, step; a table's rows for this shard's keys.
+  restoreShards @18 (checkpoint :Text, shards :List(RestoreShard)) -> ();
 }

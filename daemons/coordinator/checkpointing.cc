@@ -2,131 +2,15 @@
 
 #include <cstring>
 
+#include "checkpoint/shard_files.h"
 #include "training/optimizer.h"
 
 namespace capstan::coordinator {
 namespace {
 
-// Rows `index` of `t` (rank >= 1), in that order.
-Result<Tensor> take_rows(const Tensor& t, const std::vector<int64_t>& index) {
-  Shape shape = t.shape();
-  const int64_t n = shape.empty() ? 0 : shape[0];
-  shape[0] = static_cast<int64_t>(index.size());
-  CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(t.dtype(), shape));
-  const size_t row_bytes = n == 0 ? 0 : t.byte_size() / static_cast<size_t>(n);
-  for (size_t i = 0; i < index.size(); ++i) {
-    std::memcpy(out.mutable_data() + i * row_bytes, t.data() + static_cast<size_t>(index[i]) * row_bytes, row_bytes);
-  }
-  return out;
-}
-
-// Every row of a table checkpointed as variable `saved`, from all its shards.
-Result<ps::TableRows> read_table(const checkpoint::CheckpointReader& reader, const checkpoint::ManifestVariable& saved) {
-  std::vector<ps::TableRows> parts;
-  for (const auto& shard : saved.shards) {
-    CAPSTAN_ASSIGN_OR_RETURN(const checkpoint::SafetensorsReader* file, reader.file(shard.file));
-    ps::TableRows rows;
-    CAPSTAN_ASSIGN_OR_RETURN(rows.keys, file->read(checkpoint::table_keys_tensor_name(shard.name)));
-    CAPSTAN_ASSIGN_OR_RETURN(rows.values, file->read(shard.name));
-    CAPSTAN_ASSIGN_OR_RETURN(rows.meta, file->read(checkpoint::table_meta_tensor_name(shard.name)));
-    for (const auto& slot : saved.slots) {
-      CAPSTAN_ASSIGN_OR_RETURN(Tensor t, file->read(checkpoint::slot_tensor_name(shard.name, slot)));
-      rows.slots.push_back(std::move(t));
-    }
-    const Shape rows_shape{shard.rows};
-    const Shape values_shape{shard.rows, saved.table->dim};
-    bool ok = rows.keys.dtype() == DType::kInt64 && rows.keys.shape() == rows_shape &&
-              rows.values.dtype() == saved.dtype && rows.values.shape() == values_shape &&
-              rows.meta.dtype() == DType::kInt64 && rows.meta.shape() == Shape{shard.rows, ps::kMetaColumns};
-    for (const auto& t : rows.slots) ok = ok && t.dtype() == saved.dtype && t.shape() == values_shape;
-    if (!ok) {
-      return Status::DataLoss("checkpoint " + reader.path() + ": table shard '" + shard.name + "' in " + shard.file +
-                              " does not match its manifest entry (" + std::to_string(shard.rows) + " rows of " +
-                              std::to_string(saved.table->dim) + ")");
-    }
-    parts.push_back(std::move(rows));
-  }
-  if (parts.size() == 1) return std::move(parts[0]);
-  // Concatenated, shard after shard.
-  auto concat = [](const std::vector<const Tensor*>& pieces) -> Result<Tensor> {
-    Shape shape = pieces.front()->shape();
-    int64_t n = 0;
-    for (const Tensor* p : pieces) n += p->shape()[0];
-    shape[0] = n;
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(pieces.front()->dtype(), shape));
-    size_t at = 0;
-    for (const Tensor* p : pieces) {
-      if (p->byte_size() > 0) std::memcpy(out.mutable_data() + at, p->data(), p->byte_size());
-      at += p->byte_size();
-    }
-    return out;
-  };
-  auto column = [&](auto member) {
-    std::vector<const Tensor*> out;
-    for (const auto& p : parts) out.push_back(member(p));
-    return out;
-  };
-  ps::TableRows all;
-  if (parts.empty()) {
-    CAPSTAN_ASSIGN_OR_RETURN(all.keys, Tensor::zeros(DType::kInt64, {0}));
-    CAPSTAN_ASSIGN_OR_RETURN(all.values, Tensor::zeros(saved.dtype, {0, saved.table->dim}));
-    CAPSTAN_ASSIGN_OR_RETURN(all.meta, Tensor::zeros(DType::kInt64, {0, ps::kMetaColumns}));
-    for (size_t i = 0; i < saved.slots.size(); ++i) all.slots.push_back(all.values);
-    return all;
-  }
-  CAPSTAN_ASSIGN_OR_RETURN(all.keys, concat(column([](const ps::TableRows& p) { return &p.keys; })));
-  CAPSTAN_ASSIGN_OR_RETURN(all.values, concat(column([](const ps::TableRows& p) { return &p.values; })));
-  CAPSTAN_ASSIGN_OR_RETURN(all.meta, concat(column([](const ps::TableRows& p) { return &p.meta; })));
-  for (size_t i = 0; i < saved.slots.size(); ++i) {
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor t, concat(column([i](const ps::TableRows& p) { return &p.slots[i]; })));
-    all.slots.push_back(std::move(t));
-  }
-  return all;
-}
-
-// The rows of `all` whose keys the table's shard `part` (of `parts`) holds.
-Result<ps::TableRows> rows_of_shard(const ps::TableRows& all, int part, int parts) {
-  std::vector<int64_t> index;
-  auto keys = all.keys.flat<int64_t>();
-  for (size_t i = 0; i < keys.size(); ++i) {
-    if (table_shard_of(keys[i], parts) == part) index.push_back(static_cast<int64_t>(i));
-  }
-  ps::TableRows out;
-  CAPSTAN_ASSIGN_OR_RETURN(out.keys, take_rows(all.keys, index));
-  CAPSTAN_ASSIGN_OR_RETURN(out.values, take_rows(all.values, index));
-  CAPSTAN_ASSIGN_OR_RETURN(out.meta, take_rows(all.meta, index));
-  for (const auto& slot : all.slots) {
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor t, take_rows(slot, index));
-    out.slots.push_back(std::move(t));
-  }
-  return out;
-}
-
-Status read_table_into(const checkpoint::CheckpointReader& reader, const checkpoint::ManifestVariable& saved,
-                       VariableState* v) {
-  if (!saved.table) {
-    return Status::InvalidArgument("'" + v->name + "' is an embedding table but the checkpoint has a variable " +
-                                   std::string(dtype_name(saved.dtype)) + shape_string(saved.shape) + " of that name");
-  }
-  if (saved.dtype != v->dtype || saved.table->dim != v->table->dim) {
-    return Status::InvalidArgument("embedding table '" + v->name + "' is " + std::string(dtype_name(v->dtype)) +
-                                   "[*, " + std::to_string(v->table->dim) + "] but the checkpoint has " +
-                                   std::string(dtype_name(saved.dtype)) + "[*, " + std::to_string(saved.table->dim) +
-                                   "]");
-  }
-  if (saved.slots != training::slot_names(v->optimizer.kind)) {
-    return Status::InvalidArgument("embedding table '" + v->name + "' uses " + optimizer_name(v->optimizer.kind) +
-                                   " but the checkpoint's has other optimizer slots");
-  }
-  CAPSTAN_ASSIGN_OR_RETURN(ps::TableRows all, read_table(reader, saved));
-  for (auto& s : v->shards) {
-    CAPSTAN_ASSIGN_OR_RETURN(s.table_rows, rows_of_shard(all, s.ps_task, v->table_shards));
-    s.step = saved.optimizer_step;
-    s.version = saved.table->generation;
-  }
-  v->generation = saved.table->generation;
-  return Status::Ok();
-}
+// The file of the coordinator's own tensors (the strategies' mirrored
+// variables: shards whose ps_task is < 0) or of parameter server `task`.
+std::string file_of(int task) { return task < 0 ? std::string(kMirroredFile) : checkpoint::ps_file_name(task); }
 
 }  // namespace
 
@@ -178,12 +62,10 @@ Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint
   return states;
 }
 
-Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
-                                     const std::vector<VariableState>& variables,
-                                     const std::map<std::string, std::string>& iterators, io::FileSystem& fs) {
-  CAPSTAN_ASSIGN_OR_RETURN(auto writer, checkpoint::CheckpointWriter::begin(dir, step, max_to_keep, fs));
+Status add_files(checkpoint::CheckpointWriter& writer, const std::vector<VariableState>& variables,
+                 const std::map<std::string, std::string>& iterators, checkpoint::Manifest* out) {
   std::map<int, std::vector<std::pair<std::string, Tensor>>> files;  // ps task -> tensors
-  checkpoint::Manifest manifest;
+  checkpoint::Manifest& manifest = *out;
   for (const auto& v : variables) {
     checkpoint::ManifestVariable mv;
     mv.name = v.name;
@@ -195,7 +77,7 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
       mv.slots = training::slot_names(v.optimizer.kind);
       int64_t first_row = 0;
       for (const auto& s : v.shards) {
-        std::string file = "ps-" + std::to_string(s.ps_task) + ".safetensors";
+        std::string file = file_of(s.ps_task);
         const int64_t rows = s.table_rows.keys.num_elements();
         mv.partitioning.push_back(rows);
         mv.shards.push_back({s.name, file, first_row, rows});
@@ -214,7 +96,7 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
       continue;
     }
     for (const auto& s : v.shards) {
-      std::string file = "ps-" + std::to_string(s.ps_task) + ".safetensors";
+      std::string file = file_of(s.ps_task);
       mv.partitioning.push_back(s.rows);
       mv.shards.push_back({s.name, file, s.first_row, s.rows});
       files[s.ps_task].emplace_back(s.name, s.value);
@@ -229,8 +111,7 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
     manifest.variables.push_back(std::move(mv));
   }
   for (const auto& [task, tensors] : files) {
-    CAPSTAN_RETURN_IF_ERROR(writer->add_file("ps-" + std::to_string(task) + ".safetensors", tensors,
-                                             {{"capstan.ps_task", std::to_string(task)}}));
+    CAPSTAN_RETURN_IF_ERROR(writer.add_file(file_of(task), tensors, {{"capstan.file", file_of(task)}}));
   }
   if (!iterators.empty()) {
     std::vector<std::pair<std::string, Tensor>> tensors;
@@ -239,8 +120,17 @@ Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int m
       std::memcpy(t.mutable_data(), state.data(), state.size());
       tensors.emplace_back(name, std::move(t));
     }
-    CAPSTAN_RETURN_IF_ERROR(writer->add_file(kIteratorsFile, tensors, {{"capstan.content", "iterator positions"}}));
+    CAPSTAN_RETURN_IF_ERROR(writer.add_file(kIteratorsFile, tensors, {{"capstan.content", "iterator positions"}}));
   }
+  return Status::Ok();
+}
+
+Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
+                                     const std::vector<VariableState>& variables,
+                                     const std::map<std::string, std::string>& iterators, io::FileSystem& fs) {
+  CAPSTAN_ASSIGN_OR_RETURN(auto writer, checkpoint::CheckpointWriter::begin(dir, step, max_to_keep, fs));
+  checkpoint::Manifest manifest;
+  CAPSTAN_RETURN_IF_ERROR(add_files(*writer, variables, iterators, &manifest));
   std::string path = writer->checkpoint_path();
   CAPSTAN_RETURN_IF_ERROR(writer->commit(std::move(manifest)));
   return path;
@@ -255,12 +145,12 @@ Result<std::string> resolve_checkpoint(const std::string& path, io::FileSystem& 
   return checkpoint::latest_checkpoint(path, fs);
 }
 
-Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables, bool strict,
-                 std::vector<std::string>* not_in_checkpoint) {
+Status match_checkpoint(const checkpoint::Manifest& manifest, std::vector<VariableState>* variables, bool strict,
+                        std::vector<std::string>* not_in_checkpoint) {
   not_in_checkpoint->clear();
   std::vector<VariableState> present;
   for (auto& v : *variables) {
-    if (reader.manifest().find_variable(v.name) == nullptr) {
+    if (manifest.find_variable(v.name) == nullptr) {
       not_in_checkpoint->push_back(v.name);
     } else {
       present.push_back(std::move(v));
@@ -274,9 +164,23 @@ Status read_into(const checkpoint::CheckpointReader& reader, std::vector<Variabl
                             " (strict restore; the default restores the variables it has and leaves these as they are)");
   }
   for (auto& v : *variables) {
-    const auto* saved = reader.manifest().find_variable(v.name);
+    const auto* saved = manifest.find_variable(v.name);
     if (v.table) {
-      CAPSTAN_RETURN_IF_ERROR(read_table_into(reader, *saved, &v));
+      if (!saved->table) {
+        return Status::InvalidArgument("'" + v.name + "' is an embedding table but the checkpoint has a variable " +
+                                       std::string(dtype_name(saved->dtype)) + shape_string(saved->shape) +
+                                       " of that name");
+      }
+      if (saved->dtype != v.dtype || saved->table->dim != v.table->dim) {
+        return Status::InvalidArgument("embedding table '" + v.name + "' is " + std::string(dtype_name(v.dtype)) +
+                                       "[*, " + std::to_string(v.table->dim) + "] but the checkpoint has " +
+                                       std::string(dtype_name(saved->dtype)) + "[*, " +
+                                       std::to_string(saved->table->dim) + "]");
+      }
+      if (saved->slots != training::slot_names(v.optimizer.kind)) {
+        return Status::InvalidArgument("embedding table '" + v.name + "' uses " + optimizer_name(v.optimizer.kind) +
+                                       " but the checkpoint's has other optimizer slots");
+      }
       continue;
     }
     if (saved->table) {
@@ -287,25 +191,6 @@ Status read_into(const checkpoint::CheckpointReader& reader, std::vector<Variabl
       return Status::InvalidArgument("variable '" + v.name + "' is " + std::string(dtype_name(v.dtype)) +
                                      shape_string(v.shape) + " but the checkpoint has " +
                                      std::string(dtype_name(saved->dtype)) + shape_string(saved->shape));
-    }
-    for (auto& s : v.shards) {
-      bool scalar = v.shape.empty();
-      if (scalar) {
-        CAPSTAN_ASSIGN_OR_RETURN(s.value, reader.read_variable(v.name));
-      } else {
-        CAPSTAN_ASSIGN_OR_RETURN(s.value, reader.read_variable_rows(v.name, s.first_row, s.first_row + s.rows));
-      }
-      s.slots.clear();
-      for (const auto& slot : saved->slots) {
-        Tensor t;
-        if (scalar) {
-          CAPSTAN_ASSIGN_OR_RETURN(t, reader.read_slot(v.name, slot));
-        } else {
-          CAPSTAN_ASSIGN_OR_RETURN(t, reader.read_slot_rows(v.name, slot, s.first_row, s.first_row + s.rows));
-        }
-        s.slots[slot] = std::move(t);
-      }
-      s.step = saved->optimizer_step;
     }
   }
   return Status::Ok();

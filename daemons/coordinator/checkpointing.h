@@ -1,13 +1,14 @@
 // Checkpoints of the whole model, taken and restored by the coordinator.
 //
-// save: the coordinator reads every shard (values, optimizer slots, steps)
-// from the parameter servers and writes one safetensors file per PS task
-// plus a manifest (lib/checkpoint), atomically.
-// restore: for each shard of the variables as they are placed *now*, the
-// rows it covers are read from the checkpoint, whatever partitioning or
-// number of PS tasks it was saved with, and written to the shard (value,
-// slots, step). Variables the program did not create again are created
-// with the checkpoint's number of shards.
+// save: each parameter server writes one safetensors file of its shards
+// (values, optimizer slots, steps; a table's rows) into the checkpoint's
+// .tmp directory; the coordinator adds the mirrored variables' and the
+// iterators' files and writes the manifest last, atomically (lib/checkpoint).
+// restore: each parameter server reads, for each of its shards as placed
+// *now*, the rows it covers from the checkpoint, whatever partitioning or
+// number of PS tasks it was saved with (value, slots, step). Variables the
+// program did not create again are created with the checkpoint's number of
+// shards.
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_CHECKPOINTING_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_CHECKPOINTING_H_
 
@@ -56,9 +57,21 @@ inline constexpr const char* kIteratorsFile = "iterators.safetensors";
 // or "#<id>" for an unnamed one.
 std::string iterator_tensor_name(const std::string& dataset_name, int64_t dataset_id, int task_index);
 
+// The file of a checkpoint that holds the strategies' mirrored variables
+// (shards whose ps_task is < 0); a parameter server's shards are in
+// ps-<task>.safetensors (checkpoint/shard_files.h).
+inline constexpr const char* kMirroredFile = "mirrored.safetensors";
+
+// Adds to `writer` the files of `variables` (their values in hand: the
+// mirrored ones, or all of them in tests) and of the iterator positions
+// (none: no iterators file), and their entries to `manifest`.
+Status add_files(checkpoint::CheckpointWriter& writer, const std::vector<VariableState>& variables,
+                 const std::map<std::string, std::string>& iterators, checkpoint::Manifest* manifest);
+
 // Writes dir/ckpt-<step> (keeping `max_to_keep`) with the variables and the
 // iterator positions (none: no iterators file), through `fs`; returns its
-// path.
+// path. The coordinator's own saves go through ModelCheckpoints, where the
+// parameter servers write their files; this writes every value given.
 Result<std::string> write_checkpoint(const std::string& dir, int64_t step, int max_to_keep,
                                      const std::vector<VariableState>& variables,
                                      const std::map<std::string, std::string>& iterators = {},
@@ -77,17 +90,17 @@ Result<std::map<std::string, std::string>> read_iterator_states(const checkpoint
 // A checkpoint path, or a directory of checkpoints (its latest).
 Result<std::string> resolve_checkpoint(const std::string& path, io::FileSystem& fs = io::local_file_system());
 
-// Fills value, slots and step of every shard in `variables` (whose layout
-// is the current placement) from the checkpoint at `path`. An embedding
-// table's rows from every saved shard go to the shard that holds their key
-// now (table_shard_of over table_shards), whatever the number of parameter
-// servers it was saved with. A variable the
-// checkpoint lacks (created since it was saved) is, as in TF, left out of
-// `variables` (so it keeps its value) and named in `not_in_checkpoint`;
-// with `strict`, NotFound naming every such variable instead.
-// InvalidArgument when dtype or shape differ.
-Status read_into(const checkpoint::CheckpointReader& reader, std::vector<VariableState>* variables, bool strict,
-                 std::vector<std::string>* not_in_checkpoint);
+// Keeps in `variables` (the current layout, without values) the ones the
+// checkpoint has and checks them against it without reading a value: dtype
+// and shape, a table's dtype, dim and optimizer slots (InvalidArgument when
+// they differ; a variable and a table of one name differ). A variable the
+// checkpoint lacks (created since it was saved) is, as in TF, left out (so
+// it keeps its value) and named in `not_in_checkpoint`; with `strict`,
+// NotFound naming every such variable instead. The parameter servers then
+// read the values themselves (PsVariables::restore_from), re-sharding rows
+// and table keys as they are placed now.
+Status match_checkpoint(const checkpoint::Manifest& manifest, std::vector<VariableState>* variables, bool strict,
+                        std::vector<std::string>* not_in_checkpoint);
 
 }  // namespace capstan::coordinator
 

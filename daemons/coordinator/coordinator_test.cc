@@ -728,18 +728,25 @@ TEST_CASE("with client_grace 0 a silent client's values stay", "[coordinator][re
 
 // ---- Checkpoints -------------------------------------------------------------------------
 
-TEST_CASE("save_checkpoint reads every shard from the parameter server that holds it", "[coordinator]") {
+TEST_CASE("save_checkpoint has every parameter server write the shards it holds, reading none itself",
+          "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/2);
   h.create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)));
+  h.ps.tasks[0].shards.at("w/part_0").slots["accumulator"] = floats({5, 6}, {2});
   h.ps.tasks[1].shards.at("w/part_1").slots["accumulator"] = floats({7, 8}, {2});
   h.ps.tasks[1].shards.at("w/part_1").step = 5;
 
   std::string path = h.coordinator->save_checkpoint(dir.path(), 5, 3).wait(h.io.waitScope).value();
-  CHECK(h.ps.tasks[0].reads == std::vector<std::string>{"w/part_0"});
-  CHECK(h.ps.tasks[1].reads == std::vector<std::string>{"w/part_1"});
+  CHECK(h.ps.tasks[0].saved == std::vector<std::string>{"w/part_0"});
+  CHECK(h.ps.tasks[1].saved == std::vector<std::string>{"w/part_1"});
   CHECK(fs::exists(fs::path(path) / "ps-0.safetensors"));
   CHECK(fs::exists(fs::path(path) / "ps-1.safetensors"));
+  auto reader = checkpoint::CheckpointReader::open(path);
+  REQUIRE(reader.ok());
+  CHECK(values_of((*reader)->read_variable("w").value()) == std::vector<float>{1, 2, 3, 4});
+  CHECK(values_of((*reader)->read_slot_rows("w", "accumulator", 2, 4).value()) == std::vector<float>{7, 8});
+  CHECK((*reader)->manifest().variables[0].optimizer_step == 5);
 }
 
 TEST_CASE("an embedding table: a shard on every parameter server, saved with its generation, restored re-hashed "
@@ -881,11 +888,16 @@ TEST_CASE("a save with per-worker datasets reads the iterators while no closure 
 
   auto saving = h.coordinator->save_checkpoint(dir.path(), 1, 3);
   h.settle();
-  CHECK(h.ps.tasks[0].reads.empty());  // waits for the running closure
+  CHECK(h.ps.tasks[0].saved.empty());  // waits for the running closure
   h.answer(a, 0, std::string("v"));
-  // Read after the first closure finished and before the second started;
-  // then dispatch goes on.
-  CHECK(h.ps.tasks[0].reads == std::vector<std::string>{"w"});
+  // The .tmp directory is made on the pool meanwhile.
+  for (int i = 0; i < 200 && h.ps.tasks[0].saved.empty(); ++i) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    h.settle();
+  }
+  // Snapshot after the first closure finished and before the second
+  // started; then dispatch goes on.
+  CHECK(h.ps.tasks[0].saved == std::vector<std::string>{"w"});
   CHECK(a.runs_at_save == 1);
   CHECK(saving.wait(h.io.waitScope).ok());
   h.settle();
@@ -905,7 +917,7 @@ TEST_CASE("without per-worker datasets a save does not wait for running closures
   CHECK_FALSE(fs::exists(fs::path(dir.path()) / "ckpt-1" / kIteratorsFile));
 }
 
-TEST_CASE("restore_checkpoint writes each shard to the parameter server that holds it", "[coordinator]") {
+TEST_CASE("restore_checkpoint has each parameter server read the shards it holds", "[coordinator]") {
   data::testing::TempDir dir;
   Harness h({}, /*num_ps=*/2);
   h.create_variable(variable("w", floats({1, 2, 3, 4}, {4}), placement::Partitioner::fixed_shards(2)));
@@ -918,8 +930,8 @@ TEST_CASE("restore_checkpoint writes each shard to the parameter server that hol
   h.ps.tasks[0].shards.at("w/part_0") = ShardContents{floats({0, 0}, {2}), {}, 0};
   h.ps.tasks[1].shards.at("w/part_1") = ShardContents{floats({0, 0}, {2}), {}, 0};
   CHECK(h.coordinator->restore_checkpoint(path).wait(h.io.waitScope).value().step == 5);
-  CHECK(h.ps.tasks[0].writes == std::vector<std::string>{"w/part_0"});
-  CHECK(h.ps.tasks[1].writes == std::vector<std::string>{"w/part_1"});
+  CHECK(h.ps.tasks[0].restored == std::vector<std::string>{"w/part_0"});
+  CHECK(h.ps.tasks[1].restored == std::vector<std::string>{"w/part_1"});
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").slots.at("accumulator")) == std::vector<float>{5, 6});
   const ShardContents& restored = h.ps.tasks[1].shards.at("w/part_1");

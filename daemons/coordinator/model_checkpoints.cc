@@ -18,48 +18,94 @@ ModelCheckpoints::ModelCheckpoints(PsVariables& variables, Strategies& strategie
 
 kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, int64_t step, int max_to_keep) {
   using Path = Result<std::string>;
-  struct Saved {
+  struct Saving {
+    std::unique_ptr<checkpoint::CheckpointWriter> writer;
     std::shared_ptr<void> pause;  // dispatch resumes when it goes
     std::map<std::string, std::string> iterators;
+    PsVariables::ServerSave servers;
+    std::vector<VariableState> mirrored;
   };
-  auto saved = std::make_shared<Saved>();
+  auto saving = std::make_shared<Saving>();
+  // The .tmp directory is made while dispatch pauses.
+  auto begun = async::run_on_pool(pool_, [directory = std::move(directory), step, max_to_keep, saving]() -> Status {
+    CAPSTAN_ASSIGN_OR_RETURN(saving->writer, checkpoint::CheckpointWriter::begin(directory, step, max_to_keep));
+    return Status::Ok();
+  });
   // Without per-worker datasets there is nothing to keep in step with the
   // variables: closures go on running meanwhile, as in TF.
-  kj::Promise<void> ready = kj::READY_NOW;
+  kj::Promise<void> paused = kj::READY_NOW;
   if (!datasets_.empty()) {
-    ready = pause_dispatch_()
-                .then([this, saved](std::shared_ptr<void> pause) {
-                  saved->pause = std::move(pause);
-                  return datasets_.iterator_states(workers_.targets());
-                })
-                .then([saved](std::map<std::string, std::string> iterators) {
-                  saved->iterators = std::move(iterators);
-                });
+    paused = pause_dispatch_()
+                 .then([this, saving](std::shared_ptr<void> pause) {
+                   saving->pause = std::move(pause);
+                   return datasets_.iterator_states(workers_.targets());
+                 })
+                 .then([saving](std::map<std::string, std::string> iterators) {
+                   saving->iterators = std::move(iterators);
+                 });
   }
-  return ready.then([this]() { return snapshot(); })
-      .then([this, directory = std::move(directory), step, max_to_keep,
-             saved](Result<std::vector<VariableState>> states) -> kj::Promise<Path> {
-        saved->pause = nullptr;  // everything is read: dispatch resumes while the files are written
-        if (!states.ok()) return Path(states.status());
-        return async::run_on_pool(pool_, [directory, step, max_to_keep, states = std::move(*states),
-                                          iterators = std::move(saved->iterators)]() {
-          return write_checkpoint(directory, step, max_to_keep, states, iterators);
+  return begun
+      .then([paused = kj::mv(paused)](Status status) mutable {
+        return paused.then([status]() { return status; });
+      })
+      .then([this, saving](Status status) -> kj::Promise<Status> {
+        if (!status.ok()) return status;
+        return snapshot(saving->writer->path()).then([saving](Result<Snapshot> taken) -> Status {
+          CAPSTAN_RETURN_IF_ERROR(taken.status());
+          saving->servers = std::move(taken->servers);
+          saving->mirrored = std::move(taken->mirrored);
+          return Status::Ok();
+        });
+      })
+      .then([this, saving](Status status) -> kj::Promise<Path> {
+        // Every snapshot is taken: dispatch resumes while the files are
+        // written (the parameter servers' in the background on each).
+        saving->pause = nullptr;
+        if (!status.ok()) return Path(status);
+        return variables_.finish_save(saving->servers)
+            .then([this, saving](Result<std::vector<checkpoint::ManifestFile>> written) -> kj::Promise<Path> {
+              if (!written.ok()) return Path(written.status());
+              return async::run_on_pool(pool_, [saving, written = std::move(*written)]() -> Path {
+                checkpoint::Manifest manifest;
+                manifest.variables = std::move(saving->servers.variables);
+                CAPSTAN_RETURN_IF_ERROR(add_files(*saving->writer, saving->mirrored, saving->iterators, &manifest));
+                std::string path = saving->writer->checkpoint_path();
+                CAPSTAN_RETURN_IF_ERROR(saving->writer->commit(std::move(manifest), written));
+                return path;
+              });
+            });
+      })
+      .then([this, saving](Path path) {
+        // The writer goes on the pool (it removes the .tmp directory of a
+        // save that failed).
+        return async::run_on_pool(pool_, [saving]() { saving->writer.reset(); }).then([path = std::move(path)]() mutable {
+          return std::move(path);
         });
       });
 }
 
-kj::Promise<Result<std::vector<VariableState>>> ModelCheckpoints::snapshot() {
-  return variables_.snapshot().then(
-      [this](Result<std::vector<VariableState>> states) -> kj::Promise<Result<std::vector<VariableState>>> {
-        // The strategies' mirrored variables go into the same checkpoint.
-        if (!states.ok() || strategies_.empty()) return kj::mv(states);
-        return strategies_.snapshot().then(
-            [states = std::move(*states)](
-                Result<std::vector<VariableState>> mirrored) mutable -> Result<std::vector<VariableState>> {
-              CAPSTAN_RETURN_IF_ERROR(mirrored.status());
-              for (auto& m : *mirrored) states.push_back(std::move(m));
-              return std::move(states);
-            });
+kj::Promise<Result<ModelCheckpoints::Snapshot>> ModelCheckpoints::snapshot(std::string directory) {
+  using Out = Result<Snapshot>;
+  auto taken = std::make_shared<Snapshot>();
+  kj::Promise<Status> mirrored = Status::Ok();
+  if (!strategies_.empty()) {
+    // The strategies' mirrored variables go into the same checkpoint.
+    mirrored = strategies_.snapshot().then([taken](Result<std::vector<VariableState>> states) -> Status {
+      CAPSTAN_RETURN_IF_ERROR(states.status());
+      taken->mirrored = std::move(*states);
+      return Status::Ok();
+    });
+  }
+  return variables_.begin_save(std::move(directory))
+      .then([this, taken, mirrored = kj::mv(mirrored)](Result<PsVariables::ServerSave> servers) mutable {
+        if (servers.ok()) taken->servers = std::move(*servers);
+        return mirrored.then([this, taken, begun = servers.status()](Status status) -> kj::Promise<Out> {
+          if (begun.ok() && status.ok()) return Out(std::move(*taken));
+          // The servers that started writing are let finish first.
+          Status failed = begun.ok() ? status : begun;
+          if (!begun.ok()) return Out(failed);
+          return variables_.finish_save(taken->servers).then([failed](auto) -> Out { return failed; });
+        });
       });
 }
 
@@ -68,36 +114,39 @@ kj::Promise<Result<RestoredCheckpoint>> ModelCheckpoints::restore(std::string pa
   return async::run_on_pool(pool_,
                             [path = std::move(path)]() -> Result<Opened> {
                               CAPSTAN_ASSIGN_OR_RETURN(std::string resolved, resolve_checkpoint(path));
-                              CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(resolved));
+                              // The manifest and headers only: each parameter
+                              // server checks the files it reads.
+                              checkpoint::CheckpointReaderOptions options;
+                              options.verify_checksums_on_open = false;
+                              CAPSTAN_ASSIGN_OR_RETURN(auto reader,
+                                                       checkpoint::CheckpointReader::open(resolved, options));
                               return Opened{std::move(resolved), Reader(std::move(reader))};
                             })
-      .then([this](Result<Opened> opened) -> kj::Promise<Result<Opened>> {
-        if (!opened.ok()) return kj::mv(opened);
+      .then([this, strict](Result<Opened> opened) -> kj::Promise<Restored> {
+        if (!opened.ok()) return Restored(opened.status());
         // Variables the program has not created (again) get the
-        // checkpoint's number of shards on the current parameter servers.
+        // checkpoint's number of shards on the current parameter servers;
+        // the servers create them with the checkpoint's values.
         auto is_mirrored = [this](const std::string& name) { return strategies_.is_mirrored(name); };
-        return variables_.create_absent(opened->reader->manifest(), is_mirrored)
-            .then([opened = std::move(*opened)](Status status) mutable -> Result<Opened> {
-              CAPSTAN_RETURN_IF_ERROR(status);
-              return std::move(opened);
+        auto absent = variables_.place_absent(opened->reader->manifest(), is_mirrored);
+        if (!absent.ok()) return Restored(absent.status());
+        return read(std::move(*opened), strict, *absent)
+            .then([this, absent = std::move(*absent)](Result<Read> read) mutable -> kj::Promise<Restored> {
+              if (!read.ok()) return Restored(read.status());
+              return apply(std::move(*read), std::move(absent));
             });
-      })
-      .then([this, strict](Result<Opened> opened) -> kj::Promise<Result<Read>> {
-        if (!opened.ok()) return Result<Read>(opened.status());
-        return read(std::move(*opened), strict);
-      })
-      .then([this](Result<Read> read) -> kj::Promise<Restored> {
-        if (!read.ok()) return Restored(read.status());
-        return apply(std::move(*read));
       });
 }
 
-kj::Promise<Result<ModelCheckpoints::Read>> ModelCheckpoints::read(Opened opened, bool strict) {
-  return async::run_on_pool(pool_, [opened = std::move(opened), states = variables_.layout(), strict,
+kj::Promise<Result<ModelCheckpoints::Read>> ModelCheckpoints::read(Opened opened, bool strict,
+                                                                    const std::vector<PlacedVariable>& absent) {
+  std::vector<VariableState> states = variables_.layout();
+  for (const auto& v : absent) states.push_back(PsVariables::layout_of(v));
+  return async::run_on_pool(pool_, [opened = std::move(opened), states = std::move(states), strict,
                                     mirrored = strategies_.specs()]() mutable -> Result<Read> {
     const checkpoint::CheckpointReader& reader = *opened.reader;
     std::vector<std::string> missing;
-    CAPSTAN_RETURN_IF_ERROR(read_into(reader, &states, strict, &missing));
+    CAPSTAN_RETURN_IF_ERROR(match_checkpoint(reader.manifest(), &states, strict, &missing));
     CAPSTAN_ASSIGN_OR_RETURN(Strategies::Restore from, Strategies::read_checkpoint(reader, mirrored));
     if (strict && !from.missing.empty()) {
       std::string names;
@@ -113,17 +162,18 @@ kj::Promise<Result<ModelCheckpoints::Read>> ModelCheckpoints::read(Opened opened
   });
 }
 
-kj::Promise<Result<RestoredCheckpoint>> ModelCheckpoints::apply(Read read) {
+kj::Promise<Result<RestoredCheckpoint>> ModelCheckpoints::apply(Read read, std::vector<PlacedVariable> absent) {
   auto out = std::make_shared<RestoredCheckpoint>();
   out->path = std::move(read.path);
   out->step = read.step;
   out->not_in_checkpoint = std::move(read.missing);
-  auto states = std::make_shared<std::vector<VariableState>>(std::move(read.states));
-  // A parameter server that restarted gets its shards back first.
-  return variables_.recreate_missing(states.get())
-      .then([this, states](Status status) -> kj::Promise<Status> {
+  // Every parameter server reads its shards itself (creating those it
+  // lacks: a server that restarted, or a variable placed just now).
+  return variables_.restore_from(out->path, read.states)
+      .then([this, absent = std::move(absent)](Status status) mutable -> Status {
         if (!status.ok()) return status;
-        return variables_.write_shards(std::move(*states));
+        for (auto& v : absent) CAPSTAN_RETURN_IF_ERROR(variables_.record(std::move(v)));
+        return Status::Ok();
       })
       .then([this, mirrored = std::move(read.mirrored)](Status status) mutable -> kj::Promise<Status> {
         if (!status.ok()) return status;

@@ -3,18 +3,23 @@
 // optimizer slots and steps; a table's rows), the strategies' mirrored
 // variables and the per-worker iterators' positions.
 //
-// save     with per-worker datasets, dispatch pauses until no closure or
-//          step runs and the iterators' positions are read (so that the
-//          variables saved hold the effect of every element the saved
-//          iterators handed out); then the variables are read and dispatch
-//          resumes while the files are written on the pool.
-// restore  variables the program has not created (again) are created with
-//          the checkpoint's number of shards; every variable's shards are
-//          read from the checkpoint as placed now (strict: one it lacks is
-//          an error; else it keeps its value and is listed), a parameter
-//          server that restarted gets its shards back first, the mirrored
-//          variables become the strategies' seeds, and the iterators are
-//          put back where the checkpoint has them.
+// save     the checkpoint's .tmp directory is made; with per-worker
+//          datasets, dispatch pauses until no closure or step runs and the
+//          iterators' positions are read (so that the variables saved hold
+//          the effect of every element the saved iterators handed out);
+//          every parameter server snapshots its shards (copy-on-write: the
+//          pause is that and no more) and the mirrored variables are read;
+//          dispatch resumes while each server writes its own file; the
+//          coordinator writes the mirrored variables' and iterators' files
+//          and commits the manifest, with the servers' sizes and CRC32Cs,
+//          last. No variable or table byte passes through the coordinator.
+// restore  variables the program has not created (again) are placed with
+//          the checkpoint's number of shards; every variable is checked
+//          against the manifest (strict: one it lacks is an error; else it
+//          keeps its value and is listed); each parameter server reads its
+//          shards as placed now from the files itself (creating those it
+//          lacks), the mirrored variables become the strategies' seeds, and
+//          the iterators are put back where the checkpoint has them.
 //
 // Example:
 //   ModelCheckpoints checkpoints(variables, strategies, datasets, workers, pool, pause_dispatch);
@@ -76,12 +81,22 @@ class ModelCheckpoints {
     Strategies::Restore mirrored;
     std::map<std::string, std::string> iterators;
   };
-  // The variables and mirrored variables to save.
-  kj::Promise<Result<std::vector<VariableState>>> snapshot();
-  kj::Promise<Result<Read>> read(Opened opened, bool strict);
-  // Writes what was read to the parameter servers, the strategies and the
-  // workers' iterators.
-  kj::Promise<Result<RestoredCheckpoint>> apply(Read read);
+  // A save's snapshots: the parameter servers' (their files being written)
+  // and the mirrored variables' values.
+  struct Snapshot {
+    PsVariables::ServerSave servers;
+    std::vector<VariableState> mirrored;
+  };
+  // Has the parameter servers snapshot their shards (writing them into
+  // `directory`) and reads the mirrored variables.
+  kj::Promise<Result<Snapshot>> snapshot(std::string directory);
+  // Checks the checkpoint against the variables (those placed now and
+  // `absent`, placed for the restore) and reads the mirrored variables and
+  // the iterators (on the pool).
+  kj::Promise<Result<Read>> read(Opened opened, bool strict, const std::vector<PlacedVariable>& absent);
+  // Has the parameter servers read their shards, records `absent`, seeds
+  // the strategies and puts the workers' iterators back.
+  kj::Promise<Result<RestoredCheckpoint>> apply(Read read, std::vector<PlacedVariable> absent);
 
   PsVariables& variables_;
   Strategies& strategies_;

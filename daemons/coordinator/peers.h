@@ -15,7 +15,9 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
+#include "checkpoint/manifest.h"
 #include "types/replica.h"
+#include "types/shard_checkpoint.h"
 #include "types/table_rows.h"
 
 namespace capstan::coordinator {
@@ -99,13 +101,6 @@ class WorkerPeer {
   }
 };
 
-// What a parameter server holds for one shard.
-struct ShardContents {
-  Tensor value;
-  std::map<std::string, Tensor> slots;
-  int64_t step = 0;
-};
-
 // What a parameter server holds of an embedding table's shard.
 struct TableContents {
   ps::TableRows rows;
@@ -126,10 +121,6 @@ class ParameterServers {
   virtual kj::Promise<void> unreachable(int task) = 0;
   virtual kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
                                            const Optimizer& optimizer) = 0;
-  virtual kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) = 0;
-  // Sets value, optimizer slots and step; an invalid value (Tensor()) leaves
-  // the value as it is.
-  virtual kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) = 0;
   // The names of the shards `task` holds (embedding-table shards too).
   virtual kj::Promise<Result<std::set<std::string>>> list_shards(int task) = 0;
 
@@ -142,10 +133,25 @@ class ParameterServers {
   virtual kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) {
     return Result<TableContents>(Status::Unimplemented("export_table"));
   }
-  // Inserts or overwrites the rows (clear: all rows go first), sets the
-  // step and tags later changes above contents.version.
-  virtual kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) {
-    return Status::Unimplemented("import_table");
+  // Checkpoints each parameter server writes and reads itself (the
+  // defaults answer Unimplemented). begin_save snapshots `items` and starts
+  // writing them as `directory`/`file`; finish_save waits for that file:
+  // its manifest entry (size, CRC32C).
+  struct SaveStarted {
+    uint64_t save_id = 0;
+    std::vector<ps::SavedShard> shards;  // in request order
+  };
+  virtual kj::Promise<Result<SaveStarted>> begin_save(int task, std::string directory, std::string file,
+                                                      std::vector<ps::SaveItem> items) {
+    return Result<SaveStarted>(Status::Unimplemented("begin_save"));
+  }
+  virtual kj::Promise<Result<checkpoint::ManifestFile>> finish_save(int task, uint64_t save_id) {
+    return Result<checkpoint::ManifestFile>(Status::Unimplemented("finish_save"));
+  }
+  // Fills (creating where absent) `items` from the committed checkpoint at
+  // `path`.
+  virtual kj::Promise<Status> restore_shards(int task, std::string path, std::vector<ps::RestoreItem> items) {
+    return Status::Unimplemented("restore_shards");
   }
 };
 

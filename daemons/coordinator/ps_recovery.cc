@@ -150,25 +150,24 @@ kj::Promise<Result<PsRecovery::Recovered>> PsRecovery::restore_shards(int task, 
   return async::run_on_pool(pool_,
                             [from = std::move(from), states = std::move(layout_now)]() mutable -> Result<Recovered> {
                               CAPSTAN_ASSIGN_OR_RETURN(std::string path, resolve_checkpoint(from));
-                              CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(path));
+                              checkpoint::CheckpointReaderOptions options;
+                              options.verify_checksums_on_open = false;  // the manifest only: the server reads
+                              CAPSTAN_ASSIGN_OR_RETURN(auto reader, checkpoint::CheckpointReader::open(path, options));
                               std::vector<std::string> absent;
                               // Strict: a shard the checkpoint lacks cannot be recovered.
-                              CAPSTAN_RETURN_IF_ERROR(read_into(*reader, &states, /*strict=*/true, &absent));
+                              CAPSTAN_RETURN_IF_ERROR(
+                                  match_checkpoint(reader->manifest(), &states, /*strict=*/true, &absent));
                               return Recovered{path, reader->manifest().step, std::move(states)};
                             })
       .then([this](Result<Recovered> read) -> kj::Promise<Result<Recovered>> {
         if (!read.ok()) return kj::mv(read);
         auto shared = std::make_shared<Recovered>(std::move(*read));
-        // Created with their values; then their slots and optimizer steps.
-        return variables_.recreate_missing(&shared->states)
-            .then([this, shared](Status status) -> kj::Promise<Status> {
-              if (!status.ok()) return status;
-              return variables_.write_shards(shared->states);
-            })
-            .then([shared](Status status) -> Result<Recovered> {
-              CAPSTAN_RETURN_IF_ERROR(status);
-              return std::move(*shared);
-            });
+        // The server reads its lost shards from the checkpoint itself,
+        // creating them.
+        return variables_.restore_from(shared->path, shared->states).then([shared](Status status) -> Result<Recovered> {
+          CAPSTAN_RETURN_IF_ERROR(status);
+          return std::move(*shared);
+        });
       });
 }
 

@@ -6,6 +6,8 @@
 
 #include "async/pool.h"
 #include "checkpoint/checkpoint.h"
+#include "checkpoint/shard_files.h"
+#include "training/optimizer.h"
 #include "data/tensor_util.h"
 
 namespace capstan::coordinator {
@@ -121,9 +123,9 @@ kj::Promise<Result<VariableLocation>> PsVariables::create_table(EmbeddingTableSp
   });
 }
 
-kj::Promise<Status> PsVariables::create_absent(const checkpoint::Manifest& manifest,
-                                               const std::function<bool(const std::string&)>& skip) {
-  auto creates = kj::Vector<kj::Promise<Status>>();
+Result<std::vector<PlacedVariable>> PsVariables::place_absent(const checkpoint::Manifest& manifest,
+                                                             const std::function<bool(const std::string&)>& skip) {
+  std::vector<PlacedVariable> placed;
   for (const auto& saved : manifest.variables) {
     if (variables_.count(saved.name) != 0 || skip(saved.name)) continue;
     if (saved.table) {
@@ -131,22 +133,33 @@ kj::Promise<Status> PsVariables::create_absent(const checkpoint::Manifest& manif
         return Status::FailedPrecondition("the checkpoint has embedding table '" + saved.name +
                                           "' but the coordinator has no parameter servers (set --ps or a 'ps' job)");
       }
-      creates.add(create_shards(place_table({saved.name, saved.table->dim, saved.dtype, saved.table->initializer,
-                                             saved.optimizer, saved.table->options}),
-                                Tensor()));
+      placed.push_back(place_table({saved.name, saved.table->dim, saved.dtype, saved.table->initializer,
+                                    saved.optimizer, saved.table->options}));
       continue;
     }
-    auto zeros = Tensor::zeros(saved.dtype, saved.shape);
-    if (!zeros.ok()) return zeros.status();
     placement::Partitioner partitioner =
         saved.shape.empty() ? placement::Partitioner::none()
                             : placement::Partitioner::fixed_shards(static_cast<int64_t>(saved.shards.size()));
-    auto variable = place(saved.name, saved.dtype, saved.shape, partitioner);
-    if (!variable.ok()) return variable.status();
-    variable->optimizer = saved.optimizer;
-    creates.add(create_shards(std::move(*variable), std::move(*zeros)));
+    CAPSTAN_ASSIGN_OR_RETURN(PlacedVariable variable, place(saved.name, saved.dtype, saved.shape, partitioner));
+    variable.optimizer = saved.optimizer;
+    placed.push_back(std::move(variable));
   }
-  return first_error(creates.releaseAsArray());
+  return placed;
+}
+
+Status PsVariables::record(PlacedVariable variable) {
+  CAPSTAN_RETURN_IF_ERROR(journal_(variable));
+  ++version_;
+  if (variable.table) {
+    log_->info("embedding table '{}' {}[*, {}] placed on {} parameter server(s)", variable.name,
+               dtype_name(variable.dtype), variable.table->dim, variable.shards.size());
+  } else {
+    log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
+               shape_string(variable.shape), variable.shards.size());
+  }
+  std::string name = variable.name;
+  variables_[name] = std::move(variable);
+  return Status::Ok();
 }
 
 kj::Promise<Status> PsVariables::create_shards(PlacedVariable variable, Tensor initial) {
@@ -166,18 +179,7 @@ kj::Promise<Status> PsVariables::create_shards(PlacedVariable variable, Tensor i
   }
   return first_error(creates.finish()).then([this, variable = std::move(variable)](Status status) mutable {
     if (!status.ok()) return status;
-    CAPSTAN_RETURN_IF_ERROR(journal_(variable));
-    ++version_;
-    if (variable.table) {
-      log_->info("embedding table '{}' {}[*, {}] placed on {} parameter server(s)", variable.name,
-                 dtype_name(variable.dtype), variable.table->dim, variable.shards.size());
-    } else {
-      log_->info("variable '{}' {}{} placed in {} shard(s)", variable.name, dtype_name(variable.dtype),
-                 shape_string(variable.shape), variable.shards.size());
-    }
-    std::string name = variable.name;
-    variables_[name] = std::move(variable);
-    return Status::Ok();
+    return record(std::move(variable));
   });
 }
 
@@ -205,137 +207,29 @@ std::set<std::string> PsVariables::shards_on(int task) const {
   return names;
 }
 
+VariableState PsVariables::layout_of(const PlacedVariable& variable) {
+  VariableState state;
+  state.name = variable.name;
+  state.dtype = variable.dtype;
+  state.shape = variable.shape;
+  state.optimizer = variable.optimizer;
+  state.table = variable.table;
+  state.table_shards = static_cast<int>(variable.shards.size());
+  for (const auto& shard : variable.shards) {
+    ShardState s;
+    s.name = shard.name;
+    s.ps_task = shard.ps_task;
+    s.first_row = shard.first_row;
+    s.rows = shard.rows;
+    state.shards.push_back(std::move(s));
+  }
+  return state;
+}
+
 std::vector<VariableState> PsVariables::layout() const {
   std::vector<VariableState> states;
-  for (const auto& [name, variable] : variables_) {
-    VariableState state;
-    state.name = name;
-    state.dtype = variable.dtype;
-    state.shape = variable.shape;
-    state.optimizer = variable.optimizer;
-    state.table = variable.table;
-    state.table_shards = static_cast<int>(variable.shards.size());
-    for (const auto& shard : variable.shards) {
-      ShardState s;
-      s.name = shard.name;
-      s.ps_task = shard.ps_task;
-      s.first_row = shard.first_row;
-      s.rows = shard.rows;
-      state.shards.push_back(std::move(s));
-    }
-    states.push_back(std::move(state));
-  }
+  for (const auto& [name, variable] : variables_) states.push_back(layout_of(variable));
   return states;
-}
-
-kj::Promise<Result<std::vector<VariableState>>> PsVariables::snapshot() {
-  using States = Result<std::vector<VariableState>>;
-  Status up = health_.status();
-  if (!up.ok()) return States(up);
-  auto states = std::make_shared<std::vector<VariableState>>(layout());
-  auto reads = kj::Vector<kj::Promise<Status>>();
-  for (size_t v = 0; v < states->size(); ++v) {
-    if ((*states)[v].table) {
-      reads.add(snapshot_table(states, v));
-      continue;
-    }
-    for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
-      const ShardState& shard = (*states)[v].shards[k];
-      reads.add(ps_.read_shard(shard.ps_task, shard.name).then([states, v, k](Result<ShardContents> contents) {
-        CAPSTAN_RETURN_IF_ERROR(contents.status());
-        ShardState& s = (*states)[v].shards[k];
-        s.value = std::move(contents->value);
-        s.slots = std::move(contents->slots);
-        s.step = contents->step;
-        return Status::Ok();
-      }));
-    }
-  }
-  return first_error(reads.releaseAsArray()).then([states](Status status) -> States {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return std::move(*states);
-  });
-}
-
-kj::Promise<Status> PsVariables::snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v) {
-  // Two rounds: every shard's version, then the rows, with later changes
-  // tagged above the highest version of any shard (the checkpoint's
-  // generation), so that "changed since this checkpoint" is one comparison.
-  auto versions = kj::Vector<kj::Promise<Result<TableContents>>>();
-  for (const ShardState& shard : (*states)[v].shards) {
-    versions.add(ps_.export_table(shard.ps_task, shard.name, INT64_MAX, 0));
-  }
-  return kj::joinPromises(versions.releaseAsArray())
-      .then([this, states, v](kj::Array<Result<TableContents>> answers) -> kj::Promise<Status> {
-        int64_t generation = 0;
-        for (auto& a : answers) {
-          if (!a.ok()) return a.status();
-          generation = std::max(generation, a->version);
-        }
-        (*states)[v].generation = generation;
-        auto reads = kj::Vector<kj::Promise<Status>>();
-        for (size_t k = 0; k < (*states)[v].shards.size(); ++k) {
-          const ShardState& shard = (*states)[v].shards[k];
-          reads.add(ps_.export_table(shard.ps_task, shard.name, 0, generation + 1)
-                        .then([states, v, k](Result<TableContents> contents) {
-                          CAPSTAN_RETURN_IF_ERROR(contents.status());
-                          ShardState& s = (*states)[v].shards[k];
-                          s.table_rows = std::move(contents->rows);
-                          s.step = contents->step;
-                          s.version = contents->version;
-                          return Status::Ok();
-                        }));
-        }
-        return first_error(reads.releaseAsArray());
-      });
-}
-
-kj::Promise<Status> PsVariables::write_shards(std::vector<VariableState> states) {
-  auto writes = kj::Vector<kj::Promise<Status>>();
-  for (auto& v : states) {
-    for (auto& s : v.shards) {
-      if (v.table) {
-        writes.add(ps_.import_table(s.ps_task, s.name, TableContents{std::move(s.table_rows), s.step, s.version},
-                                    /*clear=*/true));
-        continue;
-      }
-      ShardContents contents;
-      contents.value = std::move(s.value);
-      contents.slots = std::move(s.slots);
-      contents.step = s.step;
-      writes.add(ps_.write_shard(s.ps_task, s.name, std::move(contents)));
-    }
-  }
-  return first_error(writes.releaseAsArray());
-}
-
-kj::Promise<Status> PsVariables::recreate_missing(std::vector<VariableState>* states) {
-  // What each task should hold, of `states`.
-  std::map<int, std::vector<std::pair<const VariableState*, ShardState*>>> by_task;
-  for (auto& v : *states) {
-    for (auto& s : v.shards) by_task[s.ps_task].emplace_back(&v, &s);
-  }
-  auto steps = kj::Vector<kj::Promise<Status>>();
-  for (auto& [task, shards] : by_task) {
-    int t = task;
-    steps.add(ps_.list_shards(t).then(
-        [this, t, shards = std::move(shards)](Result<std::set<std::string>> held) -> kj::Promise<Status> {
-          if (!held.ok()) return held.status();
-          auto creates = kj::Vector<kj::Promise<Status>>();
-          for (const auto& [v, s] : shards) {
-            if (held->count(s->name) != 0) continue;
-            if (v->table) {
-              creates.add(ps_.create_table(t, s->name, *v->table));
-              continue;
-            }
-            creates.add(ps_.create_shard(t, s->name, s->value, v->optimizer));
-            // Sent with the create: write_shards sets only its slots and step.
-            s->value = Tensor();
-          }
-          return first_error(creates.releaseAsArray());
-        }));
-  }
-  return first_error(steps.releaseAsArray());
 }
 
 kj::Promise<Result<int64_t>> PsVariables::export_table(std::string name, std::string since, std::string path) {
@@ -400,6 +294,167 @@ kj::Promise<Result<int64_t>> PsVariables::export_rows(PlacedVariable variable, i
         return async::run_on_pool(pool_,
                                   [state = std::move(state), path]() { return write_table_export(state, path); });
       });
+}
+
+// ---- Checkpoints the parameter servers write and read themselves
+
+kj::Promise<Result<PsVariables::ServerSave>> PsVariables::begin_save(std::string directory) {
+  using Out = Result<ServerSave>;
+  Status up = health_.status();
+  if (!up.ok()) return Out(up);
+  // Tables first: every shard's version, so that each is marked above the
+  // highest: the checkpoint's generation, so that "changed since this
+  // checkpoint" is one comparison.
+  auto tables = std::make_shared<std::map<std::string, int64_t>>();  // table -> generation
+  auto versions = kj::Vector<kj::Promise<Status>>();
+  for (const auto& [name, variable] : variables_) {
+    if (!variable.table) continue;
+    for (const ShardLocation& shard : variable.shards) {
+      versions.add(ps_.export_table(shard.ps_task, shard.name, INT64_MAX, 0)
+                       .then([tables, name = name](Result<TableContents> answer) -> Status {
+                         CAPSTAN_RETURN_IF_ERROR(answer.status());
+                         int64_t& g = (*tables)[name];
+                         g = std::max(g, answer->version);
+                         return Status::Ok();
+                       }));
+    }
+  }
+  return first_error(versions.releaseAsArray())
+      .then([this, tables, directory = std::move(directory)](Status status) -> kj::Promise<Out> {
+        if (!status.ok()) return Out(status);
+        std::map<int, std::vector<ps::SaveItem>> by_task;
+        for (const auto& [name, variable] : variables_) {
+          for (const ShardLocation& shard : variable.shards) {
+            ps::SaveItem item{shard.name, variable.table.has_value(), 0};
+            if (variable.table) item.begin_version = (*tables)[name] + 1;
+            by_task[shard.ps_task].push_back(std::move(item));
+          }
+        }
+        auto answers = std::make_shared<std::map<int, ParameterServers::SaveStarted>>();
+        auto begun = kj::Vector<kj::Promise<Status>>();
+        for (auto& [task, items] : by_task) {
+          begun.add(ps_.begin_save(task, directory, checkpoint::ps_file_name(task), std::move(items))
+                        .then([answers, task = task](Result<ParameterServers::SaveStarted> started) -> Status {
+                          CAPSTAN_RETURN_IF_ERROR(started.status().with_context("parameter server ps:" +
+                                                                                std::to_string(task)));
+                          (*answers)[task] = std::move(*started);
+                          return Status::Ok();
+                        }));
+        }
+        return kj::joinPromises(begun.releaseAsArray())
+            .then([this, tables, answers](kj::Array<Status> results) -> kj::Promise<Out> {
+              ServerSave save;
+              for (const auto& [task, started] : *answers) save.saves.emplace_back(task, started.save_id);
+              for (auto& result : results) {
+                if (result.ok()) continue;
+                // The servers that did start are let finish first: nothing
+                // writes into the .tmp directory once the failed save drops it.
+                Status failed = result;
+                return finish_save(save).then([failed](auto) -> Out { return failed; });
+              }
+              std::map<std::string, const ps::SavedShard*> saved;
+              for (const auto& [task, started] : *answers) {
+                for (const auto& shard : started.shards) saved[shard.name] = &shard;
+              }
+              for (const auto& [name, variable] : variables_) {
+                auto entry = manifest_entry(variable, saved, variable.table ? (*tables)[name] : 0);
+                if (!entry.ok()) {
+                  Status failed = entry.status();
+                  return finish_save(save).then([failed](auto) -> Out { return failed; });
+                }
+                save.variables.push_back(std::move(*entry));
+              }
+              return Out(std::move(save));
+            });
+      });
+}
+
+Result<checkpoint::ManifestVariable> PsVariables::manifest_entry(
+    const PlacedVariable& variable, const std::map<std::string, const ps::SavedShard*>& saved, int64_t generation) {
+  checkpoint::ManifestVariable mv;
+  mv.name = variable.name;
+  mv.dtype = variable.dtype;
+  mv.shape = variable.shape;
+  mv.optimizer = variable.optimizer;
+  int64_t first_row = 0;
+  for (const ShardLocation& shard : variable.shards) {
+    auto found = saved.find(shard.name);
+    if (found == saved.end()) return Status::Internal("no snapshot of shard '" + shard.name + "'");
+    const ps::SavedShard& s = *found->second;
+    const int64_t rows = variable.table ? (s.shape.empty() ? 0 : s.shape[0]) : shard.rows;
+    Shape expect = variable.shape;
+    if (variable.table) expect = {rows, variable.table->dim};
+    if (!expect.empty() && !variable.table) expect[0] = rows;
+    if (s.dtype != variable.dtype || s.shape != expect) {
+      return Status::FailedPrecondition("parameter server ps:" + std::to_string(shard.ps_task) + " holds '" +
+                                        shard.name + "' as " + std::string(dtype_name(s.dtype)) +
+                                        shape_string(s.shape) + ", not " + std::string(dtype_name(variable.dtype)) +
+                                        shape_string(expect));
+    }
+    mv.partitioning.push_back(rows);
+    mv.shards.push_back({shard.name, checkpoint::ps_file_name(shard.ps_task), variable.table ? first_row : shard.first_row,
+                         rows});
+    first_row += rows;
+    if (mv.shards.size() == 1) mv.slots = s.slots;
+    mv.optimizer_step = std::max(mv.optimizer_step, s.step);
+  }
+  if (variable.table) {
+    mv.shape = {first_row, variable.table->dim};
+    mv.table = checkpoint::ManifestTable{variable.table->dim, variable.table->initializer, variable.table->options,
+                                         generation};
+  }
+  return mv;
+}
+
+kj::Promise<Result<std::vector<checkpoint::ManifestFile>>> PsVariables::finish_save(const ServerSave& save) {
+  using Files = Result<std::vector<checkpoint::ManifestFile>>;
+  auto waits = kj::Vector<kj::Promise<Files>>();
+  for (const auto& [task, id] : save.saves) {
+    waits.add(ps_.finish_save(task, id).then([task = task](Result<checkpoint::ManifestFile> file) -> Files {
+      CAPSTAN_RETURN_IF_ERROR(file.status().with_context("parameter server ps:" + std::to_string(task) +
+                                                         " writing its checkpoint file"));
+      file->name = checkpoint::ps_file_name(task);
+      return std::vector<checkpoint::ManifestFile>{*file};
+    }));
+  }
+  return kj::joinPromises(waits.releaseAsArray()).then([](kj::Array<Files> answers) -> Files {
+    std::vector<checkpoint::ManifestFile> files;
+    for (auto& a : answers) {
+      CAPSTAN_RETURN_IF_ERROR(a.status());
+      files.insert(files.end(), a->begin(), a->end());
+    }
+    return files;
+  });
+}
+
+kj::Promise<Status> PsVariables::restore_from(std::string path, const std::vector<VariableState>& states) {
+  std::map<int, std::vector<ps::RestoreItem>> by_task;
+  for (const auto& v : states) {
+    for (const auto& s : v.shards) {
+      ps::RestoreItem item;
+      item.name = s.name;
+      item.variable = v.name;
+      item.first_row = s.first_row;
+      item.rows = s.rows;
+      item.dtype = v.dtype;
+      item.shape = v.shape;
+      if (!item.shape.empty()) item.shape[0] = s.rows;
+      item.optimizer = v.optimizer;
+      if (v.table) {
+        item.table = v.table;
+        item.table_part = s.ps_task;
+        item.table_parts = v.table_shards;
+      }
+      by_task[s.ps_task].push_back(std::move(item));
+    }
+  }
+  auto restores = kj::Vector<kj::Promise<Status>>();
+  for (auto& [task, items] : by_task) {
+    restores.add(ps_.restore_shards(task, path, std::move(items)).then([task = task](Status status) {
+      return status.with_context("parameter server ps:" + std::to_string(task) + " restoring its shards");
+    }));
+  }
+  return first_error(restores.releaseAsArray());
 }
 
 }  // namespace capstan::coordinator

@@ -6,16 +6,18 @@
 //
 // Glossary:
 //   layout    the variables as placed now, without values: what a checkpoint
-//             is read into (checkpointing.h's read_into) and what a
-//             snapshot fills.
-//   snapshot  every shard's value, slots and step (a table's rows), read
-//             from the parameter servers.
+//             is checked against (checkpointing.h's match_checkpoint) and
+//             what a restore fills.
+//   save      each parameter server snapshots its shards and writes them
+//             into the checkpoint itself (begin_save, finish_save); a
+//             restore has it read them back (restore_from).
 //
 // Example:
 //   PsVariables variables(ps, health, pool, log, work_dir, journal_variable);
 //   auto w = variables.create({"w", initial, optimizer, Partitioner::fixed_shards(2)}).wait(ws);
 //   variables.placements().version;               // 1
-//   auto states = variables.snapshot().wait(ws);  // for a checkpoint
+//   auto save = variables.begin_save("/ckpt/ckpt-100.tmp").wait(ws);  // snapshots taken
+//   auto files = variables.finish_save(*save).wait(ws);                // files written
 //
 // Not thread-safe: the Coordinator uses it on its loop thread.
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_PS_VARIABLES_H_
@@ -75,28 +77,44 @@ class PsVariables {
   // outside [1, 65536]; AlreadyExists when the spec differs or a variable has
   // the name.
   kj::Promise<Result<VariableLocation>> create_table(EmbeddingTableSpec spec);
-  // Creates, zero-filled, the variables of a checkpoint's manifest that do
-  // not exist and that `skip` does not name (a restore: they get the
-  // checkpoint's number of shards on the parameter servers there are now).
-  kj::Promise<Status> create_absent(const checkpoint::Manifest& manifest,
-                                    const std::function<bool(const std::string&)>& skip);
+  // Places, without creating or recording them, the variables of a
+  // checkpoint's manifest that do not exist and that `skip` does not name (a
+  // restore: they get the checkpoint's number of shards on the parameter
+  // servers there are now). restore_from() creates their shards with the
+  // checkpoint's values; record() then keeps them.
+  Result<std::vector<PlacedVariable>> place_absent(const checkpoint::Manifest& manifest,
+                                                   const std::function<bool(const std::string&)>& skip);
+  // Journals and records a variable whose shards exist (bumping the version).
+  Status record(PlacedVariable variable);
   // Writes the rows of table `name` changed since checkpoint `since` ("":
   // every row) to the safetensors file `path`; the number of rows (see
   // Coordinator::export_table).
   kj::Promise<Result<int64_t>> export_table(std::string name, std::string since, std::string path);
 
   std::vector<VariableState> layout() const;
-  // The layout filled from the parameter servers. Unavailable while one is
-  // not up.
-  kj::Promise<Result<std::vector<VariableState>>> snapshot();
-  // Writes values (those set), slots and steps; a table's rows replace all
-  // of its shard's.
-  kj::Promise<Status> write_shards(std::vector<VariableState> states);
-  // Creates, on each parameter server, the shards of `states` it lacks (it
-  // restarted), with the values in `states`. Their values go with the
-  // create; those are cleared from `states`, so that write_shards sends only
-  // the slots and steps of those shards.
-  kj::Promise<Status> recreate_missing(std::vector<VariableState>* states);
+  static VariableState layout_of(const PlacedVariable& variable);
+
+  // A checkpoint the parameter servers are writing (issue 34): the
+  // manifest's entries for the variables and tables, built from their
+  // snapshots, and each server's save to wait for.
+  struct ServerSave {
+    std::vector<checkpoint::ManifestVariable> variables;
+    std::vector<std::pair<int, uint64_t>> saves;  // (task, save id)
+  };
+  // Has every parameter server snapshot the shards it holds and start
+  // writing them as ps-<task>.safetensors into `directory` (a checkpoint's
+  // .tmp directory); resolves once every snapshot is taken (a table's
+  // generation: the highest version of any of its shards, which are told
+  // to tag later changes above it). Unavailable while one is not up.
+  kj::Promise<Result<ServerSave>> begin_save(std::string directory);
+  // Waits for every server's file of `save`: their manifest entries. Every
+  // save is waited for, even after one failed, so that no server still
+  // writes when this resolves.
+  kj::Promise<Result<std::vector<checkpoint::ManifestFile>>> finish_save(const ServerSave& save);
+  // Has each parameter server fill its shards of `states` (a layout, or a
+  // part of one) from the committed checkpoint at `path` itself, creating
+  // those it lacks; the coordinator reads no value. check_against() first.
+  kj::Promise<Status> restore_from(std::string path, const std::vector<VariableState>& states);
 
   // Names of the shards placed on `task`.
   std::set<std::string> shards_on(int task) const;
@@ -120,8 +138,9 @@ class PsVariables {
   // Creates the shards of a new variable, then journals and records it
   // (bumping the version).
   kj::Promise<Status> create_shards(PlacedVariable variable, Tensor initial);
-  // Fills the table (*states)[v]'s shards and generation.
-  kj::Promise<Status> snapshot_table(std::shared_ptr<std::vector<VariableState>> states, size_t v);
+  // The manifest entry of `variable` from its shards' snapshots.
+  static Result<checkpoint::ManifestVariable> manifest_entry(
+      const PlacedVariable& variable, const std::map<std::string, const ps::SavedShard*>& saved, int64_t generation);
   kj::Promise<Result<int64_t>> export_rows(PlacedVariable variable, int64_t since_version, std::string path);
 
   ParameterServers& ps_;

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 
 #include "daemons/coordinator/test_fakes.h"
+#include "io/testing.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -108,39 +109,49 @@ TEST_CASE("an embedding table has one shard per parameter server and keeps its s
         "createVariable: 'emb' is an embedding table");
 }
 
-TEST_CASE("a snapshot reads every shard, and a restarted parameter server gets its shards back",
+TEST_CASE("each parameter server writes its own shards, and a restarted one reads them back itself",
           "[coordinator][ps_variables]") {
   Fixture f;
+  io::testing::TempDir dir;
   auto w = f.create("w", floats({1, 2, 3, 4}, {4}), 2);
   REQUIRE(w.ok());
-  auto states = f.variables.snapshot().wait(f.ws);
-  REQUIRE(states.ok());
-  REQUIRE(states->size() == 1);
-  REQUIRE((*states)[0].shards.size() == 2);
-  CHECK(values_of((*states)[0].shards[0].value) == std::vector<float>{1, 2});
+  auto writer = checkpoint::CheckpointWriter::begin(dir.path(), 5, 0);
+  REQUIRE(writer.ok());
+  auto save = f.variables.begin_save((*writer)->path()).wait(f.ws);
+  REQUIRE(save.ok());
+  REQUIRE(save->saves.size() == 2);
+  REQUIRE(save->variables.size() == 1);
+  CHECK(save->variables[0].partitioning == std::vector<int64_t>{2, 2});
+  CHECK(save->variables[0].shards[0].file == checkpoint::ps_file_name(w->shards[0].ps_task));
+  auto files = f.variables.finish_save(*save).wait(f.ws);
+  REQUIRE(files.ok());
+  REQUIRE(files->size() == 2);
+  // Each server wrote the shard it holds.
+  for (const auto& task : f.ps.tasks) CHECK(task.saved.size() == 1);
+  checkpoint::Manifest manifest;
+  manifest.variables = save->variables;
+  REQUIRE((*writer)->commit(manifest, *files).ok());
 
   const int lost = w->shards[1].ps_task;
   const std::string lost_shard = w->shards[1].name;
   f.ps.restart_empty(lost);
-  REQUIRE(f.variables.recreate_missing(&*states).wait(f.ws).ok());
-  CHECK(values_of(f.ps.tasks[static_cast<size_t>(lost)].shards.at(lost_shard).value) == std::vector<float>{3, 4});
-  // Its value went with the create; the other shard's stays for write_shards.
-  CHECK_FALSE((*states)[0].shards[1].value.valid());
-  CHECK((*states)[0].shards[0].value.valid());
-  (*states)[0].shards[1].step = 7;
-  REQUIRE(f.variables.write_shards(std::move(*states)).wait(f.ws).ok());
-  CHECK(f.ps.tasks[static_cast<size_t>(lost)].shards.at(lost_shard).step == 7);
-  CHECK(values_of(f.ps.tasks[static_cast<size_t>(lost)].shards.at(lost_shard).value) == std::vector<float>{3, 4});
+  std::vector<VariableState> states = f.variables.layout();
+  std::erase_if(states[0].shards, [&](const ShardState& s) { return s.name != lost_shard; });
+  REQUIRE(f.variables.restore_from(dir.file("ckpt-5"), states).wait(f.ws).ok());
+  const auto& back = f.ps.tasks[static_cast<size_t>(lost)];
+  CHECK(back.restored == std::vector<std::string>{lost_shard});
+  CHECK(values_of(back.shards.at(lost_shard).value) == std::vector<float>{3, 4});
+  CHECK(f.ps.tasks[static_cast<size_t>(1 - lost)].restored.empty());
 }
 
-TEST_CASE("no snapshot while a parameter server is not up", "[coordinator][ps_variables]") {
+TEST_CASE("no save while a parameter server is not up", "[coordinator][ps_variables]") {
   Fixture f;
   f.health.set(1, PsHealth::State::kDown, Status::Ok(), kStart);
-  auto states = f.variables.snapshot().wait(f.ws);
-  CHECK(states.status().code() == StatusCode::kUnavailable);
+  auto save = f.variables.begin_save("/nowhere/ckpt-1.tmp").wait(f.ws);
+  CHECK(save.status().code() == StatusCode::kUnavailable);
 }
 
-TEST_CASE("a restore creates the checkpoint's variables that do not exist, zero-filled",
+TEST_CASE("a restore places the checkpoint's variables that do not exist, and records them once restored",
           "[coordinator][ps_variables]") {
   Fixture f;
   REQUIRE(f.create("w", floats({1, 2}, {2}), 1).ok());
@@ -154,14 +165,20 @@ TEST_CASE("a restore creates the checkpoint's variables that do not exist, zero-
     manifest.variables.push_back(v);
   }
   auto skip = [](const std::string& name) { return name == "mirrored"; };
-  REQUIRE(f.variables.create_absent(manifest, skip).wait(f.ws).ok());
+  auto placed = f.variables.place_absent(manifest, skip);
+  REQUIRE(placed.ok());
+  REQUIRE(placed->size() == 1);
+  CHECK((*placed)[0].name == "b");
+  CHECK((*placed)[0].shards.size() == 2);
+  // Placed, not recorded: nothing was created yet.
+  CHECK_FALSE(f.variables.contains("b"));
+  REQUIRE(f.variables.record((*placed)[0]).ok());
   CHECK(f.variables.contains("b"));
   CHECK_FALSE(f.variables.contains("mirrored"));
   // "w" exists: left as it was (one shard of 2 values).
   auto placements = f.variables.placements();
   REQUIRE(placements.variables.size() == 2);
   CHECK(placements.variables[0].name == "b");
-  CHECK(placements.variables[0].shards.size() == 2);
   CHECK(placements.variables[1].shards.size() == 1);
 }
 

@@ -129,7 +129,9 @@ TEST_CASE("a parameter server that restarts empty gets its shards back from the 
   CHECK(values_of(restored.slots.at("accumulator")) == std::vector<float>{7, 8});
   CHECK(restored.step == 7);
   CHECK(h.ps.tasks[1].optimizers.at("w/part_1").kind == Optimizer::Kind::kAdagrad);
-  CHECK(h.ps.tasks[1].assigned.empty());  // the value went with the create, once
+  // The server read it from the checkpoint itself; the other kept its own.
+  CHECK(h.ps.tasks[1].restored == std::vector<std::string>{"w/part_1"});
+  CHECK(h.ps.tasks[0].restored.empty());
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{10, 20});
 
   // The run that hit the empty server failed because of it: it runs again.
@@ -259,8 +261,9 @@ TEST_CASE("without a checkpoint, a parameter server back empty fails calls with 
   w.shards.push_back({{"w/part_1", 1, 2, 2}, floats({3, 4}, {2}), {}, 3, {}, 0});
   REQUIRE(write_checkpoint(other.path(), 3, 3, {w}).ok());
   REQUIRE(h.coordinator->restore_checkpoint(other.path()).wait(h.io.waitScope).ok());
-  CHECK(h.ps.tasks[1].assigned.empty());  // recreated with its value
-  CHECK(h.ps.tasks[0].assigned == std::vector<std::string>{"w/part_0"});
+  // Each server read its shard itself (the one back empty creating it).
+  CHECK(h.ps.tasks[1].restored == std::vector<std::string>{"w/part_1"});
+  CHECK(h.ps.tasks[0].restored == std::vector<std::string>{"w/part_0"});
   CHECK(values_of(h.ps.tasks[1].shards.at("w/part_1").value) == std::vector<float>{3, 4});
   CHECK(values_of(h.ps.tasks[0].shards.at("w/part_0").value) == std::vector<float>{1, 2});
   CHECK(h.joined().ok());

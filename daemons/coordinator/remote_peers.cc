@@ -304,70 +304,6 @@ kj::Promise<Status> RemoteParameterServers::create_shard(int task, std::string n
       }));
 }
 
-// Value, slots and step: three calls sent at once.
-kj::Promise<Result<ShardContents>> RemoteParameterServers::read_shard(int task, std::string name) {
-  auto contents = std::make_shared<ShardContents>();
-  auto read = service(task, 60 * kj::SECONDS).then([contents, name](wire::ParameterServer::Client client) {
-    auto read = client.readRequest();
-    read.setName(name);
-    auto slots = client.readSlotsRequest();
-    slots.setName(name);
-    auto value = read.send().then([](capnp::Response<wire::ParameterServer::ReadResults>&& r) {
-      return rpc::read_tensor(r.getValue()).attach(kj::mv(r));
-    });
-    auto list = client.listShardsRequest().send();
-    return value.then([contents, name, slots = slots.send(), list = kj::mv(list)](Tensor&& t) mutable {
-      contents->value = std::move(t);
-      return slots.then([contents, name, list = kj::mv(list)](
-                            capnp::Response<wire::ParameterServer::ReadSlotsResults>&& r) mutable {
-        auto reads = kj::heapArrayBuilder<kj::Promise<void>>(r.getSlots().size());
-        for (auto slot : r.getSlots()) {
-          std::string slot_name = text(slot.getName());
-          reads.add(rpc::read_tensor(slot.getTensor()).then([contents, slot_name](Tensor&& t) {
-            contents->slots[slot_name] = std::move(t);
-          }));
-        }
-        return kj::joinPromises(reads.finish()).attach(kj::mv(r)).then([contents, name, list = kj::mv(list)]() mutable {
-          return list.then([contents, name](capnp::Response<wire::ParameterServer::ListShardsResults>&& r) {
-            for (auto info : r.getShards()) {
-              if (text(info.getName()) == name) contents->step = info.getStep();
-            }
-          });
-        });
-      });
-    });
-  });
-  return status_of(kj::mv(read)).then([contents](Status status) -> Result<ShardContents> {
-    CAPSTAN_RETURN_IF_ERROR(status);
-    return std::move(*contents);
-  });
-}
-
-kj::Promise<Status> RemoteParameterServers::write_shard(int task, std::string name, ShardContents contents) {
-  return status_of(service(task, 60 * kj::SECONDS)
-                       .then([this, name, contents = std::move(contents)](
-                                 wire::ParameterServer::Client client) -> kj::Promise<void> {
-                         auto set = client.setSlotsRequest();
-                         set.setName(name);
-                         set.setStep(contents.step);
-                         auto slots = set.initSlots(static_cast<unsigned>(contents.slots.size()));
-                         unsigned i = 0;
-                         for (const auto& [slot, tensor] : contents.slots) {
-                           slots[i].setName(slot);
-                           rpc::write_tensor(slots[i].initTensor(), tensor, codec_);
-                           ++i;
-                         }
-                         // An invalid value: it is on the server already.
-                         if (!contents.value.valid()) return set.send().ignoreResult();
-                         auto assign = client.assignRequest();
-                         assign.setName(name);
-                         rpc::write_tensor(assign.initValue(), contents.value, codec_);
-                         return assign.send().ignoreResult().then([set = kj::mv(set)]() mutable {
-                           return set.send().ignoreResult();
-                         });
-                       }));
-}
-
 kj::Promise<Result<std::set<std::string>>> RemoteParameterServers::list_shards(int task) {
   auto names = std::make_shared<std::set<std::string>>();
   auto listed = service(task, 10 * kj::SECONDS).then([names](wire::ParameterServer::Client client) {
@@ -412,15 +348,82 @@ kj::Promise<Result<TableContents>> RemoteParameterServers::export_table(int task
   });
 }
 
-kj::Promise<Status> RemoteParameterServers::import_table(int task, std::string name, TableContents contents, bool clear) {
-  return status_of(service(task, 120 * kj::SECONDS)
-                       .then([this, name, contents = std::move(contents), clear](wire::ParameterServer::Client client) {
-                         auto request = client.importTableRequest();
-                         request.setName(name);
-                         request.setClear(clear);
-                         request.setStep(contents.step);
-                         request.setVersion(contents.version);
-                         rpc::table_rows_to_wire(contents.rows, request.initRows(), codec_);
+kj::Promise<Result<ParameterServers::SaveStarted>> RemoteParameterServers::begin_save(
+    int task, std::string directory, std::string file, std::vector<ps::SaveItem> items) {
+  auto started = std::make_shared<SaveStarted>();
+  auto call = service(task, 60 * kj::SECONDS)
+                  .then([started, directory = std::move(directory), file = std::move(file),
+                         items = std::move(items)](wire::ParameterServer::Client client) {
+                    auto request = client.beginSaveRequest();
+                    request.setDirectory(directory);
+                    request.setFile(file);
+                    auto list = request.initShards(static_cast<unsigned>(items.size()));
+                    for (unsigned i = 0; i < list.size(); ++i) {
+                      list[i].setName(items[i].name);
+                      list[i].setTable(items[i].table);
+                      list[i].setBeginVersion(items[i].begin_version);
+                    }
+                    return request.send().then([started](capnp::Response<wire::ParameterServer::BeginSaveResults>&& r) {
+                      started->save_id = r.getSaveId();
+                      for (auto shard : r.getShards()) {
+                        ps::SavedShard s;
+                        s.name = text(shard.getName());
+                        s.dtype = rpc::from_wire(shard.getDtype());
+                        for (int64_t d : shard.getShape()) s.shape.push_back(d);
+                        for (auto slot : shard.getSlots()) s.slots.push_back(text(slot));
+                        s.step = shard.getStep();
+                        s.version = shard.getVersion();
+                        started->shards.push_back(std::move(s));
+                      }
+                    });
+                  });
+  return status_of(kj::mv(call)).then([started](Status status) -> Result<SaveStarted> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*started);
+  });
+}
+
+kj::Promise<Result<checkpoint::ManifestFile>> RemoteParameterServers::finish_save(int task, uint64_t save_id) {
+  auto file = std::make_shared<checkpoint::ManifestFile>();
+  auto call = service(task, 60 * kj::SECONDS).then([file, save_id](wire::ParameterServer::Client client) {
+    auto request = client.finishSaveRequest();
+    request.setSaveId(save_id);
+    return request.send().then([file](capnp::Response<wire::ParameterServer::FinishSaveResults>&& r) {
+      file->size = r.getSize();
+      file->crc32c = r.getCrc32c();
+    });
+  });
+  return status_of(kj::mv(call)).then([file](Status status) -> Result<checkpoint::ManifestFile> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return std::move(*file);
+  });
+}
+
+kj::Promise<Status> RemoteParameterServers::restore_shards(int task, std::string path,
+                                                           std::vector<ps::RestoreItem> items) {
+  return status_of(service(task, 60 * kj::SECONDS)
+                       .then([path = std::move(path), items = std::move(items)](wire::ParameterServer::Client client) {
+                         auto request = client.restoreShardsRequest();
+                         request.setCheckpoint(path);
+                         auto list = request.initShards(static_cast<unsigned>(items.size()));
+                         for (unsigned i = 0; i < list.size(); ++i) {
+                           const ps::RestoreItem& item = items[i];
+                           auto out = list[i];
+                           out.setName(item.name);
+                           out.setVariable(item.variable);
+                           out.setFirstRow(item.first_row);
+                           out.setRows(item.rows);
+                           out.setDtype(rpc::to_wire(item.dtype));
+                           auto shape = out.initShape(static_cast<unsigned>(item.shape.size()));
+                           for (unsigned d = 0; d < shape.size(); ++d) shape.set(d, item.shape[d]);
+                           rpc::optimizer_to_wire(item.optimizer, out.initOptimizer());
+                           if (item.table) {
+                             out.setIsTable(true);
+                             rpc::table_to_wire(*item.table, out.initTable());
+                             out.setTablePart(item.table_part);
+                             out.setTableParts(item.table_parts);
+                           }
+                         }
                          return request.send().ignoreResult();
                        }));
 }

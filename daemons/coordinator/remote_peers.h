@@ -63,12 +63,13 @@ class RemoteParameterServers : public ParameterServers {
   kj::Promise<void> unreachable(int task) override;
   kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
                                    const Optimizer& optimizer) override;
-  kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override;
-  kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override;
   kj::Promise<Result<std::set<std::string>>> list_shards(int task) override;
   kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) override;
   kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) override;
-  kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) override;
+  kj::Promise<Result<SaveStarted>> begin_save(int task, std::string directory, std::string file,
+                                              std::vector<ps::SaveItem> items) override;
+  kj::Promise<Result<checkpoint::ManifestFile>> finish_save(int task, uint64_t save_id) override;
+  kj::Promise<Status> restore_shards(int task, std::string path, std::vector<ps::RestoreItem> items) override;
 
  private:
   // The service of `task`, connecting until `timeout` from now.

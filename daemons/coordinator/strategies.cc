@@ -640,8 +640,9 @@ kj::Promise<Result<std::vector<VariableState>>> Strategies::snapshot() {
         auto v = std::find_if(state->variables.begin(), state->variables.end(),
                               [&](const auto& x) { return x.name == spec.name; });
         if (v == state->variables.end()) return Status::Internal("no value of mirrored variable '" + spec.name + "'");
-        // One shard, on task 0's file: the checkpoint format of a
-        // parameter-server variable, so either kind restores into the other.
+        // One shard, in the coordinator's own file (kMirroredFile): the
+        // checkpoint format of a parameter-server variable, so either kind
+        // restores into the other.
         VariableState out;
         out.name = spec.name;
         out.dtype = spec.dtype;
@@ -649,7 +650,7 @@ kj::Promise<Result<std::vector<VariableState>>> Strategies::snapshot() {
         out.optimizer = spec.optimizer;
         ShardState shard;
         shard.name = spec.name;
-        shard.ps_task = 0;
+        shard.ps_task = -1;
         shard.rows = spec.shape.empty() ? 1 : spec.shape[0];
         shard.value = std::move(v->value);
         shard.slots = std::move(v->slots);

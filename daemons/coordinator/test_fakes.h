@@ -20,9 +20,21 @@
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/shard_files.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/ps_server/embedding_table.h"
 #include "async/mailbox.h"
+#include "training/optimizer.h"
+
+namespace capstan::coordinator {
+// What a fake parameter server holds for one shard.
+struct ShardContents {
+  Tensor value;
+  std::map<std::string, Tensor> slots;
+  int64_t step = 0;
+};
+
+}  // namespace capstan::coordinator
 
 namespace capstan::coordinator::testing {
 
@@ -158,9 +170,9 @@ class FakeParameterServers : public ParameterServers {
     std::map<std::string, ShardContents> shards;
     std::map<std::string, Optimizer> optimizers;
     std::map<std::string, std::shared_ptr<ps_server::EmbeddingTable>> tables;  // the real table core
-    std::vector<std::string> reads;   // shard names, in order
-    std::vector<std::string> writes;  // shard names, in order
-    std::vector<std::string> assigned;  // the writes that carried a value
+    std::vector<std::string> saved;     // shards the task wrote into checkpoints itself
+    std::vector<std::string> restored;  // shards the task read from checkpoints itself
+    std::map<uint64_t, Result<checkpoint::ManifestFile>> saves;  // begin_save's, until finish_save
     kj::Own<kj::PromiseFulfiller<void>> on_up;
     kj::Own<kj::PromiseFulfiller<void>> on_down;
   };
@@ -213,26 +225,6 @@ class FakeParameterServers : public ParameterServers {
     t.optimizers[name] = optimizer;
     return Status::Ok();
   }
-  kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override {
-    Task& t = tasks[static_cast<size_t>(task)];
-    t.reads.push_back(name);
-    auto it = t.shards.find(name);
-    if (it == t.shards.end()) return Result<ShardContents>(Status::NotFound("no shard " + name));
-    return Result<ShardContents>(it->second);
-  }
-  kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override {
-    Task& t = tasks[static_cast<size_t>(task)];
-    t.writes.push_back(name);
-    if (!t.up) return Status::Unavailable(t.address + " is down");
-    if (t.shards.count(name) == 0) return Status::NotFound("no shard " + name);
-    if (contents.value.valid()) {
-      t.assigned.push_back(name);
-    } else {
-      contents.value = t.shards[name].value;  // kept as it is
-    }
-    t.shards[name] = std::move(contents);
-    return Status::Ok();
-  }
   kj::Promise<Result<std::set<std::string>>> list_shards(int task) override {
     Task& t = tasks[static_cast<size_t>(task)];
     if (!t.up) return Result<std::set<std::string>>(Status::Unavailable(t.address + " is down"));
@@ -258,14 +250,101 @@ class FakeParameterServers : public ParameterServers {
     if (!snapshot.ok()) return Result<TableContents>(snapshot.status());
     return Result<TableContents>(TableContents{std::move(snapshot->rows), snapshot->step, snapshot->version});
   }
-  kj::Promise<Status> import_table(int task, std::string name, TableContents contents, bool clear) override {
+  // Writes the file at once (the real server does it in the background).
+  kj::Promise<Result<SaveStarted>> begin_save(int task, std::string directory, std::string file,
+                                              std::vector<ps::SaveItem> items) override {
+    using Out = Result<SaveStarted>;
     Task& t = tasks[static_cast<size_t>(task)];
-    auto it = t.tables.find(name);
-    if (!t.up || it == t.tables.end()) return Status::NotFound("no table " + name);
-    return it->second->restore(contents.rows, clear, contents.step, contents.version);
+    if (!t.up) return Out(Status::Unavailable(t.address + " is down"));
+    SaveStarted started;
+    std::vector<checkpoint::ShardTensors> shards;
+    std::vector<checkpoint::TableShardTensors> tables;
+    for (const auto& item : items) {
+      ps::SavedShard saved;
+      saved.name = item.name;
+      if (item.table) {
+        auto it = t.tables.find(item.name);
+        if (it == t.tables.end()) return Out(Status::NotFound("no table " + item.name));
+        auto snapshot = it->second->snapshot(0, item.begin_version);
+        if (!snapshot.ok()) return Out(snapshot.status());
+        const auto& config = it->second->config();
+        saved.dtype = config.dtype;
+        saved.shape = {snapshot->rows.keys.num_elements(), config.dim};
+        saved.slots = training::slot_names(config.optimizer.kind);
+        saved.step = snapshot->step;
+        saved.version = snapshot->version;
+        tables.push_back({item.name, std::move(snapshot->rows), saved.slots});
+      } else {
+        auto it = t.shards.find(item.name);
+        if (it == t.shards.end()) return Out(Status::NotFound("no shard " + item.name));
+        saved.dtype = it->second.value.dtype();
+        saved.shape = it->second.value.shape();
+        saved.step = it->second.step;
+        checkpoint::ShardTensors tensors{item.name, it->second.value, {}, it->second.step};
+        for (const auto& [slot, tensor] : it->second.slots) {
+          saved.slots.push_back(slot);
+          tensors.slots.emplace_back(slot, tensor);
+        }
+        shards.push_back(std::move(tensors));
+      }
+      t.saved.push_back(item.name);
+      started.shards.push_back(std::move(saved));
+    }
+    started.save_id = next_save++;
+    t.saves.emplace(started.save_id, checkpoint::write_shard_file(directory, file, shards, tables));
+    return Out(std::move(started));
+  }
+  kj::Promise<Result<checkpoint::ManifestFile>> finish_save(int task, uint64_t save_id) override {
+    using Out = Result<checkpoint::ManifestFile>;
+    Task& t = tasks[static_cast<size_t>(task)];
+    auto it = t.saves.find(save_id);
+    if (it == t.saves.end()) return Out(Status::NotFound("no save " + std::to_string(save_id)));
+    Out file = std::move(it->second);
+    t.saves.erase(it);
+    return file;
+  }
+  kj::Promise<Status> restore_shards(int task, std::string path, std::vector<ps::RestoreItem> items) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Status::Unavailable(t.address + " is down");
+    checkpoint::CheckpointReaderOptions options;
+    options.verify_checksums_on_open = false;
+    auto reader = checkpoint::CheckpointReader::open(path, options);
+    if (!reader.ok()) return reader.status();
+    for (const auto& item : items) {
+      const auto* saved = (*reader)->manifest().find_variable(item.variable);
+      if (saved == nullptr) return Status::NotFound("no variable " + item.variable);
+      if (item.table) {
+        if (t.tables.count(item.name) == 0) {
+          const EmbeddingTableSpec& spec = *item.table;
+          auto table = ps_server::EmbeddingTable::create(
+              {spec.dtype, spec.dim, spec.initializer, spec.optimizer, spec.options});
+          if (!table.ok()) return table.status();
+          t.tables[item.name] = std::move(*table);
+        }
+        auto rows = checkpoint::read_table_part(**reader, *saved, item.table_part, item.table_parts);
+        if (!rows.ok()) return rows.status();
+        Status done = t.tables[item.name]->restore(*rows, true, saved->optimizer_step, saved->table->generation);
+        if (!done.ok()) return done;
+      } else {
+        const bool scalar = saved->shape.empty();
+        auto read = checkpoint::read_shard_rows(**reader, item.variable, scalar ? 0 : item.first_row,
+                                                scalar ? 1 : item.rows,
+                                                saved->optimizer.kind == item.optimizer.kind);
+        if (!read.ok()) return read.status();
+        ShardContents& shard = t.shards[item.name];
+        shard.value = std::move(read->value);
+        shard.slots.clear();
+        for (auto& [slot, tensor] : read->slots) shard.slots[slot] = std::move(tensor);
+        shard.step = read->step;
+        t.optimizers[item.name] = item.optimizer;
+      }
+      t.restored.push_back(item.name);
+    }
+    return Status::Ok();
   }
 
   std::vector<Task> tasks;
+  uint64_t next_save = 1;
 };
 
 // What the coordinator's parts share, for a test of one part alone: an

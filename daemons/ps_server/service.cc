@@ -381,4 +381,108 @@ kj::Promise<void> PsService::importTable(ImportTableContext context) {
       .then([](Status status) { check(status); });
 }
 
+// ---- Checkpoints written and read by this server (issue 34)
+
+namespace {
+
+Shape shape_of(capnp::List<int64_t>::Reader dims) {
+  Shape shape;
+  for (int64_t d : dims) shape.push_back(d);
+  return shape;
+}
+
+}  // namespace
+
+kj::Promise<void> PsService::beginSave(BeginSaveContext context) {
+  auto params = context.getParams();
+  std::string directory = text(params.getDirectory());
+  std::string file = text(params.getFile());
+  if (!checkpoint::is_ps_file_name(file)) {
+    check(Status::InvalidArgument("beginSave: the file '" + file + "' must be named ps-<task>.safetensors"));
+  }
+  std::vector<ShardCheckpoints::SaveItem> items;
+  for (auto shard : params.getShards()) {
+    items.push_back({text(shard.getName()), shard.getTable(), shard.getBeginVersion()});
+  }
+  auto checkpoints = checkpoints_;
+  return async::run_on_pool(ctx_.pool, [checkpoints, items = std::move(items)]() { return checkpoints->snapshot(items); })
+      .then([this, context, directory, file](Result<ShardCheckpoints::Snapshot> snapshot) mutable {
+        check(snapshot.status());
+        auto results = context.getResults();
+        auto out = results.initShards(static_cast<unsigned>(snapshot->saved.size()));
+        for (unsigned i = 0; i < out.size(); ++i) {
+          const ShardCheckpoints::SavedShard& s = snapshot->saved[i];
+          out[i].setName(s.name);
+          out[i].setDtype(rpc::to_wire(s.dtype));
+          auto shape = out[i].initShape(static_cast<unsigned>(s.shape.size()));
+          for (unsigned d = 0; d < shape.size(); ++d) shape.set(d, s.shape[d]);
+          auto slots = out[i].initSlots(static_cast<unsigned>(s.slots.size()));
+          for (unsigned k = 0; k < slots.size(); ++k) slots.set(k, s.slots[k]);
+          out[i].setStep(s.step);
+          out[i].setVersion(s.version);
+        }
+        // The answer goes now; the file is written meanwhile.
+        auto checkpoints = checkpoints_;
+        auto written = async::run_on_pool(writer_, [checkpoints, snapshot = std::move(*snapshot), directory, file]() {
+          return checkpoints->write(snapshot, directory, file);
+        });
+        const uint64_t id = next_save_++;
+        saves_.emplace(id, written.fork());
+        while (saves_.size() > kMaxPendingSaves) saves_.erase(saves_.begin());
+        results.setSaveId(id);
+      });
+}
+
+kj::Promise<void> PsService::finishSave(FinishSaveContext context) {
+  const uint64_t id = context.getParams().getSaveId();
+  auto found = saves_.find(id);
+  if (found == saves_.end()) {
+    check(Status::NotFound("finishSave: no save " + std::to_string(id) +
+                           " on this parameter server (finished already, or it restarted since beginSave)"));
+  }
+  auto done = found->second.addBranch();
+  saves_.erase(found);
+  return done.then([context](Result<checkpoint::ManifestFile> file) mutable {
+    check(file.status());
+    context.getResults().setSize(file->size);
+    context.getResults().setCrc32c(file->crc32c);
+  });
+}
+
+kj::Promise<void> PsService::restoreShards(RestoreShardsContext context) {
+  auto params = context.getParams();
+  std::string path = text(params.getCheckpoint());
+  std::vector<ShardCheckpoints::RestoreItem> items;
+  for (auto shard : params.getShards()) {
+    ShardCheckpoints::RestoreItem item;
+    item.name = text(shard.getName());
+    item.variable = text(shard.getVariable());
+    const std::string what = "restoreShards '" + item.name + "'";
+    if (item.name.empty() || item.variable.empty()) check(Status::InvalidArgument(what + ": a name is empty"));
+    item.first_row = shard.getFirstRow();
+    item.rows = shard.getRows();
+    item.dtype = rpc::from_wire(shard.getDtype());
+    item.shape = shape_of(shard.getShape());
+    if (shard.getIsTable()) {
+      auto spec = rpc::table_from_wire(shard.getTable());
+      check(spec.status().with_context(what));
+      check(validate_table_config(table_config(*spec)).with_context(what));
+      item.table = std::move(*spec);
+      item.table_part = shard.getTablePart();
+      item.table_parts = shard.getTableParts();
+    } else {
+      auto optimizer = rpc::optimizer_from_wire(shard.getOptimizer());
+      check(optimizer.status().with_context(what));
+      item.optimizer = *optimizer;
+      if (item.optimizer.kind != Optimizer::Kind::kNone) check(training::validate(item.optimizer).with_context(what));
+    }
+    items.push_back(std::move(item));
+  }
+  auto checkpoints = checkpoints_;
+  return async::run_on_pool(ctx_.pool, [checkpoints, path, items = std::move(items)]() {
+           return checkpoints->restore(path, items);
+         })
+      .then([](Status status) { check(status); });
+}
+
 }  // namespace capstan::ps_server

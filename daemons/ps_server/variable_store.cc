@@ -203,34 +203,62 @@ Status VariableStore::unshare(Shard& shard) {
   return Status::Ok();
 }
 
+std::shared_ptr<const Tensor> VariableStore::lend(const std::shared_ptr<Shard>& shard) {
+  std::shared_ptr<const Tensor> held = shard->lent.lock();
+  if (held != nullptr) return held;
+  // The last copy's deleter says, under the shard's lock, that the value is
+  // no longer lent (unless it was replaced and lent again meanwhile).
+  std::weak_ptr<Shard> owner = shard;
+  held = std::shared_ptr<const Tensor>(new Tensor(shard->value), [owner](const Tensor* lent) {
+    if (auto s = owner.lock()) {
+      MutexLock relock(s->mu);
+      if (s->lent.expired()) s->lent_out = false;
+    }
+    delete lent;
+  });
+  shard->lent = held;
+  shard->lent_out = true;
+  return held;
+}
+
+Result<Tensor> VariableStore::lent_tensor(const Shard& shard, std::shared_ptr<const Tensor> held) {
+  // The tensor's owner is `held`: the shard sees the value as lent until the
+  // last copy of this tensor is gone. The store never writes a lent buffer.
+  std::byte* data = const_cast<std::byte*>(held->data());
+  size_t size = held->byte_size();
+  return Tensor::from_buffer(shard.dtype, shard.shape, std::const_pointer_cast<Tensor>(held), data, size);
+}
+
 Result<Tensor> VariableStore::read(const std::string& name) const {
   CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
   std::shared_ptr<const Tensor> held;
   {
     MutexLock lock(shard->mu);
-    held = shard->lent.lock();
-    if (held == nullptr) {
-      // The last copy's deleter says, under the shard's lock, that the value
-      // is no longer lent (unless it was replaced and lent again meanwhile).
-      std::weak_ptr<Shard> owner = shard;
-      held = std::shared_ptr<const Tensor>(new Tensor(shard->value), [owner](const Tensor* lent) {
-        if (auto s = owner.lock()) {
-          MutexLock relock(s->mu);
-          if (s->lent.expired()) s->lent_out = false;
-        }
-        delete lent;
-      });
-      shard->lent = held;
-      shard->lent_out = true;
-    }
+    held = lend(shard);
   }
   stats_->reads.fetch_add(1, std::memory_order_relaxed);
   stats_->read_bytes.fetch_add(static_cast<int64_t>(held->byte_size()), std::memory_order_relaxed);
-  // The tensor's owner is `held`: the shard sees the value as lent until the
-  // last copy of this tensor is gone. The store never writes a lent buffer.
-  std::byte* data = const_cast<std::byte*>(held->data());
-  size_t size = held->byte_size();
-  return Tensor::from_buffer(shard->dtype, shard->shape, std::const_pointer_cast<Tensor>(held), data, size);
+  return lent_tensor(*shard, std::move(held));
+}
+
+Result<VariableStore::Snapshot> VariableStore::snapshot(const std::string& name) const {
+  CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
+  std::vector<std::string> slot_list = training::slot_names(shard->optimizer.kind);
+  Snapshot out;
+  out.dtype = shard->dtype;
+  out.shape = shard->shape;
+  std::shared_ptr<const Tensor> held;
+  {
+    MutexLock lock(shard->mu);
+    held = lend(shard);
+    for (size_t i = 0; i < shard->slot.size(); ++i) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, copy_of(shard->slot[i]));
+      out.slots.emplace_back(slot_list[i], std::move(copy));
+    }
+    out.step = shard->step;
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(out.value, lent_tensor(*shard, std::move(held)));
+  return out;
 }
 
 Result<Tensor> VariableStore::gather(const std::string& name, const Tensor& ids) const {

@@ -110,6 +110,18 @@ class VariableStore {
   Status apply_sparse(const std::string& name, const Tensor& ids, const Tensor& rows,
                       int64_t step = 0, std::optional<double> learning_rate = std::nullopt);
 
+  // One shard at one instant, for a checkpoint: the value (lent as read()
+  // lends it: no copy until the next update), copies of the slots in the
+  // optimizer's slot order, and the step, all under the shard's lock.
+  struct Snapshot {
+    DType dtype = DType::kInvalid;
+    Shape shape;
+    Tensor value;
+    std::vector<std::pair<std::string, Tensor>> slots;
+    int64_t step = 0;
+  };
+  Result<Snapshot> snapshot(const std::string& name) const;
+
   struct Info {
     DType dtype;
     Shape shape;
@@ -175,6 +187,10 @@ class VariableStore {
     std::vector<Tensor> slot GUARDED_BY(mu);  // slot_names() order, empty if none
     int64_t step GUARDED_BY(mu) = 0;
   };
+
+  // The shard's value, lent out (see read()); the caller wraps it.
+  static std::shared_ptr<const Tensor> lend(const std::shared_ptr<Shard>& shard) EXCLUSIVE_LOCKS_REQUIRED(shard->mu);
+  static Result<Tensor> lent_tensor(const Shard& shard, std::shared_ptr<const Tensor> held);
 
   // Makes `value` the shard's own again before an update in place: a copy
   // if a reader still holds it.

@@ -183,7 +183,9 @@ Status CheckpointWriter::add_file(const std::string& name,
   return Status::Ok();
 }
 
-Status CheckpointWriter::commit(Manifest manifest) {
+Status CheckpointWriter::commit(Manifest manifest) { return commit(std::move(manifest), {}); }
+
+Status CheckpointWriter::commit(Manifest manifest, const std::vector<ManifestFile>& written) {
   if (done_) {
     return Status::FailedPrecondition("checkpoint '" + final_path_ + "' was already committed");
   }
@@ -207,8 +209,24 @@ Status CheckpointWriter::commit(Manifest manifest) {
   manifest.step = step_;
   manifest.files.clear();
   for (const auto& name : names) {
+    auto given = std::find_if(written.begin(), written.end(), [&](const ManifestFile& f) { return f.name == name; });
+    if (given != written.end()) {
+      CAPSTAN_ASSIGN_OR_RETURN(io::FileInfo info, fs_.stat(join(tmp_path_, name)));
+      if (info.size != given->size) {
+        return Status::DataLoss(context + ": " + in_quotes(name) + " has " + std::to_string(info.size) +
+                                " bytes; its writer reported " + std::to_string(given->size));
+      }
+      manifest.files.push_back(*given);
+      continue;
+    }
     CAPSTAN_ASSIGN_OR_RETURN(SizeAndCrc sum, checksum_file(fs_, join(tmp_path_, name)));
     manifest.files.push_back(ManifestFile{name, sum.size, sum.crc});
+  }
+  for (const auto& f : written) {
+    if (std::find(names.begin(), names.end(), f.name) == names.end()) {
+      return Status::DataLoss(context + ": " + in_quotes(f.name) + " was reported written but is not in " +
+                              tmp_path_);
+    }
   }
   CAPSTAN_RETURN_IF_ERROR(validate_manifest(manifest).with_context(context));
 
@@ -269,6 +287,11 @@ Status CheckpointWriter::apply_retention() {
     CAPSTAN_RETURN_IF_ERROR(fs_.remove_all(path).with_context("cannot delete '" + path + "'"));
   }
   return fs_.sync_dir(dir_);
+}
+
+Result<ManifestFile> describe_file(const std::string& directory, const std::string& name, io::FileSystem& fs) {
+  CAPSTAN_ASSIGN_OR_RETURN(SizeAndCrc sum, checksum_file(fs, join(directory, name)));
+  return ManifestFile{name, sum.size, sum.crc};
 }
 
 Result<std::vector<std::string>> list_checkpoints(const std::string& dir, io::FileSystem& fs) {

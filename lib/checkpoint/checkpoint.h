@@ -105,6 +105,11 @@ class CheckpointWriter {
   // (FailedPrecondition after); an error after the rename leaves the
   // checkpoint committed.
   Status commit(Manifest manifest);
+  // The same, for files others wrote and checksummed while writing (the
+  // parameter servers' own files, issue 34): a file named in `written` is
+  // not read back; its size is checked against the directory and its CRC32C
+  // taken as given (the reader verifies it). Other files are checksummed.
+  Status commit(Manifest manifest, const std::vector<ManifestFile>& written);
 
  private:
   CheckpointWriter(io::FileSystem& fs, std::string dir, int64_t step, int max_to_keep);
@@ -119,6 +124,11 @@ class CheckpointWriter {
   bool done_ = false;  // commit() was called
   std::vector<std::string> added_;
 };
+
+// The size and CRC32C of `directory`/`name`, reading the whole file: its
+// entry in a manifest.
+Result<ManifestFile> describe_file(const std::string& directory, const std::string& name,
+                                   io::FileSystem& fs = io::local_file_system());
 
 // The committed checkpoints in `dir` (directories ckpt-<step>), as paths
 // "dir/ckpt-<step>", oldest (lowest step) first; .tmp directories are not
