@@ -7,6 +7,7 @@
 #include <atomic>
 #include <functional>
 #include <filesystem>
+#include <fstream>
 #include <string>
 #include <thread>
 #include <vector>
@@ -109,6 +110,70 @@ TEST_CASE("kill -9 the coordinator mid-save: no ckpt-2 appears, and ckpt-1 still
   CHECK(inspect.exit_code == 0);
   CHECK_THAT(inspect.output, Catch::Contains("ckpt-1"));
   CHECK_THAT(inspect.output, !Catch::Contains("ckpt-2"));
+}
+
+// What the kernel says of a process: bytes it read and wrote through any
+// file or socket (/proc/<pid>/io), its resident set now and at its peak.
+struct ProcessFigures {
+  int64_t io_bytes = 0;  // rchar + wchar
+  int64_t rss_kib = 0;
+  int64_t peak_rss_kib = 0;
+};
+int64_t field(const std::string& path, const std::string& name) {
+  std::ifstream in(path);
+  std::string line;
+  int64_t sum = 0;
+  while (std::getline(in, line)) {
+    if (line.rfind(name, 0) == 0) sum += std::stoll(line.substr(name.size()));
+  }
+  return sum;
+}
+ProcessFigures figures(pid_t pid) {
+  const std::string proc = "/proc/" + std::to_string(pid);
+  return {field(proc + "/io", "rchar:") + field(proc + "/io", "wchar:"), field(proc + "/status", "VmRSS:"),
+          field(proc + "/status", "VmHWM:")};
+}
+// Starts the peak resident set again from now (Linux's clear_refs 5).
+void reset_peak(pid_t pid) { std::ofstream("/proc/" + std::to_string(pid) + "/clear_refs") << "5"; }
+
+TEST_CASE("the coordinator holds no variable or table bytes in a save or a restore: its traffic and memory stay "
+          "flat while the parameter servers move the model",
+          "[checkpoint]") {
+  Training t(2, 1);
+  // A 128 MiB variable in 4 shards and a 300000-row table of dim 32 with
+  // Adagrad slots (about 75 MiB): the model is about 200 MiB.
+  Tensor w = *random_normal_initializer(DType::kFloat32, {4096, 8192}, 0, 1, 5);
+  REQUIRE(t.client->create_variable({"w", w, Optimizer::adagrad(0.1), Partitioner::fixed_shards(4)}).ok());
+  EmbeddingTableSpec spec{"emb", 32, DType::kFloat32, EmbeddingInitializer::random_normal(0, 0.1, 3),
+                          Optimizer::adagrad(0.1), {}};
+  REQUIRE(t.client->create_embedding_table(spec).ok());
+  std::vector<int64_t> keys;
+  for (int64_t k = 0; k < 300000; ++k) keys.push_back(k * 2654435761LL + 17);
+  for (size_t at = 0; at < keys.size(); at += 50000) {
+    std::vector<int64_t> batch(keys.begin() + static_cast<std::ptrdiff_t>(at),
+                               keys.begin() + static_cast<std::ptrdiff_t>(at + 50000));
+    REQUIRE(t.client->lookup("emb", *Tensor::from_vector<int64_t>(batch, {50000})).ok());
+  }
+  const int64_t model_bytes = 128LL << 20;  // the variable alone: a lower bound
+  const std::string dir = t.cluster.dir() + "/ckpts";
+
+  const pid_t coordinator = t.coordinator->pid();
+  reset_peak(coordinator);
+  ProcessFigures before = figures(coordinator);
+  auto saved = t.client->save_checkpoint(dir, 1, 2);
+  REQUIRE(saved.ok());
+  auto restored = t.client->restore_checkpoint(*saved);
+  REQUIRE(restored.ok());
+  ProcessFigures after = figures(coordinator);
+  INFO("coordinator: " << (after.io_bytes - before.io_bytes) << " bytes read and written, resident " << before.rss_kib
+                       << " KiB before, peak " << after.peak_rss_kib << " KiB during");
+  // Control traffic only: a few KiB of requests, manifests and file headers.
+  CHECK(after.io_bytes - before.io_bytes < model_bytes / 64);
+  CHECK((after.peak_rss_kib - before.rss_kib) * 1024 < model_bytes / 16);
+  // And the servers did move the model: both files hold their shards.
+  CHECK(std::filesystem::file_size(*saved + "/ps-0.safetensors") > static_cast<uintmax_t>(model_bytes / 4));
+  CHECK(std::filesystem::file_size(*saved + "/ps-1.safetensors") > static_cast<uintmax_t>(model_bytes / 4));
+  CHECK(t.client->read_variable("w").value().equals(w));
 }
 
 }  // namespace
