@@ -178,18 +178,28 @@ TEST_CASE("a snapshot is the shard as it was: an update after it does not reach 
           "[ps_server][checkpoint]") {
   io::testing::TempDir dir;
   Server s;
-  REQUIRE(s.store.create("w/part_0", f32({1, 2}, {1, 2}), Optimizer::sgd(1.0)).ok());
+  REQUIRE(s.store.create("w/part_0", f32({1, 2}, {1, 2}), Optimizer::adagrad(1.0)).ok());
   auto writer = checkpoint::CheckpointWriter::begin(dir.path(), 1, 0);
   REQUIRE(writer.ok());
   auto snapshot = s.checkpoints.snapshot({{"w/part_0"}});
   REQUIRE(snapshot.ok());
-  REQUIRE(s.store.apply_dense("w/part_0", f32({1, 1}, {1, 2})).ok());  // copies: the snapshot holds the old buffer
+  REQUIRE(s.store.apply_dense("w/part_0", f32({1, 1}, {1, 2})).ok());  // copies: the snapshot holds the old buffers
   auto written = s.checkpoints.write(*snapshot, (*writer)->path(), "ps-0.safetensors");
   REQUIRE(written.ok());
   auto file = checkpoint::SafetensorsReader::open((*writer)->path() + "/ps-0.safetensors");
   REQUIRE(file.ok());
+  // Value and slots as they were at the snapshot, though the update moved both.
   CHECK(floats((*file)->read("w/part_0").value()) == std::vector<float>{1, 2});
-  CHECK(floats(s.store.read("w/part_0").value()) == std::vector<float>{0, 1});
+  CHECK(floats((*file)->read("w/part_0/slot/accumulator").value()) == std::vector<float>{0.1f, 0.1f});
+  CHECK(floats(s.store.read("w/part_0").value())[0] < 1);
+  CHECK(floats(s.store.slots("w/part_0").value().at("accumulator"))[0] == Approx(1.1f));
+  // Another snapshot, no update: the slots are lent, not copied, and stay right.
+  auto second = s.checkpoints.snapshot({{"w/part_0"}});
+  REQUIRE(second.ok());
+  CHECK(floats(second->shards[0].slots[0].second)[0] == Approx(1.1f));
+  REQUIRE(s.store.apply_dense("w/part_0", f32({1, 1}, {1, 2})).ok());
+  CHECK(floats(second->shards[0].slots[0].second)[0] == Approx(1.1f));
+  CHECK(floats(s.store.slots("w/part_0").value().at("accumulator"))[0] == Approx(2.1f));
 }
 
 TEST_CASE("bad save and restore requests are refused, naming the value, and change nothing",

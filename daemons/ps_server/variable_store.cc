@@ -195,12 +195,39 @@ void VariableStore::count_dense_update(const Tensor& received) {
 }
 
 Status VariableStore::unshare(Shard& shard) {
+  if (shard.slots_lent_out) {
+    std::vector<Tensor> own;
+    for (const Tensor& t : shard.slot) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, copy_of(t));
+      own.push_back(std::move(copy));
+    }
+    shard.slot = std::move(own);
+    shard.slots_lent.reset();
+    shard.slots_lent_out = false;
+  }
   if (!shard.lent_out) return Status::Ok();
   CAPSTAN_ASSIGN_OR_RETURN(Tensor own, copy_of(shard.value));
   shard.value = std::move(own);
   shard.lent.reset();
   shard.lent_out = false;
   return Status::Ok();
+}
+
+std::shared_ptr<const std::vector<Tensor>> VariableStore::lend_slots(const std::shared_ptr<Shard>& shard) {
+  std::shared_ptr<const std::vector<Tensor>> held = shard->slots_lent.lock();
+  if (held != nullptr) return held;
+  std::weak_ptr<Shard> owner = shard;
+  held = std::shared_ptr<const std::vector<Tensor>>(new std::vector<Tensor>(shard->slot),
+                                                    [owner](const std::vector<Tensor>* lent) {
+                                                      if (auto s = owner.lock()) {
+                                                        MutexLock relock(s->mu);
+                                                        if (s->slots_lent.expired()) s->slots_lent_out = false;
+                                                      }
+                                                      delete lent;
+                                                    });
+  shard->slots_lent = held;
+  shard->slots_lent_out = true;
+  return held;
 }
 
 std::shared_ptr<const Tensor> VariableStore::lend(const std::shared_ptr<Shard>& shard) {
@@ -248,16 +275,21 @@ Result<VariableStore::Snapshot> VariableStore::snapshot(const std::string& name)
   out.dtype = shard->dtype;
   out.shape = shard->shape;
   std::shared_ptr<const Tensor> held;
+  std::shared_ptr<const std::vector<Tensor>> slots;
   {
     MutexLock lock(shard->mu);
     held = lend(shard);
-    for (size_t i = 0; i < shard->slot.size(); ++i) {
-      CAPSTAN_ASSIGN_OR_RETURN(Tensor copy, copy_of(shard->slot[i]));
-      out.slots.emplace_back(slot_list[i], std::move(copy));
-    }
+    if (!shard->slot.empty()) slots = lend_slots(shard);
     out.step = shard->step;
   }
   CAPSTAN_ASSIGN_OR_RETURN(out.value, lent_tensor(*shard, std::move(held)));
+  for (size_t i = 0; slots != nullptr && i < slots->size(); ++i) {
+    const Tensor& t = (*slots)[i];
+    // Owned by `slots`: the shard sees them lent until the last view goes.
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor view, Tensor::from_buffer(t.dtype(), t.shape(), std::const_pointer_cast<std::vector<Tensor>>(slots),
+                                                             const_cast<std::byte*>(t.data()), t.byte_size()));
+    out.slots.emplace_back(slot_list[i], std::move(view));
+  }
   return out;
 }
 

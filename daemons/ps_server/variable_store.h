@@ -110,9 +110,10 @@ class VariableStore {
   Status apply_sparse(const std::string& name, const Tensor& ids, const Tensor& rows,
                       int64_t step = 0, std::optional<double> learning_rate = std::nullopt);
 
-  // One shard at one instant, for a checkpoint: the value (lent as read()
-  // lends it: no copy until the next update), copies of the slots in the
-  // optimizer's slot order, and the step, all under the shard's lock.
+  // One shard at one instant, for a checkpoint: the value and the slots (in
+  // the optimizer's slot order), lent as read() lends the value: no copy
+  // now, and the shard's next update copies them first while the snapshot
+  // lives; and the step; all under the shard's lock.
   struct Snapshot {
     DType dtype = DType::kInvalid;
     Shape shape;
@@ -185,15 +186,21 @@ class VariableStore {
     // weak_ptr's use count alone is read without ordering.
     mutable bool lent_out GUARDED_BY(mu) = false;
     std::vector<Tensor> slot GUARDED_BY(mu);  // slot_names() order, empty if none
+    // What snapshot() lent of `slot`, as `lent` and `lent_out` for `value`:
+    // while any of it lives, an update copies the slots first.
+    mutable std::weak_ptr<const std::vector<Tensor>> slots_lent GUARDED_BY(mu);
+    mutable bool slots_lent_out GUARDED_BY(mu) = false;
     int64_t step GUARDED_BY(mu) = 0;
   };
 
   // The shard's value, lent out (see read()); the caller wraps it.
   static std::shared_ptr<const Tensor> lend(const std::shared_ptr<Shard>& shard) EXCLUSIVE_LOCKS_REQUIRED(shard->mu);
   static Result<Tensor> lent_tensor(const Shard& shard, std::shared_ptr<const Tensor> held);
+  static std::shared_ptr<const std::vector<Tensor>> lend_slots(const std::shared_ptr<Shard>& shard)
+      EXCLUSIVE_LOCKS_REQUIRED(shard->mu);
 
-  // Makes `value` the shard's own again before an update in place: a copy
-  // if a reader still holds it.
+  // Makes `value` (and `slot`) the shard's own again before an update in
+  // place: a copy if a reader (a snapshot) still holds it.
   static Status unshare(Shard& shard) EXCLUSIVE_LOCKS_REQUIRED(shard.mu);
 
   // The shard, or NotFound.
