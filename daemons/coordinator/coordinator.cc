@@ -382,7 +382,9 @@ kj::Promise<Result<std::string>> Coordinator::save_checkpoint(std::string direct
   }
   return checkpoints_.save(std::move(directory), step, max_to_keep).then([this](Path path) -> Path {
     CAPSTAN_RETURN_IF_ERROR(path.status().with_context("saveCheckpoint"));
-    log_->info("saved checkpoint {}", *path);
+    const ModelCheckpoints::SaveTimes& took = checkpoints_.last_save();
+    log_->info("saved checkpoint {} in {:.0f} ms (dispatch paused {:.1f} ms for it)", *path, took.total_ms,
+               took.pause_ms);
     ++stats_->checkpoints_saved;
     policy_.set_last(*path);
     return path;

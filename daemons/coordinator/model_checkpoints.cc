@@ -1,10 +1,18 @@
 #include "daemons/coordinator/model_checkpoints.h"
 
+#include <chrono>
 #include <utility>
 
 #include "async/pool.h"
 
 namespace capstan::coordinator {
+namespace {
+
+double ms_since(std::chrono::steady_clock::time_point t) {
+  return std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - t).count();
+}
+
+}  // namespace
 
 ModelCheckpoints::ModelCheckpoints(PsVariables& variables, Strategies& strategies, PerWorkerDatasets& datasets,
                                    const Workers& workers, boost::asio::thread_pool& pool,
@@ -24,6 +32,9 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
     std::map<std::string, std::string> iterators;
     PsVariables::ServerSave servers;
     std::vector<VariableState> mirrored;
+    std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
+    std::chrono::steady_clock::time_point paused;
+    double pause_ms = 0;
   };
   auto saving = std::make_shared<Saving>();
   // The .tmp directory is made while dispatch pauses.
@@ -38,6 +49,7 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
     paused = pause_dispatch_()
                  .then([this, saving](std::shared_ptr<void> pause) {
                    saving->pause = std::move(pause);
+                   saving->paused = std::chrono::steady_clock::now();
                    return datasets_.iterator_states(workers_.targets());
                  })
                  .then([saving](std::map<std::string, std::string> iterators) {
@@ -60,7 +72,10 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
       .then([this, saving](Status status) -> kj::Promise<Path> {
         // Every snapshot is taken: dispatch resumes while the files are
         // written (the parameter servers' in the background on each).
-        saving->pause = nullptr;
+        if (saving->pause != nullptr) {
+          saving->pause_ms = ms_since(saving->paused);
+          saving->pause = nullptr;
+        }
         if (!status.ok()) return Path(status);
         return variables_.finish_save(saving->servers)
             .then([this, saving](Result<std::vector<checkpoint::ManifestFile>> written) -> kj::Promise<Path> {
@@ -76,6 +91,7 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
             });
       })
       .then([this, saving](Path path) {
+        if (path.ok()) last_save_ = {saving->pause_ms, ms_since(saving->started)};
         // The writer goes on the pool (it removes the .tmp directory of a
         // save that failed).
         return async::run_on_pool(pool_, [saving]() { saving->writer.reset(); }).then([path = std::move(path)]() mutable {

@@ -62,6 +62,14 @@ class ModelCheckpoints {
 
   // Writes directory/ckpt-<step>, keeping `max_to_keep`; its path.
   kj::Promise<Result<std::string>> save(std::string directory, int64_t step, int max_to_keep);
+  // How the last save that succeeded went: how long dispatch paused for it
+  // (0 without per-worker datasets: nothing paused), and how long it took
+  // in all; wall-clock milliseconds.
+  struct SaveTimes {
+    double pause_ms = 0;
+    double total_ms = 0;
+  };
+  const SaveTimes& last_save() const { return last_save_; }
   // Restores the checkpoint at `path` (or the newest in the directory
   // `path`); the result names the one restored.
   kj::Promise<Result<RestoredCheckpoint>> restore(std::string path, bool strict);
@@ -104,6 +112,7 @@ class ModelCheckpoints {
   const Workers& workers_;
   boost::asio::thread_pool& pool_;
   const PauseDispatch pause_dispatch_;
+  SaveTimes last_save_;
 };
 
 }  // namespace capstan::coordinator
