@@ -77,14 +77,37 @@ struct TableRows {
   meta @3 :Common.Tensor;
 }
 
+# A variable's initial value, computed by each parameter server for the rows
+# it holds (capstan::Initializer, capstan/training.h): element i of the
+# logical tensor depends on (kind, parameters, seed, i) only, so the shards
+# make the same tensor whatever the partitioning.
+struct Initializer {
+  kind @0 :Text;              # "zeros", "constant", "random_normal", "truncated_normal",
+                              # "random_uniform", "glorot_uniform", "glorot_normal"
+  value @1 :Float64;          # constant
+  mean @2 :Float64;           # random_normal, truncated_normal
+  stddev @3 :Float64;         # random_normal, truncated_normal
+  minval @4 :Float64;         # random_uniform
+  maxval @5 :Float64;         # random_uniform
+  seed @6 :UInt64;            # the random kinds
+}
+
 struct NamedTensor {
   name @0 :Text;
   tensor @1 :Common.Tensor;
 }
 
 interface ParameterServer extends(Common.Node) {
-  # Idempotent for an identical shard (a reconnecting coordinator).
-  createShard @0 (name :Text, initial :Common.Tensor, optimizer :OptimizerConfig) -> ();
+  # Idempotent for an identical shard (a reconnecting coordinator): the
+  # same dtype, shape and optimizer (the value, or the initializer, is not
+  # compared: the shard keeps what it has learned).
+  # `initializer` set (instead of `initial`): the server computes the
+  # shard's value, rows [firstRow, firstRow + rows) of a variable of
+  # `dtype` and `logicalShape` (the whole variable's shape; a scalar: [],
+  # firstRow 0, rows 1). Older callers leave it unset and send `initial`.
+  createShard @0 (name :Text, initial :Common.Tensor, optimizer :OptimizerConfig,
+                  initializer :Initializer, dtype :Common.DType, logicalShape :List(Int64),
+                  firstRow :Int64, rows :Int64) -> ();
   # `inlineLimit`: the caller takes a value of up to this many bytes inline
   # in the answer (its reader's limit), saving the round trip that pulls a
   # larger one through a ByteSource; 0 (older callers): the server's own
@@ -123,4 +146,10 @@ interface ParameterServer extends(Common.Node) {
   # Inserts or overwrites rows (clear: drop every row first), sets the step
   # counter and makes later changes tagged > version.
   importTable @15 (name :Text, rows :TableRows, clear :Bool, step :Int64, version :Int64) -> ();
+
+  # Writes rows [firstRow, firstRow + rows.shape[0]) of shard `name` (its
+  # own row numbers, from 0) with `rows`: the shard's dtype and row shape,
+  # the range inside the shard. A program writes a given initial value so,
+  # straight to the servers, in chunks. Slots and step stay as they are.
+  assignRows @16 (name :Text, firstRow :Int64, rows :Common.Tensor) -> ();
 }

@@ -63,6 +63,8 @@ class RemoteParameterServers : public ParameterServers {
   kj::Promise<void> unreachable(int task) override;
   kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
                                    const Optimizer& optimizer) override;
+  kj::Promise<Status> create_initialized_shard(int task, std::string name, InitializedShard shard,
+                                               const Optimizer& optimizer) override;
   kj::Promise<Result<ShardContents>> read_shard(int task, std::string name) override;
   kj::Promise<Status> write_shard(int task, std::string name, ShardContents contents) override;
   kj::Promise<Result<std::set<std::string>>> list_shards(int task) override;

@@ -34,6 +34,7 @@ class PsService : public daemon::NodeService<wire::ParameterServer::Server> {
   kj::Promise<void> applyTable(ApplyTableContext context) override;
   kj::Promise<void> exportTable(ExportTableContext context) override;
   kj::Promise<void> importTable(ImportTableContext context) override;
+  kj::Promise<void> assignRows(AssignRowsContext context) override;
 
  private:
   void add_table_metrics();
