@@ -226,8 +226,8 @@ std::optional<Initializer::Kind> initializer_kind_from_name(std::string_view nam
 //                             .initializer = Initializer::glorot_uniform(7),
 //                             .dtype = DType::kFloat32, .shape = {1 << 20, 64}});
 struct VariableSpec {
-  std::string name;
-  Tensor initial;  // the whole initial value; Tensor() when `initializer` gives it
+  std::string name{};
+  Tensor initial{};  // the whole initial value; Tensor() when `initializer` gives it
   Optimizer optimizer = Optimizer::none();
   Partitioner partitioner = Partitioner::none();
   Initializer initializer{};  // instead of `initial`

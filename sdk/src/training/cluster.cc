@@ -100,7 +100,7 @@ Result<VariableInfo> ClusterCoordinator::create_variable(const VariableSpec& spe
   // servers, in chunks (the coordinator creates the shards as zeros and
   // waits for it); a scalar's few bytes go with the request, as before.
   const bool given = spec.initial.valid();
-  const bool direct = given && spec.initial.rank() >= 1;
+  const bool direct = given && spec.initial.rank() >= 1 && spec.initial.byte_size() > 0;
   struct Created {
     VariableLocation location;
     bool awaiting_value = false;
