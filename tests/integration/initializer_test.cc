@@ -148,6 +148,7 @@ TEST_CASE("bad variable requests are refused with the value named, by the SDK, t
     auto request = node.castAs<wire::Coordinator>().createVariableRequest();
     auto spec = request.initSpec();
     spec.setName("w");
+    rpc::optimizer_to_wire(Optimizer::none(), spec.initOptimizer());
     spec.initInitializer().setKind("he_uniform");
     spec.setDtype(wire::DType::FLOAT32);
     spec.initShape(1).set(0, 4);
@@ -159,6 +160,7 @@ TEST_CASE("bad variable requests are refused with the value named, by the SDK, t
     auto request = node.castAs<wire::Coordinator>().createVariableRequest();
     auto spec = request.initSpec();
     spec.setName("w");
+    rpc::optimizer_to_wire(Optimizer::none(), spec.initOptimizer());
     rpc::initializer_to_wire(Initializer::random_uniform(3, 1, 0), spec.initInitializer());
     spec.setDtype(wire::DType::FLOAT64);
     spec.initShape(1).set(0, 4);
