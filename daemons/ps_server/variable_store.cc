@@ -8,6 +8,8 @@
 #include <type_traits>
 #include <utility>
 
+#include <unistd.h>
+
 namespace capstan::ps_server {
 namespace {
 
@@ -161,6 +163,17 @@ Status VariableStore::create_initialized(const std::string& name, const Initiali
   Shape shape = logical_shape;
   if (!shape.empty()) shape[0] = rows;
   if (auto status = existing(name, dtype, shape, optimizer)) return *status;  // nothing computed again
+  // A few bytes of request can ask for any size: refuse one this machine
+  // cannot hold (with overcommit the allocation would succeed and filling
+  // it would get the server killed).
+  const int64_t elements = shape_num_elements(shape);
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+  if (elements >= 0 && dtype_size(dtype) > 0 && pages > 0 && page_size > 0 &&
+      static_cast<double>(elements) * static_cast<double>(dtype_size(dtype)) >
+          static_cast<double>(pages) * static_cast<double>(page_size)) {
+    return Status::InvalidArgument(context + ": " + describe(dtype, shape) +
+                                     " is larger than this machine's memory");
+  }
   auto value = training::initial_rows(initializer, dtype, logical_shape, first_row, rows);
   if (!value.ok()) return value.status().with_context(context);
   return insert(name, std::move(*value), optimizer);

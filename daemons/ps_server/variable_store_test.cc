@@ -801,6 +801,11 @@ TEST_CASE("a bad initializer request creates nothing and names the value", "[var
   CHECK(dtype.message().find("int64") != std::string::npos);
   CHECK(store.create_initialized("w", Initializer::zeros(), DType::kFloat32, {4}, 3, 2, Optimizer::none()).code() ==
         StatusCode::kInvalidArgument);
+  // A shard no machine holds (4 PiB) is refused before any allocation.
+  Status huge = store.create_initialized("w", Initializer::zeros(), DType::kFloat32, {int64_t{1} << 40, 1 << 20},
+                                         0, int64_t{1} << 40, Optimizer::none());
+  CHECK(huge.code() == StatusCode::kInvalidArgument);
+  CHECK(huge.message().find("larger than this machine's memory") != std::string::npos);
   CHECK(store.names().empty());
   // zeros and constant fill other dtypes.
   REQUIRE(store.create_initialized("ids", Initializer::constant(-3), DType::kInt64, {2, 2}, 0, 2, Optimizer::none())
