@@ -98,6 +98,11 @@ TEST_CASE("a 150 MiB given initial value goes to the shards in chunks, never thr
   REQUIRE(read.ok());
   REQUIRE(read->byte_size() == value.byte_size());
   CHECK(std::memcmp(read->data(), value.data(), value.byte_size()) == 0);
+  // Each parameter server took its 75 MiB shard as 2 writes (64 MiB + 11 MiB).
+  for (Daemon* ps : s.ps) {
+    CHECK(metric(*ps, "capstan_ps_dense_updates_total") == 2);
+    CHECK(metric(*ps, "capstan_ps_update_bytes_total") == static_cast<double>(value.byte_size() / 2));
+  }
   // The coordinator never held the value: its peak memory stays far below it.
   int64_t peak = peak_rss(s.coordinator->pid());
   INFO("coordinator peak RSS " << peak);
