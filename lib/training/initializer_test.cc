@@ -105,7 +105,7 @@ TEST_CASE("truncated_normal never draws beyond 2 stddev and keeps TF's stddev", 
   CHECK(m.stddev == Approx(0.5 * .87962566103423978).epsilon(0.01));
 }
 
-TEST_CASE("random_uniform stays in [minval, maxval) with a uniform mean", "[initializer]") {
+TEST_CASE("random_uniform stays at or above minval and below maxval with a uniform mean", "[initializer]") {
   Moments m = moments(rows_of(Initializer::random_uniform(-3, 5, 4), DType::kFloat64, {kLarge}, 0, kLarge));
   CHECK(m.min >= -3);
   CHECK(m.max < 5);
