@@ -116,7 +116,8 @@ TEST_CASE("a 150 MiB given initial value goes to the shards in chunks, never thr
   CHECK(kept->flat<float>()[12345] == 0.0f);
 }
 
-TEST_CASE("a scalar initial value and a small one still work", "[integration][initializer]") {
+TEST_CASE("a scalar initial value, a small one and an older program's whole value in the request still work",
+          "[integration][initializer]") {
   Servers s;
   REQUIRE(s.client->create_variable({"step", Tensor::scalar<int64_t>(5)}).ok());
   CHECK(s.client->read_variable("step")->flat<int64_t>()[0] == 5);
@@ -125,6 +126,27 @@ TEST_CASE("a scalar initial value and a small one still work", "[integration][in
   REQUIRE(s.client->create_variable({.name = "c", .initializer = Initializer::constant(2), .dtype = DType::kInt32,
                                      .shape = {}}).ok());
   CHECK(s.client->read_variable("c")->flat<int32_t>()[0] == 2);
+  // An older program's request: the whole value in the spec, through the
+  // coordinator, sliced into 2 shards there.
+  async::LoopThread loop("test-client");
+  Status old = raw_call(loop, s.coordinator->address(), [](wire::Node::Client node) {
+    auto request = node.castAs<wire::Coordinator>().createVariableRequest();
+    auto spec = request.initSpec();
+    spec.setName("old");
+    rpc::write_tensor(spec.initInitial(), Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {3, 2}).value(),
+                      rpc::CodecOptions{});
+    rpc::optimizer_to_wire(Optimizer::sgd(0.1), spec.initOptimizer());
+    spec.initPartitioner().setKind("fixed_shards");
+    spec.getPartitioner().setNumShards(2);
+    return request.send().then([](capnp::Response<wire::Coordinator::CreateVariableResults>&& r) {
+      CHECK(r.getPlacement().getShards().size() == 2);
+      CHECK_FALSE(r.getAwaitingValue());
+    });
+  });
+  REQUIRE(old.ok());
+  auto read = s.client->read_variable("old");
+  REQUIRE(read.ok());
+  CHECK(read->flat<float>()[5] == 6);
 }
 
 TEST_CASE("bad variable requests are refused with the value named, by the SDK, the coordinator and the "
