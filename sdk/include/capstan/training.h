@@ -215,9 +215,10 @@ std::optional<Initializer::Kind> initializer_kind_from_name(std::string_view nam
 
 // A variable on the parameter servers. Its value is either `initial` (the
 // whole tensor, which the program writes straight to the parameter servers
-// holding its shards, in chunks of at most 64 MiB: it never passes through
-// the coordinator) or `initializer`'s, computed by the parameter servers for
-// a variable of `dtype` and `shape` ({} is a scalar). Giving both, or
+// holding its shards, in chunks of at most 64 MiB, never through the
+// coordinator; a scalar's few bytes go with the request) or
+// `initializer`'s, computed by the parameter servers for a variable of
+// `dtype` and `shape` ({} is a scalar). Giving both, or
 // neither, is InvalidArgument saying which to drop or give; so is a dtype or
 // shape that disagrees with `initial`.
 //
