@@ -19,9 +19,18 @@ struct Partitioner {
 
 struct VariableSpec {
   name @0 :Text;
-  initial @1 :Common.Tensor;  # the whole initial value
+  initial @1 :Common.Tensor;  # the whole initial value (older callers, small values)
   optimizer @2 :Ps.OptimizerConfig;
   partitioner @3 :Partitioner;
+  # Instead of `initial` (unset): the variable is `dtype` and `shape`, and
+  # its value is `initializer`'s, computed by the parameter servers
+  # (initializer set), or zeros that the program then overwrites shard by
+  # shard with ParameterServer.assignRows (valueFromProgram), telling the
+  # coordinator with variableWritten.
+  initializer @4 :Ps.Initializer;
+  dtype @5 :Common.DType;
+  shape @6 :List(Int64);
+  valueFromProgram @7 :Bool;
 }
 
 struct ShardPlacement {
@@ -84,7 +93,10 @@ interface Coordinator extends(Common.Node) {
   # (empty from a worker that does not know it yet).
   # taskIndex -1: the coordinator assigns the lowest index no registered
   # worker has, and answers with it.
-  createVariable @1 (spec :VariableSpec) -> (placement :VariablePlacement);
+  # `awaitingValue`: the program must write the value (spec.valueFromProgram;
+  # the variable is new, or an earlier program did not finish writing it),
+  # then call variableWritten.
+  createVariable @1 (spec :VariableSpec) -> (placement :VariablePlacement, awaitingValue :Bool);
   placements @2 () -> (placements :Placements);
   # (clientId, requestSeq), when clientId is not 0, names the request: a
   # retry of one the coordinator has seen answers the same closure instead
@@ -188,6 +200,10 @@ interface Coordinator extends(Common.Node) {
   scheduleMany @24 (entries :List(ScheduleEntry), clientId :UInt64, releases :List(Int64),
                     releaseIncarnation :UInt64)
       -> (outcomes :List(ScheduleOutcome), durable :Bool, values :ClosureValues, incarnation :UInt64);
+  # The program has written the whole value of variable `name`, created
+  # with valueFromProgram (journaled: a restarted coordinator no longer
+  # asks for it). NOT_FOUND for an unknown variable.
+  variableWritten @25 (name :Text) -> ();
 }
 
 interface ClosureValues {

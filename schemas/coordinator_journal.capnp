@@ -72,6 +72,13 @@ struct CoordinatorUpdate {
     # An embedding table (shard i on ps task i).
     isTable @6 :Bool;
     table @7 :Ps.TableConfig;
+    # How its shards were filled: by an initializer on the parameter
+    # servers (set), else with a given value; awaitingValue: the program
+    # has not written that value yet (VariableSpec.valueFromProgram). When
+    # it has, the variable is journaled again without the flag: a later
+    # createVariable record of a name replaces the earlier one.
+    initializer @8 :Ps.Initializer;
+    awaitingValue @9 :Bool;
   }
 
   struct Shard {

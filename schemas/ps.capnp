@@ -77,6 +77,21 @@ struct TableRows {
   meta @3 :Common.Tensor;
 }
 
+# A variable's initial value, computed by each parameter server for the rows
+# it holds (capstan::Initializer, capstan/training.h): element i of the
+# logical tensor depends on (kind, parameters, seed, i) only, so the shards
+# make the same tensor whatever the partitioning.
+struct Initializer {
+  kind @0 :Text;              # "zeros", "constant", "random_normal", "truncated_normal",
+                              # "random_uniform", "glorot_uniform", "glorot_normal"
+  value @1 :Float64;          # constant
+  mean @2 :Float64;           # random_normal, truncated_normal
+  stddev @3 :Float64;         # random_normal, truncated_normal
+  minval @4 :Float64;         # random_uniform
+  maxval @5 :Float64;         # random_uniform
+  seed @6 :UInt64;            # the random kinds
+}
+
 struct NamedTensor {
   name @0 :Text;
   tensor @1 :Common.Tensor;
@@ -118,8 +133,16 @@ struct RestoreShard {
 }
 
 interface ParameterServer extends(Common.Node) {
-  # Idempotent for an identical shard (a reconnecting coordinator).
-  createShard @0 (name :Text, initial :Common.Tensor, optimizer :OptimizerConfig) -> ();
+  # Idempotent for an identical shard (a reconnecting coordinator): the
+  # same dtype, shape and optimizer (the value, or the initializer, is not
+  # compared: the shard keeps what it has learned).
+  # `initializer` set (instead of `initial`): the server computes the
+  # shard's value, rows [firstRow, firstRow + rows) of a variable of
+  # `dtype` and `logicalShape` (the whole variable's shape; a scalar: [],
+  # firstRow 0, rows 1). Older callers leave it unset and send `initial`.
+  createShard @0 (name :Text, initial :Common.Tensor, optimizer :OptimizerConfig,
+                  initializer :Initializer, dtype :Common.DType, logicalShape :List(Int64),
+                  firstRow :Int64, rows :Int64) -> ();
   # `inlineLimit`: the caller takes a value of up to this many bytes inline
   # in the answer (its reader's limit), saving the round trip that pulls a
   # larger one through a ByteSource; 0 (older callers): the server's own
@@ -159,18 +182,24 @@ interface ParameterServer extends(Common.Node) {
   # counter and makes later changes tagged > version.
   importTable @15 (name :Text, rows :TableRows, clear :Bool, step :Int64, version :Int64) -> ();
 
+  # Writes rows [firstRow, firstRow + rows.shape[0]) of shard `name` (its
+  # own row numbers, from 0) with `rows`: the shard's dtype and row shape,
+  # the range inside the shard. A program writes a given initial value so,
+  # straight to the servers, in chunks. Slots and step stay as they are.
+  assignRows @16 (name :Text, firstRow :Int64, rows :Common.Tensor) -> ();
+
   # Takes a consistent snapshot of each shard (copy-on-write values, copied
   # slots; a table's rows, marked as exportTable's beginVersion does), answers,
   # and writes the snapshot as the safetensors file `directory`/`file` in the
   # background, fsynced. `directory` is a checkpoint's "ckpt-<step>.tmp"
   # directory and `file` a plain "*.safetensors" name that must not exist.
-  beginSave @16 (directory :Text, file :Text, shards :List(SaveShard))
+  beginSave @17 (directory :Text, file :Text, shards :List(SaveShard))
       -> (saveId :UInt64, shards :List(SavedShard));
   # Waits for save `saveId` to be on disk: the file's size and CRC32C. Once
   # per save (NotFound after, or for an unknown id).
-  finishSave @17 (saveId :UInt64) -> (size :UInt64, crc32c :UInt32);
+  finishSave @18 (saveId :UInt64) -> (size :UInt64, crc32c :UInt32);
   # Fills (creating where absent) each shard from the committed checkpoint at
   # `checkpoint`, reading only the files and rows it needs: value, slots of
   # the same optimizer kind, step; a table's rows for this shard's keys.
-  restoreShards @18 (checkpoint :Text, shards :List(RestoreShard)) -> ();
+  restoreShards @19 (checkpoint :Text, shards :List(RestoreShard)) -> ();
 }

@@ -7,6 +7,7 @@
 #include "async/status_exception.h"
 #include "capstan/data/dataset.h"
 #include "rpc/connection.h"
+#include "training/initializer.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -169,10 +170,60 @@ kj::Promise<Result<int64_t>> Coordinator::create_per_worker_dataset_from_functio
 
 // ---- Variables ---------------------------------------------------------------------
 
+namespace {
+
+// What a createVariable request must hold (see Coordinator::create_variable).
+Status check_variable_request(const VariableRequest& request) {
+  const std::string what = "createVariable '" + request.name + "': ";
+  const bool has_initializer = request.initializer.kind != Initializer::Kind::kNone;
+  if (request.initial.valid()) {
+    if (has_initializer) {
+      return Status::InvalidArgument(what + "both an initial value and initializer " +
+                                     training::initializer_debug_string(request.initializer) +
+                                     " given; drop one of them");
+    }
+    if (request.value_from_program) {
+      return Status::InvalidArgument(what + "an initial value given with valueFromProgram; drop one of them");
+    }
+    return Status::Ok();
+  }
+  if (has_initializer && request.value_from_program) {
+    return Status::InvalidArgument(what + "initializer " + training::initializer_debug_string(request.initializer) +
+                                   " given with valueFromProgram; drop one of them");
+  }
+  if (!has_initializer && !request.value_from_program) {
+    return Status::InvalidArgument(what + "no initial value and no initializer; give one of them");
+  }
+  for (int64_t d : request.shape) {
+    if (d < 0) return Status::InvalidArgument(what + "shape " + shape_string(request.shape) + " has a negative dim");
+  }
+  // The element count and the bytes must fit in 63 bits.
+  const uint64_t limit = uint64_t{1} << 62;
+  uint64_t elements = 1;
+  for (int64_t d : request.shape) {
+    if (d != 0 && elements > limit / static_cast<uint64_t>(d)) {
+      return Status::InvalidArgument(what + "shape " + shape_string(request.shape) + " is too large");
+    }
+    elements *= static_cast<uint64_t>(d);
+  }
+  if (request.dtype == DType::kInvalid || request.dtype == DType::kString ||
+      elements > limit / std::max<size_t>(1, dtype_size(request.dtype))) {
+    if (request.dtype == DType::kInvalid || request.dtype == DType::kString) {
+      return Status::InvalidArgument(what + "a variable cannot be " + std::string(dtype_name(request.dtype)));
+    }
+    return Status::InvalidArgument(what + "shape " + shape_string(request.shape) + " is too large");
+  }
+  const Initializer& init = has_initializer ? request.initializer : Initializer::zeros();
+  return training::validate_initializer(init, request.dtype).with_context("createVariable '" + request.name + "'");
+}
+
+}  // namespace
+
 kj::Promise<Result<VariableLocation>> Coordinator::create_variable(VariableRequest request) {
   using Placed = Result<VariableLocation>;
   const std::string name = request.name;
   if (name.empty()) return Placed(Status::InvalidArgument("createVariable: empty name"));
+  if (Status checked = check_variable_request(request); !checked.ok()) return Placed(checked);
   if (ps_.size() == 0) {
     return Placed(Status::FailedPrecondition(
         "createVariable: the coordinator has no parameter servers (set --ps or a 'ps' job)"));

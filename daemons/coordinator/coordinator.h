@@ -145,8 +145,17 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // ---- Variables
   // Creates the variable's shards on the parameter servers. A variable that
   // exists with the same dtype and shape is handed back as it is (a
-  // reconnecting program); AlreadyExists when they differ.
+  // reconnecting program); AlreadyExists when they differ. InvalidArgument
+  // for a request that gives its value twice or not at all (initial,
+  // initializer, value_from_program), a bad dtype or shape, or a bad
+  // initializer (naming the value); the coordinator never holds the value
+  // of a variable made by an initializer or value_from_program.
   kj::Promise<Result<VariableLocation>> create_variable(VariableRequest request);
+  // Whether variable `name` waits for the program to write its value
+  // (created with value_from_program; see PsVariables::written).
+  bool awaiting_value(const std::string& name) const { return variables_.awaiting_value(name); }
+  // The program wrote the value of `name`; NotFound for an unknown variable.
+  Status variable_written(const std::string& name) { return variables_.written(name); }
   // Creates an embedding table: one shard on every parameter server. One
   // that exists with the same spec is handed back; AlreadyExists when it
   // differs or a variable has the name.

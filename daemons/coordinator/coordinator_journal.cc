@@ -60,6 +60,12 @@ Result<JournalRecord> decode_variable(Update::Variable::Reader in, int num_ps) {
     spec.name = v.name;
     v.table = std::move(spec);
   }
+  if (in.hasInitializer()) {
+    auto initializer = rpc::initializer_from_wire(in.getInitializer());
+    if (!initializer.ok()) return Status::DataLoss("variable '" + v.name + "': " + initializer.status().message());
+    v.initializer = *initializer;
+  }
+  v.awaiting_value = in.getAwaitingValue();
   out.placer_counter = in.getPlacerCounter();
   return JournalRecord(std::move(out));
 }
@@ -157,6 +163,10 @@ std::string variable_record(const PlacedVariable& variable, int64_t placer_count
   auto shape = out.initShape(static_cast<unsigned>(variable.shape.size()));
   for (unsigned d = 0; d < variable.shape.size(); ++d) shape.set(d, variable.shape[d]);
   rpc::optimizer_to_wire(variable.optimizer, out.initOptimizer());
+  if (variable.initializer.kind != Initializer::Kind::kNone) {
+    rpc::initializer_to_wire(variable.initializer, out.initInitializer());
+  }
+  out.setAwaitingValue(variable.awaiting_value);
   if (variable.table) {
     out.setIsTable(true);
     rpc::table_to_wire(*variable.table, out.initTable());

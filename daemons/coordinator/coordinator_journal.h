@@ -5,7 +5,10 @@
 //
 // What is kept, and why (a restarted coordinator must not forget it):
 //   variables      their shards' placement and optimizer (the values stay on
-//                  the parameter servers) and the placer's round robin;
+//                  the parameter servers), the initializer that filled them
+//                  and whether the program still owes their value (a
+//                  variable is journaled again once written), and the
+//                  placer's round robin;
 //   datasets       per-worker datasets with their ids, names and uids;
 //   last checkpoint the one a lost parameter server is restored from;
 //   closures       every closure scheduled (with the program's request id),

@@ -60,6 +60,27 @@ TEST_CASE("a variable's record reads back with its shards, optimizer, table and 
                                     "server(s): start it with the same ps list");
 }
 
+TEST_CASE("a variable's record keeps its initializer and whether it awaits its value", "[coordinator][journal]") {
+  PlacedVariable v;
+  v.name = "w";
+  v.dtype = DType::kFloat64;
+  v.shape = {6, 2};
+  v.optimizer = Optimizer::adam(0.1);
+  v.shards = {{"w/part_0", 0, 0, 3}, {"w/part_1", 1, 3, 3}};
+  v.initializer = Initializer::random_uniform(-2, 3, 99);
+  v.awaiting_value = true;
+  auto read = decoded<VariableCreated>(variable_record(v, 2));
+  CHECK(read.variable.initializer == v.initializer);
+  CHECK(read.variable.awaiting_value);
+  // A variable made from a given value (and records older than
+  // initializers): kind none, not awaiting.
+  v.initializer = Initializer{};
+  v.awaiting_value = false;
+  auto plain = decoded<VariableCreated>(variable_record(v, 2));
+  CHECK(plain.variable.initializer.kind == Initializer::Kind::kNone);
+  CHECK_FALSE(plain.variable.awaiting_value);
+}
+
 TEST_CASE("dataset, checkpoint and queue snapshot records read back as written", "[coordinator][journal]") {
   PerWorkerDataset d;
   d.definition = std::string("\0def", 4);

@@ -520,6 +520,71 @@ TEST_CASE("creating a variable with an empty name is InvalidArgument", "[coordin
         StatusCode::kInvalidArgument);
 }
 
+// A variable of `dtype` and `shape` whose value `initializer` makes.
+VariableRequest initialized(std::string name, Initializer initializer, DType dtype, Shape shape) {
+  VariableRequest request = variable(std::move(name), Tensor(), placement::Partitioner::fixed_shards(2));
+  request.initializer = initializer;
+  request.dtype = dtype;
+  request.shape = std::move(shape);
+  return request;
+}
+
+TEST_CASE("a bad variable request is InvalidArgument saying what to fix, nothing created", "[coordinator]") {
+  Harness h({}, /*num_ps=*/2);
+  struct Case {
+    VariableRequest request;
+    std::string says;
+  };
+  VariableRequest both = initialized("w", Initializer::zeros(), DType::kFloat32, {4});
+  both.initial = floats({1, 2, 3, 4}, {4});
+  VariableRequest neither = initialized("w", Initializer{}, DType::kFloat32, {4});
+  VariableRequest twice = initialized("w", Initializer::zeros(), DType::kFloat32, {4});
+  twice.value_from_program = true;
+  VariableRequest value_and_program = variable("w", floats({1}, {1}));
+  value_and_program.value_from_program = true;
+  const double inf = std::numeric_limits<double>::infinity();
+  std::vector<Case> cases = {
+      {both, "both an initial value and initializer zeros given; drop one of them"},
+      {neither, "no initial value and no initializer; give one of them"},
+      {twice, "given with valueFromProgram; drop one of them"},
+      {value_and_program, "an initial value given with valueFromProgram"},
+      {initialized("w", Initializer::random_normal(0, -0.5, 1), DType::kFloat32, {4}), "stddev -0.5"},
+      {initialized("w", Initializer::random_uniform(1, 0, 1), DType::kFloat64, {4}), "minval 1 is greater"},
+      {initialized("w", Initializer::constant(inf), DType::kFloat32, {4}), "value inf"},
+      {initialized("w", Initializer::truncated_normal(0, 1, 1), DType::kInt32, {4}), "not int32"},
+      {initialized("w", Initializer::zeros(), DType::kString, {4}), "cannot be string"},
+      {initialized("w", Initializer::zeros(), DType::kInvalid, {4}), "cannot be invalid"},
+      {initialized("w", Initializer::zeros(), DType::kFloat32, {4, -1}), "negative dim"},
+      {initialized("w", Initializer::zeros(), DType::kFloat32, {int64_t{1} << 40, int64_t{1} << 30}), "too large"},
+  };
+  for (const Case& c : cases) {
+    auto created = h.coordinator->create_variable(c.request).wait(h.io.waitScope);
+    INFO(created.status().to_string());
+    CHECK(created.status().code() == StatusCode::kInvalidArgument);
+    CHECK(created.status().message().find(c.says) != std::string::npos);
+  }
+  CHECK(h.coordinator->placements().variables.empty());
+  for (const auto& task : h.ps.tasks) CHECK(task.shards.empty());
+}
+
+TEST_CASE("a variable made by an initializer never passes its value through the coordinator", "[coordinator]") {
+  Harness h({}, /*num_ps=*/2);
+  auto w = h.create_variable(initialized("w", Initializer::truncated_normal(0, 0.1, 3), DType::kFloat64, {6, 2}));
+  REQUIRE(w.shards.size() == 2);
+  for (const auto& task : h.ps.tasks) CHECK(task.valued_creates.empty());
+  CHECK(h.ps.tasks[static_cast<size_t>(w.shards[1].ps_task)].initialized.at(w.shards[1].name).first_row == 3);
+  CHECK_FALSE(h.coordinator->awaiting_value("w"));
+  // A program that reconnects gets it back as it is, whatever it asks the seed to be.
+  auto again =
+      h.coordinator->create_variable(initialized("w", Initializer::truncated_normal(0, 0.1, 4), DType::kFloat64, {6, 2}))
+          .wait(h.io.waitScope);
+  REQUIRE(again.ok());
+  CHECK(h.coordinator->placements().version == 1);
+  auto other = h.coordinator->create_variable(initialized("w", Initializer::zeros(), DType::kFloat32, {6, 2}))
+                   .wait(h.io.waitScope);
+  CHECK(other.status().code() == StatusCode::kAlreadyExists);
+}
+
 TEST_CASE("creating a variable without parameter servers is FailedPrecondition", "[coordinator]") {
   Harness h({}, /*num_ps=*/0);
   CHECK(h.coordinator->create_variable(variable("w", floats({1}, {1}))).wait(h.io.waitScope).status().code() ==

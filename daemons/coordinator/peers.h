@@ -108,6 +108,17 @@ struct TableContents {
   int64_t version = 0;
 };
 
+// A shard whose value the parameter server computes: rows [first_row,
+// first_row + rows) of the variable of `dtype` and `logical_shape` that
+// `initializer` makes (a scalar: first_row 0, rows 1).
+struct InitializedShard {
+  Initializer initializer;
+  DType dtype = DType::kInvalid;
+  Shape logical_shape;
+  int64_t first_row = 0;
+  int64_t rows = 0;
+};
+
 // The parameter server tasks, numbered 0..size()-1. Must outlive the
 // Coordinator.
 class ParameterServers {
@@ -121,6 +132,9 @@ class ParameterServers {
   virtual kj::Promise<void> unreachable(int task) = 0;
   virtual kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
                                            const Optimizer& optimizer) = 0;
+  // create_shard without a value: the parameter server computes it.
+  virtual kj::Promise<Status> create_initialized_shard(int task, std::string name, InitializedShard shard,
+                                                       const Optimizer& optimizer) = 0;
   // The names of the shards `task` holds (embedding-table shards too).
   virtual kj::Promise<Result<std::set<std::string>>> list_shards(int task) = 0;
 

@@ -55,7 +55,9 @@ Result<PlacedVariable> PsVariables::place(const std::string& name, DType dtype, 
 kj::Promise<Result<VariableLocation>> PsVariables::create(VariableRequest request) {
   using Placed = Result<VariableLocation>;
   const std::string name = request.name;
-  const Tensor& initial = request.initial;
+  const bool given = request.initial.valid();
+  const DType dtype = given ? request.initial.dtype() : request.dtype;
+  const Shape shape = given ? request.initial.shape() : request.shape;
   auto existing = variables_.find(name);
   if (existing != variables_.end()) {
     // A reconnecting program creates its variables again: hand back the
@@ -64,20 +66,42 @@ kj::Promise<Result<VariableLocation>> PsVariables::create(VariableRequest reques
     if (v.table) {
       return Placed(Status::AlreadyExists("createVariable: '" + name + "' is an embedding table"));
     }
-    if (v.dtype != initial.dtype() || v.shape != initial.shape()) {
+    if (v.dtype != dtype || v.shape != shape) {
       return Placed(Status::AlreadyExists("variable '" + name + "' exists as " + std::string(dtype_name(v.dtype)) +
-                                          shape_string(v.shape) + ", not " +
-                                          std::string(dtype_name(initial.dtype())) + shape_string(initial.shape())));
+                                          shape_string(v.shape) + ", not " + std::string(dtype_name(dtype)) +
+                                          shape_string(shape)));
     }
     return Placed(location(v));
   }
-  auto variable = place(name, initial.dtype(), initial.shape(), request.partitioner);
+  auto variable = place(name, dtype, shape, request.partitioner);
   if (!variable.ok()) return Placed(variable.status().with_context("createVariable '" + name + "'"));
   variable->optimizer = std::move(request.optimizer);
+  if (!given) {
+    variable->initializer = request.value_from_program ? Initializer::zeros() : request.initializer;
+    variable->awaiting_value = request.value_from_program;
+  }
   return create_shards(std::move(*variable), std::move(request.initial)).then([this, name](Status status) -> Placed {
     CAPSTAN_RETURN_IF_ERROR(status);
     return location(variables_.at(name));
   });
+}
+
+Status PsVariables::written(const std::string& name) {
+  auto it = variables_.find(name);
+  if (it == variables_.end() || it->second.table) {
+    return Status::NotFound("variableWritten: no variable '" + name + "'");
+  }
+  if (!it->second.awaiting_value) return Status::Ok();
+  PlacedVariable updated = it->second;
+  updated.awaiting_value = false;
+  CAPSTAN_RETURN_IF_ERROR(journal_(updated));
+  it->second.awaiting_value = false;
+  return Status::Ok();
+}
+
+bool PsVariables::awaiting_value(const std::string& name) const {
+  auto it = variables_.find(name);
+  return it != variables_.end() && it->second.awaiting_value;
 }
 
 PlacedVariable PsVariables::place_table(EmbeddingTableSpec spec) const {
@@ -167,6 +191,13 @@ kj::Promise<Status> PsVariables::create_shards(PlacedVariable variable, Tensor i
   for (const auto& shard : variable.shards) {
     if (variable.table) {
       creates.add(ps_.create_table(shard.ps_task, shard.name, *variable.table));
+      continue;
+    }
+    if (variable.initializer.kind != Initializer::Kind::kNone) {
+      // Each shard computes its own rows of the whole variable.
+      InitializedShard rows{variable.initializer, variable.dtype, variable.shape, shard.first_row, shard.rows};
+      if (variable.shape.empty()) rows.rows = 1;
+      creates.add(ps_.create_initialized_shard(shard.ps_task, shard.name, std::move(rows), variable.optimizer));
       continue;
     }
     Tensor part = initial;

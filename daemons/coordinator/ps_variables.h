@@ -55,6 +55,12 @@ namespace capstan::coordinator {
 // servers apply to it.
 struct PlacedVariable : VariableLocation {
   Optimizer optimizer;
+  // How the shards were filled: by this initializer on the parameter
+  // servers, or (kNone) with a given value.
+  Initializer initializer{};
+  // Created for the program to write its value (value_from_program), which
+  // it has not said it has done yet (written()).
+  bool awaiting_value = false;
 };
 
 class PsVariables {
@@ -68,10 +74,19 @@ class PsVariables {
               std::shared_ptr<spdlog::logger> log, std::string work_dir, Journal journal);
 
   // Creates the variable's shards on the parameter servers and records it
-  // (the coordinator has checked the name and that the servers are up). One
-  // that exists with the same dtype and shape is handed back as it is (a
-  // reconnecting program); AlreadyExists when they differ or it is a table.
+  // (the coordinator has checked the name, the request and that the servers
+  // are up): with the request's initial value sliced by shard, or with its
+  // initializer (zeros for value_from_program) sent to each shard, which
+  // computes its rows: no value passes through here. One that exists with
+  // the same dtype and shape is handed back as it is (a reconnecting
+  // program); AlreadyExists when they differ or it is a table.
   kj::Promise<Result<VariableLocation>> create(VariableRequest request);
+  // The program has written the value of `name` (created awaiting it):
+  // journaled again without the flag. NotFound for an unknown variable;
+  // OK, nothing journaled, when it was not awaiting a value.
+  Status written(const std::string& name);
+  // Whether `name` exists and awaits its value from the program.
+  bool awaiting_value(const std::string& name) const;
   // Creates an embedding table: one shard on every parameter server. One
   // that exists with the same spec is handed back; InvalidArgument for a dim
   // outside [1, 65536]; AlreadyExists when the spec differs or a variable has

@@ -7,6 +7,7 @@
 
 #include "daemons/coordinator/test_fakes.h"
 #include "io/testing.h"
+#include "training/initializer.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -26,12 +27,14 @@ struct Fixture {
   FakeParameterServers ps{2};
   PsHealth health{ps, kStart, std::chrono::milliseconds(30000)};
   std::vector<std::string> journaled;
+  std::vector<PlacedVariable> journaled_variables;
   Status journal_answer;
   PsVariables variables{ps, health, pool,
                         std::make_shared<spdlog::logger>("ps_variables_test",
                                                          std::make_shared<spdlog::sinks::null_sink_mt>()),
                         "", [this](const PlacedVariable& v) {
                           journaled.push_back(v.name);
+                          journaled_variables.push_back(v);
                           return journal_answer;
                         }};
   Fixture() {
@@ -196,6 +199,116 @@ TEST_CASE("a variable read back from the journal keeps the placer's round robin 
   f.variables.restore(v, 3);
   CHECK(f.variables.placer_counter() == 5);
   CHECK(f.variables.version() == 2);
+  CHECK(f.journaled.empty());
+}
+
+// ---- Variables whose value never passes through the coordinator
+
+TEST_CASE("a variable made by an initializer has each shard compute its rows, no value passing here",
+          "[coordinator][ps_variables]") {
+  Fixture f;
+  VariableRequest request{"w", Tensor(), Optimizer::sgd(0.1), placement::Partitioner::fixed_shards(3)};
+  request.initializer = Initializer::glorot_uniform(7);
+  request.dtype = DType::kFloat32;
+  request.shape = {10, 4};
+  auto w = f.variables.create(request).wait(f.ws);
+  REQUIRE(w.ok());
+  CHECK(w->dtype == DType::kFloat32);
+  CHECK(w->shape == Shape{10, 4});
+  REQUIRE(w->shards.size() == 3);
+  // Every shard was created with the initializer and its rows of the whole
+  // variable: no create carried a value.
+  std::vector<float> joined;
+  for (const auto& shard : w->shards) {
+    const auto& task = f.ps.tasks[static_cast<size_t>(shard.ps_task)];
+    CHECK(task.valued_creates.empty());
+    const InitializedShard& sent = task.initialized.at(shard.name);
+    CHECK(sent.initializer == request.initializer);
+    CHECK(sent.logical_shape == Shape{10, 4});
+    CHECK(sent.first_row == shard.first_row);
+    CHECK(sent.rows == shard.rows);
+    std::vector<float> rows = values_of(task.shards.at(shard.name).value);
+    joined.insert(joined.end(), rows.begin(), rows.end());
+  }
+  auto whole = training::initial_rows(request.initializer, DType::kFloat32, {10, 4}, 0, 10);
+  REQUIRE(whole.ok());
+  CHECK(joined == values_of(*whole));
+  // The journal keeps the initializer (the value is on the servers).
+  REQUIRE(f.journaled_variables.size() == 1);
+  CHECK(f.journaled_variables[0].initializer == request.initializer);
+  CHECK_FALSE(f.journaled_variables[0].awaiting_value);
+  CHECK_FALSE(f.variables.awaiting_value("w"));
+}
+
+TEST_CASE("a scalar made by an initializer is one shard of one row", "[coordinator][ps_variables]") {
+  Fixture f;
+  VariableRequest request{"s", Tensor(), Optimizer::none(), placement::Partitioner::none()};
+  request.initializer = Initializer::constant(3);
+  request.dtype = DType::kFloat64;
+  auto s = f.variables.create(request).wait(f.ws);
+  REQUIRE(s.ok());
+  REQUIRE(s->shards.size() == 1);
+  const auto& task = f.ps.tasks[static_cast<size_t>(s->shards[0].ps_task)];
+  CHECK(task.initialized.at("s").rows == 1);
+  CHECK(task.shards.at("s").value.shape().empty());
+}
+
+TEST_CASE("a variable the program writes is created as zeros on the servers and awaits its value until written",
+          "[coordinator][ps_variables]") {
+  Fixture f;
+  VariableRequest request{"w", Tensor(), Optimizer::sgd(0.1), placement::Partitioner::fixed_shards(2)};
+  request.value_from_program = true;
+  request.dtype = DType::kFloat32;
+  request.shape = {4, 2};
+  auto w = f.variables.create(request).wait(f.ws);
+  REQUIRE(w.ok());
+  for (const auto& shard : w->shards) {
+    const auto& task = f.ps.tasks[static_cast<size_t>(shard.ps_task)];
+    CHECK(task.valued_creates.empty());
+    CHECK(task.initialized.at(shard.name).initializer == Initializer::zeros());
+  }
+  CHECK(f.variables.awaiting_value("w"));
+  REQUIRE(f.journaled_variables.size() == 1);
+  CHECK(f.journaled_variables[0].awaiting_value);
+  // A program that comes back before it wrote the value is asked again.
+  REQUIRE(f.variables.create(request).wait(f.ws).ok());
+  CHECK(f.variables.awaiting_value("w"));
+
+  // Written: journaled again without the flag; a second call changes nothing.
+  REQUIRE(f.variables.written("w").ok());
+  CHECK_FALSE(f.variables.awaiting_value("w"));
+  REQUIRE(f.journaled_variables.size() == 2);
+  CHECK_FALSE(f.journaled_variables[1].awaiting_value);
+  CHECK(f.journaled_variables[1].shards.size() == 2);
+  REQUIRE(f.variables.written("w").ok());
+  CHECK(f.journaled_variables.size() == 2);
+  CHECK(f.variables.version() == 1);
+  CHECK(f.variables.written("nope").code() == StatusCode::kNotFound);
+}
+
+TEST_CASE("a written flag the journal refuses stays awaiting", "[coordinator][ps_variables]") {
+  Fixture f;
+  VariableRequest request{"w", Tensor(), Optimizer::sgd(0.1), placement::Partitioner::none()};
+  request.value_from_program = true;
+  request.dtype = DType::kFloat32;
+  request.shape = {4};
+  REQUIRE(f.variables.create(request).wait(f.ws).ok());
+  f.journal_answer = Status::DataLoss("disk full");
+  CHECK(f.variables.written("w").code() == StatusCode::kDataLoss);
+  CHECK(f.variables.awaiting_value("w"));
+}
+
+TEST_CASE("a parameter server that refuses an initializer fails the create, nothing recorded",
+          "[coordinator][ps_variables]") {
+  Fixture f;
+  VariableRequest request{"w", Tensor(), Optimizer::sgd(0.1), placement::Partitioner::none()};
+  request.initializer = Initializer::random_normal(0, -1, 1);  // the fake computes it as a server would
+  request.dtype = DType::kFloat32;
+  request.shape = {4};
+  auto w = f.variables.create(request).wait(f.ws);
+  CHECK(w.status().code() == StatusCode::kInvalidArgument);
+  CHECK(w.status().message().find("stddev -1") != std::string::npos);
+  CHECK_FALSE(f.variables.contains("w"));
   CHECK(f.journaled.empty());
 }
 

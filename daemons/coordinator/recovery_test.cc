@@ -481,6 +481,39 @@ TEST_CASE("a coordinator restarted with its work_dir knows its variables, datase
         StatusCode::kAlreadyExists);
 }
 
+TEST_CASE("a restarted coordinator knows how its variables were filled: initializer journaled, a value awaited",
+          "[coordinator][durable]") {
+  data::testing::TempDir work;
+  CoordinatorConfig config;
+  config.work_dir = work.path();
+  VariableRequest made = partitioned("w", Tensor(), 2);
+  made.initializer = Initializer::glorot_normal(5);
+  made.dtype = DType::kFloat32;
+  made.shape = {8, 3};
+  VariableRequest given = partitioned("v", Tensor(), 2);
+  given.value_from_program = true;
+  given.dtype = DType::kFloat32;
+  given.shape = {4};
+  VariableRequest written = given;
+  written.name = "u";
+  {
+    Journaled h(config, /*num_ps=*/2);
+    h.create_variable(made);
+    h.create_variable(given);
+    h.create_variable(written);
+    REQUIRE(h.coordinator->variable_written("u").ok());
+  }
+  Journaled h(config, /*num_ps=*/2);
+  CHECK(h.coordinator->awaiting_value("v"));  // the program had not written it: asked again
+  CHECK_FALSE(h.coordinator->awaiting_value("u"));
+  CHECK_FALSE(h.coordinator->awaiting_value("w"));
+  REQUIRE(h.coordinator->placements().variables.size() == 3);
+  // The fakes' shards outlive nothing here: the journal alone says how "w" was made.
+  auto again = h.coordinator->create_variable(made).wait(h.io.waitScope);
+  REQUIRE(again.ok());
+  CHECK(again->shards.size() == 2);
+}
+
 TEST_CASE("a coordinator restarted with its work_dir keeps its queue, values and errors, retried schedules run once",
           "[coordinator][durable]") {
   data::testing::TempDir work;

@@ -304,6 +304,26 @@ kj::Promise<Status> RemoteParameterServers::create_shard(int task, std::string n
       }));
 }
 
+kj::Promise<Status> RemoteParameterServers::create_initialized_shard(int task, std::string name,
+                                                                     InitializedShard shard,
+                                                                     const Optimizer& optimizer) {
+  return status_of(service(task, 10 * kj::SECONDS)
+                       .then([name, shard = std::move(shard), optimizer](wire::ParameterServer::Client client) {
+                         auto request = client.createShardRequest();
+                         request.setName(name);
+                         rpc::optimizer_to_wire(optimizer, request.initOptimizer());
+                         rpc::initializer_to_wire(shard.initializer, request.initInitializer());
+                         request.setDtype(rpc::to_wire(shard.dtype));
+                         auto shape = request.initLogicalShape(static_cast<unsigned>(shard.logical_shape.size()));
+                         for (unsigned d = 0; d < shard.logical_shape.size(); ++d) {
+                           shape.set(d, shard.logical_shape[d]);
+                         }
+                         request.setFirstRow(shard.first_row);
+                         request.setRows(shard.rows);
+                         return request.send().ignoreResult();
+                       }));
+}
+
 kj::Promise<Result<std::set<std::string>>> RemoteParameterServers::list_shards(int task) {
   auto names = std::make_shared<std::set<std::string>>();
   auto listed = service(task, 10 * kj::SECONDS).then([names](wire::ParameterServer::Client client) {

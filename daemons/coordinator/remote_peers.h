@@ -63,6 +63,8 @@ class RemoteParameterServers : public ParameterServers {
   kj::Promise<void> unreachable(int task) override;
   kj::Promise<Status> create_shard(int task, std::string name, Tensor initial,
                                    const Optimizer& optimizer) override;
+  kj::Promise<Status> create_initialized_shard(int task, std::string name, InitializedShard shard,
+                                               const Optimizer& optimizer) override;
   kj::Promise<Result<std::set<std::string>>> list_shards(int task) override;
   kj::Promise<Status> create_table(int task, std::string name, EmbeddingTableSpec spec) override;
   kj::Promise<Result<TableContents>> export_table(int task, std::string name, int64_t since, int64_t begin) override;

@@ -19,11 +19,20 @@
 
 namespace capstan::coordinator {
 
+// A variable to create. Its value is `initial` (older programs: the whole
+// value, through the coordinator), or, with `initial` invalid, that of
+// `initializer` (computed by the parameter servers) or zeros the program
+// overwrites itself (value_from_program), for a variable of `dtype` and
+// `shape`.
 struct VariableRequest {
   std::string name;
-  Tensor initial;  // the whole initial value
+  Tensor initial;  // the whole initial value, or Tensor()
   Optimizer optimizer;  // as the program sent it; the parameter servers check it
   placement::Partitioner partitioner;
+  Initializer initializer{};
+  DType dtype = DType::kInvalid;
+  Shape shape{};
+  bool value_from_program = false;
 };
 
 // A variable as the coordinator hands it out: each shard's ps_address is the

@@ -353,14 +353,33 @@ kj::Promise<void> CoordinatorService::createVariable(CreateVariableContext conte
   // The parameter servers check the values; an unknown kind is refused here.
   auto optimizer = rpc::optimizer_from_wire(spec.getOptimizer());
   async::check(optimizer.status().with_context("createVariable '" + name + "'"));
+  VariableRequest request{name, Tensor(), *optimizer, *partitioner};
+  if (spec.hasInitializer()) {
+    auto initializer = rpc::initializer_from_wire(spec.getInitializer());
+    async::check(initializer.status().with_context("createVariable '" + name + "'"));
+    request.initializer = *initializer;
+  }
+  request.dtype = rpc::from_wire(spec.getDtype());
+  for (int64_t d : spec.getShape()) request.shape.push_back(d);
+  request.value_from_program = spec.getValueFromProgram();
+  auto answer = [this, context, name](Result<VariableLocation> placed) mutable {
+    async::check(placed.status());
+    rpc::location_to_wire(*placed, context.getResults().initPlacement());
+    context.getResults().setAwaitingValue(core_.awaiting_value(name));
+  };
+  if (!spec.hasInitial()) return core_.create_variable(std::move(request)).then(kj::mv(answer));
+  // An older program's (or a small) value, through the coordinator.
   return rpc::read_tensor(spec.getInitial())
-      .then([this, name, partitioner = *partitioner, optimizer = *optimizer](Tensor&& initial) mutable {
-        return core_.create_variable({name, std::move(initial), optimizer, partitioner});
+      .then([this, request = std::move(request)](Tensor&& initial) mutable {
+        request.initial = std::move(initial);
+        return core_.create_variable(std::move(request));
       })
-      .then([context](Result<VariableLocation> placed) mutable {
-        async::check(placed.status());
-        rpc::location_to_wire(*placed, context.getResults().initPlacement());
-      });
+      .then(kj::mv(answer));
+}
+
+kj::Promise<void> CoordinatorService::variableWritten(VariableWrittenContext context) {
+  async::check(core_.variable_written(text(context.getParams().getName())));
+  return kj::READY_NOW;
 }
 
 kj::Promise<void> CoordinatorService::createEmbeddingTable(CreateEmbeddingTableContext context) {

@@ -30,6 +30,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
  protected:
   kj::Promise<void> registerWorker(RegisterWorkerContext context) override;
   kj::Promise<void> createVariable(CreateVariableContext context) override;
+  kj::Promise<void> variableWritten(VariableWrittenContext context) override;
   kj::Promise<void> placements(PlacementsContext context) override;
   kj::Promise<void> schedule(ScheduleContext context) override;
   kj::Promise<void> scheduleMany(ScheduleManyContext context) override;

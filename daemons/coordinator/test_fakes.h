@@ -23,6 +23,7 @@
 #include "checkpoint/shard_files.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/ps_server/embedding_table.h"
+#include "training/initializer.h"
 #include "async/mailbox.h"
 #include "training/optimizer.h"
 
@@ -173,6 +174,8 @@ class FakeParameterServers : public ParameterServers {
     std::vector<std::string> saved;     // shards the task wrote into checkpoints itself
     std::vector<std::string> restored;  // shards the task read from checkpoints itself
     std::map<uint64_t, Result<checkpoint::ManifestFile>> saves;  // begin_save's, until finish_save
+    std::vector<std::string> valued_creates;  // create_shard calls (a value sent), in order
+    std::map<std::string, InitializedShard> initialized;  // create_initialized_shard calls
     kj::Own<kj::PromiseFulfiller<void>> on_up;
     kj::Own<kj::PromiseFulfiller<void>> on_down;
   };
@@ -221,7 +224,21 @@ class FakeParameterServers : public ParameterServers {
   kj::Promise<Status> create_shard(int task, std::string name, Tensor initial, const Optimizer& optimizer) override {
     Task& t = tasks[static_cast<size_t>(task)];
     if (!t.up) return Status::Unavailable(t.address + " is down");
+    t.valued_creates.push_back(name);
     t.shards[name].value = std::move(initial);
+    t.optimizers[name] = optimizer;
+    return Status::Ok();
+  }
+  // Computes the rows as a ps-server does (the real initializer).
+  kj::Promise<Status> create_initialized_shard(int task, std::string name, InitializedShard shard,
+                                               const Optimizer& optimizer) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Status::Unavailable(t.address + " is down");
+    auto rows = training::initial_rows(shard.initializer, shard.dtype, shard.logical_shape, shard.first_row,
+                                       shard.rows);
+    if (!rows.ok()) return rows.status();
+    t.initialized[name] = shard;
+    t.shards[name].value = std::move(*rows);
     t.optimizers[name] = optimizer;
     return Status::Ok();
   }

@@ -104,6 +104,23 @@ kj::Promise<void> PsService::createShard(CreateShardContext context) {
   if (optimizer.kind != Optimizer::Kind::kNone) {
     check(training::validate(optimizer).with_context("createShard '" + name + "'"));
   }
+  if (params.hasInitializer()) {
+    // The shard's rows are computed here (the store checks the initializer,
+    // dtype and range, and computes nothing for a shard that exists).
+    auto initializer = rpc::initializer_from_wire(params.getInitializer());
+    check(initializer.status().with_context("createShard '" + name + "'"));
+    DType dtype = rpc::from_wire(params.getDtype());
+    Shape logical;
+    for (int64_t d : params.getLogicalShape()) logical.push_back(d);
+    int64_t first_row = params.getFirstRow();
+    int64_t rows = params.getRows();
+    auto store = store_;
+    return async::run_on_pool(ctx_.pool, [store, name, init = *initializer, dtype, logical, first_row, rows,
+                                          optimizer]() {
+             return store->create_initialized(name, init, dtype, logical, first_row, rows, optimizer);
+           })
+        .then([](Status status) { check(status); });
+  }
   return rpc::read_tensor(params.getInitial(), ctx_.codec)
       .then([this, name, optimizer](Tensor&& initial) {
         auto store = store_;
@@ -149,6 +166,19 @@ kj::Promise<void> PsService::assign(AssignContext context) {
         // The received tensor is nobody else's: the shard takes its buffer.
         return async::run_on_pool(ctx_.pool, [store, name, value = std::move(value)]() mutable {
           return store->assign_owned(name, std::move(value));
+        });
+      })
+      .then([](Status status) { check(status); });
+}
+
+kj::Promise<void> PsService::assignRows(AssignRowsContext context) {
+  std::string name = text(context.getParams().getName());
+  int64_t first_row = context.getParams().getFirstRow();
+  return rpc::read_tensor(context.getParams().getRows(), ctx_.codec)
+      .then([this, name, first_row](Tensor&& rows) {
+        auto store = store_;
+        return async::run_on_pool(ctx_.pool, [store, name, first_row, rows = std::move(rows)]() {
+          return store->assign_rows(name, first_row, rows);
         });
       })
       .then([](Status status) { check(status); });

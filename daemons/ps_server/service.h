@@ -42,6 +42,7 @@ class PsService : public daemon::NodeService<wire::ParameterServer::Server> {
   kj::Promise<void> applyTable(ApplyTableContext context) override;
   kj::Promise<void> exportTable(ExportTableContext context) override;
   kj::Promise<void> importTable(ImportTableContext context) override;
+  kj::Promise<void> assignRows(AssignRowsContext context) override;
   kj::Promise<void> beginSave(BeginSaveContext context) override;
   kj::Promise<void> finishSave(FinishSaveContext context) override;
   kj::Promise<void> restoreShards(RestoreShardsContext context) override;

@@ -1,11 +1,14 @@
 #include "daemons/ps_server/variable_store.h"
 #include "sync/mutex.h"
+#include "training/initializer.h"
 
 #include <algorithm>
 #include <cstring>
 #include <span>
 #include <type_traits>
 #include <utility>
+
+#include <unistd.h>
 
 namespace capstan::ps_server {
 namespace {
@@ -116,6 +119,26 @@ Result<std::shared_ptr<VariableStore::Shard>> VariableStore::find(const std::str
   return it->second;
 }
 
+// Same dtype, shape and optimizer: the re-create of a reconnecting
+// coordinator, which keeps what the shard has learned. The value (or the
+// initializer) is not compared: the shard's has moved on since.
+Status VariableStore::same_or_conflict(const std::string& name, const Shard& existing, DType dtype,
+                                       const Shape& shape, const Optimizer& optimizer) {
+  if (existing.dtype == dtype && existing.shape == shape && existing.optimizer == optimizer) return Status::Ok();
+  return Status::AlreadyExists("create: " + quoted(name) + " already exists as " +
+                               describe(existing.dtype, existing.shape) + " with " +
+                               training::optimizer_debug_string(existing.optimizer) + ", not " +
+                               describe(dtype, shape) + " with " + training::optimizer_debug_string(optimizer));
+}
+
+std::optional<Status> VariableStore::existing(const std::string& name, DType dtype, const Shape& shape,
+                                              const Optimizer& optimizer) const {
+  ReaderMutexLock lock(map_mu_);
+  auto it = shards_.find(name);
+  if (it == shards_.end()) return std::nullopt;
+  return same_or_conflict(name, *it->second, dtype, shape, optimizer);
+}
+
 Status VariableStore::create(const std::string& name, const Tensor& initial,
                              const Optimizer& optimizer) {
   if (!initial.valid() || initial.dtype() == DType::kString) {
@@ -124,37 +147,48 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
   }
   CAPSTAN_RETURN_IF_ERROR(initial.validate().with_context("create " + quoted(name)));
   CAPSTAN_RETURN_IF_ERROR(training::validate(optimizer).with_context("create " + quoted(name)));
-
-  // Same dtype, shape and optimizer: the re-create of a reconnecting
-  // coordinator, which keeps what the shard has learned.
-  auto same_or_conflict = [&](const Shard& existing) -> Status {
-    if (existing.dtype == initial.dtype() && existing.shape == initial.shape() &&
-        existing.optimizer == optimizer) {
-      return Status::Ok();
-    }
-    return Status::AlreadyExists("create: " + quoted(name) + " already exists as " +
-                                 describe(existing.dtype, existing.shape) + " with " +
-                                 training::optimizer_debug_string(existing.optimizer) + ", not " +
-                                 describe(initial) + " with " +
-                                 training::optimizer_debug_string(optimizer));
-  };
-  {
-    ReaderMutexLock lock(map_mu_);
-    auto it = shards_.find(name);
-    if (it != shards_.end()) return same_or_conflict(*it->second);
-  }
-
+  if (auto status = existing(name, initial.dtype(), initial.shape(), optimizer)) return *status;
   // Build the shard outside the map lock: copying a large value must not
   // stall lookups of other shards.
   CAPSTAN_ASSIGN_OR_RETURN(Tensor value, copy_of(initial));
+  return insert(name, std::move(value), optimizer);
+}
+
+Status VariableStore::create_initialized(const std::string& name, const Initializer& initializer, DType dtype,
+                                         const Shape& logical_shape, int64_t first_row, int64_t rows,
+                                         const Optimizer& optimizer) {
+  const std::string context = "create " + quoted(name);
+  CAPSTAN_RETURN_IF_ERROR(training::validate_initializer(initializer, dtype).with_context(context));
+  CAPSTAN_RETURN_IF_ERROR(training::validate(optimizer).with_context(context));
+  Shape shape = logical_shape;
+  if (!shape.empty()) shape[0] = rows;
+  if (auto status = existing(name, dtype, shape, optimizer)) return *status;  // nothing computed again
+  // A few bytes of request can ask for any size: refuse one this machine
+  // cannot hold (with overcommit the allocation would succeed and filling
+  // it would get the server killed).
+  const int64_t elements = shape_num_elements(shape);
+  const long pages = sysconf(_SC_PHYS_PAGES), page_size = sysconf(_SC_PAGESIZE);
+  if (elements >= 0 && dtype_size(dtype) > 0 && pages > 0 && page_size > 0 &&
+      static_cast<double>(elements) * static_cast<double>(dtype_size(dtype)) >
+          static_cast<double>(pages) * static_cast<double>(page_size)) {
+    return Status::InvalidArgument(context + ": " + describe(dtype, shape) +
+                                     " is larger than this machine's memory");
+  }
+  auto value = training::initial_rows(initializer, dtype, logical_shape, first_row, rows);
+  if (!value.ok()) return value.status().with_context(context);
+  return insert(name, std::move(*value), optimizer);
+}
+
+Status VariableStore::insert(const std::string& name, Tensor value, const Optimizer& optimizer) {
+  const DType dtype = value.dtype();
   std::vector<Tensor> slots;
-  if (takes_updates(initial.dtype())) {
+  if (takes_updates(dtype)) {
     std::vector<std::string> slot_list = training::slot_names(optimizer.kind);
     for (size_t i = 0; i < slot_list.size(); ++i) {
-      CAPSTAN_ASSIGN_OR_RETURN(Tensor slot, Tensor::zeros(initial.dtype(), initial.shape()));
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor slot, Tensor::zeros(dtype, value.shape()));
       double init = training::slot_initial_value(optimizer, i);
       if (init != 0.0) {
-        if (initial.dtype() == DType::kFloat32) {
+        if (dtype == DType::kFloat32) {
           fill<float>(slot, init);
         } else {
           fill<double>(slot, init);
@@ -164,7 +198,7 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
     }
   }
   size_t bytes = value.byte_size() * (1 + slots.size());
-  auto shard = std::make_shared<Shard>(initial.dtype(), initial.shape(), optimizer, bytes);
+  auto shard = std::make_shared<Shard>(dtype, value.shape(), optimizer, bytes);
   {
     MutexLock init(shard->mu);  // not shared yet: uncontended, but it keeps the analysis exact
     shard->value = std::move(value);
@@ -173,7 +207,7 @@ Status VariableStore::create(const std::string& name, const Tensor& initial,
 
   WriterMutexLock lock(map_mu_);
   auto [it, inserted] = shards_.try_emplace(name, shard);
-  if (!inserted) return same_or_conflict(*it->second);  // created meanwhile
+  if (!inserted) return same_or_conflict(name, *it->second, shard->dtype, shard->shape, optimizer);  // created meanwhile
   return Status::Ok();
 }
 
@@ -377,6 +411,35 @@ Status VariableStore::assign_add(const std::string& name, const Tensor& delta) {
       break;  // rejected above or at create
   }
   count_dense_update(delta);
+  return Status::Ok();
+}
+
+Status VariableStore::assign_rows(const std::string& name, int64_t first_row, const Tensor& rows) {
+  CAPSTAN_ASSIGN_OR_RETURN(std::shared_ptr<Shard> shard, find(name));
+  if (shard->shape.empty()) {
+    return Status::InvalidArgument("assign_rows: " + quoted(name) + " is a scalar " +
+                                   describe(shard->dtype, shard->shape) + "; assign it whole");
+  }
+  const Shape row_shape(shard->shape.begin() + 1, shard->shape.end());
+  if (rows.dtype() != shard->dtype || rows.rank() < 1 || Shape(rows.shape().begin() + 1, rows.shape().end()) != row_shape) {
+    return Status::InvalidArgument("assign_rows: rows " + describe(rows) + " do not match the rows of " +
+                                   quoted(name) + " " + describe(shard->dtype, shard->shape));
+  }
+  const int64_t n = rows.shape()[0];
+  if (first_row < 0 || first_row > shard->shape[0] || n > shard->shape[0] - first_row) {
+    return Status::InvalidArgument("assign_rows: rows [" + std::to_string(first_row) + ", " +
+                                   std::to_string(first_row) + " + " + std::to_string(n) + ") are outside " +
+                                   quoted(name) + "'s " + std::to_string(shard->shape[0]) + " rows");
+  }
+  CAPSTAN_RETURN_IF_ERROR(rows.validate().with_context("assign_rows " + quoted(name)));
+  const size_t row_bytes = static_cast<size_t>(row_elements(shard->shape)) * dtype_size(shard->dtype);
+  MutexLock lock(shard->mu);
+  CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
+  if (rows.byte_size() > 0) {
+    std::memcpy(shard->value.mutable_data() + static_cast<size_t>(first_row) * row_bytes, rows.data(),
+                rows.byte_size());
+  }
+  count_dense_update(rows);
   return Status::Ok();
 }
 

@@ -72,6 +72,16 @@ class VariableStore {
   // both. InvalidArgument: an invalid optimizer config, a string or invalid
   // tensor.
   Status create(const std::string& name, const Tensor& initial, const Optimizer& optimizer);
+  // create() with a value computed here: rows [first_row, first_row + rows)
+  // of the variable of `dtype` and `logical_shape` (the whole variable's)
+  // that `initializer` makes (training/initializer.h; a scalar: first_row 0,
+  // rows 1). The shard's shape is logical_shape with dim 0 = rows. An
+  // existing shard compares as in create() (the initializer is not
+  // compared) and nothing is computed for it. InvalidArgument naming a bad
+  // initializer value, dtype or row range.
+  Status create_initialized(const std::string& name, const Initializer& initializer, DType dtype,
+                            const Shape& logical_shape, int64_t first_row, int64_t rows,
+                            const Optimizer& optimizer);
   // Drops the shard and its slots. An update already running on it finishes
   // on the dropped copy.
   Status remove(const std::string& name);
@@ -92,6 +102,12 @@ class VariableStore {
   // else may hold or write afterwards (a tensor just received over RPC).
   Status assign_owned(const std::string& name, Tensor value);
   Status assign_add(const std::string& name, const Tensor& delta);
+  // Writes rows [first_row, first_row + rows.shape[0]) of a shard of rank
+  // >= 1 (its own row numbers) with `rows`: the shard's dtype and row shape,
+  // the range inside the shard (InvalidArgument naming what differs).
+  // Slots and step stay as they are. A program writes an initial value so,
+  // in chunks.
+  Status assign_rows(const std::string& name, int64_t first_row, const Tensor& rows);
 
   // One optimizer update. `step` is the optimizer's iteration count for this
   // update, 1-based (Adam's bias correction); <= 0 uses the shard's counter
@@ -162,6 +178,14 @@ class VariableStore {
 
  private:
   void count_dense_update(const Tensor& received);
+  struct Shard;
+  static Status same_or_conflict(const std::string& name, const Shard& existing, DType dtype, const Shape& shape,
+                                 const Optimizer& optimizer);
+  // OK or AlreadyExists when `name` exists (see create); nullopt when not.
+  std::optional<Status> existing(const std::string& name, DType dtype, const Shape& shape,
+                                 const Optimizer& optimizer) const LOCKS_EXCLUDED(map_mu_);
+  // Adds a shard holding `value` (its own buffer) with fresh slots.
+  Status insert(const std::string& name, Tensor value, const Optimizer& optimizer) LOCKS_EXCLUDED(map_mu_);
   Status assign_impl(const std::string& name, const Tensor& value, bool copy);
   const std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
   struct Shard {

@@ -1,4 +1,5 @@
 #include "daemons/ps_server/variable_store.h"
+#include "training/initializer.h"
 
 #include <catch2/catch.hpp>
 #include <atomic>
@@ -741,6 +742,105 @@ TEST_CASE("readers never see a half-applied update") {
   CHECK(torn.load() == 0);
   CHECK(read_f32(store, "w")[kSize - 1] == 200);
   CHECK(read_f32(store, "other")[0] == 200);
+}
+
+}  // namespace
+}  // namespace capstan::ps_server
+
+namespace capstan::ps_server {
+namespace {
+
+// ---- Shards computed by an initializer, and rows written in chunks
+
+TEST_CASE("a shard created by an initializer holds its rows of the whole variable", "[variable_store]") {
+  VariableStore store;
+  const Shape shape{10, 3};
+  Initializer init = Initializer::glorot_normal(4);
+  REQUIRE(store.create_initialized("w/part_0", init, DType::kFloat32, shape, 0, 4, Optimizer::adam(0.1)).ok());
+  REQUIRE(store.create_initialized("w/part_1", init, DType::kFloat32, shape, 4, 6, Optimizer::adam(0.1)).ok());
+  auto info = store.info("w/part_1");
+  REQUIRE(info.ok());
+  CHECK(info->shape == Shape{6, 3});
+  std::vector<float> joined = read_f32(store, "w/part_0");
+  std::vector<float> second = read_f32(store, "w/part_1");
+  joined.insert(joined.end(), second.begin(), second.end());
+  auto whole = training::initial_rows(init, DType::kFloat32, shape, 0, 10);
+  REQUIRE(whole.ok());
+  CHECK(joined == values<float>(*whole));
+  auto slots = store.slots("w/part_1");  // adam's slots, zeros of the shard's shape
+  REQUIRE(slots.ok());
+  CHECK(slots->at("m").shape() == Shape{6, 3});
+}
+
+TEST_CASE("creating an initializer shard again keeps its value and computes nothing", "[variable_store]") {
+  VariableStore store;
+  Initializer init = Initializer::random_uniform(0, 1, 2);
+  REQUIRE(store.create_initialized("w", init, DType::kFloat32, {4}, 0, 4, Optimizer::sgd(0.1)).ok());
+  REQUIRE(store.assign("w", f32({1, 2, 3, 4})).ok());
+  // A reconnecting coordinator: same dtype, shape and optimizer (the seed
+  // is not compared: the value has moved on since it was computed).
+  CHECK(store.create_initialized("w", Initializer::random_uniform(0, 1, 3), DType::kFloat32, {4}, 0, 4,
+                                 Optimizer::sgd(0.1))
+            .ok());
+  CHECK(read_f32(store, "w") == std::vector<float>{1, 2, 3, 4});
+  CHECK(store.create_initialized("w", init, DType::kFloat32, {5}, 0, 5, Optimizer::sgd(0.1)).code() ==
+        StatusCode::kAlreadyExists);
+  CHECK(store.create_initialized("w", init, DType::kFloat64, {4}, 0, 4, Optimizer::sgd(0.1)).code() ==
+        StatusCode::kAlreadyExists);
+}
+
+TEST_CASE("a bad initializer request creates nothing and names the value", "[variable_store]") {
+  VariableStore store;
+  Status stddev = store.create_initialized("w", Initializer::random_normal(0, -2, 1), DType::kFloat32, {4}, 0, 4,
+                                           Optimizer::none());
+  CHECK(stddev.code() == StatusCode::kInvalidArgument);
+  CHECK(stddev.message().find("stddev -2") != std::string::npos);
+  Status dtype = store.create_initialized("w", Initializer::glorot_uniform(1), DType::kInt64, {4}, 0, 4,
+                                          Optimizer::none());
+  CHECK(dtype.code() == StatusCode::kInvalidArgument);
+  CHECK(dtype.message().find("int64") != std::string::npos);
+  CHECK(store.create_initialized("w", Initializer::zeros(), DType::kFloat32, {4}, 3, 2, Optimizer::none()).code() ==
+        StatusCode::kInvalidArgument);
+  // A shard no machine holds (4 PiB) is refused before any allocation.
+  Status huge = store.create_initialized("w", Initializer::zeros(), DType::kFloat32, {int64_t{1} << 40, 1 << 20},
+                                         0, int64_t{1} << 40, Optimizer::none());
+  CHECK(huge.code() == StatusCode::kInvalidArgument);
+  CHECK(huge.message().find("larger than this machine's memory") != std::string::npos);
+  CHECK(store.names().empty());
+  // zeros and constant fill other dtypes.
+  REQUIRE(store.create_initialized("ids", Initializer::constant(-3), DType::kInt64, {2, 2}, 0, 2, Optimizer::none())
+              .ok());
+  auto ids = store.read("ids");
+  REQUIRE(ids.ok());
+  CHECK(values<int64_t>(*ids) == std::vector<int64_t>{-3, -3, -3, -3});
+}
+
+TEST_CASE("assign_rows writes a range of rows and nothing else", "[variable_store]") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({0, 0, 0, 0, 0, 0}, {3, 2}), optimizer(Kind::kSgd)).ok());
+  auto before = store.read("w");  // a reader's snapshot stays as it was
+  REQUIRE(before.ok());
+  REQUIRE(store.assign_rows("w", 1, f32({1, 2, 3, 4}, {2, 2})).ok());
+  CHECK(read_f32(store, "w") == std::vector<float>{0, 0, 1, 2, 3, 4});
+  CHECK(values<float>(*before) == std::vector<float>{0, 0, 0, 0, 0, 0});
+  REQUIRE(store.assign_rows("w", 3, f32({}, {0, 2})).ok());  // an empty chunk at the end
+}
+
+TEST_CASE("assign_rows refuses a range outside the shard, another dtype or row width, a scalar", "[variable_store]") {
+  VariableStore store;
+  REQUIRE(store.create("w", f32({0, 0, 0, 0, 0, 0}, {3, 2}), optimizer(Kind::kSgd)).ok());
+  REQUIRE(store.create("s", f32({0}, {}), optimizer(Kind::kSgd)).ok());
+  Status range = store.assign_rows("w", 2, f32({1, 2, 3, 4}, {2, 2}));
+  CHECK(range.code() == StatusCode::kInvalidArgument);
+  CHECK(range.message().find("outside") != std::string::npos);
+  CHECK(store.assign_rows("w", -1, f32({1, 2}, {1, 2})).code() == StatusCode::kInvalidArgument);
+  Status width = store.assign_rows("w", 0, f32({1, 2, 3}, {1, 3}));
+  CHECK(width.code() == StatusCode::kInvalidArgument);
+  CHECK(width.message().find("float32[1, 3]") != std::string::npos);
+  CHECK(store.assign_rows("w", 0, make<double>({1, 2}, {1, 2})).code() == StatusCode::kInvalidArgument);
+  CHECK(store.assign_rows("s", 0, f32({1}, {1})).code() == StatusCode::kInvalidArgument);
+  CHECK(store.assign_rows("missing", 0, f32({1, 2}, {1, 2})).code() == StatusCode::kNotFound);
+  CHECK(read_f32(store, "w") == std::vector<float>{0, 0, 0, 0, 0, 0});
 }
 
 }  // namespace

@@ -126,6 +126,31 @@ Result<EmbeddingTableSpec> table_from_wire(wire::TableConfig::Reader in) {
   return out;
 }
 
+void initializer_to_wire(const Initializer& in, wire::Initializer::Builder out) {
+  out.setKind(initializer_name(in.kind));
+  out.setValue(in.value);
+  out.setMean(in.mean);
+  out.setStddev(in.stddev);
+  out.setMinval(in.minval);
+  out.setMaxval(in.maxval);
+  out.setSeed(in.seed);
+}
+
+Result<Initializer> initializer_from_wire(wire::Initializer::Reader in) {
+  std::string_view name(in.getKind().cStr(), in.getKind().size());
+  auto kind = initializer_kind_from_name(name);
+  if (!kind) return Status::InvalidArgument("unknown initializer kind '" + std::string(name) + "'");
+  Initializer out;
+  out.kind = *kind;
+  out.value = in.getValue();
+  out.mean = in.getMean();
+  out.stddev = in.getStddev();
+  out.minval = in.getMinval();
+  out.maxval = in.getMaxval();
+  out.seed = in.getSeed();
+  return out;
+}
+
 void table_rows_to_wire(const ps::TableRows& in, wire::TableRows::Builder out, const CodecOptions& options) {
   write_tensor(out.initKeys(), in.keys, options);
   write_tensor(out.initValues(), in.values, options);

@@ -30,6 +30,12 @@ Result<Optimizer> optimizer_from_wire(wire::OptimizerConfig::Reader in);
 void table_to_wire(const EmbeddingTableSpec& in, wire::TableConfig::Builder out);
 Result<EmbeddingTableSpec> table_from_wire(wire::TableConfig::Reader in);
 
+// A variable's initializer (capstan::Initializer) on the wire, both ways.
+// from_wire: InvalidArgument naming an unknown kind (a peer may send any
+// text); values are checked by training::validate_initializer.
+void initializer_to_wire(const Initializer& in, wire::Initializer::Builder out);
+Result<Initializer> initializer_from_wire(wire::Initializer::Reader in);
+
 // Table rows on the wire. The reader's tensors may share the message's
 // memory: read them before the message goes.
 void table_rows_to_wire(const ps::TableRows& in, wire::TableRows::Builder out, const CodecOptions& options);

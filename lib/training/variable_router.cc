@@ -356,6 +356,59 @@ Status VariableRouter::apply_dense_many(const std::vector<std::string>& variable
   return done.status();
 }
 
+Status VariableRouter::write_rows(const VariableLocation& v, const Tensor& value, size_t max_chunk_bytes) {
+  CAPSTAN_RETURN_IF_ERROR(not_for_tables(v, "write_rows"));
+  if (value.dtype() != v.dtype || value.shape() != v.shape || v.shape.empty()) {
+    return Status::InvalidArgument("write_rows: '" + v.name + "' is " + std::string(dtype_name(v.dtype)) +
+                                   shape_string(v.shape) + ", the value " + std::string(dtype_name(value.dtype())) +
+                                   shape_string(value.shape()) + " (a value of rank >= 1 is written by rows)");
+  }
+  const size_t row_bytes = value.shape()[0] == 0 ? 0 : value.byte_size() / static_cast<size_t>(value.shape()[0]);
+  const int64_t chunk_rows =
+      row_bytes == 0 ? std::max<int64_t>(1, value.shape()[0])
+                     : std::max<int64_t>(1, static_cast<int64_t>(max_chunk_bytes / row_bytes));
+  // Chunks share the value's buffer (kept by `owner`); the store copies
+  // them into the shard.
+  auto owner = std::make_shared<Tensor>(value);
+  std::byte* base = const_cast<std::byte*>(owner->data());
+  auto chunk = [&](int64_t first, int64_t rows) -> Result<Tensor> {
+    Shape shape = value.shape();
+    shape[0] = rows;
+    return Tensor::from_buffer(value.dtype(), std::move(shape), owner, base + static_cast<size_t>(first) * row_bytes,
+                               static_cast<size_t>(rows) * row_bytes);
+  };
+  for (int64_t round = 0;; ++round) {
+    struct Write {
+      std::string address, shard;
+      int64_t first_row;  // in the shard
+      Tensor rows;
+    };
+    std::vector<Write> writes;
+    for (const auto& shard : v.shards) {
+      const int64_t first = round * chunk_rows;
+      if (first >= shard.rows) continue;
+      const int64_t rows = std::min(chunk_rows, shard.rows - first);
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor part, chunk(shard.first_row + first, rows));
+      writes.push_back({shard.ps_address, shard.name, first, std::move(part)});
+    }
+    if (writes.empty()) return Status::Ok();
+    auto done = on_loop<bool>("writing '" + v.name + "' rows", [this, &writes]() {
+      auto sends = kj::heapArrayBuilder<kj::Promise<void>>(writes.size());
+      for (const Write& w : writes) {
+        sends.add(ps(w.address).then([this, &w](wire::ParameterServer::Client client) {
+          auto request = client.assignRowsRequest();
+          request.setName(w.shard);
+          request.setFirstRow(w.first_row);
+          rpc::write_tensor(request.initRows(), w.rows, codec_);
+          return request.send().ignoreResult();
+        }));
+      }
+      return kj::joinPromises(sends.finish()).then([]() { return true; });
+    });
+    CAPSTAN_RETURN_IF_ERROR(done.status());
+  }
+}
+
 Status VariableRouter::assign(const std::string& variable, const Tensor& value) {
   return update_rows(variable, value, Update::kAssign, 0, std::nullopt);
 }

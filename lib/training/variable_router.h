@@ -111,6 +111,13 @@ class VariableRouter final : public VariableAccess {
   // key up once); all shards at once. The rows come back in the order of
   // `ids`: shape ids.shape() + [dim].
   Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override;
+  // Writes `value` (v's whole dtype and shape, rank >= 1) into v's shards,
+  // straight to the parameter servers that hold them, as assignRows calls
+  // of at most `max_chunk_bytes` each (at least one row): in rounds, each
+  // round one chunk of every shard that has one left, in parallel, under
+  // the call timeout. Slots and steps stay as they are. The chunks share
+  // `value`'s buffer: nothing is copied here.
+  Status write_rows(const VariableLocation& v, const Tensor& value, size_t max_chunk_bytes);
 
  private:
   Status apply_table(const VariableLocation& v, const std::vector<int64_t>& keys, const Tensor& rows, int64_t step,

@@ -31,6 +31,7 @@ from ._capstan import (  # noqa: F401
     EmbeddingTableOptions,
     Error,
     FailedPreconditionError,
+    Initializer,
     InternalError,
     InvalidArgumentError,
     LearningRateSchedule,

@@ -85,6 +85,18 @@ void init_training(py::module_& m) {
       .def_static("max_size", &Partitioner::max_size, py::arg("max_shard_bytes"), py::arg("max_shards") = 0,
                   py::arg("bytes_per_string") = 16)
       .def_readonly("kind", &Partitioner::kind);
+  py::class_<Initializer>(m, "Initializer")
+      .def_static("zeros", &Initializer::zeros)
+      .def_static("constant", &Initializer::constant, py::arg("value"))
+      .def_static("random_normal", &Initializer::random_normal, py::arg("mean") = 0.0, py::arg("stddev") = 0.05,
+                  py::arg("seed") = 0)
+      .def_static("truncated_normal", &Initializer::truncated_normal, py::arg("mean") = 0.0,
+                  py::arg("stddev") = 0.05, py::arg("seed") = 0)
+      .def_static("random_uniform", &Initializer::random_uniform, py::arg("minval") = -0.05,
+                  py::arg("maxval") = 0.05, py::arg("seed") = 0)
+      .def_static("glorot_uniform", &Initializer::glorot_uniform, py::arg("seed") = 0)
+      .def_static("glorot_normal", &Initializer::glorot_normal, py::arg("seed") = 0)
+      .def_property_readonly("kind", [](const Initializer& i) { return initializer_name(i.kind); });
   py::class_<EmbeddingInitializer>(m, "EmbeddingInitializer")
       .def_static("zeros", &EmbeddingInitializer::zeros)
       .def_static("constant", &EmbeddingInitializer::constant, py::arg("value"))
@@ -140,13 +152,19 @@ void init_training(py::module_& m) {
                   py::arg("connect_timeout") = 10.0, py::arg("call_timeout") = 60.0)
       .def("create_variable",
            [](const Cluster& c, const std::string& name, const py::object& initial, const Optimizer& optimizer,
-              const Partitioner& partitioner) {
-             VariableSpec spec{name, to_tensor(initial), optimizer, partitioner};
+              const Partitioner& partitioner, const std::optional<Initializer>& initializer,
+              const py::object& dtype, const std::vector<int64_t>& shape) {
+             // initial, or initializer with dtype and shape (computed on the parameter servers).
+             VariableSpec spec{name, initial.is_none() ? Tensor() : to_tensor(initial), optimizer, partitioner};
+             if (initializer) spec.initializer = *initializer;
+             if (!dtype.is_none()) spec.dtype = capstan_dtype(py::dtype::from_args(dtype));
+             spec.shape = shape;
              py::gil_scoped_release release;
              return value_or_raise(c->create_variable(spec));
            },
-           py::arg("name"), py::arg("initial"), py::arg("optimizer") = Optimizer::none(),
-           py::arg("partitioner") = Partitioner::none())
+           py::arg("name"), py::arg("initial") = py::none(), py::arg("optimizer") = Optimizer::none(),
+           py::arg("partitioner") = Partitioner::none(), py::arg("initializer") = py::none(),
+           py::arg("dtype") = py::none(), py::arg("shape") = std::vector<int64_t>{})
       .def("create_embedding_table",
            [](const Cluster& c, const std::string& name, int64_t dim, const py::object& dtype,
               const EmbeddingInitializer& initializer, const Optimizer& optimizer,

@@ -42,6 +42,26 @@ def test_partitioned_variable_gather_and_sparse_update(training):
     np.testing.assert_array_equal(training.read_variable("emb"), expected)
 
 
+def test_variable_made_by_an_initializer_on_the_parameter_servers(training):
+    init = capstan.Initializer.glorot_uniform(7)
+    assert init.kind == "glorot_uniform"
+    info = training.create_variable("k", optimizer=capstan.Optimizer.sgd(0.1),
+                                    partitioner=capstan.Partitioner.fixed_shards(2), initializer=init,
+                                    dtype="float32", shape=[10, 4])
+    assert info.num_shards == 2 and info.shape == (10, 4)
+    value = training.read_variable("k")
+    limit = np.sqrt(6 / (10 + 4))
+    assert value.dtype == np.float32 and np.all(np.abs(value) <= limit) and value.std() > 0
+    # The same initializer unpartitioned: the same tensor.
+    training.create_variable("k1", initializer=init, dtype="float32", shape=[10, 4])
+    np.testing.assert_array_equal(training.read_variable("k1"), value)
+    with pytest.raises(capstan.InvalidArgumentError):
+        training.create_variable("bad", initializer=capstan.Initializer.random_normal(0, -1), dtype="float32",
+                                 shape=[2])
+    with pytest.raises(capstan.InvalidArgumentError):
+        training.create_variable("both", np.zeros(2, np.float32), initializer=capstan.Initializer.zeros())
+
+
 def test_per_worker_datasets_from_a_pipeline_and_a_dataset_function(training):
     pipeline = capstan.data.Dataset.range(20).shard(capstan.data.SHARD_HINT, capstan.data.SHARD_HINT)
     for dataset in (training.create_per_worker_dataset(pipeline),

@@ -165,14 +165,79 @@ struct Partitioner {
                               int64_t bytes_per_string = 16);
 };
 
-struct VariableSpec {
-  std::string name;
-  Tensor initial;  // the whole initial value (see initializers below)
-  Optimizer optimizer = Optimizer::none();
-  Partitioner partitioner = Partitioner::none();
+// A variable's initial value, computed by the parameter servers, each for
+// the rows it holds (tf.keras.initializers). Element i (row-major) of the
+// whole variable depends on (kind, parameters, seed, i) only, so a variable
+// is the same tensor however it is partitioned and wherever its shards live.
+// The random kinds draw from SplitMix64 at a counter made of (seed, i, draw):
+// seeded and deterministic, not the same numbers as TensorFlow's.
+//
+//   zeros, constant(value)          any fixed-size dtype (value in range)
+//   random_normal(mean, stddev)     float32 / float64
+//   truncated_normal(mean, stddev)  a normal redrawn while beyond 2 stddev of
+//                                   the mean (TF's truncated_normal)
+//   random_uniform(minval, maxval)  [minval, maxval)
+//   glorot_uniform                  uniform in +-sqrt(6 / (fan_in + fan_out))
+//   glorot_normal                   truncated_normal(0, sqrt(2 / (fan_in +
+//                                   fan_out)) / .87962566103423978)
+//
+// fan_in and fan_out are Keras' (compute_fans), from the whole variable's
+// shape: [] -> 1, 1; [n] -> n, n; [a, b] -> a, b; [..., a, b] -> a * r,
+// b * r with r the product of the leading dims. A random kind on another
+// dtype, a stddev < 0, minval > maxval or a value that is not finite is
+// InvalidArgument naming it.
+struct Initializer {
+  // kNone: no initializer (VariableSpec::initial holds the value).
+  enum class Kind { kNone, kZeros, kConstant, kRandomNormal, kTruncatedNormal, kRandomUniform,
+                    kGlorotUniform, kGlorotNormal };
+  Kind kind = Kind::kNone;
+  double value = 0;                  // constant
+  double mean = 0, stddev = 0.05;    // random_normal, truncated_normal (Keras' defaults)
+  double minval = -0.05, maxval = 0.05;  // random_uniform (Keras' defaults)
+  uint64_t seed = 0;                 // the random kinds
+
+  bool operator==(const Initializer&) const = default;
+
+  static Initializer zeros();
+  static Initializer constant(double value);
+  static Initializer random_normal(double mean = 0, double stddev = 0.05, uint64_t seed = 0);
+  static Initializer truncated_normal(double mean = 0, double stddev = 0.05, uint64_t seed = 0);
+  static Initializer random_uniform(double minval = -0.05, double maxval = 0.05, uint64_t seed = 0);
+  static Initializer glorot_uniform(uint64_t seed = 0);
+  static Initializer glorot_normal(uint64_t seed = 0);
 };
 
-// Initializers (tf.keras.initializers).
+// Keras' identifiers: "none", "zeros", "constant", "random_normal",
+// "truncated_normal", "random_uniform", "glorot_uniform", "glorot_normal".
+std::string initializer_name(Initializer::Kind kind);
+// Inverse of initializer_name(); nullopt for an unknown name.
+std::optional<Initializer::Kind> initializer_kind_from_name(std::string_view name);
+
+// A variable on the parameter servers. Its value is either `initial` (the
+// whole tensor, which the program writes straight to the parameter servers
+// holding its shards, in chunks of at most 64 MiB, never through the
+// coordinator; a scalar's few bytes go with the request) or
+// `initializer`'s, computed by the parameter servers for a variable of
+// `dtype` and `shape` ({} is a scalar). Giving both, or
+// neither, is InvalidArgument saying which to drop or give; so is a dtype or
+// shape that disagrees with `initial`.
+//
+//   cluster->create_variable({.name = "w", .optimizer = Optimizer::adam(1e-3),
+//                             .partitioner = Partitioner::fixed_shards(4),
+//                             .initializer = Initializer::glorot_uniform(7),
+//                             .dtype = DType::kFloat32, .shape = {1 << 20, 64}});
+struct VariableSpec {
+  std::string name{};
+  Tensor initial{};  // the whole initial value; Tensor() when `initializer` gives it
+  Optimizer optimizer = Optimizer::none();
+  Partitioner partitioner = Partitioner::none();
+  Initializer initializer{};  // instead of `initial`
+  DType dtype = DType::kInvalid;  // with `initializer`
+  Shape shape{};                  // with `initializer`
+};
+
+// Initializers (tf.keras.initializers) that make the whole value in the
+// program (Initializer above makes it on the parameter servers instead).
 Result<Tensor> zeros_initializer(DType dtype, Shape shape);
 Result<Tensor> constant_initializer(DType dtype, Shape shape, double value);
 Result<Tensor> random_normal_initializer(DType dtype, Shape shape, double mean, double stddev,

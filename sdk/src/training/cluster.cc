@@ -11,6 +11,7 @@
 #include "rpc/optimizer_codec.h"
 #include "rpc/placement_codec.h"
 #include "training/cluster_impl.h"
+#include "training/initializer.h"
 
 namespace capstan {
 namespace {
@@ -43,14 +44,83 @@ Result<std::unique_ptr<ClusterCoordinator>> ClusterCoordinator::connect(const st
   return std::unique_ptr<ClusterCoordinator>(new ClusterCoordinator(std::move(impl)));
 }
 
+namespace {
+
+// A given value's chunks to the parameter servers: at most this many bytes
+// per assignRows call.
+constexpr size_t kMaxChunkBytes = size_t{64} << 20;
+
+// What VariableSpec's comment promises: the value given once, and sound.
+Status check_spec(const VariableSpec& spec) {
+  const std::string what = "create_variable '" + spec.name + "': ";
+  const bool has_initializer = spec.initializer.kind != Initializer::Kind::kNone;
+  if (spec.initial.valid()) {
+    if (has_initializer) {
+      return Status::InvalidArgument(what + "both initial and initializer " +
+                                     training::initializer_debug_string(spec.initializer) +
+                                     " given: drop the initializer to use initial, or initial (leave it Tensor()) to "
+                                     "use the initializer");
+    }
+    if (spec.dtype != DType::kInvalid && spec.dtype != spec.initial.dtype()) {
+      return Status::InvalidArgument(what + "dtype " + std::string(dtype_name(spec.dtype)) +
+                                     " disagrees with initial's " + std::string(dtype_name(spec.initial.dtype())) +
+                                     ": drop dtype (initial gives it)");
+    }
+    if (!spec.shape.empty() && spec.shape != spec.initial.shape()) {
+      return Status::InvalidArgument(what + "shape " + shape_string(spec.shape) + " disagrees with initial's " +
+                                     shape_string(spec.initial.shape()) + ": drop shape (initial gives it)");
+    }
+    return spec.initial.validate().with_context("create_variable '" + spec.name + "'");
+  }
+  if (!has_initializer) {
+    return Status::InvalidArgument(what + "neither initial nor initializer given: give one of them (an initializer "
+                                          "with dtype and shape)");
+  }
+  if (spec.dtype == DType::kInvalid) {
+    return Status::InvalidArgument(what + "initializer " + training::initializer_debug_string(spec.initializer) +
+                                   " needs the variable's dtype (and shape; {} is a scalar)");
+  }
+  for (int64_t d : spec.shape) {
+    if (d < 0) return Status::InvalidArgument(what + "shape " + shape_string(spec.shape) + " has a negative dim");
+  }
+  return training::validate_initializer(spec.initializer, spec.dtype)
+      .with_context("create_variable '" + spec.name + "'");
+}
+
+void shape_to_wire(const Shape& shape, capnp::List<int64_t>::Builder out) {
+  for (unsigned d = 0; d < shape.size(); ++d) out.set(d, shape[d]);
+}
+
+}  // namespace
+
 Result<VariableInfo> ClusterCoordinator::create_variable(const VariableSpec& spec) {
+  CAPSTAN_RETURN_IF_ERROR(check_spec(spec));
   Impl* impl = impl_.get();
-  auto location = impl->call<VariableLocation>("create_variable '" + spec.name + "'",
-                                               [impl, &spec](wire::Coordinator::Client c) {
+  // A given value of rank >= 1 goes from here straight to the parameter
+  // servers, in chunks (the coordinator creates the shards as zeros and
+  // waits for it); a scalar's few bytes go with the request, as before.
+  const bool given = spec.initial.valid();
+  const bool direct = given && spec.initial.rank() >= 1 && spec.initial.byte_size() > 0;
+  struct Created {
+    VariableLocation location;
+    bool awaiting_value = false;
+  };
+  auto created = impl->call<Created>("create_variable '" + spec.name + "'",
+                                     [impl, &spec, given, direct](wire::Coordinator::Client c) {
     auto request = c.createVariableRequest();
     auto out = request.initSpec();
     out.setName(spec.name);
-    rpc::write_tensor(out.initInitial(), spec.initial, impl->channel.codec());
+    if (direct) {
+      out.setDtype(rpc::to_wire(spec.initial.dtype()));
+      shape_to_wire(spec.initial.shape(), out.initShape(static_cast<unsigned>(spec.initial.shape().size())));
+      out.setValueFromProgram(true);
+    } else if (given) {
+      rpc::write_tensor(out.initInitial(), spec.initial, impl->channel.codec());
+    } else {
+      rpc::initializer_to_wire(spec.initializer, out.initInitializer());
+      out.setDtype(rpc::to_wire(spec.dtype));
+      shape_to_wire(spec.shape, out.initShape(static_cast<unsigned>(spec.shape.size())));
+    }
     rpc::optimizer_to_wire(spec.optimizer, out.initOptimizer());
     auto p = out.initPartitioner();
     p.setKind(spec.partitioner.kind);
@@ -60,12 +130,25 @@ Result<VariableInfo> ClusterCoordinator::create_variable(const VariableSpec& spe
     p.setMaxShards(spec.partitioner.max_shards);
     p.setBytesPerString(spec.partitioner.bytes_per_string);
     return request.send().then([](capnp::Response<wire::Coordinator::CreateVariableResults>&& r) {
-      return rpc::location_from_wire(r.getPlacement());
+      return Created{rpc::location_from_wire(r.getPlacement()), r.getAwaitingValue()};
     });
   });
-  if (!location.ok()) return location.status();
-  impl->router->remember(*location);
-  return info_from(*location);
+  if (!created.ok()) return created.status();
+  impl->router->remember(created->location);
+  if (direct && created->awaiting_value) {
+    // New (or left half-written by an earlier run of the program): write
+    // it, then tell the coordinator, which stops asking for it.
+    CAPSTAN_RETURN_IF_ERROR(impl->router->write_rows(created->location, spec.initial, kMaxChunkBytes)
+                                .with_context("create_variable '" + spec.name + "'"));
+    CAPSTAN_RETURN_IF_ERROR(impl->call<bool>("create_variable '" + spec.name + "'",
+                                             [&spec](wire::Coordinator::Client c) {
+                                               auto request = c.variableWrittenRequest();
+                                               request.setName(spec.name);
+                                               return request.send().then([](auto&&) { return true; });
+                                             })
+                                .status());
+  }
+  return info_from(created->location);
 }
 
 Result<VariableInfo> ClusterCoordinator::create_embedding_table(const EmbeddingTableSpec& spec) {

@@ -140,6 +140,47 @@ EmbeddingInitializer EmbeddingInitializer::random_normal(double mean, double std
   return {.kind = "random_normal", .mean = mean, .stddev = stddev, .seed = seed};
 }
 
+Initializer Initializer::zeros() { return {.kind = Kind::kZeros}; }
+Initializer Initializer::constant(double value) { return {.kind = Kind::kConstant, .value = value}; }
+Initializer Initializer::random_normal(double mean, double stddev, uint64_t seed) {
+  return {.kind = Kind::kRandomNormal, .mean = mean, .stddev = stddev, .seed = seed};
+}
+Initializer Initializer::truncated_normal(double mean, double stddev, uint64_t seed) {
+  return {.kind = Kind::kTruncatedNormal, .mean = mean, .stddev = stddev, .seed = seed};
+}
+Initializer Initializer::random_uniform(double minval, double maxval, uint64_t seed) {
+  return {.kind = Kind::kRandomUniform, .minval = minval, .maxval = maxval, .seed = seed};
+}
+Initializer Initializer::glorot_uniform(uint64_t seed) { return {.kind = Kind::kGlorotUniform, .seed = seed}; }
+Initializer Initializer::glorot_normal(uint64_t seed) { return {.kind = Kind::kGlorotNormal, .seed = seed}; }
+
+namespace {
+constexpr std::pair<Initializer::Kind, const char*> kInitializerNames[] = {
+    {Initializer::Kind::kNone, "none"},
+    {Initializer::Kind::kZeros, "zeros"},
+    {Initializer::Kind::kConstant, "constant"},
+    {Initializer::Kind::kRandomNormal, "random_normal"},
+    {Initializer::Kind::kTruncatedNormal, "truncated_normal"},
+    {Initializer::Kind::kRandomUniform, "random_uniform"},
+    {Initializer::Kind::kGlorotUniform, "glorot_uniform"},
+    {Initializer::Kind::kGlorotNormal, "glorot_normal"},
+};
+}  // namespace
+
+std::string initializer_name(Initializer::Kind kind) {
+  for (const auto& [k, name] : kInitializerNames) {
+    if (k == kind) return name;
+  }
+  return "unknown(" + std::to_string(static_cast<int>(kind)) + ")";
+}
+
+std::optional<Initializer::Kind> initializer_kind_from_name(std::string_view name) {
+  for (const auto& [k, n] : kInitializerNames) {
+    if (name == n) return k;
+  }
+  return std::nullopt;
+}
+
 uint64_t table_key_hash(int64_t key) {
   // SplitMix64's finalizer: a bijection of 64 bits, so nearby keys spread.
   uint64_t x = static_cast<uint64_t>(key) + 0x9e3779b97f4a7c15ULL;
