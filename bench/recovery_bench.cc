@@ -7,8 +7,9 @@
 // stops them at the end. Through a ClusterCoordinator it creates a float32
 // variable of N MiB (default 1024) in FixedShardsPartitioner(2) shards, one
 // on each parameter server, and measures:
-//   save      save_checkpoint (the coordinator reads both shards and writes
-//             one safetensors file per server plus a manifest, fsynced)
+//   save      save_checkpoint (each server snapshots its shard and writes
+//             its own safetensors file, fsynced; the coordinator commits the
+//             manifest)
 //   disk      the machine's limit beside it, in the same runs: the same bytes
 //             written to a file in the checkpoint directory and fsynced
 //   restore   restore_checkpoint of that checkpoint into the same variable
@@ -19,6 +20,17 @@
 //             figure from its log ("... ms after it was lost")
 // Medians of --runs (default 3). Checkpoints go to --dir (default: the run
 // directory under $TMPDIR). Prints figures; never fails on them.
+//
+//   recovery_bench --servers 1,2,4 [--sizes 1024,4096] [--runs N] [--dir DIR]
+//
+// instead measures how save and restore scale with the parameter servers
+// (issue 34: each writes and reads its own shards): for every size and
+// server count, a fresh cluster whose float32 variable of that many MiB is
+// made by the servers' initializer (fixed_shards(servers), one shard each),
+// then save, restore and the raw write+fsync of the same bytes into the same
+// directory, alternating, medians of --runs. On one disk the servers share
+// its bandwidth; on tmpfs (--dir /dev/shm/...) or one disk per server, save
+// time falls as servers are added.
 #include <signal.h>
 
 #include <algorithm>
@@ -75,14 +87,87 @@ std::vector<double> logged_recoveries(const std::string& log) {
 
 }  // namespace
 
+// --servers: save and restore on fresh clusters of each size, side by side
+// with the raw write of the same bytes.
+int scaling(const std::string& servers_list, const std::string& sizes_list, int runs, const std::string& dir) {
+  const std::string bin_dir = bench::bin_dir();
+  std::vector<int> servers = bench::positive_counts(servers_list);
+  std::vector<int> sizes = bench::positive_counts(sizes_list);
+  std::printf("recovery_bench: save and restore by each parameter server of its own shard; checkpoints in %s "
+              "(%u cores); medians of %d runs\n\n",
+              dir.c_str(), std::thread::hardware_concurrency(), runs);
+  std::printf("%8s %8s %10s %10s %12s %10s %10s\n", "MiB", "servers", "save s", "GB/s", "raw write s", "save/raw",
+              "restore s");
+  for (int mib : sizes) {
+    for (int n : servers) {
+      std::string ps_list;
+      for (int i = 0; i < n; ++i) {
+        auto ps = bench::start(bin_dir, "ps-server", "ps" + std::to_string(i) + "-" + std::to_string(mib) + "-" +
+                                                         std::to_string(n),
+                               {"--task-index", std::to_string(i)});
+        ps_list += (i > 0 ? "," : "") + ps.address;
+      }
+      auto coordinator = bench::start(bin_dir, "coordinator",
+                                      "coordinator-" + std::to_string(mib) + "-" + std::to_string(n),
+                                      {"--ps", ps_list});
+      auto cluster = capstan::ClusterCoordinator::connect(coordinator.address);
+      if (!cluster.ok()) bench::fail("connecting", cluster.status());
+      const int64_t columns = 1024;
+      capstan::VariableSpec spec;
+      spec.name = "model";
+      spec.optimizer = capstan::Optimizer::sgd(0.1);
+      spec.partitioner = capstan::Partitioner::fixed_shards(n);
+      spec.initializer = capstan::Initializer::random_uniform(-1, 1, 5);
+      spec.dtype = DType::kFloat32;
+      spec.shape = {int64_t{mib} * (1 << 20) / (columns * 4), columns};
+      auto created = (*cluster)->create_variable(spec);
+      if (!created.ok()) bench::fail("creating the variable", created.status());
+      const double bytes = static_cast<double>(mib) * (1 << 20);
+      const std::string ckpts = dir + "/scaling-" + std::to_string(mib) + "-" + std::to_string(n);
+      std::vector<double> saves, restores, raw;
+      for (int run = 0; run < runs; ++run) {
+        auto start = bench::Clock::now();
+        auto saved = (*cluster)->save_checkpoint(ckpts, run + 1, /*max_to_keep=*/1);
+        if (!saved.ok()) bench::fail("save_checkpoint", saved.status());
+        saves.push_back(bench::seconds_since(start));
+        raw.push_back(raw_write_seconds(ckpts, static_cast<size_t>(bytes)));
+        start = bench::Clock::now();
+        auto restored = (*cluster)->restore_checkpoint(*saved);
+        if (!restored.ok()) bench::fail("restore_checkpoint", restored.status());
+        restores.push_back(bench::seconds_since(start));
+      }
+      std::printf("%8d %8d %10.2f %10.2f %12.2f %10.2f %10.2f\n", mib, n, median(saves), bytes / median(saves) / 1e9,
+                  median(raw), median(saves) / median(raw), median(restores));
+      std::fflush(stdout);
+      cluster->reset();
+      bench::stop_all();
+      std::filesystem::remove_all(ckpts);
+    }
+  }
+  std::printf("\nsave: the servers snapshot, write and fsync their files in parallel, the coordinator commits the "
+              "manifest; raw: one writer, the same bytes, write+fsync; restore: each server reads its rows back.\n"
+              "logs: %s\n",
+              bench::run_dir().c_str());
+  return 0;
+}
+
 int main(int argc, char** argv) {
   int64_t mib = 1024;
   int runs = 3;
-  std::string dir;
-  bench::FlagParser args(argc, argv, "[--mib N] [--runs N] [--dir DIR]");
+  std::string dir, servers, sizes = "1024,4096";
+  bench::FlagParser args(argc, argv,
+                         "[--mib N] [--runs N] [--dir DIR] | --servers 1,2,4 [--sizes 1024,4096] [--runs N] [--dir DIR]");
   while (args.next()) {
-    if (args.flag("--mib", &mib) || args.flag("--runs", &runs) || args.flag("--dir", &dir)) continue;
+    if (args.flag("--mib", &mib) || args.flag("--runs", &runs) || args.flag("--dir", &dir) ||
+        args.flag("--servers", &servers) || args.flag("--sizes", &sizes)) {
+      continue;
+    }
     args.unknown();
+  }
+  if (!servers.empty()) {
+    signal(SIGPIPE, SIG_IGN);
+    if (dir.empty()) dir = bench::run_dir() + "/checkpoints";
+    return scaling(servers, sizes, std::max(runs, 1), dir);
   }
   if (mib < 1 || runs < 1) {
     std::fprintf(stderr, "recovery_bench: --mib and --runs must be at least 1\n");

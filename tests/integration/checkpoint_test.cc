@@ -1,6 +1,8 @@
 // Checkpoints written by the parameter servers themselves (issue 34), with
 // real processes: a save that a kill -9 interrupts anywhere leaves no
 // checkpoint that restores to a mixed state, and the previous one restores.
+#include <sys/resource.h>
+
 #include <catch2/catch.hpp>
 
 #include <algorithm>
@@ -174,6 +176,53 @@ TEST_CASE("the coordinator holds no variable or table bytes in a save or a resto
   CHECK(std::filesystem::file_size(*saved + "/ps-0.safetensors") > static_cast<uintmax_t>(model_bytes / 4));
   CHECK(std::filesystem::file_size(*saved + "/ps-1.safetensors") > static_cast<uintmax_t>(model_bytes / 4));
   CHECK(t.client->read_variable("w").value().equals(w));
+}
+
+// Holds `pid` to `bytes` of address space from now on (prlimit(2)).
+void limit_address_space(pid_t pid, rlim_t bytes) {
+  struct rlimit limit = {bytes, bytes};
+  REQUIRE(prlimit(pid, RLIMIT_AS, &limit, nullptr) == 0);
+}
+
+// A 4 GiB float32 variable made by the parameter servers' initializer.
+VariableSpec big_variable(int shards, Initializer initializer) {
+  VariableSpec spec;
+  spec.name = "big";
+  spec.optimizer = Optimizer::sgd(0.1);
+  spec.partitioner = Partitioner::fixed_shards(shards);
+  spec.initializer = initializer;
+  spec.dtype = DType::kFloat32;
+  spec.shape = {1 << 20, 1024};
+  return spec;
+}
+
+TEST_CASE("a 4 GiB model on 4 parameter servers saves and restores into 2 with the coordinator held to 512 MiB",
+          "[checkpoint][stress]") {
+  TestCluster keep;  // outlives both clusters: holds the checkpoints
+  const std::string dir = keep.dir() + "/ckpts";
+  Tensor ids = *Tensor::from_vector<int64_t>({0, 1, 4099, 262143, 262144, 524288, 786431, 1048575}, {8});
+  Tensor rows;
+  {
+    Training t(4, 1);
+    limit_address_space(t.coordinator->pid(), rlim_t{512} << 20);
+    REQUIRE(t.client->create_variable(big_variable(4, Initializer::random_uniform(-1, 1, 9))).ok());
+    rows = t.client->gather("big", ids).value();
+    auto saved = t.client->save_checkpoint(dir, 1, 1);
+    REQUIRE(saved.ok());
+    for (int task = 0; task < 4; ++task) {
+      CHECK(std::filesystem::file_size(*saved + "/ps-" + std::to_string(task) + ".safetensors") > (1ULL << 30));
+    }
+    CHECK(t.coordinator->running());
+  }
+  // Two parameter servers now: each reads half of the rows, from two files.
+  Training t(2, 1);
+  limit_address_space(t.coordinator->pid(), rlim_t{512} << 20);
+  REQUIRE(t.client->create_variable(big_variable(2, Initializer::zeros())).ok());
+  auto restored = t.client->restore_checkpoint(dir);
+  REQUIRE(restored.ok());
+  CHECK(*restored == 1);
+  CHECK(t.client->gather("big", ids).value().equals(rows));
+  CHECK(t.coordinator->running());
 }
 
 }  // namespace
