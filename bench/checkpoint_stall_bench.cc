@@ -50,6 +50,7 @@ struct Run {
 
 // Runs `command` (stdout to `log`); its exit code.
 int run_program(const std::vector<std::string>& command, const std::string& log) {
+  std::fflush(stdout);  // else the child's copy of the buffer is printed again
   pid_t pid = fork();
   if (pid == 0) {
     if (freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
@@ -148,6 +149,7 @@ int main(int argc, char** argv) {
               "every %d s into %s; %lld steps per run (%u cores)\n",
               static_cast<long long>(mib), every, dir.c_str(), static_cast<long long>(steps),
               std::thread::hardware_concurrency());
+  std::fflush(stdout);  // the daemons are forked: no copy of the buffer in them
   std::vector<double> with, without, pauses, saves;
   for (int run = 0; run < runs; ++run) {
     Run none = one_run(bin_dir, lib_dir, mib, 0, steps, dir, run + 1);
