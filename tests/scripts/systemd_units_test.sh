@@ -5,7 +5,7 @@
 #      /opt/capstan/bin/<daemon> (the README's install prefix), the daemon
 #      exists in BIN_DIR, the unit has DynamicUser=yes, ProtectSystem=strict
 #      and a StateDirectory=capstan/..., and the coordinator's work_dir and
-#      checkpoint_dir and the dispatcher's work_dir lie in that state
+#      checkpoint_dir and the dispatcher's work_dir lie in a state
 #      directory (the only place the daemon can write);
 #   2. `systemd-analyze verify` on every unit: copies in a temporary directory
 #      with /opt/capstan/bin/ replaced by BIN_DIR (verify requires ExecStart's
@@ -70,18 +70,27 @@ check_layout() {
   [[ -x $bin/$daemon ]] || say "$bin/$daemon does not exist"
   [[ $(value "$file" DynamicUser) == yes ]] || say "no DynamicUser=yes"
   [[ $(value "$file" ProtectSystem) == strict ]] || say "no ProtectSystem=strict"
-  state=$(value "$file" StateDirectory)
-  [[ $state == capstan/* ]] || say "StateDirectory=$state is not capstan/..."
+  local states
+  read -ra states <<<"$(value "$file" StateDirectory)"
+  state=${states[0]:-}
+  local s
+  for s in "${states[@]:-}"; do
+    [[ $s == capstan/* ]] || say "StateDirectory=$s is not capstan/..."
+  done
   local keys=()
   case $daemon in
     coordinator) keys=(CAPSTAN_WORK_DIR CAPSTAN_CHECKPOINT_DIR) ;;
     data-dispatcher) keys=(CAPSTAN_WORK_DIR) ;;
   esac
   local key dir
+  local under
   for key in "${keys[@]}"; do
     dir=$(value "$file" Environment | sed -n "s/^$key=//p")
-    [[ $dir == "%S/$state/"* ]] ||
-      say "Environment=$key=${dir:-(unset)} is not under its state directory %S/$state/"
+    under=0
+    for s in "${states[@]:-}"; do
+      [[ $dir == "%S/$s/"* ]] && under=1
+    done
+    ((under)) || say "Environment=$key=${dir:-(unset)} is not under a state directory of its unit (${states[*]:-none})"
   done
   return $((problems > 0))
 }
