@@ -205,6 +205,9 @@ for name, doc in workloads:
     secret_volumes = {v["name"] for v in pod.get("volumes") or []
                       if (v.get("secret") or {}).get("secretName") == "capstan-token"}
     claims = {c["metadata"]["name"]: c for c in spec.get("volumeClaimTemplates") or []}
+    # Volumes of a standalone claim (the checkpoints the parameter servers
+    # share) keep state as well.
+    shared = {v["name"] for v in pod.get("volumes") or [] if "persistentVolumeClaim" in v}
     for container in pod["containers"]:
         cwhere = f"{where} container {container['name']}"
         args = [str(a) for a in (container.get("command") or []) + (container.get("args") or [])]
@@ -257,7 +260,7 @@ for name, doc in workloads:
             needed = ["work-dir"] + (["checkpoint-dir"] if component == "coordinator" else [])
             for key in needed:
                 value = flags.get(key)
-                mounts = [m for m in container.get("volumeMounts") or [] if m["name"] in claims]
+                mounts = [m for m in container.get("volumeMounts") or [] if m["name"] in claims or m["name"] in shared]
                 if doc["kind"] != "StatefulSet" or not claims:
                     problem(cwhere, "keeps state: must be a StatefulSet with volumeClaimTemplates")
                 elif value is None:
