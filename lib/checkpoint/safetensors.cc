@@ -1,5 +1,7 @@
 #include "checkpoint/safetensors.h"
 
+#include "io/crc32c.h"
+
 #include <algorithm>
 #include <bit>
 #include <cctype>
@@ -141,7 +143,8 @@ std::optional<std::string_view> safetensors_dtype_name(DType dtype) {
 
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
-                         const std::map<std::string, std::string>& metadata, io::FileSystem& fs) {
+                         const std::map<std::string, std::string>& metadata, io::FileSystem& fs,
+                         uint32_t* crc32c) {
   auto invalid = [&path](const std::string& why) {
     return Status::InvalidArgument("cannot write safetensors file '" + path + "': " + why);
   };
@@ -210,6 +213,11 @@ Status write_safetensors(const std::string& path,
   const std::string length = le64(header.size());
   pieces[0] = length;
   pieces[1] = header;
+  if (crc32c != nullptr) {
+    uint32_t crc = 0;
+    for (std::string_view piece : pieces) crc = io::crc32c_extend(crc, piece.data(), piece.size());
+    *crc32c = crc;
+  }
   return io::write_file_durably(fs, path, pieces);
 }
 

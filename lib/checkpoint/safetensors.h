@@ -82,10 +82,12 @@ std::optional<std::string_view> safetensors_dtype_name(DType dtype);
 // the failed call (see io::errno_to_status).
 // The file goes through `fs` (the local file system unless a test hands in
 // another).
+// `crc32c` (when given) gets the file's CRC32C, computed from the bytes
+// written (the file is not read back).
 Status write_safetensors(const std::string& path,
                          const std::vector<std::pair<std::string, Tensor>>& tensors,
                          const std::map<std::string, std::string>& metadata,
-                         io::FileSystem& fs = io::local_file_system());
+                         io::FileSystem& fs = io::local_file_system(), uint32_t* crc32c = nullptr);
 
 // What the header says about one tensor.
 struct SafetensorsTensorInfo {

@@ -123,8 +123,11 @@ Result<ManifestFile> write_shard_file(const std::string& directory, const std::s
       tensors.emplace_back(slot_tensor_name(t.name, t.slots[i]), t.rows.slots[i]);
     }
   }
-  CAPSTAN_RETURN_IF_ERROR(write_safetensors(path, tensors, {{"capstan.file", file}}, fs));
-  return describe_file(directory, file, fs);
+  // Checksummed as it is written: the file is not read back.
+  uint32_t crc = 0;
+  CAPSTAN_RETURN_IF_ERROR(write_safetensors(path, tensors, {{"capstan.file", file}}, fs, &crc));
+  CAPSTAN_ASSIGN_OR_RETURN(io::FileInfo info, fs.stat(path));
+  return ManifestFile{file, info.size, crc};
 }
 
 Result<ShardTensors> read_shard_rows(const CheckpointReader& reader, const std::string& variable,
