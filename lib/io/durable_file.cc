@@ -65,7 +65,11 @@ Status write_file_durably(FileSystem& fs, const std::string& path, const std::ve
   const std::string tmp = path + ".tmp";
   Status status;
   {
-    CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, fs.open_writable(tmp, WriteMode::kTruncate));
+    size_t bytes = 0;
+    for (std::string_view piece : pieces) bytes += piece.size();
+    CAPSTAN_ASSIGN_OR_RETURN(std::unique_ptr<WritableFile> file, bytes >= kBulkFileBytes
+                                                                     ? fs.open_bulk_writable(tmp)
+                                                                     : fs.open_writable(tmp, WriteMode::kTruncate));
     for (std::string_view piece : pieces) {
       status = file->append(piece);
       if (!status.ok()) break;

@@ -31,6 +31,7 @@
 #ifndef CAPSTAN_LIB_IO_DURABLE_FILE_H_
 #define CAPSTAN_LIB_IO_DURABLE_FILE_H_
 
+#include <cstddef>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,8 +44,13 @@ namespace capstan::io {
 // A Status for the failed call that set `error_number` (see the table above).
 Status errno_to_status(int error_number, std::string_view context);
 
+// From this size on, write_file_durably bypasses the page cache
+// (FileSystem::open_bulk_writable).
+inline constexpr size_t kBulkFileBytes = size_t{4} << 20;
+
 // Writes `bytes` to `path` durably (tmp, fsync, rename, fsync the directory)
 // through `fs`. On failure the tmp file is removed and `path` is unchanged.
+// A file of kBulkFileBytes or more bypasses the page cache.
 [[nodiscard]] Status write_file_durably(FileSystem& fs, const std::string& path,
                                         const std::vector<std::string_view>& pieces);
 // The same for one piece, and both on local_file_system().

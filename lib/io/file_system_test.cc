@@ -1,10 +1,15 @@
 #include "io/file_system.h"
 
+#include <fcntl.h>
+#include <linux/magic.h>
 #include <stdlib.h>
+#include <sys/vfs.h>
+#include <unistd.h>
 
 #include <algorithm>
 #include <catch2/catch.hpp>
 #include <filesystem>
+#include <fstream>
 #include <memory>
 #include <string>
 #include <vector>
@@ -293,6 +298,71 @@ TEST_CASE("memory file system: the sync hook runs before each file sync") {
   REQUIRE(mem.sync_file("/f").ok());
   REQUIRE(mem.sync_file("/f").ok());
   CHECK(calls == 2);
+}
+
+// The open flags of this process's descriptor for `path` (from /proc), or -1.
+long open_flags_of(const std::string& path) {
+  for (const auto& entry : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code error;
+    if (fs::read_symlink(entry.path(), error).string() != path) continue;
+    std::ifstream info("/proc/self/fdinfo/" + entry.path().filename().string());
+    std::string key, value;
+    while (info >> key >> value) {
+      if (key == "flags:") return std::stol(value, nullptr, 8);
+    }
+  }
+  return -1;
+}
+
+TEST_CASE("file systems: a bulk file holds exactly the bytes appended, in pieces of any size, across syncs") {
+  std::string bytes(19 * 1024 * 1024 + 12345, '\0');
+  for (size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<char>((i * 2654435761u) >> 13);
+  // On the disk (O_DIRECT), in tmpfs (which may refuse it) and in memory.
+  const std::string shm = fs::is_directory("/dev/shm") ? "/dev/shm" : fs::temp_directory_path().string();
+  for (const std::string& where : {std::string("local"), shm, std::string("memory")}) {
+    INFO(where);
+    Subject s(where != "memory");
+    std::string root = s.root;
+    if (where == shm) {
+      root = shm + "/file_system_test." + std::to_string(::getpid());
+      fs::create_directories(root);
+    }
+    FileSystem& fs = *s.fs;
+    const std::string path = root + "/bulk";
+    write(fs, path, WriteMode::kTruncate, "an older, longer file's bytes that must go");
+    auto file = fs.open_bulk_writable(path);
+    REQUIRE(file.ok());
+    size_t at = 0;
+    int pass = 0;
+    for (size_t piece : {size_t{1}, size_t{4095}, size_t{5} << 20, size_t{3}, size_t{9} << 20}) {
+      REQUIRE((*file)->append(std::string_view(bytes).substr(at, piece)).ok());
+      at += piece;
+      if (++pass == 3) {
+        // A sync in the middle leaves a partial block that later appends complete.
+        REQUIRE((*file)->sync().ok());
+        CHECK(read_all(fs, path) == bytes.substr(0, at));
+      }
+    }
+    REQUIRE((*file)->append(std::string_view(bytes).substr(at)).ok());
+    REQUIRE((*file)->sync().ok());
+    REQUIRE((*file)->close().ok());
+    CHECK(fs.stat(path)->size == bytes.size());
+    CHECK(read_all(fs, path) == bytes);
+    if (where == shm) fs::remove_all(root);
+  }
+}
+
+TEST_CASE("file systems: on a disk a bulk file bypasses the page cache") {
+  Subject s(true);
+  struct statfs info;
+  REQUIRE(::statfs(s.root.c_str(), &info) == 0);
+  auto file = s.fs->open_bulk_writable(s.path("bulk"));
+  REQUIRE(file.ok());
+  const long flags = open_flags_of(s.path("bulk"));
+  REQUIRE(flags >= 0);
+  // tmpfs may lack O_DIRECT; then the file is an ordinary cached one.
+  if (info.f_type != TMPFS_MAGIC) CHECK((flags & O_DIRECT) != 0);
+  REQUIRE((*file)->close().ok());
 }
 
 }  // namespace
