@@ -2,9 +2,11 @@
 // stall): the CTR example trains on 2 workers while a model of --mib MiB
 // more (a float32 variable made by the parameter servers' initializer) sits
 // on the 2 parameter servers, with and without the coordinator saving a
-// checkpoint every --every seconds.
+// checkpoint every --every seconds. With --table the --mib MiB are the rows
+// of a dynamic embedding table instead (64 float32 per row, SGD: no slots),
+// inserted by lookups before training.
 //
-//   checkpoint_stall_bench [--mib 1024] [--every 10] [--steps 40000] [--runs 3] [--dir DIR]
+//   checkpoint_stall_bench [--mib 1024] [--table] [--every 10] [--steps 40000] [--runs 3] [--dir DIR]
 //
 // Each run starts a fresh cluster (2 ps-servers, a coordinator, 2
 // worker-servers with the CTR module; build/bin) and runs build/bin/ctr;
@@ -65,8 +67,8 @@ int run_program(const std::vector<std::string>& command, const std::string& log)
   return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
 }
 
-Run one_run(const std::string& bin_dir, const std::string& lib_dir, int64_t mib, int every, int64_t steps,
-            const std::string& dir, int index) {
+Run one_run(const std::string& bin_dir, const std::string& lib_dir, int64_t mib, bool table, int every,
+            int64_t steps, const std::string& dir, int index) {
   const std::string tag = std::to_string(index) + (every > 0 ? "-ckpt" : "-none");
   auto ps0 = bench::start(bin_dir, "ps-server", "ps0-" + tag, {"--task-index", "0"});
   auto ps1 = bench::start(bin_dir, "ps-server", "ps1-" + tag, {"--task-index", "1"});
@@ -93,8 +95,28 @@ Run one_run(const std::string& bin_dir, const std::string& lib_dir, int64_t mib,
   ballast.initializer = capstan::Initializer::random_uniform(-1, 1, 7);
   ballast.dtype = capstan::DType::kFloat32;
   ballast.shape = {mib * (1 << 20) / (columns * 4), columns};
-  auto created = (*cluster)->create_variable(ballast);
-  if (!created.ok()) bench::fail("creating the ballast variable", created.status());
+  if (table) {
+    // The same bytes as rows of a dynamic table (values only: SGD has no
+    // slots), inserted by lookups from here.
+    capstan::EmbeddingTableSpec spec;
+    spec.name = "ballast_table";
+    spec.dim = 64;
+    spec.optimizer = capstan::Optimizer::sgd(0.1);
+    auto made = (*cluster)->create_embedding_table(spec);
+    if (!made.ok()) bench::fail("creating the ballast table", made.status());
+    const int64_t rows = mib * (1 << 20) / (spec.dim * 4);
+    const int64_t batch = 1 << 16;
+    for (int64_t first = 0; first < rows; first += batch) {
+      std::vector<int64_t> keys(static_cast<size_t>(std::min(batch, rows - first)));
+      for (size_t k = 0; k < keys.size(); ++k) keys[k] = first + static_cast<int64_t>(k);
+      auto ids = capstan::Tensor::from_vector<int64_t>(keys, {static_cast<int64_t>(keys.size())});
+      auto looked = (*cluster)->lookup(spec.name, *ids);
+      if (!looked.ok()) bench::fail("filling the ballast table", looked.status());
+    }
+  } else {
+    auto created = (*cluster)->create_variable(ballast);
+    if (!created.ok()) bench::fail("creating the ballast variable", created.status());
+  }
   cluster->reset();
 
   const std::string out = bench::run_dir() + "/ctr-" + tag + ".out";
@@ -128,9 +150,10 @@ int main(int argc, char** argv) {
   int64_t mib = 1024, steps = 40000;
   int every = 10, runs = 3;
   std::string dir;
-  bench::FlagParser args(argc, argv, "[--mib N] [--every SECONDS] [--steps N] [--runs N] [--dir DIR]");
+  bool table = false;
+  bench::FlagParser args(argc, argv, "[--mib N] [--table] [--every SECONDS] [--steps N] [--runs N] [--dir DIR]");
   while (args.next()) {
-    if (args.flag("--mib", &mib) || args.flag("--every", &every) || args.flag("--steps", &steps) ||
+    if (args.flag("--table", &table) || args.flag("--mib", &mib) || args.flag("--every", &every) || args.flag("--steps", &steps) ||
         args.flag("--runs", &runs) || args.flag("--dir", &dir)) {
       continue;
     }
@@ -145,15 +168,15 @@ int main(int argc, char** argv) {
   const std::string lib_dir = std::filesystem::path(bin_dir).parent_path().string() + "/lib";
   if (dir.empty()) dir = bench::run_dir() + "/checkpoints";
   std::filesystem::create_directories(dir);
-  std::printf("checkpoint_stall_bench: CTR on 2 workers, 2 parameter servers, + a %lld MiB variable; checkpoints "
+  std::printf("checkpoint_stall_bench: CTR on 2 workers, 2 parameter servers, + a %lld MiB %s; checkpoints "
               "every %d s into %s; %lld steps per run (%u cores)\n",
-              static_cast<long long>(mib), every, dir.c_str(), static_cast<long long>(steps),
+              static_cast<long long>(mib), table ? "table (64-wide rows)" : "variable", every, dir.c_str(), static_cast<long long>(steps),
               std::thread::hardware_concurrency());
   std::fflush(stdout);  // the daemons are forked: no copy of the buffer in them
   std::vector<double> with, without, pauses, saves;
   for (int run = 0; run < runs; ++run) {
-    Run none = one_run(bin_dir, lib_dir, mib, 0, steps, dir, run + 1);
-    Run ckpt = one_run(bin_dir, lib_dir, mib, every, steps, dir, run + 1);
+    Run none = one_run(bin_dir, lib_dir, mib, table, 0, steps, dir, run + 1);
+    Run ckpt = one_run(bin_dir, lib_dir, mib, table, every, steps, dir, run + 1);
     without.push_back(none.examples_per_second);
     with.push_back(ckpt.examples_per_second);
     pauses.insert(pauses.end(), ckpt.pauses_ms.begin(), ckpt.pauses_ms.end());

@@ -232,6 +232,8 @@ struct EmbeddingTable::Stripe {
   std::vector<uint16_t> sketch GUARDED_BY(mu);  // kSketchDepth x kSketchWidth; min_count > 1 only
   int64_t sketch_adds GUARDED_BY(mu) = 0;       // counts since the counters last halved
   uint64_t rng GUARDED_BY(mu) = 0;              // admit_probability's draws
+  // The lazy snapshot whose copy of this stripe is still to be made.
+  std::weak_ptr<PendingSnapshot> pending GUARDED_BY(mu);
 
   std::byte* row_ptr(uint32_t row) REQUIRES(mu) {
     const size_t within = row & (layout->block_rows() - 1);
@@ -388,6 +390,33 @@ struct EmbeddingTable::Stripe {
     for (size_t i = 0; i < evict; ++i) remove(candidates[i].slot.key, candidates[i].slot.hash);
     return static_cast<int64_t>(evict);
   }
+};
+
+// Rows copied out of stripes: per row its key and where its data (values,
+// then each slot) and meta went.
+struct EmbeddingTable::Staged {
+  std::vector<std::pair<int64_t, size_t>> order;  // key, index of the row here
+  std::vector<std::byte> data;
+  std::vector<int64_t> meta;
+
+  // Copies the rows of `s` whose version > since_version.
+  void copy(EmbeddingTable::Stripe& s, int64_t since_version, size_t data_bytes) REQUIRES(s.mu) {
+    for (const IndexSlot& slot : s.index) {
+      if (slot.row == kNoRow) continue;
+      const int64_t* m = s.meta(slot.row);
+      if (m[kVersion] <= since_version) continue;
+      order.emplace_back(slot.key, order.size());
+      const std::byte* d = s.data(slot.row);
+      data.insert(data.end(), d, d + data_bytes);
+      meta.insert(meta.end(), m, m + kMetaColumns);
+    }
+  }
+};
+
+// parts[i] is written under stripe i's lock, by the change or the finish that
+// settles it, once; finish_snapshot reads them after settling every stripe.
+struct EmbeddingTable::PendingSnapshot {
+  std::vector<Staged> parts = std::vector<Staged>(kStripes);
 };
 
 // ---- Configuration ---------------------------------------------------------------
@@ -558,6 +587,7 @@ Result<Tensor> EmbeddingTable::lookup(const Tensor& ids, bool insert) {
   for_each_stripe(entries, [&](int stripe, std::span<const Entry> run) {
     Stripe& s = stripes_[stripe];
     MutexLock lock(s.mu);
+    if (insert) settle(stripe);  // a lazy snapshot's copy before any change
     // Read under the lock: a checkpoint's begin_version() before its export
     // locks this stripe is seen by every change the export does not hold.
     const int64_t version = version_.load();
@@ -670,6 +700,7 @@ void EmbeddingTable::apply_typed(const std::vector<int64_t>& keys, std::span<con
     grads.clear();
     Stripe& s = stripes_[stripe];
     MutexLock lock(s.mu);
+    settle(stripe);
     const int64_t version = version_.load();  // under the lock, as in lookup
     constexpr size_t kAhead = 16;  // probes prefetched ahead, as in lookup
     for (size_t i = 0, ahead = 0; i < run.size();) {
@@ -739,6 +770,7 @@ int64_t EmbeddingTable::evict_expired_in(int stripe) {
   };
   Stripe& s = stripes_[stripe];
   MutexLock lock(s.mu);
+  settle(stripe);
   const int64_t evicted = s.remove_if(expired);
   stats_->evicted_ttl.fetch_add(evicted, std::memory_order_relaxed);
   stats_->rows.fetch_sub(evicted, std::memory_order_relaxed);
@@ -747,25 +779,28 @@ int64_t EmbeddingTable::evict_expired_in(int stripe) {
 
 Result<TableRows> EmbeddingTable::export_rows(int64_t since_version) const {
   const Layout& l = *layout_;
-  const size_t data_bytes = l.planes * l.value_bytes;
-  // Staged per row (key, where its data and meta went), then sorted by key.
-  std::vector<std::pair<int64_t, size_t>> order;
-  std::vector<std::byte> data;
-  std::vector<int64_t> meta;
+  std::vector<Staged> staged(1);
   // No row's version is above the table's: asked for none, no scan.
   const int stripes = since_version >= version_.load() ? 0 : kStripes;
   for (int i = 0; i < stripes; ++i) {
     Stripe& s = stripes_[i];
     MutexLock lock(s.mu);
-    for (const IndexSlot& slot : s.index) {
-      if (slot.row == kNoRow) continue;
-      const int64_t* m = s.meta(slot.row);
-      if (m[kVersion] <= since_version) continue;
-      order.emplace_back(slot.key, order.size());
-      const std::byte* d = s.data(slot.row);
-      data.insert(data.end(), d, d + data_bytes);
-      meta.insert(meta.end(), m, m + kMetaColumns);
-    }
+    staged[0].copy(s, since_version, l.planes * l.value_bytes);
+  }
+  return rows_of(staged);
+}
+
+Result<TableRows> EmbeddingTable::rows_of(const std::vector<Staged>& parts) const {
+  const Layout& l = *layout_;
+  const size_t data_bytes = l.planes * l.value_bytes;
+  struct Place {
+    int64_t key;
+    size_t part, index;
+    bool operator<(const Place& o) const { return key < o.key; }
+  };
+  std::vector<Place> order;
+  for (size_t p = 0; p < parts.size(); ++p) {
+    for (const auto& [key, index] : parts[p].order) order.push_back({key, p, index});
   }
   std::sort(order.begin(), order.end());
   const int64_t n = static_cast<int64_t>(order.size());
@@ -780,15 +815,16 @@ Result<TableRows> EmbeddingTable::export_rows(int64_t since_version) const {
   auto keys = out.keys.mutable_flat<int64_t>();
   auto meta_out = out.meta.mutable_flat<int64_t>();
   for (size_t i = 0; i < order.size(); ++i) {
-    const auto [key, staged] = order[i];
-    keys[i] = key;
-    const std::byte* d = data.data() + staged * data_bytes;
+    const Place& at = order[i];
+    const Staged& part = parts[at.part];
+    keys[i] = at.key;
+    const std::byte* d = part.data.data() + at.index * data_bytes;
     std::memcpy(out.values.mutable_data() + i * l.value_bytes, d, l.value_bytes);
     for (size_t p = 1; p < l.planes; ++p) {
       std::memcpy(out.slots[p - 1].mutable_data() + i * l.value_bytes, d + p * l.value_bytes,
                   l.value_bytes);
     }
-    std::copy_n(meta.data() + staged * kMetaColumns, kMetaColumns, meta_out.data() + i * kMetaColumns);
+    std::copy_n(part.meta.data() + at.index * kMetaColumns, kMetaColumns, meta_out.data() + i * kMetaColumns);
   }
   return out;
 }
@@ -842,6 +878,7 @@ Status EmbeddingTable::import_rows(const TableRows& rows, bool replace) {
   for_each_stripe(entries, [&](int stripe, std::span<const Entry> run) {
     Stripe& s = stripes_[stripe];
     MutexLock lock(s.mu);
+    settle(stripe);
     const int64_t version = version_.load();  // under the lock, as in lookup
     int64_t added = 0;
     for (const Entry& e : run) {
@@ -880,6 +917,7 @@ void EmbeddingTable::clear() {
     Stripe& s = stripes_[i];
     std::vector<std::unique_ptr<std::byte[]>> blocks;  // freed outside the lock
     MutexLock lock(s.mu);
+    settle(i);
     stats_->rows.fetch_sub(s.live, std::memory_order_relaxed);
     blocks.swap(s.blocks);
     s.index = {};
@@ -904,6 +942,51 @@ Result<EmbeddingTable::Snapshot> EmbeddingTable::snapshot(int64_t since_version,
   out.step = step();
   CAPSTAN_ASSIGN_OR_RETURN(out.rows, export_rows(since_version));
   return out;
+}
+
+Result<EmbeddingTable::LazySnapshot> EmbeddingTable::begin_snapshot(int64_t mark) {
+  if (mark < 0 || mark > kMaxVersion) {
+    return Status::InvalidArgument("begin_snapshot: mark " + std::to_string(mark) + " must be in [0, 2^62]");
+  }
+  LazySnapshot out;
+  out.pending = std::make_shared<PendingSnapshot>();
+  out.slots = static_cast<int64_t>(layout_->planes) - 1;
+  out.version = version();
+  if (mark > 0) {
+    CAPSTAN_ASSIGN_OR_RETURN(out.version, begin_version(std::max(mark, out.version + 1)));
+  }
+  out.step = step();
+  for (int i = 0; i < kStripes; ++i) {
+    Stripe& s = stripes_[i];
+    MutexLock lock(s.mu);
+    settle(i);  // an earlier snapshot's copy of this stripe first
+    s.pending = out.pending;
+    out.rows += s.live;
+  }
+  return out;
+}
+
+Result<TableRows> EmbeddingTable::finish_snapshot(const LazySnapshot& snapshot) {
+  if (snapshot.pending == nullptr) return Status::InvalidArgument("finish_snapshot: not a begun snapshot");
+  for (int i = 0; i < kStripes; ++i) {
+    Stripe& s = stripes_[i];
+    MutexLock lock(s.mu);
+    if (s.pending.lock() == snapshot.pending) settle(i);
+  }
+  // Every stripe is settled: nothing writes the parts any more.
+  CAPSTAN_ASSIGN_OR_RETURN(TableRows rows, rows_of(snapshot.pending->parts));
+  if (rows.keys.num_elements() != snapshot.rows) {
+    return Status::Internal("finish_snapshot: copied " + std::to_string(rows.keys.num_elements()) +
+                            " rows of the " + std::to_string(snapshot.rows) + " the table held at the barrier");
+  }
+  return rows;
+}
+
+void EmbeddingTable::settle(int i) {
+  Stripe& s = stripes_[i];
+  s.mu.assert_held();
+  if (auto pending = s.pending.lock()) pending->parts[i].copy(s, 0, layout_->planes * layout_->value_bytes);
+  s.pending.reset();
 }
 
 Status EmbeddingTable::restore(const TableRows& rows, bool replace, int64_t step, int64_t generation) {

@@ -145,6 +145,25 @@ class EmbeddingTable {
     int64_t version = 0;
   };
   Result<Snapshot> snapshot(int64_t since_version, int64_t mark);
+  // The same snapshot of every row in two parts, so that a checkpoint's
+  // barrier copies nothing (issue 34): begin_snapshot() tags changes from
+  // now on as snapshot(0, mark) does and marks every stripe; a marked
+  // stripe's rows are copied by the first change to it (before the change
+  // applies: copy-on-write per stripe) or by finish_snapshot(), whichever
+  // comes first. finish_snapshot() returns every row as it was at
+  // begin_snapshot(), sorted by key. A later begin_snapshot() first copies
+  // the stripes an earlier one still marks. Dropping a LazySnapshot without
+  // finishing it is fine: the stripes then copy nothing.
+  struct PendingSnapshot;  // the stripes' copies, as they are made
+  struct LazySnapshot {
+    std::shared_ptr<PendingSnapshot> pending;
+    int64_t rows = 0;  // at begin_snapshot()
+    int64_t slots = 0;  // slot planes per row
+    int64_t step = 0;
+    int64_t version = 0;  // in force before the mark
+  };
+  Result<LazySnapshot> begin_snapshot(int64_t mark);
+  Result<TableRows> finish_snapshot(const LazySnapshot& snapshot);
   // A restore or a recovery of this shard from a checkpoint of generation
   // `generation` (in [0, kMaxVersion)): changes from now on, these rows
   // included, are tagged above it; the rows are imported (replace: every
@@ -184,6 +203,12 @@ class EmbeddingTable {
  private:
   struct Layout;  // row sizes and per-row constants derived from config_
   struct Stripe;  // one stripe's mutex, index, rows and admission state
+  struct Staged;  // rows copied out of stripes, before they become TableRows
+  // Copies stripe `i`'s rows into the snapshot that marks it, if any, and
+  // unmarks it: before any change to the stripe (its lock held).
+  void settle(int i);
+  // The rows copied out, sorted by key, as TableRows.
+  Result<TableRows> rows_of(const std::vector<Staged>& parts) const;
   EmbeddingTable(TableConfig config, Clock clock);
   void maybe_sweep();
   int64_t evict_expired_in(int stripe);

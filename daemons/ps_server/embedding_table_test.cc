@@ -688,5 +688,99 @@ TEST_CASE("a checkpoint's snapshot tags later changes above it, a restore re-tag
   CHECK(copy->stats().rows == 3);
 }
 
+// Every tensor of two exports equal, byte for byte.
+void check_same_rows(const TableRows& a, const TableRows& b) {
+  CHECK(values<int64_t>(a.keys) == values<int64_t>(b.keys));
+  CHECK(values<float>(a.values) == values<float>(b.values));
+  REQUIRE(a.slots.size() == b.slots.size());
+  for (size_t i = 0; i < a.slots.size(); ++i) CHECK(values<float>(a.slots[i]) == values<float>(b.slots[i]));
+  CHECK(values<int64_t>(a.meta) == values<int64_t>(b.meta));
+}
+
+TEST_CASE("a lazy snapshot holds every row as it was at its barrier, whatever changes the stripes first",
+          "[embedding_table]") {
+  auto table = make_table(table_config(4, Optimizer::adagrad(0.1)));
+  const std::vector<int64_t> keys = key_range(0, 2000);
+  lookup(*table, keys);
+  apply(*table, key_range(0, 500), std::vector<float>(500 * 4, 0.5f));
+  const TableRows before = export_all(*table);
+
+  auto lazy = table->begin_snapshot(9);
+  REQUIRE(lazy.ok());
+  CHECK(lazy->rows == 2000);
+  CHECK(lazy->slots == 1);
+  CHECK(lazy->step == 1);
+  CHECK(lazy->version == 1);
+  CHECK(table->version() == 9);
+  // Changes after the barrier: updates, inserts, an import over old rows.
+  apply(*table, key_range(100, 300), std::vector<float>(300 * 4, -1.0f));
+  lookup(*table, key_range(5000, 100));
+  TableRows imported = export_all(*table);
+  REQUIRE(table->import_rows(imported).ok());
+  const TableRows after = export_all(*table);
+  CHECK(values<int64_t>(after.keys).size() == 2100);
+
+  auto rows = table->finish_snapshot(*lazy);
+  REQUIRE(rows.ok());
+  check_same_rows(*rows, before);
+  // The changes are tagged above the barrier, as snapshot() tags them.
+  CHECK(values<int64_t>(export_all(*table, 1).keys).size() == 2100);
+  // Finishing again gives the same rows.
+  check_same_rows(table->finish_snapshot(*lazy).value(), before);
+  // With no change after it, finish_snapshot copies every stripe itself.
+  const TableRows now = export_all(*table);
+  auto quiet = table->begin_snapshot(0);
+  REQUIRE(quiet.ok());
+  check_same_rows(table->finish_snapshot(*quiet).value(), now);
+  CHECK(table->begin_snapshot(-1).status().code() == StatusCode::kInvalidArgument);
+  CHECK(table->finish_snapshot({}).status().code() == StatusCode::kInvalidArgument);
+}
+
+TEST_CASE("a lazy snapshot begun before an earlier one finished: each holds its own barrier's rows",
+          "[embedding_table]") {
+  auto table = make_table(table_config(2, Optimizer::sgd(0.5)));
+  lookup(*table, key_range(0, 300));
+  const TableRows first_rows = export_all(*table);
+  auto first = table->begin_snapshot(0);
+  REQUIRE(first.ok());
+  apply(*table, key_range(0, 10), std::vector<float>(10 * 2, 1.0f));  // settles some stripes only
+  const TableRows second_rows = export_all(*table);
+  auto second = table->begin_snapshot(0);
+  REQUIRE(second.ok());
+  table->clear();
+  lookup(*table, {7});
+  check_same_rows(table->finish_snapshot(*second).value(), second_rows);
+  check_same_rows(table->finish_snapshot(*first).value(), first_rows);
+  // A snapshot dropped unfinished costs nothing later.
+  REQUIRE(table->begin_snapshot(0).ok());
+  apply(*table, {7}, {1.0f, 1.0f});
+  CHECK(lookup(*table, {7}, false) == std::vector<float>{0.5f, 0.5f});
+}
+
+TEST_CASE("a lazy snapshot finished while updates run holds the barrier's rows", "[embedding_table]") {
+  auto table = make_table(table_config(8, Optimizer::sgd(0.1)));
+  lookup(*table, key_range(0, 20000));
+  const TableRows before = export_all(*table);
+  auto lazy = table->begin_snapshot(0);
+  REQUIRE(lazy.ok());
+  std::atomic<bool> stop{false};
+  std::atomic<int64_t> failures{0}, updates{0};
+  std::thread writer([&] {
+    const std::vector<float> grads(1000 * 8, 1.0f);
+    for (int64_t first = 0; !stop.load(); first = (first + 997) % 19000) {
+      if (!table->apply_gradients(ids(key_range(first, 1000)), rows_of(grads, 8), 0).ok()) ++failures;
+      if (!table->lookup(ids({100000 + first}), true).ok()) ++failures;
+      ++updates;
+    }
+  });
+  while (updates.load() < 3) std::this_thread::yield();  // the writer is going
+  auto rows = table->finish_snapshot(*lazy);
+  stop = true;
+  writer.join();
+  CHECK(failures == 0);
+  REQUIRE(rows.ok());
+  check_same_rows(*rows, before);
+}
+
 }  // namespace
 }  // namespace capstan::ps_server

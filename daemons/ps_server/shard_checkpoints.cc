@@ -40,14 +40,14 @@ Result<ShardCheckpoints::Snapshot> ShardCheckpoints::snapshot(const std::vector<
     saved.name = item.name;
     if (item.table) {
       EmbeddingTable& table = *tables[i];
-      CAPSTAN_ASSIGN_OR_RETURN(EmbeddingTable::Snapshot rows, table.snapshot(0, item.begin_version));
+      CAPSTAN_ASSIGN_OR_RETURN(EmbeddingTable::LazySnapshot rows, table.begin_snapshot(item.begin_version));
       saved.dtype = table.config().dtype;
-      saved.shape = {rows.rows.keys.num_elements(), table.config().dim};
+      saved.shape = {rows.rows, table.config().dim};
       saved.slots = training::slot_names(table.config().optimizer.kind);
-      saved.slots.resize(std::min(saved.slots.size(), rows.rows.slots.size()));
+      saved.slots.resize(std::min(saved.slots.size(), static_cast<size_t>(rows.slots)));
       saved.step = rows.step;
       saved.version = rows.version;
-      out.tables.push_back({item.name, std::move(rows.rows), saved.slots});
+      out.tables.push_back({item.name, tables[i], std::move(rows), saved.slots});
     } else {
       CAPSTAN_ASSIGN_OR_RETURN(VariableStore::Snapshot shard, store_.snapshot(item.name));
       saved.dtype = shard.dtype;
@@ -75,7 +75,12 @@ Result<checkpoint::ManifestFile> ShardCheckpoints::write(const Snapshot& snapsho
                             "' does not exist on this parameter server: checkpoint_dir must be a directory every "
                             "parameter server reaches at the same path (a shared file system)");
   }
-  return checkpoint::write_shard_file(directory, file, snapshot.shards, snapshot.tables, fs_);
+  std::vector<checkpoint::TableShardTensors> tables;
+  for (const TableSnapshot& t : snapshot.tables) {
+    CAPSTAN_ASSIGN_OR_RETURN(TableRows rows, t.table->finish_snapshot(t.rows));
+    tables.push_back({t.name, std::move(rows), t.slots});
+  }
+  return checkpoint::write_shard_file(directory, file, snapshot.shards, tables, fs_);
 }
 
 Status ShardCheckpoints::restore(const std::string& checkpoint, const std::vector<RestoreItem>& items) const {

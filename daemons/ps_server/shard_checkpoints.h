@@ -15,13 +15,15 @@
 // value, slots, step; a table's rows per stripe, as export does) and costs a
 // copy of the slots only: the value is lent copy-on-write (see
 // VariableStore::read), so the shard's next update copies it instead while
-// the file is written.
+// the file is written; a table's rows are copied stripe by stripe while the
+// file is written, or by the first change to a stripe before it applies.
 //
 // Thread-safe: the stores are; call off the RPC loop.
 #ifndef CAPSTAN_DAEMONS_PS_SERVER_SHARD_CHECKPOINTS_H_
 #define CAPSTAN_DAEMONS_PS_SERVER_SHARD_CHECKPOINTS_H_
 
 #include <cstdint>
+#include <memory>
 #include <optional>
 #include <string>
 #include <vector>
@@ -47,10 +49,18 @@ class ShardCheckpoints {
   using SaveItem = ps::SaveItem;
   using SavedShard = ps::SavedShard;
   using RestoreItem = ps::RestoreItem;
+  // A table's rows are copied when write() needs them or a change to a
+  // stripe comes first (EmbeddingTable::begin_snapshot).
+  struct TableSnapshot {
+    std::string name;
+    std::shared_ptr<EmbeddingTable> table;
+    EmbeddingTable::LazySnapshot rows;
+    std::vector<std::string> slots;
+  };
   struct Snapshot {
     std::vector<SavedShard> saved;  // in request order
     std::vector<checkpoint::ShardTensors> shards;
-    std::vector<checkpoint::TableShardTensors> tables;
+    std::vector<TableSnapshot> tables;
   };
   // NotFound for a shard this server does not hold; InvalidArgument for an
   // empty or repeated name. Nothing is marked unless all are found.
