@@ -240,12 +240,14 @@ TEST_CASE("a checkpoint whose mirrored variables the coordinator wrote (mirrored
 TEST_CASE("a restore refuses a mirrored variable whose checkpoint shape differs, reading no value",
           "[coordinator][model_checkpoints][strategy]") {
   data::testing::TempDir dir;
-  Fixture f;
+  Result<std::string> path = Status::Unknown("not saved");
+  {
+    Fixture f;
+    f.create("w", {1, 2, 3});  // a parameter-server variable "w" of 3 floats
+    path = f.wait(f.checkpoints.save(dir.path(), 1, 3));
+    REQUIRE(path.ok());
+  }
   WorkerRecord a;
-  f.add_worker(a, 0, {"sync_step"});
-  f.create("w", {1, 2, 3});  // a parameter-server variable "w" of 3 floats
-  auto path = f.wait(f.checkpoints.save(dir.path(), 1, 3));
-  REQUIRE(path.ok());
   Fixture g;
   g.add_worker(a, 0, {"sync_step"});
   REQUIRE(g.strategies.create("s", mirrored_model(), one_replica()).ok());
