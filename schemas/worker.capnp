@@ -10,8 +10,10 @@ using Ps = import "ps.capnp";
 # strategy's mirrored variables. The coordinator forms the replicas into a
 # collective group at step boundaries (prepareReplica, then formReplica on
 # every member), runs each step's closure on every member at once
-# (runClosure with `strategy` and `epoch`), and reads the state back for
-# checkpoints (readReplica).
+# (runClosure with `strategy` and `epoch`), and has rank 0 write the
+# strategy's file of a checkpoint itself (saveReplica); a restore sends the
+# source the checkpoint's path, not the values (formReplica's
+# seedCheckpoint).
 
 struct MirroredSpec {
   name @0 :Text;
@@ -118,11 +120,15 @@ interface Worker extends(Common.Node) {
   # `seed` when hasSeed (initial values, a restored checkpoint) or from what
   # it holds; the others take it. Answers the replica's step and checksum
   # and how it reaches each member ("self", "shm", "tcp").
+  # `seedCheckpoint` (the source only; "": none): the source reads the
+  # variables `seedFromCheckpoint` from the committed checkpoint at that
+  # path itself (values, slots of the same optimizer kind, the step; each
+  # file's CRC32C checked) and takes the others from `seed` (hasSeed).
   formReplica @6 (strategy :Text, epoch :Int64, rank :Int32, addresses :List(Text), source :Int32,
                   variables :List(MirroredSpec), seed :MirroredState, hasSeed :Bool,
-                  settings :CollectiveSettings)
+                  settings :CollectiveSettings, seedCheckpoint :Text, seedFromCheckpoint :List(Text))
       -> (step :Int64, checksum :UInt64, transports :List(Text));
-  # The replica's values, slots and step (checkpoints, reads).
+  # The replica's values, slots and step (reads of a mirrored variable).
   readReplica @7 (strategy :Text) -> (state :MirroredState);
   # Aborts the group of `epoch` (a member was lost mid-step): a step
   # running here fails at once instead of waiting for its deadline.
@@ -135,4 +141,16 @@ interface Worker extends(Common.Node) {
   # `state`; INVALID_ARGUMENT for a state of another dataset (the old
   # iterator stays).
   restoreIterator @10 (datasetId :Int64, state :Data) -> ();
+
+  # Writes this replica's variables, slots and step as
+  # `directory`/mirrored-<strategy>.safetensors (checkpoint/mirrored_files.h):
+  # the state at a step boundary (taken under the replica's lock, as
+  # readReplica's), written after it is released. `directory` must be a
+  # checkpoint being saved (<dir>/ckpt-<step>.tmp, existing here:
+  # INVALID_ARGUMENT, NOT_FOUND) and the file must not exist
+  # (ALREADY_EXISTS); NOT_FOUND when this worker holds no replica. Answers
+  # the file's name, size and CRC32C (computed as it was written), the step
+  # and each variable's dtype, shape and slots, for the manifest.
+  saveReplica @12 (strategy :Text, directory :Text)
+      -> (file :Text, size :UInt64, crc32c :UInt32, step :Int64, variables :List(Ps.SavedShard));
 }

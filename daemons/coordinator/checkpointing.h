@@ -2,8 +2,9 @@
 //
 // save: each parameter server writes one safetensors file of its shards
 // (values, optimizer slots, steps; a table's rows) into the checkpoint's
-// .tmp directory; the coordinator adds the mirrored variables' and the
-// iterators' files and writes the manifest last, atomically (lib/checkpoint).
+// .tmp directory, rank 0 of each strategy its mirrored variables'
+// (checkpoint/mirrored_files.h); the coordinator adds the iterators' file
+// and writes the manifest last, atomically (lib/checkpoint).
 // restore: each parameter server reads, for each of its shards as placed
 // *now*, the rows it covers from the checkpoint, whatever partitioning or
 // number of PS tasks it was saved with (value, slots, step). Variables the
@@ -57,9 +58,12 @@ inline constexpr const char* kIteratorsFile = "iterators.safetensors";
 // or "#<id>" for an unnamed one.
 std::string iterator_tensor_name(const std::string& dataset_name, int64_t dataset_id, int task_index);
 
-// The file of a checkpoint that holds the strategies' mirrored variables
-// (shards whose ps_task is < 0); a parameter server's shards are in
-// ps-<task>.safetensors (checkpoint/shard_files.h).
+// The file where add_files() and write_checkpoint() put shards whose
+// ps_task is < 0: the strategies' mirrored variables as the coordinator
+// wrote them before each strategy's rank 0 wrote its own
+// mirrored-<strategy>.safetensors (checkpoint/mirrored_files.h). Such
+// checkpoints still restore (variables are found by name). A parameter
+// server's shards are in ps-<task>.safetensors (checkpoint/shard_files.h).
 inline constexpr const char* kMirroredFile = "mirrored.safetensors";
 
 // Adds to `writer` the files of `variables` (their values in hand: the

@@ -43,7 +43,7 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
              {[this]() { update_stats(); },
               [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
-      strategies_(workers_, variables_, gate_, loop_),
+      strategies_(workers_, variables_, gate_, loop_, pool_),
       policy_(config_, loop_, ps_health_, journal_,
               [this](std::string directory, int64_t step, int max_to_keep) {
                 return save_checkpoint(std::move(directory), step, max_to_keep);

@@ -31,7 +31,7 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
     std::shared_ptr<void> pause;  // dispatch resumes when it goes
     std::map<std::string, std::string> iterators;
     PsVariables::ServerSave servers;
-    std::vector<VariableState> mirrored;
+    Strategies::MirroredSave mirrored;
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point paused;
     double pause_ms = 0;
@@ -83,9 +83,12 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
               return async::run_on_pool(pool_, [saving, written = std::move(*written)]() -> Path {
                 checkpoint::Manifest manifest;
                 manifest.variables = std::move(saving->servers.variables);
-                CAPSTAN_RETURN_IF_ERROR(add_files(*saving->writer, saving->mirrored, saving->iterators, &manifest));
+                for (auto& v : saving->mirrored.variables) manifest.variables.push_back(std::move(v));
+                CAPSTAN_RETURN_IF_ERROR(add_files(*saving->writer, {}, saving->iterators, &manifest));
+                std::vector<checkpoint::ManifestFile> all = std::move(written);
+                all.insert(all.end(), saving->mirrored.written.begin(), saving->mirrored.written.end());
                 std::string path = saving->writer->checkpoint_path();
-                CAPSTAN_RETURN_IF_ERROR(saving->writer->commit(std::move(manifest), written));
+                CAPSTAN_RETURN_IF_ERROR(saving->writer->commit(std::move(manifest), all));
                 return path;
               });
             });
@@ -105,10 +108,10 @@ kj::Promise<Result<ModelCheckpoints::Snapshot>> ModelCheckpoints::snapshot(std::
   auto taken = std::make_shared<Snapshot>();
   kj::Promise<Status> mirrored = Status::Ok();
   if (!strategies_.empty()) {
-    // The strategies' mirrored variables go into the same checkpoint.
-    mirrored = strategies_.snapshot().then([taken](Result<std::vector<VariableState>> states) -> Status {
-      CAPSTAN_RETURN_IF_ERROR(states.status());
-      taken->mirrored = std::move(*states);
+    // The strategies' replicas write their files into the same checkpoint.
+    mirrored = strategies_.save(directory).then([taken](Result<Strategies::MirroredSave> saved) -> Status {
+      CAPSTAN_RETURN_IF_ERROR(saved.status());
+      taken->mirrored = std::move(*saved);
       return Status::Ok();
     });
   }

@@ -8,17 +8,19 @@
 //          iterators' positions are read (so that the variables saved hold
 //          the effect of every element the saved iterators handed out);
 //          every parameter server snapshots its shards (copy-on-write: the
-//          pause is that and no more) and the mirrored variables are read;
-//          dispatch resumes while each server writes its own file; the
-//          coordinator writes the mirrored variables' and iterators' files
-//          and commits the manifest, with the servers' sizes and CRC32Cs,
-//          last. No variable or table byte passes through the coordinator.
+//          pause is that and no more) and rank 0 of each strategy writes
+//          its mirrored variables' file (Strategies::save); dispatch resumes
+//          while each server writes its own file; the coordinator writes
+//          the iterators' file and commits the manifest, with the servers'
+//          and replicas' sizes and CRC32Cs, last. No variable or table byte
+//          passes through the coordinator.
 // restore  variables the program has not created (again) are placed with
 //          the checkpoint's number of shards; every variable is checked
 //          against the manifest (strict: one it lacks is an error; else it
 //          keeps its value and is listed); each parameter server reads its
 //          shards as placed now from the files itself (creating those it
-//          lacks), the mirrored variables become the strategies' seeds, and
+//          lacks), the checkpoint becomes the strategies' seeds (the next
+//          group's source reads the mirrored variables from it), and
 //          the iterators are put back where the checkpoint has them.
 //
 // Example:
@@ -90,13 +92,13 @@ class ModelCheckpoints {
     std::map<std::string, std::string> iterators;
   };
   // A save's snapshots: the parameter servers' (their files being written)
-  // and the mirrored variables' values.
+  // and the mirrored variables' files (written by the workers).
   struct Snapshot {
     PsVariables::ServerSave servers;
-    std::vector<VariableState> mirrored;
+    Strategies::MirroredSave mirrored;
   };
-  // Has the parameter servers snapshot their shards (writing them into
-  // `directory`) and reads the mirrored variables.
+  // Has the parameter servers snapshot their shards and the strategies'
+  // replicas write their files (into `directory`).
   kj::Promise<Result<Snapshot>> snapshot(std::string directory);
   // Checks the checkpoint against the variables (those placed now and
   // `absent`, placed for the restore) and reads the mirrored variables and

@@ -86,6 +86,11 @@ class WorkerPeer {
   virtual kj::Promise<Result<training::MirroredState>> read_replica(std::string strategy) {
     return Result<training::MirroredState>(Status::Unimplemented("read_replica"));
   }
+  // Has the replica write its state into the checkpoint being saved in
+  // `directory` (saveReplica).
+  virtual kj::Promise<Result<training::SavedReplica>> save_replica(std::string strategy, std::string directory) {
+    return Result<training::SavedReplica>(Status::Unimplemented("save_replica"));
+  }
   virtual kj::Promise<Status> abort_replica(std::string strategy, int64_t epoch, std::string reason) {
     return Status::Unimplemented("abort_replica");
   }

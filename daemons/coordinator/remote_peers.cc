@@ -220,6 +220,9 @@ kj::Promise<Result<training::ReplicaReport>> RemoteWorker::form_replica(training
   request.setHasSeed(form.seed.has_value());
   if (form.seed.has_value()) rpc::state_to_wire(*form.seed, request.initSeed(), codec_);
   rpc::settings_to_wire(form.settings, request.initSettings());
+  request.setSeedCheckpoint(form.seed_checkpoint);
+  auto from_checkpoint = request.initSeedFromCheckpoint(static_cast<unsigned>(form.seed_from_checkpoint.size()));
+  for (unsigned i = 0; i < from_checkpoint.size(); ++i) from_checkpoint.set(i, form.seed_from_checkpoint[i]);
   // The request may reference the seed's buffers until it is sent.
   return result_of(request.send()
                        .then([](capnp::Response<wire::Worker::FormReplicaResults>&& r) {
@@ -238,6 +241,30 @@ kj::Promise<Result<training::MirroredState>> RemoteWorker::read_replica(std::str
   request.setStrategy(strategy);
   return result_of(request.send().then([](capnp::Response<wire::Worker::ReadReplicaResults>&& r) {
     return rpc::state_from_wire(r.getState()).attach(kj::mv(r));
+  }));
+}
+
+kj::Promise<Result<training::SavedReplica>> RemoteWorker::save_replica(std::string strategy,
+                                                                       std::string directory) {
+  auto request = client_.saveReplicaRequest();
+  request.setStrategy(strategy);
+  request.setDirectory(directory);
+  return result_of(request.send().then([](capnp::Response<wire::Worker::SaveReplicaResults>&& r) {
+    training::SavedReplica saved;
+    saved.file = text(r.getFile());
+    saved.size = r.getSize();
+    saved.crc32c = r.getCrc32c();
+    saved.step = r.getStep();
+    for (auto v : r.getVariables()) {
+      ps::SavedShard s;
+      s.name = text(v.getName());
+      s.dtype = rpc::from_wire(v.getDtype());
+      for (int64_t d : v.getShape()) s.shape.push_back(d);
+      for (auto slot : v.getSlots()) s.slots.push_back(text(slot));
+      s.step = v.getStep();
+      saved.variables.push_back(std::move(s));
+    }
+    return saved;
   }));
 }
 

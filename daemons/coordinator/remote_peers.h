@@ -39,6 +39,7 @@ class RemoteWorker : public WorkerPeer {
   kj::Promise<Result<std::string>> prepare_replica(std::string strategy, int64_t epoch) override;
   kj::Promise<Result<training::ReplicaReport>> form_replica(training::ReplicaForm form) override;
   kj::Promise<Result<training::MirroredState>> read_replica(std::string strategy) override;
+  kj::Promise<Result<training::SavedReplica>> save_replica(std::string strategy, std::string directory) override;
   kj::Promise<Status> abort_replica(std::string strategy, int64_t epoch, std::string reason) override;
   kj::Promise<Result<std::string>> save_iterator(int64_t dataset_id) override;
   kj::Promise<Status> restore_iterator(int64_t dataset_id, std::string state) override;

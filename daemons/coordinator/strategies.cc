@@ -4,7 +4,9 @@
 #include <set>
 #include <utility>
 
+#include "async/pool.h"
 #include "async/status_exception.h"
+#include "checkpoint/mirrored_files.h"
 #include "training/optimizer.h"
 
 namespace capstan::coordinator {
@@ -71,8 +73,9 @@ int fewest_steps(const std::vector<int64_t>& ids, const kj::Array<ReplicaAnswer<
 
 }  // namespace
 
-Strategies::Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop)
-    : workers_(workers), variables_(variables), gate_(gate), loop_(std::move(loop)) {}
+Strategies::Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop,
+                       boost::asio::thread_pool& pool)
+    : workers_(workers), variables_(variables), gate_(gate), loop_(std::move(loop)), pool_(pool) {}
 
 Result<Strategies::Strategy*> Strategies::find(const std::string& name) {
   auto it = strategies_.find(name);
@@ -178,7 +181,7 @@ Status Strategies::create(const std::string& name, std::vector<MirroredVariableI
   strategy.config = config;
   training::MirroredState seed;
   for (auto& v : variables) seed.variables.push_back({v.name, std::move(v.initial), {}});
-  strategy.seed = std::move(seed);
+  strategy.seed = Strategy::Seed{std::move(seed), {}, {}};
   strategy.seed_is_initial = true;
   loop_.log->info("strategy '{}' created: {} mirrored variable(s): {}", name, strategy.specs.size(),
                   specs_text(strategy.specs));
@@ -386,7 +389,11 @@ kj::Promise<kj::Array<ReplicaAnswer<training::ReplicaReport>>> Strategies::form(
     form.addresses = by_rank;
     form.source = formation.source;
     form.specs = s.specs;
-    if (static_cast<int>(r) == formation.source && s.seed.has_value()) form.seed = *s.seed;
+    if (static_cast<int>(r) == formation.source && s.seed.has_value()) {
+      form.seed = s.seed->values;
+      form.seed_checkpoint = s.seed->checkpoint;
+      form.seed_from_checkpoint = s.seed->from_checkpoint;
+    }
     form.settings = s.config.settings;
     return peer.form_replica(std::move(form));
   };
@@ -550,7 +557,13 @@ Result<StepOutcome> Strategies::step_result(Strategy& s, const std::vector<int64
 
 kj::Promise<Result<training::MirroredState>> Strategies::mirrored_state(Strategy& s) {
   using Out = Result<training::MirroredState>;
-  if (s.seed.has_value()) return Out(*s.seed);
+  if (s.seed.has_value()) {
+    if (s.seed->checkpoint.empty()) return Out(*s.seed->values);
+    return async::run_on_pool(pool_, [seed = *s.seed, specs = s.specs]() -> Out {
+      return checkpoint::read_mirrored_seed(seed.checkpoint, specs, seed.from_checkpoint,
+                                            seed.values.has_value() ? &*seed.values : nullptr);
+    });
+  }
   if (s.members.empty()) {
     return Out(Status::FailedPrecondition("strategy '" + s.name + "' has no replica to read from (no group formed)"));
   }
@@ -628,103 +641,120 @@ kj::Promise<Result<StrategyStatus>> Strategies::status(std::string strategy) {
 
 // ---- Checkpoints of mirrored variables ---------------------------------------------
 
-kj::Promise<Result<std::vector<VariableState>>> Strategies::snapshot() {
-  using Out = Result<std::vector<VariableState>>;
-  auto states = std::make_shared<std::vector<VariableState>>();
-  auto reads = kj::Vector<kj::Promise<Status>>();
-  for (auto& [name, strategy] : strategies_) {
+kj::Promise<Result<Strategies::MirroredSave>> Strategies::save(std::string directory) {
+  using Out = Result<MirroredSave>;
+  auto out = std::make_shared<MirroredSave>();
+  auto saves = kj::Vector<kj::Promise<Status>>();
+  for (auto& [key, strategy] : strategies_) {
     Strategy* s = &strategy;
-    reads.add(mirrored_state(strategy).then([states, s](Result<training::MirroredState> state) -> Status {
-      CAPSTAN_RETURN_IF_ERROR(state.status());
+    const std::string name = key;
+    kj::Promise<Result<training::SavedReplica>> saved = nullptr;
+    if (s->seed.has_value()) {
+      // No group has taken the seed yet: nothing to ask a replica for.
+      saved = mirrored_state(*s).then([this, directory, name](Result<training::MirroredState> state) {
+        using Saved = Result<training::SavedReplica>;
+        if (!state.ok()) return kj::Promise<Saved>(Saved(state.status()));
+        return async::run_on_pool(pool_, [directory, name, state = std::move(*state)]() -> Saved {
+          return checkpoint::write_mirrored_file(directory, checkpoint::mirrored_file_name(name), state);
+        });
+      });
+    } else if (s->members.empty()) {
+      saved = Result<training::SavedReplica>(
+          Status::FailedPrecondition("strategy '" + name + "' has no replica to save (no group formed)"));
+    } else {
+      // Writing can take longer than a collective: at least ten minutes.
+      const auto limit = std::max<std::chrono::milliseconds>(s->config.settings.timeout, std::chrono::minutes(10));
+      saved = save_from(name, s->members, 0, directory, limit, Status::Ok());
+    }
+    saves.add(saved.then([out, s](Result<training::SavedReplica> saved) -> Status {
+      CAPSTAN_RETURN_IF_ERROR(saved.status().with_context("saving strategy '" + s->name + "'"));
       for (const auto& spec : s->specs) {
-        auto v = std::find_if(state->variables.begin(), state->variables.end(),
-                              [&](const auto& x) { return x.name == spec.name; });
-        if (v == state->variables.end()) return Status::Internal("no value of mirrored variable '" + spec.name + "'");
-        // One shard, in the coordinator's own file (kMirroredFile): the
-        // checkpoint format of a parameter-server variable, so either kind
-        // restores into the other.
-        VariableState out;
-        out.name = spec.name;
-        out.dtype = spec.dtype;
-        out.shape = spec.shape;
-        out.optimizer = spec.optimizer;
-        ShardState shard;
-        shard.name = spec.name;
-        shard.ps_task = -1;
-        shard.rows = spec.shape.empty() ? 1 : spec.shape[0];
-        shard.value = std::move(v->value);
-        shard.slots = std::move(v->slots);
-        shard.step = state->step;
-        out.shards.push_back(std::move(shard));
-        states->push_back(std::move(out));
+        bool written = std::any_of(saved->variables.begin(), saved->variables.end(),
+                                   [&](const auto& v) { return v.name == spec.name; });
+        if (!written) {
+          return Status::Internal("strategy '" + s->name + "': " + saved->file + " lacks mirrored variable '" +
+                                  spec.name + "'");
+        }
       }
+      CAPSTAN_ASSIGN_OR_RETURN(auto entries, checkpoint::mirrored_manifest_entries(*saved, s->specs));
+      for (auto& e : entries) out->variables.push_back(std::move(e));
+      out->written.push_back({saved->file, saved->size, saved->crc32c});
       return Status::Ok();
     }));
   }
-  return kj::joinPromises(reads.releaseAsArray()).then([states](kj::Array<Status> results) -> Out {
+  return kj::joinPromises(saves.releaseAsArray()).then([out](kj::Array<Status> results) -> Out {
     for (auto& status : results) CAPSTAN_RETURN_IF_ERROR(status);
-    return std::move(*states);
+    return std::move(*out);
   });
+}
+
+kj::Promise<Result<training::SavedReplica>> Strategies::save_from(std::string name, std::vector<int64_t> members,
+                                                                  size_t i, std::string directory,
+                                                                  std::chrono::milliseconds limit, Status last) {
+  using Out = Result<training::SavedReplica>;
+  for (; i < members.size(); ++i) {
+    const Worker* worker = workers_.find(members[i]);
+    if (worker == nullptr) continue;
+    return ask(members[i], worker->peer->save_replica(name, directory), limit)
+        .then([this, name, members, i, directory, limit](Answer<training::SavedReplica> a) mutable
+              -> kj::Promise<Out> {
+          // Only a lost member is passed over: an error of the save itself
+          // (a bad directory, a full disk) would be the next one's too.
+          if (a.result.ok() || !a.lost) return kj::mv(a.result);
+          return save_from(kj::mv(name), kj::mv(members), i + 1, kj::mv(directory), limit, a.result.status());
+        });
+  }
+  return Out(Status::FailedPrecondition("strategy '" + name + "': no live replica to save" +
+                                        (last.ok() ? std::string() : " (last: " + last.to_string() + ")")));
 }
 
 Result<Strategies::Restore> Strategies::read_checkpoint(const checkpoint::CheckpointReader& reader,
                                                         const Specs& specs) {
   Restore out;
+  out.checkpoint = reader.path();
   for (const auto& [name, list] : specs) {
-    training::MirroredState state;
+    std::vector<std::string> present;
     for (const auto& spec : list) {
-      const auto* saved = reader.manifest().find_variable(spec.name);
-      if (saved == nullptr) {
+      if (reader.manifest().find_variable(spec.name) == nullptr) {
         out.missing.push_back(spec.name);
-        continue;
+      } else {
+        present.push_back(spec.name);
       }
-      if (saved->dtype != spec.dtype || saved->shape != spec.shape) {
-        return Status::InvalidArgument("mirrored variable '" + spec.name + "' is " +
-                                       std::string(dtype_name(spec.dtype)) + shape_string(spec.shape) +
-                                       " but the checkpoint has " + std::string(dtype_name(saved->dtype)) +
-                                       shape_string(saved->shape));
-      }
-      training::MirroredValue value;
-      value.name = spec.name;
-      CAPSTAN_ASSIGN_OR_RETURN(value.value, reader.read_variable(spec.name));
-      // Slots of the same optimizer kind carry over; another kind's start
-      // afresh (as a parameter-server restore does).
-      if (saved->optimizer.kind == spec.optimizer.kind) {
-        for (const auto& slot : saved->slots) {
-          CAPSTAN_ASSIGN_OR_RETURN(value.slots[slot], reader.read_slot(spec.name, slot));
-        }
-      }
-      state.step = std::max(state.step, saved->optimizer_step);
-      state.variables.push_back(std::move(value));
     }
-    if (!state.variables.empty()) out.states[name] = std::move(state);
+    CAPSTAN_RETURN_IF_ERROR(checkpoint::check_mirrored(reader.manifest(), list, present));
+    if (!present.empty()) out.variables[name] = std::move(present);
   }
   return out;
 }
 
 kj::Promise<Status> Strategies::seed(Restore restore) {
   auto seeds = kj::Vector<kj::Promise<Status>>();
-  for (auto& [name, partial] : restore.states) {
+  for (auto& [name, names] : restore.variables) {
     auto found = find(name);
     if (!found.ok()) continue;  // gone meanwhile (strategies are never erased)
     Strategy* s = *found;
-    auto state = std::make_shared<training::MirroredState>(std::move(partial));
-    if (state->variables.size() == s->specs.size()) {
-      s->seed = std::move(*state);
+    Strategy::Seed seed{std::nullopt, restore.checkpoint, std::move(names)};
+    if (seed.from_checkpoint.size() == s->specs.size()) {
+      s->seed = std::move(seed);
       s->seed_is_initial = false;
       s->formed = false;
       continue;
     }
     // Some of the strategy's variables are not in the checkpoint: they keep
-    // the values they have now.
-    seeds.add(mirrored_state(*s).then([s, state](Result<training::MirroredState> now) -> Status {
+    // the values they have now (read through here: the rare partial
+    // restore).
+    seeds.add(mirrored_state(*s).then([s, seed = std::move(seed)](Result<training::MirroredState> now) mutable
+                                      -> Status {
       CAPSTAN_RETURN_IF_ERROR(now.status().with_context("keeping the mirrored variables the checkpoint lacks"));
+      training::MirroredState kept;
+      kept.step = now->step;
       for (auto& v : now->variables) {
-        bool restored = std::any_of(state->variables.begin(), state->variables.end(),
-                                    [&](const auto& x) { return x.name == v.name; });
-        if (!restored) state->variables.push_back(std::move(v));
+        if (std::find(seed.from_checkpoint.begin(), seed.from_checkpoint.end(), v.name) == seed.from_checkpoint.end()) {
+          kept.variables.push_back(std::move(v));
+        }
       }
-      s->seed = std::move(*state);
+      seed.values = std::move(kept);
+      s->seed = std::move(seed);
       s->seed_is_initial = false;
       s->formed = false;
       return Status::Ok();

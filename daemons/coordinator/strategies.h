@@ -21,7 +21,8 @@
 //
 // Glossary:
 //   seed    a state no replica holds yet (the initial values, or a restored
-//           checkpoint's): the next group starts from it.
+//           checkpoint's: its path, not its values): the next group starts
+//           from it; the source reads a checkpoint's values itself.
 //   epoch   the number of the last group formed; each formation is the next.
 //   busy    a step or a formation of the strategy runs; steps of one
 //           strategy run one at a time.
@@ -35,6 +36,7 @@
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_STRATEGIES_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_STRATEGIES_H_
 
+#include <boost/asio/thread_pool.hpp>
 #include <kj/async.h>
 
 #include <chrono>
@@ -62,8 +64,10 @@ namespace capstan::coordinator {
 
 class Strategies {
  public:
-  // Everything given must outlive this.
-  Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop);
+  // Everything given must outlive this. `pool` reads and writes files (a
+  // seed's, see save()).
+  Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop,
+             boost::asio::thread_pool& pool);
 
   // Creates a strategy (its values are held here until the first group
   // forms and takes them), or hands back the one of that name with the same
@@ -82,19 +86,30 @@ class Strategies {
   bool busy() const;
   bool busy_with(int64_t worker_id) const;
 
-  // ---- Checkpoints
-  // Every strategy's variables as checkpoint entries (one shard on task 0:
-  // the format of a parameter-server variable, so either kind restores
-  // into the other).
-  kj::Promise<Result<std::vector<VariableState>>> snapshot();
+  // ---- Checkpoints (checkpoint/mirrored_files.h has the files)
+  // Every strategy's variables written into the checkpoint being saved in
+  // `directory` (its .tmp directory): rank 0 of each strategy's group
+  // writes mirrored-<strategy>.safetensors itself (saveReplica; the next
+  // member when it is lost), at a step boundary, and answers the file's
+  // size and CRC32C; the values never pass through here. A strategy whose
+  // seed no group has taken yet (no step since create() or a restore) is
+  // written from the seed, on the pool (the initial values held here, or
+  // the restored checkpoint's values read from it).
+  struct MirroredSave {
+    std::vector<checkpoint::ManifestVariable> variables;
+    std::vector<checkpoint::ManifestFile> written;
+  };
+  kj::Promise<Result<MirroredSave>> save(std::string directory);
   // Each strategy's variables, by strategy.
   using Specs = std::map<std::string, std::vector<training::MirroredSpec>>;
   Specs specs() const;
-  // The mirrored variables a checkpoint holds, read (on the pool) for the
-  // strategies as they are now (specs()); then seed() makes them the
-  // strategies' seeds (the next step's group starts from them).
+  // The mirrored variables a checkpoint holds, checked (dtype, shape) for
+  // the strategies as they are now (specs()) from its manifest alone; then
+  // seed() makes the checkpoint the strategies' seeds: the next step's
+  // group's source reads the values, slots and step from it itself.
   struct Restore {
-    std::map<std::string, training::MirroredState> states;  // by strategy: only the variables present
+    std::string checkpoint;                                     // its path
+    std::map<std::string, std::vector<std::string>> variables;  // by strategy: those the checkpoint has
     std::vector<std::string> missing;
   };
   static Result<Restore> read_checkpoint(const checkpoint::CheckpointReader& reader, const Specs& specs);
@@ -105,7 +120,14 @@ class Strategies {
     std::string name;
     std::vector<training::MirroredSpec> specs;
     StrategyConfig config;
-    std::optional<training::MirroredState> seed;
+    // Variables `from_checkpoint` of the committed checkpoint at
+    // `checkpoint` (none when ""), the others from `values`.
+    struct Seed {
+      std::optional<training::MirroredState> values;
+      std::string checkpoint;
+      std::vector<std::string> from_checkpoint;
+    };
+    std::optional<Seed> seed;
     bool seed_is_initial = false;  // the seed is create()'s values, not a checkpoint's
     int64_t epoch = 0;              // of the last group formed
     std::vector<int64_t> members;   // worker ids by rank
@@ -169,8 +191,14 @@ class Strategies {
   // the worker is dropped, or it does not answer within `limit`.
   template <typename T>
   kj::Promise<Answer<T>> ask(int64_t worker_id, kj::Promise<Result<T>> call, std::chrono::milliseconds limit);
-  // The state to checkpoint: the seed, or replica 0's.
+  // The state now: the seed's (read on the pool from its checkpoint), or
+  // replica 0's.
   kj::Promise<Result<training::MirroredState>> mirrored_state(Strategy& strategy);
+  // Has member `i` of `members` (else the next, when it is lost) write the
+  // strategy's file into `directory`.
+  kj::Promise<Result<training::SavedReplica>> save_from(std::string name, std::vector<int64_t> members, size_t i,
+                                                        std::string directory, std::chrono::milliseconds limit,
+                                                        Status last);
   kj::Promise<Result<training::MirroredState>> read_state_from(std::string name, std::vector<int64_t> members, size_t i,
                                                                std::chrono::milliseconds limit, Status last);
 
@@ -178,6 +206,7 @@ class Strategies {
   const PsVariables& variables_;
   const DispatchGate& gate_;
   const LoopContext loop_;
+  boost::asio::thread_pool& pool_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
 };
 

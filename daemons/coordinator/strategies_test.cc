@@ -239,7 +239,7 @@ struct Alone : testing::CoordinatorParts {
     return CoordinatorParts::add_worker(record, task_index, {"sync_step"});
   }
 
-  Strategies strategies{workers, variables, gate, context};
+  Strategies strategies{workers, variables, gate, context, pool};
 };
 
 TEST_CASE("Strategies alone: a variable lives in one place, and each strategy says what it mirrors",

@@ -14,12 +14,14 @@
 #include <functional>
 #include <map>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <thread>
 #include <tuple>
 #include <vector>
 
+#include "checkpoint/mirrored_files.h"
 #include "checkpoint/shard_files.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/ps_server/embedding_table.h"
@@ -67,6 +69,11 @@ struct WorkerRecord {
   std::vector<training::ReplicaForm> forms;
   std::vector<std::pair<int64_t, std::string>> aborts;  // epoch, reason
   bool link_broken = false;  // replica calls reject (the link broke)
+  // What save_replica writes into the checkpoint, as a worker does
+  // (absent: NotFound, a worker that holds nothing), and the directories it
+  // was asked to write into, in order.
+  std::optional<training::MirroredState> replica_state;
+  std::vector<std::string> replica_saves;
   // Per-worker iterator positions: what save_iterator answers (absent:
   // NotFound), and the states restore_iterator was given, in order.
   std::map<int64_t, std::string> iterator_positions;
@@ -143,6 +150,14 @@ class FakeWorker : public WorkerPeer {
     training::MirroredState state;
     state.step = record_.replica.step;
     return Result<training::MirroredState>(state);
+  }
+  kj::Promise<Result<training::SavedReplica>> save_replica(std::string strategy, std::string directory) override {
+    using Out = Result<training::SavedReplica>;
+    if (record_.link_broken) return KJ_EXCEPTION(DISCONNECTED, "link broken");
+    record_.replica_saves.push_back(directory);
+    if (!record_.replica_state.has_value()) return Out(Status::NotFound("holds nothing"));
+    return Out(checkpoint::write_mirrored_file(directory, checkpoint::mirrored_file_name(strategy),
+                                               *record_.replica_state));
   }
   kj::Promise<Status> abort_replica(std::string, int64_t epoch, std::string reason) override {
     record_.aborts.emplace_back(epoch, std::move(reason));

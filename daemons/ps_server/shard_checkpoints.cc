@@ -7,16 +7,6 @@
 #include "training/optimizer.h"
 
 namespace capstan::ps_server {
-namespace {
-
-std::string base_name(const std::string& path) {
-  std::string p = path;
-  while (p.size() > 1 && p.back() == '/') p.pop_back();
-  size_t slash = p.rfind('/');
-  return slash == std::string::npos ? p : p.substr(slash + 1);
-}
-
-}  // namespace
 
 Result<ShardCheckpoints::Snapshot> ShardCheckpoints::snapshot(const std::vector<SaveItem>& items) const {
   std::set<std::string> seen;
@@ -63,18 +53,7 @@ Result<ShardCheckpoints::Snapshot> ShardCheckpoints::snapshot(const std::vector<
 
 Result<checkpoint::ManifestFile> ShardCheckpoints::write(const Snapshot& snapshot, const std::string& directory,
                                                          const std::string& file) const {
-  const std::string name = base_name(directory);
-  constexpr std::string_view kTmp = ".tmp";
-  if (!name.ends_with(kTmp) || !checkpoint::checkpoint_step(name.substr(0, name.size() - kTmp.size()))) {
-    return Status::InvalidArgument("beginSave: '" + directory +
-                                   "' is not a checkpoint being saved (a directory <dir>/ckpt-<step>.tmp)");
-  }
-  Result<io::FileInfo> info = fs_.stat(directory);
-  if (!info.ok() || !info->is_directory) {
-    return Status::NotFound("beginSave: the checkpoint directory '" + directory +
-                            "' does not exist on this parameter server: checkpoint_dir must be a directory every "
-                            "parameter server reaches at the same path (a shared file system)");
-  }
+  CAPSTAN_RETURN_IF_ERROR(checkpoint::check_save_directory(directory, "beginSave", fs_));
   std::vector<checkpoint::TableShardTensors> tables;
   for (const TableSnapshot& t : snapshot.tables) {
     CAPSTAN_ASSIGN_OR_RETURN(TableRows rows, t.table->finish_snapshot(t.rows));

@@ -1,5 +1,9 @@
 #include "daemons/worker_server/replicas.h"
 
+#include <algorithm>
+#include <optional>
+
+#include "checkpoint/mirrored_files.h"
 #include "training/mirrored_access.h"
 #include "training/optimizer.h"
 
@@ -100,10 +104,27 @@ Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form
                                       std::to_string(form.epoch));
   }
   const bool is_source = form.rank == form.source;
-  if (form.seed.has_value() && !is_source) {
+  if (form.has_seed() && !is_source) {
     return Status::InvalidArgument("formReplica: a seed goes to the source only");
   }
   CAPSTAN_RETURN_IF_ERROR(check_budget(form.specs, budget_bytes_).with_context("formReplica '" + form.strategy + "'"));
+  // A seed from a checkpoint is read before the group connects (the others
+  // wait for the connection meanwhile); a failure is reported below, to
+  // every member.
+  std::optional<training::MirroredState> read_seed;
+  Status source_ok;
+  if (is_source && !form.seed_checkpoint.empty()) {
+    auto read = checkpoint::read_mirrored_seed(form.seed_checkpoint, form.specs, form.seed_from_checkpoint,
+                                               form.seed.has_value() ? &*form.seed : nullptr);
+    if (read.ok()) {
+      read_seed = std::move(*read);
+    } else {
+      source_ok = read.status().with_context("strategy '" + form.strategy + "': reading the seed from " +
+                                             form.seed_checkpoint);
+    }
+  }
+  const training::MirroredState* given_seed =
+      read_seed.has_value() ? &*read_seed : (form.seed.has_value() ? &*form.seed : nullptr);
   // The old group (if any) stays until the new one has the variables; no
   // step can use it meanwhile (this holds the replica). A formation that
   // fails leaves this replica's variables as they were.
@@ -113,28 +134,31 @@ Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form
   if (!made.ok()) return made.status().with_context("forming strategy '" + form.strategy + "'");
   std::shared_ptr<Communicator> group(std::move(*made));
   // Everyone learns first whether the source can give a state.
-  Status source_ok;
-  if (is_source && !form.seed.has_value() && replica->variables == nullptr) {
+  if (is_source && !form.has_seed() && replica->variables == nullptr) {
     source_ok = Status::FailedPrecondition("worker chosen as the source of strategy '" + form.strategy +
                                            "' holds no replica");
   }
   const int32_t code = is_source ? static_cast<int32_t>(source_ok.code()) : 0;
   auto shared = group->broadcast(Tensor::scalar<int32_t>(code), form.source);
   if (!shared.ok()) return shared.status();
-  if (shared->flat<int32_t>()[0] != 0) {
-    return is_source ? source_ok
-                     : Status::FailedPrecondition("the source (rank " + std::to_string(form.source) +
-                                                  ") of strategy '" + form.strategy + "' holds no replica");
+  if (const int32_t failed = shared->flat<int32_t>()[0]; failed != 0) {
+    if (is_source) return source_ok;
+    const std::string source = "the source (rank " + std::to_string(form.source) + ") of strategy '" +
+                               form.strategy + "'";
+    if (failed == static_cast<int32_t>(StatusCode::kFailedPrecondition)) {
+      return Status::FailedPrecondition(source + " holds no replica");
+    }
+    return Status(static_cast<StatusCode>(failed), source + " could not read its seed (see its log)");
   }
   // Whether to start from nothing: a seed (at the source) or no replica
   // here. Both sides of a seeded formation take the seeded path together.
-  const int32_t seeded_here = form.seed.has_value() ? 1 : 0;
+  const int32_t seeded_here = form.has_seed() ? 1 : 0;
   auto seeded = group->broadcast(Tensor::scalar<int32_t>(seeded_here), form.source);
   if (!seeded.ok()) return seeded.status();
   if (seeded->flat<int32_t>()[0] != 0) {
-    const training::MirroredState* seed = form.seed.has_value() ? &*form.seed : nullptr;
     // A survivor's own variables are replaced by the seed's, once it arrived.
-    CAPSTAN_ASSIGN_OR_RETURN(auto from_seed, MirroredVariables::Access::seeded(*group, form.specs, seed, form.source));
+    CAPSTAN_ASSIGN_OR_RETURN(auto from_seed,
+                             MirroredVariables::Access::seeded(*group, form.specs, given_seed, form.source));
     replica->variables = std::move(from_seed);
   } else if (replica->variables != nullptr) {
     // Survivors: set_group changes nothing unless it succeeds.
@@ -173,6 +197,20 @@ Result<training::MirroredState> Replicas::read(const std::string& strategy) {
     return Status::NotFound("this worker holds no replica of strategy '" + strategy + "'");
   }
   return MirroredVariables::Access::state(*replica->variables);
+}
+
+Result<training::SavedReplica> Replicas::save(const std::string& strategy, const std::string& directory) {
+  training::MirroredState state;
+  {
+    auto replica = find(strategy, false);
+    if (replica == nullptr) return Status::NotFound("this worker holds no replica of strategy '" + strategy + "'");
+    MutexLock lock(replica->mutex);
+    if (replica->variables == nullptr) {
+      return Status::NotFound("this worker holds no replica of strategy '" + strategy + "'");
+    }
+    state = MirroredVariables::Access::state(*replica->variables);
+  }
+  return checkpoint::write_mirrored_file(directory, checkpoint::mirrored_file_name(strategy), state);
 }
 
 void Replicas::abort(const std::string& strategy, int64_t epoch, const Status& reason) {

@@ -59,10 +59,19 @@ class Replicas {
   // Forms the group of `form.epoch` (prepared before) and brings the
   // variables to the source's state. FailedPrecondition when this worker is
   // the source without a seed and holds nothing, or was not prepared for
-  // the epoch.
+  // the epoch. A source seeded from a checkpoint (form.seed_checkpoint)
+  // reads it itself before the group connects; what that read fails with
+  // (NotFound, InvalidArgument, DataLoss) fails the formation on every
+  // member.
   Result<training::ReplicaReport> form(const training::ReplicaForm& form);
   // Copies of the values, slots and step. NotFound when nothing is held.
   Result<training::MirroredState> read(const std::string& strategy);
+  // Writes the state (copied under the replica's lock, so at a step
+  // boundary, as read() is; written after the lock is released, so steps go
+  // on meanwhile) as `directory`/mirrored-<strategy>.safetensors; see
+  // checkpoint::write_mirrored_file for the rules on `directory` and its
+  // errors. NotFound when nothing is held.
+  Result<training::SavedReplica> save(const std::string& strategy, const std::string& directory);
   // Aborts the group of `epoch` (no-op for another epoch): a step running
   // in it fails at once.
   void abort(const std::string& strategy, int64_t epoch, const Status& reason);

@@ -424,6 +424,8 @@ kj::Promise<void> WorkerService::formReplica(FormReplicaContext context) {
   auto settings = rpc::settings_from_wire(params.getSettings());
   async::check(settings.status().with_context("formReplica"));
   form.settings = *settings;
+  form.seed_checkpoint = text(params.getSeedCheckpoint());
+  for (auto name : params.getSeedFromCheckpoint()) form.seed_from_checkpoint.push_back(text(name));
   kj::Promise<void> seeded = kj::READY_NOW;
   auto shared = std::make_shared<training::ReplicaForm>(std::move(form));
   if (params.getHasSeed()) {
@@ -462,6 +464,35 @@ kj::Promise<void> WorkerService::readReplica(ReadReplicaContext context) {
       .then([this, context](Result<training::MirroredState> state) mutable {
         async::check(state.status());
         rpc::state_to_wire(*state, context.getResults().initState(), ctx_.codec);
+      });
+}
+
+kj::Promise<void> WorkerService::saveReplica(SaveReplicaContext context) {
+  auto params = context.getParams();
+  std::string strategy = text(params.getStrategy());
+  std::string directory = text(params.getDirectory());
+  auto replicas = replicas_;
+  return async::run_on_pool(ctx_.pool,
+                            [replicas, strategy, directory]() { return replicas->save(strategy, directory); })
+      .then([this, context, strategy](Result<training::SavedReplica> saved) mutable {
+        async::check(saved.status());
+        ctx_.log->info("strategy '{}': wrote {} ({} bytes, step {})", strategy, saved->file, saved->size, saved->step);
+        auto results = context.getResults();
+        results.setFile(saved->file);
+        results.setSize(saved->size);
+        results.setCrc32c(saved->crc32c);
+        results.setStep(saved->step);
+        auto out = results.initVariables(static_cast<unsigned>(saved->variables.size()));
+        for (unsigned i = 0; i < out.size(); ++i) {
+          const ps::SavedShard& v = saved->variables[i];
+          out[i].setName(v.name);
+          out[i].setDtype(rpc::to_wire(v.dtype));
+          auto shape = out[i].initShape(static_cast<unsigned>(v.shape.size()));
+          for (unsigned d = 0; d < shape.size(); ++d) shape.set(d, v.shape[d]);
+          auto slots = out[i].initSlots(static_cast<unsigned>(v.slots.size()));
+          for (unsigned k = 0; k < slots.size(); ++k) slots.set(k, v.slots[k]);
+          out[i].setStep(v.step);
+        }
       });
 }
 

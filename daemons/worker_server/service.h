@@ -43,6 +43,7 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   kj::Promise<void> formReplica(FormReplicaContext context) override;
   kj::Promise<void> readReplica(ReadReplicaContext context) override;
   kj::Promise<void> abortReplica(AbortReplicaContext context) override;
+  kj::Promise<void> saveReplica(SaveReplicaContext context) override;
 
  private:
   void taskFailed(kj::Exception&& exception) override;

@@ -84,6 +84,25 @@ Result<ps::TableRows> rows_of_part(const ps::TableRows& all, int part, int parts
 
 }  // namespace
 
+Status check_save_directory(const std::string& directory, const std::string& what, io::FileSystem& fs) {
+  std::string name = directory;
+  while (name.size() > 1 && name.back() == '/') name.pop_back();
+  const size_t slash = name.rfind('/');
+  if (slash != std::string::npos) name = name.substr(slash + 1);
+  constexpr std::string_view kTmp = ".tmp";
+  if (!name.ends_with(kTmp) || !checkpoint_step(name.substr(0, name.size() - kTmp.size()))) {
+    return Status::InvalidArgument(what + ": '" + directory +
+                                   "' is not a checkpoint being saved (a directory <dir>/ckpt-<step>.tmp)");
+  }
+  Result<io::FileInfo> info = fs.stat(directory);
+  if (!info.ok() || !info->is_directory) {
+    return Status::NotFound(what + ": the checkpoint directory '" + directory +
+                            "' does not exist here: checkpoint_dir must be a directory every parameter server and "
+                            "worker reaches at the same path (a shared file system)");
+  }
+  return Status::Ok();
+}
+
 std::string ps_file_name(int task) { return "ps-" + std::to_string(task) + ".safetensors"; }
 
 bool is_ps_file_name(const std::string& name) {

@@ -50,6 +50,14 @@ std::string ps_file_name(int task);
 // ("ps-<task>.safetensors").
 bool is_ps_file_name(const std::string& name);
 
+// Whether `directory` is a save in progress that a server or worker may
+// write into: "<dir>/ckpt-<step>.tmp" (InvalidArgument otherwise, so that a
+// bad request cannot write elsewhere) that exists here (NotFound: the
+// checkpoint directory must be reached at the same path everywhere, a shared
+// file system). `what` starts the messages ("beginSave").
+Status check_save_directory(const std::string& directory, const std::string& what,
+                            io::FileSystem& fs = io::local_file_system());
+
 // A variable shard as saved or restored: its value and its slots by name.
 struct ShardTensors {
   std::string name;

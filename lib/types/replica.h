@@ -15,6 +15,7 @@
 #include "capstan/collectives.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
+#include "types/shard_checkpoint.h"
 
 namespace capstan::training {
 
@@ -68,7 +69,27 @@ struct ReplicaForm {
   int source = 0;
   std::vector<MirroredSpec> specs;
   std::optional<MirroredState> seed;  // only to the source
+  // Only to the source: read variables `seed_from_checkpoint` (values, slots
+  // of the same optimizer kind, the step) from the committed checkpoint at
+  // this path, and take the others from `seed`. A restore sends the path,
+  // not the values: the coordinator never holds them.
+  std::string seed_checkpoint;
+  std::vector<std::string> seed_from_checkpoint;
+
+  bool has_seed() const { return seed.has_value() || !seed_checkpoint.empty(); }
   CollectiveSettings settings;
+};
+
+// saveReplica's answer: the file a replica wrote into a checkpoint being
+// saved (checkpoint/mirrored_files.h), its size and CRC32C, and what the
+// manifest needs of each variable (dtype, shape, the slots written; step
+// is the replica's).
+struct SavedReplica {
+  std::string file;
+  uint64_t size = 0;
+  uint32_t crc32c = 0;
+  int64_t step = 0;
+  std::vector<ps::SavedShard> variables;
 };
 
 }  // namespace capstan::training
