@@ -18,7 +18,8 @@
 //   resume   kill -9 -> the coordinator's log says ps1's shards are back and
 //            dispatch resumes (polled; includes the restart), and the
 //            coordinator's own figure ("N ms after it was lost")
-//   lost     the updates ps1 lost: steps - its element of ctr_updates
+//   lost     the updates ps1 lost: steps - its element of ctr_updates (the
+//            lower of the two)
 // Medians of --runs. Prints figures; never fails on them.
 #include <signal.h>
 #include <sys/wait.h>
@@ -158,8 +159,9 @@ Run one_run(const std::string& bin_dir, const std::string& lib_dir, bool peer, i
     bench::stop_all();
     std::exit(1);
   }
-  // ctr_updates/part_1 is on ps1 (fixed_shards(2) places part i on ps i).
-  run.lost = static_cast<double>(steps) - std::stod(m[2]);
+  // One element on each server: the killed one's is the lower (the other
+  // may count a re-run step twice).
+  run.lost = static_cast<double>(steps) - std::min(std::stod(m[1]), std::stod(m[2]));
   if (std::regex_search(text, m, trained)) run.steps_per_s = std::stod(m[1]) / std::stod(m[3]);
   bench::stop_all();
   std::filesystem::remove_all(ckpt_dir);
