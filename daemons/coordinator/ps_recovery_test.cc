@@ -127,6 +127,20 @@ TEST_CASE("with peer snapshots each parameter server sends its buddy its shards 
   CHECK(f.ps.tasks[0].peer_sends.size() == 1);
 }
 
+TEST_CASE("a holder that lost its copy is sent a full peer snapshot at once", "[coordinator][ps_recovery][peer]") {
+  Fixture f(peer_config(), 2);
+  f.ps.come_up(0);
+  f.ps.come_up(1);
+  f.ws.poll();
+  f.advance(1 * kj::SECONDS);
+  REQUIRE(f.ps.tasks[0].peer_sends == std::vector<bool>{false});
+  f.ps.tasks[1].peer_copies.clear();  // ps:1 restarted between two snapshots
+  f.advance(1 * kj::SECONDS);
+  CHECK(f.ps.tasks[0].peer_sends == std::vector<bool>{false, true});
+  CHECK(f.ps.tasks[1].peer_copies.count(0) == 1);
+  CHECK(f.stats.peer_snapshot_failures == 1);
+}
+
 TEST_CASE("peer snapshots are off by default and with one parameter server", "[coordinator][ps_recovery][peer]") {
   Fixture off({}, 2);
   CHECK(off.recovery.buddy(0) == -1);

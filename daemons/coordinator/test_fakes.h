@@ -331,6 +331,10 @@ class FakeParameterServers : public ParameterServers {
     if (!t.up) return Result<PeerSent>(Status::Unavailable(t.address + " is down"));
     Task* h = by_address(holder);
     if (h == nullptr || !h->up) return Result<PeerSent>(Status::Unavailable(holder + " is down"));
+    // As a real holder: a delta (not full) on a copy it lost is refused.
+    if (!full && !t.peer_sends.empty() && h->peer_copies.count(task) == 0) {
+      return Result<PeerSent>(Status::FailedPrecondition("no copy held: send a full one"));
+    }
     h->peer_copies[task] = t.shards;
     t.peer_sends.push_back(full);
     PeerSent sent;
