@@ -107,9 +107,9 @@ std::vector<daemon::OptionSpec> CoordinatorConfig::options() {
           "and table rows changed since its previous peer snapshot, and that buddy keeps them in memory. A parameter "
           "server that comes back empty gets its shards from its buddy's copy (losing the updates since that "
           "snapshot), not from the disk checkpoint, which stays the fallback. Needs 2 or more parameter servers; "
-          "costs each server the memory of its buddy's shards. 0: off.",
+          "costs each server the memory of its buddy's shards. 0: off. At most 86400 (a day).",
           "0"}
-          .at_least(0),
+          .in_range(0, 86400),
       OptionSpec{"client_grace_ms", OptionType::kInt,
           "A program's closure values are released when its client has not called for this long (the SDK calls at least "
           "every 5 s while it runs): a program that crashed or exited cannot fetch them any more. A client that "
