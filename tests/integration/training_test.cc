@@ -366,8 +366,8 @@ TEST_CASE("the CTR example reaches its target with a parameter server killed -9 
   CHECK_THAT(t.coordinator->log(), Catch::Contains("restored 1 shard(s) from checkpoint"));
 }
 
-TEST_CASE("kill -9 a parameter server mid-training with peer snapshots every 1 s and no checkpoint: it is restored "
-          "from its buddy's memory, losing at most the updates since the last snapshot",
+TEST_CASE("kill -9 a parameter server mid-training with peer snapshots every 1 s and no checkpoint, and it is "
+          "restored from its buddy's memory losing at most the updates since the last snapshot",
           "[training][fault][recovery][peer]") {
   // No checkpoint_dir: only the buddy's copy can bring the counter back.
   Training t(2, 2, {"--peer-snapshot-every-seconds", "1"});
