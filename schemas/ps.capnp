@@ -132,6 +132,37 @@ struct RestoreShard {
   tableParts @10 :Int32;
 }
 
+# Peer snapshots (issue 34 item 5): a parameter server keeps in memory a
+# copy of its buddy's shards (sendPeerSnapshot, holdPeerSnapshot), which a
+# replacement of the buddy reads back instead of a disk checkpoint
+# (restoreFromPeer, readPeerCopy). See "Recovery from a peer's memory" in
+# docs/design.md.
+struct PeerVariable {         # a variable shard, whole
+  name @0 :Text;
+  value @1 :Common.Tensor;
+  optimizer @2 :OptimizerConfig;
+  slots @3 :List(NamedTensor);  # the optimizer's slot order
+  step @4 :Int64;
+}
+
+struct PeerTable {            # a table shard's rows: all (full) or those changed
+  name @0 :Text;
+  config @1 :TableConfig;
+  full @2 :Bool;              # the rows replace the holder's; else they are upserted
+  rows @3 :TableRows;
+  step @4 :Int64;
+}
+
+struct PeerDelta {
+  sourceTask @0 :Int32;       # the server copied (its task in --ps)
+  baseSequence @1 :Int64;     # the copy this applies on; 0: a full copy
+  sequence @2 :Int64;         # > baseSequence
+  takenMs @3 :Int64;          # when the source took it, ms since the epoch
+  variables @4 :List(PeerVariable);
+  tables @5 :List(PeerTable);
+  removed @6 :List(Text);     # shards gone since baseSequence
+}
+
 interface ParameterServer extends(Common.Node) {
   # Idempotent for an identical shard (a reconnecting coordinator): the
   # same dtype, shape and optimizer (the value, or the initializer, is not
@@ -202,4 +233,25 @@ interface ParameterServer extends(Common.Node) {
   # `checkpoint`, reading only the files and rows it needs: value, slots of
   # the same optimizer kind, step; a table's rows for this shard's keys.
   restoreShards @19 (checkpoint :Text, shards :List(RestoreShard)) -> ();
+
+  # Peer snapshots. Takes this server's changes since the delta `holder`
+  # acknowledged last (every shard the first time, after a failure, when the
+  # holder changed, or with `full`) and sends them to the parameter server
+  # at `holder` ("host:port") as source task `sourceTask` (holdPeerSnapshot).
+  # Answers what went.
+  sendPeerSnapshot @20 (holder :Text, sourceTask :Int32, full :Bool)
+      -> (sequence :Int64, full :Bool, shards :UInt32, bytes :UInt64);
+  # Keeps (full) or updates this server's in-memory copy of the source's
+  # shards. FailedPrecondition when the delta builds on a copy not held
+  # (the source then sends a full one); ResourceExhausted past the memory
+  # limit for copies.
+  holdPeerSnapshot @21 (delta :PeerDelta) -> ();
+  # The copy of `sourceTask`'s shards `shards` (every one when empty) held
+  # here, whole. NotFound when no copy is held or it lacks a shard.
+  readPeerCopy @22 (sourceTask :Int32, shards :List(Text)) -> (delta :PeerDelta);
+  # A replacement of `sourceTask`: reads `shards` from the copy held at
+  # `holder` (readPeerCopy) and creates them here with their values, slots,
+  # steps and rows. Answers the copy's sequence and when it was taken.
+  restoreFromPeer @23 (holder :Text, sourceTask :Int32, shards :List(Text))
+      -> (sequence :Int64, takenMs :Int64, shards :UInt32);
 }

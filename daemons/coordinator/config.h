@@ -79,6 +79,11 @@ struct CoordinatorConfig {
   // How long join/fetch wait for a lost parameter server that can be
   // recovered before they fail with Unavailable.
   std::chrono::milliseconds ps_recovery_timeout{300000};
+  // Every this often each parameter server sends its buddy (the next in
+  // `ps`, cyclically) the changes since its last peer snapshot, which the
+  // buddy keeps in memory; a server that comes back empty is recovered from
+  // that copy first, the disk checkpoint being the fallback. 0: off.
+  std::chrono::seconds peer_snapshot_every_seconds{0};
   // With checkpoint_dir: a worker leaving or the coordinator stopping
   // (SIGTERM) saves a checkpoint once the running closures have finished.
   bool checkpoint_on_preemption = true;

@@ -172,6 +172,30 @@ class ParameterServers {
   virtual kj::Promise<Status> restore_shards(int task, std::string path, std::vector<ps::RestoreItem> items) {
     return Status::Unimplemented("restore_shards");
   }
+  // Peer snapshots (issue 34 item 5; the defaults answer Unimplemented).
+  // send_peer_snapshot: `task` sends the parameter server at `holder` its
+  // changes since the last delta that holder acknowledged (all, with
+  // `full`).
+  struct PeerSent {
+    int64_t sequence = 0;
+    bool full = false;
+    int64_t shards = 0;
+    uint64_t bytes = 0;
+  };
+  virtual kj::Promise<Result<PeerSent>> send_peer_snapshot(int task, std::string holder, bool full) {
+    return Result<PeerSent>(Status::Unimplemented("send_peer_snapshot"));
+  }
+  // `task` (a replacement of `source_task`) creates `shards` from the copy
+  // of source_task's shards held at `holder`.
+  struct PeerRestored {
+    int64_t sequence = 0;
+    int64_t taken_ms = 0;  // when the source took the copy, ms since the epoch
+    int64_t shards = 0;
+  };
+  virtual kj::Promise<Result<PeerRestored>> restore_from_peer(int task, std::string holder, int source_task,
+                                                               std::vector<std::string> shards) {
+    return Result<PeerRestored>(Status::Unimplemented("restore_from_peer"));
+  }
 };
 
 }  // namespace capstan::coordinator

@@ -1,6 +1,7 @@
 #include "daemons/coordinator/ps_recovery.h"
 
 #include <algorithm>
+#include <chrono>
 #include <iterator>
 #include <memory>
 #include <utility>
@@ -43,12 +44,22 @@ PsRecovery::PsRecovery(const CoordinatorConfig& config, ParameterServers& ps, Ps
       loop_(std::move(loop)) {}
 
 void PsRecovery::start() {
+  peer_failing_.assign(static_cast<size_t>(ps_.size()), false);
   for (int task = 0; task < ps_.size(); ++task) loop_.tasks.add(watch(task));
+  if (buddy(0) >= 0) {
+    for (int task = 0; task < ps_.size(); ++task) loop_.tasks.add(peer_snapshots(task));
+  }
+}
+
+int PsRecovery::buddy(int task) const {
+  if (config_.peer_snapshot_every_seconds.count() <= 0 || ps_.size() < 2) return -1;
+  return (task + 1) % ps_.size();
 }
 
 std::optional<kj::TimePoint> PsRecovery::pause_deadline() const {
   // Something to recover from, should a parameter server come back empty.
-  const bool recoverable = config_.ps_recovery && !checkpoints_.recovery_source().empty();
+  const bool recoverable =
+      config_.ps_recovery && (!checkpoints_.recovery_source().empty() || buddy(0) >= 0);
   return health_.pause_deadline(recoverable, loop_.timer.now());
 }
 
@@ -124,14 +135,52 @@ kj::Promise<void> PsRecovery::recover(int task, std::set<std::string> missing) {
                                             "creates them again)"));
     return kj::READY_NOW;
   }
-  std::string from = checkpoints_.recovery_source();
-  if (from.empty()) {
-    lose(task, Status::DataLoss(lost_what + " and there is no checkpoint to restore them from: set checkpoint_dir "
-                                            "with checkpoint_every_steps or checkpoint_every_seconds, or save "
-                                            "checkpoints from the program (CheckpointManager)"));
-    return kj::READY_NOW;
+  const int holder = buddy(task);
+  if (holder >= 0 && health_.state(holder) == State::kUp) {
+    set_state(task, State::kRecovering);
+    loop_.log->warn("{}; restoring them from the in-memory copy on its buddy ps:{} at {}", lost_what, holder,
+                    ps_.address(holder));
+    std::vector<std::string> names(missing.begin(), missing.end());
+    return ps_.restore_from_peer(task, ps_.address(holder), task, std::move(names))
+        .then([this, task, holder, who, lost_what,
+               missing = std::move(missing)](Result<ParameterServers::PeerRestored> restored) mutable
+              -> kj::Promise<void> {
+          if (health_.state(task) != State::kRecovering) return kj::READY_NOW;  // lost again meanwhile
+          if (!restored.ok()) {
+            loop_.log->warn("{}: restoring from the copy on ps:{} failed ({}); falling back to the checkpoint", who,
+                            holder, restored.status().to_string());
+            return recover_from_disk(task, std::move(missing), who, lost_what);
+          }
+          const int64_t down_ms = milliseconds(loop_.timer.now() - health_.down_since(task));
+          const int64_t now_ms = std::chrono::duration_cast<std::chrono::milliseconds>(
+                                     std::chrono::system_clock::now().time_since_epoch())
+                                     .count();
+          ++recoveries_;
+          ++peer_recoveries_;
+          ++loop_.stats.ps_recoveries;
+          ++loop_.stats.ps_peer_recoveries;
+          set_state(task, State::kUp);
+          loop_.log->warn(
+              "{}: restored {} shard(s) from the in-memory copy on ps:{} (peer snapshot {}, taken {} ms ago: the "
+              "updates since are lost); {} ms after it was lost; dispatch resumes",
+              who, restored->shards, holder, restored->sequence, now_ms - restored->taken_ms, down_ms);
+          return kj::READY_NOW;
+        });
   }
   set_state(task, State::kRecovering);
+  return recover_from_disk(task, std::move(missing), who, lost_what);
+}
+
+kj::Promise<void> PsRecovery::recover_from_disk(int task, std::set<std::string> missing, const std::string& who,
+                                                const std::string& lost_what) {
+  std::string from = checkpoints_.recovery_source();
+  if (from.empty()) {
+    lose(task, Status::DataLoss(lost_what + " and there is no checkpoint to restore them from" +
+                                (buddy(task) >= 0 ? std::string(" (nor a peer snapshot on its buddy)") : "") +
+                                ": set checkpoint_dir with checkpoint_every_steps or checkpoint_every_seconds, "
+                                "or save checkpoints from the program (CheckpointManager)"));
+    return kj::READY_NOW;
+  }
   loop_.log->warn("{}; restoring them from the latest checkpoint", lost_what);
   return restore_shards(task, missing, std::move(from))
       .then([this, task, who, lost_what](Result<Recovered> read) {
@@ -189,6 +238,45 @@ void PsRecovery::finish_recovery(int task, const std::string& who, const std::st
   set_state(task, State::kUp);
   loop_.log->warn("{}: restored {} shard(s) from checkpoint {} (step {}); {} ms after it was lost; dispatch resumes",
                   who, shards, read->path, read->step, down_ms);
+}
+
+kj::Promise<void> PsRecovery::peer_snapshots(int task) {
+  return loop_.timer.afterDelay(config_.peer_snapshot_every_seconds.count() * kj::SECONDS)
+      .then([this, task]() { return send_peer_snapshot(task, /*full=*/false); })
+      .then([this, task]() { return peer_snapshots(task); });
+}
+
+kj::Promise<void> PsRecovery::send_peer_snapshot(int task, bool full) {
+  const int holder = buddy(task);
+  // Only a server with all its shards is copied (an empty replacement's
+  // copy would replace the one it is being recovered from), and only to a
+  // holder that is up.
+  if (holder < 0 || health_.state(task) != State::kUp || health_.state(holder) != State::kUp) return kj::READY_NOW;
+  return ps_.send_peer_snapshot(task, ps_.address(holder), full)
+      .then([this, task, holder, full](Result<ParameterServers::PeerSent> sent) -> kj::Promise<void> {
+        const size_t i = static_cast<size_t>(task);
+        if (sent.ok()) {
+          ++loop_.stats.peer_snapshots;
+          if (peer_failing_[i]) {
+            loop_.log->info("parameter server ps:{} sends its peer snapshots to ps:{} again", task, holder);
+          }
+          peer_failing_[i] = false;
+          loop_.log->debug("peer snapshot {} of ps:{} on ps:{}: {} shard(s), {} bytes{}", sent->sequence, task,
+                           holder, sent->shards, sent->bytes, sent->full ? " (full)" : "");
+          return kj::READY_NOW;
+        }
+        ++loop_.stats.peer_snapshot_failures;
+        if (!full && sent.status().code() == StatusCode::kFailedPrecondition) {
+          // The holder lost its copy (it restarted): a full one now.
+          return send_peer_snapshot(task, /*full=*/true);
+        }
+        if (!peer_failing_[i]) {
+          loop_.log->warn("parameter server ps:{} could not send its peer snapshot to ps:{}: {} (retried every {} s)",
+                          task, holder, sent.status().to_string(), config_.peer_snapshot_every_seconds.count());
+        }
+        peer_failing_[i] = true;
+        return kj::READY_NOW;
+      });
 }
 
 }  // namespace capstan::coordinator

@@ -13,11 +13,16 @@ namespace {
 using State = PsHealth::State;
 
 struct Fixture : testing::CoordinatorParts {
-  explicit Fixture(CoordinatorConfig c = {})
-      : CoordinatorParts(1, /*ps_up=*/false, 10 * kj::SECONDS), config(std::move(c)) {
-    // A variable with its one shard on ps:0, which holds it.
+  explicit Fixture(CoordinatorConfig c = {}, int num_ps = 1)
+      : CoordinatorParts(num_ps, /*ps_up=*/false, 10 * kj::SECONDS), config(std::move(c)) {
+    // A variable with its one shard on ps:0, which holds it (and with two
+    // servers, "v" on ps:1).
     restore_variable("w", 2, 0);
     ps.tasks[0].shards["w/part_0"].value = testing::floats({1, 2}, {2});
+    if (num_ps > 1) {
+      restore_variable("v", 1, 1);
+      ps.tasks[1].shards["v/part_0"].value = testing::floats({7}, {1});
+    }
     recovery.start();
     ws.poll();
   }
@@ -92,6 +97,96 @@ TEST_CASE("calls wait through an outage only while there is a checkpoint to reco
   auto until = f.recovery.pause_deadline();
   REQUIRE(until.has_value());
   CHECK(*until == f.timer.now() + 30 * kj::SECONDS);
+}
+
+CoordinatorConfig peer_config() {
+  CoordinatorConfig config;
+  config.peer_snapshot_every_seconds = std::chrono::seconds(1);
+  return config;
+}
+
+TEST_CASE("with peer snapshots each parameter server sends its buddy its shards every interval",
+          "[coordinator][ps_recovery][peer]") {
+  Fixture f(peer_config(), 2);
+  f.ps.come_up(0);
+  f.ps.come_up(1);
+  f.ws.poll();
+  CHECK(f.recovery.buddy(0) == 1);
+  CHECK(f.recovery.buddy(1) == 0);
+  CHECK(f.ps.tasks[0].peer_sends.empty());
+  f.advance(1 * kj::SECONDS);
+  CHECK(f.ps.tasks[0].peer_sends.size() == 1);
+  CHECK(f.ps.tasks[1].peer_sends.size() == 1);
+  CHECK(f.ps.tasks[1].peer_copies.at(0).count("w/part_0") == 1);
+  CHECK(f.ps.tasks[0].peer_copies.at(1).count("v/part_0") == 1);
+  CHECK(f.stats.peer_snapshots == 2);
+  // A holder that is down is not sent to.
+  f.ps.go_down(1);
+  f.ws.poll();
+  f.advance(1 * kj::SECONDS);
+  CHECK(f.ps.tasks[0].peer_sends.size() == 1);
+}
+
+TEST_CASE("a holder that lost its copy is sent a full peer snapshot at once", "[coordinator][ps_recovery][peer]") {
+  Fixture f(peer_config(), 2);
+  f.ps.come_up(0);
+  f.ps.come_up(1);
+  f.ws.poll();
+  f.advance(1 * kj::SECONDS);
+  REQUIRE(f.ps.tasks[0].peer_sends == std::vector<bool>{false});
+  f.ps.tasks[1].peer_copies.clear();  // ps:1 restarted between two snapshots
+  f.advance(1 * kj::SECONDS);
+  CHECK(f.ps.tasks[0].peer_sends == std::vector<bool>{false, true});
+  CHECK(f.ps.tasks[1].peer_copies.count(0) == 1);
+  CHECK(f.stats.peer_snapshot_failures == 1);
+}
+
+TEST_CASE("peer snapshots are off by default and with one parameter server", "[coordinator][ps_recovery][peer]") {
+  {
+    Fixture off({}, 2);
+    CHECK(off.recovery.buddy(0) == -1);
+  }
+  Fixture one(peer_config(), 1);
+  CHECK(one.recovery.buddy(0) == -1);
+}
+
+TEST_CASE("a parameter server that restarted empty gets its shards from its buddy's copy, without a checkpoint",
+          "[coordinator][ps_recovery][peer]") {
+  Fixture f(peer_config(), 2);
+  f.ps.come_up(0);
+  f.ps.come_up(1);
+  f.ws.poll();
+  // Calls wait through an outage: the buddy's copy can bring it back.
+  f.advance(1 * kj::SECONDS);
+  // An update after the snapshot: what the recovery loses.
+  f.ps.tasks[0].shards["w/part_0"].value = testing::floats({5, 6}, {2});
+  f.ps.go_down(0);
+  f.ws.poll();
+  CHECK(f.health.state(0) == State::kDown);
+  CHECK(f.recovery.pause_deadline().has_value());
+  f.ps.tasks[0].shards.clear();  // it restarted empty
+  f.ps.come_up(0);
+  f.ws.poll();
+  CHECK(f.health.state(0) == State::kUp);
+  CHECK(f.ps.tasks[0].restored_from_peer == std::vector<std::string>{"w/part_0"});
+  CHECK(f.ps.tasks[0].restored.empty());  // not from disk
+  CHECK(testing::values_of(f.ps.tasks[0].shards["w/part_0"].value) == std::vector<float>{1, 2});
+  CHECK(f.recovery.recoveries() == 1);
+  CHECK(f.recovery.peer_recoveries() == 1);
+  CHECK(f.stats.ps_peer_recoveries == 1);
+}
+
+TEST_CASE("a parameter server whose buddy holds no copy of it falls back to the checkpoint, and is lost without one",
+          "[coordinator][ps_recovery][peer]") {
+  Fixture f(peer_config(), 2);
+  f.ps.come_up(0);
+  f.ps.come_up(1);
+  f.ws.poll();
+  f.ps.restart_empty(0);  // before the first snapshot
+  f.ws.poll();
+  CHECK(f.health.state(0) == State::kLost);
+  CHECK_THAT(f.health.lost(0).message(), Catch::Contains("nor a peer snapshot on its buddy"));
+  CHECK(f.recovery.peer_recoveries() == 0);
 }
 
 }  // namespace

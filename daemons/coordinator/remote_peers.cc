@@ -475,4 +475,51 @@ kj::Promise<Status> RemoteParameterServers::restore_shards(int task, std::string
                        }));
 }
 
+kj::Promise<Result<ParameterServers::PeerSent>> RemoteParameterServers::send_peer_snapshot(int task,
+                                                                                           std::string holder,
+                                                                                           bool full) {
+  auto sent = std::make_shared<PeerSent>();
+  auto call = service(task, 10 * kj::SECONDS).then([sent, task, holder = std::move(holder), full](
+                                                       wire::ParameterServer::Client client) {
+    auto request = client.sendPeerSnapshotRequest();
+    request.setHolder(holder);
+    request.setSourceTask(task);
+    request.setFull(full);
+    return request.send().then([sent](capnp::Response<wire::ParameterServer::SendPeerSnapshotResults>&& r) {
+      sent->sequence = r.getSequence();
+      sent->full = r.getFull();
+      sent->shards = r.getShards();
+      sent->bytes = r.getBytes();
+    });
+  });
+  return status_of(kj::mv(call)).then([sent](Status status) -> Result<PeerSent> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return *sent;
+  });
+}
+
+kj::Promise<Result<ParameterServers::PeerRestored>> RemoteParameterServers::restore_from_peer(
+    int task, std::string holder, int source_task, std::vector<std::string> shards) {
+  auto restored = std::make_shared<PeerRestored>();
+  auto call = service(task, 60 * kj::SECONDS)
+                  .then([restored, holder = std::move(holder), source_task,
+                         shards = std::move(shards)](wire::ParameterServer::Client client) {
+                    auto request = client.restoreFromPeerRequest();
+                    request.setHolder(holder);
+                    request.setSourceTask(source_task);
+                    auto list = request.initShards(static_cast<unsigned>(shards.size()));
+                    for (unsigned i = 0; i < list.size(); ++i) list.set(i, shards[i]);
+                    return request.send().then(
+                        [restored](capnp::Response<wire::ParameterServer::RestoreFromPeerResults>&& r) {
+                          restored->sequence = r.getSequence();
+                          restored->taken_ms = r.getTakenMs();
+                          restored->shards = r.getShards();
+                        });
+                  });
+  return status_of(kj::mv(call)).then([restored](Status status) -> Result<PeerRestored> {
+    CAPSTAN_RETURN_IF_ERROR(status);
+    return *restored;
+  });
+}
+
 }  // namespace capstan::coordinator

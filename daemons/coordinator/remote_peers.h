@@ -73,6 +73,9 @@ class RemoteParameterServers : public ParameterServers {
                                               std::vector<ps::SaveItem> items) override;
   kj::Promise<Result<checkpoint::ManifestFile>> finish_save(int task, uint64_t save_id) override;
   kj::Promise<Status> restore_shards(int task, std::string path, std::vector<ps::RestoreItem> items) override;
+  kj::Promise<Result<PeerSent>> send_peer_snapshot(int task, std::string holder, bool full) override;
+  kj::Promise<Result<PeerRestored>> restore_from_peer(int task, std::string holder, int source_task,
+                                                      std::vector<std::string> shards) override;
 
  private:
   // The service of `task`, connecting until `timeout` from now.

@@ -102,6 +102,14 @@ std::vector<daemon::OptionSpec> CoordinatorConfig::options() {
           "Unavailable.",
           "300000"}
           .at_least(0),
+      OptionSpec{"peer_snapshot_every_seconds", OptionType::kInt,
+          "Every N seconds each parameter server sends the next one in ps (the last: the first) the variable shards "
+          "and table rows changed since its previous peer snapshot, and that buddy keeps them in memory. A parameter "
+          "server that comes back empty gets its shards from its buddy's copy (losing the updates since that "
+          "snapshot), not from the disk checkpoint, which stays the fallback. Needs 2 or more parameter servers; "
+          "costs each server the memory of its buddy's shards. 0: off. At most 86400 (a day).",
+          "0"}
+          .in_range(0, 86400),
       OptionSpec{"client_grace_ms", OptionType::kInt,
           "A program's closure values are released when its client has not called for this long (the SDK calls at least "
           "every 5 s while it runs): a program that crashed or exited cannot fetch them any more. A client that "
@@ -153,6 +161,7 @@ Result<CoordinatorConfig> CoordinatorConfig::from(const daemon::Config& config) 
   out.ps_recovery = config.get_bool("ps_recovery");
   out.checkpoint_on_preemption = config.get_bool("checkpoint_on_preemption");
   out.ps_recovery_timeout = std::chrono::milliseconds(config.get_int("ps_recovery_timeout_ms"));
+  out.peer_snapshot_every_seconds = std::chrono::seconds(config.get_int("peer_snapshot_every_seconds"));
   // Well above the SDK's heartbeat, or a live program would lose its values.
   const int64_t grace = config.get_int("client_grace_ms");
   const int64_t min_grace = 3 * Coordinator::kClientHeartbeat.count();
@@ -281,6 +290,15 @@ void CoordinatorService::register_metrics(daemon::MetricsRegistry& metrics,
   metrics.callback_counter("capstan_coordinator_ps_recoveries_total",
                            "Parameter servers restored from a checkpoint after coming back empty.",
                            read(&S::ps_recoveries));
+  metrics.callback_counter("capstan_coordinator_ps_peer_recoveries_total",
+                           "Parameter servers restored from their buddy's in-memory peer snapshot (of "
+                           "capstan_coordinator_ps_recoveries_total).",
+                           read(&S::ps_peer_recoveries));
+  metrics.callback_counter("capstan_coordinator_peer_snapshots_total",
+                           "Peer snapshots (deltas) a parameter server sent its buddy.", read(&S::peer_snapshots));
+  metrics.callback_counter("capstan_coordinator_peer_snapshot_failures_total",
+                           "Peer snapshots that failed (the next one is a full copy).",
+                           read(&S::peer_snapshot_failures));
 }
 
 CoordinatorService::~CoordinatorService() = default;

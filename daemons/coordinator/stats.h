@@ -19,6 +19,9 @@ struct CoordinatorStats {
   std::atomic<int64_t> workers{0};
   std::atomic<int64_t> checkpoints_saved{0};
   std::atomic<int64_t> ps_recoveries{0};
+  std::atomic<int64_t> ps_peer_recoveries{0};       // of ps_recoveries: from a buddy's peer snapshot
+  std::atomic<int64_t> peer_snapshots{0};           // deltas sent to a buddy
+  std::atomic<int64_t> peer_snapshot_failures{0};
   std::atomic<int64_t> steps_completed{0};  // synchronous steps (run_step) that succeeded
   std::atomic<int64_t> closures_released{0};  // results (or closures in flight) the programs let go
   std::atomic<int64_t> results_kept{0};       // finished closures whose values are kept for fetch

@@ -191,6 +191,12 @@ class FakeParameterServers : public ParameterServers {
     std::map<uint64_t, Result<checkpoint::ManifestFile>> saves;  // begin_save's, until finish_save
     std::vector<std::string> valued_creates;  // create_shard calls (a value sent), in order
     std::map<std::string, InitializedShard> initialized;  // create_initialized_shard calls
+    // Peer snapshots: the copies this task holds, by source task (whole
+    // shards: the fake sends everything each time), the sends it made
+    // (true: full) and the shards it restored from a peer's copy.
+    std::map<int, std::map<std::string, ShardContents>> peer_copies;
+    std::vector<bool> peer_sends;
+    std::vector<std::string> restored_from_peer;
     kj::Own<kj::PromiseFulfiller<void>> on_up;
     kj::Own<kj::PromiseFulfiller<void>> on_down;
   };
@@ -334,6 +340,51 @@ class FakeParameterServers : public ParameterServers {
     Out file = std::move(it->second);
     t.saves.erase(it);
     return file;
+  }
+  kj::Promise<Result<PeerSent>> send_peer_snapshot(int task, std::string holder, bool full) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Result<PeerSent>(Status::Unavailable(t.address + " is down"));
+    Task* h = by_address(holder);
+    if (h == nullptr || !h->up) return Result<PeerSent>(Status::Unavailable(holder + " is down"));
+    // As a real holder: a delta (not full) on a copy it lost is refused.
+    if (!full && !t.peer_sends.empty() && h->peer_copies.count(task) == 0) {
+      return Result<PeerSent>(Status::FailedPrecondition("no copy held: send a full one"));
+    }
+    h->peer_copies[task] = t.shards;
+    t.peer_sends.push_back(full);
+    PeerSent sent;
+    sent.sequence = static_cast<int64_t>(t.peer_sends.size());
+    sent.full = full;
+    sent.shards = static_cast<int64_t>(t.shards.size());
+    return Result<PeerSent>(sent);
+  }
+  kj::Promise<Result<PeerRestored>> restore_from_peer(int task, std::string holder, int source_task,
+                                                      std::vector<std::string> shards) override {
+    Task& t = tasks[static_cast<size_t>(task)];
+    if (!t.up) return Result<PeerRestored>(Status::Unavailable(t.address + " is down"));
+    Task* h = by_address(holder);
+    if (h == nullptr || !h->up) return Result<PeerRestored>(Status::Unavailable(holder + " is down"));
+    auto copy = h->peer_copies.find(source_task);
+    if (copy == h->peer_copies.end()) {
+      return Result<PeerRestored>(Status::NotFound("no peer copy of ps:" + std::to_string(source_task)));
+    }
+    for (const auto& name : shards) {
+      if (copy->second.count(name) == 0) return Result<PeerRestored>(Status::NotFound("no shard " + name));
+    }
+    for (const auto& name : shards) {
+      t.shards[name] = copy->second[name];
+      t.restored_from_peer.push_back(name);
+    }
+    PeerRestored restored;
+    restored.sequence = 1;
+    restored.shards = static_cast<int64_t>(shards.size());
+    return Result<PeerRestored>(restored);
+  }
+  Task* by_address(const std::string& address) {
+    for (Task& t : tasks) {
+      if (t.address == address) return &t;
+    }
+    return nullptr;
   }
   kj::Promise<Status> restore_shards(int task, std::string path, std::vector<ps::RestoreItem> items) override {
     Task& t = tasks[static_cast<size_t>(task)];

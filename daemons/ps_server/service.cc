@@ -515,4 +515,250 @@ kj::Promise<void> PsService::restoreShards(RestoreShardsContext context) {
       .then([](Status status) { check(status); });
 }
 
+// ---- Peer snapshots (issue 34 item 5)
+
+namespace {
+
+void peer_delta_to_wire(const PeerDelta& in, wire::PeerDelta::Builder out, const rpc::CodecOptions& codec) {
+  out.setSourceTask(in.source_task);
+  out.setBaseSequence(in.base_sequence);
+  out.setSequence(in.sequence);
+  out.setTakenMs(in.taken_ms);
+  auto variables = out.initVariables(static_cast<unsigned>(in.variables.size()));
+  for (unsigned i = 0; i < variables.size(); ++i) {
+    const PeerVariable& v = in.variables[i];
+    variables[i].setName(v.name);
+    rpc::write_tensor(variables[i].initValue(), v.value, codec);
+    rpc::optimizer_to_wire(v.optimizer, variables[i].initOptimizer());
+    auto slots = variables[i].initSlots(static_cast<unsigned>(v.slots.size()));
+    for (unsigned k = 0; k < slots.size(); ++k) {
+      slots[k].setName(v.slots[k].first);
+      rpc::write_tensor(slots[k].initTensor(), v.slots[k].second, codec);
+    }
+    variables[i].setStep(v.step);
+  }
+  auto tables = out.initTables(static_cast<unsigned>(in.tables.size()));
+  for (unsigned i = 0; i < tables.size(); ++i) {
+    const PeerTable& t = in.tables[i];
+    tables[i].setName(t.name);
+    rpc::table_to_wire(t.spec, tables[i].initConfig());
+    tables[i].setFull(t.full);
+    rpc::table_rows_to_wire(t.rows, tables[i].initRows(), codec);
+    tables[i].setStep(t.step);
+  }
+  auto removed = out.initRemoved(static_cast<unsigned>(in.removed.size()));
+  for (unsigned i = 0; i < removed.size(); ++i) removed.set(i, in.removed[i]);
+}
+
+// The delta `in` carries; throws InvalidArgument for an unknown optimizer
+// or table optimizer. The tensors are read (pulled, when large) before it
+// resolves: keep the message until then.
+kj::Promise<PeerDelta> read_peer_delta(wire::PeerDelta::Reader in, const rpc::CodecOptions& codec) {
+  auto delta = std::make_shared<PeerDelta>();
+  delta->source_task = in.getSourceTask();
+  delta->base_sequence = in.getBaseSequence();
+  delta->sequence = in.getSequence();
+  delta->taken_ms = in.getTakenMs();
+  auto variables = in.getVariables();
+  auto tables = in.getTables();
+  size_t reads_count = tables.size();
+  for (auto v : variables) reads_count += 1 + v.getSlots().size();
+  auto reads = kj::heapArrayBuilder<kj::Promise<void>>(reads_count);
+  delta->variables.resize(variables.size());
+  for (unsigned i = 0; i < variables.size(); ++i) {
+    auto v = variables[i];
+    PeerVariable& out = delta->variables[i];
+    out.name = text(v.getName());
+    auto optimizer = rpc::optimizer_from_wire(v.getOptimizer());
+    check(optimizer.status().with_context("peer snapshot variable '" + out.name + "'"));
+    out.optimizer = *optimizer;
+    out.step = v.getStep();
+    reads.add(rpc::read_tensor(v.getValue(), codec).then([delta, i](Tensor&& t) {
+      delta->variables[i].value = std::move(t);
+    }));
+    auto slots = v.getSlots();
+    out.slots.resize(slots.size());
+    for (unsigned k = 0; k < slots.size(); ++k) {
+      out.slots[k].first = text(slots[k].getName());
+      reads.add(rpc::read_tensor(slots[k].getTensor(), codec).then([delta, i, k](Tensor&& t) {
+        delta->variables[i].slots[k].second = std::move(t);
+      }));
+    }
+  }
+  delta->tables.resize(tables.size());
+  for (unsigned i = 0; i < tables.size(); ++i) {
+    auto t = tables[i];
+    PeerTable& out = delta->tables[i];
+    out.name = text(t.getName());
+    auto spec = rpc::table_from_wire(t.getConfig());
+    check(spec.status().with_context("peer snapshot table '" + out.name + "'"));
+    out.spec = std::move(*spec);
+    out.full = t.getFull();
+    out.step = t.getStep();
+    reads.add(rpc::read_table_rows(t.getRows()).then([delta, i](ps::TableRows&& rows) {
+      delta->tables[i].rows = std::move(rows);
+    }));
+  }
+  for (auto name : in.getRemoved()) delta->removed.push_back(text(name));
+  return kj::joinPromises(reads.finish()).then([delta]() { return std::move(*delta); });
+}
+
+// What restoreFromPeer answers.
+struct Installed {
+  int64_t sequence = 0;
+  int64_t taken_ms = 0;
+  uint32_t shards = 0;
+};
+
+void check_source_task(const char* call, int32_t task) {
+  if (task < 0) {
+    check(Status::InvalidArgument(std::string(call) + ": source task " + std::to_string(task) +
+                                  " must be >= 0 (the parameter server's index in --ps)"));
+  }
+}
+
+void check_address(const char* call, const std::string& address) {
+  std::string host;
+  uint16_t port = 0;
+  check(rpc::parse_host_port(address, &host, &port)
+            .with_context(std::string(call) + ": holder '" + address + "' must be a parameter server's host:port"));
+}
+
+// Shard names from the wire: none empty, at most kMaxShardNames.
+std::vector<std::string> shard_names(const char* call, capnp::List<capnp::Text>::Reader list) {
+  constexpr size_t kMaxShardNames = 1 << 20;
+  if (list.size() > kMaxShardNames) {
+    check(Status::InvalidArgument(std::string(call) + ": " + std::to_string(list.size()) +
+                                  " shard names; at most " + std::to_string(kMaxShardNames)));
+  }
+  std::vector<std::string> names;
+  for (auto name : list) {
+    names.push_back(text(name));
+    if (names.back().empty()) check(Status::InvalidArgument(std::string(call) + ": a shard name is empty"));
+  }
+  return names;
+}
+
+}  // namespace
+
+kj::Promise<wire::ParameterServer::Client> PsService::peer(const std::string& address) {
+  auto it = peer_links_.find(address);
+  if (it == peer_links_.end()) {
+    if (peer_links_.size() >= kMaxPeerLinks) peer_links_.erase(peer_links_.begin());
+    it = peer_links_
+             .emplace(address, kj::heap<rpc::Connection>(ctx_.loop->io(), ctx_.loop->timer(), address,
+                                                         ctx_.peer_options))
+             .first;
+  }
+  // A holder that is down fails the call soon: the coordinator tries again
+  // at the next interval.
+  return it->second->service<wire::ParameterServer>(ctx_.loop->timer().now() + 5 * kj::SECONDS);
+}
+
+kj::Promise<void> PsService::sendPeerSnapshot(SendPeerSnapshotContext context) {
+  auto params = context.getParams();
+  std::string holder = text(params.getHolder());
+  const int32_t task = params.getSourceTask();
+  check_address("sendPeerSnapshot", holder);
+  check_source_task("sendPeerSnapshot", task);
+  if (sending_) {
+    check(Status::Unavailable("sendPeerSnapshot: a peer snapshot is being sent already; call again after it"));
+  }
+  if (params.getFull() || holder != holder_) peer_source_->reset();
+  holder_ = holder;
+  sending_ = true;
+  auto source = peer_source_;
+  const int64_t now_ms = EmbeddingTable::system_clock_ms();
+  return async::run_on_pool(ctx_.pool, [source, task, now_ms]() { return source->next(task, now_ms); })
+      .then([this, holder](Result<PeerDelta> taken) {
+        check(taken.status());
+        auto delta = std::make_shared<PeerDelta>(std::move(*taken));
+        return peer(holder).then([this, delta](wire::ParameterServer::Client client) {
+          auto request = client.holdPeerSnapshotRequest();
+          peer_delta_to_wire(*delta, request.initDelta(), ctx_.codec);
+          return request.send().ignoreResult().then([delta]() { return delta; });
+        });
+      })
+      .then(
+          [this, context](std::shared_ptr<PeerDelta> sent) mutable {
+            sending_ = false;
+            check(peer_source_->acknowledge(sent->sequence));
+            auto results = context.getResults();
+            results.setSequence(sent->sequence);
+            results.setFull(sent->base_sequence == 0);
+            results.setShards(static_cast<uint32_t>(sent->variables.size() + sent->tables.size()));
+            results.setBytes(delta_bytes(*sent));
+          },
+          [this](kj::Exception&& e) {
+            // The holder may have part of it, or nothing: start again full.
+            sending_ = false;
+            peer_source_->reset();
+            kj::throwFatalException(kj::mv(e));
+          });
+}
+
+kj::Promise<void> PsService::holdPeerSnapshot(HoldPeerSnapshotContext context) {
+  auto copies = peer_copies_;
+  return read_peer_delta(context.getParams().getDelta(), ctx_.codec)
+      .then([this, copies](PeerDelta&& delta) {
+        return async::run_on_pool(ctx_.pool, [copies, delta = std::move(delta)]() { return copies->apply(delta); });
+      })
+      .then([](Status status) { check(status); });
+}
+
+kj::Promise<void> PsService::readPeerCopy(ReadPeerCopyContext context) {
+  auto params = context.getParams();
+  const int32_t task = params.getSourceTask();
+  check_source_task("readPeerCopy", task);
+  std::vector<std::string> names = shard_names("readPeerCopy", params.getShards());
+  auto copies = peer_copies_;
+  return async::run_on_pool(ctx_.pool, [copies, task, names = std::move(names)]() { return copies->read(task, names); })
+      .then([this, context](Result<PeerDelta> copy) mutable {
+        check(copy.status());
+        peer_delta_to_wire(*copy, context.getResults().initDelta(), ctx_.codec);
+      });
+}
+
+kj::Promise<void> PsService::restoreFromPeer(RestoreFromPeerContext context) {
+  auto params = context.getParams();
+  std::string holder = text(params.getHolder());
+  const int32_t task = params.getSourceTask();
+  check_address("restoreFromPeer", holder);
+  check_source_task("restoreFromPeer", task);
+  std::vector<std::string> names = shard_names("restoreFromPeer", params.getShards());
+  return peer(holder)
+      .then([task, names](wire::ParameterServer::Client client) {
+        auto request = client.readPeerCopyRequest();
+        request.setSourceTask(task);
+        auto list = request.initShards(static_cast<unsigned>(names.size()));
+        for (unsigned i = 0; i < list.size(); ++i) list.set(i, names[i]);
+        return request.send();
+      })
+      .then([this](capnp::Response<wire::ParameterServer::ReadPeerCopyResults>&& response) {
+        auto delta = read_peer_delta(response.getDelta(), ctx_.codec);
+        return delta.attach(kj::mv(response));
+      })
+      .then([this, task, holder](PeerDelta&& copy) {
+        if (copy.source_task != task) {
+          check(Status::DataLoss("restoreFromPeer: the holder " + holder + " answered a copy of ps:" +
+                                 std::to_string(copy.source_task) + " for ps:" + std::to_string(task)));
+        }
+        check(validate_delta(copy).with_context("restoreFromPeer: the copy held at " + holder));
+        auto store = store_;
+        auto tables = tables_;
+        return async::run_on_pool(ctx_.pool, [store, tables, copy = std::move(copy)]() -> Result<Installed> {
+          CAPSTAN_RETURN_IF_ERROR(install(copy, *store, *tables));
+          return Installed{copy.sequence, copy.taken_ms,
+                           static_cast<uint32_t>(copy.variables.size() + copy.tables.size())};
+        });
+      })
+      .then([context](Result<Installed> installed) mutable {
+        check(installed.status());
+        auto results = context.getResults();
+        results.setSequence(installed->sequence);
+        results.setTakenMs(installed->taken_ms);
+        results.setShards(installed->shards);
+      });
+}
+
 }  // namespace capstan::ps_server

@@ -9,11 +9,14 @@
 #include <cstdint>
 #include <map>
 #include <memory>
+#include <string>
 
 #include "capstan_schemas/ps.capnp.h"
 #include "daemons/common/node_service.h"
 #include "checkpoint/manifest.h"
+#include "daemons/ps_server/peer_snapshots.h"
 #include "daemons/ps_server/shard_checkpoints.h"
+#include "rpc/connection.h"
 #include "daemons/ps_server/table_store.h"
 #include "daemons/ps_server/variable_store.h"
 
@@ -46,9 +49,16 @@ class PsService : public daemon::NodeService<wire::ParameterServer::Server> {
   kj::Promise<void> beginSave(BeginSaveContext context) override;
   kj::Promise<void> finishSave(FinishSaveContext context) override;
   kj::Promise<void> restoreShards(RestoreShardsContext context) override;
+  kj::Promise<void> sendPeerSnapshot(SendPeerSnapshotContext context) override;
+  kj::Promise<void> holdPeerSnapshot(HoldPeerSnapshotContext context) override;
+  kj::Promise<void> readPeerCopy(ReadPeerCopyContext context) override;
+  kj::Promise<void> restoreFromPeer(RestoreFromPeerContext context) override;
 
  private:
   void add_table_metrics();
+  // The parameter server at `address`, dialled once and kept (at most
+  // kMaxPeerLinks: a buddy and a replacement's holder).
+  kj::Promise<wire::ParameterServer::Client> peer(const std::string& address);
 
   std::shared_ptr<VariableStore> store_;
   std::shared_ptr<TableStore> tables_ = std::make_shared<TableStore>();
@@ -58,6 +68,16 @@ class PsService : public daemon::NodeService<wire::ParameterServer::Server> {
   static constexpr size_t kMaxPendingSaves = 16;
   std::map<uint64_t, kj::ForkedPromise<Result<checkpoint::ManifestFile>>> saves_;
   uint64_t next_save_ = 1;
+  // Peer snapshots: this server's side as a source, and the copies it
+  // holds of others. One sendPeerSnapshot at a time (`sending_`: another
+  // is Unavailable meanwhile); `holder_` is where the last went.
+  const std::shared_ptr<PeerSource> peer_source_ = std::make_shared<PeerSource>(*store_, *tables_);
+  const std::shared_ptr<PeerCopies> peer_copies_ = std::make_shared<PeerCopies>(kMaxPeerCopyBytes);
+  static constexpr size_t kMaxPeerCopyBytes = size_t{64} << 30;
+  std::string holder_;
+  bool sending_ = false;
+  static constexpr size_t kMaxPeerLinks = 4;
+  std::map<std::string, kj::Own<rpc::Connection>> peer_links_;
   // Writes checkpoint files, off the pool that serves training's calls.
   // Last: its threads are joined first when the service goes.
   boost::asio::thread_pool writer_{2};

@@ -203,6 +203,7 @@ Status VariableStore::insert(const std::string& name, Tensor value, const Optimi
     MutexLock init(shard->mu);  // not shared yet: uncontended, but it keeps the analysis exact
     shard->value = std::move(value);
     shard->slot = std::move(slots);
+    shard->version = next_version();
   }
 
   WriterMutexLock lock(map_mu_);
@@ -315,7 +316,9 @@ Result<VariableStore::Snapshot> VariableStore::snapshot(const std::string& name)
     held = lend(shard);
     if (!shard->slot.empty()) slots = lend_slots(shard);
     out.step = shard->step;
+    out.version = shard->version;
   }
+  out.optimizer = shard->optimizer;
   CAPSTAN_ASSIGN_OR_RETURN(out.value, lent_tensor(*shard, std::move(held)));
   for (size_t i = 0; slots != nullptr && i < slots->size(); ++i) {
     const Tensor& t = (*slots)[i];
@@ -375,6 +378,7 @@ Status VariableStore::assign_impl(const std::string& name, const Tensor& value, 
   Tensor old;  // freed outside the shard lock
   MutexLock lock(shard->mu);
   old = std::exchange(shard->value, std::move(fresh));
+  shard->version = next_version();
   shard->lent.reset();  // what was lent is `old`, which readers keep
   shard->lent_out = false;
   count_dense_update(value);
@@ -394,6 +398,7 @@ Status VariableStore::assign_add(const std::string& name, const Tensor& delta) {
   CAPSTAN_RETURN_IF_ERROR(delta.validate().with_context("assign_add " + quoted(name)));
   MutexLock lock(shard->mu);
   CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
+  shard->version = next_version();
   Tensor& value = shard->value;
   switch (shard->dtype) {
     case DType::kFloat16: add_into<Float16>(value, delta); break;
@@ -435,6 +440,7 @@ Status VariableStore::assign_rows(const std::string& name, int64_t first_row, co
   const size_t row_bytes = static_cast<size_t>(row_elements(shard->shape)) * dtype_size(shard->dtype);
   MutexLock lock(shard->mu);
   CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
+  shard->version = next_version();
   if (rows.byte_size() > 0) {
     std::memcpy(shard->value.mutable_data() + static_cast<size_t>(first_row) * row_bytes, rows.data(),
                 rows.byte_size());
@@ -459,6 +465,7 @@ Status VariableStore::apply_dense(const std::string& name, const Tensor& gradien
   CAPSTAN_RETURN_IF_ERROR(gradient.validate().with_context("apply_dense " + quoted(name)));
   MutexLock lock(shard->mu);
   CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
+  shard->version = next_version();
   int64_t t = step > 0 ? step : shard->step + 1;
   if (shard->dtype == DType::kFloat32) {
     auto slots = slot_spans<float>(shard->slot);
@@ -506,6 +513,7 @@ Status VariableStore::apply_sparse(const std::string& name, const Tensor& ids, c
 
   MutexLock lock(shard->mu);
   CAPSTAN_RETURN_IF_ERROR(unshare(*shard));
+  shard->version = next_version();
   int64_t t = step > 0 ? step : shard->step + 1;
   if (row_size > 0) {  // rows of no elements: nothing to move, but the step counts
     if (shard->dtype == DType::kFloat32) {
@@ -587,6 +595,7 @@ Status VariableStore::set_slot(const std::string& name, const std::string& slot,
   Tensor old;  // freed outside the shard lock
   MutexLock lock(shard->mu);
   old = std::exchange(shard->slot[static_cast<size_t>(it - slot_list.begin())], std::move(fresh));
+  shard->version = next_version();
   return Status::Ok();
 }
 
@@ -598,6 +607,7 @@ Status VariableStore::set_step(const std::string& name, int64_t step) {
   }
   MutexLock lock(shard->mu);
   shard->step = step;
+  shard->version = next_version();
   return Status::Ok();
 }
 

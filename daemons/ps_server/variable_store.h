@@ -136,6 +136,12 @@ class VariableStore {
     Tensor value;
     std::vector<std::pair<std::string, Tensor>> slots;
     int64_t step = 0;
+    // Changes with every write of the value, a slot or the step (values
+    // unique across the store's shards: a shard dropped and created again
+    // never repeats one). Equal versions: the same contents (a peer
+    // snapshot's delta sends the shards whose version moved).
+    int64_t version = 0;
+    Optimizer optimizer;
   };
   Result<Snapshot> snapshot(const std::string& name) const;
 
@@ -178,6 +184,9 @@ class VariableStore {
 
  private:
   void count_dense_update(const Tensor& received);
+  // A fresh version for a shard's change (see Snapshot::version).
+  int64_t next_version() { return versions_.fetch_add(1, std::memory_order_relaxed) + 1; }
+  std::atomic<int64_t> versions_{0};
   struct Shard;
   static Status same_or_conflict(const std::string& name, const Shard& existing, DType dtype, const Shape& shape,
                                  const Optimizer& optimizer);
@@ -215,6 +224,7 @@ class VariableStore {
     mutable std::weak_ptr<const std::vector<Tensor>> slots_lent GUARDED_BY(mu);
     mutable bool slots_lent_out GUARDED_BY(mu) = false;
     int64_t step GUARDED_BY(mu) = 0;
+    int64_t version GUARDED_BY(mu) = 0;  // see Snapshot::version
   };
 
   // The shard's value, lent out (see read()); the caller wraps it.

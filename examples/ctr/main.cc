@@ -89,6 +89,7 @@ struct Flags {
   std::string dispatcher;      // empty: workers generate their input themselves
   bool dynamic = false;        // the weights in a dynamic embedding table
   int64_t min_count = 1;
+  bool count_updates = false;  // "ctr_updates": one counter element per parameter server
 };
 
 Flags parse_flags(int argc, char** argv) {
@@ -96,14 +97,16 @@ Flags parse_flags(int argc, char** argv) {
   capstan::examples::FlagParser args(argc, argv,
                                      "[--coordinator HOST:PORT] [--steps N] [--eval-steps N] [--learning-rate X]"
                                      " [--min-workers N] [--log-every N] [--max-gap PERCENT] [--checkpoint-dir DIR]"
-                                     " [--dispatcher HOST:PORT] [--logdir DIR] [--dynamic] [--min-count N]");
+                                     " [--dispatcher HOST:PORT] [--logdir DIR] [--dynamic] [--min-count N]"
+                                     " [--count-updates]");
   while (args.next()) {
     if (args.flag("--coordinator", &flags.coordinator) || args.flag("--checkpoint-dir", &flags.checkpoint_dir) ||
         args.flag("--logdir", &flags.logdir) || args.flag("--dispatcher", &flags.dispatcher) ||
         args.flag("--steps", &flags.steps) || args.flag("--eval-steps", &flags.eval_steps) ||
         args.flag("--learning-rate", &flags.learning_rate) || args.flag("--min-workers", &flags.min_workers) ||
         args.flag("--log-every", &flags.log_every) || args.flag("--max-gap", &flags.max_gap_percent) ||
-        args.flag("--min-count", &flags.min_count) || args.flag("--dynamic", &flags.dynamic)) {
+        args.flag("--min-count", &flags.min_count) || args.flag("--dynamic", &flags.dynamic) ||
+        args.flag("--count-updates", &flags.count_updates)) {
       continue;
     }
     args.unknown();
@@ -203,7 +206,18 @@ int main(int argc, char** argv) {
     Status reset = cluster.assign_variable(kWeights, *zeros);
     if (!reset.ok()) return fail("resetting the weights", reset);
   }
-  const std::string train_step = flags.dynamic ? "train_step_dynamic" : "train_step";
+  std::string train_step = flags.dynamic ? "train_step_dynamic" : "train_step";
+  if (flags.count_updates) {
+    // Each step adds 1 to both elements, one on each parameter server: what
+    // a server lost in a recovery shows as steps - its element.
+    auto zeros = Tensor::zeros(DType::kFloat32, {2});
+    auto counter = cluster.create_variable(
+        {"ctr_updates", *zeros, capstan::Optimizer::sgd(1.0), capstan::Partitioner::fixed_shards(2)});
+    if (!counter.ok()) return fail("creating ctr_updates", counter.status());
+    Status reset = cluster.assign_variable("ctr_updates", *zeros);
+    if (!reset.ok()) return fail("resetting ctr_updates", reset);
+    train_step += "_counted";
+  }
   const std::string eval_step = flags.dynamic ? "eval_dynamic" : "eval";
 
   auto pipeline = data::Dataset::range(0, ctr::kHeldOutBegin)
@@ -268,6 +282,14 @@ int main(int argc, char** argv) {
   std::printf("ctr: trained %lld steps (%lld examples) in %.1f s: %.0f steps/s\n",
               static_cast<long long>(flags.steps), static_cast<long long>(flags.steps * ctr::kBatchSize),
               train_seconds, train_seconds > 0 ? static_cast<double>(flags.steps) / train_seconds : 0.0);
+
+  if (flags.count_updates) {
+    auto counted = cluster.read_variable("ctr_updates");
+    if (!counted.ok()) return fail("reading ctr_updates", counted.status());
+    auto n = counted->flat<float>();
+    std::printf("ctr: updates counted: %.0f and %.0f (element 0 and 1, one per parameter server) of %lld steps\n",
+                static_cast<double>(n[0]), static_cast<double>(n[1]), static_cast<long long>(flags.steps));
+  }
 
   // Held-out evaluation: batch i covers examples kHeldOutBegin + 256 i ...,
   // whichever worker runs it.

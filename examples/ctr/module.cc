@@ -220,6 +220,21 @@ CAPSTAN_MODULE(registry) {
   registry.register_closure("eval", [](ClosureContext& ctx, const Element& args) {
     return eval(ctx, args, Mode::kFixed);
   });
+  // train_step, then 1 added to each element of "ctr_updates" (float32[2],
+  // one element per parameter server): counts the updates each server keeps
+  // (ctr --count-updates), so a recovery's losses can be counted.
+  registry.register_closure("train_step_counted", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    CAPSTAN_ASSIGN_OR_RETURN(Element out, train_step(ctx, args, Mode::kFixed));
+    CAPSTAN_RETURN_IF_ERROR(ctx.assign_add("ctr_updates", Tensor::from_vector<float>({1, 1}, {2}).value()));
+    return out;
+  });
+  registry.register_closure("train_step_dynamic_counted",
+                            [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+                              CAPSTAN_ASSIGN_OR_RETURN(Element out, train_step(ctx, args, Mode::kDynamicTrain));
+                              CAPSTAN_RETURN_IF_ERROR(
+                                  ctx.assign_add("ctr_updates", Tensor::from_vector<float>({1, 1}, {2}).value()));
+                              return out;
+                            });
   registry.register_closure("train_step_dynamic", [](ClosureContext& ctx, const Element& args) {
     return train_step(ctx, args, Mode::kDynamicTrain);
   });
