@@ -131,6 +131,41 @@ inline int http_port_of(const std::string& label) {
   return 0;
 }
 
+// The middle value (the upper one of an even count); 0 for none.
+inline double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0 : v[v.size() / 2];
+}
+
+// The whole text of `path` ("" when it cannot be read).
+inline std::string read_all(const std::string& path) {
+  std::ifstream in(path);
+  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
+}
+
+// Starts `command` (an absolute program path, then its arguments) with its
+// stdout written to `log`; its pid.
+inline pid_t spawn(const std::vector<std::string>& command, const std::string& log) {
+  std::fflush(stdout);  // else the child's copy of the buffer is printed again
+  pid_t pid = fork();
+  if (pid == 0) {
+    if (freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
+    std::vector<char*> argv;
+    for (auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
+    argv.push_back(nullptr);
+    execv(argv[0], argv.data());
+    _exit(127);
+  }
+  return pid;
+}
+
+// spawn(), then waits for it: its exit code (-1 when killed).
+inline int run_program(const std::vector<std::string>& command, const std::string& log) {
+  int status = 0;
+  waitpid(spawn(command, log), &status, 0);
+  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
+}
+
 // The daemons started so far and not stopped, in the order they started.
 inline std::vector<Daemon>& daemons() {
   static std::vector<Daemon> running;
@@ -147,6 +182,17 @@ inline void stop_all() {
     if (it->pid > 0) waitpid(it->pid, nullptr, 0);
   }
   running.clear();
+}
+
+// kill -9 the started daemon `pid` and waits for it; stop_all() then skips it.
+inline void kill9(pid_t pid) {
+  for (auto& d : daemons()) {
+    if (d.pid == pid) {
+      kill(d.pid, SIGKILL);
+      waitpid(d.pid, nullptr, 0);
+      d.pid = 0;
+    }
+  }
 }
 
 // Starts `program` from `bin_dir` with --port 0, --http-port 0 and a port

@@ -33,39 +33,14 @@
 namespace {
 
 namespace bench = capstan::bench;
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
+using bench::median;
+using bench::read_all;
 
 struct Run {
   double examples_per_second = 0;
   std::vector<double> pauses_ms;  // one per save
   std::vector<double> saves_ms;
 };
-
-// Runs `command` (stdout to `log`); its exit code.
-int run_program(const std::vector<std::string>& command, const std::string& log) {
-  std::fflush(stdout);  // else the child's copy of the buffer is printed again
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
-    std::vector<char*> argv;
-    for (auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  int status = 0;
-  waitpid(pid, &status, 0);
-  return WIFEXITED(status) ? WEXITSTATUS(status) : -1;
-}
 
 Run one_run(const std::string& bin_dir, const std::string& lib_dir, int64_t mib, bool table, int every,
             int64_t steps, const std::string& dir, int index) {
@@ -120,9 +95,10 @@ Run one_run(const std::string& bin_dir, const std::string& lib_dir, int64_t mib,
   cluster->reset();
 
   const std::string out = bench::run_dir() + "/ctr-" + tag + ".out";
-  int code = run_program({bin_dir + "/ctr", "--coordinator", coordinator.address, "--steps", std::to_string(steps),
-                          "--min-workers", "2", "--log-every", "1000000", "--max-gap", "100"},
-                         out);
+  int code = bench::run_program({bin_dir + "/ctr", "--coordinator", coordinator.address, "--steps",
+                                 std::to_string(steps), "--min-workers", "2", "--log-every", "1000000", "--max-gap",
+                                 "100"},
+                                out);
   if (code != 0) {
     std::fprintf(stderr, "checkpoint_stall_bench: ctr exited %d; see %s\n", code, out.c_str());
     bench::stop_all();

@@ -38,31 +38,8 @@
 namespace {
 
 namespace bench = capstan::bench;
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-// Starts `command` (stdout to `log`); its pid.
-pid_t spawn(const std::vector<std::string>& command, const std::string& log) {
-  std::fflush(stdout);  // else the child's copy of the buffer is printed again
-  pid_t pid = fork();
-  if (pid == 0) {
-    if (freopen(log.c_str(), "w", stdout) == nullptr) _exit(127);
-    std::vector<char*> argv;
-    for (auto& a : command) argv.push_back(const_cast<char*>(a.c_str()));
-    argv.push_back(nullptr);
-    execv(argv[0], argv.data());
-    _exit(127);
-  }
-  return pid;
-}
+using bench::median;
+using bench::read_all;
 
 struct Run {
   double resume_s = 0;      // kill -9 -> the recovery in the coordinator's log
@@ -107,9 +84,9 @@ Run one_run(const std::string& bin_dir, const std::string& lib_dir, bool peer, i
   }
 
   const std::string out = bench::run_dir() + "/ctr-" + tag + ".out";
-  pid_t ctr = spawn({bin_dir + "/ctr", "--coordinator", coordinator.address, "--steps", std::to_string(steps),
-                     "--min-workers", "2", "--log-every", "1000000", "--max-gap", "100", "--count-updates"},
-                    out);
+  pid_t ctr = bench::spawn({bin_dir + "/ctr", "--coordinator", coordinator.address, "--steps", std::to_string(steps),
+                            "--min-workers", "2", "--log-every", "1000000", "--max-gap", "100", "--count-updates"},
+                           out);
   // The first checkpoint, then kill_after seconds.
   while (read_all(coordinator_log).find("saved checkpoint") == std::string::npos) {
     std::this_thread::sleep_for(std::chrono::milliseconds(20));
@@ -122,13 +99,7 @@ Run one_run(const std::string& bin_dir, const std::string& lib_dir, bool peer, i
   std::this_thread::sleep_for(std::chrono::seconds(kill_after));
 
   auto killed = bench::Clock::now();
-  for (auto& d : bench::daemons()) {
-    if (d.pid == ps1.pid) {
-      kill(d.pid, SIGKILL);
-      waitpid(d.pid, nullptr, 0);
-      d.pid = 0;
-    }
-  }
+  bench::kill9(ps1.pid);
   ps1 = bench::start(bin_dir, "ps-server", "ps1-restart-" + tag, {"--task-index", "1"}, ps1_port);
   static const std::regex recovered(R"(restored \d+ shard\(s\) from (the in-memory copy|checkpoint)[^\n]* (\d+) ms after it was lost)");
   Run run;

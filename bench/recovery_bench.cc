@@ -52,6 +52,8 @@ namespace {
 using capstan::DType;
 using capstan::Tensor;
 namespace bench = capstan::bench;
+using bench::median;
+using bench::read_all;
 
 // Seconds to write `bytes` to a new file in `dir` and fsync it (then removed).
 double raw_write_seconds(const std::string& dir, size_t bytes) {
@@ -94,16 +96,6 @@ double raw_direct_write_seconds(const std::string& dir, size_t bytes) {
   std::free(buffer);
   std::remove(path.c_str());
   return seconds;
-}
-
-double median(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v.empty() ? 0 : v[v.size() / 2];
-}
-
-std::string read_all(const std::string& path) {
-  std::ifstream in(path);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
 }
 
 // The coordinator's figures of its recoveries so far, in order.
@@ -254,13 +246,7 @@ int main(int argc, char** argv) {
   for (int run = 0; run < runs; ++run) {
     // kill -9 ps:1 and start it again on its port, empty.
     auto killed = bench::Clock::now();
-    for (auto& d : bench::daemons()) {
-      if (d.pid == ps1.pid) {
-        kill(d.pid, SIGKILL);
-        waitpid(d.pid, nullptr, 0);
-        d.pid = 0;
-      }
-    }
+    bench::kill9(ps1.pid);
     ps1 = bench::start(bin_dir, "ps-server", "ps-1-restart-" + std::to_string(run + 1), {"--task-index", "1"},
                        ps1_port);
     restarts.push_back(bench::seconds_since(killed));

@@ -21,6 +21,15 @@ namespace {
 
 std::string quoted(const std::string& path) { return "'" + path + "'"; }
 
+// Closes `fd` once: later calls find -1 and do nothing.
+Status close_fd(int& fd, const std::string& path) {
+  if (fd < 0) return Status::Ok();
+  const int closing = fd;
+  fd = -1;
+  if (::close(closing) != 0) return errno_to_status(errno, "cannot close " + quoted(path));
+  return Status::Ok();
+}
+
 Status fsync_fd(int fd, const std::string& what) {
   while (::fsync(fd) != 0) {
     if (errno == EINTR) continue;
@@ -54,13 +63,7 @@ class PosixWritableFile final : public WritableFile {
     return fsync_fd(fd_, quoted(path_));
   }
 
-  Status close() override {
-    if (fd_ < 0) return Status::Ok();
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return errno_to_status(errno, "cannot close " + quoted(path_));
-    return Status::Ok();
-  }
+  Status close() override { return close_fd(fd_, path_); }
 
  private:
   const std::string path_;
@@ -113,13 +116,7 @@ class PosixDirectWritableFile final : public WritableFile {
     return fsync_fd(fd_, quoted(path_));
   }
 
-  Status close() override {
-    if (fd_ < 0) return Status::Ok();
-    int fd = fd_;
-    fd_ = -1;
-    if (::close(fd) != 0) return errno_to_status(errno, "cannot close " + quoted(path_));
-    return Status::Ok();
-  }
+  Status close() override { return close_fd(fd_, path_); }
 
  private:
   // Writes the buffer's whole blocks after written_; the rest moves to the front.
