@@ -22,28 +22,12 @@ set -euo pipefail
 bin_dir=$(cd "$1" && pwd)
 program=$2
 tag=k$$  # unique names: several runs may overlap
-dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-netns-ckpt.XXXXXX")
+subnet=10.78.0
 hosts=(h0 h1 h2)
-pids=()
-
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  for h in "${hosts[@]}"; do ip netns del "$tag$h" 2>/dev/null || true; done
-  ip link del "${tag}br" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-skip() {
-  echo "SKIP: $1"
-  exit 77
-}
-[[ $(id -u) == 0 ]] || skip "network namespaces need root"
-command -v ip >/dev/null || skip "the ip command (iproute2) is missing"
+# shellcheck source=tests/scripts/netns_hosts.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_hosts.sh"
 command -v tc >/dev/null || skip "the tc command (iproute2) is missing"
-ip netns add "${tag}probe" 2>/dev/null || skip "cannot create network namespaces here"
+ip netns add "${tag}probe"
 if ! ip netns exec "${tag}probe" tc qdisc add dev lo root tbf rate 1mbit burst 32kbit latency 400ms 2>/dev/null; then
   ip netns del "${tag}probe"
   skip "the kernel has no tbf queueing discipline"
@@ -51,37 +35,12 @@ fi
 ip netns del "${tag}probe"
 
 rates=(2mbit 200mbit 200mbit)
-ip link add "${tag}br" type bridge
-ip link set "${tag}br" up
+netns_hosts_up
 for k in "${!hosts[@]}"; do
-  h=${hosts[$k]}
-  ip netns add "$tag$h"
-  ip link add "${tag}v$k" type veth peer name "${tag}p$k"
-  ip link set "${tag}v$k" netns "$tag$h"
-  ip link set "${tag}p$k" master "${tag}br"
-  ip link set "${tag}p$k" up
-  ip -n "$tag$h" addr add "10.78.0.$((k + 1))/24" dev "${tag}v$k"
-  ip -n "$tag$h" link set "${tag}v$k" up
-  ip -n "$tag$h" link set lo up
   # Both directions: out of the host, and out of the bridge into it.
-  ip netns exec "$tag$h" tc qdisc add dev "${tag}v$k" root tbf rate "${rates[$k]}" burst 64kbit latency 2s
+  ip netns exec "$tag${hosts[$k]}" tc qdisc add dev "${tag}v$k" root tbf rate "${rates[$k]}" burst 64kbit latency 2s
   tc qdisc add dev "${tag}p$k" root tbf rate "${rates[$k]}" burst 64kbit latency 2s
 done
-
-# start HOST_INDEX NAME PROGRAM FLAGS...: a daemon on that host.
-start() {
-  local k=$1 name=$2 prog=$3
-  shift 3
-  ip netns exec "$tag${hosts[$k]}" "$bin_dir/$prog" --host "10.78.0.$((k + 1))" --http-port 0 \
-    --port-file "$dir/$name.port" "$@" >"$dir/$name.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do
-    grep -q '^pid:' "$dir/$name.port" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "FAIL: $name did not start"; cat "$dir/$name.log"; exit 1
-}
-address() { sed -n 's/^address: //p' "$dir/$1.port"; }
 # Bytes through host 0's link so far, both directions.
 coordinator_link_bytes() {
   local rx tx

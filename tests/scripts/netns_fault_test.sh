@@ -27,59 +27,13 @@ bin_dir=$(cd "$1" && pwd)
 module=$2
 program=$3
 tag=c$$  # unique names: several runs may overlap
-dir=$(mktemp -d "${TMPDIR:-/tmp}/capstan-netns.XXXXXX")
+subnet=10.77.0
 hosts=(h0 h1 h2 h3)
-pids=()
-
-# shellcheck disable=SC2317  # run by the EXIT trap
-cleanup() {
-  for pid in "${pids[@]}"; do kill -9 "$pid" 2>/dev/null || true; done
-  for pid in "${pids[@]}"; do wait "$pid" 2>/dev/null || true; done
-  for h in "${hosts[@]}"; do ip netns del "$tag$h" 2>/dev/null || true; done
-  ip link del "${tag}br" 2>/dev/null || true
-  rm -rf "$dir"
-}
-trap cleanup EXIT
-
-skip() {
-  echo "SKIP: $1"
-  exit 77
-}
-[[ $(id -u) == 0 ]] || skip "network namespaces need root"
-command -v ip >/dev/null || skip "the ip command (iproute2) is missing"
-ip netns add "${tag}probe" 2>/dev/null || skip "cannot create network namespaces here"
-ip netns del "${tag}probe"
-
-# The bridge and one namespace per host.
-ip link add "${tag}br" type bridge
-ip link set "${tag}br" up
-for k in "${!hosts[@]}"; do
-  h=${hosts[$k]}
-  ip netns add "$tag$h"
-  ip link add "${tag}v$k" type veth peer name "${tag}p$k"
-  ip link set "${tag}v$k" netns "$tag$h"
-  ip link set "${tag}p$k" master "${tag}br"
-  ip link set "${tag}p$k" up
-  ip -n "$tag$h" addr add "10.77.0.$((k + 1))/24" dev "${tag}v$k"
-  ip -n "$tag$h" link set "${tag}v$k" up
-  ip -n "$tag$h" link set lo up
-done
+# shellcheck source=tests/scripts/netns_hosts.sh
+source "$(dirname "${BASH_SOURCE[0]}")/netns_hosts.sh"
+netns_hosts_up
 link() { ip link set "${tag}p$1" "$2"; }  # host index, up|down
-
-# start HOST_INDEX NAME PROGRAM FLAGS...: a daemon on that host, port 7000+.
-start() {
-  local k=$1 name=$2 prog=$3
-  shift 3
-  ip netns exec "$tag${hosts[$k]}" "$bin_dir/$prog" --host "10.77.0.$((k + 1))" --http-port 0 \
-    --port-file "$dir/$name.port" --link-timeout-ms 3000 "$@" >"$dir/$name.log" 2>&1 &
-  pids+=($!)
-  for _ in $(seq 100); do
-    grep -q '^pid:' "$dir/$name.port" 2>/dev/null && return 0
-    sleep 0.1
-  done
-  echo "FAIL: $name did not start"; cat "$dir/$name.log"; exit 1
-}
-address() { sed -n 's/^address: //p' "$dir/$1.port"; }
+daemon_flags=(--link-timeout-ms 3000)
 
 start 1 ps ps-server --port 7100
 ps=$(address ps)
