@@ -159,8 +159,12 @@ interface Coordinator extends(Common.Node) {
   # the replicas of one group (re-formed first when the workers changed or
   # the last step failed). The values by replica, the steps run, the
   # group's epoch and the replicas' task indexes.
+  # With a step input (distributeStepInput), `examples` are the examples
+  # each replica took and `inputPosition` the input's positions consumed
+  # after this step.
   runStep @17 (strategy :Text, function :Text, args :Common.Element)
-      -> (values :List(Common.Element), step :Int64, epoch :Int64, taskIndexes :List(Int32));
+      -> (values :List(Common.Element), step :Int64, epoch :Int64, taskIndexes :List(Int32),
+          examples :List(Int64), inputPosition :Int64);
   # A mirrored variable's value (replica 0's) and the optimizer step.
   readMirrored @18 (strategy :Text, name :Text) -> (value :Common.Tensor, step :Int64);
   # The group and every replica's step and checksum.
@@ -204,6 +208,17 @@ interface Coordinator extends(Common.Node) {
   # with valueFromProgram (journaled: a restarted coordinator no longer
   # asks for it). NOT_FOUND for an unknown variable.
   variableWritten @25 (name :Text) -> ();
+  # Gives strategy `strategy` its step input (exactly-once input): the
+  # finite dataset `definition` (serialized Dataset), held whole by every
+  # worker, of which each step takes the next positions (a fresh
+  # permutation each epoch from `seed` when `shuffle`), split among the
+  # step's replicas: `globalBatch` examples a step among however many
+  # replicas there are, or `perReplicaBatch` each (exactly one > 0). A
+  # failed step's positions go to the next step. The per-worker dataset's
+  # id: pass its argument to the step's closure. The same call again (a
+  # reconnecting program) hands back the same id.
+  distributeStepInput @26 (strategy :Text, definition :Data, globalBatch :Int64, perReplicaBatch :Int64,
+                           seed :UInt64, shuffle :Bool) -> (datasetId :Int64);
 }
 
 interface ClosureValues {

@@ -94,5 +94,6 @@ struct CoordinatorUpdate {
     function @2 :Text;
     name @3 :Text;
     uid @4 :UInt64;
+    stepInput @5 :Bool;  # a strategy's step input (not in iterator checkpoints)
   }
 }

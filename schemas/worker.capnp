@@ -40,6 +40,20 @@ struct CollectiveSettings {
   tcpStreams @2 :Int32;
 }
 
+# The positions [start, start + count) of a strategy's step input that this
+# replica reads in this step; the step as a whole takes [first, end) (see
+# lib/types/replica.h StepInput).
+struct StepInput {
+  datasetId @0 :Int64;
+  start @1 :Int64;
+  count @2 :Int64;
+  first @3 :Int64;
+  end @4 :Int64;
+  seed @5 :UInt64;
+  shuffle @6 :Bool;
+  weight @7 :Float64;
+}
+
 struct ClosureRunSpec {
   closureId @0 :Int64;
   function @1 :Text;
@@ -79,10 +93,13 @@ interface Worker extends(Common.Node) {
   # `encodedArgs` (as ClosureRunSpec's), set instead of `args`: the value
   # comes back as `encodedResult`, unless it is larger than the worker's
   # inline limit (then `result`).
+  # `stepInput` (hasStepInput): a synchronous step's share of its
+  # strategy's exactly-once input (StepInput).
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
                  placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
                  deadlineUnixMs :Int64, workerIndex :Int32 = -1,
-                 strategy :Text, epoch :Int64, encodedArgs :Data)
+                 strategy :Text, epoch :Int64, encodedArgs :Data,
+                 stepInput :StepInput, hasStepInput :Bool)
       -> (result :Common.Element, encodedResult :Data);
   # Several closures of the parameter-server kind (no strategy) in one
   # call, run one after another in the order given, as if each had come
@@ -110,8 +127,9 @@ interface Worker extends(Common.Node) {
   cancelClosure @3 (closureId :Int64) -> ();
 
   # Whether this worker holds a replica of `strategy`'s variables, their
-  # optimizer step and a checksum of values, slots and step.
-  replicaStatus @4 (strategy :Text) -> (holds :Bool, step :Int64, checksum :UInt64);
+  # optimizer step and a checksum of values, slots and step, and how far
+  # the strategy's step input was consumed with them.
+  replicaStatus @4 (strategy :Text) -> (holds :Bool, step :Int64, checksum :UInt64, inputPosition :Int64);
   # Listens for the group of `epoch` on this worker's collective host;
   # answers the address the other members dial.
   prepareReplica @5 (strategy :Text, epoch :Int64) -> (address :Text);
@@ -126,7 +144,8 @@ interface Worker extends(Common.Node) {
   # file's CRC32C checked) and takes the others from `seed` (hasSeed).
   formReplica @6 (strategy :Text, epoch :Int64, rank :Int32, addresses :List(Text), source :Int32,
                   variables :List(MirroredSpec), seed :MirroredState, hasSeed :Bool,
-                  settings :CollectiveSettings, seedCheckpoint :Text, seedFromCheckpoint :List(Text))
+                  settings :CollectiveSettings, seedCheckpoint :Text, seedFromCheckpoint :List(Text),
+                  inputPosition :Int64)
       -> (step :Int64, checksum :UInt64, transports :List(Text));
   # The replica's values, slots and step (reads of a mirrored variable).
   readReplica @7 (strategy :Text) -> (state :MirroredState);

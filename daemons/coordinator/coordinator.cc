@@ -481,6 +481,30 @@ kj::Promise<Result<StepOutcome>> Coordinator::run_step(std::string strategy, std
   return strategies_.run_step(std::move(strategy), std::move(function), std::move(args));
 }
 
+kj::Promise<Result<int64_t>> Coordinator::distribute_step_input(std::string strategy, std::string definition,
+                                                                StepInputConfig config) {
+  using Out = Result<int64_t>;
+  Status valid = data::Dataset::deserialize(definition).status();
+  if (!valid.ok()) return Out(valid.with_context("distributeStepInput"));
+  // Checked before the dataset is added: set_input below then only fails
+  // for a strategy that went away meanwhile.
+  config.dataset_id = 0;
+  if (!strategies_.has(strategy)) return Out(Status::NotFound("distributeStepInput: no strategy named '" + strategy + "'"));
+  Status checked = Strategies::check_input(strategy, config);
+  if (!checked.ok()) return Out(checked);
+  PerWorkerDataset dataset;
+  dataset.definition = std::move(definition);
+  dataset.name = "step-input/" + strategy;
+  dataset.step_input = true;
+  return datasets_.add(std::move(dataset), workers_.targets())
+      .then([this, strategy, config](Out id) mutable -> Out {
+        CAPSTAN_RETURN_IF_ERROR(id.status());
+        config.dataset_id = *id;
+        CAPSTAN_RETURN_IF_ERROR(strategies_.set_input(strategy, config));
+        return id;
+      });
+}
+
 kj::Promise<Result<std::pair<Tensor, int64_t>>> Coordinator::read_mirrored(std::string strategy, std::string variable) {
   return strategies_.read_mirrored(std::move(strategy), std::move(variable));
 }

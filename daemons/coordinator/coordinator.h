@@ -273,6 +273,13 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // closure's own error when one failed; steps of one strategy run one at
   // a time (a second caller waits).
   kj::Promise<Result<StepOutcome>> run_step(std::string strategy, std::string function, std::string args);
+  // Gives a strategy its step input (exactly-once input for its steps):
+  // `definition`, a finite dataset of examples, becomes the per-worker
+  // dataset "step-input/<strategy>" (every worker holds all of it), and
+  // each step hands each replica its share of the step's batch
+  // (Strategies::set_input). Its id, which the closures' argument names.
+  kj::Promise<Result<int64_t>> distribute_step_input(std::string strategy, std::string definition,
+                                                     StepInputConfig config);
   // Replica 0's value of a mirrored variable, and the optimizer step.
   kj::Promise<Result<std::pair<Tensor, int64_t>>> read_mirrored(std::string strategy, std::string variable);
   kj::Promise<Result<StrategyStatus>> strategy_status(std::string strategy);

@@ -101,6 +101,7 @@ Result<JournalRecord> decode_update(Update::Reader update, int num_ps) {
       out.dataset.function = text(in.getFunction());
       out.dataset.name = text(in.getName());
       out.dataset.uid = in.getUid();
+      out.dataset.step_input = in.getStepInput();
       return JournalRecord(std::move(out));
     }
     case Update::LAST_CHECKPOINT:
@@ -190,6 +191,7 @@ std::string dataset_record(int64_t id, const PerWorkerDataset& dataset) {
   out.setFunction(dataset.function);
   out.setName(dataset.name);
   out.setUid(dataset.uid);
+  out.setStepInput(dataset.step_input);
   return serialize(message);
 }
 

@@ -8,6 +8,7 @@
 
 #include <cstdint>
 #include <map>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -35,6 +36,8 @@ struct ClosureRun {
   // A synchronous step: the strategy and the epoch of its group.
   std::string strategy = "";
   int64_t epoch = 0;
+  // The replica's share of the strategy's step input (Strategies).
+  std::optional<training::StepInput> step_input = std::nullopt;
 };
 
 struct ClosureOutcome {

@@ -50,7 +50,8 @@ kj::Promise<Result<int64_t>> PerWorkerDatasets::add(PerWorkerDataset dataset,
   if (!dataset.name.empty()) {
     for (const auto& [existing_id, existing] : datasets_) {
       if (existing.name != dataset.name) continue;
-      if (existing.definition != dataset.definition || existing.function != dataset.function) {
+      if (existing.definition != dataset.definition || existing.function != dataset.function ||
+          existing.step_input != dataset.step_input) {
         return Result<int64_t>(Status::AlreadyExists(
             "per-worker dataset '" + dataset.name + "' exists (id " + std::to_string(existing_id) +
             ") with another definition; give the new one another name"));
@@ -81,6 +82,7 @@ kj::Promise<std::map<std::string, std::string>> PerWorkerDatasets::iterator_stat
   auto states = std::make_shared<States>();
   auto reads = kj::Vector<kj::Promise<void>>();
   for (const auto& [id, dataset] : datasets_) {
+    if (dataset.step_input) continue;
     for (const auto& worker : workers) {
       std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
       reads.add(worker.peer->save_iterator(id)
@@ -102,6 +104,7 @@ kj::Promise<Result<int>> PerWorkerDatasets::restore_iterators(std::map<std::stri
   auto restores = kj::Vector<kj::Promise<Status>>();
   int count = 0;
   for (const auto& [id, dataset] : datasets_) {
+    if (dataset.step_input) continue;
     for (const auto& worker : workers) {
       std::string name = iterator_tensor_name(dataset.name, id, worker.task_index);
       auto found = states.find(name);

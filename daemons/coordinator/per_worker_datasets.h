@@ -43,6 +43,10 @@ struct PerWorkerDataset {
   std::string function;
   std::string name;  // "": anonymous
   uint64_t uid = 0;  // random, journaled: the same dataset after a restart
+  // A strategy's step input: each worker holds all of its elements and
+  // reads the positions each step hands it, so it has no iterator position
+  // to checkpoint (the position travels with the strategy's replicas).
+  bool step_input = false;
 };
 
 // A registered worker, as the datasets reach it. `peer` is used only while

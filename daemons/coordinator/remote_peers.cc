@@ -87,6 +87,19 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   if (!written.ok()) return ClosureOutcome{written, false};
   request.setStrategy(run.strategy);
   request.setEpoch(run.epoch);
+  if (run.step_input.has_value()) {
+    const training::StepInput& in = *run.step_input;
+    auto wire_input = request.initStepInput();
+    wire_input.setDatasetId(in.dataset_id);
+    wire_input.setStart(in.start);
+    wire_input.setCount(in.count);
+    wire_input.setFirst(in.first);
+    wire_input.setEnd(in.end);
+    wire_input.setSeed(in.seed);
+    wire_input.setShuffle(in.shuffle);
+    wire_input.setWeight(in.weight);
+    request.setHasStepInput(true);
+  }
   return request.send().then(
       [](capnp::Response<wire::Worker::RunClosureResults>&& response) {
         auto value = outcome_of(response.hasEncodedResult(), response.getEncodedResult(), response.getResult());
@@ -195,6 +208,7 @@ kj::Promise<Result<training::ReplicaReport>> RemoteWorker::replica_status(std::s
     report.holds = r.getHolds();
     report.step = r.getStep();
     report.checksum = r.getChecksum();
+    report.input_position = r.getInputPosition();
     return report;
   }));
 }
@@ -223,13 +237,16 @@ kj::Promise<Result<training::ReplicaReport>> RemoteWorker::form_replica(training
   request.setSeedCheckpoint(form.seed_checkpoint);
   auto from_checkpoint = request.initSeedFromCheckpoint(static_cast<unsigned>(form.seed_from_checkpoint.size()));
   for (unsigned i = 0; i < from_checkpoint.size(); ++i) from_checkpoint.set(i, form.seed_from_checkpoint[i]);
+  request.setInputPosition(form.input_position);
   // The request may reference the seed's buffers until it is sent.
+  const int64_t form_position = form.input_position;  // formed, the member holds it
   return result_of(request.send()
-                       .then([](capnp::Response<wire::Worker::FormReplicaResults>&& r) {
+                       .then([form_position](capnp::Response<wire::Worker::FormReplicaResults>&& r) {
                          training::ReplicaReport report;
                          report.holds = true;
                          report.step = r.getStep();
                          report.checksum = r.getChecksum();
+                         report.input_position = form_position;
                          for (auto t : r.getTransports()) report.transports.push_back(text(t));
                          return report;
                        })

@@ -95,11 +95,29 @@ struct StrategyConfig {
   training::CollectiveSettings settings;
 };
 
+// A strategy's step input (exactly-once input for synchronous steps): the
+// per-worker dataset whose elements every step takes a share of, and how a
+// step's batch is split among its replicas. Exactly one of the batches is
+// set: `global_batch` (constant_global_batch: the step's batch re-split
+// among the live replicas) or `per_replica_batch` (each replica's batch
+// stays; the step's grows and shrinks with the replicas).
+struct StepInputConfig {
+  int64_t dataset_id = 0;
+  int64_t global_batch = 0;
+  int64_t per_replica_batch = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+};
+
 struct StepOutcome {
   std::vector<std::string> values;  // serialized Elements, by replica
   int64_t steps = 0;                // steps of the strategy run so far
   int64_t epoch = 0;
   std::vector<int> task_indexes;    // by replica
+  // With a step input: the examples each replica took (by replica), and
+  // the input position after the step (the positions consumed so far).
+  std::vector<int64_t> examples;
+  int64_t input_position = 0;
 };
 
 struct ReplicaInfo {

@@ -716,6 +716,26 @@ kj::Promise<void> CoordinatorService::runStep(RunStepContext context) {
         }
         auto tasks = results.initTaskIndexes(static_cast<unsigned>(outcome->task_indexes.size()));
         for (unsigned i = 0; i < outcome->task_indexes.size(); ++i) tasks.set(i, outcome->task_indexes[i]);
+        auto examples = results.initExamples(static_cast<unsigned>(outcome->examples.size()));
+        for (unsigned i = 0; i < outcome->examples.size(); ++i) examples.set(i, outcome->examples[i]);
+        results.setInputPosition(outcome->input_position);
+      });
+}
+
+kj::Promise<void> CoordinatorService::distributeStepInput(DistributeStepInputContext context) {
+  auto params = context.getParams();
+  StepInputConfig config;
+  config.global_batch = params.getGlobalBatch();
+  config.per_replica_batch = params.getPerReplicaBatch();
+  config.seed = params.getSeed();
+  config.shuffle = params.getShuffle();
+  auto definition = params.getDefinition();
+  return core_
+      .distribute_step_input(text(params.getStrategy()),
+                             std::string(reinterpret_cast<const char*>(definition.begin()), definition.size()), config)
+      .then([context](Result<int64_t> id) mutable {
+        async::check(id.status());
+        context.getResults().setDatasetId(*id);
       });
 }
 

@@ -56,6 +56,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> joinGroup(JoinGroupContext context) override;
   kj::Promise<void> createStrategy(CreateStrategyContext context) override;
   kj::Promise<void> runStep(RunStepContext context) override;
+  kj::Promise<void> distributeStepInput(DistributeStepInputContext context) override;
   kj::Promise<void> readMirrored(ReadMirroredContext context) override;
   kj::Promise<void> strategyStatus(StrategyStatusContext context) override;
   kj::Promise<void> leaveWorker(LeaveWorkerContext context) override;

@@ -13,6 +13,7 @@ namespace capstan::coordinator {
 namespace {
 
 constexpr size_t kMaxStrategyName = 256;
+constexpr int64_t kMaxStepBatch = int64_t{1} << 24;  // examples in one step
 constexpr size_t kMaxStrategies = 64;
 
 // A worker's answer; a broken link, the worker being dropped meanwhile (it
@@ -189,6 +190,61 @@ Status Strategies::create(const std::string& name, std::vector<MirroredVariableI
   return Status::Ok();
 }
 
+// ---- Step input ----------------------------------------------------------------------------
+
+Status Strategies::check_input(const std::string& name, const StepInputConfig& input) {
+  if ((input.global_batch > 0) == (input.per_replica_batch > 0) || input.global_batch < 0 ||
+      input.per_replica_batch < 0 || input.global_batch > kMaxStepBatch || input.per_replica_batch > kMaxStepBatch) {
+    return Status::InvalidArgument("strategy '" + name + "': a step input needs exactly one of global_batch (" +
+                                   std::to_string(input.global_batch) + ") and per_replica_batch (" +
+                                   std::to_string(input.per_replica_batch) + ") in [1, " +
+                                   std::to_string(kMaxStepBatch) + "]");
+  }
+  return Status::Ok();
+}
+
+Status Strategies::set_input(const std::string& name, const StepInputConfig& input) {
+  CAPSTAN_ASSIGN_OR_RETURN(Strategy * s, find(name));
+  CAPSTAN_RETURN_IF_ERROR(check_input(name, input));
+  const auto& old = s->input;
+  if (old.has_value() && old->dataset_id == input.dataset_id && old->global_batch == input.global_batch &&
+      old->per_replica_batch == input.per_replica_batch && old->seed == input.seed && old->shuffle == input.shuffle) {
+    return Status::Ok();
+  }
+  if (old.has_value()) s->input_position = 0;
+  s->input = input;
+  loop_.log->info("strategy '{}': step input is per-worker dataset {} ({} {}, {})", name, input.dataset_id,
+                  input.global_batch > 0 ? "constant global batch" : "per-replica batch",
+                  input.global_batch > 0 ? input.global_batch : input.per_replica_batch,
+                  input.shuffle ? "shuffled each epoch with seed " + std::to_string(input.seed) : "in order");
+  return Status::Ok();
+}
+
+Result<std::vector<training::StepInput>> Strategies::split_input(const StepInputConfig& input, int64_t position,
+                                                                 size_t replicas) {
+  const auto n = static_cast<int64_t>(replicas);
+  const int64_t global = input.global_batch > 0 ? input.global_batch : input.per_replica_batch * n;
+  if (n == 0 || global < n) {
+    return Status::FailedPrecondition("a global batch of " + std::to_string(global) + " cannot be split among " +
+                                      std::to_string(n) + " replicas (each needs an example at least)");
+  }
+  std::vector<training::StepInput> shares(replicas);
+  int64_t start = position;
+  for (int64_t r = 0; r < n; ++r) {
+    training::StepInput& share = shares[static_cast<size_t>(r)];
+    share.dataset_id = input.dataset_id;
+    share.count = global / n + (r < global % n ? 1 : 0);
+    share.start = start;
+    share.first = position;
+    share.end = position + global;
+    share.seed = input.seed;
+    share.shuffle = input.shuffle;
+    share.weight = static_cast<double>(share.count) * static_cast<double>(n) / static_cast<double>(global);
+    start += share.count;
+  }
+  return shares;
+}
+
 // ---- Steps -------------------------------------------------------------------------------
 
 kj::Promise<Result<StepOutcome>> Strategies::run_step(std::string name, std::string function, std::string args) {
@@ -357,9 +413,14 @@ kj::Promise<kj::Array<ReplicaAnswer<std::string>>> Strategies::prepare(
   const auto& ids = formation.ids;
   Status answered = check_answers(s, ids, reports, "replica status");
   if (!answered.ok()) return async::to_exception(answered);
+  const bool seeded = s.seed.has_value();
   auto source = choose_source(s, ids, reports);
   if (!source.ok()) return async::to_exception(source.status());
   formation.source = *source;
+  // The input position goes with the state: a survivor's, or (a seed) where
+  // the strategy was.
+  formation.input_position =
+      seeded && s.seed.has_value() ? s.input_position : reports[static_cast<size_t>(*source)].result->input_position;
   const std::string name = s.name;
   const int64_t epoch = formation.epoch;
   return ask_each<std::string>(
@@ -395,6 +456,7 @@ kj::Promise<kj::Array<ReplicaAnswer<training::ReplicaReport>>> Strategies::form(
       form.seed_from_checkpoint = s.seed->from_checkpoint;
     }
     form.settings = s.config.settings;
+    form.input_position = formation.input_position;
     return peer.form_replica(std::move(form));
   };
   return ask_each<training::ReplicaReport>(ids, make_form, formation.forming);
@@ -424,37 +486,48 @@ Status Strategies::conclude(Strategy& s, const Formation& formation,
   s.members = ids;
   s.formed = true;
   s.seed.reset();
+  s.input_position = formation.input_position;
   std::string who;
   for (size_t r = 0; r < ids.size(); ++r) {
     who += (who.empty() ? "" : ", ") + std::to_string(r) + "=worker " + std::to_string(ids[r]) + " (task " +
            std::to_string(workers_.task_index(ids[r])) + ")";
   }
-  loop_.log->info("strategy '{}': group of {} formed (epoch {}): {}; state from rank {} (step {})", s.name, ids.size(),
-                  formation.epoch, who, formation.source,
-                  reports[static_cast<size_t>(formation.source)].result->step);
+  loop_.log->info("strategy '{}': group of {} formed (epoch {}): {}; state from rank {} (step {}, input position {})",
+                  s.name, ids.size(), formation.epoch, who, formation.source,
+                  reports[static_cast<size_t>(formation.source)].result->step, formation.input_position);
   return Status::Ok();
 }
 
 kj::Promise<Result<StepOutcome>> Strategies::dispatch_step(Strategy& s, std::string function, std::string args) {
   const std::vector<int64_t> members = s.members;
   const int64_t epoch = s.epoch;
+  // Each replica's share of the step input, from where the replicas' state
+  // is: a failed step's positions are split again among the next step's.
+  std::vector<training::StepInput> shares;
+  if (s.input.has_value()) {
+    auto split = split_input(*s.input, s.input_position, members.size());
+    if (!split.ok()) return Result<StepOutcome>(split.status().with_context("strategy '" + s.name + "'"));
+    shares = std::move(*split);
+  }
   auto outcomes = kj::heapArrayBuilder<kj::Promise<ClosureOutcome>>(members.size());
   // The order the members' answers arrive in: the first error is the cause,
   // the later ones mostly its consequences.
   auto arrivals = std::make_shared<std::vector<size_t>>();
   for (size_t r = 0; r < members.size(); ++r) {
-    outcomes.add(run_replica(s.name, members, epoch, r, function, args, arrivals));
+    std::optional<training::StepInput> share;
+    if (!shares.empty()) share = shares[r];
+    outcomes.add(run_replica(s.name, members, epoch, r, function, args, share, arrivals));
   }
   Strategy* strategy = &s;
   return kj::joinPromises(outcomes.finish())
-      .then([this, strategy, members, epoch, arrivals](kj::Array<ClosureOutcome> all) {
-        return step_result(*strategy, members, epoch, *arrivals, kj::mv(all));
+      .then([this, strategy, members, epoch, arrivals, shares = std::move(shares)](kj::Array<ClosureOutcome> all) {
+        return step_result(*strategy, members, epoch, *arrivals, shares, kj::mv(all));
       });
 }
 
 kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, const std::vector<int64_t>& members,
                                                     int64_t epoch, size_t r, const std::string& function,
-                                                    const std::string& args,
+                                                    const std::string& args, std::optional<training::StepInput> input,
                                                     std::shared_ptr<std::vector<size_t>> arrivals) {
   const int64_t id = members[r];
   const Worker* worker = workers_.find(id);
@@ -469,6 +542,7 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
   run.worker_index = worker->task_index;
   run.strategy = name;
   run.epoch = epoch;
+  run.step_input = std::move(input);
   return worker->peer->run_closure(std::move(run))
       .catch_([](kj::Exception&& e) { return ClosureOutcome{async::from_exception(e), true}; })
       .exclusiveJoin(workers_.dropped(id).then([id]() {
@@ -500,7 +574,9 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
 }
 
 Result<StepOutcome> Strategies::step_result(Strategy& s, const std::vector<int64_t>& members, int64_t epoch,
-                                            const std::vector<size_t>& arrivals, kj::Array<ClosureOutcome> all) {
+                                            const std::vector<size_t>& arrivals,
+                                            const std::vector<training::StepInput>& shares,
+                                            kj::Array<ClosureOutcome> all) {
   std::vector<std::string> lost;
   Status first_lost, first_error;
   // A closure's own error beats what its peers saw because of it: their
@@ -535,9 +611,15 @@ Result<StepOutcome> Strategies::step_result(Strategy& s, const std::vector<int64
     for (size_t r = 0; r < all.size(); ++r) {
       out.values.push_back(*all[r].result);
       out.task_indexes.push_back(workers_.task_index(members[r]));
+      if (!shares.empty()) out.examples.push_back(shares[r].count);
     }
+    // The step's positions are committed with its update.
+    if (!shares.empty()) s.input_position = shares.front().end;
+    out.input_position = s.input_position;
     return out;
   }
+  // Not committed: the next group's source says where the input is (the
+  // replicas may have taken the update before the step failed).
   s.formed = false;
   if (!lost.empty()) {
     std::string names;

@@ -74,6 +74,20 @@ class Strategies {
   // variables (a reconnecting program); AlreadyExists when they differ or a
   // parameter-server variable has one of the names.
   Status create(const std::string& name, std::vector<MirroredVariableInit> variables, StrategyConfig config);
+  // Gives strategy `name` its step input (StepInputConfig; the per-worker
+  // dataset exists): from the next step on, each replica reads its share of
+  // the step's positions, and the step commits them with the update. The
+  // same input again is a no-op (a reconnecting program); another one
+  // replaces it and starts at position 0. InvalidArgument for a config that
+  // is not exactly one positive batch size.
+  Status set_input(const std::string& name, const StepInputConfig& input);
+  // set_input's checks of `input` alone.
+  static Status check_input(const std::string& name, const StepInputConfig& input);
+  bool has(const std::string& name) const { return strategies_.count(name) != 0; }
+  // A step's shares of the input for `replicas` replicas from `position`
+  // (by replica: start, count, weight; first and end are the step's).
+  static Result<std::vector<training::StepInput>> split_input(const StepInputConfig& input, int64_t position,
+                                                              size_t replicas);
   // One synchronous step (Coordinator::run_step).
   kj::Promise<Result<StepOutcome>> run_step(std::string strategy, std::string function, std::string args);
   // Replica 0's value of a mirrored variable, and the optimizer step.
@@ -136,12 +150,17 @@ class Strategies {
     // clears it even when dropped.
     std::shared_ptr<bool> busy = std::make_shared<bool>(false);
     int64_t steps = 0;
+    std::optional<StepInputConfig> input;
+    // The positions of the input the replicas' state has consumed: taken
+    // from the source's report at each formation, moved by each step.
+    int64_t input_position = 0;
   };
   // One formation of a group (form_group's stages share it).
   struct Formation {
     std::vector<int64_t> ids;  // by rank
     int64_t epoch = 0;
     int source = 0;  // the rank whose state every member takes
+    int64_t input_position = 0;  // the source's
     std::chrono::milliseconds quick{0};    // replica_status, prepare_replica
     std::chrono::milliseconds forming{0};  // form_replica: connect, then move the state
   };
@@ -177,11 +196,13 @@ class Strategies {
   // Member `r`'s run of the step; its failure aborts the others' group.
   kj::Promise<ClosureOutcome> run_replica(const std::string& name, const std::vector<int64_t>& members,
                                           int64_t epoch, size_t r, const std::string& function,
-                                          const std::string& args, std::shared_ptr<std::vector<size_t>> arrivals);
+                                          const std::string& args, std::optional<training::StepInput> input,
+                                          std::shared_ptr<std::vector<size_t>> arrivals);
   // The step's outcome from every member's answer (`arrivals`: the order
-  // they came in).
+  // they came in; `shares`: the input each took, empty without one).
   Result<StepOutcome> step_result(Strategy& strategy, const std::vector<int64_t>& members, int64_t epoch,
-                                  const std::vector<size_t>& arrivals, kj::Array<ClosureOutcome> all);
+                                  const std::vector<size_t>& arrivals, const std::vector<training::StepInput>& shares,
+                                  kj::Array<ClosureOutcome> all);
 
   // One call to each of `ids` (a member already dropped answers lost).
   template <typename T, typename Call>

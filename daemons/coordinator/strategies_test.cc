@@ -5,6 +5,7 @@
 
 #include <catch2/catch.hpp>
 
+#include "capstan/data/dataset.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/coordinator/test_fakes.h"
 
@@ -294,4 +295,176 @@ TEST_CASE("Strategies alone: a step keeps its strategy busy with its members unt
 }
 
 }  // namespace
+
+// ---- Exactly-once step input ---------------------------------------------------------------
+
+TEST_CASE("a step's global batch is split among its replicas, each weighted by its share", "[coordinator][strategy]") {
+  StepInputConfig global;
+  global.dataset_id = 7;
+  global.global_batch = 10;
+  global.seed = 3;
+  auto three = Strategies::split_input(global, 100, 3).value();
+  REQUIRE(three.size() == 3);
+  CHECK(three[0].start == 100);
+  CHECK(three[0].count == 4);
+  CHECK(three[1].start == 104);
+  CHECK(three[1].count == 3);
+  CHECK(three[2].start == 107);
+  CHECK(three[2].count == 3);
+  double weights = 0;
+  for (const auto& share : three) {
+    CHECK(share.first == 100);
+    CHECK(share.end == 110);
+    CHECK(share.dataset_id == 7);
+    CHECK(share.seed == 3);
+    CHECK(share.weight == Approx(static_cast<double>(share.count) * 3 / 10));
+    weights += share.weight;
+  }
+  CHECK(weights == Approx(3.0));  // the mean of the weighted gradients is the global batch's
+  // Two replicas take the same ten positions.
+  auto two = Strategies::split_input(global, 100, 2).value();
+  CHECK(two[0].count + two[1].count == 10);
+  CHECK(two[1].end == 110);
+  // Per-replica batches: the step grows with the replicas, each weighs 1.
+  StepInputConfig each;
+  each.per_replica_batch = 4;
+  auto per = Strategies::split_input(each, 0, 3).value();
+  CHECK(per[2].start == 8);
+  CHECK(per[2].end == 12);
+  CHECK(per[1].weight == 1.0);
+  // More replicas than examples: refused, naming both.
+  auto refused = Strategies::split_input(global, 0, 11);
+  REQUIRE_FALSE(refused.ok());
+  CHECK_THAT(refused.status().message(), Catch::Contains("10") && Catch::Contains("11 replicas"));
+}
+
+TEST_CASE("a failed step's input positions go to the next step's replicas, a committed step's do not",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b, c;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  h.add_worker(b, {"sync_step"}, 1);
+  int64_t id_c = h.add_worker(c, {"sync_step"}, 2);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config()).ok());
+  StepInputConfig input;
+  input.global_batch = 12;
+  auto id = h.coordinator->distribute_step_input("s", data::Dataset::range(100).serialize(), input).wait(h.io.waitScope);
+  REQUIRE(id.ok());
+  // Every worker got the whole dataset (no shard).
+  REQUIRE(a.datasets.size() == 1);
+  CHECK(a.datasets[0].first == *id);
+
+  auto first = step(h);
+  h.settle();
+  REQUIRE(a.runs.size() == 1);
+  for (WorkerRecord* r : {&a, &b, &c}) {
+    REQUIRE(r->runs[0].run.step_input.has_value());
+    CHECK(r->runs[0].run.step_input->dataset_id == *id);
+    CHECK(r->runs[0].run.step_input->count == 4);
+  }
+  CHECK(a.runs[0].run.step_input->start == 0);
+  CHECK(c.runs[0].run.step_input->start == 8);
+  for (WorkerRecord* r : {&a, &b, &c}) {
+    r->replica.step = 1;
+    r->replica.input_position = 12;  // the replicas took the positions with the update
+    r->reply(0, std::string("ok"));
+  }
+  auto committed = first.wait(h.io.waitScope);
+  REQUIRE(committed.ok());
+  CHECK(committed->examples == std::vector<int64_t>{4, 4, 4});
+  CHECK(committed->input_position == 12);
+
+  // The second step takes [12, 24) and fails: c is lost before anyone
+  // applied the update.
+  auto failing = step(h);
+  h.settle();
+  CHECK(a.runs[1].run.step_input->start == 12);
+  c.reply(1, Status::Unavailable("Peer disconnected"), /*worker_lost=*/true);
+  h.settle();
+  a.reply(1, Status::Unavailable("rank 0 gave up"));
+  b.reply(1, Status::Unavailable("rank 1 gave up"));
+  REQUIRE_FALSE(failing.wait(h.io.waitScope).ok());
+  CHECK_FALSE(h.coordinator->worker_alive(id_c));
+
+  // The next step's two replicas read [12, 24) again, six each, each
+  // weighing 1 (an even split of the same global batch).
+  auto again = step(h);
+  h.settle();
+  REQUIRE(a.forms.size() == 2);
+  CHECK(a.forms[1].input_position == 12);  // from the source's report
+  REQUIRE(a.runs.size() == 3);
+  CHECK(a.runs[2].run.step_input->start == 12);
+  CHECK(a.runs[2].run.step_input->count == 6);
+  CHECK(b.runs[2].run.step_input->start == 18);
+  CHECK(b.runs[2].run.step_input->end == 24);
+  CHECK(b.runs[2].run.step_input->weight == 1.0);
+  a.reply(2, std::string("a"));
+  b.reply(2, std::string("b"));
+  auto out = again.wait(h.io.waitScope);
+  REQUIRE(out.ok());
+  CHECK(out->input_position == 24);
+  CHECK(out->examples == std::vector<int64_t>{6, 6});
+}
+
+TEST_CASE("a step that failed after the replicas took its update does not hand its positions out again",
+          "[coordinator][strategy]") {
+  WorkerRecord a, b;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  h.add_worker(b, {"sync_step"}, 1);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config()).ok());
+  StepInputConfig input;
+  input.per_replica_batch = 5;
+  REQUIRE(h.coordinator->distribute_step_input("s", data::Dataset::range(50).serialize(), input)
+              .wait(h.io.waitScope)
+              .ok());
+  auto failing = step(h);
+  h.settle();
+  // Both applied the update (and so took [0, 10)); then a's closure failed.
+  a.replica.step = b.replica.step = 1;
+  a.replica.input_position = b.replica.input_position = 10;
+  a.reply(0, Status::Internal("the closure failed after apply_gradients"));
+  b.reply(0, Status::Aborted("the group was aborted"));
+  REQUIRE_FALSE(failing.wait(h.io.waitScope).ok());
+  auto next = step(h);
+  h.settle();
+  REQUIRE(a.runs.size() == 2);
+  CHECK(a.runs[1].run.step_input->start == 10);
+  CHECK(b.runs[1].run.step_input->start == 15);
+  a.reply(1, std::string("a"));
+  b.reply(1, std::string("b"));
+  CHECK(next.wait(h.io.waitScope)->input_position == 20);
+}
+
+TEST_CASE("a step input needs exactly one batch size and an existing strategy", "[coordinator][strategy]") {
+  WorkerRecord a;
+  Harness h;
+  h.add_worker(a, {"sync_step"}, 0);
+  REQUIRE(h.coordinator->create_strategy("s", model(), config()).ok());
+  const std::string range = data::Dataset::range(10).serialize();
+  StepInputConfig both;
+  both.global_batch = 4;
+  both.per_replica_batch = 2;
+  auto refused = h.coordinator->distribute_step_input("s", range, both).wait(h.io.waitScope);
+  REQUIRE_FALSE(refused.ok());
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("exactly one"));
+  StepInputConfig none;
+  CHECK(h.coordinator->distribute_step_input("s", range, none).wait(h.io.waitScope).status().code() ==
+        StatusCode::kInvalidArgument);
+  StepInputConfig ok;
+  ok.global_batch = 4;
+  CHECK(h.coordinator->distribute_step_input("missing", range, ok).wait(h.io.waitScope).status().code() ==
+        StatusCode::kNotFound);
+  CHECK(h.coordinator->distribute_step_input("s", "not a dataset", ok).wait(h.io.waitScope).status().code() ==
+        StatusCode::kInvalidArgument);
+  CHECK(a.datasets.empty());  // nothing was sent for a refused input
+  // The same input again (a reconnecting program) is the same dataset.
+  auto first = h.coordinator->distribute_step_input("s", range, ok).wait(h.io.waitScope);
+  auto again = h.coordinator->distribute_step_input("s", range, ok).wait(h.io.waitScope);
+  REQUIRE(first.ok());
+  REQUIRE(again.ok());
+  CHECK(*first == *again);
+}
+
 }  // namespace capstan::coordinator

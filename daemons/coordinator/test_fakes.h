@@ -143,6 +143,7 @@ class FakeWorker : public WorkerPeer {
     record_.forms.push_back(form);
     record_.replica.holds = true;
     record_.replica.checksum = 42;
+    record_.replica.input_position = form.input_position;  // the input goes with the state
     return Result<training::ReplicaReport>(record_.replica);
   }
   kj::Promise<Result<training::MirroredState>> read_replica(std::string) override {

@@ -25,6 +25,10 @@ int main(int argc, char** argv) {
        "MiB a worker may hold for one strategy's mirrored variables (values and optimizer slots; synchronous "
        "training); a strategy that needs more is refused, naming this key, when its group forms.",
        "4096"},
+      {"step_input_memory_mib", OptionType::kInt,
+       "MiB a worker may hold for a strategy's step input (MirroredStrategy::distribute_step_input: every "
+       "worker holds all of its examples); a larger or endless dataset fails the step, naming this key.",
+       "4096"},
   };
   spec.peers = capstan::daemon::one_peer(wire::Role::COORDINATOR, "coordinator", "coordinator");
   spec.make_service = capstan::daemon::service_factory<capstan::worker_server::WorkerService>();

@@ -67,6 +67,7 @@ training::ReplicaReport Replicas::status(const std::string& strategy) {
   report.holds = true;
   report.step = replica->variables->step();
   report.checksum = replica->variables->checksum();
+  report.input_position = replica->input_position;
   return report;
 }
 
@@ -171,10 +172,12 @@ Result<training::ReplicaReport> Replicas::form(const training::ReplicaForm& form
     }
     CAPSTAN_ASSIGN_OR_RETURN(replica->variables, MirroredVariables::join(*group, std::move(specs), form.source));
   }
+  replica->input_position = form.input_position;
   training::ReplicaReport report;
   report.holds = true;
   report.step = replica->variables->step();
   report.checksum = replica->variables->checksum();
+  report.input_position = replica->input_position;
   report.transports = group->transports();
   std::shared_ptr<Communicator> old;
   {
@@ -242,11 +245,13 @@ Result<Replicas::Lease> Replicas::acquire(const std::string& strategy, int64_t e
     hold->group = replica->group;
   }
   Communicator* group = hold->group.get();
+  // The hold keeps replica->mutex locked for as long as the Lease lives.
   MirroredVariables* variables = [&]() NO_THREAD_SAFETY_ANALYSIS { return replica->variables.get(); }();
+  int64_t* input_position = [&]() NO_THREAD_SAFETY_ANALYSIS { return &replica->input_position; }();
   if (variables == nullptr) {
     return Status::FailedPrecondition("strategy '" + strategy + "' has no variables on this worker");
   }
-  return Lease(std::move(hold), group, variables);
+  return Lease(std::move(hold), group, variables, input_position);
 }
 
 }  // namespace capstan::worker_server

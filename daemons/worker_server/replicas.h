@@ -82,17 +82,22 @@ class Replicas {
    public:
     Communicator& group() { return *group_; }
     MirroredVariables& variables() { return *variables_; }
+    // How far the strategy's step input was consumed with these variables
+    // (ReplicaReport::input_position); the step that takes input moves it.
+    int64_t input_position() const { return *input_position_; }
+    void set_input_position(int64_t position) { *input_position_ = position; }
     // Aborts the group so that the other members' collectives fail at once
     // (this member's closure failed before or between them).
     void abort(const Status& reason) { group_->abort(reason); }
 
    private:
     friend class Replicas;
-    Lease(std::shared_ptr<void> hold, Communicator* group, MirroredVariables* variables)
-        : hold_(std::move(hold)), group_(group), variables_(variables) {}
+    Lease(std::shared_ptr<void> hold, Communicator* group, MirroredVariables* variables, int64_t* input_position)
+        : hold_(std::move(hold)), group_(group), variables_(variables), input_position_(input_position) {}
     std::shared_ptr<void> hold_;  // the replica's lock
     Communicator* group_;
     MirroredVariables* variables_;
+    int64_t* input_position_;  // guarded by the lock hold_ keeps
   };
   // FailedPrecondition unless the replica's group is the one of `epoch`.
   Result<Lease> acquire(const std::string& strategy, int64_t epoch);
@@ -105,6 +110,7 @@ class Replicas {
     std::unique_ptr<CollectiveEndpoint> pending GUARDED_BY(mutex);
     int64_t pending_epoch GUARDED_BY(mutex) = 0;
     std::unique_ptr<MirroredVariables> variables GUARDED_BY(mutex);
+    int64_t input_position GUARDED_BY(mutex) = 0;  // see Lease::input_position
     // Read by abort() without `mutex` (a step holds it).
     Mutex group_mutex;
     std::shared_ptr<Communicator> group GUARDED_BY(group_mutex);

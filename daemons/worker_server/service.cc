@@ -1,5 +1,6 @@
 #include "daemons/worker_server/service.h"
 
+#include <cmath>
 #include <optional>
 #include <string>
 
@@ -115,6 +116,7 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx)
   ctx.log->info("collective data address (synchronous training): {} (set collective_host to change it)",
                 replicas_->host());
   worker_ = std::make_shared<Worker>(*ctx.functions, *router_, ctx.identity.task_index(), replicas_.get());
+  worker_->set_step_input_budget(std::max<int64_t>(0, ctx.config.get_int("step_input_memory_mib")) << 20);
   tasks_->add(register_with_coordinator());
   // The coordinator holds this service's capability (registerWorker) over
   // coordinator_, which this service owns: close it at shutdown so that the
@@ -265,12 +267,41 @@ kj::Promise<void> WorkerService::createDatasetFromFunction(CreateDatasetFromFunc
       .then([](Status status) { async::check(status); });
 }
 
+// runClosure's stepInput, checked.
+Result<training::StepInput> step_input_of(wire::StepInput::Reader in) {
+  training::StepInput out;
+  out.dataset_id = in.getDatasetId();
+  out.start = in.getStart();
+  out.count = in.getCount();
+  out.first = in.getFirst();
+  out.end = in.getEnd();
+  out.seed = in.getSeed();
+  out.shuffle = in.getShuffle();
+  out.weight = in.getWeight();
+  constexpr int64_t kMaxCount = int64_t{1} << 24;
+  if (out.first < 0 || out.start < out.first || out.count < 1 || out.count > kMaxCount ||
+      out.start > out.end - out.count || !std::isfinite(out.weight) || out.weight < 0) {
+    return Status::InvalidArgument("runClosure: step input positions [" + std::to_string(out.start) + ", +" +
+                                   std::to_string(out.count) + ") of the step's [" + std::to_string(out.first) + ", " +
+                                   std::to_string(out.end) + ") with weight " + std::to_string(out.weight) +
+                                   " are not a share of a step (count 1 to " + std::to_string(kMaxCount) +
+                                   ", weight finite and >= 0)");
+  }
+  return out;
+}
+
 kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
   auto params = context.getParams();
   RunClosureRequest request = run_request_of(params);
   async::check(worker_->check_closure(request.function));  // before reading the arguments
   request.strategy = text(params.getStrategy());
   request.epoch = params.getEpoch();
+  if (params.getHasStepInput()) {
+    if (request.strategy.empty()) async::check(Status::InvalidArgument("runClosure: a step input without a strategy"));
+    auto input = step_input_of(params.getStepInput());
+    async::check(input.status());
+    request.step_input = *input;
+  }
   auto worker = worker_;
   const bool encoded = params.hasEncodedArgs();
   const size_t limit = ctx_.codec.inline_limit;
@@ -389,6 +420,7 @@ kj::Promise<void> WorkerService::replicaStatus(ReplicaStatusContext context) {
         results.setHolds(report.holds);
         results.setStep(report.step);
         results.setChecksum(report.checksum);
+        results.setInputPosition(report.input_position);
       });
 }
 
@@ -425,6 +457,11 @@ kj::Promise<void> WorkerService::formReplica(FormReplicaContext context) {
   async::check(settings.status().with_context("formReplica"));
   form.settings = *settings;
   form.seed_checkpoint = text(params.getSeedCheckpoint());
+  if (params.getInputPosition() < 0) {
+    async::check(Status::InvalidArgument("formReplica: input position " + std::to_string(params.getInputPosition()) +
+                                         " is negative"));
+  }
+  form.input_position = params.getInputPosition();
   for (auto name : params.getSeedFromCheckpoint()) form.seed_from_checkpoint.push_back(text(name));
   kj::Promise<void> seeded = kj::READY_NOW;
   auto shared = std::make_shared<training::ReplicaForm>(std::move(form));

@@ -31,6 +31,21 @@ class LockedIterator final : public data::Iterator {
   std::unique_ptr<data::Iterator> inner_ GUARDED_BY(mutex_);
 };
 
+// One element, then the end.
+class OneBatch final : public data::Iterator {
+ public:
+  explicit OneBatch(Element batch) : batch_(std::move(batch)) {}
+  Result<std::optional<Element>> get_next() override {
+    if (!batch_.has_value()) return std::optional<Element>();
+    std::optional<Element> out = std::move(batch_);
+    batch_.reset();
+    return out;
+  }
+
+ private:
+  std::optional<Element> batch_;
+};
+
 }  // namespace
 
 // The context one closure run sees. Iterators it hands out stay alive while
@@ -89,6 +104,7 @@ class Worker::Context final : public ClosureContext {
           "iterator(): the argument is not a per-worker dataset (use PerWorkerDataset::arg())");
     }
     int64_t id = arg.flat<int64_t>()[0];
+    if (request_.step_input.has_value() && request_.step_input->dataset_id == id) return step_batch(id);
     MutexLock lock(worker_.mutex_);
     auto it = worker_.iterators_.find(id);
     if (it == worker_.iterators_.end()) {
@@ -104,11 +120,24 @@ class Worker::Context final : public ClosureContext {
   }
 
  private:
+  // The step's share of its strategy's step input, as an iterator of one
+  // batch (asked for again, the same iterator: the step reads its share
+  // once).
+  Result<data::Iterator*> step_batch(int64_t id) {
+    if (step_batch_ == nullptr) {
+      CAPSTAN_ASSIGN_OR_RETURN(auto elements, worker_.step_input_elements(id));
+      CAPSTAN_ASSIGN_OR_RETURN(Element batch, elements->batch(*request_.step_input));
+      step_batch_ = std::make_shared<OneBatch>(std::move(batch));
+    }
+    return step_batch_.get();
+  }
+
   Worker& worker_;
   const RunClosureRequest& request_;
   const std::shared_ptr<std::atomic<bool>> cancelled_;
   Replicas::Lease* const replica_;  // a synchronous step's; else null
   std::vector<std::shared_ptr<data::Iterator>> held_;
+  std::shared_ptr<data::Iterator> step_batch_;
 };
 
 Worker::Worker(const FunctionRegistry& functions, VariableAccess& variables, int task_index, Replicas* replicas)
@@ -157,7 +186,9 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
     running_[id] = cancelled;
   }
   Context context(*this, request, cancelled, replica.has_value() ? &*replica : nullptr);
-  Result<Element> result = cancelled->load() ? Result<Element>(Status::Cancelled("")) : (*fn)(context, request.args);
+  Result<Element> result = cancelled->load()      ? Result<Element>(Status::Cancelled(""))
+                           : replica.has_value() ? run_step_closure(*fn, request, context, *replica)
+                                                 : (*fn)(context, request.args);
   if (id != 0) {
     MutexLock lock(mutex_);
     running_.erase(id);
@@ -174,6 +205,54 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
   }
   if (!result.ok()) return result.status().with_context(request.function);
   return result;
+}
+
+Result<Element> Worker::run_step_closure(const ClosureFunction& fn, const RunClosureRequest& request,
+                                        Context& context, Replicas::Lease& replica) {
+  if (!request.step_input.has_value()) return fn(context, request.args);
+  const training::StepInput& input = *request.step_input;
+  MirroredVariables& variables = replica.variables();
+  CAPSTAN_RETURN_IF_ERROR(variables.set_gradient_weight(input.weight).with_context("step input"));
+  const int64_t step_before = variables.step();
+  Result<Element> result = fn(context, request.args);
+  (void)variables.set_gradient_weight(1.0);
+  // The variables took this step's examples: the input position goes with
+  // them, whatever the closure did after its update.
+  if (result.ok() || variables.step() != step_before) replica.set_input_position(input.end);
+  return result;
+}
+
+Result<std::shared_ptr<const StepInputElements>> Worker::step_input_elements(int64_t id) {
+  MutexLock reading(step_input_read_mutex_);
+  std::shared_ptr<data::Iterator> iterator;
+  {
+    MutexLock lock(mutex_);
+    if (auto it = step_inputs_.find(id); it != step_inputs_.end()) return it->second;
+    auto it = iterators_.find(id);
+    if (it == iterators_.end()) {
+      auto failed = failures_.find(id);
+      return Status::FailedPrecondition(
+          "step input (per-worker dataset " + std::to_string(id) + ") has no iterator on this worker" +
+          (failed != failures_.end() ? ": building it failed: " + failed->second.to_string() : std::string()));
+    }
+    iterator = it->second;
+  }
+  auto elements = StepInputElements::read(*iterator, step_input_budget_.load());
+  const std::string context = "step input (per-worker dataset " + std::to_string(id) + ")";
+  if (!elements.ok()) {
+    // The read stopped part way: the next step reads from a fresh iterator.
+    IteratorMaker make;
+    {
+      MutexLock lock(mutex_);
+      if (auto it = makers_.find(id); it != makers_.end()) make = it->second;
+    }
+    if (make) (void)install(id, make);
+    return elements.status().with_context(context);
+  }
+  MutexLock lock(mutex_);
+  // Kept only while the iterator it was read from is the dataset's.
+  if (auto it = iterators_.find(id); it != iterators_.end() && it->second == iterator) step_inputs_[id] = *elements;
+  return *elements;
 }
 
 std::vector<Result<Element>> Worker::run_closures(const std::vector<Result<RunClosureRequest>>& requests) {
@@ -209,6 +288,7 @@ Status Worker::install(int64_t id, IteratorMaker make) {
   MutexLock lock(mutex_);
   iterators_[id] = std::move(locked);
   makers_[id] = std::move(make);
+  step_inputs_.erase(id);
   return Status::Ok();
 }
 
@@ -241,6 +321,7 @@ Status Worker::restore_iterator(int64_t id, const std::string& state) {
   auto locked = std::make_shared<LockedIterator>(std::move(fresh));
   MutexLock lock(mutex_);
   iterators_[id] = std::move(locked);
+  step_inputs_.erase(id);
   return Status::Ok();
 }
 
@@ -251,6 +332,7 @@ Status Worker::record(int64_t id, Status status) {
   } else {
     iterators_.erase(id);  // a failed rebuild leaves no stale iterator behind
     makers_.erase(id);
+    step_inputs_.erase(id);
     failures_[id] = status;
   }
   return status;
@@ -297,6 +379,7 @@ void Worker::clear_datasets() {
   MutexLock lock(mutex_);
   iterators_.clear();
   makers_.clear();
+  step_inputs_.clear();
   failures_.clear();
   uids_.clear();
   stale_.clear();
@@ -313,6 +396,7 @@ void Worker::drop_stale_datasets() {
   for (int64_t id : stale_) {
     iterators_.erase(id);
     makers_.erase(id);
+    step_inputs_.erase(id);
     failures_.erase(id);
     uids_.erase(id);
   }

@@ -28,6 +28,7 @@
 #include <map>
 #include <set>
 #include <memory>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -36,6 +37,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "daemons/worker_server/replicas.h"
+#include "daemons/worker_server/step_input.h"
 #include "sync/mutex.h"
 #include "training/variable_router.h"
 
@@ -58,6 +60,10 @@ struct RunClosureRequest {
   int64_t epoch = 0;
   // When the coordinator gives up on the run; max(): never.
   std::chrono::system_clock::time_point deadline = std::chrono::system_clock::time_point::max();
+  // A synchronous step's share of its strategy's step input: the closure's
+  // ctx.iterator() of that dataset yields the batch of these positions,
+  // once (StepInputElements).
+  std::optional<training::StepInput> step_input = std::nullopt;
 };
 
 class Worker {
@@ -98,6 +104,8 @@ class Worker {
                                       uint64_t uid = 0);
   // Forgets every iterator.
   void clear_datasets();
+  // The most a step input's elements may take in memory (StepInputElements).
+  void set_step_input_budget(int64_t bytes) { step_input_budget_.store(bytes); }
   // Registering again: the datasets the coordinator does not send again
   // before drop_stale_datasets() are forgotten then; those it sends again
   // with their uid keep their iterators.
@@ -129,6 +137,13 @@ class Worker {
   // Remembers how building dataset `id` ended; returns `status`.
   Status record(int64_t id, Status status);
   Result<data::Iterator*> iterator(const Tensor& arg);
+  // The elements of step input `id`, read from its iterator the first time.
+  Result<std::shared_ptr<const StepInputElements>> step_input_elements(int64_t id);
+  // Runs `fn` for `request`, with the step input's weight on the replica's
+  // gradients; moves the replica's input position when the step took its
+  // input (the closure succeeded, or its variables took the update).
+  Result<Element> run_step_closure(const ClosureFunction& fn, const RunClosureRequest& request, Context& context,
+                                   Replicas::Lease& replica);
 
   const FunctionRegistry& functions_;
   VariableAccess& variables_;
@@ -143,6 +158,10 @@ class Worker {
   std::map<int64_t, Status> failures_ GUARDED_BY(mutex_);
   std::map<int64_t, uint64_t> uids_ GUARDED_BY(mutex_);  // of the built iterators
   std::set<int64_t> stale_ GUARDED_BY(mutex_);
+  // Step inputs' elements, by dataset id; dropped with their iterator.
+  std::map<int64_t, std::shared_ptr<const StepInputElements>> step_inputs_ GUARDED_BY(mutex_);
+  Mutex step_input_read_mutex_;  // one read of a step input's elements at a time
+  std::atomic<int64_t> step_input_budget_{int64_t{4} << 30};
   // Running closures' cancel flags, by closure id.
   std::map<int64_t, std::shared_ptr<std::atomic<bool>>> running_ GUARDED_BY(mutex_);
   // Cancels that arrived before their run, oldest first.

@@ -57,6 +57,9 @@ struct ReplicaReport {
   bool holds = false;
   int64_t step = 0;
   uint64_t checksum = 0;
+  // The strategy's step input consumed up to here (StepInput::end of the
+  // last step this replica's variables took): it travels with the state.
+  int64_t input_position = 0;
   std::vector<std::string> transports;  // formReplica only: to each member, by rank
 };
 
@@ -78,6 +81,27 @@ struct ReplicaForm {
 
   bool has_seed() const { return seed.has_value() || !seed_checkpoint.empty(); }
   CollectiveSettings settings;
+  // The source's input position (ReplicaReport::input_position): every
+  // member takes it with the state.
+  int64_t input_position = 0;
+};
+
+// A synchronous step's share of the strategy's step input (exactly-once
+// input): the positions [start, start + count) of the input's global order,
+// where position p is element perm(seed, p / N)[p % N] of the N elements
+// (each epoch a fresh permutation, or the dataset's order without
+// shuffle). The step as a whole takes [first, end); `weight` scales this
+// replica's gradients in the group's mean (count * replicas / global
+// count), so that uneven shares give the global batch's mean gradient.
+struct StepInput {
+  int64_t dataset_id = 0;
+  int64_t start = 0;
+  int64_t count = 0;
+  int64_t first = 0;
+  int64_t end = 0;
+  uint64_t seed = 0;
+  bool shuffle = true;
+  double weight = 1.0;
 };
 
 // saveReplica's answer: the file a replica wrote into a checkpoint being

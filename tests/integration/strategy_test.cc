@@ -10,8 +10,10 @@
 #include <chrono>
 #include <cmath>
 #include <future>
+#include <map>
 #include <thread>
 
+#include "capstan/data/dataset.h"
 #include "capstan/strategy.h"
 #include "capstan/training.h"
 #include "tests/harness/process.h"
@@ -285,6 +287,130 @@ TEST_CASE("strategy requests that cannot be served say why", "[strategy]") {
   auto waited = lonely->run("linear_step", step_args(0, 4));
   CHECK(waited.status().code() == StatusCode::kUnavailable);
   CHECK_THAT(waited.status().message(), Catch::Contains("needs 3 worker(s)"));
+}
+
+// ---- Exactly-once input ------------------------------------------------------------------
+
+constexpr int64_t kInputExamples = 60;
+constexpr int64_t kInputBatch = 10;  // uneven among 3 replicas: 4, 3, 3
+
+StepInputOptions input_options() {
+  StepInputOptions o;
+  o.global_batch = kInputBatch;
+  o.seed = 11;
+  return o;
+}
+
+// The ids a committed step trained on, by the epoch of its positions.
+void count_ids(const PerReplica& step, std::map<int64_t, std::map<int64_t, int>>& seen) {
+  int64_t examples = 0;
+  for (size_t r = 0; r < step.values.size(); ++r) {
+    const Tensor& ids = step.values[r].components.at(1);
+    CHECK(ids.num_elements() == step.examples.at(r));
+    examples += ids.num_elements();
+    const int64_t epoch = (step.input_position - 1) / kInputExamples;
+    for (int64_t id : ids.flat<int64_t>()) ++seen[epoch][id];
+  }
+  CHECK(examples == kInputBatch);  // a constant global batch, whatever the replicas
+}
+
+// `steps` committed steps of the step input on one worker: w and b after.
+std::pair<std::vector<float>, std::vector<float>> train_input_alone(int64_t steps) {
+  Replicated r(1);
+  auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::sgd(0.1)), options(1)).value();
+  auto input = strategy->distribute_step_input(data::Dataset::range(kInputExamples), input_options()).value();
+  for (int64_t s = 0; s < steps; ++s) REQUIRE(strategy->run("input_linear_step", Element{{input.arg()}, {}}).ok());
+  return {values(strategy->read_variable("w").value()), values(strategy->read_variable("b").value())};
+}
+
+TEST_CASE("exactly-once input: a worker killed mid-step takes nothing, every example once per epoch, the model one "
+          "worker trains",
+          "[strategy][fault][input]") {
+  Replicated r(3);
+  auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::sgd(0.1)), options(1)).value();
+  auto input = strategy->distribute_step_input(data::Dataset::range(kInputExamples), input_options()).value();
+  std::map<int64_t, std::map<int64_t, int>> seen;  // epoch -> id -> times trained
+  int64_t committed = 0;
+  auto run = [&](int64_t pause_ms) { return strategy->run("input_linear_step", Element{{input.arg(), Tensor::scalar<int64_t>(pause_ms)}, {}}); };
+  for (int s = 0; s < 4; ++s) {
+    auto step = run(0);
+    REQUIRE(step.ok());
+    CHECK(step->examples == std::vector<int64_t>{4, 3, 3});
+    count_ids(*step, seen);
+    ++committed;
+  }
+  // Worker 2 dies while the step computes, before any replica applied it.
+  auto slow = std::async(std::launch::async, [&]() { return run(1500); });
+  std::this_thread::sleep_for(600ms);
+  r.workers[2]->kill_now();
+  auto failed = slow.get();
+  INFO(failed.status().to_string());
+  REQUIRE_FALSE(failed.ok());
+  CHECK(failed.status().code() == StatusCode::kUnavailable);
+  // The survivors read the failed step's positions again, five each.
+  auto retried = run(0);
+  REQUIRE(retried.ok());
+  CHECK(retried->examples == std::vector<int64_t>{5, 5});
+  CHECK(retried->input_position == 5 * kInputBatch);
+  count_ids(*retried, seen);
+  ++committed;
+  for (int s = 0; s < 3; ++s) {
+    auto step = run(0);
+    REQUIRE(step.ok());
+    count_ids(*step, seen);
+    ++committed;
+  }
+  // Worker 2 comes back holding nothing, not even an input position.
+  r.workers[2] = &r.add_worker(2);
+  REQUIRE(wait_until([&]() { return r.client->num_workers() == 3; }, 15s));
+  while (committed < 3 * kInputExamples / kInputBatch) {
+    auto step = run(0);
+    REQUIRE(step.ok());
+    CHECK(step->examples.size() == 3);
+    count_ids(*step, seen);
+    ++committed;
+  }
+  REQUIRE(strategy->verify_replicas().ok());
+  // Three epochs, each every example exactly once.
+  REQUIRE(seen.size() == 3);
+  for (const auto& [epoch, ids] : seen) {
+    INFO("epoch " << epoch);
+    CHECK(ids.size() == static_cast<size_t>(kInputExamples));
+    for (const auto& [id, times] : ids) CHECK(times == 1);
+  }
+  // Constant global batch: the same optimizer steps one worker takes with
+  // the whole batch, through 3, 2 and 3 replicas of uneven shares.
+  auto w = values(strategy->read_variable("w").value());
+  auto b = values(strategy->read_variable("b").value());
+  auto [w1, b1] = train_input_alone(committed);
+  INFO("3/2/3 replicas: w " << w[0] << " " << w[1] << " b " << b[0] << "; 1 replica: w " << w1[0] << " " << w1[1]
+                            << " b " << b1[0]);
+  for (size_t i = 0; i < 2; ++i) CHECK(std::abs(w[i] - w1[i]) < 1e-5);
+  CHECK(std::abs(b[0] - b1[0]) < 1e-5);
+  CHECK(std::abs(w[0] - 3) < 1.0);  // it learned
+}
+
+TEST_CASE("a step input with per-replica batches grows the step with the replicas, and bad options are refused",
+          "[strategy][input]") {
+  Replicated r(2);
+  auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::sgd(0.1)), options(2)).value();
+  StepInputOptions both;
+  both.global_batch = 8;
+  both.per_replica_batch = 4;
+  auto refused = strategy->distribute_step_input(data::Dataset::range(20), both);
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(refused.status().message(), Catch::Contains("exactly one of global_batch"));
+  StepInputOptions each;
+  each.per_replica_batch = 3;
+  each.shuffle = false;
+  auto input = strategy->distribute_step_input(data::Dataset::range(20), each).value();
+  auto step = strategy->run("input_linear_step", Element{{input.arg()}, {}});
+  REQUIRE(step.ok());
+  CHECK(step->examples == std::vector<int64_t>{3, 3});
+  CHECK(step->input_position == 6);
+  // Without shuffle: the dataset's order, replica 0 first.
+  auto ids = step->values[0].components.at(1).flat<int64_t>();
+  CHECK(std::vector<int64_t>(ids.begin(), ids.end()) == std::vector<int64_t>{0, 1, 2});
 }
 
 }  // namespace

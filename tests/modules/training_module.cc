@@ -7,6 +7,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -57,9 +58,47 @@ Result<Element> linear_step(ClosureContext& ctx, int64_t step, int64_t global_ba
                  {}};
 }
 
+// The same regression over a strategy's step input of example ids (a
+// dataset of int64 scalars): the step's batch is this replica's share of
+// the ids (ctx.iterator). Pauses `pause_ms` before the update (a replica
+// lost then fails the step before anyone applied it). Returns [this
+// replica's loss, the ids it trained on, the variables' step before].
+Result<Element> input_linear_step(ClosureContext& ctx, const Tensor& input, int64_t pause_ms) {
+  capstan::MirroredVariables* vars = ctx.mirrored();
+  if (vars == nullptr) return Status::FailedPrecondition("input_linear_step runs as a synchronous step");
+  CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * it, ctx.iterator(input));
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> batch, it->get_next());
+  if (!batch.has_value()) return Status::OutOfRange("the step input gave no batch");
+  const Tensor ids = batch->components.at(0);
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor w, vars->value("w"));
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor b, vars->value("b"));
+  const float w0 = w.flat<float>()[0], w1 = w.flat<float>()[1], b0 = b.flat<float>()[0];
+  double gw0 = 0, gw1 = 0, gb = 0, loss = 0;
+  for (int64_t id : ids.flat<int64_t>()) {
+    const double x0 = std::sin(static_cast<double>(id)), x1 = std::cos(3.0 * static_cast<double>(id));
+    const double err = w0 * x0 + w1 * x1 + b0 - (3 * x0 - 2 * x1 + 1);
+    loss += err * err;
+    gw0 += 2 * err * x0;
+    gw1 += 2 * err * x1;
+    gb += 2 * err;
+  }
+  if (pause_ms > 0) std::this_thread::sleep_for(std::chrono::milliseconds(pause_ms));
+  const auto k = static_cast<double>(ids.num_elements());
+  const int64_t before = vars->step();
+  CAPSTAN_RETURN_IF_ERROR(vars->apply_gradients(
+      {Tensor::from_vector<float>({static_cast<float>(gw0 / k), static_cast<float>(gw1 / k)}, {2}).value(),
+       Tensor::from_vector<float>({static_cast<float>(gb / k)}, {1}).value()}));
+  return Element{{Tensor::scalar<float>(static_cast<float>(loss / k)), ids, Tensor::scalar<int64_t>(before)}, {}};
+}
+
 }  // namespace
 
 CAPSTAN_MODULE(registry) {
+  // Synchronous step over a step input: args [the input's arg(), pause ms].
+  registry.register_closure("input_linear_step", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    const int64_t pause = args.components.size() > 1 ? args.components[1].flat<int64_t>()[0] : 0;
+    return input_linear_step(ctx, args.components.at(0), pause);
+  });
   // Synchronous step: args [step, global batch] (int64 scalars).
   registry.register_closure("linear_step", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
     return linear_step(ctx, args.components.at(0).flat<int64_t>()[0], args.components.at(1).flat<int64_t>()[0]);

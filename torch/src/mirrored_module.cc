@@ -108,6 +108,9 @@ struct MirroredModule::Impl {
   // backward): they and train_step meet under this mutex.
   std::mutex mutex;
   bool in_backward = false;  // GUARDED_BY(mutex): hooks act only then
+  // This rank's gradient weight for the step (MirroredVariables::
+  // gradient_weight), taken as backward starts.
+  double gradient_weight = 1.0;
   size_t next_launch = 0;    // GUARDED_BY(mutex): buckets launch in order
   Status hook_error;         // GUARDED_BY(mutex)
   int64_t launched_this_step = 0;  // GUARDED_BY(mutex)
@@ -203,10 +206,11 @@ struct MirroredModule::Impl {
         }
         return;
       }
-      slot.add_(gradient);
+      slot.add_(gradient, gradient_weight);
       return;
     }
     slot.copy_(gradient);
+    if (gradient_weight != 1.0) slot.mul_(gradient_weight);
     p.ready = true;
     --b.pending;
     launch_ready();
@@ -600,6 +604,7 @@ Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::
   {
     std::lock_guard<std::mutex> lock(impl.mutex);
     impl.in_backward = true;
+    impl.gradient_weight = impl.variables != nullptr ? impl.variables->gradient_weight() : 1.0;
     // Parameters this backward will not reach go now, so that their
     // buckets do not hold back the others until backward returns.
     if (impl.options.find_unused_parameters) {

@@ -67,9 +67,20 @@ class MirroredVariables {
   // Updates applied so far.
   int64_t step() const;
 
+  // This rank's weight in the mean of the ranks' gradients: the mean
+  // apply_gradients() all-reduces is (1/n) * sum of w_r * g_r, which is the
+  // global batch's mean gradient when each g_r is the mean over rank r's
+  // own b_r examples and w_r = b_r * n / B (B examples in all). 1 (equal
+  // shares) by default. A MirroredStrategy step with a constant global
+  // batch split unevenly sets it for its closure (MirroredModule's buckets
+  // apply it too). InvalidArgument when not finite or < 0.
+  Status set_gradient_weight(double weight);
+  double gradient_weight() const;
+
   // Collective: one dense gradient per variable, in creation order, of this
-  // rank's mean loss. They are averaged over the ranks, then every replica
-  // applies its variable's optimizer.
+  // rank's mean loss. They are averaged over the ranks (weighted by
+  // gradient_weight()), then every replica applies its variable's
+  // optimizer.
   Status apply_gradients(const std::vector<Tensor>& gradients);
   // The same at options.learning_rate instead of the optimizers' own rates
   // (every variable's; InvalidArgument naming it, before any collective,

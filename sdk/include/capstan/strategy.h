@@ -65,6 +65,23 @@ struct StrategyOptions {
   CollectiveOptions collective;
 };
 
+// The step input's options (MirroredStrategy::distribute_step_input):
+// exactly one batch size > 0.
+struct StepInputOptions {
+  // constant_global_batch: every step trains on this many examples, split
+  // among the live replicas (as evenly as it goes; each replica's gradient
+  // is weighted by its share, so the optimizer sees the global batch's
+  // mean gradient whatever the replicas).
+  int64_t global_batch = 0;
+  // Or each replica takes this many (TF's behaviour: the step's batch
+  // grows and shrinks with the replicas).
+  int64_t per_replica_batch = 0;
+  // Each epoch visits the examples in a fresh permutation drawn from the
+  // seed and the epoch (a global shuffle); false: the dataset's order.
+  bool shuffle = true;
+  uint64_t seed = 0;
+};
+
 // TF's PerReplica: one step's values, by replica (replica r ran on the
 // worker of task task_indexes[r]).
 struct PerReplica {
@@ -72,6 +89,11 @@ struct PerReplica {
   std::vector<int> task_indexes;
   int64_t step = 0;   // synchronous steps the strategy has run, this one included
   int64_t epoch = 0;  // the group the step ran in (a new one after each re-formation)
+  // With a step input: the examples replica r took, and the positions of
+  // the input consumed after this step (epoch e of an input of N examples
+  // is positions [e*N, (e+1)*N)).
+  std::vector<int64_t> examples;
+  int64_t input_position = 0;
 };
 
 struct ReplicaStatus {
@@ -120,6 +142,19 @@ class MirroredStrategy {
   // the closure with ctx.iterator(). A pipeline reading the data service
   // (DYNAMIC sharding) shares the work across whatever replicas there are.
   Result<PerWorkerDataset> distribute_dataset(const data::Dataset& dataset);
+  // Exactly-once input for the steps (beyond TF, whose input loses a failed
+  // step's examples and a lost worker's position): `examples`, a finite,
+  // deterministic dataset of single examples (no batch(), shuffle() or
+  // repeat(): the steps batch, shuffle and go on through epochs), held
+  // whole in every worker's memory. Each step hands every replica the next
+  // positions of the input as one batch, through ctx.iterator(arg) as
+  // usual, and commits them with the step's update; a step that fails
+  // commits nothing, and the next step's replicas, however many, read the
+  // same positions again. A worker that dies takes nothing with it, and
+  // one that joins needs no input state: the position travels with the
+  // replicas' variables. Every example is seen exactly once per epoch.
+  // InvalidArgument for options without exactly one batch size.
+  Result<PerWorkerDataset> distribute_step_input(const data::Dataset& examples, StepInputOptions options);
   // distribute_datasets_from_function: `dataset_function` (in the workers'
   // module) builds each worker's pipeline from its InputContext.
   Result<PerWorkerDataset> distribute_datasets_from_function(const std::string& dataset_function);

@@ -1,5 +1,6 @@
 #include "capstan/mirrored.h"
 
+#include <cmath>
 #include <cstring>
 #include <map>
 #include <optional>
@@ -59,6 +60,7 @@ struct MirroredVariables::Impl {
   std::vector<Variable> variables;
   std::map<std::string, size_t> by_name;
   int64_t step = 0;
+  double gradient_weight = 1.0;
 
   // Names, dtypes, shapes and optimizer kinds: must agree across ranks.
   uint64_t layout_digest() const {
@@ -245,10 +247,41 @@ Status MirroredVariables::apply_gradients(const std::vector<Tensor>& gradients, 
     CAPSTAN_RETURN_IF_ERROR(
         training::validate_learning_rate_override(*options.learning_rate).with_context("apply_gradients"));
   }
-  CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> mean, impl_->group->all_reduce(gradients, ReduceOp::kMean));
+  const double w = impl_->gradient_weight;
+  std::vector<Tensor> weighted;
+  if (w != 1.0) {
+    weighted.reserve(gradients.size());
+    for (const Tensor& g : gradients) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor scaled, Tensor::uninitialized(g.dtype(), g.shape()));
+      if (g.dtype() == DType::kFloat32) {
+        auto in = g.flat<float>();
+        auto out = scaled.mutable_flat<float>();
+        for (size_t i = 0; i < in.size(); ++i) out[i] = static_cast<float>(in[i] * w);
+      } else {
+        auto in = g.flat<double>();
+        auto out = scaled.mutable_flat<double>();
+        for (size_t i = 0; i < in.size(); ++i) out[i] = in[i] * w;
+      }
+      weighted.push_back(std::move(scaled));
+    }
+  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> mean,
+                           impl_->group->all_reduce(w != 1.0 ? weighted : gradients, ReduceOp::kMean));
   impl_->apply_mean(mean, options.learning_rate);
   return Status::Ok();
 }
+
+Status MirroredVariables::set_gradient_weight(double weight) {
+  if (!std::isfinite(weight) || weight < 0) {
+    return Status::InvalidArgument("set_gradient_weight: " + std::to_string(weight) +
+                                   " is not a finite weight >= 0 (a rank's share of the global batch times the "
+                                   "number of ranks)");
+  }
+  impl_->gradient_weight = weight;
+  return Status::Ok();
+}
+
+double MirroredVariables::gradient_weight() const { return impl_->gradient_weight; }
 
 Status MirroredVariables::apply_averaged_gradients(const std::vector<Tensor>& gradients) {
   return apply_averaged_gradients(gradients, ApplyOptions{});

@@ -66,6 +66,8 @@ Result<PerReplica> MirroredStrategy::run(const std::string& function, const Elem
           out->step = r.getStep();
           out->epoch = r.getEpoch();
           for (int32_t t : r.getTaskIndexes()) out->task_indexes.push_back(t);
+          for (int64_t n : r.getExamples()) out->examples.push_back(n);
+          out->input_position = r.getInputPosition();
           out->values.resize(r.getValues().size());
           auto reads = kj::heapArrayBuilder<kj::Promise<void>>(r.getValues().size());
           for (unsigned i = 0; i < r.getValues().size(); ++i) {
@@ -189,6 +191,24 @@ Status MirroredStrategy::verify_replicas() {
 
 Result<PerWorkerDataset> MirroredStrategy::distribute_dataset(const data::Dataset& dataset) {
   return impl_->cluster.create_per_worker_dataset(dataset);
+}
+
+Result<PerWorkerDataset> MirroredStrategy::distribute_step_input(const data::Dataset& examples,
+                                                                StepInputOptions options) {
+  std::string definition = examples.serialize();
+  return impl_->cluster.impl_->call<PerWorkerDataset>(
+      "distributing the step input of strategy '" + impl_->name + "'", [&](wire::Coordinator::Client c) {
+        auto request = c.distributeStepInputRequest();
+        request.setStrategy(impl_->name);
+        request.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
+        request.setGlobalBatch(options.global_batch);
+        request.setPerReplicaBatch(options.per_replica_batch);
+        request.setSeed(options.seed);
+        request.setShuffle(options.shuffle);
+        return request.send().then([](capnp::Response<wire::Coordinator::DistributeStepInputResults>&& r) {
+          return PerWorkerDataset{r.getDatasetId()};
+        });
+      });
 }
 
 Result<PerWorkerDataset> MirroredStrategy::distribute_datasets_from_function(const std::string& dataset_function) {

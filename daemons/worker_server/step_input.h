@@ -1,0 +1,69 @@
+// A strategy's step input on one worker (exactly-once input for
+// synchronous steps, see "Exactly-once input" in docs/design.md): the
+// elements of a finite, deterministic dataset read once into memory, and
+// the batch of any positions of the input's global order.
+//
+// Position p of the global order is element perm(seed, p / N)[p % N] of the
+// N elements: each epoch (N positions) visits every element once, in a
+// permutation drawn from the seed and the epoch (the dataset's own order
+// without shuffle). The coordinator hands each replica of a step a range of
+// positions; the replica needs no state of its own to read them, so a
+// worker that (re)joins reads on from wherever the group is.
+//
+//   auto elements = StepInputElements::read(*iterator, budget).value();
+//   Element batch = elements->batch({.start = 96, .count = 32, .seed = 7}).value();
+//
+// Thread-safe (const; the permutations are cached under a mutex).
+#ifndef CAPSTAN_DAEMONS_WORKER_SERVER_STEP_INPUT_H_
+#define CAPSTAN_DAEMONS_WORKER_SERVER_STEP_INPUT_H_
+
+#include <cstdint>
+#include <map>
+#include <memory>
+#include <vector>
+
+#include "capstan/data/dataset.h"
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+#include "sync/mutex.h"
+#include "types/replica.h"
+
+namespace capstan::worker_server {
+
+class StepInputElements {
+ public:
+  // Every element of `iterator`, which must end: FailedPrecondition when
+  // they take more than `budget_bytes` (an endless dataset, or one too
+  // large to hold: the input must be a finite dataset of examples, without
+  // repeat()), or when there are none. An element's error fails the read.
+  static Result<std::shared_ptr<const StepInputElements>> read(data::Iterator& iterator, int64_t budget_bytes);
+
+  int64_t size() const { return static_cast<int64_t>(elements_.size()); }
+  int64_t bytes() const { return bytes_; }
+
+  // The element indices of positions [start, start + count).
+  std::vector<int64_t> indices(int64_t start, int64_t count, uint64_t seed, bool shuffle) const;
+  // Those elements stacked into one batch (each component gains a leading
+  // dimension of `count`). InvalidArgument for a negative range or
+  // elements whose components differ in dtype or shape.
+  Result<Element> batch(const training::StepInput& input) const;
+
+  // Epoch `epoch`'s permutation of [0, n), the same on every machine
+  // (Fisher-Yates over SplitMix64, not the standard library's shuffle).
+  static std::vector<int64_t> permutation(int64_t n, uint64_t seed, int64_t epoch);
+
+ private:
+  StepInputElements() = default;
+  std::shared_ptr<const std::vector<int64_t>> epoch_order(uint64_t seed, int64_t epoch) const;
+
+  std::vector<Element> elements_;
+  int64_t bytes_ = 0;
+  mutable Mutex mutex_;
+  // The last permutations made, by (seed, epoch): a step reads at most two.
+  mutable std::map<std::pair<uint64_t, int64_t>, std::shared_ptr<const std::vector<int64_t>>> orders_
+      GUARDED_BY(mutex_);
+};
+
+}  // namespace capstan::worker_server
+
+#endif  // CAPSTAN_DAEMONS_WORKER_SERVER_STEP_INPUT_H_
