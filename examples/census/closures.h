@@ -50,13 +50,35 @@ inline capstan::Result<int64_t> check_batch(const capstan::Element& batch) {
 
 // The next batch of the per-worker dataset `dataset` (check_batch'ed), and
 // its number of examples in *n.
+// A batch of census::examples(...).enumerate() (a step input that counts
+// its examples) starts with the examples' ids: they go to *example_ids
+// (when given), the rest is the batch.
 inline capstan::Result<capstan::Element> next_batch(capstan::ClosureContext& ctx, const capstan::Tensor& dataset,
-                                                    int64_t* n) {
+                                                    int64_t* n, capstan::Tensor* example_ids = nullptr) {
   CAPSTAN_ASSIGN_OR_RETURN(capstan::data::Iterator * iterator, ctx.iterator(dataset));
   CAPSTAN_ASSIGN_OR_RETURN(std::optional<capstan::Element> batch, iterator->get_next());
   if (!batch) return capstan::Status::OutOfRange("the per-worker dataset is exhausted");
+  if (batch->size() == 4 && batch->components[0].dtype() == capstan::DType::kInt64 &&
+      batch->components[0].rank() == 1) {
+    if (example_ids != nullptr) *example_ids = batch->components[0];
+    batch->components.erase(batch->components.begin());
+    batch->names.clear();
+  }
   CAPSTAN_ASSIGN_OR_RETURN(*n, check_batch(*batch));
   return std::move(*batch);
+}
+
+// A synchronous step's value: loss, correct, examples, and the examples'
+// ids when the batch carried them (see next_batch).
+inline capstan::Element step_value(float loss, int64_t correct, int64_t n, const capstan::Tensor& example_ids) {
+  capstan::Element out{{capstan::Tensor::scalar<float>(loss), capstan::Tensor::scalar<int64_t>(correct),
+                        capstan::Tensor::scalar<int64_t>(n)},
+                       {"loss", "correct", "examples"}};
+  if (example_ids.dtype() == capstan::DType::kInt64 && example_ids.num_elements() == n) {
+    out.components.push_back(example_ids);
+    out.names.push_back("example_ids");
+  }
+  return out;
 }
 
 // The arguments of an evaluation closure (census_evaluate,

@@ -110,6 +110,7 @@
 #include <filesystem>
 #include <functional>
 #include <iostream>
+#include <map>
 #include <optional>
 #include <random>
 #include <string>
@@ -726,6 +727,50 @@ int launch_replicas(int argc, char** argv, Flags flags, const std::string& train
 // 85.5%.
 constexpr double kStrategyTorchWideLearningRate = 0.2;
 
+// The examples each epoch of a step input trained on, by id (the step
+// values' "example_ids"): epoch e is positions [e * n, (e + 1) * n), and a
+// step's replicas took its positions in replica order.
+class ExampleCounts {
+ public:
+  explicit ExampleCounts(int64_t n) : n_(n) {}
+  Status add(const capstan::PerReplica& step, int64_t global_batch) {
+    int64_t position = step.input_position - global_batch;
+    for (const auto& value : step.values) {
+      if (value.components.size() < 4) return Status::DataLoss("a replica's value has no example ids");
+      for (int64_t id : value.components[3].flat<int64_t>()) {
+        if (id < 0 || id >= n_) return Status::DataLoss("example id " + std::to_string(id) + " is not in [0, n)");
+        auto& epoch = times_[position / n_];
+        epoch.resize(static_cast<size_t>(n_));
+        ++epoch[static_cast<size_t>(id)];
+        ++position;
+      }
+    }
+    if (position != step.input_position) {
+      return Status::DataLoss("the replicas trained on " + std::to_string(position - step.input_position +
+                                                                          global_batch) +
+                              " examples; the step took " + std::to_string(global_batch));
+    }
+    return Status::Ok();
+  }
+  // DataLoss naming an example seen other than once in epoch `epoch`.
+  Status check_epoch(int64_t epoch) {
+    auto& times = times_[epoch];
+    times.resize(static_cast<size_t>(n_));
+    for (int64_t id = 0; id < n_; ++id) {
+      if (times[static_cast<size_t>(id)] != 1) {
+        return Status::DataLoss("example " + std::to_string(id) + " was trained on " +
+                                std::to_string(times[static_cast<size_t>(id)]) + " times in the epoch");
+      }
+    }
+    times_.erase(epoch);
+    return Status::Ok();
+  }
+
+ private:
+  const int64_t n_;
+  std::map<int64_t, std::vector<int32_t>> times_;  // by epoch (from 0), by example id
+};
+
 int run_strategy(const Flags& flags, const std::string& train_path, const std::string& test_path) {
   const bool hybrid = flags.mode == "strategy-hybrid";
   capstan::ClientOptions options;
@@ -762,23 +807,39 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   auto strategy = capstan::MirroredStrategy::create(cluster, mirrored, strategy_options);
   if (!strategy.ok()) return fail("creating the strategy", strategy.status());
 
-  // Each worker reads its shard; a step reads one batch on every replica.
   const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.min_workers);
-  auto pipeline = training_input(flags, census::training_batches(train_path, local_batch, flags.seed), options,
-                                 run_job_name("census-" + flags.mode), /*say=*/true);
-  if (!pipeline.ok()) return fail("reading through the data service", pipeline.status());
-  auto input = (*strategy)->distribute_dataset(*pipeline);
-  if (!input.ok()) return fail("distributing the input pipeline", input.status());
-  const int64_t hybrid_flag = hybrid ? 1 : 0;
   const int64_t global_batch = local_batch * flags.min_workers;
+  // Without a data service: exactly-once input. Every worker holds the
+  // examples (with their ids, counted below); each step splits the next
+  // global batch among the live replicas, and a failed step's examples go
+  // to the next. With --dispatcher: each worker reads its shard through the
+  // data service, a batch per replica a step (TF's distributed dataset).
+  const bool exactly_once = flags.dispatcher.empty();
+  capstan::Result<capstan::PerWorkerDataset> input = capstan::Status::Unknown("not made");
+  if (exactly_once) {
+    capstan::StepInputOptions step_input;
+    step_input.global_batch = global_batch;
+    step_input.seed = seed;
+    input = (*strategy)->distribute_step_input(census::examples(train_path, 1, 0).enumerate(), step_input);
+    if (!input.ok()) return fail("distributing the step input", input.status());
+  } else {
+    auto pipeline = training_input(flags, census::training_batches(train_path, local_batch, flags.seed), options,
+                                   run_job_name("census-" + flags.mode), /*say=*/true);
+    if (!pipeline.ok()) return fail("reading through the data service", pipeline.status());
+    input = (*strategy)->distribute_dataset(*pipeline);
+    if (!input.ok()) return fail("distributing the input pipeline", input.status());
+  }
+  const int64_t hybrid_flag = hybrid ? 1 : 0;
   const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
   std::printf("census: Wide & Deep in %s, %s mode: the worker-servers are the replicas (MirroredStrategy '%s', at "
-              "least %d); %s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
+              "least %d); %s; %lld epochs of %lld steps of %lld examples (%s)\n",
               torch ? "LibTorch" : "Eigen", flags.mode.c_str(), strategy_options.name.c_str(), flags.min_workers,
               hybrid ? "wide table and embeddings on the parameter servers, the MLP mirrored"
                      : "every variable mirrored",
               static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),
-              static_cast<long long>(global_batch), static_cast<long long>(local_batch));
+              static_cast<long long>(global_batch),
+              exactly_once ? "exactly-once step input: the global batch split among the live replicas"
+                           : (std::to_string(local_batch) + " per replica").c_str());
   std::fflush(stdout);
   auto summaries = capstan::examples::open_summaries(flags.logdir, "census");
   if (!summaries.ok()) return fail("writing TensorBoard events", summaries.status());
@@ -789,16 +850,28 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   Metrics metrics;
   double train_seconds = 0;
   int64_t trained = 0, lost_steps = 0;
+  ExampleCounts counts(kTrainingExamples);
+  int64_t position = 0;  // of the step input: epoch e ends at e * kTrainingExamples
+  int64_t failed_in_a_row = 0;
   for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
     progress.start_epoch(epoch);
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
+    for (int64_t s = 0; exactly_once ? position < epoch * kTrainingExamples : s < steps_per_epoch; ++s) {
       auto per_replica = (*strategy)->run(step_closure, step_args);
-      if (per_replica.status().code() == capstan::StatusCode::kUnavailable && ++lost_steps <= 10) {
-        // A worker was lost: the next step goes on with the others.
+      // A worker was lost: the next step goes on with the others (with the
+      // step input, from the failed step's examples).
+      if (per_replica.status().code() == capstan::StatusCode::kUnavailable &&
+          (exactly_once ? ++failed_in_a_row <= 10 : ++lost_steps <= 10)) {
         std::printf("\ncensus: %s\n", per_replica.status().to_string().c_str());
+        std::fflush(stdout);
         continue;
       }
       if (!per_replica.ok()) return fail("a step of epoch " + std::to_string(epoch), per_replica.status());
+      failed_in_a_row = 0;
+      if (exactly_once) {
+        position = per_replica->input_position;
+        Status counted = counts.add(*per_replica, global_batch);
+        if (!counted.ok()) return fail("counting the step's examples", counted);
+      }
       double loss = 0;
       int64_t correct = 0, examples = 0;
       for (const auto& v : per_replica->values) {
@@ -812,6 +885,13 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
     progress.end_epoch();
     train_seconds += progress.seconds();
     trained += progress.examples();
+    if (exactly_once) {
+      // Every example of this epoch's positions, each exactly once.
+      Status exact = counts.check_epoch(epoch - 1);
+      if (!exact.ok()) return fail("epoch " + std::to_string(epoch) + "'s examples", exact);
+      std::printf("census: epoch %lld trained on every example exactly once (%lld ids)\n",
+                  static_cast<long long>(epoch), static_cast<long long>(kTrainingExamples));
+    }
     // Each replica evaluates its shard of adult.test with its variables.
     auto evaluated = (*strategy)->run(evaluate_closure,
                                       Element{{*Tensor::from_strings({test_path}, {}), Tensor::scalar<int64_t>(hybrid_flag)}, {}});

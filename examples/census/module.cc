@@ -155,14 +155,14 @@ Result<Element> sync_step(ClosureContext& ctx, const Element& args) {
   }
   if (args.size() != 2) return Status::InvalidArgument("census_sync_step takes (per-worker dataset, hybrid)");
   int64_t n = 0;
-  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n));
+  Tensor example_ids;
+  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n, &example_ids));
   const census::Tables tables = context_tables(ctx);
   CAPSTAN_ASSIGN_OR_RETURN(census::StepOutput step,
                            census::replica_step(batch, *ctx.mirrored(), hybrid_flag(args, 1) ? &tables : nullptr,
                                                 /*train=*/true));
-  return Element{{Tensor::scalar<float>(static_cast<float>(step.output.loss_sum / static_cast<double>(n))),
-                  Tensor::scalar<int64_t>(step.output.correct), Tensor::scalar<int64_t>(n)},
-                 {"loss", "correct", "examples"}};
+  return census::step_value(static_cast<float>(step.output.loss_sum / static_cast<double>(n)), step.output.correct,
+                            n, example_ids);
 }
 
 Result<Element> sync_evaluate(ClosureContext& ctx, const Element& args) {

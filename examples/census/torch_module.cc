@@ -197,7 +197,8 @@ Result<Element> sync_step(ClosureContext& ctx, const Element& args) {
   CAPSTAN_RETURN_IF_ERROR(check_sync(ctx, "census_torch_sync_step"));
   if (args.size() != 2) return Status::InvalidArgument("census_torch_sync_step takes (per-worker dataset, hybrid)");
   int64_t n = 0;
-  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n));
+  Tensor example_ids;
+  CAPSTAN_ASSIGN_OR_RETURN(Element batch, census::next_batch(ctx, args.components[0], &n, &example_ids));
   CAPSTAN_ASSIGN_OR_RETURN(Batch b, to_torch(batch));
   std::lock_guard<std::mutex> lock(sync_mutex);
   CAPSTAN_ASSIGN_OR_RETURN(SyncModel * m, sync_model(ctx, hybrid_flag(args, 1), /*reattach=*/false));
@@ -211,9 +212,7 @@ Result<Element> sync_step(ClosureContext& ctx, const Element& args) {
   }));
   if (m->ps != nullptr) CAPSTAN_RETURN_IF_ERROR(m->ps->push(ctx));
   const int64_t correct = ((logits.detach() > 0) == (b.labels > 0.5)).sum().item<int64_t>();
-  return Element{{Tensor::scalar<float>(loss.item<float>()), Tensor::scalar<int64_t>(correct),
-                  Tensor::scalar<int64_t>(n)},
-                 {"loss", "correct", "examples"}};
+  return census::step_value(loss.item<float>(), correct, n, example_ids);
 }
 
 Result<Element> sync_evaluate(ClosureContext& ctx, const Element& args) {

@@ -136,8 +136,16 @@ case "$mode" in
   strategy | strategy-hybrid)
     model=eigen
     [[ -n $torch_module ]] && model=torch
-    run_census "$output_file" --mode "$mode" --model "$model" --dispatcher "$DISPATCHER" --min-workers 2 --seed 1 \
+    # strategy: the exactly-once step input (no data service), which counts
+    # every example of the epoch by id; strategy-hybrid: each worker's shard
+    # through the data service.
+    input=()
+    [[ $mode == strategy-hybrid ]] && input=(--dispatcher "$DISPATCHER")
+    run_census "$output_file" --mode "$mode" --model "$model" "${input[@]}" --min-workers 2 --seed 1 \
       --checkpoint-dir "$run_dir/checkpoints"
+    if [[ $mode == strategy ]] && ! grep -q "epoch 1 trained on every example exactly once (32561 ids)" "$output_file"; then
+      result fail "the report does not say that epoch 1 trained on every example exactly once"
+    fi
     if ! ls "$run_dir"/checkpoints/*/ >/dev/null 2>&1; then
       result fail "no checkpoint under $run_dir/checkpoints"
     fi
