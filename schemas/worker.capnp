@@ -94,13 +94,14 @@ interface Worker extends(Common.Node) {
   # comes back as `encodedResult`, unless it is larger than the worker's
   # inline limit (then `result`).
   # `stepInput` (hasStepInput): a synchronous step's share of its
-  # strategy's exactly-once input (StepInput).
+  # strategy's exactly-once input (StepInput); `inputTaken`: the closure
+  # read it (the step consumed its positions).
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
                  placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
                  deadlineUnixMs :Int64, workerIndex :Int32 = -1,
                  strategy :Text, epoch :Int64, encodedArgs :Data,
                  stepInput :StepInput, hasStepInput :Bool)
-      -> (result :Common.Element, encodedResult :Data);
+      -> (result :Common.Element, encodedResult :Data, inputTaken :Bool);
   # Several closures of the parameter-server kind (no strategy) in one
   # call, run one after another in the order given, as if each had come
   # in its own runClosure: the coordinator batches them when its queue is

@@ -45,6 +45,8 @@ struct ClosureOutcome {
   Result<std::string> result = std::string();
   // The link to the worker broke: the worker is gone; `result` says why.
   bool worker_lost = false;
+  // A synchronous step's closure read its step input.
+  bool input_taken = false;
 };
 
 // A registered worker. A run_closure promise that rejects counts as a lost

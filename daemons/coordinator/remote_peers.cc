@@ -103,7 +103,9 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   return request.send().then(
       [](capnp::Response<wire::Worker::RunClosureResults>&& response) {
         auto value = outcome_of(response.hasEncodedResult(), response.getEncodedResult(), response.getResult());
-        return value.then([response = kj::mv(response)](ClosureOutcome outcome) mutable {
+        const bool input_taken = response.getInputTaken();
+        return value.then([response = kj::mv(response), input_taken](ClosureOutcome outcome) mutable {
+          outcome.input_taken = input_taken;
           release_later(kj::mv(response));
           return outcome;
         });

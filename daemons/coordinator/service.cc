@@ -287,6 +287,18 @@ void CoordinatorService::register_metrics(daemon::MetricsRegistry& metrics,
   metrics.callback_counter("capstan_coordinator_steps_total",
                            "Synchronous training steps (MirroredStrategy run) completed on every replica.",
                            read(&S::steps_completed));
+  metrics.callback_counter("capstan_coordinator_steps_failed_total",
+                           "Synchronous training steps that failed (a replica lost, or a closure's error); their step "
+                           "input goes to the next step.",
+                           read(&S::steps_failed));
+  metrics.callback_gauge("capstan_coordinator_step_replicas",
+                         "Replicas that took part in the last synchronous step that succeeded (its workers are in "
+                         "the coordinator's log at each formation).",
+                         read(&S::step_replicas));
+  metrics.callback_counter("capstan_coordinator_step_examples_total",
+                           "Examples of the strategies' step inputs committed by synchronous steps (exactly once per "
+                           "epoch).",
+                           read(&S::step_examples));
   metrics.callback_counter("capstan_coordinator_ps_recoveries_total",
                            "Parameter servers restored from a checkpoint after coming back empty.",
                            read(&S::ps_recoveries));

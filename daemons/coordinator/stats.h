@@ -23,6 +23,9 @@ struct CoordinatorStats {
   std::atomic<int64_t> peer_snapshots{0};           // deltas sent to a buddy
   std::atomic<int64_t> peer_snapshot_failures{0};
   std::atomic<int64_t> steps_completed{0};  // synchronous steps (run_step) that succeeded
+  std::atomic<int64_t> steps_failed{0};     // synchronous steps that failed (a replica lost or its closure's error)
+  std::atomic<int64_t> step_replicas{0};    // replicas of the last synchronous step that succeeded
+  std::atomic<int64_t> step_examples{0};    // step input examples committed by synchronous steps
   std::atomic<int64_t> closures_released{0};  // results (or closures in flight) the programs let go
   std::atomic<int64_t> results_kept{0};       // finished closures whose values are kept for fetch
   std::atomic<int64_t> clients{0};            // program clients heard from within client_grace

@@ -276,7 +276,13 @@ kj::Promise<Result<StepOutcome>> Strategies::run_step(std::string name, std::str
       })
       .then([this, busy = s.busy](Out out) {
         *busy = false;
-        if (out.ok()) ++loop_.stats.steps_completed;
+        if (out.ok()) {
+          ++loop_.stats.steps_completed;
+          loop_.stats.step_replicas.store(static_cast<int64_t>(out->values.size()));
+          for (int64_t n : out->examples) loop_.stats.step_examples += n;
+        } else {
+          ++loop_.stats.steps_failed;
+        }
         loop_.changes.notify();
         return out;
       })
@@ -608,13 +614,25 @@ Result<StepOutcome> Strategies::step_result(Strategy& s, const std::vector<int64
     StepOutcome out;
     out.steps = ++s.steps;
     out.epoch = epoch;
+    // The step's positions are committed with its update when its closure
+    // read them (an evaluation step of the same strategy does not).
+    size_t took = 0;
+    for (const auto& o : all) took += o.input_taken ? 1 : 0;
+    const bool consumed = !shares.empty() && took == all.size();
     for (size_t r = 0; r < all.size(); ++r) {
       out.values.push_back(*all[r].result);
       out.task_indexes.push_back(workers_.task_index(members[r]));
-      if (!shares.empty()) out.examples.push_back(shares[r].count);
+      if (consumed) out.examples.push_back(shares[r].count);
     }
-    // The step's positions are committed with its update.
-    if (!shares.empty()) s.input_position = shares.front().end;
+    if (consumed) s.input_position = shares.front().end;
+    if (took != 0 && !consumed) {
+      // Some replicas moved their input position, some not: the next group
+      // takes its source's (whose variables are the ones that go on).
+      loop_.log->warn("strategy '{}': step {}: {} of {} replicas read the step input; the next step re-forms the "
+                      "group from its source's input position",
+                      s.name, out.steps, took, all.size());
+      s.formed = false;
+    }
     out.input_position = s.input_position;
     return out;
   }

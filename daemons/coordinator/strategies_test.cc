@@ -373,16 +373,25 @@ TEST_CASE("a failed step's input positions go to the next step's replicas, a com
   REQUIRE(committed.ok());
   CHECK(committed->examples == std::vector<int64_t>{4, 4, 4});
   CHECK(committed->input_position == 12);
+  // A step whose closure does not read the input (an evaluation) is handed
+  // the next positions but commits none of them.
+  auto evaluation = step(h);
+  h.settle();
+  for (WorkerRecord* r : {&a, &b, &c}) r->reply_without_input(1, std::string("eval"));
+  auto evaluated = evaluation.wait(h.io.waitScope);
+  REQUIRE(evaluated.ok());
+  CHECK(evaluated->examples.empty());
+  CHECK(evaluated->input_position == 12);
 
-  // The second step takes [12, 24) and fails: c is lost before anyone
+  // The next step takes [12, 24) and fails: c is lost before anyone
   // applied the update.
   auto failing = step(h);
   h.settle();
-  CHECK(a.runs[1].run.step_input->start == 12);
-  c.reply(1, Status::Unavailable("Peer disconnected"), /*worker_lost=*/true);
+  CHECK(a.runs[2].run.step_input->start == 12);
+  c.reply(2, Status::Unavailable("Peer disconnected"), /*worker_lost=*/true);
   h.settle();
-  a.reply(1, Status::Unavailable("rank 0 gave up"));
-  b.reply(1, Status::Unavailable("rank 1 gave up"));
+  a.reply(2, Status::Unavailable("rank 0 gave up"));
+  b.reply(2, Status::Unavailable("rank 1 gave up"));
   REQUIRE_FALSE(failing.wait(h.io.waitScope).ok());
   CHECK_FALSE(h.coordinator->worker_alive(id_c));
 
@@ -392,14 +401,14 @@ TEST_CASE("a failed step's input positions go to the next step's replicas, a com
   h.settle();
   REQUIRE(a.forms.size() == 2);
   CHECK(a.forms[1].input_position == 12);  // from the source's report
-  REQUIRE(a.runs.size() == 3);
-  CHECK(a.runs[2].run.step_input->start == 12);
-  CHECK(a.runs[2].run.step_input->count == 6);
-  CHECK(b.runs[2].run.step_input->start == 18);
-  CHECK(b.runs[2].run.step_input->end == 24);
-  CHECK(b.runs[2].run.step_input->weight == 1.0);
-  a.reply(2, std::string("a"));
-  b.reply(2, std::string("b"));
+  REQUIRE(a.runs.size() == 4);
+  CHECK(a.runs[3].run.step_input->start == 12);
+  CHECK(a.runs[3].run.step_input->count == 6);
+  CHECK(b.runs[3].run.step_input->start == 18);
+  CHECK(b.runs[3].run.step_input->end == 24);
+  CHECK(b.runs[3].run.step_input->weight == 1.0);
+  a.reply(3, std::string("a"));
+  b.reply(3, std::string("b"));
   auto out = again.wait(h.io.waitScope);
   REQUIRE(out.ok());
   CHECK(out->input_position == 24);

@@ -84,7 +84,13 @@ struct WorkerRecord {
   // Answers the closure dispatched `index`-th.
   void reply(size_t index, Result<std::string> result, bool worker_lost = false) {
     REQUIRE(index < runs.size());
-    runs[index].reply->fulfill(ClosureOutcome{std::move(result), worker_lost});
+    // A synchronous step's closure reads its step input.
+    runs[index].reply->fulfill(ClosureOutcome{std::move(result), worker_lost, runs[index].run.step_input.has_value()});
+  }
+  // A step whose closure did not read its step input (an evaluation).
+  void reply_without_input(size_t index, Result<std::string> result) {
+    REQUIRE(index < runs.size());
+    runs[index].reply->fulfill(ClosureOutcome{std::move(result), false, false});
   }
   size_t open_runs() {
     size_t n = 0;

@@ -55,6 +55,7 @@ RunClosureRequest run_request_of(Reader run) {
 // else as an element (its tensors referenced or pulled in chunks).
 struct Answer {
   bool encoded = false;
+  bool input_taken = false;  // a synchronous step read its step input
   std::string bytes;
   Element element;
 };
@@ -320,12 +321,16 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
         return async::run_on_pool(ctx_.pool, [worker, request = std::move(request), bytes = std::move(args.bytes), encoded,
                                             limit]() mutable -> Result<Answer> {
           if (encoded) CAPSTAN_RETURN_IF_ERROR(decode_args(bytes, request));
-          CAPSTAN_ASSIGN_OR_RETURN(Element value, worker->run_closure(request));
-          return answer_of(std::move(value), encoded, limit);
+          bool took_input = false;
+          CAPSTAN_ASSIGN_OR_RETURN(Element value, worker->run_closure(request, &took_input));
+          Answer answer = answer_of(std::move(value), encoded, limit);
+          answer.input_taken = took_input;
+          return answer;
         });
       })
       .then([this, context](Result<Answer> answer) mutable {
         async::check(answer.status());
+        context.getResults().setInputTaken(answer->input_taken);
         if (answer->encoded) {
           context.getResults().setEncodedResult(
               kj::arrayPtr(reinterpret_cast<const kj::byte*>(answer->bytes.data()), answer->bytes.size()));

@@ -123,14 +123,24 @@ class Worker::Context final : public ClosureContext {
   // The step's share of its strategy's step input, as an iterator of one
   // batch (asked for again, the same iterator: the step reads its share
   // once).
+  // Reading it weights this replica's gradients by its share of the step
+  // (MirroredVariables::set_gradient_weight).
   Result<data::Iterator*> step_batch(int64_t id) {
     if (step_batch_ == nullptr) {
       CAPSTAN_ASSIGN_OR_RETURN(auto elements, worker_.step_input_elements(id));
       CAPSTAN_ASSIGN_OR_RETURN(Element batch, elements->batch(*request_.step_input));
+      if (replica_ != nullptr) {
+        CAPSTAN_RETURN_IF_ERROR(replica_->variables().set_gradient_weight(request_.step_input->weight));
+      }
       step_batch_ = std::make_shared<OneBatch>(std::move(batch));
     }
     return step_batch_.get();
   }
+
+ public:
+  bool took_step_input() const { return step_batch_ != nullptr; }
+
+ private:
 
   Worker& worker_;
   const RunClosureRequest& request_;
@@ -160,7 +170,7 @@ Status Worker::check_closure(const std::string& function) const {
   return Status::Ok();
 }
 
-Result<Element> Worker::run_closure(const RunClosureRequest& request) {
+Result<Element> Worker::run_closure(const RunClosureRequest& request, bool* took_step_input) {
   const ClosureFunction* fn = functions_.find_closure(request.function);
   if (fn == nullptr) return check_closure(request.function);
   CAPSTAN_RETURN_IF_ERROR(variables_.refresh_if_older(request.placement_version));
@@ -193,6 +203,7 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
     MutexLock lock(mutex_);
     running_.erase(id);
   }
+  if (took_step_input != nullptr) *took_step_input = context.took_step_input();
   if (replica.has_value() && !result.ok()) {
     // The other replicas may be waiting in a collective this one will not
     // call: let them fail now, with this replica's error.
@@ -210,15 +221,15 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request) {
 Result<Element> Worker::run_step_closure(const ClosureFunction& fn, const RunClosureRequest& request,
                                         Context& context, Replicas::Lease& replica) {
   if (!request.step_input.has_value()) return fn(context, request.args);
-  const training::StepInput& input = *request.step_input;
   MirroredVariables& variables = replica.variables();
-  CAPSTAN_RETURN_IF_ERROR(variables.set_gradient_weight(input.weight).with_context("step input"));
   const int64_t step_before = variables.step();
   Result<Element> result = fn(context, request.args);
-  (void)variables.set_gradient_weight(1.0);
-  // The variables took this step's examples: the input position goes with
-  // them, whatever the closure did after its update.
-  if (result.ok() || variables.step() != step_before) replica.set_input_position(input.end);
+  (void)variables.set_gradient_weight(1.0);  // reading the input set it
+  // A closure that read the step input and succeeded, or whose variables
+  // took the update made from it: the input position goes with them.
+  if (context.took_step_input() && (result.ok() || variables.step() != step_before)) {
+    replica.set_input_position(request.step_input->end);
+  }
   return result;
 }
 

@@ -82,7 +82,8 @@ class Worker {
   Status check_closure(const std::string& function) const;
   // Runs the closure; its error comes back with the closure's name.
   // Cancelled when cancel_closure() named it before it returned.
-  Result<Element> run_closure(const RunClosureRequest& request);
+  // *took_step_input (when given): the closure read its step input.
+  Result<Element> run_closure(const RunClosureRequest& request, bool* took_step_input = nullptr);
   // Runs a batch (the coordinator's runClosures) one after another on the
   // calling thread; an outcome per request, in order. A request that is an
   // error (it could not be read) is that run's outcome. After a run fails,

@@ -87,6 +87,8 @@
 //   --log-every N            without a terminal, print progress every N steps (default 100)
 //   --checkpoint-dir DIR     after training, save a checkpoint there (every
 //                            mode; the parameter servers' format)
+//   --step-log FILE          strategy mode: a line per step run ("<unix ms>
+//                            ok|failed <input position> <replicas>")
 //   --logdir DIR             write TensorBoard event files there (`tensorboard
 //                            --logdir DIR`): train/loss, train/accuracy and
 //                            train/examples_per_second (the epoch so far)
@@ -105,7 +107,9 @@
 
 #include <chrono>
 #include <cstdio>
+#include <cerrno>
 #include <cstdlib>
+#include <cstring>
 #include <deque>
 #include <filesystem>
 #include <functional>
@@ -165,6 +169,7 @@ struct Flags {
   double target_auc = 0.90;
   int64_t log_every = 100;
   std::string checkpoint_dir;
+  std::string step_log;
   std::string logdir;  // empty: no TensorBoard events
   int replicas = 2;
   int rank = -1;  // sync/hybrid: -1 launches the replicas
@@ -180,7 +185,7 @@ struct Flags {
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
                " [--lr-decay cosine|none]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
-               " [--checkpoint-dir DIR] [--logdir DIR] [--replicas N] [--rank R --group NAME]\n";
+               " [--checkpoint-dir DIR] [--step-log FILE] [--logdir DIR] [--replicas N] [--rank R --group NAME]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -222,6 +227,7 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--target-auc") flags.target_auc = real();
     else if (name == "--log-every") flags.log_every = integer(1);
     else if (name == "--checkpoint-dir") flags.checkpoint_dir = value;
+    else if (name == "--step-log") flags.step_log = value;
     else if (name == "--logdir") flags.logdir = value;
     else if (name == "--replicas") flags.replicas = static_cast<int>(integer(1));
     else if (name == "--rank") flags.rank = static_cast<int>(integer(0));
@@ -851,12 +857,29 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   double train_seconds = 0;
   int64_t trained = 0, lost_steps = 0;
   ExampleCounts counts(kTrainingExamples);
+  // --step-log: a line per step run, for bench/sync_failure_bench:
+  // "<unix ms> ok|failed <input position> <replicas>".
+  std::unique_ptr<std::FILE, int (*)(std::FILE*)> step_log(nullptr, &std::fclose);
+  if (!flags.step_log.empty()) {
+    step_log.reset(std::fopen(flags.step_log.c_str(), "w"));
+    if (step_log == nullptr) return fail("opening --step-log " + flags.step_log, Status::Unavailable(std::strerror(errno)));
+  }
+  auto log_step = [&](bool ok, int64_t at, size_t replicas) {
+    if (step_log == nullptr) return;
+    const auto now = std::chrono::duration_cast<std::chrono::milliseconds>(
+        std::chrono::system_clock::now().time_since_epoch());
+    std::fprintf(step_log.get(), "%lld %s %lld %zu\n", static_cast<long long>(now.count()), ok ? "ok" : "failed",
+                 static_cast<long long>(at), replicas);
+    std::fflush(step_log.get());
+  };
   int64_t position = 0;  // of the step input: epoch e ends at e * kTrainingExamples
   int64_t failed_in_a_row = 0;
   for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
     progress.start_epoch(epoch);
     for (int64_t s = 0; exactly_once ? position < epoch * kTrainingExamples : s < steps_per_epoch; ++s) {
       auto per_replica = (*strategy)->run(step_closure, step_args);
+      log_step(per_replica.ok(), per_replica.ok() ? per_replica->input_position : position,
+               per_replica.ok() ? per_replica->values.size() : 0);
       // A worker was lost: the next step goes on with the others (with the
       // step input, from the failed step's examples).
       if (per_replica.status().code() == capstan::StatusCode::kUnavailable &&

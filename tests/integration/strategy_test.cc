@@ -359,6 +359,11 @@ TEST_CASE("exactly-once input: a worker killed mid-step takes nothing, every exa
     REQUIRE(step.ok());
     count_ids(*step, seen);
     ++committed;
+    // A step that reads no input between them takes none of it.
+    auto evaluation = strategy->run("mirrored_step");
+    REQUIRE(evaluation.ok());
+    CHECK(evaluation->examples.empty());
+    CHECK(evaluation->input_position == step->input_position);
   }
   // Worker 2 comes back holding nothing, not even an input position.
   r.workers[2] = &r.add_worker(2);
@@ -371,6 +376,11 @@ TEST_CASE("exactly-once input: a worker killed mid-step takes nothing, every exa
     ++committed;
   }
   REQUIRE(strategy->verify_replicas().ok());
+  // The coordinator's metrics say the same: the examples committed, the
+  // failed step, and how many replicas the last step had.
+  CHECK(metric(*r.coordinator, "capstan_coordinator_step_examples_total") == committed * kInputBatch);
+  CHECK(metric(*r.coordinator, "capstan_coordinator_steps_failed_total") == 1);
+  CHECK(metric(*r.coordinator, "capstan_coordinator_step_replicas") == 3);
   // Three epochs, each every example exactly once.
   REQUIRE(seen.size() == 3);
   for (const auto& [epoch, ids] : seen) {

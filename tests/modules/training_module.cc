@@ -94,6 +94,12 @@ Result<Element> input_linear_step(ClosureContext& ctx, const Tensor& input, int6
 }  // namespace
 
 CAPSTAN_MODULE(registry) {
+  // A synchronous step that reads nothing (an evaluation): the variables'
+  // step.
+  registry.register_closure("mirrored_step", [](ClosureContext& ctx, const Element&) -> Result<Element> {
+    if (ctx.mirrored() == nullptr) return Status::FailedPrecondition("mirrored_step runs as a synchronous step");
+    return Element{{Tensor::scalar<int64_t>(ctx.mirrored()->step())}, {}};
+  });
   // Synchronous step over a step input: args [the input's arg(), pause ms].
   registry.register_closure("input_linear_step", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
     const int64_t pause = args.components.size() > 1 ? args.components[1].flat<int64_t>()[0] : 0;
