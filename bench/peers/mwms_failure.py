@@ -55,7 +55,9 @@ Figures (both printed; RESULT lines for bench/compare):
   steps/s with failures  steps committed / --seconds: committed = the
                          global step at the phase's end minus the one at its
                          start (what the model state holds; steps trained
-                         after the last backup and lost in a kill are not)
+                         after the last backup and lost in a kill are not;
+                         if the job is restarting at the end, its last
+                         backup's step)
   step efficiency        committed / attempted (attempted: every step any
                          incarnation completed, redone ones included)
   kill -> next step      from each kill to the first step the restarted job
@@ -183,7 +185,8 @@ def worker_main(argv):
                       loss=keras.losses.BinaryCrossentropy(from_logits=True))
 
     scratch = os.path.join(args.dir, f"scratch-w{args.index}")
-    backup = SharedBackup(os.path.join(args.dir, "backup"), scratch, args.index == 0, args.save_freq, keras)
+    backup = SharedBackup(os.path.join(args.dir, "backup"), scratch, args.index == 0, args.save_freq, keras,
+                          on_saved=lambda step: log.write(f"backup {args.incarnation} {time.time():.6f} {step}\n"))
 
     class StepLog(keras.callbacks.Callback):
         def on_train_begin(self, logs=None):
@@ -227,9 +230,10 @@ class SharedBackup:
     collectives); both restore from backup_dir. Each file is written beside
     and renamed into place."""
 
-    def __init__(self, backup_dir, scratch_dir, is_chief, save_freq, keras):
+    def __init__(self, backup_dir, scratch_dir, is_chief, save_freq, keras, on_saved=None):
         outer = self
         self.save_dir = backup_dir if is_chief else scratch_dir
+        self.on_saved = on_saved if is_chief else None  # called with the step once a backup is in place
 
         class Callback(keras.callbacks.BackupAndRestore):
             def _save_model(self):
@@ -242,6 +246,8 @@ class SharedBackup:
                     json.dump({"epoch": self._current_epoch, "batch": self._last_batch_seen,
                                "step": int(self.model.optimizer.iterations.numpy())}, f)
                 os.replace(metadata + ".tmp", metadata)
+                if outer.on_saved:
+                    outer.on_saved(int(self.model.optimizer.iterations.numpy()))
 
         self.callback = Callback(backup_dir, save_freq=save_freq, delete_checkpoint=False)
 
@@ -287,10 +293,11 @@ LIVE_JOBS = []  # every Job started and not yet killed, for cleanup on any exit
 
 
 def read_log(phase_dir, workers):
-    """(steps, restores, starts): steps = [(time, incarnation, global step)],
-    restores = {incarnation: global step restored}, starts = {incarnation:
-    first start time}; from every worker's log."""
-    steps, restores, starts = [], {}, {}
+    """(steps, restores, starts, backups): steps = [(time, incarnation,
+    global step)], restores = {incarnation: global step restored}, starts =
+    {incarnation: first start time}, backups = [(time, global step)] in
+    place; from every worker's log."""
+    steps, restores, starts, backups = [], {}, {}, []
     for index in range(workers):
         path = os.path.join(phase_dir, f"steps-w{index}.log")
         if not os.path.exists(path):
@@ -307,8 +314,11 @@ def read_log(phase_dir, workers):
                     restores[incarnation] = int(fields[3])
                 elif kind == "start":
                     starts[incarnation] = min(t, starts.get(incarnation, t))
+                elif kind == "backup":
+                    backups.append((t, int(fields[3])))
     steps.sort()
-    return steps, restores, starts
+    backups.sort()
+    return steps, restores, starts, backups
 
 
 def run_phase(args, name, kills):
@@ -322,7 +332,7 @@ def run_phase(args, name, kills):
 
     deadline = time.time() + args.start_timeout
     while True:
-        steps, _, starts = read_log(phase_dir, 2)
+        steps, _, starts, _ = read_log(phase_dir, 2)
         if steps:
             break
         for index, proc in enumerate(job.procs):
@@ -383,9 +393,15 @@ def run_phase(args, name, kills):
     job.kill_all()
     LIVE_JOBS.remove(job)
 
-    steps, restores, starts = read_log(phase_dir, 2)
+    steps, restores, starts, backups = read_log(phase_dir, 2)
     in_window = [s for s in steps if t0 <= s[0] <= end]
-    committed = in_window[-1][2] - step0 if in_window else 0
+    # Committed at the end: the live job's last step; if it has made none
+    # yet (still restarting), what it will restore: the last backup.
+    if in_window and in_window[-1][1] == incarnation:
+        end_step = in_window[-1][2]
+    else:
+        end_step = max([b for t, b in backups if t <= end] + [step0])
+    committed = end_step - step0
     attempted = len({(inc, step) for _, inc, step in in_window})
     recoveries, redone = [], []
     for event in events:
