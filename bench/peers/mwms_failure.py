@@ -70,7 +70,12 @@ Figures (both printed; RESULT lines for bench/compare):
                          failures / failure-free steps/s, in seconds of
                          failure-free training: restart, TF's start-up,
                          re-tracing and the redone steps together
-  survivor               for each kill, whether the surviving worker exited
+  ... in phase           the same with the failure phase's own rate while
+                         the job was up (each incarnation's first to last
+                         step) for the failure-free rate: steadier where the
+                         machine's load changes between the phases
+  survivor               for each kill, when the surviving worker's fit
+                         raised (and what), and whether the process exited
                          by itself before the harness killed it (after how
                          long, its exit status) or was still there
                          (--survivor-wait S waits up to S s for it before the
@@ -91,6 +96,11 @@ What differs from Capstan's side (issue 35's bench):
     on the wide part and Adam on the deep part. Step cost is about the same
     (the tables are small); convergence is not compared here.
   - Hashing and initial values as census_ps.py (FarmHash, TF's generators).
+  - Keras 3.15's fit needs two patches under MWMS (in worker_main, with the
+    errors they avoid): the model is built from a local batch, and each
+    worker's logs (the loss) are its own rather than reduced across workers.
+    Neither touches the training step: the optimizer all-reduces the
+    gradients every step.
 """
 import argparse
 import json
@@ -218,8 +228,14 @@ def worker_main(argv):
     keras_tf_trainer._collective_all_reduce_multi_worker = lambda strategy: False
 
     steps_per_epoch = TRAINING_EXAMPLES // args.batch_size
-    model.fit(dataset(), epochs=10 ** 6, steps_per_epoch=steps_per_epoch, verbose=0,
-              callbacks=[backup.callback, StepLog()])
+    try:
+        model.fit(dataset(), epochs=10 ** 6, steps_per_epoch=steps_per_epoch, verbose=0,
+                  callbacks=[backup.callback, StepLog()])
+    except Exception as e:
+        # When this worker noticed its peer's death, and how (the exit may
+        # come much later, or never).
+        log.write(f"error {args.incarnation} {time.time():.6f} {type(e).__name__}\n")
+        raise
     return 0
 
 
@@ -296,8 +312,9 @@ def read_log(phase_dir, workers):
     """(steps, restores, starts, backups): steps = [(time, incarnation,
     global step)], restores = {incarnation: global step restored}, starts =
     {incarnation: first start time}, backups = [(time, global step)] in
-    place; from every worker's log."""
-    steps, restores, starts, backups = [], {}, {}, []
+    place, errors = {(incarnation, worker): (time, exception type)}; from
+    every worker's log."""
+    steps, restores, starts, backups, errors = [], {}, {}, [], {}
     for index in range(workers):
         path = os.path.join(phase_dir, f"steps-w{index}.log")
         if not os.path.exists(path):
@@ -316,9 +333,11 @@ def read_log(phase_dir, workers):
                     starts[incarnation] = min(t, starts.get(incarnation, t))
                 elif kind == "backup":
                     backups.append((t, int(fields[3])))
+                elif kind == "error":
+                    errors[(incarnation, index)] = (t, fields[3])
     steps.sort()
     backups.sort()
-    return steps, restores, starts, backups
+    return steps, restores, starts, backups, errors
 
 
 def run_phase(args, name, kills):
@@ -332,7 +351,7 @@ def run_phase(args, name, kills):
 
     deadline = time.time() + args.start_timeout
     while True:
-        steps, _, starts, _ = read_log(phase_dir, 2)
+        steps, _, starts, _, _ = read_log(phase_dir, 2)
         if steps:
             break
         for index, proc in enumerate(job.procs):
@@ -393,7 +412,7 @@ def run_phase(args, name, kills):
     job.kill_all()
     LIVE_JOBS.remove(job)
 
-    steps, restores, starts, backups = read_log(phase_dir, 2)
+    steps, restores, starts, backups, errors = read_log(phase_dir, 2)
     in_window = [s for s in steps if t0 <= s[0] <= end]
     # Committed at the end: the live job's last step; if it has made none
     # yet (still restarting), what it will restore: the last backup.
@@ -404,7 +423,18 @@ def run_phase(args, name, kills):
     committed = end_step - step0
     attempted = len({(inc, step) for _, inc, step in in_window})
     recoveries, redone = [], []
+    # The job's rate while up, in this phase: each incarnation from its first
+    # step to its last (the load of a shared machine changes between phases).
+    up_steps = up_seconds = 0.0
+    for inc in sorted({s[1] for s in in_window}):
+        mine = [s for s in in_window if s[1] == inc]
+        up_steps += len({s[2] for s in mine}) - 1
+        up_seconds += mine[-1][0] - mine[0][0]
     for event in events:
+        noticed = errors.get((event["incarnation"], 1 - event["victim"]))
+        if noticed:
+            event["survivor"]["error_after_s"] = noticed[0] - event["time"]
+            event["survivor"]["error"] = noticed[1]
         before = [s for s in steps if s[1] == event["incarnation"] and s[0] <= event["time"]]
         after = [s for s in steps if s[1] > event["incarnation"] and s[0] > event["time"]]
         next_kill_time = min([e["time"] for e in events if e["time"] > event["time"]] + [float("inf")])
@@ -418,7 +448,8 @@ def run_phase(args, name, kills):
             event["restored_step"] = restored
             event["redone"] = before[-1][2] - restored
             redone.append(event["redone"])
-    return {"name": name, "seconds": args.seconds, "cold_start_s": cold_start, "committed": committed,
+    return {"name": name, "seconds": args.seconds, "t0": t0, "cold_start_s": cold_start, "committed": committed,
+            "up_steps_per_s": up_steps / up_seconds if up_seconds > 0 else 0.0,
             "attempted": attempted, "steps_per_s": committed / args.seconds, "kills": events,
             "unplanned": unplanned, "recoveries": recoveries, "redone": redone, "dir": phase_dir}
 
@@ -458,11 +489,13 @@ def summarize(args, baseline, failures):
             s = e["survivor"]
             fate = (f"exited by itself after {s['after_s']:.1f} s (status {s['rc']})" if s["exited"]
                     else f"still running {s['waited_s']:.1f} s after the kill (killed by the harness)")
+            if "error" in s:
+                fate = f"raised {s['error']} {s['error_after_s']:.1f} s after the kill, " + fate
             recovered = (f"first step {e['recovery_s']:.1f} s after the kill "
                          f"({e['start_to_step_s']:.1f} s after the restart)" if "recovery_s" in e
                          else "no step before the next kill or the end")
             redone = (f", steps {e['restored_step']}..{e['last_step']} redone" if "redone" in e else "")
-            print(f"  kill {k + 1} at +{e['time'] - (f['kills'][0]['time'] - args.kill_every):.0f} s "
+            print(f"  kill {k + 1} at +{e['time'] - f['t0']:.0f} s "
                   f"(worker {e['victim']}): survivor {fate}; {recovered}{redone}")
         out["survivors"] = [e["survivor"] for e in f["kills"]]
         if rate and failures_n:
@@ -472,6 +505,18 @@ def summarize(args, baseline, failures):
                   f"= {lost_steps:.0f} steps = {lost:.1f} s of failure-free training")
             out.update(time_lost_per_failure_s=lost, steps_lost_per_failure=lost_steps)
             result("mwms_time_lost_per_failure", lost, "s")
+        up = f["up_steps_per_s"]
+        if up and failures_n:
+            lost_steps = (up * args.seconds - f["committed"]) / failures_n
+            print(f"  the same from this phase's own rate while up ({up:.2f} steps/s): "
+                  f"({up:.2f} x {args.seconds:.0f} - {f['committed']}) / {failures_n} = {lost_steps:.0f} steps = "
+                  f"{lost_steps / up:.1f} s per failure")
+            out.update(up_steps_per_s=up, time_lost_per_failure_in_phase_s=lost_steps / up)
+            if rate and abs(up / rate - 1) > 0.1:
+                print(f"  (the failure-free phase ran at {rate:.2f} steps/s, {100 * (up / rate - 1):+.0f}%: the "
+                      f"machine's load changed between the phases; the figure from this phase's own rate is "
+                      f"the steadier one)")
+            result("mwms_time_lost_per_failure_in_phase", lost_steps / up, "s")
         result("mwms_steps_per_s_with_failures", f["steps_per_s"], "steps/s")
         result("mwms_step_efficiency", efficiency, "fraction")
     print("JSON " + json.dumps(out), flush=True)
