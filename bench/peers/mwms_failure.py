@@ -50,7 +50,8 @@ addresses; CPU only):
     (the optimizer's iterations, which the backup restores) to
     DIR/<phase>/steps-w<i>.log, which this script reads.
 
-Figures (both printed; RESULT lines for bench/compare):
+Figures (a summary, RESULT lines in bench/compare's format, though it does
+not run this bench, and one JSON line):
   failure-free steps/s   global steps per second in the failure-free phase
   steps/s with failures  steps committed / --seconds: committed = the
                          global step at the phase's end minus the one at its
@@ -86,7 +87,7 @@ What differs from Capstan's side (issue 35's bench):
     live ones meanwhile. MWMS cannot: every process restarts, re-imports
     TensorFlow, re-forms the cluster and re-traces the step.
   - The backup is every --save-freq steps, so up to that many steps are
-    redone; Capstan loses only the failed step.
+    redone; Capstan's strategy (issue 35) redoes only the failed step.
   - Keras 3's BackupAndRestore restores the weights, the optimizer and the
     epoch, not the position in the epoch: the input restarts at the
     epoch's start (reshuffled), so examples are neither exactly-once nor
@@ -101,6 +102,16 @@ What differs from Capstan's side (issue 35's bench):
     worker's logs (the loss) are its own rather than reduced across workers.
     Neither touches the training step: the optimizer all-reduces the
     gradients every step.
+
+Seen (TF 2.21, Keras 3.15, a shared 2-core machine): when worker 1 dies,
+worker 0's collective raises UnavailableError ("Collective ops is aborted
+by: recvmsg:Connection reset by peer") within a second and the process
+exits (status 1) a second or two later. When worker 0 dies (the chief and
+the coordination service's leader), worker 1 raised only after 13 s and its
+process took 37 s to exit (--survivor-wait 45), so a supervisor that waits
+for exits loses that too. Every figure here moves with the machine's load:
+a nice -n 19 run beside a compile gets little CPU, and TF's restart (import,
+cluster, tracing) is CPU-bound.
 """
 import argparse
 import json
