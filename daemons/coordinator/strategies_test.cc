@@ -307,7 +307,7 @@ std::unique_ptr<Harness> restarted(const CoordinatorConfig& config) {
   return h;
 }
 
-TEST_CASE("a strategy survives a coordinator restart: the next step forms a group from the last members, "
+TEST_CASE("a strategy survives a coordinator restart, the next step forms a group from the last members, "
           "steps going on from the replicas'",
           "[coordinator][strategy][durable]") {
   data::testing::TempDir work;
