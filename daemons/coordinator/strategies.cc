@@ -632,20 +632,22 @@ kj::Promise<Result<StrategyStatus>> Strategies::status(std::string strategy) {
   auto status = std::make_shared<StrategyStatus>();
   status->epoch = s.epoch;
   status->steps = s.steps;
-  auto asks = kj::heapArrayBuilder<kj::Promise<void>>(s.members.size());
-  for (size_t r = 0; r < s.members.size(); ++r) {
+  // Replayed, no group formed yet: the last group's members that are back.
+  const std::vector<int64_t> members = s.members.empty() && s.replayed ? replayed_members(s) : s.members;
+  auto asks = kj::heapArrayBuilder<kj::Promise<void>>(members.size());
+  for (size_t r = 0; r < members.size(); ++r) {
     ReplicaInfo info;
-    info.worker_id = s.members[r];
-    info.task_index = workers_.task_index(s.members[r]);
+    info.worker_id = members[r];
+    info.task_index = workers_.task_index(members[r]);
     info.rank = static_cast<int>(r);
     status->replicas.push_back(info);
-    const Worker* worker = workers_.find(s.members[r]);
+    const Worker* worker = workers_.find(members[r]);
     if (worker == nullptr) {
-      status->replicas.back().status = Status::Unavailable("worker " + std::to_string(s.members[r]) + " was lost");
+      status->replicas.back().status = Status::Unavailable("worker " + std::to_string(members[r]) + " was lost");
       asks.add(kj::READY_NOW);
       continue;
     }
-    asks.add(ask(s.members[r], worker->peer->replica_status(strategy), s.config.settings.timeout)
+    asks.add(ask(members[r], worker->peer->replica_status(strategy), s.config.settings.timeout)
                  .then([status, r](Answer<training::ReplicaReport> a) {
                    auto& info = status->replicas[r];
                    if (a.result.ok()) {
@@ -876,6 +878,8 @@ std::vector<int64_t> Strategies::replayed_members(const Strategy& s) const {
   for (const auto& [id, worker] : workers_.all()) {
     if (std::count(s.member_tasks.begin(), s.member_tasks.end(), worker.task_index) > 0) out.push_back(id);
   }
+  std::sort(out.begin(), out.end(),
+            [this](int64_t x, int64_t y) { return workers_.task_index(x) < workers_.task_index(y); });
   return out;
 }
 

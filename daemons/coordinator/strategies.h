@@ -253,7 +253,8 @@ class Strategies {
   // Journals the group `formation` formed (the source at `source_step`),
   // then keeps its members' task indexes; conclude() applies the rest.
   Status journal_formation(Strategy& strategy, const Formation& formation, int64_t source_step);
-  // The live workers that were in a replayed strategy's last group.
+  // The live workers that were in a replayed strategy's last group, by
+  // task index.
   std::vector<int64_t> replayed_members(const Strategy& strategy) const;
 
   Workers& workers_;

@@ -269,8 +269,14 @@ TEST_CASE("kill -9 the coordinator with its work_dir between and during steps, t
   r.coordinator->kill_now();
   r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
   CHECK_THAT(r.coordinator->log(), Catch::Contains("replayed the journal") && Catch::Contains("1 strategy"));
-  // The same program object; its create() (a program starting again) finds
-  // the strategy too.
+  // Before any step: the replicas the workers kept, at step 5.
+  REQUIRE(wait_until([&]() { return r.client->num_workers() == 2; }, 20s));
+  REQUIRE(strategy->verify_replicas().ok());
+  auto kept = strategy->replicas().value();
+  REQUIRE(kept.size() == 2);
+  for (const auto& replica : kept) CHECK(replica.step == 5);
+  // The same program object goes on; its create() (a program starting
+  // again) finds the strategy too.
   for (int s = 5; s < 8; ++s) {
     auto per_replica = strategy->run("linear_step", step_args(s, 12));
     INFO(per_replica.status().to_string());
