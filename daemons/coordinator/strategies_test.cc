@@ -415,5 +415,56 @@ TEST_CASE("a strategy created but never stepped before a coordinator restart sta
   CHECK(running.wait(h->io.waitScope)->steps == 1);
 }
 
+TEST_CASE("Strategies alone journal each change before it is applied, and a restore's seed comes back from the journal",
+          "[coordinator][strategy][durable]") {
+  WorkerRecord a;
+  Alone f;
+  f.add_worker(a, 0);
+  std::vector<Strategies::Journaled> journaled;
+  Status refuse;
+  f.strategies.set_journal([&](const Strategies::Journaled& record) {
+    if (!refuse.ok()) return refuse;
+    journaled.push_back(record);
+    return Status::Ok();
+  });
+  // A journal that refuses: no strategy.
+  refuse = Status::DataLoss("disk gone");
+  CHECK(f.strategies.create("s", model(), config()).code() == StatusCode::kDataLoss);
+  CHECK(f.strategies.empty());
+  refuse = Status::Ok();
+  REQUIRE(f.strategies.create("s", model(), config()).ok());
+  REQUIRE(journaled.size() == 1);
+  CHECK(journaled[0].initial.has_value());
+  CHECK(journaled[0].epoch == 0);
+  auto first = f.strategies.run_step("s", "sync_step", "args");
+  f.ws.poll();
+  a.reply(0, std::string("a"));
+  REQUIRE(first.wait(f.ws).ok());
+  REQUIRE(journaled.size() == 2);  // the group formed, without the values
+  CHECK_FALSE(journaled[1].initial.has_value());
+  CHECK(journaled[1].epoch == 1);
+  CHECK(journaled[1].member_tasks == std::vector<int>{0});
+  // A restore makes a checkpoint the seed: journaled with its path.
+  Strategies::Restore restore;
+  restore.checkpoint = "/ckpt/ckpt-7";
+  restore.variables["s"] = {"w"};
+  REQUIRE(f.strategies.seed(restore).wait(f.ws).ok());
+  REQUIRE(journaled.size() == 3);
+  CHECK(journaled[2].seed_checkpoint == "/ckpt/ckpt-7");
+  CHECK(journaled[2].epoch == 1);
+
+  // A restarted coordinator's Strategies (over the same worker), from those
+  // records: the source of its first group reads the checkpoint.
+  Strategies restarted{f.workers, f.variables, f.gate, f.context, f.pool};
+  for (auto& record : journaled) restarted.restore_from_journal(record);
+  CHECK(restarted.is_mirrored("w"));
+  auto replayed = restarted.run_step("s", "sync_step", "args");
+  f.ws.poll();
+  REQUIRE(a.forms.size() == 2);
+  CHECK(a.forms[1].epoch == 2);
+  CHECK(a.forms[1].seed_checkpoint == "/ckpt/ckpt-7");
+  CHECK(a.forms[1].seed_from_checkpoint == std::vector<std::string>{"w"});
+}
+
 }  // namespace
 }  // namespace capstan::coordinator
