@@ -154,7 +154,10 @@ interface Coordinator extends(Common.Node) {
       -> (generation :Int64, rank :Int32, addresses :List(Text));
   # Creates strategy `name` with its mirrored variables (or, for a
   # reconnecting program, finds it: the same names, dtypes and shapes).
-  createStrategy @16 (name :Text, variables :List(MirroredVariableSpec), options :StrategyOptions) -> ();
+  # `durable`: the coordinator journals its strategies (work_dir), so a
+  # program whose link breaks reconnects and goes on.
+  createStrategy @16 (name :Text, variables :List(MirroredVariableSpec), options :StrategyOptions)
+      -> (durable :Bool);
   # One synchronous step: `function` runs on every live worker at once, as
   # the replicas of one group (re-formed first when the workers changed or
   # the last step failed). The values by replica, the steps run, the

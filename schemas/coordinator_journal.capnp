@@ -11,6 +11,7 @@ using Cxx = import "/capnp/c++.capnp";
 $Cxx.namespace("capstan::wire::journal");
 using Common = import "common.capnp";
 using Ps = import "ps.capnp";
+using W = import "worker.capnp";
 
 struct CoordinatorUpdate {
   union {
@@ -28,6 +29,37 @@ struct CoordinatorUpdate {
     # kept, then the pending error and the next closure id.
     closureState @7 :ClosureState;
     closureQueue @8 :QueueState;
+    # A strategy (MirroredStrategy), as it is after its creation, after
+    # each group formed and after a restore seeds it: a later record of a
+    # name replaces the earlier one (a compacted journal has the last).
+    strategy @9 :Strategy;
+  }
+
+  struct Strategy {
+    name @0 :Text;
+    specs @1 :List(W.MirroredSpec);
+    minReplicas @2 :Int32;
+    settings @3 :W.CollectiveSettings;
+    # The seed no group has taken yet: create()'s initial values (a
+    # serialized Element, one tensor per spec, in order; set only while
+    # no group has formed), or a restored checkpoint's path and the
+    # variables read from it.
+    initialValues @4 :Data;
+    seedCheckpoint @5 :Text;
+    seedFromCheckpoint @6 :List(Text);
+    # The last group formed: its epoch, its members' task indexes by rank
+    # (worker ids do not outlive a coordinator) and the steps run then.
+    epoch @7 :Int64;
+    memberTasks @8 :List(Int32);
+    steps @9 :Int64;
+    # Its step input (hasInput), StepInputConfig's fields; the position
+    # is the replicas' (it travels with their state).
+    hasInput @10 :Bool;
+    inputDatasetId @11 :Int64;
+    globalBatch @12 :Int64;
+    perReplicaBatch @13 :Int64;
+    inputSeed @14 :UInt64;
+    inputShuffle @15 :Bool;
   }
 
   struct ClosureState {

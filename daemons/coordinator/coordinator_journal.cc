@@ -9,6 +9,7 @@
 #include "async/status_exception.h"
 #include "capstan_schemas/coordinator_journal.capnp.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
 
 namespace capstan::coordinator {
@@ -88,6 +89,61 @@ Result<JournalRecord> decode_closure_state(Update::ClosureState::Reader in) {
   return JournalRecord(std::move(out));
 }
 
+Result<JournalRecord> decode_strategy(Update::Strategy::Reader in) {
+  StrategyJournaled out;
+  Strategies::Journaled& s = out.strategy;
+  s.name = text(in.getName());
+  auto damaged = [&s](const Status& why) {
+    return Status::DataLoss("journaled strategy '" + s.name + "': " + why.message());
+  };
+  for (auto spec : in.getSpecs()) {
+    auto read = rpc::spec_from_wire(spec);
+    if (!read.ok()) return damaged(read.status());
+    s.specs.push_back(std::move(*read));
+  }
+  s.config.min_replicas = in.getMinReplicas();
+  auto settings = rpc::settings_from_wire(in.getSettings());
+  if (!settings.ok()) return damaged(settings.status());
+  s.config.settings = *settings;
+  if (in.hasInitialValues()) {
+    auto element = rpc::element_from_bytes(string_of(in.getInitialValues()));
+    if (!element.ok()) return damaged(element.status());
+    if (element->components.size() != s.specs.size()) {
+      return damaged(Status::DataLoss(std::to_string(element->components.size()) + " initial value(s) for " +
+                                      std::to_string(s.specs.size()) + " variable(s)"));
+    }
+    training::MirroredState initial;
+    for (size_t i = 0; i < s.specs.size(); ++i) {
+      Tensor& value = element->components[i];
+      if (value.dtype() != s.specs[i].dtype || value.shape() != s.specs[i].shape) {
+        return damaged(Status::DataLoss("the initial value of '" + s.specs[i].name + "' is not its spec's dtype and shape"));
+      }
+      initial.variables.push_back({s.specs[i].name, std::move(value), {}});
+    }
+    s.initial = std::move(initial);
+  }
+  s.seed_checkpoint = text(in.getSeedCheckpoint());
+  for (auto name : in.getSeedFromCheckpoint()) s.seed_from_checkpoint.push_back(text(name));
+  s.epoch = in.getEpoch();
+  for (int32_t task : in.getMemberTasks()) s.member_tasks.push_back(task);
+  s.steps = in.getSteps();
+  if (in.getHasInput()) {
+    StepInputConfig input;
+    input.dataset_id = in.getInputDatasetId();
+    input.global_batch = in.getGlobalBatch();
+    input.per_replica_batch = in.getPerReplicaBatch();
+    input.seed = in.getInputSeed();
+    input.shuffle = in.getInputShuffle();
+    Status valid = Strategies::check_input(s.name, input);
+    if (!valid.ok()) return damaged(Status::DataLoss(valid.message()));
+    s.input = input;
+  }
+  if (s.name.empty() || s.specs.empty() || s.epoch < 0 || s.steps < 0) {
+    return damaged(Status::DataLoss("a strategy record without a name or variables, or with a negative epoch or step"));
+  }
+  return JournalRecord(std::move(out));
+}
+
 // One record of the kind `update` holds.
 Result<JournalRecord> decode_update(Update::Reader update, int num_ps) {
   switch (update.which()) {
@@ -138,6 +194,8 @@ Result<JournalRecord> decode_update(Update::Reader update, int num_ps) {
       out.next_id = in.getNextId();
       return JournalRecord(std::move(out));
     }
+    case Update::STRATEGY:
+      return decode_strategy(update.getStrategy());
   }
   return Status::DataLoss("a journal record of a kind this coordinator does not know (a newer version wrote it)");
 }
@@ -227,6 +285,39 @@ std::string queue_state_record(const Status& pending_error, int64_t next_id) {
   return serialize(message);
 }
 
+std::string strategy_record(const Strategies::Journaled& strategy) {
+  capnp::MallocMessageBuilder message;
+  auto out = message.initRoot<Update>().initStrategy();
+  out.setName(strategy.name);
+  auto specs = out.initSpecs(static_cast<unsigned>(strategy.specs.size()));
+  for (unsigned i = 0; i < strategy.specs.size(); ++i) rpc::spec_to_wire(strategy.specs[i], specs[i]);
+  out.setMinReplicas(strategy.config.min_replicas);
+  rpc::settings_to_wire(strategy.config.settings, out.initSettings());
+  if (strategy.initial.has_value()) {
+    Element values;
+    for (const auto& v : strategy.initial->variables) values.components.push_back(v.value);
+    out.setInitialValues(bytes_of(rpc::element_to_bytes(values)));
+  }
+  out.setSeedCheckpoint(strategy.seed_checkpoint);
+  auto names = out.initSeedFromCheckpoint(static_cast<unsigned>(strategy.seed_from_checkpoint.size()));
+  for (unsigned i = 0; i < strategy.seed_from_checkpoint.size(); ++i) {
+    names.set(i, strategy.seed_from_checkpoint[i].c_str());
+  }
+  out.setEpoch(strategy.epoch);
+  auto tasks = out.initMemberTasks(static_cast<unsigned>(strategy.member_tasks.size()));
+  for (unsigned i = 0; i < strategy.member_tasks.size(); ++i) tasks.set(i, strategy.member_tasks[i]);
+  out.setSteps(strategy.steps);
+  if (strategy.input.has_value()) {
+    out.setHasInput(true);
+    out.setInputDatasetId(strategy.input->dataset_id);
+    out.setGlobalBatch(strategy.input->global_batch);
+    out.setPerReplicaBatch(strategy.input->per_replica_batch);
+    out.setInputSeed(strategy.input->seed);
+    out.setInputShuffle(strategy.input->shuffle);
+  }
+  return serialize(message);
+}
+
 Status CoordinatorJournal::open(const std::string& work_dir, boost::asio::thread_pool& pool,
                                 std::shared_ptr<spdlog::logger> log, DurableLog::Compaction compaction,
                                 std::vector<std::string>* replay) {
@@ -258,6 +349,11 @@ Status CoordinatorJournal::dataset(int64_t id, const PerWorkerDataset& dataset) 
 Status CoordinatorJournal::last_checkpoint(const std::string& path) {
   if (!log_) return Status::Ok();
   return log_->append_now(last_checkpoint_record(path));
+}
+
+Status CoordinatorJournal::strategy(const Strategies::Journaled& strategy) {
+  if (!log_) return Status::Ok();
+  return log_->append_now(strategy_record(strategy)).with_context("journaling strategy '" + strategy.name + "'");
 }
 
 void CoordinatorJournal::scheduled(int64_t id, const std::string& function, const std::string& args,

@@ -16,10 +16,17 @@
 //                  the program and the values released. A restarted
 //                  coordinator queues again the closures that had not ended
 //                  (at-least-once, as when a worker dies) and keeps the
-//                  values not yet released.
-// Not kept (yet): strategies.
+//                  values not yet released;
+//   strategies     each strategy (MirroredStrategy) at its creation, at each
+//                  group formed and when a restore seeds it: its variables'
+//                  specs, options, the seed no group has taken yet (the
+//                  initial values inline, up to 32 MiB; a restored
+//                  checkpoint's path), the last group's epoch, members (by
+//                  task index) and steps. Not each step: the replicas hold
+//                  their step, and a restarted coordinator's first step
+//                  forms a group from the last one's survivors.
 //
-// Variables, datasets and the last checkpoint change rarely: each record is
+// Variables, datasets, strategies and the last checkpoint change rarely: each record is
 // appended and fsynced before the change is applied. Closures change often:
 // their records are group-committed (DurableLog::enqueue), and a schedule
 // is answered once its record is durable (synced()). A compacted journal is
@@ -55,6 +62,7 @@
 #include "daemons/coordinator/durable_log.h"
 #include "daemons/coordinator/per_worker_datasets.h"
 #include "daemons/coordinator/ps_variables.h"
+#include "daemons/coordinator/strategies.h"
 
 namespace capstan::coordinator {
 
@@ -92,14 +100,19 @@ struct QueueSnapshot {
   Status pending_error;
   int64_t next_id = 1;
 };
+// A strategy as it is now (a later one of a name replaces the earlier).
+struct StrategyJournaled {
+  Strategies::Journaled strategy;
+};
 using JournalRecord = std::variant<VariableCreated, DatasetAdded, LastCheckpointSet, ClosureScheduled, ClosureFinished,
-                                   ErrorTaken, ClosureReleased, ClosureSnapshot, QueueSnapshot>;
+                                   ErrorTaken, ClosureReleased, ClosureSnapshot, QueueSnapshot, StrategyJournaled>;
 
 // Parses a record. DataLoss for one that does not parse, of a kind this
 // coordinator does not know, or with values no record has (a closure id
 // <= 0, an unknown state or error code); FailedPrecondition for a variable
 // with a shard beyond `num_ps` parameter servers (started with another ps
-// list).
+// list). A strategy's record is DataLoss when its specs, settings or
+// initial values do not read back (or do not match one another).
 Result<JournalRecord> decode_record(const std::string& record, int num_ps);
 
 // ---- Records, as they are written
@@ -108,6 +121,7 @@ std::string dataset_record(int64_t id, const PerWorkerDataset& dataset);
 std::string last_checkpoint_record(const std::string& path);
 std::string closure_state_record(const ClosureQueue::Snapshot::Entry& entry);
 std::string queue_state_record(const Status& pending_error, int64_t next_id);
+std::string strategy_record(const Strategies::Journaled& strategy);
 
 class CoordinatorJournal {
  public:
@@ -128,6 +142,7 @@ class CoordinatorJournal {
   [[nodiscard]] Status variable(const PlacedVariable& variable, int64_t placer_counter);
   [[nodiscard]] Status dataset(int64_t id, const PerWorkerDataset& dataset);
   [[nodiscard]] Status last_checkpoint(const std::string& path);
+  [[nodiscard]] Status strategy(const Strategies::Journaled& strategy);
 
   // Closure changes, group-committed in the order of the calls.
   void scheduled(int64_t id, const std::string& function, const std::string& args, ClosureQueue::Owner owner);

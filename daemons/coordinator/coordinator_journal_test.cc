@@ -118,6 +118,81 @@ TEST_CASE("dataset, checkpoint and queue snapshot records read back as written",
   CHECK(queue.next_id == 40);
 }
 
+TEST_CASE("a strategy's record reads back with its specs, options, seed, last group and steps",
+          "[coordinator][journal][durable]") {
+  Strategies::Journaled s;
+  s.name = "dense";
+  s.specs = {{"w", DType::kFloat32, {2, 3}, Optimizer::adam(0.01)}, {"b", DType::kFloat64, {3}, Optimizer::sgd(0.5)}};
+  s.config.min_replicas = 2;
+  s.config.settings.timeout = std::chrono::milliseconds(1234);
+  s.config.settings.tcp_streams = 2;
+  training::MirroredState initial;
+  initial.variables.push_back({"w", Tensor::from_vector<float>({1, 2, 3, 4, 5, 6}, {2, 3}).value(), {}});
+  initial.variables.push_back({"b", Tensor::from_vector<double>({7, 8, 9}, {3}).value(), {}});
+  s.initial = initial;
+  s.epoch = 3;
+  s.member_tasks = {1, 0};
+  s.steps = 17;
+  auto back = decoded<StrategyJournaled>(strategy_record(s)).strategy;
+  CHECK(back.name == "dense");
+  REQUIRE(back.specs.size() == 2);
+  CHECK(back.specs[0].name == "w");
+  CHECK(back.specs[0].shape == Shape{2, 3});
+  CHECK(back.specs[0].optimizer == Optimizer::adam(0.01));
+  CHECK(back.specs[1].dtype == DType::kFloat64);
+  CHECK(back.config.min_replicas == 2);
+  CHECK(back.config.settings.timeout == std::chrono::milliseconds(1234));
+  CHECK(back.config.settings.tcp_streams == 2);
+  REQUIRE(back.initial.has_value());
+  REQUIRE(back.initial->variables.size() == 2);
+  CHECK(back.initial->variables[0].name == "w");
+  CHECK(back.initial->variables[0].value.flat<float>()[5] == 6);
+  CHECK(back.initial->variables[1].value.flat<double>()[2] == 9);
+  CHECK(back.seed_checkpoint.empty());
+  CHECK(back.epoch == 3);
+  CHECK(back.member_tasks == std::vector<int>{1, 0});
+  CHECK(back.steps == 17);
+  CHECK_FALSE(back.input.has_value());
+
+  // Its step input.
+  StepInputConfig input;
+  input.dataset_id = 4;
+  input.global_batch = 96;
+  input.seed = 77;
+  input.shuffle = false;
+  s.input = input;
+  back = decoded<StrategyJournaled>(strategy_record(s)).strategy;
+  REQUIRE(back.input.has_value());
+  CHECK(back.input->dataset_id == 4);
+  CHECK(back.input->global_batch == 96);
+  CHECK(back.input->per_replica_batch == 0);
+  CHECK(back.input->seed == 77);
+  CHECK_FALSE(back.input->shuffle);
+  s.input->per_replica_batch = 8;  // both batches: not a step input
+  CHECK(decode_record(strategy_record(s), 2).status().code() == StatusCode::kDataLoss);
+  s.input.reset();
+
+  // A restore's seed instead of initial values.
+  s.initial.reset();
+  s.seed_checkpoint = "/ckpt/ckpt-100";
+  s.seed_from_checkpoint = {"w", "b"};
+  back = decoded<StrategyJournaled>(strategy_record(s)).strategy;
+  CHECK_FALSE(back.initial.has_value());
+  CHECK(back.seed_checkpoint == "/ckpt/ckpt-100");
+  CHECK(back.seed_from_checkpoint == std::vector<std::string>{"w", "b"});
+
+  // Initial values that do not fit the specs are DataLoss.
+  s.seed_checkpoint.clear();
+  s.initial = initial;
+  s.initial->variables.pop_back();
+  auto bad = decode_record(strategy_record(s), 2);
+  CHECK(bad.status().code() == StatusCode::kDataLoss);
+  CHECK_THAT(bad.status().message(), Catch::Contains("'dense'") && Catch::Contains("1 initial value(s) for 2"));
+  s.initial = initial;
+  std::swap(s.initial->variables[0], s.initial->variables[1]);
+  CHECK(decode_record(strategy_record(s), 2).status().code() == StatusCode::kDataLoss);
+}
+
 TEST_CASE("a bad record is DataLoss, saying what is wrong", "[coordinator][journal]") {
   CHECK(decode_record("abc", 1).status().message() == "a journal record is not whole words");
   auto junk = decode_record(std::string(16, '\xff'), 1);

@@ -21,20 +21,23 @@ Status Coordinator::open_journal() {
   DurableLog::Compaction compaction;
   compaction.min_records = config_.journal_compact_records;
   compaction.live_records = [this]() {
-    return static_cast<int64_t>(variables_.size() + datasets_.size()) + queue_.size() + 2;
+    return static_cast<int64_t>(variables_.size() + datasets_.size() + strategies_.size()) +
+           queue_.size() + 2;
   };
   compaction.snapshot = [this]() { return snapshot_records(); };
   std::vector<std::string> records;
   CAPSTAN_RETURN_IF_ERROR(journal_.open(config_.work_dir, pool_, log_, std::move(compaction), &records));
+  strategies_.set_journal([this](const Strategies::Journaled& strategy) { return journal_.strategy(strategy); });
   for (const auto& record : records) {
     CAPSTAN_RETURN_IF_ERROR(apply_journal_record(record).with_context("replaying the journal in " + config_.work_dir));
   }
   (void)queue_.take_cancelled_runs();  // runs of the coordinator that is gone
   CAPSTAN_RETURN_IF_ERROR(journal_.compact_if_due());
   if (!records.empty()) {
-    log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s), {} closure(s) queued again, "
-               "{} result(s) kept{}",
-               config_.work_dir, variables_.size(), datasets_.size(), queue_.queued(), queue_.finished(),
+    log_->info("replayed the journal in {}: {} variable(s), {} per-worker dataset(s), {} strateg{}, {} closure(s) "
+               "queued again, {} result(s) kept{}",
+               config_.work_dir, variables_.size(), datasets_.size(), strategies_.size(),
+               strategies_.size() == 1 ? "y" : "ies", queue_.queued(), queue_.finished(),
                policy_.last().empty() ? "" : ", last checkpoint " + policy_.last());
   }
   return Status::Ok();
@@ -46,6 +49,7 @@ std::vector<std::string> Coordinator::snapshot_records() const {
     out.push_back(variable_record(variable, variables_.placer_counter()));
   }
   for (const auto& [id, dataset] : datasets_.all()) out.push_back(dataset_record(id, dataset));
+  for (const auto& strategy : strategies_.journaled_state()) out.push_back(strategy_record(strategy));
   if (!policy_.last().empty()) out.push_back(last_checkpoint_record(policy_.last()));
   ClosureQueue::Snapshot queue = queue_.snapshot();
   for (const auto& entry : queue.entries) out.push_back(closure_state_record(entry));
@@ -94,6 +98,8 @@ Status Coordinator::apply_journal_record(const std::string& record) {
             client_seen(owner.client);
           }
           queue_.restore_entry(std::move(r.entry));
+        } else if constexpr (std::is_same_v<Record, StrategyJournaled>) {
+          strategies_.restore_from_journal(std::move(r.strategy));
         } else {
           static_assert(std::is_same_v<Record, QueueSnapshot>);
           queue_.restore_pending(std::move(r.pending_error), r.next_id);

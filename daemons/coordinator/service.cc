@@ -700,8 +700,9 @@ kj::Promise<void> CoordinatorService::createStrategy(CreateStrategyContext conte
     out.optimizer = *optimizer;
     reads.add(rpc::read_tensor(v.getInitial()).then([&out](Tensor&& t) { out.initial = std::move(t); }));
   }
-  return kj::joinPromises(reads.finish()).then([this, name, config, variables]() {
+  return kj::joinPromises(reads.finish()).then([this, name, config, variables, context]() mutable {
     async::check(core_.create_strategy(name, std::move(*variables), config));
+    context.getResults().setDurable(core_.durable());
   });
 }
 

@@ -15,6 +15,9 @@ namespace {
 constexpr size_t kMaxStrategyName = 256;
 constexpr int64_t kMaxStepBatch = int64_t{1} << 24;  // examples in one step
 constexpr size_t kMaxStrategies = 64;
+// Initial values journaled inline up to this (the journal's records are at
+// most 64 MiB; see Strategies::journaled).
+constexpr size_t kMaxJournaledSeedBytes = size_t{32} << 20;
 
 // A worker's answer; a broken link, the worker being dropped meanwhile (it
 // stopped answering pings: its calls never return) or no answer within
@@ -170,7 +173,19 @@ Status Strategies::create(const std::string& name, std::vector<MirroredVariableI
       return Status::AlreadyExists("strategy '" + name + "' exists with other variables: " +
                                    specs_text(existing->second.specs));
     }
-    existing->second.config = config;
+    Strategy& s = existing->second;
+    if (s.replayed && !s.seed.has_value() && s.member_tasks.empty()) {
+      // Replayed without its initial values (too large to journal) and no
+      // group formed: the program gives them again.
+      training::MirroredState seed;
+      for (auto& v : variables) seed.variables.push_back({v.name, std::move(v.initial), {}});
+      s.seed = Strategy::Seed{std::move(seed), {}, {}};
+      s.seed_is_initial = true;
+    }
+    Journaled record = journaled(s);
+    record.config = config;
+    CAPSTAN_RETURN_IF_ERROR(journal(record));
+    s.config = config;
     return Status::Ok();
   }
   if (strategies_.size() >= kMaxStrategies) {
@@ -184,6 +199,7 @@ Status Strategies::create(const std::string& name, std::vector<MirroredVariableI
   for (auto& v : variables) seed.variables.push_back({v.name, std::move(v.initial), {}});
   strategy.seed = Strategy::Seed{std::move(seed), {}, {}};
   strategy.seed_is_initial = true;
+  CAPSTAN_RETURN_IF_ERROR(journal(journaled(strategy)));
   loop_.log->info("strategy '{}' created: {} mirrored variable(s): {}", name, strategy.specs.size(),
                   specs_text(strategy.specs));
   strategies_.emplace(name, std::move(strategy));
@@ -211,6 +227,10 @@ Status Strategies::set_input(const std::string& name, const StepInputConfig& inp
       old->per_replica_batch == input.per_replica_batch && old->seed == input.seed && old->shuffle == input.shuffle) {
     return Status::Ok();
   }
+  // Journaled first: a restarted coordinator hands the steps the same input.
+  Journaled record = journaled(*s);
+  record.input = input;
+  CAPSTAN_RETURN_IF_ERROR(journal(record).with_context("strategy '" + name + "': journaling its step input"));
   if (old.has_value()) s->input_position = 0;
   s->input = input;
   loop_.log->info("strategy '{}': step input is per-worker dataset {} ({} {}, {})", name, input.dataset_id,
@@ -402,8 +422,9 @@ Result<int> Strategies::choose_source(Strategy& s, const std::vector<int64_t>& i
   }
   if (s.seed.has_value()) {
     source = 0;
-  } else if (!s.members.empty()) {
-    int best = fewest_steps(ids, reports, &s.members);
+  } else if (!s.members.empty() || s.replayed) {
+    const std::vector<int64_t> last = s.members.empty() ? replayed_members(s) : s.members;
+    int best = fewest_steps(ids, reports, s.members.empty() && s.member_tasks.empty() ? nullptr : &last);
     if (best < 0) {
       return Status::FailedPrecondition(
           "strategy '" + s.name + "': no live worker holds its mirrored variables (every replica of the last "
@@ -489,6 +510,8 @@ Status Strategies::conclude(Strategy& s, const Formation& formation,
     return Status::DataLoss("strategy '" + s.name + "': the replicas of epoch " + std::to_string(formation.epoch) +
                             " differ after taking the source's state");
   }
+  CAPSTAN_RETURN_IF_ERROR(
+      journal_formation(s, formation, reports[static_cast<size_t>(formation.source)].result->step));
   s.members = ids;
   s.formed = true;
   s.seed.reset();
@@ -713,20 +736,22 @@ kj::Promise<Result<StrategyStatus>> Strategies::status(std::string strategy) {
   auto status = std::make_shared<StrategyStatus>();
   status->epoch = s.epoch;
   status->steps = s.steps;
-  auto asks = kj::heapArrayBuilder<kj::Promise<void>>(s.members.size());
-  for (size_t r = 0; r < s.members.size(); ++r) {
+  // Replayed, no group formed yet: the last group's members that are back.
+  const std::vector<int64_t> members = s.members.empty() && s.replayed ? replayed_members(s) : s.members;
+  auto asks = kj::heapArrayBuilder<kj::Promise<void>>(members.size());
+  for (size_t r = 0; r < members.size(); ++r) {
     ReplicaInfo info;
-    info.worker_id = s.members[r];
-    info.task_index = workers_.task_index(s.members[r]);
+    info.worker_id = members[r];
+    info.task_index = workers_.task_index(members[r]);
     info.rank = static_cast<int>(r);
     status->replicas.push_back(info);
-    const Worker* worker = workers_.find(s.members[r]);
+    const Worker* worker = workers_.find(members[r]);
     if (worker == nullptr) {
-      status->replicas.back().status = Status::Unavailable("worker " + std::to_string(s.members[r]) + " was lost");
+      status->replicas.back().status = Status::Unavailable("worker " + std::to_string(members[r]) + " was lost");
       asks.add(kj::READY_NOW);
       continue;
     }
-    asks.add(ask(s.members[r], worker->peer->replica_status(strategy), s.config.settings.timeout)
+    asks.add(ask(members[r], worker->peer->replica_status(strategy), s.config.settings.timeout)
                  .then([status, r](Answer<training::ReplicaReport> a) {
                    auto& info = status->replicas[r];
                    if (a.result.ok()) {
@@ -835,6 +860,11 @@ kj::Promise<Status> Strategies::seed(Restore restore) {
     Strategy* s = *found;
     Strategy::Seed seed{std::nullopt, restore.checkpoint, std::move(names)};
     if (seed.from_checkpoint.size() == s->specs.size()) {
+      Journaled record = journaled(*s);
+      record.initial.reset();
+      record.seed_checkpoint = seed.checkpoint;
+      record.seed_from_checkpoint = seed.from_checkpoint;
+      CAPSTAN_RETURN_IF_ERROR(journal(record));
       s->seed = std::move(seed);
       s->seed_is_initial = false;
       s->formed = false;
@@ -864,6 +894,99 @@ kj::Promise<Status> Strategies::seed(Restore restore) {
     for (auto& status : results) CAPSTAN_RETURN_IF_ERROR(status);
     return Status::Ok();
   });
+}
+
+// ---- Durability ---------------------------------------------------------------------
+
+Strategies::Journaled Strategies::journaled(const Strategy& s) const {
+  Journaled out;
+  out.name = s.name;
+  out.specs = s.specs;
+  out.config = s.config;
+  if (s.seed.has_value() && s.seed_is_initial && s.seed->values.has_value()) {
+    size_t bytes = 0;
+    for (const auto& v : s.seed->values->variables) bytes += v.value.byte_size();
+    // Past this a record would near the journal's limit: a restarted
+    // coordinator then takes the values from the program's create() again.
+    if (bytes <= kMaxJournaledSeedBytes) out.initial = s.seed->values;
+  } else if (s.seed.has_value() && !s.seed->values.has_value()) {
+    // A restore's seed; a partial one (with values kept from the replicas)
+    // is not journaled: a restart forgets it, and the replicas go on.
+    out.seed_checkpoint = s.seed->checkpoint;
+    out.seed_from_checkpoint = s.seed->from_checkpoint;
+  }
+  out.epoch = s.epoch;
+  out.member_tasks = s.member_tasks;
+  out.steps = s.steps;
+  out.input = s.input;
+  return out;
+}
+
+Status Strategies::journal(const Journaled& record) const {
+  if (!journal_) return Status::Ok();
+  if (record.initial.has_value() || !record.seed_checkpoint.empty() || record.epoch > 0) return journal_(record);
+  // The initial values were too large to journal.
+  loop_.log->warn("strategy '{}': its initial values are over {} MiB and are not journaled: if the coordinator "
+                  "restarts before the first step, the program's MirroredStrategy::create gives them again",
+                  record.name, kMaxJournaledSeedBytes >> 20);
+  return journal_(record);
+}
+
+Status Strategies::journal_formation(Strategy& s, const Formation& formation, int64_t source_step) {
+  Journaled record = journaled(s);
+  record.initial.reset();
+  record.seed_checkpoint.clear();
+  record.seed_from_checkpoint.clear();
+  record.epoch = formation.epoch;
+  record.member_tasks.clear();
+  for (int64_t id : formation.ids) record.member_tasks.push_back(workers_.task_index(id));
+  // After a restart the steps run are the replicas' (the journal has them
+  // as of the last formation).
+  if (s.replayed) record.steps = std::max(s.steps, source_step);
+  CAPSTAN_RETURN_IF_ERROR(journal(record).with_context("strategy '" + s.name + "': journaling its group"));
+  if (s.replayed) {
+    loop_.log->info("strategy '{}': group formed again after the coordinator's restart, at step {} (journaled {})",
+                    s.name, record.steps, s.steps);
+  }
+  s.member_tasks = std::move(record.member_tasks);
+  s.steps = record.steps;
+  s.replayed = false;
+  return Status::Ok();
+}
+
+std::vector<Strategies::Journaled> Strategies::journaled_state() const {
+  std::vector<Journaled> out;
+  for (const auto& [name, strategy] : strategies_) out.push_back(journaled(strategy));
+  return out;
+}
+
+void Strategies::restore_from_journal(Journaled record) {
+  Strategy s;
+  s.name = record.name;
+  s.specs = std::move(record.specs);
+  s.config = record.config;
+  if (record.initial.has_value()) {
+    s.seed = Strategy::Seed{std::move(record.initial), {}, {}};
+    s.seed_is_initial = true;
+  } else if (!record.seed_checkpoint.empty()) {
+    s.seed = Strategy::Seed{std::nullopt, std::move(record.seed_checkpoint), std::move(record.seed_from_checkpoint)};
+  }
+  s.epoch = record.epoch;
+  s.member_tasks = std::move(record.member_tasks);
+  s.steps = record.steps;
+  s.input = record.input;
+  s.replayed = true;
+  strategies_.insert_or_assign(record.name, std::move(s));
+}
+
+std::vector<int64_t> Strategies::replayed_members(const Strategy& s) const {
+  std::vector<int64_t> out;
+  for (const auto& [id, worker] : workers_.all()) {
+    if (std::count(s.member_tasks.begin(), s.member_tasks.end(), worker.task_index) > 0) out.push_back(id);
+  }
+  std::sort(out.begin(), out.end(),
+            [this](int64_t x, int64_t y) { return workers_.task_index(x) < workers_.task_index(y); });
+  return out;
 }
 
 }  // namespace capstan::coordinator

@@ -27,6 +27,12 @@
 //   busy    a step or a formation of the strategy runs; steps of one
 //           strategy run one at a time.
 //
+// Durable (with the Coordinator's journal, set_journal): each strategy is
+// journaled at its creation, at each group formed and when a restore seeds
+// it; a restarted coordinator's restore_from_journal() brings it back with
+// no group formed, and its first step forms one from the survivors of the
+// last (by task index), its steps taken from the source's replica.
+//
 // Example:
 //   Strategies strategies(workers, variables, gate, loop);
 //   strategies.create("dense", {{"w", initial, Optimizer::sgd(0.1)}}, {});
@@ -41,6 +47,7 @@
 
 #include <chrono>
 #include <cstdint>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -96,6 +103,7 @@ class Strategies {
 
   bool is_mirrored(const std::string& variable) const;
   bool empty() const { return strategies_.empty(); }
+  size_t size() const { return strategies_.size(); }
   // A step or a formation runs: of any strategy, or with `worker_id` a member.
   bool busy() const;
   bool busy_with(int64_t worker_id) const;
@@ -129,6 +137,37 @@ class Strategies {
   static Result<Restore> read_checkpoint(const checkpoint::CheckpointReader& reader, const Specs& specs);
   kj::Promise<Status> seed(Restore restore);
 
+  // ---- Durability (the coordinator's journal: coordinator_journal.h)
+  // What a restarted coordinator must know of a strategy: journaled at its
+  // creation, at each group formed and when a restore seeds it (the whole
+  // strategy each time; a later one of a name replaces the earlier). Not
+  // each step: a replica's own step counter (replica_status) gives the
+  // steps again when the next group forms.
+  struct Journaled {
+    std::string name;
+    std::vector<training::MirroredSpec> specs;
+    StrategyConfig config;
+    // The seed no group has taken yet: create()'s values, or a restored
+    // checkpoint's path and the variables read from it.
+    std::optional<training::MirroredState> initial;
+    std::string seed_checkpoint;
+    std::vector<std::string> seed_from_checkpoint;
+    int64_t epoch = 0;              // of the last group formed
+    std::vector<int> member_tasks;  // its members' task indexes, by rank
+    int64_t steps = 0;              // steps run when it formed
+    std::optional<StepInputConfig> input;
+  };
+  // Writes a record durably before the change it describes is applied; an
+  // error refuses the change. Unset: nothing is journaled.
+  using Journal = std::function<Status(const Journaled&)>;
+  void set_journal(Journal journal) { journal_ = std::move(journal); }
+  // Every strategy as records (a compacted journal).
+  std::vector<Journaled> journaled_state() const;
+  // A replayed record: the strategy as it was, with no group formed (the
+  // first step forms one; its source is the last group's member, by task
+  // index, with the fewest steps, as after a failed step).
+  void restore_from_journal(Journaled record);
+
  private:
   struct Strategy {
     std::string name;
@@ -154,6 +193,12 @@ class Strategies {
     // The positions of the input the replicas' state has consumed: taken
     // from the source's report at each formation, moved by each step.
     int64_t input_position = 0;
+    // The last group's members by task index, as journaled (worker ids do
+    // not outlive a coordinator). `replayed`: read back from the journal,
+    // no group formed since; the next formation's source is one of these
+    // and the steps are taken from its replica.
+    std::vector<int> member_tasks;
+    bool replayed = false;
   };
   // One formation of a group (form_group's stages share it).
   struct Formation {
@@ -223,12 +268,24 @@ class Strategies {
   kj::Promise<Result<training::MirroredState>> read_state_from(std::string name, std::vector<int64_t> members, size_t i,
                                                                std::chrono::milliseconds limit, Status last);
 
+  // The journal's record of `strategy` as it is now.
+  Journaled journaled(const Strategy& strategy) const;
+  // journal_(...) when set.
+  Status journal(const Journaled& record) const;
+  // Journals the group `formation` formed (the source at `source_step`),
+  // then keeps its members' task indexes; conclude() applies the rest.
+  Status journal_formation(Strategy& strategy, const Formation& formation, int64_t source_step);
+  // The live workers that were in a replayed strategy's last group, by
+  // task index.
+  std::vector<int64_t> replayed_members(const Strategy& strategy) const;
+
   Workers& workers_;
   const PsVariables& variables_;
   const DispatchGate& gate_;
   const LoopContext loop_;
   boost::asio::thread_pool& pool_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
+  Journal journal_;
 };
 
 }  // namespace capstan::coordinator

@@ -5,9 +5,12 @@
 
 #include <catch2/catch.hpp>
 
+#include <filesystem>
+
 #include "capstan/data/dataset.h"
 #include "daemons/coordinator/coordinator.h"
 #include "daemons/coordinator/test_fakes.h"
+#include "data/test_util.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -199,6 +202,7 @@ TEST_CASE("a step waits for min_replicas workers, then says how many came", "[co
   CHECK(a.forms.empty());
 }
 
+
 }  // namespace
 }  // namespace capstan::coordinator
 
@@ -292,6 +296,175 @@ TEST_CASE("Strategies alone: a step keeps its strategy busy with its members unt
   f.gate.drain();
   auto refused = f.strategies.run_step("s", "sync_step", "args").wait(f.ws);
   CHECK(refused.status().code() == StatusCode::kUnavailable);
+}
+
+
+// ---- Durable strategies (a coordinator with a work_dir) ---------------------------------------
+
+// A coordinator over `config` that has replayed its journal.
+std::unique_ptr<Harness> restarted(const CoordinatorConfig& config) {
+  auto h = std::make_unique<Harness>(config);
+  REQUIRE(h->coordinator->open_journal().ok());
+  return h;
+}
+
+TEST_CASE("a strategy survives a coordinator restart, the next step forms a group from the last members, "
+          "steps going on from the replicas'",
+          "[coordinator][strategy][durable]") {
+  data::testing::TempDir work;
+  CoordinatorConfig durable;
+  durable.work_dir = work.path();
+  // Small, so that the restart compacts the journal: the strategy lives on
+  // in the snapshot.
+  durable.journal_compact_records = 8;
+  {
+    WorkerRecord a, b;
+    auto h = restarted(durable);
+    h->add_worker(a, {"sync_step"}, 0);
+    h->add_worker(b, {"sync_step"}, 1);
+    REQUIRE(h->coordinator->create_strategy("s", model(), config(2)).ok());
+    for (size_t i = 0; i < 2; ++i) {
+      auto running = step(*h);
+      h->settle();
+      a.reply(i, std::string("a"));
+      b.reply(i, std::string("b"));
+      REQUIRE(running.wait(h->io.waitScope)->steps == static_cast<int64_t>(i) + 1);
+    }
+    CHECK(a.forms.size() == 1);
+    // A reconnecting program creates it again (each journaled: the journal
+    // grows past journal_compact_records).
+    for (int i = 0; i < 10; ++i) REQUIRE(h->coordinator->create_strategy("s", model(), config(2)).ok());
+    // A third step is cut short by the crash: both replicas applied it.
+    auto cut = step(*h);
+    h->settle();
+    REQUIRE(a.runs.size() == 3);
+  }
+  // The workers re-register (new worker ids) with what they hold: task 0
+  // ran one more step than task 1 (its answer never came back), task 2
+  // holds an old replica of another run and was never in the group.
+  WorkerRecord a, b, stale;
+  a.replica = {true, 4, 42, {}};
+  b.replica = {true, 3, 42, {}};
+  stale.replica = {true, 1, 7, {}};
+  auto h = restarted(durable);
+  CHECK_THAT(data::testing::read_bytes(work.file("CURRENT")), Catch::StartsWith("journal-"));
+  h->add_worker(stale, {"sync_step"}, 2);
+  h->add_worker(b, {"sync_step"}, 1);
+  h->add_worker(a, {"sync_step"}, 0);
+  // The program's create() hands back the replayed strategy; other
+  // variables are refused as before.
+  REQUIRE(h->coordinator->create_strategy("s", model(), config(2)).ok());
+  std::vector<MirroredVariableInit> other = {{"w", Tensor::zeros(DType::kFloat32, {3}).value(), Optimizer::sgd(0.1)}};
+  CHECK(h->coordinator->create_strategy("s", other, config(2)).code() == StatusCode::kAlreadyExists);
+  auto running = step(*h);
+  h->settle();
+  REQUIRE(a.forms.size() == 1);
+  REQUIRE(stale.forms.size() == 1);
+  CHECK(a.forms[0].epoch == 2);             // after the journaled epoch 1
+  CHECK(a.forms[0].source == 1);            // task 1: the fewest steps of the last group
+  CHECK_FALSE(a.forms[0].seed.has_value());  // the initial values are long gone
+  CHECK_FALSE(b.forms[0].seed.has_value());
+  a.reply(0, std::string("a"));
+  b.reply(0, std::string("b"));
+  stale.reply(0, std::string("c"));
+  auto outcome = running.wait(h->io.waitScope);
+  REQUIRE(outcome.ok());
+  CHECK(outcome->steps == 4);  // the source's 3, and this one
+  CHECK(outcome->task_indexes == std::vector<int>{0, 1, 2});
+
+  // Restarted again: the group of three is the last one, at step 4.
+  h.reset();
+  WorkerRecord a2, b2, c2;
+  a2.replica = {true, 4, 42, {}};
+  b2.replica = {true, 4, 42, {}};
+  c2.replica = {true, 5, 42, {}};
+  h = restarted(durable);
+  h->add_worker(a2, {"sync_step"}, 0);
+  h->add_worker(b2, {"sync_step"}, 1);
+  h->add_worker(c2, {"sync_step"}, 2);
+  auto again = step(*h);
+  h->settle();
+  REQUIRE(a2.forms.size() == 1);
+  CHECK(a2.forms[0].epoch == 3);
+  CHECK(a2.forms[0].source == 0);
+  for (WorkerRecord* r : {&a2, &b2, &c2}) r->reply(0, std::string("x"));
+  CHECK(again.wait(h->io.waitScope)->steps == 5);
+}
+
+TEST_CASE("a strategy created but never stepped before a coordinator restart starts from its initial values",
+          "[coordinator][strategy][durable]") {
+  data::testing::TempDir work;
+  CoordinatorConfig durable;
+  durable.work_dir = work.path();
+  std::vector<MirroredVariableInit> ones = {{"w", Tensor::from_vector<float>({1, 2}, {2}).value(), Optimizer::sgd(0.1)}};
+  {
+    auto h = restarted(durable);
+    REQUIRE(h->coordinator->create_strategy("s", ones, config(1)).ok());
+  }
+  WorkerRecord a;
+  auto h = restarted(durable);
+  h->add_worker(a, {"sync_step"}, 0);
+  auto running = step(*h);
+  h->settle();
+  REQUIRE(a.forms.size() == 1);
+  CHECK(a.forms[0].epoch == 1);
+  REQUIRE(a.forms[0].seed.has_value());
+  REQUIRE(a.forms[0].seed->variables.size() == 1);
+  const Tensor& w = a.forms[0].seed->variables[0].value;
+  CHECK(std::vector<float>(w.flat<float>().begin(), w.flat<float>().end()) == std::vector<float>{1, 2});
+  a.reply(0, std::string("a"));
+  CHECK(running.wait(h->io.waitScope)->steps == 1);
+}
+
+TEST_CASE("Strategies alone journal each change before it is applied, and a restore's seed comes back from the journal",
+          "[coordinator][strategy][durable]") {
+  WorkerRecord a;
+  Alone f;
+  f.add_worker(a, 0);
+  std::vector<Strategies::Journaled> journaled;
+  Status refuse;
+  f.strategies.set_journal([&](const Strategies::Journaled& record) {
+    if (!refuse.ok()) return refuse;
+    journaled.push_back(record);
+    return Status::Ok();
+  });
+  // A journal that refuses: no strategy.
+  refuse = Status::DataLoss("disk gone");
+  CHECK(f.strategies.create("s", model(), config()).code() == StatusCode::kDataLoss);
+  CHECK(f.strategies.empty());
+  refuse = Status::Ok();
+  REQUIRE(f.strategies.create("s", model(), config()).ok());
+  REQUIRE(journaled.size() == 1);
+  CHECK(journaled[0].initial.has_value());
+  CHECK(journaled[0].epoch == 0);
+  auto first = f.strategies.run_step("s", "sync_step", "args");
+  f.ws.poll();
+  a.reply(0, std::string("a"));
+  REQUIRE(first.wait(f.ws).ok());
+  REQUIRE(journaled.size() == 2);  // the group formed, without the values
+  CHECK_FALSE(journaled[1].initial.has_value());
+  CHECK(journaled[1].epoch == 1);
+  CHECK(journaled[1].member_tasks == std::vector<int>{0});
+  // A restore makes a checkpoint the seed: journaled with its path.
+  Strategies::Restore restore;
+  restore.checkpoint = "/ckpt/ckpt-7";
+  restore.variables["s"] = {"w"};
+  REQUIRE(f.strategies.seed(restore).wait(f.ws).ok());
+  REQUIRE(journaled.size() == 3);
+  CHECK(journaled[2].seed_checkpoint == "/ckpt/ckpt-7");
+  CHECK(journaled[2].epoch == 1);
+
+  // A restarted coordinator's Strategies (over the same worker), from those
+  // records: the source of its first group reads the checkpoint.
+  Strategies restarted{f.workers, f.variables, f.gate, f.context, f.pool};
+  for (auto& record : journaled) restarted.restore_from_journal(record);
+  CHECK(restarted.is_mirrored("w"));
+  auto replayed = restarted.run_step("s", "sync_step", "args");
+  f.ws.poll();
+  REQUIRE(a.forms.size() == 2);
+  CHECK(a.forms[1].epoch == 2);
+  CHECK(a.forms[1].seed_checkpoint == "/ckpt/ckpt-7");
+  CHECK(a.forms[1].seed_from_checkpoint == std::vector<std::string>{"w"});
 }
 
 }  // namespace

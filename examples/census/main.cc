@@ -916,8 +916,13 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
                   static_cast<long long>(epoch), static_cast<long long>(kTrainingExamples));
     }
     // Each replica evaluates its shard of adult.test with its variables.
-    auto evaluated = (*strategy)->run(evaluate_closure,
-                                      Element{{*Tensor::from_strings({test_path}, {}), Tensor::scalar<int64_t>(hybrid_flag)}, {}});
+    const Element evaluate_args{{*Tensor::from_strings({test_path}, {}), Tensor::scalar<int64_t>(hybrid_flag)}, {}};
+    auto evaluated = (*strategy)->run(evaluate_closure, evaluate_args);
+    // A worker lost during the evaluation: evaluate again with the others.
+    for (int again = 0; again < 10 && evaluated.status().code() == capstan::StatusCode::kUnavailable; ++again) {
+      std::printf("\ncensus: %s; evaluating again\n", evaluated.status().to_string().c_str());
+      evaluated = (*strategy)->run(evaluate_closure, evaluate_args);
+    }
     if (!evaluated.ok()) return fail("evaluating on " + test_path, evaluated.status());
     std::vector<float> probabilities, labels;
     for (const auto& v : evaluated->values) {

@@ -255,6 +255,74 @@ TEST_CASE("a parameter-server checkpoint restores into mirrored training, and ba
   CHECK_THAT(inspect.output, Catch::Contains("adam"));
 }
 
+TEST_CASE("kill -9 the coordinator with its work_dir between and during steps, the strategy survives and its steps "
+          "go on from the replicas",
+          "[strategy][fault][durable]") {
+  TestCluster scratch;
+  const std::string work_dir = scratch.dir() + "/coordinator";
+  const std::vector<std::string> flags = {"--work-dir", work_dir, "--port", std::to_string(free_port())};
+  Replicated r(2, 0, flags);
+  auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::adam(0.05)), options(2)).value();
+  for (int s = 0; s < 5; ++s) REQUIRE(strategy->run("linear_step", step_args(s, 12)).ok());
+  REQUIRE(strategy->verify_replicas().ok());
+
+  // Between steps: the next run() waits for the coordinator, which forms the
+  // group again from the replicas, at their step.
+  r.coordinator->kill_now();
+  r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
+  CHECK_THAT(r.coordinator->log(), Catch::Contains("replayed the journal") && Catch::Contains("1 strategy"));
+  // Before any step: the replicas the workers kept, at step 5.
+  REQUIRE(wait_until([&]() { return r.client->num_workers() == 2; }, 20s));
+  REQUIRE(strategy->verify_replicas().ok());
+  auto kept = strategy->replicas().value();
+  REQUIRE(kept.size() == 2);
+  for (const auto& replica : kept) CHECK(replica.step == 5);
+  // The same program object goes on; its create() (a program starting
+  // again) finds the strategy too.
+  for (int s = 5; s < 8; ++s) {
+    auto per_replica = strategy->run("linear_step", step_args(s, 12));
+    INFO(per_replica.status().to_string());
+    REQUIRE(per_replica.ok());
+    CHECK(per_replica->step == s + 1);
+    REQUIRE(per_replica->values.size() == 2);
+    for (const auto& v : per_replica->values) CHECK(v.components[3].flat<int64_t>()[0] == s);
+  }
+  REQUIRE(MirroredStrategy::create(*r.client, linear_model(Optimizer::adam(0.05)), options(2)).ok());
+  REQUIRE(strategy->verify_replicas().ok());
+
+  // During a step: that run() fails Unavailable (its outcome went with the
+  // coordinator), the next ones go on, never from an earlier step.
+  auto step = std::async(std::launch::async, [&]() { return strategy->run("slow_linear_step", step_args(8, 12, 1500)); });
+  std::this_thread::sleep_for(600ms);
+  r.coordinator->kill_now();
+  r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
+  auto cut = step.get();
+  INFO(cut.status().to_string());
+  REQUIRE_FALSE(cut.ok());
+  CHECK(cut.status().code() == StatusCode::kUnavailable);
+  CHECK_THAT(cut.status().message(), Catch::Contains("outcome was lost"));
+  int unavailable = 0;
+  int64_t last = 0;
+  for (int s = 9; s < 12; ++s) {
+    auto per_replica = strategy->run("linear_step", step_args(s, 12));
+    if (!per_replica.ok() && per_replica.status().code() == StatusCode::kUnavailable && unavailable++ == 0) {
+      --s;  // at most one more (the link may have broken under it too)
+      continue;
+    }
+    INFO(per_replica.status().to_string());
+    REQUIRE(per_replica.ok());
+    // 8 steps before the cut one; it was applied on every replica or on none.
+    CHECK(per_replica->step >= 9);
+    CHECK((last == 0 || per_replica->step == last + 1));
+    for (const auto& v : per_replica->values) CHECK(v.components[3].flat<int64_t>()[0] == per_replica->step - 1);
+    last = per_replica->step;
+  }
+  REQUIRE(strategy->verify_replicas().ok());
+  auto replicas = strategy->replicas().value();
+  REQUIRE(replicas.size() == 2);
+  for (const auto& replica : replicas) CHECK(replica.step == last);
+}
+
 TEST_CASE("strategy requests that cannot be served say why", "[strategy]") {
   Replicated r(1, 1);
   auto& client = *r.client;

@@ -29,6 +29,21 @@
 // format, so a model trained on parameter servers restores into mirrored
 // training and back.
 //
+// A coordinator with a work_dir journals its strategies (their variables'
+// specs, options, initial values until the first group takes them, and
+// each group formed), so a kill -9 and a restart on the same address loses
+// no strategy: the worker-servers keep their replicas, re-register, and the
+// same program object goes on. create(), read_variable(), replicas() and
+// verify_replicas() whose link breaks are sent again once reconnected (as
+// closures are, within ClientOptions::connect_timeout). A run() whose link
+// breaks is not: the step may have run on the workers and its values went
+// with the coordinator, so run() waits until the coordinator answers again
+// and returns Unavailable ("the step's outcome was lost"), as for a lost
+// worker; the next run() forms the group again from the last step every
+// replica finished, its step counter going on from the replicas' (never
+// reset). A run() made while the coordinator is down waits for it (up to
+// connect_timeout) and runs.
+//
 // Thread-safety: one thread at a time (a training loop); steps of one
 // strategy run one after the other.
 #ifndef CAPSTAN_STRATEGY_H_
@@ -121,7 +136,8 @@ class MirroredStrategy {
   // with `args`; their values by replica. Unavailable naming the workers
   // lost when one died or stopped answering during the step (call run()
   // again: it goes on with the others); the closure's own error when a
-  // replica's closure failed.
+  // replica's closure failed; Unavailable when a durable coordinator
+  // restarted during the step (see the header comment).
   Result<PerReplica> run(const std::string& function, const Element& args = {});
   // strategy.reduce: component `component` of every replica's value,
   // reduced element-wise (SUM, MEAN, MIN, MAX, PROD) into one tensor.

@@ -13,6 +13,36 @@
 
 namespace capstan {
 
+namespace {
+
+// A call whose link broke is sent again once the client has reconnected
+// when the coordinator is durable (ClusterCoordinator::Impl::retrying);
+// each attempt bounded as SyncChannel::call bounds one. For calls that
+// change nothing, or that the coordinator answers the same when sent
+// twice (createStrategy hands back the strategy it has).
+// (`Coordinator` is ClusterCoordinator::Impl, which only MirroredStrategy
+// may name.)
+template <typename T, typename Coordinator, typename Make>
+Result<T> call_durable(Coordinator& coordinator, const std::string& what, Make make) {
+  try {
+    return coordinator.loop().run_sync([&coordinator, &what, &make]() {
+      return coordinator.template retrying<T>([&coordinator, &what, &make]() {
+        const auto& options = coordinator.channel.options();
+        auto attempt = coordinator.connection()
+                           .template service<wire::Coordinator>(coordinator.connect_deadline())
+                           .then([&make](wire::Coordinator::Client c) { return make(c); });
+        return rpc::with_deadline<T>(coordinator.loop().timer(), kj::mv(attempt),
+                                     options.call_timeout + options.connect_timeout,
+                                     what + " to " + coordinator.channel.address());
+      });
+    });
+  } catch (const kj::Exception& e) {
+    return async::from_exception(e).with_context(what + " " + coordinator.channel.address());
+  }
+}
+
+}  // namespace
+
 struct MirroredStrategy::Impl {
   ClusterCoordinator& cluster;
   std::string name;
@@ -32,8 +62,9 @@ Result<std::unique_ptr<MirroredStrategy>> MirroredStrategy::create(ClusterCoordi
   settings.timeout = options.collective.timeout;
   settings.transport = options.collective.transport;
   settings.tcp_streams = options.collective.tcp_streams;
-  CAPSTAN_RETURN_IF_ERROR(cluster.impl_->call<bool>(
-      "creating strategy '" + options.name + "'", [&](wire::Coordinator::Client c) {
+  auto& coordinator = *cluster.impl_;
+  CAPSTAN_RETURN_IF_ERROR(call_durable<bool>(
+      coordinator, "creating strategy '" + options.name + "'", [&](wire::Coordinator::Client c) {
         auto request = c.createStrategyRequest();
         request.setName(options.name);
         request.getOptions().setMinReplicas(options.min_replicas);
@@ -46,7 +77,12 @@ Result<std::unique_ptr<MirroredStrategy>> MirroredStrategy::create(ClusterCoordi
           rpc::write_tensor(list[i].initInitial(), variables[i].initial, codec);
           rpc::optimizer_to_wire(variables[i].optimizer, list[i].initOptimizer());
         }
-        return request.send().then([](capnp::Response<wire::Coordinator::CreateStrategyResults>&&) { return true; });
+        return request.send().then([&coordinator](capnp::Response<wire::Coordinator::CreateStrategyResults>&& r) {
+          // Closures and strategies alike: calls over a broken link are
+          // sent again once reconnected (loop thread).
+          coordinator.durable = r.getDurable();
+          return true;
+        });
       }).status());
   auto impl = std::make_unique<Impl>(Impl{cluster, options.name});
   return std::unique_ptr<MirroredStrategy>(new MirroredStrategy(std::move(impl)));
@@ -54,9 +90,8 @@ Result<std::unique_ptr<MirroredStrategy>> MirroredStrategy::create(ClusterCoordi
 
 Result<PerReplica> MirroredStrategy::run(const std::string& function, const Element& args) {
   auto& coordinator = *impl_->cluster.impl_;
-  auto out = coordinator.call<PerReplica>(
-      "step of strategy '" + impl_->name + "' (" + function + ")",
-      [&](wire::Coordinator::Client c) {
+  const std::string what = "step of strategy '" + impl_->name + "' (" + function + ")";
+  auto step = [&](wire::Coordinator::Client c) {
         auto request = c.runStepRequest();
         request.setStrategy(impl_->name);
         request.setFunction(function);
@@ -77,8 +112,53 @@ Result<PerReplica> MirroredStrategy::run(const std::string& function, const Elem
           PerReplica* raw = out.get();
           return kj::joinPromises(reads.finish()).then([raw]() { return std::move(*raw); }).attach(kj::mv(out));
         });
-      },
-      /*bounded=*/false);  // a step takes as long as the closure does
+  };
+  // Not sent again after the link broke: the step may have run on the
+  // workers, and its values are gone with the coordinator. Unbounded: a
+  // step takes as long as the closure does.
+  Result<PerReplica> out = Status::Unknown("");
+  try {
+    out = coordinator.loop().run_sync([&]() {
+      return coordinator.connection()
+          .service<wire::Coordinator>(coordinator.connect_deadline())
+          .then([&step](wire::Coordinator::Client c) { return step(c); })
+          .catch_([&](kj::Exception&& e) -> kj::Promise<PerReplica> {
+            // (A lost worker's Unavailable is the coordinator's answer,
+            // not a broken link.)
+            if (e.getType() != kj::Exception::Type::DISCONNECTED || !async::is_transport_failure(e) ||
+                !coordinator.durable) {
+              return kj::mv(e);
+            }
+            // A durable coordinator restarts with the strategy: wait until
+            // it answers again, so that the next run() goes straight on.
+            const std::string name = impl_->name;
+            return coordinator
+                .retrying<bool>([&coordinator, name]() {
+                  return coordinator.connection()
+                      .service<wire::Coordinator>(coordinator.connect_deadline())
+                      .then([name](wire::Coordinator::Client c) {
+                        auto request = c.strategyStatusRequest();
+                        request.setStrategy(name);
+                        return request.send().ignoreResult();
+                      })
+                      .then([]() { return true; });
+                })
+                .then(
+                    [](bool) -> kj::Promise<PerReplica> {
+                      return async::to_exception(Status::Unavailable(
+                          "the link to the coordinator broke during the step, and the coordinator restarted: the "
+                          "step's outcome was lost (the replicas may have applied it); run() again goes on from "
+                          "the last step every replica finished"));
+                    },
+                    [](kj::Exception&& again) -> kj::Promise<PerReplica> {
+                      return async::to_exception(async::from_exception(again).with_context(
+                          "the link to the coordinator broke during the step; reconnecting"));
+                    });
+          });
+    });
+  } catch (const kj::Exception& e) {
+    out = async::from_exception(e).with_context(what + " " + coordinator.channel.address());
+  }
   if (out.ok()) impl_->replicas_in_sync = static_cast<int>(out->values.size());
   return out;
 }
@@ -125,7 +205,7 @@ Result<Tensor> MirroredStrategy::reduce(ReduceOp op, const PerReplica& values, s
 
 Result<Tensor> MirroredStrategy::read_variable(const std::string& name) {
   auto& coordinator = *impl_->cluster.impl_;
-  return coordinator.call<Tensor>("reading mirrored variable '" + name + "'", [&](wire::Coordinator::Client c) {
+  return call_durable<Tensor>(coordinator, "reading mirrored variable '" + name + "'", [&](wire::Coordinator::Client c) {
     auto request = c.readMirroredRequest();
     request.setStrategy(impl_->name);
     request.setName(name);
@@ -137,8 +217,8 @@ Result<Tensor> MirroredStrategy::read_variable(const std::string& name) {
 
 Result<std::vector<ReplicaStatus>> MirroredStrategy::replicas() {
   auto& coordinator = *impl_->cluster.impl_;
-  return coordinator.call<std::vector<ReplicaStatus>>(
-      "status of strategy '" + impl_->name + "'", [&](wire::Coordinator::Client c) {
+  return call_durable<std::vector<ReplicaStatus>>(
+      coordinator, "status of strategy '" + impl_->name + "'", [&](wire::Coordinator::Client c) {
         auto request = c.strategyStatusRequest();
         request.setStrategy(impl_->name);
         return request.send().then([](capnp::Response<wire::Coordinator::StrategyStatusResults>&& r) {
