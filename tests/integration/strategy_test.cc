@@ -491,5 +491,42 @@ TEST_CASE("a step input with per-replica batches grows the step with the replica
   CHECK(std::vector<int64_t>(ids.begin(), ids.end()) == std::vector<int64_t>{0, 1, 2});
 }
 
+TEST_CASE("the step input survives kill -9 of the coordinator: the next steps read on from the replicas' position",
+          "[strategy][fault][durable][input]") {
+  TestCluster scratch;
+  const std::string work_dir = scratch.dir() + "/coordinator";
+  const std::vector<std::string> flags = {"--work-dir", work_dir, "--port", std::to_string(free_port())};
+  Replicated r(2, 0, flags);
+  auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::sgd(0.1)), options(2)).value();
+  auto input = strategy->distribute_step_input(data::Dataset::range(kInputExamples), input_options()).value();
+  std::map<int64_t, std::map<int64_t, int>> seen;
+  const Element args{{input.arg()}, {}};
+  for (int s = 0; s < 4; ++s) {
+    auto step = strategy->run("input_linear_step", args);
+    REQUIRE(step.ok());
+    count_ids(*step, seen);
+  }
+  r.coordinator->kill_now();
+  r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
+  REQUIRE(wait_until([&]() { return r.client->num_workers() == 2; }, 20s));
+  int64_t position = 4 * kInputBatch;
+  while (position < 2 * kInputExamples) {
+    auto step = strategy->run("input_linear_step", args);
+    INFO(step.status().to_string());
+    REQUIRE(step.ok());
+    // The replicas' position, not a fresh input: the restarted coordinator
+    // knew the input from its journal and the position from the group.
+    CHECK(step->input_position == position + kInputBatch);
+    position = step->input_position;
+    count_ids(*step, seen);
+  }
+  REQUIRE(seen.size() == 2);
+  for (const auto& [epoch, ids] : seen) {
+    INFO("epoch " << epoch);
+    CHECK(ids.size() == static_cast<size_t>(kInputExamples));
+    for (const auto& [id, times] : ids) CHECK(times == 1);
+  }
+}
+
 }  // namespace
 }  // namespace capstan::testing
