@@ -22,6 +22,15 @@ std::vector<MirroredVariableInit> model() {
   return {{"w", Tensor::zeros(DType::kFloat32, {2}).value(), Optimizer::sgd(0.1)}};
 }
 
+// A worker's report of a replica it holds.
+training::ReplicaReport holding(int64_t step, uint64_t checksum) {
+  training::ReplicaReport report;
+  report.holds = true;
+  report.step = step;
+  report.checksum = checksum;
+  return report;
+}
+
 StrategyConfig config(int min_replicas = 1) {
   StrategyConfig c;
   c.min_replicas = min_replicas;
@@ -343,9 +352,9 @@ TEST_CASE("a strategy survives a coordinator restart, the next step forms a grou
   // ran one more step than task 1 (its answer never came back), task 2
   // holds an old replica of another run and was never in the group.
   WorkerRecord a, b, stale;
-  a.replica = {true, 4, 42, {}};
-  b.replica = {true, 3, 42, {}};
-  stale.replica = {true, 1, 7, {}};
+  a.replica = holding(4, 42);
+  b.replica = holding(3, 42);
+  stale.replica = holding(1, 7);
   auto h = restarted(durable);
   CHECK_THAT(data::testing::read_bytes(work.file("CURRENT")), Catch::StartsWith("journal-"));
   h->add_worker(stale, {"sync_step"}, 2);
@@ -375,9 +384,9 @@ TEST_CASE("a strategy survives a coordinator restart, the next step forms a grou
   // Restarted again: the group of three is the last one, at step 4.
   h.reset();
   WorkerRecord a2, b2, c2;
-  a2.replica = {true, 4, 42, {}};
-  b2.replica = {true, 4, 42, {}};
-  c2.replica = {true, 5, 42, {}};
+  a2.replica = holding(4, 42);
+  b2.replica = holding(4, 42);
+  c2.replica = holding(5, 42);
   h = restarted(durable);
   h->add_worker(a2, {"sync_step"}, 0);
   h->add_worker(b2, {"sync_step"}, 1);
