@@ -327,6 +327,9 @@ TEST_CASE("kill -9 a parameter server mid-training: it is restored from the last
   std::vector<RemoteValue> values;
   for (int i = 0; i < kClosures; ++i) values.push_back(t.client->schedule("sleep_then_tag", sleep_args(20, i)).value());
   REQUIRE(wait_until([&]() { return counter(*t.client) >= 40; }, 30s));
+  // A checkpoint to restore from (a save may still be running when the
+  // counter gets there on a loaded machine).
+  REQUIRE(wait_until([&]() { return metric(*t.coordinator, "capstan_coordinator_checkpoints_saved_total") >= 1; }, 30s));
 
   auto killed = std::chrono::steady_clock::now();
   restart_ps(t, task);
