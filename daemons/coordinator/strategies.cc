@@ -7,6 +7,7 @@
 #include "async/pool.h"
 #include "async/status_exception.h"
 #include "checkpoint/mirrored_files.h"
+#include "data/step_input.h"
 #include "training/optimizer.h"
 
 namespace capstan::coordinator {
@@ -244,24 +245,9 @@ Result<std::vector<training::StepInput>> Strategies::split_input(const StepInput
                                                                  size_t replicas) {
   const auto n = static_cast<int64_t>(replicas);
   const int64_t global = input.global_batch > 0 ? input.global_batch : input.per_replica_batch * n;
-  if (n == 0 || global < n) {
-    return Status::FailedPrecondition("a global batch of " + std::to_string(global) + " cannot be split among " +
-                                      std::to_string(n) + " replicas (each needs an example at least)");
-  }
-  std::vector<training::StepInput> shares(replicas);
-  int64_t start = position;
-  for (int64_t r = 0; r < n; ++r) {
-    training::StepInput& share = shares[static_cast<size_t>(r)];
-    share.dataset_id = input.dataset_id;
-    share.count = global / n + (r < global % n ? 1 : 0);
-    share.start = start;
-    share.first = position;
-    share.end = position + global;
-    share.seed = input.seed;
-    share.shuffle = input.shuffle;
-    share.weight = static_cast<double>(share.count) * static_cast<double>(n) / static_cast<double>(global);
-    start += share.count;
-  }
+  CAPSTAN_ASSIGN_OR_RETURN(std::vector<training::StepInput> shares,
+                           data::step_shares(position, global, n, input.seed, input.shuffle));
+  for (auto& share : shares) share.dataset_id = input.dataset_id;
   return shares;
 }
 

@@ -233,7 +233,7 @@ Result<Element> Worker::run_step_closure(const ClosureFunction& fn, const RunClo
   return result;
 }
 
-Result<std::shared_ptr<const StepInputElements>> Worker::step_input_elements(int64_t id) {
+Result<std::shared_ptr<const data::StepInputElements>> Worker::step_input_elements(int64_t id) {
   MutexLock reading(step_input_read_mutex_);
   std::shared_ptr<data::Iterator> iterator;
   {
@@ -248,7 +248,7 @@ Result<std::shared_ptr<const StepInputElements>> Worker::step_input_elements(int
     }
     iterator = it->second;
   }
-  auto elements = StepInputElements::read(*iterator, step_input_budget_.load());
+  auto elements = data::StepInputElements::read(*iterator, step_input_budget_.load());
   const std::string context = "step input (per-worker dataset " + std::to_string(id) + ")";
   if (!elements.ok()) {
     // The read stopped part way: the next step reads from a fresh iterator.

@@ -37,7 +37,7 @@
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "daemons/worker_server/replicas.h"
-#include "daemons/worker_server/step_input.h"
+#include "data/step_input.h"
 #include "sync/mutex.h"
 #include "training/variable_router.h"
 
@@ -139,7 +139,7 @@ class Worker {
   Status record(int64_t id, Status status);
   Result<data::Iterator*> iterator(const Tensor& arg);
   // The elements of step input `id`, read from its iterator the first time.
-  Result<std::shared_ptr<const StepInputElements>> step_input_elements(int64_t id);
+  Result<std::shared_ptr<const data::StepInputElements>> step_input_elements(int64_t id);
   // Runs `fn` for `request`, with the step input's weight on the replica's
   // gradients; moves the replica's input position when the step took its
   // input (the closure succeeded, or its variables took the update).
@@ -160,7 +160,7 @@ class Worker {
   std::map<int64_t, uint64_t> uids_ GUARDED_BY(mutex_);  // of the built iterators
   std::set<int64_t> stale_ GUARDED_BY(mutex_);
   // Step inputs' elements, by dataset id; dropped with their iterator.
-  std::map<int64_t, std::shared_ptr<const StepInputElements>> step_inputs_ GUARDED_BY(mutex_);
+  std::map<int64_t, std::shared_ptr<const data::StepInputElements>> step_inputs_ GUARDED_BY(mutex_);
   Mutex step_input_read_mutex_;  // one read of a step input's elements at a time
   std::atomic<int64_t> step_input_budget_{int64_t{4} << 30};
   // Running closures' cancel flags, by closure id.

@@ -105,6 +105,7 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cerrno>
@@ -117,6 +118,7 @@
 #include <map>
 #include <optional>
 #include <random>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -530,8 +532,178 @@ capstan::Result<Metrics> replica_evaluate(const std::string& path, const capstan
   return metrics_of(probabilities, labels);
 }
 
+// The examples each epoch of a step input trained on, by id (the step
+// values' "example_ids"): epoch e is positions [e * n, (e + 1) * n), and a
+// step's replicas took its positions in replica order.
+class ExampleCounts {
+ public:
+  explicit ExampleCounts(int64_t n) : n_(n) {}
+  Status add(const capstan::PerReplica& step, int64_t global_batch) {
+    int64_t position = step.input_position - global_batch;
+    for (const auto& value : step.values) {
+      if (value.components.size() < 4) return Status::DataLoss("a replica's value has no example ids");
+      auto ids = value.components[3].flat<int64_t>();
+      CAPSTAN_RETURN_IF_ERROR(add_ids(position, ids));
+      position += static_cast<int64_t>(ids.size());
+    }
+    if (position != step.input_position) {
+      return Status::DataLoss("the replicas trained on " + std::to_string(position - step.input_position +
+                                                                          global_batch) +
+                              " examples; the step took " + std::to_string(global_batch));
+    }
+    return Status::Ok();
+  }
+  // The examples at positions position, position + 1, ..., those from
+  // position `from` on.
+  Status add_ids(int64_t position, std::span<const int64_t> ids, int64_t from = 0) {
+    for (int64_t id : ids) {
+      if (id < 0 || id >= n_) return Status::DataLoss("example id " + std::to_string(id) + " is not in [0, n)");
+      if (position < from) {
+        ++position;
+        continue;
+      }
+      auto& epoch = times_[position / n_];
+      epoch.resize(static_cast<size_t>(n_));
+      ++epoch[static_cast<size_t>(id)];
+      ++position;
+    }
+    return Status::Ok();
+  }
+  // DataLoss naming an example seen other than once in epoch `epoch`.
+  Status check_epoch(int64_t epoch) {
+    auto& times = times_[epoch];
+    times.resize(static_cast<size_t>(n_));
+    for (int64_t id = 0; id < n_; ++id) {
+      if (times[static_cast<size_t>(id)] != 1) {
+        return Status::DataLoss("example " + std::to_string(id) + " was trained on " +
+                                std::to_string(times[static_cast<size_t>(id)]) + " times in the epoch");
+      }
+    }
+    times_.erase(epoch);
+    return Status::Ok();
+  }
+
+ private:
+  const int64_t n_;
+  std::map<int64_t, std::vector<int32_t>> times_;  // by epoch (from 0), by example id
+};
+
+// A multi-client replica's model: LibTorch (the plugin's TorchReplica) or
+// model.h's variables, made, moved to a re-formed group and stepped alike.
+class ReplicaModel {
+ public:
+  ReplicaModel(const Flags& flags, capstan::ClusterCoordinator& cluster, uint64_t seed, int64_t steps)
+      : flags_(flags), cluster_(cluster), seed_(seed), steps_(steps), hybrid_(flags.mode == "hybrid"),
+        torch_(flags.model == "torch") {}
+
+  // Collective on the first group this process is in: a fresh start when no
+  // member holds the model yet (rank 0's initial values), else this process
+  // was restarted and takes the others' state (MirroredVariables::join).
+  Status start(capstan::Communicator& group) {
+    auto source = capstan::MirroredVariables::recovery_source(group, nullptr);
+    if (!source.ok() && source.status().code() != capstan::StatusCode::kNotFound) return source.status();
+    const int join_source = source.ok() ? *source : -1;
+    // Hybrid: every replica pushes its own batch's updates to the tables, so
+    // a table gets `replicas` updates a step.
+    const census::Optimizers tables = optimizers(flags_, flags_.replicas * steps_);
+    if (torch_) {
+      census::TorchReplicaOptions options{hybrid_, optimizers(flags_, steps_), tables, seed_, join_source};
+      CAPSTAN_ASSIGN_OR_RETURN(torch_model_, census::create_torch_replica(group, cluster_, options));
+      return Status::Ok();
+    }
+    Layout variables = layout(flags_, seed_, hybrid_, tables, steps_);
+    if (join_source >= 0) {
+      CAPSTAN_ASSIGN_OR_RETURN(eigen_variables_, capstan::MirroredVariables::join(group, variables.mirrored, join_source));
+      return Status::Ok();
+    }
+    if (hybrid_) {
+      // The tables on the parameter servers: rank 0 creates them.
+      if (group.rank() == 0) CAPSTAN_RETURN_IF_ERROR(create_on_parameter_servers(cluster_, variables.on_parameter_servers));
+      CAPSTAN_RETURN_IF_ERROR(group.barrier().with_context("waiting for rank 0's tables"));
+    }
+    CAPSTAN_ASSIGN_OR_RETURN(eigen_variables_, capstan::MirroredVariables::create(group, variables.mirrored));
+    return Status::Ok();
+  }
+  // Collective on a group re-formed after a failure (every member, the
+  // restarted ones calling start()): the state of the member with the
+  // fewest steps.
+  Status move_to(capstan::Communicator& group) {
+    CAPSTAN_ASSIGN_OR_RETURN(int source, capstan::MirroredVariables::recovery_source(group, &variables()));
+    return torch_ ? torch_model_->set_group(group, source) : eigen_variables_->set_group(group, source);
+  }
+  capstan::MirroredVariables& variables() { return torch_ ? torch_model_->variables() : *eigen_variables_; }
+  // One step on this replica's batch.
+  capstan::Result<census::StepFigures> train_step(const Element& batch) {
+    if (torch_) return torch_model_->train_step(batch);
+    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(batch, *eigen_variables_, cluster_, hybrid_, /*train=*/true));
+    return census::StepFigures{step.output.loss_sum / static_cast<double>(step.n), step.output.correct, step.n};
+  }
+  capstan::Result<std::vector<float>> predict(const Element& batch) {
+    if (torch_) return torch_model_->predict(batch);
+    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(batch, *eigen_variables_, cluster_, hybrid_, /*train=*/false));
+    return std::move(step.output.probabilities);
+  }
+
+ private:
+  const Flags& flags_;
+  capstan::ClusterCoordinator& cluster_;
+  const uint64_t seed_;
+  const int64_t steps_;  // in the whole run (the learning-rate decay's length)
+  const bool hybrid_, torch_;
+  std::unique_ptr<census::TorchReplica> torch_model_;
+  std::unique_ptr<capstan::MirroredVariables> eigen_variables_;
+};
+
+// Rank 0's count of the examples each epoch trained on (exactly-once
+// input): the ids of each step's shares, all-gathered before the step and
+// kept once the step is applied. The last step stays apart until the next
+// one: after a failure the group may take the state of a member that had
+// not applied it (recovery_source), and then it did not happen.
+class StepIds {
+ public:
+  explicit StepIds(int64_t n) : n_(n), counts_(n) {}
+  // Step `step` (its number once applied) trained on `ids`, from `position`.
+  Status applied(int64_t step, int64_t position, Tensor ids) {
+    CAPSTAN_RETURN_IF_ERROR(fold());
+    last_ = Last{step, position, std::move(ids)};
+    return Status::Ok();
+  }
+  // The group went back to `step` steps applied.
+  void rolled_back_to(int64_t step) {
+    if (last_ && last_->step > step) last_.reset();
+  }
+  // DataLoss naming an example not seen exactly once in epoch `epoch`
+  // (from 0), once every step before position (epoch + 1) * n applied. The
+  // last step's examples of this epoch count; its later ones wait with it.
+  Status check_epoch(int64_t epoch) {
+    const int64_t end = (epoch + 1) * n_;
+    if (last_) {
+      const auto all = last_->ids.flat<int64_t>();
+      const int64_t before = std::clamp<int64_t>(end - last_->position, 0, static_cast<int64_t>(all.size()));
+      CAPSTAN_RETURN_IF_ERROR(counts_.add_ids(last_->position, all.first(static_cast<size_t>(before)), counted_));
+    }
+    counted_ = end;
+    return counts_.check_epoch(epoch);
+  }
+
+ private:
+  Status fold() {
+    if (!last_) return Status::Ok();
+    Status added = counts_.add_ids(last_->position, last_->ids.flat<int64_t>(), counted_);
+    last_.reset();
+    return added;
+  }
+  struct Last {
+    int64_t step = 0, position = 0;
+    Tensor ids;
+  };
+  const int64_t n_;
+  ExampleCounts counts_;
+  std::optional<Last> last_;
+  int64_t counted_ = 0;  // positions before it are in checked epochs
+};
+
 int run_replica(const Flags& flags, const std::string& train_path, const std::string& test_path) {
-  const bool hybrid = flags.mode == "hybrid";
   const bool chief = flags.rank == 0;
   const std::string who = "census rank " + std::to_string(flags.rank);
   auto failed = [&](const std::string& what, const Status& status) {
@@ -545,8 +717,9 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   capstan::ClusterCoordinator& cluster = *connected;
   capstan::CollectiveOptions collective;
   collective.timeout = std::chrono::seconds(60);
-  auto group = cluster.join_group(flags.group, flags.replicas, flags.rank, "127.0.0.1", collective);
-  if (!group.ok()) return failed("joining group '" + flags.group + "'", group.status());
+  auto joined = cluster.join_group(flags.group, flags.replicas, flags.rank, "127.0.0.1", collective);
+  if (!joined.ok()) return failed("joining group '" + flags.group + "'", joined.status());
+  std::unique_ptr<capstan::Communicator> group = std::move(*joined);
 
   // Rank 0's initial values become every replica's (with --seed, all draw the same).
   const uint64_t seed = flags.seed.value_or(std::random_device{}());
@@ -554,76 +727,63 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   const int64_t local_batch = std::max<int64_t>(1, flags.batch_size / flags.replicas);
   const int64_t global_batch = local_batch * flags.replicas;
   const int64_t steps_per_epoch = (kTrainingExamples + global_batch - 1) / global_batch;
-  // Hybrid: every replica pushes its own batch's updates to the tables, so a
-  // table gets `replicas` updates a step.
-  const census::Optimizers tables = optimizers(flags, flags.replicas * flags.epochs * steps_per_epoch);
-  // --model torch: the LibTorch module (its plugin: the tables, the
-  // mirrored parameters, the steps). --model eigen: model.h's variables.
-  std::unique_ptr<census::TorchReplica> torch_model;
-  std::unique_ptr<capstan::MirroredVariables> eigen_variables;
-  if (torch) {
-    census::TorchReplicaOptions torch_options{hybrid, optimizers(flags, flags.epochs * steps_per_epoch), tables, seed};
-    auto created = census::create_torch_replica(**group, cluster, torch_options);
-    if (!created.ok()) return failed("building the LibTorch model", created.status());
-    torch_model = std::move(*created);
-  } else {
-    Layout variables = layout(flags, seed, hybrid, tables, flags.epochs * steps_per_epoch);
-    if (hybrid) {
-      // The tables on the parameter servers: rank 0 creates them.
-      if (chief) {
-        Status created = create_on_parameter_servers(cluster, variables.on_parameter_servers);
-        if (!created.ok()) return failed("creating the tables", created);
-      }
-      Status ready = (*group)->barrier();
-      if (!ready.ok()) return failed("waiting for rank 0's tables", ready);
-    }
-    auto created = capstan::MirroredVariables::create(**group, variables.mirrored);
-    if (!created.ok()) return failed("creating the mirrored variables", created.status());
-    eigen_variables = std::move(*created);
-  }
-  capstan::MirroredVariables& vars = torch ? torch_model->variables() : *eigen_variables;
-  // One step on this replica's batch, and its predictions, whichever the model.
-  auto train_step = [&](const Element& batch) -> capstan::Result<census::StepFigures> {
-    if (torch) return torch_model->train_step(batch);
-    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(batch, vars, cluster, hybrid, /*train=*/true));
-    return census::StepFigures{step.output.loss_sum / static_cast<double>(step.n), step.output.correct, step.n};
-  };
-  const Predict predict = [&](const Element& batch) -> capstan::Result<std::vector<float>> {
-    if (torch) return torch_model->predict(batch);
-    CAPSTAN_ASSIGN_OR_RETURN(StepOutput step, replica_step(batch, vars, cluster, hybrid, /*train=*/false));
-    return std::move(step.output.probabilities);
-  };
+  ReplicaModel model(flags, cluster, seed, flags.epochs * steps_per_epoch);
+  Status started = model.start(*group);
+  if (!started.ok()) return failed(torch ? "building the LibTorch model" : "creating the mirrored variables", started);
+  const Predict predict = [&](const Element& batch) { return model.predict(batch); };
 
   capstan::FunctionRegistry functions;
   census::register_pipeline_functions(functions);
-  // Each replica runs the pipeline on its shard of adult.data, or, with
-  // --dispatcher, reads its batches from one data-service job that the data
-  // workers feed (whichever replica asks next gets the next batch).
-  data::Dataset pipeline = census::examples(train_path, flags.replicas, flags.rank)
-                               .shuffle(10000, seed + static_cast<uint64_t>(flags.rank))
-                               .repeat()
-                               .batch(local_batch, /*drop_remainder=*/true);
-  if (!flags.dispatcher.empty()) {
-    // One job for the replicas of this run (whichever asks next gets the next batch).
-    auto served = training_input(flags, census::training_batches(train_path, local_batch, flags.seed), options,
-                                 flags.group, chief);
-    if (!served.ok()) return failed("reading through the data service", served.status());
-    pipeline = *served;
+  // Without --dispatcher: exactly-once input. Every process holds
+  // adult.data's examples (with their ids); each step's global batch is
+  // split among the ranks at the group's input position, which the
+  // variables carry, so a failed step's examples are read again by the next
+  // one and a restarted process reads on from where the group is. With
+  // --dispatcher the replicas read batches from one data-service job
+  // (whichever replica asks next gets the next batch).
+  const bool exactly_once = flags.dispatcher.empty();
+  std::unique_ptr<capstan::MirroredInput> input;
+  std::unique_ptr<data::Iterator> served;
+  if (exactly_once) {
+    capstan::StepInputOptions step_input;
+    step_input.global_batch = global_batch;
+    step_input.seed = seed;
+    auto read = capstan::MirroredInput::read(census::examples(train_path, 1, 0).enumerate(), step_input, &functions);
+    if (!read.ok()) return failed("reading the step input", read.status());
+    input = std::move(*read);
+  } else {
+    auto pipeline = training_input(flags, census::training_batches(train_path, local_batch, flags.seed), options,
+                                   flags.group, chief);
+    if (!pipeline.ok()) return failed("reading through the data service", pipeline.status());
+    auto iterator = pipeline->make_iterator(&functions);
+    if (!iterator.ok()) return failed("starting the input pipeline", iterator.status());
+    served = std::move(*iterator);
   }
-  auto iterator = pipeline.make_iterator(&functions);
-  if (!iterator.ok()) return failed("starting the input pipeline", iterator.status());
+  capstan::MirroredVariables& vars = model.variables();
+  // Where the run is: the step input's position, or (data service) the
+  // examples of the steps applied.
+  auto position = [&] { return exactly_once ? vars.input_position() : vars.step() * global_batch; };
   if (chief) {
     std::printf("census: Wide & Deep in %s, %s mode: %d replicas (processes) in collective group '%s' "
-                "(generation %lld); %s; %lld epochs of %lld steps of %lld examples (%lld per replica)\n",
+                "(generation %lld); %s; %lld epochs of %lld steps of %lld examples (%s)\n",
                 torch ? "LibTorch" : "Eigen", flags.mode.c_str(), flags.replicas, flags.group.c_str(),
-                static_cast<long long>((*group)->generation()),
-                hybrid ? "wide table and embeddings on the parameter servers, the MLP mirrored"
-                       : "every variable mirrored",
+                static_cast<long long>(group->generation()),
+                flags.mode == "hybrid" ? "wide table and embeddings on the parameter servers, the MLP mirrored"
+                                       : "every variable mirrored",
                 static_cast<long long>(flags.epochs), static_cast<long long>(steps_per_epoch),
-                static_cast<long long>(global_batch), static_cast<long long>(local_batch));
+                static_cast<long long>(global_batch),
+                exactly_once ? "exactly-once step input: each step's examples split among the ranks"
+                             : (std::to_string(local_batch) + " per replica through the data service").c_str());
     std::string addresses;
-    for (const auto& a : (*group)->addresses()) addresses += (addresses.empty() ? "" : ", ") + a;
+    for (const auto& a : group->addresses()) addresses += (addresses.empty() ? "" : ", ") + a;
     std::printf("census: collective data addresses by rank: %s\n", addresses.c_str());
+    std::fflush(stdout);
+  }
+  if (vars.step() > 0) {
+    // Restarted (by hand, systemd, Kubernetes): the group's state, and its input position.
+    std::printf("%s: rejoined group '%s' (generation %lld) at step %lld, input position %lld\n", who.c_str(),
+                flags.group.c_str(), static_cast<long long>(group->generation()), static_cast<long long>(vars.step()),
+                static_cast<long long>(vars.input_position()));
     std::fflush(stdout);
   }
   // Rank 0 writes the TensorBoard events (the others' --logdir is ignored).
@@ -634,17 +794,71 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
     summaries = std::move(*opened);
   }
   Progress progress(flags.epochs, steps_per_epoch, flags.log_every, summaries.get());
+  StepIds ids(kTrainingExamples);
+  // An epoch rank 0 saw from its start is counted (a restarted rank 0
+  // cannot vouch for the epoch it rejoined in).
+  const int64_t first_counted_epoch = position() % kTrainingExamples == 0 ? position() / kTrainingExamples
+                                                                          : position() / kTrainingExamples + 1;
+  // A rank lost (killed, stopped, its host gone): the survivors form the
+  // group's next generation with its restarted process (join_group waits
+  // for it) and go on from the state of the member with the fewest steps.
+  int failed_in_a_row = 0;
+  auto recover = [&](const Status& why) -> Status {
+    if (why.code() != capstan::StatusCode::kUnavailable && why.code() != capstan::StatusCode::kAborted) return why;
+    if (++failed_in_a_row > 10) return why.with_context("10 failed steps in a row");
+    std::printf("\n%s: %s; re-forming group '%s'\n", who.c_str(), why.to_string().c_str(), flags.group.c_str());
+    std::fflush(stdout);
+    CAPSTAN_ASSIGN_OR_RETURN(auto next, cluster.join_group(flags.group, flags.replicas, flags.rank, "127.0.0.1",
+                                                           collective));
+    CAPSTAN_RETURN_IF_ERROR(model.move_to(*next));
+    group = std::move(next);  // the variables moved to it
+    ids.rolled_back_to(vars.step());
+    std::printf("%s: group '%s' generation %lld: from step %lld, input position %lld\n", who.c_str(),
+                flags.group.c_str(), static_cast<long long>(group->generation()), static_cast<long long>(vars.step()),
+                static_cast<long long>(vars.input_position()));
+    std::fflush(stdout);
+    return Status::Ok();
+  };
   Metrics metrics;
   double train_seconds = 0;
   int64_t trained = 0;
-  for (int64_t epoch = 1; epoch <= flags.epochs; ++epoch) {
+  for (int64_t epoch = position() / kTrainingExamples + 1; epoch <= flags.epochs; ++epoch) {
     progress.start_epoch(epoch);
-    for (int64_t s = 0; s < steps_per_epoch; ++s) {
-      auto batch = (*iterator)->get_next();
-      if (!batch.ok()) return failed("reading a batch", batch.status());
-      if (!batch->has_value()) return failed("reading a batch", Status::OutOfRange("the repeated pipeline ended"));
-      auto step = train_step(**batch);
-      if (!step.ok()) return failed("step " + std::to_string(s + 1) + " of epoch " + std::to_string(epoch), step.status());
+    while (position() < epoch * kTrainingExamples) {
+      std::optional<Element> batch;
+      Tensor step_ids;
+      int64_t first = position();
+      if (exactly_once) {
+        auto share = input->next(*group, vars);
+        if (!share.ok()) return failed("reading the step's input", share.status());
+        // Rank 0 learns every rank's example ids (the step's, in position order).
+        auto all = group->all_gather(share->components.at(0));
+        if (!all.ok()) {
+          Status recovered = recover(all.status());
+          if (!recovered.ok()) return failed("gathering the step's example ids", recovered);
+          continue;
+        }
+        step_ids = std::move(*all);
+        share->components.erase(share->components.begin());
+        share->names.clear();
+        batch = std::move(*share);
+      } else {
+        auto next = served->get_next();
+        if (!next.ok()) return failed("reading a batch", next.status());
+        if (!next->has_value()) return failed("reading a batch", Status::OutOfRange("the repeated pipeline ended"));
+        batch = std::move(**next);
+      }
+      auto step = model.train_step(*batch);
+      if (!step.ok()) {
+        Status recovered = recover(step.status());
+        if (!recovered.ok()) return failed("step " + std::to_string(vars.step() + 1), recovered);
+        continue;
+      }
+      failed_in_a_row = 0;
+      if (chief && exactly_once) {
+        Status kept = ids.applied(vars.step(), first, step_ids);
+        if (!kept.ok()) return failed("counting the step's examples", kept);
+      }
       // Rank 0 shows its own batches' loss and accuracy, times the replicas.
       if (chief) {
         Status shown = progress.step_done(step->loss, step->correct * flags.replicas, step->n * flags.replicas);
@@ -655,6 +869,12 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
     train_seconds += progress.seconds();
     trained += progress.examples();
     if (chief) {
+      if (exactly_once && epoch - 1 >= first_counted_epoch) {
+        Status exact = ids.check_epoch(epoch - 1);
+        if (!exact.ok()) return failed("epoch " + std::to_string(epoch) + "'s examples", exact);
+        std::printf("census: epoch %lld trained on every example exactly once (%lld ids)\n",
+                    static_cast<long long>(epoch), static_cast<long long>(kTrainingExamples));
+      }
       auto evaluated = replica_evaluate(test_path, functions, predict);
       if (!evaluated.ok()) return failed("evaluating on " + test_path, evaluated.status());
       metrics = *evaluated;
@@ -732,50 +952,6 @@ int launch_replicas(int argc, char** argv, Flags flags, const std::string& train
 // is still learning after 5 epochs and the final accuracy straddles
 // 85.5%.
 constexpr double kStrategyTorchWideLearningRate = 0.2;
-
-// The examples each epoch of a step input trained on, by id (the step
-// values' "example_ids"): epoch e is positions [e * n, (e + 1) * n), and a
-// step's replicas took its positions in replica order.
-class ExampleCounts {
- public:
-  explicit ExampleCounts(int64_t n) : n_(n) {}
-  Status add(const capstan::PerReplica& step, int64_t global_batch) {
-    int64_t position = step.input_position - global_batch;
-    for (const auto& value : step.values) {
-      if (value.components.size() < 4) return Status::DataLoss("a replica's value has no example ids");
-      for (int64_t id : value.components[3].flat<int64_t>()) {
-        if (id < 0 || id >= n_) return Status::DataLoss("example id " + std::to_string(id) + " is not in [0, n)");
-        auto& epoch = times_[position / n_];
-        epoch.resize(static_cast<size_t>(n_));
-        ++epoch[static_cast<size_t>(id)];
-        ++position;
-      }
-    }
-    if (position != step.input_position) {
-      return Status::DataLoss("the replicas trained on " + std::to_string(position - step.input_position +
-                                                                          global_batch) +
-                              " examples; the step took " + std::to_string(global_batch));
-    }
-    return Status::Ok();
-  }
-  // DataLoss naming an example seen other than once in epoch `epoch`.
-  Status check_epoch(int64_t epoch) {
-    auto& times = times_[epoch];
-    times.resize(static_cast<size_t>(n_));
-    for (int64_t id = 0; id < n_; ++id) {
-      if (times[static_cast<size_t>(id)] != 1) {
-        return Status::DataLoss("example " + std::to_string(id) + " was trained on " +
-                                std::to_string(times[static_cast<size_t>(id)]) + " times in the epoch");
-      }
-    }
-    times_.erase(epoch);
-    return Status::Ok();
-  }
-
- private:
-  const int64_t n_;
-  std::map<int64_t, std::vector<int32_t>> times_;  // by epoch (from 0), by example id
-};
 
 int run_strategy(const Flags& flags, const std::string& train_path, const std::string& test_path) {
   const bool hybrid = flags.mode == "strategy-hybrid";

@@ -42,6 +42,10 @@ struct TorchReplicaOptions {
   Optimizers mirrored;  // the mirrored parameters'
   Optimizers tables;    // hybrid: the tables' on the parameter servers
   uint64_t seed = 0;  // the initial weights (rank 0's are every replica's)
+  // >= 0: a process that (re)joins a group whose other members hold the
+  // model: its mirrored parameters come from that rank (MirroredVariables::
+  // join; the others call set_group), and hybrid tables are not created.
+  int join_source = -1;
 };
 
 // One training step's figures, this replica's batch.
@@ -68,11 +72,17 @@ class TorchReplica {
   virtual capstan::Result<std::vector<float>> predict(const capstan::Element& batch) = 0;
   // The mirrored parameters: checksum, verify_replicas, save_checkpoint.
   virtual capstan::MirroredVariables& variables() = 0;
+  // Collective on a group re-formed after a failure: the parameters from
+  // rank `source` (MirroredVariables::recovery_source), and the steps from
+  // now on on `group` (which must outlive the replica, or the next
+  // set_group).
+  virtual capstan::Status set_group(capstan::Communicator& group, int source) = 0;
 };
 
 // Collective over `group`: every replica builds the model and mirrors it;
 // in hybrid mode rank 0 first creates the tables on the parameter servers
-// (kept as they are when they exist). `group` and `cluster` must outlive
+// (kept as they are when they exist). With options.join_source, this
+// process joins a group whose other members call set_group. `group` and `cluster` must outlive
 // the replica. FailedPrecondition when the LibTorch part does not load.
 capstan::Result<std::unique_ptr<TorchReplica>> create_torch_replica(capstan::Communicator& group,
                                                                     capstan::ClusterCoordinator& cluster,

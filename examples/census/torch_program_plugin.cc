@@ -100,14 +100,10 @@ capstan::torch::MirroredOptions mirrored_options(const census::TorchReplicaOptio
   return mirrored;
 }
 
-// The strategy modes' mirrored variables (see torch_strategy_variables in
-// torch_program.h).
-Result<std::vector<capstan::MirroredVariableSpec>> strategy_variables(capstan::ClusterCoordinator& cluster,
-                                                                      const census::TorchReplicaOptions& options) {
-  torch::manual_seed(options.seed);
-  census::WideDeep model(options.seed,
-                         options.hybrid ? census::Tables::kParameterServers : census::Tables::kMirrored);
-  if (options.hybrid) CAPSTAN_RETURN_IF_ERROR(create_tables(cluster, *model, options));
+// The mirrored variables of `model`'s parameters (the names and optimizers
+// mirrored_options gives them), with its values.
+Result<std::vector<capstan::MirroredVariableSpec>> mirrored_specs(census::WideDeep& model,
+                                                                  const census::TorchReplicaOptions& options) {
   const capstan::torch::MirroredOptions mirrored = mirrored_options(options);
   std::vector<capstan::MirroredVariableSpec> specs;
   for (const auto& item : model->named_parameters(/*recurse=*/true)) {
@@ -120,15 +116,39 @@ Result<std::vector<capstan::MirroredVariableSpec>> strategy_variables(capstan::C
   return specs;
 }
 
+// The strategy modes' mirrored variables (see torch_strategy_variables in
+// torch_program.h).
+Result<std::vector<capstan::MirroredVariableSpec>> strategy_variables(capstan::ClusterCoordinator& cluster,
+                                                                      const census::TorchReplicaOptions& options) {
+  torch::manual_seed(options.seed);
+  census::WideDeep model(options.seed,
+                         options.hybrid ? census::Tables::kParameterServers : census::Tables::kMirrored);
+  if (options.hybrid) CAPSTAN_RETURN_IF_ERROR(create_tables(cluster, *model, options));
+  return mirrored_specs(model, options);
+}
+
 class Replica final : public census::TorchReplica {
  public:
   // Collective (see create_torch_replica).
   static Result<std::unique_ptr<Replica>> create(capstan::Communicator& group, capstan::ClusterCoordinator& cluster,
                                                  const census::TorchReplicaOptions& options) {
     auto replica = std::unique_ptr<Replica>(new Replica(cluster, options));
+    replica->group_ = &group;
     if (options.hybrid) {
       replica->tables_ = std::make_shared<TablesImpl>(*replica->model_);
       replica->ps_ = std::make_unique<capstan::torch::PsModule>(*replica->tables_, table_options(options));
+    }
+    if (options.join_source >= 0) {
+      // The others hold the model (and the tables exist): this process
+      // takes their state and binds its module to it.
+      CAPSTAN_ASSIGN_OR_RETURN(auto specs, mirrored_specs(replica->model_, options));
+      CAPSTAN_ASSIGN_OR_RETURN(replica->joined_,
+                               capstan::MirroredVariables::join(group, std::move(specs), options.join_source));
+      CAPSTAN_ASSIGN_OR_RETURN(replica->mirrored_, capstan::torch::MirroredModule::attach(
+                                                       *replica->joined_, *replica->model_, mirrored_options(options)));
+      return replica;
+    }
+    if (options.hybrid) {
       if (group.rank() == 0) CAPSTAN_RETURN_IF_ERROR(create_tables(cluster, *replica->model_, options));
       CAPSTAN_RETURN_IF_ERROR(group.barrier().with_context("waiting for rank 0's tables"));
     }
@@ -143,7 +163,7 @@ class Replica final : public census::TorchReplica {
     torch::Tensor logits;
     // One backward: the dense gradients all-reduced as it produces them,
     // the tables' rows' gradients left for push.
-    CAPSTAN_ASSIGN_OR_RETURN(torch::Tensor loss, mirrored_->train_step([&] {
+    CAPSTAN_ASSIGN_OR_RETURN(torch::Tensor loss, mirrored_->train_step(*group_, [&] {
       logits = model_->forward(b.ids, b.numeric);
       return torch::binary_cross_entropy_with_logits(logits, b.labels);
     }));
@@ -172,6 +192,12 @@ class Replica final : public census::TorchReplica {
 
   capstan::MirroredVariables& variables() override { return mirrored_->variables(); }
 
+  capstan::Status set_group(capstan::Communicator& group, int source) override {
+    CAPSTAN_RETURN_IF_ERROR(mirrored_->set_group(group, source));
+    group_ = &group;
+    return capstan::Status::Ok();
+  }
+
  private:
   struct Batch {
     torch::Tensor ids, numeric, labels;
@@ -199,10 +225,12 @@ class Replica final : public census::TorchReplica {
   }
 
   ProgramContext context_;
+  capstan::Communicator* group_ = nullptr;  // the steps' (set_group moves it)
   census::WideDeep model_;
   std::shared_ptr<TablesImpl> tables_;               // hybrid
   std::unique_ptr<capstan::torch::PsModule> ps_;     // hybrid: the tables
-  std::unique_ptr<capstan::torch::MirroredModule> mirrored_;  // after model_: references it
+  std::unique_ptr<capstan::MirroredVariables> joined_;        // join_source: the replicas mirrored_ views
+  std::unique_ptr<capstan::torch::MirroredModule> mirrored_;  // after model_ and joined_: references them
 };
 
 }  // namespace

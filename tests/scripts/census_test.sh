@@ -19,13 +19,18 @@
 # the workers). ps, sync, hybrid and deterministic run the Eigen model.
 # "below-target" runs sync mode with one replica and a target accuracy no
 # epoch reaches (99%): the program must print its FAIL line and exit 1.
+# "sync-restart" and "torch-sync-restart" start 3 replica processes by hand
+# (--rank R --group G, as a supervisor would), kill -9 rank 1 once epoch 1
+# is done and start it again: the survivors re-form the group with it, it
+# rejoins with the group's variables and input position, and every epoch
+# trains on every example exactly once (rank 0 counts the ids).
 #
 # Usage: tests/scripts/census_test.sh REPO_ROOT BIN_DIR MODULE PROGRAM MODE [TORCH_MODULE]
 #   (run by CTest as examples_census_*)
 set -euo pipefail
 
 if [[ $# -ne 5 && $# -ne 6 ]]; then
-  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|below-target|torch|torch-sync|torch-hybrid [TORCH_MODULE]" >&2
+  echo "usage: $0 REPO_ROOT BIN_DIR MODULE PROGRAM ps|sync|hybrid|strategy|strategy-hybrid|deterministic|below-target|sync-restart|torch|torch-sync|torch-hybrid|torch-sync-restart [TORCH_MODULE]" >&2
   exit 2
 fi
 # shellcheck source=tests/scripts/local_cluster.sh
@@ -160,6 +165,60 @@ case "$mode" in
     if ! grep -q "the 2 replicas' mirrored variables are identical" "$output_file"; then
       result fail "the report does not say that the 2 replicas are identical"
     fi
+    ;;
+  sync-restart | torch-sync-restart)
+    model=eigen
+    [[ $mode == torch-* ]] && model=torch
+    group=census-restart-$$
+    replica_args=(--coordinator "$COORDINATOR" --data-dir "$repo_root/examples/census/data" --epochs 4
+      --mode sync --model "$model" --replicas 3 --group "$group" --seed 1 --target-accuracy 0.764
+      --target-auc 0.5)
+    pids=()
+    # The replicas' own pids (no timeout wrapper: the signals are for them);
+    # ctest's timeout bounds the test, and the trap stops what is left.
+    for rank in 0 1 2; do
+      "$program" "${replica_args[@]}" --rank "$rank" >"$run_dir/rank$rank.out" 2>&1 &
+      pids+=($!)
+    done
+    stop_replicas() { kill -9 "${pids[@]}" 2>/dev/null || true; }
+    trap 'test_status=$?; stop_replicas; (exit $test_status); cleanup' EXIT TERM
+    # Epoch 1 done (rank 0 checked its examples): rank 1 dies, and comes
+    # back. The others are held (SIGSTOP) around the kill, so that it lands
+    # mid-run however fast the epochs go.
+    for _ in $(seq 1 900); do
+      grep -q "epoch 1 trained on every example exactly once" "$run_dir/rank0.out" && break
+      kill -0 "${pids[0]}" 2>/dev/null || break
+      sleep 0.1
+    done
+    grep -q "epoch 1 trained on every example exactly once" "$run_dir/rank0.out" ||
+      { cat "$run_dir"/rank*.out; result fail "rank 0 did not finish epoch 1"; }
+    kill -STOP "${pids[0]}" "${pids[2]}"
+    kill -9 "${pids[1]}"
+    wait "${pids[1]}" 2>/dev/null || true
+    kill -CONT "${pids[0]}" "${pids[2]}"
+    sleep 1
+    "$program" "${replica_args[@]}" --rank 1 >"$run_dir/rank1-again.out" 2>&1 &
+    pids[1]=$!
+    for rank in 0 1 2; do
+      rc=0
+      wait "${pids[$rank]}" || rc=$?
+      if [[ $rc -ne 0 ]]; then
+        cat "$run_dir"/rank*.out
+        result fail "rank $rank exited with status $rc"
+      fi
+    done
+    cat "$run_dir/rank0.out" "$run_dir/rank1-again.out"
+    cp "$run_dir/rank0.out" "$output_file"
+    grep -q "re-forming group '$group'" "$run_dir/rank0.out" ||
+      result fail "rank 0 did not re-form the group after rank 1 was killed"
+    grep -qE "census rank 1: rejoined group '$group' \(generation [2-9]\) at step [1-9][0-9]*, input position [1-9]" \
+      "$run_dir/rank1-again.out" || result fail "the restarted rank 1 did not rejoin with the group's state"
+    for epoch in 1 2 3 4; do
+      grep -q "epoch $epoch trained on every example exactly once (32561 ids)" "$run_dir/rank0.out" ||
+        result fail "epoch $epoch: rank 0 does not say every example was trained on exactly once"
+    done
+    grep -q "the 3 replicas' mirrored variables are identical" "$run_dir/rank0.out" ||
+      result fail "the report does not say that the 3 replicas are identical"
     ;;
   deterministic)
     run_census "$run_dir/first.out" --mode sync --model eigen --replicas 1 --seed 7

@@ -80,23 +80,6 @@ struct StrategyOptions {
   CollectiveOptions collective;
 };
 
-// The step input's options (MirroredStrategy::distribute_step_input):
-// exactly one batch size > 0.
-struct StepInputOptions {
-  // constant_global_batch: every step trains on this many examples, split
-  // among the live replicas (as evenly as it goes; each replica's gradient
-  // is weighted by its share, so the optimizer sees the global batch's
-  // mean gradient whatever the replicas).
-  int64_t global_batch = 0;
-  // Or each replica takes this many (TF's behaviour: the step's batch
-  // grows and shrinks with the replicas).
-  int64_t per_replica_batch = 0;
-  // Each epoch visits the examples in a fresh permutation drawn from the
-  // seed and the epoch (a global shuffle); false: the dataset's order.
-  bool shuffle = true;
-  uint64_t seed = 0;
-};
-
 // TF's PerReplica: one step's values, by replica (replica r ran on the
 // worker of task task_indexes[r]).
 struct PerReplica {

@@ -61,6 +61,8 @@ struct MirroredVariables::Impl {
   std::map<std::string, size_t> by_name;
   int64_t step = 0;
   double gradient_weight = 1.0;
+  int64_t input_position = 0;
+  int64_t step_examples = 0;  // the next update's, set by MirroredInput::next
 
   // Names, dtypes, shapes and optimizer kinds: must agree across ranks.
   uint64_t layout_digest() const {
@@ -113,6 +115,8 @@ struct MirroredVariables::Impl {
   // override every optimizer uses instead of its own rate (checked).
   void apply_mean(const std::vector<Tensor>& mean, std::optional<double> learning_rate) {
     const int64_t next = ++step;
+    input_position += step_examples;
+    step_examples = 0;
     for (size_t i = 0; i < variables.size(); ++i) {
       auto& v = variables[i];
       if (v.optimizer.kind == Optimizer::Kind::kNone) continue;
@@ -124,7 +128,7 @@ struct MirroredVariables::Impl {
     }
   }
 
-  // Every value, slot and the step from `source`. Received into copies and
+  // Every value, slot, the step and the input position from `source`. Received into copies and
   // committed once all arrived: a broadcast that fails midway (a member
   // died) leaves this replica as it was, never half one state and half
   // another.
@@ -141,12 +145,15 @@ struct MirroredVariables::Impl {
       }
       slots.push_back(std::move(received));
     }
-    CAPSTAN_ASSIGN_OR_RETURN(Tensor s, group->broadcast(Tensor::scalar<int64_t>(step), source));
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor counters,
+                             group->broadcast(*Tensor::from_vector<int64_t>({step, input_position}, {2}), source));
     for (size_t i = 0; i < variables.size(); ++i) {
       variables[i].value = std::move(values[i]);
       variables[i].slots = std::move(slots[i]);
     }
-    step = s.flat<int64_t>()[0];
+    step = counters.flat<int64_t>()[0];
+    input_position = counters.flat<int64_t>()[1];
+    step_examples = 0;
     return Status::Ok();
   }
 };
@@ -237,6 +244,33 @@ Result<Tensor> MirroredVariables::value(const std::string& name) const {
 
 int64_t MirroredVariables::step() const { return impl_->step; }
 
+int64_t MirroredVariables::input_position() const { return impl_->input_position; }
+
+Status MirroredVariables::set_step_examples(int64_t examples) {
+  if (examples < 0) {
+    return Status::InvalidArgument("set_step_examples: " + std::to_string(examples) +
+                                   " examples; a step trains on 0 or more");
+  }
+  impl_->step_examples = examples;
+  return Status::Ok();
+}
+
+Result<int> MirroredVariables::recovery_source(Communicator& group, const MirroredVariables* held) {
+  const int64_t mine = held != nullptr ? held->step() : -1;
+  CAPSTAN_ASSIGN_OR_RETURN(Tensor all, group.all_gather(*Tensor::from_vector<int64_t>({mine}, {1})));
+  int source = -1;
+  auto steps = all.flat<int64_t>();
+  for (size_t r = 0; r < steps.size(); ++r) {
+    if (steps[r] < 0) continue;
+    if (source < 0 || steps[r] < steps[static_cast<size_t>(source)]) source = static_cast<int>(r);
+  }
+  if (source < 0) {
+    return Status::NotFound("recovery_source: no member of the group holds the mirrored variables (a fresh start: "
+                            "create them)");
+  }
+  return source;
+}
+
 Status MirroredVariables::apply_gradients(const std::vector<Tensor>& gradients) {
   return apply_gradients(gradients, ApplyOptions{});
 }
@@ -304,7 +338,11 @@ uint64_t MirroredVariables::checksum() const {
     h = fnv1a(h, v.value.data(), v.value.byte_size());
     for (const Tensor& s : v.slots) h = fnv1a(h, s.data(), s.byte_size());
   }
-  return fnv1a(h, &impl_->step, sizeof(impl_->step));
+  h = fnv1a(h, &impl_->step, sizeof(impl_->step));
+  // Only a step input's position (the worker-servers' replicas keep theirs
+  // outside, and their digests stay as they were).
+  if (impl_->input_position != 0) h = fnv1a(h, &impl_->input_position, sizeof(impl_->input_position));
+  return h;
 }
 
 Status MirroredVariables::verify_replicas() {

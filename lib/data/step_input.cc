@@ -1,11 +1,11 @@
-#include "daemons/worker_server/step_input.h"
+#include "data/step_input.h"
 
 #include <string>
 #include <utility>
 
 #include "data/tensor_util.h"
 
-namespace capstan::worker_server {
+namespace capstan::data {
 namespace {
 
 uint64_t splitmix64(uint64_t& state) {
@@ -108,4 +108,26 @@ Result<Element> StepInputElements::batch(const training::StepInput& input) const
   return data::batch_elements(rows);
 }
 
-}  // namespace capstan::worker_server
+Result<std::vector<training::StepInput>> step_shares(int64_t position, int64_t global, int64_t replicas,
+                                                     uint64_t seed, bool shuffle) {
+  if (replicas < 1 || global < replicas) {
+    return Status::FailedPrecondition("a global batch of " + std::to_string(global) + " cannot be split among " +
+                                      std::to_string(replicas) + " replicas (each needs an example at least)");
+  }
+  std::vector<training::StepInput> shares(static_cast<size_t>(replicas));
+  int64_t start = position;
+  for (int64_t r = 0; r < replicas; ++r) {
+    training::StepInput& share = shares[static_cast<size_t>(r)];
+    share.count = global / replicas + (r < global % replicas ? 1 : 0);
+    share.start = start;
+    share.first = position;
+    share.end = position + global;
+    share.seed = seed;
+    share.shuffle = shuffle;
+    share.weight = static_cast<double>(share.count) * static_cast<double>(replicas) / static_cast<double>(global);
+    start += share.count;
+  }
+  return shares;
+}
+
+}  // namespace capstan::data

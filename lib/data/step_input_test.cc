@@ -1,6 +1,6 @@
-// A step input on one worker: the elements held once, the permutation each
+// A step input: the elements held once, the permutation each
 // epoch, and the batch of any positions.
-#include "daemons/worker_server/step_input.h"
+#include "data/step_input.h"
 
 #include <catch2/catch.hpp>
 
@@ -10,7 +10,7 @@
 
 #include "capstan/data/dataset.h"
 
-namespace capstan::worker_server {
+namespace capstan::data {
 namespace {
 
 std::shared_ptr<const StepInputElements> elements_of(const data::Dataset& dataset, int64_t budget = int64_t{1} << 30) {
@@ -82,4 +82,4 @@ TEST_CASE("a step input refuses an endless or empty dataset, and a range that is
 }
 
 }  // namespace
-}  // namespace capstan::worker_server
+}  // namespace capstan::data

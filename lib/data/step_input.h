@@ -1,21 +1,23 @@
-// A strategy's step input on one worker (exactly-once input for
-// synchronous steps, see "Exactly-once input" in docs/design.md): the
-// elements of a finite, deterministic dataset read once into memory, and
-// the batch of any positions of the input's global order.
+// A step input (exactly-once input for synchronous steps, see
+// "Exactly-once input" in docs/design.md): the elements of a finite,
+// deterministic dataset read once into memory, and the batch of any
+// positions of the input's global order. A worker-server holds one per
+// strategy input; a multi-client process holds one in its MirroredInput.
 //
 // Position p of the global order is element perm(seed, p / N)[p % N] of the
 // N elements: each epoch (N positions) visits every element once, in a
 // permutation drawn from the seed and the epoch (the dataset's own order
-// without shuffle). The coordinator hands each replica of a step a range of
-// positions; the replica needs no state of its own to read them, so a
-// worker that (re)joins reads on from wherever the group is.
+// without shuffle). Each replica of a step takes a range of positions
+// (step_shares: the coordinator hands them out, or each process computes
+// its own); the replica needs no state of its own to read them, so one
+// that (re)joins reads on from wherever the group is.
 //
 //   auto elements = StepInputElements::read(*iterator, budget).value();
 //   Element batch = elements->batch({.start = 96, .count = 32, .seed = 7}).value();
 //
 // Thread-safe (const; the permutations are cached under a mutex).
-#ifndef CAPSTAN_DAEMONS_WORKER_SERVER_STEP_INPUT_H_
-#define CAPSTAN_DAEMONS_WORKER_SERVER_STEP_INPUT_H_
+#ifndef CAPSTAN_LIB_DATA_STEP_INPUT_H_
+#define CAPSTAN_LIB_DATA_STEP_INPUT_H_
 
 #include <cstdint>
 #include <map>
@@ -28,7 +30,7 @@
 #include "sync/mutex.h"
 #include "types/replica.h"
 
-namespace capstan::worker_server {
+namespace capstan::data {
 
 class StepInputElements {
  public:
@@ -64,6 +66,14 @@ class StepInputElements {
       GUARDED_BY(mutex_);
 };
 
-}  // namespace capstan::worker_server
+// A step's shares of `global` positions from `position` among `replicas`:
+// replica r takes the r-th run of them, global / replicas each and one more
+// for the first global % replicas, weighted by its share (count * replicas
+// / global). FailedPrecondition when there are fewer positions than
+// replicas (each needs one at least). dataset_id is left 0.
+Result<std::vector<training::StepInput>> step_shares(int64_t position, int64_t global, int64_t replicas,
+                                                     uint64_t seed, bool shuffle);
 
-#endif  // CAPSTAN_DAEMONS_WORKER_SERVER_STEP_INPUT_H_
+}  // namespace capstan::data
+
+#endif  // CAPSTAN_LIB_DATA_STEP_INPUT_H_
