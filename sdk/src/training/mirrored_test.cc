@@ -1,10 +1,15 @@
 // Mirrored variables on groups of thread ranks: synchronous SGD on 2 ranks
 // equals one rank with twice the batch; replicas stay bit-identical; a group
-// re-formed after a loss hands the variables to a returning rank.
+// re-formed after a loss hands the variables to a returning rank; the
+// multi-client step input (MirroredInput) trains on every example once per
+// epoch across a lost step and a restarted rank.
 #include <catch2/catch.hpp>
 
 #include <cmath>
+#include <map>
+#include <mutex>
 
+#include "capstan/data/dataset.h"
 #include "capstan/mirrored.h"
 #include "collectives/test_group.h"
 
@@ -176,6 +181,184 @@ TEST_CASE("after a rank is lost, a re-formed group with a returning rank gets th
   CHECK(*resumed[0] == *resumed[2]);
   CHECK(*resumed[0] != before);  // one more step
   for (auto& v : vars) CHECK(v->step() == 6);
+}
+
+
+// The gradient of the mean squared error over the examples `ids` (int64[n]).
+Tensor gradient_of(const Tensor& w, const Tensor& ids) {
+  std::vector<float> g(kFeatures + 1, 0.0f);
+  auto wv = w.flat<float>();
+  const auto n = static_cast<float>(ids.num_elements());
+  for (int64_t i : ids.flat<int64_t>()) {
+    float x[kFeatures], y;
+    example(i, x, &y);
+    float err = wv[kFeatures] - y;
+    for (int f = 0; f < kFeatures; ++f) err += wv[static_cast<size_t>(f)] * x[f];
+    for (int f = 0; f < kFeatures; ++f) g[static_cast<size_t>(f)] += 2 * err * x[f] / n;
+    g[kFeatures] += 2 * err / n;
+  }
+  return Tensor::from_vector<float>(g, {kFeatures + 1}).value();
+}
+
+std::vector<MirroredVariableSpec> linear_specs() {
+  return {{"w", Tensor::zeros(DType::kFloat32, {kFeatures + 1}).value(), Optimizer::adam(0.01)}};
+}
+
+TEST_CASE("recovery_source names the holder with the fewest steps, and NotFound when nobody holds the variables",
+          "[mirrored][fault]") {
+  Group first = make_group(3);
+  std::vector<std::unique_ptr<MirroredVariables>> vars(3);
+  auto made = on_all<Status>(3, [&](int r) {
+    auto v = MirroredVariables::create(*first[static_cast<size_t>(r)], linear_specs());
+    if (!v.ok()) return v.status();
+    vars[static_cast<size_t>(r)] = std::move(*v);
+    return Status::Ok();
+  });
+  for (const Status& s : made) REQUIRE(s.ok());
+  // Nobody holds any: a fresh start.
+  Group fresh = make_group(3, {}, 2);
+  auto none = on_all<Result<int>>(3, [&](int r) {
+    return MirroredVariables::recovery_source(*fresh[static_cast<size_t>(r)], nullptr);
+  });
+  for (auto& n : none) CHECK(n.status().code() == StatusCode::kNotFound);
+  // Rank 1 applied one more update alone (its step's all-reduce finished
+  // there before the group failed): rank 0 kept fewer; rank 2 holds none.
+  auto one = make_group(1);
+  auto extra = MirroredVariables::create(*one[0], linear_specs()).value();
+  REQUIRE(extra->apply_gradients({Tensor::zeros(DType::kFloat32, {kFeatures + 1}).value()}).ok());
+  Group second = make_group(3, {}, 3);
+  auto sources = on_all<Result<int>>(3, [&](int r) {
+    const MirroredVariables* held = r == 0 ? vars[0].get() : r == 1 ? extra.get() : nullptr;
+    return MirroredVariables::recovery_source(*second[static_cast<size_t>(r)], held);
+  });
+  for (auto& s : sources) {
+    REQUIRE(s.ok());
+    CHECK(*s == 0);
+  }
+}
+
+TEST_CASE("MirroredInput: a failed step's examples go to the next step and a restarted rank reads on from the "
+          "group's position, every example once per epoch",
+          "[mirrored][fault]") {
+  constexpr int64_t kExamples = 40;
+  constexpr int64_t kGlobal = 10;  // split 4, 3, 3
+  StepInputOptions options;
+  options.global_batch = kGlobal;
+  options.seed = 5;
+  std::vector<std::unique_ptr<MirroredInput>> inputs;
+  for (int r = 0; r < 3; ++r) inputs.push_back(MirroredInput::read(data::Dataset::range(kExamples), options).value());
+  // The committed steps' examples, by epoch and example id.
+  std::mutex mutex;
+  std::map<int64_t, std::map<int64_t, int>> seen;
+  std::vector<std::unique_ptr<MirroredVariables>> vars(3);
+  // Steps until `vars` of rank r reach position `until`; rank `dies` (if
+  // any) aborts the group at `at` instead of stepping there.
+  auto train = [&](Communicator& group, int r, int64_t until, int dies, int64_t at) -> Status {
+    MirroredVariables& v = *vars[static_cast<size_t>(r)];
+    while (v.input_position() < until) {
+      const int64_t position = v.input_position();
+      CAPSTAN_ASSIGN_OR_RETURN(Element batch, inputs[static_cast<size_t>(r)]->next(group, v));
+      if (r == dies && position == at) {
+        group.abort(Status::Unavailable("rank " + std::to_string(r) + " was killed"));
+        return Status::Unavailable("killed");
+      }
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor w, v.value("w"));
+      CAPSTAN_RETURN_IF_ERROR(v.apply_gradients({gradient_of(w, batch.components[0])}));
+      std::lock_guard<std::mutex> lock(mutex);
+      // This rank's share started after the shares of the ranks before it.
+      int64_t p = position + (kGlobal / 3) * r + std::min<int64_t>(r, kGlobal % 3);
+      for (int64_t id : batch.components[0].flat<int64_t>()) ++seen[p++ / kExamples][id];
+    }
+    return Status::Ok();
+  };
+  Group first = make_group(3);
+  auto until_failure = on_all<Status>(3, [&](int r) -> Status {
+    auto created = MirroredVariables::create(*first[static_cast<size_t>(r)], linear_specs());
+    if (!created.ok()) return created.status();
+    vars[static_cast<size_t>(r)] = std::move(*created);
+    // Rank 2 is killed in the step at position 30 (epoch 0's last).
+    return train(*first[static_cast<size_t>(r)], r, 2 * kExamples, /*dies=*/2, /*at=*/30);
+  });
+  for (const Status& s : until_failure) CHECK_FALSE(s.ok());
+  // Every step before stays applied; the failed one left the position.
+  CHECK(vars[0]->input_position() == 30);
+  CHECK(vars[0]->step() == 3);
+  CHECK(vars[1]->input_position() == 30);
+  // Rank 2's process is gone; it comes back with nothing, the survivors
+  // re-form the group with it and go on to the end of epoch 1.
+  vars[2].reset();
+  first.clear();
+  Group second = make_group(3, {}, 2);
+  auto after = on_all<Status>(3, [&](int r) -> Status {
+    Communicator& group = *second[static_cast<size_t>(r)];
+    CAPSTAN_ASSIGN_OR_RETURN(int source, MirroredVariables::recovery_source(group, vars[static_cast<size_t>(r)].get()));
+    if (vars[static_cast<size_t>(r)] == nullptr) {
+      CAPSTAN_ASSIGN_OR_RETURN(vars[static_cast<size_t>(r)], MirroredVariables::join(group, linear_specs(), source));
+    } else {
+      CAPSTAN_RETURN_IF_ERROR(vars[static_cast<size_t>(r)]->set_group(group, source));
+    }
+    CAPSTAN_RETURN_IF_ERROR(train(group, r, 2 * kExamples, /*dies=*/-1, 0));
+    return vars[static_cast<size_t>(r)]->verify_replicas();
+  });
+  for (const Status& s : after) REQUIRE(s.ok());
+  for (const auto& v : vars) {
+    CHECK(v->input_position() == 2 * kExamples);
+    CHECK(v->step() == 8);
+  }
+  REQUIRE(seen.size() == 2);
+  for (const auto& [epoch, ids] : seen) {
+    CHECK(ids.size() == static_cast<size_t>(kExamples));
+    for (const auto& [id, times] : ids) {
+      INFO("epoch " << epoch << ", example " << id);
+      CHECK(times == 1);
+    }
+  }
+}
+
+TEST_CASE("MirroredInput's uneven shares of a constant global batch give the update of one rank on the whole batch",
+          "[mirrored]") {
+  StepInputOptions options;
+  options.global_batch = 10;  // 3 ranks: 4, 3, 3
+  options.seed = 9;
+  auto run = [&](int ranks) {
+    Group group = make_group(ranks);
+    return on_all<Result<Tensor>>(ranks, [&](int r) -> Result<Tensor> {
+      CAPSTAN_ASSIGN_OR_RETURN(auto input, MirroredInput::read(data::Dataset::range(50), options));
+      CAPSTAN_ASSIGN_OR_RETURN(auto vars, MirroredVariables::create(*group[static_cast<size_t>(r)], linear_specs()));
+      for (int s = 0; s < 12; ++s) {
+        CAPSTAN_ASSIGN_OR_RETURN(Element batch, input->next(*group[static_cast<size_t>(r)], *vars));
+        CAPSTAN_ASSIGN_OR_RETURN(Tensor w, vars->value("w"));
+        CAPSTAN_RETURN_IF_ERROR(vars->apply_gradients({gradient_of(w, batch.components[0])}));
+      }
+      if (vars->input_position() != 120) return Status::Internal("position " + std::to_string(vars->input_position()));
+      return vars->value("w");
+    });
+  };
+  auto one = run(1);
+  auto three = run(3);
+  REQUIRE(one[0].ok());
+  for (auto& w : three) {
+    REQUIRE(w.ok());
+    for (size_t i = 0; i < kFeatures + 1; ++i) {
+      CHECK(w->flat<float>()[i] == Approx(one[0]->flat<float>()[i]).margin(1e-4));
+    }
+  }
+}
+
+TEST_CASE("MirroredInput refuses batch options that are not exactly one size, and an endless dataset", "[mirrored]") {
+  StepInputOptions both;
+  both.global_batch = 8;
+  both.per_replica_batch = 2;
+  auto refused = MirroredInput::read(data::Dataset::range(10), both);
+  CHECK(refused.status().code() == StatusCode::kInvalidArgument);
+  CHECK(refused.status().message().find("exactly one") != std::string::npos);
+  StepInputOptions per_replica;
+  per_replica.per_replica_batch = 2;
+  auto endless = MirroredInput::read(data::Dataset::range(10).repeat(), per_replica, nullptr, /*budget=*/1 << 16);
+  CHECK(endless.status().code() == StatusCode::kFailedPrecondition);
+  auto input = MirroredInput::read(data::Dataset::range(10), per_replica).value();
+  CHECK(input->global_batch(3) == 6);
+  CHECK(input->size() == 10);
 }
 
 }  // namespace
