@@ -5,9 +5,11 @@
 // epoch across a lost step and a restarted rank.
 #include <catch2/catch.hpp>
 
+#include <atomic>
 #include <cmath>
 #include <map>
 #include <mutex>
+#include <thread>
 
 #include "capstan/data/dataset.h"
 #include "capstan/mirrored.h"
@@ -252,13 +254,18 @@ TEST_CASE("MirroredInput: a failed step's examples go to the next step and a res
   std::map<int64_t, std::map<int64_t, int>> seen;
   std::vector<std::unique_ptr<MirroredVariables>> vars(3);
   // Steps until `vars` of rank r reach position `until`; rank `dies` (if
-  // any) aborts the group at `at` instead of stepping there.
+  // any) aborts the group at `at` instead of stepping there, once the
+  // others are in that step (killed between steps: a kill inside one may
+  // leave a survivor a step behind, which recovery_source's test covers).
+  std::atomic<int> arrived{0};
   auto train = [&](Communicator& group, int r, int64_t until, int dies, int64_t at) -> Status {
     MirroredVariables& v = *vars[static_cast<size_t>(r)];
     while (v.input_position() < until) {
       const int64_t position = v.input_position();
       CAPSTAN_ASSIGN_OR_RETURN(Element batch, inputs[static_cast<size_t>(r)]->next(group, v));
+      if (dies >= 0 && position == at && r != dies) ++arrived;
       if (r == dies && position == at) {
+        while (arrived.load() < 2) std::this_thread::yield();
         group.abort(Status::Unavailable("rank " + std::to_string(r) + " was killed"));
         return Status::Unavailable("killed");
       }
