@@ -29,10 +29,16 @@
 // multi-client form): the program starts --replicas processes of itself
 // (torchrun-style; or start each with --rank and --group yourself), which
 // form a collective group through the coordinator; every replica holds all
-// the variables as mirrored variables, reads its shard of adult.data with
-// the same pipeline in its own process, and each step all-reduces the
-// gradients (global batch --batch-size) and applies the same optimizers, so
-// the replicas stay identical. --mode hybrid keeps the wide table and the
+// the variables as mirrored variables and all of adult.data
+// (capstan::MirroredInput: each step's global batch of --batch-size split
+// among the ranks at the group's input position, rank 0 counting every
+// epoch's examples by id; with --dispatcher, batches from the data service),
+// and each step all-reduces the gradients and applies the same optimizers,
+// so the replicas stay identical. A rank that dies fails the step; the
+// others re-form the group (join_group under --group again), waiting for
+// the process to be started again with the same --rank and --group, which
+// rejoins with their variables and input position: no example lost or
+// repeated. --mode hybrid keeps the wide table and the
 // embeddings on the parameter servers (sparse, asynchronous) while the MLP is
 // mirrored and all-reduced: the recommender layout. Rank 0 evaluates. With
 // --model torch (the default when the LibTorch part loads) each replica
@@ -998,10 +1004,10 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   // data service, a batch per replica a step (TF's distributed dataset).
   const bool exactly_once = flags.dispatcher.empty();
   capstan::Result<capstan::PerWorkerDataset> input = capstan::Status::Unknown("not made");
+  capstan::StepInputOptions step_input;
+  step_input.global_batch = global_batch;
+  step_input.seed = seed;
   if (exactly_once) {
-    capstan::StepInputOptions step_input;
-    step_input.global_batch = global_batch;
-    step_input.seed = seed;
     input = (*strategy)->distribute_step_input(census::examples(train_path, 1, 0).enumerate(), step_input);
     if (!input.ok()) return fail("distributing the step input", input.status());
   } else {
@@ -1067,6 +1073,17 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
       if (!per_replica.ok()) return fail("a step of epoch " + std::to_string(epoch), per_replica.status());
       failed_in_a_row = 0;
       if (exactly_once) {
+        const int64_t start = per_replica->input_position - global_batch;
+        if (start > position) {
+          // A step that failed (a worker lost after its all-reduce) had its
+          // update kept by the group: its positions are consumed, and its
+          // examples were trained on by every replica of that step.
+          std::printf("census: the failed step's update was kept (positions [%lld, %lld)): its examples count\n",
+                      static_cast<long long>(position), static_cast<long long>(start));
+          std::vector<int64_t> kept = capstan::step_input_indices(kTrainingExamples, step_input, position, start - position);
+          Status counted = counts.add_ids(position, kept);
+          if (!counted.ok()) return fail("counting the failed step's examples", counted);
+        }
         position = per_replica->input_position;
         Status counted = counts.add(*per_replica, global_batch);
         if (!counted.ok()) return fail("counting the step's examples", counted);

@@ -196,6 +196,14 @@ struct StepInputOptions {
   uint64_t seed = 0;
 };
 
+// The element indices (in the dataset's order) of a step input's positions
+// [start, start + count), for an input of `size` elements read with
+// `options`: what the replicas of the steps that consumed them trained on.
+// A MirroredStrategy program learns a failed step's positions from the next
+// step (its PerReplica::input_position less its global batch, when that is
+// past where the program was): the group kept that step's update.
+std::vector<int64_t> step_input_indices(int64_t size, const StepInputOptions& options, int64_t start, int64_t count);
+
 // Exactly-once input for a multi-client group (see the top of this file):
 // every element of a finite, deterministic dataset held in this process,
 // and each step's share of this rank, read at the group's input position.

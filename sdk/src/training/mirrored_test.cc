@@ -352,6 +352,25 @@ TEST_CASE("MirroredInput's uneven shares of a constant global batch give the upd
   }
 }
 
+TEST_CASE("step_input_indices names the elements MirroredInput hands out, across an epoch boundary", "[mirrored]") {
+  StepInputOptions options;
+  options.global_batch = 7;
+  options.seed = 11;
+  Group group = make_group(1);
+  auto input = MirroredInput::read(data::Dataset::range(20), options).value();
+  auto vars = MirroredVariables::create(*group[0], linear_specs()).value();
+  std::vector<int64_t> handed;
+  for (int s = 0; s < 4; ++s) {  // positions [0, 28): epoch 0 and 8 of epoch 1
+    Element batch = input->next(*group[0], *vars).value();
+    for (int64_t id : batch.components[0].flat<int64_t>()) handed.push_back(id);
+    REQUIRE(vars->apply_gradients({Tensor::zeros(DType::kFloat32, {kFeatures + 1}).value()}).ok());
+  }
+  CHECK(handed == step_input_indices(20, options, 0, 28));
+  CHECK(step_input_indices(20, options, 14, 10) == std::vector<int64_t>(handed.begin() + 14, handed.begin() + 24));
+  options.shuffle = false;
+  CHECK(step_input_indices(20, options, 18, 4) == std::vector<int64_t>{18, 19, 0, 1});
+}
+
 TEST_CASE("MirroredInput refuses batch options that are not exactly one size, and an endless dataset", "[mirrored]") {
   StepInputOptions both;
   both.global_batch = 8;
