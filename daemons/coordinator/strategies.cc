@@ -426,14 +426,13 @@ kj::Promise<kj::Array<ReplicaAnswer<std::string>>> Strategies::prepare(
   const auto& ids = formation.ids;
   Status answered = check_answers(s, ids, reports, "replica status");
   if (!answered.ok()) return async::to_exception(answered);
-  const bool seeded = s.seed.has_value();
   auto source = choose_source(s, ids, reports);
   if (!source.ok()) return async::to_exception(source.status());
   formation.source = *source;
-  // The input position goes with the state: a survivor's, or (a seed) where
-  // the strategy was.
+  // The input position goes with the state: a survivor's, or (a seed that
+  // choose_source kept) where the strategy was.
   formation.input_position =
-      seeded && s.seed.has_value() ? s.input_position : reports[static_cast<size_t>(*source)].result->input_position;
+      s.seed.has_value() ? s.input_position : reports[static_cast<size_t>(*source)].result->input_position;
   const std::string name = s.name;
   const int64_t epoch = formation.epoch;
   return ask_each<std::string>(
