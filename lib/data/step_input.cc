@@ -74,25 +74,7 @@ std::shared_ptr<const std::vector<int64_t>> StepInputElements::epoch_order(uint6
 }
 
 std::vector<int64_t> StepInputElements::indices(int64_t start, int64_t count, uint64_t seed, bool shuffle) const {
-  const int64_t n = size();
-  std::vector<int64_t> out;
-  out.reserve(static_cast<size_t>(count));
-  std::shared_ptr<const std::vector<int64_t>> order;
-  int64_t order_epoch = -1;
-  for (int64_t p = start; p < start + count; ++p) {
-    const int64_t epoch = p / n;
-    const int64_t i = p % n;
-    if (!shuffle) {
-      out.push_back(i);
-      continue;
-    }
-    if (epoch != order_epoch) {
-      order = epoch_order(seed, epoch);
-      order_epoch = epoch;
-    }
-    out.push_back((*order)[static_cast<size_t>(i)]);
-  }
-  return out;
+  return position_indices(size(), start, count, shuffle, [&](int64_t epoch) { return epoch_order(seed, epoch); });
 }
 
 Result<Element> StepInputElements::batch(const training::StepInput& input) const {

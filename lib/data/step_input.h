@@ -66,6 +66,30 @@ class StepInputElements {
       GUARDED_BY(mutex_);
 };
 
+// The element indices of positions [start, start + count) of an input of
+// `n` elements: position p is order(p / n)[p % n] with `shuffle` (order:
+// epoch -> shared_ptr to its permutation), else p % n.
+template <typename OrderOf>
+std::vector<int64_t> position_indices(int64_t n, int64_t start, int64_t count, bool shuffle, OrderOf&& order) {
+  std::vector<int64_t> out;
+  if (n < 1 || count < 1) return out;
+  out.reserve(static_cast<size_t>(count));
+  decltype(order(int64_t{0})) epoch_order;
+  int64_t order_epoch = -1;
+  for (int64_t p = start; p < start + count; ++p) {
+    if (!shuffle) {
+      out.push_back(p % n);
+      continue;
+    }
+    if (p / n != order_epoch) {
+      order_epoch = p / n;
+      epoch_order = order(order_epoch);
+    }
+    out.push_back((*epoch_order)[static_cast<size_t>(p % n)]);
+  }
+  return out;
+}
+
 // A step's shares of `global` positions from `position` among `replicas`:
 // replica r takes the r-th run of them, global / replicas each and one more
 // for the first global % replicas, weighted by its share (count * replicas

@@ -49,6 +49,20 @@ struct Replicated {
   std::unique_ptr<ClusterCoordinator> client;
 };
 
+// Replicated whose coordinator journals into a work_dir on a fixed port: a
+// test kills it with -9 and starts it again where the workers and the
+// client find it.
+struct DurableReplicated {
+  explicit DurableReplicated(int num_workers)
+      : flags{"--work-dir", scratch.dir() + "/coordinator", "--port", std::to_string(free_port())},
+        r(num_workers, 0, flags) {}
+  void restart_coordinator() { r.coordinator = &r.cluster.restart_on_port("coordinator", flags); }
+
+  TestCluster scratch;
+  const std::vector<std::string> flags;
+  Replicated r;
+};
+
 std::vector<MirroredVariableSpec> linear_model(Optimizer optimizer) {
   return {{"w", Tensor::zeros(DType::kFloat32, {2}).value(), optimizer},
           {"b", Tensor::zeros(DType::kFloat32, {1}).value(), optimizer}};
@@ -258,10 +272,8 @@ TEST_CASE("a parameter-server checkpoint restores into mirrored training, and ba
 TEST_CASE("kill -9 the coordinator with its work_dir between and during steps, the strategy survives and its steps "
           "go on from the replicas",
           "[strategy][fault][durable]") {
-  TestCluster scratch;
-  const std::string work_dir = scratch.dir() + "/coordinator";
-  const std::vector<std::string> flags = {"--work-dir", work_dir, "--port", std::to_string(free_port())};
-  Replicated r(2, 0, flags);
+  DurableReplicated durable(2);
+  Replicated& r = durable.r;
   auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::adam(0.05)), options(2)).value();
   for (int s = 0; s < 5; ++s) REQUIRE(strategy->run("linear_step", step_args(s, 12)).ok());
   REQUIRE(strategy->verify_replicas().ok());
@@ -269,7 +281,7 @@ TEST_CASE("kill -9 the coordinator with its work_dir between and during steps, t
   // Between steps: the next run() waits for the coordinator, which forms the
   // group again from the replicas, at their step.
   r.coordinator->kill_now();
-  r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
+  durable.restart_coordinator();
   CHECK_THAT(r.coordinator->log(), Catch::Contains("replayed the journal") && Catch::Contains("1 strategy"));
   // Before any step: the replicas the workers kept, at step 5.
   REQUIRE(wait_until([&]() { return r.client->num_workers() == 2; }, 20s));
@@ -295,7 +307,7 @@ TEST_CASE("kill -9 the coordinator with its work_dir between and during steps, t
   auto step = std::async(std::launch::async, [&]() { return strategy->run("slow_linear_step", step_args(8, 12, 1500)); });
   std::this_thread::sleep_for(600ms);
   r.coordinator->kill_now();
-  r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
+  durable.restart_coordinator();
   auto cut = step.get();
   INFO(cut.status().to_string());
   REQUIRE_FALSE(cut.ok());
@@ -493,10 +505,8 @@ TEST_CASE("a step input with per-replica batches grows the step with the replica
 
 TEST_CASE("the step input survives kill -9 of the coordinator: the next steps read on from the replicas' position",
           "[strategy][fault][durable][input]") {
-  TestCluster scratch;
-  const std::string work_dir = scratch.dir() + "/coordinator";
-  const std::vector<std::string> flags = {"--work-dir", work_dir, "--port", std::to_string(free_port())};
-  Replicated r(2, 0, flags);
+  DurableReplicated durable(2);
+  Replicated& r = durable.r;
   auto strategy = MirroredStrategy::create(*r.client, linear_model(Optimizer::sgd(0.1)), options(2)).value();
   auto input = strategy->distribute_step_input(data::Dataset::range(kInputExamples), input_options()).value();
   std::map<int64_t, std::map<int64_t, int>> seen;
@@ -507,7 +517,7 @@ TEST_CASE("the step input survives kill -9 of the coordinator: the next steps re
     count_ids(*step, seen);
   }
   r.coordinator->kill_now();
-  r.coordinator = &r.cluster.restart_on_port("coordinator", flags);
+  durable.restart_coordinator();
   REQUIRE(wait_until([&]() { return r.client->num_workers() == 2; }, 20s));
   int64_t position = 4 * kInputBatch;
   while (position < 2 * kInputExamples) {

@@ -1,6 +1,7 @@
 // MirroredInput: a multi-client process's step input (capstan/mirrored.h),
 // over the elements and shares a worker-server's strategy input uses
 // (lib/data/step_input.h), so that both hand out the same positions.
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -19,23 +20,10 @@ MirroredInput::MirroredInput(std::unique_ptr<Impl> impl) : impl_(std::move(impl)
 MirroredInput::~MirroredInput() = default;
 
 std::vector<int64_t> step_input_indices(int64_t size, const StepInputOptions& options, int64_t start, int64_t count) {
-  std::vector<int64_t> out;
-  if (size < 1 || start < 0 || count < 1) return out;
-  out.reserve(static_cast<size_t>(count));
-  std::vector<int64_t> order;
-  int64_t order_epoch = -1;
-  for (int64_t p = start; p < start + count; ++p) {
-    if (!options.shuffle) {
-      out.push_back(p % size);
-      continue;
-    }
-    if (p / size != order_epoch) {
-      order_epoch = p / size;
-      order = data::StepInputElements::permutation(size, options.seed, order_epoch);
-    }
-    out.push_back(order[static_cast<size_t>(p % size)]);
-  }
-  return out;
+  if (start < 0) return {};
+  return data::position_indices(size, start, count, options.shuffle, [&](int64_t epoch) {
+    return std::make_shared<const std::vector<int64_t>>(data::StepInputElements::permutation(size, options.seed, epoch));
+  });
 }
 
 Result<std::unique_ptr<MirroredInput>> MirroredInput::read(const data::Dataset& examples, StepInputOptions options,
