@@ -222,6 +222,31 @@ interface Coordinator extends(Common.Node) {
   # reconnecting program) hands back the same id.
   distributeStepInput @26 (strategy :Text, definition :Data, globalBatch :Int64, perReplicaBatch :Int64,
                            seed :UInt64, shuffle :Bool) -> (datasetId :Int64);
+  # Where each registered worker's time went and how slow it is: its runs
+  # (closures and synchronous steps), their phases summed, and its
+  # straggler score (WorkerTimes); `totals`: every run's, of every worker
+  # the coordinator has seen (taskIndex -1).
+  workerStats @27 () -> (workers :List(WorkerStats), totals :WorkerStats);
+}
+
+# Seconds, summed over a worker's runs: queued at the coordinator, then on
+# the worker waiting for input, the parameter servers and the collectives,
+# out of `total` (the runs' wall time there). `busy`: the smoothed seconds
+# per run, collectives left out; `score`: that relative to the median
+# worker's (NaN until the worker has run enough); `straggler`: the log named
+# it slow.
+struct WorkerStats {
+  taskIndex @0 :Int32;
+  address @1 :Text;
+  runs @2 :Int64;
+  queued @3 :Float64;
+  input @4 :Float64;
+  ps @5 :Float64;
+  collective @6 :Float64;
+  total @7 :Float64;
+  busy @8 :Float64;
+  score @9 :Float64;
+  straggler @10 :Bool;
 }
 
 interface ClosureValues {

@@ -68,7 +68,19 @@ struct ClosureRunSpec {
   encodedArgs @8 :Data;
 }
 
+# Where a run's time went on the worker, in seconds (capstan/phases.h):
+# waiting for input, the parameter servers and the collectives; `total` is
+# the run's wall time there (compute: what the others leave of it).
+struct RunPhases {
+  input @0 :Float64;
+  ps @1 :Float64;
+  collective @2 :Float64;
+  total @3 :Float64;
+}
+
 struct ClosureOutcome {
+  # A value's run: where its time went.
+  phases @3 :RunPhases;
   union {
     value @0 :Common.Element;
     error @1 :Common.ErrorDetail;
@@ -95,13 +107,14 @@ interface Worker extends(Common.Node) {
   # inline limit (then `result`).
   # `stepInput` (hasStepInput): a synchronous step's share of its
   # strategy's exactly-once input (StepInput); `inputTaken`: the closure
-  # read it (the step consumed its positions).
+  # read it (the step consumed its positions). `phases`: where the run's
+  # time went.
   runClosure @0 (closureId :Int64, function :Text, args :Common.Element,
                  placementVersion :Int64, attempt :UInt32, numWorkers :UInt32,
                  deadlineUnixMs :Int64, workerIndex :Int32 = -1,
                  strategy :Text, epoch :Int64, encodedArgs :Data,
                  stepInput :StepInput, hasStepInput :Bool)
-      -> (result :Common.Element, encodedResult :Data, inputTaken :Bool);
+      -> (result :Common.Element, encodedResult :Data, inputTaken :Bool, phases :RunPhases);
   # Several closures of the parameter-server kind (no strategy) in one
   # call, run one after another in the order given, as if each had come
   # in its own runClosure: the coordinator batches them when its queue is

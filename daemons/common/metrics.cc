@@ -419,4 +419,26 @@ void register_process_metrics(MetricsRegistry& registry) {
                           [started] { return started; });
 }
 
+PhaseHistograms::PhaseHistograms(MetricsRegistry& registry, std::string_view name, std::string_view help,
+                                 const MetricLabels& labels) {
+  auto series = [&](const char* phase) {
+    MetricLabels with = labels;
+    with.emplace_back("phase", phase);
+    return registry.histogram(name, help, std::move(with));
+  };
+  queued_ = series("queued");
+  input_ = series("input");
+  ps_ = series("ps");
+  compute_ = series("compute");
+  collective_ = series("all-reduce");
+}
+
+void PhaseHistograms::observe(const PhaseTimes& times, bool with_queued) {
+  if (with_queued) queued_->observe(times.queued);
+  input_->observe(times.input);
+  ps_->observe(times.ps);
+  compute_->observe(times.compute());
+  collective_->observe(times.collective);
+}
+
 }  // namespace capstan::daemon

@@ -31,6 +31,7 @@
 #include <unordered_map>
 #include <utility>
 #include <vector>
+#include "capstan/phases.h"
 #include "sync/mutex.h"
 
 namespace capstan::daemon {
@@ -157,6 +158,25 @@ template <typename Stats>
 std::function<double()> stat_reader(std::shared_ptr<const Stats> stats, const std::atomic<int64_t> Stats::*field) {
   return [stats = std::move(stats), field]() { return static_cast<double>(((*stats).*field).load()); };
 }
+
+// Where steps' time went (capstan/phases.h) as one histogram family, a
+// series per phase: NAME{LABELS..., phase="queued"|"input"|"ps"|"compute"|
+// "all-reduce"} in seconds ("queued" only where a caller measures it).
+// Thread-safe; observe() is lock-free.
+class PhaseHistograms {
+ public:
+  PhaseHistograms(MetricsRegistry& registry, std::string_view name, std::string_view help,
+                  const MetricLabels& labels = {});
+  // One step's phases; queued only when `with_queued`.
+  void observe(const PhaseTimes& times, bool with_queued = false);
+
+ private:
+  Histogram* queued_;
+  Histogram* input_;
+  Histogram* ps_;
+  Histogram* compute_;
+  Histogram* collective_;
+};
 
 // Prometheus' standard process metrics, read from /proc/self at each
 // render(): process_cpu_seconds_total, process_resident_memory_bytes,

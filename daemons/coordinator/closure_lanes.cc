@@ -38,7 +38,7 @@ kj::Promise<std::vector<ClosureOutcome>> WorkerPeer::run_closures(std::vector<Cl
 
 ClosureLanes::ClosureLanes(const CoordinatorConfig& config, ClosureQueue& queue, Workers& workers,
                            const PsHealth& health, const PsVariables& variables, const DispatchGate& gate,
-                           LoopContext loop, Hooks hooks)
+                           LoopContext loop, Hooks hooks, WorkerTimes& times)
     : config_(config),
       queue_(queue),
       workers_(workers),
@@ -46,7 +46,8 @@ ClosureLanes::ClosureLanes(const CoordinatorConfig& config, ClosureQueue& queue,
       variables_(variables),
       gate_(gate),
       loop_(std::move(loop)),
-      hooks_(std::move(hooks)) {}
+      hooks_(std::move(hooks)),
+      times_(times) {}
 
 void ClosureLanes::start(int64_t worker_id) {
   for (int i = 0; i < config_.closures_per_worker; ++i) loop_.tasks.add(lane(worker_id));
@@ -108,7 +109,13 @@ int ClosureLanes::batch_size() const {
   return static_cast<int>(std::clamp<int64_t>(share, 1, config_.closure_batch));
 }
 
-bool ClosureLanes::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome) {
+bool ClosureLanes::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome,
+                              int64_t ticket, const std::string& function) {
+  if (outcome.result.ok() && !outcome.worker_lost) {
+    times_.end(ticket, function, outcome.phases);
+  } else {
+    times_.abandon(ticket);
+  }
   if (outcome.worker_lost) {
     workers_.drop(worker_id, outcome.result.status());
     return false;
@@ -143,14 +150,17 @@ kj::Promise<void> ClosureLanes::lane(int64_t worker_id) {
   auto closure = queue_.next(worker_id);
   if (!closure) return loop_.changes.changed().then([this, worker_id]() { return lane(worker_id); });
   if (batch > 1) {
+    const auto now = std::chrono::steady_clock::now();
     std::vector<ClosureRun> runs;
     runs.push_back(make_run(*worker, *closure));
+    double queued = std::chrono::duration<double>(now - closure->queued_since).count();
     while (static_cast<int>(runs.size()) < batch) {
       auto more = queue_.next(worker_id);
       if (!more) break;
       runs.push_back(make_run(*worker, *more));
+      queued += std::chrono::duration<double>(now - more->queued_since).count();
     }
-    if (runs.size() > 1) return run_batch(worker_id, std::move(runs));
+    if (runs.size() > 1) return run_batch(worker_id, std::move(runs), queued);
   }
   return run_one(worker_id, *worker, *closure);
 }
@@ -167,6 +177,8 @@ kj::Promise<void> ClosureLanes::run_one(int64_t worker_id, const Worker& worker,
   }
   const int64_t id = closure.id;
   const int64_t generation = health_.generation();
+  const int64_t ticket = times_.begin(
+      worker.task_index, 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - closure.queued_since).count());
   auto outcome = worker.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
     ClosureOutcome lost;
     lost.result = async::from_exception(e);
@@ -174,8 +186,9 @@ kj::Promise<void> ClosureLanes::run_one(int64_t worker_id, const Worker& worker,
     return lost;
   });
   if (deadline) outcome = bounded(kj::mv(outcome), worker_id, id, closure.function, *deadline);
-  return kj::mv(outcome).then([this, worker_id, id, generation](ClosureOutcome outcome) -> kj::Promise<void> {
-    if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
+  return kj::mv(outcome).then([this, worker_id, id, generation, ticket,
+                                function = closure.function](ClosureOutcome outcome) -> kj::Promise<void> {
+    if (!finish_run(worker_id, id, generation, std::move(outcome), ticket, function)) return kj::READY_NOW;
     return next(worker_id);
   });
 }
@@ -204,24 +217,31 @@ kj::Promise<ClosureOutcome> ClosureLanes::bounded(kj::Promise<ClosureOutcome> ou
           }));
 }
 
-kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<ClosureRun> runs) {
+kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<ClosureRun> runs, double queued) {
   hooks_.update_stats();
   std::vector<int64_t> ids;
+  std::vector<std::string> functions;
   ids.reserve(runs.size());
-  for (const auto& run : runs) ids.push_back(run.closure_id);
+  for (const auto& run : runs) {
+    ids.push_back(run.closure_id);
+    functions.push_back(run.function);
+  }
   const int64_t generation = health_.generation();
   // The peer stays alive while its batch runs, even if the worker is dropped
   // meanwhile (another lane found it lost).
-  std::shared_ptr<WorkerPeer> peer = workers_.find(worker_id)->peer;
+  const Worker* worker = workers_.find(worker_id);
+  std::shared_ptr<WorkerPeer> peer = worker->peer;
+  const int64_t ticket = times_.begin(worker->task_index, static_cast<int>(runs.size()), queued);
   size_t n = runs.size();
   return peer->run_closures(std::move(runs))
       .attach(kj::mv(peer))
       .catch_([n](kj::Exception&& e) {
         return std::vector<ClosureOutcome>(n, ClosureOutcome{async::from_exception(e), true});
       })
-      .then([this, worker_id, ids = std::move(ids),
-             generation](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
+      .then([this, worker_id, ids = std::move(ids), functions = std::move(functions), generation,
+             ticket](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
         if (outcomes.size() != ids.size()) {
+          times_.close(ticket);
           // A peer that answered the wrong number of outcomes cannot be
           // trusted with the others either.
           workers_.drop(worker_id, Status::Internal("worker answered " + std::to_string(outcomes.size()) +
@@ -240,10 +260,13 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
             continue;
           }
           // A lost worker re-queues what is left of the batch (Workers::drop).
-          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]))) return kj::READY_NOW;
+          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]), ticket, functions[i])) {
+            times_.close(ticket);  // the rest of the batch went back to the queue
+            return kj::READY_NOW;
+          }
         }
         for (auto it = errors.rbegin(); it != errors.rend(); ++it) {
-          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]));
+          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]), ticket, functions[*it]);
         }
         return next(worker_id);
       });

@@ -42,6 +42,7 @@
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/ps_health.h"
 #include "daemons/coordinator/ps_variables.h"
+#include "daemons/coordinator/worker_times.h"
 #include "daemons/coordinator/workers.h"
 
 namespace capstan::coordinator {
@@ -57,8 +58,10 @@ class ClosureLanes {
     std::function<void(int64_t id, ClosureQueue::State state, const Status& error)> ended;
   };
   // Everything given must outlive this.
+  // Each run that ends is timed in `times`.
   ClosureLanes(const CoordinatorConfig& config, ClosureQueue& queue, Workers& workers, const PsHealth& health,
-               const PsVariables& variables, const DispatchGate& gate, LoopContext loop, Hooks hooks);
+               const PsVariables& variables, const DispatchGate& gate, LoopContext loop, Hooks hooks,
+               WorkerTimes& times);
 
   // Starts the lanes of registered worker `worker_id`, and its pings.
   void start(int64_t worker_id);
@@ -72,15 +75,18 @@ class ClosureLanes {
   kj::Promise<ClosureOutcome> bounded(kj::Promise<ClosureOutcome> outcome, int64_t worker_id, int64_t id,
                                       const std::string& function,
                                       std::chrono::system_clock::time_point deadline);
-  // Sends `runs` (taken from the queue for the worker) in one call.
-  kj::Promise<void> run_batch(int64_t worker_id, std::vector<ClosureRun> runs);
+  // Sends `runs` (taken from the queue for the worker) in one call;
+  // `queued`: how long they waited in the queue, summed.
+  kj::Promise<void> run_batch(int64_t worker_id, std::vector<ClosureRun> runs, double queued);
   // How many closures a lane takes for its next call (1 unless the queue is
   // deep and batching is on).
   int batch_size() const;
   ClosureRun make_run(const Worker& worker, const ClosureQueue::Closure& closure) const;
   // Records a run's outcome in the queue; false when it says the worker is
   // lost (then dropped, its closures re-queued).
-  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome);
+  // `ticket` (WorkerTimes::begin) times it when it has a value.
+  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome, int64_t ticket,
+                  const std::string& function);
   // Tells the workers of runs the queue cancelled to stop them.
   void cancel_runs();
   // After a call's outcomes: cancellations, a wake-up, the lane's next call.
@@ -95,6 +101,7 @@ class ClosureLanes {
   const DispatchGate& gate_;
   const LoopContext loop_;
   const Hooks hooks_;
+  WorkerTimes& times_;
 };
 
 }  // namespace capstan::coordinator

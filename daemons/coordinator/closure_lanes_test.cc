@@ -40,11 +40,13 @@ struct Fixture : testing::CoordinatorParts {
   ClosureQueue queue;
   std::vector<Ended> ended;
   int stats_updates = 0;
+  WorkerTimes times{nullptr};
   ClosureLanes lanes{config, queue, workers, health, variables, gate, context,
                      ClosureLanes::Hooks{[this]() { ++stats_updates; },
                                          [this](int64_t id, ClosureQueue::State state, const Status& error) {
                                            ended.push_back({id, state, error});
-                                         }}};
+                                         }},
+                     times};
 };
 
 TEST_CASE("a lane runs each queued closure on its worker and records the value", "[coordinator][lanes]") {

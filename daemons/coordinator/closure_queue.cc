@@ -50,6 +50,7 @@ std::optional<ClosureQueue::State> ClosureQueue::complete(int64_t id, int64_t wo
   if (error.code() == StatusCode::kUnavailable || error.code() == StatusCode::kAborted) {
     // The run was lost, not failed: try again elsewhere, first in line.
     record.state = State::kQueued;
+    record.closure.queued_since = std::chrono::steady_clock::now();
     queue_.push_front(id);
     return State::kQueued;
   }
@@ -85,6 +86,7 @@ std::vector<int64_t> ClosureQueue::worker_failed(int64_t worker) {
     running_.erase(*it);
     record.state = State::kQueued;
     record.worker = -1;
+    record.closure.queued_since = std::chrono::steady_clock::now();
     queue_.push_front(*it);
   }
   return requeued;
@@ -215,6 +217,7 @@ void ClosureQueue::restore_entry(Snapshot::Entry entry) {
   Record record;
   record.closure = std::move(entry.closure);
   record.closure.attempts = 0;
+  record.closure.queued_since = std::chrono::steady_clock::now();
   record.state = entry.state == State::kRunning ? State::kQueued : entry.state;
   record.value = std::move(entry.value);
   record.error = std::move(entry.error);

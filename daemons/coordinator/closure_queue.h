@@ -38,6 +38,7 @@
 #ifndef CAPSTAN_DAEMONS_COORDINATOR_CLOSURE_QUEUE_H_
 #define CAPSTAN_DAEMONS_COORDINATOR_CLOSURE_QUEUE_H_
 
+#include <chrono>
 #include <cstdint>
 #include <deque>
 #include <map>
@@ -58,6 +59,8 @@ class ClosureQueue {
     std::string function;
     std::string args;  // serialized by the client, opaque here
     int attempts = 0;  // times handed to a worker, this one included
+    // When it was queued last (scheduled, or re-queued after a lost run).
+    std::chrono::steady_clock::time_point queued_since = std::chrono::steady_clock::now();
   };
   enum class State { kQueued, kRunning, kDone, kFailed, kCancelled };
 

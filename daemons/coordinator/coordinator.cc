@@ -33,7 +33,11 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
       }()),
       changes_(timer, [this]() { update_stats(); }),
       loop_{timer, tasks_, changes_, *stats_, log_},
-      workers_(log_, changes_, [this](int64_t worker_id) { return queue_.worker_failed(worker_id).size(); }),
+      workers_(log_, changes_,
+               [this](int64_t worker_id) {
+                 times_->forget(workers_.task_index(worker_id));
+                 return queue_.worker_failed(worker_id).size();
+               }),
       ps_health_(parameter_servers, timer.now() + kFirstContactWindow.count() * kj::MILLISECONDS,
                  config_.ps_recovery_timeout),
       variables_(parameter_servers, ps_health_, pool, log_, config_.work_dir,
@@ -42,8 +46,9 @@ Coordinator::Coordinator(CoordinatorConfig config, ParameterServers& parameter_s
                  }),
       lanes_(config_, queue_, workers_, ps_health_, variables_, gate_, loop_,
              {[this]() { update_stats(); },
-              [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }}),
-      strategies_(workers_, variables_, gate_, loop_, pool_),
+              [this](int64_t id, ClosureQueue::State state, const Status& error) { closure_ended(id, state, error); }},
+             *times_),
+      strategies_(workers_, variables_, gate_, loop_, pool_, *times_),
       policy_(config_, loop_, ps_health_, journal_,
               [this](std::string directory, int64_t step, int max_to_keep) {
                 return save_checkpoint(std::move(directory), step, max_to_keep);

@@ -186,6 +186,8 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   // Totals and levels for /metrics (stats.h).
   using Stats = CoordinatorStats;
   std::shared_ptr<const Stats> stats() const { return stats_; }
+  // Each worker's phase totals and straggler score (worker_times.h).
+  std::shared_ptr<WorkerTimes> worker_times() const { return times_; }
 
   // ---- The status page (loop thread, as everything here)
   // A program's training figure (ClusterCoordinator::report_scalar): the
@@ -317,6 +319,9 @@ class Coordinator final : private kj::TaskSet::ErrorHandler {
   const std::shared_ptr<spdlog::logger> log_;
   const uint64_t incarnation_;
   std::shared_ptr<Stats> stats_ = std::make_shared<Stats>();
+  // Where the workers' time goes; their straggler scores (shared with the
+  // status page and /metrics).
+  std::shared_ptr<WorkerTimes> times_ = std::make_shared<WorkerTimes>(log_);
 
   // The parts (see the header comment), each given what it uses of those
   // before it. Waiters wake at changes_.notify(), after update_stats().

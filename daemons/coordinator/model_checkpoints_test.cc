@@ -46,7 +46,8 @@ struct Fixture : testing::CoordinatorParts {
     REQUIRE(wait(variables.create(std::move(request))).ok());
   }
 
-  Strategies strategies{workers, variables, gate, context, pool};
+  WorkerTimes times{nullptr};
+  Strategies strategies{workers, variables, gate, context, pool, times};
   PerWorkerDatasets datasets{0, log, [](int64_t, const PerWorkerDataset&) { return Status::Ok(); }};
   int pauses = 0;
   ModelCheckpoints checkpoints{variables, strategies, datasets, workers, pool, [this]() {

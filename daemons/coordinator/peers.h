@@ -13,6 +13,7 @@
 #include <string>
 #include <vector>
 
+#include "capstan/phases.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "capstan/training.h"
@@ -47,6 +48,8 @@ struct ClosureOutcome {
   bool worker_lost = false;
   // A synchronous step's closure read its step input.
   bool input_taken = false;
+  // Where a value's run went on the worker (capstan/phases.h; queued: 0).
+  PhaseTimes phases = {};
 };
 
 // A registered worker. A run_closure promise that rejects counts as a lost

@@ -1,5 +1,7 @@
 #include "daemons/coordinator/remote_peers.h"
 
+#include <algorithm>
+#include <cmath>
 #include <memory>
 
 #include "daemons/coordinator/payload.h"
@@ -81,6 +83,22 @@ RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec,
 
 RemoteWorker::~RemoteWorker() noexcept = default;
 
+namespace {
+
+// A worker's phases, each clamped to [0, total] (a worker's report is not
+// trusted to be sane; one older than the field sends zeros).
+PhaseTimes phases_of(wire::RunPhases::Reader wire) {
+  auto seconds = [](double v, double most) { return std::isfinite(v) ? std::clamp(v, 0.0, most) : 0.0; };
+  PhaseTimes phases;
+  phases.total = seconds(wire.getTotal(), 1e9);
+  phases.input = seconds(wire.getInput(), phases.total);
+  phases.ps = seconds(wire.getPs(), phases.total);
+  phases.collective = seconds(wire.getCollective(), phases.total);
+  return phases;
+}
+
+}  // namespace
+
 kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   auto request = client_.runClosureRequest();
   Status written = write_run<wire::Worker::RunClosureParams::Builder>(request, run, codec_);
@@ -104,8 +122,10 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
       [](capnp::Response<wire::Worker::RunClosureResults>&& response) {
         auto value = outcome_of(response.hasEncodedResult(), response.getEncodedResult(), response.getResult());
         const bool input_taken = response.getInputTaken();
-        return value.then([response = kj::mv(response), input_taken](ClosureOutcome outcome) mutable {
+        const PhaseTimes phases = phases_of(response.getPhases());
+        return value.then([response = kj::mv(response), input_taken, phases](ClosureOutcome outcome) mutable {
           outcome.input_taken = input_taken;
+          outcome.phases = phases;
           release_later(kj::mv(response));
           return outcome;
         });
@@ -151,8 +171,13 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
             continue;
           }
           bool encoded = outcome.isEncodedValue();
+          const PhaseTimes phases = phases_of(outcome.getPhases());
           values.add(outcome_of(encoded, encoded ? outcome.getEncodedValue() : capnp::Data::Reader(),
-                                encoded ? wire::Element::Reader() : outcome.getValue()));
+                                encoded ? wire::Element::Reader() : outcome.getValue())
+                         .then([phases](ClosureOutcome value) {
+                           value.phases = phases;
+                           return value;
+                         }));
         }
         return kj::joinPromises(values.finish())
             .then([response = kj::mv(response)](kj::Array<ClosureOutcome> all) mutable {

@@ -1,6 +1,10 @@
 #include "daemons/coordinator/service.h"
 
+#include <cmath>
+#include <cstdio>
 #include <limits>
+#include <map>
+#include <memory>
 #include <set>
 
 #include "daemons/coordinator/payload.h"
@@ -192,7 +196,37 @@ CoordinatorService::CoordinatorService(daemon::DaemonContext& ctx)
   // checkpoint_dir is set) before the coordinator stops taking calls.
   ctx.on_drain.push_back([this]() { return core_.drain("SIGTERM"); });
   register_metrics(ctx.metrics, core_.stats());
+  register_worker_metrics(ctx.metrics, core_.worker_times());
   register_status(ctx.status, core_.stats());
+}
+
+namespace {
+
+double or_nan(const std::optional<double>& v) { return v.value_or(std::nan("")); }
+
+std::string score_text(const WorkerTimes::Row& row) {
+  if (!row.score) return "-";
+  char text[32];
+  std::snprintf(text, sizeof(text), "%.2f%s", *row.score, row.straggler ? " (straggler)" : "");
+  return text;
+}
+
+}  // namespace
+
+void CoordinatorService::register_worker_metrics(daemon::MetricsRegistry& metrics, std::shared_ptr<WorkerTimes> times) {
+  // Series per worker as they appear; the observer runs on the loop thread.
+  auto histograms = std::make_shared<std::map<int, std::unique_ptr<daemon::PhaseHistograms>>>();
+  times->set_observer([&metrics, histograms](int task, const PhaseTimes& phases) {
+    auto& series = (*histograms)[task];
+    if (series == nullptr) {
+      series = std::make_unique<daemon::PhaseHistograms>(
+          metrics, "capstan_coordinator_worker_phase_seconds",
+          "Where each closure's and synchronous step's time went, by worker (task index): queued at the coordinator, "
+          "then on the worker waiting for input, the parameter servers, the collectives, and the rest (compute).",
+          daemon::MetricLabels{{"worker", std::to_string(task)}});
+    }
+    series->observe(phases, /*with_queued=*/true);
+  });
 }
 
 void CoordinatorService::register_status(daemon::StatusBoard& status, std::shared_ptr<const Coordinator::Stats> stats) {
@@ -204,6 +238,23 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
   status.plot("closure values kept", Plot::kLevel, daemon::stat_reader(stats, &S::results_kept));
   status.plot("synchronous steps/s", Plot::kRate, daemon::stat_reader(stats, &S::steps_completed));
   async::LoopThread* loop = ctx_.loop;
+  // Each worker's straggler score and busy time per step, sampled here; the
+  // sample also sets /metrics' straggler gauges.
+  std::shared_ptr<WorkerTimes> times = core_.worker_times();
+  daemon::MetricsRegistry* metrics = &ctx_.metrics;
+  status.series([times, metrics]() {
+    std::vector<daemon::StatusBoard::Series> out;
+    for (auto& series : times->sample()) out.push_back({std::move(series.title), std::move(series.points)});
+    for (const auto& row : times->rows()) {
+      metrics
+          ->gauge("capstan_coordinator_straggler_score",
+                  "Each worker's busy time per step (collectives left out, smoothed) relative to the median worker's; "
+                  "NaN until it has run a few steps. At or above 1.5 for 5 s, the log names it.",
+                  {{"worker", std::to_string(row.task)}})
+          ->set(or_nan(row.score));
+    }
+    return out;
+  });
   // What the program reported (ClusterCoordinator::report_scalar), as kept.
   status.series([this, loop]() {
     auto reported = loop->run_sync([this]() { return core_.reported(); });
@@ -215,16 +266,31 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
     }
     return out;
   });
-  status.tables([this, loop]() {
+  status.tables([this, loop, times]() {
     Coordinator::Overview o = loop->run_sync([this]() { return core_.overview(); });
     using Table = daemon::StatusBoard::Table;
     std::vector<Table> tables;
     Table& workers = tables.emplace_back();
     workers.title = "Workers";
-    workers.columns = {"id", "task index", "address", "state"};
+    workers.columns = {"id", "task index", "address", "state", "runs", "busy s/step", "straggler score",
+                       "where the time went"};
+    std::map<int, WorkerTimes::Row> timed;
+    for (const auto& row : times->rows()) timed[row.task] = row;
     for (const auto& w : o.workers) {
-      workers.rows.push_back({std::to_string(w.id), std::to_string(w.task_index),
-                              w.address.empty() ? "(not given)" : w.address, w.leaving ? "leaving" : "up"});
+      std::vector<std::string> cells = {std::to_string(w.id), std::to_string(w.task_index),
+                                        w.address.empty() ? "(not given)" : w.address, w.leaving ? "leaving" : "up"};
+      auto row = timed.find(w.task_index);
+      if (row != timed.end()) {
+        char busy[32];
+        std::snprintf(busy, sizeof(busy), "%.4f", row->second.busy);
+        for (std::string cell : {std::to_string(row->second.runs), std::string(busy), score_text(row->second),
+                                 format_phases(row->second.totals)}) {
+          cells.push_back(std::move(cell));
+        }
+      } else {
+        for (int i = 0; i < 4; ++i) cells.push_back("-");
+      }
+      workers.rows.push_back(std::move(cells));
     }
     if (o.workers.empty()) workers.note = "No worker has registered (start worker-server --coordinator ADDRESS).";
     Table& ps = tables.emplace_back();
@@ -362,6 +428,35 @@ kj::Promise<void> CoordinatorService::reportScalars(ReportScalarsContext context
 
 kj::Promise<void> CoordinatorService::numWorkers(NumWorkersContext context) {
   context.getResults().setCount(static_cast<int32_t>(core_.num_workers()));
+  return kj::READY_NOW;
+}
+
+kj::Promise<void> CoordinatorService::workerStats(WorkerStatsContext context) {
+  std::map<int, std::string> addresses;
+  for (const auto& w : core_.overview().workers) addresses[w.task_index] = w.address;
+  auto write = [](const PhaseTimes& phases, wire::WorkerStats::Builder out) {
+    out.setQueued(phases.queued);
+    out.setInput(phases.input);
+    out.setPs(phases.ps);
+    out.setCollective(phases.collective);
+    out.setTotal(phases.total);
+  };
+  std::vector<WorkerTimes::Row> rows = core_.worker_times()->rows();
+  auto out = context.getResults().initWorkers(static_cast<unsigned>(rows.size()));
+  for (unsigned i = 0; i < rows.size(); ++i) {
+    const WorkerTimes::Row& row = rows[i];
+    out[i].setTaskIndex(row.task);
+    out[i].setAddress(addresses[row.task]);
+    out[i].setRuns(row.runs);
+    write(row.totals, out[i]);
+    out[i].setBusy(row.busy);
+    out[i].setScore(or_nan(row.score));
+    out[i].setStraggler(row.straggler);
+  }
+  auto totals = context.getResults().initTotals();
+  totals.setTaskIndex(-1);
+  write(core_.worker_times()->totals(), totals);
+  totals.setScore(std::nan(""));
   return kj::READY_NOW;
 }
 

@@ -23,6 +23,9 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   // The coordinator's closure, worker, checkpoint and recovery figures on
   // /metrics (capstan_coordinator_*).
   static void register_metrics(daemon::MetricsRegistry& metrics, std::shared_ptr<const Coordinator::Stats> stats);
+  // capstan_coordinator_worker_phase_seconds{worker, phase}: each run's
+  // phases, by worker. `metrics` must outlive `times`' runs.
+  static void register_worker_metrics(daemon::MetricsRegistry& metrics, std::shared_ptr<WorkerTimes> times);
   // The status page: closure plots, the program's reported figures, the
   // workers, parameter servers and variables (read on the loop thread).
   void register_status(daemon::StatusBoard& status, std::shared_ptr<const Coordinator::Stats> stats);
@@ -47,6 +50,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   Status release_ids(capnp::List<int64_t>::Reader ids, uint64_t client_id, uint64_t incarnation, const char* call);
   kj::Promise<void> createPerWorkerDataset(CreatePerWorkerDatasetContext context) override;
   kj::Promise<void> numWorkers(NumWorkersContext context) override;
+  kj::Promise<void> workerStats(WorkerStatsContext context) override;
   kj::Promise<void> closureNames(ClosureNamesContext context) override;
   kj::Promise<void> workerAlive(WorkerAliveContext context) override;
   kj::Promise<void> createPerWorkerDatasetFromFunction(

@@ -79,8 +79,8 @@ int fewest_steps(const std::vector<int64_t>& ids, const kj::Array<ReplicaAnswer<
 }  // namespace
 
 Strategies::Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop,
-                       boost::asio::thread_pool& pool)
-    : workers_(workers), variables_(variables), gate_(gate), loop_(std::move(loop)), pool_(pool) {}
+                       boost::asio::thread_pool& pool, WorkerTimes& times)
+    : workers_(workers), variables_(variables), gate_(gate), loop_(std::move(loop)), pool_(pool), times_(times) {}
 
 Result<Strategies::Strategy*> Strategies::find(const std::string& name) {
   auto it = strategies_.find(name);
@@ -557,6 +557,7 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
   run.strategy = name;
   run.epoch = epoch;
   run.step_input = std::move(input);
+  const int64_t ticket = times_.begin(worker->task_index, 1, 0, WorkerTimes::Clock::now(), /*step=*/true);
   return worker->peer->run_closure(std::move(run))
       .catch_([](kj::Exception&& e) { return ClosureOutcome{async::from_exception(e), true}; })
       .exclusiveJoin(workers_.dropped(id).then([id]() {
@@ -564,8 +565,13 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
                                                   " was dropped (it stopped answering pings)"),
                               true};
       }))
-      .then([this, members, name, epoch, r, arrivals](ClosureOutcome o) {
+      .then([this, members, name, epoch, r, arrivals, ticket, function](ClosureOutcome o) {
         arrivals->push_back(r);
+        if (o.result.ok() && !o.worker_lost) {
+          times_.end(ticket, function, o.phases);
+        } else {
+          times_.abandon(ticket);
+        }
         if (!o.result.ok()) {
           // The others may wait for this one in a collective: abort their
           // group so that they fail now (a replica whose closure failed

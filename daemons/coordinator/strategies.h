@@ -64,6 +64,7 @@
 #include "daemons/coordinator/peers.h"
 #include "daemons/coordinator/ps_variables.h"
 #include "daemons/coordinator/requests.h"
+#include "daemons/coordinator/worker_times.h"
 #include "daemons/coordinator/workers.h"
 #include "types/replica.h"
 
@@ -73,8 +74,9 @@ class Strategies {
  public:
   // Everything given must outlive this. `pool` reads and writes files (a
   // seed's, see save()).
+  // Each replica's run of a step is timed in `times`.
   Strategies(Workers& workers, const PsVariables& variables, const DispatchGate& gate, LoopContext loop,
-             boost::asio::thread_pool& pool);
+             boost::asio::thread_pool& pool, WorkerTimes& times);
 
   // Creates a strategy (its values are held here until the first group
   // forms and takes them), or hands back the one of that name with the same
@@ -284,6 +286,7 @@ class Strategies {
   const DispatchGate& gate_;
   const LoopContext loop_;
   boost::asio::thread_pool& pool_;
+  WorkerTimes& times_;
   std::map<std::string, Strategy> strategies_;  // never erased: references stay valid
   Journal journal_;
 };

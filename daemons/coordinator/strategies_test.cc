@@ -253,7 +253,8 @@ struct Alone : testing::CoordinatorParts {
     return CoordinatorParts::add_worker(record, task_index, {"sync_step"});
   }
 
-  Strategies strategies{workers, variables, gate, context, pool};
+  WorkerTimes times{nullptr};
+  Strategies strategies{workers, variables, gate, context, pool, times};
 };
 
 TEST_CASE("Strategies alone: a variable lives in one place, and each strategy says what it mirrors",
@@ -465,7 +466,7 @@ TEST_CASE("Strategies alone journal each change before it is applied, and a rest
 
   // A restarted coordinator's Strategies (over the same worker), from those
   // records: the source of its first group reads the checkpoint.
-  Strategies restarted{f.workers, f.variables, f.gate, f.context, f.pool};
+  Strategies restarted{f.workers, f.variables, f.gate, f.context, f.pool, f.times};
   for (auto& record : journaled) restarted.restore_from_journal(record);
   CHECK(restarted.is_mirrored("w"));
   auto replayed = restarted.run_step("s", "sync_step", "args");

@@ -56,6 +56,7 @@ RunClosureRequest run_request_of(Reader run) {
 struct Answer {
   bool encoded = false;
   bool input_taken = false;  // a synchronous step read its step input
+  PhaseTimes phases;         // where the run's time went
   std::string bytes;
   Element element;
 };
@@ -73,6 +74,13 @@ Answer answer_of(Element value, bool encoded, size_t inline_limit) {
     answer.element = std::move(value);
   }
   return answer;
+}
+
+void write_phases(const PhaseTimes& phases, wire::RunPhases::Builder out) {
+  out.setInput(phases.input);
+  out.setPs(phases.ps);
+  out.setCollective(phases.collective);
+  out.setTotal(phases.total);
 }
 
 std::string bytes_of(capnp::Data::Reader data) {
@@ -117,6 +125,10 @@ WorkerService::WorkerService(daemon::DaemonContext& ctx)
   ctx.log->info("collective data address (synchronous training): {} (set collective_host to change it)",
                 replicas_->host());
   worker_ = std::make_shared<Worker>(*ctx.functions, *router_, ctx.identity.task_index(), replicas_.get());
+  phase_histograms_ = std::make_shared<daemon::PhaseHistograms>(
+      ctx.metrics, "capstan_worker_phase_seconds",
+      "Where each closure's and synchronous step's time went on this worker: waiting for input, the parameter "
+      "servers, the collectives, and the rest (compute).");
   worker_->set_step_input_budget(std::max<int64_t>(0, ctx.config.get_int("step_input_memory_mib")) << 20);
   tasks_->add(register_with_coordinator());
   // The coordinator holds this service's capability (registerWorker) over
@@ -319,18 +331,22 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
       .then([this, worker, request = std::move(request), encoded, limit](Args args) mutable {
         request.args = std::move(args.element);
         return async::run_on_pool(ctx_.pool, [worker, request = std::move(request), bytes = std::move(args.bytes), encoded,
-                                            limit]() mutable -> Result<Answer> {
+                                            limit, phase_histograms = phase_histograms_]() mutable -> Result<Answer> {
           if (encoded) CAPSTAN_RETURN_IF_ERROR(decode_args(bytes, request));
-          bool took_input = false;
-          CAPSTAN_ASSIGN_OR_RETURN(Element value, worker->run_closure(request, &took_input));
-          Answer answer = answer_of(std::move(value), encoded, limit);
-          answer.input_taken = took_input;
+          RunInfo info;
+          Result<Element> value = worker->run_closure(request, &info);
+          phase_histograms->observe(info.phases);
+          CAPSTAN_RETURN_IF_ERROR(value.status());
+          Answer answer = answer_of(std::move(*value), encoded, limit);
+          answer.input_taken = info.took_step_input;
+          answer.phases = info.phases;
           return answer;
         });
       })
       .then([this, context](Result<Answer> answer) mutable {
         async::check(answer.status());
         context.getResults().setInputTaken(answer->input_taken);
+        write_phases(answer->phases, context.getResults().initPhases());
         if (answer->encoded) {
           context.getResults().setEncodedResult(
               kj::arrayPtr(reinterpret_cast<const kj::byte*>(answer->bytes.data()), answer->bytes.size()));
@@ -378,21 +394,25 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
   return kj::joinPromises(reads.finish())
       .then([this, worker, requests, encoded, limit]() {
         // One trip to the pool for the whole batch, the runs in order.
-        return async::run_on_pool(ctx_.pool, [worker, requests, encoded, limit]() {
+        return async::run_on_pool(ctx_.pool, [worker, requests, encoded, limit,
+                                            phase_histograms = phase_histograms_]() {
           for (size_t i = 0; i < requests->size(); ++i) {
             if (!(*encoded)[i] || !(*requests)[i].ok()) continue;
             Status decoded = decode_args(*(*encoded)[i], *(*requests)[i]);
             if (!decoded.ok()) (*requests)[i] = decoded;
           }
-          std::vector<Result<Element>> values = worker->run_closures(*requests);
+          std::vector<RunInfo> infos;
+          std::vector<Result<Element>> values = worker->run_closures(*requests, &infos);
           std::vector<Result<Answer>> answers;
           answers.reserve(values.size());
           for (size_t i = 0; i < values.size(); ++i) {
+            if ((*requests)[i].ok()) phase_histograms->observe(infos[i].phases);
             if (!values[i].ok()) {
               answers.push_back(values[i].status());
               continue;
             }
             answers.push_back(answer_of(std::move(*values[i]), (*encoded)[i].has_value(), limit));
+            answers.back()->phases = infos[i].phases;
           }
           return answers;
         });
@@ -404,7 +424,10 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
         for (unsigned i = 0; i < answers.size(); ++i) {
           if (!answers[i].ok()) {
             rpc::status_to_wire(answers[i].status(), out[i].initError());
-          } else if (answers[i]->encoded) {
+            continue;
+          }
+          write_phases(answers[i]->phases, out[i].initPhases());
+          if (answers[i]->encoded) {
             const std::string& bytes = answers[i]->bytes;
             out[i].setEncodedValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));
           } else {

@@ -18,6 +18,7 @@
 #include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/ps.capnp.h"
 #include "capstan_schemas/worker.capnp.h"
+#include "daemons/common/metrics.h"
 #include "daemons/common/node_service.h"
 #include "daemons/worker_server/worker.h"
 #include "training/variable_router.h"
@@ -59,6 +60,8 @@ class WorkerService : public daemon::NodeService<wire::Worker::Server>,
   std::shared_ptr<VariableRouter> router_;
   std::shared_ptr<Replicas> replicas_;  // shared with pool work in flight
   std::shared_ptr<Worker> worker_;  // shared with pool work in flight
+  // capstan_worker_phase_seconds: where each closure's time went.
+  std::shared_ptr<daemon::PhaseHistograms> phase_histograms_;
   int64_t worker_id_ = 0;
   kj::Own<kj::TaskSet> tasks_;  // released at shutdown (ctx.on_stop)
 };

@@ -4,6 +4,7 @@
 #include <optional>
 
 #include "capstan/closure.h"
+#include "capstan/phases.h"
 
 namespace capstan::worker_server {
 namespace {
@@ -14,6 +15,7 @@ class LockedIterator final : public data::Iterator {
  public:
   explicit LockedIterator(std::unique_ptr<data::Iterator> inner) : inner_(std::move(inner)) {}
   Result<std::optional<Element>> get_next() override {
+    PhaseScope phase(Phase::kInput);  // waiting for the lock too
     MutexLock lock(mutex_);
     return inner_->get_next();
   }
@@ -70,32 +72,41 @@ class Worker::Context final : public ClosureContext {
   }
   std::chrono::system_clock::time_point deadline() const override { return request_.deadline; }
 
-  Result<Tensor> read(const std::string& variable) override { return worker_.variables_.read(variable); }
+  Result<Tensor> read(const std::string& variable) override {
+    PhaseScope phase(Phase::kPs); return worker_.variables_.read(variable); }
   Result<std::vector<Tensor>> read_many(const std::vector<std::string>& variables) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.read_many(variables);
   }
   Status apply_gradients_many(const std::vector<std::string>& variables, const std::vector<Tensor>& gradients,
                               const ApplyOptions& options = {}) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.apply_dense_many(variables, gradients, 0, options.learning_rate);
   }
   Result<Tensor> gather(const std::string& variable, const Tensor& ids) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.gather(variable, ids);
   }
   Status assign(const std::string& variable, const Tensor& value) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.assign(variable, value);
   }
   Status assign_add(const std::string& variable, const Tensor& delta) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.assign_add(variable, delta);
   }
   Status apply_gradients(const std::string& variable, const Tensor& gradient,
                          const ApplyOptions& options = {}) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.apply_dense(variable, gradient, 0, options.learning_rate);
   }
   Status apply_sparse_gradients(const std::string& variable, const Tensor& ids, const Tensor& rows,
                                 const ApplyOptions& options = {}) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.apply_sparse(variable, ids, rows, 0, options.learning_rate);
   }
   Result<Tensor> lookup(const std::string& table, const Tensor& ids, bool insert) override {
+    PhaseScope phase(Phase::kPs);
     return worker_.variables_.lookup(table, ids, insert);
   }
   Result<data::Iterator*> iterator(const Tensor& arg) override {
@@ -127,6 +138,7 @@ class Worker::Context final : public ClosureContext {
   // (MirroredVariables::set_gradient_weight).
   Result<data::Iterator*> step_batch(int64_t id) {
     if (step_batch_ == nullptr) {
+      PhaseScope phase(Phase::kInput);
       CAPSTAN_ASSIGN_OR_RETURN(auto elements, worker_.step_input_elements(id));
       CAPSTAN_ASSIGN_OR_RETURN(Element batch, elements->batch(*request_.step_input));
       if (replica_ != nullptr) {
@@ -170,10 +182,22 @@ Status Worker::check_closure(const std::string& function) const {
   return Status::Ok();
 }
 
-Result<Element> Worker::run_closure(const RunClosureRequest& request, bool* took_step_input) {
+Result<Element> Worker::run_closure(const RunClosureRequest& request, RunInfo* info) {
+  PhaseRecorder recorder;  // from here: refreshing placements is ps time
+  // On every return: where the run's time went.
+  struct Timed {
+    const PhaseRecorder& recorder;
+    RunInfo* info;
+    ~Timed() {
+      if (info != nullptr) info->phases = recorder.stop();
+    }
+  } timed{recorder, info};
   const ClosureFunction* fn = functions_.find_closure(request.function);
   if (fn == nullptr) return check_closure(request.function);
-  CAPSTAN_RETURN_IF_ERROR(variables_.refresh_if_older(request.placement_version));
+  {
+    PhaseScope phase(Phase::kPs);
+    CAPSTAN_RETURN_IF_ERROR(variables_.refresh_if_older(request.placement_version));
+  }
   // A synchronous step holds its replica (group and variables) while it runs.
   std::optional<Replicas::Lease> replica;
   if (!request.strategy.empty()) {
@@ -203,7 +227,7 @@ Result<Element> Worker::run_closure(const RunClosureRequest& request, bool* took
     MutexLock lock(mutex_);
     running_.erase(id);
   }
-  if (took_step_input != nullptr) *took_step_input = context.took_step_input();
+  if (info != nullptr) info->took_step_input = context.took_step_input();
   if (replica.has_value() && !result.ok()) {
     // The other replicas may be waiting in a collective this one will not
     // call: let them fail now, with this replica's error.
@@ -266,16 +290,19 @@ Result<std::shared_ptr<const data::StepInputElements>> Worker::step_input_elemen
   return *elements;
 }
 
-std::vector<Result<Element>> Worker::run_closures(const std::vector<Result<RunClosureRequest>>& requests) {
+std::vector<Result<Element>> Worker::run_closures(const std::vector<Result<RunClosureRequest>>& requests,
+                                                  std::vector<RunInfo>* infos) {
   std::vector<Result<Element>> outcomes;
   outcomes.reserve(requests.size());
+  if (infos != nullptr) infos->assign(requests.size(), RunInfo{});
   Status failed;
   for (const auto& request : requests) {
     if (!failed.ok()) {
       outcomes.push_back(Status::Aborted("not run: an earlier closure of its batch failed (" + failed.message() + ")"));
       continue;
     }
-    outcomes.push_back(request.ok() ? run_closure(*request) : Result<Element>(request.status()));
+    RunInfo* info = infos != nullptr ? &(*infos)[outcomes.size()] : nullptr;
+    outcomes.push_back(request.ok() ? run_closure(*request, info) : Result<Element>(request.status()));
     if (!outcomes.back().ok()) failed = outcomes.back().status();
   }
   return outcomes;

@@ -34,6 +34,7 @@
 
 #include "capstan/data/dataset.h"
 #include "capstan/functions.h"
+#include "capstan/phases.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 #include "daemons/worker_server/replicas.h"
@@ -66,6 +67,12 @@ struct RunClosureRequest {
   std::optional<training::StepInput> step_input = std::nullopt;
 };
 
+// What a run of a closure did besides its result.
+struct RunInfo {
+  bool took_step_input = false;  // the closure read its step input
+  PhaseTimes phases;             // where its time went (queued: 0)
+};
+
 class Worker {
  public:
   // `functions`, `variables` and `replicas` must outlive the Worker;
@@ -82,13 +89,17 @@ class Worker {
   Status check_closure(const std::string& function) const;
   // Runs the closure; its error comes back with the closure's name.
   // Cancelled when cancel_closure() named it before it returned.
-  // *took_step_input (when given): the closure read its step input.
-  Result<Element> run_closure(const RunClosureRequest& request, bool* took_step_input = nullptr);
+  // *info (when given): whether it read its step input, and where its time
+  // went (capstan/phases.h: the iterators, the parameter servers, the
+  // collectives), set on every return.
+  Result<Element> run_closure(const RunClosureRequest& request, RunInfo* info = nullptr);
   // Runs a batch (the coordinator's runClosures) one after another on the
   // calling thread; an outcome per request, in order. A request that is an
   // error (it could not be read) is that run's outcome. After a run fails,
   // the runs after it are not started: ABORTED, naming the failure.
-  std::vector<Result<Element>> run_closures(const std::vector<Result<RunClosureRequest>>& requests);
+  // *infos (when given): each run's RunInfo, in order.
+  std::vector<Result<Element>> run_closures(const std::vector<Result<RunClosureRequest>>& requests,
+                                            std::vector<RunInfo>* infos = nullptr);
   // Cancels closure `closure_id`, running or about to run (the cancel may
   // arrive first: the last kRememberedCancels such ids are kept).
   void cancel_closure(int64_t closure_id);

@@ -140,6 +140,39 @@ TEST_CASE("worker: variable calls go to the variables, placements are refreshed 
   CHECK(f.variables.calls == std::vector<std::string>{"apply_dense w", "apply_sparse table", "assign_add count"});
 }
 
+TEST_CASE("worker: a run reports where its time went: input, parameter servers, the rest", "[worker]") {
+  Fixture f;
+  f.functions.register_closure("slow_step", [](ClosureContext& ctx, const Element& args) -> Result<Element> {
+    CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * it, ctx.iterator(args.components.at(0)));
+    CAPSTAN_RETURN_IF_ERROR(it->get_next().status());
+    CAPSTAN_RETURN_IF_ERROR(ctx.read("w").status());
+    std::this_thread::sleep_for(std::chrono::milliseconds(30));  // compute
+    return Element{};
+  });
+  {
+    MutexLock lock(f.variables.mutex_);
+    f.variables.values["w"] = Tensor::scalar<float>(1.f);
+  }
+  REQUIRE(f.worker.create_dataset(1, data::Dataset::range(3).serialize()).ok());
+  RunInfo info;
+  REQUIRE(f.worker.run_closure({"slow_step", dataset_arg(1)}, &info).ok());
+  CHECK(info.phases.input > 0);
+  CHECK(info.phases.ps > 0);
+  CHECK(info.phases.collective == 0);
+  CHECK(info.phases.compute() >= 0.029);
+  CHECK(info.phases.total >= info.phases.input + info.phases.ps + 0.029);
+  CHECK_FALSE(info.took_step_input);
+  // A failed run reports its time too; a batch reports each run's.
+  RunInfo failed;
+  CHECK_FALSE(f.worker.run_closure({"fail", Element{}}, &failed).ok());
+  CHECK(failed.phases.total > 0);
+  std::vector<RunInfo> infos;
+  f.worker.run_closures({RunClosureRequest{"slow_step", dataset_arg(1)}, RunClosureRequest{"context", Element{}}}, &infos);
+  REQUIRE(infos.size() == 2);
+  CHECK(infos[0].phases.compute() >= 0.029);
+  CHECK(infos[1].phases.total < infos[0].phases.total);
+}
+
 TEST_CASE("worker: an unknown closure is NotFound naming it, a closure's error names the closure", "[worker]") {
   Fixture f;
   CHECK(f.worker.check_closure("nope").code() == StatusCode::kNotFound);

@@ -105,6 +105,7 @@
 #include <capstan/data/dataset.h>
 #include <capstan/data/service.h>
 #include <capstan/mirrored.h>
+#include <capstan/phases.h>
 #include <capstan/strategy.h>
 #include <capstan/summary.h>
 #include <capstan/training.h>
@@ -297,10 +298,10 @@ class Progress {
     const double examples_per_second = static_cast<double>(examples_) / seconds();
     const double mean_loss = loss_sum_ / static_cast<double>(steps_done_);
     const double accuracy = static_cast<double>(correct_) / static_cast<double>(examples_);
-    std::printf("%sepoch %lld/%lld  step %4lld/%lld  %7.0f examples/s  loss %.4f  accuracy %.4f%s", tty_ ? "\r" : "",
-                static_cast<long long>(epoch_), static_cast<long long>(epochs_),
+    std::printf("%sepoch %lld/%lld  step %4lld/%lld  %7.0f examples/s  loss %.4f  accuracy %.4f  (%s)%s",
+                tty_ ? "\r" : "", static_cast<long long>(epoch_), static_cast<long long>(epochs_),
                 static_cast<long long>(steps_done_), static_cast<long long>(steps_), examples_per_second, mean_loss,
-                accuracy, tty_ ? "   " : "\n");
+                accuracy, phases().c_str(), tty_ ? "   " : "\n");
     std::fflush(stdout);
     last_shown_ = now;
     if (cluster_ != nullptr) {
@@ -315,8 +316,14 @@ class Progress {
   void end_epoch() {
     if (tty_) std::printf("\n");
   }
-  // Each line's loss and accuracy also go to the coordinator's status page.
+  // Each line's loss and accuracy also go to the coordinator's status page,
+  // and the line shows where the workers' time went (worker_stats()).
   void report_to(capstan::ClusterCoordinator* cluster) { cluster_ = cluster; }
+  // A step this process ran itself (multi-client): where its time went.
+  void add_phases(const capstan::PhaseTimes& phases) {
+    local_phases_ += phases;
+    timed_locally_ = true;
+  }
   double seconds() const { return std::max(1e-9, std::chrono::duration<double>(Clock::now() - started_).count()); }
   int64_t examples() const { return examples_; }
   // Steps of the earlier epochs and of this one so far.
@@ -326,7 +333,17 @@ class Progress {
   const int64_t epochs_, steps_, log_every_;
   const bool tty_;
   capstan::SummaryWriter* const summaries_;  // null without --logdir
+  // Where the steps' time went so far: this process's, else the workers'.
+  std::string phases() const {
+    if (timed_locally_) return capstan::format_phases(local_phases_);
+    if (cluster_ == nullptr) return "no steps timed";
+    auto stats = cluster_->worker_stats();
+    return stats.ok() ? capstan::format_phases(stats->totals) : "phases unknown: " + stats.status().message();
+  }
+
   capstan::ClusterCoordinator* cluster_ = nullptr;
+  capstan::PhaseTimes local_phases_;
+  bool timed_locally_ = false;
   int64_t epoch_ = 0, steps_done_ = 0, correct_ = 0, examples_ = 0;
   double loss_sum_ = 0;
   Clock::time_point started_{}, last_shown_{};
@@ -831,6 +848,7 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
   for (int64_t epoch = position() / kTrainingExamples + 1; epoch <= flags.epochs; ++epoch) {
     progress.start_epoch(epoch);
     while (position() < epoch * kTrainingExamples) {
+      capstan::PhaseRecorder recorder;  // where this step's time goes
       std::optional<Element> batch;
       Tensor step_ids;
       int64_t first = position();
@@ -867,6 +885,7 @@ int run_replica(const Flags& flags, const std::string& train_path, const std::st
       }
       // Rank 0 shows its own batches' loss and accuracy, times the replicas.
       if (chief) {
+        progress.add_phases(recorder.stop());
         Status shown = progress.step_done(step->loss, step->correct * flags.replicas, step->n * flags.replicas);
         if (!shown.ok()) return failed("writing TensorBoard events", shown);
       }

@@ -181,7 +181,7 @@ case "$mode" in
       pids+=($!)
     done
     stop_replicas() { kill -9 "${pids[@]}" 2>/dev/null || true; }
-    trap 'test_status=$?; stop_replicas; (exit $test_status); cleanup' EXIT TERM
+    trap 'test_status=$?; stop_replicas; set +e; (exit $test_status); cleanup' EXIT TERM
     # Epoch 1 done (rank 0 checked its examples): rank 1 dies, and comes
     # back. The others are held (SIGSTOP) around the kill, so that it lands
     # mid-run however fast the epochs go.

@@ -5,6 +5,8 @@
 //   capstanctl records count|cat|verify FILE...
 //                               count, print or check the records of TFRecord
 //                               files. Exit 1 if any file is damaged.
+//   capstanctl status COORDINATOR
+//                               each worker's phases and straggler score.
 //   capstanctl replicas COORDINATOR STRATEGY
 //                               a MirroredStrategy's replicas: step and
 //                               checksum each. Exit 1 unless all agree.
@@ -13,6 +15,7 @@
 // CAPSTAN_TOKEN_FILE (never from a flag value, which `ps` would show).
 #include <boost/program_options.hpp>
 
+#include <cmath>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -21,6 +24,7 @@
 #include <vector>
 
 #include "capstan/client.h"
+#include "capstan/phases.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "checkpoint/checkpoint.h"
@@ -43,6 +47,11 @@ constexpr const char* kUsage =
     "  data datasets|jobs|workers ADDR\n"
     "                   The data dispatcher's datasets, jobs (name, mode, clients,\n"
     "                   tasks) and workers (tasks, last heartbeat).\n"
+    "  status COORDINATOR\n"
+    "                   Each registered worker: closures and steps run, where their\n"
+    "                   time went (queued, input, ps, compute, all-reduce), busy\n"
+    "                   seconds per run and straggler score (1: the median\n"
+    "                   worker; SLOW: named in the coordinator's log).\n"
     "  replicas COORDINATOR STRATEGY\n"
     "                   The replicas of a MirroredStrategy (synchronous training on\n"
     "                   the workers): group epoch, and each replica's worker, task,\n"
@@ -223,6 +232,42 @@ int replicas_command(const std::vector<std::string>& args, const capstan::Client
   });
 }
 
+// capstanctl status COORDINATOR: each worker's runs, where their time went
+// and its straggler score.
+int status_command(const std::vector<std::string>& args, const capstan::ClientOptions& options) {
+  if (args.size() != 1) {
+    std::cerr << "capstanctl status: usage: capstanctl status COORDINATOR_ADDR\n";
+    return 2;
+  }
+  return ask_daemon<capstan::wire::Coordinator>("status", args[0], options, [](capstan::wire::Coordinator::Client c) {
+    return c.workerStatsRequest().send().then([](capnp::Response<capstan::wire::Coordinator::WorkerStatsResults>&& r) {
+      auto phases_of = [](capstan::wire::WorkerStats::Reader w) {
+        capstan::PhaseTimes phases;
+        phases.queued = w.getQueued();
+        phases.input = w.getInput();
+        phases.ps = w.getPs();
+        phases.collective = w.getCollective();
+        phases.total = w.getTotal();
+        return phases;
+      };
+      std::printf("%-5s %-22s %-9s %-11s %-17s %s\n", "TASK", "ADDRESS", "RUNS", "BUSY S/RUN", "STRAGGLER SCORE",
+                  "WHERE THE TIME WENT");
+      for (auto w : r.getWorkers()) {
+        char score[40] = "-";
+        if (std::isfinite(w.getScore())) {
+          std::snprintf(score, sizeof(score), "%.2f%s", w.getScore(), w.getStraggler() ? " SLOW" : "");
+        }
+        std::printf("%-5d %-22s %-9lld %-11.4f %-17s %s\n", w.getTaskIndex(),
+                    w.getAddress().size() > 0 ? w.getAddress().cStr() : "-", static_cast<long long>(w.getRuns()),
+                    w.getBusy(), score, capstan::format_phases(phases_of(w)).c_str());
+      }
+      if (r.getWorkers().size() == 0) std::printf("(no worker registered)\n");
+      std::printf("all workers: %s\n", capstan::format_phases(phases_of(r.getTotals())).c_str());
+      return 0;
+    });
+  });
+}
+
 // capstanctl data datasets|jobs|workers ADDR: the dispatcher's state.
 int data_command(const std::vector<std::string>& args, const capstan::ClientOptions& options) {
   if (args.size() != 2 || (args[0] != "datasets" && args[0] != "jobs" && args[0] != "workers")) {
@@ -394,6 +439,7 @@ int main(int argc, char** argv) {
   if (command == "health") return health(args, options);
   if (command == "data") return data_command(args, options);
   if (command == "replicas") return replicas_command(args, options);
+  if (command == "status") return status_command(args, options);
   std::cerr << "capstanctl: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -190,6 +190,17 @@ Result<int64_t> ParameterServerFitStrategy::restore_checkpoint(const std::string
 
 // ---- Mirrored strategy ------------------------------------------------------------
 
+std::optional<PhaseTimes> ParameterServerFitStrategy::phases() {
+  auto stats = cluster_.worker_stats();
+  return stats.ok() ? std::optional<PhaseTimes>(stats->totals) : std::nullopt;
+}
+
+std::optional<PhaseTimes> MirroredFitStrategy::phases() {
+  if (cluster_ == nullptr) return std::nullopt;
+  auto stats = cluster_->worker_stats();
+  return stats.ok() ? std::optional<PhaseTimes>(stats->totals) : std::nullopt;
+}
+
 Result<MetricState> MirroredFitStrategy::run(const std::string& function, const Element& args, int64_t steps) {
   MetricState state;
   for (int64_t i = 0; i < steps; ++i) {
@@ -244,6 +255,7 @@ Status ProgressLogger::on_epoch_end(int epoch, const Logs& logs, FitState& state
       if ((name.rfind("val_", 0) == 0) == validation) line << " - " << name << ": " << value;
     }
   }
+  if (state.phases) line << " - time: " << format_phases(*state.phases);
   *out_ << line.str() << std::endl;
   return Status::Ok();
 }
@@ -433,6 +445,7 @@ Result<History> fit(FitStrategy& strategy, const std::string& model, const FitOp
     }
     history.epoch.push_back(epoch);
     for (const auto& [name, value] : logs) history.history[name].push_back(value);
+    state.phases = strategy.phases();
     for (Callback* callback : options.callbacks) CAPSTAN_RETURN_IF_ERROR(callback->on_epoch_end(epoch, logs, state));
   }
   for (Callback* callback : options.callbacks) CAPSTAN_RETURN_IF_ERROR(callback->on_train_end(logs, state));

@@ -11,6 +11,7 @@
 #include <sstream>
 #include <unordered_set>
 
+#include "capstan/phases.h"
 #include "capstan/torch.h"
 #include "capstan/torch/mirrored_module.h"
 #include "errors.h"
@@ -319,7 +320,10 @@ struct MirroredModule::Impl {
 
   // Waits for every launched bucket; the first failure. `reduced` gets
   // each bucket's mean (an invalid tensor where none came).
+  // Waiting counts as the all-reduce phase (capstan/phases.h): what the
+  // buckets overlapped with backward is not.
   Status wait_launched(std::vector<Tensor>* reduced) {
+    PhaseScope phase(Phase::kCollective);
     Status first;
     for (Bucket& b : buckets) {
       Tensor mean;

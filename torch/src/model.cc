@@ -72,7 +72,11 @@ struct Batch {
 
 // The iterator's next element as a Batch; OutOfRange at its end.
 Result<Batch> next_batch(const std::string& function, const ModelSpec& spec, data::Iterator& iterator) {
-  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> element, iterator.get_next());
+  Result<std::optional<Element>> next = [&] {
+    PhaseScope phase(Phase::kInput);
+    return iterator.get_next();
+  }();
+  CAPSTAN_ASSIGN_OR_RETURN(std::optional<Element> element, std::move(next));
   if (!element) {
     return Status::OutOfRange(function + ": the dataset is exhausted; repeat() it (fit counts steps)");
   }
@@ -262,6 +266,7 @@ struct MultiWorkerMirroredFitStrategy::Impl {
   std::unique_ptr<MirroredModule> mirrored;  // the module's parameters: views of its replicas
   // This process's iterators, by PerWorkerDataset id (1, 2, ...).
   std::map<int64_t, std::unique_ptr<data::Iterator>> iterators;
+  PhaseTimes phases;  // of every step run here
 
   Status check_model(const std::string& model) const {
     if (model == name) return Status::Ok();
@@ -324,7 +329,9 @@ struct MultiWorkerMirroredFitStrategy::Impl {
     Status failed = [&]() -> Status {
       CAPSTAN_ASSIGN_OR_RETURN(data::Iterator * it, iterator(dataset));
       for (int64_t i = 0; i < steps; ++i) {
+        PhaseRecorder recorder;
         Result<Element> result = step(*it, training, apply);
+        phases += recorder.stop();
         if (!result.ok()) {
           return result.status().with_context("step " + std::to_string(i + 1) + " of " + std::to_string(steps) +
                                               " on rank " + std::to_string(group->rank()));
@@ -427,6 +434,8 @@ Result<PerWorkerDataset> MultiWorkerMirroredFitStrategy::distribute_dataset(cons
 Result<PerWorkerDataset> MultiWorkerMirroredFitStrategy::create_per_worker_dataset(const data::Dataset& dataset) {
   return impl_->add(dataset);
 }
+
+std::optional<PhaseTimes> MultiWorkerMirroredFitStrategy::phases() { return impl_->phases; }
 
 int MultiWorkerMirroredFitStrategy::rank() const { return impl_->group->rank(); }
 int MultiWorkerMirroredFitStrategy::num_replicas_in_sync() const { return impl_->group->size(); }

@@ -31,6 +31,7 @@
 
 #include "capstan/client.h"
 #include "capstan/collectives.h"
+#include "capstan/phases.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
 
@@ -376,6 +377,26 @@ struct PerWorkerDataset {
   Tensor arg() const;
 };
 
+// A worker's time as the coordinator saw it (ClusterCoordinator::
+// worker_stats()).
+struct WorkerStats {
+  int task_index = -1;
+  std::string address;
+  int64_t runs = 0;  // closures and synchronous steps that returned a value
+  // Summed over those runs: queued at the coordinator, then on the worker
+  // input, parameter servers, collectives, and total (capstan/phases.h).
+  PhaseTimes phases;
+  double busy_seconds = 0;  // per run, smoothed, collectives left out
+  // busy_seconds relative to the median worker's (1: typical; 2: twice as
+  // slow); none until the worker has run a few steps.
+  std::optional<double> straggler_score;
+  bool straggler = false;  // the coordinator's log named it slow
+};
+struct ClusterStats {
+  std::vector<WorkerStats> workers;  // registered, by task index
+  PhaseTimes totals;                 // every run of every worker seen
+};
+
 class ClusterCoordinator {
  public:
   // Connects to the coordinator daemon; the variables and closures of an
@@ -471,6 +492,10 @@ class ClusterCoordinator {
   Status apply_gradients(const std::string& name, const Tensor& gradient);
   Status apply_sparse_gradients(const std::string& name, const Tensor& ids, const Tensor& rows);
   int num_workers();
+  // Where the workers' time went and which of them is slow: each
+  // registered worker's runs, phase totals and straggler score, and every
+  // run's phases summed (format_phases(stats.totals) for a progress line).
+  Result<ClusterStats> worker_stats();
   // Shows a training figure on the coordinator's status page (`/` on its
   // HTTP port), plotted over the last minutes: e.g. report_scalar("loss",
   // 0.31, step). The coordinator keeps the last 600 points of at most 32

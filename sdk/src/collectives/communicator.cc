@@ -14,6 +14,7 @@
 #include <thread>
 
 #include "capstan/collectives.h"
+#include "capstan/phases.h"
 #include "collectives/algorithms.h"
 #include "collectives/device_backend.h"
 #include "collectives/failure.h"
@@ -228,30 +229,40 @@ std::future<Result<std::vector<Tensor>>> Communicator::all_reduce_async(std::vec
       [impl, tensors = std::move(tensors), op]() { return impl->algorithms.all_reduce_fused(tensors, op); });
 }
 
-Result<Tensor> Communicator::all_reduce(const Tensor& tensor, ReduceOp op) { return all_reduce_async(tensor, op).get(); }
+// The blocking collectives count as the caller's all-reduce phase
+// (capstan/phases.h); the asynchronous ones leave the wait to the caller.
+Result<Tensor> Communicator::all_reduce(const Tensor& tensor, ReduceOp op) {
+  PhaseScope phase(Phase::kCollective);
+  return all_reduce_async(tensor, op).get();
+}
 
 Result<std::vector<Tensor>> Communicator::all_reduce(const std::vector<Tensor>& tensors, ReduceOp op) {
+  PhaseScope phase(Phase::kCollective);
   return all_reduce_async(tensors, op).get();
 }
 
 Result<Tensor> Communicator::broadcast(const Tensor& tensor, int root) {
+  PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
   return impl->submit<Result<Tensor>>([impl, &tensor, root]() { return impl->algorithms.broadcast(tensor, root); })
       .get();
 }
 
 Result<Tensor> Communicator::all_gather(const Tensor& tensor) {
+  PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
   return impl->submit<Result<Tensor>>([impl, &tensor]() { return impl->algorithms.all_gather(tensor); }).get();
 }
 
 Result<Tensor> Communicator::reduce_scatter(const Tensor& tensor, ReduceOp op) {
+  PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
   return impl->submit<Result<Tensor>>([impl, &tensor, op]() { return impl->algorithms.reduce_scatter(tensor, op); })
       .get();
 }
 
 Status Communicator::barrier() {
+  PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
   return impl->submit<Status>([impl]() { return impl->algorithms.barrier(); }).get();
 }
@@ -262,23 +273,27 @@ Status Communicator::device_collectives() { return collectives::device_collectiv
 
 Status Communicator::all_reduce_device(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
                                        int device, void* stream) {
+  PhaseScope phase(Phase::kCollective);
   CAPSTAN_ASSIGN_OR_RETURN(auto* backend, impl_->device.backend(device));
   return backend->all_reduce(send, recv, count, dtype, op, stream);
 }
 
 Status Communicator::broadcast_device(void* buffer, int64_t count, DType dtype, int root, int device, void* stream) {
+  PhaseScope phase(Phase::kCollective);
   CAPSTAN_ASSIGN_OR_RETURN(auto* backend, impl_->device.backend(device));
   return backend->broadcast(buffer, count, dtype, root, stream);
 }
 
 Status Communicator::all_gather_device(const void* send, void* recv, int64_t count_per_rank, DType dtype, int device,
                                        void* stream) {
+  PhaseScope phase(Phase::kCollective);
   CAPSTAN_ASSIGN_OR_RETURN(auto* backend, impl_->device.backend(device));
   return backend->all_gather(send, recv, count_per_rank, dtype, stream);
 }
 
 Status Communicator::reduce_scatter_device(const void* send, void* recv, int64_t count_per_rank, DType dtype,
                                            ReduceOp op, int device, void* stream) {
+  PhaseScope phase(Phase::kCollective);
   CAPSTAN_ASSIGN_OR_RETURN(auto* backend, impl_->device.backend(device));
   return backend->reduce_scatter(send, recv, count_per_rank, dtype, op, stream);
 }

@@ -1,3 +1,4 @@
+#include <cmath>
 #include <map>
 #include <mutex>
 #include <random>
@@ -669,6 +670,35 @@ int ClusterCoordinator::num_workers() {
     });
   });
   return n.ok() ? *n : 0;
+}
+
+Result<ClusterStats> ClusterCoordinator::worker_stats() {
+  return impl_->call<ClusterStats>("worker_stats", [](wire::Coordinator::Client c) {
+    return c.workerStatsRequest().send().then([](capnp::Response<wire::Coordinator::WorkerStatsResults>&& r) {
+      auto phases_of = [](wire::WorkerStats::Reader w) {
+        PhaseTimes phases;
+        phases.queued = w.getQueued();
+        phases.input = w.getInput();
+        phases.ps = w.getPs();
+        phases.collective = w.getCollective();
+        phases.total = w.getTotal();
+        return phases;
+      };
+      ClusterStats stats;
+      for (auto w : r.getWorkers()) {
+        WorkerStats& out = stats.workers.emplace_back();
+        out.task_index = w.getTaskIndex();
+        out.address = w.getAddress();
+        out.runs = w.getRuns();
+        out.phases = phases_of(w);
+        out.busy_seconds = w.getBusy();
+        if (std::isfinite(w.getScore())) out.straggler_score = w.getScore();
+        out.straggler = w.getStraggler();
+      }
+      stats.totals = phases_of(r.getTotals());
+      return stats;
+    });
+  });
 }
 
 Status ClusterCoordinator::report_scalar(const std::string& tag, double value, int64_t step) {

@@ -7,6 +7,7 @@
 
 #include "capstan/data/dataset.h"
 #include "capstan/mirrored.h"
+#include "capstan/phases.h"
 #include "data/step_input.h"
 
 namespace capstan {
@@ -50,6 +51,7 @@ int64_t MirroredInput::global_batch(int replicas) const {
 }
 
 Result<Element> MirroredInput::next(const Communicator& group, MirroredVariables& vars) {
+  PhaseScope phase(Phase::kInput);
   const int64_t global = global_batch(group.size());
   CAPSTAN_ASSIGN_OR_RETURN(std::vector<training::StepInput> shares,
                            data::step_shares(vars.input_position(), global, group.size(), impl_->options.seed,

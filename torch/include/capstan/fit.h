@@ -71,6 +71,7 @@
 #include <string>
 #include <vector>
 
+#include "capstan/phases.h"
 #include "capstan/status.h"
 #include "capstan/summary.h"
 #include "capstan/tensor.h"
@@ -147,6 +148,10 @@ class FitStrategy {
   // directory restores its newest; NotFound when there is none).
   virtual Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) = 0;
   virtual Result<int64_t> restore_checkpoint(const std::string& path) = 0;
+  // Where the steps' time has gone so far (capstan/phases.h): the cluster's
+  // workers' (ClusterCoordinator::worker_stats) or this process's own; none
+  // when unknown. ProgressLogger prints it.
+  virtual std::optional<PhaseTimes> phases() { return std::nullopt; }
 };
 
 // Parameter-server training: one closure per step, scheduled on the
@@ -160,6 +165,7 @@ class ParameterServerFitStrategy : public FitStrategy {
   Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
   Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
   Result<int64_t> restore_checkpoint(const std::string& path) override;
+  std::optional<PhaseTimes> phases() override;
 
  private:
   Result<MetricState> run(const std::string& function, const Element& args, int64_t steps);
@@ -195,7 +201,9 @@ class ParameterServerFitStrategy : public FitStrategy {
 // both: the cluster's variables and the mirrored ones.
 class MirroredFitStrategy : public FitStrategy {
  public:
-  explicit MirroredFitStrategy(MirroredStrategy& strategy) : strategy_(strategy) {}
+  // With `cluster` (the strategy's), phases() reports the workers' time.
+  explicit MirroredFitStrategy(MirroredStrategy& strategy, ClusterCoordinator* cluster = nullptr)
+      : strategy_(strategy), cluster_(cluster) {}
   Result<MetricState> train(const std::string& model, const PerWorkerDataset& dataset, int64_t steps,
                             std::optional<double> learning_rate) override;
   Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
@@ -203,10 +211,12 @@ class MirroredFitStrategy : public FitStrategy {
   // checkpoint, the mirrored variables included).
   Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
   Result<int64_t> restore_checkpoint(const std::string& path) override;
+  std::optional<PhaseTimes> phases() override;
 
  private:
   Result<MetricState> run(const std::string& function, const Element& args, int64_t steps);
   MirroredStrategy& strategy_;
+  ClusterCoordinator* const cluster_;
 };
 
 // Multi-client synchronous training (Keras' fit under
@@ -286,6 +296,8 @@ class MultiWorkerMirroredFitStrategy : public FitStrategy {
   Result<MetricState> evaluate(const std::string& model, const PerWorkerDataset& dataset, int64_t steps) override;
   Result<std::string> save_checkpoint(const std::string& directory, int64_t step, int max_to_keep) override;
   Result<int64_t> restore_checkpoint(const std::string& path) override;
+  // This process's steps' time (each step run under a PhaseRecorder).
+  std::optional<PhaseTimes> phases() override;
 
   // Collective: OK when every rank's replicas (values, optimizer slots,
   // step) are identical (MirroredModule::verify_replicas).
@@ -318,6 +330,9 @@ struct FitState {
   double learning_rate = 0;
   // Set by a callback (EarlyStopping): fit ends after this epoch.
   bool stop_training = false;
+  // Where the steps' time has gone so far, as of the end of the epoch
+  // (FitStrategy::phases()).
+  std::optional<PhaseTimes> phases = std::nullopt;
 };
 
 // tf.keras.callbacks.Callback. Epochs are 0-based. An error from a callback

@@ -1,0 +1,74 @@
+#include "capstan/phases.h"
+
+#include <algorithm>
+#include <cstdio>
+
+namespace capstan {
+namespace {
+
+// The recorder recording on this thread; null when none.
+thread_local PhaseRecorder* current_recorder = nullptr;
+
+int64_t nanos_between(std::chrono::steady_clock::time_point from, std::chrono::steady_clock::time_point to) {
+  return std::chrono::duration_cast<std::chrono::nanoseconds>(to - from).count();
+}
+
+}  // namespace
+
+double PhaseTimes::compute() const { return std::max(0.0, total - input - ps - collective); }
+
+PhaseTimes& PhaseTimes::operator+=(const PhaseTimes& other) {
+  queued += other.queued;
+  input += other.input;
+  ps += other.ps;
+  collective += other.collective;
+  total += other.total;
+  return *this;
+}
+
+std::string format_phases(const PhaseTimes& times) {
+  const double whole = times.queued + std::max(times.total, times.input + times.ps + times.collective);
+  if (whole <= 0) return "no steps timed";
+  const std::pair<const char*, double> parts[] = {{"queued", times.queued},   {"input", times.input},
+                                                  {"ps", times.ps},           {"compute", times.compute()},
+                                                  {"all-reduce", times.collective}};
+  std::string out;
+  for (const auto& [name, seconds] : parts) {
+    if (seconds <= 0) continue;
+    char piece[48];
+    std::snprintf(piece, sizeof(piece), "%s%s %.0f%%", out.empty() ? "" : ", ", name, 100 * seconds / whole);
+    out += piece;
+  }
+  return out;
+}
+
+PhaseRecorder::PhaseRecorder() : started_(std::chrono::steady_clock::now()), outer_(current_recorder) {
+  current_recorder = this;
+}
+
+PhaseRecorder::~PhaseRecorder() { current_recorder = outer_; }
+
+PhaseTimes PhaseRecorder::stop() const {
+  PhaseTimes times;
+  times.total = static_cast<double>(nanos_between(started_, std::chrono::steady_clock::now())) * 1e-9;
+  times.input = static_cast<double>(nanos_[static_cast<int>(Phase::kInput)]) * 1e-9;
+  times.ps = static_cast<double>(nanos_[static_cast<int>(Phase::kPs)]) * 1e-9;
+  times.collective = static_cast<double>(nanos_[static_cast<int>(Phase::kCollective)]) * 1e-9;
+  return times;
+}
+
+PhaseScope::PhaseScope(Phase phase) {
+  PhaseRecorder* recorder = current_recorder;
+  if (recorder == nullptr || recorder->active_ >= 0) return;
+  recorder->active_ = static_cast<int>(phase);
+  recorder_ = recorder;
+  started_ = std::chrono::steady_clock::now();
+}
+
+PhaseScope::~PhaseScope() {
+  if (recorder_ == nullptr) return;
+  recorder_->nanos_[recorder_->active_] += nanos_between(started_, std::chrono::steady_clock::now());
+  recorder_->active_ = -1;
+}
+
+}  // namespace capstan
