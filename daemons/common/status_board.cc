@@ -64,31 +64,38 @@ function fmt(v) {
   if (a >= 100 || v === Math.round(v)) return v.toFixed(0);
   return v.toPrecision(3);
 }
+const COLORS = ["#1f6feb", "#d1242f", "#1a7f37", "#9a6700", "#8250df", "#bc4c00", "#0969da", "#57606a"];
+// One plot: its points, or several labelled lines ("lines") in one frame.
 function plot(p) {
   const box = document.createElement("div");
   box.className = "plot";
   box.dataset.title = p.title;
-  const last = p.points.length ? p.points[p.points.length - 1][1] : NaN;
+  const lines = p.lines || [{label: "", points: p.points}];
+  const all = lines.flatMap(l => l.points);
+  const lastOf = l => l.points.length ? fmt(l.points[l.points.length - 1][1]) : "-";
   box.appendChild(text("span", p.title, "title"));
-  box.appendChild(text("span", p.points.length ? fmt(last) : "no data yet", "now"));
+  box.appendChild(text("span", !all.length ? "no data yet"
+      : p.lines ? lines.map(l => l.label.replace(/^worker /, "w") + " " + lastOf(l)).join("  ")
+      : lastOf(lines[0]), "now"));
   const ns = "http://www.w3.org/2000/svg";
   const svg = document.createElementNS(ns, "svg");
   svg.setAttribute("width", W);
   svg.setAttribute("height", H);
-  const pts = p.points;
-  if (pts.length > 0) {
-    const t1 = pts[pts.length - 1][0], t0 = Math.min(pts[0][0], t1 - 60);
-    let lo = Math.min(...pts.map(q => q[1])), hi = Math.max(...pts.map(q => q[1]));
+  if (all.length > 0) {
+    const t1 = Math.max(...all.map(q => q[0])), t0 = Math.min(...all.map(q => q[0]), t1 - 60);
+    let lo = Math.min(...all.map(q => q[1])), hi = Math.max(...all.map(q => q[1]));
     if (lo > 0 && lo < hi / 2) lo = 0;
     if (hi === lo) { hi += 1; lo = Math.max(0, lo - 1); }
     const x = t => 4 + (W - 8) * (t - t0) / Math.max(t1 - t0, 1);
     const y = v => H - 14 - (H - 22) * (v - lo) / (hi - lo);
-    const line = document.createElementNS(ns, "polyline");
-    line.setAttribute("fill", "none");
-    line.setAttribute("stroke", "#1f6feb");
-    line.setAttribute("stroke-width", "1.5");
-    line.setAttribute("points", pts.map(q => x(q[0]).toFixed(1) + "," + y(q[1]).toFixed(1)).join(" "));
-    svg.appendChild(line);
+    lines.forEach((l, i) => {
+      const line = document.createElementNS(ns, "polyline");
+      line.setAttribute("fill", "none");
+      line.setAttribute("stroke", COLORS[i % COLORS.length]);
+      line.setAttribute("stroke-width", "1.5");
+      line.setAttribute("points", l.points.map(q => x(q[0]).toFixed(1) + "," + y(q[1]).toFixed(1)).join(" "));
+      svg.appendChild(line);
+    });
     const axis = document.createElementNS(ns, "text");
     axis.setAttribute("x", 4);
     axis.setAttribute("y", H - 2);
@@ -96,6 +103,17 @@ function plot(p) {
     axis.setAttribute("fill", "#777");
     axis.textContent = "min " + fmt(lo) + "  max " + fmt(hi) + "  over " + Math.round(t1 - t0) + " s";
     svg.appendChild(axis);
+    if (p.lines) {
+      lines.forEach((l, i) => {
+        const key = document.createElementNS(ns, "text");
+        key.setAttribute("x", W - 4 - 52 * (lines.length - i));
+        key.setAttribute("y", 10);
+        key.setAttribute("font-size", "10");
+        key.setAttribute("fill", COLORS[i % COLORS.length]);
+        key.textContent = l.label;
+        svg.appendChild(key);
+      });
+    }
   }
   box.appendChild(svg);
   return box;
@@ -307,7 +325,14 @@ std::string StatusBoard::json() const {
   for (const auto& [name, value] : facts_) out["facts"].push_back({name, value});
   for (const auto& [name, value] : sampled_facts_) out["facts"].push_back({name, value});
   for (const auto& p : plots_) out["plots"].push_back({{"title", p->title}, {"points", points_of(p->points)}});
-  for (const Series& s : sampled_series_) out["plots"].push_back({{"title", s.title}, {"points", points_of(s.points)}});
+  for (const Series& s : sampled_series_) {
+    nlohmann::json plot = {{"title", s.title}, {"points", points_of(s.points)}};
+    if (!s.lines.empty()) {
+      plot["lines"] = nlohmann::json::array();
+      for (const Line& l : s.lines) plot["lines"].push_back({{"label", l.label}, {"points", points_of(l.points)}});
+    }
+    out["plots"].push_back(std::move(plot));
+  }
   for (const Table& t : sampled_tables_) {
     out["tables"].push_back({{"title", t.title}, {"columns", t.columns}, {"rows", t.rows}, {"note", t.note}});
   }

@@ -41,10 +41,16 @@ class StatusBoard {
     std::vector<std::vector<std::string>> rows;
     std::string note;  // shown under the table (e.g. "none registered yet")
   };
-  // A series of (unix seconds, value) points.
+  // A series of (unix seconds, value) points; or, with `lines`, one plot
+  // of several (e.g. one per worker, each labelled), `points` unused.
+  struct Line {
+    std::string label;
+    std::vector<std::pair<double, double>> points;
+  };
   struct Series {
     std::string title;
     std::vector<std::pair<double, double>> points;
+    std::vector<Line> lines = {};
   };
   enum class Plot { kLevel, kRate };
 

@@ -109,13 +109,7 @@ int ClosureLanes::batch_size() const {
   return static_cast<int>(std::clamp<int64_t>(share, 1, config_.closure_batch));
 }
 
-bool ClosureLanes::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome,
-                              int64_t ticket, const std::string& function) {
-  if (outcome.result.ok() && !outcome.worker_lost) {
-    times_.end(ticket, function, outcome.phases);
-  } else {
-    times_.abandon(ticket);
-  }
+bool ClosureLanes::finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome) {
   if (outcome.worker_lost) {
     workers_.drop(worker_id, outcome.result.status());
     return false;
@@ -188,7 +182,12 @@ kj::Promise<void> ClosureLanes::run_one(int64_t worker_id, const Worker& worker,
   if (deadline) outcome = bounded(kj::mv(outcome), worker_id, id, closure.function, *deadline);
   return kj::mv(outcome).then([this, worker_id, id, generation, ticket,
                                 function = closure.function](ClosureOutcome outcome) -> kj::Promise<void> {
-    if (!finish_run(worker_id, id, generation, std::move(outcome), ticket, function)) return kj::READY_NOW;
+    if (outcome.result.ok() && !outcome.worker_lost) {
+      times_.end(ticket, function, outcome.phases);
+    } else {
+      times_.abandon(ticket);
+    }
+    if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
     return next(worker_id);
   });
 }
@@ -240,8 +239,18 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
       })
       .then([this, worker_id, ids = std::move(ids), functions = std::move(functions), generation,
              ticket](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
-        if (outcomes.size() != ids.size()) {
+        // The values' times, at once.
+        std::vector<std::pair<const std::string*, PhaseTimes>> values;
+        values.reserve(outcomes.size());
+        for (size_t i = 0; i < outcomes.size() && i < functions.size(); ++i) {
+          if (outcomes[i].result.ok() && !outcomes[i].worker_lost) values.emplace_back(&functions[i], outcomes[i].phases);
+        }
+        if (outcomes.size() == ids.size()) {
+          times_.end_batch(ticket, values);
+        } else {
           times_.close(ticket);
+        }
+        if (outcomes.size() != ids.size()) {
           // A peer that answered the wrong number of outcomes cannot be
           // trusted with the others either.
           workers_.drop(worker_id, Status::Internal("worker answered " + std::to_string(outcomes.size()) +
@@ -260,13 +269,10 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
             continue;
           }
           // A lost worker re-queues what is left of the batch (Workers::drop).
-          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]), ticket, functions[i])) {
-            times_.close(ticket);  // the rest of the batch went back to the queue
-            return kj::READY_NOW;
-          }
+          if (!finish_run(worker_id, ids[i], generation, std::move(outcomes[i]))) return kj::READY_NOW;
         }
         for (auto it = errors.rbegin(); it != errors.rend(); ++it) {
-          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]), ticket, functions[*it]);
+          finish_run(worker_id, ids[*it], generation, std::move(outcomes[*it]));
         }
         return next(worker_id);
       });

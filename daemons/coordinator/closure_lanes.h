@@ -84,9 +84,7 @@ class ClosureLanes {
   ClosureRun make_run(const Worker& worker, const ClosureQueue::Closure& closure) const;
   // Records a run's outcome in the queue; false when it says the worker is
   // lost (then dropped, its closures re-queued).
-  // `ticket` (WorkerTimes::begin) times it when it has a value.
-  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome, int64_t ticket,
-                  const std::string& function);
+  bool finish_run(int64_t worker_id, int64_t id, int64_t generation, ClosureOutcome outcome);
   // Tells the workers of runs the queue cancelled to stop them.
   void cancel_runs();
   // After a call's outcomes: cancellations, a wake-up, the lane's next call.

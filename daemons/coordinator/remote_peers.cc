@@ -165,22 +165,21 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
                                 true}));
         }
         auto values = kj::heapArrayBuilder<kj::Promise<ClosureOutcome>>(n);
+        std::vector<PhaseTimes> phases;
+        phases.reserve(n);
         for (auto outcome : outcomes) {
+          phases.push_back(phases_of(outcome.getPhases()));
           if (outcome.isError()) {
             values.add(ClosureOutcome{rpc::status_from_wire(outcome.getError()), false});
             continue;
           }
           bool encoded = outcome.isEncodedValue();
-          const PhaseTimes phases = phases_of(outcome.getPhases());
           values.add(outcome_of(encoded, encoded ? outcome.getEncodedValue() : capnp::Data::Reader(),
-                                encoded ? wire::Element::Reader() : outcome.getValue())
-                         .then([phases](ClosureOutcome value) {
-                           value.phases = phases;
-                           return value;
-                         }));
+                                encoded ? wire::Element::Reader() : outcome.getValue()));
         }
         return kj::joinPromises(values.finish())
-            .then([response = kj::mv(response)](kj::Array<ClosureOutcome> all) mutable {
+            .then([response = kj::mv(response), phases = std::move(phases)](kj::Array<ClosureOutcome> all) mutable {
+              for (size_t i = 0; i < all.size(); ++i) all[i].phases = phases[i];
               release_later(kj::mv(response));
               return std::vector<ClosureOutcome>(std::make_move_iterator(all.begin()),
                                                  std::make_move_iterator(all.end()));

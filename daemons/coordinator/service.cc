@@ -244,7 +244,11 @@ void CoordinatorService::register_status(daemon::StatusBoard& status, std::share
   daemon::MetricsRegistry* metrics = &ctx_.metrics;
   status.series([times, metrics]() {
     std::vector<daemon::StatusBoard::Series> out;
-    for (auto& series : times->sample()) out.push_back({std::move(series.title), std::move(series.points)});
+    for (auto& series : times->sample()) {
+      daemon::StatusBoard::Series& plot = out.emplace_back();
+      plot.title = std::move(series.title);
+      for (auto& line : series.lines) plot.lines.push_back({std::move(line.label), std::move(line.points)});
+    }
     for (const auto& row : times->rows()) {
       metrics
           ->gauge("capstan_coordinator_straggler_score",

@@ -41,7 +41,21 @@ void WorkerTimes::end(int64_t ticket, const std::string& function, const PhaseTi
   MutexLock lock(mutex_);
   auto it = tickets_.find(ticket);
   if (it == tickets_.end()) return;
-  Ticket& run = it->second;
+  record(it->second, function, phases, now);
+  if (++it->second.ended >= it->second.runs) tickets_.erase(it);
+}
+
+void WorkerTimes::end_batch(int64_t ticket, const std::vector<std::pair<const std::string*, PhaseTimes>>& values,
+                            Clock::time_point now) {
+  MutexLock lock(mutex_);
+  auto it = tickets_.find(ticket);
+  if (it == tickets_.end()) return;
+  for (const auto& [function, phases] : values) record(it->second, *function, phases, now);
+  tickets_.erase(it);
+}
+
+void WorkerTimes::record(const Ticket& run, const std::string& function, const PhaseTimes& phases,
+                         Clock::time_point now) {
   const double seconds = seconds_between(run.since, now) / run.runs;
   PhaseTimes timed = phases;
   timed.queued = run.queued / run.runs;
@@ -63,7 +77,6 @@ void WorkerTimes::end(int64_t ticket, const std::string& function, const PhaseTi
   ++average.runs;
   ++function_runs_[function];
   if (observer_) observer_(run.task, timed);
-  if (++run.ended >= run.runs) tickets_.erase(it);
 }
 
 void WorkerTimes::set_observer(std::function<void(int, const PhaseTimes&)> observer) {
@@ -133,13 +146,19 @@ void WorkerTimes::score_all(Clock::time_point now, std::map<int, std::optional<d
     // Named once per slow spell.
     const bool slow = score.has_value() && *score >= options_.straggler_score;
     if (!slow) {
-      if (t.named && log_) {
-        log_->info("worker {} is no longer a straggler (score {:.2f})", task, score.value_or(0));
-      }
       t.slow_since.reset();
-      t.named = false;
+      if (!t.named) continue;
+      // Recovered once it stays below for twice as long (a worker stopped
+      // in bursts dips between them: it is not named again each time).
+      if (!t.fast_since) t.fast_since = now;
+      if (now - *t.fast_since >= 2 * options_.named_after) {
+        if (log_) log_->info("worker {} is no longer a straggler (score {:.2f})", task, score.value_or(0));
+        t.named = false;
+        t.fast_since.reset();
+      }
       continue;
     }
+    t.fast_since.reset();
     if (!t.slow_since) t.slow_since = now;
     if (!t.named && now - *t.slow_since >= options_.named_after) {
       t.named = true;
@@ -185,19 +204,31 @@ std::vector<WorkerTimes::Series> WorkerTimes::sample(Clock::time_point now) {
   score_all(now, &scores, &busy);
   const double at = unix_seconds_now();
   const double oldest = at - static_cast<double>(options_.history.count());
-  std::vector<Series> out;
+  Series score{"straggler score by worker", {}}, busy_time{"busy s/step by worker", {}},
+      rate{"closures+steps/s by worker", {}};
   for (auto& [task, t] : tasks_) {
-    if (t.present && scores[task].has_value()) {
-      t.busy_points.emplace_back(at, busy[task]);
-      t.score_points.emplace_back(at, *scores[task]);
+    if (t.present) {
+      if (scores[task].has_value()) {
+        t.busy_points.emplace_back(at, busy[task]);
+        t.score_points.emplace_back(at, *scores[task]);
+      }
+      if (t.sampled.has_value() && now > *t.sampled) {
+        t.rate_points.emplace_back(at, static_cast<double>(t.runs - t.sampled_runs) / seconds_between(*t.sampled, now));
+      }
+      t.sampled = now;
+      t.sampled_runs = t.runs;
     }
-    for (auto* points : {&t.busy_points, &t.score_points}) {
+    for (auto* points : {&t.busy_points, &t.score_points, &t.rate_points}) {
       while (!points->empty() && points->front().first < oldest) points->pop_front();
     }
-    if (t.busy_points.empty()) continue;
     const std::string who = "worker " + std::to_string(task);
-    out.push_back({"straggler score, " + who, {t.score_points.begin(), t.score_points.end()}});
-    out.push_back({"busy s/step, " + who, {t.busy_points.begin(), t.busy_points.end()}});
+    if (!t.score_points.empty()) score.lines.push_back({who, {t.score_points.begin(), t.score_points.end()}});
+    if (!t.busy_points.empty()) busy_time.lines.push_back({who, {t.busy_points.begin(), t.busy_points.end()}});
+    if (!t.rate_points.empty()) rate.lines.push_back({who, {t.rate_points.begin(), t.rate_points.end()}});
+  }
+  std::vector<Series> out;
+  for (Series* s : {&score, &busy_time, &rate}) {
+    if (!s->lines.empty()) out.push_back(std::move(*s));
   }
   return out;
 }

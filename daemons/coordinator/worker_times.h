@@ -14,7 +14,7 @@
 // A run still in flight counts once it has taken longer than its worker's
 // average (a worker stopped mid-run climbs at once). A worker that stays
 // above `straggler_score` for `named_after` is named in the log, once
-// until it recovers (NVIDIA's straggler detection and PyTorch's flight
+// until it recovers (stays below for twice as long) (NVIDIA's straggler detection and PyTorch's flight
 // recorder name ranks the same way; TF names nothing).
 //
 // Example:
@@ -82,6 +82,10 @@ class WorkerTimes {
   // batch share the wait equally.
   void end(int64_t ticket, const std::string& function, const PhaseTimes& phases,
            Clock::time_point now = Clock::now()) LOCKS_EXCLUDED(mutex_);
+  // A batch's runs that ended with a value, at once (`function`, phases);
+  // closes the ticket (the others ended without one).
+  void end_batch(int64_t ticket, const std::vector<std::pair<const std::string*, PhaseTimes>>& values,
+                 Clock::time_point now = Clock::now()) LOCKS_EXCLUDED(mutex_);
   // A run that ended without a value (failed, lost): nothing recorded.
   void abandon(int64_t ticket) LOCKS_EXCLUDED(mutex_);
   // The dispatch is over, whatever runs of it did not end.
@@ -98,12 +102,17 @@ class WorkerTimes {
   // Every run's phases, of every worker ever seen.
   PhaseTimes totals() const LOCKS_EXCLUDED(mutex_);
 
-  // For the status page: takes a sample of each worker's busy time and
-  // score (call once per period) and returns the kept history, one series
-  // per worker and quantity: ("busy s/run, worker 2", [(unix s, v)...]).
+  // For the status page: takes a sample of each worker's score, busy time
+  // and runs per second since the last sample (call once per period) and
+  // returns the kept history: a series per quantity, a line per worker
+  // ("straggler score by worker": "worker 2": [(unix s, v)...]).
+  struct Line {
+    std::string label;
+    std::vector<std::pair<double, double>> points;
+  };
   struct Series {
     std::string title;
-    std::vector<std::pair<double, double>> points;
+    std::vector<Line> lines;
   };
   std::vector<Series> sample(Clock::time_point now = Clock::now()) LOCKS_EXCLUDED(mutex_);
 
@@ -122,8 +131,11 @@ class WorkerTimes {
     std::map<std::string, Average> by_function;
     bool present = true;
     std::optional<Clock::time_point> slow_since;
+    std::optional<Clock::time_point> fast_since;  // named, and below since
     bool named = false;
-    std::deque<std::pair<double, double>> busy_points, score_points;
+    std::deque<std::pair<double, double>> busy_points, score_points, rate_points;
+    int64_t sampled_runs = 0;                  // runs at the last sample
+    std::optional<Clock::time_point> sampled;  // when
   };
   struct Ticket {
     int task = 0;
@@ -133,6 +145,9 @@ class WorkerTimes {
     Clock::time_point since;
     bool step = false;
   };
+  // A run of `run` ended with a value.
+  void record(const Ticket& run, const std::string& function, const PhaseTimes& phases, Clock::time_point now)
+      EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   // The function most runs were of (the training step).
   std::string main_function() const EXCLUSIVE_LOCKS_REQUIRED(mutex_);
   void score_all(Clock::time_point now, std::map<int, std::optional<double>>* scores,

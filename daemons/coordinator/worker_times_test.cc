@@ -60,10 +60,13 @@ TEST_CASE("The slow worker of three scores highest, and is named once after a wh
   f.times.rows(f.now + milliseconds(9000));
   CHECK(f.logged.str() == once);
   CHECK(f.times.rows(f.now + milliseconds(9000))[2].straggler);
-  // Back to speed a minute later: said so.
+  // Back to speed a minute later: said so once it stays fast for 10 s.
   f.now += std::chrono::seconds(60);
   for (int i = 0; i < 30; ++i) f.run(2, 100);
   f.times.rows(f.now);
+  CHECK(f.logged.str() == once);
+  CHECK(f.times.rows(f.now + milliseconds(9000))[2].straggler);
+  f.times.rows(f.now + milliseconds(10000));
   CHECK(f.logged.str().find("worker 2 is no longer a straggler") != std::string::npos);
 }
 
@@ -133,6 +136,24 @@ TEST_CASE("Scores need runs of the main function on two workers", "[coordinator]
   CHECK(f.times.totals().total > 2.6);
 }
 
+TEST_CASE("A batch's values are timed at once, its wait shared among its runs", "[coordinator][times]") {
+  Fixture f;
+  const std::string step = "train_step";
+  PhaseTimes phases;
+  phases.total = 0.01;
+  int64_t ticket = f.times.begin(0, 4, 0.4, f.now);
+  // Three values; the fourth run failed.
+  f.times.end_batch(ticket, {{&step, phases}, {&step, phases}, {&step, phases}}, f.now + milliseconds(400));
+  auto rows = f.times.rows(f.now + milliseconds(400));
+  REQUIRE(rows.size() == 1);
+  CHECK(rows[0].runs == 3);
+  CHECK(rows[0].totals.queued == Approx(0.3));
+  CHECK(rows[0].busy == Approx(0.1));
+  // The ticket is closed: a late end counts nothing.
+  f.times.end(ticket, step, phases, f.now + milliseconds(500));
+  CHECK(f.times.rows(f.now)[0].runs == 3);
+}
+
 TEST_CASE("The status page's series: a score and a busy time per worker", "[coordinator][times]") {
   Fixture f;
   for (int i = 0; i < 4; ++i) {
@@ -140,11 +161,19 @@ TEST_CASE("The status page's series: a score and a busy time per worker", "[coor
     f.run(1, 300);
   }
   auto series = f.times.sample(f.now);
-  REQUIRE(series.size() == 4);
-  CHECK(series[0].title == "straggler score, worker 0");
-  CHECK(series[1].title == "busy s/step, worker 0");
-  CHECK(series[2].points.size() == 1);
-  CHECK(series[2].points[0].second == Approx(1.5));  // 300 against the median 200
+  REQUIRE(series.size() == 2);  // no rate before a second sample
+  CHECK(series[0].title == "straggler score by worker");
+  CHECK(series[1].title == "busy s/step by worker");
+  REQUIRE(series[0].lines.size() == 2);
+  CHECK(series[0].lines[1].label == "worker 1");
+  REQUIRE(series[0].lines[1].points.size() == 1);
+  CHECK(series[0].lines[1].points[0].second == Approx(1.5));  // 300 against the median 200
+  for (int i = 0; i < 6; ++i) f.run(1, 100);
+  series = f.times.sample(f.now + std::chrono::seconds(2));
+  REQUIRE(series.size() == 3);
+  CHECK(series[2].title == "closures+steps/s by worker");
+  REQUIRE(series[2].lines.size() == 2);
+  CHECK(series[2].lines[1].points.back().second == Approx(3.0));  // 6 runs in 2 s
 }
 
 }  // namespace
