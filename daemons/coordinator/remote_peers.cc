@@ -1,13 +1,12 @@
 #include "daemons/coordinator/remote_peers.h"
 
-#include <algorithm>
-#include <cmath>
 #include <memory>
 
 #include "daemons/coordinator/payload.h"
 #include "async/status_exception.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/phase_codec.h"
 #include "rpc/replica_codec.h"
 
 namespace capstan::coordinator {
@@ -83,21 +82,6 @@ RemoteWorker::RemoteWorker(wire::Worker::Client client, rpc::CodecOptions codec,
 
 RemoteWorker::~RemoteWorker() noexcept = default;
 
-namespace {
-
-// A worker's phases, each clamped to [0, total] (a worker's report is not
-// trusted to be sane; one older than the field sends zeros).
-PhaseTimes phases_of(wire::RunPhases::Reader wire) {
-  auto seconds = [](double v, double most) { return std::isfinite(v) ? std::clamp(v, 0.0, most) : 0.0; };
-  PhaseTimes phases;
-  phases.total = seconds(wire.getTotal(), 1e9);
-  phases.input = seconds(wire.getInput(), phases.total);
-  phases.ps = seconds(wire.getPs(), phases.total);
-  phases.collective = seconds(wire.getCollective(), phases.total);
-  return phases;
-}
-
-}  // namespace
 
 kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
   auto request = client_.runClosureRequest();
@@ -122,7 +106,7 @@ kj::Promise<ClosureOutcome> RemoteWorker::run_closure(ClosureRun run) {
       [](capnp::Response<wire::Worker::RunClosureResults>&& response) {
         auto value = outcome_of(response.hasEncodedResult(), response.getEncodedResult(), response.getResult());
         const bool input_taken = response.getInputTaken();
-        const PhaseTimes phases = phases_of(response.getPhases());
+        const PhaseTimes phases = rpc::phases_from_wire(response.getPhases());
         return value.then([response = kj::mv(response), input_taken, phases](ClosureOutcome outcome) mutable {
           outcome.input_taken = input_taken;
           outcome.phases = phases;
@@ -168,7 +152,7 @@ kj::Promise<std::vector<ClosureOutcome>> RemoteWorker::run_closures(std::vector<
         std::vector<PhaseTimes> phases;
         phases.reserve(n);
         for (auto outcome : outcomes) {
-          phases.push_back(phases_of(outcome.getPhases()));
+          phases.push_back(rpc::phases_from_wire(outcome.getPhases()));
           if (outcome.isError()) {
             values.add(ClosureOutcome{rpc::status_from_wire(outcome.getError()), false});
             continue;

@@ -11,6 +11,7 @@
 #include "async/status_exception.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/phase_codec.h"
 #include "rpc/placement_codec.h"
 #include "rpc/replica_codec.h"
 #include "rpc/tensor_codec.h"
@@ -438,13 +439,6 @@ kj::Promise<void> CoordinatorService::numWorkers(NumWorkersContext context) {
 kj::Promise<void> CoordinatorService::workerStats(WorkerStatsContext context) {
   std::map<int, std::string> addresses;
   for (const auto& w : core_.overview().workers) addresses[w.task_index] = w.address;
-  auto write = [](const PhaseTimes& phases, wire::WorkerStats::Builder out) {
-    out.setQueued(phases.queued);
-    out.setInput(phases.input);
-    out.setPs(phases.ps);
-    out.setCollective(phases.collective);
-    out.setTotal(phases.total);
-  };
   std::vector<WorkerTimes::Row> rows = core_.worker_times()->rows();
   auto out = context.getResults().initWorkers(static_cast<unsigned>(rows.size()));
   for (unsigned i = 0; i < rows.size(); ++i) {
@@ -452,14 +446,14 @@ kj::Promise<void> CoordinatorService::workerStats(WorkerStatsContext context) {
     out[i].setTaskIndex(row.task);
     out[i].setAddress(addresses[row.task]);
     out[i].setRuns(row.runs);
-    write(row.totals, out[i]);
+    rpc::phases_to_wire(row.totals, out[i]);
     out[i].setBusy(row.busy);
     out[i].setScore(or_nan(row.score));
     out[i].setStraggler(row.straggler);
   }
   auto totals = context.getResults().initTotals();
   totals.setTaskIndex(-1);
-  write(core_.worker_times()->totals(), totals);
+  rpc::phases_to_wire(core_.worker_times()->totals(), totals);
   totals.setScore(std::nan(""));
   return kj::READY_NOW;
 }

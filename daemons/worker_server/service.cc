@@ -6,6 +6,7 @@
 
 #include "async/status_exception.h"
 #include "rpc/errors.h"
+#include "rpc/phase_codec.h"
 #include "rpc/placement_codec.h"
 #include "async/pool.h"
 #include "rpc/replica_codec.h"
@@ -74,13 +75,6 @@ Answer answer_of(Element value, bool encoded, size_t inline_limit) {
     answer.element = std::move(value);
   }
   return answer;
-}
-
-void write_phases(const PhaseTimes& phases, wire::RunPhases::Builder out) {
-  out.setInput(phases.input);
-  out.setPs(phases.ps);
-  out.setCollective(phases.collective);
-  out.setTotal(phases.total);
 }
 
 std::string bytes_of(capnp::Data::Reader data) {
@@ -346,7 +340,7 @@ kj::Promise<void> WorkerService::runClosure(RunClosureContext context) {
       .then([this, context](Result<Answer> answer) mutable {
         async::check(answer.status());
         context.getResults().setInputTaken(answer->input_taken);
-        write_phases(answer->phases, context.getResults().initPhases());
+        rpc::phases_to_wire(answer->phases, context.getResults().initPhases());
         if (answer->encoded) {
           context.getResults().setEncodedResult(
               kj::arrayPtr(reinterpret_cast<const kj::byte*>(answer->bytes.data()), answer->bytes.size()));
@@ -426,7 +420,7 @@ kj::Promise<void> WorkerService::runClosures(RunClosuresContext context) {
             rpc::status_to_wire(answers[i].status(), out[i].initError());
             continue;
           }
-          write_phases(answers[i]->phases, out[i].initPhases());
+          rpc::phases_to_wire(answers[i]->phases, out[i].initPhases());
           if (answers[i]->encoded) {
             const std::string& bytes = answers[i]->bytes;
             out[i].setEncodedValue(kj::arrayPtr(reinterpret_cast<const kj::byte*>(bytes.data()), bytes.size()));

@@ -29,6 +29,7 @@
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "checkpoint/checkpoint.h"
 #include "rpc/connection.h"
+#include "rpc/phase_codec.h"
 #include "async/status_exception.h"
 #include "async/loop_thread.h"
 #include "data/io/tfrecord.h"
@@ -241,15 +242,6 @@ int status_command(const std::vector<std::string>& args, const capstan::ClientOp
   }
   return ask_daemon<capstan::wire::Coordinator>("status", args[0], options, [](capstan::wire::Coordinator::Client c) {
     return c.workerStatsRequest().send().then([](capnp::Response<capstan::wire::Coordinator::WorkerStatsResults>&& r) {
-      auto phases_of = [](capstan::wire::WorkerStats::Reader w) {
-        capstan::PhaseTimes phases;
-        phases.queued = w.getQueued();
-        phases.input = w.getInput();
-        phases.ps = w.getPs();
-        phases.collective = w.getCollective();
-        phases.total = w.getTotal();
-        return phases;
-      };
       std::printf("%-5s %-22s %-9s %-11s %-17s %s\n", "TASK", "ADDRESS", "RUNS", "BUSY S/RUN", "STRAGGLER SCORE",
                   "WHERE THE TIME WENT");
       for (auto w : r.getWorkers()) {
@@ -259,10 +251,10 @@ int status_command(const std::vector<std::string>& args, const capstan::ClientOp
         }
         std::printf("%-5d %-22s %-9lld %-11.4f %-17s %s\n", w.getTaskIndex(),
                     w.getAddress().size() > 0 ? w.getAddress().cStr() : "-", static_cast<long long>(w.getRuns()),
-                    w.getBusy(), score, capstan::format_phases(phases_of(w)).c_str());
+                    w.getBusy(), score, capstan::format_phases(capstan::rpc::phases_from_wire(w)).c_str());
       }
       if (r.getWorkers().size() == 0) std::printf("(no worker registered)\n");
-      std::printf("all workers: %s\n", capstan::format_phases(phases_of(r.getTotals())).c_str());
+      std::printf("all workers: %s\n", capstan::format_phases(capstan::rpc::phases_from_wire(r.getTotals())).c_str());
       return 0;
     });
   });

@@ -120,6 +120,8 @@ TEST_CASE("fit trains a LibTorch classifier on two parameter servers and two wor
   CHECK(h.at("val_accuracy").back() > 0.9);
   CHECK(h.at("val_auc").back() > 0.95);
   CHECK(std::count(printed.begin(), printed.end(), '\n') == 5);
+  // Each line ends with where the workers' time went (worker_stats()).
+  CHECK_THAT(printed, Catch::Contains(" - time: queued ") && Catch::Contains("ps ") && Catch::Contains("compute "));
 
   // The TensorBoard scalars, read back: what History holds.
   std::vector<ScalarEvent> events = read_scalar_events(board.validation_path()).value();

@@ -13,6 +13,7 @@
 #include <chrono>
 #include <filesystem>
 #include <optional>
+#include <sstream>
 #include <string>
 #include <vector>
 
@@ -53,6 +54,7 @@ struct RankOutcome {
   double trained_loss = 0, zeroed_accuracy = 0, restored_loss = 0;
   int64_t restored_step = 0;
   Status replicas;
+  std::string printed;  // ProgressLogger's lines
 };
 
 TEST_CASE("MultiWorkerMirroredFitStrategy: two ranks' fits see the same History, and rank 0's checkpoint "
@@ -80,6 +82,8 @@ TEST_CASE("MultiWorkerMirroredFitStrategy: two ranks' fits see the same History,
                                strategy->distribute_dataset(examples(1024, 3).repeat().batch(64, true)));
       ModelCheckpoint checkpoints({.directory = directory, .max_to_keep = 2});
       EarlyStopping stop({.monitor = "val_loss", .min_delta = 1e-3, .patience = 1});
+      std::ostringstream lines;
+      ProgressLogger progress(&lines);
       CAPSTAN_ASSIGN_OR_RETURN(out.history, fit(*strategy, "mc_mlp",
                                                 {.epochs = 6,
                                                  .steps_per_epoch = 25,
@@ -87,7 +91,8 @@ TEST_CASE("MultiWorkerMirroredFitStrategy: two ranks' fits see the same History,
                                                  .validation = validation,
                                                  .validation_steps = 4,
                                                  .learning_rate = 0.5,
-                                                 .callbacks = {&checkpoints, &stop}}));
+                                                 .callbacks = {&checkpoints, &stop, &progress}}));
+      out.printed = lines.str();
       out.stopped_epoch = stop.stopped_epoch();
       out.saved = checkpoints.saved();
       out.replicas = strategy->verify_replicas();
@@ -125,6 +130,11 @@ TEST_CASE("MultiWorkerMirroredFitStrategy: two ranks' fits see the same History,
                    << h.at("val_accuracy").back());
   CHECK(h.at("loss").back() < h.at("loss").front());
   CHECK(h.at("val_accuracy").back() > 0.9);
+  // Each epoch's line says where this rank's steps' time went: its batches
+  // (input), the gradients' all-reduce, the rest.
+  INFO(chief.printed);
+  CHECK_THAT(chief.printed, Catch::Contains(" - time: input ") && Catch::Contains("compute ") &&
+                                Catch::Contains("all-reduce "));
   // The same logs on both ranks, to the bit: the same epochs, the same
   // early stop, the same checkpoints (rank 0's paths).
   CHECK(outcomes[1].history.epoch == chief.history.epoch);

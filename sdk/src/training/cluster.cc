@@ -10,6 +10,7 @@
 #include "capstan_schemas/coordinator.capnp.h"
 #include "rpc/errors.h"
 #include "rpc/optimizer_codec.h"
+#include "rpc/phase_codec.h"
 #include "rpc/placement_codec.h"
 #include "training/cluster_impl.h"
 #include "training/initializer.h"
@@ -675,27 +676,18 @@ int ClusterCoordinator::num_workers() {
 Result<ClusterStats> ClusterCoordinator::worker_stats() {
   return impl_->call<ClusterStats>("worker_stats", [](wire::Coordinator::Client c) {
     return c.workerStatsRequest().send().then([](capnp::Response<wire::Coordinator::WorkerStatsResults>&& r) {
-      auto phases_of = [](wire::WorkerStats::Reader w) {
-        PhaseTimes phases;
-        phases.queued = w.getQueued();
-        phases.input = w.getInput();
-        phases.ps = w.getPs();
-        phases.collective = w.getCollective();
-        phases.total = w.getTotal();
-        return phases;
-      };
       ClusterStats stats;
       for (auto w : r.getWorkers()) {
         WorkerStats& out = stats.workers.emplace_back();
         out.task_index = w.getTaskIndex();
         out.address = w.getAddress();
         out.runs = w.getRuns();
-        out.phases = phases_of(w);
+        out.phases = rpc::phases_from_wire(w);
         out.busy_seconds = w.getBusy();
         if (std::isfinite(w.getScore())) out.straggler_score = w.getScore();
         out.straggler = w.getStraggler();
       }
-      stats.totals = phases_of(r.getTotals());
+      stats.totals = rpc::phases_from_wire(r.getTotals());
       return stats;
     });
   });
