@@ -150,6 +150,31 @@ TEST_CASE("the coordinator's status page lists members, placement and the progra
   CHECK_THAT(page, Catch::Contains("status.json"));
 }
 
+TEST_CASE("the coordinator's status page shows each worker's runs, phases and a line per worker", "[status]") {
+  Cluster c;
+  for (int i = 0; i < 4; ++i) REQUIRE(c.client->fetch(c.client->schedule("noop").value()).ok());
+  json status = status_when(*c.coordinator, [](const json& s) {
+    const json* rate = plot(s, "closures+steps/s by worker");
+    const json* workers = table(s, "Workers");
+    return rate != nullptr && workers != nullptr && workers->at("rows").size() == 1 &&
+           workers->at("rows")[0][4] == "4";
+  });
+  const json* workers = table(status, "Workers");
+  REQUIRE(workers != nullptr);
+  CHECK(workers->at("columns")[4] == "runs");
+  CHECK(workers->at("columns")[6] == "straggler score");
+  REQUIRE(workers->at("rows").size() == 1);
+  CHECK(workers->at("rows")[0][4] == "4");
+  CHECK(workers->at("rows")[0][6] == "-");  // one worker: no median to compare with
+  CHECK_THAT(workers->at("rows")[0][7].get<std::string>(), Catch::Contains("queued ") && Catch::Contains("compute "));
+  const json* rate = plot(status, "closures+steps/s by worker");
+  REQUIRE(rate != nullptr);
+  REQUIRE(rate->contains("lines"));
+  REQUIRE(rate->at("lines").size() == 1);
+  CHECK(rate->at("lines")[0]["label"] == "worker 0");
+  CHECK_FALSE(rate->at("lines")[0]["points"].empty());
+}
+
 TEST_CASE("report_scalar refuses what the page cannot show, naming it", "[status]") {
   Cluster c;
   Status empty = c.client->report_scalar("", 1.0, 1);
@@ -220,6 +245,12 @@ TEST_CASE("every daemon's /metrics passes promtool check metrics, RPC latency hi
   Daemon& data_worker = c.cluster.start("data-worker", {"--dispatcher", dispatcher.address()});
   // Some traffic, so every family has series: updates, gathers, closures.
   REQUIRE(c.client->read_variable("emb").ok());
+  for (int i = 0; i < 5; ++i) REQUIRE(c.client->fetch(c.client->schedule("noop").value()).ok());
+  // The straggler gauge is set by the status page's sampler (once a second).
+  REQUIRE(wait_until([&]() {
+    return c.coordinator->http_get("/metrics").second.find("capstan_coordinator_straggler_score{worker=\"0\"}") !=
+           std::string::npos;
+  }, 15s));
   REQUIRE(c.client->gather("emb", Tensor::from_vector<int64_t>({1, 7}, {2}).value()).ok());
   REQUIRE(wait_until([&]() { return data_worker.http_get("/readyz").first == 200; }, 15s));
   auto id = data::service::register_dataset(dispatcher.address(), data::Dataset::range(10));
@@ -252,8 +283,15 @@ TEST_CASE("every daemon's /metrics passes promtool check metrics, RPC latency hi
                              Catch::Contains("capstan_rpc_duration_seconds_count{method=\"ParameterServer.gather\"} 1"));
   // A method's histogram appears with its first answer.
   CHECK_THAT(ps_metrics, !Catch::Contains("capstan_rpc_duration_seconds_count{method=\"ParameterServer.applySparse\"}"));
-  CHECK_THAT(c.coordinator->http_get("/metrics").second,
+  const std::string coordinator_metrics = c.coordinator->http_get("/metrics").second;
+  CHECK_THAT(coordinator_metrics,
              Catch::Contains("capstan_rpc_duration_seconds_bucket{method=\"Coordinator.createVariable\",le=\"+Inf\"} 1"));
+  // Where the closures' time went, by worker and phase; the worker's own.
+  CHECK_THAT(coordinator_metrics,
+             Catch::Contains("capstan_coordinator_worker_phase_seconds_count{phase=\"queued\",worker=\"0\"} 5") &&
+                 Catch::Contains("capstan_coordinator_worker_phase_seconds_count{phase=\"all-reduce\",worker=\"0\"} 5"));
+  CHECK_THAT(c.worker->http_get("/metrics").second,
+             Catch::Contains("capstan_worker_phase_seconds_count{phase=\"compute\"} 5"));
 }
 
 }  // namespace
