@@ -134,8 +134,13 @@ void WorkerTimes::score_all(Clock::time_point now, std::map<int, std::optional<d
     if (it == current.end() || run.ended > 0 || run.step) continue;
     it->second = std::max(it->second, seconds_between(run.since, now) / run.runs);
   }
+  // The median of the averages alone: one worker's run in flight moves its
+  // own score, not everyone's.
   std::vector<double> values;
-  for (const auto& [task, value] : current) values.push_back(value);
+  for (const auto& [task, t] : tasks_) {
+    auto average = t.by_function.find(function);
+    if (current.count(task) != 0) values.push_back(average->second.busy());
+  }
   const double median = values.empty() ? 0 : median_of(values);
   for (auto& [task, t] : tasks_) {
     std::optional<double> score;

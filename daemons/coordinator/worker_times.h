@@ -51,7 +51,7 @@ class WorkerTimes {
   struct Options {
     // The average weighs each run by how recent it is: a run this long ago
     // counts 1/e as much as one now.
-    std::chrono::milliseconds smoothing{10000};
+    std::chrono::milliseconds smoothing{5000};
     double straggler_score = 1.5;   // at or above: slow
     std::chrono::milliseconds named_after{5000};  // slow this long: logged
     int min_runs = 3;               // runs of a worker before it has a score
