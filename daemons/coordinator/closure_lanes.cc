@@ -239,18 +239,8 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
       })
       .then([this, worker_id, ids = std::move(ids), functions = std::move(functions), generation,
              ticket](std::vector<ClosureOutcome> outcomes) -> kj::Promise<void> {
-        // The values' times, at once.
-        std::vector<std::pair<const std::string*, PhaseTimes>> values;
-        values.reserve(outcomes.size());
-        for (size_t i = 0; i < outcomes.size() && i < functions.size(); ++i) {
-          if (outcomes[i].result.ok() && !outcomes[i].worker_lost) values.emplace_back(&functions[i], outcomes[i].phases);
-        }
-        if (outcomes.size() == ids.size()) {
-          times_.end_batch(ticket, values);
-        } else {
-          times_.close(ticket);
-        }
         if (outcomes.size() != ids.size()) {
+          times_.close(ticket);
           // A peer that answered the wrong number of outcomes cannot be
           // trusted with the others either.
           workers_.drop(worker_id, Status::Internal("worker answered " + std::to_string(outcomes.size()) +
@@ -258,6 +248,13 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
                                                     " closures"));
           return kj::READY_NOW;
         }
+        // The values' times, at once.
+        std::vector<std::pair<const std::string*, PhaseTimes>> values;
+        values.reserve(outcomes.size());
+        for (size_t i = 0; i < outcomes.size(); ++i) {
+          if (outcomes[i].result.ok() && !outcomes[i].worker_lost) values.emplace_back(&functions[i], outcomes[i].phases);
+        }
+        times_.end_batch(ticket, values);
         // Values first, in order. Errors after them, last run first: the
         // runs lost (not started after a failure, or overlapping a PS outage)
         // go back to the front of the queue one by one, so the last to go

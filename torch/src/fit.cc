@@ -190,15 +190,20 @@ Result<int64_t> ParameterServerFitStrategy::restore_checkpoint(const std::string
 
 // ---- Mirrored strategy ------------------------------------------------------------
 
-std::optional<PhaseTimes> ParameterServerFitStrategy::phases() {
-  auto stats = cluster_.worker_stats();
+namespace {
+
+// The cluster's workers' phases so far; none when it does not answer.
+std::optional<PhaseTimes> workers_phases(ClusterCoordinator& cluster) {
+  auto stats = cluster.worker_stats();
   return stats.ok() ? std::optional<PhaseTimes>(stats->totals) : std::nullopt;
 }
 
+}  // namespace
+
+std::optional<PhaseTimes> ParameterServerFitStrategy::phases() { return workers_phases(cluster_); }
+
 std::optional<PhaseTimes> MirroredFitStrategy::phases() {
-  if (cluster_ == nullptr) return std::nullopt;
-  auto stats = cluster_->worker_stats();
-  return stats.ok() ? std::optional<PhaseTimes>(stats->totals) : std::nullopt;
+  return cluster_ != nullptr ? workers_phases(*cluster_) : std::nullopt;
 }
 
 Result<MetricState> MirroredFitStrategy::run(const std::string& function, const Element& args, int64_t steps) {
