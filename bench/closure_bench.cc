@@ -30,6 +30,10 @@
 // the durable one), --no-breakdown leaves the breakdown out. Besides the
 // tables, one RESULT line per figure (closures_per_s_2x1, schedule_fetch_p50_2x1,
 // ... in us; bench/compare reads them). Prints figures; never fails on them.
+// --trace-seconds S: every process of the cluster (and the bench) records
+// a trace (capstan/cluster_trace.h) for S seconds from just before each
+// throughput run: what tracing costs (S should cover the throughput and
+// latency runs).
 #include <signal.h>
 #include <unistd.h>
 
@@ -47,6 +51,7 @@
 
 #include "bench_util.h"
 #include "capstan/client.h"
+#include "capstan/cluster_trace.h"
 #include "capstan/training.h"
 
 namespace {
@@ -208,13 +213,14 @@ int main(int argc, char** argv) {
   std::string module;
   std::string only_configs;  // empty: every row
   bool no_breakdown = false;
+  double trace_seconds = 0;  // > 0: every process records a trace meanwhile
   bench::FlagParser args(argc, argv,
                         "[--closures N] [--latency-samples N] [--module PATH] [--configs 2x1,2x4,2x1d] "
-                        "[--no-breakdown]");
+                        "[--no-breakdown] [--trace-seconds S]");
   while (args.next()) {
     if (args.flag("--closures", &closures) || args.flag("--latency-samples", &samples) ||
         args.flag("--module", &module) || args.flag("--configs", &only_configs) ||
-        args.flag("--no-breakdown", &no_breakdown)) {
+        args.flag("--no-breakdown", &no_breakdown) || args.flag("--trace-seconds", &trace_seconds)) {
       continue;
     }
     args.unknown();
@@ -248,6 +254,22 @@ int main(int argc, char** argv) {
     Cluster cluster(setup, c.workers, c.per_worker, c.durable);
     // Warm up the paths (placements, worker pools).
     throughput(cluster.client(), 200);
+    // --trace-seconds: the cluster and this program record a trace while
+    // the throughput and latency runs go (what tracing costs).
+    std::thread tracing;
+    if (trace_seconds > 0) {
+      tracing = std::thread([&cluster, trace_seconds]() {
+        capstan::ClusterTraceOptions options;
+        options.seconds = trace_seconds;
+        options.max_events = capstan::trace::Recorder::kMaxTraceEvents;
+        options.this_process = true;
+        auto trace = capstan::record_cluster_trace(cluster.coordinator_address(), options);
+        if (!trace.ok()) fail("tracing", trace.status());
+        std::printf("  (traced: %zu events from %d processes, %llu dropped past the bound)\n", trace->events,
+                    trace->processes, static_cast<unsigned long long>(trace->dropped));
+      });
+      std::this_thread::sleep_for(std::chrono::milliseconds(500));  // every process recording
+    }
     const int64_t rss_start_kib = bench::proc_status_kib(cluster.coordinator_pid(), "VmRSS");
     auto cpu_before = cpu_snapshot();
     Throughput t = throughput(cluster.client(), closures);
@@ -261,6 +283,7 @@ int main(int argc, char** argv) {
     cpu_lines.push_back(std::to_string(c.workers) + " worker(s) x " + std::to_string(c.per_worker) + ": " +
                         cpu_per_closure(cpu_before, cpu_snapshot(), closures, t.schedule_s + t.join_s));
     Latency l = latency(cluster.client(), samples);
+    if (tracing.joinable()) tracing.join();
     char split[64], rate[32], p50[32], p99[32];
     std::snprintf(split, sizeof(split), "%.0f ms | %.0f ms", t.schedule_s * 1e3, t.join_s * 1e3);
     std::snprintf(rate, sizeof(rate), "%.0f", closures / (t.schedule_s + t.join_s));

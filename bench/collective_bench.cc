@@ -6,12 +6,14 @@
 //   build/bin/collective_bench [--ranks 2,4] [--min-bytes 4] [--max-bytes 268435456]
 //                              [--transports tcp,shm] [--tcp-streams 1] [--segment-bytes N]
 //                              [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]
+//                              [--trace on|off]
 //
 // Ranks are forked processes on this host, over loopback TCP or shared
 // memory; rank 0 times each operation between barriers and prints one line
 // per size (4 B to --max-bytes, powers of 4). With 2 ranks it first prints
 // the machine's limits for the same traffic, measured in the same run:
-// plain sockets (no Capstan) and memcpy.
+// plain sockets (no Capstan) and memcpy. --trace on: every rank records a
+// trace (capstan/trace.h) while it measures (what tracing costs).
 #include <sys/wait.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -31,6 +33,7 @@
 
 #include "bench_util.h"
 #include "capstan/collectives.h"
+#include "capstan/trace.h"
 
 namespace {
 
@@ -59,6 +62,8 @@ capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) 
   return c.all_reduce(t, capstan::ReduceOp::kSum).status();
 }
 
+bool g_trace = false;  // --trace on
+
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
               int rank, int64_t min_bytes, int64_t max_bytes, const std::string& op, int64_t direct_max,
               capstan::CollectiveOptions::Transport transport, int tcp_streams, int64_t segment_bytes) {
@@ -73,6 +78,19 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
     std::fprintf(stderr, "rank %d: %s\n", rank, group.status().to_string().c_str());
     return 1;
   }
+  // --trace on: this rank records a trace (capstan/trace.h) throughout.
+  if (g_trace) (void)capstan::trace::Recorder::get().start_trace(capstan::trace::Recorder::kMaxTraceEvents);
+  struct Traced {
+    int rank;
+    ~Traced() {
+      if (!g_trace) return;
+      capstan::trace::TraceCapture capture = capstan::trace::Recorder::get().stop_trace();
+      if (rank == 0) {
+        std::printf("# (rank 0 traced %zu events, %llu dropped past the bound)\n", capture.events.size(),
+                    static_cast<unsigned long long>(capture.dropped));
+      }
+    }
+  } traced{rank};
   const int n = static_cast<int>(addresses.size());
   for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
     int64_t rows = bytes / 4;
@@ -230,9 +248,11 @@ int main(int argc, char** argv) {
     else if (name == "--transports") transports = split(value);
     else if (name == "--tcp-streams") tcp_streams = std::atoi(value.c_str());
     else if (name == "--segment-bytes") segment_bytes = std::atoll(value.c_str());
+    else if (name == "--trace") g_trace = value == "on";
     else {
       std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--transports tcp,shm] "
-                   "[--tcp-streams N] [--segment-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]\n", argv[0]);
+                   "[--tcp-streams N] [--segment-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N] "
+                   "[--trace on|off]\n", argv[0]);
       return 2;
     }
   }

@@ -129,6 +129,41 @@ struct NodeInfo {
   gpuCount @8 :Int32;       # CUDA devices visible (0 without CUDA)
 }
 
+# A span of work (capstan/trace.h): kind is trace::kind_name's ("closure",
+# "step", "phase", "rpc", "collective", "read", "checkpoint", "schedule",
+# "user"); times are nanoseconds on the daemon's trace clock.
+struct TraceEvent {
+  kind @0 :Text;
+  name @1 :Text;
+  detail @2 :Text;
+  startNs @3 :Int64;
+  endNs @4 :Int64;
+  thread @5 :UInt32;
+  async @6 :Bool;     # may overlap the thread's other spans (an RPC)
+  failed @7 :Bool;
+  id @8 :UInt64;
+  flowIn @9 :UInt64;  # a flow (a closure's id) that ends here; 0: none
+  flowOut @10 :UInt64;
+}
+
+struct TraceThread {
+  index @0 :UInt32;
+  name @1 :Text;
+}
+
+# A flight record: state is "started", "finished" or "failed"; endNs is 0
+# while started.
+struct FlightRecord {
+  id @0 :UInt64;
+  kind @1 :Text;
+  name @2 :Text;
+  detail @3 :Text;
+  state @4 :Text;
+  startNs @5 :Int64;
+  endNs @6 :Int64;
+  thread @7 :UInt32;
+}
+
 # What every role's service offers besides its own methods.
 interface Node {
   info @0 () -> (info :NodeInfo);
@@ -136,6 +171,16 @@ interface Node {
   echo @1 (element :Element) -> (element :Element);
   # Diagnostics: receives the element and returns its size (upload speed).
   discard @2 (element :Element) -> (byteCount :UInt64);
+  # The daemon's trace clock (the caller measures its offset).
+  clock @3 () -> (nowNs :Int64);
+  # Records `seconds` (0 < seconds <= 600) of spans, at most `maxEvents`
+  # (1 to 500000; more are counted in `dropped`), and answers them.
+  # FAILED_PRECONDITION while another trace records here.
+  trace @4 (seconds :Float64, maxEvents :UInt32)
+      -> (events :List(TraceEvent), threads :List(TraceThread), dropped :UInt64,
+          startNs :Int64, endNs :Int64);
+  # The flight recorder: the last spans, oldest first, and the clock now.
+  flight @5 () -> (records :List(FlightRecord), nowNs :Int64, capacity :UInt32);
 }
 
 # The bootstrap capability of every daemon. A connection holds nothing but

@@ -227,6 +227,16 @@ interface Coordinator extends(Common.Node) {
   # straggler score (WorkerTimes); `totals`: every run's, of every worker
   # the coordinator has seen (taskIndex -1).
   workerStats @27 () -> (workers :List(WorkerStats), totals :WorkerStats);
+  # The daemons of the cluster this coordinator knows: itself, its
+  # parameter servers and its registered workers (capstanctl trace and dump
+  # ask each of them).
+  members @28 () -> (members :List(ClusterMember));
+}
+
+struct ClusterMember {
+  role @0 :Common.Role;
+  taskIndex @1 :Int32;
+  address @2 :Text;
 }
 
 # Seconds, summed over a worker's runs: queued at the coordinator, then on

@@ -3,7 +3,9 @@
 # the UCI Adult data by a local Capstan cluster.
 #
 # Usage: scripts/demo.sh [census options...]   (e.g. --epochs 8, --seed 1,
-#                                               --mode ps|sync|hybrid|strategy|strategy-hybrid)
+#                                               --mode ps|sync|hybrid|strategy|strategy-hybrid,
+#                                               --trace FILE: a Chrome trace of 5 s of the
+#                                               cluster and census, 2 s in)
 #
 #   1. scripts/build.sh: installs what is missing and builds (incremental;
 #      its output goes to RUN_DIR/build.log, a progress line shows [n/m]);
@@ -50,6 +52,20 @@
 set -euo pipefail
 
 repo_root=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+# Paths given to census (--trace FILE, --logdir DIR, ...) are the caller's:
+# made absolute before the cd below.
+args=()
+for ((i = 1; i <= $#; i++)); do
+  arg=${!i}
+  args+=("$arg")
+  if [[ $arg == --trace || $arg == --logdir || $arg == --step-log || $arg == --checkpoint-dir ]] && ((i < $#)); then
+    i=$((i + 1))
+    value=${!i}
+    [[ $value == /* ]] || value=$PWD/$value
+    args+=("$value")
+  fi
+done
+set -- "${args[@]+"${args[@]}"}"
 cd "$repo_root"
 
 build_dir=${CAPSTAN_BUILD_DIR:-build}

@@ -15,6 +15,7 @@
 
 #include "async/status_exception.h"
 #include "capstan/client.h"
+#include "capstan/trace.h"
 #include "cuda_info.h"
 #include "daemons/common/http_server.h"
 #include "daemons/common/logging.h"
@@ -365,6 +366,11 @@ std::vector<OptionSpec> common_options() {
                  "MiB of freed large tensor buffers kept for reuse (faster repeated transfers); 0 disables.",
                  "1024"}
           .at_least(0),
+      OptionSpec{"flight_records", OptionType::kInt,
+                 "Spans the flight recorder keeps (the last closures, steps, collectives and RPCs; "
+                 "`capstanctl dump` prints them).",
+                 "4096"}
+          .in_range(16, 1000000),
       OptionSpec{"shutdown_grace_ms", OptionType::kInt,
                  "On SIGTERM, how long calls in flight may take to finish before the daemon exits.", "8000"}
           .at_least(0),
@@ -883,6 +889,9 @@ int run_daemon(const RoleSpec& spec, int argc, char** argv) {
   Result<std::shared_ptr<spdlog::logger>> log = open_log(identity, *settings);
   if (!log.ok()) return config_error(spec.program, log.status().message());
   for (const std::string& warning : parsed.warnings) (*log)->warn("{}", warning);
+  trace::Recorder::get().set_flight_capacity(static_cast<size_t>(config.get_int("flight_records")));
+  // A failed collective's flight records (capstan/trace.h) go to the log.
+  trace::set_report_sink([log = *log](const std::string& text) { log->error("{}", text); });
 
   Daemon daemon(spec, config, *settings, identity, functions, *log);
   if (Status started = daemon.start(); !started.ok()) return config_error(spec.program, started.message());

@@ -8,6 +8,7 @@
 #include <utility>
 
 #include "async/status_exception.h"
+#include "capstan/trace.h"
 
 namespace capstan::coordinator {
 
@@ -173,6 +174,11 @@ kj::Promise<void> ClosureLanes::run_one(int64_t worker_id, const Worker& worker,
   const int64_t generation = health_.generation();
   const int64_t ticket = times_.begin(
       worker.task_index, 1, std::chrono::duration<double>(std::chrono::steady_clock::now() - closure.queued_since).count());
+  // The run in the flight recorder (and a trace), until its outcome.
+  auto span = kj::heap<trace::Span>(trace::Kind::kClosure, closure.function,
+                                    "closure " + std::to_string(id) + " on worker " + std::to_string(worker.task_index));
+  span->set_async();
+  trace::Span* dispatched = span.get();
   auto outcome = worker.peer->run_closure(std::move(run)).catch_([](kj::Exception&& e) {
     ClosureOutcome lost;
     lost.result = async::from_exception(e);
@@ -180,16 +186,20 @@ kj::Promise<void> ClosureLanes::run_one(int64_t worker_id, const Worker& worker,
     return lost;
   });
   if (deadline) outcome = bounded(kj::mv(outcome), worker_id, id, closure.function, *deadline);
-  return kj::mv(outcome).then([this, worker_id, id, generation, ticket,
-                                function = closure.function](ClosureOutcome outcome) -> kj::Promise<void> {
-    if (outcome.result.ok() && !outcome.worker_lost) {
-      times_.end(ticket, function, outcome.phases);
-    } else {
-      times_.abandon(ticket);
-    }
-    if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
-    return next(worker_id);
-  });
+  return kj::mv(outcome)
+      .then([this, worker_id, id, generation, ticket, dispatched,
+             function = closure.function](ClosureOutcome outcome) -> kj::Promise<void> {
+        if (outcome.result.ok() && !outcome.worker_lost) {
+          times_.end(ticket, function, outcome.phases);
+        } else {
+          times_.abandon(ticket);
+          dispatched->fail(outcome.result.status().to_string());
+        }
+        dispatched->finish();
+        if (!finish_run(worker_id, id, generation, std::move(outcome))) return kj::READY_NOW;
+        return next(worker_id);
+      })
+      .attach(kj::mv(span));
 }
 
 kj::Promise<ClosureOutcome> ClosureLanes::bounded(kj::Promise<ClosureOutcome> outcome, int64_t worker_id, int64_t id,
@@ -232,8 +242,15 @@ kj::Promise<void> ClosureLanes::run_batch(int64_t worker_id, std::vector<Closure
   std::shared_ptr<WorkerPeer> peer = worker->peer;
   const int64_t ticket = times_.begin(worker->task_index, static_cast<int>(runs.size()), queued);
   size_t n = runs.size();
+  // The batch in the flight recorder (and a trace), until its outcomes.
+  auto span = kj::heap<trace::Span>(trace::Kind::kClosure, "batch of " + std::to_string(n),
+                                    (ids.empty() ? std::string("no closures")
+                                                 : "closures " + std::to_string(ids.front()) + ".." +
+                                                       std::to_string(ids.back())) +
+                                        " on worker " + std::to_string(worker->task_index));
+  span->set_async();
   return peer->run_closures(std::move(runs))
-      .attach(kj::mv(peer))
+      .attach(kj::mv(peer), kj::mv(span))
       .catch_([n](kj::Exception&& e) {
         return std::vector<ClosureOutcome>(n, ClosureOutcome{async::from_exception(e), true});
       })

@@ -1,9 +1,11 @@
 #include "daemons/coordinator/model_checkpoints.h"
 
 #include <chrono>
+#include <optional>
 #include <utility>
 
 #include "async/pool.h"
+#include "capstan/trace.h"
 
 namespace capstan::coordinator {
 namespace {
@@ -35,8 +37,20 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
     std::chrono::steady_clock::time_point started = std::chrono::steady_clock::now();
     std::chrono::steady_clock::time_point paused;
     double pause_ms = 0;
+    // The save and its phases as spans (capstan/trace.h), on the loop
+    // among its other work.
+    std::optional<trace::Span> whole, phase;
+    void next_phase(const char* name) {
+      phase.reset();
+      phase.emplace(trace::Kind::kCheckpoint, name, whole->detail());
+      phase->set_async();
+    }
   };
   auto saving = std::make_shared<Saving>();
+  saving->whole.emplace(trace::Kind::kCheckpoint, "save checkpoint",
+                        "step " + std::to_string(step) + " in " + directory);
+  saving->whole->set_async();
+  saving->next_phase(datasets_.empty() ? "begin" : "begin, pause dispatch, iterator states");
   // The .tmp directory is made while dispatch pauses.
   auto begun = async::run_on_pool(pool_, [directory = std::move(directory), step, max_to_keep, saving]() -> Status {
     CAPSTAN_ASSIGN_OR_RETURN(saving->writer, checkpoint::CheckpointWriter::begin(directory, step, max_to_keep));
@@ -62,6 +76,7 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
       })
       .then([this, saving](Status status) -> kj::Promise<Status> {
         if (!status.ok()) return status;
+        saving->next_phase("snapshot");
         return snapshot(saving->writer->path()).then([saving](Result<Snapshot> taken) -> Status {
           CAPSTAN_RETURN_IF_ERROR(taken.status());
           saving->servers = std::move(taken->servers);
@@ -77,6 +92,7 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
           saving->pause = nullptr;
         }
         if (!status.ok()) return Path(status);
+        saving->next_phase("write files, commit");
         return variables_.finish_save(saving->servers)
             .then([this, saving](Result<std::vector<checkpoint::ManifestFile>> written) -> kj::Promise<Path> {
               if (!written.ok()) return Path(written.status());
@@ -95,6 +111,9 @@ kj::Promise<Result<std::string>> ModelCheckpoints::save(std::string directory, i
       })
       .then([this, saving](Path path) {
         if (path.ok()) last_save_ = {saving->pause_ms, ms_since(saving->started)};
+        saving->phase.reset();
+        if (!path.ok()) saving->whole->fail(path.status().to_string());
+        saving->whole.reset();
         // The writer goes on the pool (it removes the .tmp directory of a
         // save that failed).
         return async::run_on_pool(pool_, [saving]() { saving->writer.reset(); }).then([path = std::move(path)]() mutable {

@@ -458,6 +458,27 @@ kj::Promise<void> CoordinatorService::workerStats(WorkerStatsContext context) {
   return kj::READY_NOW;
 }
 
+kj::Promise<void> CoordinatorService::members(MembersContext context) {
+  const CoordinatorOverview overview = core_.overview();
+  auto out = context.getResults().initMembers(
+      static_cast<unsigned>(1 + overview.ps.size() + overview.workers.size()));
+  unsigned i = 0;
+  out[i].setRole(wire::Role::COORDINATOR);
+  out[i].setTaskIndex(ctx_.identity.task_index());
+  out[i++].setAddress(ctx_.identity.rpc_address());
+  for (const auto& ps : overview.ps) {
+    out[i].setRole(wire::Role::PS);
+    out[i].setTaskIndex(ps.task);
+    out[i++].setAddress(ps.address);
+  }
+  for (const auto& w : overview.workers) {
+    out[i].setRole(wire::Role::WORKER);
+    out[i].setTaskIndex(w.task_index);
+    out[i++].setAddress(w.address);
+  }
+  return kj::READY_NOW;
+}
+
 kj::Promise<void> CoordinatorService::closureNames(ClosureNamesContext context) {
   std::set<std::string> all = core_.closure_names();
   auto names = context.getResults().initNames(static_cast<unsigned>(all.size()));

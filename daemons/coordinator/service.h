@@ -51,6 +51,7 @@ class CoordinatorService : public daemon::NodeService<wire::Coordinator::Server>
   kj::Promise<void> createPerWorkerDataset(CreatePerWorkerDatasetContext context) override;
   kj::Promise<void> numWorkers(NumWorkersContext context) override;
   kj::Promise<void> workerStats(WorkerStatsContext context) override;
+  kj::Promise<void> members(MembersContext context) override;
   kj::Promise<void> closureNames(ClosureNamesContext context) override;
   kj::Promise<void> workerAlive(WorkerAliveContext context) override;
   kj::Promise<void> createPerWorkerDatasetFromFunction(

@@ -1,11 +1,13 @@
 #include "daemons/coordinator/strategies.h"
 
 #include <algorithm>
+#include <memory>
 #include <set>
 #include <utility>
 
 #include "async/pool.h"
 #include "async/status_exception.h"
+#include "capstan/trace.h"
 #include "checkpoint/mirrored_files.h"
 #include "data/step_input.h"
 #include "training/optimizer.h"
@@ -558,6 +560,11 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
   run.epoch = epoch;
   run.step_input = std::move(input);
   const int64_t ticket = times_.begin(worker->task_index, 1, 0, WorkerTimes::Clock::now(), /*step=*/true);
+  // The replica's step in the flight recorder (and a trace), until it answers.
+  auto span = std::make_shared<trace::Span>(trace::Kind::kStep, function,
+                                            "strategy " + name + " epoch " + std::to_string(epoch) + ", replica " +
+                                                std::to_string(r) + " on worker " + std::to_string(worker->task_index));
+  span->set_async();
   return worker->peer->run_closure(std::move(run))
       .catch_([](kj::Exception&& e) { return ClosureOutcome{async::from_exception(e), true}; })
       .exclusiveJoin(workers_.dropped(id).then([id]() {
@@ -565,13 +572,15 @@ kj::Promise<ClosureOutcome> Strategies::run_replica(const std::string& name, con
                                                   " was dropped (it stopped answering pings)"),
                               true};
       }))
-      .then([this, members, name, epoch, r, arrivals, ticket, function](ClosureOutcome o) {
+      .then([this, members, name, epoch, r, arrivals, ticket, function, span](ClosureOutcome o) {
         arrivals->push_back(r);
         if (o.result.ok() && !o.worker_lost) {
           times_.end(ticket, function, o.phases);
         } else {
           times_.abandon(ticket);
+          span->fail(o.result.status().to_string());
         }
+        span->finish();
         if (!o.result.ok()) {
           // The others may wait for this one in a collective: abort their
           // group so that they fail now (a replica whose closure failed

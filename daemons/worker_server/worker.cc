@@ -5,6 +5,7 @@
 
 #include "capstan/closure.h"
 #include "capstan/phases.h"
+#include "capstan/trace.h"
 
 namespace capstan::worker_server {
 namespace {
@@ -183,6 +184,19 @@ Status Worker::check_closure(const std::string& function) const {
 }
 
 Result<Element> Worker::run_closure(const RunClosureRequest& request, RunInfo* info) {
+  std::string what = "closure " + std::to_string(request.closure_id);
+  if (request.attempt > 1) what += ", attempt " + std::to_string(request.attempt);
+  if (!request.strategy.empty()) what += ", strategy " + request.strategy + " epoch " + std::to_string(request.epoch);
+  trace::Span span(request.strategy.empty() ? trace::Kind::kClosure : trace::Kind::kStep, request.function,
+                   std::move(what));
+  // The flow from the program's schedule() of it (a trace links them).
+  span.set_flow_in(static_cast<uint64_t>(request.closure_id));
+  Result<Element> result = run_closure_timed(request, info);
+  if (!result.ok()) span.fail(result.status().to_string());
+  return result;
+}
+
+Result<Element> Worker::run_closure_timed(const RunClosureRequest& request, RunInfo* info) {
   PhaseRecorder recorder;  // from here: refreshing placements is ps time
   // On every return: where the run's time went.
   struct Timed {

@@ -154,6 +154,8 @@ class Worker {
   // Runs `fn` for `request`, with the step input's weight on the replica's
   // gradients; moves the replica's input position when the step took its
   // input (the closure succeeded, or its variables took the update).
+  // run_closure() inside its span (the flight recorder, a trace).
+  Result<Element> run_closure_timed(const RunClosureRequest& request, RunInfo* info);
   Result<Element> run_step_closure(const ClosureFunction& fn, const RunClosureRequest& request, Context& context,
                                    Replicas::Lease& replica);
 

@@ -93,6 +93,13 @@
 //   --log-every N            without a terminal, print progress every N steps (default 100)
 //   --checkpoint-dir DIR     after training, save a checkpoint there (every
 //                            mode; the parameter servers' format)
+//   --trace FILE             after --trace-after seconds (default 2), record
+//                            --trace-seconds (default 5) of the whole cluster
+//                            and this program as a Chrome trace event file
+//                            (capstan/cluster_trace.h; open it in Perfetto)
+//   --collective-timeout-ms N  strategy modes: the replicas' collective
+//                            deadline (default 60000): a replica that stops
+//                            answering fails the step after this long
 //   --step-log FILE          strategy mode: a line per step run ("<unix ms>
 //                            ok|failed <input position> <replicas>")
 //   --logdir DIR             write TensorBoard event files there (`tensorboard
@@ -102,6 +109,7 @@
 //                            and test/log_loss after each epoch, by global
 //                            step; in sync and hybrid modes rank 0 writes
 // CAPSTAN_TOKEN / CAPSTAN_TOKEN_FILE give the cluster token.
+#include <capstan/cluster_trace.h>
 #include <capstan/data/dataset.h>
 #include <capstan/data/service.h>
 #include <capstan/mirrored.h>
@@ -127,6 +135,7 @@
 #include <random>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "census/features.h"
@@ -180,6 +189,10 @@ struct Flags {
   std::string checkpoint_dir;
   std::string step_log;
   std::string logdir;  // empty: no TensorBoard events
+  std::string trace;   // empty: no trace
+  int64_t collective_timeout_ms = 60000;
+  double trace_seconds = 5;
+  double trace_after = 2;
   int replicas = 2;
   int rank = -1;  // sync/hybrid: -1 launches the replicas
   std::string group;
@@ -194,7 +207,8 @@ struct Flags {
                " [--epochs N] [--batch-size N] [--seed N] [--wide-learning-rate X] [--deep-learning-rate X]"
                " [--lr-decay cosine|none]"
                " [--min-workers N] [--eval-shards N] [--target-accuracy X] [--target-auc X] [--log-every N]"
-               " [--checkpoint-dir DIR] [--step-log FILE] [--logdir DIR] [--replicas N] [--rank R --group NAME]\n";
+               " [--checkpoint-dir DIR] [--step-log FILE] [--logdir DIR] [--replicas N] [--rank R --group NAME]"
+               " [--trace FILE [--trace-seconds N] [--trace-after N]] [--collective-timeout-ms N]\n";
   std::exit(error.empty() ? 0 : 2);
 }
 
@@ -238,6 +252,10 @@ Flags parse_flags(int argc, char** argv) {
     else if (name == "--checkpoint-dir") flags.checkpoint_dir = value;
     else if (name == "--step-log") flags.step_log = value;
     else if (name == "--logdir") flags.logdir = value;
+    else if (name == "--trace") flags.trace = value;
+    else if (name == "--collective-timeout-ms") flags.collective_timeout_ms = integer(1);
+    else if (name == "--trace-seconds") flags.trace_seconds = real();
+    else if (name == "--trace-after") flags.trace_after = real();
     else if (name == "--replicas") flags.replicas = static_cast<int>(integer(1));
     else if (name == "--rank") flags.rank = static_cast<int>(integer(0));
     else if (name == "--group") flags.group = value;
@@ -1011,6 +1029,7 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
   // One name per model: a cluster that ran one keeps its variables.
   strategy_options.name = "census-" + flags.mode + (torch ? "-torch" : "");
   strategy_options.min_replicas = flags.min_workers;
+  strategy_options.collective.timeout = std::chrono::milliseconds(flags.collective_timeout_ms);
   auto strategy = capstan::MirroredStrategy::create(cluster, mirrored, strategy_options);
   if (!strategy.ok()) return fail("creating the strategy", strategy.status());
 
@@ -1167,8 +1186,52 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
 
 }  // namespace
 
+// --trace: records the cluster and this program from `after` seconds on,
+// on a thread of its own; the program waits for it before it exits.
+class TraceRecording {
+ public:
+  explicit TraceRecording(const Flags& flags) {
+    // The replicas launched in sync and hybrid modes leave it to the launcher.
+    if (flags.trace.empty() || flags.rank >= 0) return;
+    thread_ = std::thread([flags]() {
+      std::this_thread::sleep_for(std::chrono::duration<double>(flags.trace_after));
+      capstan::ClusterTraceOptions options;
+      options.seconds = flags.trace_seconds;
+      options.this_process = true;
+      options.this_process_name = "census";
+      options.client.client_name = "census-trace";
+      if (!flags.dispatcher.empty()) options.extra_addresses.push_back(flags.dispatcher);
+      std::fprintf(stderr, "census: recording a trace of the cluster for %.1f s\n", flags.trace_seconds);
+      auto trace = capstan::record_cluster_trace(flags.coordinator, options);
+      if (!trace.ok()) {
+        std::fprintf(stderr, "census: --trace: %s\n", trace.status().to_string().c_str());
+        return;
+      }
+      std::FILE* file = std::fopen(flags.trace.c_str(), "wb");
+      if (file == nullptr || std::fwrite(trace->json.data(), 1, trace->json.size(), file) != trace->json.size() ||
+          std::fclose(file) != 0) {
+        std::fprintf(stderr, "census: --trace: cannot write %s: %s\n", flags.trace.c_str(), std::strerror(errno));
+        return;
+      }
+      std::fprintf(stderr, "census: trace written to %s: %zu events from %d processes\n", flags.trace.c_str(),
+                   trace->events, trace->processes);
+      for (const auto& e : trace->errors) std::fprintf(stderr, "census: --trace: no trace from %s\n", e.c_str());
+    });
+  }
+  ~TraceRecording() {
+    if (thread_.joinable()) thread_.join();
+  }
+
+ private:
+  std::thread thread_;
+};
+
 int main(int argc, char** argv) {
   Flags flags = parse_flags(argc, argv);
+  if (!flags.trace.empty() && !(flags.trace_seconds > 0 && flags.trace_seconds <= 600)) {
+    usage(argv[0], "--trace-seconds must be more than 0 and at most 600");
+  }
+  TraceRecording trace_recording(flags);
   // Workers and data workers open the files: an absolute path.
   std::error_code error;
   const std::filesystem::path dir = std::filesystem::absolute(flags.data_dir, error);

@@ -40,6 +40,8 @@ class Algorithms {
   // Which ring all-reduce runs: the same on every rank (the communicator
   // agrees on it when the group forms). Phased until set.
   void set_pipelined_ring(bool pipelined) { pipelined_ring_ = pipelined; }
+  // The sequence number of the last operation begun (0: none yet).
+  int64_t sequence() const { return sequence_; }
 
   Result<Tensor> all_reduce(const Tensor& tensor, ReduceOp op);
   Result<std::vector<Tensor>> all_reduce_fused(const std::vector<Tensor>& tensors, ReduceOp op);

@@ -15,6 +15,7 @@
 
 #include "capstan/client.h"
 #include "capstan/data/service.h"
+#include "capstan/trace.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
 #include "capstan_schemas/data_worker.capnp.h"
 #include "data/compression.h"
@@ -257,8 +258,10 @@ class ServiceReader final : public engine::IteratorBase {
     int64_t acknowledged = 0;
     int64_t received = 0;
   };
+  // A read, as a span (capstan/trace.h) around fetch_untraced.
   Result<Batch> fetch(const TaskRef& task, int64_t consumer_index, int64_t round,
                       int max_elements);
+  Result<Batch> fetch_untraced(const TaskRef& task, int64_t consumer_index, int64_t round, int max_elements);
   // First-come reads: the task's next reply, keeping
   // config_.max_outstanding_requests requests in flight to it.
   Result<Batch> fetch_windowed(const TaskRef& task, Acknowledgement& ack, const std::string& what);
@@ -650,6 +653,15 @@ Status ServiceReader::next_round(Element* out, bool* end_of_sequence) {
 
 Result<ServiceReader::Batch> ServiceReader::fetch(const TaskRef& task, int64_t consumer_index,
                                                   int64_t round, int max_elements) {
+  // The read in the flight recorder and a trace.
+  trace::Span span(trace::Kind::kRead, "getElements", "task " + std::to_string(task.id) + " from " + task.address);
+  Result<Batch> batch = fetch_untraced(task, consumer_index, round, max_elements);
+  if (!batch.ok()) span.fail(batch.status().to_string());
+  return batch;
+}
+
+Result<ServiceReader::Batch> ServiceReader::fetch_untraced(const TaskRef& task, int64_t consumer_index,
+                                                           int64_t round, int max_elements) {
   std::string what = "getElements (task " + std::to_string(task.id) + ") from " + task.address;
   // Numbered, acknowledged requests, several in flight: first come, without
   // the cross-trainer cache (whose trainers keep their own positions on the

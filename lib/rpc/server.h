@@ -37,6 +37,7 @@
 #include <utility>
 
 #include "capstan/status.h"
+#include "capstan/trace.h"
 #include <boost/asio/thread_pool.hpp>
 
 #include "rpc/errors.h"
@@ -128,19 +129,30 @@ class Instrumented final : public ServiceImpl {
     const CallTracker::Method& method = tracker_.method(interface_id, method_id);
     const auto started = CallTracker::Clock::now();
     tracker_.begin(method);
+    // The call in the flight recorder (and a trace): it overlaps the loop's
+    // other calls.
+    auto span = kj::heap<trace::Span>(trace::Kind::kRpc, method.name);
+    span->set_async();
     try {
       auto result = ServiceImpl::dispatchCall(interface_id, method_id, context);
       CallTracker* tracker = &tracker_;
       const CallTracker::Method* called = &method;
+      trace::Span* call = span.get();
       result.promise = result.promise
-                           .then([tracker, called, started]() { tracker->end(*called, nullptr, started); },
-                                 [tracker, called, started](kj::Exception&& e) {
+                           .then([tracker, called, started, call]() {
+                                   call->finish();
+                                   tracker->end(*called, nullptr, started);
+                                 },
+                                 [tracker, called, started, call](kj::Exception&& e) {
+                                   call->fail(e.getDescription().cStr());
+                                   call->finish();
                                    tracker->end(*called, &e, started);
                                    kj::throwFatalException(kj::mv(e));
                                  })
-                           .attach(kj::addRef(tracker_));
+                           .attach(kj::addRef(tracker_), kj::mv(span));
       return result;
     } catch (const kj::Exception& e) {
+      span->fail(e.getDescription().cStr());
       tracker_.end(method, &e, started);
       throw;
     }

@@ -3,6 +3,8 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "capstan/trace.h"
+
 namespace capstan {
 namespace {
 
@@ -67,8 +69,17 @@ PhaseScope::PhaseScope(Phase phase) {
 
 PhaseScope::~PhaseScope() {
   if (recorder_ == nullptr) return;
-  recorder_->nanos_[recorder_->active_] += nanos_between(started_, std::chrono::steady_clock::now());
+  const auto ended = std::chrono::steady_clock::now();
+  const int phase = recorder_->active_;
+  recorder_->nanos_[phase] += nanos_between(started_, ended);
   recorder_->active_ = -1;
+  if (trace::Recorder::get().tracing()) {
+    static const char* const kNames[] = {"input", "ps", "all-reduce"};
+    using std::chrono::nanoseconds;
+    trace::record_finished(trace::Kind::kPhase, kNames[phase],
+                           std::chrono::duration_cast<nanoseconds>(started_.time_since_epoch()).count(),
+                           std::chrono::duration_cast<nanoseconds>(ended.time_since_epoch()).count());
+  }
 }
 
 }  // namespace capstan

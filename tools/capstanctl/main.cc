@@ -7,6 +7,11 @@
 //                               files. Exit 1 if any file is damaged.
 //   capstanctl status COORDINATOR
 //                               each worker's phases and straggler score.
+//   capstanctl trace [--seconds N] [--out FILE] COORDINATOR [ADDR...]
+//                               N seconds of the whole cluster as one Chrome
+//                               trace event file.
+//   capstanctl dump [--last N] COORDINATOR [ADDR...]
+//                               every daemon's flight records.
 //   capstanctl replicas COORDINATOR STRATEGY
 //                               a MirroredStrategy's replicas: step and
 //                               checksum each. Exit 1 unless all agree.
@@ -15,7 +20,9 @@
 // CAPSTAN_TOKEN_FILE (never from a flag value, which `ps` would show).
 #include <boost/program_options.hpp>
 
+#include <cerrno>
 #include <cmath>
+#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -24,6 +31,7 @@
 #include <vector>
 
 #include "capstan/client.h"
+#include "capstan/cluster_trace.h"
 #include "capstan/phases.h"
 #include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
@@ -53,6 +61,20 @@ constexpr const char* kUsage =
     "                   time went (queued, input, ps, compute, all-reduce), busy\n"
     "                   seconds per run and straggler score (1: the median\n"
     "                   worker; SLOW: named in the coordinator's log).\n"
+    "  trace [--seconds N] [--out FILE] [--max-events N] COORDINATOR [ADDR...]\n"
+    "                   Every daemon of the cluster (the coordinator, its parameter\n"
+    "                   servers and workers, and each ADDR, e.g. a data service)\n"
+    "                   records N seconds (default 5) of spans: closures, steps\n"
+    "                   and their phases, RPCs, collectives, checkpoint phases.\n"
+    "                   Written as one Chrome trace event JSON file (default\n"
+    "                   trace.json; open it in Perfetto or chrome://tracing),\n"
+    "                   clocks aligned by RPC round trips. Exits 1 if a daemon\n"
+    "                   did not answer (the others are still written).\n"
+    "  dump [--last N] COORDINATOR [ADDR...]\n"
+    "                   Every daemon's flight recorder: its last N spans (default\n"
+    "                   50) and every one still running, with its state. A\n"
+    "                   daemon that does not answer within --timeout-ms is named\n"
+    "                   (stopped, hung or dead); exits 1 then.\n"
     "  replicas COORDINATOR STRATEGY\n"
     "                   The replicas of a MirroredStrategy (synchronous training on\n"
     "                   the workers): group epoch, and each replica's worker, task,\n"
@@ -260,6 +282,57 @@ int status_command(const std::vector<std::string>& args, const capstan::ClientOp
   });
 }
 
+// capstanctl trace: N seconds of the cluster as a Chrome trace.
+int trace_command(const std::vector<std::string>& args, const capstan::ClientOptions& options, double seconds,
+                  const std::string& out, long max_events) {
+  if (args.empty()) {
+    std::cerr << "capstanctl trace: usage: capstanctl trace [--seconds N] [--out FILE] COORDINATOR_ADDR [ADDR...]\n";
+    return 2;
+  }
+  capstan::ClusterTraceOptions trace_options;
+  trace_options.seconds = seconds;
+  trace_options.max_events = max_events > 0 ? static_cast<size_t>(max_events) : 0;
+  trace_options.extra_addresses.assign(args.begin() + 1, args.end());
+  trace_options.client = options;
+  std::fprintf(stderr, "capstanctl trace: recording %.1f s of the cluster...\n", seconds);
+  auto trace = capstan::record_cluster_trace(args[0], trace_options);
+  if (!trace.ok()) {
+    std::cerr << "capstanctl trace: " << trace.status().to_string() << "\n";
+    return trace.status().code() == capstan::StatusCode::kInvalidArgument ? 2 : 1;
+  }
+  std::FILE* file = std::fopen(out.c_str(), "wb");
+  if (file == nullptr || std::fwrite(trace->json.data(), 1, trace->json.size(), file) != trace->json.size() ||
+      std::fclose(file) != 0) {
+    std::cerr << "capstanctl trace: cannot write '" << out << "': " << std::strerror(errno) << "\n";
+    return 1;
+  }
+  std::printf("%s: %zu events from %d processes (%llu dropped past the bound)\n", out.c_str(), trace->events,
+              trace->processes, static_cast<unsigned long long>(trace->dropped));
+  for (const auto& e : trace->errors) std::printf("no trace from %s\n", e.c_str());
+  return trace->errors.empty() ? 0 : 1;
+}
+
+// capstanctl dump: every daemon's flight records.
+int dump_command(const std::vector<std::string>& args, const capstan::ClientOptions& options, long last) {
+  if (args.empty()) {
+    std::cerr << "capstanctl dump: usage: capstanctl dump [--last N] COORDINATOR_ADDR [ADDR...]\n";
+    return 2;
+  }
+  if (last < 0) {
+    std::cerr << "capstanctl dump: --last must be 0 or more, got " << last << "\n";
+    return 2;
+  }
+  auto dump = capstan::dump_cluster(args[0], {args.begin() + 1, args.end()}, options, options.call_timeout,
+                                    static_cast<size_t>(last));
+  if (!dump.ok()) {
+    std::cerr << "capstanctl dump: " << dump.status().to_string() << "\n";
+    return 1;
+  }
+  std::fputs(dump->text.c_str(), stdout);
+  for (const auto& u : dump->unanswered) std::printf("NO ANSWER: %s\n", u.c_str());
+  return dump->unanswered.empty() ? 0 : 1;
+}
+
 // capstanctl data datasets|jobs|workers ADDR: the dispatcher's state.
 int data_command(const std::vector<std::string>& args, const capstan::ClientOptions& options) {
   if (args.size() != 2 || (args[0] != "datasets" && args[0] != "jobs" && args[0] != "workers")) {
@@ -387,6 +460,10 @@ int main(int argc, char** argv) {
       "compression", po::value<std::string>()->default_value("auto"),
       "records: none, gzip, or auto (GZIP for *.gz)")(
       "hex", po::bool_switch(), "records cat: print each record as hex")(
+      "seconds", po::value<double>()->default_value(5), "trace: seconds to record")(
+      "out", po::value<std::string>()->default_value("trace.json"), "trace: the file to write")(
+      "max-events", po::value<long>()->default_value(200000), "trace: events kept per process")(
+      "last", po::value<long>()->default_value(50), "dump: records shown per daemon")(
       "command", po::value<std::string>(), "")("args", po::value<std::vector<std::string>>(), "");
   po::positional_options_description positional;
   positional.add("command", 1).add("args", -1);
@@ -432,6 +509,11 @@ int main(int argc, char** argv) {
   if (command == "data") return data_command(args, options);
   if (command == "replicas") return replicas_command(args, options);
   if (command == "status") return status_command(args, options);
+  if (command == "trace") {
+    return trace_command(args, options, vm["seconds"].as<double>(), vm["out"].as<std::string>(),
+                         vm["max-events"].as<long>());
+  }
+  if (command == "dump") return dump_command(args, options, vm["last"].as<long>());
   std::cerr << "capstanctl: unknown command '" << command << "'\n\n" << kUsage;
   return 2;
 }

@@ -23,9 +23,11 @@
 #include <cstdint>
 #include <memory>
 #include <string>
+#include <vector>
 
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "capstan/trace.h"
 
 namespace capstan CAPSTAN_API {
 
@@ -71,6 +73,25 @@ class NodeClient {
   Result<Element> echo(const Element& element);
   // Sends `element`; the daemon answers with its size in bytes.
   Result<uint64_t> discard(const Element& element);
+
+  // How far the daemon's trace clock (capstan/trace.h) is ahead of this
+  // process's: the offset at the fastest of `rounds` round trips, and that
+  // round trip (the offset's error is at most half of it).
+  struct ClockOffset {
+    int64_t offset_ns = 0;
+    int64_t round_trip_ns = 0;
+  };
+  Result<ClockOffset> clock_offset(int rounds = 5);
+  // The daemon records `seconds` of spans (at most `max_events`) and
+  // answers them; the call's deadline is `seconds` beyond call_timeout.
+  Result<trace::TraceCapture> trace(double seconds, size_t max_events);
+  // The daemon's flight records, oldest first, and its clock when it read them.
+  struct Flight {
+    std::vector<trace::FlightRecord> records;
+    int64_t now_ns = 0;
+    size_t capacity = 0;
+  };
+  Result<Flight> flight();
 
  private:
   struct CAPSTAN_HIDDEN Impl;

@@ -15,6 +15,7 @@
 
 #include "capstan/collectives.h"
 #include "capstan/phases.h"
+#include "capstan/trace.h"
 #include "collectives/algorithms.h"
 #include "collectives/device_backend.h"
 #include "collectives/failure.h"
@@ -133,6 +134,59 @@ struct Communicator::Impl {
     return result;
   }
 
+  // Runs `op` (on `thread`) as a collective span naming the group, this
+  // rank and the operation's sequence number(s) (the flight recorder, a
+  // trace). A failure that names silent ranks (a deadline passed, a rank
+  // died) reports the group's last records here.
+  template <typename T>
+  T traced(const char* name, size_t bytes, const std::function<T()>& op) {
+    const int64_t first = algorithms.sequence() + 1;
+    trace::Span span(trace::Kind::kCollective, name, describe(first, first, bytes));
+    T result = op();
+    const int64_t last = algorithms.sequence();
+    if (last > first) span.set_detail(describe(first, last, bytes));
+    const Status status = status_of(result);
+    if (!status.ok()) {
+      span.fail(status.to_string());
+      span.finish();
+      if (status.code() == StatusCode::kUnavailable) report_group(name, first, status);
+    }
+    return result;
+  }
+
+  static Status status_of(const Status& status) { return status; }
+  template <typename T>
+  static Status status_of(const Result<T>& result) {
+    return result.status();
+  }
+
+  // "generation 3, rank 0 of 3, seq 41, 4096 bytes": the prefix names the
+  // group (report_group finds its records by it).
+  std::string group_prefix() const {
+    return "generation " + std::to_string(generation) + ", rank " + std::to_string(mesh.rank) + " of " +
+           std::to_string(mesh.size) + ", ";
+  }
+  std::string describe(int64_t first, int64_t last, size_t bytes) const {
+    return group_prefix() + "seq " + std::to_string(first) + (last > first ? "-" + std::to_string(last) : "") +
+           ", " + std::to_string(bytes) + " bytes";
+  }
+
+  void report_group(const char* name, int64_t sequence, const Status& status) const {
+    static constexpr size_t kRecords = 16;
+    const std::string prefix = group_prefix();
+    std::vector<trace::FlightRecord> records;
+    for (auto& r : trace::Recorder::get().flight()) {
+      if (r.kind == trace::Kind::kCollective && r.detail.compare(0, prefix.size(), prefix) == 0) {
+        records.push_back(std::move(r));
+      }
+    }
+    if (records.size() > kRecords) records.erase(records.begin(), records.end() - kRecords);
+    trace::report("collective " + std::string(name) + " #" + std::to_string(sequence) + " of the group (" +
+                  prefix.substr(0, prefix.size() - 2) + ") failed: " + status.to_string() +
+                  "\nthe group's last " + std::to_string(records.size()) + " operation(s) here (flight recorder):\n" +
+                  trace::format_records(records, trace::now_ns()));
+  }
+
   // The endpoint owns the io_context the mesh runs on.
   std::unique_ptr<CollectiveEndpoint> endpoint;
   const int64_t generation;
@@ -220,13 +274,21 @@ void Communicator::abort(const Status& reason) {
 std::future<Result<Tensor>> Communicator::all_reduce_async(Tensor tensor, ReduceOp op) {
   Impl* impl = impl_.get();
   return impl->submit<Result<Tensor>>(
-      [impl, tensor = std::move(tensor), op]() { return impl->algorithms.all_reduce(tensor, op); });
+      [impl, tensor = std::move(tensor), op]() {
+        return impl->traced<Result<Tensor>>("all_reduce", tensor.byte_size(),
+                                            [&]() { return impl->algorithms.all_reduce(tensor, op); });
+      });
 }
 
 std::future<Result<std::vector<Tensor>>> Communicator::all_reduce_async(std::vector<Tensor> tensors, ReduceOp op) {
   Impl* impl = impl_.get();
   return impl->submit<Result<std::vector<Tensor>>>(
-      [impl, tensors = std::move(tensors), op]() { return impl->algorithms.all_reduce_fused(tensors, op); });
+      [impl, tensors = std::move(tensors), op]() {
+        size_t bytes = 0;
+        for (const Tensor& t : tensors) bytes += t.byte_size();
+        return impl->traced<Result<std::vector<Tensor>>>(
+            "all_reduce", bytes, [&]() { return impl->algorithms.all_reduce_fused(tensors, op); });
+      });
 }
 
 // The blocking collectives count as the caller's all-reduce phase
@@ -244,27 +306,36 @@ Result<std::vector<Tensor>> Communicator::all_reduce(const std::vector<Tensor>& 
 Result<Tensor> Communicator::broadcast(const Tensor& tensor, int root) {
   PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
-  return impl->submit<Result<Tensor>>([impl, &tensor, root]() { return impl->algorithms.broadcast(tensor, root); })
+  return impl->submit<Result<Tensor>>([impl, &tensor, root]() {
+        return impl->traced<Result<Tensor>>("broadcast", tensor.byte_size(),
+                                            [&]() { return impl->algorithms.broadcast(tensor, root); });
+      })
       .get();
 }
 
 Result<Tensor> Communicator::all_gather(const Tensor& tensor) {
   PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
-  return impl->submit<Result<Tensor>>([impl, &tensor]() { return impl->algorithms.all_gather(tensor); }).get();
+  return impl->submit<Result<Tensor>>([impl, &tensor]() {
+        return impl->traced<Result<Tensor>>("all_gather", tensor.byte_size(),
+                                            [&]() { return impl->algorithms.all_gather(tensor); });
+      }).get();
 }
 
 Result<Tensor> Communicator::reduce_scatter(const Tensor& tensor, ReduceOp op) {
   PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
-  return impl->submit<Result<Tensor>>([impl, &tensor, op]() { return impl->algorithms.reduce_scatter(tensor, op); })
+  return impl->submit<Result<Tensor>>([impl, &tensor, op]() {
+        return impl->traced<Result<Tensor>>("reduce_scatter", tensor.byte_size(),
+                                            [&]() { return impl->algorithms.reduce_scatter(tensor, op); });
+      })
       .get();
 }
 
 Status Communicator::barrier() {
   PhaseScope phase(Phase::kCollective);
   Impl* impl = impl_.get();
-  return impl->submit<Status>([impl]() { return impl->algorithms.barrier(); }).get();
+  return impl->submit<Status>([impl]() { return impl->traced<Status>("barrier", 0, [&]() { return impl->algorithms.barrier(); }); }).get();
 }
 
 // ---- CUDA device buffers: the device backend ----

@@ -204,6 +204,14 @@ Result<std::vector<VariableInfo>> ClusterCoordinator::variables() {
 
 Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, const Element& args) {
   Impl* impl = impl_.get();
+  // The schedule in the flight recorder; in a trace, the start of a flow to
+  // the closure's run on a worker (its id comes with the answer).
+  trace::Span span(trace::Kind::kSchedule, function);
+  uint64_t trace_key = 0;
+  if (trace::Recorder::get().tracing()) {
+    trace_key = trace::Recorder::get().new_flow_key();
+    span.set_flow_key(trace_key);
+  }
   // Unknown names fail here, at once (the coordinator checks again).
   bool known;
   {
@@ -248,8 +256,8 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
     payload.encoded.clear();
     payload.element = args;
   }
-  bool posted = impl->loop().post([impl, local, function, payload = std::move(payload)]() mutable {
-    impl->enqueue_schedule(local, std::move(function), std::move(payload));
+  bool posted = impl->loop().post([impl, local, function, payload = std::move(payload), trace_key]() mutable {
+    impl->enqueue_schedule(local, std::move(function), std::move(payload), trace_key);
   });
   if (!posted) {
     impl->outstanding.fetch_sub(1);

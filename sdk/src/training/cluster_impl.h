@@ -13,6 +13,7 @@
 #include <utility>
 #include <vector>
 
+#include "capstan/trace.h"
 #include "capstan/training.h"
 #include "async/status_exception.h"
 #include "capstan_schemas/coordinator.capnp.h"
@@ -125,13 +126,16 @@ struct ClusterCoordinator::Impl {
     std::shared_ptr<SentBatch> batch;  // the call it goes in
   };
   // Loop thread only.
-  void enqueue_schedule(int64_t local, std::string function, Args args) {
+  // `trace_key` (0: none): the schedule span's flow key, bound to the
+  // closure's id when it comes (capstan/trace.h).
+  void enqueue_schedule(int64_t local, std::string function, Args args, uint64_t trace_key) {
     auto paf = kj::newPromiseAndFulfiller<int64_t>();
     ++unacked;
     scheduled.emplace(local, Scheduled{paf.promise.fork()});
     if (!dropped_early.empty() && dropped_early.erase(local) > 0) release_local(local, /*dropped=*/true);
     tasks->add(scheduled.at(local).id_promise.addBranch().then(
-        [this, local](int64_t id) {
+        [this, local, trace_key](int64_t id) {
+          if (trace_key != 0) trace::Recorder::get().bind_flow(trace_key, static_cast<uint64_t>(id));
           schedule_answered(local, id);
           ack();
         },
