@@ -148,16 +148,17 @@ void write_process(const Recorded& r, int pid, int64_t zero_ns, const std::set<u
                       {"tid", tid}, {"ts", us(e.start_ns)}, {"dur", static_cast<double>(e.end_ns - e.start_ns) * 1e-3},
                       {"args", args}});
     ++written;
-    // A flow binds to the slice around its point: the middle of this one.
-    const double middle = us(e.start_ns + (e.end_ns - e.start_ns) / 2);
+    // A flow binds to the innermost slice open at its point: the start of
+    // this one (before its phases begin), or for a schedule (which has
+    // none), its middle.
     if (e.flow_out != 0 && flows.count(e.flow_out) > 0) {
       events.push_back({{"ph", "s"}, {"cat", "closure"}, {"name", "closure"}, {"id", e.flow_out}, {"pid", pid},
-                        {"tid", tid}, {"ts", middle}});
+                        {"tid", tid}, {"ts", us(e.start_ns + (e.end_ns - e.start_ns) / 2)}});
       ++written;
     }
     if (e.flow_in != 0 && flows.count(e.flow_in) > 0) {
       events.push_back({{"ph", "f"}, {"bp", "e"}, {"cat", "closure"}, {"name", "closure"}, {"id", e.flow_in},
-                        {"pid", pid}, {"tid", tid}, {"ts", middle}});
+                        {"pid", pid}, {"tid", tid}, {"ts", us(e.start_ns)}});
       ++written;
     }
   }

@@ -98,8 +98,10 @@ Status Recorder::start_trace(size_t max_events) {
   if (tracing_.load()) {
     return Status::FailedPrecondition("a trace is already being recorded here; ask again when it is done");
   }
+  // Reserved whole (address space; pages are touched as events come): a
+  // growing vector's copies would cost the traced process while it runs.
   impl_->events.clear();
-  impl_->events.reserve(std::min<size_t>(max_events, 65536));
+  impl_->events.reserve(max_events);
   impl_->max_events = max_events;
   impl_->dropped = 0;
   impl_->flows.clear();
@@ -178,6 +180,7 @@ void Recorder::end(uint64_t id, bool failed, const std::string& detail, int64_t 
     r.end_ns = end_ns;
     if (failed) r.detail = clipped(detail);
   }
+  // `detail` may be the event's own: used above, before the move below.
   if (event == nullptr || !tracing_.load()) return;
   if (impl_->events.size() >= impl_->max_events) {
     ++impl_->dropped;
@@ -234,12 +237,7 @@ void Span::finish() {
   open_ = false;
   event_.end_ns = now_ns();
   Recorder& recorder = Recorder::get();
-  if (recorder.tracing()) {
-    const std::string detail = event_.detail;
-    recorder.end(event_.id, event_.failed, detail, event_.end_ns, &event_);
-  } else {
-    recorder.end(event_.id, event_.failed, event_.detail, event_.end_ns, nullptr);
-  }
+  recorder.end(event_.id, event_.failed, event_.detail, event_.end_ns, recorder.tracing() ? &event_ : nullptr);
 }
 
 std::string format_records(const std::vector<FlightRecord>& records, int64_t now_ns) {

@@ -138,7 +138,8 @@ class Recorder {
   void bind_flow(uint64_t key, uint64_t flow_id);
 
   // Span's side (use Span): the flight record's start and end; end()
-  // keeps `event` too while a trace records.
+  // keeps `event` too while a trace records (moved from; `detail` may be
+  // its own).
   uint64_t begin(Kind kind, const std::string& name, const std::string& detail, int64_t start_ns, uint32_t thread);
   void end(uint64_t id, bool failed, const std::string& detail, int64_t end_ns, Event* event);
   // Keeps `event` while a trace records (record_finished).
