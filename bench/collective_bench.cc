@@ -6,14 +6,15 @@
 //   build/bin/collective_bench [--ranks 2,4] [--min-bytes 4] [--max-bytes 268435456]
 //                              [--transports tcp,shm] [--tcp-streams 1] [--segment-bytes N]
 //                              [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]
-//                              [--trace on|off]
+//                              [--trace on|off] [--trace-events N]
 //
 // Ranks are forked processes on this host, over loopback TCP or shared
 // memory; rank 0 times each operation between barriers and prints one line
 // per size (4 B to --max-bytes, powers of 4). With 2 ranks it first prints
 // the machine's limits for the same traffic, measured in the same run:
 // plain sockets (no Capstan) and memcpy. --trace on: every rank records a
-// trace (capstan/trace.h) while it measures (what tracing costs).
+// trace (capstan/trace.h) while it measures (what tracing costs), keeping
+// at most --trace-events (default 500000).
 #include <sys/wait.h>
 #include <arpa/inet.h>
 #include <netinet/in.h>
@@ -63,6 +64,7 @@ capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) 
 }
 
 bool g_trace = false;  // --trace on
+size_t g_trace_events = capstan::trace::Recorder::kMaxTraceEvents;  // --trace-events N
 
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
               int rank, int64_t min_bytes, int64_t max_bytes, const std::string& op, int64_t direct_max,
@@ -79,7 +81,7 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
     return 1;
   }
   // --trace on: this rank records a trace (capstan/trace.h) throughout.
-  if (g_trace) (void)capstan::trace::Recorder::get().start_trace(capstan::trace::Recorder::kMaxTraceEvents);
+  if (g_trace) (void)capstan::trace::Recorder::get().start_trace(g_trace_events);
   struct Traced {
     int rank;
     ~Traced() {
@@ -249,10 +251,11 @@ int main(int argc, char** argv) {
     else if (name == "--tcp-streams") tcp_streams = std::atoi(value.c_str());
     else if (name == "--segment-bytes") segment_bytes = std::atoll(value.c_str());
     else if (name == "--trace") g_trace = value == "on";
+    else if (name == "--trace-events") g_trace_events = static_cast<size_t>(std::atoll(value.c_str()));
     else {
       std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--transports tcp,shm] "
                    "[--tcp-streams N] [--segment-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N] "
-                   "[--trace on|off]\n", argv[0]);
+                   "[--trace on|off] [--trace-events N]\n", argv[0]);
       return 2;
     }
   }
