@@ -1207,10 +1207,8 @@ class TraceRecording {
         std::fprintf(stderr, "census: --trace: %s\n", trace.status().to_string().c_str());
         return;
       }
-      std::FILE* file = std::fopen(flags.trace.c_str(), "wb");
-      if (file == nullptr || std::fwrite(trace->json.data(), 1, trace->json.size(), file) != trace->json.size() ||
-          std::fclose(file) != 0) {
-        std::fprintf(stderr, "census: --trace: cannot write %s: %s\n", flags.trace.c_str(), std::strerror(errno));
+      if (capstan::Status written = trace->write(flags.trace); !written.ok()) {
+        std::fprintf(stderr, "census: --trace: %s\n", written.to_string().c_str());
         return;
       }
       std::fprintf(stderr, "census: trace written to %s: %zu events from %d processes\n", flags.trace.c_str(),

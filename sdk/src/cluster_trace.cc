@@ -12,6 +12,7 @@
 
 #include "capstan_schemas/coordinator.capnp.h"
 #include "capstan_schemas/data_dispatcher.capnp.h"
+#include "io/durable_file.h"
 #include "rpc/sync_channel.h"
 #include "wire_names.h"
 
@@ -251,6 +252,10 @@ Result<ClusterTrace> record_cluster_trace(const std::string& coordinator, const 
                  {"errors", out.errors}}}};
   out.json = file.dump();
   return out;
+}
+
+Status ClusterTrace::write(const std::string& path) const {
+  return io::write_file_durably(path, json).with_context("writing the trace to '" + path + "'");
 }
 
 Result<ClusterDump> dump_cluster(const std::string& coordinator, const std::vector<std::string>& extra_addresses,

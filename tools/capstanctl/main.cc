@@ -20,9 +20,7 @@
 // CAPSTAN_TOKEN_FILE (never from a flag value, which `ps` would show).
 #include <boost/program_options.hpp>
 
-#include <cerrno>
 #include <cmath>
-#include <cstring>
 #include <cstdio>
 #include <filesystem>
 #include <iostream>
@@ -300,10 +298,8 @@ int trace_command(const std::vector<std::string>& args, const capstan::ClientOpt
     std::cerr << "capstanctl trace: " << trace.status().to_string() << "\n";
     return trace.status().code() == capstan::StatusCode::kInvalidArgument ? 2 : 1;
   }
-  std::FILE* file = std::fopen(out.c_str(), "wb");
-  if (file == nullptr || std::fwrite(trace->json.data(), 1, trace->json.size(), file) != trace->json.size() ||
-      std::fclose(file) != 0) {
-    std::cerr << "capstanctl trace: cannot write '" << out << "': " << std::strerror(errno) << "\n";
+  if (capstan::Status written = trace->write(out); !written.ok()) {
+    std::cerr << "capstanctl trace: " << written.to_string() << "\n";
     return 1;
   }
   std::printf("%s: %zu events from %d processes (%llu dropped past the bound)\n", out.c_str(), trace->events,

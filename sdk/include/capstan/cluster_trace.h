@@ -55,6 +55,9 @@ struct ClusterTrace {
   size_t events = 0;                // trace events written
   uint64_t dropped = 0;             // past a process's max_events
   std::vector<std::string> errors;  // "worker:2 at ADDR: ..." for each daemon that did not answer
+
+  // Writes `json` to `path` (whole or not at all); the error names the path.
+  Status write(const std::string& path) const;
 };
 
 Result<ClusterTrace> record_cluster_trace(const std::string& coordinator, const ClusterTraceOptions& options);
