@@ -38,6 +38,7 @@ packages=(
   pybind11-dev           #   and pybind11
   python3-numpy          #   their arrays, and their tests (pytest)
   python3-pytest
+  libdlpack-dev          #   DLPack (capstan.Array to torch, JAX, numpy; no copy)
   clang                  # scripts/check-thread-safety.sh: -Wthread-safety
   ccache                 # rebuilds reuse objects (used when present)
   openssl                # scripts/make-test-ca.sh (TLS tests)
@@ -46,7 +47,8 @@ packages=(
 )
 
 if [[ ${1:-} == --test ]]; then
-  packages+=(docker.io docker-compose debootstrap prometheus systemd chromium)
+  # python3-torch: capstan.torch's tests run real PyTorch (Debian's, for /usr/bin/python3).
+  packages+=(docker.io docker-compose debootstrap prometheus systemd chromium python3-torch)
 fi
 
 missing=()

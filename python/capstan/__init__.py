@@ -15,8 +15,11 @@ tf.data service, and collectives, over Capstan's C++ SDK (libcapstan.so).
 Errors raise capstan.Error subclasses named after the status code
 (capstan.UnavailableError, capstan.InvalidArgumentError, ...), each with
 `.code`. Blocking calls release the GIL; Ctrl-C interrupts join, fetch,
-done, collectives and iteration. Arrays that come out share the tensor's
-memory (read-only, no copy); their base keeps it alive.
+done, collectives and iteration. Arrays that come out are capstan.Array:
+numpy arrays that share the tensor's memory (read-only, no copy; their
+base keeps it alive) and export it through DLPack (torch.from_dlpack,
+numpy.from_dlpack). Arrays go in as anything numpy.asarray takes, or any
+DLPack producer (a torch tensor).
 """
 
 from ._capstan import (  # noqa: F401
@@ -50,6 +53,7 @@ from ._capstan import (  # noqa: F401
     VariableInfo,
     load_module,
 )
+from ._array import Array  # noqa: F401
 from . import data  # noqa: F401
 
 __version__ = "0.1.0"

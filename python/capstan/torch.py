@@ -1,5 +1,5 @@
-"""A torch.utils.data.IterableDataset over a Capstan pipeline or the data
-service, so that a PyTorch loop reads from Capstan:
+"""PyTorch on Capstan: a torch.utils.data.IterableDataset over a Capstan
+pipeline or the data service, so that a PyTorch loop reads from Capstan:
 
     import capstan.torch
     loader = torch.utils.data.DataLoader(
@@ -8,35 +8,54 @@ service, so that a PyTorch loop reads from Capstan:
         batch_size=None)   # the pipeline batches
     for features, labels in loader: ...
 
-Each element comes as a tuple of torch tensors made with torch.from_numpy,
-sharing the arrays' memory (no copy). Capstan's arrays are read-only (they
-share the received buffers): treat the tensors as read-only too. Importing
+Each element comes as a tuple of torch tensors made with torch.from_dlpack,
+sharing Capstan's buffers (no copy). Capstan's arrays are read-only (they
+share the received buffers): treat the tensors as read-only too. String
+components stay numpy arrays of bytes (torch has no strings). Importing
 this module needs torch; the rest of capstan does not.
 """
-
-import warnings
 
 import torch as _torch
 import torch.utils.data as _torch_data
 
+from ._array import Array as _Array
 
-def _as_torch(array):
-    with warnings.catch_warnings():
-        # torch warns that the array is not writable: it is shared, on purpose.
-        warnings.simplefilter("ignore", UserWarning)
-        return _torch.from_numpy(array)
+
+def as_tensor(array):
+    """A torch tensor over a Capstan array's buffer (DLPack, no copy); any
+    other array through torch.as_tensor. Arrays of bytes stay as they are."""
+    if isinstance(array, _Array):
+        return _torch.from_dlpack(array)
+    if getattr(array, "dtype", None) is not None and array.dtype.kind in "OSU":
+        return array
+    return _torch.as_tensor(array)
+
+
+def _reads_data_service(dataset):
+    return "data_service" in repr(dataset)
 
 
 class IterableDataset(_torch_data.IterableDataset):
     """Iterates `dataset` (a capstan.data.Dataset), each element a tuple of
-    torch tensors. With DataLoader worker processes, give each its own part
-    (a data-service job shared by name, or shard()): every worker iterates
-    the whole dataset otherwise, as with any IterableDataset."""
+    torch tensors.
 
-    def __init__(self, dataset):
+    With DataLoader worker processes (num_workers > 0), each worker
+    iterates its own shard, dataset.shard(num_workers, worker_id), so that
+    every element comes once; `shard=False` turns that off. A pipeline that
+    reads the data service is not sharded by default: readers of a job
+    shared by name (job_name=...) already get each element once between
+    them (without a job name every reader gets its own job, the whole
+    dataset)."""
+
+    def __init__(self, dataset, shard=None):
         super().__init__()
         self._dataset = dataset
+        self._shard = (not _reads_data_service(dataset)) if shard is None else bool(shard)
 
     def __iter__(self):
-        for element in self._dataset:
-            yield tuple(_as_torch(a) for a in element)
+        dataset = self._dataset
+        info = _torch_data.get_worker_info()
+        if self._shard and info is not None and info.num_workers > 1:
+            dataset = dataset.shard(info.num_workers, info.id)
+        for element in dataset:
+            yield tuple(as_tensor(a) for a in element)

@@ -65,7 +65,10 @@ py::object to_numpy(const Tensor& t) {
   py::capsule base(keep, [](void* p) { delete static_cast<Tensor*>(p); });
   py::array out(numpy_dtype(t.dtype()), shape, {}, keep->data(), base);
   py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
-  return out;
+  // capstan.Array (python/capstan/_array.py): the same array, and DLPack.
+  // Never destroyed, as asarray below.
+  static py::object* array_type = new py::object(py::module_::import("capstan._array").attr("Array"));
+  return out.attr("view")(*array_type);
 }
 
 Tensor to_tensor(const py::handle& value) {
@@ -73,8 +76,14 @@ Tensor to_tensor(const py::handle& value) {
   // they are; the result is C-contiguous (0-d stays 0-d).
   // Never destroyed: a static py::object would be released after the
   // interpreter is gone.
-  static py::object* asarray = new py::object(py::module_::import("numpy").attr("asarray"));
-  py::array array = (*asarray)(value, py::arg("order") = "C");
+  static py::object* numpy = new py::object(py::module_::import("numpy"));
+  py::object input = py::reinterpret_borrow<py::object>(value);
+  if (!py::isinstance<py::array>(input) && py::hasattr(input, "__dlpack__")) {
+    // Any DLPack producer (a torch tensor, a JAX array) in host memory: no
+    // copy until the one below.
+    input = numpy->attr("from_dlpack")(input);
+  }
+  py::array array = numpy->attr("asarray")(input, py::arg("order") = "C");
   if (!array.dtype().attr("isnative").cast<bool>()) {
     array = array.attr("astype")(array.dtype().attr("newbyteorder")("="));  // big-endian input: native order
   }

@@ -49,11 +49,13 @@ inline void check(const Status& status) {
 // InvalidArgument for one it has none for.
 DType capstan_dtype(const py::dtype& dtype);
 
-// A read-only array over the tensor's buffer; its base keeps the tensor. A
-// string tensor comes out as an object array of bytes (a copy).
+// A read-only capstan.Array (a numpy array that exports DLPack) over the
+// tensor's buffer; its base keeps the tensor. A string tensor comes out as
+// a plain object array of bytes (a copy).
 py::object to_numpy(const Tensor& t);
 
-// Whatever np.asarray takes, copied once into a Tensor.
+// Whatever np.asarray takes, or any DLPack producer in host memory (through
+// numpy.from_dlpack), copied once into a Tensor.
 Tensor to_tensor(const py::handle& value);
 
 // An Element as a tuple of arrays.
@@ -145,6 +147,7 @@ ClientOptions client_options(const std::string& token, const std::string& client
 // (else the docstring names the C++ type).
 
 void init_errors(py::module_& m);        // capstan.Error and capstan.<Code>Error
+void init_dlpack(py::module_& m);        // _to_dlpack (capstan.Array.__dlpack__)
 void init_data(py::module_& m);          // Fn, Iterator, Dataset, load_module (tf.data)
 void init_data_service(py::module_& m);  // register_dataset, from_dataset_id
 void init_collectives(py::module_& m);   // Communicator

@@ -1,0 +1,135 @@
+"""capstan with real PyTorch (Debian's python3-torch): capstan.torch's
+IterableDataset in a DataLoader, DLPack both ways (capstan.Array out to
+torch and numpy with no copy, torch tensors in), and the numpy check that
+refuses to load the module under a numpy it would misread."""
+
+import os
+import subprocess
+import sys
+import threading
+
+import numpy as np
+import pytest
+import torch
+import torch.utils.data
+
+import capstan
+import capstan.torch
+from capstan.data import Dataset
+
+
+def data_pointer(array):
+    return array.__array_interface__["data"][0]
+
+
+def test_dataloader_reads_a_pipeline_as_tensors_over_capstan_buffers():
+    loader = torch.utils.data.DataLoader(capstan.torch.IterableDataset(Dataset.range(10).batch(4)),
+                                         batch_size=None)
+    batches = list(loader)
+    assert all(isinstance(b, torch.Tensor) for (b,) in batches)
+    assert [b.tolist() for (b,) in batches] == [[0, 1, 2, 3], [4, 5, 6, 7], [8, 9]]
+    # A cached tensor handed out twice: two torch tensors over its one
+    # buffer (a copy anywhere on the way would part them).
+    element = np.arange(1 << 16, dtype=np.float32)
+    first, second = (t for (t,) in capstan.torch.IterableDataset(Dataset.from_tensors((element,)).cache().repeat(2)))
+    assert first.data_ptr() == second.data_ptr()
+    assert torch.equal(first, torch.from_numpy(element))
+
+
+@pytest.mark.filterwarnings("ignore:This DataLoader will create")  # 3 workers on 2 cores: on purpose
+@pytest.mark.parametrize("workers", [2, 3])
+def test_dataloader_workers_each_read_a_shard_and_every_element_comes_once(workers):
+    dataset = capstan.torch.IterableDataset(Dataset.range(100).batch(5))
+    loader = torch.utils.data.DataLoader(dataset, batch_size=None, num_workers=workers)
+    values = sorted(v for (b,) in loader for v in b.tolist())
+    assert values == list(range(100))
+    # shard=False: each worker reads the whole pipeline, as any IterableDataset.
+    unsharded = capstan.torch.IterableDataset(Dataset.range(10), shard=False)
+    values = sorted(int(x) for (x,) in torch.utils.data.DataLoader(unsharded, batch_size=None, num_workers=2))
+    assert values == sorted(list(range(10)) * 2)
+
+
+def test_dataloader_workers_share_a_data_service_job_and_every_element_comes_once(data_service):
+    dataset_id = capstan.data.service.register_dataset(data_service, Dataset.range(200).batch(10))
+    read = capstan.data.service.from_dataset_id(data_service, dataset_id, processing_mode="dynamic",
+                                                job_name="torch-loader")
+    loader = torch.utils.data.DataLoader(capstan.torch.IterableDataset(read), batch_size=None, num_workers=2)
+    values = sorted(v for (b,) in loader for v in b.tolist())
+    assert values == list(range(200))
+
+
+def test_arrays_from_the_data_service_and_fetched_values_go_to_torch_and_numpy_without_a_copy(data_service,
+                                                                                                training):
+    element = np.arange(1 << 20, dtype=np.float32)
+    dataset_id = capstan.data.service.register_dataset(data_service, Dataset.from_tensors((element,)).repeat(3))
+    arrays = [x for (x,) in capstan.data.service.from_dataset_id(data_service, dataset_id)]
+    value = training.schedule("add_one")
+    training.create_variable("counter", np.float32(0), capstan.Optimizer.sgd(0.1))
+    training.join()
+    fetched, = value.fetch()
+    for array in arrays + [fetched, training.read_variable("counter")]:
+        assert isinstance(array, capstan.Array) and not array.flags.writeable
+        tensor = torch.from_dlpack(array)
+        assert tensor.data_ptr() == data_pointer(array)
+        assert np.shares_memory(np.from_dlpack(array), array)
+        np.testing.assert_array_equal(tensor.numpy(), array)
+    assert torch.equal(torch.from_dlpack(arrays[0]), torch.from_numpy(element))
+    # A tensor keeps the buffer alive after the array is gone.
+    tensor = torch.from_dlpack(arrays.pop())
+    del array
+    arrays.clear()
+    assert tensor[12345].item() == 12345.0
+    # Views stay Capstan arrays over the same buffer; results of arithmetic
+    # are plain numpy, as from any array.
+    view = fetched.reshape(1) if fetched.ndim == 0 else fetched[:1]
+    assert isinstance(view, capstan.Array) and np.shares_memory(view, fetched)
+    assert type(fetched + 1) is not capstan.Array
+
+
+def test_dlpack_refuses_what_it_cannot_describe():
+    flags, = next(iter(Dataset.from_tensors((np.array([True, False]),))))
+    with pytest.raises(capstan.InvalidArgumentError, match="bool.*uint8"):
+        torch.from_dlpack(flags)
+    numbers, = next(iter(Dataset.from_tensors((np.arange(4.0),))))
+    with pytest.raises(BufferError, match="host memory"):
+        numbers.__dlpack__(stream=1)
+    assert numbers.__dlpack_device__() == (1, 0)
+
+
+def test_collectives_and_variable_writes_take_torch_tensors(training):
+    results = {}
+
+    def rank(r):
+        group = training.join_group("torch-group", size=2, rank=r, timeout=20)
+        results[r] = group.all_reduce(torch.full((3,), float(r + 1)), "sum")
+
+    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    for r in range(2):
+        np.testing.assert_array_equal(results[r], [3, 3, 3])
+    weights = torch.arange(6, dtype=torch.float32).reshape(3, 2)
+    training.create_variable("w", weights, capstan.Optimizer.sgd(1.0))
+    np.testing.assert_array_equal(training.read_variable("w"), weights.numpy())
+    training.assign_variable("w", torch.zeros(3, 2))
+    np.testing.assert_array_equal(training.read_variable("w"), np.zeros((3, 2), np.float32))
+    # A tensor that requires grad is refused as torch refuses it: detach first.
+    with pytest.raises(RuntimeError, match="detach"):
+        training.assign_variable("w", torch.zeros(3, 2, requires_grad=True))
+
+
+def test_a_numpy_2_is_refused_at_import_naming_both_numpys(tmp_path):
+    # A numpy that says it is 2.x, first on the path: the module was built
+    # with pybind11 2.10, which reads numpy 1.x arrays only.
+    fake = tmp_path / "numpy"
+    fake.mkdir()
+    (fake / "__init__.py").write_text("__version__ = '2.1.0'\n")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(tmp_path), os.environ.get("PYTHONPATH", "")]))
+    done = subprocess.run([sys.executable, "-c", "import capstan"], env=env, capture_output=True, text=True,
+                          timeout=60)
+    assert done.returncode != 0
+    assert "ImportError" in done.stderr
+    assert "numpy 2.1.0" in done.stderr and str(fake) in done.stderr
+    assert f"numpy {np.__version__}" in done.stderr and "-DPython3_EXECUTABLE=" in done.stderr
