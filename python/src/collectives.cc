@@ -39,20 +39,20 @@ void init_collectives(py::module_& m) {
       .def_property_readonly("rank", &Communicator::rank)
       .def_property_readonly("size", &Communicator::size)
       .def("all_reduce", [](const std::shared_ptr<Communicator>& c, const py::object& array, const std::string& op) {
-             Tensor t = to_tensor(array);
+             Tensor t = borrow_tensor(array);  // read in place while the call runs
              ReduceOp r = reduce_op(op);
              return to_numpy(value_or_raise(collective(c, [c, t, r]() { return c->all_reduce(t, r); })));
            }, py::arg("array"), py::arg("op") = "sum")
       .def("broadcast", [](const std::shared_ptr<Communicator>& c, const py::object& array, int root) {
-             Tensor t = to_tensor(array);
+             Tensor t = borrow_tensor(array);  // read in place while the call runs
              return to_numpy(value_or_raise(collective(c, [c, t, root]() { return c->broadcast(t, root); })));
            }, py::arg("array"), py::arg("root") = 0)
       .def("all_gather", [](const std::shared_ptr<Communicator>& c, const py::object& array) {
-             Tensor t = to_tensor(array);
+             Tensor t = borrow_tensor(array);  // read in place while the call runs
              return to_numpy(value_or_raise(collective(c, [c, t]() { return c->all_gather(t); })));
            }, py::arg("array"))
       .def("reduce_scatter", [](const std::shared_ptr<Communicator>& c, const py::object& array, const std::string& op) {
-             Tensor t = to_tensor(array);
+             Tensor t = borrow_tensor(array);  // read in place while the call runs
              ReduceOp r = reduce_op(op);
              return to_numpy(value_or_raise(collective(c, [c, t, r]() { return c->reduce_scatter(t, r); })));
            }, py::arg("array"), py::arg("op") = "sum")

@@ -66,24 +66,53 @@ py::object to_numpy(const Tensor& t) {
   py::array out(numpy_dtype(t.dtype()), shape, {}, keep->data(), base);
   py::detail::array_proxy(out.ptr())->flags &= ~py::detail::npy_api::NPY_ARRAY_WRITEABLE_;
   // capstan.Array (python/capstan/_array.py): the same array, and DLPack.
-  // Never destroyed, as asarray below.
+  // Never destroyed, as numpy below.
   static py::object* array_type = new py::object(py::module_::import("capstan._array").attr("Array"));
   return out.attr("view")(*array_type);
 }
 
-Tensor to_tensor(const py::handle& value) {
-  // numpy's own conversion: its errors (a ragged list, ...) propagate as
-  // they are; the result is C-contiguous (0-d stays 0-d).
+namespace {
+
+// numpy's own conversion: its errors (a ragged list, ...) propagate as they
+// are; the result is C-contiguous (0-d stays 0-d). Any DLPack producer (a
+// torch tensor, a JAX array) in host memory goes through numpy.from_dlpack:
+// no copy.
+py::array as_numpy(const py::handle& value) {
   // Never destroyed: a static py::object would be released after the
   // interpreter is gone.
   static py::object* numpy = new py::object(py::module_::import("numpy"));
   py::object input = py::reinterpret_borrow<py::object>(value);
   if (!py::isinstance<py::array>(input) && py::hasattr(input, "__dlpack__")) {
-    // Any DLPack producer (a torch tensor, a JAX array) in host memory: no
-    // copy until the one below.
     input = numpy->attr("from_dlpack")(input);
   }
-  py::array array = numpy->attr("asarray")(input, py::arg("order") = "C");
+  return numpy->attr("asarray")(input, py::arg("order") = "C");
+}
+
+}  // namespace
+
+Tensor borrow_tensor(const py::handle& value) {
+  py::array array = as_numpy(value);
+  const char kind = array.dtype().kind();
+  if (kind == 'S' || kind == 'U' || kind == 'O' || !array.dtype().attr("isnative").cast<bool>()) {
+    return to_tensor(array);
+  }
+  const DType dtype = capstan_dtype(array.dtype());
+  // The tensor holds a reference to the array, dropped under the GIL (the
+  // last holder may be a collective's thread).
+  std::shared_ptr<void> owner(new py::object(array), [](void* p) {
+    if (_Py_IsFinalizing()) return;  // the interpreter is going: leave it
+    PyGILState_STATE gil = PyGILState_Ensure();
+    delete static_cast<py::object*>(p);
+    PyGILState_Release(gil);
+  });
+  Shape shape(array.shape(), array.shape() + array.ndim());
+  auto* data = static_cast<std::byte*>(const_cast<void*>(array.data()));
+  return value_or_raise(Tensor::from_buffer(dtype, std::move(shape), std::move(owner), data,
+                                            static_cast<size_t>(array.nbytes())));
+}
+
+Tensor to_tensor(const py::handle& value) {
+  py::array array = as_numpy(value);
   if (!array.dtype().attr("isnative").cast<bool>()) {
     array = array.attr("astype")(array.dtype().attr("newbyteorder")("="));  // big-endian input: native order
   }

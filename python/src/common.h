@@ -58,6 +58,12 @@ py::object to_numpy(const Tensor& t);
 // numpy.from_dlpack), copied once into a Tensor.
 Tensor to_tensor(const py::handle& value);
 
+// The same, without the copy where it can (a native-order array of numbers:
+// the tensor reads the array's memory, and holds the array until it is
+// dropped): for calls that read their input only while they run (the
+// collectives), never for one that keeps it (a dataset, a variable).
+Tensor borrow_tensor(const py::handle& value);
+
 // An Element as a tuple of arrays.
 py::tuple element_to_python(const Element& e);
 

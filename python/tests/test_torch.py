@@ -4,9 +4,11 @@ torch and numpy with no copy, torch tensors in), and the numpy check that
 refuses to load the module under a numpy it would misread."""
 
 import os
+import re
 import subprocess
 import sys
 import threading
+import time
 
 import numpy as np
 import pytest
@@ -97,17 +99,18 @@ def test_dlpack_refuses_what_it_cannot_describe():
 
 
 def test_collectives_and_variable_writes_take_torch_tensors(training):
-    results = {}
+    inputs = [torch.full((3,), 1.0), torch.full((3,), 2.0)]
 
     def rank(r):
         group = training.join_group("torch-group", size=2, rank=r, timeout=20)
-        results[r] = group.all_reduce(torch.full((3,), float(r + 1)), "sum")
+        # Read in place (no copy going in), and left as it was.
+        result = group.all_reduce(inputs[r], "sum")
+        assert inputs[r].tolist() == [r + 1.0] * 3
+        assert data_pointer(result) != inputs[r].data_ptr()
+        return result
 
-    threads = [threading.Thread(target=rank, args=(r,)) for r in range(2)]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
+    results, errors = _run_ranks(2, rank)
+    assert not errors, errors
     for r in range(2):
         np.testing.assert_array_equal(results[r], [3, 3, 3])
     weights = torch.arange(6, dtype=torch.float32).reshape(3, 2)
@@ -133,3 +136,125 @@ def test_a_numpy_2_is_refused_at_import_naming_both_numpys(tmp_path):
     assert "ImportError" in done.stderr
     assert "numpy 2.1.0" in done.stderr and str(fake) in done.stderr
     assert f"numpy {np.__version__}" in done.stderr and "-DPython3_EXECUTABLE=" in done.stderr
+
+
+def _net(seed):
+    torch.manual_seed(seed)
+    return torch.nn.Sequential(torch.nn.Linear(4, 8), torch.nn.ReLU(), torch.nn.Linear(8, 8), torch.nn.ReLU(),
+                               torch.nn.Linear(8, 1))
+
+
+def _run_ranks(size, target):
+    results, errors = {}, {}
+
+    def run(r):
+        try:
+            results[r] = target(r)
+        except BaseException as e:  # noqa: B902 (reported below)
+            errors[r] = e
+
+    threads = [threading.Thread(target=run, args=(r,)) for r in range(size)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=120)
+    assert not any(t.is_alive() for t in threads), "a rank hung"
+    return results, errors
+
+
+def test_ddp_two_ranks_of_batch_b_equal_one_process_of_batch_2b_after_an_sgd_step(training):
+    torch.manual_seed(7)
+    x, y = torch.randn(8, 4), torch.randn(8, 1)
+    reference = _net(1)
+    optimizer = torch.optim.SGD(reference.parameters(), lr=0.1)
+    torch.nn.functional.mse_loss(reference(x), y).backward()
+    optimizer.step()
+
+    # Made here: torch's seed is global, and the ranks are threads.
+    # Rank 1 starts from other values: construction gives it rank 0's.
+    nets = [_net(1), _net(2)]
+
+    def rank(r):
+        group = training.join_group("ddp-exact", size=2, rank=r, timeout=30)
+        model = capstan.torch.DistributedDataParallel(nets[r], group, bucket_cap_mb=100 / (1 << 20))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        part = slice(4 * r, 4 * r + 4)
+        torch.nn.functional.mse_loss(model(x[part]), y[part]).backward()
+        opt.step()
+        return len(model.buckets), [p.detach().clone() for p in model.parameters()]
+
+    results, errors = _run_ranks(2, rank)
+    assert not errors, errors
+    for r in range(2):
+        buckets, params = results[r]
+        assert buckets > 1  # 100-byte buckets: several all-reduces during backward
+        for got, want in zip(params, reference.parameters()):
+            torch.testing.assert_close(got, want.detach(), rtol=1e-5, atol=1e-6)
+
+
+def test_ddp_no_sync_accumulates_and_unused_parameters_count_as_zero(training):
+    torch.manual_seed(3)
+    xs = [torch.randn(4, 4) for _ in range(4)]
+
+    class TwoHeads(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.body = torch.nn.Linear(4, 4)
+            self.used = torch.nn.Linear(4, 1)
+            self.unused = torch.nn.Linear(4, 1)
+
+        def forward(self, x):
+            return self.used(self.body(x))
+
+    torch.manual_seed(11)
+    nets = [TwoHeads(), TwoHeads()]
+
+    def rank(r):
+        group = training.join_group("ddp-accumulate", size=2, rank=r, timeout=30)
+        model = capstan.torch.DistributedDataParallel(nets[r], group)
+        with model.no_sync():
+            model(xs[r]).sum().backward()
+        local = model.module.body.weight.grad.clone()
+        model(xs[2 + r]).sum().backward()
+        return local, model.module.body.weight.grad.clone(), model.module.unused.weight.grad.clone()
+
+    results, errors = _run_ranks(2, rank)
+    assert not errors, errors
+    torch.manual_seed(11)
+    single = TwoHeads()
+    grads = []
+    for r in range(2):
+        single.zero_grad()
+        single(xs[r]).sum().backward()
+        single(xs[2 + r]).sum().backward()
+        grads.append(single.body.weight.grad.clone())
+    for r in range(2):
+        local, averaged, unused = results[r]
+        assert not torch.allclose(local, averaged)  # no_sync kept it local
+        torch.testing.assert_close(averaged, (grads[0] + grads[1]) / 2)
+        assert torch.count_nonzero(unused) == 0
+
+
+def test_ddp_backward_fails_naming_a_rank_that_never_joins_the_all_reduce(training):
+    joined = threading.Barrier(2)
+    x = torch.randn(2, 4)
+
+    nets = [_net(1), _net(1)]
+
+    def rank(r):
+        group = training.join_group("ddp-dead", size=2, rank=r, timeout=3)
+        model = capstan.torch.DistributedDataParallel(nets[r], group)
+        joined.wait()
+        if r == 1:
+            return "rank 1 stopped before backward"
+        started = time.monotonic()
+        try:
+            model(x).sum().backward()
+        finally:
+            group.abort("test over")
+        return time.monotonic() - started
+
+    results, errors = _run_ranks(2, rank)
+    assert 1 in results and 0 in errors, (results, errors)
+    assert isinstance(errors[0], capstan.Error), repr(errors[0])
+    assert re.search(r"rank\(s\) 1 stopped responding", str(errors[0])), str(errors[0])
