@@ -20,6 +20,13 @@ And data-parallel training over Capstan's collectives:
     loss_fn(model(x), y).backward()                            # gradients averaged over the group
     optimizer.step()
 
+And parameter-server training from Python, one training process per worker
+(multi-client, as TF1's between-graph replication):
+
+    ps = capstan.torch.PsModule(net, cluster, optimizer=capstan.Optimizer.adagrad(0.05))
+    for features, labels in loader:
+        loss = ps.step(lambda: loss_fn(net(features), labels))   # pull, forward, backward, push
+
 Importing this module needs torch; the rest of capstan does not.
 """
 
@@ -28,7 +35,10 @@ import contextlib as _contextlib
 import threading as _threading
 
 import torch as _torch
+import torch.nn.functional as _functional
 import torch.utils.data as _torch_data
+
+from . import _capstan
 
 from ._array import Array as _Array
 
@@ -218,3 +228,161 @@ class DistributedDataParallel(_torch.nn.Module):
                     # else holds that buffer), as torch's gradient_as_bucket_view.
                     p.grad = averaged[offset:offset + n].view_as(p)
                     offset += n
+
+
+class PsModule:
+    """Keeps a torch.nn.Module's parameters on Capstan's parameter servers,
+    for a training process of its own (one per worker; they share the
+    variables through the coordinator `cluster`, a ClusterCoordinator).
+
+    Each parameter is a variable named prefix + its name ("0.weight"),
+    created by the first process with the module's current values (the
+    others find it and carry on from the parameter servers' values, as does
+    a restarted process); a parameter of `partition_min_bytes` or more with
+    two or more rows is split by rows into at most `max_shards` shards.
+    `optimizer` (a capstan.Optimizer, applied on the parameter servers) for
+    every parameter not named in `optimizers`.
+
+    An nn.Embedding(sparse=True) keeps its table on the parameter servers
+    only: its forward gathers the batch's rows (cluster.gather) and push()
+    sends their gradient as sparse rows (apply_sparse_gradients), so a step
+    moves a batch's rows, never the table. A capstan.torch.Embedding (a
+    dynamic table, ids of any int64 value) does the same over an embedding
+    table.
+
+    step(loss_fn): pull() the dense parameters into the module, zero the
+    gradients, loss = loss_fn(), backward, push() every gradient to the
+    parameter servers (their optimizers apply them); returns the loss as a
+    float. Checkpoints are the coordinator's (cluster.save_checkpoint)."""
+
+    def __init__(self, module, cluster, *, prefix="", optimizer=None, optimizers=None,
+                 partition_min_bytes=1 << 20, max_shards=8, create=True):
+        self.module = module
+        self.cluster = cluster
+        self.prefix = prefix
+        optimizer = optimizer if optimizer is not None else _capstan.Optimizer.sgd(0.01)
+        optimizers = dict(optimizers or {})
+        sparse = {}
+        for path, sub in module.named_modules():
+            if isinstance(sub, _torch.nn.Embedding) and sub.sparse:
+                if sub.max_norm is not None:
+                    raise ValueError(f"embedding '{path}': max_norm renormalizes the table in place, which lives "
+                                     "on the parameter servers; use max_norm=None")
+                sparse[id(sub.weight)] = (path, sub)
+        self._dense = []     # (variable name, parameter)
+        self._sparse = []    # (variable name, nn.Embedding)
+        self._gathered = {}  # variable name -> [(ids, rows leaf)] of this step
+        for name, p in module.named_parameters():
+            variable = prefix + name
+            if id(p) in sparse:
+                self._sparse.append((variable, sparse[id(p)][1]))
+            else:
+                self._dense.append((variable, p))
+            if create:
+                self._create(variable, p, optimizers.get(name, optimizer), partition_min_bytes, max_shards)
+        for variable, embedding in self._sparse:
+            embedding.forward = self._sparse_forward(variable, embedding)
+        self._tables = [m for m in module.modules() if isinstance(m, Embedding)]
+        for table in self._tables:
+            table._attach(cluster, create)
+
+    def _create(self, variable, p, optimizer, partition_min_bytes, max_shards):
+        partitioner = _capstan.Partitioner.none()
+        nbytes = p.numel() * p.element_size()
+        if p.dim() >= 2 and p.shape[0] >= 2 and nbytes >= partition_min_bytes:
+            shards = max(1, min(max_shards, p.shape[0], nbytes // max(1, partition_min_bytes // 4)))
+            partitioner = _capstan.Partitioner.fixed_shards(int(shards))
+        try:
+            self.cluster.create_variable(variable, p.detach(), optimizer, partitioner)
+        except _capstan.AlreadyExistsError:
+            pass  # another process made it (or this one, before a restart): train on from its values
+
+    def _sparse_forward(self, variable, embedding):
+        def forward(ids):
+            unique, inverse = _torch.unique(ids, return_inverse=True)
+            rows = as_tensor(self.cluster.gather(variable, unique.numpy())).requires_grad_()
+            self._gathered.setdefault(variable, []).append((unique, rows))
+            return _functional.embedding(inverse, rows, None, None, embedding.norm_type,
+                                         embedding.scale_grad_by_freq, False)
+        return forward
+
+    def pull(self):
+        """The dense parameters' values from the parameter servers."""
+        with _torch.no_grad():
+            for variable, p in self._dense:
+                p.copy_(as_tensor(self.cluster.read_variable(variable)).view_as(p))
+
+    def push(self):
+        """Every gradient of this step to the parameter servers."""
+        for variable, p in self._dense:
+            if p.grad is not None:
+                self.cluster.apply_gradients(variable, p.grad)
+        for variable, embedding in self._sparse:
+            self._push_rows(variable, self._gathered.pop(variable, []), self.cluster.apply_sparse_gradients)
+        for table in self._tables:
+            self._push_rows(table.name, table._take_gathered(), self.cluster.apply_sparse_gradients)
+        self._gathered.clear()
+
+    @staticmethod
+    def _push_rows(variable, gathered, apply):
+        pieces = [(ids, rows.grad) for ids, rows in gathered if rows.grad is not None]
+        if not pieces:
+            return
+        ids = _torch.cat([i for i, _ in pieces])
+        grads = _torch.cat([g for _, g in pieces])
+        if len(pieces) > 1:  # one row per id (lookups of one table in a step add up)
+            ids, inverse = _torch.unique(ids, return_inverse=True)
+            grads = _torch.zeros(len(ids), grads.shape[1], dtype=grads.dtype).index_add_(0, inverse, grads)
+        apply(variable, ids.numpy(), grads)
+
+    def step(self, loss_fn):
+        self.pull()
+        for p in self.module.parameters():
+            p.grad = None
+        self._gathered.clear()
+        for table in self._tables:
+            table._take_gathered()
+        loss = loss_fn()
+        loss.backward()
+        self.push()
+        return float(loss.detach())
+
+
+class Embedding(_torch.nn.Module):
+    """A dynamic embedding table on the parameter servers (TFRA's dynamic
+    embedding; Capstan's embedding tables): ids of any int64 value, a row
+    made by `initializer` when an id is first seen, rows gathered per batch
+    and updated sparsely by `optimizer` on the parameter servers. For a
+    module trained through PsModule (which attaches the cluster)."""
+
+    def __init__(self, name, dim, initializer=None, optimizer=None, options=None):
+        super().__init__()
+        self.name = name
+        self.dim = dim
+        self._initializer = initializer if initializer is not None else _capstan.EmbeddingInitializer.random_normal()
+        self._optimizer = optimizer if optimizer is not None else _capstan.Optimizer.sgd(0.01)
+        self._options = options if options is not None else _capstan.EmbeddingTableOptions()
+        self._cluster = None
+        self._gathered = []
+
+    def _attach(self, cluster, create):
+        self._cluster = cluster
+        if create:
+            try:
+                cluster.create_embedding_table(self.name, self.dim, "float32", self._initializer, self._optimizer,
+                                               self._options)
+            except _capstan.AlreadyExistsError:
+                pass
+
+    def _take_gathered(self):
+        out, self._gathered = self._gathered, []
+        return out
+
+    def forward(self, ids):
+        if self._cluster is None:
+            raise RuntimeError(f"capstan.torch.Embedding '{self.name}' is not attached to a cluster: train the "
+                               "module through capstan.torch.PsModule")
+        unique, inverse = _torch.unique(ids.to(_torch.int64), return_inverse=True)
+        rows = as_tensor(self._cluster.lookup(self.name, unique.numpy())).requires_grad_()
+        self._gathered.append((unique, rows))
+        return _functional.embedding(inverse, rows)

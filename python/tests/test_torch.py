@@ -258,3 +258,92 @@ def test_ddp_backward_fails_naming_a_rank_that_never_joins_the_all_reduce(traini
     assert 1 in results and 0 in errors, (results, errors)
     assert isinstance(errors[0], capstan.Error), repr(errors[0])
     assert re.search(r"rank\(s\) 1 stopped responding", str(errors[0])), str(errors[0])
+
+
+class _SparseNet(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.items = torch.nn.Embedding(50, 4, sparse=True)
+        self.head = torch.nn.Linear(4 + 3, 1)
+
+    def forward(self, ids, x):
+        return self.head(torch.cat([self.items(ids).mean(1), x], 1)).squeeze(1)
+
+
+def test_ps_module_with_one_process_equals_local_torch_training_step_by_step(training):
+    torch.manual_seed(5)
+    local = _SparseNet()
+    remote = _SparseNet()
+    remote.load_state_dict(local.state_dict())
+    # Parameters of 200 bytes or more with two or more rows split by rows:
+    # the table (800 bytes) is sharded; the head's one-row weight is not.
+    ps = capstan.torch.PsModule(remote, training, prefix="sparse/", optimizer=capstan.Optimizer.sgd(0.1),
+                                partition_min_bytes=200)
+    variables = {v.name: v for v in training.variables()}
+    assert variables["sparse/items.weight"].num_shards > 1 and variables["sparse/head.weight"].num_shards == 1
+    optimizer = torch.optim.SGD(local.parameters(), lr=0.1)
+    for step in range(5):
+        ids = torch.randint(0, 50, (8, 3))  # repeated ids within and across rows
+        x, y = torch.randn(8, 3), torch.randn(8)
+        optimizer.zero_grad()
+        want = torch.nn.functional.mse_loss(local(ids, x), y)
+        want.backward()
+        optimizer.step()
+        got = ps.step(lambda: torch.nn.functional.mse_loss(remote(ids, x), y))
+        assert abs(got - float(want)) < 1e-5, step
+        # The module never held the table: compare with the servers' values.
+        torch.testing.assert_close(as_torch(training.read_variable("sparse/items.weight")), local.items.weight.detach(),
+                                   rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(as_torch(training.read_variable("sparse/head.weight")), local.head.weight.detach(),
+                                   rtol=1e-5, atol=1e-6)
+
+
+def as_torch(array):
+    return capstan.torch.as_tensor(array)
+
+
+def test_ps_modules_of_two_processes_share_the_variables_and_a_late_one_carries_on(training):
+    torch.manual_seed(1)
+    first = torch.nn.Linear(3, 1)
+    ps_first = capstan.torch.PsModule(first, training, prefix="shared/", optimizer=capstan.Optimizer.sgd(0.5))
+    x, y = torch.randn(4, 3), torch.randn(4)
+    ps_first.step(lambda: torch.nn.functional.mse_loss(first(x).squeeze(1), y))
+    trained = as_torch(training.read_variable("shared/weight")).clone()
+    # Another process's module (other initial values) finds the variables
+    # and pulls the trained values, not its own.
+    torch.manual_seed(2)
+    second = torch.nn.Linear(3, 1)
+    ps_second = capstan.torch.PsModule(second, training, prefix="shared/", optimizer=capstan.Optimizer.sgd(0.5))
+    ps_second.pull()
+    torch.testing.assert_close(second.weight.detach(), trained.view_as(second.weight))
+    # Both push into the same variables: the first pulls the second's step.
+    ps_second.step(lambda: torch.nn.functional.mse_loss(second(x).squeeze(1), y))
+    ps_first.pull()
+    torch.testing.assert_close(first.weight.detach(), as_torch(training.read_variable("shared/weight")))
+    assert not torch.equal(first.weight.detach(), trained.view_as(first.weight))
+
+
+def test_a_dynamic_embedding_table_trains_the_rows_of_the_ids_it_saw(training):
+    class Net(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.users = capstan.torch.Embedding("users", 4, capstan.EmbeddingInitializer.zeros(),
+                                                 capstan.Optimizer.sgd(1.0))
+            self.head = torch.nn.Linear(4, 1)
+
+        def forward(self, ids):
+            return self.head(self.users(ids)).squeeze(1)
+
+    net = Net()
+    ps = capstan.torch.PsModule(net, training, prefix="dyn/")
+    ids = torch.tensor([10 ** 12, 7, 7, -3])  # any int64 id
+    ps.step(lambda: net(ids).sum())
+    rows = as_torch(training.lookup("users", np.array([10 ** 12, 7, -3, 99]), insert=False))
+    head = as_torch(training.read_variable("dyn/head.weight")).reshape(-1)
+    # d(sum)/d(row) = the head's weight (before its own step), once per
+    # occurrence; SGD(1.0): the row moves by minus that.
+    assert torch.count_nonzero(rows[3]) == 0  # 99 was never seen
+    assert torch.all(rows[1] != 0) and torch.allclose(rows[1], 2 * rows[0])  # id 7 came twice
+    assert head.shape == (4,)
+    with pytest.raises(RuntimeError, match="not attached"):
+        capstan.torch.Embedding("loose", 2)(torch.tensor([1]))
