@@ -253,13 +253,14 @@ class PsModule:
     step(loss_fn): pull() the dense parameters into the module, zero the
     gradients, loss = loss_fn(), backward, push() every gradient to the
     parameter servers (their optimizers apply them); returns the loss as a
-    float. Checkpoints are the coordinator's (cluster.save_checkpoint)."""
+    float. pull and push send their RPCs at once, from a pool of threads. Checkpoints are the coordinator's (cluster.save_checkpoint)."""
 
     def __init__(self, module, cluster, *, prefix="", optimizer=None, optimizers=None,
                  partition_min_bytes=1 << 20, max_shards=8, create=True):
         self.module = module
         self.cluster = cluster
         self.prefix = prefix
+        self._rpcs = _futures.ThreadPoolExecutor(8, thread_name_prefix="capstan-ps")
         optimizer = optimizer if optimizer is not None else _capstan.Optimizer.sgd(0.01)
         optimizers = dict(optimizers or {})
         sparse = {}
@@ -306,34 +307,42 @@ class PsModule:
                                          embedding.scale_grad_by_freq, False)
         return forward
 
+    def _all(self, calls):
+        """Runs the (function, args) calls at once (each releases the GIL
+        while its RPC goes); their results in order, the first error raised."""
+        futures = [self._rpcs.submit(f, *a) for f, a in calls]
+        return [f.result() for f in futures]
+
     def pull(self):
-        """The dense parameters' values from the parameter servers."""
+        """The dense parameters' values from the parameter servers (all read
+        at once)."""
+        values = self._all([(self.cluster.read_variable, (variable,)) for variable, _ in self._dense])
         with _torch.no_grad():
-            for variable, p in self._dense:
-                p.copy_(as_tensor(self.cluster.read_variable(variable)).view_as(p))
+            for (_, p), value in zip(self._dense, values):
+                p.copy_(as_tensor(value).view_as(p))
 
     def push(self):
-        """Every gradient of this step to the parameter servers."""
-        for variable, p in self._dense:
-            if p.grad is not None:
-                self.cluster.apply_gradients(variable, p.grad)
+        """Every gradient of this step to the parameter servers (all sent at
+        once)."""
+        calls = [(self.cluster.apply_gradients, (variable, p.grad)) for variable, p in self._dense
+                 if p.grad is not None]
         for variable, embedding in self._sparse:
-            self._push_rows(variable, self._gathered.pop(variable, []), self.cluster.apply_sparse_gradients)
+            calls += self._rows_call(variable, self._gathered.pop(variable, []))
         for table in self._tables:
-            self._push_rows(table.name, table._take_gathered(), self.cluster.apply_sparse_gradients)
+            calls += self._rows_call(table.name, table._take_gathered())
         self._gathered.clear()
+        self._all(calls)
 
-    @staticmethod
-    def _push_rows(variable, gathered, apply):
+    def _rows_call(self, variable, gathered):
         pieces = [(ids, rows.grad) for ids, rows in gathered if rows.grad is not None]
         if not pieces:
-            return
+            return []
         ids = _torch.cat([i for i, _ in pieces])
         grads = _torch.cat([g for _, g in pieces])
         if len(pieces) > 1:  # one row per id (lookups of one table in a step add up)
             ids, inverse = _torch.unique(ids, return_inverse=True)
             grads = _torch.zeros(len(ids), grads.shape[1], dtype=grads.dtype).index_add_(0, inverse, grads)
-        apply(variable, ids.numpy(), grads)
+        return [(self.cluster.apply_sparse_gradients, (variable, ids.numpy(), grads))]
 
     def step(self, loss_fn):
         self.pull()
