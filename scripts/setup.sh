@@ -39,6 +39,8 @@ packages=(
   python3-numpy          #   their arrays, and their tests (pytest)
   python3-pytest
   libdlpack-dev          #   DLPack (capstan.Array to torch, JAX, numpy; no copy)
+  python3-venv           #   a fresh environment for the wheel (python/make_wheel.py)
+  patchelf               #   the wheel's module finds libcapstan.so beside it ($ORIGIN)
   clang                  # scripts/check-thread-safety.sh: -Wthread-safety
   ccache                 # rebuilds reuse objects (used when present)
   openssl                # scripts/make-test-ca.sh (TLS tests)
