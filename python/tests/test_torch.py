@@ -302,6 +302,24 @@ def as_torch(array):
     return capstan.torch.as_tensor(array)
 
 
+def test_a_ps_module_checkpoints_through_the_coordinator(training, tmp_path):
+    torch.manual_seed(4)
+    net = _SparseNet()
+    ps = capstan.torch.PsModule(net, training, prefix="ckpt/", optimizer=capstan.Optimizer.adagrad(0.1))
+    ids, x, y = torch.randint(0, 50, (8, 3)), torch.randn(8, 3), torch.randn(8)
+    ps.step(lambda: torch.nn.functional.mse_loss(net(ids, x), y))
+    saved = {name: as_torch(training.read_variable("ckpt/" + name)).clone() for name, _ in net.named_parameters()}
+    path = training.save_checkpoint(str(tmp_path), 1)
+    # More training moves every value; the restore brings the saved ones back.
+    ps.step(lambda: torch.nn.functional.mse_loss(net(ids, x), y))
+    assert not torch.equal(as_torch(training.read_variable("ckpt/head.weight")), saved["head.weight"])
+    assert training.restore_checkpoint(path) == 1
+    ps.pull()
+    torch.testing.assert_close(net.head.weight.detach(), saved["head.weight"].view_as(net.head.weight))
+    for name, value in saved.items():
+        torch.testing.assert_close(as_torch(training.read_variable("ckpt/" + name)), value)
+
+
 def test_ps_modules_of_two_processes_share_the_variables_and_a_late_one_carries_on(training):
     torch.manual_seed(1)
     first = torch.nn.Linear(3, 1)
