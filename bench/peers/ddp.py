@@ -38,13 +38,9 @@ def make_model(layers, width):
     return torch.nn.Sequential(*modules)
 
 
-def worker(rank, args, port):
-    torch.set_num_threads(args.threads)
-    os.environ["MASTER_ADDR"] = "127.0.0.1"
-    os.environ["MASTER_PORT"] = str(port)
-    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
-    torch.manual_seed(rank)  # DDP broadcasts rank 0's initial values
-    model = DistributedDataParallel(make_model(args.layers, args.width))
+def timed_steps(model, rank, args, barrier):
+    """--warmup untimed steps, then --steps timed between barriers; the
+    seconds they took."""
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     torch.manual_seed(100 + rank)
     x = torch.randn(args.batch, args.width)
@@ -58,12 +54,22 @@ def worker(rank, args, port):
 
     for _ in range(args.warmup):
         step()
-    dist.barrier()
+    barrier()
     start = time.perf_counter()
     for _ in range(args.steps):
         step()
-    dist.barrier()
-    seconds = time.perf_counter() - start
+    barrier()
+    return time.perf_counter() - start
+
+
+def worker(rank, args, port):
+    torch.set_num_threads(args.threads)
+    os.environ["MASTER_ADDR"] = "127.0.0.1"
+    os.environ["MASTER_PORT"] = str(port)
+    dist.init_process_group("gloo", rank=rank, world_size=args.ranks)
+    torch.manual_seed(rank)  # DDP broadcasts rank 0's initial values
+    model = DistributedDataParallel(make_model(args.layers, args.width))
+    seconds = timed_steps(model, rank, args, dist.barrier)
     if rank == 0:
         print(f"ddp.py: {args.ranks} ranks, {args.layers} x Linear({args.width}, {args.width}), batch {args.batch} "
               f"per rank, {args.threads} thread(s) each, gloo, torch {torch.__version__}", flush=True)
