@@ -65,8 +65,8 @@ def test_arrays_from_the_data_service_and_fetched_values_go_to_torch_and_numpy_w
     element = np.arange(1 << 20, dtype=np.float32)
     dataset_id = capstan.data.service.register_dataset(data_service, Dataset.from_tensors((element,)).repeat(3))
     arrays = [x for (x,) in capstan.data.service.from_dataset_id(data_service, dataset_id)]
-    value = training.schedule("add_one")
     training.create_variable("counter", np.float32(0), capstan.Optimizer.sgd(0.1))
+    value = training.schedule("add_one")
     training.join()
     fetched, = value.fetch()
     for array in arrays + [fetched, training.read_variable("counter")]:
