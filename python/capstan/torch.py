@@ -140,6 +140,7 @@ class DistributedDataParallel(_torch.nn.Module):
         for i, b in enumerate(self._buckets):
             for p in b:
                 self._bucket_of[id(p)] = i
+        self._flat = [_torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype) for b in self._buckets]
         # One thread: buckets go out in order, the same on every rank.
         self._executor = _futures.ThreadPoolExecutor(1, thread_name_prefix="capstan-ddp")
         self._lock = _threading.Lock()
@@ -207,7 +208,10 @@ class DistributedDataParallel(_torch.nn.Module):
         for p in self._buckets[index]:
             g = p.grad
             grads.append(g.reshape(-1) if g is not None else _torch.zeros(p.numel(), dtype=p.dtype))
-        flat = _torch.cat(grads) if len(grads) > 1 else grads[0].clone()
+        # Into the bucket's own buffer, kept between steps (the all-reduce
+        # reads it in place; the step's wait for every bucket comes first).
+        flat = self._flat[index]
+        _torch.cat(grads, out=flat)
         group = self.group
         self._futures.append(self._executor.submit(lambda: group.all_reduce(flat, "mean")))
         self._next += 1
@@ -239,9 +243,10 @@ class PsModule:
     created by the first process with the module's current values (the
     others find it and carry on from the parameter servers' values, as does
     a restarted process); a parameter of `partition_min_bytes` or more with
-    two or more rows is split by rows into at most `max_shards` shards.
-    `optimizer` (a capstan.Optimizer, applied on the parameter servers) for
-    every parameter not named in `optimizers`.
+    two or more rows is split by rows into at most `max_shards` shards,
+    unless `partitioners` names its capstan.Partitioner (by parameter name,
+    without the prefix). `optimizer` (a capstan.Optimizer, applied on the
+    parameter servers) for every parameter not named in `optimizers`.
 
     An nn.Embedding(sparse=True) keeps its table on the parameter servers
     only: its forward gathers the batch's rows (cluster.gather) and push()
@@ -255,7 +260,7 @@ class PsModule:
     parameter servers (their optimizers apply them); returns the loss as a
     float. pull and push send their RPCs at once, from a pool of threads. Checkpoints are the coordinator's (cluster.save_checkpoint)."""
 
-    def __init__(self, module, cluster, *, prefix="", optimizer=None, optimizers=None,
+    def __init__(self, module, cluster, *, prefix="", optimizer=None, optimizers=None, partitioners=None,
                  partition_min_bytes=1 << 20, max_shards=8, create=True):
         self.module = module
         self.cluster = cluster
@@ -280,19 +285,23 @@ class PsModule:
             else:
                 self._dense.append((variable, p))
             if create:
-                self._create(variable, p, optimizers.get(name, optimizer), partition_min_bytes, max_shards)
+                self._create(variable, p, optimizers.get(name, optimizer), (partitioners or {}).get(name),
+                             partition_min_bytes, max_shards)
         for variable, embedding in self._sparse:
             embedding.forward = self._sparse_forward(variable, embedding)
         self._tables = [m for m in module.modules() if isinstance(m, Embedding)]
         for table in self._tables:
             table._attach(cluster, create)
 
-    def _create(self, variable, p, optimizer, partition_min_bytes, max_shards):
-        partitioner = _capstan.Partitioner.none()
+    def _create(self, variable, p, optimizer, partitioner, partition_min_bytes, max_shards):
         nbytes = p.numel() * p.element_size()
-        if p.dim() >= 2 and p.shape[0] >= 2 and nbytes >= partition_min_bytes:
+        if partitioner is not None:
+            pass  # the caller's
+        elif p.dim() >= 2 and p.shape[0] >= 2 and nbytes >= partition_min_bytes:
             shards = max(1, min(max_shards, p.shape[0], nbytes // max(1, partition_min_bytes // 4)))
             partitioner = _capstan.Partitioner.fixed_shards(int(shards))
+        else:
+            partitioner = _capstan.Partitioner.none()
         try:
             self.cluster.create_variable(variable, p.detach(), optimizer, partitioner)
         except _capstan.AlreadyExistsError:
