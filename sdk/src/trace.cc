@@ -15,12 +15,15 @@ namespace {
 // A failed span's detail and an RPC's name stay short in the ring.
 constexpr size_t kMaxDetailBytes = 512;
 
-std::string clipped(std::string s) {
-  if (s.size() > kMaxDetailBytes) {
-    s.resize(kMaxDetailBytes - 3);
-    s += "...";
+// `from`, at most kMaxDetailBytes of it, into `to`, reusing its buffer (a
+// flight-record slot's: no allocation once the slot has held as long a text).
+void assign_clipped(std::string& to, const std::string& from) {
+  if (from.size() <= kMaxDetailBytes) {
+    to.assign(from);
+    return;
   }
-  return s;
+  to.assign(from, 0, kMaxDetailBytes - 3);
+  to += "...";
 }
 
 }  // namespace
@@ -193,8 +196,8 @@ uint64_t Recorder::begin(Kind kind, const std::string& name, const std::string& 
   r.thread = thread;
   r.start_ns = start_ns;
   r.end_ns = 0;
-  r.name = name;
-  r.detail = clipped(detail);
+  r.name.assign(name);
+  assign_clipped(r.detail, detail);
   return id;
 }
 
@@ -204,7 +207,7 @@ void Recorder::end(uint64_t id, bool failed, const std::string& detail, int64_t 
   if (r.id == id) {
     r.state = failed ? State::kFailed : State::kFinished;
     r.end_ns = end_ns;
-    if (failed) r.detail = clipped(detail);
+    if (failed) assign_clipped(r.detail, detail);
   }
   // `detail` may be the event's own: used above, before keep() empties it.
   if (event == nullptr || !tracing_.load()) return;
