@@ -25,7 +25,7 @@ import capstan.local
 import capstan.torch
 
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parent / "peers"))
-from ddp import make_model, timed_steps  # noqa: E402  (the peer's model and loop, the same steps)
+from ddp import add_arguments, make_model, timed_steps  # noqa: E402  (the peer's workload, the same steps)
 
 
 def worker(rank, args, coordinator):
@@ -45,13 +45,7 @@ def worker(rank, args, coordinator):
 
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--ranks", type=int, default=2)
-    parser.add_argument("--steps", type=int, default=30)
-    parser.add_argument("--warmup", type=int, default=3)
-    parser.add_argument("--layers", type=int, default=4)
-    parser.add_argument("--width", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=64)
-    parser.add_argument("--threads", type=int, default=1)
+    add_arguments(parser)
     parser.add_argument("--bucket-mb", type=float, default=25.0)
     parser.add_argument("--bin-dir", default=os.environ.get("CAPSTAN_BIN_DIR",
                                                             pathlib.Path(__file__).resolve().parents[1] / "build" / "bin"))
