@@ -90,6 +90,13 @@ py::array as_numpy(const py::handle& value) {
 
 }  // namespace
 
+void release_from_any_thread(PyObject* object) {
+  if (!Py_IsInitialized() || _Py_IsFinalizing()) return;
+  PyGILState_STATE gil = PyGILState_Ensure();
+  Py_DECREF(object);
+  PyGILState_Release(gil);
+}
+
 Tensor borrow_tensor(const py::handle& value) {
   py::array array = as_numpy(value);
   const char kind = array.dtype().kind();
@@ -99,12 +106,8 @@ Tensor borrow_tensor(const py::handle& value) {
   const DType dtype = capstan_dtype(array.dtype());
   // The tensor holds a reference to the array, dropped under the GIL (the
   // last holder may be a collective's thread).
-  std::shared_ptr<void> owner(new py::object(array), [](void* p) {
-    if (_Py_IsFinalizing()) return;  // the interpreter is going: leave it
-    PyGILState_STATE gil = PyGILState_Ensure();
-    delete static_cast<py::object*>(p);
-    PyGILState_Release(gil);
-  });
+  std::shared_ptr<void> owner(array.inc_ref().ptr(),
+                              [](void* p) { release_from_any_thread(static_cast<PyObject*>(p)); });
   Shape shape(array.shape(), array.shape() + array.ndim());
   auto* data = static_cast<std::byte*>(const_cast<void*>(array.data()));
   return value_or_raise(Tensor::from_buffer(dtype, std::move(shape), std::move(owner), data,

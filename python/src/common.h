@@ -58,6 +58,11 @@ py::object to_numpy(const Tensor& t);
 // numpy.from_dlpack), copied once into a Tensor.
 Tensor to_tensor(const py::handle& value);
 
+// Drops one reference to `object` from any thread, with or without the GIL
+// (a collective's thread, a DLPack consumer's deleter); while the
+// interpreter exits, leaves it.
+void release_from_any_thread(PyObject* object);
+
 // The same, without the copy where it can (a native-order array of numbers:
 // the tensor reads the array's memory, and holds the array until it is
 // dropped): for calls that read their input only while they run (the

@@ -27,11 +27,7 @@ struct Exported {
 // Called by the consumer, from any thread, with or without the GIL.
 void delete_exported(DLManagedTensor* managed) {
   auto* exported = static_cast<Exported*>(managed->manager_ctx);
-  if (Py_IsInitialized() && !_Py_IsFinalizing()) {
-    PyGILState_STATE gil = PyGILState_Ensure();
-    Py_DECREF(exported->owner);
-    PyGILState_Release(gil);
-  }
+  release_from_any_thread(exported->owner);
   delete exported;
 }
 
