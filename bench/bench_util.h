@@ -132,6 +132,14 @@ inline int http_port_of(const std::string& label) {
 }
 
 // The middle value (the upper one of an even count); 0 for none.
+// "4b", "64kib", "16mib": a size as the RESULT names of the benches and
+// their peers spell it.
+inline std::string size_name(int64_t bytes) {
+  if (bytes >= (int64_t{1} << 20) && bytes % (int64_t{1} << 20) == 0) return std::to_string(bytes >> 20) + "mib";
+  if (bytes >= 1024 && bytes % 1024 == 0) return std::to_string(bytes >> 10) + "kib";
+  return std::to_string(bytes) + "b";
+}
+
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

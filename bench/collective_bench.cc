@@ -6,11 +6,15 @@
 //   build/bin/collective_bench [--ranks 2,4] [--min-bytes 4] [--max-bytes 268435456]
 //                              [--transports tcp,shm] [--tcp-streams 1] [--segment-bytes N]
 //                              [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]
-//                              [--trace on|off] [--trace-events N]
+//                              [--trace on|off] [--trace-events N] [--sizes 4,1048576,...]
 //
 // Ranks are forked processes on this host, over loopback TCP or shared
 // memory; rank 0 times each operation between barriers and prints one line
-// per size (4 B to --max-bytes, powers of 4). With 2 ranks it first prints
+// per size (4 B to --max-bytes, powers of 4; or the --sizes given) and, for
+// bench/compare, a RESULT line: `allreduce_<size>_<n>r_<tcp|shm>` (or
+// broadcast_, allgather_), the p50
+// in us below 1 KiB, else the bus bandwidth in GB/s (the names Gloo's and
+// PyTorch's peers in bench/peers print, without the transport). With 2 ranks it first prints
 // the machine's limits for the same traffic, measured in the same run:
 // plain sockets (no Capstan) and memcpy. --trace on: every rank records a
 // trace (capstan/trace.h) while it measures (what tracing costs), keeping
@@ -67,7 +71,7 @@ bool g_trace = false;  // --trace on
 size_t g_trace_events = capstan::trace::Recorder::kMaxTraceEvents;  // --trace-events N
 
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
-              int rank, int64_t min_bytes, int64_t max_bytes, const std::string& op, int64_t direct_max,
+              int rank, const std::vector<int64_t>& sizes, const std::string& op, int64_t direct_max,
               capstan::CollectiveOptions::Transport transport, int tcp_streams, int64_t segment_bytes) {
   capstan::CollectiveOptions options;
   options.timeout = std::chrono::seconds(120);
@@ -94,7 +98,7 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
     }
   } traced{rank};
   const int n = static_cast<int>(addresses.size());
-  for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) {
+  for (int64_t bytes : sizes) {
     int64_t rows = bytes / 4;
     if (op == "all_gather") rows = std::max<int64_t>(1, rows / n);  // the output is `bytes`
     Tensor t = Tensor::zeros(capstan::DType::kFloat32, {rows}).value();
@@ -118,6 +122,12 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
       std::printf("%-10s %-4s %5d %12lld %12.1f %10.3f %10.3f\n", op.c_str(),
                   std::string(capstan::collective_transport_name(transport)).c_str(), n, static_cast<long long>(bytes),
                   p50 * 1e6, algbw, algbw * factor);
+      std::string name = op;
+      name.erase(std::remove(name.begin(), name.end(), '_'), name.end());  // all_reduce -> allreduce
+      name += "_" + capstan::bench::size_name(bytes) + "_" + std::to_string(n) + "r_" +
+                               std::string(capstan::collective_transport_name(transport));
+      if (bytes < 1024) std::printf("RESULT %s %.1f us\n", name.c_str(), p50 * 1e6);
+      else std::printf("RESULT %s %.3f GB/s\n", name.c_str(), algbw * factor);
       std::fflush(stdout);
     }
   }
@@ -240,6 +250,7 @@ int main(int argc, char** argv) {
   std::vector<std::string> transports = {"tcp", "shm"};
   int tcp_streams = capstan::CollectiveOptions{}.tcp_streams;
   int64_t segment_bytes = 0;  // CollectiveOptions' default
+  std::vector<int64_t> sizes;  // --sizes; else powers of 4 from --min-bytes to --max-bytes
   for (int i = 1; i + 1 < argc; i += 2) {
     std::string name = argv[i], value = argv[i + 1];
     if (name == "--ranks") rank_counts = parse_list(value);
@@ -251,14 +262,29 @@ int main(int argc, char** argv) {
     else if (name == "--tcp-streams") tcp_streams = std::atoi(value.c_str());
     else if (name == "--segment-bytes") segment_bytes = std::atoll(value.c_str());
     else if (name == "--trace") g_trace = value == "on";
-    else if (name == "--trace-events") g_trace_events = static_cast<size_t>(std::atoll(value.c_str()));
+    else if (name == "--sizes") {
+      sizes.clear();
+      for (const auto& item : split(value)) sizes.push_back(std::atoll(item.c_str()));
+    } else if (name == "--trace-events") g_trace_events = static_cast<size_t>(std::atoll(value.c_str()));
     else {
       std::fprintf(stderr, "usage: %s [--ranks 2,4] [--min-bytes N] [--max-bytes N] [--transports tcp,shm] "
                    "[--tcp-streams N] [--segment-bytes N] [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N] "
-                   "[--trace on|off] [--trace-events N]\n", argv[0]);
+                   "[--trace on|off] [--trace-events N] [--sizes N,...]\n", argv[0]);
       return 2;
     }
   }
+  if (sizes.empty()) {
+    for (int64_t bytes = min_bytes; bytes <= max_bytes; bytes *= 4) sizes.push_back(bytes);
+  }
+  for (int64_t bytes : sizes) {
+    if (bytes < 4 || bytes % 4 != 0) {
+      std::fprintf(stderr, "collective_bench: sizes are multiples of 4 bytes (float32), not %lld\n",
+                   static_cast<long long>(bytes));
+      return 2;
+    }
+  }
+  min_bytes = *std::min_element(sizes.begin(), sizes.end());
+  max_bytes = *std::max_element(sizes.begin(), sizes.end());
   for (const auto& t : transports) {
     if (!capstan::collective_transport_from_name(t).ok() || t == "auto") {
       std::fprintf(stderr, "collective_bench: --transports takes tcp and shm, not '%s'\n", t.c_str());
@@ -287,7 +313,7 @@ int main(int argc, char** argv) {
       addresses.push_back(endpoints.back()->address());
     }
     std::vector<pid_t> children = capstan::bench::fork_ranks(n, [&](int r) {
-      return rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, min_bytes, max_bytes, op,
+      return rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r, sizes, op,
                        direct_max, transport, tcp_streams, segment_bytes);
     });
     endpoints.clear();
