@@ -46,6 +46,13 @@ Element ints_element(std::vector<int64_t> values, Shape shape) {
   return e;
 }
 
+// The elements one after the other (from_tensors of each, concatenated).
+Dataset concatenated(const std::vector<Element>& elements) {
+  Dataset ds = Dataset::from_tensors(elements.at(0));
+  for (size_t i = 1; i < elements.size(); ++i) ds = ds.concatenate(Dataset::from_tensors(elements[i]));
+  return ds;
+}
+
 void write_records(const std::string& path, const std::vector<std::string>& records,
                    io::Compression compression = io::Compression::kNone) {
   auto writer = io::TFRecordWriter::open(path, compression);
@@ -219,6 +226,69 @@ TEST_CASE("batching elements of different shapes is an error", "[data][batch]") 
   REQUIRE_FALSE(next.ok());
   CHECK(next.status().code() == StatusCode::kInvalidArgument);
   CHECK_THAT(next.status().message(), Catch::Contains("different shapes"));
+}
+
+TEST_CASE("a batch whose layout changes mid-way names the first misfit, and the next batch starts after it",
+          "[data][batch]") {
+  // Elements are copied into the batch as they come; a misfit sends the
+  // batch down the collecting path with the rows so far: the same error,
+  // and the input consumed to the batch's end, as TF.
+  Functions f;
+  auto it = Dataset::range(1, 7).map(Fn::named("range_of_x")).batch(3).make_iterator(&f.registry);
+  REQUIRE(it.ok());
+  auto first = (*it)->get_next();
+  REQUIRE_FALSE(first.ok());
+  CHECK_THAT(first.status().message(),
+             Catch::Contains("First element had shape [1] and element 1 had shape [2]"));
+  auto second = (*it)->get_next();
+  REQUIRE_FALSE(second.ok());
+  CHECK_THAT(second.status().message(),
+             Catch::Contains("First element had shape [4] and element 1 had shape [5]"));
+  auto done = (*it)->get_next();
+  REQUIRE(done.ok());
+  CHECK_FALSE(done->has_value());
+  // Elements of one layout, then a misfit at the third: the two rows already
+  // copied are given back as they were.
+  std::vector<Element> elements = {ints_element({1, 2}, {2}), ints_element({3, 4}, {2}), ints_element({5}, {1})};
+  auto mixed = concatenated(elements).batch(3).make_iterator();
+  REQUIRE(mixed.ok());
+  auto misfit = (*mixed)->get_next();
+  REQUIRE_FALSE(misfit.ok());
+  CHECK_THAT(misfit.status().message(),
+             Catch::Contains("First element had shape [2] and element 2 had shape [1]"));
+}
+
+TEST_CASE("batch stacks every component, a short last batch keeps its rows, strings included", "[data][batch]") {
+  std::vector<Element> elements;
+  for (int64_t i = 0; i < 5; ++i) {
+    Element e = ints_element({i, 10 * i}, {2});
+    e.components.push_back(*Tensor::from_vector<float>({0.5f * static_cast<float>(i)}, {}));
+    e.components.push_back(*Tensor::from_strings({"s" + std::to_string(i)}, {}));
+    e.names = {"ints", "half", "name"};
+    elements.push_back(std::move(e));
+  }
+  for (bool strings : {false, true}) {
+    std::vector<Element> input = elements;
+    if (!strings) {
+      for (Element& e : input) {
+        e.components.pop_back();
+        e.names.pop_back();
+      }
+    }
+    auto batches = drain(concatenated(input).batch(2));
+    REQUIRE(batches.size() == 3);
+    CHECK(batches[0].names == input[0].names);
+    CHECK(batches[0].components[0].shape() == Shape{2, 2});
+    CHECK(testing::values<int64_t>(batches[1].components[0]) == std::vector<int64_t>{2, 20, 3, 30});
+    CHECK(testing::values<float>(batches[1].components[1]) == std::vector<float>{1.0f, 1.5f});
+    CHECK(batches[2].components[0].shape() == Shape{1, 2});
+    CHECK(testing::values<int64_t>(batches[2].components[0]) == std::vector<int64_t>{4, 40});
+    CHECK(batches[2].components[1].shape() == Shape{1});
+    if (strings) {
+      CHECK(batches[2].components[2].string_at(0) == "s4");
+      CHECK(batches[1].components[2].string_at(1) == "s3");
+    }
+  }
 }
 
 TEST_CASE("parallel map followed by batch gives the unfused result", "[data][batch]") {

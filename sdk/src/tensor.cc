@@ -37,6 +37,8 @@ constexpr std::array<DTypeInfo, 12> kDTypes = {{
 constexpr size_t kAlignment = 64;
 
 constexpr size_t kLargeBuffer = 1u << 20;
+// Below this, a buffer and its reference counts are one allocation.
+constexpr size_t kSmallBuffer = 64u << 10;
 
 // Large freed buffers are kept for reuse, up to a byte limit. A fresh large
 // allocation is an mmap whose pages fault in one by one (about as slow as
@@ -103,6 +105,17 @@ std::shared_ptr<std::byte> allocate_buffer(size_t size, bool zero) {
   // Rounding up must not wrap to a tiny allocation.
   if (size > std::numeric_limits<size_t>::max() - (kLargeBuffer - 1)) throw std::bad_alloc();
   size_t rounded = (size + kAlignment - 1) / kAlignment * kAlignment;
+  if (rounded < kSmallBuffer) {
+    // One plain allocation holds the reference counts and the bytes, aligned
+    // by hand: aligned_alloc splits a larger chunk and frees the pieces, and
+    // with a second allocation for the counts, that churn was most of the
+    // time of pipelines of small elements (glibc consolidating the pieces).
+    auto block = std::make_shared_for_overwrite<std::byte[]>(rounded + kAlignment - 1);
+    const auto address = reinterpret_cast<uintptr_t>(block.get());
+    std::byte* data = block.get() + (kAlignment - address % kAlignment) % kAlignment;
+    if (zero) std::memset(data, 0, size);
+    return std::shared_ptr<std::byte>(std::move(block), data);
+  }
   void* p = nullptr;
   if (rounded >= kLargeBuffer) {
     rounded = (size + kLargeBuffer - 1) / kLargeBuffer * kLargeBuffer;

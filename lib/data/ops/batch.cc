@@ -15,6 +15,7 @@ class BatchIterator final : public BatchingIterator {
 
  private:
   Result<Element> assemble(const std::vector<Element>& batch) override { return batch_elements(batch); }
+  bool stacks_rows() const override { return true; }
 };
 
 }  // namespace

@@ -1,5 +1,7 @@
 #include "data/ops/common.h"
 
+#include <algorithm>
+#include <cstring>
 #include <random>
 
 namespace capstan::data::engine {
@@ -136,7 +138,148 @@ Status collect(IteratorBase& input, int64_t n, std::vector<Element>* batch, bool
   return Status::Ok();
 }
 
+namespace {
+
+// A streamed batch's buffers stay under this (larger batches are collected,
+// then stacked: their per-element costs are small beside their copies).
+constexpr int64_t kMaxStreamedBatchBytes = int64_t{64} << 20;
+
+bool same_layout(const Element& e, const Element& first) {
+  if (e.components.size() != first.components.size()) return false;
+  for (size_t c = 0; c < e.components.size(); ++c) {
+    const Tensor& t = e.components[c];
+    if (!t.valid() || t.dtype() != first.components[c].dtype() || t.shape() != first.components[c].shape()) {
+      return false;
+    }
+  }
+  return true;
+}
+
+}  // namespace
+
+// Each element is copied into the batch's tensors as it comes and freed
+// then, rather than held until the batch is whole: a batch of small
+// elements (range().shuffle().batch()) otherwise frees hundreds of small
+// allocations in a burst, and the allocator's consolidating them was a
+// third of such a pipeline's time. An element whose layout (components,
+// dtypes, shapes) differs from the first's, or a string component, sends
+// the batch down the collecting path with the rows copied so far, so that
+// errors and results are assemble()'s (batch_elements) exactly.
+Status BatchingIterator::stream_batch(Element* out, bool* end) {
+  held_.clear();
+  Element first;
+  bool input_end = false;
+  CAPSTAN_RETURN_IF_ERROR(input_->get_next(&first, &input_end));
+  if (input_end) {
+    *end = true;
+    return Status::Ok();
+  }
+  CAPSTAN_RETURN_IF_ERROR(held_.add(footprint(first)));
+  bool streamable = !first.components.empty();
+  int64_t row_bytes = 0;
+  for (const Tensor& t : first.components) {
+    if (!t.valid() || t.dtype() == DType::kString) streamable = false;
+    row_bytes += static_cast<int64_t>(t.byte_size());
+  }
+  if (!streamable || (row_bytes > 0 && batch_size_ > kMaxStreamedBatchBytes / row_bytes)) {
+    std::vector<Element> batch;
+    batch.push_back(std::move(first));
+    return finish_collected(std::move(batch), out, end);
+  }
+  std::vector<Tensor> stacked;
+  std::vector<size_t> sizes;
+  for (const Tensor& t : first.components) {
+    Shape shape{batch_size_};
+    shape.insert(shape.end(), t.shape().begin(), t.shape().end());
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, Tensor::uninitialized(t.dtype(), std::move(shape)));
+    stacked.push_back(std::move(rows));
+    sizes.push_back(t.byte_size());
+  }
+  auto copy_row = [&](const Element& e, int64_t row) {
+    for (size_t c = 0; c < stacked.size(); ++c) {
+      if (sizes[c] > 0) {
+        std::memcpy(stacked[c].mutable_data() + static_cast<size_t>(row) * sizes[c], e.components[c].data(),
+                    sizes[c]);
+      }
+    }
+  };
+  copy_row(first, 0);
+  int64_t n = 1;
+  while (n < batch_size_) {
+    Element e;
+    CAPSTAN_RETURN_IF_ERROR(input_->get_next(&e, &input_end));
+    if (input_end) break;
+    Status charged = held_.add(footprint(e));
+    if (!charged.ok()) {
+      held_.clear();
+      return charged;
+    }
+    if (!same_layout(e, first)) {
+      // The rows so far back into elements (copies: the stacked buffers go).
+      std::vector<Element> batch;
+      batch.reserve(static_cast<size_t>(std::min<int64_t>(batch_size_, 4096)));
+      for (int64_t row = 0; row < n; ++row) {
+        Element copy;
+        copy.names = first.names;
+        for (size_t c = 0; c < stacked.size(); ++c) {
+          CAPSTAN_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(first.components[c].dtype(),
+                                                                   first.components[c].shape()));
+          if (sizes[c] > 0) {
+            std::memcpy(t.mutable_data(), stacked[c].data() + static_cast<size_t>(row) * sizes[c], sizes[c]);
+          }
+          copy.components.push_back(std::move(t));
+        }
+        batch.push_back(std::move(copy));
+      }
+      batch.push_back(std::move(e));
+      return finish_collected(std::move(batch), out, end);
+    }
+    copy_row(e, n);
+    ++n;
+  }
+  if (n < batch_size_) {
+    if (drop_remainder_) {
+      *end = true;
+      return Status::Ok();
+    }
+    for (size_t c = 0; c < stacked.size(); ++c) {  // the short last batch
+      Shape shape = stacked[c].shape();
+      shape[0] = n;
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor rows, Tensor::uninitialized(stacked[c].dtype(), std::move(shape)));
+      if (rows.byte_size() > 0) std::memcpy(rows.mutable_data(), stacked[c].data(), rows.byte_size());
+      stacked[c] = std::move(rows);
+    }
+  }
+  out->components = std::move(stacked);
+  out->names = std::move(first.names);
+  *end = false;
+  return Status::Ok();
+}
+
+Status BatchingIterator::finish_collected(std::vector<Element> batch, Element* out, bool* end) {
+  bool input_end = false;
+  while (static_cast<int64_t>(batch.size()) < batch_size_) {
+    Element e;
+    CAPSTAN_RETURN_IF_ERROR(input_->get_next(&e, &input_end));
+    if (input_end) break;
+    Status charged = held_.add(footprint(e));
+    if (!charged.ok()) {
+      held_.clear();
+      return charged;
+    }
+    batch.push_back(std::move(e));
+  }
+  if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {
+    *end = true;
+    return Status::Ok();
+  }
+  *end = false;
+  CAPSTAN_ASSIGN_OR_RETURN(*out, assemble(batch));
+  return Status::Ok();
+}
+
 Status BatchingIterator::get_next(Element* out, bool* end) {
+  if (stacks_rows()) return stream_batch(out, end);
   std::vector<Element> batch;
   // The batch stays counted until the next call (its assembled copy is about
   // as large).

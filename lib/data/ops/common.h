@@ -87,8 +87,15 @@ class BatchingIterator : public IteratorBase {
  protected:
   // One output element from a batch's elements (at least one).
   virtual Result<Element> assemble(const std::vector<Element>& batch) = 0;
+  // True where assemble() stacks rows of one layout (batch): then each
+  // element is copied into the batch as it comes (stream_batch).
+  virtual bool stacks_rows() const { return false; }
 
  private:
+  Status stream_batch(Element* out, bool* end);
+  // Collects the rest of a batch already holding `batch` and assembles it.
+  Status finish_collected(std::vector<Element> batch, Element* out, bool* end);
+
   IteratorPtr input_;
   const int64_t batch_size_;
   const bool drop_remainder_;
