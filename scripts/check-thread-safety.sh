@@ -41,10 +41,19 @@ fi
 
 # One clang command per Capstan source file (generated code and files under
 # the build directory are not ours). GCC's warning flags are dropped; only the
-# thread-safety warnings are turned on, as errors.
-python3 - "$db" "$repo" "$clang" "$out" "$locking" > "$commands" <<'PY'
+# thread-safety warnings are turned on, as errors. With ccache, each file is
+# compiled at -O0 into a throwaway object through it, so a file whose
+# sources have not changed since a passing check (in any clone: paths are
+# keyed relative to the checkout) is not analysed again; without it, syntax
+# only.
+launcher=
+if command -v ccache > /dev/null; then
+  launcher=ccache
+  export CCACHE_BASEDIR=$repo CCACHE_NOHASHDIR=true
+fi
+python3 - "$db" "$repo" "$clang" "$out" "$locking" "$launcher" > "$commands" <<'PY'
 import json, os, shlex, sys
-db, repo, clang, out, locking_file = sys.argv[1:]
+db, repo, clang, out, locking_file, launcher = sys.argv[1:]
 repo = os.path.realpath(repo)
 locking = set(line.strip() for line in open(locking_file) if line.strip())
 seen = set()
@@ -59,7 +68,7 @@ for i, entry in enumerate(json.load(open(db))):
     if src in seen:
         continue
     seen.add(src)
-    kept, skip = [clang], False
+    kept, skip = ([launcher] if launcher else []) + [clang], False
     for a in args[1:]:
         if skip:
             skip = False
@@ -69,12 +78,19 @@ for i, entry in enumerate(json.load(open(db))):
             continue
         if a in ("-c", "-MD", "-MMD") or a.startswith("-W") or a == "-w" or a.startswith("-fsanitize"):
             continue
+        if launcher and (a.startswith("-O") or a.startswith("-g")):
+            continue
         kept.append(a)
-    kept += ["-fsyntax-only", "-Wno-unknown-warning-option", "-Wthread-safety", "-Werror=thread-safety"]
+    if launcher:
+        kept += ["-c", "-O0", "-g0", "-o", os.path.join(out, "%04d.o" % i)]
+    else:
+        kept += ["-fsyntax-only"]
+    kept += ["-Wno-unknown-warning-option", "-Wthread-safety", "-Werror=thread-safety"]
     log = os.path.join(out, "%04d.log" % i)
-    print("cd %s && %s > %s 2>&1 || { echo FAILED: %s >> %s; }" % (
+    print("cd %s && { %s > %s 2>&1 || { echo FAILED: %s >> %s; }; rm -f %s; }" % (
         shlex.quote(entry["directory"]), " ".join(shlex.quote(a) for a in kept),
-        shlex.quote(log), shlex.quote(os.path.relpath(src, repo)), shlex.quote(log)))
+        shlex.quote(log), shlex.quote(os.path.relpath(src, repo)), shlex.quote(log),
+        shlex.quote(os.path.join(out, "%04d.o" % i))))
 PY
 
 total=$(wc -l < "$commands")

@@ -6,6 +6,7 @@
 #include <catch2/catch.hpp>
 #include <algorithm>
 #include <atomic>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -396,6 +397,14 @@ std::vector<int64_t> range_of(int64_t n) {
   return v;
 }
 
+// The seeded runs of each stress test: CAPSTAN_STRESS_SEEDS (ctest sets the
+// CMake option of that name, default 6), else 20.
+uint32_t stress_seeds() {
+  const char* env = std::getenv("CAPSTAN_STRESS_SEEDS");
+  const long seeds = env == nullptr ? 20 : std::strtol(env, nullptr, 10);
+  return seeds > 0 ? static_cast<uint32_t>(seeds) : 20;
+}
+
 }  // namespace
 
 // Issue 18: splits are leased to tasks and getSplit requests are numbered,
@@ -404,7 +413,7 @@ std::vector<int64_t> range_of(int64_t n) {
 TEST_CASE("DYNAMIC: every element exactly once while the dispatcher is killed and restarted 5 times",
           "[data-service][fault][stress]") {
   constexpr int64_t kElements = 10000;
-  for (uint32_t seed = 1; seed <= 20; ++seed) {
+  for (uint32_t seed = 1; seed <= stress_seeds(); ++seed) {
     INFO("seed " << seed);
     std::mt19937 rng(seed);
     std::vector<int64_t> moments = moments_from(rng, kElements, 5);
@@ -434,7 +443,7 @@ TEST_CASE("DYNAMIC: every element exactly once while the dispatcher is killed an
 TEST_CASE("DYNAMIC: every element exactly once while data workers restart and one dies for good",
           "[data-service][fault][stress]") {
   constexpr int64_t kElements = 10000;
-  for (uint32_t seed = 1; seed <= 20; ++seed) {
+  for (uint32_t seed = 1; seed <= stress_seeds(); ++seed) {
     INFO("seed " << seed);
     std::mt19937 rng(seed);
     std::vector<int64_t> moments = moments_from(rng, kElements, 3);

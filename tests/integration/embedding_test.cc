@@ -48,7 +48,7 @@ Tensor gradient(size_t keys, int64_t dim, float value) {
 
 TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reaches the planted-model target, "
           "a parameter server killed -9 and recovered mid-training",
-          "[embedding][fault][recovery]") {
+          "[embedding][fault][recovery][long]") {
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
   Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);

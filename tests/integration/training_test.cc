@@ -354,7 +354,7 @@ TEST_CASE("kill -9 a parameter server mid-training: it is restored from the last
 }
 
 TEST_CASE("the CTR example reaches its target with a parameter server killed -9 and restarted mid-training",
-          "[training][fault][recovery]") {
+          "[training][fault][recovery][long]") {
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
   Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
@@ -423,7 +423,7 @@ TEST_CASE("kill -9 a parameter server mid-training with peer snapshots every 1 s
 
 TEST_CASE("the CTR example with peer snapshots every 1 s reaches its target with a parameter server killed -9 and "
           "restored from its buddy's memory",
-          "[training][fault][recovery][peer]") {
+          "[training][fault][recovery][peer][long]") {
   Training t(2, 2, {"--peer-snapshot-every-seconds", "1"}, true, CAPSTAN_CTR_MODULE);
   RunResult ctr;
   const int64_t steps = 8000;
