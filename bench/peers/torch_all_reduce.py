@@ -14,7 +14,6 @@ nothing here is a dependency of Capstan.
 """
 import argparse
 import os
-import socket
 import statistics
 import time
 
@@ -22,11 +21,7 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-
-def free_port():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+from peer_common import free_port
 
 
 def iterations_for(size):

@@ -46,8 +46,8 @@ Tensor gradient(size_t keys, int64_t dim, float value) {
 
 }  // namespace
 
-TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reaches the planted-model target, "
-          "a parameter server killed -9 and recovered mid-training",
+TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reaches the planted-model target "
+          "with a parameter server killed -9 and recovered mid-training",
           "[embedding][fault][recovery][long]") {
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";

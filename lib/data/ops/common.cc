@@ -169,12 +169,11 @@ Status BatchingIterator::stream_batch(Element* out, bool* end) {
   held_.clear();
   Element first;
   bool input_end = false;
-  CAPSTAN_RETURN_IF_ERROR(input_->get_next(&first, &input_end));
+  CAPSTAN_RETURN_IF_ERROR(next_counted(&first, &input_end));
   if (input_end) {
     *end = true;
     return Status::Ok();
   }
-  CAPSTAN_RETURN_IF_ERROR(held_.add(footprint(first)));
   bool streamable = !first.components.empty();
   int64_t row_bytes = 0;
   for (const Tensor& t : first.components) {
@@ -207,13 +206,8 @@ Status BatchingIterator::stream_batch(Element* out, bool* end) {
   int64_t n = 1;
   while (n < batch_size_) {
     Element e;
-    CAPSTAN_RETURN_IF_ERROR(input_->get_next(&e, &input_end));
+    CAPSTAN_RETURN_IF_ERROR(next_counted(&e, &input_end));
     if (input_end) break;
-    Status charged = held_.add(footprint(e));
-    if (!charged.ok()) {
-      held_.clear();
-      return charged;
-    }
     if (!same_layout(e, first)) {
       // The rows so far back into elements (copies: the stacked buffers go).
       std::vector<Element> batch;
@@ -256,17 +250,20 @@ Status BatchingIterator::stream_batch(Element* out, bool* end) {
   return Status::Ok();
 }
 
+Status BatchingIterator::next_counted(Element* e, bool* input_end) {
+  CAPSTAN_RETURN_IF_ERROR(input_->get_next(e, input_end));
+  if (*input_end) return Status::Ok();
+  Status charged = held_.add(footprint(*e));
+  if (!charged.ok()) held_.clear();  // over the budget: the batch so far is dropped
+  return charged;
+}
+
 Status BatchingIterator::finish_collected(std::vector<Element> batch, Element* out, bool* end) {
   bool input_end = false;
   while (static_cast<int64_t>(batch.size()) < batch_size_) {
     Element e;
-    CAPSTAN_RETURN_IF_ERROR(input_->get_next(&e, &input_end));
+    CAPSTAN_RETURN_IF_ERROR(next_counted(&e, &input_end));
     if (input_end) break;
-    Status charged = held_.add(footprint(e));
-    if (!charged.ok()) {
-      held_.clear();
-      return charged;
-    }
     batch.push_back(std::move(e));
   }
   if (drop_remainder_ && static_cast<int64_t>(batch.size()) < batch_size_) {

@@ -93,6 +93,9 @@ class BatchingIterator : public IteratorBase {
 
  private:
   Status stream_batch(Element* out, bool* end);
+  // The input's next element, counted in held_ (over the budget: held_ is
+  // cleared and the error returned).
+  Status next_counted(Element* e, bool* input_end);
   // Collects the rest of a batch already holding `batch` and assembles it.
   Status finish_collected(std::vector<Element> batch, Element* out, bool* end);
 
