@@ -131,7 +131,6 @@ inline int http_port_of(const std::string& label) {
   return 0;
 }
 
-// The middle value (the upper one of an even count); 0 for none.
 // "4b", "64kib", "16mib": a size as the RESULT names of the benches and
 // their peers spell it.
 inline std::string size_name(int64_t bytes) {
@@ -140,6 +139,7 @@ inline std::string size_name(int64_t bytes) {
   return std::to_string(bytes) + "b";
 }
 
+// The middle value (the upper one of an even count); 0 for none.
 inline double median(std::vector<double> v) {
   std::sort(v.begin(), v.end());
   return v.empty() ? 0 : v[v.size() / 2];

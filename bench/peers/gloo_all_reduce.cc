@@ -16,6 +16,7 @@
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
+#include <filesystem>
 #include <memory>
 #include <sstream>
 #include <string>
@@ -138,7 +139,8 @@ int main(int argc, char** argv) {
     waitpid(pid, &status, 0);
     if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
   }
-  std::system(("rm -rf '" + store_dir + "'").c_str());
+  std::error_code ignored;
+  std::filesystem::remove_all(store_dir, ignored);
   if (failed > 0) {
     std::fprintf(stderr, "gloo_all_reduce: %d rank(s) failed\n", failed);
     return 1;

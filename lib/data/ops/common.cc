@@ -1,8 +1,9 @@
 #include "data/ops/common.h"
 
-#include <algorithm>
 #include <cstring>
 #include <random>
+
+#include "data/tensor_util.h"
 
 namespace capstan::data::engine {
 
@@ -209,22 +210,14 @@ Status BatchingIterator::stream_batch(Element* out, bool* end) {
     CAPSTAN_RETURN_IF_ERROR(next_counted(&e, &input_end));
     if (input_end) break;
     if (!same_layout(e, first)) {
-      // The rows so far back into elements (copies: the stacked buffers go).
-      std::vector<Element> batch;
-      batch.reserve(static_cast<size_t>(std::min<int64_t>(batch_size_, 4096)));
-      for (int64_t row = 0; row < n; ++row) {
-        Element copy;
-        copy.names = first.names;
-        for (size_t c = 0; c < stacked.size(); ++c) {
-          CAPSTAN_ASSIGN_OR_RETURN(Tensor t, Tensor::uninitialized(first.components[c].dtype(),
-                                                                   first.components[c].shape()));
-          if (sizes[c] > 0) {
-            std::memcpy(t.mutable_data(), stacked[c].data() + static_cast<size_t>(row) * sizes[c], sizes[c]);
-          }
-          copy.components.push_back(std::move(t));
-        }
-        batch.push_back(std::move(copy));
+      // The rows so far back into elements (views of the stacked buffers).
+      std::vector<Element> batch(static_cast<size_t>(n));
+      for (size_t c = 0; c < stacked.size(); ++c) {
+        CAPSTAN_ASSIGN_OR_RETURN(Tensor so_far, slice_rows(stacked[c], 0, n));
+        CAPSTAN_ASSIGN_OR_RETURN(std::vector<Tensor> rows, unstack(so_far));
+        for (size_t row = 0; row < batch.size(); ++row) batch[row].components.push_back(std::move(rows[row]));
       }
+      batch[0].names = first.names;  // batch_elements keeps the first element's names
       batch.push_back(std::move(e));
       return finish_collected(std::move(batch), out, end);
     }
