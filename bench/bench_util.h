@@ -101,6 +101,18 @@ inline double cpu_seconds(pid_t pid, bool system_only = false) {
   return ticks / static_cast<double>(sysconf(_SC_CLK_TCK));
 }
 
+// Bytes a process has written so far, sockets included (/proc/<pid>/io
+// wchar; 0: this process). 0 when it cannot be read.
+inline double bytes_written(pid_t pid) {
+  std::ifstream in(pid == 0 ? std::string("/proc/self/io") : "/proc/" + std::to_string(pid) + "/io");
+  std::string key;
+  double value = 0;
+  while (in >> key >> value) {
+    if (key == "wchar:") return value;
+  }
+  return 0;
+}
+
 struct Daemon {
   pid_t pid = 0;
   std::string address;

@@ -120,11 +120,15 @@ class Service {
 std::map<std::string, double> cpu_snapshot() {
   std::map<std::string, double> cpu;
   cpu["client"] = bench::cpu_seconds(0);
-  for (const auto& d : bench::daemons()) cpu[d.program] += bench::cpu_seconds(d.pid);
+  for (const auto& d : bench::daemons()) {
+    cpu[d.program] += bench::cpu_seconds(d.pid);
+    if (d.program == "data-worker") cpu["data-worker bytes"] += bench::bytes_written(d.pid);
+  }
   return cpu;
 }
 
-// "client 1.2 | data-worker 3.4 | data-dispatcher 0.0" in us of CPU per element.
+// "client 1.2 | data-worker 3.4 | data-dispatcher 0.0" in us of CPU per
+// element, and the bytes the data workers wrote per element.
 std::string cpu_per_element(const std::map<std::string, double>& before, const std::map<std::string, double>& after,
                             int64_t n) {
   std::string out;
@@ -140,7 +144,16 @@ std::string cpu_per_element(const std::map<std::string, double>& before, const s
     out += text;
   }
   std::snprintf(text, sizeof(text), " | total %.2f us", total);
-  return out + text;
+  out += text;
+  // What the data workers wrote (sockets and logs) per element: the payload
+  // and the framing a reader pays for.
+  auto a = after.find("data-worker bytes");
+  auto b = before.find("data-worker bytes");
+  if (a != after.end() && b != before.end()) {
+    std::snprintf(text, sizeof(text), "; data workers wrote %.1f B/element", (a->second - b->second) / static_cast<double>(n));
+    out += text;
+  }
+  return out;
 }
 
 struct Run {
@@ -350,7 +363,8 @@ int main(int argc, char** argv) {
 
   std::printf("\nbreakdown:\n");
   if (!rtt_line.empty()) std::printf("  %s\n", rtt_line.c_str());
-  std::printf("  CPU per element during the timed part (us; /proc/<pid>/stat, 10 ms ticks):\n");
+  std::printf("  CPU per element during the timed part (us; /proc/<pid>/stat, 10 ms ticks) and bytes written by the "
+              "data workers (/proc/<pid>/io wchar):\n");
   for (const auto& line : cpu_lines) std::printf("    %s\n", line.c_str());
   std::printf("\nelements/s and MB/s (1 MB = 1e6 B) from the first element to end of sequence; svc/local = service "
               "elements/s over local elements/s;\nsvc/l+copy: over local with one copy of every element; svc/TCP: over "

@@ -24,7 +24,10 @@
 // alike; the figures are the medians over --rounds (5), the ratio
 // lookup / fixed gather the median of each round's back-to-back ratio. Then the table's memory per row, from the
 // parameter servers' /metrics (capstan_ps_table_bytes / _rows), against the
-// raw row (values and optimizer slots).
+// raw row (values and optimizer slots), and their resident memory (VmRSS)
+// per row of the variable and of the table. Each case also prints the
+// parameter servers' CPU per row (/proc/<pid>/stat, both together; median of
+// the rounds).
 // One RESULT line per figure (bench/compare's format). Prints figures; never
 // fails on them.
 #include <arpa/inet.h>
@@ -111,13 +114,33 @@ std::vector<Tensor> row_batches(int count, int64_t batch, int64_t rows, std::mt1
   return out;
 }
 
-// One measured case: its rate in each round and the latency of every batch.
+// One measured case: its rate in each round, the latency of every batch and
+// the parameter servers' CPU per row in each round.
 struct Case {
   std::string label;
   std::string result;  // RESULT name
   std::vector<double> rates;
   std::vector<double> batch_ms;
+  std::vector<double> ps_cpu_us_per_row;
 };
+
+// CPU seconds the parameter servers have used so far, together.
+double ps_cpu_seconds() {
+  double total = 0;
+  for (const auto& d : bench::daemons()) {
+    if (d.program == "ps-server") total += bench::cpu_seconds(d.pid);
+  }
+  return total;
+}
+
+// The parameter servers' resident memory together, in KiB.
+int64_t ps_rss_kib() {
+  int64_t total = 0;
+  for (const auto& d : bench::daemons()) {
+    if (d.program == "ps-server") total += bench::proc_status_kib(d.pid, "VmRSS");
+  }
+  return total;
+}
 
 double median(std::vector<double> v) {
   if (v.empty()) return 0;
@@ -129,6 +152,7 @@ double median(std::vector<double> v) {
 // Runs `op` on every batch; adds the rows/s and every batch's latency to `c`.
 void timed(Case& c, const std::vector<Tensor>& batches, const std::function<void(const Tensor&)>& op) {
   int64_t rows = 0;
+  const double cpu0 = ps_cpu_seconds();
   auto start = Clock::now();
   for (const Tensor& ids : batches) {
     auto t0 = Clock::now();
@@ -137,6 +161,7 @@ void timed(Case& c, const std::vector<Tensor>& batches, const std::function<void
     rows += ids.num_elements();
   }
   c.rates.push_back(static_cast<double>(rows) / seconds_since(start));
+  c.ps_cpu_us_per_row.push_back((ps_cpu_seconds() - cpu0) * 1e6 / static_cast<double>(rows));
 }
 
 // GET http://127.0.0.1:port/metrics; "" when it cannot be read.
@@ -190,6 +215,7 @@ void run(const std::string& bin_dir, const Config& cfg) {
   const int slots = adagrad ? 1 : 0;
 
   // The fixed-shape variable.
+  const int64_t rss_empty_kib = ps_rss_kib();
   auto start = Clock::now();
   capstan::VariableSpec fixed_spec{"fixed", filled(cfg.rows, cfg.dim, 0.25f), optimizer,
                                    capstan::Partitioner::fixed_shards(num_ps)};
@@ -197,6 +223,8 @@ void run(const std::string& bin_dir, const Config& cfg) {
   std::printf("fixed variable float32[%lld, %lld] in 2 shards, %s: created in %.2f s\n",
               static_cast<long long>(cfg.rows), static_cast<long long>(cfg.dim), cfg.optimizer.c_str(),
               seconds_since(start));
+
+  const int64_t rss_fixed_kib = ps_rss_kib();
 
   // The dynamic table, filled with `rows` keys.
   capstan::EmbeddingTableSpec table_spec{"table", cfg.dim, DType::kFloat32,
@@ -218,6 +246,8 @@ void run(const std::string& bin_dir, const Config& cfg) {
               static_cast<long long>(cfg.dim), cfg.optimizer.c_str(), static_cast<long long>(cfg.rows), fill,
               cfg.rows / fill);
 
+  const int64_t rss_table_kib = ps_rss_kib();
+
   // Memory, now that the table holds `rows` keys (before the new keys below).
   double table_bytes = 0, table_rows = 0;
   for (const auto& label : cluster.ps_labels) {
@@ -226,12 +256,12 @@ void run(const std::string& bin_dir, const Config& cfg) {
     table_rows += metric(text, "capstan_ps_table_rows");
   }
 
-  Case fixed_gather{"fixed gather", "fixed_gather_10k_2ps", {}, {}};
-  Case fixed_update{"fixed update (apply_sparse)", "fixed_update_10k_2ps", {}, {}};
-  Case existing{"table lookup, 100% existing", "embedding_lookup_existing_10k_2ps", {}, {}};
-  Case mixed90{"table lookup, 90% existing", "embedding_lookup_90pct_existing_10k_2ps", {}, {}};
-  Case mixed50{"table lookup, 50% existing", "embedding_lookup_50pct_existing_10k_2ps", {}, {}};
-  Case table_update{"table update (apply_sparse)", "embedding_update_10k_2ps", {}, {}};
+  Case fixed_gather{"fixed gather", "fixed_gather_10k_2ps", {}, {}, {}};
+  Case fixed_update{"fixed update (apply_sparse)", "fixed_update_10k_2ps", {}, {}, {}};
+  Case existing{"table lookup, 100% existing", "embedding_lookup_existing_10k_2ps", {}, {}, {}};
+  Case mixed90{"table lookup, 90% existing", "embedding_lookup_90pct_existing_10k_2ps", {}, {}, {}};
+  Case mixed50{"table lookup, 50% existing", "embedding_lookup_50pct_existing_10k_2ps", {}, {}, {}};
+  Case table_update{"table update (apply_sparse)", "embedding_update_10k_2ps", {}, {}, {}};
   const Tensor gradient = filled(cfg.batch, cfg.dim, 0.001f);
   const capstan::Shape row_shape{cfg.batch, cfg.dim};
   auto check = [&row_shape](const char* what, const capstan::Result<Tensor>& rows) {
@@ -283,8 +313,8 @@ void run(const std::string& bin_dir, const Config& cfg) {
   }
 
   const double fixed_rate = median(fixed_gather.rates);
-  std::printf("\n%-30s %-14s %-22s %-10s %-10s %s\n", "case", "rows/s median", "(min .. max of rounds)",
-              "batch p50", "p99", "vs fixed gather");
+  std::printf("\n%-30s %-14s %-22s %-10s %-10s %-16s %s\n", "case", "rows/s median", "(min .. max of rounds)",
+              "batch p50", "p99", "vs fixed gather", "ps CPU us/row");
   for (Case* c : {&fixed_gather, &existing, &mixed90, &mixed50, &fixed_update, &table_update}) {
     std::vector<double> ms = c->batch_ms;
     std::sort(ms.begin(), ms.end());
@@ -292,9 +322,12 @@ void run(const std::string& bin_dir, const Config& cfg) {
     char range[64];
     std::snprintf(range, sizeof(range), "(%.2fM .. %.2fM)", *std::min_element(c->rates.begin(), c->rates.end()) / 1e6,
                   *std::max_element(c->rates.begin(), c->rates.end()) / 1e6);
-    std::printf("%-30s %12.2fM  %-22s %7.2f ms %7.2f ms %5.0f%%\n", c->label.c_str(), rate / 1e6, range,
-                ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)], 100 * rate / fixed_rate);
+    const double cpu_per_row = median(c->ps_cpu_us_per_row);
+    std::printf("%-30s %12.2fM  %-22s %7.2f ms %7.2f ms %14.0f%% %15.3f\n", c->label.c_str(), rate / 1e6, range,
+                ms[ms.size() / 2], ms[std::min(ms.size() - 1, ms.size() * 99 / 100)], 100 * rate / fixed_rate,
+                cpu_per_row);
     bench::result(c->result, rate, "rows/s");
+    bench::result("ps_cpu_us_per_row_" + c->result, cpu_per_row, "us");
   }
   // The ratio of back-to-back runs cancels most of a busy machine's drift.
   const double ratio = median(paired);
@@ -305,6 +338,15 @@ void run(const std::string& bin_dir, const Config& cfg) {
   bench::result("embedding_vs_fixed_gather_ratio", ratio, "x");
 
   const double raw = static_cast<double>(cfg.dim) * 4 * (1 + slots);
+  // Resident memory, as the operator sees it: it includes the allocator's
+  // slack and, for the table, its index and the insert path's buffers.
+  const double fixed_rss_per_row = static_cast<double>(rss_fixed_kib - rss_empty_kib) * 1024 / cfg.rows;
+  const double table_rss_per_row = static_cast<double>(rss_table_kib - rss_fixed_kib) * 1024 / cfg.rows;
+  std::printf("\nparameter servers' VmRSS per row (%lld rows, raw row %.0f bytes): fixed variable %.1f bytes, "
+              "dynamic table %.1f bytes\n",
+              static_cast<long long>(cfg.rows), raw, fixed_rss_per_row, table_rss_per_row);
+  bench::result("ps_rss_bytes_per_row_fixed", fixed_rss_per_row, "bytes");
+  bench::result("ps_rss_bytes_per_row_table", table_rss_per_row, "bytes");
   if (table_rows > 0 && table_bytes > 0) {
     double per_row = table_bytes / table_rows;
     std::printf("\ntable memory (/metrics of both parameter servers): %.0f rows, %.1f MB, %.1f bytes/row; raw row "
