@@ -29,9 +29,10 @@
 //                 each worker holds a task. Per worker: VmRSS; per
 //                 heartbeat: dispatcher CPU over --heartbeats (20,000) sent
 //                 one at a time round-robin, and as many consumer
-//                 heartbeats (each reply lists every task: one per data
-//                 worker), against as many Node.info calls (any RPC's
-//                 floor). Then --splits (20,000) getSplit
+//                 heartbeats, each reply listing every task (one per data
+//                 worker) and then with the list's fingerprint known
+//                 (replies say "unchanged"), against as many Node.info
+//                 calls (any RPC's floor). Then --splits (20,000) getSplit
 //                 calls of one task: dispatcher CPU and VmRSS per split, in
 //                 memory and with --work-dir (each lease journaled, fsync'd,
 //                 before the reply).
@@ -349,30 +350,46 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
               cfg.heartbeats / wall, per_heartbeat);
   bench::result("dispatcher_cpu_us_per_heartbeat" + tag, per_heartbeat, "us");
 
-  // A consumer's heartbeats: each reply lists every task of the job (one per
-  // data worker).
-  cpu0 = bench::cpu_seconds(dispatcher.pid);
-  start = Clock::now();
-  loop.run_sync([&, job_client_id = job_client_id]() {
-    return service().then([&](wire::DataDispatcher::Client d) {
-      kj::Promise<void> chain = kj::READY_NOW;
-      for (int i = 0; i < cfg.heartbeats; ++i) {
-        chain = chain.then([d, job_client_id]() mutable {
+  // A consumer's heartbeats: with knownTasks 0 each reply lists every task of
+  // the job (one per data worker: what a consumer whose list changed, or an
+  // older one, gets); with the list's fingerprint, the reply says
+  // "unchanged" (what a consumer gets while the job's tasks stay put).
+  for (bool known : {false, true}) {
+    uint64_t fingerprint = 0;
+    if (known) {
+      fingerprint = loop.run_sync([&, job_client_id = job_client_id]() {
+        return service().then([job_client_id](wire::DataDispatcher::Client d) {
           auto request = d.clientHeartbeatRequest();
           request.setJobClientId(job_client_id);
-          return request.send().ignoreResult();
+          return request.send().then([](auto&& reply) { return reply.getTasksFingerprint(); });
         });
-      }
-      return chain;
+      });
+    }
+    cpu0 = bench::cpu_seconds(dispatcher.pid);
+    start = Clock::now();
+    loop.run_sync([&, job_client_id = job_client_id]() {
+      return service().then([&, fingerprint](wire::DataDispatcher::Client d) {
+        kj::Promise<void> chain = kj::READY_NOW;
+        for (int i = 0; i < cfg.heartbeats; ++i) {
+          chain = chain.then([d, job_client_id, fingerprint]() mutable {
+            auto request = d.clientHeartbeatRequest();
+            request.setJobClientId(job_client_id);
+            request.setKnownTasks(fingerprint);
+            return request.send().ignoreResult();
+          });
+        }
+        return chain;
+      });
     });
-  });
-  wall = seconds_since(start);
-  const double per_client_heartbeat = (bench::cpu_seconds(dispatcher.pid) - cpu0) * 1e6 / cfg.heartbeats;
-  std::printf("%d consumer heartbeats in %.2f s (%.0f/s), %d tasks in each reply: dispatcher CPU %.1f us per "
-              "heartbeat\n",
-              cfg.heartbeats, wall, cfg.heartbeats / wall, cfg.data_workers, per_client_heartbeat);
-  bench::result("dispatcher_cpu_us_per_client_heartbeat_" + std::to_string(cfg.data_workers) + "_tasks" + tag,
-                per_client_heartbeat, "us");
+    wall = seconds_since(start);
+    const double per_client_heartbeat = (bench::cpu_seconds(dispatcher.pid) - cpu0) * 1e6 / cfg.heartbeats;
+    std::printf("%d consumer heartbeats in %.2f s (%.0f/s), %d tasks, %s: dispatcher CPU %.1f us per heartbeat\n",
+                cfg.heartbeats, wall, cfg.heartbeats / wall, cfg.data_workers,
+                known ? "list unchanged (known fingerprint)" : "each reply listing them", per_client_heartbeat);
+    bench::result("dispatcher_cpu_us_per_client_heartbeat_" + std::string(known ? "unchanged_" : "") +
+                      std::to_string(cfg.data_workers) + "_tasks" + tag,
+                  per_client_heartbeat, "us");
+  }
 
   // Splits of worker 0's task, in order.
   const int64_t task_id = tasks[0].empty() ? -1 : tasks[0][0];

@@ -99,7 +99,13 @@ interface DataDispatcher extends(Common.Node) {
   getOrCreateJob @2 (params :JobParams) -> (jobId :Int64, jobClientId :Int64);
   releaseJobClient @3 (jobClientId :Int64) -> ();
   # A consumer's heartbeat: the tasks to read from, and whether the job is done.
-  clientHeartbeat @4 (jobClientId :Int64) -> (tasks :List(TaskInfo), jobFinished :Bool);
+  # knownTasks: the tasksFingerprint of the last list the consumer applied
+  # (0: none). While the job's list still has that fingerprint the reply
+  # leaves `tasks` empty and sets tasksUnchanged: a job of a thousand tasks
+  # is not sent to each of its consumers five times a second. A consumer
+  # that sends 0 (or a dispatcher that predates the field) gets the list.
+  clientHeartbeat @4 (jobClientId :Int64, knownTasks :UInt64)
+      -> (tasks :List(TaskInfo), jobFinished :Bool, tasksFingerprint :UInt64, tasksUnchanged :Bool);
   # A data worker's heartbeat: its tasks now; the reply adds and removes tasks.
   workerHeartbeat @5 (workerAddress :Text, currentTasks :List(Int64))
       -> (newTasks :List(TaskDef), tasksToDelete :List(Int64));

@@ -1,5 +1,6 @@
 #include "daemons/data_dispatcher/dispatcher.h"
 
+#include <functional>
 #include <set>
 
 #include "data/compression.h"
@@ -290,16 +291,37 @@ Status Dispatcher::release_job_client(int64_t job_client_id) {
   return Status::Ok();
 }
 
-Result<ClientHeartbeatResponse> Dispatcher::client_heartbeat(int64_t job_client_id) {
+Result<ClientHeartbeatResponse> Dispatcher::client_heartbeat(int64_t job_client_id, uint64_t known_tasks) {
   CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_for_job_client_id(job_client_id));
   client_seen_[job_client_id] = clock_.steady_now();
   CAPSTAN_ASSIGN_OR_RETURN(auto tasks, state_.tasks_for_job(job->job_id));
   ClientHeartbeatResponse response;
+  response.job_finished = job->finished;
+  // Everything a TaskInfo carries, in list order (SplitMix64 steps; strings
+  // through std::hash): hashing the list costs a fraction of sending it.
+  auto mix = [](uint64_t h, uint64_t v) {
+    h = (h ^ v) + 0x9e3779b97f4a7c15ULL;
+    h = (h ^ (h >> 30)) * 0xbf58476d1ce4e5b9ULL;
+    h = (h ^ (h >> 27)) * 0x94d049bb133111ebULL;
+    return h ^ (h >> 31);
+  };
+  uint64_t fingerprint = mix(mix(static_cast<uint64_t>(job->job_id), std::hash<std::string>{}(job->dataset_id)),
+                             tasks.size());
+  for (const auto* task : tasks) {
+    fingerprint = mix(fingerprint, static_cast<uint64_t>(task->task_id));
+    fingerprint = mix(fingerprint, std::hash<std::string>{}(task->worker_address));
+    fingerprint = mix(fingerprint, waiting_tasks_.count(task->task_id));
+  }
+  response.tasks_fingerprint = fingerprint == 0 ? 1 : fingerprint;  // 0 means "none known"
+  if (known_tasks == response.tasks_fingerprint) {
+    response.unchanged = true;
+    return response;
+  }
+  response.tasks.reserve(tasks.size());
   for (const auto* task : tasks) {
     response.tasks.push_back(TaskInfo{task->task_id, task->job_id, task->worker_address, job->dataset_id,
                                       waiting_tasks_.count(task->task_id) != 0});
   }
-  response.job_finished = job->finished;
   return response;
 }
 

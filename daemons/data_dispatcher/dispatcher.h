@@ -114,8 +114,12 @@ struct TaskInfo {
 };
 
 struct ClientHeartbeatResponse {
-  std::vector<TaskInfo> tasks;  // active tasks of the client's job
+  std::vector<TaskInfo> tasks;  // active tasks of the client's job; empty when unchanged
   bool job_finished = false;
+  // Of the job's task list as `tasks` would list it (never 0); `unchanged`:
+  // it equals the fingerprint the client said it knows, and `tasks` is empty.
+  uint64_t tasks_fingerprint = 0;
+  bool unchanged = false;
 };
 
 // What a data worker needs to run a task: the definition already sharded
@@ -203,8 +207,10 @@ class Dispatcher {
   // files; NotFound: unknown dataset.
   Result<JobClient> get_or_create_job(const GetOrCreateJobRequest& request);
   Status release_job_client(int64_t job_client_id);
-  // NotFound: unknown (or released) client.
-  Result<ClientHeartbeatResponse> client_heartbeat(int64_t job_client_id);
+  // NotFound: unknown (or released) client. `known_tasks`: the fingerprint
+  // of the list the client has (0: none); when it is current, the reply
+  // says so instead of listing the tasks again.
+  Result<ClientHeartbeatResponse> client_heartbeat(int64_t job_client_id, uint64_t known_tasks = 0);
 
   // ---- Workers and tasks.
   // Registers an unknown worker (it joins the running OFF and DYNAMIC jobs),

@@ -454,6 +454,55 @@ TEST_CASE("with no live worker a lost worker's tasks wait, and the next worker t
   CHECK(d->client_heartbeat(j->job_client_id)->job_finished);
 }
 
+TEST_CASE("a consumer that knows the current task list is told it is unchanged, and any change is listed again") {
+  FakeClock clock;
+  auto d = open(clock);
+  std::string ds = register_range(*d, 10);
+  add_worker(*d, "a:1");
+  auto j = d->get_or_create_job(job(ds, "", ProcessingMode::kData));
+  REQUIRE(j.ok());
+  auto first = d->client_heartbeat(j->job_client_id);
+  REQUIRE(first.ok());
+  REQUIRE(first->tasks.size() == 1);
+  CHECK_FALSE(first->unchanged);
+  CHECK(first->tasks_fingerprint != 0);
+  // Knowing it: nothing listed, the same fingerprint.
+  auto again = d->client_heartbeat(j->job_client_id, first->tasks_fingerprint);
+  REQUIRE(again.ok());
+  CHECK(again->unchanged);
+  CHECK(again->tasks.empty());
+  CHECK(again->tasks_fingerprint == first->tasks_fingerprint);
+  // Another fingerprint (a stale one): the whole list.
+  auto stale = d->client_heartbeat(j->job_client_id, first->tasks_fingerprint + 1);
+  REQUIRE(stale.ok());
+  CHECK_FALSE(stale->unchanged);
+  CHECK(stale->tasks.size() == 1);
+  // The task's worker is lost: the task waits, which changes the list.
+  clock.advance(milliseconds(800));
+  REQUIRE(d->client_heartbeat(j->job_client_id, first->tasks_fingerprint)->unchanged);
+  clock.advance(milliseconds(700));  // a: 1500 ms without a heartbeat
+  d->collect();
+  REQUIRE(d->tasks_waiting_for_worker() == 1);
+  auto waiting = d->client_heartbeat(j->job_client_id, first->tasks_fingerprint);
+  REQUIRE(waiting.ok());
+  CHECK_FALSE(waiting->unchanged);
+  REQUIRE(waiting->tasks.size() == 1);
+  CHECK(waiting->tasks[0].waiting_for_worker);
+  // Another worker takes it over: a new address, listed again.
+  REQUIRE(d->worker_heartbeat("z:1", {}).ok());
+  auto moved = d->client_heartbeat(j->job_client_id, waiting->tasks_fingerprint);
+  REQUIRE(moved.ok());
+  CHECK_FALSE(moved->unchanged);
+  REQUIRE(moved->tasks.size() == 1);
+  CHECK(moved->tasks[0].worker_address == "z:1");
+  CHECK(moved->tasks_fingerprint != first->tasks_fingerprint);
+  // The job's end is said in unchanged replies too.
+  REQUIRE(d->finish_task(moved->tasks[0].task_id).ok());
+  auto done = d->client_heartbeat(j->job_client_id, moved->tasks_fingerprint);
+  REQUIRE(done.ok());
+  CHECK(done->job_finished);
+}
+
 TEST_CASE("replaying the journal rebuilds the same state, definitions, split progress and leases") {
   TempDir dir;
   FakeClock clock;

@@ -273,7 +273,8 @@ kj::Promise<void> DispatcherService::releaseJobClient(ReleaseJobClientContext co
 
 kj::Promise<void> DispatcherService::clientHeartbeat(ClientHeartbeatContext context) {
   int64_t client = context.getParams().getJobClientId();
-  return on_dispatcher([client](Dispatcher& d) { return d.client_heartbeat(client); })
+  uint64_t known = context.getParams().getKnownTasks();
+  return on_dispatcher([client, known](Dispatcher& d) { return d.client_heartbeat(client, known); })
       .then([context](Result<ClientHeartbeatResponse> result) mutable {
         ClientHeartbeatResponse response = take(result);
         auto out = context.getResults().initTasks(static_cast<unsigned>(response.tasks.size()));
@@ -286,6 +287,8 @@ kj::Promise<void> DispatcherService::clientHeartbeat(ClientHeartbeatContext cont
           out[i].setWaitingForWorker(task.waiting_for_worker);
         }
         context.getResults().setJobFinished(response.job_finished);
+        context.getResults().setTasksFingerprint(response.tasks_fingerprint);
+        context.getResults().setTasksUnchanged(response.unchanged);
       });
 }
 

@@ -285,7 +285,9 @@ class ServiceReader final : public engine::IteratorBase {
   void abandon_shm(const std::string& address);
   kj::Promise<void> heartbeat();  // never rejects: failures land in fatal_
   kj::Promise<void> heartbeat_loop();
-  void apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, bool job_finished);
+  // `tasks`: the job's list, or null when the dispatcher said the list it
+  // has (known_tasks_) is current.
+  void apply_heartbeat(const capnp::List<wire::TaskInfo>::Reader* tasks, bool job_finished);
   rpc::Connection& worker(const std::string& address);
   // Whether the worker shares this host (data::is_local_address, cached):
   // AUTO compression sends raw to it.
@@ -322,6 +324,9 @@ class ServiceReader final : public engine::IteratorBase {
   kj::Promise<void> heartbeat_loop_ = nullptr;
   kj::Maybe<kj::Own<kj::PromiseFulfiller<void>>> wake_;  // cuts the heartbeat wait short
   bool heartbeat_in_flight_ = false;
+  // The fingerprint of the task list tasks_ was last listed from (0: none):
+  // sent with each heartbeat, so an unchanged list is not sent again.
+  uint64_t known_tasks_ = 0;
 
   Mutex mutex_;
   std::map<int64_t, TaskState> tasks_ GUARDED_BY(mutex_);
@@ -873,13 +878,20 @@ kj::Promise<void> ServiceReader::heartbeat() {
   auto deadline = loop_->timer().now() + config_.connect_timeout.count() * kj::MILLISECONDS;
   int64_t client_id = job_.job_client_id;
   auto call = dispatcher_->service<wire::DataDispatcher>(deadline)
-                  .then([client_id](wire::DataDispatcher::Client client) {
+                  .then([client_id, known = known_tasks_](wire::DataDispatcher::Client client) {
                     auto request = client.clientHeartbeatRequest();
                     request.setJobClientId(client_id);
+                    request.setKnownTasks(known);
                     return request.send();
                   })
                   .then([this](capnp::Response<wire::DataDispatcher::ClientHeartbeatResults>&& response) {
-                    apply_heartbeat(response.getTasks(), response.getJobFinished());
+                    if (response.getTasksUnchanged() && known_tasks_ != 0) {
+                      apply_heartbeat(nullptr, response.getJobFinished());
+                      return;
+                    }
+                    auto tasks = response.getTasks();
+                    apply_heartbeat(&tasks, response.getJobFinished());
+                    known_tasks_ = response.getTasksFingerprint();
                   });
   return rpc::with_deadline<void>(loop_->timer(), kj::mv(call),
                                   config_.connect_timeout + config_.call_timeout,
@@ -909,11 +921,14 @@ kj::Promise<void> ServiceReader::heartbeat_loop() {
       .then([this]() { return heartbeat_loop(); });
 }
 
-void ServiceReader::apply_heartbeat(capnp::List<wire::TaskInfo>::Reader tasks, bool job_finished) {
+void ServiceReader::apply_heartbeat(const capnp::List<wire::TaskInfo>::Reader* listed, bool job_finished) {
   auto now = Clock::now();
   MutexLock lock(mutex_);
-  for (auto& [id, state] : tasks_) state.listed = false;
-  for (auto info : tasks) {
+  // An unchanged list leaves each task's `listed` as the last list set it.
+  if (listed != nullptr) {
+    for (auto& [id, state] : tasks_) state.listed = false;
+  }
+  for (auto info : listed != nullptr ? *listed : capnp::List<wire::TaskInfo>::Reader()) {
     auto [it, added] = tasks_.try_emplace(info.getTaskId());
     TaskState& state = it->second;
     state.listed = true;

@@ -50,6 +50,11 @@ struct DispatcherState {
   std::optional<Status> heartbeat_error;
   int unavailable_jobs = 0;  // getOrCreateJob answers Unavailable this many times
   int heartbeats = 0;
+  // A dispatcher that fingerprints its task list (knownTasks): it answers
+  // "unchanged" to a consumer that sends the list's fingerprint. Off: one
+  // that predates the field.
+  bool fingerprints = false;
+  int unchanged_replies = 0;
   std::vector<int64_t> released;
   int64_t next_client = 100;
 };
@@ -89,13 +94,25 @@ class FakeDispatcher final : public wire::DataDispatcher::Server {
     std::lock_guard<std::mutex> lock(state_->mutex);
     ++state_->heartbeats;
     if (state_->heartbeat_error) return async::to_exception(*state_->heartbeat_error);
+    context.getResults().setJobFinished(state_->job_finished);
+    if (state_->fingerprints) {
+      uint64_t fingerprint = 7 + state_->tasks.size();
+      for (const auto& [id, address] : state_->tasks) {
+        fingerprint = fingerprint * 1000003 + static_cast<uint64_t>(id) * 31 + std::hash<std::string>{}(address);
+      }
+      context.getResults().setTasksFingerprint(fingerprint);
+      if (context.getParams().getKnownTasks() == fingerprint) {
+        ++state_->unchanged_replies;
+        context.getResults().setTasksUnchanged(true);
+        return kj::READY_NOW;
+      }
+    }
     auto tasks = context.getResults().initTasks(static_cast<unsigned>(state_->tasks.size()));
     for (unsigned i = 0; i < tasks.size(); ++i) {
       tasks[i].setTaskId(state_->tasks[i].first);
       tasks[i].setJobId(1);
       tasks[i].setWorkerAddress(state_->tasks[i].second);
     }
-    context.getResults().setJobFinished(state_->job_finished);
     return kj::READY_NOW;
   }
 
@@ -690,6 +707,39 @@ TEST_CASE("a worker that restarts is read again without losing elements", "[data
   restarter.join();
   got.insert(got.end(), rest.begin(), rest.end());
   CHECK(got == iota(0, 10));
+}
+
+TEST_CASE("through unchanged heartbeat replies the reader keeps its tasks, and a changed list adds and drops them",
+          "[data][service][rpc]") {
+  DispatcherState state;
+  state.fingerprints = true;
+  DispatcherServer dispatcher(&state);
+  WorkerState w1, w2;
+  w2.offset = 100;
+  w1.not_ready = 3;
+  WorkerServer worker1(&w1), worker2(&w2);
+  const std::string dead = "127.0.0.1:" + std::to_string(free_port());
+  state.tasks = {{1, worker1.address()}, {3, dead}};
+  state.job_finished = false;
+  auto reader = make_service_reader(fast_config(dispatcher.address()));
+  std::vector<int64_t> got = drain(*reader, 5);
+  std::this_thread::sleep_for(300ms);  // heartbeats with the list unchanged
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    CHECK(state.unchanged_replies >= 1);
+    // A new task, and task 3 (its worker unreachable) no longer listed.
+    state.tasks = {{1, worker1.address()}, {2, worker2.address()}};
+    state.job_finished = true;
+  }
+  auto rest = drain(*reader);  // ends only once task 3 is dropped
+  got.insert(got.end(), rest.begin(), rest.end());
+  std::sort(got.begin(), got.end());
+  auto want = iota(0, 10);
+  auto more = iota(100, 110);
+  want.insert(want.end(), more.begin(), more.end());
+  CHECK(got == want);
+  std::lock_guard<std::mutex> lock(state.mutex);
+  CHECK(state.unchanged_replies >= 2);  // the changed list was fingerprinted and kept too
 }
 
 TEST_CASE("a task whose worker stays unreachable and is no longer listed is dropped",

@@ -21,7 +21,8 @@ for daemon in ps-server coordinator worker-server data-dispatcher data-worker; d
 done
 for key in coordinator_kib_per_registered_worker dispatcher_kib_per_data_worker dispatcher_kib_per_data_worker_journaled \
            coordinator_cpu_us_per_worker_ping dispatcher_cpu_us_per_heartbeat dispatcher_cpu_us_per_split \
-           dispatcher_cpu_us_per_split_journaled dispatcher_cpu_us_per_client_heartbeat_20_tasks; do
+           dispatcher_cpu_us_per_split_journaled dispatcher_cpu_us_per_client_heartbeat_20_tasks \
+           dispatcher_cpu_us_per_client_heartbeat_unchanged_20_tasks; do
   grep -Eq "^RESULT $key -?[0-9.e+]+ (KiB|us)$" "$out" || { cat "$out"; fail "no 'RESULT $key' line"; }
 done
 # The coordinator pinged the fake workers (they registered and it calls back).
