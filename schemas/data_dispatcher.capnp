@@ -104,11 +104,15 @@ interface DataDispatcher extends(Common.Node) {
   # leaves `tasks` empty and sets tasksUnchanged: a job of a thousand tasks
   # is not sent to each of its consumers five times a second. A consumer
   # that sends 0 (or a dispatcher that predates the field) gets the list.
+  # intervalMs (in both heartbeats' replies): heartbeat no more often than
+  # this (0: as configured); the dispatcher spreads its heartbeat budget
+  # over its workers and consumers (data-dispatcher --max-heartbeats-per-s).
   clientHeartbeat @4 (jobClientId :Int64, knownTasks :UInt64)
-      -> (tasks :List(TaskInfo), jobFinished :Bool, tasksFingerprint :UInt64, tasksUnchanged :Bool);
+      -> (tasks :List(TaskInfo), jobFinished :Bool, tasksFingerprint :UInt64, tasksUnchanged :Bool,
+          intervalMs :UInt32);
   # A data worker's heartbeat: its tasks now; the reply adds and removes tasks.
   workerHeartbeat @5 (workerAddress :Text, currentTasks :List(Int64))
-      -> (newTasks :List(TaskDef), tasksToDelete :List(Int64));
+      -> (newTasks :List(TaskDef), tasksToDelete :List(Int64), intervalMs :UInt32);
   finishTask @6 (workerAddress :Text, taskId :Int64) -> ();
   # DYNAMIC sharding: split number `sequence` (0, 1, 2, ...) of task
   # `taskId` from one split provider of the job. Splits are leased: the

@@ -313,6 +313,7 @@ Result<ClientHeartbeatResponse> Dispatcher::client_heartbeat(int64_t job_client_
     fingerprint = mix(fingerprint, waiting_tasks_.count(task->task_id));
   }
   response.tasks_fingerprint = fingerprint == 0 ? 1 : fingerprint;  // 0 means "none known"
+  response.interval = heartbeat_interval();
   if (known_tasks == response.tasks_fingerprint) {
     response.unchanged = true;
     return response;
@@ -326,6 +327,14 @@ Result<ClientHeartbeatResponse> Dispatcher::client_heartbeat(int64_t job_client_
 }
 
 // ---- Workers and tasks ----------------------------------------------------------------
+
+std::chrono::milliseconds Dispatcher::heartbeat_interval() const {
+  if (config_.max_heartbeats_per_s <= 0) return std::chrono::milliseconds(0);
+  const auto live_workers = static_cast<int64_t>(worker_seen_.size() - std::min(worker_seen_.size(), lost_workers_.size()));
+  const int64_t senders = live_workers + static_cast<int64_t>(client_seen_.size());
+  const auto cap = std::min(config_.worker_timeout, config_.client_timeout) / 4;
+  return std::min(std::chrono::milliseconds(senders * 1000 / config_.max_heartbeats_per_s), cap);
+}
 
 Result<TaskDef> Dispatcher::task_def(const DispatcherState::Task& task) const {
   CAPSTAN_ASSIGN_OR_RETURN(const DispatcherState::Job* job, state_.job_from_id(task.job_id));
@@ -397,6 +406,7 @@ Result<WorkerHeartbeatResponse> Dispatcher::worker_heartbeat(const std::string& 
   for (int64_t id : current) {
     if (live.count(id) == 0) response.tasks_to_delete.push_back(id);
   }
+  response.interval = heartbeat_interval();
   return response;
 }
 

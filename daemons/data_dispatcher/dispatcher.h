@@ -70,6 +70,9 @@ struct DispatcherConfig {
   std::chrono::milliseconds job_gc_timeout{60000};  // negative: never collect
   std::chrono::milliseconds client_timeout{10000};
   std::chrono::milliseconds worker_timeout{10000};
+  // Heartbeats per second asked for at most, workers' and consumers'
+  // together (0: no limit); see Dispatcher::heartbeat_interval().
+  int64_t max_heartbeats_per_s = 4000;
 };
 
 // Time as the dispatcher sees it; tests inject a fake.
@@ -120,6 +123,7 @@ struct ClientHeartbeatResponse {
   // it equals the fingerprint the client said it knows, and `tasks` is empty.
   uint64_t tasks_fingerprint = 0;
   bool unchanged = false;
+  std::chrono::milliseconds interval{0};  // heartbeat_interval()
 };
 
 // What a data worker needs to run a task: the definition already sharded
@@ -142,6 +146,7 @@ struct TaskDef {
 struct WorkerHeartbeatResponse {
   std::vector<TaskDef> new_tasks;         // tasks the worker does not run yet
   std::vector<int64_t> tasks_to_delete;   // tasks it runs that are gone
+  std::chrono::milliseconds interval{0};  // heartbeat_interval()
 };
 
 struct SplitResponse {
@@ -217,6 +222,14 @@ class Dispatcher {
   // and tells it which tasks to start and which to drop.
   Result<WorkerHeartbeatResponse> worker_heartbeat(const std::string& worker_address,
                                                    const std::vector<int64_t>& current_tasks);
+  // The longest interval between heartbeats the dispatcher asks of each
+  // data worker and consumer, so that all of them together send at most
+  // about max_heartbeats_per_s: (live workers + consumers) /
+  // max_heartbeats_per_s, capped at a quarter of worker_timeout and of
+  // client_timeout (a sender that follows it is never taken for gone).
+  // Senders keep their own interval when it is longer; a small cluster gets
+  // a value below theirs. 0 when max_heartbeats_per_s is 0 (no limit).
+  std::chrono::milliseconds heartbeat_interval() const;
   Status finish_task(int64_t task_id);
   // DYNAMIC jobs: split number `sequence` of task `task_id` from one
   // provider. The first request for a number leases the job's next split of

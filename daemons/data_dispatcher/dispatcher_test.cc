@@ -503,6 +503,37 @@ TEST_CASE("a consumer that knows the current task list is told it is unchanged, 
   CHECK(done->job_finished);
 }
 
+TEST_CASE("the dispatcher spreads its heartbeat budget over workers and consumers, within a quarter of their timeouts") {
+  FakeClock clock;
+  DispatcherConfig config = test_config();
+  config.max_heartbeats_per_s = 20;
+  config.worker_timeout = milliseconds(4000);
+  config.client_timeout = milliseconds(8000);
+  auto opened = Dispatcher::open(config, nullptr, clock);
+  REQUIRE(opened.ok());
+  auto& d = **opened;
+  CHECK(d.heartbeat_interval() == milliseconds(0));  // nobody yet
+  std::string ds = register_range(d, 10);
+  add_worker(d, "a:1");
+  add_worker(d, "b:1");
+  auto j = d.get_or_create_job(job(ds, "", ProcessingMode::kOff));
+  REQUIRE(j.ok());
+  // 2 workers + 1 consumer at 20/s: each every 150 ms; said in both replies.
+  CHECK(d.heartbeat_interval() == milliseconds(150));
+  CHECK(d.worker_heartbeat("a:1", {})->interval == milliseconds(150));
+  CHECK(d.client_heartbeat(j->job_client_id)->interval == milliseconds(150));
+  for (int i = 0; i < 40; ++i) REQUIRE(d.get_or_create_job(job(ds, "", ProcessingMode::kOff)).ok());
+  // 43 senders: 2150 ms, but a worker that waits that long (of 4000) could be
+  // taken for lost: a quarter of the shorter timeout.
+  CHECK(d.heartbeat_interval() == milliseconds(1000));
+  // No limit: no request.
+  config.max_heartbeats_per_s = 0;
+  auto unlimited = Dispatcher::open(config, nullptr, clock);
+  REQUIRE(unlimited.ok());
+  add_worker(**unlimited, "a:1");
+  CHECK((*unlimited)->worker_heartbeat("a:1", {})->interval == milliseconds(0));
+}
+
 TEST_CASE("replaying the journal rebuilds the same state, definitions, split progress and leases") {
   TempDir dir;
   FakeClock clock;

@@ -31,6 +31,12 @@ int main(int argc, char** argv) {
           "move to live workers, which replay them (its consumers lose and repeat nothing).",
           "10000"}
           .at_least(1),
+      OptionSpec{"max_heartbeats_per_s", OptionType::kInt,
+          "Heartbeats per second, from data workers and consumers together, the dispatcher asks for at most: "
+          "each is asked to wait (workers + consumers) / this between heartbeats (within a quarter of "
+          "worker_timeout_ms and client_timeout_ms) when that is longer than its own interval. 0: no limit.",
+          "4000"}
+          .at_least(0),
   };
   spec.peers = nullptr;  // data workers and clients come to the dispatcher
   spec.make_service = capstan::daemon::service_factory<capstan::data_dispatcher::DispatcherService>();

@@ -73,6 +73,7 @@ DispatcherConfig dispatcher_config_from(const daemon::Config& config) {
   out.job_gc_timeout = std::chrono::milliseconds(config.get_int("job_gc_timeout_ms"));
   out.client_timeout = std::chrono::milliseconds(config.get_int("client_timeout_ms"));
   out.worker_timeout = std::chrono::milliseconds(config.get_int("worker_timeout_ms"));
+  out.max_heartbeats_per_s = config.get_int("max_heartbeats_per_s");
   return out;
 }
 
@@ -289,6 +290,7 @@ kj::Promise<void> DispatcherService::clientHeartbeat(ClientHeartbeatContext cont
         context.getResults().setJobFinished(response.job_finished);
         context.getResults().setTasksFingerprint(response.tasks_fingerprint);
         context.getResults().setTasksUnchanged(response.unchanged);
+        context.getResults().setIntervalMs(static_cast<uint32_t>(response.interval.count()));
       });
 }
 
@@ -308,6 +310,7 @@ kj::Promise<void> DispatcherService::workerHeartbeat(WorkerHeartbeatContext cont
         for (unsigned i = 0; i < response.new_tasks.size(); ++i) write_task_def(response.new_tasks[i], fresh[i]);
         auto remove = context.getResults().initTasksToDelete(static_cast<unsigned>(response.tasks_to_delete.size()));
         for (unsigned i = 0; i < response.tasks_to_delete.size(); ++i) remove.set(i, response.tasks_to_delete[i]);
+        context.getResults().setIntervalMs(static_cast<uint32_t>(response.interval.count()));
       });
 }
 

@@ -404,7 +404,7 @@ kj::Promise<void> DataWorker::heartbeat_loop() {
   return heartbeat_once()
       .then([this](Status status) {
         if (status.ok()) {
-          bool was_down = heartbeats_.succeeded();
+          bool was_down = heartbeats_.succeeded(heartbeat_asked_);
           if (!heartbeat_ok_once_) {
             log_->info("heartbeating to the dispatcher at {} as {} every {} ms", dispatcher_.address(), address_,
                        config_.heartbeat_interval.count());
@@ -430,6 +430,7 @@ kj::Promise<Status> DataWorker::heartbeat_once() {
   return dispatcher_.worker_heartbeat(address_, tasks_.current_ids())
       .then([this](Result<HeartbeatReply> reply) -> Status {
         if (!reply.ok()) return reply.status();
+        heartbeat_asked_ = reply->interval;
         if (!reply->new_tasks.empty() || !reply->tasks_to_delete.empty()) {
           log_->debug("heartbeat: {} new task(s), {} to delete", reply->new_tasks.size(),
                       reply->tasks_to_delete.size());

@@ -119,6 +119,7 @@ struct TaskSpec {
 struct HeartbeatReply {
   std::vector<TaskSpec> new_tasks;
   std::vector<int64_t> tasks_to_delete;
+  std::chrono::milliseconds interval{0};  // the dispatcher's: heartbeat no more often (0: as configured)
 };
 
 // getSplit: split number `sequence` (0, 1, 2, ...) of `task_id` from
@@ -257,6 +258,7 @@ class DataWorker final : private kj::TaskSet::ErrorHandler {
   // Loop thread only.
   std::string address_;  // set by start()
   bool heartbeat_ok_once_ = false;
+  std::chrono::milliseconds heartbeat_asked_{0};  // the last reply's interval
   HeartbeatBackoff heartbeats_;
   TaskTable<WorkerTask> tasks_;
   // Each consumer's last numbered request to each task, which the next one

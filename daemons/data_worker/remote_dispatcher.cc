@@ -58,6 +58,7 @@ kj::Promise<Result<HeartbeatReply>> RemoteDispatcher::worker_heartbeat(std::stri
             HeartbeatReply reply;
             for (auto def : response.getNewTasks()) reply.new_tasks.push_back(task_spec(def));
             for (int64_t id : response.getTasksToDelete()) reply.tasks_to_delete.push_back(id);
+            reply.interval = std::chrono::milliseconds(response.getIntervalMs());
             return Result<HeartbeatReply>(std::move(reply));
           },
           [](kj::Exception&& e) { return Result<HeartbeatReply>(async::from_exception(e)); });

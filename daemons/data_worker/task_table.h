@@ -152,7 +152,9 @@ class TaskTable {
 };
 
 // When to send the next heartbeat: every `interval` while the dispatcher
-// answers; after a failure the delay doubles, up to max(interval, `max`).
+// answers (or the longer interval its reply asks for: it spreads its
+// heartbeat budget over a large cluster); after a failure the delay
+// doubles, up to max(interval, `max`).
 class HeartbeatBackoff {
  public:
   HeartbeatBackoff(std::chrono::milliseconds interval, std::chrono::milliseconds max)
@@ -161,11 +163,12 @@ class HeartbeatBackoff {
   std::chrono::milliseconds delay() const { return delay_; }
   bool dispatcher_down() const { return down_; }
 
-  // A heartbeat succeeded. True when the dispatcher was down until now.
-  bool succeeded() {
+  // A heartbeat succeeded; `asked`: the interval its reply asks for. True
+  // when the dispatcher was down until now.
+  bool succeeded(std::chrono::milliseconds asked = std::chrono::milliseconds(0)) {
     bool was_down = down_;
     down_ = false;
-    delay_ = interval_;
+    delay_ = std::max(interval_, asked);
     return was_down;
   }
   // A heartbeat failed. True when this starts an outage (log it once).

@@ -136,5 +136,15 @@ TEST_CASE("heartbeat backoff: doubles while the dispatcher is away, up to the ca
   CHECK(slow.delay() == 3000ms);
 }
 
+TEST_CASE("heartbeat backoff: the dispatcher may ask for a longer interval, never a shorter one", "[data_worker]") {
+  HeartbeatBackoff b(200ms, 1000ms);
+  b.succeeded(750ms);
+  CHECK(b.delay() == 750ms);
+  b.succeeded(50ms);  // shorter than ours: ours
+  CHECK(b.delay() == 200ms);
+  b.succeeded(0ms);  // no request
+  CHECK(b.delay() == 200ms);
+}
+
 }  // namespace
 }  // namespace capstan::data_worker

@@ -327,6 +327,9 @@ class ServiceReader final : public engine::IteratorBase {
   // The fingerprint of the task list tasks_ was last listed from (0: none):
   // sent with each heartbeat, so an unchanged list is not sent again.
   uint64_t known_tasks_ = 0;
+  // The interval the dispatcher's last reply asked for (0: none). Longer
+  // than heartbeat_interval, it paces idle wake-ups too.
+  std::chrono::milliseconds asked_interval_{0};
 
   Mutex mutex_;
   std::map<int64_t, TaskState> tasks_ GUARDED_BY(mutex_);
@@ -885,6 +888,7 @@ kj::Promise<void> ServiceReader::heartbeat() {
                     return request.send();
                   })
                   .then([this](capnp::Response<wire::DataDispatcher::ClientHeartbeatResults>&& response) {
+                    asked_interval_ = std::chrono::milliseconds(response.getIntervalMs());
                     if (response.getTasksUnchanged() && known_tasks_ != 0) {
                       apply_heartbeat(nullptr, response.getJobFinished());
                       return;
@@ -909,10 +913,16 @@ kj::Promise<void> ServiceReader::heartbeat() {
 }
 
 kj::Promise<void> ServiceReader::heartbeat_loop() {
+  auto next = loop_->timer().afterDelay(std::max(config_.heartbeat_interval, asked_interval_).count() *
+                                        kj::MILLISECONDS);
+  if (asked_interval_ > config_.heartbeat_interval) {
+    // The dispatcher paces a large job's consumers: an idle one waits its
+    // turn like the rest instead of asking early.
+    return next.then([this]() { return heartbeat(); }).then([this]() { return heartbeat_loop(); });
+  }
   auto wake = kj::newPromiseAndFulfiller<void>();
   wake_ = kj::mv(wake.fulfiller);
-  return loop_->timer()
-      .afterDelay(config_.heartbeat_interval.count() * kj::MILLISECONDS)
+  return kj::mv(next)
       .exclusiveJoin(kj::mv(wake.promise))
       .then([this]() {
         wake_ = nullptr;

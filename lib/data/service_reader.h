@@ -6,6 +6,10 @@
 //      (Unavailable is retried with backoff up to the connect timeout);
 //   2. clientHeartbeat every heartbeat_interval (and whenever no task had
 //      data) -> the job's tasks (taskId, workerAddress) and jobFinished;
+//      each sends the fingerprint of the list it has, and an unchanged list
+//      is not sent again; a reply may ask for a longer interval (the
+//      dispatcher spreading its heartbeat budget), which then paces the
+//      idle wake-ups too;
 //   3. getElements from the tasks:
 //        first come (default): tasks in turn, round robin by task id; a reply
 //          carries up to max_elements_per_request elements, kept in a local

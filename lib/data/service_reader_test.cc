@@ -55,6 +55,7 @@ struct DispatcherState {
   // that predates the field.
   bool fingerprints = false;
   int unchanged_replies = 0;
+  uint32_t interval_ms = 0;  // the interval the replies ask for
   std::vector<int64_t> released;
   int64_t next_client = 100;
 };
@@ -95,6 +96,7 @@ class FakeDispatcher final : public wire::DataDispatcher::Server {
     ++state_->heartbeats;
     if (state_->heartbeat_error) return async::to_exception(*state_->heartbeat_error);
     context.getResults().setJobFinished(state_->job_finished);
+    context.getResults().setIntervalMs(state_->interval_ms);
     if (state_->fingerprints) {
       uint64_t fingerprint = 7 + state_->tasks.size();
       for (const auto& [id, address] : state_->tasks) {
@@ -740,6 +742,41 @@ TEST_CASE("through unchanged heartbeat replies the reader keeps its tasks, and a
   CHECK(got == want);
   std::lock_guard<std::mutex> lock(state.mutex);
   CHECK(state.unchanged_replies >= 2);  // the changed list was fingerprinted and kept too
+}
+
+TEST_CASE("a reader heartbeats no more often than the dispatcher asks, idle or not", "[data][service][rpc]") {
+  DispatcherState state;
+  state.interval_ms = 400;
+  DispatcherServer dispatcher(&state);
+  WorkerState w;
+  w.not_ready = 1000000;  // never ready: the reader idles, which would ask for heartbeats early
+  WorkerServer worker(&w);
+  state.tasks = {{1, worker.address()}};
+  state.job_finished = false;
+  auto reader = make_service_reader(fast_config(dispatcher.address()));  // heartbeat_interval 50 ms
+  std::atomic<bool> stop{false};
+  std::thread reading([&]() {
+    while (!stop) {
+      if (next_status(*reader).code() != StatusCode::kOk) break;
+    }
+  });
+  std::this_thread::sleep_for(1000ms);
+  int heartbeats;
+  {
+    std::lock_guard<std::mutex> lock(state.mutex);
+    heartbeats = state.heartbeats;
+    state.job_finished = true;
+  }
+  {
+    std::lock_guard<std::mutex> lock(w.mutex);
+    w.not_ready = 0;  // the task's 10 elements, then its end: the reader ends
+  }
+  stop = true;
+  reading.join();
+  // The first at the start, then one every 400 ms: 3 in a second (20+ at
+  // 50 ms, more with the idle wake-ups).
+  CHECK(heartbeats >= 1);
+  CHECK(heartbeats <= 4);
 }
 
 TEST_CASE("a task whose worker stays unreachable and is no longer listed is dropped",
