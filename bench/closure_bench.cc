@@ -12,8 +12,9 @@
 // journaled, group-committed):
 //   throughput  schedule N "noop" closures back to back, then join()
 //   latency     schedule one "noop", fetch() it; one at a time; p50/p99
-// and the CPU each process spent per closure in the throughput runs
-// (/proc/<pid>/stat, user + system, and the share in the kernel), and the
+// and the CPU each process spent per closure in the throughput runs and per
+// schedule()+fetch() pair in the latency runs (/proc/<pid>/stat, user +
+// system, and the share in the kernel), and the
 // coordinator's resident memory (/proc/<pid>/status VmRSS) after the warm-up
 // and after the throughput run, with its peak (VmHWM): the throughput run
 // drops each RemoteValue as it schedules, so the coordinator should hold
@@ -247,6 +248,7 @@ int main(int argc, char** argv) {
   };
   std::vector<std::string> cpu_lines;
   std::vector<std::string> rss_lines;
+  std::vector<std::string> latency_cpu_lines;
   for (Config c : {Config{1, 1}, Config{1, 4}, Config{2, 1}, Config{2, 4}, Config{2, 1, true}}) {
     const std::string config =
         std::to_string(c.workers) + "x" + std::to_string(c.per_worker) + (c.durable ? "d" : "");
@@ -282,7 +284,11 @@ int main(int argc, char** argv) {
     bench::result("coordinator_rss_growth_mb_" + config, (rss_end_kib - rss_start_kib) / 1024.0, "MB");
     cpu_lines.push_back(std::to_string(c.workers) + " worker(s) x " + std::to_string(c.per_worker) + ": " +
                         cpu_per_closure(cpu_before, cpu_snapshot(), closures, t.schedule_s + t.join_s));
+    auto latency_cpu_before = cpu_snapshot();
+    auto latency_start = Clock::now();
     Latency l = latency(cluster.client(), samples);
+    latency_cpu_lines.push_back(config + ": " + cpu_per_closure(latency_cpu_before, cpu_snapshot(), samples + 50,
+                                                                seconds_since(latency_start)));
     if (tracing.joinable()) tracing.join();
     char split[64], rate[32], p50[32], p99[32];
     std::snprintf(split, sizeof(split), "%.0f ms | %.0f ms", t.schedule_s * 1e3, t.join_s * 1e3);
@@ -299,6 +305,8 @@ int main(int argc, char** argv) {
 
   std::printf("\nCPU per closure during the throughput runs (us, from /proc/<pid>/stat; 10 ms ticks):\n");
   for (const auto& line : cpu_lines) std::printf("  %s\n", line.c_str());
+  std::printf("\nCPU per schedule() + fetch() of one closure at a time (the latency runs; us):\n");
+  for (const auto& line : latency_cpu_lines) std::printf("  %s\n", line.c_str());
   std::printf("\nThe coordinator's memory (/proc/<pid>/status VmRSS; each RemoteValue dropped at schedule):\n");
   for (const auto& line : rss_lines) std::printf("  %s\n", line.c_str());
 
