@@ -140,6 +140,15 @@ class FakeWorker final : public wire::Worker::Server {
   std::atomic<int64_t>* pings_;
 };
 
+// Calls `call(i)` for i = 0 .. n-1, each once the previous one's reply has
+// come (what a sender heartbeating on its own does, one call at a time).
+template <typename Call>
+kj::Promise<void> one_at_a_time(int n, Call call) {
+  kj::Promise<void> chain = kj::READY_NOW;
+  for (int i = 0; i < n; ++i) chain = chain.then([call, i]() mutable { return call(i); });
+  return chain;
+}
+
 double kib_per(int64_t before_kib, int64_t after_kib, int64_t n) {
   return n > 0 ? static_cast<double>(after_kib - before_kib) / static_cast<double>(n) : 0;
 }
@@ -275,7 +284,7 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
 
   // A job whose source has more splits than the bench asks for.
   const std::string definition = capstan::data::Dataset::range(int64_t{1} << 40).serialize();
-  const auto [job_id, job_client_id] = loop.run_sync([&]() {
+  const std::pair<int64_t, int64_t> job_ids = loop.run_sync([&]() {
     return service().then([&](wire::DataDispatcher::Client d) {
       auto reg = d.registerDatasetRequest();
       reg.setDefinition(kj::arrayPtr(reinterpret_cast<const kj::byte*>(definition.data()), definition.size()));
@@ -291,6 +300,8 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
       });
     });
   });
+  const int64_t job_id = job_ids.first;
+  const int64_t job_client_id = job_ids.second;
 
   // Each fake worker heartbeats once: it registers and is given its task.
   std::vector<std::string> addresses;
@@ -323,11 +334,7 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
   auto start = Clock::now();
   loop.run_sync([&]() {
     return service().then([&](wire::DataDispatcher::Client d) {
-      kj::Promise<void> chain = kj::READY_NOW;
-      for (int i = 0; i < cfg.heartbeats; ++i) {
-        chain = chain.then([d]() mutable { return d.infoRequest().send().ignoreResult(); });
-      }
-      return chain;
+      return one_at_a_time(cfg.heartbeats, [d](int) mutable { return d.infoRequest().send().ignoreResult(); });
     });
   });
   double wall = seconds_since(start);
@@ -340,11 +347,8 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
   cpu0 = bench::cpu_seconds(dispatcher.pid);
   start = Clock::now();
   loop.run_sync([&]() {
-    kj::Promise<void> chain = kj::READY_NOW;
-    for (int i = 0; i < cfg.heartbeats; ++i) {
-      chain = chain.then([&, i]() { return heartbeat(static_cast<size_t>(i) % addresses.size()); });
-    }
-    return chain;
+    return one_at_a_time(cfg.heartbeats,
+                         [&](int i) { return heartbeat(static_cast<size_t>(i) % addresses.size()); });
   });
   wall = seconds_since(start);
   double per_heartbeat = (bench::cpu_seconds(dispatcher.pid) - cpu0) * 1e6 / cfg.heartbeats;
@@ -360,7 +364,7 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
   for (bool known : {false, true}) {
     uint64_t fingerprint = 0;
     if (known) {
-      fingerprint = loop.run_sync([&, job_client_id = job_client_id]() {
+      fingerprint = loop.run_sync([&]() {
         return service().then([job_client_id](wire::DataDispatcher::Client d) {
           auto request = d.clientHeartbeatRequest();
           request.setJobClientId(job_client_id);
@@ -370,18 +374,14 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
     }
     cpu0 = bench::cpu_seconds(dispatcher.pid);
     start = Clock::now();
-    loop.run_sync([&, job_client_id = job_client_id]() {
+    loop.run_sync([&]() {
       return service().then([&, fingerprint](wire::DataDispatcher::Client d) {
-        kj::Promise<void> chain = kj::READY_NOW;
-        for (int i = 0; i < cfg.heartbeats; ++i) {
-          chain = chain.then([d, job_client_id, fingerprint]() mutable {
-            auto request = d.clientHeartbeatRequest();
-            request.setJobClientId(job_client_id);
-            request.setKnownTasks(fingerprint);
-            return request.send().ignoreResult();
-          });
-        }
-        return chain;
+        return one_at_a_time(cfg.heartbeats, [d, job_client_id, fingerprint](int) mutable {
+          auto request = d.clientHeartbeatRequest();
+          request.setJobClientId(job_client_id);
+          request.setKnownTasks(fingerprint);
+          return request.send().ignoreResult();
+        });
       });
     });
     wall = seconds_since(start);
@@ -401,17 +401,13 @@ void dispatcher_costs(const std::string& bin_dir, const Config& cfg, const std::
   start = Clock::now();
   loop.run_sync([&]() {
     return service().then([&](wire::DataDispatcher::Client d) {
-      kj::Promise<void> chain = kj::READY_NOW;
-      for (int i = 0; i < cfg.splits; ++i) {
-        chain = chain.then([&, d, i]() mutable {
-          auto request = d.getSplitRequest();
-          request.setJobId(job_id);
-          request.setTaskId(task_id);
-          request.setSequence(i);
-          return request.send().ignoreResult();
-        });
-      }
-      return chain;
+      return one_at_a_time(cfg.splits, [&, d](int i) mutable {
+        auto request = d.getSplitRequest();
+        request.setJobId(job_id);
+        request.setTaskId(task_id);
+        request.setSequence(i);
+        return request.send().ignoreResult();
+      });
     });
   });
   wall = seconds_since(start);
