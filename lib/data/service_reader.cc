@@ -913,17 +913,16 @@ kj::Promise<void> ServiceReader::heartbeat() {
 }
 
 kj::Promise<void> ServiceReader::heartbeat_loop() {
-  auto next = loop_->timer().afterDelay(std::max(config_.heartbeat_interval, asked_interval_).count() *
-                                        kj::MILLISECONDS);
-  if (asked_interval_ > config_.heartbeat_interval) {
-    // The dispatcher paces a large job's consumers: an idle one waits its
-    // turn like the rest instead of asking early.
-    return next.then([this]() { return heartbeat(); }).then([this]() { return heartbeat_loop(); });
+  kj::Promise<void> next = loop_->timer().afterDelay(
+      std::max(config_.heartbeat_interval, asked_interval_).count() * kj::MILLISECONDS);
+  // An idle reader may ask early (wake_), unless the dispatcher paces a
+  // large job's consumers: then it waits its turn like the rest.
+  if (asked_interval_ <= config_.heartbeat_interval) {
+    auto wake = kj::newPromiseAndFulfiller<void>();
+    wake_ = kj::mv(wake.fulfiller);
+    next = next.exclusiveJoin(kj::mv(wake.promise));
   }
-  auto wake = kj::newPromiseAndFulfiller<void>();
-  wake_ = kj::mv(wake.fulfiller);
-  return kj::mv(next)
-      .exclusiveJoin(kj::mv(wake.promise))
+  return next
       .then([this]() {
         wake_ = nullptr;
         return heartbeat();
