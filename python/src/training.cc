@@ -297,10 +297,20 @@ void init_training(py::module_& m) {
              CollectiveOptions options;
              options.timeout = seconds_arg("timeout", timeout_s);
              auto cluster = c.cluster;
-             return std::shared_ptr<Communicator>(
-                 value_or_raise(run_interruptibly([cluster, name, size, rank, host, options]() {
-                   return cluster->join_group(name, size, rank, host, options);
-                 })));
+             auto group = value_or_raise(run_interruptibly([cluster, name, size, rank, host, options]() {
+               return cluster->join_group(name, size, rank, host, options);
+             }));
+             // Destroying a Communicator joins its thread, which may be
+             // dropping a borrowed array (release_from_any_thread takes the
+             // GIL): never under the GIL, or the two wait for each other.
+             return std::shared_ptr<Communicator>(group.release(), [](Communicator* communicator) {
+               if (PyGILState_Check()) {
+                 py::gil_scoped_release release;
+                 delete communicator;
+               } else {
+                 delete communicator;
+               }
+             });
            },
            py::arg("name"), py::arg("size"), py::arg("rank") = -1, py::arg("host") = "127.0.0.1",
            py::arg("timeout") = 60.0);
