@@ -93,7 +93,8 @@
 //   --log-every N            without a terminal, print progress every N steps (default 100)
 //   --checkpoint-dir DIR     after training, save a checkpoint there (every
 //                            mode; the parameter servers' format)
-//   --trace FILE             after --trace-after seconds (default 2), record
+//   --trace FILE             --trace-after seconds (default 2) into training
+//                            (ps mode: from the first step), record
 //                            --trace-seconds (default 5) of the whole cluster
 //                            and this program as a Chrome trace event file
 //                            (capstan/cluster_trace.h; open it in Perfetto)
@@ -1186,14 +1187,21 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
 
 }  // namespace
 
-// --trace: records the cluster and this program from `after` seconds on,
-// on a thread of its own; the program waits for it before it exits.
+// --trace: records the cluster and this program from `after` seconds past
+// start() on, on a thread of its own; the program waits for it before it
+// exits. ps mode starts the clock at its first schedule, so the window holds
+// closures however long connecting and creating the variables took (a
+// sanitizer build takes seconds); the other modes start it at once.
 class TraceRecording {
  public:
-  explicit TraceRecording(const Flags& flags) {
+  explicit TraceRecording(const Flags& flags) : flags_(flags) {}
+  TraceRecording(const TraceRecording&) = delete;
+  TraceRecording& operator=(const TraceRecording&) = delete;
+
+  void start() {
     // The replicas launched in sync and hybrid modes leave it to the launcher.
-    if (flags.trace.empty() || flags.rank >= 0) return;
-    thread_ = std::thread([flags]() {
+    if (flags_.trace.empty() || flags_.rank >= 0 || thread_.joinable()) return;
+    thread_ = std::thread([flags = flags_]() {
       std::this_thread::sleep_for(std::chrono::duration<double>(flags.trace_after));
       capstan::ClusterTraceOptions options;
       options.seconds = flags.trace_seconds;
@@ -1221,6 +1229,7 @@ class TraceRecording {
   }
 
  private:
+  const Flags flags_;
   std::thread thread_;
 };
 
@@ -1242,6 +1251,7 @@ int main(int argc, char** argv) {
     }
   }
 
+  if (flags.mode != "ps") trace_recording.start();
   if (flags.mode == "strategy" || flags.mode == "strategy-hybrid") return run_strategy(flags, train_path, test_path);
   if (flags.mode != "ps") {
     return flags.rank < 0 ? launch_replicas(argc, argv, flags, train_path, test_path)
@@ -1282,6 +1292,7 @@ int main(int argc, char** argv) {
   Progress progress(flags.epochs, steps_per_epoch, flags.log_every, summaries->get());
   progress.report_to(&cluster);
   Element step_args{{dataset->arg()}, {}};
+  trace_recording.start();
   Metrics metrics;
   double train_seconds = 0;
   int64_t trained = 0;

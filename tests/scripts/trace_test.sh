@@ -44,7 +44,7 @@ data=(--data-dir "$repo_root/examples/census/data" --target-accuracy 0.5 --targe
 # 1. census --trace: the cluster and the program, flows from schedule to run.
 echo "--- census (ps mode) with --trace"
 if ! "$program" --coordinator "$COORDINATOR" "${data[@]}" --mode ps --epochs 3 --min-workers 2 --log-every 1000 \
-  --trace "$run_dir/census.json" --trace-after 2 --trace-seconds 3 >"$run_dir/census.out" 2>&1; then
+  --trace "$run_dir/census.json" --trace-after 0.5 --trace-seconds 3 >"$run_dir/census.out" 2>&1; then
   cat "$run_dir/census.out"
   result fail "census with --trace failed"
 fi
