@@ -69,6 +69,28 @@ TEST_CASE("thousands of closures scheduled back to back each run once and each v
   CHECK(fetches_by_id() - by_id_before <= 5);
 }
 
+TEST_CASE("closures scheduled before any worker registers run once it does and do not each ask for the closure names",
+          "[training][closures]") {
+  Training t(1, 0);
+  REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());
+  auto names_calls = [&t]() {
+    const std::string series = "\ncapstan_rpc_calls_total{method=\"Coordinator.closureNames\"} ";
+    std::string metrics = t.coordinator->http_get("/metrics").second;
+    auto at = metrics.find(series);
+    return at == std::string::npos ? 0.0 : std::stod(metrics.substr(at + series.size()));
+  };
+  // With no worker the coordinator knows no names: schedule() asks it at
+  // most every 200 ms, not at every call (each was a blocking round trip).
+  constexpr int kClosures = 2000;
+  std::vector<RemoteValue> values;
+  for (int64_t i = 0; i < kClosures; ++i) values.push_back(t.client->schedule("sleep_then_tag", sleep_args(0, i)).value());
+  CHECK(names_calls() < 100);
+  t.add_worker(-1);
+  REQUIRE(t.client->join().ok());
+  CHECK(counter(*t.client) == static_cast<float>(kClosures));
+  CHECK(t.client->fetch(values[1234]).value().components.at(0).flat<int64_t>()[0] == 1234);
+}
+
 TEST_CASE("a failure among closures sent in batches is raised once and cancels the rest", "[training][closures]") {
   Training t(1, 1);
   REQUIRE(t.client->create_variable({"counter", Tensor::scalar<float>(0), Optimizer::sgd(0.1)}).ok());

@@ -216,7 +216,7 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
   bool known;
   {
     MutexLock lock(impl->names_mutex);
-    known = impl->closure_names.count(function) > 0;
+    known = impl->closure_names.count(function) > 0 || std::chrono::steady_clock::now() < impl->names_unknown_until;
   }
   if (!known) {
     auto names = impl->call<std::vector<std::string>>("schedule '" + function + "'", [](wire::Coordinator::Client c) {
@@ -229,6 +229,10 @@ Result<RemoteValue> ClusterCoordinator::schedule(const std::string& function, co
     if (!names.ok()) return names.status();
     MutexLock lock(impl->names_mutex);
     impl->closure_names.insert(names->begin(), names->end());
+    // No worker yet: the names stay unknown for a while, and asking at
+    // every schedule() would make each one a blocking round trip (a
+    // program scheduling ahead of its workers ran 10x slower).
+    if (names->empty()) impl->names_unknown_until = std::chrono::steady_clock::now() + Impl::kNamesUnknownFor;
     // With no worker registered yet, any name may still arrive with one.
     if (!names->empty() && impl->closure_names.count(function) == 0) {
       std::string all;

@@ -4,6 +4,7 @@
 #define CAPSTAN_SDK_SRC_TRAINING_CLUSTER_IMPL_H_
 
 #include <atomic>
+#include <chrono>
 #include <map>
 #include <random>
 #include <memory>
@@ -280,6 +281,11 @@ struct ClusterCoordinator::Impl {
   // Closure names the workers have, to refuse unknown ones at schedule().
   Mutex names_mutex;
   std::set<std::string> closure_names GUARDED_BY(names_mutex);
+  // Until then schedule() lets any name through unasked: the coordinator
+  // had no worker (so no names) when last asked. It checks each name again
+  // itself, and its error comes back at the next schedule() or join().
+  std::chrono::steady_clock::time_point names_unknown_until GUARDED_BY(names_mutex);
+  static constexpr auto kNamesUnknownFor = std::chrono::milliseconds(200);
   std::unique_ptr<VariableRouter> router;
 };
 
