@@ -94,7 +94,7 @@
 //   --checkpoint-dir DIR     after training, save a checkpoint there (every
 //                            mode; the parameter servers' format)
 //   --trace FILE             --trace-after seconds (default 2) into training
-//                            (ps mode: from the first step), record
+//                            (ps mode: from the first step done), record
 //                            --trace-seconds (default 5) of the whole cluster
 //                            and this program as a Chrome trace event file
 //                            (capstan/cluster_trace.h; open it in Perfetto)
@@ -1189,9 +1189,10 @@ int run_strategy(const Flags& flags, const std::string& train_path, const std::s
 
 // --trace: records the cluster and this program from `after` seconds past
 // start() on, on a thread of its own; the program waits for it before it
-// exits. ps mode starts the clock at its first schedule, so the window holds
-// closures however long connecting and creating the variables took (a
-// sanitizer build takes seconds); the other modes start it at once.
+// exits. ps mode starts the clock once its first step is done, so the
+// window holds closures however long connecting, creating the variables and
+// the workers' first input took (seconds in a sanitizer build); the other
+// modes start it at once.
 class TraceRecording {
  public:
   explicit TraceRecording(const Flags& flags) : flags_(flags) {}
@@ -1292,7 +1293,6 @@ int main(int argc, char** argv) {
   Progress progress(flags.epochs, steps_per_epoch, flags.log_every, summaries->get());
   progress.report_to(&cluster);
   Element step_args{{dataset->arg()}, {}};
-  trace_recording.start();
   Metrics metrics;
   double train_seconds = 0;
   int64_t trained = 0;
@@ -1311,6 +1311,7 @@ int main(int argc, char** argv) {
       in_flight.pop_front();
       if (!result.ok()) return fail("a step of epoch " + std::to_string(epoch), result.status());
       ++completed;
+      trace_recording.start();  // from the first step done (the workers' input is built by then)
       Status shown = progress.step_done(result->components.at(0).flat<float>()[0],
                                         result->components.at(1).flat<int64_t>()[0],
                                         result->components.at(2).flat<int64_t>()[0]);
