@@ -30,6 +30,7 @@
 #include <vector>
 
 #include "bench_util.h"
+#include "tests/build_path.h"
 
 namespace {
 
@@ -168,7 +169,7 @@ Run one_run(const std::string& bin_dir, const std::string& lib_dir, const Option
 
 int main(int argc, char** argv) {
   Options o;
-  o.data_dir = std::string(CAPSTAN_SOURCE_DIR) + "/examples/census/data";
+  o.data_dir = capstan::testing::build_path(CAPSTAN_SOURCE_DIR) + "/examples/census/data";
   bench::FlagParser args(argc, argv,
                          "[--workers N] [--epochs N] [--kill-every S] [--restart-after S] [--kill-coordinator-at S] "
                          "[--batch N] [--seed N] [--data-dir DIR]");

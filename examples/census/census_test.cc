@@ -9,6 +9,7 @@
 #include "census/features.h"
 #include "census/model.h"
 #include "census/pipeline.h"
+#include "tests/build_path.h"
 
 namespace census {
 namespace {
@@ -186,8 +187,8 @@ int64_t count(const capstan::data::Dataset& dataset, const capstan::FunctionRegi
 
 TEST_CASE("the pipeline yields 32,561 training and 16,281 test examples", "[census]") {
   capstan::FunctionRegistry functions;
-  REQUIRE(functions.load_module(CAPSTAN_CENSUS_MODULE).ok());
-  const std::string data = std::string(CAPSTAN_SOURCE_DIR) + "/examples/census/data/";
+  REQUIRE(functions.load_module(capstan::testing::build_path(CAPSTAN_CENSUS_MODULE)).ok());
+  const std::string data = capstan::testing::build_path(CAPSTAN_SOURCE_DIR) + "/examples/census/data/";
   int64_t positives = 0;
   CHECK(count(examples(data + "adult.data.gz", 1, 0).batch(4096), functions, &positives) == 32561);
   CHECK(positives == 7841);  // 24.08% earn more than $50K

@@ -4,6 +4,7 @@
 #include "capstan/data/dataset.h"
 #include "capstan/functions.h"
 #include "data/test_util.h"
+#include "tests/build_path.h"
 
 namespace capstan::data {
 namespace {
@@ -14,7 +15,7 @@ using testing::drain_ints;
 
 TEST_CASE("a module's functions run in pipelines", "[data][module]") {
   FunctionRegistry fns;
-  REQUIRE(fns.load_module(CAPSTAN_TEST_MODULE).ok());
+  REQUIRE(fns.load_module(capstan::testing::build_path(CAPSTAN_TEST_MODULE)).ok());
   CHECK(fns.names() == std::vector<std::string>{"filter:below_five", "interleave:twice", "map:plus_one"});
   auto ds = Dataset::range(6).map(Fn::named("plus_one")).filter(Fn::named("below_five"))
                 .interleave(Fn::named("twice"), 1);

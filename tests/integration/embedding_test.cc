@@ -14,6 +14,7 @@
 #include "checkpoint/safetensors.h"
 #include "tests/harness/process.h"
 #include "tests/integration/training_cluster.h"
+#include "tests/build_path.h"
 
 namespace capstan::testing {
 namespace {
@@ -51,7 +52,7 @@ TEST_CASE("the CTR example with raw 40-bit ids in a dynamic table on 2 PS reache
           "[embedding][fault][recovery][long]") {
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
-  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
+  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, capstan::testing::build_path(CAPSTAN_CTR_MODULE));
   RunResult ctr = run_ctr_with_a_ps_restart(t, {"--dynamic", "--steps", "8000", "--eval-steps", "100",
                                                 "--min-workers", "2", "--log-every", "1000", "--max-gap", "2.5"});
   INFO(ctr.output);

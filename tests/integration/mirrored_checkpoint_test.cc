@@ -12,6 +12,7 @@
 #include "capstan/training.h"
 #include "checkpoint/checkpoint.h"
 #include "tests/harness/process.h"
+#include "tests/build_path.h"
 
 namespace capstan::testing {
 namespace {
@@ -22,7 +23,7 @@ struct Replicated {
   explicit Replicated(int num_workers) {
     coordinator = &cluster.start("coordinator", {});
     for (int i = 0; i < num_workers; ++i) {
-      cluster.start("worker-server", {"--coordinator", coordinator->address(), "--module", CAPSTAN_TRAINING_MODULE,
+      cluster.start("worker-server", {"--coordinator", coordinator->address(), "--module", capstan::testing::build_path(CAPSTAN_TRAINING_MODULE),
                                       "--task-index", std::to_string(i)});
     }
     client = ClusterCoordinator::connect(coordinator->address()).value();

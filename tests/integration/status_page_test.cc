@@ -16,6 +16,7 @@
 #include "capstan/data/service.h"
 #include "capstan/training.h"
 #include "tests/harness/process.h"
+#include "tests/build_path.h"
 
 namespace capstan::testing {
 namespace {
@@ -89,7 +90,7 @@ struct Cluster {
     coordinator = &cluster.start("coordinator", {"--ps", ps[0]->address() + "," + ps[1]->address()});
     // The worker advertises a name rather than the bind address.
     worker = &cluster.start("worker-server", {"--coordinator", coordinator->address(), "--advertise-address",
-                                              "localhost", "--module", CAPSTAN_TRAINING_MODULE});
+                                              "localhost", "--module", capstan::testing::build_path(CAPSTAN_TRAINING_MODULE)});
     client = ClusterCoordinator::connect(coordinator->address()).value();
     REQUIRE(wait_until([this]() { return client->num_workers() == 1; }, 15s));
     Tensor initial = Tensor::zeros(DType::kFloat32, {10, 4}).value();

@@ -17,6 +17,7 @@
 #include "capstan/strategy.h"
 #include "capstan/training.h"
 #include "tests/harness/process.h"
+#include "tests/build_path.h"
 
 namespace capstan::testing {
 namespace {
@@ -40,7 +41,7 @@ struct Replicated {
   }
   Daemon& add_worker(int index) {
     return cluster.start("worker-server", {"--coordinator", coordinator->address(), "--module",
-                                           CAPSTAN_TRAINING_MODULE, "--task-index", std::to_string(index)});
+                                           capstan::testing::build_path(CAPSTAN_TRAINING_MODULE), "--task-index", std::to_string(index)});
   }
 
   TestCluster cluster;

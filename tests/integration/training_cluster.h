@@ -14,6 +14,7 @@
 
 #include "capstan/training.h"
 #include "tests/harness/process.h"
+#include "tests/build_path.h"
 
 namespace capstan::testing {
 
@@ -21,7 +22,7 @@ struct Training {
   // `indexed`: workers start with --task-index; else the coordinator
   // assigns their indices.
   explicit Training(int num_ps = 2, int num_workers = 2, std::vector<std::string> coordinator_flags = {},
-                    bool indexed = true, std::string module = CAPSTAN_TRAINING_MODULE)
+                    bool indexed = true, std::string module = capstan::testing::build_path(CAPSTAN_TRAINING_MODULE))
       : module(std::move(module)) {
     std::string ps_list;
     for (int i = 0; i < num_ps; ++i) {

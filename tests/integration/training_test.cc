@@ -22,6 +22,7 @@
 #include "capstan/training.h"
 #include "tests/harness/process.h"
 #include "tests/integration/training_cluster.h"
+#include "tests/build_path.h"
 
 namespace capstan::testing {
 namespace {
@@ -357,7 +358,7 @@ TEST_CASE("the CTR example reaches its target with a parameter server killed -9 
           "[training][fault][recovery][long]") {
   TestCluster scratch;
   const std::string dir = scratch.dir() + "/ckpt";
-  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, CAPSTAN_CTR_MODULE);
+  Training t(2, 2, {"--checkpoint-dir", dir, "--checkpoint-every-steps", "300"}, true, capstan::testing::build_path(CAPSTAN_CTR_MODULE));
   // 8000 steps end at a gap of ~2.0% to the planted model without a failure
   // (measured: 2.00%, 2.01%; with the kill: 2.02%); 2.5% leaves room for
   // the steps lost since the last checkpoint and for noise.
@@ -424,7 +425,7 @@ TEST_CASE("kill -9 a parameter server mid-training with peer snapshots every 1 s
 TEST_CASE("the CTR example with peer snapshots every 1 s reaches its target with a parameter server killed -9 and "
           "restored from its buddy's memory",
           "[training][fault][recovery][peer][long]") {
-  Training t(2, 2, {"--peer-snapshot-every-seconds", "1"}, true, CAPSTAN_CTR_MODULE);
+  Training t(2, 2, {"--peer-snapshot-every-seconds", "1"}, true, capstan::testing::build_path(CAPSTAN_CTR_MODULE));
   RunResult ctr;
   const int64_t steps = 8000;
   std::thread program([&]() {

@@ -27,6 +27,7 @@
 #include "capstan/strategy.h"
 #include "tests/integration/training_cluster.h"
 #include "torch/tests/fit_test_util.h"
+#include "tests/build_path.h"
 
 namespace capstan::torch {
 namespace {
@@ -82,7 +83,7 @@ std::vector<float> read(ClusterCoordinator& cluster, const std::string& name) {
 }
 
 TEST_CASE("fit trains a LibTorch classifier on two parameter servers and two workers, and validates it") {
-  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   create_mlp_variables(*t.client);
   PerWorkerDataset train =
       t.client->create_per_worker_dataset(examples(4096, 1).shuffle(1024, 2).repeat().batch(64, true)).value();
@@ -154,7 +155,7 @@ struct Snapshots : Callback {
 };
 
 TEST_CASE("LearningRateScheduler changes the rate the steps apply: a rate of 0 leaves the variables as they were") {
-  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   create_mlp_variables(*t.client);
   PerWorkerDataset train = t.client->create_per_worker_dataset(examples(512, 4).repeat().batch(32, true)).value();
   ParameterServerFitStrategy strategy(*t.client);
@@ -191,7 +192,7 @@ TEST_CASE("LearningRateScheduler changes the rate the steps apply: a rate of 0 l
 }
 
 TEST_CASE("BackupAndRestore: fit interrupted in its second epoch resumes at the third with the backed-up variables") {
-  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   create_mlp_variables(*t.client);
   PerWorkerDataset train = t.client->create_per_worker_dataset(examples(512, 5).repeat().batch(32, true)).value();
   ParameterServerFitStrategy strategy(*t.client);
@@ -239,7 +240,7 @@ struct DataService {
 };
 
 TEST_CASE("fit trains the classifier on a per-worker dataset that each worker reads from the tf.data service") {
-  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   DataService service(t.cluster);
   create_mlp_variables(*t.client);
   // The pipeline runs on the data workers; each training worker's iterator
@@ -341,7 +342,7 @@ struct AllSnapshots : Callback {
 TEST_CASE("ModelCheckpoint save_best_only and EarlyStopping restore_best_weights on a real cluster") {
   // One worker: the validation pass (8 x 128 = the 1024 examples once) and
   // its loss are the same whenever the variables are.
-  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   create_mlp_variables(*t.client);
   PerWorkerDataset train =
       t.client->create_per_worker_dataset(examples(4096, 1).shuffle(1024, 2).repeat().batch(64, true)).value();
@@ -439,7 +440,7 @@ void check_replicas_agree(MirroredStrategy& mirrored) {
 }
 
 TEST_CASE("MirroredFitStrategy trains the classifier synchronously on two worker-servers as replicas") {
-  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto mirrored = MirroredStrategy::create(*t.client, mlp_parameters(), strategy_options("fit")).value();
   MirroredFitStrategy strategy(*mirrored);
   History history = fit_mirrored(*mirrored, strategy, "fit_mlp", examples);
@@ -467,7 +468,7 @@ TEST_CASE("MirroredFitStrategy trains the classifier synchronously on two worker
 }
 
 TEST_CASE("MirroredFitStrategy over a strategy whose variables are not the module's fails, naming the parameter") {
-  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/2, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   std::vector<MirroredVariableSpec> specs = mlp_parameters();
   specs.erase(specs.begin() + 1);  // fit/first.bias
   auto mirrored = MirroredStrategy::create(*t.client, specs, strategy_options("partial")).value();
@@ -517,7 +518,7 @@ data::Dataset id_examples(int64_t n, uint64_t seed) {
 }
 
 TEST_CASE("MirroredFitStrategy trains a hybrid module: embedding rows on the parameter servers, the head mirrored") {
-  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/2, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   const Tensor rows = tower_rows();
   t.client->create_variable({"hyb/embedding.weight", rows, Optimizer::sgd(kLearningRate)}).value();
   auto mirrored = MirroredStrategy::create(*t.client, tower_head(), strategy_options("hybrid")).value();

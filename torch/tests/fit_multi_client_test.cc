@@ -22,6 +22,7 @@
 #include "lib/collectives/test_group.h"
 #include "tests/integration/training_cluster.h"
 #include "torch/tests/fit_test_util.h"
+#include "tests/build_path.h"
 
 namespace capstan::torch {
 namespace {
@@ -59,7 +60,7 @@ struct RankOutcome {
 
 TEST_CASE("MultiWorkerMirroredFitStrategy: two ranks' fits see the same History, and rank 0's checkpoint "
           "restores on both") {
-  Training t(/*num_ps=*/1, /*num_workers=*/0, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/0, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   CollectiveOptions collective;
   collective.timeout = std::chrono::seconds(60);
   Group group = make_group(2, collective);

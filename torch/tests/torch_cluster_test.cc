@@ -17,6 +17,7 @@
 
 #include "tests/integration/training_cluster.h"
 #include "torch/tests/torch_test_models.h"
+#include "tests/build_path.h"
 
 namespace capstan::torch {
 namespace {
@@ -37,7 +38,7 @@ void copy_parameters(::torch::nn::Module& from, ::torch::nn::Module& to) {
 }
 
 TEST_CASE("A LibTorch module on the parameter servers, one worker, trains as plain LibTorch does, step by step") {
-  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   ::torch::manual_seed(3);
   auto model = std::make_shared<testing::Mlp>();
   auto local = std::make_shared<testing::Mlp>();
@@ -89,7 +90,7 @@ void train_alongside(Training& t, const std::string& step, testing::Tower& local
 }
 
 TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's rows, as a dense embedding would") {
-  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto model = std::make_shared<testing::Tower>(true);
   auto local = std::make_shared<testing::Tower>(false);
   PsOptions options{.prefix = "tower/", .optimizer = Optimizer::sgd(kLearningRate)};
@@ -118,7 +119,7 @@ TEST_CASE("A Capstan Embedding on two parameter servers updates only its batch's
 // expected.txt, one line per parameter of the loaded plain module: its
 // name, then its values (%.9g, row-major).
 TEST_CASE("A checkpoint of a module trained on the parameter servers loads into a plain module, which serves alike") {
-  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto model = std::make_shared<testing::Tower>(true);
   PsOptions options{.prefix = "tower/", .optimizer = Optimizer::sgd(kLearningRate)};
   options.partitioners["embedding.weight"] = Partitioner::fixed_shards(2);
@@ -166,7 +167,7 @@ TEST_CASE("A checkpoint of a module trained on the parameter servers loads into 
 using testing::Normed;  // BatchNorm's buffers: running_mean, running_var, num_batches_tracked
 
 TEST_CASE("A MirroredModule's checkpoint holds BatchNorm's running statistics, which a served module loads") {
-  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto group = t.client->join_group("normed", 1, 0).value();
   ::torch::manual_seed(4);
   Normed model;
@@ -193,7 +194,7 @@ TEST_CASE("A MirroredModule's checkpoint holds BatchNorm's running statistics, w
 }
 
 TEST_CASE("A hash-table Embedding trains its rows on the parameter servers as a dense embedding would") {
-  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto model = std::make_shared<testing::Tower>(true, true);
   auto local = std::make_shared<testing::Tower>(false);
   auto infos = create_variables(*t.client, *model, {.prefix = "table/", .optimizer = Optimizer::sgd(kLearningRate)})
@@ -219,7 +220,7 @@ TEST_CASE("A hash-table Embedding trains its rows on the parameter servers as a 
 }
 
 TEST_CASE("create_variables checks every parameter first: a conflict or an unsupported dtype writes nothing") {
-  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto model = std::make_shared<testing::Mlp>();
   auto count_mlp = [&] {
     int n = 0;
@@ -300,7 +301,7 @@ TEST_CASE("Each parameter-server optimizer through PsModule updates a module's p
   }
   INFO(optimizer_name(optimizer.kind));
 
-  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/1, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   create_variables(*t.client, *model, {.prefix = "mlp/", .optimizer = optimizer}).value();
   // FTRL's slots, per parameter, in double: accumulator and linear.
   std::map<std::string, std::pair<::torch::Tensor, ::torch::Tensor>> slots;
@@ -348,7 +349,7 @@ TEST_CASE("Each parameter-server optimizer through PsModule updates a module's p
 
 
 TEST_CASE("A module that changes a parameter's shape between steps fails the step naming it, and writes nothing") {
-  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/1, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   auto model = std::make_shared<testing::Mlp>();
   create_variables(*t.client, *model, {.prefix = "grow/", .optimizer = Optimizer::sgd(kLearningRate)}).value();
   ::torch::Tensor x = ::torch::randn({16, 4});
@@ -378,7 +379,7 @@ TEST_CASE("A module that changes a parameter's shape between steps fails the ste
 // quarter of that, at most max_shards (8); a smaller one, or one row however
 // large, stays whole.
 TEST_CASE("create_variables partitions a large parameter by rows by default and keeps a small one whole") {
-  Training t(/*num_ps=*/2, /*num_workers=*/0, {}, true, CAPSTAN_TORCH_TEST_MODULE);
+  Training t(/*num_ps=*/2, /*num_workers=*/0, {}, true, capstan::testing::build_path(CAPSTAN_TORCH_TEST_MODULE));
   ::torch::nn::Module module;
   module.register_parameter("large", ::torch::zeros({1024, 256}));       // 1 MiB of float32: the threshold
   module.register_parameter("just_under", ::torch::zeros({1023, 256}));  // 1 KiB under it
