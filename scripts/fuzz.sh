@@ -43,27 +43,46 @@ build_logged ninja-fuzz.log "${targets[@]}" || exit 1
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-failed=()
-for name in "${names[@]}"; do
-  seeds=fuzz/corpus/$name
-  work=$build/corpus/$name
-  crashes=$build/crashes/$name
+# One harness; its lines go to $build/NAME.summary, its status is the
+# return value.
+run_one() {
+  local name=$1
+  local seeds=fuzz/corpus/$name work=$build/corpus/$name crashes=$build/crashes/$name
+  local log=$build/$name.log summary=$build/$name.summary
   rm -rf "$work"
   mkdir -p "$work" "$crashes"
   cp "$seeds"/* "$work"/ 2>/dev/null || true
-  log=$build/$name.log
+  local limit
   if [[ -n $runs ]]; then limit=(-runs="$runs"); else limit=(-max_total_time="$seconds"); fi
+  local start
   start=$(date +%s%N)
   if "$build/bin/${name}_fuzz" "${limit[@]}" -seed="$seed" -max_len=65536 -timeout=10 -rss_limit_mb=2048 \
       -artifact_prefix="$crashes/" -print_final_stats=1 "$work" "$seeds" >"$log" 2>&1; then
+    local executed took
     executed=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     took=$(( ($(date +%s%N) - start) / 1000000 ))
-    echo "fuzz $name: ${executed:-?} inputs in ${took} ms, no crash; corpus $(ls "$seeds" | wc -l) seeds -> $(ls "$work" | wc -l)"
-  else
+    echo "fuzz $name: ${executed:-?} inputs in ${took} ms, no crash; corpus $(ls "$seeds" | wc -l) seeds -> $(ls "$work" | wc -l)" >"$summary"
+    return 0
+  fi
+  {
     echo "fuzz $name: FAILED (see $log; input in $crashes/)"
     grep -m5 "ERROR\|SUMMARY\|runtime error" "$log" || tail -20 "$log"
-    failed+=("$name")
-  fi
+  } >"$summary"
+  return 1
+}
+
+# The harnesses are single-threaded: CAPSTAN_JOBS (default 2) run at once.
+jobs=${CAPSTAN_JOBS:-2}
+declare -A pids=()
+for name in "${names[@]}"; do
+  while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
+  run_one "$name" &
+  pids[$name]=$!
+done
+failed=()
+for name in "${names[@]}"; do
+  wait "${pids[$name]}" || failed+=("$name")
+  cat "$build/$name.summary"
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "fuzz.sh: failures in ${failed[*]}"
