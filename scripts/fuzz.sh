@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds the libFuzzer harnesses (fuzz/) with clang, ASan and UBSan in
 # build-asan/ (the directory scripts/sanitize.sh address also uses) and
-# runs each for a bounded time over its seed corpus (fuzz/corpus/NAME,
+# runs each (two at a time: CAPSTAN_JOBS) for a bounded time over its seed corpus (fuzz/corpus/NAME,
 # committed; new inputs it finds go to a scratch copy).
 # A crash, leak, hang or sanitizer report fails the run and leaves the input
 # in build-asan/crashes/NAME/: add it to fuzz/corpus/NAME and fix the bug.
