@@ -7,6 +7,7 @@
 //                              [--transports tcp,shm] [--tcp-streams 1] [--segment-bytes N]
 //                              [--op all_reduce|broadcast|all_gather] [--direct-max-bytes N]
 //                              [--trace on|off] [--trace-events N] [--sizes 4,1048576,...]
+//                              [--ring auto|phased|pipelined]
 //
 // Ranks are forked processes on this host, over loopback TCP or shared
 // memory; rank 0 times each operation between barriers and prints one line
@@ -69,6 +70,8 @@ capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) 
 
 bool g_trace = false;  // --trace on
 size_t g_trace_events = capstan::trace::Recorder::kMaxTraceEvents;  // --trace-events N
+// --ring: which ring all-reduce (auto: phased over TCP, pipelined over shared memory).
+capstan::CollectiveOptions::Ring g_ring = capstan::CollectiveOptions::Ring::kAuto;
 
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,
               int rank, const std::vector<int64_t>& sizes, const std::string& op, int64_t direct_max,
@@ -78,6 +81,7 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::
   options.transport = transport;
   options.tcp_streams = tcp_streams;
   if (segment_bytes > 0) options.segment_bytes = segment_bytes;
+  options.ring = g_ring;
   if (direct_max >= 0) options.direct_max_bytes = direct_max;
   auto group = Communicator::create(std::move(endpoint), addresses, rank, 1, options);
   if (!group.ok()) {
@@ -262,6 +266,14 @@ int main(int argc, char** argv) {
     else if (name == "--tcp-streams") tcp_streams = std::atoi(value.c_str());
     else if (name == "--segment-bytes") segment_bytes = std::atoll(value.c_str());
     else if (name == "--trace") g_trace = value == "on";
+    else if (name == "--ring") {
+      using Ring = capstan::CollectiveOptions::Ring;
+      if (value != "auto" && value != "phased" && value != "pipelined") {
+        std::fprintf(stderr, "--ring takes auto, phased or pipelined, not '%s'\n", value.c_str());
+        return 2;
+      }
+      g_ring = value == "phased" ? Ring::kPhased : value == "pipelined" ? Ring::kPipelined : Ring::kAuto;
+    }
     else if (name == "--sizes") {
       sizes.clear();
       for (const auto& item : split(value)) sizes.push_back(std::atoll(item.c_str()));
