@@ -43,8 +43,8 @@ build_logged ninja-fuzz.log "${targets[@]}" || exit 1
 
 export ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1:allocator_may_return_null=1}
 export UBSAN_OPTIONS=${UBSAN_OPTIONS:-print_stacktrace=1:halt_on_error=1}
-# One harness; its lines go to $build/NAME.summary, its status is the
-# return value.
+# One harness; its lines go to $build/NAME.summary, whose first line says
+# "no crash" or "FAILED".
 run_one() {
   local name=$1
   local seeds=fuzz/corpus/$name work=$build/corpus/$name crashes=$build/crashes/$name
@@ -62,27 +62,29 @@ run_one() {
     executed=$(sed -n 's/^stat::number_of_executed_units: *//p' "$log")
     took=$(( ($(date +%s%N) - start) / 1000000 ))
     echo "fuzz $name: ${executed:-?} inputs in ${took} ms, no crash; corpus $(ls "$seeds" | wc -l) seeds -> $(ls "$work" | wc -l)" >"$summary"
-    return 0
+    return
   fi
   {
     echo "fuzz $name: FAILED (see $log; input in $crashes/)"
     grep -m5 "ERROR\|SUMMARY\|runtime error" "$log" || tail -20 "$log"
   } >"$summary"
-  return 1
 }
 
 # The harnesses are single-threaded: CAPSTAN_JOBS (default 2) run at once.
+# Each outcome is read from its summary (a harness that left none failed),
+# not from exit statuses, which `wait -n` may already have taken.
 jobs=${CAPSTAN_JOBS:-2}
-declare -A pids=()
 for name in "${names[@]}"; do
+  rm -f "$build/$name.summary"
   while [[ $(jobs -rp | wc -l) -ge $jobs ]]; do wait -n || true; done
   run_one "$name" &
-  pids[$name]=$!
 done
+wait
 failed=()
 for name in "${names[@]}"; do
-  wait "${pids[$name]}" || failed+=("$name")
-  cat "$build/$name.summary"
+  summary=$build/$name.summary
+  if [[ -s $summary ]]; then cat "$summary"; else echo "fuzz $name: FAILED (no summary; see $build/$name.log)"; fi
+  head -n 1 "$summary" 2>/dev/null | grep -q ', no crash;' || failed+=("$name")
 done
 if [[ ${#failed[@]} -gt 0 ]]; then
   echo "fuzz.sh: failures in ${failed[*]}"
