@@ -70,7 +70,8 @@ capstan::Status run_op(Communicator& c, const std::string& op, const Tensor& t) 
 
 bool g_trace = false;  // --trace on
 size_t g_trace_events = capstan::trace::Recorder::kMaxTraceEvents;  // --trace-events N
-// --ring: which ring all-reduce (auto: phased over TCP, pipelined over shared memory).
+// --ring: which ring all-reduce (auto: over TCP phased below 64 MiB, pipelined from
+// 64 MiB; pipelined over shared memory).
 capstan::CollectiveOptions::Ring g_ring = capstan::CollectiveOptions::Ring::kAuto;
 
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, const std::vector<std::string>& addresses,

@@ -196,7 +196,7 @@ Status Algorithms::all_reduce_buffers(const std::byte* input, std::byte* output,
   ++sequence_;
   const int64_t bytes = count * element_bytes(dtype);
   if (size_ > 1 && bytes > options_.direct_max_bytes && count >= size_) {
-    return pipelined_ring_ ? ring_all_reduce(input, output, dtype, op, count)
+    return bytes >= pipelined_min_bytes_ ? ring_all_reduce(input, output, dtype, op, count)
                           : phased_ring_all_reduce(input, output, dtype, op, count);
   }
   if (output != input && bytes > 0) std::memcpy(output, input, static_cast<size_t>(bytes));

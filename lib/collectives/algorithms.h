@@ -37,9 +37,12 @@ class Algorithms {
   // `transport` must outlive this; every rank passes the same options.
   Algorithms(Transport& transport, const CollectiveOptions& options);
 
-  // Which ring all-reduce runs: the same on every rank (the communicator
-  // agrees on it when the group forms). Phased until set.
-  void set_pipelined_ring(bool pipelined) { pipelined_ring_ = pipelined; }
+  // Which ring all-reduce runs: the pipelined one for payloads of at least
+  // `min_bytes`, the phased one below (0: always pipelined; kNever: always
+  // phased, the default). The same on every rank (the communicator agrees
+  // on it when the group forms), so every rank picks the same ring.
+  static constexpr int64_t kNever = INT64_MAX;
+  void set_pipelined_ring_from(int64_t min_bytes) { pipelined_min_bytes_ = min_bytes; }
   // The sequence number of the last operation begun (0: none yet).
   int64_t sequence() const { return sequence_; }
 
@@ -68,7 +71,7 @@ class Algorithms {
   const CollectiveOptions options_;
   const int rank_;
   const int size_;
-  bool pipelined_ring_ = false;
+  int64_t pipelined_min_bytes_ = kNever;
   int64_t sequence_ = 0;
   std::vector<std::vector<std::byte>> scratch_;  // by peer
 };

@@ -164,11 +164,13 @@ class FakeTransport : public Transport {
 // A group of `n` ranks over one fabric; each rank's Algorithms over its own
 // FakeTransport.
 struct FakeGroup {
-  FakeGroup(int n, CollectiveOptions options, int landing, bool pipelined = false) : fabric(n) {
+  // `pipelined_from`: the smallest all-reduce (bytes) the pipelined ring runs.
+  FakeGroup(int n, CollectiveOptions options, int landing, int64_t pipelined_from = Algorithms::kNever)
+      : fabric(n) {
     for (int r = 0; r < n; ++r) transports.push_back(std::make_unique<FakeTransport>(fabric, r, landing));
     for (int r = 0; r < n; ++r) {
       algorithms.push_back(std::make_unique<Algorithms>(*transports[static_cast<size_t>(r)], options));
-      algorithms.back()->set_pipelined_ring(pipelined);
+      algorithms.back()->set_pipelined_ring_from(pipelined_from);
     }
   }
   // Runs fn(rank) on every rank at once.
@@ -216,7 +218,7 @@ TEST_CASE("every all-reduce algorithm sums correctly over an in-memory transport
       SECTION(std::string(c.name) + ", landing slots " + std::to_string(landing)) {
         CollectiveOptions options = small_pieces();
         options.direct_max_bytes = c.direct_max_bytes;
-        FakeGroup group(n, options, landing, c.pipelined);
+        FakeGroup group(n, options, landing, c.pipelined ? 0 : Algorithms::kNever);
         auto results = group.on_all<Result<Tensor>>(
             [&](int r) { return group.algorithms[static_cast<size_t>(r)]->all_reduce(ramp(r, count), ReduceOp::kSum); });
         for (int r = 0; r < n; ++r) {
@@ -231,6 +233,32 @@ TEST_CASE("every all-reduce algorithm sums correctly over an in-memory transport
         CHECK(group.transports[0]->exchanges() == expected);
       }
     }
+  }
+}
+
+// Ring::kAuto over TCP: the pipelined ring from a size up, the phased one
+// below; every rank decides from the payload alone, so all run the same.
+TEST_CASE("the ring all-reduce is chosen by payload size: pipelined from the threshold up, phased below") {
+  const int n = 3;
+  CollectiveOptions options = small_pieces();
+  options.direct_max_bytes = 0;
+  const int64_t threshold = 40000;  // bytes: 10,000 int32
+  FakeGroup group(n, options, 2, threshold);
+  struct Case {
+    int64_t count;
+    int exchanges;  // the phased ring takes 2(n-1), the pipelined one
+  };
+  for (const Case& c : {Case{10000, 1}, Case{9999, 2 * (n - 1)}, Case{20000, 1}}) {
+    INFO(c.count << " int32 elements");
+    const int before = group.transports[0]->exchanges();
+    auto results = group.on_all<Result<Tensor>>(
+        [&](int r) { return group.algorithms[static_cast<size_t>(r)]->all_reduce(ramp(r, c.count), ReduceOp::kSum); });
+    for (int r = 0; r < n; ++r) {
+      REQUIRE(results[static_cast<size_t>(r)].ok());
+      auto sum = results[static_cast<size_t>(r)]->flat<int32_t>();
+      for (int64_t i = 0; i < c.count; ++i) REQUIRE(sum[static_cast<size_t>(i)] == static_cast<int32_t>(3000 + 3 * (i % 97)));
+    }
+    CHECK(group.transports[0]->exchanges() - before == c.exchanges);
   }
 }
 

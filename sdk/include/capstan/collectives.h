@@ -83,9 +83,10 @@ struct CollectiveOptions {
   int64_t shm_buffer_bytes = 4 << 20;
   // The ring all-reduce: kPipelined sends each piece on as soon as it
   // arrived (steps and phases overlap); kPhased runs one step after the
-  // other. kAuto: pipelined where the ring's links are shared memory,
-  // phased over TCP (where, with every core busy, it measured faster; see
-  // docs/design.md). Every rank must pass the same.
+  // other. kAuto: pipelined where the ring's links are shared memory; over
+  // TCP pipelined for all-reduces of 64 MiB and more, phased below (the
+  // sizes where each measured faster; docs/design.md). Every rank must pass
+  // the same.
   enum class Ring { kAuto, kPipelined, kPhased };
   Ring ring = Ring::kAuto;
 };

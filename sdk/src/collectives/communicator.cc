@@ -27,6 +27,13 @@
 namespace capstan {
 namespace {
 
+// Ring::kAuto over TCP: the smallest all-reduce (bytes) that runs the
+// pipelined ring. 2 ranks on loopback, medians of 5 alternating runs
+// (docs/design.md): from 64 MiB it was 1.19x the phased ring on an idle
+// machine and 1.25x with one core busy, 0.93x with every core busy; at
+// 32 MiB 1.09x, 1.12x and 0.82x.
+constexpr int64_t kPipelinedOverTcpFrom = int64_t{64} << 20;
+
 // The host group a device backend is made over: the communicator's own
 // operations, in order with the others.
 class CommunicatorHostGroup final : public collectives::HostGroup {
@@ -228,14 +235,15 @@ Result<std::unique_ptr<Communicator>> Communicator::create(std::unique_ptr<Colle
   std::unique_ptr<Communicator> group(new Communicator(std::move(impl)));
   Impl& made = *group->impl_;
   using Ring = CollectiveOptions::Ring;
-  made.algorithms.set_pipelined_ring(options.ring == Ring::kPipelined);
+  made.algorithms.set_pipelined_ring_from(options.ring == Ring::kPipelined ? 0 : collectives::Algorithms::kNever);
   if (options.ring == Ring::kAuto && size > 1) {
-    // Pipelined only if every rank's ring links are shared memory: all
-    // ranks must run the same algorithm.
+    // Pipelined at every size only if every rank's ring links are shared
+    // memory, else from kPipelinedOverTcpFrom up: all ranks must run the
+    // same algorithm, so they agree with a MIN.
     const int left = (rank + size - 1) % size, right = (rank + 1) % size;
     const int32_t mine = made.mesh.on_shm(left) && made.mesh.on_shm(right) ? 1 : 0;
     CAPSTAN_ASSIGN_OR_RETURN(Tensor all, group->all_reduce(Tensor::scalar<int32_t>(mine), ReduceOp::kMin));
-    made.algorithms.set_pipelined_ring(all.flat<int32_t>()[0] == 1);
+    made.algorithms.set_pipelined_ring_from(all.flat<int32_t>()[0] == 1 ? 0 : kPipelinedOverTcpFrom);
   }
   return group;
 }
