@@ -40,11 +40,20 @@ echo "libcapstan.so exports $count symbols, all in the public API"
 
 generator=()
 command -v ninja > /dev/null && generator=(-G Ninja)
-cmake -S "$repo/examples/sdk_consumer" -B "$tmp/consumer" "${generator[@]}" \
+# The consumers build from copies under $tmp, through ccache where it is
+# installed, with paths relative to $tmp in its keys: the torch consumer's
+# one file takes ~30 s to compile, and every run's $tmp has another name.
+# (A hit needs the same preprocessed source: headers that changed compile.)
+cp -r "$repo/examples/sdk_consumer" "$repo/examples/torch_consumer" "$tmp/"
+if command -v ccache > /dev/null; then
+  generator+=(-DCMAKE_CXX_COMPILER_LAUNCHER=ccache)
+  export CCACHE_BASEDIR=$tmp CCACHE_NOHASHDIR=true
+fi
+cmake -S "$tmp/sdk_consumer" -B "$tmp/sdk_consumer/build" "${generator[@]}" \
   -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure.log" 2>&1 || { cat "$tmp/configure.log"; fail "configure consumer"; }
-cmake --build "$tmp/consumer" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "build consumer"; }
+cmake --build "$tmp/sdk_consumer/build" > "$tmp/build.log" 2>&1 || { cat "$tmp/build.log"; fail "build consumer"; }
 
-offline=$("$tmp/consumer/sdk_consumer") || fail "sdk_consumer offline run"
+offline=$("$tmp/sdk_consumer/build/sdk_consumer") || fail "sdk_consumer offline run"
 grep -q 'float32\[3, 2\] {1, 1.5, 2, 2.5, 3, 3.5}' <<< "$offline" || fail "unexpected output: $offline"
 
 "$tmp/prefix/bin/ps-server" --port 0 --http-port 0 --port-file "$tmp/ps.port" > "$tmp/ps.log" 2>&1 &
@@ -52,7 +61,7 @@ ps_pid=$!
 for _ in $(seq 100); do [[ -s $tmp/ps.port ]] && break; sleep 0.1; done
 [[ -s $tmp/ps.port ]] || { cat "$tmp/ps.log"; fail "installed ps-server did not start"; }
 address=$(awk '/^address:/ {print $2}' "$tmp/ps.port")
-online=$("$tmp/consumer/sdk_consumer" "$address") || { echo "$online"; fail "sdk_consumer against $address"; }
+online=$("$tmp/sdk_consumer/build/sdk_consumer" "$address") || { echo "$online"; fail "sdk_consumer against $address"; }
 grep -q 'daemon: ps version' <<< "$online" || fail "unexpected output: $online"
 grep -q 'echo: identical' <<< "$online" || fail "unexpected output: $online"
 echo "$online"
@@ -61,10 +70,10 @@ echo "$online"
 # has LibTorch models (CAPSTAN_TORCH, on by default).
 if [[ -e $build/lib/libcapstan_torch.so ]]; then
   [[ -e $tmp/prefix/lib/cmake/Capstan/CapstanTorchTargets.cmake ]] || fail "installed tree lacks CapstanTorchTargets.cmake"
-  cmake -S "$repo/examples/torch_consumer" -B "$tmp/torch_consumer" "${generator[@]}" \
+  cmake -S "$tmp/torch_consumer" -B "$tmp/torch_consumer/build" "${generator[@]}" \
     -DCMAKE_PREFIX_PATH="$tmp/prefix" > "$tmp/configure-torch.log" 2>&1 || { cat "$tmp/configure-torch.log"; fail "configure torch_consumer"; }
-  cmake --build "$tmp/torch_consumer" > "$tmp/build-torch.log" 2>&1 || { cat "$tmp/build-torch.log"; fail "build torch_consumer"; }
-  torch_out=$("$tmp/torch_consumer/torch_consumer") || { echo "$torch_out"; fail "torch_consumer run"; }
+  cmake --build "$tmp/torch_consumer/build" > "$tmp/build-torch.log" 2>&1 || { cat "$tmp/build-torch.log"; fail "build torch_consumer"; }
+  torch_out=$("$tmp/torch_consumer/build/torch_consumer") || { echo "$torch_out"; fail "torch_consumer run"; }
   echo "$torch_out"
   grep -q 'capstan after torch: float32\[2, 3\] {2, 4, 6, 8, 10, 12}' <<< "$torch_out" || fail "unexpected output: $torch_out"
   grep -q 'torch to capstan: float32\[3\] {10, 14, 18}' <<< "$torch_out" || fail "unexpected output: $torch_out"
