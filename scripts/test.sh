@@ -31,13 +31,24 @@ build_dir=${CAPSTAN_BUILD_DIR:-build}
 test_jobs=${CAPSTAN_TEST_JOBS:-2}
 status=0
 failed=()  # the stages that failed, named again at the end (CI keeps the tail)
-# Names a failed stage; for a ctest stage, also the tests that failed there.
+# Names a failed stage; for a ctest stage, also the tests that failed there,
+# each with the last lines it printed (CI keeps only the log's tail, and
+# --output-on-failure printed them far above it).
 stage_failed() {
   status=1
   failed+=("$1")
-  local log=${2:-}/Testing/Temporary/LastTestsFailed.log
-  if [[ -n ${2:-} && -s $log ]]; then
-    failed+=("$(sed 's/^/    /' "$log")")
+  local dir=${2:-}/Testing/Temporary
+  if [[ -n ${2:-} && -s $dir/LastTestsFailed.log ]]; then
+    failed+=("$(sed 's/^/    /' "$dir/LastTestsFailed.log")")
+    local name
+    while IFS=: read -r _ name; do
+      failed+=("$(awk -v name="$name" '
+          $0 ~ "^[0-9]+/[0-9]+ Test: " && substr($0, index($0, "Test: ") + 6) == name { inside = 1; n = 0; next }
+          inside && /^<end of output>$/ { exit }
+          inside { lines[n++ % 40] = $0 }
+          END { printf "    --- the last lines %s printed:\n", name;
+                for (i = (n > 40 ? n - 40 : 0); i < n; i++) print "    | " lines[i % 40] }' "$dir/LastTest.log")")
+    done <"$dir/LastTestsFailed.log"
   fi
 }
 ctest --test-dir "$build_dir" --output-on-failure -j "$test_jobs" --timeout 600 "$@" ||

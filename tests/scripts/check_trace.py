@@ -9,7 +9,9 @@ have a dur >= 0 and nest on each thread (no two overlap without one
 holding the other); no time is negative; async events ("b"/"e") pair by
 category and id (or id2), the end after the start; every flow id has one start ("s") and at least one
 finish ("f", binding point "e"), the finish on another process, no earlier
-than the start (clocks aligned within 2 ms); each process is named; at
+than the start (clocks aligned within 2 ms plus half of each end's clock
+round trip, the error the file's otherData says its offsets have: a loaded
+machine's round trips run to milliseconds); each process is named; at
 least the named processes (by the start of their names), event categories
 and N flows are there. Prints a summary; exits 1 naming the first problem.
 """
@@ -41,6 +43,10 @@ def main():
     if not isinstance(doc, dict) or not isinstance(doc.get("traceEvents"), list):
         fail("not a JSON object with a traceEvents list")
     events = doc["traceEvents"]
+    # Each process's clock offset is good to half its measured round trip.
+    half_round_trip_us = {}
+    for p in doc.get("otherData", {}).get("processes", []):
+        half_round_trip_us[p.get("pid")] = float(p.get("clock_round_trip_ns", 0)) / 2000.0
     names = {}
     slices = collections.defaultdict(list)
     asyncs = {}
@@ -113,8 +119,10 @@ def main():
         for end in ends:
             if end["pid"] == start["pid"]:
                 fail(f"flow {fid} finishes on the process it started on")
-            if end["ts"] + CLOCK_SLACK_US < start["ts"]:
-                fail(f"flow {fid} finishes {start['ts'] - end['ts']:.0f} us before it starts")
+            slack = CLOCK_SLACK_US + half_round_trip_us.get(start["pid"], 0.0) + half_round_trip_us.get(end["pid"], 0.0)
+            if end["ts"] + slack < start["ts"]:
+                fail(f"flow {fid} finishes {start['ts'] - end['ts']:.0f} us before it starts "
+                     f"(more than the clocks' {slack:.0f} us of error)")
             if not (any(s[0] <= end["ts"] <= s[1] for s in slices[(end["pid"], end["tid"])])):
                 fail(f"flow {fid}'s finish is inside no slice of its thread")
         if not any(s[0] <= start["ts"] <= s[1] for s in slices[(start["pid"], start["tid"])]):
