@@ -20,6 +20,10 @@ And data-parallel training over Capstan's collectives:
     loss_fn(model(x), y).backward()                            # gradients averaged over the group
     optimizer.step()
 
+CPU tensors take the group's host collectives (shared memory on one host,
+TCP across hosts); CUDA tensors take NCCL on their own device
+(capstan.torch.all_reduce_ and broadcast_ do the same for any tensor).
+
 And parameter-server training from Python, one training process per worker
 (multi-client, as TF1's between-graph replication):
 
@@ -46,11 +50,83 @@ from ._array import Array as _Array
 def as_tensor(array):
     """A torch tensor over a Capstan array's buffer (DLPack, no copy); any
     other array through torch.as_tensor. Arrays of bytes stay as they are."""
+    if isinstance(array, _torch.Tensor):
+        return array
     if isinstance(array, _Array):
         return _torch.from_dlpack(array)
     if getattr(array, "dtype", None) is not None and array.dtype.kind in "OSU":
         return array
     return _torch.as_tensor(array)
+
+
+_DTYPE_NAMES = {
+    _torch.float16: "float16", _torch.bfloat16: "bfloat16", _torch.float32: "float32", _torch.float64: "float64",
+    _torch.int8: "int8", _torch.int16: "int16", _torch.int32: "int32", _torch.int64: "int64",
+    _torch.uint8: "uint8", _torch.bool: "bool",
+}
+
+
+def _require_device_collectives(call, device):
+    why = _capstan.Communicator.device_collectives()
+    if why is not None:
+        raise RuntimeError(f"{call}: the tensors are on {device}, and this process cannot run CUDA collectives: "
+                           f"{why}")
+
+
+def _device_args(tensor, call):
+    """(address, count, dtype name, device, stream) of a CUDA tensor for the
+    group's device collectives, queued on torch's current stream."""
+    if not tensor.is_contiguous():
+        raise ValueError(f"{call}: the tensor (shape {tuple(tensor.shape)}, strides {tensor.stride()}) is not "
+                         "contiguous: call .contiguous() first")
+    if tensor.dtype not in _DTYPE_NAMES:
+        raise ValueError(f"{call}: torch dtype {tensor.dtype} has no Capstan counterpart")
+    stream = _torch.cuda.current_stream(tensor.device).cuda_stream
+    return tensor.data_ptr(), tensor.numel(), _DTYPE_NAMES[tensor.dtype], tensor.device.index, stream
+
+
+def _check_device(tensor, call):
+    if tensor.device.type not in ("cpu", "cuda"):
+        raise ValueError(f"{call}: the tensor is on {tensor.device}; collectives take CPU tensors (host path) "
+                         "or CUDA tensors (NCCL)")
+
+
+def all_reduce_(tensor, group, op="sum"):
+    """In place: `tensor` becomes the reduction ("sum", "mean", "min",
+    "max", "prod") of every rank's `tensor` in `group` (a
+    capstan.Communicator). A CUDA tensor goes through NCCL on its device,
+    queued on torch's current stream; a CPU tensor through the group's host
+    collectives (read in place, the result copied back). Returns `tensor`."""
+    _check_device(tensor, "all_reduce_")
+    with _torch.no_grad():
+        if tensor.is_cuda:
+            _require_device_collectives("all_reduce_", tensor.device)
+            address, count, dtype, device, stream = _device_args(tensor, "all_reduce_")
+            group.all_reduce_device(address, count, dtype, op, device, stream)
+        else:
+            # numpy, which carries the host path, has no bfloat16: such a
+            # tensor is reduced in float32 and rounded back.
+            work = tensor.detach().float() if tensor.dtype == _torch.bfloat16 else tensor.detach()
+            tensor.copy_(as_tensor(group.all_reduce(work, op)).view_as(tensor))
+    return tensor
+
+
+def broadcast_(tensor, group, root=0):
+    """In place: `tensor` becomes rank `root`'s on every rank (NCCL for a
+    CUDA tensor, as all_reduce_). Returns `tensor`."""
+    _check_device(tensor, "broadcast_")
+    with _torch.no_grad():
+        if tensor.is_cuda:
+            _require_device_collectives("broadcast_", tensor.device)
+            address, count, dtype, device, stream = _device_args(tensor, "broadcast_")
+            group.broadcast_device(address, count, dtype, root, device, stream)
+        else:
+            # bfloat16 travels as its bits (numpy has no bfloat16).
+            bits = tensor.detach().view(_torch.int16) if tensor.dtype == _torch.bfloat16 else tensor.detach()
+            value = group.broadcast(bits, root=root)
+            if group.rank != root:
+                bits.copy_(as_tensor(value).view_as(bits))
+    return tensor
 
 
 def _reads_data_service(dataset):
@@ -86,7 +162,9 @@ class IterableDataset(_torch_data.IterableDataset):
 class DistributedDataParallel(_torch.nn.Module):
     """torch.nn.parallel.DistributedDataParallel over a Capstan group (a
     capstan.Communicator from ClusterCoordinator.join_group): shared memory
-    between processes of one host, TCP across hosts.
+    between processes of one host, TCP across hosts; a module on a CUDA
+    device (every parameter on that one device) has its gradients averaged
+    by NCCL on it, on autograd's current stream.
 
     At construction every parameter and buffer takes rank 0's value
     (broadcast). During backward, gradients are averaged over the group in
@@ -110,8 +188,6 @@ class DistributedDataParallel(_torch.nn.Module):
         self.module = module
         self.group = group
         self._sync = True
-        if broadcast_parameters:
-            self._broadcast_state()
         seen = set()
         params = []
         for p in module.parameters():
@@ -120,10 +196,16 @@ class DistributedDataParallel(_torch.nn.Module):
                 params.append(p)
         if not params:
             raise ValueError("the module has no parameter that requires grad")
-        for p in params:
-            if p.device.type != "cpu":
-                raise ValueError(f"parameter on {p.device}: capstan.torch.DistributedDataParallel takes CPU "
-                                 "tensors (CUDA tensors over NCCL are not routed from Python yet)")
+        devices = {p.device for p in params}
+        if len(devices) != 1 or next(iter(devices)).type not in ("cpu", "cuda"):
+            raise ValueError(f"parameters on {sorted(str(d) for d in devices)}: capstan.torch."
+                             "DistributedDataParallel takes a module whose parameters are all on the CPU or all "
+                             "on one CUDA device (call module.to(device) first)")
+        self._device = next(iter(devices))
+        if self._device.type == "cuda":
+            _require_device_collectives("DistributedDataParallel", self._device)
+        if broadcast_parameters:
+            self._broadcast_state()
         # Buckets in the order backward fills them: the reverse of the
         # parameters' (torch's DDP does the same).
         cap = int(bucket_cap_mb * (1 << 20))
@@ -140,7 +222,11 @@ class DistributedDataParallel(_torch.nn.Module):
         for i, b in enumerate(self._buckets):
             for p in b:
                 self._bucket_of[id(p)] = i
-        self._flat = [_torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype) for b in self._buckets]
+        # CPU: each bucket's own buffer, kept between steps (the host
+        # all-reduce reads it and returns a new result). CUDA: a new buffer
+        # each step, reduced in place by NCCL, which the gradients then view.
+        self._flat = [_torch.empty(sum(p.numel() for p in b), dtype=b[0].dtype) if self._device.type == "cpu"
+                      else None for b in self._buckets]
         # One thread: buckets go out in order, the same on every rank.
         self._executor = _futures.ThreadPoolExecutor(1, thread_name_prefix="capstan-ddp")
         self._lock = _threading.Lock()
@@ -175,8 +261,10 @@ class DistributedDataParallel(_torch.nn.Module):
             for t in list(self.module.parameters()) + list(self.module.buffers()):
                 if t.numel() == 0:
                     continue
-                value = self.group.broadcast(t.detach(), root=0)
-                t.copy_(as_tensor(value).view_as(t))
+                if t.is_contiguous():
+                    broadcast_(t, self.group, root=0)
+                else:
+                    t.copy_(broadcast_(t.contiguous(), self.group, root=0))
 
     def _reset(self):
         self._pending = [len(b) for b in self._buckets]
@@ -207,13 +295,25 @@ class DistributedDataParallel(_torch.nn.Module):
         grads = []
         for p in self._buckets[index]:
             g = p.grad
-            grads.append(g.reshape(-1) if g is not None else _torch.zeros(p.numel(), dtype=p.dtype))
-        # Into the bucket's own buffer, kept between steps (the all-reduce
-        # reads it in place; the step's wait for every bucket comes first).
-        flat = self._flat[index]
-        _torch.cat(grads, out=flat)
+            grads.append(g.reshape(-1) if g is not None else _torch.zeros(p.numel(), dtype=p.dtype, device=p.device))
         group = self.group
-        self._futures.append(self._executor.submit(lambda: group.all_reduce(flat, "mean")))
+        if self._device.type == "cuda":
+            # Queued on this (autograd's) thread's current stream after the
+            # copy; the executor's call returns once NCCL finished there.
+            flat = _torch.cat(grads)
+            args = _device_args(flat, "DistributedDataParallel")
+
+            def reduce():
+                group.all_reduce_device(*args[:3], "mean", *args[3:])
+                return flat
+            self._futures.append(self._executor.submit(reduce))
+        else:
+            # Into the bucket's own buffer, kept between steps (the
+            # all-reduce reads it in place; the step's wait for every
+            # bucket comes first).
+            flat = self._flat[index]
+            _torch.cat(grads, out=flat)
+            self._futures.append(self._executor.submit(lambda: group.all_reduce(flat, "mean")))
         self._next += 1
 
     def _finish(self):

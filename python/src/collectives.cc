@@ -4,7 +4,9 @@
 
 #include <capstan/collectives.h>
 
+#include <cstdint>
 #include <map>
+#include <optional>
 #include <string>
 
 namespace capstan::python {
@@ -32,6 +34,23 @@ auto collective(const std::shared_ptr<Communicator>& c, F fn) -> decltype(fn()) 
   }
 }
 
+DType device_dtype(const std::string& name) {
+  std::optional<DType> dtype = dtype_from_name(name);
+  if (!dtype || *dtype == DType::kString) {
+    raise(Status::InvalidArgument("dtype '" + name + "': device collectives take a numeric Capstan dtype "
+                                  "(float32, bfloat16, int64, ...)"));
+  }
+  return *dtype;
+}
+
+// The arguments every device collective shares, checked before the call.
+void check_device_args(int64_t count, int device) {
+  if (count < 0) raise(Status::InvalidArgument("count " + std::to_string(count) + " is negative"));
+  if (device < 0) raise(Status::InvalidArgument("CUDA device " + std::to_string(device) + " is negative"));
+}
+
+void* as_pointer(uintptr_t address) { return reinterpret_cast<void*>(address); }  // NOLINT(performance-no-int-to-ptr)
+
 }  // namespace
 
 void init_collectives(py::module_& m) {
@@ -56,6 +75,34 @@ void init_collectives(py::module_& m) {
              ReduceOp r = reduce_op(op);
              return to_numpy(value_or_raise(collective(c, [c, t, r]() { return c->reduce_scatter(t, r); })));
            }, py::arg("array"), py::arg("op") = "sum")
+      // CUDA memory (NCCL), by address: capstan.torch's all_reduce_ and
+      // broadcast_ pass a CUDA tensor's data_ptr(), its CUDA device and
+      // torch's current stream there (0: the default stream); in place.
+      .def("all_reduce_device", [](const std::shared_ptr<Communicator>& c, uintptr_t address, int64_t count,
+                                   const std::string& dtype, const std::string& op, int device, uintptr_t stream) {
+             check_device_args(count, device);
+             DType d = device_dtype(dtype);
+             ReduceOp r = reduce_op(op);
+             check(collective(c, [=]() {
+               return c->all_reduce_device(as_pointer(address), as_pointer(address), count, d, r, device,
+                                           as_pointer(stream));
+             }));
+           }, py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op") = "sum", py::arg("device") = 0,
+           py::arg("stream") = 0)
+      .def("broadcast_device", [](const std::shared_ptr<Communicator>& c, uintptr_t address, int64_t count,
+                                  const std::string& dtype, int root, int device, uintptr_t stream) {
+             check_device_args(count, device);
+             DType d = device_dtype(dtype);
+             check(collective(c, [=]() {
+               return c->broadcast_device(as_pointer(address), count, d, root, device, as_pointer(stream));
+             }));
+           }, py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("root") = 0, py::arg("device") = 0,
+           py::arg("stream") = 0)
+      .def_static("device_collectives", []() -> py::object {
+             Status s = Communicator::device_collectives();
+             if (s.ok()) return py::none();
+             return py::str(s.to_string());
+           }, "None when CUDA collectives (NCCL) can run in this process; else why not")
       .def("barrier", [](const std::shared_ptr<Communicator>& c) {
              check(collective(c, [c]() { return c->barrier(); }));
            })

@@ -123,6 +123,52 @@ def test_collectives_and_variable_writes_take_torch_tensors(training):
         training.assign_variable("w", torch.zeros(3, 2, requires_grad=True))
 
 
+def test_all_reduce_and_broadcast_in_place_on_torch_tensors(training):
+    def rank(r):
+        group = training.join_group("torch-inplace", size=2, rank=r, timeout=20)
+        t = torch.arange(6, dtype=torch.float64).reshape(2, 3) * (r + 1)
+        before = t.data_ptr()
+        assert capstan.torch.all_reduce_(t, group, "mean") is t
+        assert t.data_ptr() == before
+        b = torch.full((4,), float(r), dtype=torch.bfloat16)
+        capstan.torch.broadcast_(b, group, root=1)
+        h = torch.full((3,), 0.5 * (r + 1), dtype=torch.bfloat16)
+        capstan.torch.all_reduce_(h, group, "sum")
+        return t, b, h
+
+    results, errors = _run_ranks(2, rank)
+    assert not errors, errors
+    for r in range(2):
+        t, b, h = results[r]
+        torch.testing.assert_close(t, torch.arange(6, dtype=torch.float64).reshape(2, 3) * 1.5)
+        assert b.dtype == torch.bfloat16 and b.tolist() == [1.0] * 4
+        assert h.dtype == torch.bfloat16 and h.tolist() == [1.5] * 3
+
+
+def test_collectives_refuse_a_device_they_cannot_take_and_ddp_a_module_on_several(training):
+    group = training.join_group("torch-refused", size=1, rank=0, timeout=20)
+    with pytest.raises(ValueError, match="is on meta.*CUDA tensors \\(NCCL\\)"):
+        capstan.torch.all_reduce_(torch.empty(3, device="meta"), group)
+    with pytest.raises(ValueError, match="all on the CPU or all on one CUDA device"):
+        capstan.torch.DistributedDataParallel(torch.nn.Linear(2, 2, device="meta"), group,
+                                              broadcast_parameters=False)
+    # The device calls themselves check their arguments before NCCL: here
+    # (no GPU) a good call says why CUDA collectives cannot run.
+    why = capstan.Communicator.device_collectives()
+    assert isinstance(why, str) and why
+    with pytest.raises(capstan.InvalidArgumentError, match="count -1 is negative"):
+        group.all_reduce_device(0, -1, "float32")
+    with pytest.raises(capstan.InvalidArgumentError, match="dtype 'string'"):
+        group.all_reduce_device(0, 4, "string")
+    with pytest.raises(capstan.InvalidArgumentError, match="reduce op 'avg'"):
+        group.all_reduce_device(0, 4, "float32", "avg")
+    with pytest.raises(capstan.Error):
+        group.all_reduce_device(0, 4, "float32", "sum", 0, 0)
+    # None of it aborted the group.
+    assert not group.aborted
+    np.testing.assert_array_equal(group.all_reduce(np.ones(2), "sum"), [1, 1])
+
+
 def test_a_numpy_2_is_refused_at_import_naming_both_numpys(tmp_path):
     # A numpy that says it is 2.x, first on the path: the module was built
     # with pybind11 2.10, which reads numpy 1.x arrays only.

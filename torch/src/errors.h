@@ -8,6 +8,9 @@
 #include <sstream>
 #include <string>
 
+#include "capstan/status.h"
+#include "capstan/tensor.h"
+
 namespace capstan::torch::internal {
 
 // "[2, 3]": a tensor's sizes or strides.
@@ -22,6 +25,10 @@ inline std::string torch_error(const std::exception& e) {
   if (const auto* error = dynamic_cast<const c10::Error*>(&e)) return error->what_without_backtrace();
   return e.what();
 }
+
+// The Capstan dtype of a dense, contiguous tensor on the CPU (or CUDA, with
+// `cuda_too`); else InvalidArgument naming `name` and the fix.
+Result<DType> dense_dtype(const ::torch::Tensor& tensor, const std::string& name, bool cuda_too);
 
 }  // namespace capstan::torch::internal
 

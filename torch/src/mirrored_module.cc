@@ -120,6 +120,12 @@ struct MirroredModule::Impl {
   // A parameter of the module, described (no bucket yet); InvalidArgument
   // for a dtype that cannot be mirrored.
   static Result<Parameter> describe(const std::string& name, const ::torch::Tensor& t) {
+    if (!t.device().is_cpu()) {
+      return Status::InvalidArgument("MirroredModule: parameter '" + name + "' is on " + t.device().str() +
+                                     "; a MirroredModule's parameters view replicas in host memory. Train a CUDA "
+                                     "module data-parallel by all-reducing its gradients with "
+                                     "capstan::torch::all_reduce (NCCL), or move the module to the CPU");
+    }
     auto dtype = capstan_dtype(t.scalar_type());
     if (!dtype.ok()) return dtype.status().with_context("MirroredModule: parameter '" + name + "'");
     if (*dtype != DType::kFloat32 && *dtype != DType::kFloat64) {

@@ -401,6 +401,15 @@ TEST_CASE("ranks that pack gradients into different buckets, or bad options, are
   Status unknown = MirroredModule::create(*one[0], *model, {.optimizers = {{"fc9.weight", Optimizer::sgd(1)}}}).status();
   CHECK(unknown.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(unknown.message(), Catch::Contains("fc9.weight"));
+  // A module off the CPU (on a GPU in real life) is refused, pointing at
+  // the collectives that take its device.
+  struct OnMeta : ::torch::nn::Module {
+    OnMeta() { register_parameter("w", ::torch::empty({2, 2}, ::torch::Device(::torch::kMeta))); }
+  };
+  OnMeta elsewhere;
+  Status off_cpu = MirroredModule::create(*one[0], elsewhere).status();
+  CHECK(off_cpu.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(off_cpu.message(), Catch::Contains("is on meta") && Catch::Contains("capstan::torch::all_reduce"));
 }
 
 

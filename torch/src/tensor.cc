@@ -57,8 +57,9 @@ Result<::torch::Tensor> to_torch(const Tensor& tensor) {
                             [keep](void*) { delete keep; }, ::torch::TensorOptions().dtype(type));
 }
 
-Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what) {
-  std::string name(what);
+namespace internal {
+
+Result<DType> dense_dtype(const ::torch::Tensor& tensor, const std::string& name, bool cuda_too) {
   if (!tensor.defined()) return Status::InvalidArgument(name + " is an undefined torch tensor");
   if (tensor.layout() != c10::kStrided) {
     std::ostringstream layout;
@@ -66,9 +67,10 @@ Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what) 
     return Status::InvalidArgument(name + " has layout " + layout.str() +
                                    "; only dense (strided) tensors convert: call .to_dense() first");
   }
-  if (!tensor.device().is_cpu()) {
+  if (!tensor.device().is_cpu() && !(cuda_too && tensor.device().is_cuda())) {
     return Status::InvalidArgument(name + " is on " + tensor.device().str() +
-                                   "; Capstan tensors are host memory: call .cpu() first");
+                                   (cuda_too ? "; collectives take CPU tensors (host path) or CUDA tensors (NCCL)"
+                                             : "; Capstan tensors are host memory: call .cpu() first"));
   }
   if (!tensor.is_contiguous()) {
     return Status::InvalidArgument(name + " (shape " + sizes_string(tensor.sizes()) + ", strides " +
@@ -77,13 +79,20 @@ Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what) 
   }
   auto dtype = capstan_dtype(tensor.scalar_type());
   if (!dtype.ok()) return dtype.status().with_context(name);
+  return *dtype;
+}
+
+}  // namespace internal
+
+Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what) {
+  CAPSTAN_ASSIGN_OR_RETURN(DType dtype, internal::dense_dtype(tensor, std::string(what), /*cuda_too=*/false));
   // The owner holds a reference to the storage (detached: the view carries
   // no autograd history).
   std::shared_ptr<void> owner(new ::torch::Tensor(tensor.detach()),
                               [](void* p) { delete static_cast<::torch::Tensor*>(p); });
   size_t bytes = static_cast<size_t>(tensor.numel()) * tensor.element_size();
   Shape shape(tensor.sizes().begin(), tensor.sizes().end());
-  return Tensor::from_buffer(*dtype, std::move(shape), std::move(owner),
+  return Tensor::from_buffer(dtype, std::move(shape), std::move(owner),
                              static_cast<std::byte*>(tensor.data_ptr()), bytes);
 }
 

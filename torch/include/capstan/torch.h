@@ -48,6 +48,7 @@
 #include <vector>
 
 #include "capstan/closure.h"
+#include "capstan/collectives.h"
 #include "capstan/functions.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
@@ -75,6 +76,33 @@ Result<::torch::Tensor> to_torch(const Tensor& tensor);
 // .cpu()), or of a dtype Capstan lacks. A tensor that requires grad is
 // viewed as its data (as .detach() would).
 Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what = "tensor");
+
+// ---- Collectives on torch tensors ----------------------------------------------
+
+// A group's collectives on torch tensors, called by every rank in the same
+// order (as Communicator's own). A CPU tensor takes the group's host path
+// (shared memory or TCP; the tensor is viewed, not copied, and the result
+// written back into it); a CUDA tensor takes NCCL on its own device
+// (Communicator::all_reduce_device and the others), queued on `cuda_stream`
+// (a cudaStream_t; nullptr: the device's default stream, where torch works
+// unless the program chose another stream) after the work already there,
+// and finished when the call returns. Refused (InvalidArgument, naming the
+// tensor and the fix): undefined, sparse, not contiguous, a dtype Capstan
+// lacks, or a device other than the CPU and CUDA. A CUDA tensor where
+// Capstan was built without CUDA, or NCCL cannot load, fails as
+// Communicator::device_collectives() says.
+
+// `tensor` becomes the reduction of every rank's `tensor` (same dtype and
+// shape everywhere).
+Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op = ReduceOp::kSum,
+                  void* cuda_stream = nullptr);
+// `tensor` becomes rank `root`'s on every rank.
+Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* cuda_stream = nullptr);
+// The ranks' tensors concatenated along dimension 0, in rank order, on
+// `tensor`'s device. On CUDA every rank's tensor has the same shape (NCCL's
+// all-gather); on the CPU first dimensions may differ (as
+// Communicator::all_gather). A scalar counts as one row.
+Result<::torch::Tensor> all_gather(Communicator& group, const ::torch::Tensor& tensor, void* cuda_stream = nullptr);
 
 // ---- Embeddings on the parameter servers ---------------------------------------
 
