@@ -126,14 +126,69 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector
     c.expect(s.code() == capstan::StatusCode::kInvalidArgument &&
                  s.message().find("not contiguous") != std::string::npos,
              "a non-contiguous CUDA tensor is refused: " + s.to_string());
-    ::torch::nn::Linear linear(4, 4);
-    linear->to(device);
-    auto mirrored = capstan::torch::MirroredModule::create(group, *linear);
-    c.expect(mirrored.status().code() == capstan::StatusCode::kInvalidArgument &&
-                 mirrored.status().message().find("is on cuda:" + std::to_string(rank)) != std::string::npos,
-             "MirroredModule refuses a CUDA module, naming its device: " + mirrored.status().to_string());
     ::torch::Tensor after = rank_values(16, rank, device, ::torch::kFloat32);
     c.expect_ok(capstan::torch::all_reduce(group, after, ReduceOp::kSum), "an all-reduce after the refusals");
+  }
+
+  // MirroredModule on CUDA: steps of a module with a BatchNorm on the GPU
+  // against the same module on the CPU (each rank its own batch): the same
+  // parameters and running statistics within float rounding (the two
+  // devices' kernels round differently; Adam's normalized steps magnify
+  // that for gradients near zero, hence its wider bound), still on the
+  // GPU, the replicas holding them.
+  for (const auto& [optimizer, bound] : {std::pair{capstan::Optimizer::sgd(0.1), 1e-5},
+                                         std::pair{capstan::Optimizer::adam(0.01), 1e-3}}) {
+    auto make = [](const ::torch::Device& on) {
+      ::torch::manual_seed(5);
+      ::torch::nn::Sequential net(::torch::nn::Linear(8, 32), ::torch::nn::BatchNorm1d(32), ::torch::nn::ReLU(),
+                                  ::torch::nn::Linear(32, 1));
+      net->to(on);
+      return net;
+    };
+    ::torch::nn::Sequential on_gpu = make(device), on_cpu = make(::torch::kCPU);
+    auto gpu = capstan::torch::MirroredModule::create(group, *on_gpu,
+                                                      {.prefix = "gpu/", .optimizer = optimizer});
+    auto cpu = capstan::torch::MirroredModule::create(group, *on_cpu,
+                                                      {.prefix = "cpu/", .optimizer = optimizer});
+    c.expect_ok(gpu.status(), "MirroredModule::create on " + device.str());
+    c.expect_ok(cpu.status(), "MirroredModule::create on the CPU");
+    if (gpu.ok() && cpu.ok()) {
+      for (int step = 0; step < 5; ++step) {
+        ::torch::manual_seed(100 * step + rank);
+        ::torch::Tensor x = ::torch::randn({16, 8}), y = ::torch::randn({16, 1});
+        auto g = (*gpu)->train_step([&] { return ::torch::mse_loss(on_gpu->forward(x.to(device)), y.to(device)); });
+        auto h = (*cpu)->train_step([&] { return ::torch::mse_loss(on_cpu->forward(x), y); });
+        c.expect_ok(g.status(), "MirroredModule::train_step on " + device.str());
+        c.expect_ok(h.status(), "MirroredModule::train_step on the CPU");
+        if (!g.ok() || !h.ok()) break;
+      }
+      double worst = 0;
+      bool on_device = true;
+      for (const auto& item : on_gpu->named_parameters()) {
+        on_device = on_device && item.value().is_cuda();
+        const ::torch::Tensor theirs = on_cpu->named_parameters()[item.key()];
+        worst = std::max(worst, (item.value().cpu() - theirs).abs().max().item<double>());
+        auto replica = (*gpu)->value(item.key());
+        c.expect(replica.ok() && ::torch::equal(capstan::torch::to_torch(*replica).value(), item.value().cpu()),
+                 "the replica of " + item.key() + " holds the CUDA parameter's value");
+      }
+      for (const auto& item : on_gpu->named_buffers()) {
+        if (!item.value().is_floating_point()) continue;
+        const ::torch::Tensor theirs = on_cpu->named_buffers()[item.key()];
+        worst = std::max(worst, (item.value().cpu() - theirs).abs().max().item<double>());
+        auto replica = (*gpu)->variables().value("gpu/" + item.key());
+        c.expect(replica.ok() && ::torch::equal(capstan::torch::to_torch(*replica).value(), item.value().cpu()),
+                 "the replica of buffer " + item.key() + " holds the CUDA buffer's value");
+      }
+      c.expect(on_device, "the module's parameters stay on " + device.str());
+      const std::string compared = "MirroredModule on " + device.str() + " against the CPU after 5 " +
+                                   capstan::optimizer_name(optimizer.kind) + " steps: largest difference " +
+                                   std::to_string(worst);
+      c.expect(worst < bound, compared);
+      if (rank == 0) std::printf("torch_cuda_check: %s (bound %g)\n", compared.c_str(), bound);
+      c.expect((*gpu)->stats().all_reduces >= 5 && (*gpu)->stats().steps == 5,
+               "MirroredModule on CUDA all-reduced every step's buckets");
+    }
   }
 
   // What the torch layer adds: capstan::torch::all_reduce beside

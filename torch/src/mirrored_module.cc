@@ -65,6 +65,9 @@ struct MirroredModule::Impl {
     std::optional<unsigned> hook;
     Tensor zeros;  // the "gradient" of a parameter that is not trained
     bool ready = false;  // GUARDED_BY(mutex): this step's gradient is in its bucket
+    // A CUDA module: the replica whose values the parameter holds (a copy;
+    // a new replica buffer, after set_group or a restore, is copied in).
+    const void* synced = nullptr;
   };
   // A buffer of the module (named_buffers()): broadcast from rank 0 each
   // step; `mirrored` ones also view a replica (Optimizer::none()).
@@ -73,12 +76,13 @@ struct MirroredModule::Impl {
     ::torch::Tensor tensor;  // the module's buffer
     bool mirrored = false;
     Tensor zeros;            // its "gradient" when mirrored
+    const void* synced = nullptr;  // as Parameter::synced
   };
   struct Bucket {
     DType dtype = DType::kFloat32;
     std::vector<size_t> parameters;  // in the order their gradients usually come
-    Tensor buffer;                   // this rank's gradients, flat
-    ::torch::Tensor view;            // of `buffer`
+    Tensor buffer;                   // this rank's gradients, flat (a CUDA module: their mean)
+    ::torch::Tensor view;            // of `buffer`; a CUDA module: on its device
     // GUARDED_BY(mutex):
     size_t pending = 0;  // gradients still missing this step
     bool launched = false;
@@ -91,6 +95,10 @@ struct MirroredModule::Impl {
   Communicator* group = nullptr;  // null after attach until a step names one
   ::torch::nn::Module* module = nullptr;
   MirroredOptions options;
+  // Where the module's parameters are: nothing for the CPU (they view the
+  // replicas), else one CUDA device, where the parameters are copies of
+  // the replicas and the buckets are all-reduced through NCCL.
+  std::optional<::torch::Device> cuda;
   std::unique_ptr<MirroredVariables> owned_variables;
   MirroredVariables* variables = nullptr;
   std::vector<Parameter> parameters;  // named_parameters() order
@@ -120,11 +128,9 @@ struct MirroredModule::Impl {
   // A parameter of the module, described (no bucket yet); InvalidArgument
   // for a dtype that cannot be mirrored.
   static Result<Parameter> describe(const std::string& name, const ::torch::Tensor& t) {
-    if (!t.device().is_cpu()) {
+    if (!t.device().is_cpu() && !t.device().is_cuda()) {
       return Status::InvalidArgument("MirroredModule: parameter '" + name + "' is on " + t.device().str() +
-                                     "; a MirroredModule's parameters view replicas in host memory. Train a CUDA "
-                                     "module data-parallel by all-reducing its gradients with "
-                                     "capstan::torch::all_reduce (NCCL), or move the module to the CPU");
+                                     "; a MirroredModule trains a module on the CPU or on one CUDA device");
     }
     auto dtype = capstan_dtype(t.scalar_type());
     if (!dtype.ok()) return dtype.status().with_context("MirroredModule: parameter '" + name + "'");
@@ -150,7 +156,7 @@ struct MirroredModule::Impl {
     Buffer b;
     b.name = name;
     b.tensor = t;
-    if (!t.defined() || !t.device().is_cpu()) return b;
+    if (!t.defined() || (!t.device().is_cpu() && !t.device().is_cuda())) return b;
     auto dtype = capstan_dtype(t.scalar_type());
     b.mirrored = dtype.ok() && (*dtype == DType::kFloat32 || *dtype == DType::kFloat64);
     return b;
@@ -161,21 +167,84 @@ struct MirroredModule::Impl {
     return Status::Ok();
   }
 
+  // The device of the module's parameters and buffers: the CPU or one
+  // CUDA device (`cuda`), else InvalidArgument naming two that differ.
+  Status find_device() {
+    std::optional<std::pair<std::string, ::torch::Device>> first;
+    auto check = [&](const std::string& what, const ::torch::Tensor& t) -> Status {
+      if (!t.defined()) return Status::Ok();
+      if (!first) {
+        first.emplace(what, t.device());
+        return Status::Ok();
+      }
+      if (t.device() == first->second) return Status::Ok();
+      return Status::InvalidArgument("MirroredModule: " + what + " is on " + t.device().str() + " and " +
+                                     first->first + " on " + first->second.str() +
+                                     "; a MirroredModule trains a module on the CPU or on one CUDA device (call "
+                                     "module->to(device) first)");
+    };
+    for (const Parameter& p : parameters) CAPSTAN_RETURN_IF_ERROR(check("parameter '" + p.name + "'", p.tensor));
+    for (const Buffer& b : buffers) CAPSTAN_RETURN_IF_ERROR(check("buffer '" + b.name + "'", b.tensor));
+    if (first && first->second.is_cuda()) cuda = first->second;
+    return Status::Ok();
+  }
+
   // After a step's update: every buffer takes rank 0's value (DDP's
-  // broadcast_buffers), in named_buffers() order on every rank. A mirrored
-  // buffer views its replica, so the replica takes it too.
+  // broadcast_buffers), in named_buffers() order on every rank (NCCL for a
+  // CUDA module). A mirrored buffer views its replica, so the replica takes
+  // it too; a CUDA module's is copied to it.
   Status broadcast_buffers() {
-    if (!options.broadcast_buffers || group->size() <= 1) return Status::Ok();
     ::torch::NoGradGuard no_grad;
-    for (Buffer& b : buffers) {
-      if (!b.tensor.defined()) continue;
-      CAPSTAN_ASSIGN_OR_RETURN(Tensor mine, from_torch(b.tensor.contiguous(), "buffer '" + b.name + "'"));
-      Result<Tensor> root = group->broadcast(mine, 0);
-      if (!root.ok()) return root.status().with_context("train_step: broadcasting buffer '" + b.name + "'");
-      if (group->rank() == 0) continue;
-      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(*root));
-      b.tensor.copy_(view);
+    if (options.broadcast_buffers && group->size() > 1) {
+      for (Buffer& b : buffers) {
+        if (!b.tensor.defined()) continue;
+        ::torch::Tensor t = b.tensor.is_contiguous() ? b.tensor : b.tensor.contiguous();
+        Status sent = broadcast(*group, t, 0);
+        if (!sent.ok()) return sent.with_context("train_step: broadcasting buffer '" + b.name + "'");
+        if (!t.is_same(b.tensor)) b.tensor.copy_(t);
+      }
     }
+    if (!cuda) return Status::Ok();
+    for (Buffer& b : buffers) {
+      if (!b.mirrored) continue;
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + b.name));
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
+      view.copy_(b.tensor);
+      b.synced = replica.data();
+    }
+    return Status::Ok();
+  }
+
+  // A CUDA module after a step's update: each parameter takes its
+  // replica's new value.
+  Status copy_replicas_in() {
+    ::torch::NoGradGuard no_grad;
+    for (Parameter& p : parameters) {
+      CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
+      p.tensor.copy_(view);
+      p.synced = replica.data();
+    }
+    return Status::Ok();
+  }
+
+  // A CUDA module after backward: each bucket's mean through NCCL, in
+  // bucket order on every rank, then into its host buffer for the
+  // optimizer (which runs on the replicas). `reduced` gets the buffers.
+  Status reduce_on_device(std::vector<Tensor>* reduced) {
+    PhaseScope phase(Phase::kCollective);
+    ::torch::NoGradGuard no_grad;
+    for (Bucket& b : buckets) {
+      Status s = all_reduce(*group, b.view, ReduceOp::kMean);
+      if (!s.ok()) return s.with_context("train_step: all-reducing the gradients on " + cuda->str());
+      ++launched_this_step;
+      ++stats.all_reduces;
+      stats.all_reduce_bytes += static_cast<int64_t>(b.buffer.byte_size());
+      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor host, to_torch(b.buffer));
+      host.copy_(b.view);
+      reduced->push_back(b.buffer);
+    }
+    stats.launched_after_backward = launched_this_step - stats.launched_in_backward;
     return Status::Ok();
   }
 
@@ -185,6 +254,7 @@ struct MirroredModule::Impl {
 
   // Launches the complete buckets from next_launch on, in order.
   void launch_ready() {
+    if (cuda) return;  // reduced after backward (reduce_on_device)
     while (next_launch < buckets.size() && buckets[next_launch].pending == 0) {
       Bucket& b = buckets[next_launch++];
       b.launched = true;
@@ -268,7 +338,8 @@ struct MirroredModule::Impl {
     for (Buffer& b : buffers) {
       if (!b.mirrored) continue;
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + b.name));
-      if (b.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
+      if (cuda && b.synced == replica.data()) continue;
+      if (!cuda && b.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
       if (Shape(b.tensor.sizes().begin(), b.tensor.sizes().end()) != replica.shape()) {
         return Status::FailedPrecondition("train_step: buffer '" + b.name + "' is " +
                                           sizes_string(b.tensor.sizes()) + "; its mirrored variable '" +
@@ -277,14 +348,25 @@ struct MirroredModule::Impl {
       }
       CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
       ::torch::NoGradGuard no_grad;
-      b.tensor.set_data(view);
+      if (cuda) {
+        b.tensor.copy_(view);
+        b.synced = replica.data();
+      } else {
+        b.tensor.set_data(view);
+      }
     }
     for (Parameter& p : parameters) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
-      if (p.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
+      if (cuda && p.synced == replica.data()) continue;
+      if (!cuda && p.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
       CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
       ::torch::NoGradGuard no_grad;
-      p.tensor.set_data(view);
+      if (cuda) {
+        p.tensor.copy_(view);
+        p.synced = replica.data();
+      } else {
+        p.tensor.set_data(view);
+      }
     }
     return Status::Ok();
   }
@@ -423,6 +505,7 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::create(Communicator& gro
     }
     impl->buffers.push_back(std::move(b));
   }
+  CAPSTAN_RETURN_IF_ERROR(impl->find_device());
   for (const auto& [name, optimizer] : options.optimizers) {
     bool found = false;
     for (const auto& p : impl->parameters) found = found || p.name == name;
@@ -478,6 +561,7 @@ Status MirroredModule::Impl::make_buckets() {
     for (size_t i : b.parameters) elements += parameters[i].numel;
     CAPSTAN_ASSIGN_OR_RETURN(b.buffer, Tensor::zeros(b.dtype, {elements}));
     CAPSTAN_ASSIGN_OR_RETURN(b.view, to_torch(b.buffer));
+    if (cuda) b.view = b.view.to(*cuda);
     b.pending = b.parameters.size();
   }
   stats.buckets = static_cast<int64_t>(buckets.size());
@@ -555,6 +639,7 @@ Result<std::unique_ptr<MirroredModule>> MirroredModule::attach(MirroredVariables
     }
     impl->variable_sources.push_back({false, it->second});
   }
+  CAPSTAN_RETURN_IF_ERROR(impl->find_device());
   CAPSTAN_RETURN_IF_ERROR(impl->make_buckets());
   return finish(std::move(impl));
 }
@@ -650,7 +735,7 @@ Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::
   if (!hook_error.ok()) return impl.fail_launched(hook_error);
 
   std::vector<Tensor> reduced;
-  if (Status waited = impl.wait_launched(&reduced); !waited.ok()) {
+  if (Status waited = impl.cuda ? impl.reduce_on_device(&reduced) : impl.wait_launched(&reduced); !waited.ok()) {
     impl.reset_step();
     return waited;  // the communicator aborted the group
   }
@@ -677,6 +762,7 @@ Result<::torch::Tensor> MirroredModule::train_step(const std::function<::torch::
   Status applied = impl.variables->apply_averaged_gradients(gradients, options);
   impl.reset_step();
   if (!applied.ok()) return applied;
+  if (impl.cuda) CAPSTAN_RETURN_IF_ERROR(impl.copy_replicas_in());
   // A failure here is a collective's: the group is gone, as after any.
   CAPSTAN_RETURN_IF_ERROR(impl.broadcast_buffers());
   ++impl.stats.steps;

@@ -401,15 +401,26 @@ TEST_CASE("ranks that pack gradients into different buckets, or bad options, are
   Status unknown = MirroredModule::create(*one[0], *model, {.optimizers = {{"fc9.weight", Optimizer::sgd(1)}}}).status();
   CHECK(unknown.code() == StatusCode::kInvalidArgument);
   CHECK_THAT(unknown.message(), Catch::Contains("fc9.weight"));
-  // A module off the CPU (on a GPU in real life) is refused, pointing at
-  // the collectives that take its device.
+  // A module on neither the CPU nor CUDA, or on two devices, is refused,
+  // naming the devices.
   struct OnMeta : ::torch::nn::Module {
     OnMeta() { register_parameter("w", ::torch::empty({2, 2}, ::torch::Device(::torch::kMeta))); }
   };
-  OnMeta elsewhere;
-  Status off_cpu = MirroredModule::create(*one[0], elsewhere).status();
+  OnMeta meta;
+  Status off_cpu = MirroredModule::create(*one[0], meta).status();
   CHECK(off_cpu.code() == StatusCode::kInvalidArgument);
-  CHECK_THAT(off_cpu.message(), Catch::Contains("is on meta") && Catch::Contains("capstan::torch::all_reduce"));
+  CHECK_THAT(off_cpu.message(), Catch::Contains("parameter 'w' is on meta") &&
+                                    Catch::Contains("on the CPU or on one CUDA device"));
+  struct TwoDevices : ::torch::nn::Module {
+    TwoDevices() {
+      register_parameter("a", ::torch::zeros({2}));
+      register_buffer("b", ::torch::zeros({2}, ::torch::Device(::torch::kMeta)));
+    }
+  };
+  TwoDevices two;
+  Status split = MirroredModule::create(*one[0], two).status();
+  CHECK(split.code() == StatusCode::kInvalidArgument);
+  CHECK_THAT(split.message(), Catch::Contains("buffer 'b' is on meta and parameter 'a' on cpu"));
 }
 
 

@@ -56,6 +56,17 @@
 //   auto ddp = capstan::torch::MirroredModule::attach(*ctx.mirrored(), *model, {.prefix = "census/"}).value();
 //   auto loss = ddp->train_step(*ctx.group(), [&] { return ...; }).value();
 //
+// A module on a CUDA device (every parameter and buffer on that one
+// device; module->to(device) before create or attach) trains the same way,
+// with three differences: the parameters are copies of the replicas (which
+// stay in host memory, where the optimizer runs and checkpoints read them),
+// refreshed after each update; the buckets live on the device, are filled
+// by the hooks there and all-reduced through NCCL (capstan::torch::
+// all_reduce) one after another once backward returns (not overlapped with
+// it), then copied to the host for the update; and buffers are broadcast
+// through NCCL, then copied to their replicas. Each step moves the
+// gradients to the host and the parameters back (both over PCIe).
+//
 // Parameters that do not require grad are mirrored (rank 0's values at
 // create) and never updated. Every rank must call train_step the same
 // number of times.
