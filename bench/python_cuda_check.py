@@ -67,6 +67,29 @@ def collectives(group, device):
         capstan.torch.all_reduce_(product, group, "max")
         same = torch.equal(product, copy)
     expect(same, "all_reduce_ on a side stream reduces the product queued before it")
+    # Dtypes NCCL lacks go through the host.
+    flags = torch.arange(10, device=device) % 2 == 0
+    capstan.torch.broadcast_(flags, group, root=0)
+    expect(flags.is_cuda and torch.equal(flags.cpu(), torch.arange(10) % 2 == 0), "broadcast_ of a CUDA bool tensor")
+    shorts = (pattern[:100] + 1).to(torch.int16)
+    capstan.torch.broadcast_(shorts, group, root=0)
+    expect(shorts.is_cuda and torch.equal(shorts, (pattern[:100] + 1).to(torch.int16)), "broadcast_ of CUDA int16")
+    try:
+        capstan.torch.all_reduce_((pattern[:100] + 1).to(torch.int8), group, "sum")
+        expect(False, "a CUDA int8 all-reduce is refused as a CPU one is")
+    except capstan.InvalidArgumentError as e:
+        expect("cannot reduce int8" in str(e), f"a CUDA int8 all-reduce is refused as a CPU one is: {e}")
+    # NCCL's in-place write is an in-place change to autograd.
+    w = torch.ones(4, device=device, requires_grad=True)
+    saved = w * 2
+    loss = (saved * saved).sum()
+    with torch.no_grad():
+        capstan.torch.all_reduce_(saved, group, "sum")
+    try:
+        loss.backward()
+        expect(False, "backward through a tensor NCCL changed in place is refused")
+    except RuntimeError as e:
+        expect("inplace" in str(e), f"backward through a tensor NCCL changed in place is refused: {e}")
     try:
         capstan.torch.all_reduce_(torch.ones(8, 8, device=device).t(), group)
         expect(False, "a non-contiguous CUDA tensor is refused")

@@ -126,6 +126,47 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector
     c.expect(s.code() == capstan::StatusCode::kInvalidArgument &&
                  s.message().find("not contiguous") != std::string::npos,
              "a non-contiguous CUDA tensor is refused: " + s.to_string());
+    // A dtype NCCL lacks goes through the host; an in-place NCCL write is
+    // an in-place change to autograd.
+    ::torch::Tensor flags = (::torch::arange(10, ::torch::TensorOptions().device(device)) % 2 == rank % 2);
+    const ::torch::Tensor root_flags = (::torch::arange(10) % 2 == (n - 1) % 2);
+    c.expect_ok(capstan::torch::broadcast(group, flags, n - 1), "broadcast of a CUDA bool tensor");
+    c.expect(flags.is_cuda() && ::torch::equal(flags.cpu(), root_flags), "a CUDA bool tensor takes rank n-1's");
+    ::torch::Tensor shorts = rank_values(100, rank, device, ::torch::kInt16);
+    c.expect_ok(capstan::torch::broadcast(group, shorts, n - 1), "broadcast of a CUDA int16 tensor");
+    c.expect(shorts.is_cuda() && ::torch::equal(shorts.cpu(), (::torch::arange(100) % 7 + n).to(::torch::kInt16)),
+             "a CUDA int16 tensor takes rank n-1's");
+    // The host path reduces no int8 (as no CPU tensor): the same clear refusal.
+    ::torch::Tensor small = rank_values(100, rank, device, ::torch::kInt8);
+    Status int8 = capstan::torch::all_reduce(group, small, ReduceOp::kSum);
+    c.expect(int8.code() == capstan::StatusCode::kInvalidArgument &&
+                 int8.message().find("cannot reduce int8") != std::string::npos,
+             "a CUDA int8 all-reduce is refused as a CPU one is: " + int8.to_string());
+    ::torch::Tensor w = ::torch::ones({4}, ::torch::TensorOptions().device(device).requires_grad(true));
+    ::torch::Tensor saved = w * 2;
+    ::torch::Tensor loss = (saved * saved).sum();  // saves `saved` for backward
+    {
+      ::torch::NoGradGuard no_grad;
+      c.expect_ok(capstan::torch::all_reduce(group, saved, ReduceOp::kSum), "all_reduce of a saved tensor");
+    }
+    bool refused = false;
+    try {
+      loss.backward();
+    } catch (const c10::Error& e) {
+      refused = std::string(e.what()).find("inplace") != std::string::npos;
+    }
+    c.expect(refused, "backward through a tensor NCCL changed in place is refused, as after copy_");
+    // A module on two devices is refused, naming both.
+    {
+      ::torch::nn::Linear split(4, 4);
+      split->to(device);
+      split->register_parameter("extra", ::torch::zeros({2}));
+      Status s2 = capstan::torch::MirroredModule::create(group, *split).status();
+      c.expect(s2.code() == capstan::StatusCode::kInvalidArgument &&
+                   s2.message().find("parameter 'extra' is on cpu and parameter 'weight' on cuda:") !=
+                       std::string::npos,
+               "a module on two devices is refused naming both: " + s2.to_string());
+    }
     ::torch::Tensor after = rank_values(16, rank, device, ::torch::kFloat32);
     c.expect_ok(capstan::torch::all_reduce(group, after, ReduceOp::kSum), "an all-reduce after the refusals");
   }

@@ -66,6 +66,18 @@ _DTYPE_NAMES = {
 }
 
 
+# The dtypes NCCL reduces; a CUDA tensor of another goes through the host.
+_NCCL_DTYPES = {_torch.float16, _torch.bfloat16, _torch.float32, _torch.float64, _torch.int32, _torch.int64}
+
+
+def _written_in_place(tensor):
+    """NCCL wrote `tensor` through its address: autograd counts it as an
+    in-place change (as copy_), where this torch can say so."""
+    increment = getattr(getattr(_torch.autograd, "graph", None), "increment_version", None)
+    if increment is not None:
+        increment(tensor)
+
+
 def _require_device_collectives(call, device):
     why = _capstan.Communicator.device_collectives()
     if why is not None:
@@ -96,13 +108,18 @@ def all_reduce_(tensor, group, op="sum"):
     "max", "prod") of every rank's `tensor` in `group` (a
     capstan.Communicator). A CUDA tensor goes through NCCL on its device,
     queued on torch's current stream; a CPU tensor through the group's host
-    collectives (read in place, the result copied back). Returns `tensor`."""
+    collectives (read in place, the result copied back); a CUDA tensor of a
+    dtype NCCL lacks (bool, int8, uint8, int16) by a copy through the host.
+    Returns `tensor`."""
     _check_device(tensor, "all_reduce_")
     with _torch.no_grad():
-        if tensor.is_cuda:
+        if tensor.is_cuda and tensor.dtype not in _NCCL_DTYPES and tensor.dtype in _DTYPE_NAMES:
+            tensor.copy_(all_reduce_(tensor.cpu(), group, op))
+        elif tensor.is_cuda:
             _require_device_collectives("all_reduce_", tensor.device)
             address, count, dtype, device, stream = _device_args(tensor, "all_reduce_")
-            group.all_reduce_device(address, count, dtype, op, device, stream)
+            group._all_reduce_device(address, count, dtype, op, device, stream)
+            _written_in_place(tensor)
         else:
             # numpy, which carries the host path, has no bfloat16: such a
             # tensor is reduced in float32 and rounded back.
@@ -116,10 +133,13 @@ def broadcast_(tensor, group, root=0):
     CUDA tensor, as all_reduce_). Returns `tensor`."""
     _check_device(tensor, "broadcast_")
     with _torch.no_grad():
-        if tensor.is_cuda:
+        if tensor.is_cuda and tensor.dtype not in _NCCL_DTYPES and tensor.dtype in _DTYPE_NAMES:
+            tensor.copy_(broadcast_(tensor.cpu(), group, root))
+        elif tensor.is_cuda:
             _require_device_collectives("broadcast_", tensor.device)
             address, count, dtype, device, stream = _device_args(tensor, "broadcast_")
-            group.broadcast_device(address, count, dtype, root, device, stream)
+            group._broadcast_device(address, count, dtype, root, device, stream)
+            _written_in_place(tensor)
         else:
             # bfloat16 travels as its bits (numpy has no bfloat16).
             bits = tensor.detach().view(_torch.int16) if tensor.dtype == _torch.bfloat16 else tensor.detach()
@@ -304,7 +324,7 @@ class DistributedDataParallel(_torch.nn.Module):
             args = _device_args(flat, "DistributedDataParallel")
 
             def reduce():
-                group.all_reduce_device(*args[:3], "mean", *args[3:])
+                group._all_reduce_device(*args[:3], "mean", *args[3:])
                 return flat
             self._futures.append(self._executor.submit(reduce))
         else:

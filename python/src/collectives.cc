@@ -43,9 +43,12 @@ DType device_dtype(const std::string& name) {
   return *dtype;
 }
 
-// The arguments every device collective shares, checked before the call.
-void check_device_args(int64_t count, int device) {
+// The arguments every device collective shares, checked before the call
+// (what NCCL would take on trust; the memory itself is the caller's:
+// capstan.torch passes a CUDA tensor's own).
+void check_device_args(uintptr_t address, int64_t count, int device) {
   if (count < 0) raise(Status::InvalidArgument("count " + std::to_string(count) + " is negative"));
+  if (address == 0 && count > 0) raise(Status::InvalidArgument("address 0 for " + std::to_string(count) + " elements"));
   if (device < 0) raise(Status::InvalidArgument("CUDA device " + std::to_string(device) + " is negative"));
 }
 
@@ -78,9 +81,10 @@ void init_collectives(py::module_& m) {
       // CUDA memory (NCCL), by address: capstan.torch's all_reduce_ and
       // broadcast_ pass a CUDA tensor's data_ptr(), its CUDA device and
       // torch's current stream there (0: the default stream); in place.
-      .def("all_reduce_device", [](const std::shared_ptr<Communicator>& c, uintptr_t address, int64_t count,
+      // Private: an address is taken on trust, so capstan.torch is the way in.
+      .def("_all_reduce_device", [](const std::shared_ptr<Communicator>& c, uintptr_t address, int64_t count,
                                    const std::string& dtype, const std::string& op, int device, uintptr_t stream) {
-             check_device_args(count, device);
+             check_device_args(address, count, device);
              DType d = device_dtype(dtype);
              ReduceOp r = reduce_op(op);
              check(collective(c, [=]() {
@@ -89,9 +93,9 @@ void init_collectives(py::module_& m) {
              }));
            }, py::arg("address"), py::arg("count"), py::arg("dtype"), py::arg("op") = "sum", py::arg("device") = 0,
            py::arg("stream") = 0)
-      .def("broadcast_device", [](const std::shared_ptr<Communicator>& c, uintptr_t address, int64_t count,
+      .def("_broadcast_device", [](const std::shared_ptr<Communicator>& c, uintptr_t address, int64_t count,
                                   const std::string& dtype, int root, int device, uintptr_t stream) {
-             check_device_args(count, device);
+             check_device_args(address, count, device);
              DType d = device_dtype(dtype);
              check(collective(c, [=]() {
                return c->broadcast_device(as_pointer(address), count, d, root, device, as_pointer(stream));

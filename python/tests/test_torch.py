@@ -157,13 +157,15 @@ def test_collectives_refuse_a_device_they_cannot_take_and_ddp_a_module_on_severa
     why = capstan.Communicator.device_collectives()
     assert isinstance(why, str) and why
     with pytest.raises(capstan.InvalidArgumentError, match="count -1 is negative"):
-        group.all_reduce_device(0, -1, "float32")
+        group._all_reduce_device(0, -1, "float32")
     with pytest.raises(capstan.InvalidArgumentError, match="dtype 'string'"):
-        group.all_reduce_device(0, 4, "string")
+        group._all_reduce_device(8, 4, "string")
     with pytest.raises(capstan.InvalidArgumentError, match="reduce op 'avg'"):
-        group.all_reduce_device(0, 4, "float32", "avg")
+        group._all_reduce_device(8, 4, "float32", "avg")
+    with pytest.raises(capstan.InvalidArgumentError, match="address 0 for 4 elements"):
+        group._all_reduce_device(0, 4, "float32")
     with pytest.raises(capstan.Error):
-        group.all_reduce_device(0, 4, "float32", "sum", 0, 0)
+        group._all_reduce_device(8, 4, "float32", "sum", 0, 0)
     # None of it aborted the group.
     assert not group.aborted
     np.testing.assert_array_equal(group.all_reduce(np.ones(2), "sum"), [1, 1])

@@ -12,6 +12,25 @@ Result<DType> checked(const ::torch::Tensor& tensor, const char* call) {
   return internal::dense_dtype(tensor, std::string(call) + ": the tensor", /*cuda_too=*/true);
 }
 
+// The dtypes NCCL reduces (lib/collectives/nccl.cc); a CUDA tensor of
+// another (bool, int8, uint8, int16) goes through the host path by a copy.
+bool nccl_takes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat16:
+    case DType::kBFloat16:
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kInt32:
+    case DType::kInt64: return true;
+    default: return false;
+  }
+}
+
+// A CUDA tensor written behind autograd's back (NCCL, through its data
+// pointer) counts as modified in place, as copy_ would: a backward that
+// saved it then refuses, rather than using the new values.
+void written_in_place(::torch::Tensor& tensor) { ::torch::autograd::impl::bump_version(tensor); }
+
 int cuda_index(const ::torch::Tensor& tensor) { return tensor.device().has_index() ? tensor.device().index() : 0; }
 
 // The host path's result written back into `tensor`.
@@ -26,9 +45,18 @@ Status write_back(::torch::Tensor& tensor, const Tensor& result) {
 
 Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "all_reduce"));
+  if (tensor.is_cuda() && !nccl_takes(dtype)) {
+    ::torch::Tensor host = tensor.cpu();
+    CAPSTAN_RETURN_IF_ERROR(all_reduce(group, host, op));
+    ::torch::NoGradGuard no_grad;
+    tensor.copy_(host);
+    return Status::Ok();
+  }
   if (tensor.is_cuda()) {
-    return group.all_reduce_device(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, op,
-                                   cuda_index(tensor), cuda_stream);
+    CAPSTAN_RETURN_IF_ERROR(group.all_reduce_device(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, op,
+                                                    cuda_index(tensor), cuda_stream));
+    written_in_place(tensor);
+    return Status::Ok();
   }
   CAPSTAN_ASSIGN_OR_RETURN(Tensor mine, from_torch(tensor, "all_reduce: the tensor"));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor reduced, group.all_reduce(mine, op));
@@ -37,8 +65,18 @@ Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op, voi
 
 Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "broadcast"));
+  if (tensor.is_cuda() && !nccl_takes(dtype)) {
+    ::torch::Tensor host = tensor.cpu();
+    CAPSTAN_RETURN_IF_ERROR(broadcast(group, host, root));
+    ::torch::NoGradGuard no_grad;
+    tensor.copy_(host);
+    return Status::Ok();
+  }
   if (tensor.is_cuda()) {
-    return group.broadcast_device(tensor.data_ptr(), tensor.numel(), dtype, root, cuda_index(tensor), cuda_stream);
+    CAPSTAN_RETURN_IF_ERROR(
+        group.broadcast_device(tensor.data_ptr(), tensor.numel(), dtype, root, cuda_index(tensor), cuda_stream));
+    written_in_place(tensor);
+    return Status::Ok();
   }
   CAPSTAN_ASSIGN_OR_RETURN(Tensor mine, from_torch(tensor, "broadcast: the tensor"));
   CAPSTAN_ASSIGN_OR_RETURN(Tensor root_value, group.broadcast(mine, root));
@@ -48,7 +86,23 @@ Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* c
 
 Result<::torch::Tensor> all_gather(Communicator& group, const ::torch::Tensor& tensor, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "all_gather"));
+  if (tensor.is_cuda() && !nccl_takes(dtype)) {
+    CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor gathered, all_gather(group, tensor.cpu()));
+    return gathered.to(tensor.device());
+  }
   if (tensor.is_cuda()) {
+    // NCCL's all-gather takes the same count from every rank: every rank
+    // learns the others' first (over the host) and all refuse alike.
+    CAPSTAN_ASSIGN_OR_RETURN(Tensor counts, group.all_gather(Tensor::scalar<int64_t>(tensor.numel())));
+    for (int r = 0; r < group.size(); ++r) {
+      const int64_t theirs = counts.flat<int64_t>()[static_cast<size_t>(r)];
+      if (theirs != tensor.numel()) {
+        return Status::InvalidArgument("all_gather: rank " + std::to_string(r) + "'s CUDA tensor has " +
+                                       std::to_string(theirs) + " elements, rank " + std::to_string(group.rank()) +
+                                       "'s " + std::to_string(tensor.numel()) +
+                                       "; on CUDA every rank gathers a tensor of the same shape");
+      }
+    }
     std::vector<int64_t> shape(tensor.sizes().begin(), tensor.sizes().end());
     if (shape.empty()) shape.push_back(1);
     shape[0] *= group.size();

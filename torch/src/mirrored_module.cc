@@ -67,7 +67,9 @@ struct MirroredModule::Impl {
     bool ready = false;  // GUARDED_BY(mutex): this step's gradient is in its bucket
     // A CUDA module: the replica whose values the parameter holds (a copy;
     // a new replica buffer, after set_group or a restore, is copied in).
-    const void* synced = nullptr;
+    // Held, so that its buffer cannot be freed and a new one made at the
+    // same address look like it.
+    Tensor synced;
   };
   // A buffer of the module (named_buffers()): broadcast from rank 0 each
   // step; `mirrored` ones also view a replica (Optimizer::none()).
@@ -76,7 +78,7 @@ struct MirroredModule::Impl {
     ::torch::Tensor tensor;  // the module's buffer
     bool mirrored = false;
     Tensor zeros;            // its "gradient" when mirrored
-    const void* synced = nullptr;  // as Parameter::synced
+    Tensor synced;  // as Parameter::synced
   };
   struct Bucket {
     DType dtype = DType::kFloat32;
@@ -167,8 +169,9 @@ struct MirroredModule::Impl {
     return Status::Ok();
   }
 
-  // The device of the module's parameters and buffers: the CPU or one
-  // CUDA device (`cuda`), else InvalidArgument naming two that differ.
+  // The device of the module's parameters and mirrored buffers: the CPU
+  // or one CUDA device (`cuda`), else InvalidArgument naming two that
+  // differ.
   Status find_device() {
     std::optional<std::pair<std::string, ::torch::Device>> first;
     auto check = [&](const std::string& what, const ::torch::Tensor& t) -> Status {
@@ -184,7 +187,9 @@ struct MirroredModule::Impl {
                                      "module->to(device) first)");
     };
     for (const Parameter& p : parameters) CAPSTAN_RETURN_IF_ERROR(check("parameter '" + p.name + "'", p.tensor));
-    for (const Buffer& b : buffers) CAPSTAN_RETURN_IF_ERROR(check("buffer '" + b.name + "'", b.tensor));
+    for (const Buffer& b : buffers) {
+      if (b.mirrored) CAPSTAN_RETURN_IF_ERROR(check("buffer '" + b.name + "'", b.tensor));
+    }
     if (first && first->second.is_cuda()) cuda = first->second;
     return Status::Ok();
   }
@@ -195,6 +200,7 @@ struct MirroredModule::Impl {
   // it too; a CUDA module's is copied to it.
   Status broadcast_buffers() {
     ::torch::NoGradGuard no_grad;
+    if (cuda) ::torch::cuda::synchronize(cuda->index());  // forward wrote the buffers on its stream
     if (options.broadcast_buffers && group->size() > 1) {
       for (Buffer& b : buffers) {
         if (!b.tensor.defined()) continue;
@@ -210,7 +216,7 @@ struct MirroredModule::Impl {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + b.name));
       CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
       view.copy_(b.tensor);
-      b.synced = replica.data();
+      b.synced = replica;
     }
     return Status::Ok();
   }
@@ -219,11 +225,12 @@ struct MirroredModule::Impl {
   // replica's new value.
   Status copy_replicas_in() {
     ::torch::NoGradGuard no_grad;
+    for (Parameter& p : parameters) p.synced = Tensor();  // a failure midway: the next step copies the rest
     for (Parameter& p : parameters) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
       CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
       p.tensor.copy_(view);
-      p.synced = replica.data();
+      p.synced = replica;
     }
     return Status::Ok();
   }
@@ -234,6 +241,9 @@ struct MirroredModule::Impl {
   Status reduce_on_device(std::vector<Tensor>* reduced) {
     PhaseScope phase(Phase::kCollective);
     ::torch::NoGradGuard no_grad;
+    // The hooks filled the buckets on autograd's streams, which need not
+    // be the default stream NCCL is queued on here: wait for the device.
+    ::torch::cuda::synchronize(cuda->index());
     for (Bucket& b : buckets) {
       Status s = all_reduce(*group, b.view, ReduceOp::kMean);
       if (!s.ok()) return s.with_context("train_step: all-reducing the gradients on " + cuda->str());
@@ -338,7 +348,7 @@ struct MirroredModule::Impl {
     for (Buffer& b : buffers) {
       if (!b.mirrored) continue;
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + b.name));
-      if (cuda && b.synced == replica.data()) continue;
+      if (cuda && b.synced.valid() && b.synced.data() == replica.data()) continue;
       if (!cuda && b.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
       if (Shape(b.tensor.sizes().begin(), b.tensor.sizes().end()) != replica.shape()) {
         return Status::FailedPrecondition("train_step: buffer '" + b.name + "' is " +
@@ -350,20 +360,20 @@ struct MirroredModule::Impl {
       ::torch::NoGradGuard no_grad;
       if (cuda) {
         b.tensor.copy_(view);
-        b.synced = replica.data();
+        b.synced = replica;
       } else {
         b.tensor.set_data(view);
       }
     }
     for (Parameter& p : parameters) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
-      if (cuda && p.synced == replica.data()) continue;
+      if (cuda && p.synced.valid() && p.synced.data() == replica.data()) continue;
       if (!cuda && p.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
       CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
       ::torch::NoGradGuard no_grad;
       if (cuda) {
         p.tensor.copy_(view);
-        p.synced = replica.data();
+        p.synced = replica;
       } else {
         p.tensor.set_data(view);
       }

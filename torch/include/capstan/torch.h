@@ -86,11 +86,15 @@ Result<Tensor> from_torch(const ::torch::Tensor& tensor, std::string_view what =
 // (Communicator::all_reduce_device and the others), queued on `cuda_stream`
 // (a cudaStream_t; nullptr: the device's default stream, where torch works
 // unless the program chose another stream) after the work already there,
-// and finished when the call returns. Refused (InvalidArgument, naming the
-// tensor and the fix): undefined, sparse, not contiguous, a dtype Capstan
-// lacks, or a device other than the CPU and CUDA. A CUDA tensor where
-// Capstan was built without CUDA, or NCCL cannot load, fails as
-// Communicator::device_collectives() says.
+// and finished when the call returns (all_gather's result is allocated on
+// torch's current stream: pass that stream, or synchronize). A CUDA tensor
+// of a dtype NCCL lacks (bool, int8, uint8, int16) is copied to the host
+// and back. NCCL's in-place writes count as in-place modifications for
+// autograd (its version counter), as copy_ does. Refused
+// (InvalidArgument, naming the tensor and the fix): undefined, sparse, not
+// contiguous, a dtype Capstan lacks, or a device other than the CPU and
+// CUDA. A CUDA tensor where Capstan was built without CUDA, or NCCL cannot
+// load, fails as Communicator::device_collectives() says.
 
 // `tensor` becomes the reduction of every rank's `tensor` (same dtype and
 // shape everywhere).
@@ -100,7 +104,8 @@ Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op = Re
 Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* cuda_stream = nullptr);
 // The ranks' tensors concatenated along dimension 0, in rank order, on
 // `tensor`'s device. On CUDA every rank's tensor has the same shape (NCCL's
-// all-gather); on the CPU first dimensions may differ (as
+// all-gather; checked first over the host: every rank refuses, naming the
+// ranks' sizes); on the CPU first dimensions may differ (as
 // Communicator::all_gather). A scalar counts as one row.
 Result<::torch::Tensor> all_gather(Communicator& group, const ::torch::Tensor& tensor, void* cuda_stream = nullptr);
 

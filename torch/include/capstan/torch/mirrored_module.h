@@ -65,7 +65,10 @@
 // all_reduce) one after another once backward returns (not overlapped with
 // it), then copied to the host for the update; and buffers are broadcast
 // through NCCL, then copied to their replicas. Each step moves the
-// gradients to the host and the parameters back (both over PCIe).
+// gradients to the host and the parameters back (both over PCIe). The
+// parameters do not alias the replicas there: write a replica
+// (variables()) to change a value between steps; a write into a CUDA
+// parameter is overwritten by the next update.
 //
 // Parameters that do not require grad are mirrored (rank 0's values at
 // create) and never updated. Every rank must call train_step the same
