@@ -10,9 +10,6 @@
 // LibTorch, as Debian's, has no CUDA).
 //
 //   build/bin/torch_cuda_check [--ranks N]   (default 1; at most one per GPU)
-#include <sys/wait.h>
-#include <unistd.h>
-
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -20,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "bench_util.h"
 #include "capstan/torch.h"
 #include "capstan/torch/mirrored_module.h"
 
@@ -286,18 +284,8 @@ int main(int argc, char** argv) {
     endpoints.push_back(capstan::CollectiveEndpoint::listen().value());
     addresses.push_back(endpoints.back()->address());
   }
-  std::fflush(stdout);
-  std::vector<pid_t> children;
-  for (int r = 0; r < ranks; ++r) {
-    pid_t pid = fork();
-    if (pid == 0) _exit(rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r));
-    children.push_back(pid);
-  }
-  int failed = 0;
-  for (pid_t pid : children) {
-    int status = 0;
-    waitpid(pid, &status, 0);
-    if (!WIFEXITED(status) || WEXITSTATUS(status) != 0) ++failed;
-  }
-  return failed == 0 ? 0 : 1;
+  std::vector<pid_t> children = capstan::bench::fork_ranks(
+      ranks, [&](int r) { return rank_main(std::move(endpoints[static_cast<size_t>(r)]), addresses, r); });
+  endpoints.clear();  // the children's now
+  return capstan::bench::wait_ranks(children, "torch_cuda_check") == 0 ? 0 : 1;
 }

@@ -103,6 +103,23 @@ def _check_device(tensor, call):
                          "or CUDA tensors (NCCL)")
 
 
+def _in_place(tensor, group, call, on_device, on_host):
+    """A collective in place on `tensor`: on_device(address, count, dtype,
+    device, stream) for a CUDA tensor NCCL takes, on_host(detached tensor)
+    for a CPU one; a CUDA tensor of a dtype NCCL lacks through the host."""
+    _check_device(tensor, call)
+    with _torch.no_grad():
+        if tensor.is_cuda and tensor.dtype not in _NCCL_DTYPES and tensor.dtype in _DTYPE_NAMES:
+            tensor.copy_(_in_place(tensor.cpu(), group, call, on_device, on_host))
+        elif tensor.is_cuda:
+            _require_device_collectives(call, tensor.device)
+            on_device(*_device_args(tensor, call))
+            _written_in_place(tensor)
+        else:
+            on_host(tensor.detach())
+    return tensor
+
+
 def all_reduce_(tensor, group, op="sum"):
     """In place: `tensor` becomes the reduction ("sum", "mean", "min",
     "max", "prod") of every rank's `tensor` in `group` (a
@@ -111,42 +128,30 @@ def all_reduce_(tensor, group, op="sum"):
     collectives (read in place, the result copied back); a CUDA tensor of a
     dtype NCCL lacks (bool, int8, uint8, int16) by a copy through the host.
     Returns `tensor`."""
-    _check_device(tensor, "all_reduce_")
-    with _torch.no_grad():
-        if tensor.is_cuda and tensor.dtype not in _NCCL_DTYPES and tensor.dtype in _DTYPE_NAMES:
-            tensor.copy_(all_reduce_(tensor.cpu(), group, op))
-        elif tensor.is_cuda:
-            _require_device_collectives("all_reduce_", tensor.device)
-            address, count, dtype, device, stream = _device_args(tensor, "all_reduce_")
-            group._all_reduce_device(address, count, dtype, op, device, stream)
-            _written_in_place(tensor)
-        else:
-            # numpy, which carries the host path, has no bfloat16: such a
-            # tensor is reduced in float32 and rounded back.
-            work = tensor.detach().float() if tensor.dtype == _torch.bfloat16 else tensor.detach()
-            tensor.copy_(as_tensor(group.all_reduce(work, op)).view_as(tensor))
-    return tensor
+    def on_host(t):
+        # numpy, which carries the host path, has no bfloat16: such a
+        # tensor is reduced in float32 and rounded back.
+        work = t.float() if t.dtype == _torch.bfloat16 else t
+        t.copy_(as_tensor(group.all_reduce(work, op)).view_as(t))
+
+    return _in_place(tensor, group, "all_reduce_",
+                     lambda address, count, dtype, device, stream:
+                     group._all_reduce_device(address, count, dtype, op, device, stream), on_host)
 
 
 def broadcast_(tensor, group, root=0):
     """In place: `tensor` becomes rank `root`'s on every rank (NCCL for a
     CUDA tensor, as all_reduce_). Returns `tensor`."""
-    _check_device(tensor, "broadcast_")
-    with _torch.no_grad():
-        if tensor.is_cuda and tensor.dtype not in _NCCL_DTYPES and tensor.dtype in _DTYPE_NAMES:
-            tensor.copy_(broadcast_(tensor.cpu(), group, root))
-        elif tensor.is_cuda:
-            _require_device_collectives("broadcast_", tensor.device)
-            address, count, dtype, device, stream = _device_args(tensor, "broadcast_")
-            group._broadcast_device(address, count, dtype, root, device, stream)
-            _written_in_place(tensor)
-        else:
-            # bfloat16 travels as its bits (numpy has no bfloat16).
-            bits = tensor.detach().view(_torch.int16) if tensor.dtype == _torch.bfloat16 else tensor.detach()
-            value = group.broadcast(bits, root=root)
-            if group.rank != root:
-                bits.copy_(as_tensor(value).view_as(bits))
-    return tensor
+    def on_host(t):
+        # bfloat16 travels as its bits (numpy has no bfloat16).
+        bits = t.view(_torch.int16) if t.dtype == _torch.bfloat16 else t
+        value = group.broadcast(bits, root=root)
+        if group.rank != root:
+            bits.copy_(as_tensor(value).view_as(bits))
+
+    return _in_place(tensor, group, "broadcast_",
+                     lambda address, count, dtype, device, stream:
+                     group._broadcast_device(address, count, dtype, root, device, stream), on_host)
 
 
 def _reads_data_service(dataset):
