@@ -33,6 +33,17 @@ void written_in_place(::torch::Tensor& tensor) { ::torch::autograd::impl::bump_v
 
 int cuda_index(const ::torch::Tensor& tensor) { return tensor.device().has_index() ? tensor.device().index() : 0; }
 
+// A CUDA tensor of a dtype NCCL lacks: `host_op` on a host copy, written
+// back.
+template <typename HostOp>
+Status via_host(::torch::Tensor& tensor, HostOp host_op) {
+  ::torch::Tensor host = tensor.cpu();
+  CAPSTAN_RETURN_IF_ERROR(host_op(host));
+  ::torch::NoGradGuard no_grad;
+  tensor.copy_(host);
+  return Status::Ok();
+}
+
 // The host path's result written back into `tensor`.
 Status write_back(::torch::Tensor& tensor, const Tensor& result) {
   CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(result));
@@ -46,11 +57,7 @@ Status write_back(::torch::Tensor& tensor, const Tensor& result) {
 Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "all_reduce"));
   if (tensor.is_cuda() && !nccl_takes(dtype)) {
-    ::torch::Tensor host = tensor.cpu();
-    CAPSTAN_RETURN_IF_ERROR(all_reduce(group, host, op));
-    ::torch::NoGradGuard no_grad;
-    tensor.copy_(host);
-    return Status::Ok();
+    return via_host(tensor, [&](::torch::Tensor& host) { return all_reduce(group, host, op); });
   }
   if (tensor.is_cuda()) {
     CAPSTAN_RETURN_IF_ERROR(group.all_reduce_device(tensor.data_ptr(), tensor.data_ptr(), tensor.numel(), dtype, op,
@@ -66,11 +73,7 @@ Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op, voi
 Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "broadcast"));
   if (tensor.is_cuda() && !nccl_takes(dtype)) {
-    ::torch::Tensor host = tensor.cpu();
-    CAPSTAN_RETURN_IF_ERROR(broadcast(group, host, root));
-    ::torch::NoGradGuard no_grad;
-    tensor.copy_(host);
-    return Status::Ok();
+    return via_host(tensor, [&](::torch::Tensor& host) { return broadcast(group, host, root); });
   }
   if (tensor.is_cuda()) {
     CAPSTAN_RETURN_IF_ERROR(

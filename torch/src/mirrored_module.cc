@@ -224,13 +224,10 @@ struct MirroredModule::Impl {
   // A CUDA module after a step's update: each parameter takes its
   // replica's new value.
   Status copy_replicas_in() {
-    ::torch::NoGradGuard no_grad;
     for (Parameter& p : parameters) p.synced = Tensor();  // a failure midway: the next step copies the rest
     for (Parameter& p : parameters) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
-      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
-      p.tensor.copy_(view);
-      p.synced = replica;
+      CAPSTAN_RETURN_IF_ERROR(take(p.tensor, p.synced, replica));
     }
     return Status::Ok();
   }
@@ -303,6 +300,26 @@ struct MirroredModule::Impl {
     launch_ready();
   }
 
+  // Whether `t` (a parameter or mirrored buffer; `synced` its record)
+  // holds `replica`'s current values: on the CPU it views the replica's
+  // buffer, on CUDA it was last copied from that buffer.
+  bool holds(const ::torch::Tensor& t, const Tensor& synced, const Tensor& replica) const {
+    if (cuda) return synced.valid() && synced.data() == replica.data();
+    return t.data_ptr() == static_cast<const void*>(replica.data());
+  }
+  // Makes `t` hold `replica`: a view of it on the CPU, a copy on CUDA.
+  Status take(::torch::Tensor& t, Tensor& synced, const Tensor& replica) {
+    CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
+    ::torch::NoGradGuard no_grad;
+    if (cuda) {
+      t.copy_(view);
+      synced = replica;
+    } else {
+      t.set_data(view);
+    }
+    return Status::Ok();
+  }
+
   // Before a step: the module still has the parameters create saw, of the
   // same shapes, and each views its replica (set_group and
   // restore_checkpoint put new buffers in the variables).
@@ -348,35 +365,18 @@ struct MirroredModule::Impl {
     for (Buffer& b : buffers) {
       if (!b.mirrored) continue;
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + b.name));
-      if (cuda && b.synced.valid() && b.synced.data() == replica.data()) continue;
-      if (!cuda && b.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
+      if (holds(b.tensor, b.synced, replica)) continue;
       if (Shape(b.tensor.sizes().begin(), b.tensor.sizes().end()) != replica.shape()) {
         return Status::FailedPrecondition("train_step: buffer '" + b.name + "' is " +
                                           sizes_string(b.tensor.sizes()) + "; its mirrored variable '" +
                                           options.prefix + b.name + "' is " + shape_string(replica.shape()) +
                                           " (the module changed since it was bound)");
       }
-      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
-      ::torch::NoGradGuard no_grad;
-      if (cuda) {
-        b.tensor.copy_(view);
-        b.synced = replica;
-      } else {
-        b.tensor.set_data(view);
-      }
+      CAPSTAN_RETURN_IF_ERROR(take(b.tensor, b.synced, replica));
     }
     for (Parameter& p : parameters) {
       CAPSTAN_ASSIGN_OR_RETURN(Tensor replica, variables->value(options.prefix + p.name));
-      if (cuda && p.synced.valid() && p.synced.data() == replica.data()) continue;
-      if (!cuda && p.tensor.data_ptr() == static_cast<const void*>(replica.data())) continue;
-      CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor view, to_torch(replica));
-      ::torch::NoGradGuard no_grad;
-      if (cuda) {
-        p.tensor.copy_(view);
-        p.synced = replica;
-      } else {
-        p.tensor.set_data(view);
-      }
+      if (!holds(p.tensor, p.synced, replica)) CAPSTAN_RETURN_IF_ERROR(take(p.tensor, p.synced, replica));
     }
     return Status::Ok();
   }
