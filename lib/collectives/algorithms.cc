@@ -123,15 +123,27 @@ Status Algorithms::ring_all_reduce(const std::byte* input, std::byte* buffer, DT
   sends[0].ready = [&recvs, first_step_pieces](size_t k) {
     return k < first_step_pieces || recvs[0].absorbed[k - first_step_pieces] != 0;
   };
+  // Measured with collective_bench over shared memory, 2 ranks: 8 MiB
+  // 2.5 -> 3.5 GB/s, 64 MiB 2.6 -> 3.2; over TCP 64 MiB 1.08 -> 1.19.
+  const bool stream = count * static_cast<int64_t>(element) >= streaming_min_bytes_;
   recvs[0].absorb = [&](size_t k, const std::byte* source, size_t offset, size_t length) {
     const Where& w = where[k];
     std::byte* target = buffer + w.at + offset;
     if (w.step >= reducing) {
-      if (source != target) std::memcpy(target, source, length);
+      if (source == target) return;
+      if (stream) {
+        copy_streaming(target, source, length);
+      } else {
+        std::memcpy(target, source, length);
+      }
       return;
     }
     const auto elements = static_cast<int64_t>(length / element);
-    reduce_to(dtype, op, target, input + w.at + offset, source, elements);
+    if (stream) {
+      reduce_to_streaming(dtype, op, target, input + w.at + offset, source, elements);
+    } else {
+      reduce_to(dtype, op, target, input + w.at + offset, source, elements);
+    }
     // The last reduce-scatter step completes this rank's chunk.
     if (w.step == reducing - 1 && op == ReduceOp::kMean) finish_mean(dtype, target, elements, size_);
   };

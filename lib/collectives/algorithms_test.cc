@@ -6,6 +6,7 @@
 #include <condition_variable>
 #include <cstring>
 #include <deque>
+#include <limits>
 #include <map>
 #include <mutex>
 #include <set>
@@ -13,6 +14,7 @@
 
 #include "collectives/algorithms.h"
 #include "collectives/mesh.h"
+#include "collectives/reduce.h"
 #include "collectives/transport.h"
 
 namespace capstan::collectives {
@@ -260,6 +262,87 @@ TEST_CASE("the ring all-reduce is chosen by payload size: pipelined from the thr
     }
     CHECK(group.transports[0]->exchanges() - before == c.exchanges);
   }
+}
+
+// Non-temporal stores change where results go in the memory hierarchy, never
+// what they are: every alignment of the output and every length around the
+// 16-byte steps, against reduce_to and memcpy bit for bit.
+TEST_CASE("streaming reduce and copy give what reduce_to and memcpy give, at every alignment and length") {
+  std::vector<float> a(80), b(80);
+  for (size_t i = 0; i < a.size(); ++i) {
+    a[i] = 0.1f * static_cast<float>(i) - 3.0f;
+    b[i] = 1e7f / static_cast<float>(i + 1);
+  }
+  b[7] = std::numeric_limits<float>::quiet_NaN();
+  b[9] = -0.0f;
+  for (size_t shift = 0; shift < 4; ++shift) {  // the output at 0, 4, 8, 12 bytes past 16
+    for (size_t n = 0; n <= 40; ++n) {
+      INFO("output " << shift << " floats past a 16-byte boundary, " << n << " elements");
+      alignas(16) float want[64], got[64];
+      std::memset(want, 0x5a, sizeof(want));
+      std::memset(got, 0x5a, sizeof(got));
+      reduce_to(DType::kFloat32, ReduceOp::kSum, reinterpret_cast<std::byte*>(want + shift),
+                reinterpret_cast<const std::byte*>(a.data() + 3), reinterpret_cast<const std::byte*>(b.data()),
+                static_cast<int64_t>(n));
+      reduce_to_streaming(DType::kFloat32, ReduceOp::kSum, reinterpret_cast<std::byte*>(got + shift),
+                          reinterpret_cast<const std::byte*>(a.data() + 3),
+                          reinterpret_cast<const std::byte*>(b.data()), static_cast<int64_t>(n));
+      CHECK(std::memcmp(want, got, sizeof(want)) == 0);  // nothing written past the end either
+    }
+  }
+  // Other dtypes and ops reduce as reduce_to does.
+  std::vector<int32_t> x = {5, -2, 9}, y = {1, 7, -3}, m(3);
+  reduce_to_streaming(DType::kInt32, ReduceOp::kMax, reinterpret_cast<std::byte*>(m.data()),
+                      reinterpret_cast<const std::byte*>(x.data()), reinterpret_cast<const std::byte*>(y.data()), 3);
+  CHECK(m == std::vector<int32_t>{5, 7, 9});
+  std::vector<std::byte> from(100);
+  for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<std::byte>(i * 7 + 1);
+  for (size_t shift = 0; shift < 16; ++shift) {
+    for (size_t n : {size_t{0}, size_t{1}, size_t{15}, size_t{16}, size_t{17}, size_t{33}, size_t{80}}) {
+      INFO("copy to " << shift << " bytes past a 16-byte boundary, " << n << " bytes");
+      alignas(16) std::byte to[112];
+      std::memset(to, 0x33, sizeof(to));
+      copy_streaming(to + shift, from.data() + 1, n);
+      alignas(16) std::byte expected[112];
+      std::memset(expected, 0x33, sizeof(expected));
+      std::memcpy(expected + shift, from.data() + 1, n);
+      CHECK(std::memcmp(to, expected, sizeof(to)) == 0);
+    }
+  }
+}
+
+TEST_CASE("the pipelined ring gives the same float sums with streaming stores as without") {
+  const int n = 3;
+  const int64_t count = 10001;  // pieces and chunks that end off a 16-byte boundary
+  auto input = [](int rank) {
+    std::vector<float> values(static_cast<size_t>(count));
+    for (int64_t i = 0; i < count; ++i) values[static_cast<size_t>(i)] = 0.37f * static_cast<float>(i) / static_cast<float>(rank + 3);
+    return Tensor::from_vector(values, {count}).value();
+  };
+  std::vector<std::vector<float>> sums[2];
+  for (int streaming = 0; streaming < 2; ++streaming) {
+    for (int landing : {0, 2}) {
+      FakeGroup group(n, small_pieces(), landing, 0);
+      for (auto& a : group.algorithms) a->set_streaming_stores_from(streaming ? 0 : Algorithms::kNever);
+      for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
+        auto results = group.on_all<Result<Tensor>>(
+            [&](int r) { return group.algorithms[static_cast<size_t>(r)]->all_reduce(input(r), op); });
+        for (auto& result : results) {
+          REQUIRE(result.ok());
+          auto flat = result->flat<float>();
+          sums[streaming].emplace_back(flat.begin(), flat.end());
+        }
+      }
+    }
+  }
+  REQUIRE(sums[0].size() == sums[1].size());
+  for (size_t i = 0; i < sums[0].size(); ++i) {
+    REQUIRE(std::memcmp(sums[0][i].data(), sums[1][i].data(), sums[0][i].size() * sizeof(float)) == 0);
+  }
+  // And they are sums: every rank's, at both ends of the buffer.
+  const float first = 0.37f * 10000.0f;
+  CHECK(sums[1][0][10000] == Approx(first / 3 + first / 4 + first / 5));
+  CHECK(sums[1][0][0] == 0.0f);
 }
 
 TEST_CASE("broadcast, all_gather, reduce_scatter and barrier run over an in-memory transport") {

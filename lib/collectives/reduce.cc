@@ -1,7 +1,13 @@
 #include "collectives/reduce.h"
 
 #include <algorithm>
+#include <cstring>
 #include <string>
+
+#if defined(__x86_64__)
+#include <emmintrin.h>
+#define CAPSTAN_STREAMING_STORES 1
+#endif
 
 namespace capstan::collectives {
 namespace {
@@ -80,6 +86,53 @@ void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, con
       return;
   }
 }
+
+#ifdef CAPSTAN_STREAMING_STORES
+
+namespace {
+
+// Scalar up to a 16-byte boundary of `out`, then four floats a store.
+void add_streaming(float* out, const float* a, const float* b, int64_t count) {
+  int64_t i = 0;
+  for (; i < count && (reinterpret_cast<uintptr_t>(out + i) & 15) != 0; ++i) out[i] = a[i] + b[i];
+  for (; i + 4 <= count; i += 4) _mm_stream_ps(out + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+  for (; i < count; ++i) out[i] = a[i] + b[i];
+  _mm_sfence();
+}
+
+}  // namespace
+
+void reduce_to_streaming(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b,
+                         int64_t count) {
+  if (dtype != DType::kFloat32 || (op != ReduceOp::kSum && op != ReduceOp::kMean)) {
+    return reduce_to(dtype, op, out, a, b, count);
+  }
+  add_streaming(reinterpret_cast<float*>(out), reinterpret_cast<const float*>(a),
+                reinterpret_cast<const float*>(b), count);
+}
+
+void copy_streaming(std::byte* out, const std::byte* in, size_t bytes) {
+  if (bytes == 0) return;
+  const size_t head = std::min(bytes, (16 - (reinterpret_cast<uintptr_t>(out) & 15)) & 15);
+  std::memcpy(out, in, head);
+  size_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+  }
+  std::memcpy(out + i, in + i, bytes - i);
+  _mm_sfence();
+}
+
+#else  // !CAPSTAN_STREAMING_STORES
+
+void reduce_to_streaming(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b,
+                         int64_t count) {
+  reduce_to(dtype, op, out, a, b, count);
+}
+
+void copy_streaming(std::byte* out, const std::byte* in, size_t bytes) { std::memcpy(out, in, bytes); }
+
+#endif  // CAPSTAN_STREAMING_STORES
 
 void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count) {
   reduce_to(dtype, op, acc, acc, in, count);
