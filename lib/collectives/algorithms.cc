@@ -165,6 +165,7 @@ Status Algorithms::phased_ring_all_reduce(const std::byte* input, std::byte* buf
                             ? nullptr
                             : scratch_for(left, static_cast<size_t>((count / size_ + 1) * element));
   const auto deadline = op_deadline();
+  const bool stream = count * element >= streaming_min_bytes_;
   Header h = header(Kind::kAllReduce, dtype, op, count, 0, 0);
   for (int step = 0; step < size_ - 1; ++step) {
     const int send_chunk = ((rank_ - step) % size_ + size_) % size_;
@@ -180,8 +181,12 @@ Status Algorithms::phased_ring_all_reduce(const std::byte* input, std::byte* buf
     std::vector<Recv> recvs = {{left, hr, incoming, static_cast<size_t>(hr.payload_bytes),
                                 [&](size_t piece, const std::byte* source, size_t offset, size_t length) {
                                   const size_t at = piece * segment + offset;  // pieces are whole segments
-                                  reduce_to(dtype, op, target + at, own + at, source,
-                                                         static_cast<int64_t>(length) / element);
+                                  const auto elements = static_cast<int64_t>(length) / element;
+                                  if (stream) {
+                                    reduce_to_streaming(dtype, op, target + at, own + at, source, elements);
+                                  } else {
+                                    reduce_to(dtype, op, target + at, own + at, source, elements);
+                                  }
                                 }}};
     CAPSTAN_RETURN_IF_ERROR(transport_.exchange(sends, recvs, deadline));
   }

@@ -43,12 +43,13 @@ class Algorithms {
   // on it when the group forms), so every rank picks the same ring.
   static constexpr int64_t kNever = INT64_MAX;
   void set_pipelined_ring_from(int64_t min_bytes) { pipelined_min_bytes_ = min_bytes; }
-  // From which payload (bytes) the pipelined ring writes its results with
-  // non-temporal stores (reduce_to_streaming, copy_streaming): where the
-  // operation's own traffic (every rank's input and output: 32 MiB for two
-  // ranks at 8 MiB) evicts the results from a cache of tens of MiB anyway,
-  // skipping the read of each line before it is written pays. Results are
-  // the same either way, so ranks need not agree.
+  // From which payload (bytes) the rings write their reductions (and the
+  // pipelined ring its gathered chunks) with non-temporal stores
+  // (reduce_to_streaming, copy_streaming): where the operation's own traffic
+  // (every rank's input and output: 32 MiB for two ranks at 8 MiB) evicts
+  // the results from a cache of tens of MiB anyway, skipping the read of
+  // each line before it is written pays. Results are the same either way,
+  // so ranks need not agree.
   static constexpr int64_t kStreamingStoresFrom = int64_t{8} << 20;
   void set_streaming_stores_from(int64_t min_bytes) { streaming_min_bytes_ = min_bytes; }
   // The sequence number of the last operation begun (0: none yet).

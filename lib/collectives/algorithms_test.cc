@@ -311,7 +311,7 @@ TEST_CASE("streaming reduce and copy give what reduce_to and memcpy give, at eve
   }
 }
 
-TEST_CASE("the pipelined ring gives the same float sums with streaming stores as without") {
+TEST_CASE("both rings give the same float sums with streaming stores as without") {
   const int n = 3;
   const int64_t count = 10001;  // pieces and chunks that end off a 16-byte boundary
   auto input = [](int rank) {
@@ -321,8 +321,10 @@ TEST_CASE("the pipelined ring gives the same float sums with streaming stores as
   };
   std::vector<std::vector<float>> sums[2];
   for (int streaming = 0; streaming < 2; ++streaming) {
-    for (int landing : {0, 2}) {
-      FakeGroup group(n, small_pieces(), landing, 0);
+    for (int64_t pipelined_from : {int64_t{0}, Algorithms::kNever}) for (int landing : {0, 2}) {
+      CollectiveOptions options = small_pieces();
+      options.direct_max_bytes = 0;
+      FakeGroup group(n, options, landing, pipelined_from);
       for (auto& a : group.algorithms) a->set_streaming_stores_from(streaming ? 0 : Algorithms::kNever);
       for (ReduceOp op : {ReduceOp::kSum, ReduceOp::kMean}) {
         auto results = group.on_all<Result<Tensor>>(
