@@ -49,11 +49,6 @@ struct Checker {
       .to(type);
 }
 
-double p50_ms(std::vector<double> v) {
-  std::sort(v.begin(), v.end());
-  return v[v.size() / 2];
-}
-
 int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector<std::string> addresses, int rank) {
   const int n = static_cast<int>(addresses.size());
   Checker c{rank};
@@ -252,7 +247,7 @@ int rank_main(std::unique_ptr<capstan::CollectiveEndpoint> endpoint, std::vector
   if (!via_torch.empty() && rank == 0) {
     std::printf("torch_cuda_check: 64 MiB float32 all-reduce (MEAN) over %d rank(s), p50 of %zu: "
                 "capstan::torch::all_reduce %.3f ms, Communicator::all_reduce_device %.3f ms\n",
-                n, via_torch.size(), p50_ms(via_torch), p50_ms(direct));
+                n, via_torch.size(), capstan::bench::median(via_torch), capstan::bench::median(direct));
   }
   std::printf("torch_cuda_check: rank %d: %d checks passed, %d failed\n", rank, c.passed, c.failed);
   std::fflush(stdout);

@@ -31,6 +31,10 @@ Header Algorithms::header(Kind kind, DType dtype, ReduceOp op, int64_t elements,
   return h;
 }
 
+Stores Algorithms::stores_for(int64_t bytes) const {
+  return bytes >= streaming_min_bytes_ ? Stores::kStreaming : Stores::kCached;
+}
+
 std::byte* Algorithms::scratch_for(int peer, size_t bytes) {
   auto& buffer = scratch_[static_cast<size_t>(peer)];
   if (buffer.size() < bytes) buffer.resize(bytes);
@@ -123,27 +127,16 @@ Status Algorithms::ring_all_reduce(const std::byte* input, std::byte* buffer, DT
   sends[0].ready = [&recvs, first_step_pieces](size_t k) {
     return k < first_step_pieces || recvs[0].absorbed[k - first_step_pieces] != 0;
   };
-  // Measured with collective_bench over shared memory, 2 ranks: 8 MiB
-  // 2.5 -> 3.5 GB/s, 64 MiB 2.6 -> 3.2; over TCP 64 MiB 1.08 -> 1.19.
-  const bool stream = count * static_cast<int64_t>(element) >= streaming_min_bytes_;
+  const Stores stores = stores_for(count * static_cast<int64_t>(element));
   recvs[0].absorb = [&](size_t k, const std::byte* source, size_t offset, size_t length) {
     const Where& w = where[k];
     std::byte* target = buffer + w.at + offset;
     if (w.step >= reducing) {
-      if (source == target) return;
-      if (stream) {
-        copy_streaming(target, source, length);
-      } else {
-        std::memcpy(target, source, length);
-      }
+      if (source != target) copy_to(target, source, length, stores);
       return;
     }
     const auto elements = static_cast<int64_t>(length / element);
-    if (stream) {
-      reduce_to_streaming(dtype, op, target, input + w.at + offset, source, elements);
-    } else {
-      reduce_to(dtype, op, target, input + w.at + offset, source, elements);
-    }
+    reduce_to(dtype, op, target, input + w.at + offset, source, elements, stores);
     // The last reduce-scatter step completes this rank's chunk.
     if (w.step == reducing - 1 && op == ReduceOp::kMean) finish_mean(dtype, target, elements, size_);
   };
@@ -165,7 +158,7 @@ Status Algorithms::phased_ring_all_reduce(const std::byte* input, std::byte* buf
                             ? nullptr
                             : scratch_for(left, static_cast<size_t>((count / size_ + 1) * element));
   const auto deadline = op_deadline();
-  const bool stream = count * element >= streaming_min_bytes_;
+  const Stores stores = stores_for(count * element);
   Header h = header(Kind::kAllReduce, dtype, op, count, 0, 0);
   for (int step = 0; step < size_ - 1; ++step) {
     const int send_chunk = ((rank_ - step) % size_ + size_) % size_;
@@ -181,12 +174,8 @@ Status Algorithms::phased_ring_all_reduce(const std::byte* input, std::byte* buf
     std::vector<Recv> recvs = {{left, hr, incoming, static_cast<size_t>(hr.payload_bytes),
                                 [&](size_t piece, const std::byte* source, size_t offset, size_t length) {
                                   const size_t at = piece * segment + offset;  // pieces are whole segments
-                                  const auto elements = static_cast<int64_t>(length) / element;
-                                  if (stream) {
-                                    reduce_to_streaming(dtype, op, target + at, own + at, source, elements);
-                                  } else {
-                                    reduce_to(dtype, op, target + at, own + at, source, elements);
-                                  }
+                                  reduce_to(dtype, op, target + at, own + at, source,
+                                            static_cast<int64_t>(length) / element, stores);
                                 }}};
     CAPSTAN_RETURN_IF_ERROR(transport_.exchange(sends, recvs, deadline));
   }

@@ -28,6 +28,7 @@
 #include "capstan/collectives.h"
 #include "capstan/status.h"
 #include "capstan/tensor.h"
+#include "collectives/reduce.h"
 #include "collectives/transport.h"
 
 namespace capstan::collectives {
@@ -45,7 +46,7 @@ class Algorithms {
   void set_pipelined_ring_from(int64_t min_bytes) { pipelined_min_bytes_ = min_bytes; }
   // From which payload (bytes) the rings write their reductions (and the
   // pipelined ring its gathered chunks) with non-temporal stores
-  // (reduce_to_streaming, copy_streaming): where the operation's own traffic
+  // (collectives/reduce.h, Stores): where the operation's own traffic
   // (every rank's input and output: 32 MiB for two ranks at 8 MiB) evicts
   // the results from a cache of tens of MiB anyway, skipping the read of
   // each line before it is written pays. Results are the same either way,
@@ -75,6 +76,8 @@ class Algorithms {
   // A receive buffer for `peer`'s data, kept across operations (fresh pages
   // cost more than the copy into them: page faults dominate otherwise).
   std::byte* scratch_for(int peer, size_t bytes);
+  // How an all-reduce of `bytes` writes its results (streaming_min_bytes_).
+  Stores stores_for(int64_t bytes) const;
 
   Transport& transport_;
   const CollectiveOptions options_;

@@ -284,16 +284,17 @@ TEST_CASE("streaming reduce and copy give what reduce_to and memcpy give, at eve
       reduce_to(DType::kFloat32, ReduceOp::kSum, reinterpret_cast<std::byte*>(want + shift),
                 reinterpret_cast<const std::byte*>(a.data() + 3), reinterpret_cast<const std::byte*>(b.data()),
                 static_cast<int64_t>(n));
-      reduce_to_streaming(DType::kFloat32, ReduceOp::kSum, reinterpret_cast<std::byte*>(got + shift),
-                          reinterpret_cast<const std::byte*>(a.data() + 3),
-                          reinterpret_cast<const std::byte*>(b.data()), static_cast<int64_t>(n));
+      reduce_to(DType::kFloat32, ReduceOp::kSum, reinterpret_cast<std::byte*>(got + shift),
+                reinterpret_cast<const std::byte*>(a.data() + 3), reinterpret_cast<const std::byte*>(b.data()),
+                static_cast<int64_t>(n), Stores::kStreaming);
       CHECK(std::memcmp(want, got, sizeof(want)) == 0);  // nothing written past the end either
     }
   }
   // Other dtypes and ops reduce as reduce_to does.
   std::vector<int32_t> x = {5, -2, 9}, y = {1, 7, -3}, m(3);
-  reduce_to_streaming(DType::kInt32, ReduceOp::kMax, reinterpret_cast<std::byte*>(m.data()),
-                      reinterpret_cast<const std::byte*>(x.data()), reinterpret_cast<const std::byte*>(y.data()), 3);
+  reduce_to(DType::kInt32, ReduceOp::kMax, reinterpret_cast<std::byte*>(m.data()),
+            reinterpret_cast<const std::byte*>(x.data()), reinterpret_cast<const std::byte*>(y.data()), 3,
+            Stores::kStreaming);
   CHECK(m == std::vector<int32_t>{5, 7, 9});
   std::vector<std::byte> from(100);
   for (size_t i = 0; i < from.size(); ++i) from[i] = static_cast<std::byte>(i * 7 + 1);
@@ -302,7 +303,7 @@ TEST_CASE("streaming reduce and copy give what reduce_to and memcpy give, at eve
       INFO("copy to " << shift << " bytes past a 16-byte boundary, " << n << " bytes");
       alignas(16) std::byte to[112];
       std::memset(to, 0x33, sizeof(to));
-      copy_streaming(to + shift, from.data() + 1, n);
+      copy_to(to + shift, from.data() + 1, n, Stores::kStreaming);
       alignas(16) std::byte expected[112];
       std::memset(expected, 0x33, sizeof(expected));
       std::memcpy(expected + shift, from.data() + 1, n);

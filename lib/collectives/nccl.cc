@@ -72,6 +72,7 @@ const Nccl& nccl() {
   return *api;
 }
 
+// NCCL's type of each dtype nccl_takes().
 Result<ncclDataType_t> nccl_dtype(DType dtype) {
   switch (dtype) {
     case DType::kFloat32: return ncclFloat32;
@@ -355,3 +356,19 @@ Status NcclBackend::all_reduce(const void*, void*, int64_t, DType, ReduceOp, voi
 }  // namespace capstan::collectives
 
 #endif  // CAPSTAN_WITH_CUDA
+
+namespace capstan::collectives {
+
+bool nccl_takes(DType dtype) {
+  switch (dtype) {
+    case DType::kFloat32:
+    case DType::kFloat64:
+    case DType::kInt32:
+    case DType::kInt64:
+    case DType::kFloat16:
+    case DType::kBFloat16: return true;
+    default: return false;
+  }
+}
+
+}  // namespace capstan::collectives

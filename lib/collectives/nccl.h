@@ -37,6 +37,11 @@ namespace capstan::collectives {
 // found (FailedPrecondition naming the fix).
 Status device_collectives_status();
 
+// Whether NCCL carries `dtype`: float16, bfloat16, float32, float64, int32,
+// int64 (whatever the build; the others are copied through the host by
+// callers that take them).
+bool nccl_takes(DType dtype);
+
 // The NCCL DeviceBackend (device_backend.h).
 class NcclBackend : public DeviceBackend {
  public:

@@ -36,6 +36,31 @@ void divide_typed(T* data, int64_t count, int ranks) {
   for (int64_t i = 0; i < count; ++i) data[i] = static_cast<T>(data[i] / static_cast<T>(ranks));
 }
 
+#ifdef CAPSTAN_STREAMING_STORES
+
+// Scalar up to a 16-byte boundary of `out`, then four floats a store.
+void add_streaming(float* out, const float* a, const float* b, int64_t count) {
+  int64_t i = 0;
+  for (; i < count && (reinterpret_cast<uintptr_t>(out + i) & 15) != 0; ++i) out[i] = a[i] + b[i];
+  for (; i + 4 <= count; i += 4) _mm_stream_ps(out + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
+  for (; i < count; ++i) out[i] = a[i] + b[i];
+  _mm_sfence();
+}
+
+// Bytes up to a 16-byte boundary of `out`, then sixteen a store.
+void copy_streaming(std::byte* out, const std::byte* in, size_t bytes) {
+  const size_t head = std::min(bytes, (16 - (reinterpret_cast<uintptr_t>(out) & 15)) & 15);
+  std::memcpy(out, in, head);
+  size_t i = head;
+  for (; i + 16 <= bytes; i += 16) {
+    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
+  }
+  std::memcpy(out + i, in + i, bytes - i);
+  _mm_sfence();
+}
+
+#endif  // CAPSTAN_STREAMING_STORES
+
 template <typename Half>
 Result<Tensor> widen_typed(const Tensor& tensor) {
   CAPSTAN_ASSIGN_OR_RETURN(Tensor out, Tensor::uninitialized(DType::kFloat32, tensor.shape()));
@@ -68,7 +93,15 @@ Status check_reducible(DType dtype, std::string_view operation) {
                                  " tensors; use float32, float64, int32, int64, float16 or bfloat16");
 }
 
-void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count) {
+void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count,
+               Stores stores) {
+#ifdef CAPSTAN_STREAMING_STORES
+  if (stores == Stores::kStreaming && dtype == DType::kFloat32 && (op == ReduceOp::kSum || op == ReduceOp::kMean)) {
+    return add_streaming(reinterpret_cast<float*>(out), reinterpret_cast<const float*>(a),
+                         reinterpret_cast<const float*>(b), count);
+  }
+#endif
+  (void)stores;
   switch (dtype) {
     case DType::kFloat32:
       return reduce_to_typed(op, reinterpret_cast<float*>(out), reinterpret_cast<const float*>(a),
@@ -87,52 +120,15 @@ void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, con
   }
 }
 
-#ifdef CAPSTAN_STREAMING_STORES
 
-namespace {
-
-// Scalar up to a 16-byte boundary of `out`, then four floats a store.
-void add_streaming(float* out, const float* a, const float* b, int64_t count) {
-  int64_t i = 0;
-  for (; i < count && (reinterpret_cast<uintptr_t>(out + i) & 15) != 0; ++i) out[i] = a[i] + b[i];
-  for (; i + 4 <= count; i += 4) _mm_stream_ps(out + i, _mm_add_ps(_mm_loadu_ps(a + i), _mm_loadu_ps(b + i)));
-  for (; i < count; ++i) out[i] = a[i] + b[i];
-  _mm_sfence();
-}
-
-}  // namespace
-
-void reduce_to_streaming(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b,
-                         int64_t count) {
-  if (dtype != DType::kFloat32 || (op != ReduceOp::kSum && op != ReduceOp::kMean)) {
-    return reduce_to(dtype, op, out, a, b, count);
-  }
-  add_streaming(reinterpret_cast<float*>(out), reinterpret_cast<const float*>(a),
-                reinterpret_cast<const float*>(b), count);
-}
-
-void copy_streaming(std::byte* out, const std::byte* in, size_t bytes) {
+void copy_to(std::byte* out, const std::byte* in, size_t bytes, Stores stores) {
   if (bytes == 0) return;
-  const size_t head = std::min(bytes, (16 - (reinterpret_cast<uintptr_t>(out) & 15)) & 15);
-  std::memcpy(out, in, head);
-  size_t i = head;
-  for (; i + 16 <= bytes; i += 16) {
-    _mm_stream_si128(reinterpret_cast<__m128i*>(out + i), _mm_loadu_si128(reinterpret_cast<const __m128i*>(in + i)));
-  }
-  std::memcpy(out + i, in + i, bytes - i);
-  _mm_sfence();
+#ifdef CAPSTAN_STREAMING_STORES
+  if (stores == Stores::kStreaming) return copy_streaming(out, in, bytes);
+#endif
+  (void)stores;
+  std::memcpy(out, in, bytes);
 }
-
-#else  // !CAPSTAN_STREAMING_STORES
-
-void reduce_to_streaming(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b,
-                         int64_t count) {
-  reduce_to(dtype, op, out, a, b, count);
-}
-
-void copy_streaming(std::byte* out, const std::byte* in, size_t bytes) { std::memcpy(out, in, bytes); }
-
-#endif  // CAPSTAN_STREAMING_STORES
 
 void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count) {
   reduce_to(dtype, op, acc, acc, in, count);

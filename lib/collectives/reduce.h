@@ -25,18 +25,20 @@ Status check_reducible(DType dtype, std::string_view operation);
 // acc[i] = acc[i] (op) in[i] for `count` elements of `dtype` (one of the
 // natively reduced ones). kMean accumulates as kSum (see finish_mean).
 void reduce_into(DType dtype, ReduceOp op, std::byte* acc, const std::byte* in, int64_t count);
+// Where a result is written: through the cache (plain stores), or with
+// non-temporal stores where the CPU has them (x86-64: SSE2), for outputs too
+// large to stay in the cache: such a store skips reading each destination
+// line first, a third of the memory traffic of a reduction and half of a
+// copy's. Streaming covers float32 kSum/kMean reductions and copies; other
+// dtypes and ops are written through the cache. Results are the same bit
+// for bit either way, and visible to other threads and processes once the
+// call returns (a streaming call ends with a store fence).
+enum class Stores { kCached, kStreaming };
 // out[i] = a[i] (op) b[i]; `out` may be `a`.
-void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count);
-// The same two with non-temporal stores where the CPU has them (x86-64:
-// SSE2), for outputs too large to stay in the cache: the store skips
-// reading each destination line first, a third of the memory traffic of a
-// reduction and half of a copy's. float32 kSum/kMean only; every other
-// dtype and op reduces as reduce_to does. The results equal reduce_to's
-// and memcpy's bit for bit, and are visible to other threads and processes
-// once the call returns (it ends with a store fence).
-void reduce_to_streaming(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b,
-                         int64_t count);
-void copy_streaming(std::byte* out, const std::byte* in, size_t bytes);
+void reduce_to(DType dtype, ReduceOp op, std::byte* out, const std::byte* a, const std::byte* b, int64_t count,
+               Stores stores = Stores::kCached);
+// memcpy, written as `stores` says.
+void copy_to(std::byte* out, const std::byte* in, size_t bytes, Stores stores);
 // kMean's last step: divides `count` elements by `ranks` (integers round
 // toward zero).
 void finish_mean(DType dtype, std::byte* data, int64_t count, int ranks);

@@ -66,16 +66,19 @@ _DTYPE_NAMES = {
 }
 
 
-# The dtypes NCCL reduces; a CUDA tensor of another goes through the host.
-_NCCL_DTYPES = {_torch.float16, _torch.bfloat16, _torch.float32, _torch.float64, _torch.int32, _torch.int64}
+# The dtypes the device collectives (NCCL) take; a CUDA tensor of another
+# goes through the host.
+_NCCL_DTYPES = {t for t, name in _DTYPE_NAMES.items() if _capstan.Communicator._device_takes(name)}
+
+# Where this torch can say that a tensor changed in place (newer than 1.13).
+_INCREMENT_VERSION = getattr(getattr(_torch.autograd, "graph", None), "increment_version", None)
 
 
 def _written_in_place(tensor):
     """NCCL wrote `tensor` through its address: autograd counts it as an
     in-place change (as copy_), where this torch can say so."""
-    increment = getattr(getattr(_torch.autograd, "graph", None), "increment_version", None)
-    if increment is not None:
-        increment(tensor)
+    if _INCREMENT_VERSION is not None:
+        _INCREMENT_VERSION(tensor)
 
 
 def _require_device_collectives(call, device):

@@ -107,6 +107,10 @@ void init_collectives(py::module_& m) {
              if (s.ok()) return py::none();
              return py::str(s.to_string());
            }, "None when CUDA collectives (NCCL) can run in this process; else why not")
+      .def_static("_device_takes", [](const std::string& name) {
+             std::optional<DType> dtype = dtype_from_name(name);
+             return dtype.has_value() && Communicator::device_takes(*dtype);
+           }, py::arg("dtype"), "Whether the device collectives take this dtype (else: through the host)")
       .def("barrier", [](const std::shared_ptr<Communicator>& c) {
              check(collective(c, [c]() { return c->barrier(); }));
            })

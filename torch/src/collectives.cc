@@ -12,20 +12,6 @@ Result<DType> checked(const ::torch::Tensor& tensor, const char* call) {
   return internal::dense_dtype(tensor, std::string(call) + ": the tensor", /*cuda_too=*/true);
 }
 
-// The dtypes NCCL reduces (lib/collectives/nccl.cc); a CUDA tensor of
-// another (bool, int8, uint8, int16) goes through the host path by a copy.
-bool nccl_takes(DType dtype) {
-  switch (dtype) {
-    case DType::kFloat16:
-    case DType::kBFloat16:
-    case DType::kFloat32:
-    case DType::kFloat64:
-    case DType::kInt32:
-    case DType::kInt64: return true;
-    default: return false;
-  }
-}
-
 // A CUDA tensor written behind autograd's back (NCCL, through its data
 // pointer) counts as modified in place, as copy_ would: a backward that
 // saved it then refuses, rather than using the new values.
@@ -56,7 +42,7 @@ Status write_back(::torch::Tensor& tensor, const Tensor& result) {
 
 Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "all_reduce"));
-  if (tensor.is_cuda() && !nccl_takes(dtype)) {
+  if (tensor.is_cuda() && !Communicator::device_takes(dtype)) {
     return via_host(tensor, [&](::torch::Tensor& host) { return all_reduce(group, host, op); });
   }
   if (tensor.is_cuda()) {
@@ -72,7 +58,7 @@ Status all_reduce(Communicator& group, ::torch::Tensor& tensor, ReduceOp op, voi
 
 Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "broadcast"));
-  if (tensor.is_cuda() && !nccl_takes(dtype)) {
+  if (tensor.is_cuda() && !Communicator::device_takes(dtype)) {
     return via_host(tensor, [&](::torch::Tensor& host) { return broadcast(group, host, root); });
   }
   if (tensor.is_cuda()) {
@@ -89,7 +75,7 @@ Status broadcast(Communicator& group, ::torch::Tensor& tensor, int root, void* c
 
 Result<::torch::Tensor> all_gather(Communicator& group, const ::torch::Tensor& tensor, void* cuda_stream) {
   CAPSTAN_ASSIGN_OR_RETURN(DType dtype, checked(tensor, "all_gather"));
-  if (tensor.is_cuda() && !nccl_takes(dtype)) {
+  if (tensor.is_cuda() && !Communicator::device_takes(dtype)) {
     CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor gathered, all_gather(group, tensor.cpu()));
     return gathered.to(tensor.device());
   }

@@ -204,7 +204,7 @@ struct MirroredModule::Impl {
     if (options.broadcast_buffers && group->size() > 1) {
       for (Buffer& b : buffers) {
         if (!b.tensor.defined()) continue;
-        ::torch::Tensor t = b.tensor.is_contiguous() ? b.tensor : b.tensor.contiguous();
+        ::torch::Tensor t = b.tensor.contiguous();  // the same tensor where it already is
         Status sent = broadcast(*group, t, 0);
         if (!sent.ok()) return sent.with_context("train_step: broadcasting buffer '" + b.name + "'");
         if (!t.is_same(b.tensor)) b.tensor.copy_(t);
@@ -244,9 +244,7 @@ struct MirroredModule::Impl {
     for (Bucket& b : buckets) {
       Status s = all_reduce(*group, b.view, ReduceOp::kMean);
       if (!s.ok()) return s.with_context("train_step: all-reducing the gradients on " + cuda->str());
-      ++launched_this_step;
-      ++stats.all_reduces;
-      stats.all_reduce_bytes += static_cast<int64_t>(b.buffer.byte_size());
+      count_launch(b);
       CAPSTAN_ASSIGN_OR_RETURN(::torch::Tensor host, to_torch(b.buffer));
       host.copy_(b.view);
       reduced->push_back(b.buffer);
@@ -266,10 +264,15 @@ struct MirroredModule::Impl {
       Bucket& b = buckets[next_launch++];
       b.launched = true;
       b.reduced = group->all_reduce_async(b.buffer, ReduceOp::kMean);
-      ++launched_this_step;
-      ++stats.all_reduces;
-      stats.all_reduce_bytes += static_cast<int64_t>(b.buffer.byte_size());
+      count_launch(b);
     }
+  }
+
+  // A bucket's all-reduce, in this step's count and the stats.
+  void count_launch(const Bucket& b) {
+    ++launched_this_step;
+    ++stats.all_reduces;
+    stats.all_reduce_bytes += static_cast<int64_t>(b.buffer.byte_size());
   }
 
   // The hook of parameters[index]: its gradient into its bucket.

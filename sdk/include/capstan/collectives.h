@@ -197,6 +197,10 @@ class Communicator {
                                int device, void* stream = nullptr);
   // OK when the device collectives can run in this process; else why not.
   static Status device_collectives();
+  // Whether the device collectives take `dtype` (NCCL's: float16, bfloat16,
+  // float32, float64, int32, int64); a caller holding another copies it
+  // through the host collectives.
+  static bool device_takes(DType dtype);
 
   struct CAPSTAN_HIDDEN Impl;
 

@@ -350,6 +350,8 @@ Status Communicator::barrier() {
 
 Status Communicator::device_collectives() { return collectives::device_collectives_status(); }
 
+bool Communicator::device_takes(DType dtype) { return collectives::nccl_takes(dtype); }
+
 Status Communicator::all_reduce_device(const void* send, void* recv, int64_t count, DType dtype, ReduceOp op,
                                        int device, void* stream) {
   PhaseScope phase(Phase::kCollective);
