@@ -414,6 +414,17 @@ TEST_CASE("forming a group waits for every rank, then names the missing ones", "
   CHECK(CollectiveEndpoint::listen("not-an-ip").status().code() == StatusCode::kInvalidArgument);
 }
 
+// What capstan::torch and capstan.torch route through the host instead: the
+// same answer in every build, GPU or not.
+TEST_CASE("the device collectives take NCCL's dtypes and no others", "[collectives]") {
+  for (DType d : {DType::kFloat16, DType::kBFloat16, DType::kFloat32, DType::kFloat64, DType::kInt32, DType::kInt64}) {
+    CHECK(Communicator::device_takes(d));
+  }
+  for (DType d : {DType::kBool, DType::kInt8, DType::kUInt8, DType::kInt16, DType::kString}) {
+    CHECK_FALSE(Communicator::device_takes(d));
+  }
+}
+
 TEST_CASE("the device (NCCL) collectives say why they cannot run in this process", "[collectives]") {
   const Status here = Communicator::device_collectives();
   if (here.ok()) {
